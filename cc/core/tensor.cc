@@ -1,0 +1,59 @@
+#include "cc/core/tensor.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cc/core/status_macros.h"
+
+namespace pserver {
+
+absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape ", ShapeString(shape), " has a negative dimension"));
+    }
+    if (dim != 0 && n > std::numeric_limits<int64_t>::max() / dim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", ShapeString(shape), " is too large"));
+    }
+    n *= dim;
+  }
+  return n;
+}
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::StatusOr<Tensor> Tensor::Create(ElementType type, Shape shape,
+                                      std::string bytes) {
+  PS_RETURN_IF_ERROR(ValidateStorableType(type, "tensor"));
+  PS_ASSIGN_OR_RETURN(int64_t n, NumElements(shape));
+  size_t want = static_cast<size_t>(n) * ElementSize(type);
+  if (bytes.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", ElementTypeName(type), ShapeString(shape), " needs ", want,
+        " bytes, got ", bytes.size()));
+  }
+  Tensor t;
+  t.type_ = type;
+  t.shape_ = std::move(shape);
+  t.bytes_ = std::move(bytes);
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::Zeros(ElementType type, Shape shape) {
+  PS_RETURN_IF_ERROR(ValidateStorableType(type, "tensor"));
+  PS_ASSIGN_OR_RETURN(int64_t n, NumElements(shape));
+  return Create(type, std::move(shape),
+                std::string(static_cast<size_t>(n) * ElementSize(type), '\0'));
+}
+
+std::string Tensor::DebugString() const {
+  return absl::StrCat(ElementTypeName(type_), ShapeString(shape_));
+}
+
+}  // namespace pserver

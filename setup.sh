@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs every Debian package pserver needs to build and test, offline-friendly.
+# Idempotent: packages already present are skipped; safe to run again.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  bazel-bootstrap bazel-rules-java pkg-config g++ git
+  # rpc and serialization
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # python bindings and notebooks
+  python3-dev python3-numpy python3-pytest swig jupyter-nbconvert python3-nbclient
+  python3-ipykernel python3-matplotlib
+  # go bindings and coordination
+  golang-go golang-etcd-server-dev etcd-server etcd-client
+)
+
+say() { printf '[setup] %s\n' "$*"; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  say "all ${#PACKAGES[@]} packages already installed"
+else
+  say "installing ${#missing[@]} package(s): ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  say "CUDA found at /usr/local/cuda: GPU targets can build (--config=cuda)"
+else
+  say "no CUDA at /usr/local/cuda: GPU targets are skipped"
+fi
+say "done. Build and test with: bazel test //..."
