@@ -405,12 +405,17 @@ absl::Status Optimizer::CheckCanApply(const std::string& what) const {
       " and no optimizer: gradients on integer parameters need optimizer 'add'"));
 }
 
-void Optimizer::Apply(void* params, void* grad, std::optional<double> global_norm) {
+void Optimizer::Apply(void* params, const void* grad, std::optional<double> global_norm) {
   if (rule_ == nullptr) return;
-  DispatchFloating(type_, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    Clip(static_cast<T*>(grad), num_elements_, clipping_, global_norm);
-  });
+  const bool clips = clipping_.clip_norm() > 0 || clipping_.clip_value() > 0;
+  if (clips && IsFloatingPoint(type_)) {
+    clipped_.assign(static_cast<const char*>(grad), num_elements_ * ElementSize(type_));
+    DispatchFloating(type_, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Clip(reinterpret_cast<T*>(clipped_.data()), num_elements_, clipping_, global_norm);
+    });
+    grad = clipped_.data();
+  }
   rule_->Update(params, grad, learning_rate_.At(steps_), steps_);
   ++steps_;
 }

@@ -52,10 +52,10 @@ class Optimizer {
   absl::Status CheckCanApply(const std::string& what) const;
 
   // Applies one gradient (same type and element count as the block) to the
-  // parameter values. `grad` is used as scratch (clipped in place).
+  // parameter values; `grad` is not modified (clipping works on a copy).
   // `global_norm`, when set, is the L2 norm of the whole gradient the block
   // belongs to, used for clip-by-norm. Call only after CheckCanApply is OK.
-  void Apply(void* params, void* grad, std::optional<double> global_norm);
+  void Apply(void* params, const void* grad, std::optional<double> global_norm);
 
   uint64_t steps() const { return steps_; }
   size_t state_bytes() const { return rule_ ? rule_->state_bytes() : 0; }
@@ -71,6 +71,7 @@ class Optimizer {
   LearningRate learning_rate_;
   v1::Clipping clipping_;
   std::unique_ptr<UpdateRule> rule_;
+  std::string clipped_;  // scratch for the clipped gradient, reused
   uint64_t steps_ = 0;
 };
 

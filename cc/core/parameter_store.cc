@@ -57,6 +57,7 @@ struct ParameterStore::Block {
   std::unique_ptr<Optimizer> optimizer ABSL_GUARDED_BY(mu);
 };
 
+ParameterStore::ParameterStore() = default;
 ParameterStore::~ParameterStore() = default;
 
 absl::Status ParameterStore::Reject(absl::Status status) {
@@ -202,7 +203,7 @@ absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(
   return block;
 }
 
-absl::Status ParameterStore::ApplyGradients(absl::Span<v1::Gradient* const> grads) {
+absl::Status ParameterStore::ApplyGradients(absl::Span<const v1::Gradient* const> grads) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
   std::vector<Block*> targets;
   targets.reserve(grads.size());
@@ -213,11 +214,11 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<v1::Gradient* const> grad
   }
   for (size_t i = 0; i < grads.size(); ++i) {
     Block* block = targets[i];
-    v1::Gradient* grad = grads[i];
+    const v1::Gradient* grad = grads[i];
     std::optional<double> norm;
     if (grad->has_global_norm()) norm = grad->global_norm();
     absl::MutexLock lock(&block->mu);
-    block->optimizer->Apply(block->data.data(), grad->mutable_content()->data(), norm);
+    block->optimizer->Apply(block->data.data(), grad->content().data(), norm);
   }
   gradients_applied_.fetch_add(grads.size(), std::memory_order_relaxed);
   return absl::OkStatus();

@@ -4,7 +4,7 @@
 //   ParameterStore store;
 //   PS_RETURN_IF_ERROR(store.Init(std::move(param), config));  // first init wins
 //   store.FinishInit();                                       // opens the store
-//   PS_RETURN_IF_ERROR(store.ApplyGradients(absl::MakeSpan(grads)));
+//   PS_RETURN_IF_ERROR(store.ApplyGradients({&grad1, &grad2}));
 //   PS_RETURN_IF_ERROR(store.Get(ref, &out));
 //
 // Errors: Init after FinishInit, or of a block already initialized, is
@@ -50,7 +50,7 @@ class ParameterStore {
     uint64_t requests_rejected = 0;
   };
 
-  ParameterStore() = default;
+  ParameterStore();
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
   ~ParameterStore();
@@ -66,9 +66,8 @@ class ParameterStore {
   // Copies one block into `out`. A ref without a block count reads block 0.
   absl::Status Get(const v1::ParamRef& ref, v1::Parameter* out);
 
-  // Checks every gradient, then applies them in order. Gradient contents are
-  // used as scratch space (clipping happens in place).
-  absl::Status ApplyGradients(absl::Span<v1::Gradient* const> grads);
+  // Checks every gradient, then applies them in order.
+  absl::Status ApplyGradients(absl::Span<const v1::Gradient* const> grads);
 
   Stats GetStats() const;
 

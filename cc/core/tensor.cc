@@ -32,6 +32,11 @@ absl::StatusOr<Tensor> Tensor::Create(ElementType type, Shape shape,
                                       std::string bytes) {
   PS_RETURN_IF_ERROR(ValidateStorableType(type, "tensor"));
   PS_ASSIGN_OR_RETURN(int64_t n, NumElements(shape));
+  // The element count fits in int64 but its byte count may not fit in size_t.
+  if (static_cast<uint64_t>(n) > std::numeric_limits<size_t>::max() / ElementSize(type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", ElementTypeName(type), ShapeString(shape), " is too large"));
+  }
   size_t want = static_cast<size_t>(n) * ElementSize(type);
   if (bytes.size() != want) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1,0 +1,13 @@
+#include "cc/rpc/grpc_status.h"
+
+namespace pserver {
+
+grpc::ChannelArguments DefaultChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return args;
+}
+
+}  // namespace pserver

@@ -1,0 +1,36 @@
+// Conversions between absl::Status and grpc::Status, and the channel and
+// server settings every pserver gRPC endpoint shares. absl::StatusCode and
+// grpc::StatusCode have the same numbering, so codes pass through unchanged.
+//
+//   return ToGrpcStatus(store.Get(ref, &out));         // server side
+//   absl::Status s = FromGrpcStatus(call_status);      // client side
+#ifndef PSERVER_CC_RPC_GRPC_STATUS_H_
+#define PSERVER_CC_RPC_GRPC_STATUS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pserver {
+
+inline grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+inline absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+// Channel arguments for a client channel to one server: no message size
+// limit (requests are already cut into ~1 MiB blocks), and a private
+// subchannel so several channels to one address are really separate.
+grpc::ChannelArguments DefaultChannelArguments();
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_RPC_GRPC_STATUS_H_

@@ -1,0 +1,675 @@
+// End-to-end tests of ParameterServerService: a real Server on 127.0.0.1 with
+// a port the system picks, driven through a raw gRPC stub so every status
+// code and message is exactly what a client in any language would see.
+#include "cc/server/service.h"
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cc/rpc/grpc_status.h"
+#include "cc/server/server.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "pserver/v1/service.grpc.pb.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::IsOk;
+using ::pserver::testing::StatusCodeIs;
+using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kAlreadyInitialized[] = "pserver already initialized";
+constexpr char kNotInitialized[] = "pserver not fully initialized";
+
+// Every call's deadline: generous for a loaded test machine, bounded.
+constexpr std::chrono::seconds kCallTimeout(10);
+
+template <typename T>
+std::string Bytes(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+template <typename T>
+std::vector<T> Values(const std::string& bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+template <typename T>
+v1::Parameter MakeParam(const std::string& name, v1::ElementType type,
+                        std::vector<int64_t> shape, const std::vector<T>& values) {
+  v1::Parameter param;
+  param.set_name(name);
+  param.set_element_type(type);
+  for (int64_t d : shape) param.add_shape(d);
+  param.set_content(Bytes(values));
+  return param;
+}
+
+v1::Parameter Float32Param(const std::string& name, const std::vector<float>& values) {
+  return MakeParam(name, v1::FLOAT32, {static_cast<int64_t>(values.size())}, values);
+}
+
+v1::Parameter Float64Param(const std::string& name, const std::vector<double>& values) {
+  return MakeParam(name, v1::FLOAT64, {static_cast<int64_t>(values.size())}, values);
+}
+
+template <typename T>
+v1::Gradient MakeGrad(const std::string& name, v1::ElementType type,
+                      const std::vector<T>& values) {
+  v1::Gradient grad;
+  grad.set_name(name);
+  grad.set_element_type(type);
+  grad.set_content(Bytes(values));
+  return grad;
+}
+
+v1::Gradient Float32Grad(const std::string& name, const std::vector<float>& values) {
+  return MakeGrad(name, v1::FLOAT32, values);
+}
+
+v1::Gradient Float64Grad(const std::string& name, const std::vector<double>& values) {
+  return MakeGrad(name, v1::FLOAT64, values);
+}
+
+// Plain SGD with a constant learning rate.
+v1::ParameterConfig Sgd(double learning_rate) {
+  v1::ParameterConfig config;
+  config.mutable_optimizer()->mutable_sgd();
+  config.mutable_learning_rate()->set_learning_rate(learning_rate);
+  return config;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(server_, Server::Start(ServerOptions{}));
+    channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::ParameterServer::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  static void SetDeadline(grpc::ClientContext* context) {
+    context->set_deadline(std::chrono::system_clock::now() + kCallTimeout);
+  }
+
+  absl::Status InitParam(v1::Parameter param, const v1::ParameterConfig& config = {}) {
+    v1::InitParamRequest request;
+    *request.mutable_parameter() = std::move(param);
+    *request.mutable_config() = config;
+    v1::InitParamResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return FromGrpcStatus(stub_->InitParam(&context, request, &response));
+  }
+
+  absl::Status FinishInitParams() {
+    v1::FinishInitParamsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return FromGrpcStatus(
+        stub_->FinishInitParams(&context, v1::FinishInitParamsRequest(), &response));
+  }
+
+  absl::StatusOr<v1::Parameter> GetParam(const std::string& name) {
+    v1::GetParamRequest request;
+    request.mutable_param()->set_name(name);
+    return GetParam(request);
+  }
+
+  absl::StatusOr<v1::Parameter> GetParam(const v1::GetParamRequest& request) {
+    v1::GetParamResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Status status = FromGrpcStatus(stub_->GetParam(&context, request, &response));
+    if (!status.ok()) return status;
+    return response.parameter();
+  }
+
+  // The parameters (in request order), or the call's error; on an error,
+  // `*returned` (if given) gets how many parameters came back anyway.
+  absl::StatusOr<std::vector<v1::Parameter>> GetParams(const std::vector<std::string>& names,
+                                                       int* returned = nullptr) {
+    v1::GetParamsRequest request;
+    for (const std::string& name : names) request.add_params()->set_name(name);
+    v1::GetParamsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Status status = FromGrpcStatus(stub_->GetParams(&context, request, &response));
+    if (returned != nullptr) *returned = response.parameters_size();
+    if (!status.ok()) return status;
+    return std::vector<v1::Parameter>(response.parameters().begin(),
+                                      response.parameters().end());
+  }
+
+  absl::Status SendGrad(v1::Gradient grad) {
+    v1::SendGradRequest request;
+    *request.mutable_gradient() = std::move(grad);
+    v1::SendGradResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return FromGrpcStatus(stub_->SendGrad(&context, request, &response));
+  }
+
+  absl::Status SendGrads(std::vector<v1::Gradient> grads) {
+    v1::SendGradsRequest request;
+    for (v1::Gradient& grad : grads) *request.add_gradients() = std::move(grad);
+    v1::SendGradsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return FromGrpcStatus(stub_->SendGrads(&context, request, &response));
+  }
+
+  absl::StatusOr<v1::ServerStats> GetStats() { return GetStatsFrom(stub_.get()); }
+
+  static absl::StatusOr<v1::ServerStats> GetStatsFrom(v1::ParameterServer::Stub* stub) {
+    v1::GetStatsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Status status =
+        FromGrpcStatus(stub->GetStats(&context, v1::GetStatsRequest(), &response));
+    if (!status.ok()) return status;
+    return response.stats();
+  }
+
+  // The float32 values of `name`, read through GetParam.
+  std::vector<float> Float32Values(const std::string& name) {
+    absl::StatusOr<v1::Parameter> param = GetParam(name);
+    EXPECT_THAT(param, IsOk());
+    if (!param.ok()) return {};
+    EXPECT_EQ(param->element_type(), v1::FLOAT32);
+    return Values<float>(param->content());
+  }
+
+  std::vector<double> Float64Values(const std::string& name) {
+    absl::StatusOr<v1::Parameter> param = GetParam(name);
+    EXPECT_THAT(param, IsOk());
+    if (!param.ok()) return {};
+    EXPECT_EQ(param->element_type(), v1::FLOAT64);
+    return Values<double>(param->content());
+  }
+
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+};
+
+// ---- lifecycle --------------------------------------------------------------
+
+TEST_F(ServiceTest, ServerListensOnLoopbackWithAPickedPort) {
+  EXPECT_GT(server_->port(), 0);
+  EXPECT_EQ(server_->address(), "127.0.0.1:" + std::to_string(server_->port()));
+}
+
+TEST_F(ServiceTest, FirstInitWinsAndSecondIsAlreadyExists) {
+  ASSERT_OK(InitParam(Float32Param("w", {1, 2, 3})));
+
+  // Same name, different values and even a different type: refused whole.
+  EXPECT_THAT(InitParam(Float32Param("w", {9, 9, 9})),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       AllOf(StartsWith(kAlreadyInitialized), HasSubstr("'w'"))));
+  EXPECT_THAT(InitParam(Float64Param("w", {7})),
+              StatusIs(absl::StatusCode::kAlreadyExists, StartsWith(kAlreadyInitialized)));
+
+  ASSERT_OK(FinishInitParams());
+  EXPECT_THAT(Float32Values("w"), ElementsAre(1.0f, 2.0f, 3.0f));
+}
+
+TEST_F(ServiceTest, AlreadyExistsIsTheRawGrpcCode) {
+  ASSERT_OK(InitParam(Float32Param("w", {1})));
+  v1::InitParamRequest request;
+  *request.mutable_parameter() = Float32Param("w", {2});
+  v1::InitParamResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  grpc::Status status = stub_->InitParam(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(status.error_message(), StartsWith(kAlreadyInitialized));
+}
+
+TEST_F(ServiceTest, InitAfterFinishIsAlreadyExists) {
+  ASSERT_OK(InitParam(Float32Param("early", {1})));
+  ASSERT_OK(FinishInitParams());
+  EXPECT_THAT(InitParam(Float32Param("late", {1, 2})),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       AllOf(StartsWith(kAlreadyInitialized), HasSubstr("'late'"))));
+  // Also for a name that is already there.
+  EXPECT_THAT(InitParam(Float32Param("early", {5})),
+              StatusIs(absl::StatusCode::kAlreadyExists, StartsWith(kAlreadyInitialized)));
+  EXPECT_THAT(GetParam("late"), StatusCodeIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(Float32Values("early"), ElementsAre(1.0f));
+}
+
+TEST_F(ServiceTest, FinishInitParamsIsIdempotent) {
+  ASSERT_OK(InitParam(Float32Param("w", {4})));
+  ASSERT_OK(FinishInitParams());
+  ASSERT_OK(FinishInitParams());
+  EXPECT_THAT(Float32Values("w"), ElementsAre(4.0f));
+}
+
+TEST_F(ServiceTest, ReadsAndWritesBeforeFinishAreFailedPrecondition) {
+  ASSERT_OK(InitParam(Float32Param("w", {1, 2}), Sgd(1)));
+
+  EXPECT_THAT(GetParam("w"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(kNotInitialized)));
+  EXPECT_THAT(GetParams({"w"}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(kNotInitialized)));
+  EXPECT_THAT(SendGrad(Float32Grad("w", {1, 1})),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(kNotInitialized)));
+  EXPECT_THAT(SendGrads({Float32Grad("w", {1, 1})}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(kNotInitialized)));
+  // Unknown names too: the lifecycle is checked first.
+  EXPECT_THAT(GetParam("nope"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(kNotInitialized)));
+
+  // None of the refused gradients was applied.
+  ASSERT_OK(FinishInitParams());
+  EXPECT_THAT(Float32Values("w"), ElementsAre(1.0f, 2.0f));
+}
+
+// ---- unknown names -----------------------------------------------------------
+
+TEST_F(ServiceTest, UnknownNameIsNotFoundNamingIt) {
+  ASSERT_OK(InitParam(Float32Param("w", {1})));
+  ASSERT_OK(FinishInitParams());
+
+  EXPECT_THAT(GetParam("missing_param"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'missing_param'")));
+  EXPECT_THAT(GetParams({"missing_param"}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'missing_param'")));
+  EXPECT_THAT(SendGrad(Float32Grad("missing_grad", {1})),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'missing_grad'")));
+  EXPECT_THAT(SendGrads({Float32Grad("missing_grads", {1})}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'missing_grads'")));
+}
+
+TEST_F(ServiceTest, GetParamsWithOneUnknownNameFailsWhole) {
+  ASSERT_OK(InitParam(Float32Param("a", {1})));
+  ASSERT_OK(InitParam(Float32Param("b", {2})));
+  ASSERT_OK(FinishInitParams());
+
+  int returned = -1;
+  EXPECT_THAT(GetParams({"a", "ghost", "b"}, &returned),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'ghost'")));
+  EXPECT_EQ(returned, 0);
+
+  // The same batch without the unknown name works, in request order.
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::Parameter> params, GetParams({"b", "a"}));
+  ASSERT_EQ(params.size(), 2u);
+  EXPECT_EQ(params[0].name(), "b");
+  EXPECT_THAT(Values<float>(params[0].content()), ElementsAre(2.0f));
+  EXPECT_EQ(params[1].name(), "a");
+  EXPECT_THAT(Values<float>(params[1].content()), ElementsAre(1.0f));
+}
+
+// ---- bad gradients -----------------------------------------------------------
+
+TEST_F(ServiceTest, GradientOfWrongElementTypeIsInvalidArgument) {
+  ASSERT_OK(InitParam(Float32Param("weights", {1, 2, 3}), Sgd(1)));
+  ASSERT_OK(FinishInitParams());
+
+  // 3 int32 values have the expected 12 bytes, so only the type is wrong; the
+  // type is checked before the size, so float64 is reported as a type error.
+  EXPECT_THAT(SendGrad(MakeGrad<int32_t>("weights", v1::INT32, {1, 1, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'weights'"), HasSubstr("float32"), HasSubstr("int32"))));
+  EXPECT_THAT(SendGrad(Float64Grad("weights", {1, 1, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'weights'"), HasSubstr("float32"), HasSubstr("float64"))));
+  EXPECT_THAT(Float32Values("weights"), ElementsAre(1.0f, 2.0f, 3.0f));
+}
+
+TEST_F(ServiceTest, GradientOfWrongSizeIsInvalidArgument) {
+  // 7 float64 values: 56 bytes expected; 5 values (40 bytes) sent.
+  ASSERT_OK(InitParam(Float64Param("bias", {1, 2, 3, 4, 5, 6, 7}), Sgd(1)));
+  ASSERT_OK(FinishInitParams());
+
+  EXPECT_THAT(SendGrad(Float64Grad("bias", {1, 1, 1, 1, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'bias'"), HasSubstr("56"), HasSubstr("40"))));
+  // Too long is as wrong as too short: 9 values, 72 bytes.
+  EXPECT_THAT(SendGrad(Float64Grad("bias", std::vector<double>(9, 1.0))),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'bias'"), HasSubstr("56"), HasSubstr("72"))));
+  EXPECT_THAT(Float64Values("bias"), ElementsAre(1, 2, 3, 4, 5, 6, 7));
+}
+
+TEST_F(ServiceTest, GradientWithBlockLayoutOfAnotherBlockSizeIsInvalidArgument) {
+  ASSERT_OK(InitParam(Float32Param("w", {1, 2}), Sgd(1)));
+  ASSERT_OK(FinishInitParams());
+
+  v1::Gradient grad = Float32Grad("w", {1, 1});
+  grad.mutable_block()->set_count(2);  // the server holds w unsplit
+  EXPECT_THAT(SendGrad(grad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       AllOf(HasSubstr("'w'"), HasSubstr("block size"))));
+
+  v1::GetParamRequest request;
+  request.mutable_param()->set_name("w");
+  request.mutable_param()->mutable_block()->set_count(3);
+  EXPECT_THAT(GetParam(request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("'w'"), HasSubstr("block size"))));
+  EXPECT_THAT(Float32Values("w"), ElementsAre(1.0f, 2.0f));
+}
+
+TEST_F(ServiceTest, NegativeGlobalNormIsInvalidArgument) {
+  ASSERT_OK(InitParam(Float32Param("w", {1, 2}), Sgd(1)));
+  ASSERT_OK(FinishInitParams());
+  v1::Gradient grad = Float32Grad("w", {1, 1});
+  grad.set_global_norm(-1);
+  EXPECT_THAT(SendGrad(grad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       AllOf(HasSubstr("'w'"), HasSubstr("global_norm"))));
+  EXPECT_THAT(Float32Values("w"), ElementsAre(1.0f, 2.0f));
+}
+
+TEST_F(ServiceTest, GradientOnIntegerParameterWithoutAddIsFailedPrecondition) {
+  ASSERT_OK(InitParam(MakeParam<int64_t>("counts", v1::INT64, {2}, {5, 6})));
+  v1::ParameterConfig add;
+  add.mutable_optimizer()->mutable_add();
+  ASSERT_OK(InitParam(MakeParam<int64_t>("totals", v1::INT64, {2}, {5, 6}), add));
+  ASSERT_OK(FinishInitParams());
+
+  EXPECT_THAT(SendGrad(MakeGrad<int64_t>("counts", v1::INT64, {1, 1})),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("'counts'"), HasSubstr("add"))));
+  ASSERT_OK(SendGrad(MakeGrad<int64_t>("totals", v1::INT64, {1, -10})));
+
+  ASSERT_OK_AND_ASSIGN(v1::Parameter counts, GetParam("counts"));
+  EXPECT_THAT(Values<int64_t>(counts.content()), ElementsAre(5, 6));
+  ASSERT_OK_AND_ASSIGN(v1::Parameter totals, GetParam("totals"));
+  EXPECT_THAT(Values<int64_t>(totals.content()), ElementsAre(6, -4));
+}
+
+TEST_F(ServiceTest, SendGradsWithBadLastGradientAppliesNothing) {
+  ASSERT_OK(InitParam(Float32Param("a", {1, 2}), Sgd(1)));
+  ASSERT_OK(InitParam(Float64Param("b", {3, 4, 5}), Sgd(1)));
+  ASSERT_OK(FinishInitParams());
+
+  // Bad by size.
+  EXPECT_THAT(SendGrads({Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}),
+                         Float64Grad("b", {1, 1})}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'b'")));
+  // Bad by type.
+  EXPECT_THAT(SendGrads({Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}),
+                         Float64Grad("a", {1, 1})}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'a'")));
+  // Bad by name.
+  EXPECT_THAT(SendGrads({Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}),
+                         Float32Grad("c", {1, 1})}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'c'")));
+
+  EXPECT_THAT(Float32Values("a"), ElementsAre(1.0f, 2.0f));
+  EXPECT_THAT(Float64Values("b"), ElementsAre(3.0, 4.0, 5.0));
+  ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
+  EXPECT_EQ(stats.gradients_applied(), 0u);
+
+  // The good part alone applies, in order, each gradient once.
+  ASSERT_OK(SendGrads(
+      {Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}), Float32Grad("a", {0.5f, 0.5f})}));
+  EXPECT_THAT(Float32Values("a"), ElementsAre(-0.5f, 0.5f));
+  EXPECT_THAT(Float64Values("b"), ElementsAre(2.0, 3.0, 4.0));
+}
+
+// ---- init validation -----------------------------------------------------------
+
+TEST_F(ServiceTest, InitOfTransportOnlyTypeIsInvalidArgument) {
+  v1::Parameter half = MakeParam<uint16_t>("half", v1::FLOAT16, {2}, {0x3c00, 0x3c00});
+  EXPECT_THAT(InitParam(half), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        AllOf(HasSubstr("'half'"), HasSubstr("float16"))));
+  v1::Parameter brain = MakeParam<uint16_t>("brain", v1::BFLOAT16, {2}, {0x3f80, 0x3f80});
+  EXPECT_THAT(InitParam(brain), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         AllOf(HasSubstr("'brain'"), HasSubstr("bfloat16"))));
+  v1::Parameter unspecified =
+      MakeParam<float>("unspecified", v1::ELEMENT_TYPE_UNSPECIFIED, {1}, {1});
+  EXPECT_THAT(InitParam(unspecified),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'unspecified'")));
+}
+
+TEST_F(ServiceTest, InitWithEmptyNameIsInvalidArgument) {
+  EXPECT_THAT(InitParam(Float32Param("", {1})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("name is empty")));
+}
+
+TEST_F(ServiceTest, InitWithContentNotMatchingShapeIsInvalidArgument) {
+  // Shape [2, 3] needs 6 values; 5 are given.
+  EXPECT_THAT(InitParam(MakeParam<float>("m", v1::FLOAT32, {2, 3}, {1, 2, 3, 4, 5})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'m'"), HasSubstr("5"), HasSubstr("6"))));
+  // 7 bytes are not a whole number of float32 values.
+  v1::Parameter ragged = Float32Param("ragged", {1, 2});
+  ragged.mutable_content()->resize(7);
+  EXPECT_THAT(InitParam(ragged), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          AllOf(HasSubstr("'ragged'"), HasSubstr("7 bytes"))));
+  // A shape with no elements, and a negative dimension.
+  EXPECT_THAT(InitParam(MakeParam<float>("empty", v1::FLOAT32, {0, 4}, {})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'empty'")));
+  EXPECT_THAT(InitParam(MakeParam<float>("negative", v1::FLOAT32, {-1}, {1})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'negative'")));
+  // A block index that is not below the block count.
+  v1::Parameter block = Float32Param("block", {1, 2});
+  block.mutable_block()->set_index(2);
+  block.mutable_block()->set_count(2);
+  EXPECT_THAT(InitParam(block),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'block'")));
+}
+
+TEST_F(ServiceTest, InitWithBadOptimizerHyperParameterIsInvalidArgument) {
+  v1::ParameterConfig adam;
+  adam.mutable_optimizer()->mutable_adam()->set_beta1(1.5);
+  EXPECT_THAT(InitParam(Float32Param("w", {1, 2}), adam),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'w'"), HasSubstr("adam.beta1"), HasSubstr("1.5"))));
+
+  v1::ParameterConfig momentum;
+  momentum.mutable_optimizer()->mutable_sgd()->set_momentum(-0.5);
+  EXPECT_THAT(InitParam(Float32Param("w", {1, 2}), momentum),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sgd.momentum")));
+
+  v1::ParameterConfig integer_adam;
+  integer_adam.mutable_optimizer()->mutable_adam();
+  EXPECT_THAT(InitParam(MakeParam<int32_t>("i", v1::INT32, {1}, {1}), integer_adam),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'i'"), HasSubstr("int32"))));
+}
+
+TEST_F(ServiceTest, FailedInitDoesNotTakeTheName) {
+  v1::ParameterConfig adam;
+  adam.mutable_optimizer()->mutable_adam()->set_beta1(1.5);
+  ASSERT_THAT(InitParam(Float32Param("w", {1, 2}), adam),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(InitParam(MakeParam<float>("w", v1::FLOAT32, {3}, {1})),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(InitParam(Float32Param("w", {7, 8})));
+  ASSERT_OK(FinishInitParams());
+  EXPECT_THAT(Float32Values("w"), ElementsAre(7.0f, 8.0f));
+}
+
+// ---- updates --------------------------------------------------------------------
+
+TEST_F(ServiceTest, SgdUpdateIsVisibleThroughGetParam) {
+  ASSERT_OK(InitParam(MakeParam<float>("w", v1::FLOAT32, {2, 2}, {1, 2, -3, 0.5f}), Sgd(0.5)));
+  ASSERT_OK(FinishInitParams());
+
+  ASSERT_OK(SendGrad(Float32Grad("w", {2, 4, -2, 1})));
+  ASSERT_OK_AND_ASSIGN(v1::Parameter param, GetParam("w"));
+  EXPECT_EQ(param.name(), "w");
+  EXPECT_EQ(param.element_type(), v1::FLOAT32);
+  EXPECT_THAT(param.shape(), ElementsAre(2, 2));
+  EXPECT_EQ(param.block().index(), 0u);
+  EXPECT_EQ(param.block().count(), 1u);
+  EXPECT_EQ(param.block().offset(), 0u);
+  // p - 0.5 * g, exact in binary floating point.
+  EXPECT_THAT(Values<float>(param.content()), ElementsAre(0.0f, 0.0f, -2.0f, 0.0f));
+
+  ASSERT_OK(SendGrad(Float32Grad("w", {-1, 0.25f, 8, 0})));
+  EXPECT_THAT(Float32Values("w"), ElementsAre(0.5f, -0.125f, -6.0f, 0.0f));
+}
+
+TEST_F(ServiceTest, BlocksOfOneParameterAreStoredAndServedSeparately) {
+  // Elements [0, 2) and [2, 3) of a [3] parameter, both on this server.
+  v1::Parameter block0 = MakeParam<float>("split", v1::FLOAT32, {3}, {1, 2});
+  block0.mutable_block()->set_index(0);
+  block0.mutable_block()->set_count(2);
+  v1::Parameter block1 = MakeParam<float>("split", v1::FLOAT32, {3}, {3});
+  block1.mutable_block()->set_index(1);
+  block1.mutable_block()->set_count(2);
+  block1.mutable_block()->set_offset(2);
+  ASSERT_OK(InitParam(block0, Sgd(1)));
+  ASSERT_OK(InitParam(block1, Sgd(1)));
+  EXPECT_THAT(InitParam(block1),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       AllOf(StartsWith(kAlreadyInitialized), HasSubstr("block 1 of 2"))));
+  ASSERT_OK(FinishInitParams());
+
+  v1::Gradient grad1 = Float32Grad("split", {10});
+  grad1.mutable_block()->set_index(1);
+  grad1.mutable_block()->set_count(2);
+  grad1.mutable_block()->set_offset(2);
+  ASSERT_OK(SendGrad(grad1));
+
+  // An unset block reads block 0 and tells the block count.
+  ASSERT_OK_AND_ASSIGN(v1::Parameter first, GetParam("split"));
+  EXPECT_EQ(first.block().count(), 2u);
+  EXPECT_THAT(first.shape(), ElementsAre(3));
+  EXPECT_THAT(Values<float>(first.content()), ElementsAre(1.0f, 2.0f));
+
+  v1::GetParamRequest request;
+  request.mutable_param()->set_name("split");
+  request.mutable_param()->mutable_block()->set_index(1);
+  request.mutable_param()->mutable_block()->set_count(2);
+  ASSERT_OK_AND_ASSIGN(v1::Parameter second, GetParam(request));
+  EXPECT_EQ(second.block().index(), 1u);
+  EXPECT_EQ(second.block().offset(), 2u);
+  EXPECT_THAT(Values<float>(second.content()), ElementsAre(-7.0f));
+}
+
+// ---- stats ----------------------------------------------------------------------
+
+TEST_F(ServiceTest, StatsCountWhatHappened) {
+  ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
+  EXPECT_EQ(stats.index(), 0u);
+  EXPECT_FALSE(stats.initialized());
+  EXPECT_EQ(stats.parameters(), 0u);
+  EXPECT_EQ(stats.parameter_bytes(), 0u);
+  EXPECT_EQ(stats.optimizer_state_bytes(), 0u);
+  EXPECT_EQ(stats.gradients_applied(), 0u);
+  EXPECT_EQ(stats.gets_served(), 0u);
+  EXPECT_EQ(stats.requests_rejected(), 0u);
+  EXPECT_GE(stats.uptime_seconds(), 0.0);
+
+  // 16 + 24 bytes; Adam keeps two float32 slots per element (2 * 4 * 4 bytes).
+  v1::ParameterConfig adam;
+  adam.mutable_optimizer()->mutable_adam();
+  ASSERT_OK(InitParam(Float32Param("a", {1, 2, 3, 4}), adam));
+  ASSERT_OK(InitParam(Float64Param("b", {1, 2, 3}), Sgd(1)));
+  EXPECT_THAT(InitParam(Float64Param("b", {1, 2, 3})),
+              StatusCodeIs(absl::StatusCode::kAlreadyExists));            // rejected 1
+  EXPECT_THAT(GetParam("a"), StatusCodeIs(absl::StatusCode::kFailedPrecondition));  // 2
+  EXPECT_THAT(SendGrad(Float32Grad("a", {1, 1, 1, 1})),
+              StatusCodeIs(absl::StatusCode::kFailedPrecondition));       // 3
+
+  ASSERT_OK_AND_ASSIGN(stats, GetStats());
+  EXPECT_FALSE(stats.initialized());
+  EXPECT_EQ(stats.parameters(), 2u);
+  EXPECT_EQ(stats.parameter_bytes(), 40u);
+  EXPECT_EQ(stats.optimizer_state_bytes(), 32u);
+  EXPECT_EQ(stats.requests_rejected(), 3u);
+  EXPECT_EQ(stats.gradients_applied(), 0u);
+  EXPECT_EQ(stats.gets_served(), 0u);
+
+  ASSERT_OK(FinishInitParams());
+  ASSERT_OK(SendGrad(Float32Grad("a", {1, 1, 1, 1})));                        // applied 1
+  ASSERT_OK(SendGrads({Float32Grad("a", {1, 1, 1, 1}), Float64Grad("b", {1, 1, 1})}));  // 3
+  EXPECT_THAT(SendGrads({Float64Grad("b", {1, 1, 1}), Float64Grad("b", {1})}),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));          // rejected 4
+  EXPECT_THAT(GetParam("nope"), StatusCodeIs(absl::StatusCode::kNotFound));  // rejected 5
+  ASSERT_OK(GetParam("a").status());                                      // served 1
+  ASSERT_OK(GetParams({"a", "b"}).status());                              // served 3
+
+  ASSERT_OK_AND_ASSIGN(stats, GetStats());
+  EXPECT_EQ(stats.index(), 0u);
+  EXPECT_TRUE(stats.initialized());
+  EXPECT_EQ(stats.parameters(), 2u);
+  EXPECT_EQ(stats.parameter_bytes(), 40u);
+  EXPECT_EQ(stats.optimizer_state_bytes(), 32u);
+  EXPECT_EQ(stats.gradients_applied(), 3u);
+  EXPECT_EQ(stats.gets_served(), 3u);
+  EXPECT_EQ(stats.requests_rejected(), 5u);
+}
+
+TEST_F(ServiceTest, StatsReportTheServerIndex) {
+  ServerOptions options;
+  options.index = 7;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> other, Server::Start(options));
+  EXPECT_EQ(other->index(), 7u);
+  EXPECT_NE(other->port(), server_->port());
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(other->address(), grpc::InsecureChannelCredentials()));
+  ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStatsFrom(stub.get()));
+  EXPECT_EQ(stats.index(), 7u);
+  other->Shutdown();
+}
+
+// ---- concurrency ------------------------------------------------------------------
+
+TEST_F(ServiceTest, ConcurrentGradientsAreAllApplied) {
+  constexpr int kThreads = 4;
+  constexpr int kGradsPerThread = 100;
+  constexpr int kElements = 16;
+  ASSERT_OK(InitParam(Float64Param("shared", std::vector<double>(kElements, 0.0)), Sgd(1)));
+  ASSERT_OK(FinishInitParams());
+
+  std::vector<absl::Status> failures(kThreads);
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([this, t, &failures] {
+      // Each thread has its own channel, so the calls really overlap.
+      grpc::ChannelArguments args = DefaultChannelArguments();
+      auto stub = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
+          server_->address(), grpc::InsecureChannelCredentials(), args));
+      v1::SendGradRequest request;
+      *request.mutable_gradient() = Float64Grad("shared", std::vector<double>(kElements, 1.0));
+      for (int i = 0; i < kGradsPerThread; ++i) {
+        v1::SendGradResponse response;
+        grpc::ClientContext context;
+        SetDeadline(&context);
+        grpc::Status status = stub->SendGrad(&context, request, &response);
+        if (!status.ok()) {
+          failures[t] = FromGrpcStatus(status);
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& failure : failures) EXPECT_OK(failure);
+
+  const double expected = -1.0 * kThreads * kGradsPerThread;
+  EXPECT_THAT(Float64Values("shared"),
+              ElementsAreArray(std::vector<double>(kElements, expected)));
+  ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
+  EXPECT_EQ(stats.gradients_applied(), static_cast<uint64_t>(kThreads * kGradsPerThread));
+}
+
+}  // namespace
+}  // namespace pserver

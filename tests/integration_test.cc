@@ -1,0 +1,255 @@
+// End to end: an in-process cluster of 3 gRPC servers and trainer threads
+// using the C++ client, including parameters split into blocks.
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "cc/client/client.h"
+#include "cc/core/optimizer.h"
+#include "cc/server/local_cluster.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+class IntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(cluster_, LocalCluster::Start(3));
+    options_.servers = cluster_->addresses();
+    options_.block_bytes = 4096;  // small, so modest tensors split over servers
+    options_.timeout = absl::Seconds(20);
+  }
+
+  std::unique_ptr<Client> NewClient() {
+    auto client = Client::Connect(options_);
+    EXPECT_OK(client);
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  static v1::ParameterConfig Sgd(double lr) {
+    v1::ParameterConfig config;
+    config.mutable_optimizer()->mutable_sgd();
+    config.mutable_learning_rate()->set_learning_rate(lr);
+    return config;
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  ClientOptions options_;
+};
+
+std::vector<float> Iota(size_t n, float start) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
+  return v;
+}
+
+TEST_F(IntegrationTest, SplitParameterRoundTripsAndSpreadsOverAllServers) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const std::vector<float> big = Iota(10000, 0.5f);  // 40000 bytes: 10 blocks
+  ASSERT_OK(client->InitParam("big", Tensor::FromValues<float>({100, 100}, big), Sgd(1)));
+  ASSERT_OK(client->InitParam("small", Tensor::FromValues<double>({3}, {1, 2, 3}), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+
+  // A second client has no cached layout: it learns it from block 0.
+  auto reader = NewClient();
+  ASSERT_NE(reader, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::vector<Tensor> got, reader->GetParams({"big", "small"}));
+  EXPECT_EQ(got[0].shape(), (Shape{100, 100}));
+  EXPECT_EQ(got[0].ToVector<float>(), big);
+  EXPECT_EQ(got[1].ToVector<double>(), (std::vector<double>{1, 2, 3}));
+
+  ASSERT_OK_AND_ASSIGN(auto stats, client->GetStats());
+  ASSERT_EQ(stats.size(), 3u);
+  uint64_t blocks = 0;
+  for (const auto& s : stats) {
+    EXPECT_GE(s.parameters(), 3u) << "server " << s.index() << " holds too few blocks";
+    EXPECT_TRUE(s.initialized());
+    blocks += s.parameters();
+  }
+  EXPECT_EQ(blocks, 11u);  // 10 blocks of "big" + "small"
+}
+
+TEST_F(IntegrationTest, ConcurrentTrainersLoseNoUpdate) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  // float64 with SGD lr=1 and integer-valued gradients: exact arithmetic.
+  const size_t n = 3000;  // 24000 bytes: 6 blocks
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<double>({static_cast<int64_t>(n)},
+                                                              std::vector<double>(n, 0.0)),
+                              Sgd(1)));
+  ASSERT_OK(client->InitParam("b", Tensor::FromValues<double>({1}, {0.0}), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+
+  constexpr int kTrainers = 4;
+  constexpr int kSteps = 25;
+  std::vector<absl::Status> results(kTrainers);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kTrainers; ++t) {
+    threads.emplace_back([&, t] {
+      auto own = Client::Connect(options_);  // each trainer its own client
+      if (!own.ok()) {
+        results[t] = own.status();
+        return;
+      }
+      for (int step = 0; step < kSteps && results[t].ok(); ++step) {
+        std::vector<double> g(n);
+        for (size_t i = 0; i < n; ++i) g[i] = static_cast<double>((i % 7) + t);
+        results[t] = (*own)->SendGrads({
+            {"w", Tensor::FromValues<double>({static_cast<int64_t>(n)}, g)},
+            {"b", Tensor::FromValues<double>({1}, {1.0})},
+        });
+        if (results[t].ok()) results[t] = (*own)->GetParam("w").status();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& r : results) ASSERT_OK(r);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<Tensor> got, client->GetParams({"w", "b"}));
+  absl::Span<const double> w = got[0].values<double>();
+  ASSERT_EQ(w.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    double expected = 0;
+    for (int t = 0; t < kTrainers; ++t) expected -= kSteps * static_cast<double>((i % 7) + t);
+    ASSERT_EQ(w[i], expected) << "element " << i;
+  }
+  EXPECT_EQ(got[1].values<double>()[0], -kTrainers * kSteps);
+}
+
+// Two trainers taking turns (sequentially) must leave the same weights as the
+// same optimizer applied locally to the same gradients in the same order,
+// with clipping by the whole gradient's norm across blocks and a schedule.
+TEST_F(IntegrationTest, ServerSideAdamMatchesLocalAdam) {
+  v1::ParameterConfig config;
+  config.mutable_optimizer()->mutable_adam()->set_weight_decay(0.01);
+  config.mutable_learning_rate()->set_learning_rate(0.01);
+  config.mutable_learning_rate()->set_warmup_steps(3);
+  config.mutable_learning_rate()->mutable_cosine()->set_decay_steps(20);
+  config.mutable_clipping()->set_clip_norm(5.0);
+
+  const size_t n = 2500;  // 10000 bytes: 3 blocks
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> init(n);
+  for (float& v : init) v = normal(rng);
+
+  auto trainer_a = NewClient();
+  auto trainer_b = NewClient();
+  ASSERT_NE(trainer_a, nullptr);
+  ASSERT_NE(trainer_b, nullptr);
+  const Tensor initial = Tensor::FromValues<float>({50, 50}, init);
+  ASSERT_OK(trainer_a->InitParam("w", initial, config));
+  EXPECT_THAT(trainer_b->InitParam("w", initial, config),
+              StatusIs(absl::StatusCode::kAlreadyExists, StartsWith("pserver already initialized")));
+  ASSERT_OK(trainer_a->FinishInitParams());
+  ASSERT_OK(trainer_b->FinishInitParams());
+
+  ASSERT_OK_AND_ASSIGN(auto local, Optimizer::Create(config, v1::FLOAT32, n));
+  std::vector<float> expected = init;
+  Client* trainers[] = {trainer_a.get(), trainer_b.get()};
+  for (int step = 0; step < 12; ++step) {
+    Client* trainer = trainers[step % 2];
+    ASSERT_OK_AND_ASSIGN(Tensor w, trainer->GetParam("w"));
+    std::vector<float> grad(n);
+    absl::Span<const float> wv = w.values<float>();
+    for (size_t i = 0; i < n; ++i) grad[i] = 2.0f * wv[i] + 0.1f * normal(rng);
+    ASSERT_OK(trainer->SendGrad("w", Tensor::FromValues<float>({50, 50}, grad)));
+    local->Apply(expected.data(), grad.data(), std::nullopt);
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor final_w, trainer_b->GetParam("w"));
+  absl::Span<const float> got = final_w.values<float>();
+  ASSERT_EQ(got.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(got[i], expected[i], 1e-6f * std::max(1.0f, std::abs(expected[i])))
+        << "element " << i;
+  }
+  // The weights really moved.
+  EXPECT_GT(std::abs(got[0] - init[0]), 1e-3f);
+}
+
+TEST_F(IntegrationTest, IntegerCountersAddExactly) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  v1::ParameterConfig add;
+  add.mutable_optimizer()->mutable_add();
+  ASSERT_OK(client->InitParam("count", Tensor::FromValues<int64_t>({2}, {10, -5}), add));
+  ASSERT_OK(client->InitParam("ids", Tensor::FromValues<uint32_t>({2}, {7, 8})));
+  ASSERT_OK(client->FinishInitParams());
+  ASSERT_OK(client->SendGrad("count", Tensor::FromValues<int64_t>({2}, {1, 2})));
+  ASSERT_OK(client->SendGrad("count", Tensor::FromValues<int64_t>({2}, {1, 2})));
+  ASSERT_OK_AND_ASSIGN(Tensor count, client->GetParam("count"));
+  EXPECT_EQ(count.ToVector<int64_t>(), (std::vector<int64_t>{12, -1}));
+  EXPECT_THAT(client->SendGrad("ids", Tensor::FromValues<uint32_t>({2}, {1, 1})),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("'add'")));
+  ASSERT_OK_AND_ASSIGN(Tensor ids, client->GetParam("ids"));
+  EXPECT_EQ(ids.ToVector<uint32_t>(), (std::vector<uint32_t>{7, 8}));
+}
+
+TEST_F(IntegrationTest, ClientErrorsNameTheProblemAndChangeNothing) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd(1)));
+  EXPECT_THAT(client->GetParam("w"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("pserver not fully initialized")));
+  ASSERT_OK(client->FinishInitParams());
+
+  EXPECT_THAT(client->GetParam("nope"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("'nope'")));
+  EXPECT_THAT(client->GetParam(""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+  EXPECT_THAT(client->SendGrad("w", Tensor::FromValues<float>({3}, {1, 1, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("'w'"), HasSubstr("3 values"), HasSubstr("4 expected"))));
+  EXPECT_THAT(client->SendGrad("w", Tensor::FromValues<double>({4}, {1, 1, 1, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("float64"), HasSubstr("float32"))));
+  // A batch with one bad gradient sends nothing.
+  EXPECT_THAT(client->SendGrads({{"w", Tensor::FromValues<float>({4}, {1, 1, 1, 1})},
+                                 {"nope", Tensor::FromValues<float>({1}, {1})}}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'nope'")));
+  // A client that never saw "w" sends a wrong size: the server refuses it.
+  auto fresh = NewClient();
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_THAT(fresh->SendGrad("w", Tensor::FromValues<float>({3}, {1, 1, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("16 expected")));
+  ASSERT_OK_AND_ASSIGN(Tensor w, client->GetParam("w"));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST(ClientTest, UnreachableServerFailsWithinTheDeadline) {
+  // Start a server to learn a free port, then stop it: nothing listens there.
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(ServerOptions{}));
+  const std::string address = server->address();
+  server->Shutdown();
+  server.reset();
+
+  ClientOptions options;
+  options.servers = {address};
+  options.timeout = absl::Milliseconds(300);
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(client->GetParam("w"),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr(address)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(ClientTest, RejectsBadOptions) {
+  ClientOptions options;
+  EXPECT_THAT(Client::Connect(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no servers")));
+  options.servers = {""};
+  EXPECT_THAT(Client::Connect(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+  options.servers = {"127.0.0.1:1"};
+  options.block_bytes = 0;
+  EXPECT_THAT(Client::Connect(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block_bytes")));
+}
+
+}  // namespace
+}  // namespace pserver
