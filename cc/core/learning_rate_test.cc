@@ -36,24 +36,21 @@ TEST(LearningRateTest, DefaultRateWhenUnset) {
 }
 
 TEST(LearningRateTest, ExplicitRateOverridesDefault) {
-  ASSERT_OK_AND_ASSIGN(LearningRate lr,
-                       LearningRate::Create(Schedule("learning_rate: 0.5"), 0.01));
+  ASSERT_OK_AND_ASSIGN(LearningRate lr, LearningRate::Create(Schedule("learning_rate: 0.5"), 0.01));
   EXPECT_DOUBLE_EQ(lr.base(), 0.5);
   EXPECT_DOUBLE_EQ(lr.At(3), 0.5);
 }
 
 TEST(LearningRateTest, ExplicitZeroRateIsKept) {
   // learning_rate is optional: an explicit 0 is not "unset".
-  ASSERT_OK_AND_ASSIGN(LearningRate lr,
-                       LearningRate::Create(Schedule("learning_rate: 0"), 0.01));
+  ASSERT_OK_AND_ASSIGN(LearningRate lr, LearningRate::Create(Schedule("learning_rate: 0"), 0.01));
   EXPECT_EQ(lr.base(), 0.0);
   EXPECT_EQ(lr.At(5), 0.0);
 }
 
 TEST(LearningRateTest, Constant) {
-  ASSERT_OK_AND_ASSIGN(
-      LearningRate lr,
-      LearningRate::Create(Schedule("learning_rate: 0.3 constant {}"), 0.01));
+  ASSERT_OK_AND_ASSIGN(LearningRate lr,
+                       LearningRate::Create(Schedule("learning_rate: 0.3 constant {}"), 0.01));
   for (uint64_t t : {0, 1, 2, 100, 1000000}) EXPECT_DOUBLE_EQ(lr.At(t), 0.3) << t;
 }
 
@@ -63,8 +60,7 @@ TEST(LearningRateTest, LinearDecay) {
   ASSERT_OK_AND_ASSIGN(
       LearningRate lr,
       LearningRate::Create(
-          Schedule("learning_rate: 1.0 linear { end_learning_rate: 0.2 decay_steps: 4 }"),
-          0.01));
+          Schedule("learning_rate: 1.0 linear { end_learning_rate: 0.2 decay_steps: 4 }"), 0.01));
   EXPECT_NEAR(lr.At(0), 1.0, kTol);
   EXPECT_NEAR(lr.At(1), 0.8, kTol);
   EXPECT_NEAR(lr.At(2), 0.6, kTol);
@@ -78,8 +74,7 @@ TEST(LearningRateTest, LinearDecayCanRise) {
   ASSERT_OK_AND_ASSIGN(
       LearningRate lr,
       LearningRate::Create(
-          Schedule("learning_rate: 0.1 linear { end_learning_rate: 0.5 decay_steps: 2 }"),
-          0.01));
+          Schedule("learning_rate: 0.1 linear { end_learning_rate: 0.5 decay_steps: 2 }"), 0.01));
   EXPECT_NEAR(lr.At(1), 0.3, kTol);
   EXPECT_NEAR(lr.At(2), 0.5, kTol);
   EXPECT_NEAR(lr.At(99), 0.5, kTol);
@@ -90,8 +85,7 @@ TEST(LearningRateTest, StepDecay) {
   //   t=0..2: 0.8   t=3..5: 0.4   t=6: 0.2   t=9: 0.1   t=30: 0.8/1024
   ASSERT_OK_AND_ASSIGN(
       LearningRate lr,
-      LearningRate::Create(Schedule("learning_rate: 0.8 step { step_size: 3 gamma: 0.5 }"),
-                           0.01));
+      LearningRate::Create(Schedule("learning_rate: 0.8 step { step_size: 3 gamma: 0.5 }"), 0.01));
   EXPECT_NEAR(lr.At(0), 0.8, kTol);
   EXPECT_NEAR(lr.At(2), 0.8, kTol);
   EXPECT_NEAR(lr.At(3), 0.4, kTol);
@@ -112,8 +106,7 @@ TEST(LearningRateTest, CosineDecay) {
   ASSERT_OK_AND_ASSIGN(
       LearningRate lr,
       LearningRate::Create(
-          Schedule("learning_rate: 1.0 cosine { decay_steps: 4 min_learning_rate: 0.2 }"),
-          0.01));
+          Schedule("learning_rate: 1.0 cosine { decay_steps: 4 min_learning_rate: 0.2 }"), 0.01));
   const double half_sqrt2 = std::sqrt(2.0) / 2;
   EXPECT_NEAR(lr.At(0), 1.0, kTol);
   EXPECT_NEAR(lr.At(1), 0.2 + 0.4 * (1 + half_sqrt2), kTol);
@@ -128,9 +121,8 @@ TEST(LearningRateTest, CosineDecay) {
 TEST(LearningRateTest, WarmupWithoutStartFactor) {
   // f = 0, 4 warm-up steps: 0.4 * t / 4 for t < 4, then constant 0.4.
   //   t=0: 0   t=1: 0.1   t=2: 0.2   t=3: 0.3   t=4: 0.4   t=100: 0.4
-  ASSERT_OK_AND_ASSIGN(
-      LearningRate lr,
-      LearningRate::Create(Schedule("learning_rate: 0.4 warmup_steps: 4"), 0.01));
+  ASSERT_OK_AND_ASSIGN(LearningRate lr,
+                       LearningRate::Create(Schedule("learning_rate: 0.4 warmup_steps: 4"), 0.01));
   EXPECT_NEAR(lr.At(0), 0.0, kTol);
   EXPECT_NEAR(lr.At(1), 0.1, kTol);
   EXPECT_NEAR(lr.At(2), 0.2, kTol);
@@ -144,8 +136,8 @@ TEST(LearningRateTest, WarmupWithStartFactor) {
   //   t=0: 0.5   t=1: 0.6   t=2: 0.7   t=4: 0.9   t=5: 1.0
   ASSERT_OK_AND_ASSIGN(
       LearningRate lr,
-      LearningRate::Create(
-          Schedule("learning_rate: 1.0 warmup_steps: 5 warmup_start_factor: 0.5"), 0.01));
+      LearningRate::Create(Schedule("learning_rate: 1.0 warmup_steps: 5 warmup_start_factor: 0.5"),
+                           0.01));
   EXPECT_NEAR(lr.At(0), 0.5, kTol);
   EXPECT_NEAR(lr.At(1), 0.6, kTol);
   EXPECT_NEAR(lr.At(2), 0.7, kTol);
@@ -156,8 +148,8 @@ TEST(LearningRateTest, WarmupWithStartFactor) {
 TEST(LearningRateTest, WarmupStartFactorOneIsFlat) {
   ASSERT_OK_AND_ASSIGN(
       LearningRate lr,
-      LearningRate::Create(
-          Schedule("learning_rate: 0.7 warmup_steps: 3 warmup_start_factor: 1"), 0.01));
+      LearningRate::Create(Schedule("learning_rate: 0.7 warmup_steps: 3 warmup_start_factor: 1"),
+                           0.01));
   for (uint64_t t : {0, 1, 2, 3, 4}) EXPECT_NEAR(lr.At(t), 0.7, kTol) << t;
 }
 
@@ -166,12 +158,11 @@ TEST(LearningRateTest, WarmupThenStepDecay) {
   //   t=0: 0.8 * 0.5 = 0.4    t=1: 0.8 * 0.75 = 0.6
   //   t=2: decay step 0 -> 0.8    t=3: step 1 -> 0.8
   //   t=4: step 2 -> 0.4          t=5: step 3 -> 0.4    t=6: step 4 -> 0.2
-  ASSERT_OK_AND_ASSIGN(
-      LearningRate lr,
-      LearningRate::Create(Schedule("learning_rate: 0.8 warmup_steps: 2 "
-                                    "warmup_start_factor: 0.5 "
-                                    "step { step_size: 2 gamma: 0.5 }"),
-                           0.01));
+  ASSERT_OK_AND_ASSIGN(LearningRate lr,
+                       LearningRate::Create(Schedule("learning_rate: 0.8 warmup_steps: 2 "
+                                                     "warmup_start_factor: 0.5 "
+                                                     "step { step_size: 2 gamma: 0.5 }"),
+                                            0.01));
   EXPECT_NEAR(lr.At(0), 0.4, kTol);
   EXPECT_NEAR(lr.At(1), 0.6, kTol);
   EXPECT_NEAR(lr.At(2), 0.8, kTol);
@@ -201,12 +192,11 @@ TEST(LearningRateTest, WarmupThenLinearDecay) {
 TEST(LearningRateTest, WarmupThenCosineDecay) {
   // 1 warm-up step (f = 0.2) at 0.5 * 0.2 = 0.1; then cosine from 0.5 to 0
   // over 2 steps: t=1: 0.5, t=2: 0.25 (cos(pi/2) = 0), t=3: 0.
-  ASSERT_OK_AND_ASSIGN(
-      LearningRate lr,
-      LearningRate::Create(Schedule("learning_rate: 0.5 warmup_steps: 1 "
-                                    "warmup_start_factor: 0.2 "
-                                    "cosine { decay_steps: 2 }"),
-                           0.01));
+  ASSERT_OK_AND_ASSIGN(LearningRate lr,
+                       LearningRate::Create(Schedule("learning_rate: 0.5 warmup_steps: 1 "
+                                                     "warmup_start_factor: 0.2 "
+                                                     "cosine { decay_steps: 2 }"),
+                                            0.01));
   EXPECT_NEAR(lr.At(0), 0.1, kTol);
   EXPECT_NEAR(lr.At(1), 0.5, kTol);
   EXPECT_NEAR(lr.At(2), 0.25, kTol);
@@ -215,8 +205,7 @@ TEST(LearningRateTest, WarmupThenCosineDecay) {
 
 // ---- validation ---------------------------------------------------------------
 
-void ExpectInvalid(const std::string& text, const std::string& field,
-                   double default_rate = 0.01) {
+void ExpectInvalid(const std::string& text, const std::string& field, double default_rate = 0.01) {
   EXPECT_THAT(LearningRate::Create(Schedule(text), default_rate),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(field)))
       << text;
@@ -227,12 +216,11 @@ TEST(LearningRateValidationTest, NegativeOrNonFiniteRate) {
   ExpectInvalid("learning_rate: inf", "learning_rate.learning_rate");
   ExpectInvalid("learning_rate: nan", "learning_rate.learning_rate");
   // The default rate is validated too.
-  EXPECT_THAT(LearningRate::Create({}, -1.0),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("learning_rate.learning_rate")));
-  EXPECT_THAT(LearningRate::Create({}, std::numeric_limits<double>::infinity()),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("learning_rate.learning_rate")));
+  EXPECT_THAT(LearningRate::Create({}, -1.0), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                       HasSubstr("learning_rate.learning_rate")));
+  EXPECT_THAT(
+      LearningRate::Create({}, std::numeric_limits<double>::infinity()),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("learning_rate.learning_rate")));
 }
 
 TEST(LearningRateValidationTest, Linear) {
@@ -265,10 +253,8 @@ TEST(LearningRateValidationTest, Cosine) {
 TEST(LearningRateValidationTest, WarmupStartFactor) {
   ExpectInvalid("warmup_steps: 3 warmup_start_factor: -0.1",
                 "learning_rate.warmup_start_factor must be in [0, 1]");
-  ExpectInvalid("warmup_steps: 3 warmup_start_factor: 1.5",
-                "learning_rate.warmup_start_factor");
-  ExpectInvalid("warmup_steps: 3 warmup_start_factor: nan",
-                "learning_rate.warmup_start_factor");
+  ExpectInvalid("warmup_steps: 3 warmup_start_factor: 1.5", "learning_rate.warmup_start_factor");
+  ExpectInvalid("warmup_steps: 3 warmup_start_factor: nan", "learning_rate.warmup_start_factor");
 }
 
 TEST(LearningRateValidationTest, BoundaryValuesAreAccepted) {

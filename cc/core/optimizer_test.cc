@@ -129,8 +129,7 @@ RefStep RefAdagrad(double initial_accumulator, double eps, double weight_decay) 
 
 // torch.optim.Adadelta (Zeiler 2012 with a learning rate).
 RefStep RefAdadelta(double rho, double eps, double weight_decay) {
-  return [=, square_avg = Vec(), acc_delta = Vec()](Vec& p, const Vec& g, double lr,
-                                                     int) mutable {
+  return [=, square_avg = Vec(), acc_delta = Vec()](Vec& p, const Vec& g, double lr, int) mutable {
     if (square_avg.empty()) {
       square_avg.assign(p.size(), 0.0);
       acc_delta.assign(p.size(), 0.0);
@@ -148,10 +147,9 @@ RefStep RefAdadelta(double rho, double eps, double weight_decay) {
 }
 
 // torch.optim.RMSprop.
-RefStep RefRmsProp(double alpha, double eps, double momentum, bool centered,
-                   double weight_decay) {
-  return [=, square_avg = Vec(), grad_avg = Vec(), buf = Vec()](
-             Vec& p, const Vec& g, double lr, int) mutable {
+RefStep RefRmsProp(double alpha, double eps, double momentum, bool centered, double weight_decay) {
+  return [=, square_avg = Vec(), grad_avg = Vec(), buf = Vec()](Vec& p, const Vec& g, double lr,
+                                                                int) mutable {
     if (square_avg.empty()) {
       square_avg.assign(p.size(), 0.0);
       grad_avg.assign(p.size(), 0.0);
@@ -239,8 +237,8 @@ std::vector<Vec> Gradients() {
 
 struct ReferenceCase {
   std::string name;
-  std::string config;                // text-format v1::ParameterConfig
-  std::function<double(int)> lr;     // the rate the reference uses at step t
+  std::string config;             // text-format v1::ParameterConfig
+  std::function<double(int)> lr;  // the rate the reference uses at step t
   std::function<RefStep()> reference;
 };
 
@@ -255,10 +253,9 @@ std::vector<ReferenceCase> ReferenceCases() {
   return {
       {"SgdDefault", "", ConstantRate(0.01),  // unset optimizer: SGD, lr 0.01
        [] { return RefSgd(0, false, 0); }},
-      {"SgdPlain", "optimizer { sgd {} } learning_rate { learning_rate: 0.1 }",
-       ConstantRate(0.1), [] { return RefSgd(0, false, 0); }},
-      {"SgdMomentum",
-       "optimizer { sgd { momentum: 0.9 } } learning_rate { learning_rate: 0.05 }",
+      {"SgdPlain", "optimizer { sgd {} } learning_rate { learning_rate: 0.1 }", ConstantRate(0.1),
+       [] { return RefSgd(0, false, 0); }},
+      {"SgdMomentum", "optimizer { sgd { momentum: 0.9 } } learning_rate { learning_rate: 0.05 }",
        ConstantRate(0.05), [] { return RefSgd(0.9, false, 0); }},
       {"SgdNesterov",
        "optimizer { sgd { momentum: 0.8 nesterov: true } } "
@@ -303,8 +300,7 @@ std::vector<ReferenceCase> ReferenceCases() {
        "optimizer { adam { beta1: 0.8 beta2: 0.99 epsilon: 1e-6 } } "
        "learning_rate { learning_rate: 0.05 }",
        ConstantRate(0.05), [] { return RefAdam(0.8, 0.99, 1e-6, 0, 0); }},
-      {"AdamL2",
-       "optimizer { adam { weight_decay: 0.1 } } learning_rate { learning_rate: 0.05 }",
+      {"AdamL2", "optimizer { adam { weight_decay: 0.1 } } learning_rate { learning_rate: 0.05 }",
        ConstantRate(0.05), [] { return RefAdam(0.9, 0.999, 1e-8, 0.1, 0); }},
       {"AdamWDefaults", "optimizer { adamw {} } learning_rate { learning_rate: 0.05 }",
        ConstantRate(0.05), [] { return RefAdam(0.9, 0.999, 1e-8, 0, 0.01); }},
@@ -321,8 +317,8 @@ std::vector<ReferenceCase> ReferenceCases() {
          return 0.01 + (0.1 - 0.01) * (1 + std::cos(kPi * frac)) / 2;
        },
        [] { return RefAdam(0.9, 0.999, 1e-8, 0, 0); }},
-      {"AddFloat", "optimizer { add {} } learning_rate { learning_rate: 0.5 }",
-       ConstantRate(0.5), [] { return RefAdd(); }},
+      {"AddFloat", "optimizer { add {} } learning_rate { learning_rate: 0.5 }", ConstantRate(0.5),
+       [] { return RefAdd(); }},
   };
 }
 
@@ -332,8 +328,7 @@ class OptimizerReferenceTest : public ::testing::TestWithParam<ReferenceCase> {
   void CheckAgainstReference() {
     const ReferenceCase& c = GetParam();
     const std::vector<Vec> grads = Gradients<T>();
-    ASSERT_OK_AND_ASSIGN(Trajectory got,
-                         RunOptimizer<T>(Config(c.config), InitialParams(), grads));
+    ASSERT_OK_AND_ASSIGN(Trajectory got, RunOptimizer<T>(Config(c.config), InitialParams(), grads));
     Trajectory want = RunReference(c.reference(), InitialParams(), grads, c.lr);
     ASSERT_EQ(got.size(), want.size());
     for (size_t t = 0; t < want.size(); ++t) {
@@ -361,14 +356,13 @@ INSTANTIATE_TEST_SUITE_P(AllOptimizers, OptimizerReferenceTest,
 
 TEST(OptimizerHandTest, SgdFirstSteps) {
   // p = 1, g = 0.5, lr = 0.1: p = 1 - 0.1 * 0.5 = 0.95.
-  ASSERT_OK_AND_ASSIGN(auto plain, StepOnce<double>("learning_rate { learning_rate: 0.1 }",
-                                                    {1.0}, {0.5}));
+  ASSERT_OK_AND_ASSIGN(auto plain,
+                       StepOnce<double>("learning_rate { learning_rate: 0.1 }", {1.0}, {0.5}));
   EXPECT_NEAR(plain[0], 0.95, 1e-15);
   // Weight decay 0.1: g' = 0.5 + 0.1 * 1 = 0.6, p = 1 - 0.06 = 0.94.
-  ASSERT_OK_AND_ASSIGN(auto decayed,
-                       StepOnce<float>("optimizer { sgd { weight_decay: 0.1 } } "
-                                       "learning_rate { learning_rate: 0.1 }",
-                                       {1.0f}, {0.5f}));
+  ASSERT_OK_AND_ASSIGN(auto decayed, StepOnce<float>("optimizer { sgd { weight_decay: 0.1 } } "
+                                                     "learning_rate { learning_rate: 0.1 }",
+                                                     {1.0f}, {0.5f}));
   EXPECT_NEAR(decayed[0], 0.94f, 1e-6);
   // Nesterov m = 0.9: buf = g = 0.5 on the first step, g' = 0.5 + 0.9 * 0.5 =
   // 0.95, p = 1 - 0.095 = 0.905.
@@ -380,14 +374,12 @@ TEST(OptimizerHandTest, SgdFirstSteps) {
 }
 
 TEST(OptimizerHandTest, SgdMomentumTwoSteps) {
-  // m = 0.9, lr = 0.1, g = 0.5 twice: step 1 buf = 0.5 (no 0.9 * 0 + ...
-  // difference here), p = 0.95; step 2 buf = 0.9 * 0.5 + 0.5 = 0.95,
-  // p = 0.95 - 0.095 = 0.855.
-  ASSERT_OK_AND_ASSIGN(
-      Trajectory got,
-      RunOptimizer<double>(Config("optimizer { sgd { momentum: 0.9 } } "
-                                  "learning_rate { learning_rate: 0.1 }"),
-                           {1.0}, {{0.5}, {0.5}}));
+  // m = 0.9, lr = 0.1, g = 0.5 twice: step 1 buf = g = 0.5, p = 0.95;
+  // step 2 buf = 0.9 * 0.5 + 0.5 = 0.95, p = 0.95 - 0.095 = 0.855.
+  ASSERT_OK_AND_ASSIGN(Trajectory got,
+                       RunOptimizer<double>(Config("optimizer { sgd { momentum: 0.9 } } "
+                                                   "learning_rate { learning_rate: 0.1 }"),
+                                            {1.0}, {{0.5}, {0.5}}));
   EXPECT_NEAR(got[0][0], 0.95, 1e-15);
   EXPECT_NEAR(got[1][0], 0.855, 1e-15);
 }
@@ -423,10 +415,9 @@ TEST(OptimizerHandTest, RmsPropFirstSteps) {
   EXPECT_NEAR(plain[0], 0.9, 1e-8);
   // Centered: mean g = 0.01 * 2 = 0.02, var = 0.04 - 0.0004 = 0.0396,
   // sqrt = 0.198997, p = 1 - 0.02 / 0.198997 = 0.899496.
-  ASSERT_OK_AND_ASSIGN(auto centered,
-                       StepOnce<double>("optimizer { rmsprop { centered: true } } "
-                                        "learning_rate { learning_rate: 0.01 }",
-                                        {1.0}, {2.0}));
+  ASSERT_OK_AND_ASSIGN(auto centered, StepOnce<double>("optimizer { rmsprop { centered: true } } "
+                                                       "learning_rate { learning_rate: 0.01 }",
+                                                       {1.0}, {2.0}));
   EXPECT_NEAR(centered[0], 0.899496, 1e-6);
   // Momentum 0.9, g = 2 twice: buf = 2 / 0.2 = 10, p = 0.9; then
   // sq = 0.99 * 0.04 + 0.04 = 0.0796, sqrt = 0.282135, buf = 9 + 7.088812,
@@ -445,8 +436,7 @@ TEST(OptimizerHandTest, AdamFirstStepMovesByLearningRateTimesSign) {
   ASSERT_OK_AND_ASSIGN(auto p, StepOnce<float>("optimizer { adam {} } "
                                                "learning_rate { learning_rate: 0.01 }",
                                                {1.0f, 1.0f, -2.0f}, {3.0f, -0.5f, 1e-3f}));
-  EXPECT_THAT(p, ElementsAre(::testing::FloatNear(0.99f, 1e-6),
-                             ::testing::FloatNear(1.01f, 1e-6),
+  EXPECT_THAT(p, ElementsAre(::testing::FloatNear(0.99f, 1e-6), ::testing::FloatNear(1.01f, 1e-6),
                              ::testing::FloatNear(-2.01f, 1e-5)));
   // With L2 weight decay the sign is that of g + wd * p: 0.5 + 1 * (-2) < 0.
   ASSERT_OK_AND_ASSIGN(auto l2, StepOnce<double>("optimizer { adam { weight_decay: 1 } } "
@@ -477,13 +467,13 @@ TEST(OptimizerHandTest, AddIgnoresTheLearningRate) {
 constexpr char kSgdLrOne[] = "optimizer { sgd {} } learning_rate { learning_rate: 1 } ";
 
 TEST(OptimizerClipTest, ClipByValue) {
-  ASSERT_OK_AND_ASSIGN(auto p, StepOnce<double>(std::string(kSgdLrOne) +
-                                                    "clipping { clip_value: 0.5 }",
-                                                {0, 0, 0, 0}, {2.0, -3.0, 0.25, -0.5}));
+  ASSERT_OK_AND_ASSIGN(auto p,
+                       StepOnce<double>(std::string(kSgdLrOne) + "clipping { clip_value: 0.5 }",
+                                        {0, 0, 0, 0}, {2.0, -3.0, 0.25, -0.5}));
   EXPECT_THAT(p, ElementsAre(-0.5, 0.5, -0.25, 0.5));
-  ASSERT_OK_AND_ASSIGN(auto f, StepOnce<float>(std::string(kSgdLrOne) +
-                                                   "clipping { clip_value: 0.5 }",
-                                               {0, 0}, {2.0f, -3.0f}));
+  ASSERT_OK_AND_ASSIGN(
+      auto f, StepOnce<float>(std::string(kSgdLrOne) + "clipping { clip_value: 0.5 }", {0, 0},
+                              {2.0f, -3.0f}));
   EXPECT_THAT(f, ElementsAre(-0.5f, 0.5f));
 }
 
@@ -516,9 +506,9 @@ TEST(OptimizerClipTest, ClipNormThenValue) {
   // g = (0.5, 10), clip_norm 1, clip_value 0.2.
   // Norm first: ||g|| = sqrt(100.25) = 10.012492, g -> (0.049938, 0.998752),
   // then value: (0.049938, 0.2). (Value first would give (0.2, 0.2).)
-  ASSERT_OK_AND_ASSIGN(auto p, StepOnce<double>(std::string(kSgdLrOne) +
-                                                    "clipping { clip_norm: 1 clip_value: 0.2 }",
-                                                {0, 0}, {0.5, 10.0}));
+  ASSERT_OK_AND_ASSIGN(
+      auto p, StepOnce<double>(std::string(kSgdLrOne) + "clipping { clip_norm: 1 clip_value: 0.2 }",
+                               {0, 0}, {0.5, 10.0}));
   EXPECT_NEAR(p[0], -0.5 / std::sqrt(100.25), 1e-15);
   EXPECT_NEAR(p[0], -0.049938, 1e-6);
   EXPECT_NEAR(p[1], -0.2, 1e-15);
@@ -527,20 +517,19 @@ TEST(OptimizerClipTest, ClipNormThenValue) {
 TEST(OptimizerClipTest, ClippingHappensBeforeTheOptimizer) {
   // Momentum 0.5 and clip_value 1: both steps see g = 1, not 4.
   // buf = 1, p = -1; buf = 0.5 + 1 = 1.5, p = -2.5.
-  ASSERT_OK_AND_ASSIGN(
-      Trajectory got,
-      RunOptimizer<double>(Config("optimizer { sgd { momentum: 0.5 } } "
-                                  "learning_rate { learning_rate: 1 } "
-                                  "clipping { clip_value: 1 }"),
-                           {0.0}, {{4.0}, {4.0}}));
+  ASSERT_OK_AND_ASSIGN(Trajectory got,
+                       RunOptimizer<double>(Config("optimizer { sgd { momentum: 0.5 } } "
+                                                   "learning_rate { learning_rate: 1 } "
+                                                   "clipping { clip_value: 1 }"),
+                                            {0.0}, {{4.0}, {4.0}}));
   EXPECT_NEAR(got[0][0], -1.0, 1e-15);
   EXPECT_NEAR(got[1][0], -2.5, 1e-15);
 }
 
 TEST(OptimizerClipTest, ZeroTurnsClippingOff) {
-  ASSERT_OK_AND_ASSIGN(auto p, StepOnce<double>(std::string(kSgdLrOne) +
-                                                    "clipping { clip_norm: 0 clip_value: 0 }",
-                                                {0, 0}, {300.0, -400.0}));
+  ASSERT_OK_AND_ASSIGN(
+      auto p, StepOnce<double>(std::string(kSgdLrOne) + "clipping { clip_norm: 0 clip_value: 0 }",
+                               {0, 0}, {300.0, -400.0}));
   EXPECT_THAT(p, ElementsAre(-300.0, 400.0));
 }
 
@@ -549,10 +538,10 @@ TEST(OptimizerClipTest, ZeroTurnsClippingOff) {
 TEST(OptimizerScheduleTest, StepDecayAppliedPerStep) {
   // lr 0.1 halved every 2 steps, g = 1: rates 0.1, 0.1, 0.05, 0.05, 0.025.
   // p = 1 - 0.1 = 0.9, 0.8, 0.75, 0.7, 0.675.
-  absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(
-      Config("optimizer { sgd {} } learning_rate { learning_rate: 0.1 "
-             "step { step_size: 2 gamma: 0.5 } }"),
-      v1::FLOAT64, 1);
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      Optimizer::Create(Config("optimizer { sgd {} } learning_rate { learning_rate: 0.1 "
+                               "step { step_size: 2 gamma: 0.5 } }"),
+                        v1::FLOAT64, 1);
   ASSERT_OK(opt.status());
   const double want_rate[] = {0.1, 0.1, 0.05, 0.05, 0.025};
   const double want_p[] = {0.9, 0.8, 0.75, 0.7, 0.675};
@@ -637,9 +626,9 @@ TEST(OptimizerIntegerTest, ExplicitFloatOptimizerIsRejected) {
   EXPECT_THAT(Optimizer::Create(Config("optimizer { sgd {} }"), v1::INT32, 3),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("sgd"), HasSubstr("int32"), HasSubstr("'add'"))));
-  EXPECT_THAT(Optimizer::Create(Config("optimizer { adam {} }"), v1::UINT64, 3),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("adam"), HasSubstr("uint64"))));
+  EXPECT_THAT(
+      Optimizer::Create(Config("optimizer { adam {} }"), v1::UINT64, 3),
+      StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("adam"), HasSubstr("uint64"))));
   EXPECT_THAT(Optimizer::Create(Config("optimizer { rmsprop {} }"), v1::INT64, 3),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rmsprop")));
 }
@@ -720,9 +709,9 @@ TEST(OptimizerValidationTest, BoundaryValuesAreAccepted) {
 }
 
 TEST(OptimizerValidationTest, AddOnIntegersStillValidatesClipping) {
-  EXPECT_THAT(Optimizer::Create(Config("optimizer { add {} } clipping { clip_value: -1 }"),
-                                v1::INT32, 4),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("clipping.clip_value")));
+  EXPECT_THAT(
+      Optimizer::Create(Config("optimizer { add {} } clipping { clip_value: -1 }"), v1::INT32, 4),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("clipping.clip_value")));
 }
 
 // ---- state, names, steps ------------------------------------------------------------
@@ -742,10 +731,10 @@ TEST(OptimizerStateTest, StateBytes) {
       {"", v1::FLOAT32, 10, 0},                                      // plain SGD
       {"optimizer { sgd { momentum: 0.9 } }", v1::FLOAT32, 10, 40},  // buf
       {"optimizer { sgd { momentum: 0.9 } }", v1::FLOAT64, 3, 24},
-      {"optimizer { adagrad {} }", v1::FLOAT64, 5, 40},                     // acc
-      {"optimizer { adadelta {} }", v1::FLOAT32, 5, 40},                    // 2 slots
-      {"optimizer { rmsprop {} }", v1::FLOAT32, 5, 20},                     // sq
-      {"optimizer { rmsprop { centered: true } }", v1::FLOAT32, 5, 40},     // + mean
+      {"optimizer { adagrad {} }", v1::FLOAT64, 5, 40},                  // acc
+      {"optimizer { adadelta {} }", v1::FLOAT32, 5, 40},                 // 2 slots
+      {"optimizer { rmsprop {} }", v1::FLOAT32, 5, 20},                  // sq
+      {"optimizer { rmsprop { centered: true } }", v1::FLOAT32, 5, 40},  // + mean
       {"optimizer { rmsprop { centered: true momentum: 0.5 } }", v1::FLOAT64, 5, 120},
       {"optimizer { add {} }", v1::FLOAT32, 10, 0},
       {"optimizer { add {} }", v1::INT64, 10, 0},

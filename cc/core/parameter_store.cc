@@ -16,14 +16,25 @@ uint32_t BlockCount(const v1::BlockRef& block) {
 }
 
 // Validates the block layout of a parameter being initialized.
+absl::Status CheckBlockIndex(const std::string& what, const v1::BlockRef& block) {
+  if (block.index() < BlockCount(block)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": block index ", block.index(), " is not below the block count ",
+      BlockCount(block)));
+}
+
 absl::Status CheckLayout(const std::string& what, int64_t total, int64_t elements,
                          const v1::BlockRef& block) {
+  PS_RETURN_IF_ERROR(CheckBlockIndex(what, block));
   const uint32_t count = BlockCount(block);
-  if (block.index() >= count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": block index ", block.index(), " is not below the block count ", count));
+  if (elements == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": block has no elements"));
   }
-  if (count == 1 && (elements != total || block.offset() != 0)) {
+  if (count == 1 && block.offset() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": an unsplit parameter starts at element 0, got offset ", block.offset()));
+  }
+  if (count == 1 && elements != total) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": content holds ", elements, " elements, the shape needs ", total));
   }
@@ -142,6 +153,9 @@ void ParameterStore::FinishInit() {
 absl::Status ParameterStore::Get(const v1::ParamRef& ref, v1::Parameter* out) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
   const bool layout_known = ref.block().count() != 0;
+  if (layout_known) {
+    PS_RETURN_IF_ERROR(Reject(CheckBlockIndex(DescribeBlock(ref.name(), ref.block()), ref.block())));
+  }
   Block* block = Find(ref.name(), layout_known ? ref.block().index() : 0);
   if (block == nullptr) {
     return Reject(absl::NotFoundError(absl::StrCat(
@@ -168,6 +182,7 @@ absl::Status ParameterStore::Get(const v1::ParamRef& ref, v1::Parameter* out) {
 absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(
     const v1::Gradient& grad) {
   const std::string what = absl::StrCat("gradient for ", DescribeBlock(grad.name(), grad.block()));
+  PS_RETURN_IF_ERROR(CheckBlockIndex(what, grad.block()));
   Block* block = Find(grad.name(), grad.block().index());
   if (block == nullptr) {
     return absl::NotFoundError(absl::StrCat(

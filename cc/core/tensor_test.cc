@@ -86,8 +86,7 @@ TEST(TensorTest, DefaultIsEmptyAndUnspecified) {
 
 TEST(TensorTest, CreateKeepsTypeShapeAndBytes) {
   std::vector<int32_t> values = {1, -2, 3, -4, 5, -6};
-  std::string bytes(reinterpret_cast<const char*>(values.data()),
-                    values.size() * sizeof(int32_t));
+  std::string bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int32_t));
   ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::Create(v1::INT32, {2, 3}, bytes));
   EXPECT_EQ(t.type(), v1::INT32);
   EXPECT_THAT(t.shape(), ElementsAre(2, 3));
@@ -261,8 +260,7 @@ TEST(ElementTypeTest, FloatingPointAndInteger) {
 TEST(ElementTypeTest, ValidateStorableTypeAcceptsTheSixStoredTypes) {
   for (ElementType type :
        {v1::INT32, v1::UINT32, v1::INT64, v1::UINT64, v1::FLOAT32, v1::FLOAT64}) {
-    EXPECT_THAT(ValidateStorableType(type, "parameter 'w'"), IsOk())
-        << ElementTypeName(type);
+    EXPECT_THAT(ValidateStorableType(type, "parameter 'w'"), IsOk()) << ElementTypeName(type);
   }
 }
 
@@ -321,8 +319,8 @@ TEST(ElementTypeTest, DispatchStorableCallsWithTheMatchingType) {
 }
 
 TEST(ElementTypeTest, DispatchStorableRefusesOtherTypes) {
-  for (ElementType type : {v1::ELEMENT_TYPE_UNSPECIFIED, v1::FLOAT16, v1::BFLOAT16,
-                           static_cast<ElementType>(99)}) {
+  for (ElementType type :
+       {v1::ELEMENT_TYPE_UNSPECIFIED, v1::FLOAT16, v1::BFLOAT16, static_cast<ElementType>(99)}) {
     DispatchResult r = Dispatch(type);
     EXPECT_FALSE(r.dispatched) << ElementTypeName(type);
     EXPECT_EQ(r.calls, 0) << ElementTypeName(type);

@@ -1,0 +1,756 @@
+#include "cc/core/parameter_store.h"
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cc/core/element_type.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "pserver/v1/config.pb.h"
+#include "pserver/v1/service.pb.h"
+#include "pserver/v1/types.pb.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kAlreadyInitialized[] = "pserver already initialized";
+constexpr char kNotInitialized[] = "pserver not fully initialized";
+
+// ---- helpers ------------------------------------------------------------------
+
+template <typename T>
+std::string Bytes(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+template <typename T>
+std::vector<T> Decode(const std::string& bytes) {
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+  return values;
+}
+
+v1::BlockRef Block(uint32_t index, uint32_t count, uint64_t offset) {
+  v1::BlockRef block;
+  block.set_index(index);
+  block.set_count(count);
+  block.set_offset(offset);
+  return block;
+}
+
+// A parameter (or block) of type T; the whole parameter has `shape`.
+template <typename T>
+v1::Parameter Param(const std::string& name, const Shape& shape, const std::vector<T>& values,
+                    const v1::BlockRef& block = v1::BlockRef()) {
+  v1::Parameter param;
+  param.set_name(name);
+  param.set_element_type(kElementTypeOf<T>);
+  for (int64_t dim : shape) param.add_shape(dim);
+  param.set_content(Bytes(values));
+  *param.mutable_block() = block;
+  return param;
+}
+
+template <typename T>
+v1::Gradient Grad(const std::string& name, const std::vector<T>& values,
+                  const v1::BlockRef& block = v1::BlockRef()) {
+  v1::Gradient grad;
+  grad.set_name(name);
+  grad.set_element_type(kElementTypeOf<T>);
+  grad.set_content(Bytes(values));
+  *grad.mutable_block() = block;
+  return grad;
+}
+
+v1::ParamRef Ref(const std::string& name, uint32_t index = 0, uint32_t count = 0) {
+  v1::ParamRef ref;
+  ref.set_name(name);
+  ref.mutable_block()->set_index(index);
+  ref.mutable_block()->set_count(count);
+  return ref;
+}
+
+v1::ParameterConfig Config(const std::string& text) {
+  v1::ParameterConfig config;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &config)) << text;
+  return config;
+}
+
+// SGD with learning rate 1: a gradient g moves p to p - g.
+v1::ParameterConfig SgdLrOne() {
+  return Config("optimizer { sgd {} } learning_rate { learning_rate: 1 }");
+}
+
+class ParameterStoreTest : public ::testing::Test {
+ protected:
+  absl::Status Apply(std::vector<v1::Gradient> grads) {
+    std::vector<v1::Gradient*> ptrs;
+    for (v1::Gradient& g : grads) ptrs.push_back(&g);
+    return store_.ApplyGradients(ptrs);
+  }
+
+  absl::StatusOr<v1::Parameter> Get(const v1::ParamRef& ref) {
+    v1::Parameter out;
+    absl::Status status = store_.Get(ref, &out);
+    if (!status.ok()) return status;
+    return out;
+  }
+
+  template <typename T>
+  std::vector<T> Values(const std::string& name, uint32_t index = 0, uint32_t count = 0) {
+    absl::StatusOr<v1::Parameter> p = Get(Ref(name, index, count));
+    EXPECT_OK(p.status());
+    if (!p.ok()) return {};
+    EXPECT_EQ(p->element_type(), kElementTypeOf<T>);
+    return Decode<T>(p->content());
+  }
+
+  ParameterStore store_;
+};
+
+// ---- lifecycle ---------------------------------------------------------------------
+
+TEST_F(ParameterStoreTest, FirstInitWins) {
+  ASSERT_OK(store_.Init(Param<float>("w", {3}, {1, 2, 3}), SgdLrOne()));
+  EXPECT_THAT(store_.Init(Param<float>("w", {3}, {7, 8, 9}), SgdLrOne()),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       AllOf(StartsWith(kAlreadyInitialized), HasSubstr("parameter 'w'"))));
+  // A different config or shape does not matter: the name and block are taken.
+  EXPECT_THAT(store_.Init(Param<double>("w", {2}, {7, 8}), Config("optimizer { adam {} }")),
+              StatusIs(absl::StatusCode::kAlreadyExists, StartsWith(kAlreadyInitialized)));
+  store_.FinishInit();
+  EXPECT_THAT(Values<float>("w"), ElementsAre(1, 2, 3));
+  EXPECT_EQ(store_.GetStats().blocks, 1u);
+}
+
+TEST_F(ParameterStoreTest, InitAfterFinishInitIsAlreadyExists) {
+  ASSERT_OK(store_.Init(Param<float>("w", {1}, {1}), SgdLrOne()));
+  EXPECT_FALSE(store_.initialized());
+  store_.FinishInit();
+  EXPECT_TRUE(store_.initialized());
+  EXPECT_THAT(store_.Init(Param<float>("late", {1}, {1}), SgdLrOne()),
+              StatusIs(absl::StatusCode::kAlreadyExists,
+                       AllOf(StartsWith(kAlreadyInitialized), HasSubstr("parameter 'late'"))));
+  EXPECT_THAT(store_.Init(Param<float>("w", {1}, {5}), SgdLrOne()),
+              StatusIs(absl::StatusCode::kAlreadyExists, StartsWith(kAlreadyInitialized)));
+  EXPECT_THAT(Get(Ref("late")), StatusIs(absl::StatusCode::kNotFound, HasSubstr("'late'")));
+  EXPECT_THAT(Values<float>("w"), ElementsAre(1));
+}
+
+TEST_F(ParameterStoreTest, GetAndApplyBeforeFinishInitAreFailedPrecondition) {
+  ASSERT_OK(store_.Init(Param<double>("w", {2}, {1, 2}), SgdLrOne()));
+  EXPECT_THAT(Get(Ref("w")),
+              StatusIs(absl::StatusCode::kFailedPrecondition, StartsWith(kNotInitialized)));
+  EXPECT_THAT(Apply({Grad<double>("w", {1, 1})}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, StartsWith(kNotInitialized)));
+  // Unknown names get the same answer before the store is open.
+  EXPECT_THAT(Get(Ref("nope")),
+              StatusIs(absl::StatusCode::kFailedPrecondition, StartsWith(kNotInitialized)));
+  store_.FinishInit();
+  EXPECT_THAT(Values<double>("w"), ElementsAre(1, 2));  // the refused gradient left no trace
+}
+
+TEST_F(ParameterStoreTest, FinishInitIsIdempotent) {
+  ASSERT_OK(store_.Init(Param<float>("w", {2}, {1, 2}), SgdLrOne()));
+  store_.FinishInit();
+  store_.FinishInit();
+  EXPECT_TRUE(store_.initialized());
+  EXPECT_TRUE(store_.GetStats().initialized);
+  EXPECT_THAT(Values<float>("w"), ElementsAre(1, 2));
+  ASSERT_OK(Apply({Grad<float>("w", {1, 1})}));
+  store_.FinishInit();
+  EXPECT_THAT(Values<float>("w"), ElementsAre(0, 1));
+}
+
+TEST_F(ParameterStoreTest, EmptyStoreCanBeOpened) {
+  store_.FinishInit();
+  EXPECT_THAT(Get(Ref("w")), StatusIs(absl::StatusCode::kNotFound, HasSubstr("'w'")));
+}
+
+// ---- Get -------------------------------------------------------------------------------
+
+TEST_F(ParameterStoreTest, GetReturnsNameTypeShapeBlockAndContent) {
+  ASSERT_OK(store_.Init(Param<float>("layer/w", {2, 3}, {1, 2, 3, 4, 5, 6}), SgdLrOne()));
+  store_.FinishInit();
+  v1::Parameter out;
+  out.set_content("stale");
+  out.add_shape(99);
+  ASSERT_OK(store_.Get(Ref("layer/w"), &out));
+  EXPECT_EQ(out.name(), "layer/w");
+  EXPECT_EQ(out.element_type(), v1::FLOAT32);
+  EXPECT_THAT(out.shape(), ElementsAre(2, 3));
+  EXPECT_EQ(out.block().index(), 0u);
+  EXPECT_EQ(out.block().count(), 1u);  // an unsplit parameter says count 1
+  EXPECT_EQ(out.block().offset(), 0u);
+  EXPECT_EQ(out.content(), Bytes<float>({1, 2, 3, 4, 5, 6}));
+}
+
+TEST_F(ParameterStoreTest, GetUnknownNameIsNotFound) {
+  ASSERT_OK(store_.Init(Param<float>("w", {1}, {1}), SgdLrOne()));
+  store_.FinishInit();
+  EXPECT_THAT(Get(Ref("bias")),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("parameter 'bias'"), HasSubstr("not found"))));
+}
+
+TEST_F(ParameterStoreTest, GetWithWrongBlockCountIsInvalid) {
+  ASSERT_OK(store_.Init(Param<float>("w", {4}, {1, 2, 3, 4}), SgdLrOne()));
+  store_.FinishInit();
+  EXPECT_THAT(Get(Ref("w", 0, 2)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("stored as 1 blocks"),
+                             HasSubstr("assumes 2"))));
+}
+
+// ---- gradient checks ---------------------------------------------------------------------
+
+class ParameterStoreGradientTest : public ParameterStoreTest {
+ protected:
+  void SetUp() override {
+    ASSERT_OK(store_.Init(Param<float>("w", {3}, {1, 2, 3}), SgdLrOne()));
+    ASSERT_OK(store_.Init(Param<float>("b", {2}, {10, 20}), SgdLrOne()));
+    store_.FinishInit();
+  }
+
+  void ExpectUnchanged() {
+    EXPECT_THAT(Values<float>("w"), ElementsAre(1, 2, 3));
+    EXPECT_THAT(Values<float>("b"), ElementsAre(10, 20));
+    EXPECT_EQ(store_.GetStats().gradients_applied, 0u);
+  }
+};
+
+TEST_F(ParameterStoreGradientTest, AppliesAGoodBatchInOrder) {
+  ASSERT_OK(Apply({Grad<float>("w", {1, 1, 1}), Grad<float>("b", {1, 2}),
+                   Grad<float>("w", {0.5f, 0.5f, 0.5f})}));
+  EXPECT_THAT(Values<float>("w"), ElementsAre(-0.5f, 0.5f, 1.5f));
+  EXPECT_THAT(Values<float>("b"), ElementsAre(9, 18));
+  EXPECT_EQ(store_.GetStats().gradients_applied, 3u);
+}
+
+TEST_F(ParameterStoreGradientTest, BlockIndexBeyondTheCountIsInvalid) {
+  EXPECT_THAT(Apply({Grad<float>("w", {1, 1, 1}, Block(3, 1, 0))}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'w'"),
+                             HasSubstr("block index 3 is not below the block count 1"))));
+  EXPECT_THAT(Get(Ref("w", 2, 2)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("block index 2 is not below the block count 2")));
+  ExpectUnchanged();
+}
+
+TEST_F(ParameterStoreGradientTest, UnknownNameIsNotFound) {
+  EXPECT_THAT(Apply({Grad<float>("missing", {1})}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("parameter 'missing'")));
+}
+
+TEST_F(ParameterStoreGradientTest, WrongElementType) {
+  EXPECT_THAT(Apply({Grad<double>("w", {1, 1, 1})}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"),
+                             HasSubstr("element type float64 received, float32 expected"))));
+  ExpectUnchanged();
+}
+
+TEST_F(ParameterStoreGradientTest, WrongSize) {
+  EXPECT_THAT(Apply({Grad<float>("w", {1, 1})}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"),
+                             HasSubstr("8 bytes received, 12 expected (3 float32 values)"))));
+  EXPECT_THAT(
+      Apply({Grad<float>("w", {1, 1, 1, 1})}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("16 bytes received, 12 expected")));
+  ExpectUnchanged();
+}
+
+TEST_F(ParameterStoreGradientTest, WrongBlockCount) {
+  // "w" is held unsplit (block 0 of 1); the request thinks it has 2 blocks.
+  EXPECT_THAT(
+      Apply({Grad<float>("w", {1, 1, 1}, Block(0, 2, 0))}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("parameter 'w'"), HasSubstr("holds it as block 0 of 1 at element 0"),
+                     HasSubstr("the request says 0 of 2 at element 0"))));
+  ExpectUnchanged();
+}
+
+TEST_F(ParameterStoreGradientTest, NonZeroOffsetForUnsplitParameter) {
+  EXPECT_THAT(Apply({Grad<float>("w", {1, 1, 1}, Block(0, 1, 1))}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("at element 0"),
+                             HasSubstr("0 of 1 at element 1"))));
+  ExpectUnchanged();
+}
+
+TEST_F(ParameterStoreGradientTest, BadGlobalNorm) {
+  v1::Gradient negative = Grad<float>("w", {1, 1, 1});
+  negative.set_global_norm(-1);
+  EXPECT_THAT(Apply({negative}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("global_norm"))));
+  v1::Gradient nan = Grad<float>("w", {1, 1, 1});
+  nan.set_global_norm(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_THAT(Apply({nan}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("global_norm")));
+  ExpectUnchanged();
+}
+
+TEST_F(ParameterStoreGradientTest, BatchWithABadLastGradientAppliesNothing) {
+  EXPECT_THAT(
+      Apply({Grad<float>("w", {1, 1, 1}), Grad<float>("b", {1, 1}), Grad<float>("b", {1, 1, 1})}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("parameter 'b'")));
+  ExpectUnchanged();
+  EXPECT_THAT(Apply({Grad<float>("w", {1, 1, 1}), Grad<float>("nope", {1})}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'nope'")));
+  ExpectUnchanged();
+  EXPECT_EQ(store_.GetStats().requests_rejected, 2u);  // one per batch
+}
+
+TEST_F(ParameterStoreGradientTest, EmptyBatchIsOk) {
+  EXPECT_OK(Apply({}));
+  ExpectUnchanged();
+}
+
+// ---- Init validation ---------------------------------------------------------------------
+
+class ParameterStoreInitTest : public ParameterStoreTest {
+ protected:
+  // A failed Init must leave nothing behind: the name stays free.
+  void ExpectNothingStored(const std::string& name) {
+    EXPECT_EQ(store_.GetStats().blocks, 0u);
+    EXPECT_EQ(store_.GetStats().parameter_bytes, 0u);
+    EXPECT_OK(store_.Init(Param<float>(name.empty() ? "x" : name, {1}, {1}), SgdLrOne()));
+  }
+};
+
+TEST_F(ParameterStoreInitTest, EmptyName) {
+  EXPECT_THAT(store_.Init(Param<float>("", {1}, {1}), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("name is empty")));
+  ExpectNothingStored("");
+}
+
+TEST_F(ParameterStoreInitTest, TransportOnlyOrUnsetElementType) {
+  v1::Parameter half = Param<int16_t>("w", {2}, {1, 2});  // two bytes per value
+  half.set_element_type(v1::FLOAT16);
+  EXPECT_THAT(store_.Init(half, SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("float16"))));
+  v1::Parameter unset = Param<float>("w", {1}, {1});
+  unset.set_element_type(v1::ELEMENT_TYPE_UNSPECIFIED);
+  EXPECT_THAT(store_.Init(unset, SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("unspecified"))));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, ZeroElements) {
+  EXPECT_THAT(store_.Init(Param<float>("w", {3, 0}, {}), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("[3, 0] has no elements"))));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, NegativeDimension) {
+  EXPECT_THAT(store_.Init(Param<float>("w", {-2}, {1, 2}), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("negative"))));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, ContentDoesNotMatchShape) {
+  EXPECT_THAT(store_.Init(Param<float>("w", {2, 3}, {1, 2, 3, 4, 5}), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"),
+                             HasSubstr("content holds 5 elements, the shape needs 6"))));
+  EXPECT_THAT(store_.Init(Param<float>("w", {2}, {1, 2, 3}), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("content holds 3 elements, the shape needs 2")));
+  v1::Parameter ragged = Param<float>("w", {2}, {1, 2});
+  ragged.mutable_content()->pop_back();  // 7 bytes
+  EXPECT_THAT(store_.Init(ragged, SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"),
+                             HasSubstr("7 bytes is not a whole number of float32 values"))));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, BadBlockIndex) {
+  EXPECT_THAT(store_.Init(Param<float>("w", {4}, {1, 2}, Block(2, 2, 2)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"),
+                             HasSubstr("block index 2 is not below the block count 2"))));
+  // count 0 reads as 1, so index 1 is out of range too.
+  EXPECT_THAT(store_.Init(Param<float>("w", {2}, {1, 2}, Block(1, 0, 0)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("block index 1 is not below the block count 1")));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, EmptyBlockOfASplitParameter) {
+  EXPECT_THAT(store_.Init(Param<float>("w", {4}, {}, Block(1, 2, 4)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w' block 1 of 2"), HasSubstr("no elements"))));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, BadBlockOffset) {
+  // Block 1 of 2 holding 3 elements from element 4 of 6 runs past the end.
+  EXPECT_THAT(store_.Init(Param<float>("w", {6}, {1, 2, 3}, Block(1, 2, 4)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w' block 1 of 2"),
+                             HasSubstr("elements [4, 7) lie outside the parameter's 6 elements"))));
+  EXPECT_THAT(store_.Init(Param<float>("w", {6}, {1}, Block(1, 2, 9)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lie outside")));
+  // An unsplit parameter must start at element 0.
+  EXPECT_THAT(store_.Init(Param<float>("w", {2}, {1, 2}, Block(0, 1, 1)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("offset 1"))));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, BadOptimizerConfig) {
+  EXPECT_THAT(
+      store_.Init(Param<float>("w", {2}, {1, 2}), Config("optimizer { adam { beta1: 1.5 } }")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(StartsWith("parameter 'w': "), HasSubstr("optimizer.adam.beta1"))));
+  EXPECT_THAT(
+      store_.Init(Param<float>("w", {2}, {1, 2}), Config("learning_rate { learning_rate: -1 }")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("parameter 'w'"), HasSubstr("learning_rate.learning_rate"))));
+  EXPECT_THAT(store_.Init(Param<int32_t>("w", {2}, {1, 2}), Config("optimizer { sgd {} }")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("int32"))));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, FailuresAreCountedAsRejected) {
+  EXPECT_FALSE(store_.Init(Param<float>("", {1}, {1}), SgdLrOne()).ok());
+  EXPECT_FALSE(store_.Init(Param<float>("w", {0}, {}), SgdLrOne()).ok());
+  EXPECT_FALSE(
+      store_.Init(Param<float>("w", {1}, {1}), Config("optimizer { sgd { momentum: -1 } }")).ok());
+  EXPECT_EQ(store_.GetStats().requests_rejected, 3u);
+}
+
+// ---- integer parameters ------------------------------------------------------------------
+
+TEST_F(ParameterStoreTest, IntegerParametersAreStoredAndServed) {
+  const std::vector<int64_t> big = {std::numeric_limits<int64_t>::min(), -1, 0,
+                                    std::numeric_limits<int64_t>::max()};
+  ASSERT_OK(store_.Init(Param<int64_t>("steps", {2, 2}, big), {}));
+  ASSERT_OK(store_.Init(Param<uint32_t>("ids", {3}, {0u, 7u, 0xFFFFFFFFu}), {}));
+  store_.FinishInit();
+  ASSERT_OK_AND_ASSIGN(v1::Parameter steps, Get(Ref("steps")));
+  EXPECT_EQ(steps.element_type(), v1::INT64);
+  EXPECT_THAT(steps.shape(), ElementsAre(2, 2));
+  EXPECT_EQ(Decode<int64_t>(steps.content()), big);
+  EXPECT_THAT(Values<uint32_t>("ids"), ElementsAre(0u, 7u, 0xFFFFFFFFu));
+}
+
+TEST_F(ParameterStoreTest, GradientOnIntegerWithoutAddIsFailedPrecondition) {
+  ASSERT_OK(store_.Init(Param<int32_t>("count", {2}, {5, 6}), {}));
+  ASSERT_OK(store_.Init(Param<float>("w", {1}, {1}), SgdLrOne()));
+  store_.FinishInit();
+  EXPECT_THAT(
+      Apply({Grad<float>("w", {1}), Grad<int32_t>("count", {1, 1})}),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("parameter 'count'"), HasSubstr("int32"), HasSubstr("'add'"))));
+  EXPECT_THAT(Values<int32_t>("count"), ElementsAre(5, 6));
+  EXPECT_THAT(Values<float>("w"), ElementsAre(1));  // the good part was not applied
+}
+
+TEST_F(ParameterStoreTest, GradientOnIntegerWithAddAdds) {
+  ASSERT_OK(store_.Init(Param<int32_t>("count", {3}, {5, -6, std::numeric_limits<int32_t>::max()}),
+                        Config("optimizer { add {} }")));
+  ASSERT_OK(store_.Init(Param<uint64_t>("seen", {1}, {std::numeric_limits<uint64_t>::max()}),
+                        Config("optimizer { add {} }")));
+  store_.FinishInit();
+  ASSERT_OK(Apply({Grad<int32_t>("count", {1, 10, 1}), Grad<uint64_t>("seen", {2u})}));
+  ASSERT_OK(Apply({Grad<int32_t>("count", {-3, 0, 0})}));
+  EXPECT_THAT(Values<int32_t>("count"),
+              ElementsAre(3, 4, std::numeric_limits<int32_t>::min()));  // max + 1 wraps
+  EXPECT_THAT(Values<uint64_t>("seen"), ElementsAre(1u));               // max + 2 wraps
+}
+
+// ---- blocks ----------------------------------------------------------------------------------
+
+class ParameterStoreBlockTest : public ParameterStoreTest {
+ protected:
+  // "w" of shape [5] in two blocks: elements [0, 3) and [3, 5).
+  void SetUp() override {
+    ASSERT_OK(store_.Init(Param<double>("w", {5}, {1, 2, 3}, Block(0, 2, 0)), SgdLrOne()));
+    ASSERT_OK(store_.Init(Param<double>("w", {5}, {4, 5}, Block(1, 2, 3)), SgdLrOne()));
+  }
+};
+
+TEST_F(ParameterStoreBlockTest, BothBlocksAreStoredAndReadable) {
+  store_.FinishInit();
+  EXPECT_EQ(store_.GetStats().blocks, 2u);
+  EXPECT_EQ(store_.GetStats().parameter_bytes, 5u * 8);
+
+  ASSERT_OK_AND_ASSIGN(v1::Parameter b0, Get(Ref("w", 0, 2)));
+  EXPECT_THAT(b0.shape(), ElementsAre(5));  // the whole parameter's shape
+  EXPECT_EQ(b0.block().index(), 0u);
+  EXPECT_EQ(b0.block().count(), 2u);
+  EXPECT_EQ(b0.block().offset(), 0u);
+  EXPECT_THAT(Decode<double>(b0.content()), ElementsAre(1, 2, 3));
+
+  ASSERT_OK_AND_ASSIGN(v1::Parameter b1, Get(Ref("w", 1, 2)));
+  EXPECT_EQ(b1.name(), "w");
+  EXPECT_THAT(b1.shape(), ElementsAre(5));
+  EXPECT_EQ(b1.block().index(), 1u);
+  EXPECT_EQ(b1.block().count(), 2u);
+  EXPECT_EQ(b1.block().offset(), 3u);
+  EXPECT_THAT(Decode<double>(b1.content()), ElementsAre(4, 5));
+}
+
+TEST_F(ParameterStoreBlockTest, RefWithoutCountReadsBlockZero) {
+  store_.FinishInit();
+  for (uint32_t index : {0u, 1u}) {  // the index is ignored while count is 0
+    ASSERT_OK_AND_ASSIGN(v1::Parameter p, Get(Ref("w", index, 0)));
+    EXPECT_EQ(p.block().index(), 0u);
+    EXPECT_EQ(p.block().count(), 2u);  // tells the client how many to fetch
+    EXPECT_THAT(Decode<double>(p.content()), ElementsAre(1, 2, 3));
+  }
+}
+
+TEST_F(ParameterStoreBlockTest, SecondInitOfABlockIsAlreadyExists) {
+  EXPECT_THAT(
+      store_.Init(Param<double>("w", {5}, {9, 9}, Block(1, 2, 3)), SgdLrOne()),
+      StatusIs(absl::StatusCode::kAlreadyExists,
+               AllOf(StartsWith(kAlreadyInitialized), HasSubstr("parameter 'w' block 1 of 2"))));
+  store_.FinishInit();
+  EXPECT_THAT(Values<double>("w", 1, 2), ElementsAre(4, 5));
+}
+
+TEST_F(ParameterStoreBlockTest, MissingBlockIsNotFound) {
+  ASSERT_OK(store_.Init(Param<float>("v", {4}, {1, 2}, Block(0, 2, 0)), SgdLrOne()));
+  store_.FinishInit();
+  // Block 1 of "v" lives on another server.
+  EXPECT_THAT(Get(Ref("v", 1, 2)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("parameter 'v' block 1 of 2")));
+  EXPECT_THAT(Get(Ref("w", 0, 3)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w'"), HasSubstr("stored as 2 blocks"),
+                             HasSubstr("assumes 3"))));
+}
+
+TEST_F(ParameterStoreBlockTest, GradientsGoToTheirBlock) {
+  store_.FinishInit();
+  ASSERT_OK(Apply({Grad<double>("w", {1, 1}, Block(1, 2, 3))}));
+  EXPECT_THAT(Values<double>("w", 0, 2), ElementsAre(1, 2, 3));
+  EXPECT_THAT(Values<double>("w", 1, 2), ElementsAre(3, 4));
+  ASSERT_OK(Apply({Grad<double>("w", {1, 2, 3}, Block(0, 2, 0))}));
+  EXPECT_THAT(Values<double>("w", 0, 2), ElementsAre(0, 0, 0));
+}
+
+TEST_F(ParameterStoreBlockTest, GradientWithWrongOffsetOrCountIsInvalid) {
+  store_.FinishInit();
+  EXPECT_THAT(Apply({Grad<double>("w", {1, 1}, Block(1, 2, 2))}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w' block 1 of 2"),
+                             HasSubstr("holds it as block 1 of 2 at element 3"),
+                             HasSubstr("the request says 1 of 2 at element 2"))));
+  EXPECT_THAT(Apply({Grad<double>("w", {1, 1}, Block(1, 3, 3))}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("block 1 of 2 at element 3"),
+                             HasSubstr("the request says 1 of 3 at element 3"))));
+  // The size check is per block: block 1 holds 2 values.
+  EXPECT_THAT(Apply({Grad<double>("w", {1, 1, 1}, Block(1, 2, 3))}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("24 bytes received, 16 expected (2 float64 values)")));
+  EXPECT_THAT(Values<double>("w", 1, 2), ElementsAre(4, 5));
+}
+
+TEST(ParameterStoreClipTest, ClipByNormUsesTheGlobalNormOfASplitGradient) {
+  ParameterStore store;
+  v1::ParameterConfig config = SgdLrOne();
+  config.mutable_clipping()->set_clip_norm(1);
+  ASSERT_OK(store.Init(Param<double>("u", {4}, {0, 0}, Block(0, 2, 0)), config));
+  store.FinishInit();
+  // This block is (3, 4), norm 5; the whole gradient has norm 10, so the
+  // block is scaled by 1 / 10, not 1 / 5.
+  v1::Gradient grad = Grad<double>("u", {3, 4}, Block(0, 2, 0));
+  grad.set_global_norm(10);
+  v1::Gradient* batch[] = {&grad};
+  ASSERT_OK(store.ApplyGradients(batch));
+  v1::Parameter out;
+  ASSERT_OK(store.Get(Ref("u", 0, 2), &out));
+  std::vector<double> p = Decode<double>(out.content());
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_NEAR(p[0], -0.3, 1e-15);
+  EXPECT_NEAR(p[1], -0.4, 1e-15);
+}
+
+TEST(DescribeBlockTest, NamesTheBlockOnlyWhenSplit) {
+  EXPECT_EQ(DescribeBlock("w", v1::BlockRef()), "parameter 'w'");
+  EXPECT_EQ(DescribeBlock("w", Block(0, 1, 0)), "parameter 'w'");
+  EXPECT_EQ(DescribeBlock("w", Block(2, 4, 8)), "parameter 'w' block 2 of 4");
+}
+
+// ---- stats -------------------------------------------------------------------------------
+
+TEST_F(ParameterStoreTest, Stats) {
+  ParameterStore::Stats empty = store_.GetStats();
+  EXPECT_FALSE(empty.initialized);
+  EXPECT_EQ(empty.blocks, 0u);
+  EXPECT_EQ(empty.parameter_bytes, 0u);
+  EXPECT_EQ(empty.optimizer_state_bytes, 0u);
+
+  // Adam on 10 float32: m and v = 2 * 10 * 4 = 80 bytes.
+  ASSERT_OK(store_.Init(Param<float>("a", {10}, std::vector<float>(10, 1.0f)),
+                        Config("optimizer { adam {} }")));
+  // SGD with momentum on 3 float64: one buffer of 24 bytes.
+  ASSERT_OK(store_.Init(Param<double>("m", {3}, {1, 2, 3}),
+                        Config("optimizer { sgd { momentum: 0.9 } }")));
+  // int64 without optimizer: 16 bytes, no state.
+  ASSERT_OK(store_.Init(Param<int64_t>("i", {2}, {1, 2}), {}));
+  EXPECT_FALSE(store_.Init(Param<int64_t>("i", {2}, {1, 2}), {}).ok());  // rejected 1
+
+  ParameterStore::Stats before = store_.GetStats();
+  EXPECT_FALSE(before.initialized);
+  EXPECT_EQ(before.blocks, 3u);
+  EXPECT_EQ(before.parameter_bytes, 40u + 24u + 16u);
+  EXPECT_EQ(before.optimizer_state_bytes, 80u + 24u);
+  EXPECT_EQ(before.requests_rejected, 1u);
+
+  store_.FinishInit();
+  ASSERT_OK(Apply({Grad<float>("a", std::vector<float>(10, 0.5f)), Grad<double>("m", {1, 1, 1})}));
+  ASSERT_OK(Apply({Grad<double>("m", {1, 1, 1})}));
+  EXPECT_FALSE(Apply({Grad<double>("m", {1})}).ok());  // rejected 2
+  v1::Parameter out;
+  ASSERT_OK(store_.Get(Ref("a"), &out));
+  ASSERT_OK(store_.Get(Ref("i"), &out));
+  EXPECT_FALSE(store_.Get(Ref("zz"), &out).ok());  // rejected 3
+  store_.CountRejected();                          // rejected 4
+
+  ParameterStore::Stats after = store_.GetStats();
+  EXPECT_TRUE(after.initialized);
+  EXPECT_EQ(after.blocks, 3u);
+  EXPECT_EQ(after.parameter_bytes, 80u);
+  EXPECT_EQ(after.optimizer_state_bytes, 104u);
+  EXPECT_EQ(after.gradients_applied, 3u);
+  EXPECT_EQ(after.gets_served, 2u);
+  EXPECT_EQ(after.requests_rejected, 4u);
+}
+
+// ---- concurrency --------------------------------------------------------------------------
+
+constexpr int kThreads = 4;
+constexpr int kGradientsPerThread = 200;
+constexpr int kElements = 8;
+
+TEST(ParameterStoreConcurrencyTest, NoLostUpdatesOnOneParameter) {
+  ParameterStore store;
+  ASSERT_OK(
+      store.Init(Param<double>("w", {kElements}, std::vector<double>(kElements, 0.0)), SgdLrOne()));
+  store.FinishInit();
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&store, &failures] {
+      for (int i = 0; i < kGradientsPerThread; ++i) {
+        v1::Gradient grad = Grad<double>("w", std::vector<double>(kElements, 1.0));
+        v1::Gradient* batch[] = {&grad};
+        if (!store.ApplyGradients(batch).ok()) failures.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  v1::Parameter out;
+  ASSERT_OK(store.Get(Ref("w"), &out));
+  // Each gradient subtracts exactly 1 (integers are exact in float64).
+  EXPECT_EQ(Decode<double>(out.content()),
+            std::vector<double>(kElements, -1.0 * kThreads * kGradientsPerThread));
+  EXPECT_EQ(store.GetStats().gradients_applied,
+            static_cast<uint64_t>(kThreads * kGradientsPerThread));
+}
+
+TEST(ParameterStoreConcurrencyTest, NoLostUpdatesOnTwoParametersWithReaders) {
+  ParameterStore store;
+  ASSERT_OK(
+      store.Init(Param<double>("a", {kElements}, std::vector<double>(kElements, 0.0)), SgdLrOne()));
+  ASSERT_OK(store.Init(Param<double>("b", {2}, {0, 0}), SgdLrOne()));
+  store.FinishInit();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&store, &failures, t] {
+      for (int i = 0; i < kGradientsPerThread; ++i) {
+        v1::Gradient a = Grad<double>("a", std::vector<double>(kElements, 1.0));
+        v1::Gradient b = Grad<double>("b", {1.0, 1.0});
+        // Half the threads send both in one batch, the others one at a time.
+        if (t % 2 == 0) {
+          v1::Gradient* batch[] = {&a, &b};
+          if (!store.ApplyGradients(batch).ok()) failures.fetch_add(1);
+        } else {
+          v1::Gradient* first[] = {&b};
+          v1::Gradient* second[] = {&a};
+          if (!store.ApplyGradients(first).ok()) failures.fetch_add(1);
+          if (!store.ApplyGradients(second).ok()) failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  // A reader sees whole updates only: every element of a snapshot of "a" is
+  // the same integer in [-800, 0].
+  threads.emplace_back([&store, &failures] {
+    for (int i = 0; i < kGradientsPerThread; ++i) {
+      v1::Parameter out;
+      if (!store.Get(Ref("a"), &out).ok()) {
+        failures.fetch_add(1);
+        continue;
+      }
+      std::vector<double> v = Decode<double>(out.content());
+      const double limit = -1.0 * kThreads * kGradientsPerThread;
+      for (double x : v) {
+        if (x != v[0] || x > 0 || x < limit || x != static_cast<int>(x)) failures.fetch_add(1);
+      }
+    }
+  });
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  const double want = -1.0 * kThreads * kGradientsPerThread;
+  v1::Parameter out;
+  ASSERT_OK(store.Get(Ref("a"), &out));
+  EXPECT_EQ(Decode<double>(out.content()), std::vector<double>(kElements, want));
+  ASSERT_OK(store.Get(Ref("b"), &out));
+  EXPECT_THAT(Decode<double>(out.content()), ElementsAre(want, want));
+  EXPECT_EQ(store.GetStats().gradients_applied,
+            static_cast<uint64_t>(2 * kThreads * kGradientsPerThread));
+}
+
+TEST(ParameterStoreConcurrencyTest, ConcurrentInitOfOneNameHasOneWinner) {
+  ParameterStore store;
+  std::atomic<int> ok{0};
+  std::atomic<int> already_exists{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&store, &ok, &already_exists, t] {
+      absl::Status s = store.Init(Param<double>("w", {1}, {static_cast<double>(t)}), SgdLrOne());
+      if (s.ok()) ok.fetch_add(1);
+      if (absl::IsAlreadyExists(s)) already_exists.fetch_add(1);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(ok.load(), 1);
+  EXPECT_EQ(already_exists.load(), kThreads - 1);
+  store.FinishInit();
+  EXPECT_EQ(store.GetStats().blocks, 1u);
+}
+
+}  // namespace
+}  // namespace pserver
