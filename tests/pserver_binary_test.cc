@@ -65,8 +65,8 @@ std::string PserverBinary() {
 // Not thread-safe.
 class ChildProcess {
  public:
-  static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(
-      const std::string& path, const std::vector<std::string>& args) {
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const std::string& path,
+                                                             const std::vector<std::string>& args) {
     auto child = std::unique_ptr<ChildProcess>(new ChildProcess());
     int out[2] = {-1, -1};
     int err[2] = {-1, -1};
@@ -113,8 +113,7 @@ class ChildProcess {
     close(out[1]);
     close(err[1]);
     if (rc != 0) {
-      return absl::InternalError(
-          absl::StrCat("posix_spawn ", path, ": ", std::strerror(rc)));
+      return absl::InternalError(absl::StrCat("posix_spawn ", path, ": ", std::strerror(rc)));
     }
     child->pid_ = pid;
     return child;
@@ -238,14 +237,14 @@ std::string DescribeWaitStatus(int status) {
 class PserverProcessTest : public ::testing::Test {
  protected:
   void StartServer(uint32_t index) {
-    ASSERT_OK_AND_ASSIGN(
-        child_, ChildProcess::Spawn(PserverBinary(), {"--host=127.0.0.1", "--port=0",
-                                                      absl::StrCat("--index=", index)}));
+    ASSERT_OK_AND_ASSIGN(child_,
+                         ChildProcess::Spawn(PserverBinary(), {"--host=127.0.0.1", "--port=0",
+                                                               absl::StrCat("--index=", index)}));
     const std::string prefix = absl::StrCat("pserver ", index, " listening on ");
-    absl::StatusOr<std::string> address =
-        child_->WaitForLine(prefix, absl::Now() + kStartTimeout);
+    absl::StatusOr<std::string> address = child_->WaitForLine(prefix, absl::Now() + kStartTimeout);
     ASSERT_TRUE(address.ok()) << address.status() << "\nstdout:\n"
-                              << child_->out() << "\nstderr:\n" << child_->err();
+                              << child_->out() << "\nstderr:\n"
+                              << child_->err();
     ASSERT_TRUE(absl::StartsWith(*address, "127.0.0.1:")) << *address;
     int port = 0;
     ASSERT_TRUE(absl::SimpleAtoi(absl::string_view(*address).substr(10), &port)) << *address;
@@ -260,7 +259,8 @@ class PserverProcessTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(int status, child_->WaitForExit(absl::Now() + kStopTimeout));
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << DescribeWaitStatus(status) << "\nstdout:\n"
-        << child_->out() << "\nstderr:\n" << child_->err();
+        << child_->out() << "\nstderr:\n"
+        << child_->err();
   }
 
   std::unique_ptr<ChildProcess> child_;  // its destructor kills a live child
@@ -309,7 +309,8 @@ TEST_F(PserverProcessTest, OutOfRangePortExitsWithStatusOne) {
   ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(PserverBinary(), {"--port=99999"}));
   ASSERT_OK_AND_ASSIGN(int status, child_->WaitForExit(absl::Now() + kStopTimeout));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1)
-      << DescribeWaitStatus(status) << "\noutput:\n" << child_->output();
+      << DescribeWaitStatus(status) << "\noutput:\n"
+      << child_->output();
   EXPECT_THAT(child_->output(), HasSubstr("port"));
   EXPECT_THAT(child_->output(), HasSubstr("99999"));
   EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening")));

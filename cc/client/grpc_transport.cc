@@ -28,7 +28,14 @@ void GrpcTransport::Call(typename NonDeduced<AsyncMethod<Request, Response>>::ty
   // while a server is still starting.
   context->set_wait_for_ready(true);
   (stub_->async()->*method)(context.get(), &request, response,
-                            [context, done = std::move(done)](grpc::Status status) {
+                            [context, done = std::move(done)](grpc::Status status) mutable {
+                              // Free the context before `done` lets the caller
+                              // go on: it holds a reference to the channel, and
+                              // if the caller then destroys this transport, the
+                              // channel's last reference must not drop here, on
+                              // gRPC's callback thread (~Channel shuts down the
+                              // callback queue this thread runs on: abort).
+                              context.reset();
                               done(FromGrpcStatus(status));
                             });
 }

@@ -52,8 +52,7 @@ TEST(PlacementTest, HomeServerIsInRangeStableAndTheHashModuloN) {
       EXPECT_LT(home, n) << name;
       EXPECT_EQ(placement.HomeServer(name), home) << name;
       EXPECT_EQ(other_block_size.HomeServer(name), home) << name;
-      EXPECT_EQ(static_cast<uint64_t>(home), Fnv1a64(name) % static_cast<uint64_t>(n))
-          << name;
+      EXPECT_EQ(static_cast<uint64_t>(home), Fnv1a64(name) % static_cast<uint64_t>(n)) << name;
       EXPECT_EQ(placement.ServerOf(name, 0), home) << name;
     }
   }
@@ -105,8 +104,8 @@ TEST(PlacementTest, BlocksCoverAllElementsWithoutGapsOrOverlap) {
           << block_bytes << " bytes per block, " << element_size << " bytes per element";
       for (uint64_t n : {uint64_t{1}, uint64_t{2}, uint64_t{3}, uint64_t{5}, uint64_t{17},
                          uint64_t{128}, uint64_t{129}, uint64_t{1000}, uint64_t{4099}}) {
-        SCOPED_TRACE(absl::StrCat("n=", n, " element_size=", element_size,
-                                  " block_bytes=", block_bytes));
+        SCOPED_TRACE(
+            absl::StrCat("n=", n, " element_size=", element_size, " block_bytes=", block_bytes));
         const std::vector<BlockSpec> blocks = placement.Blocks("p", n, element_size);
         const uint64_t want_count = (n + per_block - 1) / per_block;
         ASSERT_EQ(blocks.size(), want_count);

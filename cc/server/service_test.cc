@@ -53,8 +53,8 @@ std::vector<T> Values(const std::string& bytes) {
 }
 
 template <typename T>
-v1::Parameter MakeParam(const std::string& name, v1::ElementType type,
-                        std::vector<int64_t> shape, const std::vector<T>& values) {
+v1::Parameter MakeParam(const std::string& name, v1::ElementType type, std::vector<int64_t> shape,
+                        const std::vector<T>& values) {
   v1::Parameter param;
   param.set_name(name);
   param.set_element_type(type);
@@ -72,8 +72,7 @@ v1::Parameter Float64Param(const std::string& name, const std::vector<double>& v
 }
 
 template <typename T>
-v1::Gradient MakeGrad(const std::string& name, v1::ElementType type,
-                      const std::vector<T>& values) {
+v1::Gradient MakeGrad(const std::string& name, v1::ElementType type, const std::vector<T>& values) {
   v1::Gradient grad;
   grad.set_name(name);
   grad.set_element_type(type);
@@ -158,8 +157,7 @@ class ServiceTest : public ::testing::Test {
     absl::Status status = FromGrpcStatus(stub_->GetParams(&context, request, &response));
     if (returned != nullptr) *returned = response.parameters_size();
     if (!status.ok()) return status;
-    return std::vector<v1::Parameter>(response.parameters().begin(),
-                                      response.parameters().end());
+    return std::vector<v1::Parameter>(response.parameters().begin(), response.parameters().end());
   }
 
   absl::Status SendGrad(v1::Gradient grad) {
@@ -405,17 +403,17 @@ TEST_F(ServiceTest, SendGradsWithBadLastGradientAppliesNothing) {
   ASSERT_OK(FinishInitParams());
 
   // Bad by size.
-  EXPECT_THAT(SendGrads({Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}),
-                         Float64Grad("b", {1, 1})}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'b'")));
+  EXPECT_THAT(
+      SendGrads({Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}), Float64Grad("b", {1, 1})}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'b'")));
   // Bad by type.
-  EXPECT_THAT(SendGrads({Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}),
-                         Float64Grad("a", {1, 1})}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'a'")));
+  EXPECT_THAT(
+      SendGrads({Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}), Float64Grad("a", {1, 1})}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'a'")));
   // Bad by name.
-  EXPECT_THAT(SendGrads({Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}),
-                         Float32Grad("c", {1, 1})}),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("'c'")));
+  EXPECT_THAT(
+      SendGrads({Float32Grad("a", {1, 1}), Float64Grad("b", {1, 1, 1}), Float32Grad("c", {1, 1})}),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("'c'")));
 
   EXPECT_THAT(Float32Values("a"), ElementsAre(1.0f, 2.0f));
   EXPECT_THAT(Float64Values("b"), ElementsAre(3.0, 4.0, 5.0));
@@ -468,8 +466,7 @@ TEST_F(ServiceTest, InitWithContentNotMatchingShapeIsInvalidArgument) {
   v1::Parameter block = Float32Param("block", {1, 2});
   block.mutable_block()->set_index(2);
   block.mutable_block()->set_count(2);
-  EXPECT_THAT(InitParam(block),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'block'")));
+  EXPECT_THAT(InitParam(block), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'block'")));
 }
 
 TEST_F(ServiceTest, InitWithBadOptimizerHyperParameterIsInvalidArgument) {
@@ -486,9 +483,9 @@ TEST_F(ServiceTest, InitWithBadOptimizerHyperParameterIsInvalidArgument) {
 
   v1::ParameterConfig integer_adam;
   integer_adam.mutable_optimizer()->mutable_adam();
-  EXPECT_THAT(InitParam(MakeParam<int32_t>("i", v1::INT32, {1}, {1}), integer_adam),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("'i'"), HasSubstr("int32"))));
+  EXPECT_THAT(
+      InitParam(MakeParam<int32_t>("i", v1::INT32, {1}, {1}), integer_adam),
+      StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("'i'"), HasSubstr("int32"))));
 }
 
 TEST_F(ServiceTest, FailedInitDoesNotTakeTheName) {
@@ -581,11 +578,12 @@ TEST_F(ServiceTest, StatsCountWhatHappened) {
   adam.mutable_optimizer()->mutable_adam();
   ASSERT_OK(InitParam(Float32Param("a", {1, 2, 3, 4}), adam));
   ASSERT_OK(InitParam(Float64Param("b", {1, 2, 3}), Sgd(1)));
+  // Three rejected requests: a second init, a read and a write before Finish.
   EXPECT_THAT(InitParam(Float64Param("b", {1, 2, 3})),
-              StatusCodeIs(absl::StatusCode::kAlreadyExists));            // rejected 1
-  EXPECT_THAT(GetParam("a"), StatusCodeIs(absl::StatusCode::kFailedPrecondition));  // 2
+              StatusCodeIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(GetParam("a"), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(SendGrad(Float32Grad("a", {1, 1, 1, 1})),
-              StatusCodeIs(absl::StatusCode::kFailedPrecondition));       // 3
+              StatusCodeIs(absl::StatusCode::kFailedPrecondition));
 
   ASSERT_OK_AND_ASSIGN(stats, GetStats());
   EXPECT_FALSE(stats.initialized());
@@ -597,13 +595,15 @@ TEST_F(ServiceTest, StatsCountWhatHappened) {
   EXPECT_EQ(stats.gets_served(), 0u);
 
   ASSERT_OK(FinishInitParams());
-  ASSERT_OK(SendGrad(Float32Grad("a", {1, 1, 1, 1})));                        // applied 1
-  ASSERT_OK(SendGrads({Float32Grad("a", {1, 1, 1, 1}), Float64Grad("b", {1, 1, 1})}));  // 3
+  // Three gradients applied (one alone, two in a batch); a bad batch and an
+  // unknown name rejected; three blocks served (one alone, two in a batch).
+  ASSERT_OK(SendGrad(Float32Grad("a", {1, 1, 1, 1})));
+  ASSERT_OK(SendGrads({Float32Grad("a", {1, 1, 1, 1}), Float64Grad("b", {1, 1, 1})}));
   EXPECT_THAT(SendGrads({Float64Grad("b", {1, 1, 1}), Float64Grad("b", {1})}),
-              StatusCodeIs(absl::StatusCode::kInvalidArgument));          // rejected 4
-  EXPECT_THAT(GetParam("nope"), StatusCodeIs(absl::StatusCode::kNotFound));  // rejected 5
-  ASSERT_OK(GetParam("a").status());                                      // served 1
-  ASSERT_OK(GetParams({"a", "b"}).status());                              // served 3
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(GetParam("nope"), StatusCodeIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(GetParam("a").status());
+  ASSERT_OK(GetParams({"a", "b"}).status());
 
   ASSERT_OK_AND_ASSIGN(stats, GetStats());
   EXPECT_EQ(stats.index(), 0u);
@@ -645,8 +645,8 @@ TEST_F(ServiceTest, ConcurrentGradientsAreAllApplied) {
     threads.emplace_back([this, t, &failures] {
       // Each thread has its own channel, so the calls really overlap.
       grpc::ChannelArguments args = DefaultChannelArguments();
-      auto stub = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
-          server_->address(), grpc::InsecureChannelCredentials(), args));
+      auto stub = v1::ParameterServer::NewStub(
+          grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
       v1::SendGradRequest request;
       *request.mutable_gradient() = Float64Grad("shared", std::vector<double>(kElements, 1.0));
       for (int i = 0; i < kGradsPerThread; ++i) {
@@ -665,8 +665,7 @@ TEST_F(ServiceTest, ConcurrentGradientsAreAllApplied) {
   for (const absl::Status& failure : failures) EXPECT_OK(failure);
 
   const double expected = -1.0 * kThreads * kGradsPerThread;
-  EXPECT_THAT(Float64Values("shared"),
-              ElementsAreArray(std::vector<double>(kElements, expected)));
+  EXPECT_THAT(Float64Values("shared"), ElementsAreArray(std::vector<double>(kElements, expected)));
   ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
   EXPECT_EQ(stats.gradients_applied(), static_cast<uint64_t>(kThreads * kGradsPerThread));
 }
