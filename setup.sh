@@ -8,6 +8,8 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java pkg-config g++ git
   # rpc and serialization
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  # checkpoints: CRC32C (crc32_iscsi) from Intel ISA-L
+  libisal-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # python bindings and notebooks
@@ -15,6 +17,8 @@ PACKAGES=(
   python3-ipykernel python3-matplotlib
   # go bindings and coordination
   golang-go golang-etcd-server-dev etcd-server etcd-client
+  # etcd's v3 protos import these (gogoproto, google/api annotations)
+  golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
 )
 
 say() { printf '[setup] %s\n' "$*"; }

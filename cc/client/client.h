@@ -50,6 +50,8 @@ struct ClientOptions {
   size_t max_request_bytes = size_t{1} << 20;
   // Deadline of every call.
   absl::Duration timeout = absl::Seconds(30);
+  // gRPC channels (TCP connections) per server; calls are spread over them.
+  int channels_per_server = 2;
 };
 
 // A named tensor: a gradient to send, or a parameter to initialize.
@@ -89,9 +91,20 @@ class Client {
   absl::StatusOr<Tensor> GetParam(const std::string& name);
   // The parameters in the order of `names`.
   absl::StatusOr<std::vector<Tensor>> GetParams(absl::Span<const std::string> names);
+  // Like GetParams, into `outs` (one per name): a tensor that already has the
+  // parameter's type and shape is filled in place, without allocating, so a
+  // training loop can pull into the same buffers every step. On error the
+  // contents of `outs` are unspecified.
+  absl::Status GetParamsInto(absl::Span<const std::string> names, absl::Span<Tensor> outs);
 
+  // Gradients are sent straight from the tensors' memory (no copy).
   absl::Status SendGrad(const std::string& name, const Tensor& grad);
   absl::Status SendGrads(absl::Span<const NamedTensor> grads);
+
+  // Sends the gradients and reads the updated parameters back in one round
+  // trip per server: outs[i] gets parameter grads[i].name after its update
+  // (filled in place when it already has the right type and shape).
+  absl::Status PushPull(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs);
 
   // One entry per server, in index order.
   absl::StatusOr<std::vector<v1::ServerStats>> GetStats();
@@ -108,18 +121,40 @@ class Client {
     uint32_t blocks;
   };
   struct Assembly;
-  struct Fetch;
+  struct Exchange;
+  struct Item;
+  // Borrowed forms of NamedTensor and ParamInit: the public single and
+  // batched calls share one implementation without copying any tensor.
+  struct GradRef {
+    const std::string* name;
+    const Tensor* tensor;
+  };
+  struct InitRef {
+    const std::string* name;
+    const Tensor* value;
+    const v1::ParameterConfig* config;
+  };
+  static std::vector<GradRef> RefsOf(absl::Span<const NamedTensor> grads);
 
   Client(const ClientOptions& options, std::vector<std::unique_ptr<Transport>> transports);
 
   absl::Time Deadline() const { return absl::Now() + options_.timeout; }
   std::optional<Layout> FindLayout(const std::string& name) const;
   void RememberLayout(const std::string& name, Layout layout);
+  absl::Status DoInitParams(absl::Span<const InitRef> params);
+  absl::Status DoSendGrads(absl::Span<const GradRef> grads);
+  absl::Status DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tensor> outs);
   // Checks a gradient against what is known of its parameter.
-  absl::Status CheckGradient(const NamedTensor& grad) const;
-  // Runs `fetches` (grouped per server and packed into requests, all in
-  // parallel) and stores each returned block into assemblies.
-  absl::Status RunFetches(const std::vector<Fetch>& fetches, std::vector<Assembly>& assemblies);
+  absl::Status CheckGradient(const GradRef& grad) const;
+  // The blocks of a gradient, as views of its memory.
+  std::vector<GradientView> GradientBlocks(const GradRef& grad,
+                                           std::vector<int>* servers) const;
+  // Packs `items` into one request per server of about max_request_bytes
+  // each, runs them all in parallel and places every returned block.
+  absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies);
+  // Copies one returned block into its parameter's output.
+  absl::Status PlaceBlock(Assembly& a, const v1::Parameter& header, const Segments& content,
+                          const std::string& from);
 
   const ClientOptions options_;
   const Placement placement_;

@@ -1,74 +1,167 @@
 #include "cc/client/grpc_transport.h"
 
+#include <utility>
+
+#include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
+#include "cc/rpc/wire.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pserver {
+namespace {
 
-GrpcTransport::GrpcTransport(std::string address, std::shared_ptr<grpc::Channel> channel)
-    : address_(std::move(address)),
-      channel_(std::move(channel)),
-      stub_(v1::ParameterServer::NewStub(channel_)) {}
+constexpr char kGetParamsMethod[] = "/pserver.v1.ParameterServer/GetParams";
+constexpr char kSendGradsMethod[] = "/pserver.v1.ParameterServer/SendGrads";
+constexpr char kPushPullMethod[] = "/pserver.v1.ParameterServer/PushPull";
 
-absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(const std::string& address) {
+std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(deadline));
+  // Wait for a connection (within the deadline) instead of failing at once
+  // while a server is still starting.
+  context->set_wait_for_ready(true);
+  return context;
+}
+
+absl::Status DeliverBlocks(const grpc::ByteBuffer& response, const Transport::BlockSink& sink) {
+  ParamsResponse decoded;
+  PS_RETURN_IF_ERROR(DecodeParamsResponse(response, &decoded));
+  for (size_t i = 0; i < decoded.headers.size(); ++i) {
+    PS_RETURN_IF_ERROR(sink(decoded.headers[i], decoded.contents[i]));
+  }
+  return absl::OkStatus();
+}
+
+// One raw call in flight.
+struct RawCall {
+  std::unique_ptr<grpc::ClientContext> context;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  Transport::BlockSink sink;
+  Transport::Done done;
+  absl::Status status;
+};
+
+}  // namespace
+
+GrpcTransport::GrpcTransport(std::string address, std::vector<Channel> channels)
+    : address_(std::move(address)), channels_(std::move(channels)) {}
+
+absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(const std::string& address,
+                                                                     int channels) {
   if (address.empty()) return absl::InvalidArgumentError("server address is empty");
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                           DefaultChannelArguments());
-  return std::unique_ptr<GrpcTransport>(new GrpcTransport(address, std::move(channel)));
+  if (channels < 1) {
+    return absl::InvalidArgumentError("a transport needs at least one channel");
+  }
+  std::vector<Channel> made;
+  for (int i = 0; i < channels; ++i) {
+    Channel c;
+    c.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                          DefaultChannelArguments());
+    c.stub = v1::ParameterServer::NewStub(c.channel);
+    c.generic = std::make_unique<grpc::GenericStub>(c.channel);
+    made.push_back(std::move(c));
+  }
+  return std::unique_ptr<GrpcTransport>(new GrpcTransport(address, std::move(made)));
+}
+
+GrpcTransport::Channel& GrpcTransport::Next() {
+  return channels_[next_.fetch_add(1, std::memory_order_relaxed) % channels_.size()];
 }
 
 template <typename Request, typename Response>
 void GrpcTransport::Call(typename NonDeduced<AsyncMethod<Request, Response>>::type method,
                          const Request& request, Response* response, absl::Time deadline,
                          Done done) {
-  // The context must outlive the call; the completion callback owns it.
-  auto context = std::make_shared<grpc::ClientContext>();
-  context->set_deadline(absl::ToChronoTime(deadline));
-  // Wait for a connection (within the deadline) instead of failing at once
-  // while a server is still starting.
-  context->set_wait_for_ready(true);
-  (stub_->async()->*method)(context.get(), &request, response,
-                            [context, done = std::move(done)](grpc::Status status) mutable {
-                              // Free the context before `done` lets the caller
-                              // go on: it holds a reference to the channel, and
-                              // if the caller then destroys this transport, the
-                              // channel's last reference must not drop here, on
-                              // gRPC's callback thread (~Channel shuts down the
-                              // callback queue this thread runs on: abort).
-                              context.reset();
-                              done(FromGrpcStatus(status));
-                            });
+  // The completion callback owns the context.
+  std::shared_ptr<grpc::ClientContext> context = NewContext(deadline);
+  (Next().stub->async()->*method)(
+      context.get(), &request, response,
+      [context, done = std::move(done)](grpc::Status status) mutable {
+        // Drop the context (and its reference on the channel) before `done`
+        // wakes the caller: if the caller then destroys the client, the
+        // channel's last reference must not die on this gRPC thread.
+        context.reset();
+        done(FromGrpcStatus(status));
+      });
 }
 
-void GrpcTransport::InitParam(const v1::InitParamRequest& request,
-                              v1::InitParamResponse* response, absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::InitParam, request, response, deadline,
+void GrpcTransport::InitParam(const v1::InitParamRequest& request, absl::Time deadline,
+                              Done done) {
+  auto response = std::make_shared<v1::InitParamResponse>();
+  Call(&v1::ParameterServer::Stub::async::InitParam, request, response.get(), deadline,
+       [response, done = std::move(done)](absl::Status status) { done(std::move(status)); });
+}
+
+void GrpcTransport::FinishInitParams(absl::Time deadline, Done done) {
+  static const auto* const kRequest = new v1::FinishInitParamsRequest();
+  auto response = std::make_shared<v1::FinishInitParamsResponse>();
+  Call(&v1::ParameterServer::Stub::async::FinishInitParams, *kRequest, response.get(), deadline,
+       [response, done = std::move(done)](absl::Status status) { done(std::move(status)); });
+}
+
+void GrpcTransport::GetStats(v1::GetStatsResponse* response, absl::Time deadline, Done done) {
+  static const auto* const kRequest = new v1::GetStatsRequest();
+  Call(&v1::ParameterServer::Stub::async::GetStats, *kRequest, response, deadline,
        std::move(done));
 }
 
-void GrpcTransport::FinishInitParams(const v1::FinishInitParamsRequest& request,
-                                     v1::FinishInitParamsResponse* response,
-                                     absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::FinishInitParams, request, response, deadline,
-       std::move(done));
+void GrpcTransport::CallRaw(const char* method,
+                            const std::function<grpc::ByteBuffer(PayloadLease*)>& encode,
+                            BlockSink sink, absl::Time deadline, Done done) {
+  auto call = std::make_shared<RawCall>();
+  call->context = NewContext(deadline);
+  call->sink = std::move(sink);
+  call->done = std::move(done);
+  // Reports once the call is over (the owner's release) and every borrowed
+  // payload slice is free.
+  PayloadLease* lease = PayloadLease::Create([call] { call->done(call->status); });
+  call->request = encode(lease);
+  Next().generic->UnaryCall(
+      call->context.get(), method, grpc::StubOptions(), &call->request, &call->response,
+      [call, lease](grpc::Status status) {
+        call->status = FromGrpcStatus(status);
+        if (call->status.ok() && call->sink) {
+          call->status = DeliverBlocks(call->response, call->sink);
+        }
+        // Let go of what gRPC may still reference before reporting (see Call).
+        call->context.reset();
+        call->request.Clear();
+        call->response.Clear();
+        lease->Release();
+      });
 }
 
-void GrpcTransport::GetParams(const v1::GetParamsRequest& request,
-                              v1::GetParamsResponse* response, absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::GetParams, request, response, deadline,
-       std::move(done));
+void GrpcTransport::Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done) {
+  CallRaw(
+      kSendGradsMethod,
+      [grads](PayloadLease* lease) { return EncodePushRequest(grads, {}, lease); }, nullptr,
+      deadline, std::move(done));
 }
 
-void GrpcTransport::SendGrads(const v1::SendGradsRequest& request,
-                              v1::SendGradsResponse* response, absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::SendGrads, request, response, deadline,
-       std::move(done));
+void GrpcTransport::Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink,
+                         absl::Time deadline, Done done) {
+  CallRaw(
+      kGetParamsMethod,
+      [refs](PayloadLease*) {
+        v1::GetParamsRequest request;
+        for (const v1::ParamRef& ref : refs) *request.add_params() = ref;
+        grpc::ByteBuffer buffer;
+        bool own_buffer = false;
+        grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::GetParamsRequest>(request, &buffer,
+                                                                               &own_buffer);
+        return buffer;
+      },
+      std::move(sink), deadline, std::move(done));
 }
 
-void GrpcTransport::GetStats(const v1::GetStatsRequest& request, v1::GetStatsResponse* response,
+void GrpcTransport::PushPull(absl::Span<const GradientView> grads,
+                             absl::Span<const v1::ParamRef> refs, BlockSink sink,
                              absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::GetStats, request, response, deadline,
-       std::move(done));
+  CallRaw(
+      kPushPullMethod,
+      [grads, refs](PayloadLease* lease) { return EncodePushRequest(grads, refs, lease); },
+      std::move(sink), deadline, std::move(done));
 }
 
 }  // namespace pserver

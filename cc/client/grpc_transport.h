@@ -1,43 +1,62 @@
-// GrpcTransport: a Transport over one gRPC channel to one server, using the
-// callback (non-blocking) stub so many calls fly at once without threads.
+// GrpcTransport: a Transport over gRPC to one server. Bulk calls go through
+// the generic (byte buffer) stub with the zero-copy encoders of
+// cc/rpc/wire.h: gradients are sent straight from the caller's memory and
+// pulled blocks are handed to the sink in the slices they arrived in. Calls
+// are spread round-robin over several channels (TCP connections).
 //
-//   auto transport = GrpcTransport::Create("127.0.0.1:7000");
+//   auto transport = GrpcTransport::Create("127.0.0.1:7000", /*channels=*/2);
 //
 // Thread-safe.
 #ifndef PSERVER_CC_CLIENT_GRPC_TRANSPORT_H_
 #define PSERVER_CC_CLIENT_GRPC_TRANSPORT_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cc/client/transport.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "pserver/v1/service.grpc.pb.h"
 
 namespace pserver {
 
 class GrpcTransport final : public Transport {
  public:
-  // Does not connect yet (gRPC connects on the first call); INVALID_ARGUMENT
-  // for an empty address.
-  static absl::StatusOr<std::unique_ptr<GrpcTransport>> Create(const std::string& address);
+  // Does not connect yet (gRPC connects on the first call). INVALID_ARGUMENT
+  // for an empty address or fewer than one channel.
+  static absl::StatusOr<std::unique_ptr<GrpcTransport>> Create(const std::string& address,
+                                                               int channels = 1);
 
   const std::string& address() const override { return address_; }
 
-  void InitParam(const v1::InitParamRequest& request, v1::InitParamResponse* response,
-                 absl::Time deadline, Done done) override;
-  void FinishInitParams(const v1::FinishInitParamsRequest& request,
-                        v1::FinishInitParamsResponse* response, absl::Time deadline,
-                        Done done) override;
-  void GetParams(const v1::GetParamsRequest& request, v1::GetParamsResponse* response,
-                 absl::Time deadline, Done done) override;
-  void SendGrads(const v1::SendGradsRequest& request, v1::SendGradsResponse* response,
-                 absl::Time deadline, Done done) override;
-  void GetStats(const v1::GetStatsRequest& request, v1::GetStatsResponse* response,
-                absl::Time deadline, Done done) override;
+  void InitParam(const v1::InitParamRequest& request, absl::Time deadline, Done done) override;
+  void FinishInitParams(absl::Time deadline, Done done) override;
+  void GetStats(v1::GetStatsResponse* response, absl::Time deadline, Done done) override;
+  void Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done) override;
+  void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
+            Done done) override;
+  void PushPull(absl::Span<const GradientView> grads, absl::Span<const v1::ParamRef> refs,
+                BlockSink sink, absl::Time deadline, Done done) override;
 
  private:
-  GrpcTransport(std::string address, std::shared_ptr<grpc::Channel> channel);
+  struct Channel {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::ParameterServer::Stub> stub;
+    std::unique_ptr<grpc::GenericStub> generic;
+  };
+
+  GrpcTransport(std::string address, std::vector<Channel> channels);
+  Channel& Next();
+
+  // Sends the request `encode` builds (borrowing payloads through the lease
+  // it is given) to `method` through the generic stub; `sink` (if set) gets
+  // the blocks of the reply. `done` runs once the call is over and gRPC has
+  // let go of every borrowed payload.
+  void CallRaw(const char* method,
+               const std::function<grpc::ByteBuffer(class PayloadLease*)>& encode,
+               BlockSink sink, absl::Time deadline, Done done);
 
   template <typename Request, typename Response>
   using AsyncMethod = void (v1::ParameterServer::Stub::async::*)(
@@ -46,15 +65,14 @@ class GrpcTransport final : public Transport {
   struct NonDeduced {
     using type = T;
   };
-
-  // Starts `method` on the async stub with a deadline; `done` gets the status.
+  // Starts a protobuf `method` on the async stub with a deadline.
   template <typename Request, typename Response>
   void Call(typename NonDeduced<AsyncMethod<Request, Response>>::type method,
             const Request& request, Response* response, absl::Time deadline, Done done);
 
   const std::string address_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  std::vector<Channel> channels_;
+  std::atomic<size_t> next_{0};
 };
 
 }  // namespace pserver

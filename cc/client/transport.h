@@ -1,10 +1,12 @@
 // Transport: how a client reaches one server. The client speaks only to this
-// interface; GrpcTransport carries calls over gRPC, and an in-process
-// transport can call a server's store directly.
+// interface: GrpcTransport carries calls over gRPC, InProcessTransport calls
+// a server's store in the same process without any copy or socket.
 //
-// Every call is asynchronous: `request` and `response` must stay alive until
-// `done` runs; `done` runs exactly once, on any thread, after the deadline at
-// the latest (with DEADLINE_EXCEEDED). Implementations are thread-safe.
+// Every call is asynchronous and `done` runs exactly once, on any thread, by
+// the deadline at the latest (DEADLINE_EXCEEDED). Everything a call is given
+// (requests, spans, the memory gradient views point at) must stay valid until
+// `done` runs; implementations let go of it before calling `done`.
+// Implementations are thread-safe.
 #ifndef PSERVER_CC_CLIENT_TRANSPORT_H_
 #define PSERVER_CC_CLIENT_TRANSPORT_H_
 
@@ -13,6 +15,9 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cc/core/parameter_store.h"
+#include "cc/core/tensor.h"
 #include "pserver/v1/service.pb.h"
 
 namespace pserver {
@@ -20,22 +25,29 @@ namespace pserver {
 class Transport {
  public:
   using Done = std::function<void(absl::Status)>;
+  // Receives each block a pull returns, in request order, before `done`.
+  // `header` holds all but the content; `content` is valid only during the
+  // call. An error fails the whole call.
+  using BlockSink =
+      std::function<absl::Status(const v1::Parameter& header, const Segments& content)>;
 
   virtual ~Transport() = default;
 
   // Where this transport leads, for error messages ("127.0.0.1:7000").
   virtual const std::string& address() const = 0;
 
-  virtual void InitParam(const v1::InitParamRequest& request, v1::InitParamResponse* response,
-                         absl::Time deadline, Done done) = 0;
-  virtual void FinishInitParams(const v1::FinishInitParamsRequest& request,
-                                v1::FinishInitParamsResponse* response, absl::Time deadline,
-                                Done done) = 0;
-  virtual void GetParams(const v1::GetParamsRequest& request, v1::GetParamsResponse* response,
-                         absl::Time deadline, Done done) = 0;
-  virtual void SendGrads(const v1::SendGradsRequest& request, v1::SendGradsResponse* response,
-                         absl::Time deadline, Done done) = 0;
-  virtual void GetStats(const v1::GetStatsRequest& request, v1::GetStatsResponse* response,
+  virtual void InitParam(const v1::InitParamRequest& request, absl::Time deadline,
+                         Done done) = 0;
+  virtual void FinishInitParams(absl::Time deadline, Done done) = 0;
+  virtual void GetStats(v1::GetStatsResponse* response, absl::Time deadline, Done done) = 0;
+
+  // Bulk data. A batch is applied whole or not at all by the server.
+  virtual void Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done) = 0;
+  virtual void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
+                    Done done) = 0;
+  // Applies `grads`, then reads `refs`, in one round trip.
+  virtual void PushPull(absl::Span<const GradientView> grads,
+                        absl::Span<const v1::ParamRef> refs, BlockSink sink,
                         absl::Time deadline, Done done) = 0;
 };
 

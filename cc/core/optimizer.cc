@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -44,9 +46,19 @@ class TypedRule : public UpdateRule {
     Step(static_cast<T*>(params), static_cast<const T*>(grad), static_cast<T>(lr), step);
   }
   size_t state_bytes() const final { return slots_ * n_ * sizeof(T); }
+  std::vector<StateSlot> state_slots() final {
+    std::vector<StateSlot> slots;
+    for (auto& [name, values] : NamedSlots()) {
+      slots.push_back(StateSlot{name, values->data(), values->size() * sizeof(T)});
+    }
+    return slots;
+  }
 
  protected:
   virtual void Step(T* p, const T* g, T lr, uint64_t step) = 0;
+  // The vectors made by Slot(), named, in a fixed order (the checkpoint's).
+  using Named = std::vector<std::pair<const char*, std::vector<T>*>>;
+  virtual Named NamedSlots() { return {}; }
   std::vector<T> Slot(T initial = T(0)) {
     ++slots_;
     return std::vector<T>(n_, initial);
@@ -99,6 +111,10 @@ class SgdRule final : public TypedRule<T> {
       p[i] -= lr * d;
     }
   }
+  typename TypedRule<T>::Named NamedSlots() override {
+    if (momentum_ > 0) return {{"momentum", &buf_}};
+    return {};
+  }
 
  private:
   const T momentum_, decay_;
@@ -122,6 +138,7 @@ class AdagradRule final : public TypedRule<T> {
       p[i] -= lr * d / (std::sqrt(acc_[i]) + eps_);
     }
   }
+  typename TypedRule<T>::Named NamedSlots() override { return {{"accumulator", &acc_}}; }
 
  private:
   const T eps_, decay_;
@@ -149,6 +166,9 @@ class AdadeltaRule final : public TypedRule<T> {
       p[i] -= lr * delta;
     }
   }
+  typename TypedRule<T>::Named NamedSlots() override {
+    return {{"square_avg", &square_avg_}, {"acc_delta", &acc_delta_}};
+  }
 
  private:
   const T rho_, eps_, decay_;
@@ -166,7 +186,9 @@ class RmsPropRule final : public TypedRule<T> {
         decay_(static_cast<T>(c.weight_decay())),
         square_avg_(this->Slot()),
         grad_avg_(c.centered() ? this->Slot() : std::vector<T>()),
-        buf_(c.momentum() > 0 ? this->Slot() : std::vector<T>()) {}
+        buf_(c.momentum() > 0 ? this->Slot() : std::vector<T>()),
+        centered_(c.centered()),
+        has_momentum_(c.momentum() > 0) {}
 
   void Step(T* p, const T* g, T lr, uint64_t) override {
     const T one = 1;
@@ -188,10 +210,17 @@ class RmsPropRule final : public TypedRule<T> {
       }
     }
   }
+  typename TypedRule<T>::Named NamedSlots() override {
+    typename TypedRule<T>::Named slots = {{"square_avg", &square_avg_}};
+    if (centered_) slots.push_back({"grad_avg", &grad_avg_});
+    if (has_momentum_) slots.push_back({"momentum", &buf_});
+    return slots;
+  }
 
  private:
   const T alpha_, eps_, momentum_, decay_;
   std::vector<T> square_avg_, grad_avg_, buf_;
+  const bool centered_, has_momentum_;
 };
 
 // Adam and AdamW share the moment updates; AdamW decays the weights first.
@@ -224,6 +253,7 @@ class AdamRule final : public TypedRule<T> {
       p[i] -= step_size * m_[i] / (std::sqrt(v_[i]) / bias2_sqrt + eps_);
     }
   }
+  typename TypedRule<T>::Named NamedSlots() override { return {{"m", &m_}, {"v", &v_}}; }
 
  private:
   const T beta1_, beta2_, eps_, l2_;
@@ -403,6 +433,54 @@ absl::Status Optimizer::CheckCanApply(const std::string& what) const {
   return absl::FailedPreconditionError(absl::StrCat(
       what, " has element type ", ElementTypeName(type_),
       " and no optimizer: gradients on integer parameters need optimizer 'add'"));
+}
+
+OptimizerState Optimizer::ExportState() const {
+  OptimizerState state;
+  state.steps = steps_;
+  if (rule_ == nullptr) return state;
+  for (const StateSlot& slot : rule_->state_slots()) {
+    state.slots.emplace_back(slot.name,
+                             std::string(static_cast<const char*>(slot.data), slot.bytes));
+  }
+  return state;
+}
+
+absl::Status Optimizer::ImportState(const OptimizerState& state) {
+  std::vector<StateSlot> slots;
+  if (rule_ != nullptr) slots = rule_->state_slots();
+  auto names = [](auto begin, auto end) {
+    std::string out;
+    for (auto it = begin; it != end; ++it) {
+      absl::StrAppend(&out, out.empty() ? "" : ", ", it->first);
+    }
+    return absl::StrCat("[", out, "]");
+  };
+  std::vector<std::pair<std::string, size_t>> want;
+  for (const StateSlot& slot : slots) want.emplace_back(slot.name, slot.bytes);
+  bool names_match = want.size() == state.slots.size();
+  for (size_t i = 0; names_match && i < want.size(); ++i) {
+    names_match = want[i].first == state.slots[i].first;
+  }
+  if (!names_match) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer ", name_, " has state slots ", names(want.begin(), want.end()),
+        ", the state to import has ", names(state.slots.begin(), state.slots.end())));
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (state.slots[i].second.size() != want[i].second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer ", name_, " state slot '", want[i].first, "' holds ", want[i].second,
+          " bytes, the state to import has ", state.slots[i].second.size()));
+    }
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].bytes > 0) {
+      std::memcpy(slots[i].data, state.slots[i].second.data(), slots[i].bytes);
+    }
+  }
+  steps_ = state.steps;
+  return absl::OkStatus();
 }
 
 void Optimizer::Apply(void* params, const void* grad, std::optional<double> global_norm) {

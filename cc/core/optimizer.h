@@ -19,6 +19,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cc/core/element_type.h"
@@ -26,6 +28,23 @@
 #include "pserver/v1/config.pb.h"
 
 namespace pserver {
+
+// Everything an Optimizer accumulates while it trains, so that a restored one
+// continues bit for bit: the step count (which also drives the learning-rate
+// schedule) and the rule's named state vectors ("m", "v", "momentum", ...),
+// each the raw little-endian bytes of one value per element, in the rule's
+// fixed order. Hyper-parameters are not part of it: they come from the config.
+struct OptimizerState {
+  uint64_t steps = 0;
+  std::vector<std::pair<std::string, std::string>> slots;  // name, bytes
+};
+
+// One named state vector of an update rule, pointing into the rule.
+struct StateSlot {
+  std::string name;
+  void* data = nullptr;
+  size_t bytes = 0;
+};
 
 // The per-element arithmetic of one optimizer, with its state. Internal to
 // Optimizer; declared here so tests and later GPU kernels share the interface.
@@ -36,6 +55,9 @@ class UpdateRule {
   virtual void Update(void* params, const void* grad, double lr,
                       uint64_t step) = 0;
   virtual size_t state_bytes() const = 0;
+  // The rule's state vectors, in a fixed order; valid until the next Update.
+  // Rules without state have none.
+  virtual std::vector<StateSlot> state_slots() { return {}; }
 };
 
 class Optimizer {
@@ -56,6 +78,15 @@ class Optimizer {
   // `global_norm`, when set, is the L2 norm of the whole gradient the block
   // belongs to, used for clip-by-norm. Call only after CheckCanApply is OK.
   void Apply(void* params, const void* grad, std::optional<double> global_norm);
+
+  // A copy of the step count and the rule's state vectors.
+  OptimizerState ExportState() const;
+
+  // Replaces the step count and state with `state` exported from an Optimizer
+  // made from the same config, element type and element count.
+  // INVALID_ARGUMENT (and nothing changes) if the slot names, their order or
+  // their sizes differ from this optimizer's.
+  absl::Status ImportState(const OptimizerState& state);
 
   uint64_t steps() const { return steps_; }
   size_t state_bytes() const { return rule_ ? rule_->state_bytes() : 0; }

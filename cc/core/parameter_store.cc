@@ -1,5 +1,6 @@
 #include "cc/core/parameter_store.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -62,6 +63,7 @@ struct ParameterStore::Block {
   Shape shape;
   v1::BlockRef ref;
   int64_t num_elements;
+  v1::ParameterConfig config;  // as given to Init, for snapshots
 
   mutable absl::Mutex mu;
   std::string data ABSL_GUARDED_BY(mu);
@@ -124,6 +126,7 @@ absl::Status ParameterStore::Init(v1::Parameter param, const v1::ParameterConfig
   block->ref = param.block();
   block->ref.set_count(BlockCount(param.block()));
   block->num_elements = elements;
+  block->config = config;
   {
     absl::MutexLock data_lock(&block->mu);
     block->data = std::move(*param.mutable_content());
@@ -151,6 +154,13 @@ void ParameterStore::FinishInit() {
 }
 
 absl::Status ParameterStore::Get(const v1::ParamRef& ref, v1::Parameter* out) {
+  return Read(ref, out, [out](absl::string_view bytes) {
+    out->set_content(bytes.data(), bytes.size());
+  });
+}
+
+absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
+                                  absl::FunctionRef<void(absl::string_view)> read) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
   const bool layout_known = ref.block().count() != 0;
   if (layout_known) {
@@ -173,43 +183,55 @@ absl::Status ParameterStore::Get(const v1::ParamRef& ref, v1::Parameter* out) {
   *out->mutable_block() = block->ref;
   {
     absl::ReaderMutexLock lock(&block->mu);
-    out->set_content(block->data);
+    read(block->data);
   }
   gets_served_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
+GradientView GradientView::Of(const v1::Gradient& grad) {
+  GradientView view;
+  view.name = grad.name();
+  view.type = grad.element_type();
+  view.block = grad.block();
+  if (grad.has_global_norm()) view.global_norm = grad.global_norm();
+  view.content = grad.content();
+  return view;
+}
+
 absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(
-    const v1::Gradient& grad) {
-  const std::string what = absl::StrCat("gradient for ", DescribeBlock(grad.name(), grad.block()));
-  PS_RETURN_IF_ERROR(CheckBlockIndex(what, grad.block()));
-  Block* block = Find(grad.name(), grad.block().index());
+    const GradientView& grad) {
+  const std::string name(grad.name);
+  const std::string what = absl::StrCat("gradient for ", DescribeBlock(name, grad.block));
+  PS_RETURN_IF_ERROR(CheckBlockIndex(what, grad.block));
+  Block* block = Find(name, grad.block.index());
   if (block == nullptr) {
-    return absl::NotFoundError(absl::StrCat(
-        DescribeBlock(grad.name(), grad.block()), " not found on this server"));
+    return absl::NotFoundError(
+        absl::StrCat(DescribeBlock(name, grad.block), " not found on this server"));
   }
-  if (BlockCount(grad.block()) != block->ref.count() ||
-      grad.block().offset() != block->ref.offset()) {
+  if (BlockCount(grad.block) != block->ref.count() ||
+      grad.block.offset() != block->ref.offset()) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": the server holds it as block ", block->ref.index(), " of ",
         block->ref.count(), " at element ", block->ref.offset(), ", the request says ",
-        grad.block().index(), " of ", BlockCount(grad.block()), " at element ",
-        grad.block().offset(), ": every client of a cluster must use the same block size"));
+        grad.block.index(), " of ", BlockCount(grad.block), " at element ",
+        grad.block.offset(), ": every client of a cluster must use the same block size"));
   }
-  if (grad.element_type() != block->type) {
+  if (grad.type != block->type) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": element type ", ElementTypeName(grad.element_type()), " received, ",
+        what, ": element type ", ElementTypeName(grad.type), " received, ",
         ElementTypeName(block->type), " expected"));
   }
   const size_t want = static_cast<size_t>(block->num_elements) * ElementSize(block->type);
-  if (grad.content().size() != want) {
+  if (grad.content.size() != want) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", grad.content().size(), " bytes received, ", want, " expected (",
+        what, ": ", grad.content.size(), " bytes received, ", want, " expected (",
         block->num_elements, " ", ElementTypeName(block->type), " values)"));
   }
-  if (grad.has_global_norm() && !(std::isfinite(grad.global_norm()) && grad.global_norm() >= 0)) {
+  if (grad.global_norm.has_value() &&
+      !(std::isfinite(*grad.global_norm) && *grad.global_norm >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": global_norm must be finite and >= 0, got ", grad.global_norm()));
+        what, ": global_norm must be finite and >= 0, got ", *grad.global_norm));
   }
   {
     absl::ReaderMutexLock lock(&block->mu);
@@ -219,24 +241,39 @@ absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(
 }
 
 absl::Status ParameterStore::ApplyGradients(absl::Span<const v1::Gradient* const> grads) {
+  std::vector<GradientView> views;
+  views.reserve(grads.size());
+  for (const v1::Gradient* grad : grads) views.push_back(GradientView::Of(*grad));
+  return ApplyGradients(views);
+}
+
+absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
   std::vector<Block*> targets;
   targets.reserve(grads.size());
-  for (const v1::Gradient* grad : grads) {
-    absl::StatusOr<Block*> block = CheckGradient(*grad);
+  for (const GradientView& grad : grads) {
+    absl::StatusOr<Block*> block = CheckGradient(grad);
     if (!block.ok()) return Reject(block.status());
     targets.push_back(*block);
   }
   for (size_t i = 0; i < grads.size(); ++i) {
     Block* block = targets[i];
-    const v1::Gradient* grad = grads[i];
-    std::optional<double> norm;
-    if (grad->has_global_norm()) norm = grad->global_norm();
     absl::MutexLock lock(&block->mu);
-    block->optimizer->Apply(block->data.data(), grad->content().data(), norm);
+    block->optimizer->Apply(block->data.data(), grads[i].content.data(), grads[i].global_norm);
   }
   gradients_applied_.fetch_add(grads.size(), std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+void ParameterStore::FillStats(v1::ServerStats* out) const {
+  const Stats stats = GetStats();
+  out->set_initialized(stats.initialized);
+  out->set_parameters(stats.blocks);
+  out->set_parameter_bytes(stats.parameter_bytes);
+  out->set_optimizer_state_bytes(stats.optimizer_state_bytes);
+  out->set_gradients_applied(stats.gradients_applied);
+  out->set_gets_served(stats.gets_served);
+  out->set_requests_rejected(stats.requests_rejected);
 }
 
 ParameterStore::Stats ParameterStore::GetStats() const {
@@ -253,6 +290,79 @@ ParameterStore::Stats ParameterStore::GetStats() const {
     stats.optimizer_state_bytes += block->optimizer->state_bytes();
   }
   return stats;
+}
+
+
+StoreSnapshot ParameterStore::Snapshot() const {
+  StoreSnapshot snapshot;
+  std::vector<const Block*> blocks;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    snapshot.initialized = initialized();
+    blocks.reserve(blocks_.size());
+    for (const auto& [key, block] : blocks_) blocks.push_back(block.get());
+  }
+  // Blocks are never removed, so the pointers stay valid without mu_.
+  std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) {
+    return Key(a->name, a->ref.index()) < Key(b->name, b->ref.index());
+  });
+  snapshot.blocks.reserve(blocks.size());
+  for (const Block* block : blocks) {
+    BlockSnapshot& out = snapshot.blocks.emplace_back();
+    out.name = block->name;
+    out.type = block->type;
+    out.shape = block->shape;
+    out.block = block->ref;
+    out.config = block->config;
+    absl::ReaderMutexLock lock(&block->mu);
+    out.content = block->data;
+    out.optimizer = block->optimizer->ExportState();
+  }
+  return snapshot;
+}
+
+absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
+  auto not_empty = [] {
+    return absl::FailedPreconditionError(
+        "restore needs an empty store: it already holds parameters or was opened by "
+        "FinishInitParams");
+  };
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (!blocks_.empty() || initialized()) return Reject(not_empty());
+  }
+  // Built aside with the ordinary Init checks, then moved in whole.
+  ParameterStore staging;
+  for (BlockSnapshot& block : snapshot.blocks) {
+    const std::string what = DescribeBlock(block.name, block.block);
+    v1::Parameter param;
+    param.set_name(block.name);
+    param.set_element_type(block.type);
+    param.mutable_shape()->Assign(block.shape.begin(), block.shape.end());
+    *param.mutable_block() = block.block;
+    param.set_content(std::move(block.content));
+    absl::Status status = staging.Init(std::move(param), block.config);
+    if (status.code() == absl::StatusCode::kAlreadyExists) {
+      return Reject(absl::InvalidArgumentError(
+          absl::StrCat("snapshot holds ", what, " twice")));
+    }
+    if (!status.ok()) {
+      return Reject(absl::Status(status.code(), absl::StrCat("restore: ", status.message())));
+    }
+    Block* restored = staging.Find(block.name, block.block.index());
+    absl::MutexLock lock(&restored->mu);
+    absl::Status imported = restored->optimizer->ImportState(block.optimizer);
+    if (!imported.ok()) {
+      return Reject(absl::InvalidArgumentError(
+          absl::StrCat("restore: ", what, ": ", imported.message())));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (!blocks_.empty() || initialized()) return Reject(not_empty());
+  absl::MutexLock staging_lock(&staging.mu_);
+  blocks_ = std::move(staging.blocks_);
+  if (snapshot.initialized) initialized_.store(true, std::memory_order_release);
+  return absl::OkStatus();
 }
 
 }  // namespace pserver

@@ -21,11 +21,16 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -37,6 +42,42 @@
 #include "pserver/v1/types.pb.h"
 
 namespace pserver {
+
+// One block as a snapshot holds it: layout, config, values and optimizer
+// state, all taken at the same instant (under the block's lock).
+struct BlockSnapshot {
+  std::string name;
+  ElementType type = v1::ELEMENT_TYPE_UNSPECIFIED;
+  Shape shape;          // the whole parameter's shape
+  v1::BlockRef block;   // count is never 0 here
+  v1::ParameterConfig config;
+  std::string content;  // this block's elements, little-endian
+  OptimizerState optimizer;
+};
+
+// What a checkpoint holds for one server. Each block is consistent in itself;
+// blocks are taken one after another, so gradients arriving meanwhile may be
+// in some blocks and not yet in others.
+struct StoreSnapshot {
+  bool initialized = false;           // FinishInit had been called
+  std::vector<BlockSnapshot> blocks;  // ordered by (name, block index)
+  // Opaque data that other parts of the server keep next to the parameters
+  // (per-client sequence numbers, clocks, sparse tables...), by name. The
+  // store neither fills nor reads it; checkpoints carry it.
+  std::map<std::string, std::string> extensions;
+};
+
+// A gradient (or one block of one) whose bytes are borrowed: from a request
+// buffer, a caller's tensor or the network. Valid as long as what it points at.
+struct GradientView {
+  absl::string_view name;
+  ElementType type = v1::ELEMENT_TYPE_UNSPECIFIED;
+  v1::BlockRef block;
+  std::optional<double> global_norm;
+  absl::string_view content;
+
+  static GradientView Of(const v1::Gradient& grad);
+};
 
 class ParameterStore {
  public:
@@ -66,10 +107,31 @@ class ParameterStore {
   // Copies one block into `out`. A ref without a block count reads block 0.
   absl::Status Get(const v1::ParamRef& ref, v1::Parameter* out);
 
+  // Reads one block without copying it into a message: fills `header` (all
+  // but content) and calls `read` with the block's bytes under its read lock,
+  // so they are consistent. `read` must not call back into the store.
+  absl::Status Read(const v1::ParamRef& ref, v1::Parameter* header,
+                    absl::FunctionRef<void(absl::string_view)> read);
+
   // Checks every gradient, then applies them in order.
+  absl::Status ApplyGradients(absl::Span<const GradientView> grads);
   absl::Status ApplyGradients(absl::Span<const v1::Gradient* const> grads);
 
   Stats GetStats() const;
+  // The stats as the protocol reports them (index and uptime left unset).
+  void FillStats(v1::ServerStats* out) const;
+
+  // Copies every block with its config and optimizer state. Does not block
+  // gradients on other blocks while one block is copied.
+  StoreSnapshot Snapshot() const;
+
+  // Fills an empty store (no block, FinishInit not called) from `snapshot`:
+  // recreates each block's optimizer from its config, imports its state and,
+  // if the snapshot was initialized, opens the store. All or nothing:
+  // FAILED_PRECONDITION if the store is not empty; INVALID_ARGUMENT naming the
+  // block for a block Init would refuse, a duplicate, or optimizer state that
+  // does not fit its config. `extensions` are ignored here.
+  absl::Status Restore(StoreSnapshot snapshot);
 
   // Counts a request rejected before it reached the store (for Stats).
   void CountRejected() { rejected_.fetch_add(1, std::memory_order_relaxed); }
@@ -79,7 +141,7 @@ class ParameterStore {
   using Key = std::pair<std::string, uint32_t>;
 
   // The block a gradient goes to, after checking it against the block.
-  absl::StatusOr<Block*> CheckGradient(const v1::Gradient& grad);
+  absl::StatusOr<Block*> CheckGradient(const GradientView& grad);
   Block* Find(const std::string& name, uint32_t index) const;
   absl::Status Reject(absl::Status status);
 

@@ -24,6 +24,19 @@ absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape) {
   return n;
 }
 
+size_t SegmentsSize(const Segments& segments) {
+  size_t n = 0;
+  for (absl::string_view s : segments) n += s.size();
+  return n;
+}
+
+void CopySegments(const Segments& segments, char* dest) {
+  for (absl::string_view s : segments) {
+    if (!s.empty()) std::memcpy(dest, s.data(), s.size());
+    dest += s.size();
+  }
+}
+
 std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }

@@ -18,12 +18,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "cc/core/element_type.h"
 
 namespace pserver {
 
 using Shape = std::vector<int64_t>;
+
+// Bytes that may lie in several pieces (as they arrive from the network),
+// borrowed from whoever owns them.
+using Segments = std::vector<absl::string_view>;
+
+size_t SegmentsSize(const Segments& segments);
+// Copies the segments, in order, to `dest` (SegmentsSize bytes).
+void CopySegments(const Segments& segments, char* dest);
 
 // Product of the dimensions (1 for a scalar shape {}); INVALID_ARGUMENT for a
 // negative dimension or an overflowing product.
@@ -75,6 +84,7 @@ class Tensor {
   }
   size_t byte_size() const { return bytes_.size(); }
   const std::string& bytes() const { return bytes_; }
+  char* mutable_data() { return bytes_.data(); }
   std::string&& ReleaseBytes() && { return std::move(bytes_); }
 
   // The elements as T; an empty span if T is not the tensor's type.

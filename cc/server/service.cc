@@ -1,8 +1,11 @@
 #include "cc/server/service.h"
 
+#include <cstring>
 #include <vector>
 
 #include "cc/rpc/grpc_status.h"
+#include "cc/rpc/wire.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace pserver {
 
@@ -28,18 +31,52 @@ grpc::Status ParameterServerService::GetParam(grpc::ServerContext*,
   return ToGrpcStatus(store_->Get(request->param(), response->mutable_parameter()));
 }
 
-grpc::Status ParameterServerService::GetParams(grpc::ServerContext*,
-                                               const v1::GetParamsRequest* request,
-                                               v1::GetParamsResponse* response) {
-  response->mutable_parameters()->Reserve(request->params_size());
-  for (const v1::ParamRef& ref : request->params()) {
-    absl::Status status = store_->Get(ref, response->add_parameters());
-    if (!status.ok()) {
-      response->Clear();
-      return ToGrpcStatus(status);
-    }
+namespace {
+
+// Finishes a callback call with `status`.
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
+                                 const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// An empty message (SendGradsResponse) as a byte buffer.
+grpc::ByteBuffer EmptyMessage() {
+  grpc::Slice empty;
+  return grpc::ByteBuffer(&empty, 1);
+}
+
+}  // namespace
+
+absl::Status ParameterServerService::ReadParams(absl::Span<const v1::ParamRef> refs,
+                                                grpc::ByteBuffer* response) {
+  ParamsResponseBuilder builder;
+  v1::Parameter header;
+  for (const v1::ParamRef& ref : refs) {
+    header.Clear();
+    absl::Status status = store_->Read(ref, &header, [&](absl::string_view bytes) {
+      builder.Add(header, bytes.size(), [&](char* dest) {
+        if (!bytes.empty()) std::memcpy(dest, bytes.data(), bytes.size());
+      });
+    });
+    if (!status.ok()) return status;
   }
-  return grpc::Status::OK;
+  *response = builder.Finish();
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::GetParams(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  v1::GetParamsRequest parsed;
+  grpc::ByteBuffer copy(*request);  // shares the slices
+  if (!grpc::SerializationTraits<v1::GetParamsRequest>::Deserialize(&copy, &parsed).ok()) {
+    store_->CountRejected();
+    return Finish(context, absl::InvalidArgumentError("malformed GetParamsRequest"));
+  }
+  std::vector<v1::ParamRef> refs(parsed.params().begin(), parsed.params().end());
+  return Finish(context, ReadParams(refs, response));
 }
 
 grpc::Status ParameterServerService::SendGrad(grpc::ServerContext*,
@@ -49,27 +86,39 @@ grpc::Status ParameterServerService::SendGrad(grpc::ServerContext*,
   return ToGrpcStatus(store_->ApplyGradients(absl::MakeConstSpan(&grad, 1)));
 }
 
-grpc::Status ParameterServerService::SendGrads(grpc::ServerContext*,
-                                               const v1::SendGradsRequest* request,
-                                               v1::SendGradsResponse*) {
-  std::vector<const v1::Gradient*> grads;
-  grads.reserve(request->gradients_size());
-  for (const v1::Gradient& grad : request->gradients()) grads.push_back(&grad);
-  return ToGrpcStatus(store_->ApplyGradients(grads));
+grpc::ServerUnaryReactor* ParameterServerService::SendGrads(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  PushRequest push;
+  absl::Status status = DecodePushRequest(*request, &push);
+  if (!status.ok()) {
+    store_->CountRejected();
+    return Finish(context, status);
+  }
+  status = store_->ApplyGradients(push.grads);
+  if (status.ok()) *response = EmptyMessage();
+  return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  PushRequest push;
+  absl::Status status = DecodePushRequest(*request, &push);
+  if (!status.ok()) {
+    store_->CountRejected();
+    return Finish(context, status);
+  }
+  status = store_->ApplyGradients(push.grads);
+  if (status.ok()) status = ReadParams(push.refs, response);
+  return Finish(context, status);
 }
 
 grpc::Status ParameterServerService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
                                               v1::GetStatsResponse* response) {
-  ParameterStore::Stats stats = store_->GetStats();
   v1::ServerStats* out = response->mutable_stats();
+  store_->FillStats(out);
   out->set_index(index_);
-  out->set_initialized(stats.initialized);
-  out->set_parameters(stats.blocks);
-  out->set_parameter_bytes(stats.parameter_bytes);
-  out->set_optimizer_state_bytes(stats.optimizer_state_bytes);
-  out->set_gradients_applied(stats.gradients_applied);
-  out->set_gets_served(stats.gets_served);
-  out->set_requests_rejected(stats.requests_rejected);
   out->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
   return grpc::Status::OK;
 }

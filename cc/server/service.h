@@ -18,7 +18,14 @@
 
 namespace pserver {
 
-class ParameterServerService final : public v1::ParameterServer::Service {
+// The bulk methods are raw callback methods: they read and write gRPC byte
+// buffers through cc/rpc/wire.h, so tensor bytes are never copied through
+// protobuf messages. The control methods stay synchronous.
+using ServiceBase = v1::ParameterServer::WithRawCallbackMethod_GetParams<
+    v1::ParameterServer::WithRawCallbackMethod_SendGrads<
+        v1::ParameterServer::WithRawCallbackMethod_PushPull<v1::ParameterServer::Service>>>;
+
+class ParameterServerService final : public ServiceBase {
  public:
   // `store` must outlive the service.
   ParameterServerService(ParameterStore* store, uint32_t index);
@@ -30,16 +37,24 @@ class ParameterServerService final : public v1::ParameterServer::Service {
                                 v1::FinishInitParamsResponse* response) override;
   grpc::Status GetParam(grpc::ServerContext* context, const v1::GetParamRequest* request,
                         v1::GetParamResponse* response) override;
-  grpc::Status GetParams(grpc::ServerContext* context, const v1::GetParamsRequest* request,
-                         v1::GetParamsResponse* response) override;
+  grpc::ServerUnaryReactor* GetParams(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::Status SendGrad(grpc::ServerContext* context, const v1::SendGradRequest* request,
                         v1::SendGradResponse* response) override;
-  grpc::Status SendGrads(grpc::ServerContext* context, const v1::SendGradsRequest* request,
-                         v1::SendGradsResponse* response) override;
+  grpc::ServerUnaryReactor* SendGrads(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
                         v1::GetStatsResponse* response) override;
 
  private:
+  // Reads `refs` into a GetParamsResponse; nothing is returned on any error.
+  absl::Status ReadParams(absl::Span<const v1::ParamRef> refs, grpc::ByteBuffer* response);
+
   ParameterStore* const store_;
   const uint32_t index_;
   const absl::Time started_ = absl::Now();

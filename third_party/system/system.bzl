@@ -24,6 +24,7 @@ _LIBRARIES = {
     "gtest": ["gmock", "gtest"],
     "gtest_main": ["gmock", "gtest_main", "gtest"],
     "benchmark": ["benchmark"],
+    "isal": ["libisal"],
 }
 
 def _pkg_config_libs(rctx, modules):

@@ -1,0 +1,788 @@
+#include "cc/core/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "cc/core/crc32c.h"
+#include "cc/core/status_macros.h"
+
+namespace pserver {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kCheckpointPrefix[] = "ckpt-";
+constexpr char kTempPrefix[] = ".tmp-ckpt-";
+constexpr size_t kSequenceDigits = 20;
+
+// ---- paths and errors ---------------------------------------------------------
+
+std::string JoinPath(const std::string& dir, absl::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+absl::Status IoError(int error, absl::string_view what, const std::string& path) {
+  return absl::ErrnoToStatus(error, absl::StrCat(what, " ", path));
+}
+
+absl::Status FsError(const std::error_code& ec, absl::string_view what,
+                     const std::string& path) {
+  return IoError(ec.value(), what, path);
+}
+
+// Every integrity failure of a checkpoint's files reads the same way.
+absl::Status Corrupt(const std::string& file, absl::string_view detail) {
+  return absl::DataLossError(absl::StrCat(kChecksumValidationFailed, ": ", file, ": ", detail));
+}
+
+std::string Hex32(uint32_t value) { return absl::StrFormat("0x%08x", value); }
+
+// ---- file descriptors -----------------------------------------------------------
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { Reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void Reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  // close(2) can report a delayed write error; a writer must see it.
+  absl::Status Close(const std::string& path) {
+    const int fd = std::exchange(fd_, -1);
+    if (fd >= 0 && ::close(fd) != 0 && errno != EINTR) {
+      return IoError(errno, "cannot close", path);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+absl::StatusOr<Fd> OpenFile(const std::string& path, int flags, mode_t mode = 0) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return IoError(errno, "cannot open", path);
+  return Fd(fd);
+}
+
+absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), std::min(data.size(), size_t{1} << 30));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoError(errno, "cannot write", path);
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+// Reads up to n bytes at `offset`; fewer only at the end of the file.
+absl::StatusOr<size_t> ReadAt(int fd, char* buf, size_t n, uint64_t offset,
+                              const std::string& path) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, buf + done, std::min(n - done, size_t{1} << 30),
+                              static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return IoError(errno, "cannot read", path);
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
+absl::StatusOr<uint64_t> FileSize(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return IoError(errno, "cannot stat", path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+absl::Status Sync(int fd, const std::string& path) {
+  if (::fsync(fd) != 0) return IoError(errno, "cannot fsync", path);
+  return absl::OkStatus();
+}
+
+// A directory's entries (creations, renames) are durable only once the
+// directory itself is fsynced.
+absl::Status SyncDir(const std::string& dir) {
+  PS_ASSIGN_OR_RETURN(Fd fd, OpenFile(dir, O_RDONLY | O_DIRECTORY));
+  PS_RETURN_IF_ERROR(Sync(fd.get(), dir));
+  return fd.Close(dir);
+}
+
+// ---- little-endian framing ------------------------------------------------------
+
+void PutLe32(char* out, uint32_t value) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+uint32_t GetLe32(const char* in) {
+  uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= uint32_t{static_cast<unsigned char>(in[i])} << (8 * i);
+  return value;
+}
+
+// ---- names ----------------------------------------------------------------------
+
+std::string SequenceDigits(uint64_t sequence) {
+  return absl::StrFormat("%020u", sequence);
+}
+
+// The sequence of a ckpt-<20 digits> name.
+bool ParseCheckpointName(absl::string_view name, uint64_t* sequence) {
+  if (!absl::ConsumePrefix(&name, kCheckpointPrefix)) return false;
+  if (name.size() != kSequenceDigits) return false;
+  for (char c : name) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return absl::SimpleAtoi(name, sequence);
+}
+
+std::string RandomSuffix() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen));
+}
+
+// A name a manifest may give a data file: a plain name in the checkpoint.
+bool IsPlainFileName(absl::string_view name) {
+  return !name.empty() && name != "." && name != ".." && name != kManifestFileName &&
+         name.find('/') == absl::string_view::npos &&
+         name.find('\0') == absl::string_view::npos;
+}
+
+// Removes leftovers of saves or prunes that crashed. Best effort: a leftover
+// that cannot be removed harms nobody, since readers ignore it.
+void RemoveTempDirs(const std::string& dir) {
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) return;
+  std::vector<fs::path> stale;
+  for (const fs::directory_entry& entry : it) {
+    if (absl::StartsWith(entry.path().filename().string(), kTempPrefix)) {
+      stale.push_back(entry.path());
+    }
+  }
+  for (const fs::path& path : stale) fs::remove_all(path, ec);
+}
+
+// ---- writing --------------------------------------------------------------------
+
+// Appends items to data-00000.bin, data-00001.bin, ... in one directory.
+class DataWriter {
+ public:
+  DataWriter(std::string dir, const CheckpointWriteOptions& options)
+      : dir_(std::move(dir)), options_(options) {}
+
+  absl::StatusOr<v1::DataRef> Append(absl::string_view data) {
+    const uint64_t max = options_.max_data_file_bytes;
+    if (!fd_.valid() || (size_ > 0 && (size_ >= max || data.size() > max - size_))) {
+      PS_RETURN_IF_ERROR(CloseCurrent());
+      name_ = absl::StrFormat("data-%05d.bin", files_.size());
+      path_ = JoinPath(dir_, name_);
+      PS_ASSIGN_OR_RETURN(fd_, OpenFile(path_, O_WRONLY | O_CREAT | O_EXCL, 0666));
+      size_ = 0;
+    }
+    v1::DataRef ref;
+    ref.set_file(name_);
+    ref.set_offset(size_);
+    ref.set_length(data.size());
+    ref.set_chunk_size(options_.chunk_size);
+    for (size_t at = 0; at < data.size(); at += options_.chunk_size) {
+      ref.add_chunk_crc32c(Crc32c(data.substr(at, options_.chunk_size)));
+    }
+    PS_RETURN_IF_ERROR(WriteAll(fd_.get(), data, path_));
+    size_ += data.size();
+    return ref;
+  }
+
+  // Makes every data file durable and lists them in `manifest`.
+  absl::Status Finish(v1::CheckpointManifest* manifest) {
+    PS_RETURN_IF_ERROR(CloseCurrent());
+    for (v1::DataFile& file : files_) *manifest->add_data_files() = std::move(file);
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status CloseCurrent() {
+    if (!fd_.valid()) return absl::OkStatus();
+    PS_RETURN_IF_ERROR(Sync(fd_.get(), path_));
+    PS_RETURN_IF_ERROR(fd_.Close(path_));
+    v1::DataFile& file = files_.emplace_back();
+    file.set_name(name_);
+    file.set_length(size_);
+    return absl::OkStatus();
+  }
+
+  const std::string dir_;
+  const CheckpointWriteOptions options_;
+  Fd fd_;
+  std::string name_, path_;
+  uint64_t size_ = 0;
+  std::vector<v1::DataFile> files_;
+};
+
+absl::Status CheckSnapshot(const StoreSnapshot& snapshot) {
+  std::set<std::pair<std::string, uint32_t>> seen;
+  for (const BlockSnapshot& block : snapshot.blocks) {
+    if (block.name.empty()) {
+      return absl::InvalidArgumentError("snapshot holds a block without a name");
+    }
+    if (!seen.emplace(block.name, block.block.index()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("snapshot holds ", DescribeBlock(block.name, block.block), " twice"));
+    }
+  }
+  for (const auto& [name, value] : snapshot.extensions) {
+    if (name.empty()) return absl::InvalidArgumentError("snapshot holds an unnamed extension");
+  }
+  return absl::OkStatus();
+}
+
+// Writes the data files and MANIFEST of a checkpoint into `tmp`, all durable.
+absl::StatusOr<uint32_t> WriteCheckpointFiles(const StoreSnapshot& snapshot,
+                                              const std::string& tmp, uint32_t shard,
+                                              uint64_t sequence, absl::Time time,
+                                              const CheckpointWriteOptions& options) {
+  v1::CheckpointManifest manifest;
+  manifest.set_format_version(kCheckpointFormatVersion);
+  manifest.set_shard(shard);
+  manifest.set_sequence(sequence);
+  manifest.set_create_time_micros(absl::ToUnixMicros(time));
+  manifest.set_initialized(snapshot.initialized);
+
+  std::vector<const BlockSnapshot*> blocks;
+  for (const BlockSnapshot& block : snapshot.blocks) blocks.push_back(&block);
+  std::sort(blocks.begin(), blocks.end(), [](const BlockSnapshot* a, const BlockSnapshot* b) {
+    if (a->name != b->name) return a->name < b->name;
+    return a->block.index() < b->block.index();
+  });
+
+  DataWriter data(tmp, options);
+  for (const BlockSnapshot* block : blocks) {
+    v1::CheckpointParameter* param = manifest.add_parameters();
+    param->set_name(block->name);
+    param->set_element_type(block->type);
+    param->mutable_shape()->Assign(block->shape.begin(), block->shape.end());
+    *param->mutable_block() = block->block;
+    if (param->block().count() == 0) param->mutable_block()->set_count(1);
+    *param->mutable_config() = block->config;
+    param->set_optimizer(OptimizerName(block->config.optimizer()));
+    if (IsInteger(block->type) &&
+        block->config.optimizer().kind_case() == v1::OptimizerConfig::KIND_NOT_SET) {
+      param->set_optimizer("none");
+    }
+    PS_ASSIGN_OR_RETURN(*param->mutable_content(), data.Append(block->content));
+    param->set_optimizer_steps(block->optimizer.steps);
+    for (const auto& [name, bytes] : block->optimizer.slots) {
+      v1::OptimizerSlot* slot = param->add_optimizer_slots();
+      slot->set_name(name);
+      PS_ASSIGN_OR_RETURN(*slot->mutable_data(), data.Append(bytes));
+    }
+  }
+  for (const auto& [name, value] : snapshot.extensions) {  // std::map: by name
+    v1::CheckpointExtension* extension = manifest.add_extensions();
+    extension->set_name(name);
+    PS_ASSIGN_OR_RETURN(*extension->mutable_data(), data.Append(value));
+  }
+  PS_RETURN_IF_ERROR(data.Finish(&manifest));
+
+  // No map fields, so the serialization is deterministic.
+  std::string body;
+  if (manifest.ByteSizeLong() > static_cast<size_t>(INT_MAX) ||
+      !manifest.SerializeToString(&body)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "checkpoint manifest of ", manifest.ByteSizeLong(), " bytes is too large"));
+  }
+  const uint32_t crc = Crc32c(body);
+  std::string framed(kManifestHeaderSize, '\0');
+  std::memcpy(framed.data(), kManifestMagic, 8);
+  PutLe32(framed.data() + 8, static_cast<uint32_t>(body.size()));
+  PutLe32(framed.data() + 12, crc);
+  framed += body;
+
+  const std::string manifest_path = JoinPath(tmp, kManifestFileName);
+  PS_ASSIGN_OR_RETURN(Fd fd, OpenFile(manifest_path, O_WRONLY | O_CREAT | O_EXCL, 0666));
+  PS_RETURN_IF_ERROR(WriteAll(fd.get(), framed, manifest_path));
+  PS_RETURN_IF_ERROR(Sync(fd.get(), manifest_path));
+  PS_RETURN_IF_ERROR(fd.Close(manifest_path));
+  PS_RETURN_IF_ERROR(SyncDir(tmp));
+  return crc;
+}
+
+// ---- reading --------------------------------------------------------------------
+
+uint64_t ChunkCount(uint64_t length, uint32_t chunk_size) {
+  return length / chunk_size + (length % chunk_size != 0 ? 1 : 0);
+}
+
+// Checks that a manifest whose checksum matched is also consistent, so that
+// reading it can trust every offset and length.
+absl::Status CheckManifest(const v1::CheckpointManifest& manifest,
+                           const std::string& manifest_path) {
+  auto bad = [&](absl::string_view detail) { return Corrupt(manifest_path, detail); };
+  std::map<std::string, uint64_t> files;
+  for (const v1::DataFile& file : manifest.data_files()) {
+    if (!IsPlainFileName(file.name())) {
+      return bad(absl::StrCat("data file name '", absl::CEscape(file.name()),
+                              "' is not a plain file name"));
+    }
+    if (!files.emplace(file.name(), file.length()).second) {
+      return bad(absl::StrCat("data file ", file.name(), " is listed twice"));
+    }
+  }
+  // (offset, length) of every non-empty item, per file.
+  std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> items;
+  auto check_ref = [&](const v1::DataRef& ref, const std::string& what) -> absl::Status {
+    auto file = files.find(ref.file());
+    if (file == files.end()) {
+      return bad(absl::StrCat(what, " is in data file '", absl::CEscape(ref.file()),
+                              "', which the manifest does not list"));
+    }
+    if (ref.chunk_size() == 0 || ref.chunk_size() > kCheckpointMaxChunkSize) {
+      return bad(absl::StrCat(what, " has chunk size ", ref.chunk_size(), ", not in [1, ",
+                              kCheckpointMaxChunkSize, "]"));
+    }
+    if (ref.offset() > file->second || ref.length() > file->second - ref.offset()) {
+      return bad(absl::StrCat(what, " spans bytes [", ref.offset(), ", +", ref.length(),
+                              ") of ", ref.file(), ", which has ", file->second));
+    }
+    if (static_cast<uint64_t>(ref.chunk_crc32c_size()) !=
+        ChunkCount(ref.length(), ref.chunk_size())) {
+      return bad(absl::StrCat(what, " has ", ref.chunk_crc32c_size(), " chunk checksums for ",
+                              ref.length(), " bytes in chunks of ", ref.chunk_size()));
+    }
+    if (ref.length() > 0) items[ref.file()].emplace_back(ref.offset(), ref.length());
+    return absl::OkStatus();
+  };
+  std::set<std::pair<std::string, uint32_t>> blocks;
+  for (const v1::CheckpointParameter& param : manifest.parameters()) {
+    const std::string what = DescribeBlock(param.name(), param.block());
+    if (param.name().empty()) return bad("a parameter has no name");
+    if (!blocks.emplace(param.name(), param.block().index()).second) {
+      return bad(absl::StrCat(what, " is listed twice"));
+    }
+    PS_RETURN_IF_ERROR(check_ref(param.content(), absl::StrCat(what, " content")));
+    for (const v1::OptimizerSlot& slot : param.optimizer_slots()) {
+      PS_RETURN_IF_ERROR(check_ref(
+          slot.data(), absl::StrCat(what, " optimizer slot '", slot.name(), "'")));
+    }
+  }
+  std::set<std::string> extensions;
+  for (const v1::CheckpointExtension& extension : manifest.extensions()) {
+    if (extension.name().empty()) return bad("an extension has no name");
+    if (!extensions.insert(extension.name()).second) {
+      return bad(absl::StrCat("extension '", extension.name(), "' is listed twice"));
+    }
+    PS_RETURN_IF_ERROR(
+        check_ref(extension.data(), absl::StrCat("extension '", extension.name(), "'")));
+  }
+  // Items tile each data file: every byte is under exactly one checksum.
+  for (const auto& [name, length] : files) {
+    std::vector<std::pair<uint64_t, uint64_t>>& spans = items[name];
+    std::sort(spans.begin(), spans.end());
+    uint64_t at = 0;
+    for (const auto& [offset, size] : spans) {
+      if (offset != at) {
+        return bad(absl::StrCat("data file ", name, ": byte ", std::min(at, offset),
+                                offset < at ? " is in two items" : " is in no item"));
+      }
+      at = offset + size;
+    }
+    if (at != length) {
+      return bad(absl::StrCat("data file ", name, ": bytes [", at, ", ", length,
+                              ") are in no item"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string CheckpointDirName(uint64_t sequence) {
+  return absl::StrCat(kCheckpointPrefix, SequenceDigits(sequence));
+}
+
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
+                                              const std::string& dir, uint32_t shard,
+                                              uint64_t sequence,
+                                              const CheckpointWriteOptions& options) {
+  if (dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
+  if (options.chunk_size == 0 || options.chunk_size > kCheckpointMaxChunkSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint chunk_size must be in [1, ", kCheckpointMaxChunkSize, "], got ",
+        options.chunk_size));
+  }
+  if (options.max_data_file_bytes == 0) {
+    return absl::InvalidArgumentError("checkpoint max_data_file_bytes must be > 0");
+  }
+  PS_RETURN_IF_ERROR(CheckSnapshot(snapshot));
+
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return FsError(ec, "cannot create checkpoint directory", dir);
+  const std::string final_path = JoinPath(dir, CheckpointDirName(sequence));
+  struct stat st;
+  if (::lstat(final_path.c_str(), &st) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat("checkpoint ", final_path, " already exists"));
+  }
+  RemoveTempDirs(dir);
+
+  std::string tmp;
+  for (int attempt = 0;; ++attempt) {
+    tmp = JoinPath(dir, absl::StrCat(kTempPrefix, SequenceDigits(sequence), "-", RandomSuffix()));
+    if (::mkdir(tmp.c_str(), 0777) == 0) break;
+    if (errno != EEXIST || attempt == 10) return IoError(errno, "cannot create", tmp);
+  }
+  const absl::Time time =
+      options.time == absl::InfinitePast() ? absl::Now() : options.time;
+  absl::StatusOr<uint32_t> crc =
+      WriteCheckpointFiles(snapshot, tmp, shard, sequence, time, options);
+  if (crc.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    crc = IoError(errno, absl::StrCat("cannot rename ", tmp, " to"), final_path);
+  }
+  if (!crc.ok()) {
+    fs::remove_all(tmp, ec);
+    return crc.status();
+  }
+  PS_RETURN_IF_ERROR(SyncDir(dir));
+
+  CheckpointInfo info;
+  info.path = final_path;
+  info.shard = shard;
+  info.sequence = sequence;
+  info.manifest_crc32c = *crc;
+  info.time = absl::FromUnixMicros(absl::ToUnixMicros(time));
+  return info;
+}
+
+absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir) {
+  std::vector<CheckpointEntry> entries;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return entries;
+  if (ec) return FsError(ec, "cannot list checkpoint directory", dir);
+  for (const fs::directory_entry& entry : it) {
+    uint64_t sequence;
+    if (!ParseCheckpointName(entry.path().filename().string(), &sequence)) continue;
+    if (!entry.is_directory(ec)) continue;
+    entries.push_back(CheckpointEntry{JoinPath(dir, entry.path().filename().string()), sequence});
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const CheckpointEntry& a, const CheckpointEntry& b) {
+              return a.sequence < b.sequence;
+            });
+  return entries;
+}
+
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir,
+                                                          size_t keep) {
+  if (keep == 0) {
+    return absl::InvalidArgumentError(
+        "PruneCheckpoints keeps at least 1 checkpoint: the published one");
+  }
+  PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> entries, ListCheckpoints(dir));
+  std::vector<std::string> removed;
+  if (entries.size() <= keep) return removed;
+  for (size_t i = 0; i + keep < entries.size(); ++i) {
+    // Renamed first, so that it vanishes from listings at once; a crash in
+    // remove_all leaves a .tmp-ckpt-* directory the next save removes.
+    const std::string doomed = JoinPath(
+        dir, absl::StrCat(kTempPrefix, SequenceDigits(entries[i].sequence), "-", RandomSuffix(),
+                          "-pruned"));
+    if (::rename(entries[i].path.c_str(), doomed.c_str()) != 0) {
+      return IoError(errno, absl::StrCat("cannot rename ", entries[i].path, " to"), doomed);
+    }
+    std::error_code ec;
+    fs::remove_all(doomed, ec);
+    if (ec) return FsError(ec, "cannot remove", doomed);
+    removed.push_back(entries[i].path);
+  }
+  return removed;
+}
+
+// ---- CheckpointReader -------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("checkpoint ", path, " not found"));
+    }
+    return IoError(errno, "cannot stat checkpoint", path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path, " is not a directory"));
+  }
+  const std::string manifest_path = JoinPath(path, kManifestFileName);
+  absl::StatusOr<Fd> fd = OpenFile(manifest_path, O_RDONLY);
+  if (!fd.ok()) {
+    if (absl::IsNotFound(fd.status())) return Corrupt(manifest_path, "missing");
+    return fd.status();
+  }
+  PS_ASSIGN_OR_RETURN(uint64_t size, FileSize(fd->get(), manifest_path));
+  if (size < kManifestHeaderSize) {
+    return Corrupt(manifest_path, absl::StrCat("truncated: ", size, " bytes, a manifest has at least ",
+                                               kManifestHeaderSize));
+  }
+  char header[kManifestHeaderSize];
+  PS_ASSIGN_OR_RETURN(size_t got, ReadAt(fd->get(), header, sizeof(header), 0, manifest_path));
+  if (got != sizeof(header)) return Corrupt(manifest_path, "truncated while reading");
+  if (std::memcmp(header, kManifestMagic, 8) != 0) {
+    return Corrupt(manifest_path, absl::StrCat("does not start with the magic ", kManifestMagic,
+                                               ": not a pserver checkpoint manifest"));
+  }
+  const uint32_t length = GetLe32(header + 8);
+  const uint32_t stored_crc = GetLe32(header + 12);
+  if (size - kManifestHeaderSize != length) {
+    return Corrupt(manifest_path,
+                   absl::StrCat("the header says ", length, " manifest bytes follow, the file has ",
+                                size - kManifestHeaderSize, " (truncated or overwritten)"));
+  }
+  std::string body(length, '\0');
+  PS_ASSIGN_OR_RETURN(got, ReadAt(fd->get(), body.data(), length, kManifestHeaderSize,
+                                  manifest_path));
+  if (got != length) return Corrupt(manifest_path, "truncated while reading");
+  const uint32_t crc = Crc32c(body);
+  if (crc != stored_crc) {
+    return Corrupt(manifest_path, absl::StrCat("crc32c is ", Hex32(crc), ", the header says ",
+                                               Hex32(stored_crc)));
+  }
+  std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+  if (length > static_cast<uint32_t>(INT_MAX) ||
+      !reader->manifest_.ParseFromArray(body.data(), static_cast<int>(length))) {
+    return Corrupt(manifest_path, "does not parse as a pserver.v1.CheckpointManifest");
+  }
+  const v1::CheckpointManifest& manifest = reader->manifest_;
+  if (manifest.format_version() != kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", path, " has format version ", manifest.format_version(),
+        "; this reader reads version ", kCheckpointFormatVersion));
+  }
+  PS_RETURN_IF_ERROR(CheckManifest(manifest, manifest_path));
+  reader->path_ = path;
+  reader->info_.path = path;
+  reader->info_.shard = manifest.shard();
+  reader->info_.sequence = manifest.sequence();
+  reader->info_.manifest_crc32c = crc;
+  reader->info_.time = absl::FromUnixMicros(manifest.create_time_micros());
+  return reader;
+}
+
+absl::StatusOr<int> CheckpointReader::FindParameter(absl::string_view name,
+                                                    uint32_t block_index) const {
+  for (int i = 0; i < manifest_.parameters_size(); ++i) {
+    const v1::CheckpointParameter& param = manifest_.parameters(i);
+    if (param.name() == name && param.block().index() == block_index) return i;
+  }
+  return absl::NotFoundError(absl::StrCat("parameter '", name, "' block ", block_index,
+                                          " is not in checkpoint ", path_));
+}
+
+namespace {
+
+// Opens a data file of a checkpoint and checks its size against the manifest.
+absl::StatusOr<Fd> OpenDataFile(const std::string& checkpoint,
+                                const v1::CheckpointManifest& manifest,
+                                const std::string& name) {
+  const std::string path = JoinPath(checkpoint, name);
+  const v1::DataFile* listed = nullptr;
+  for (const v1::DataFile& file : manifest.data_files()) {
+    if (file.name() == name) listed = &file;
+  }
+  if (listed == nullptr) return Corrupt(path, "not listed in the manifest");
+  absl::StatusOr<Fd> fd = OpenFile(path, O_RDONLY);
+  if (!fd.ok()) {
+    if (absl::IsNotFound(fd.status())) return Corrupt(path, "missing");
+    return fd.status();
+  }
+  PS_ASSIGN_OR_RETURN(uint64_t size, FileSize(fd->get(), path));
+  if (size != listed->length()) {
+    return Corrupt(path, absl::StrCat("file has ", size, " bytes, the manifest says ",
+                                      listed->length(),
+                                      size < listed->length() ? " (truncated)" : ""));
+  }
+  return fd;
+}
+
+// Reads `ref` chunk by chunk, checking each chunk's CRC32C. With `out` the
+// bytes land there; without, one chunk is held at a time.
+absl::Status ReadVerified(const std::string& checkpoint, const v1::CheckpointManifest& manifest,
+                          const v1::DataRef& ref, std::string* out) {
+  const std::string path = JoinPath(checkpoint, ref.file());
+  PS_ASSIGN_OR_RETURN(Fd fd, OpenDataFile(checkpoint, manifest, ref.file()));
+  std::string scratch;
+  if (out != nullptr) {
+    out->resize(ref.length());
+  } else {
+    scratch.resize(std::min<uint64_t>(ref.length(), ref.chunk_size()));
+  }
+  const uint64_t chunks = ChunkCount(ref.length(), ref.chunk_size());
+  for (uint64_t k = 0; k < chunks; ++k) {
+    const uint64_t begin = k * ref.chunk_size();
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(ref.chunk_size(), ref.length() - begin));
+    char* buf = out != nullptr ? out->data() + begin : scratch.data();
+    PS_ASSIGN_OR_RETURN(size_t got, ReadAt(fd.get(), buf, n, ref.offset() + begin, path));
+    const std::string where = absl::StrCat(path, " chunk ", k);
+    if (got != n) return Corrupt(where, "file ends early (truncated while reading)");
+    const uint32_t crc = Crc32c(absl::string_view(buf, n));
+    const uint32_t want = ref.chunk_crc32c(static_cast<int>(k));
+    if (crc != want) {
+      return Corrupt(where, absl::StrCat("bytes [", ref.offset() + begin, ", ",
+                                         ref.offset() + begin + n, ") have crc32c ", Hex32(crc),
+                                         ", the manifest says ", Hex32(want)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> CheckpointReader::ReadData(const v1::DataRef& ref) const {
+  std::string out;
+  PS_RETURN_IF_ERROR(ReadVerified(path_, manifest_, ref, &out));
+  return out;
+}
+
+absl::StatusOr<BlockSnapshot> CheckpointReader::ReadBlock(int index) const {
+  if (index < 0 || index >= manifest_.parameters_size()) {
+    return absl::OutOfRangeError(absl::StrCat("checkpoint ", path_, " has ",
+                                              manifest_.parameters_size(),
+                                              " parameter blocks, asked for #", index));
+  }
+  const v1::CheckpointParameter& param = manifest_.parameters(index);
+  BlockSnapshot block;
+  block.name = param.name();
+  block.type = param.element_type();
+  block.shape.assign(param.shape().begin(), param.shape().end());
+  block.block = param.block();
+  block.config = param.config();
+  PS_ASSIGN_OR_RETURN(block.content, ReadData(param.content()));
+  block.optimizer.steps = param.optimizer_steps();
+  for (const v1::OptimizerSlot& slot : param.optimizer_slots()) {
+    PS_ASSIGN_OR_RETURN(std::string bytes, ReadData(slot.data()));
+    block.optimizer.slots.emplace_back(slot.name(), std::move(bytes));
+  }
+  return block;
+}
+
+absl::StatusOr<StoreSnapshot> CheckpointReader::ReadAll() const {
+  // Sizes first, so that a damaged file no item reads is reported too.
+  for (const v1::DataFile& file : manifest_.data_files()) {
+    PS_RETURN_IF_ERROR(OpenDataFile(path_, manifest_, file.name()).status());
+  }
+  StoreSnapshot snapshot;
+  snapshot.initialized = manifest_.initialized();
+  snapshot.blocks.reserve(manifest_.parameters_size());
+  for (int i = 0; i < manifest_.parameters_size(); ++i) {
+    PS_ASSIGN_OR_RETURN(BlockSnapshot block, ReadBlock(i));
+    snapshot.blocks.push_back(std::move(block));
+  }
+  for (const v1::CheckpointExtension& extension : manifest_.extensions()) {
+    PS_ASSIGN_OR_RETURN(snapshot.extensions[extension.name()], ReadData(extension.data()));
+  }
+  return snapshot;
+}
+
+absl::Status CheckpointReader::Verify() const {
+  for (const v1::DataFile& file : manifest_.data_files()) {
+    PS_RETURN_IF_ERROR(OpenDataFile(path_, manifest_, file.name()).status());
+  }
+  for (const v1::CheckpointParameter& param : manifest_.parameters()) {
+    PS_RETURN_IF_ERROR(ReadVerified(path_, manifest_, param.content(), nullptr));
+    for (const v1::OptimizerSlot& slot : param.optimizer_slots()) {
+      PS_RETURN_IF_ERROR(ReadVerified(path_, manifest_, slot.data(), nullptr));
+    }
+  }
+  for (const v1::CheckpointExtension& extension : manifest_.extensions()) {
+    PS_RETURN_IF_ERROR(ReadVerified(path_, manifest_, extension.data(), nullptr));
+  }
+  return absl::OkStatus();
+}
+
+// ---- whole checkpoints ------------------------------------------------------------
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(path));
+  LoadedCheckpoint loaded;
+  loaded.info = reader->info();
+  PS_ASSIGN_OR_RETURN(loaded.snapshot, reader->ReadAll());
+  return loaded;
+}
+
+absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& path) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(path));
+  PS_RETURN_IF_ERROR(reader->Verify());
+  return reader->info();
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir) {
+  PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> entries, ListCheckpoints(dir));
+  if (entries.empty()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir));
+  }
+  std::vector<SkippedCheckpoint> skipped;
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(it->path);
+    if (loaded.ok() && loaded->info.sequence != it->sequence) {
+      loaded = absl::DataLossError(absl::StrCat(
+          "checkpoint ", it->path, " holds sequence ", loaded->info.sequence,
+          ", its name says ", it->sequence));
+    }
+    if (loaded.ok()) {
+      loaded->skipped = std::move(skipped);
+      return loaded;
+    }
+    skipped.push_back(SkippedCheckpoint{it->path, it->sequence, loaded.status()});
+  }
+  std::vector<std::string> reasons;
+  for (const SkippedCheckpoint& skip : skipped) reasons.push_back(skip.status.ToString());
+  return absl::DataLossError(absl::StrCat("no good checkpoint in ", dir, ": ",
+                                          absl::StrJoin(reasons, "; ")));
+}
+
+}  // namespace pserver

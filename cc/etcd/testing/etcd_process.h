@@ -1,0 +1,88 @@
+// A real etcd server for tests: one member on free 127.0.0.1 ports, with its
+// data directory under $TEST_TMPDIR, started and stopped by PID.
+//
+//   ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdProcess> etcd, EtcdProcess::Start());
+//   EtcdClientOptions options;
+//   options.endpoints = {etcd->endpoint()};            // "127.0.0.1:<port>"
+//   ...
+//   ASSERT_OK(etcd->Kill());                            // crash it (SIGKILL)
+//   ASSERT_OK(etcd->Restart());                         // same ports, same data
+//
+// Start and Restart return once etcd answers a linearizable read (it has a
+// leader and serves), or fail within options.start_timeout with the tail of
+// etcd's log. The destructor stops etcd (SIGTERM, then SIGKILL). etcd is also
+// killed if the thread that started it exits first (PR_SET_PDEATHSIG), so a
+// crashed test leaves no server behind: start it from the test's main thread.
+//
+// Thread safety: not thread-safe; use one EtcdProcess from one thread.
+#ifndef PSERVER_CC_ETCD_TESTING_ETCD_PROCESS_H_
+#define PSERVER_CC_ETCD_TESTING_ETCD_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pserver::testing {
+
+struct EtcdProcessOptions {
+  std::string binary = "/usr/bin/etcd";
+  // Empty: a new directory under $TEST_TMPDIR (or /tmp outside Bazel).
+  std::string data_dir;
+  std::string name = "pserver-test";
+  // How long Start and Restart wait for etcd to serve.
+  absl::Duration start_timeout = absl::Seconds(30);
+  // How long Stop waits after SIGTERM before SIGKILL.
+  absl::Duration stop_grace = absl::Seconds(10);
+};
+
+class EtcdProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(EtcdProcessOptions options = {});
+
+  EtcdProcess(const EtcdProcess&) = delete;
+  EtcdProcess& operator=(const EtcdProcess&) = delete;
+  ~EtcdProcess();
+
+  // The client endpoint, "127.0.0.1:<client_port>".
+  std::string endpoint() const;
+  int client_port() const { return client_port_; }
+  int peer_port() const { return peer_port_; }
+  const std::string& data_dir() const { return data_dir_; }
+  // etcd's stdout and stderr (all runs, appended).
+  const std::string& log_path() const { return log_path_; }
+  bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  // SIGTERM, wait up to options.stop_grace, then SIGKILL. OK if not running.
+  absl::Status Stop();
+  // SIGKILL at once, as a crash. OK if not running.
+  absl::Status Kill();
+  // Starts etcd again (it must be stopped) on the same ports and data
+  // directory, and waits until it serves.
+  absl::Status Restart();
+
+ private:
+  explicit EtcdProcess(EtcdProcessOptions options);
+
+  absl::Status Spawn();
+  absl::Status WaitServing();
+  absl::Status Signal(int signal, absl::Duration wait);
+  std::string LogTail() const;
+
+  EtcdProcessOptions options_;
+  std::string data_dir_;
+  std::string log_path_;
+  std::string cluster_token_;
+  int client_port_ = 0;
+  int peer_port_ = 0;
+  pid_t pid_ = -1;
+};
+
+}  // namespace pserver::testing
+
+#endif  // PSERVER_CC_ETCD_TESTING_ETCD_PROCESS_H_

@@ -1,0 +1,358 @@
+#include "cc/rpc/wire.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/slice.h"
+
+namespace pserver {
+namespace {
+
+// Protobuf wire types.
+constexpr int kVarint = 0;
+constexpr int kFixed64 = 1;
+constexpr int kLengthDelimited = 2;
+constexpr int kFixed32 = 5;
+
+// Field numbers of the payload-carrying fields in service.proto / types.proto.
+constexpr int kRequestGradientsField = 1;  // SendGradsRequest/PushPullRequest.gradients
+constexpr int kRequestParamsField = 2;     // PushPullRequest.params
+constexpr int kResponseParamsField = 1;    // GetParamsResponse.parameters
+constexpr int kGradientContentField = 3;   // Gradient.content
+constexpr int kParameterContentField = 4;  // Parameter.content
+
+// Payloads up to this size are copied into the message's own bytes: a
+// separate slice costs more than copying so little.
+constexpr size_t kInlinePayloadBytes = 16 << 10;
+
+void PutVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+void PutTag(std::string* out, int field, int wire_type) {
+  PutVarint(out, (static_cast<uint64_t>(field) << 3) | wire_type);
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// Appends "field: <message header><payload field tag and length>" to `out`;
+// the payload's `payload_size` bytes must follow.
+void PutMessageWithPayload(std::string* out, int field, const std::string& header,
+                           int payload_field, size_t payload_size) {
+  const size_t payload_key = (static_cast<uint64_t>(payload_field) << 3) | kLengthDelimited;
+  const size_t total = header.size() + VarintSize(payload_key) + VarintSize(payload_size) + payload_size;
+  PutTag(out, field, kLengthDelimited);
+  PutVarint(out, total);
+  out->append(header);
+  PutVarint(out, payload_key);
+  PutVarint(out, payload_size);
+}
+
+absl::string_view View(const grpc::Slice& slice) {
+  return absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size());
+}
+
+// A cursor over bytes in several pieces. Every read is bounds-checked.
+class Reader {
+ public:
+  explicit Reader(const Segments& segments) : segments_(segments) { Normalize(); }
+
+  bool AtEnd() const { return index_ >= segments_.size(); }
+
+  bool ReadVarint(uint64_t* value) {
+    uint64_t result = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (AtEnd()) return false;
+      const uint8_t byte = static_cast<uint8_t>(segments_[index_][pos_]);
+      ++pos_;
+      Normalize();
+      result |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) {
+        *value = result;
+        return true;
+      }
+    }
+    return false;  // more than 10 bytes
+  }
+
+  // The next `n` bytes, as the pieces they lie in.
+  bool Take(uint64_t n, Segments* out) {
+    while (n > 0) {
+      if (AtEnd()) return false;
+      const absl::string_view piece = segments_[index_].substr(pos_, n);
+      out->push_back(piece);
+      pos_ += piece.size();
+      n -= piece.size();
+      Normalize();
+    }
+    return true;
+  }
+
+ private:
+  void Normalize() {
+    while (index_ < segments_.size() && pos_ >= segments_[index_].size()) {
+      ++index_;
+      pos_ = 0;
+    }
+  }
+
+  const Segments& segments_;
+  size_t index_ = 0;
+  size_t pos_ = 0;
+};
+
+// Whether protobuf accepts `key` as a field's key: it must fit in 32 bits (so a
+// longer one cannot alias a small field number) and name a field other than 0.
+bool ValidKey(uint64_t key) { return key <= 0xffffffffu && (key >> 3) != 0; }
+
+std::string Flatten(const Segments& segments) {
+  std::string out(SegmentsSize(segments), '\0');
+  CopySegments(segments, out.data());
+  return out;
+}
+
+// Reads the fields of one message. The field numbered `payload_field` (if
+// length-delimited) is handed back as pieces in `payload`; every other field
+// is re-encoded into `rest`, for protobuf to parse. Returns false on
+// malformed bytes.
+bool SplitMessage(const Segments& message, int payload_field, Segments* payload,
+                  std::string* rest) {
+  Reader reader(message);
+  while (!reader.AtEnd()) {
+    uint64_t key;
+    if (!reader.ReadVarint(&key) || !ValidKey(key)) return false;
+    const int field = static_cast<int>(key >> 3);
+    const int wire_type = static_cast<int>(key & 7);
+    Segments value;
+    switch (wire_type) {
+      case kVarint: {
+        uint64_t v;
+        if (!reader.ReadVarint(&v)) return false;
+        PutVarint(rest, key);
+        PutVarint(rest, v);
+        continue;
+      }
+      case kFixed64:
+      case kFixed32:
+        if (!reader.Take(wire_type == kFixed64 ? 8 : 4, &value)) return false;
+        PutVarint(rest, key);
+        rest->append(Flatten(value));
+        continue;
+      case kLengthDelimited: {
+        uint64_t length;
+        if (!reader.ReadVarint(&length) || !reader.Take(length, &value)) return false;
+        if (field == payload_field) {
+          *payload = std::move(value);  // the last occurrence wins, as in protobuf
+        } else {
+          PutVarint(rest, key);
+          PutVarint(rest, length);
+          rest->append(Flatten(value));
+        }
+        continue;
+      }
+      default:
+        return false;  // groups and unknown wire types
+    }
+  }
+  return true;
+}
+
+// Walks the top-level length-delimited fields of a message, calling
+// visit(field, value) for each; other wire types are skipped.
+template <typename Visit>
+bool ForEachLengthDelimited(const Segments& message, Visit visit) {
+  Reader reader(message);
+  while (!reader.AtEnd()) {
+    uint64_t key;
+    if (!reader.ReadVarint(&key) || !ValidKey(key)) return false;
+    const int wire_type = static_cast<int>(key & 7);
+    Segments value;
+    if (wire_type == kVarint) {
+      uint64_t v;
+      if (!reader.ReadVarint(&v)) return false;
+    } else if (wire_type == kFixed64 || wire_type == kFixed32) {
+      if (!reader.Take(wire_type == kFixed64 ? 8 : 4, &value)) return false;
+    } else if (wire_type == kLengthDelimited) {
+      uint64_t length;
+      if (!reader.ReadVarint(&length) || !reader.Take(length, &value)) return false;
+      if (!visit(static_cast<int>(key >> 3), value)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::Status DumpSlices(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
+                        Segments* segments) {
+  grpc::Status status = buffer.Dump(slices);
+  if (!status.ok()) return absl::InternalError(status.error_message());
+  for (const grpc::Slice& slice : *slices) segments->push_back(View(slice));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---- PayloadLease -----------------------------------------------------------------
+
+PayloadLease::PayloadLease(std::function<void()> on_released)
+    : on_released_(std::move(on_released)) {}
+
+PayloadLease* PayloadLease::Create(std::function<void()> on_released) {
+  return new PayloadLease(std::move(on_released));
+}
+
+void PayloadLease::Unref(void* arg) {
+  auto* lease = static_cast<PayloadLease*>(arg);
+  if (lease->refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    lease->on_released_();
+    delete lease;
+  }
+}
+
+void PayloadLease::Release() { Unref(this); }
+
+grpc::Slice PayloadLease::Borrow(absl::string_view bytes) {
+  refs_.fetch_add(1, std::memory_order_relaxed);
+  return grpc::Slice(const_cast<char*>(bytes.data()), bytes.size(), &PayloadLease::Unref, this);
+}
+
+// ---- push requests ------------------------------------------------------------------
+
+grpc::ByteBuffer EncodePushRequest(absl::Span<const GradientView> grads,
+                                   absl::Span<const v1::ParamRef> refs, PayloadLease* lease) {
+  std::vector<grpc::Slice> slices;
+  std::string pending;
+  auto flush = [&] {
+    if (!pending.empty()) slices.emplace_back(pending.data(), pending.size());
+    pending.clear();
+  };
+  v1::Gradient header;
+  for (const GradientView& g : grads) {
+    header.Clear();
+    header.set_name(g.name.data(), g.name.size());
+    header.set_element_type(g.type);
+    *header.mutable_block() = g.block;
+    if (g.global_norm.has_value()) header.set_global_norm(*g.global_norm);
+    PutMessageWithPayload(&pending, kRequestGradientsField, header.SerializeAsString(),
+                          kGradientContentField, g.content.size());
+    if (g.content.size() <= kInlinePayloadBytes) {
+      pending.append(g.content.data(), g.content.size());
+    } else {
+      flush();
+      slices.push_back(lease->Borrow(g.content));
+    }
+  }
+  for (const v1::ParamRef& ref : refs) {
+    PutTag(&pending, kRequestParamsField, kLengthDelimited);
+    PutVarint(&pending, ref.ByteSizeLong());
+    pending.append(ref.SerializeAsString());
+  }
+  flush();
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+absl::Status DecodePushRequest(const grpc::ByteBuffer& buffer, PushRequest* out) {
+  Segments message;
+  absl::Status status = DumpSlices(buffer, &out->slices, &message);
+  if (!status.ok()) return status;
+
+  // Where each gradient's content is: in place, or scratch[index].
+  struct Content {
+    absl::string_view direct;
+    int scratch = -1;
+  };
+  std::vector<Content> contents;
+  bool parsed = ForEachLengthDelimited(message, [&](int field, const Segments& value) {
+    if (field == kRequestParamsField) {
+      std::string bytes = Flatten(value);
+      return out->refs.emplace_back().ParseFromString(bytes);
+    }
+    if (field != kRequestGradientsField) return true;  // unknown: skipped
+    Segments payload;
+    std::string rest;
+    if (!SplitMessage(value, kGradientContentField, &payload, &rest)) return false;
+    v1::Gradient& header = out->headers.emplace_back();
+    if (!header.ParseFromString(rest)) return false;
+    Content& content = contents.emplace_back();
+    const size_t align = std::max<size_t>(1, ElementSize(header.element_type()));
+    if (payload.size() == 1 &&
+        reinterpret_cast<uintptr_t>(payload[0].data()) % align == 0) {
+      content.direct = payload[0];
+    } else if (!payload.empty()) {
+      content.scratch = static_cast<int>(out->scratch.size());
+      out->scratch.push_back(Flatten(payload));
+    }
+    return true;
+  });
+  if (!parsed) {
+    return absl::InvalidArgumentError("malformed push request: not a valid SendGradsRequest");
+  }
+  // Views last: the vectors above no longer move.
+  out->grads.reserve(out->headers.size());
+  for (size_t i = 0; i < out->headers.size(); ++i) {
+    GradientView view = GradientView::Of(out->headers[i]);
+    view.content = contents[i].scratch >= 0 ? absl::string_view(out->scratch[contents[i].scratch])
+                                            : contents[i].direct;
+    out->grads.push_back(view);
+  }
+  return absl::OkStatus();
+}
+
+// ---- params responses ---------------------------------------------------------------
+
+void ParamsResponseBuilder::Add(const v1::Parameter& header, size_t content_size,
+                                absl::FunctionRef<void(char* dest)> fill) {
+  PutMessageWithPayload(&pending_, kResponseParamsField, header.SerializeAsString(),
+                        kParameterContentField, content_size);
+  if (content_size <= kInlinePayloadBytes) {
+    const size_t at = pending_.size();
+    pending_.resize(at + content_size);
+    fill(pending_.data() + at);
+    return;
+  }
+  if (!pending_.empty()) slices_.emplace_back(pending_.data(), pending_.size());
+  pending_.clear();
+  grpc_slice slice = grpc_slice_malloc(content_size);
+  fill(reinterpret_cast<char*>(GRPC_SLICE_START_PTR(slice)));
+  slices_.emplace_back(slice, grpc::Slice::STEAL_REF);
+}
+
+grpc::ByteBuffer ParamsResponseBuilder::Finish() {
+  if (!pending_.empty()) slices_.emplace_back(pending_.data(), pending_.size());
+  pending_.clear();
+  grpc::ByteBuffer buffer(slices_.data(), slices_.size());
+  slices_.clear();
+  return buffer;
+}
+
+absl::Status DecodeParamsResponse(const grpc::ByteBuffer& buffer, ParamsResponse* out) {
+  Segments message;
+  absl::Status status = DumpSlices(buffer, &out->slices, &message);
+  if (!status.ok()) return status;
+  bool parsed = ForEachLengthDelimited(message, [&](int field, const Segments& value) {
+    if (field != kResponseParamsField) return true;
+    Segments payload;
+    std::string rest;
+    if (!SplitMessage(value, kParameterContentField, &payload, &rest)) return false;
+    if (!out->headers.emplace_back().ParseFromString(rest)) return false;
+    out->contents.push_back(std::move(payload));
+    return true;
+  });
+  if (!parsed) return absl::DataLossError("malformed response: not a valid GetParamsResponse");
+  return absl::OkStatus();
+}
+
+}  // namespace pserver

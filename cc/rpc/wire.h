@@ -1,0 +1,105 @@
+// Zero-copy encoding of the bulk messages (SendGradsRequest, PushPullRequest,
+// GetParamsResponse) straight to and from gRPC byte buffers.
+//
+// The bytes are exactly the protobuf encoding of the messages in
+// proto/pserver/v1/service.proto, so any protobuf client interoperates; what
+// differs is that tensor payloads never pass through a protobuf `bytes`
+// field: an outgoing payload is a slice that borrows the caller's memory, and
+// an incoming one is handed out as the list of gRPC slices it arrived in.
+// Everything else (names, shapes, block refs) is encoded and parsed by
+// protobuf itself.
+//
+//   PayloadLease* lease = PayloadLease::Create(on_released);
+//   grpc::ByteBuffer request = EncodePushRequest(grads, refs, lease);
+//   ...                                     // gRPC sends it; when the call
+//   lease->Release();                       // ends, on_released runs once
+//                                           // gRPC has let go of the payloads
+//   PS_RETURN_IF_ERROR(DecodeParamsResponse(response, &blocks));
+//
+// The functions are thread-safe; a PayloadLease may be released from any thread.
+#ifndef PSERVER_CC_RPC_WIRE_H_
+#define PSERVER_CC_RPC_WIRE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "cc/core/parameter_store.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+#include "pserver/v1/service.pb.h"
+
+namespace pserver {
+
+// Counts the payload slices an outgoing message borrows, and runs a callback
+// once the last of them is released and its owner has called Release().
+// Deletes itself after that.
+class PayloadLease {
+ public:
+  static PayloadLease* Create(std::function<void()> on_released);
+
+  // The owner's reference: call once, after gRPC is done with the call.
+  void Release();
+
+  // A slice over `bytes` that holds a reference on this lease.
+  grpc::Slice Borrow(absl::string_view bytes);
+
+ private:
+  explicit PayloadLease(std::function<void()> on_released);
+  static void Unref(void* lease);
+
+  std::atomic<int> refs_{1};
+  std::function<void()> on_released_;
+};
+
+// SendGradsRequest (refs empty) or PushPullRequest: the gradients' contents
+// are borrowed through `lease` and must stay valid until it fires.
+grpc::ByteBuffer EncodePushRequest(absl::Span<const GradientView> grads,
+                                   absl::Span<const v1::ParamRef> refs, PayloadLease* lease);
+
+// A decoded push request. `grads` point into `slices`; keep this alive while
+// they are used. A gradient whose content arrived in several pieces, or at an
+// address not aligned for its element type, is copied into `scratch`.
+struct PushRequest {
+  std::vector<grpc::Slice> slices;
+  std::vector<v1::Gradient> headers;  // everything but the content
+  std::vector<std::string> scratch;
+  std::vector<GradientView> grads;
+  std::vector<v1::ParamRef> refs;
+};
+// INVALID_ARGUMENT for bytes that are not a well-formed request.
+absl::Status DecodePushRequest(const grpc::ByteBuffer& buffer, PushRequest* out);
+
+// Builds a GetParamsResponse one block at a time; each block's content is
+// written once, by `fill`, straight into the slice that will be sent.
+class ParamsResponseBuilder {
+ public:
+  // `header` holds everything but the content.
+  void Add(const v1::Parameter& header, size_t content_size,
+           absl::FunctionRef<void(char* dest)> fill);
+  grpc::ByteBuffer Finish();
+
+ private:
+  std::vector<grpc::Slice> slices_;
+  std::string pending_;  // small fields not yet turned into a slice
+};
+
+// One block of a decoded GetParamsResponse; `content` points into the
+// response's slices (kept in `slices`).
+struct ParamsResponse {
+  std::vector<grpc::Slice> slices;
+  std::vector<v1::Parameter> headers;  // everything but the content
+  std::vector<Segments> contents;
+};
+// DATA_LOSS for bytes that are not a well-formed response.
+absl::Status DecodeParamsResponse(const grpc::ByteBuffer& buffer, ParamsResponse* out);
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_RPC_WIRE_H_
