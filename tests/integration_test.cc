@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "cc/client/client.h"
+#include "cc/client/in_process_transport.h"
 #include "cc/core/optimizer.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
@@ -20,7 +21,14 @@ using ::pserver::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-class IntegrationTest : public ::testing::Test {
+// How the clients reach the cluster: every test runs over both.
+enum class Via { kGrpc, kInProcess };
+
+std::string ViaName(const ::testing::TestParamInfo<Via>& info) {
+  return info.param == Via::kGrpc ? "Grpc" : "InProcess";
+}
+
+class IntegrationTest : public ::testing::TestWithParam<Via> {
  protected:
   void SetUp() override {
     ASSERT_OK_AND_ASSIGN(cluster_, LocalCluster::Start(3));
@@ -29,8 +37,13 @@ class IntegrationTest : public ::testing::Test {
     options_.timeout = absl::Seconds(20);
   }
 
+  absl::StatusOr<std::unique_ptr<Client>> Connect() {
+    if (GetParam() == Via::kGrpc) return Client::Connect(options_);
+    return Client::Create(options_, InProcessTransports(cluster_->stores()));
+  }
+
   std::unique_ptr<Client> NewClient() {
-    auto client = Client::Connect(options_);
+    auto client = Connect();
     EXPECT_OK(client);
     return client.ok() ? *std::move(client) : nullptr;
   }
@@ -52,7 +65,7 @@ std::vector<float> Iota(size_t n, float start) {
   return v;
 }
 
-TEST_F(IntegrationTest, SplitParameterRoundTripsAndSpreadsOverAllServers) {
+TEST_P(IntegrationTest, SplitParameterRoundTripsAndSpreadsOverAllServers) {
   auto client = NewClient();
   ASSERT_NE(client, nullptr);
   const std::vector<float> big = Iota(10000, 0.5f);  // 40000 bytes: 10 blocks
@@ -79,7 +92,7 @@ TEST_F(IntegrationTest, SplitParameterRoundTripsAndSpreadsOverAllServers) {
   EXPECT_EQ(blocks, 11u);  // 10 blocks of "big" + "small"
 }
 
-TEST_F(IntegrationTest, ConcurrentTrainersLoseNoUpdate) {
+TEST_P(IntegrationTest, ConcurrentTrainersLoseNoUpdate) {
   auto client = NewClient();
   ASSERT_NE(client, nullptr);
   // float64 with SGD lr=1 and integer-valued gradients: exact arithmetic.
@@ -96,7 +109,7 @@ TEST_F(IntegrationTest, ConcurrentTrainersLoseNoUpdate) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kTrainers; ++t) {
     threads.emplace_back([&, t] {
-      auto own = Client::Connect(options_);  // each trainer its own client
+      auto own = Connect();  // each trainer its own client
       if (!own.ok()) {
         results[t] = own.status();
         return;
@@ -129,7 +142,7 @@ TEST_F(IntegrationTest, ConcurrentTrainersLoseNoUpdate) {
 // Two trainers taking turns (sequentially) must leave the same weights as the
 // same optimizer applied locally to the same gradients in the same order,
 // with clipping by the whole gradient's norm across blocks and a schedule.
-TEST_F(IntegrationTest, ServerSideAdamMatchesLocalAdam) {
+TEST_P(IntegrationTest, ServerSideAdamMatchesLocalAdam) {
   v1::ParameterConfig config;
   config.mutable_optimizer()->mutable_adam()->set_weight_decay(0.01);
   config.mutable_learning_rate()->set_learning_rate(0.01);
@@ -177,7 +190,7 @@ TEST_F(IntegrationTest, ServerSideAdamMatchesLocalAdam) {
   EXPECT_GT(std::abs(got[0] - init[0]), 1e-3f);
 }
 
-TEST_F(IntegrationTest, IntegerCountersAddExactly) {
+TEST_P(IntegrationTest, IntegerCountersAddExactly) {
   auto client = NewClient();
   ASSERT_NE(client, nullptr);
   v1::ParameterConfig add;
@@ -195,7 +208,7 @@ TEST_F(IntegrationTest, IntegerCountersAddExactly) {
   EXPECT_EQ(ids.ToVector<uint32_t>(), (std::vector<uint32_t>{7, 8}));
 }
 
-TEST_F(IntegrationTest, ClientErrorsNameTheProblemAndChangeNothing) {
+TEST_P(IntegrationTest, ClientErrorsNameTheProblemAndChangeNothing) {
   auto client = NewClient();
   ASSERT_NE(client, nullptr);
   ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd(1)));
@@ -224,6 +237,74 @@ TEST_F(IntegrationTest, ClientErrorsNameTheProblemAndChangeNothing) {
   EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{1, 2, 3, 4}));
 }
 
+TEST_P(IntegrationTest, PushPullReturnsTheUpdatedParameter) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const size_t n = 3000;  // 12000 bytes: 3 blocks
+  ASSERT_OK(client->InitParam("big", Tensor::FromValues<float>({static_cast<int64_t>(n)}, Iota(n, 1)),
+                              Sgd(1)));
+  ASSERT_OK(client->InitParam("small", Tensor::FromValues<float>({2}, {5, 6}), Sgd(0.5)));
+  ASSERT_OK(client->FinishInitParams());
+
+  const Tensor grad = Tensor::FromValues<float>({static_cast<int64_t>(n)}, std::vector<float>(n, 1));
+  Tensor out;
+  ASSERT_OK(client->PushPull("big", grad, &out));
+  EXPECT_EQ(out.shape(), (Shape{static_cast<int64_t>(n)}));
+  EXPECT_EQ(out.ToVector<float>(), Iota(n, 0));  // each value minus 1
+
+  // Batched, both parameters in one round trip per server.
+  std::vector<NamedTensor> grads;
+  grads.push_back({"big", grad});
+  grads.push_back({"small", Tensor::FromValues<float>({2}, {2, 4})});
+  std::vector<Tensor> outs(2);
+  ASSERT_OK(client->PushPull(grads, absl::MakeSpan(outs)));
+  EXPECT_EQ(outs[0].ToVector<float>(), Iota(n, -1));
+  EXPECT_EQ(outs[1].ToVector<float>(), (std::vector<float>{4, 4}));
+
+  // A fresh client that never saw the parameters gets the same through GetParam.
+  auto other = NewClient();
+  ASSERT_NE(other, nullptr);
+  ASSERT_OK_AND_ASSIGN(Tensor small, other->GetParam("small"));
+  EXPECT_EQ(small.ToVector<float>(), (std::vector<float>{4, 4}));
+
+  // A bad gradient in a push-pull changes nothing.
+  EXPECT_THAT(client->PushPull("small", Tensor::FromValues<float>({3}, {1, 1, 1}), &out),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'small'")));
+  ASSERT_OK_AND_ASSIGN(small, other->GetParam("small"));
+  EXPECT_EQ(small.ToVector<float>(), (std::vector<float>{4, 4}));
+}
+
+TEST_P(IntegrationTest, GetParamsIntoReusesBuffersThatFit) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const size_t n = 2500;  // split over the servers
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({50, 50}, Iota(n, 0)), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+  const std::vector<std::string> names = {"w"};
+  std::vector<Tensor> outs(1);
+  ASSERT_OK(client->GetParamsInto(names, absl::MakeSpan(outs)));
+  const char* buffer = outs[0].bytes().data();
+  EXPECT_EQ(outs[0].ToVector<float>(), Iota(n, 0));
+
+  ASSERT_OK(client->SendGrad("w", Tensor::FromValues<float>({50, 50}, std::vector<float>(n, 2))));
+  ASSERT_OK(client->GetParamsInto(names, absl::MakeSpan(outs)));
+  EXPECT_EQ(outs[0].bytes().data(), buffer) << "a tensor of the right shape is filled in place";
+  EXPECT_EQ(outs[0].ToVector<float>(), Iota(n, -2));
+
+  // A tensor of another shape or type is replaced.
+  outs[0] = Tensor::FromValues<double>({3}, {1, 2, 3});
+  ASSERT_OK(client->GetParamsInto(names, absl::MakeSpan(outs)));
+  EXPECT_EQ(outs[0].type(), v1::FLOAT32);
+  EXPECT_EQ(outs[0].shape(), (Shape{50, 50}));
+  EXPECT_EQ(outs[0].ToVector<float>(), Iota(n, -2));
+
+  EXPECT_THAT(client->GetParamsInto(names, absl::Span<Tensor>()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 names but 0 output")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, IntegrationTest,
+                         ::testing::Values(Via::kGrpc, Via::kInProcess), ViaName);
+
 TEST(ClientTest, UnreachableServerFailsWithinTheDeadline) {
   // Start a server to learn a free port, then stop it: nothing listens there.
   ASSERT_OK_AND_ASSIGN(auto server, Server::Start(ServerOptions{}));
@@ -249,6 +330,10 @@ TEST(ClientTest, RejectsBadOptions) {
   options.servers = {"127.0.0.1:1"};
   options.block_bytes = 0;
   EXPECT_THAT(Client::Connect(options), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block_bytes")));
+  options.block_bytes = 1 << 20;
+  options.channels_per_server = 0;
+  EXPECT_THAT(Client::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("channels_per_server")));
 }
 
 }  // namespace

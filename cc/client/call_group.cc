@@ -32,4 +32,11 @@ absl::Status CallGroup::Wait() {
   return absl::OkStatus();
 }
 
+std::vector<absl::Status> CallGroup::WaitAll() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* pending) { return *pending == 0; }, &pending_));
+  return results_;
+}
+
 }  // namespace pserver

@@ -32,6 +32,10 @@ class CallGroup {
   // Blocks until every added call has completed.
   absl::Status Wait();
 
+  // Blocks until every added call has completed; each call's own status, in
+  // the order they were added (messages not annotated).
+  std::vector<absl::Status> WaitAll();
+
  private:
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;

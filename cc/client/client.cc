@@ -1,14 +1,23 @@
 #include "cc/client/client.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
+#include "absl/random/random.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cc/client/call_group.h"
 #include "cc/client/grpc_transport.h"
 #include "cc/core/status_macros.h"
+#include "cc/etcd/etcd_client.h"
+#include "google/protobuf/util/json_util.h"
+#include "pserver/v1/registry.pb.h"
 
 namespace pserver {
 namespace {
@@ -63,8 +72,18 @@ template <typename T>
 double SumOfSquares(absl::string_view bytes) {
   const T* v = reinterpret_cast<const T*>(bytes.data());
   const size_t n = bytes.size() / sizeof(T);
+  // Eight independent sums: one serial sum is bound by the add latency.
+  constexpr size_t kLanes = 8;
+  double lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) {
+      lanes[k] += static_cast<double>(v[i + k]) * static_cast<double>(v[i + k]);
+    }
+  }
   double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += static_cast<double>(v[i]) * v[i];
+  for (; i < n; ++i) sum += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+  for (double lane : lanes) sum += lane;
   return sum;
 }
 
@@ -82,6 +101,62 @@ v1::ParamRef BlockRefOf(const std::string& name, uint32_t index, uint32_t count)
   ref.mutable_block()->set_index(index);
   ref.mutable_block()->set_count(count);
   return ref;
+}
+
+uint64_t RandomNonZero() {
+  absl::BitGen gen;
+  uint64_t v = 0;
+  while (v == 0) v = absl::Uniform<uint64_t>(gen);
+  return v;
+}
+
+absl::Status Annotate(const absl::Status& status, const std::string& server) {
+  return absl::Status(status.code(), absl::StrCat(status.message(), " (server ", server, ")"));
+}
+
+// Waits until etcd lists every one of /ps_desired servers; their addresses
+// in index order, and the store revision of the listing.
+absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd,
+                                                         absl::Duration timeout,
+                                                         int64_t* revision) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string where = absl::StrCat("etcd ", etcd.options().prefix, "/ps/");
+  std::string missing_what = "/ps_desired is not set";
+  absl::Status last_error;
+  while (true) {
+    absl::StatusOr<KeyValue> desired_kv = etcd.Get("/ps_desired");
+    uint32_t desired = 0;
+    if (desired_kv.ok() && absl::SimpleAtoi(desired_kv->value, &desired) && desired > 0) {
+      absl::StatusOr<std::vector<KeyValue>> kvs = etcd.GetPrefix("/ps/", revision);
+      if (kvs.ok()) {
+        std::vector<std::string> addresses(desired);
+        for (const KeyValue& kv : *kvs) {
+          uint32_t i = 0;
+          if (absl::SimpleAtoi(absl::string_view(kv.key).substr(4), &i) && i < desired) {
+            addresses[i] = kv.value;
+          }
+        }
+        std::vector<uint32_t> missing;
+        for (uint32_t i = 0; i < desired; ++i) {
+          if (addresses[i].empty()) missing.push_back(i);
+        }
+        if (missing.empty()) return addresses;
+        missing_what = absl::StrCat(missing.size(), " of ", desired, " servers missing (index ",
+                                    absl::StrJoin(missing, ", "), ")");
+      } else {
+        last_error = kvs.status();
+      }
+    } else if (!desired_kv.ok() && !absl::IsNotFound(desired_kv.status())) {
+      last_error = desired_kv.status();
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited ", absl::FormatDuration(timeout), " for the servers in ", where, ": ",
+          missing_what, last_error.ok() ? "" : absl::StrCat("; last etcd error: ",
+                                                            last_error.ToString())));
+    }
+    absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
+  }
 }
 
 // A gradient's name and values, borrowed.
@@ -132,19 +207,211 @@ struct Client::Exchange {
 Client::Client(const ClientOptions& options, std::vector<std::unique_ptr<Transport>> transports)
     : options_(options),
       placement_(static_cast<int>(transports.size()), options.block_bytes),
-      transports_(std::move(transports)) {}
+      client_id_(RandomNonZero()),
+      sequences_(new std::atomic<uint64_t>[transports.size()]) {
+  for (size_t i = 0; i < transports.size(); ++i) sequences_[i].store(0);
+  absl::MutexLock lock(&transports_mu_);
+  for (auto& t : transports) transports_.push_back(std::move(t));
+}
 
-Client::~Client() = default;
+Client::~Client() {
+  watcher_.reset();  // no more address changes
+  {
+    absl::MutexLock lock(&worker_mu_);
+    stopping_ = true;
+  }
+  if (worker_thread_.joinable()) worker_thread_.join();
+  std::unique_ptr<LeaseKeeper> keeper;
+  int64_t lease = 0;
+  {
+    absl::MutexLock lock(&worker_mu_);
+    keeper = std::move(worker_keeper_);
+    lease = worker_lease_;
+  }
+  keeper.reset();
+  // The trainer leaves at once rather than when its lease runs out.
+  if (etcd_ != nullptr && lease != 0) etcd_->Revoke(lease).IgnoreError();
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  PS_RETURN_IF_ERROR(CheckOptions(options, options.servers.size()));
+  std::unique_ptr<EtcdClient> etcd;
+  std::vector<std::string> servers = options.servers;
+  int64_t revision = 0;
+  if (!options.etcd_endpoints.empty()) {
+    EtcdClientOptions etcd_options;
+    etcd_options.endpoints = options.etcd_endpoints;
+    etcd_options.prefix = absl::StrCat("/pserver/", options.cluster);
+    PS_ASSIGN_OR_RETURN(etcd, EtcdClient::Connect(etcd_options));
+    PS_ASSIGN_OR_RETURN(servers, DiscoverServers(*etcd, options.discovery_timeout, &revision));
+  }
+  PS_RETURN_IF_ERROR(CheckOptions(options, servers.size()));
   std::vector<std::unique_ptr<Transport>> transports;
-  for (const std::string& address : options.servers) {
-    PS_ASSIGN_OR_RETURN(auto transport,
-                        GrpcTransport::Create(address, options.channels_per_server));
+  // Following servers through etcd, a call to a dead address fails at once
+  // and is retried on the address its replacement registers.
+  const bool wait_for_ready = options.etcd_endpoints.empty();
+  for (const std::string& address : servers) {
+    PS_ASSIGN_OR_RETURN(auto transport, GrpcTransport::Create(
+                                            address, options.channels_per_server, wait_for_ready));
     transports.push_back(std::move(transport));
   }
-  return Create(options, std::move(transports));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Create(options, std::move(transports)));
+  if (etcd != nullptr) {
+    client->etcd_ = std::move(etcd);
+    PS_RETURN_IF_ERROR(client->StartDiscovery(client->etcd_.get(), revision));
+  }
+  return client;
+}
+
+absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {
+  const int n = num_servers();
+  PS_ASSIGN_OR_RETURN(
+      watcher_, etcd->Watch("/ps/", revision + 1, [this, n](const WatchEvent& event) {
+        // A deleted key (a server gone) changes nothing: calls keep retrying
+        // the old address until a new server claims the index.
+        if (event.type != WatchEvent::Type::kPut) return;
+        uint32_t i = 0;
+        if (!absl::SimpleAtoi(absl::string_view(event.kv.key).substr(4), &i) ||
+            i >= static_cast<uint32_t>(n)) {
+          return;
+        }
+        OnServerChanged(static_cast<int>(i), event.kv.value);
+      }));
+  if (!options_.register_worker) return absl::OkStatus();
+  worker_id_ = options_.worker_id.empty() ? absl::StrCat(absl::Hex(RandomNonZero(), absl::kZeroPad16))
+                                          : options_.worker_id;
+  v1::WorkerInfo info;
+  info.set_id(worker_id_);
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) == 0) info.set_host(host);
+  info.set_pid(getpid());
+  info.set_start_time_micros(absl::ToUnixMicros(absl::Now()));
+  if (!google::protobuf::util::MessageToJsonString(info, &worker_json_).ok()) worker_json_ = "{}";
+  PS_RETURN_IF_ERROR(RegisterWorker());
+  worker_thread_ = std::thread([this] { WorkerLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status Client::RegisterWorker() {
+  PS_ASSIGN_OR_RETURN(int64_t lease, etcd_->Grant(options_.worker_lease_ttl));
+  absl::StatusOr<std::unique_ptr<LeaseKeeper>> keeper =
+      etcd_->KeepAlive(lease, [this](const absl::Status&) {
+        worker_leases_lost_.fetch_add(1);
+        absl::MutexLock lock(&worker_mu_);
+        worker_lost_ = true;
+      });
+  // A trainer restarted with the same worker_id takes its key over.
+  absl::Status put = keeper.ok()
+                         ? etcd_->Put(absl::StrCat("/workers/", worker_id_), worker_json_, lease)
+                         : keeper.status();
+  if (!put.ok()) {
+    if (keeper.ok()) keeper->reset();
+    etcd_->Revoke(lease).IgnoreError();
+    return put;
+  }
+  std::unique_ptr<LeaseKeeper> old;
+  {
+    absl::MutexLock lock(&worker_mu_);
+    old = std::move(worker_keeper_);
+    worker_keeper_ = *std::move(keeper);
+    worker_lease_ = lease;
+    worker_lost_ = false;
+  }
+  old.reset();  // outside the lock: its thread may be in the callback
+  worker_registrations_.fetch_add(1);
+  return absl::OkStatus();
+}
+
+void Client::WorkerLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&worker_mu_);
+      if (worker_mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200))) {
+        return;
+      }
+      if (!worker_lost_) continue;
+    }
+    // etcd was unreachable for longer than the lease: register again (the
+    // registration is only a heartbeat; training does not depend on it).
+    RegisterWorker().IgnoreError();
+  }
+}
+
+void Client::OnServerChanged(int server, const std::string& address) {
+  // A new transport even for the same address: a server restarted on the
+  // same port is then reached at once, not when the old channel's reconnect
+  // backoff ends.
+  absl::StatusOr<std::unique_ptr<GrpcTransport>> transport =
+      GrpcTransport::Create(address, options_.channels_per_server, /*wait_for_ready=*/false);
+  if (!transport.ok()) return;
+  std::shared_ptr<Transport> old;
+  {
+    absl::MutexLock lock(&transports_mu_);
+    old = std::move(transports_[server]);
+    transports_[server] = *std::move(transport);
+  }
+  address_changes_.fetch_add(1);
+}
+
+std::shared_ptr<Transport> Client::TransportFor(int server) const {
+  absl::MutexLock lock(&transports_mu_);
+  return transports_[server];
+}
+
+std::vector<std::string> Client::addresses() const {
+  absl::MutexLock lock(&transports_mu_);
+  std::vector<std::string> out;
+  for (const auto& t : transports_) out.push_back(t->address());
+  return out;
+}
+
+absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
+                                    const StartCall& start, absl::Time deadline) {
+  absl::Duration attempt_timeout = options_.attempt_timeout;
+  if (attempt_timeout <= absl::ZeroDuration() && !options_.etcd_endpoints.empty()) {
+    attempt_timeout = absl::Seconds(10);
+  }
+  std::vector<size_t> pending(n);
+  for (size_t i = 0; i < n; ++i) pending[i] = i;
+  absl::Duration backoff = options_.initial_backoff;
+  std::optional<absl::BitGen> jitter;  // seeded only when a retry needs it
+  while (true) {
+    const absl::Time attempt_deadline = attempt_timeout > absl::ZeroDuration()
+                                            ? std::min(deadline, absl::Now() + attempt_timeout)
+                                            : deadline;
+    std::vector<std::shared_ptr<Transport>> used;  // alive until every call is done
+    std::vector<absl::Status> results;
+    {
+      CallGroup group;
+      for (size_t i : pending) {
+        used.push_back(TransportFor(server_of(i)));
+        start(i, *used.back(), attempt_deadline, group.Add(used.back()->address()));
+      }
+      results = group.WaitAll();
+    }
+    std::vector<size_t> retry;
+    absl::Status retry_error;
+    for (size_t k = 0; k < pending.size(); ++k) {
+      const absl::Status& status = results[k];
+      if (status.ok()) continue;
+      const bool retryable =
+          absl::IsUnavailable(status) ||
+          (absl::IsDeadlineExceeded(status) && attempt_deadline < deadline);
+      if (!retryable) return Annotate(status, used[k]->address());
+      if (retry.empty()) retry_error = Annotate(status, used[k]->address());
+      retry.push_back(pending[k]);
+    }
+    if (retry.empty()) return absl::OkStatus();
+    if (!jitter.has_value()) jitter.emplace();
+    const absl::Duration sleep = backoff * absl::Uniform(*jitter, 0.5, 1.5);
+    if (absl::Now() + sleep >= deadline) {
+      return absl::Status(retry_error.code(),
+                          absl::StrCat(retry_error.message(), "; retried until the deadline"));
+    }
+    absl::SleepFor(sleep);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+    retries_.fetch_add(retry.size());
+    pending = std::move(retry);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(
@@ -222,40 +489,37 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params) {
       servers.push_back(b.server);
     }
     layouts.push_back(Layout{value.type(), value.shape(), static_cast<uint64_t>(total),
-                             static_cast<uint32_t>(blocks.size())});
+                             static_cast<uint32_t>(blocks.size()),
+                             ref.config->clipping().clip_norm() > 0});
   }
-  {
-    CallGroup group;
-    const absl::Time deadline = Deadline();
-    for (size_t i = 0; i < requests.size(); ++i) {
-      Transport& t = *transports_[servers[i]];
-      t.InitParam(requests[i], deadline, group.Add(t.address()));
-    }
-    PS_RETURN_IF_ERROR(group.Wait());
-  }
+  PS_RETURN_IF_ERROR(RunWithRetries(
+      requests.size(), [&](size_t i) { return servers[i]; },
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        t.InitParam(requests[i], deadline, std::move(done));
+      },
+      Deadline()));
   for (size_t i = 0; i < params.size(); ++i) RememberLayout(*params[i].name, layouts[i]);
   return absl::OkStatus();
 }
 
 absl::Status Client::FinishInitParams() {
-  CallGroup group;
-  const absl::Time deadline = Deadline();
-  for (auto& transport : transports_) {
-    transport->FinishInitParams(deadline, group.Add(transport->address()));
-  }
-  return group.Wait();
+  return RunWithRetries(
+      num_servers(), [](size_t i) { return static_cast<int>(i); },
+      [](size_t, Transport& t, absl::Time deadline, Transport::Done done) {
+        t.FinishInitParams(deadline, std::move(done));
+      },
+      Deadline());
 }
 
 absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats() {
-  std::vector<v1::GetStatsResponse> responses(transports_.size());
-  {
-    CallGroup group;
-    const absl::Time deadline = Deadline();
-    for (size_t i = 0; i < transports_.size(); ++i) {
-      transports_[i]->GetStats(&responses[i], deadline, group.Add(transports_[i]->address()));
-    }
-    PS_RETURN_IF_ERROR(group.Wait());
-  }
+  std::vector<v1::GetStatsResponse> responses(num_servers());
+  PS_RETURN_IF_ERROR(RunWithRetries(
+      responses.size(), [](size_t i) { return static_cast<int>(i); },
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        responses[i].Clear();
+        t.GetStats(&responses[i], deadline, std::move(done));
+      },
+      Deadline()));
   std::vector<v1::ServerStats> out;
   out.reserve(responses.size());
   for (auto& response : responses) out.push_back(std::move(*response.mutable_stats()));
@@ -273,7 +537,7 @@ absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header,
     Shape shape(header.shape().begin(), header.shape().end());
     PS_ASSIGN_OR_RETURN(int64_t total, NumElements(shape));
     Layout layout{header.element_type(), std::move(shape), static_cast<uint64_t>(total),
-                  std::max<uint32_t>(1, header.block().count())};
+                  std::max<uint32_t>(1, header.block().count()), header.clips_by_norm()};
     RememberLayout(a.name, layout);
     a.layout = std::move(layout);
     a.Prepare();
@@ -315,31 +579,40 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
       }
     }
   }
-  CallGroup group;
-  const absl::Time deadline = Deadline();
-  for (Exchange& x : exchanges) {
-    Transport& t = *transports_[x.server];
-    if (x.refs.empty()) {
-      t.Push(x.grads, deadline, group.Add(t.address()));
-      continue;
-    }
-    // Blocks come back in request order; the sink runs them one at a time.
-    auto next = std::make_shared<size_t>(0);
-    Transport::BlockSink sink = [this, &x, &assemblies, &t, next](
-                                    const v1::Parameter& header, const Segments& content) {
-      if (*next >= x.slots.size()) {
-        return absl::DataLossError(
-            absl::StrCat("server ", t.address(), " returned more blocks than asked"));
-      }
-      return PlaceBlock(assemblies[x.slots[(*next)++]], header, content, t.address());
-    };
-    if (x.grads.empty()) {
-      t.Pull(x.refs, std::move(sink), deadline, group.Add(t.address()));
-    } else {
-      t.PushPull(x.grads, x.refs, std::move(sink), deadline, group.Add(t.address()));
-    }
+  // Every push gets its server's next sequence number once; a retry resends
+  // it unchanged, so the server applies it at most once.
+  std::vector<RequestId> ids(exchanges.size());
+  for (size_t i = 0; i < exchanges.size(); ++i) {
+    if (exchanges[i].grads.empty()) continue;
+    ids[i].client = client_id_;
+    ids[i].sequence = sequences_[exchanges[i].server].fetch_add(1) + 1;
   }
-  return group.Wait();
+  return RunWithRetries(
+      exchanges.size(), [&](size_t i) { return exchanges[i].server; },
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        Exchange& x = exchanges[i];
+        if (x.refs.empty()) {
+          t.PushWithId(ids[i], x.grads, deadline, std::move(done));
+          return;
+        }
+        // Blocks come back in request order; the sink runs them one at a
+        // time. A retry starts over (blocks are placed idempotently).
+        auto next = std::make_shared<size_t>(0);
+        Transport::BlockSink sink = [this, &x, &assemblies, &t, next](
+                                        const v1::Parameter& header, const Segments& content) {
+          if (*next >= x.slots.size()) {
+            return absl::DataLossError(
+                absl::StrCat("server ", t.address(), " returned more blocks than asked"));
+          }
+          return PlaceBlock(assemblies[x.slots[(*next)++]], header, content, t.address());
+        };
+        if (x.grads.empty()) {
+          t.Pull(x.refs, std::move(sink), deadline, std::move(done));
+        } else {
+          t.PushPullWithId(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done));
+        }
+      },
+      Deadline());
 }
 
 absl::StatusOr<Tensor> Client::GetParam(const std::string& name) {
@@ -435,7 +708,13 @@ std::vector<GradientView> Client::GradientBlocks(const GradRef& ref,
       placement_.Blocks(grad.name, grad.tensor.num_elements(), esize);
   // Clip-by-norm on the servers must see the whole gradient's norm.
   std::optional<double> norm;
-  if (blocks.size() > 1 && IsFloatingPoint(grad.tensor.type())) norm = L2Norm(grad.tensor);
+  // Skipped (a full pass over the gradient) when the parameter is known not
+  // to clip by norm.
+  const std::optional<Layout> layout = FindLayout(grad.name);
+  const bool clips = !layout.has_value() || layout->clips_by_norm;
+  if (blocks.size() > 1 && clips && IsFloatingPoint(grad.tensor.type())) {
+    norm = L2Norm(grad.tensor);
+  }
   std::vector<GradientView> views;
   for (const BlockSpec& b : blocks) {
     GradientView& v = views.emplace_back();
@@ -478,6 +757,11 @@ absl::Status Client::PushPull(absl::Span<const NamedTensor> grads, absl::Span<Te
   return DoPushPull(RefsOf(grads), outs);
 }
 
+absl::Status Client::PushPull(const std::string& name, const Tensor& grad, Tensor* out) {
+  const GradRef ref{&name, &grad};
+  return DoPushPull(absl::MakeConstSpan(&ref, 1), absl::MakeSpan(out, 1));
+}
+
 absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tensor> outs) {
   if (outs.size() != grads.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -498,7 +782,7 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
     if (!a.layout.has_value()) {
       a.layout = Layout{grad.tensor.type(), grad.tensor.shape(),
                         static_cast<uint64_t>(grad.tensor.num_elements()),
-                        static_cast<uint32_t>(views.size())};
+                        static_cast<uint32_t>(views.size()), /*clips_by_norm=*/true};
     }
     a.Prepare();
     for (size_t b = 0; b < views.size(); ++b) {

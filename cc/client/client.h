@@ -17,14 +17,27 @@
 // client knows before anything is sent; each server applies its part whole or
 // not at all.
 //
+// Recovery: a request to a server that fails with UNAVAILABLE (or runs past
+// `attempt_timeout`) is retried, alone, with exponential backoff and jitter
+// until the call's `timeout`; each push carries a request id (a random client
+// id and a per-server sequence number, the same on every retry), so a server
+// applies it once even when only its reply was lost. With `etcd_endpoints`
+// the client finds the servers in etcd (waiting up to `discovery_timeout` for
+// the desired count), follows address changes of a restarted server, and
+// registers the trainer at /workers/<id> under a lease (its heartbeat).
+//
 // Thread-safe: one Client may serve many trainer threads.
 #ifndef PSERVER_CC_CLIENT_CLIENT_H_
 #define PSERVER_CC_CLIENT_CLIENT_H_
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -40,6 +53,10 @@
 
 namespace pserver {
 
+class EtcdClient;
+class LeaseKeeper;
+class Watcher;
+
 struct ClientOptions {
   // host:port of every server, in shard-index order.
   std::vector<std::string> servers;
@@ -52,9 +69,30 @@ struct ClientOptions {
   absl::Duration timeout = absl::Seconds(30);
   // gRPC channels (TCP connections) per server; calls are spread over them.
   int channels_per_server = 2;
+
+  // --- recovery ---
+  // Deadline of one attempt of one request to one server; one that runs out
+  // is retried (within `timeout`). 0: an attempt may take all of `timeout`
+  // (with etcd_endpoints: 10 s, so that a server that hangs is given up on).
+  absl::Duration attempt_timeout = absl::ZeroDuration();
+  // Backoff between attempts: doubles from initial to max, with +-50% jitter.
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(1);
+
+  // --- discovery through etcd (empty: use `servers`) ---
+  std::vector<std::string> etcd_endpoints;  // "host:port"
+  std::string cluster = "default";          // keys under /pserver/<cluster>
+  // How long Connect waits for /ps_desired servers to be registered.
+  absl::Duration discovery_timeout = absl::Seconds(60);
+  // The trainer's registration /workers/<worker_id>; empty: a random id.
+  bool register_worker = true;
+  std::string worker_id;
+  absl::Duration worker_lease_ttl = absl::Seconds(10);
 };
 
-// A named tensor: a gradient to send, or a parameter to initialize.
+// A named tensor: a gradient to send, or a parameter to initialize. It holds
+// its tensor by value: build it with std::move, or use the single-tensor
+// calls (SendGrad, PushPull(name, ...)), which borrow and never copy.
 struct NamedTensor {
   std::string name;
   Tensor tensor;
@@ -105,12 +143,27 @@ class Client {
   // trip per server: outs[i] gets parameter grads[i].name after its update
   // (filled in place when it already has the right type and shape).
   absl::Status PushPull(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs);
+  absl::Status PushPull(const std::string& name, const Tensor& grad, Tensor* out);
 
   // One entry per server, in index order.
   absl::StatusOr<std::vector<v1::ServerStats>> GetStats();
 
   int num_servers() const { return placement_.num_servers(); }
   const Placement& placement() const { return placement_; }
+  // This client's random id in push request ids.
+  uint64_t client_id() const { return client_id_; }
+  // The current address of every server, in index order.
+  std::vector<std::string> addresses() const;
+  // With etcd: the id this trainer registered under (/workers/<id>).
+  const std::string& worker_id() const { return worker_id_; }
+  // Registrations of this trainer so far (more than 1 after its lease was
+  // lost and it registered again), and leases lost.
+  int worker_registrations() const { return worker_registrations_.load(); }
+  int worker_leases_lost() const { return worker_leases_lost_.load(); }
+  // Requests retried, and transports replaced by the etcd watch (a server
+  // registered again), so far.
+  uint64_t retries() const { return retries_.load(); }
+  uint64_t address_changes() const { return address_changes_.load(); }
 
  private:
   // What the client knows of a parameter after init or a first read.
@@ -119,6 +172,7 @@ class Client {
     Shape shape;
     uint64_t elements;
     uint32_t blocks;
+    bool clips_by_norm;  // split gradients must carry their global norm
   };
   struct Assembly;
   struct Exchange;
@@ -137,6 +191,23 @@ class Client {
   static std::vector<GradRef> RefsOf(absl::Span<const NamedTensor> grads);
 
   Client(const ClientOptions& options, std::vector<std::unique_ptr<Transport>> transports);
+
+  // Starts one call per index i in [0, n) through the current transport of
+  // server_of(i), and retries those that fail with UNAVAILABLE (or an
+  // attempt's deadline) with backoff until `deadline`, each through the then
+  // current transport. Returns the first failure (in index order) that was
+  // not retried or ran out of time, naming its server.
+  using StartCall =
+      std::function<void(size_t i, Transport& transport, absl::Time deadline, Transport::Done)>;
+  absl::Status RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
+                              const StartCall& start, absl::Time deadline);
+  std::shared_ptr<Transport> TransportFor(int server) const;
+  // etcd: finds the servers, watches them, registers the trainer.
+  absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);
+  void OnServerChanged(int server, const std::string& address);
+  // Grants a worker lease, keeps it alive and puts /workers/<id> under it.
+  absl::Status RegisterWorker();
+  void WorkerLoop();
 
   absl::Time Deadline() const { return absl::Now() + options_.timeout; }
   std::optional<Layout> FindLayout(const std::string& name) const;
@@ -158,7 +229,27 @@ class Client {
 
   const ClientOptions options_;
   const Placement placement_;
-  std::vector<std::unique_ptr<Transport>> transports_;
+  mutable absl::Mutex transports_mu_;
+  // Replaced when a server moves; calls in flight hold their own reference.
+  std::vector<std::shared_ptr<Transport>> transports_ ABSL_GUARDED_BY(transports_mu_);
+  const uint64_t client_id_;
+  std::unique_ptr<std::atomic<uint64_t>[]> sequences_;  // last push sequence, per server
+  std::atomic<uint64_t> retries_{0};
+  std::atomic<uint64_t> address_changes_{0};
+
+  // etcd discovery (null without). Destroyed watcher first, etcd last.
+  std::unique_ptr<EtcdClient> etcd_;
+  absl::Mutex worker_mu_;
+  std::unique_ptr<LeaseKeeper> worker_keeper_ ABSL_GUARDED_BY(worker_mu_);
+  int64_t worker_lease_ ABSL_GUARDED_BY(worker_mu_) = 0;
+  bool worker_lost_ ABSL_GUARDED_BY(worker_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(worker_mu_) = false;
+  std::string worker_id_;
+  std::string worker_json_;
+  std::atomic<int> worker_registrations_{0};
+  std::atomic<int> worker_leases_lost_{0};
+  std::thread worker_thread_;  // re-registers the trainer when its lease is lost
+  std::unique_ptr<Watcher> watcher_;
 
   mutable absl::Mutex layouts_mu_;
   absl::flat_hash_map<std::string, Layout> layouts_ ABSL_GUARDED_BY(layouts_mu_);

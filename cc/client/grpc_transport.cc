@@ -14,12 +14,12 @@ constexpr char kGetParamsMethod[] = "/pserver.v1.ParameterServer/GetParams";
 constexpr char kSendGradsMethod[] = "/pserver.v1.ParameterServer/SendGrads";
 constexpr char kPushPullMethod[] = "/pserver.v1.ParameterServer/PushPull";
 
-std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) {
+std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline, bool wait_for_ready) {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(deadline));
   // Wait for a connection (within the deadline) instead of failing at once
   // while a server is still starting.
-  context->set_wait_for_ready(true);
+  context->set_wait_for_ready(wait_for_ready);
   return context;
 }
 
@@ -44,11 +44,15 @@ struct RawCall {
 
 }  // namespace
 
-GrpcTransport::GrpcTransport(std::string address, std::vector<Channel> channels)
-    : address_(std::move(address)), channels_(std::move(channels)) {}
+GrpcTransport::GrpcTransport(std::string address, std::vector<Channel> channels,
+                             bool wait_for_ready)
+    : address_(std::move(address)),
+      channels_(std::move(channels)),
+      wait_for_ready_(wait_for_ready) {}
 
 absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(const std::string& address,
-                                                                     int channels) {
+                                                                     int channels,
+                                                                     bool wait_for_ready) {
   if (address.empty()) return absl::InvalidArgumentError("server address is empty");
   if (channels < 1) {
     return absl::InvalidArgumentError("a transport needs at least one channel");
@@ -62,7 +66,8 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(const std::
     c.generic = std::make_unique<grpc::GenericStub>(c.channel);
     made.push_back(std::move(c));
   }
-  return std::unique_ptr<GrpcTransport>(new GrpcTransport(address, std::move(made)));
+  return std::unique_ptr<GrpcTransport>(
+      new GrpcTransport(address, std::move(made), wait_for_ready));
 }
 
 GrpcTransport::Channel& GrpcTransport::Next() {
@@ -74,7 +79,7 @@ void GrpcTransport::Call(typename NonDeduced<AsyncMethod<Request, Response>>::ty
                          const Request& request, Response* response, absl::Time deadline,
                          Done done) {
   // The completion callback owns the context.
-  std::shared_ptr<grpc::ClientContext> context = NewContext(deadline);
+  std::shared_ptr<grpc::ClientContext> context = NewContext(deadline, wait_for_ready_);
   (Next().stub->async()->*method)(
       context.get(), &request, response,
       [context, done = std::move(done)](grpc::Status status) mutable {
@@ -110,7 +115,7 @@ void GrpcTransport::CallRaw(const char* method,
                             const std::function<grpc::ByteBuffer(PayloadLease*)>& encode,
                             BlockSink sink, absl::Time deadline, Done done) {
   auto call = std::make_shared<RawCall>();
-  call->context = NewContext(deadline);
+  call->context = NewContext(deadline, wait_for_ready_);
   call->sink = std::move(sink);
   call->done = std::move(done);
   // Reports once the call is over (the owner's release) and every borrowed
@@ -137,6 +142,27 @@ void GrpcTransport::Push(absl::Span<const GradientView> grads, absl::Time deadli
       kSendGradsMethod,
       [grads](PayloadLease* lease) { return EncodePushRequest(grads, {}, lease); }, nullptr,
       deadline, std::move(done));
+}
+
+void GrpcTransport::PushWithId(const RequestId& id, absl::Span<const GradientView> grads,
+                               absl::Time deadline, Done done) {
+  CallRaw(
+      kSendGradsMethod,
+      [grads, id](PayloadLease* lease) {
+        return EncodePushRequest(grads, {}, lease, id.client, id.sequence);
+      },
+      nullptr, deadline, std::move(done));
+}
+
+void GrpcTransport::PushPullWithId(const RequestId& id, absl::Span<const GradientView> grads,
+                                   absl::Span<const v1::ParamRef> refs, BlockSink sink,
+                                   absl::Time deadline, Done done) {
+  CallRaw(
+      kPushPullMethod,
+      [grads, refs, id](PayloadLease* lease) {
+        return EncodePushRequest(grads, refs, lease, id.client, id.sequence);
+      },
+      std::move(sink), deadline, std::move(done));
 }
 
 void GrpcTransport::Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink,

@@ -25,9 +25,13 @@ namespace pserver {
 class GrpcTransport final : public Transport {
  public:
   // Does not connect yet (gRPC connects on the first call). INVALID_ARGUMENT
-  // for an empty address or fewer than one channel.
+  // for an empty address or fewer than one channel. With `wait_for_ready` a
+  // call waits (within its deadline) for the server to be reachable; without,
+  // a call to an unreachable server fails at once with UNAVAILABLE, which a
+  // client that follows servers moving (etcd) retries on the new address.
   static absl::StatusOr<std::unique_ptr<GrpcTransport>> Create(const std::string& address,
-                                                               int channels = 1);
+                                                               int channels = 1,
+                                                               bool wait_for_ready = true);
 
   const std::string& address() const override { return address_; }
 
@@ -39,6 +43,11 @@ class GrpcTransport final : public Transport {
             Done done) override;
   void PushPull(absl::Span<const GradientView> grads, absl::Span<const v1::ParamRef> refs,
                 BlockSink sink, absl::Time deadline, Done done) override;
+  void PushWithId(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
+                  Done done) override;
+  void PushPullWithId(const RequestId& id, absl::Span<const GradientView> grads,
+                      absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
+                      Done done) override;
 
  private:
   struct Channel {
@@ -47,7 +56,7 @@ class GrpcTransport final : public Transport {
     std::unique_ptr<grpc::GenericStub> generic;
   };
 
-  GrpcTransport(std::string address, std::vector<Channel> channels);
+  GrpcTransport(std::string address, std::vector<Channel> channels, bool wait_for_ready);
   Channel& Next();
 
   // Sends the request `encode` builds (borrowing payloads through the lease
@@ -73,6 +82,7 @@ class GrpcTransport final : public Transport {
   const std::string address_;
   std::vector<Channel> channels_;
   std::atomic<size_t> next_{0};
+  const bool wait_for_ready_;
 };
 
 }  // namespace pserver

@@ -10,8 +10,10 @@
 #ifndef PSERVER_CC_CLIENT_TRANSPORT_H_
 #define PSERVER_CC_CLIENT_TRANSPORT_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -21,6 +23,14 @@
 #include "pserver/v1/service.pb.h"
 
 namespace pserver {
+
+// Identifies a push for exactly-once application (service.proto): a random
+// non-zero client id and that client's sequence number for one server.
+// A retried push carries the same id. client 0: not tracked.
+struct RequestId {
+  uint64_t client = 0;
+  uint64_t sequence = 0;
+};
 
 class Transport {
  public:
@@ -49,6 +59,21 @@ class Transport {
   virtual void PushPull(absl::Span<const GradientView> grads,
                         absl::Span<const v1::ParamRef> refs, BlockSink sink,
                         absl::Time deadline, Done done) = 0;
+
+  // Push and PushPull carrying a request id, so that a server applies a
+  // retried request once. Transports that cannot lose a reply (in-process)
+  // need not override these.
+  virtual void PushWithId(const RequestId& id, absl::Span<const GradientView> grads,
+                          absl::Time deadline, Done done) {
+    (void)id;
+    Push(grads, deadline, std::move(done));
+  }
+  virtual void PushPullWithId(const RequestId& id, absl::Span<const GradientView> grads,
+                              absl::Span<const v1::ParamRef> refs, BlockSink sink,
+                              absl::Time deadline, Done done) {
+    (void)id;
+    PushPull(grads, refs, std::move(sink), deadline, std::move(done));
+  }
 };
 
 }  // namespace pserver

@@ -181,6 +181,7 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
   out->set_element_type(block->type);
   out->mutable_shape()->Assign(block->shape.begin(), block->shape.end());
   *out->mutable_block() = block->ref;
+  out->set_clips_by_norm(block->config.clipping().clip_norm() > 0);
   {
     absl::ReaderMutexLock lock(&block->mu);
     read(block->data);

@@ -21,6 +21,8 @@ constexpr int kRequestParamsField = 2;     // PushPullRequest.params
 constexpr int kResponseParamsField = 1;    // GetParamsResponse.parameters
 constexpr int kGradientContentField = 3;   // Gradient.content
 constexpr int kParameterContentField = 4;  // Parameter.content
+constexpr int kRequestClientIdField = 3;   // SendGradsRequest/PushPullRequest.client_id (fixed64)
+constexpr int kRequestSequenceField = 4;   // SendGradsRequest/PushPullRequest.sequence (uint64)
 
 // Payloads up to this size are copied into the message's own bytes: a
 // separate slice costs more than copying so little.
@@ -169,10 +171,11 @@ bool SplitMessage(const Segments& message, int payload_field, Segments* payload,
   return true;
 }
 
-// Walks the top-level length-delimited fields of a message, calling
-// visit(field, value) for each; other wire types are skipped.
-template <typename Visit>
-bool ForEachLengthDelimited(const Segments& message, Visit visit) {
+// Walks the top-level fields of a message, calling visit(field, value) for
+// each length-delimited one and scalar(field, wire_type, value) for each
+// varint, fixed64 and fixed32 one (fixed values little-endian decoded).
+template <typename Visit, typename VisitScalar>
+bool ForEachField(const Segments& message, Visit visit, VisitScalar scalar) {
   Reader reader(message);
   while (!reader.AtEnd()) {
     uint64_t key;
@@ -182,8 +185,15 @@ bool ForEachLengthDelimited(const Segments& message, Visit visit) {
     if (wire_type == kVarint) {
       uint64_t v;
       if (!reader.ReadVarint(&v)) return false;
+      scalar(static_cast<int>(key >> 3), wire_type, v);
     } else if (wire_type == kFixed64 || wire_type == kFixed32) {
-      if (!reader.Take(wire_type == kFixed64 ? 8 : 4, &value)) return false;
+      const int size = wire_type == kFixed64 ? 8 : 4;
+      if (!reader.Take(size, &value)) return false;
+      unsigned char bytes[8] = {0};
+      CopySegments(value, reinterpret_cast<char*>(bytes));
+      uint64_t v = 0;
+      for (int i = size - 1; i >= 0; --i) v = (v << 8) | bytes[i];
+      scalar(static_cast<int>(key >> 3), wire_type, v);
     } else if (wire_type == kLengthDelimited) {
       uint64_t length;
       if (!reader.ReadVarint(&length) || !reader.Take(length, &value)) return false;
@@ -193,6 +203,12 @@ bool ForEachLengthDelimited(const Segments& message, Visit visit) {
     }
   }
   return true;
+}
+
+// ForEachField for messages whose scalar fields are of no interest.
+template <typename Visit>
+bool ForEachLengthDelimited(const Segments& message, Visit visit) {
+  return ForEachField(message, visit, [](int, int, uint64_t) {});
 }
 
 absl::Status DumpSlices(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
@@ -232,13 +248,23 @@ grpc::Slice PayloadLease::Borrow(absl::string_view bytes) {
 // ---- push requests ------------------------------------------------------------------
 
 grpc::ByteBuffer EncodePushRequest(absl::Span<const GradientView> grads,
-                                   absl::Span<const v1::ParamRef> refs, PayloadLease* lease) {
+                                   absl::Span<const v1::ParamRef> refs, PayloadLease* lease,
+                                   uint64_t client_id, uint64_t sequence) {
   std::vector<grpc::Slice> slices;
   std::string pending;
   auto flush = [&] {
     if (!pending.empty()) slices.emplace_back(pending.data(), pending.size());
     pending.clear();
   };
+  // proto3 leaves zero scalars out; protobuf accepts fields in any order.
+  if (client_id != 0) {
+    PutTag(&pending, kRequestClientIdField, kFixed64);
+    for (int i = 0; i < 8; ++i) pending.push_back(static_cast<char>(client_id >> (8 * i)));
+  }
+  if (sequence != 0) {
+    PutTag(&pending, kRequestSequenceField, kVarint);
+    PutVarint(&pending, sequence);
+  }
   v1::Gradient header;
   for (const GradientView& g : grads) {
     header.Clear();
@@ -275,7 +301,13 @@ absl::Status DecodePushRequest(const grpc::ByteBuffer& buffer, PushRequest* out)
     int scratch = -1;
   };
   std::vector<Content> contents;
-  bool parsed = ForEachLengthDelimited(message, [&](int field, const Segments& value) {
+  auto scalar = [&](int field, int wire_type, uint64_t value) {
+    // The last occurrence wins; a wrong wire type makes it an unknown field
+    // (both as protobuf does).
+    if (field == kRequestClientIdField && wire_type == kFixed64) out->client_id = value;
+    if (field == kRequestSequenceField && wire_type == kVarint) out->sequence = value;
+  };
+  bool parsed = ForEachField(message, [&](int field, const Segments& value) {
     if (field == kRequestParamsField) {
       std::string bytes = Flatten(value);
       return out->refs.emplace_back().ParseFromString(bytes);
@@ -296,7 +328,7 @@ absl::Status DecodePushRequest(const grpc::ByteBuffer& buffer, PushRequest* out)
       out->scratch.push_back(Flatten(payload));
     }
     return true;
-  });
+  }, scalar);
   if (!parsed) {
     return absl::InvalidArgumentError("malformed push request: not a valid SendGradsRequest");
   }

@@ -60,8 +60,11 @@ class PayloadLease {
 
 // SendGradsRequest (refs empty) or PushPullRequest: the gradients' contents
 // are borrowed through `lease` and must stay valid until it fires.
+// `client_id` and `sequence` (0: unset) identify the request for exactly-once
+// application (service.proto).
 grpc::ByteBuffer EncodePushRequest(absl::Span<const GradientView> grads,
-                                   absl::Span<const v1::ParamRef> refs, PayloadLease* lease);
+                                   absl::Span<const v1::ParamRef> refs, PayloadLease* lease,
+                                   uint64_t client_id = 0, uint64_t sequence = 0);
 
 // A decoded push request. `grads` point into `slices`; keep this alive while
 // they are used. A gradient whose content arrived in several pieces, or at an
@@ -72,6 +75,8 @@ struct PushRequest {
   std::vector<std::string> scratch;
   std::vector<GradientView> grads;
   std::vector<v1::ParamRef> refs;
+  uint64_t client_id = 0;  // 0: not set
+  uint64_t sequence = 0;
 };
 // INVALID_ARGUMENT for bytes that are not a well-formed request.
 absl::Status DecodePushRequest(const grpc::ByteBuffer& buffer, PushRequest* out);

@@ -253,6 +253,8 @@ void ExpectDecodedMatches(const v1::PushPullRequest& want, const PushRequest& go
   for (int i = 0; i < want.params_size(); ++i) {
     EXPECT_TRUE(ProtoEq(want.params(i), got.refs[i])) << "ref " << i;
   }
+  EXPECT_EQ(got.client_id, want.client_id());
+  EXPECT_EQ(got.sequence, want.sequence());
 }
 
 // Counts how often a lease's callback ran.
@@ -347,6 +349,47 @@ TEST(EncodePushRequestTest, RefsOnly) {
   EXPECT_EQ(parsed.gradients_size(), 0);
   ASSERT_EQ(parsed.params_size(), static_cast<int>(refs.size()));
   for (size_t i = 0; i < refs.size(); ++i) EXPECT_TRUE(ProtoEq(refs[i], parsed.params(i)));
+}
+
+TEST(EncodePushRequestTest, RequestIdParsesAndRoundTrips) {
+  const std::vector<v1::Gradient> grads = SampleGradients();
+  const std::vector<v1::ParamRef> refs = SampleRefs();
+  for (const uint64_t client_id : {uint64_t{1}, uint64_t{0x8000000000000001}, ~uint64_t{0}}) {
+    for (const uint64_t sequence : {uint64_t{1}, uint64_t{127}, uint64_t{128}, ~uint64_t{0}}) {
+      SCOPED_TRACE(absl::StrCat("client ", client_id, " sequence ", sequence));
+      Counter released;
+      PayloadLease* lease = PayloadLease::Create(released.Callback());
+      {
+        const grpc::ByteBuffer push = EncodePushRequest(ViewsOf(grads), {}, lease, client_id,
+                                                        sequence);
+        v1::SendGradsRequest parsed;
+        ASSERT_TRUE(parsed.ParseFromString(Flatten(push)));
+        EXPECT_EQ(parsed.client_id(), client_id);
+        EXPECT_EQ(parsed.sequence(), sequence);
+        ASSERT_EQ(parsed.gradients_size(), static_cast<int>(grads.size()));
+
+        const grpc::ByteBuffer push_pull =
+            EncodePushRequest(ViewsOf(grads), refs, lease, client_id, sequence);
+        v1::PushPullRequest want;
+        ASSERT_TRUE(want.ParseFromString(Flatten(push_pull)));
+        EXPECT_EQ(want.client_id(), client_id);
+        EXPECT_EQ(want.sequence(), sequence);
+        PushRequest decoded;
+        ASSERT_OK(DecodePushRequest(push_pull, &decoded));
+        ExpectDecodedMatches(want, decoded);
+      }
+      lease->Release();
+      EXPECT_EQ(released.calls, 1);
+    }
+  }
+}
+
+TEST(EncodePushRequestTest, ZeroRequestIdIsLeftOut) {
+  Counter released;
+  PayloadLease* lease = PayloadLease::Create(released.Callback());
+  const grpc::ByteBuffer buffer = EncodePushRequest({}, {}, lease, 0, 0);
+  lease->Release();
+  EXPECT_EQ(Flatten(buffer), "");
 }
 
 TEST(EncodePushRequestTest, EmptyRequestIsEmptyMessage) {
@@ -556,6 +599,24 @@ TEST_P(SplitTest, DecodesProtobufPushPullRequest) {
   ExpectContentsPlaced(decoded, MaxPiece());
 }
 
+TEST_P(SplitTest, DecodesProtobufRequestId) {
+  v1::PushPullRequest request;
+  for (const v1::Gradient& g : SampleGradients()) *request.add_gradients() = g;
+  for (const v1::ParamRef& r : SampleRefs()) *request.add_params() = r;
+  request.set_client_id(0x0123456789abcdef);
+  request.set_sequence(300);
+  // A repeated scalar: the last occurrence wins, in protobuf and here.
+  v1::PushPullRequest later;
+  later.set_sequence(301);
+  const std::string bytes = request.SerializeAsString() + later.SerializeAsString();
+  request.set_sequence(301);
+  PushRequest decoded;
+  ASSERT_OK(DecodePushRequest(Cut(bytes), &decoded));
+  ExpectDecodedMatches(request, decoded);
+  EXPECT_EQ(decoded.client_id, 0x0123456789abcdefu);
+  EXPECT_EQ(decoded.sequence, 301u);
+}
+
 TEST_P(SplitTest, DecodesEncodedRequest) {
   const std::vector<v1::Gradient> grads = SampleGradients();
   Counter released;
@@ -631,8 +692,8 @@ TEST_P(SplitTest, ParamsResponseToleratesUnknownFields) {
   v1::Parameter large = Param("big", v1::FLOAT32, {20000});
   large.set_content(Pattern(80000, 2));
   const std::string bytes =
-      UnknownFields(2) + LengthDelimited(1, small.SerializeAsString() + UnknownFields(10)) +
-      UnknownFields(100) + LengthDelimited(1, UnknownFields(6) + large.SerializeAsString()) +
+      UnknownFields(2) + LengthDelimited(1, small.SerializeAsString() + UnknownFields(1010)) +
+      UnknownFields(100) + LengthDelimited(1, UnknownFields(1000) + large.SerializeAsString()) +
       UnknownFields(20);
   // Protobuf itself reads these bytes as the two parameters.
   v1::GetParamsResponse check;
@@ -659,9 +720,9 @@ TEST_P(SplitTest, PushRequestToleratesUnknownFields) {
   const v1::Gradient large = Grad("big", v1::FLOAT64, Pattern(80000, 2));
   const v1::ParamRef ref = Ref("r", Block(1, 2, 3));
   const std::string bytes =
-      UnknownFields(3) + LengthDelimited(1, small.SerializeAsString() + UnknownFields(10)) +
+      UnknownFields(3) + LengthDelimited(1, small.SerializeAsString() + UnknownFields(1010)) +
       UnknownFields(100) + LengthDelimited(2, ref.SerializeAsString()) +
-      LengthDelimited(1, UnknownFields(6) + large.SerializeAsString()) + UnknownFields(20);
+      LengthDelimited(1, UnknownFields(1000) + large.SerializeAsString()) + UnknownFields(20);
   v1::PushPullRequest check;
   ASSERT_TRUE(check.ParseFromString(bytes));
   ASSERT_EQ(check.gradients_size(), 2);
@@ -856,6 +917,20 @@ void ExpectParamsRejected(absl::string_view bytes) {
     EXPECT_THAT(DecodeParamsResponse(Pieces(bytes, sizes), &decoded),
                 StatusIs(absl::StatusCode::kDataLoss, HasSubstr("malformed")));
   }
+}
+
+TEST(DecodePushRequestTest, RequestIdWithWrongWireTypeIsAnUnknownField) {
+  // Field 3 as a varint and field 4 as fixed64: protobuf keeps both as
+  // unknown fields, so neither is the request id.
+  const std::string bytes = Bytes({0x18, 0x05, 0x21, 1, 0, 0, 0, 0, 0, 0, 0});
+  v1::PushPullRequest check;
+  ASSERT_TRUE(check.ParseFromString(bytes));
+  EXPECT_EQ(check.client_id(), 0u);
+  EXPECT_EQ(check.sequence(), 0u);
+  PushRequest decoded;
+  ASSERT_OK(DecodePushRequest(OneSlice(bytes), &decoded));
+  EXPECT_EQ(decoded.client_id, 0u);
+  EXPECT_EQ(decoded.sequence, 0u);
 }
 
 TEST(DecodeRobustnessTest, MalformedPushRequestIsInvalidArgument) {

@@ -29,6 +29,13 @@ std::vector<std::string> LocalCluster::addresses() const {
   return out;
 }
 
+std::vector<ParameterStore*> LocalCluster::stores() const {
+  std::vector<ParameterStore*> out;
+  out.reserve(servers_.size());
+  for (const auto& server : servers_) out.push_back(&server->store());
+  return out;
+}
+
 void LocalCluster::Shutdown() {
   for (auto& server : servers_) server->Shutdown();
 }

@@ -28,6 +28,8 @@ class LocalCluster {
   std::vector<std::string> addresses() const;
   int size() const { return static_cast<int>(servers_.size()); }
   Server& server(int i) { return *servers_.at(i); }
+  // The servers' stores, for an in-process client (cc/client/in_process_transport.h).
+  std::vector<ParameterStore*> stores() const;
 
   void Shutdown();
 

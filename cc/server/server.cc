@@ -1,15 +1,62 @@
 #include "cc/server/server.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cc/core/status_macros.h"
+#include "cc/etcd/etcd_client.h"
 #include "cc/server/service.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pserver {
+namespace {
 
-Server::Server(const ServerOptions& options) : options_(options) {}
+std::string ServerKey(uint32_t index) { return absl::StrCat("/ps/", index); }
+std::string CheckpointKey(uint32_t index) { return absl::StrCat("/checkpoints/", index); }
+
+v1::CheckpointRecord RecordOf(const CheckpointInfo& info, const std::string& address) {
+  v1::CheckpointRecord record;
+  record.set_path(info.path);
+  record.set_shard(info.shard);
+  record.set_sequence(info.sequence);
+  record.set_manifest_crc32c(info.manifest_crc32c);
+  record.set_time_micros(absl::ToUnixMicros(info.time));
+  record.set_server_address(address);
+  return record;
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json);
+  if (!status.ok()) return absl::InternalError(std::string(status.message()));
+  return json;
+}
+
+absl::Status FromJson(const std::string& json, google::protobuf::Message* message) {
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  auto status = google::protobuf::util::JsonStringToMessage(json, message, options);
+  if (!status.ok()) return absl::InvalidArgumentError(std::string(status.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Server::Server(const ServerOptions& options) : options_(options), index_(options.index) {}
+
+void Server::Log(const std::string& message) const {
+  if (etcd_ != nullptr && registrations_.load() == 0) {
+    std::fprintf(stderr, "pserver (no index yet): %s\n", message.c_str());
+    std::fflush(stderr);
+    return;
+  }
+  std::fprintf(stderr, "pserver %u: %s\n", index_, message.c_str());
+  std::fflush(stderr);
+}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   if (options.port < 0 || options.port > 65535) {
@@ -21,13 +68,37 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("num_threads must be >= 0, got ", options.num_threads));
   }
   if (options.host.empty()) return absl::InvalidArgumentError("host is empty");
+  if (options.checkpoint_keep < 1) return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
+  if (options.checkpoint_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("checkpoint_interval must be >= 0");
+  }
+  if (!options.etcd_endpoints.empty() && options.lease_ttl < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("lease_ttl must be at least 1s");
+  }
   const int threads =
       options.num_threads > 0
           ? options.num_threads
           : std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
 
   std::unique_ptr<Server> server(new Server(options));
-  server->service_ = std::make_unique<ParameterServerService>(&server->store_, options.index);
+  Server* const raw = server.get();
+  ServiceHooks hooks;
+  hooks.drop_reply_after_apply_every_n = options.drop_reply_after_apply_every_n;
+  if (!options.checkpoint_dir.empty()) {
+    hooks.save = [raw]() -> absl::StatusOr<v1::CheckpointRecord> {
+      PS_ASSIGN_OR_RETURN(CheckpointInfo info, raw->Save());
+      return RecordOf(info, raw->address());
+    };
+  }
+  if (!options.etcd_endpoints.empty()) {
+    hooks.list_workers = [raw] { return raw->ListWorkers(); };
+  }
+  server->service_ =
+      std::make_unique<ParameterServerService>(&server->store_, options.index, std::move(hooks));
+  // Claiming an index and loading a checkpoint happen while gRPC already
+  // listens (the address goes into etcd); calls meanwhile get UNAVAILABLE.
+  const bool staged = !options.etcd_endpoints.empty() || !options.checkpoint_dir.empty();
+  if (staged) server->service_->SetServing(false);
 
   const bool ipv6 = options.host.find(':') != std::string::npos;
   const std::string listen = ipv6 ? absl::StrCat("[", options.host, "]:", options.port)
@@ -47,16 +118,338 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->address_ = ipv6 ? absl::StrCat("[", options.host, "]:", server->port_)
                           : absl::StrCat(options.host, ":", server->port_);
+  if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
+  if (!options.checkpoint_dir.empty()) PS_RETURN_IF_ERROR(server->LoadShard());
+  server->loaded_ok_ = true;
+  server->service_->SetIndex(server->index_);
+  server->service_->SetServing(true);
+  if (!options.checkpoint_dir.empty() && options.checkpoint_interval > absl::ZeroDuration()) {
+    server->checkpoint_thread_ = std::thread([raw] { raw->CheckpointLoop(); });
+  }
+  if (server->etcd_ != nullptr) {
+    server->registry_thread_ = std::thread([raw] { raw->RegistryLoop(); });
+  }
   return server;
+}
+
+// ---- registry ----------------------------------------------------------------------
+
+absl::Status Server::Register() {
+  EtcdClientOptions etcd_options;
+  etcd_options.endpoints = options_.etcd_endpoints;
+  etcd_options.prefix = absl::StrCat("/pserver/", options_.cluster);
+  PS_ASSIGN_OR_RETURN(etcd_, EtcdClient::Connect(etcd_options));
+  const absl::Time deadline = absl::Now() + options_.register_timeout;
+  // etcd may still be starting: retry every call until the deadline.
+  auto until_deadline = [&](auto call) {
+    while (true) {
+      auto result = call();
+      if (result.ok() || absl::Now() >= deadline ||
+          !(absl::IsUnavailable(result.status()) || absl::IsDeadlineExceeded(result.status()))) {
+        return result;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  };
+
+  if (options_.num_servers > 0) {
+    PS_RETURN_IF_ERROR(until_deadline([&] {
+                         return etcd_->PutIfAbsent("/ps_desired",
+                                                   absl::StrCat(options_.num_servers));
+                       }).status());
+  }
+  absl::StatusOr<KeyValue> desired_kv = until_deadline([&] { return etcd_->Get("/ps_desired"); });
+  if (absl::IsNotFound(desired_kv.status())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "etcd ", etcd_options.prefix, "/ps_desired is not set; start with --num_servers"));
+  }
+  PS_RETURN_IF_ERROR(desired_kv.status());
+  uint32_t desired = 0;
+  if (!absl::SimpleAtoi(desired_kv->value, &desired) || desired == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "etcd ", etcd_options.prefix, "/ps_desired holds '", desired_kv->value,
+        "', not a server count"));
+  }
+
+  PS_ASSIGN_OR_RETURN(int64_t lease,
+                      until_deadline([&] { return etcd_->Grant(options_.lease_ttl); }));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<LeaseKeeper> keeper,
+                      etcd_->KeepAlive(lease, [this](const absl::Status&) {
+                        leases_lost_.fetch_add(1);
+                        absl::MutexLock lock(&registry_mu_);
+                        lease_lost_ = true;
+                      }));
+  {
+    absl::MutexLock lock(&registry_mu_);
+    keeper_ = std::move(keeper);
+    lease_ = lease;
+  }
+  // The lowest free index; when all are taken (a killed server's lease has
+  // not expired yet), look again until one frees up.
+  bool waiting_logged = false;
+  while (true) {
+    absl::StatusOr<std::vector<KeyValue>> taken =
+        until_deadline([&] { return etcd_->GetPrefix("/ps/"); });
+    PS_RETURN_IF_ERROR(taken.status());
+    std::vector<bool> used(desired, false);
+    for (const KeyValue& kv : *taken) {
+      uint32_t i = 0;
+      if (absl::SimpleAtoi(absl::string_view(kv.key).substr(4), &i) && i < desired) used[i] = true;
+    }
+    for (uint32_t i = 0; i < desired; ++i) {
+      if (used[i]) continue;
+      absl::StatusOr<bool> claimed =
+          until_deadline([&] { return etcd_->PutIfAbsent(ServerKey(i), address_, lease); });
+      PS_RETURN_IF_ERROR(claimed.status());
+      if (*claimed) {
+        index_ = i;
+        registrations_.fetch_add(1);
+        Log(absl::StrCat("claimed index ", i, " of ", desired, " at ", etcd_options.prefix,
+                         ServerKey(i), " (lease ", lease, ")"));
+        return absl::OkStatus();
+      }
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "all ", desired, " server indices in etcd ", etcd_options.prefix,
+          "/ps/ stayed taken for ", absl::FormatDuration(options_.register_timeout)));
+    }
+    if (!waiting_logged) {
+      Log(absl::StrCat("all ", desired, " indices are taken; waiting for one to free up"));
+      waiting_logged = true;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+absl::Status Server::Reregister() {
+  PS_ASSIGN_OR_RETURN(int64_t lease, etcd_->Grant(options_.lease_ttl));
+  absl::StatusOr<std::unique_ptr<LeaseKeeper>> keeper =
+      etcd_->KeepAlive(lease, [this](const absl::Status&) {
+        leases_lost_.fetch_add(1);
+        absl::MutexLock lock(&registry_mu_);
+        lease_lost_ = true;
+      });
+  auto give_up = [&](absl::Status status) {
+    etcd_->Revoke(lease).IgnoreError();
+    return status;
+  };
+  if (!keeper.ok()) return give_up(keeper.status());
+  const std::string key = ServerKey(index_);
+  absl::StatusOr<bool> claimed = etcd_->PutIfAbsent(key, address_, lease);
+  if (!claimed.ok()) return give_up(claimed.status());
+  if (!*claimed) {
+    // Still held: by our own old lease (etcd restarted and restored it), or
+    // by someone else.
+    absl::StatusOr<TxnResult> retaken =
+        etcd_->Txn({Compare::ValueEquals(key, address_)}, {TxnOp::Put(key, address_, lease)});
+    if (!retaken.ok()) return give_up(retaken.status());
+    if (!retaken->succeeded) {
+      return give_up(absl::FailedPreconditionError(
+          absl::StrCat("index ", index_, " is held by another server")));
+    }
+  }
+  std::unique_ptr<LeaseKeeper> old_keeper;
+  int64_t old_lease = 0;
+  {
+    absl::MutexLock lock(&registry_mu_);
+    old_keeper = std::move(keeper_);
+    old_lease = lease_;
+    keeper_ = *std::move(keeper);
+    lease_ = lease;
+    lease_lost_ = false;
+  }
+  old_keeper.reset();
+  // The key is under the new lease now; the old one (if etcd still has it)
+  // holds nothing of ours.
+  if (old_lease != 0) etcd_->Revoke(old_lease).IgnoreError();
+  registrations_.fetch_add(1);
+  Log(absl::StrCat("re-registered at ", ServerKey(index_), " (lease ", lease, ")"));
+  return absl::OkStatus();
+}
+
+int64_t Server::lease() const {
+  absl::MutexLock lock(&registry_mu_);
+  return lease_;
+}
+
+void Server::RegistryLoop() {
+  absl::Time last_error_log = absl::InfinitePast();
+  while (true) {
+    {
+      absl::MutexLock lock(&loop_mu_);
+      if (loop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) return;
+    }
+    bool lost;
+    {
+      absl::MutexLock lock(&registry_mu_);
+      lost = lease_lost_ || keeper_ == nullptr || !keeper_->status().ok();
+    }
+    if (!lost) continue;
+    absl::Status status = Reregister();
+    if (!status.ok() && absl::Now() - last_error_log > absl::Seconds(2)) {
+      Log(absl::StrCat("lease lost; re-registering failed (will retry): ", status.ToString()));
+      last_error_log = absl::Now();
+    }
+  }
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> Server::ListWorkers() {
+  PS_ASSIGN_OR_RETURN(std::vector<KeyValue> kvs, etcd_->GetPrefix("/workers/"));
+  std::vector<v1::WorkerInfo> workers;
+  for (const KeyValue& kv : kvs) {
+    v1::WorkerInfo info;
+    if (!FromJson(kv.value, &info).ok()) info.Clear();
+    if (info.id().empty()) info.set_id(kv.key.substr(std::string("/workers/").size()));
+    workers.push_back(std::move(info));
+  }
+  return workers;
+}
+
+// ---- checkpoints ---------------------------------------------------------------------
+
+std::string Server::ShardDir() const {
+  return absl::StrCat(options_.checkpoint_dir, "/shard-", index_);
+}
+
+absl::Status Server::LoadShard() {
+  const std::string dir = ShardDir();
+  std::optional<LoadedCheckpoint> loaded;
+  uint64_t published_sequence = 0;
+  if (etcd_ != nullptr) {
+    absl::StatusOr<KeyValue> kv = etcd_->Get(CheckpointKey(index_));
+    v1::CheckpointRecord record;
+    if (kv.ok() && FromJson(kv->value, &record).ok() && !record.path().empty()) {
+      published_sequence = record.sequence();
+      absl::StatusOr<LoadedCheckpoint> one = LoadCheckpoint(record.path());
+      if (one.ok()) {
+        loaded = *std::move(one);
+      } else {
+        load_messages_.push_back(absl::StrCat(
+            "the published checkpoint ", record.path(), " failed: ", one.status().message(),
+            "; falling back to the newest good checkpoint in ", dir));
+      }
+    } else if (!kv.ok() && !absl::IsNotFound(kv.status())) {
+      load_messages_.push_back(absl::StrCat("cannot read ", CheckpointKey(index_),
+                                            " from etcd: ", kv.status().ToString(),
+                                            "; using the newest good checkpoint in ", dir));
+    }
+  }
+  if (!loaded.has_value()) {
+    absl::StatusOr<LoadedCheckpoint> latest = LoadLatestCheckpoint(dir);
+    if (latest.ok()) {
+      for (const SkippedCheckpoint& skipped : latest->skipped) {
+        load_messages_.push_back(
+            absl::StrCat("skipped ", skipped.path, ": ", skipped.status.message()));
+      }
+      loaded = *std::move(latest);
+    } else if (absl::IsNotFound(latest.status())) {
+      load_messages_.push_back(absl::StrCat("no checkpoint in ", dir, ": starting empty"));
+    } else {
+      for (const std::string& m : load_messages_) Log(m);
+      return latest.status();
+    }
+  }
+  if (loaded.has_value()) {
+    auto ext = loaded->snapshot.extensions.find(AppliedSequences::kExtensionName);
+    if (ext != loaded->snapshot.extensions.end()) {
+      PS_RETURN_IF_ERROR(service_->applied().Restore(ext->second));
+    }
+    PS_RETURN_IF_ERROR(store_.Restore(std::move(loaded->snapshot)));
+    load_messages_.push_back(absl::StrCat("loaded checkpoint ", loaded->info.path,
+                                          " (sequence ", loaded->info.sequence, ")"));
+    loaded_ = loaded->info;
+    service_->SetCheckpointSequence(loaded->info.sequence);
+  }
+  for (const std::string& m : load_messages_) Log(m);
+  // New checkpoints get numbers above every one there is.
+  uint64_t next = std::max<uint64_t>(published_sequence, loaded_ ? loaded_->sequence : 0) + 1;
+  absl::StatusOr<std::vector<CheckpointEntry>> listed = ListCheckpoints(dir);
+  if (listed.ok() && !listed->empty()) next = std::max(next, listed->back().sequence + 1);
+  absl::MutexLock lock(&save_mu_);
+  next_sequence_ = next;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointInfo> Server::Save() {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("this server has no checkpoint directory");
+  }
+  if (!loaded_ok_) return absl::FailedPreconditionError("the server has not started serving");
+  absl::MutexLock save_lock(&save_mu_);
+  StoreSnapshot snapshot;
+  {
+    // No push is between applying and recording its id meanwhile.
+    absl::WriterMutexLock lock(&service_->apply_mu());
+    snapshot = store_.Snapshot();
+    snapshot.extensions[AppliedSequences::kExtensionName] = service_->applied().Serialize();
+  }
+  const uint64_t sequence = next_sequence_++;
+  PS_ASSIGN_OR_RETURN(CheckpointInfo info,
+                      SaveCheckpoint(snapshot, ShardDir(), index_, sequence));
+  // Published only now that it is durable; pruned only after that.
+  if (etcd_ != nullptr) {
+    PS_ASSIGN_OR_RETURN(std::string json, ToJson(RecordOf(info, address_)));
+    absl::Status published = etcd_->Put(CheckpointKey(index_), json);
+    if (!published.ok()) {
+      return absl::Status(published.code(),
+                          absl::StrCat("checkpoint ", info.path,
+                                       " is durable but publishing it failed: ",
+                                       published.message()));
+    }
+  }
+  absl::StatusOr<std::vector<std::string>> pruned =
+      PruneCheckpoints(ShardDir(), options_.checkpoint_keep);
+  if (!pruned.ok()) Log(absl::StrCat("pruning old checkpoints: ", pruned.status().ToString()));
+  service_->SetCheckpointSequence(sequence);
+  return info;
+}
+
+void Server::CheckpointLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&loop_mu_);
+      if (loop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.checkpoint_interval)) {
+        return;
+      }
+    }
+    absl::StatusOr<CheckpointInfo> saved = Save();
+    if (!saved.ok()) Log(absl::StrCat("periodic checkpoint failed: ", saved.status().ToString()));
+  }
 }
 
 void Server::Shutdown(absl::Duration grace) {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  {
+    absl::MutexLock loop_lock(&loop_mu_);
+    stopping_ = true;
+  }
+  if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
+  if (registry_thread_.joinable()) registry_thread_.join();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     grpc_server_->Wait();
+  }
+  // Every call has finished: the last checkpoint has every applied push.
+  if (loaded_ok_ && !options_.checkpoint_dir.empty() && options_.checkpoint_on_shutdown) {
+    absl::StatusOr<CheckpointInfo> saved = Save();
+    Log(saved.ok() ? absl::StrCat("saved checkpoint ", saved->path)
+                   : absl::StrCat("final checkpoint failed: ", saved.status().ToString()));
+  }
+  if (etcd_ != nullptr) {
+    std::unique_ptr<LeaseKeeper> keeper;
+    int64_t lease = 0;
+    {
+      absl::MutexLock registry_lock(&registry_mu_);
+      keeper = std::move(keeper_);
+      lease = lease_;
+      lease_ = 0;
+    }
+    keeper.reset();
+    // Frees the index at once for a replacement.
+    if (lease != 0) etcd_->Revoke(lease).IgnoreError();
   }
 }
 

@@ -5,18 +5,33 @@
 //   std::cout << server->address();         // "127.0.0.1:40123"
 //   server->Shutdown();                     // also done by the destructor
 //
-// Thread-safe: Shutdown may be called from any thread, more than once.
+// Fault tolerance (docs/operations.md): with `checkpoint_dir` the server
+// loads the newest good checkpoint of its shard before serving, saves on the
+// Save RPC, every `checkpoint_interval` and on Shutdown. With
+// `etcd_endpoints` it claims the lowest free index under a lease (instead of
+// `index`), publishes its address at /ps/<idx> and each durable checkpoint at
+// /checkpoints/<idx>, prefers that published checkpoint when loading, and
+// re-registers if its lease is lost (etcd restarted). Until registered and
+// loaded it answers UNAVAILABLE, which clients retry.
+//
+// Thread-safe: Shutdown and Save may be called from any thread, more than once.
 #ifndef PSERVER_CC_SERVER_SERVER_H_
 #define PSERVER_CC_SERVER_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cc/core/checkpoint.h"
 #include "cc/core/parameter_store.h"
+#include "pserver/v1/registry.pb.h"
 
 namespace grpc {
 class Server;
@@ -25,12 +40,33 @@ class Server;
 namespace pserver {
 
 class ParameterServerService;
+class EtcdClient;
+class LeaseKeeper;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;             // 0: the system picks a free port
-  uint32_t index = 0;       // this server's shard index, reported in stats
+  uint32_t index = 0;       // this server's shard index, reported in stats (without etcd)
   int num_threads = 0;      // request threads; 0: two per core, at least 4
+
+  // --- etcd registry (empty endpoints: none, the embedded default) ---
+  std::vector<std::string> etcd_endpoints;  // "host:port"
+  std::string cluster = "default";          // keys live under /pserver/<cluster>
+  uint32_t num_servers = 0;  // desired count, written to /ps_desired if absent
+  absl::Duration lease_ttl = absl::Seconds(5);
+  // How long Start waits for a free index (all taken: a killed server's
+  // lease has not expired yet) and for etcd.
+  absl::Duration register_timeout = absl::Seconds(60);
+
+  // --- checkpoints (empty dir: none) ---
+  std::string checkpoint_dir;  // shard i lives in <checkpoint_dir>/shard-<i>
+  absl::Duration checkpoint_interval = absl::ZeroDuration();  // 0: no periodic saves
+  size_t checkpoint_keep = 3;
+  bool checkpoint_on_shutdown = true;
+
+  // Fault injection for tests: every n-th applied push is answered
+  // UNAVAILABLE as if its reply were lost. 0: off.
+  uint64_t drop_reply_after_apply_every_n = 0;
 };
 
 class Server {
@@ -45,15 +81,45 @@ class Server {
 
   const std::string& address() const { return address_; }  // host:port
   int port() const { return port_; }
-  uint32_t index() const { return options_.index; }
+  // The shard index: options.index, or the one claimed in etcd.
+  uint32_t index() const { return index_; }
   ParameterStore& store() { return store_; }
 
+  // Writes a checkpoint now, publishes it to etcd (if any), then prunes old
+  // ones. FAILED_PRECONDITION without a checkpoint_dir.
+  absl::StatusOr<CheckpointInfo> Save();
+
+  // What Start loaded: empty if nothing; the messages name the checkpoint
+  // used and every one skipped, with why (e.g. "checkpoint file checksum
+  // validation failed: ...").
+  const std::vector<std::string>& load_messages() const { return load_messages_; }
+  std::optional<CheckpointInfo> loaded_checkpoint() const { return loaded_; }
+  // etcd registrations so far (1 after Start; more after re-registering) and
+  // leases lost.
+  int registrations() const { return registrations_.load(); }
+  int leases_lost() const { return leases_lost_.load(); }
+  int64_t lease() const;
+
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
-  // then cancels the rest. Idempotent.
+  // then cancels the rest; then saves a last checkpoint (checkpoint_dir and
+  // checkpoint_on_shutdown) and gives up its etcd index. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
  private:
   explicit Server(const ServerOptions& options);
+
+  // etcd: reads /ps_desired and claims the lowest free index.
+  absl::Status Register();
+  // Grants a lease and claims /ps/<index_> under it (retaking it from our
+  // own expired registration).
+  absl::Status Reregister();
+  // Loads the shard's checkpoint into the store.
+  absl::Status LoadShard();
+  std::string ShardDir() const;
+  void CheckpointLoop();
+  void RegistryLoop();
+  absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  void Log(const std::string& message) const;
 
   const ServerOptions options_;
   ParameterStore store_;
@@ -61,8 +127,29 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::string address_;
   int port_ = 0;
+  uint32_t index_ = 0;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+
+  std::vector<std::string> load_messages_;
+  std::optional<CheckpointInfo> loaded_;
+  std::atomic<bool> loaded_ok_{false};  // the shard is in memory: saving it is safe
+
+  absl::Mutex save_mu_;  // one save at a time
+  uint64_t next_sequence_ ABSL_GUARDED_BY(save_mu_) = 1;
+
+  std::unique_ptr<EtcdClient> etcd_;
+  mutable absl::Mutex registry_mu_;
+  std::unique_ptr<LeaseKeeper> keeper_ ABSL_GUARDED_BY(registry_mu_);
+  int64_t lease_ ABSL_GUARDED_BY(registry_mu_) = 0;
+  bool lease_lost_ ABSL_GUARDED_BY(registry_mu_) = false;
+  std::atomic<int> registrations_{0};
+  std::atomic<int> leases_lost_{0};
+
+  absl::Mutex loop_mu_;
+  bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
+  std::thread checkpoint_thread_;
+  std::thread registry_thread_;
 };
 
 }  // namespace pserver

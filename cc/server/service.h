@@ -10,10 +10,17 @@
 #ifndef PSERVER_CC_SERVER_SERVICE_H_
 #define PSERVER_CC_SERVER_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cc/core/parameter_store.h"
+#include "cc/server/applied_sequences.h"
+#include "pserver/v1/registry.pb.h"
 #include "pserver/v1/service.grpc.pb.h"
 
 namespace pserver {
@@ -25,10 +32,38 @@ using ServiceBase = v1::ParameterServer::WithRawCallbackMethod_GetParams<
     v1::ParameterServer::WithRawCallbackMethod_SendGrads<
         v1::ParameterServer::WithRawCallbackMethod_PushPull<v1::ParameterServer::Service>>>;
 
+struct PushRequest;  // cc/rpc/wire.h
+
+// What a Server adds to the service beyond the store; every field optional.
+struct ServiceHooks {
+  // Save RPC: writes (and publishes) a checkpoint. Unset: FAILED_PRECONDITION.
+  std::function<absl::StatusOr<v1::CheckpointRecord>()> save;
+  // ListWorkers RPC: the live trainers. Unset: FAILED_PRECONDITION.
+  std::function<absl::StatusOr<std::vector<v1::WorkerInfo>>()> list_workers;
+  // Fault injection for tests: every n-th push that is applied is answered
+  // UNAVAILABLE, as if its reply had been lost. 0: off.
+  uint64_t drop_reply_after_apply_every_n = 0;
+};
+
 class ParameterServerService final : public ServiceBase {
  public:
   // `store` must outlive the service.
-  ParameterServerService(ParameterStore* store, uint32_t index);
+  ParameterServerService(ParameterStore* store, uint32_t index, ServiceHooks hooks = {});
+
+  // While not serving (a server still claiming its index or loading its
+  // checkpoint) every call but GetStats fails with UNAVAILABLE, which
+  // clients retry. A service starts serving.
+  void SetServing(bool serving) { serving_.store(serving, std::memory_order_release); }
+  void SetIndex(uint32_t index) { index_.store(index, std::memory_order_relaxed); }
+
+  // Pushes with a request id (client_id, sequence) are applied at most once.
+  AppliedSequences& applied() { return applied_; }
+  // Held shared while a push is applied and its id recorded; a checkpoint
+  // holds it exclusively so that the store and applied() agree.
+  absl::Mutex& apply_mu() { return apply_mu_; }
+  uint64_t replies_dropped() const { return replies_dropped_.load(); }
+  uint64_t duplicates_ignored() const { return duplicates_.load(); }
+  void SetCheckpointSequence(uint64_t sequence) { checkpoint_sequence_.store(sequence); }
 
   grpc::Status InitParam(grpc::ServerContext* context, const v1::InitParamRequest* request,
                          v1::InitParamResponse* response) override;
@@ -50,14 +85,31 @@ class ParameterServerService final : public ServiceBase {
                                      grpc::ByteBuffer* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
                         v1::GetStatsResponse* response) override;
+  grpc::Status Save(grpc::ServerContext* context, const v1::SaveRequest* request,
+                    v1::SaveResponse* response) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override;
 
  private:
+  // UNAVAILABLE while not serving.
+  absl::Status CheckServing() const;
+  // Applies a push's gradients unless its request id was applied before.
+  absl::Status ApplyOnce(const PushRequest& push);
+
   // Reads `refs` into a GetParamsResponse; nothing is returned on any error.
   absl::Status ReadParams(absl::Span<const v1::ParamRef> refs, grpc::ByteBuffer* response);
 
   ParameterStore* const store_;
-  const uint32_t index_;
+  std::atomic<uint32_t> index_;
+  const ServiceHooks hooks_;
   const absl::Time started_ = absl::Now();
+  std::atomic<bool> serving_{true};
+  AppliedSequences applied_;
+  absl::Mutex apply_mu_;
+  std::atomic<uint64_t> pushes_applied_{0};
+  std::atomic<uint64_t> replies_dropped_{0};
+  std::atomic<uint64_t> duplicates_{0};
+  std::atomic<uint64_t> checkpoint_sequence_{0};
 };
 
 }  // namespace pserver

@@ -1,0 +1,489 @@
+// End-to-end benchmark of pserver on this machine, with the ceilings it is
+// judged against measured in the same run.
+//
+//   bazel run -c opt //bench:e2e -- [--quick] [--json=FILE] [--only=dense,latency]
+//
+// Servers run as separate `pserver` processes on 127.0.0.1 (the embedded
+// group runs them in-process); workers are threads, each with its own client.
+// Every figure is the min/median/max over the repetitions, after warm-up.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/barrier.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "ceilings.h"
+#include "cc/client/client.h"
+#include "cc/client/in_process_transport.h"
+#include "cc/core/checkpoint.h"
+#include "cc/core/optimizer.h"
+#include "cc/core/parameter_store.h"
+#include "cc/core/status_macros.h"
+#include "cc/rpc/allocator.h"
+#include "cc/server/local_cluster.h"
+#include "cc/testing/child_process.h"
+#include "harness.h"
+
+ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and repetitions.");
+ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
+ABSL_FLAG(std::string, only, "",
+          "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
+          "checkpoint, memory, scaling); empty runs all.");
+ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
+
+namespace pserver::bench {
+namespace {
+
+constexpr double kGB = 1e9;
+constexpr uint64_t kKiB = 1 << 10;
+constexpr uint64_t kMiB = 1 << 20;
+
+std::string g_argv0;
+
+// ---- servers and workers -------------------------------------------------------------
+
+// N pserver processes on 127.0.0.1; killed (by PID) when this goes away.
+struct ServerProcesses {
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  std::vector<std::string> addresses;
+  ~ServerProcesses() {
+    for (auto& child : children) {
+      kill(child->pid(), SIGTERM);
+      (void)child->WaitForExit(absl::Now() + absl::Seconds(10));
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<ServerProcesses>> StartServers(int n) {
+  std::string binary = absl::GetFlag(FLAGS_pserver);
+  if (binary.empty()) binary = RunfilesPath("cc/server/pserver", g_argv0);
+  auto servers = std::make_unique<ServerProcesses>();
+  for (int i = 0; i < n; ++i) {
+    PS_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(binary, {"--port=0", absl::StrCat("--index=", i)}));
+    PS_ASSIGN_OR_RETURN(std::string address,
+                        WaitForPserverAddress(*child, i, absl::Now() + absl::Seconds(20)));
+    servers->addresses.push_back(address);
+    servers->children.push_back(std::move(child));
+  }
+  return servers;
+}
+
+// Runs `op(worker)` `ops` times on each of `workers` threads, started
+// together; returns the wall time of the slowest.
+absl::StatusOr<double> RunWorkers(int workers, int ops,
+                                  const std::function<absl::Status(int)>& op) {
+  std::vector<absl::Status> results(workers);
+  absl::Barrier* start = new absl::Barrier(workers + 1);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      if (start->Block()) delete start;
+      for (int i = 0; i < ops && results[w].ok(); ++i) results[w] = op(w);
+    });
+  }
+  const double begin = NowSeconds();
+  if (start->Block()) delete start;
+  for (auto& t : threads) t.join();
+  const double seconds = NowSeconds() - begin;
+  for (const auto& r : results) PS_RETURN_IF_ERROR(r);
+  return seconds;
+}
+
+v1::ParameterConfig Sgd() {
+  v1::ParameterConfig config;
+  config.mutable_optimizer()->mutable_sgd();
+  config.mutable_learning_rate()->set_learning_rate(1e-9);
+  return config;
+}
+
+Tensor Filled(uint64_t bytes, float value) {
+  const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
+  return Tensor::FromValues<float>({n}, std::vector<float>(n, value));
+}
+
+// Operations per repetition for a payload: enough bytes to time well.
+int OpsFor(const Harness& h, uint64_t bytes) {
+  const uint64_t target = h.quick() ? 48 * kMiB : 256 * kMiB;
+  const int cap = h.quick() ? 400 : 2000;
+  return static_cast<int>(std::clamp<uint64_t>(target / bytes, 2, cap));
+}
+
+// ---- groups ----------------------------------------------------------------------------
+
+absl::Status Ceilings(Harness& h, const std::vector<uint64_t>& sizes) {
+  {
+    Result& r = h.Add("ceiling", "memcpy");
+    r.set_payload_bytes(64 * kMiB);
+    PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+      return MemcpyBandwidth(64 * kMiB, h.quick() ? 4 : 16) / kGB;
+    }));
+  }
+  {
+    Result& r = h.Add("ceiling", "socket");
+    r.set_payload_bytes(kMiB);
+    const uint64_t total = h.quick() ? 512 * kMiB : 2048 * kMiB;
+    PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+      PS_ASSIGN_OR_RETURN(double bps, SocketStreamBandwidth(total, kMiB));
+      return bps / kGB;
+    }));
+  }
+  PS_ASSIGN_OR_RETURN(auto echo, GrpcEcho::Start());
+  for (uint64_t bytes : sizes) {
+    Result& r = h.Add("ceiling", "grpc_echo");
+    r.set_payload_bytes(bytes);
+    const int calls = std::max(2, OpsFor(h, bytes) / 2);
+    PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+      PS_ASSIGN_OR_RETURN(double bps, echo->Bandwidth(bytes, calls));
+      return bps / kGB;
+    }));
+  }
+  h.PrintGroup("ceiling");
+  return absl::OkStatus();
+}
+
+// One client per worker, over gRPC to `addresses` or in-process to `stores`.
+absl::StatusOr<std::vector<std::unique_ptr<Client>>> MakeClients(
+    int workers, const std::vector<std::string>& addresses,
+    const std::vector<ParameterStore*>& stores) {
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int w = 0; w < workers; ++w) {
+    ClientOptions options;
+    options.servers = addresses;
+    options.timeout = absl::Seconds(120);
+    if (stores.empty()) {
+      PS_ASSIGN_OR_RETURN(auto c, Client::Connect(options));
+      clients.push_back(std::move(c));
+    } else {
+      PS_ASSIGN_OR_RETURN(auto c, Client::Create(options, InProcessTransports(stores)));
+      clients.push_back(std::move(c));
+    }
+  }
+  return clients;
+}
+
+// Push, pull and push+pull of each size, by `workers` workers, each on its
+// own parameter. Aggregate payload GB/s.
+absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::unique_ptr<Client>>& clients,
+                      int servers, const std::vector<uint64_t>& sizes,
+                      const std::string& ceiling) {
+  const int workers = static_cast<int>(clients.size());
+  // Every parameter is initialized before FinishInitParams opens the servers.
+  std::vector<std::vector<std::string>> all_names(sizes.size());
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    for (int w = 0; w < workers; ++w) {
+      all_names[s].push_back(absl::StrCat(group, "_", sizes[s], "_w", w));
+      PS_RETURN_IF_ERROR(clients[w]->InitParam(all_names[s][w], Filled(sizes[s], 1.0f), Sgd()));
+    }
+  }
+  for (auto& c : clients) PS_RETURN_IF_ERROR(c->FinishInitParams());
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    const uint64_t bytes = sizes[s];
+    const std::vector<std::string>& names = all_names[s];
+    std::vector<Tensor> grads, outs(workers);
+    for (int w = 0; w < workers; ++w) grads.push_back(Filled(bytes, 0.5f));
+    const int ops = OpsFor(h, bytes * workers);
+    const std::vector<std::pair<std::string, std::function<absl::Status(int)>>> kinds = {
+        {"push", [&](int w) { return clients[w]->SendGrad(names[w], grads[w]); }},
+        {"pull",
+         [&](int w) {
+           return clients[w]->GetParamsInto(absl::MakeConstSpan(&names[w], 1),
+                                            absl::MakeSpan(&outs[w], 1));
+         }},
+        {"pushpull", [&](int w) { return clients[w]->PushPull(names[w], grads[w], &outs[w]); }},
+    };
+    for (const auto& [kind, op] : kinds) {
+      Result& r = h.Add(group, kind);
+      r.set_payload_bytes(bytes);
+      r.set_servers(servers);
+      r.set_workers(workers);
+      PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+        PS_ASSIGN_OR_RETURN(double seconds, RunWorkers(workers, ops, op));
+        // push+pull moves the payload both ways; count it once, as ps-lite does.
+        return static_cast<double>(bytes) * workers * ops / seconds / kGB;
+      }));
+      h.Compare(&r, ceiling);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Dense(Harness& h, const std::vector<uint64_t>& sizes) {
+  std::vector<std::pair<int, int>> configs = {{1, 1}, {1, 2}, {2, 1}, {2, 2}};
+  if (h.quick()) configs = {{1, 1}, {2, 2}};
+  for (const auto& [servers, workers] : configs) {
+    PS_ASSIGN_OR_RETURN(auto procs, StartServers(servers));
+    PS_ASSIGN_OR_RETURN(auto clients, MakeClients(workers, procs->addresses, {}));
+    std::vector<uint64_t> these = sizes;
+    if (h.quick() && servers > 1) these = {kMiB, 16 * kMiB};
+    PS_RETURN_IF_ERROR(DenseOps(h, "dense", clients, servers, these, "socket"));
+  }
+  h.PrintGroup("dense");
+  return absl::OkStatus();
+}
+
+absl::Status Latency(Harness& h) {
+  PS_ASSIGN_OR_RETURN(auto procs, StartServers(1));
+  PS_ASSIGN_OR_RETURN(auto clients, MakeClients(1, procs->addresses, {}));
+  Client& client = *clients[0];
+  const std::string name = "small";
+  const Tensor grad = Filled(4 * kKiB, 0.5f);
+  PS_RETURN_IF_ERROR(client.InitParam(name, Filled(4 * kKiB, 1.0f), Sgd()));
+  PS_RETURN_IF_ERROR(client.FinishInitParams());
+  std::vector<Tensor> out(1);
+  const std::vector<std::pair<std::string, std::function<absl::Status()>>> kinds = {
+      {"push", [&] { return client.SendGrad(name, grad); }},
+      {"pull", [&] { return client.GetParamsInto(absl::MakeConstSpan(&name, 1), absl::MakeSpan(out)); }},
+  };
+  const int ops = h.quick() ? 2000 : 10000;
+  for (const auto& [kind, op] : kinds) {
+    Result& r = h.Add("latency", kind);
+    r.set_payload_bytes(4 * kKiB);
+    r.set_servers(1);
+    r.set_workers(1);
+    std::vector<double> all;
+    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&]() -> absl::StatusOr<double> {
+      const double begin = NowSeconds();
+      for (int i = 0; i < ops; ++i) {
+        const double t = NowSeconds();
+        PS_RETURN_IF_ERROR(op());
+        all.push_back((NowSeconds() - t) * 1e6);
+      }
+      return ops / (NowSeconds() - begin);
+    }));
+    std::sort(all.begin(), all.end());
+    (*r.mutable_extra())["p50_us"] = all[all.size() / 2];
+    (*r.mutable_extra())["p99_us"] = all[all.size() * 99 / 100];
+  }
+  h.PrintGroup("latency");
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerApply(Harness& h) {
+  const uint64_t bytes = h.quick() ? 16 * kMiB : 64 * kMiB;
+  const size_t n = bytes / sizeof(float);
+  // Bytes each element moves: read+written, as memcpy's 2 (read, write).
+  const std::vector<std::tuple<std::string, double, std::function<void(v1::ParameterConfig*)>>>
+      kinds = {
+          {"sgd", 3, [](v1::ParameterConfig* c) { c->mutable_optimizer()->mutable_sgd(); }},
+          {"sgd_momentum", 5,
+           [](v1::ParameterConfig* c) { c->mutable_optimizer()->mutable_sgd()->set_momentum(0.9); }},
+          {"adam", 7, [](v1::ParameterConfig* c) { c->mutable_optimizer()->mutable_adam(); }},
+      };
+  std::vector<float> params(n, 1.0f), grad(n, 0.001f);
+  for (const auto& [name, traffic, configure] : kinds) {
+    v1::ParameterConfig config;
+    configure(&config);
+    PS_ASSIGN_OR_RETURN(auto optimizer, Optimizer::Create(config, v1::FLOAT32, n));
+    Result& r = h.Add("optimizer", name);
+    r.set_payload_bytes(bytes);
+    const int rounds = h.quick() ? 3 : 6;
+    PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+      const double begin = NowSeconds();
+      for (int i = 0; i < rounds; ++i) optimizer->Apply(params.data(), grad.data(), std::nullopt);
+      return traffic * bytes * rounds / (NowSeconds() - begin) / kGB;
+    }));
+    (*r.mutable_extra())["bytes_moved_per_param_byte"] = traffic;
+    h.Compare(&r, "memcpy", /*scale=*/2.0);  // memcpy moves 2 bytes per byte copied
+  }
+  h.PrintGroup("optimizer");
+  return absl::OkStatus();
+}
+
+absl::Status Embedded(Harness& h, const std::vector<uint64_t>& sizes) {
+  PS_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(1));
+  PS_ASSIGN_OR_RETURN(auto clients, MakeClients(1, cluster->addresses(), cluster->stores()));
+  PS_RETURN_IF_ERROR(DenseOps(h, "embedded", clients, 1, sizes, "memcpy"));
+  h.PrintGroup("embedded");
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoint(Harness& h) {
+  const uint64_t bytes = h.quick() ? 64 * kMiB : 256 * kMiB;
+  ParameterStore store;
+  v1::ParameterConfig adam;
+  adam.mutable_optimizer()->mutable_adam();
+  const uint64_t per_param = 16 * kMiB;
+  for (uint64_t i = 0; i < bytes / per_param; ++i) {
+    Tensor t = Filled(per_param, 1.0f);
+    v1::Parameter p;
+    p.set_name(absl::StrCat("p", i));
+    p.set_element_type(v1::FLOAT32);
+    p.add_shape(t.num_elements());
+    p.set_content(std::move(t).ReleaseBytes());
+    PS_RETURN_IF_ERROR(store.Init(std::move(p), adam));
+  }
+  store.FinishInit();
+  const uint64_t total = bytes * 3;  // parameters + Adam's two moments
+  char dir_template[] = "/tmp/pserver-bench-ckpt-XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  if (dir == nullptr) return absl::InternalError("mkdtemp failed");
+  uint64_t sequence = 0;
+  std::string last;
+  {
+    Result& r = h.Add("checkpoint", "save");
+    r.set_payload_bytes(total);
+    PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+      const double begin = NowSeconds();
+      StoreSnapshot snapshot = store.Snapshot();
+      PS_ASSIGN_OR_RETURN(CheckpointInfo info, SaveCheckpoint(snapshot, dir, 0, ++sequence, {}));
+      last = info.path;
+      PS_RETURN_IF_ERROR(PruneCheckpoints(dir, 1).status());
+      return total / (NowSeconds() - begin) / kGB;
+    }));
+  }
+  {
+    Result& r = h.Add("checkpoint", "load");
+    r.set_payload_bytes(total);
+    PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+      const double begin = NowSeconds();
+      PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadCheckpoint(last));
+      ParameterStore restored;
+      PS_RETURN_IF_ERROR(restored.Restore(std::move(loaded.snapshot)));
+      return total / (NowSeconds() - begin) / kGB;
+    }));
+  }
+  (void)PruneCheckpoints(dir, 1);
+  std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
+  h.PrintGroup("checkpoint");
+  return absl::OkStatus();
+}
+
+uint64_t RssBytes(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+absl::Status Memory(Harness& h) {
+  const uint64_t bytes = h.quick() ? 256 * kMiB : 1024 * kMiB;
+  const uint64_t per_param = 64 * kMiB;
+  PS_ASSIGN_OR_RETURN(auto procs, StartServers(1));
+  PS_ASSIGN_OR_RETURN(auto clients, MakeClients(1, procs->addresses, {}));
+  Client& client = *clients[0];
+  v1::ParameterConfig adam;
+  adam.mutable_optimizer()->mutable_adam();
+  std::vector<std::string> names;
+  for (uint64_t i = 0; i < bytes / per_param; ++i) {
+    names.push_back(absl::StrCat("m", i));
+    PS_RETURN_IF_ERROR(client.InitParam(names.back(), Filled(per_param, 1.0f), adam));
+  }
+  PS_RETURN_IF_ERROR(client.FinishInitParams());
+  const pid_t pid = procs->children[0]->pid();
+  const uint64_t expected = bytes * 3;  // parameters + Adam's m and v
+  const Tensor grad = Filled(per_param, 0.01f);
+  std::vector<Tensor> out(1);
+  Result& r = h.Add("memory", "server_rss");
+  r.set_payload_bytes(bytes);
+  r.set_servers(1);
+  r.set_workers(1);
+  PS_RETURN_IF_ERROR(h.Measure(&r, "x", [&]() -> absl::StatusOr<double> {
+    for (const std::string& name : names) {  // traffic through the data path first
+      PS_RETURN_IF_ERROR(client.SendGrad(name, grad));
+      PS_RETURN_IF_ERROR(client.GetParamsInto(absl::MakeConstSpan(&name, 1), absl::MakeSpan(out)));
+    }
+    return static_cast<double>(RssBytes(pid)) / expected;
+  }));
+  (*r.mutable_extra())["rss_mib"] = static_cast<double>(RssBytes(pid)) / kMiB;
+  (*r.mutable_extra())["params_plus_state_mib"] = static_cast<double>(expected) / kMiB;
+  h.PrintGroup("memory");
+  return absl::OkStatus();
+}
+
+absl::Status Scaling(Harness& h) {
+  const uint64_t bytes = h.quick() ? 4 * kMiB : 16 * kMiB;
+  constexpr int kMaxWorkers = 2;
+  for (int servers : {1, 2, 4}) {
+    PS_ASSIGN_OR_RETURN(auto procs, StartServers(servers));
+    PS_ASSIGN_OR_RETURN(auto clients, MakeClients(kMaxWorkers, procs->addresses, {}));
+    std::vector<std::string> names;
+    std::vector<Tensor> grads, outs(kMaxWorkers);
+    for (int w = 0; w < kMaxWorkers; ++w) {
+      names.push_back(absl::StrCat("scale_w", w));
+      grads.push_back(Filled(bytes, 0.5f));
+      PS_RETURN_IF_ERROR(clients[w]->InitParam(names[w], Filled(bytes, 1.0f), Sgd()));
+    }
+    for (auto& c : clients) PS_RETURN_IF_ERROR(c->FinishInitParams());
+    for (int workers = 1; workers <= kMaxWorkers; ++workers) {
+      Result& r = h.Add("scaling", "pushpull");
+      r.set_payload_bytes(bytes);
+      r.set_servers(servers);
+      r.set_workers(workers);
+      const int ops = OpsFor(h, bytes * workers);
+      PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+        PS_ASSIGN_OR_RETURN(double seconds, RunWorkers(workers, ops, [&](int w) {
+          return clients[w]->PushPull(names[w], grads[w], &outs[w]);
+        }));
+        return static_cast<double>(bytes) * workers * ops / seconds / kGB;
+      }));
+      h.Compare(&r, "socket");
+    }
+  }
+  h.PrintGroup("scaling");
+  return absl::OkStatus();
+}
+
+absl::Status Run(int argc, char** argv) {
+  HarnessOptions options;
+  options.quick = absl::GetFlag(FLAGS_quick);
+  options.warmup = 1;
+  options.repetitions = options.quick ? 3 : 5;
+  std::vector<std::string> args(argv, argv + argc);
+  options.command = absl::StrCat("bazel run -c opt //bench:e2e --",
+                                 options.quick ? " --quick" : "");
+  Harness h(options);
+
+  const std::string only = absl::GetFlag(FLAGS_only);
+  const std::vector<std::string> groups = absl::StrSplit(only, ',', absl::SkipEmpty());
+  auto wanted = [&](const std::string& g) {
+    return groups.empty() || std::find(groups.begin(), groups.end(), g) != groups.end();
+  };
+  std::vector<uint64_t> sizes = {4 * kKiB, 64 * kKiB, kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
+  const std::vector<uint64_t> big = {kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
+
+  const double begin = NowSeconds();
+  // Ceilings first: the other groups are compared with them.
+  if (wanted("ceiling") || groups.empty() || wanted("dense") || wanted("optimizer") ||
+      wanted("embedded") || wanted("scaling")) {
+    PS_RETURN_IF_ERROR(Ceilings(h, sizes));
+  }
+  if (wanted("dense")) PS_RETURN_IF_ERROR(Dense(h, sizes));
+  if (wanted("latency")) PS_RETURN_IF_ERROR(Latency(h));
+  if (wanted("optimizer")) PS_RETURN_IF_ERROR(OptimizerApply(h));
+  if (wanted("embedded")) PS_RETURN_IF_ERROR(Embedded(h, big));
+  if (wanted("checkpoint")) PS_RETURN_IF_ERROR(Checkpoint(h));
+  if (wanted("memory")) PS_RETURN_IF_ERROR(Memory(h));
+  if (wanted("scaling")) PS_RETURN_IF_ERROR(Scaling(h));
+  std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);
+
+  const std::string json = absl::GetFlag(FLAGS_json);
+  if (!json.empty()) {
+    PS_RETURN_IF_ERROR(h.WriteJson(json));
+    std::printf("results written to %s\n", json.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace pserver::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  pserver::KeepFreedMemoryForReuse();  // as pserver does; see cc/rpc/allocator.h
+  pserver::bench::g_argv0 = argv[0];
+  absl::Status status = pserver::bench::Run(argc, argv);
+  if (!status.ok()) {
+    std::fprintf(stderr, "e2e: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

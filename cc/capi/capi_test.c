@@ -1,0 +1,582 @@
+/* The C ABI from C: every call of pserver.h, happy paths and errors.
+ * Compiled as C11 and linked against libpserver.so, as a C program would. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cc/capi/pserver.h"
+
+static int failures = 0;
+
+#define EXPECT(cond)                                                     \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      fprintf(stderr, "%s:%d: EXPECT failed: %s\n", __FILE__, __LINE__, \
+              #cond);                                                    \
+      ++failures;                                                        \
+    }                                                                    \
+  } while (0)
+
+/* The status has `code`, and its message contains `part`. */
+#define EXPECT_STATUS(st, code, part)                                             \
+  do {                                                                            \
+    if (pserver_status_code(st) != (code) ||                                      \
+        strstr(pserver_status_message(st), (part)) == NULL) {                     \
+      fprintf(stderr, "%s:%d: want %s containing \"%s\", got %s: \"%s\"\n",       \
+              __FILE__, __LINE__, pserver_code_name(code), (part),                \
+              pserver_code_name(pserver_status_code(st)),                         \
+              pserver_status_message(st));                                        \
+      ++failures;                                                                 \
+    }                                                                             \
+  } while (0)
+
+#define EXPECT_OK(st) EXPECT_STATUS(st, PSERVER_OK, "")
+
+static void test_version_and_codes(void) {
+  EXPECT(strcmp(pserver_version(), "0.1.0") == 0);
+  EXPECT(PSERVER_NOT_FOUND == 5 && PSERVER_ALREADY_EXISTS == 6 &&
+         PSERVER_FAILED_PRECONDITION == 9 && PSERVER_UNAVAILABLE == 14 &&
+         PSERVER_DATA_LOSS == 15);
+  EXPECT(strcmp(pserver_code_name(PSERVER_INVALID_ARGUMENT), "INVALID_ARGUMENT") == 0);
+  EXPECT(strcmp(pserver_code_name(99), "UNKNOWN_CODE") == 0);
+  EXPECT(pserver_dtype_size(PSERVER_FLOAT32) == 4);
+  EXPECT(pserver_dtype_size(PSERVER_UINT64) == 8);
+  EXPECT(pserver_dtype_size(PSERVER_INT32) == 4);
+  EXPECT(pserver_dtype_size(7) == 0);
+  EXPECT(strcmp(pserver_dtype_name(PSERVER_FLOAT64), "float64") == 0);
+  EXPECT(strcmp(pserver_dtype_name(42), "unknown") == 0);
+
+  pserver_status_t* st = pserver_status_new();
+  EXPECT_OK(st);
+  pserver_status_set(st, PSERVER_ABORTED, "stop");
+  EXPECT_STATUS(st, PSERVER_ABORTED, "stop");
+  pserver_status_delete(st);
+  /* NULL-safe deletes and a NULL status. */
+  pserver_status_delete(NULL);
+  pserver_client_delete(NULL);
+  pserver_client_options_delete(NULL);
+  pserver_server_delete(NULL);
+  pserver_server_options_delete(NULL);
+  pserver_local_cluster_delete(NULL);
+  pserver_checkpoint_reader_delete(NULL);
+  pserver_param_config_delete(NULL);
+  pserver_batch_delete(NULL);
+  EXPECT(pserver_status_code(NULL) == PSERVER_OK);
+  pserver_client_finish_init(NULL, NULL); /* error dropped, no crash */
+}
+
+static void test_config(void) {
+  pserver_status_t* st = pserver_status_new();
+  pserver_param_config_t* cfg = pserver_param_config_new();
+  char text[512];
+
+  pserver_param_config_set_optimizer(cfg, "adam", st);
+  EXPECT_OK(st);
+  pserver_param_config_set(cfg, "beta1", 0.8, st);
+  EXPECT_OK(st);
+  pserver_param_config_set(cfg, "lr", 0.05, st);
+  EXPECT_OK(st);
+  pserver_param_config_set(cfg, "clip_norm", 1.5, st);
+  EXPECT_OK(st);
+  pserver_param_config_set_schedule(cfg, "cosine", st);
+  EXPECT_OK(st);
+  pserver_param_config_set(cfg, "decay_steps", 100, st);
+  EXPECT_OK(st);
+  size_t n = pserver_param_config_text(cfg, text, sizeof text);
+  EXPECT(n > 0 && n < sizeof text);
+  EXPECT(strstr(text, "adam { beta1: 0.8 }") != NULL);
+  EXPECT(strstr(text, "learning_rate: 0.05") != NULL);
+  EXPECT(strstr(text, "clip_norm: 1.5") != NULL);
+  EXPECT(strstr(text, "decay_steps: 100") != NULL);
+  /* Truncation reports the full length, like snprintf. */
+  char small[8];
+  EXPECT(pserver_param_config_text(cfg, small, sizeof small) == n);
+  EXPECT(strlen(small) == 7);
+
+  /* Errors change nothing. */
+  pserver_param_config_set(cfg, "momentum", 0.9, st); /* not an Adam setting */
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "unknown config setting 'momentum'");
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "beta2");
+  pserver_param_config_set(cfg, "decay_steps", -1, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "whole number");
+  pserver_param_config_set(cfg, "beta1", NAN, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "finite");
+  pserver_param_config_set_optimizer(cfg, "lbfgs", st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "unknown optimizer 'lbfgs'");
+  pserver_param_config_set_schedule(cfg, "exp", st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "unknown schedule");
+  EXPECT(pserver_param_config_text(cfg, text, sizeof text) == n);
+
+  pserver_param_config_set_optimizer(cfg, "sgd", st);
+  pserver_param_config_set(cfg, "nesterov", 1, st);
+  EXPECT_OK(st);
+  pserver_param_config_set(cfg, "nesterov", 0.5, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "boolean");
+
+  pserver_param_config_parse_text(cfg, "optimizer { rmsprop { alpha: 0.5 } }", st);
+  EXPECT_OK(st);
+  pserver_param_config_text(cfg, text, sizeof text);
+  EXPECT(strstr(text, "rmsprop { alpha: 0.5 }") != NULL);
+  pserver_param_config_parse_text(cfg, "optimizer { nope: 1 }", st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "text format");
+  /* Serialized proto: field 1 (optimizer), length 2, field 5 (adam), length 0. */
+  const unsigned char adam[] = {0x0a, 0x02, 0x2a, 0x00};
+  pserver_param_config_parse(cfg, adam, sizeof adam, st);
+  EXPECT_OK(st);
+  pserver_param_config_text(cfg, text, sizeof text);
+  EXPECT(strstr(text, "adam {") != NULL);
+  const unsigned char junk[] = {0xff, 0xff, 0xff};
+  pserver_param_config_parse(cfg, junk, sizeof junk, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "ParameterConfig");
+
+  pserver_param_config_delete(cfg);
+  pserver_status_delete(st);
+}
+
+/* The whole client surface against `client` (fresh servers). */
+static void exercise_client(pserver_client_t* client) {
+  pserver_status_t* st = pserver_status_new();
+  int64_t shape[2] = {2, 3};
+  float w[6] = {1, 2, 3, 4, 5, 6};
+  float g[6] = {1, 1, 1, 1, 1, 1};
+  float out[6];
+  double d_out[6];
+  int64_t counts[4] = {10, 20, 30, 40};
+  int64_t count_shape[1] = {4};
+
+  pserver_param_config_t* sgd = pserver_param_config_new();
+  pserver_param_config_set(sgd, "lr", 0.5, st);
+  EXPECT_OK(st);
+  pserver_param_config_t* add = pserver_param_config_new();
+  pserver_param_config_set_optimizer(add, "add", st);
+
+  pserver_client_init_param(client, "w", PSERVER_FLOAT32, shape, 2, w, sizeof w, sgd, st);
+  EXPECT_OK(st);
+  pserver_client_init_param(client, "counts", PSERVER_INT64, count_shape, 1, counts,
+                            sizeof counts, add, st);
+  EXPECT_OK(st);
+  /* A second init of a name: ALREADY_EXISTS. */
+  pserver_client_init_param(client, "w", PSERVER_FLOAT32, shape, 2, w, sizeof w, NULL, st);
+  EXPECT_STATUS(st, PSERVER_ALREADY_EXISTS, "pserver already initialized");
+  /* Size not matching the shape; unknown dtype. */
+  pserver_client_init_param(client, "bad", PSERVER_FLOAT32, shape, 2, w, 5, NULL, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 24 bytes");
+  pserver_client_init_param(client, "bad", 9, shape, 2, w, sizeof w, NULL, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "unknown element type 9");
+  pserver_client_init_param(client, NULL, PSERVER_FLOAT32, shape, 2, w, sizeof w, NULL, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "name is NULL");
+
+  /* Reads and gradients before finish_init: FAILED_PRECONDITION. */
+  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  EXPECT_STATUS(st, PSERVER_FAILED_PRECONDITION, "not fully initialized");
+  pserver_client_send_grad(client, "w", PSERVER_FLOAT32, g, sizeof g, st);
+  EXPECT_STATUS(st, PSERVER_FAILED_PRECONDITION, "not fully initialized");
+
+  pserver_client_finish_init(client, st);
+  EXPECT_OK(st);
+  pserver_client_finish_init(client, st); /* idempotent */
+  EXPECT_OK(st);
+
+  /* Info first, then a read into a buffer of the size it gives. */
+  int32_t dtype = 0;
+  int64_t dims[4] = {0};
+  size_t ndim = 0;
+  pserver_client_param_info(client, "w", &dtype, dims, 4, &ndim, st);
+  EXPECT_OK(st);
+  EXPECT(dtype == PSERVER_FLOAT32 && ndim == 2 && dims[0] == 2 && dims[1] == 3);
+  pserver_client_param_info(client, "w", &dtype, dims, 1, &ndim, st); /* capacity 1 */
+  EXPECT_OK(st);
+  EXPECT(ndim == 2);
+  pserver_client_param_info(client, "nope", &dtype, dims, 4, &ndim, st);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "nope");
+
+  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  EXPECT_OK(st);
+  EXPECT(out[0] == 1 && out[5] == 6);
+
+  /* SGD lr 0.5: w -= 0.5 * g. */
+  pserver_client_send_grad(client, "w", PSERVER_FLOAT32, g, sizeof g, st);
+  EXPECT_OK(st);
+  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  EXPECT_OK(st);
+  EXPECT(out[0] == 0.5f && out[5] == 5.5f);
+
+  /* Wrong dtype, wrong size, unknown name: nothing is applied or written. */
+  double dg[6] = {1, 1, 1, 1, 1, 1};
+  pserver_client_send_grad(client, "w", PSERVER_FLOAT64, dg, sizeof dg, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "float32");
+  pserver_client_send_grad(client, "w", PSERVER_FLOAT32, g, 5 * sizeof(float), st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 24 bytes");
+  pserver_client_send_grad(client, "nope", PSERVER_FLOAT32, g, sizeof g, st);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "nope");
+  memset(d_out, 0, sizeof d_out);
+  pserver_client_get_param(client, "w", PSERVER_FLOAT64, d_out, sizeof d_out, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "float32");
+  EXPECT(d_out[0] == 0);
+  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, 4, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 24 bytes, the buffer has 4");
+  pserver_client_get_param(client, "nope", PSERVER_FLOAT32, out, sizeof out, st);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "nope");
+  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  EXPECT(out[0] == 0.5f);
+
+  /* Batched gradients, batched reads, push-pull. */
+  pserver_batch_t* grads = pserver_batch_new();
+  pserver_batch_t* outs = pserver_batch_new();
+  int64_t dcounts[4] = {1, 2, 3, 4};
+  int64_t counts_out[4];
+  pserver_batch_add_input(grads, "w", PSERVER_FLOAT32, g, sizeof g);
+  pserver_batch_add_input(grads, "counts", PSERVER_INT64, dcounts, sizeof dcounts);
+  EXPECT(pserver_batch_size(grads) == 2);
+  pserver_client_send_grads(client, grads, st);
+  EXPECT_OK(st);
+  pserver_batch_add_output(outs, "w", PSERVER_FLOAT32, out, sizeof out);
+  pserver_batch_add_output(outs, "counts", PSERVER_INT64, counts_out, sizeof counts_out);
+  pserver_client_get_params(client, outs, st);
+  EXPECT_OK(st);
+  EXPECT(out[0] == 0.0f && out[5] == 5.0f);
+  EXPECT(counts_out[0] == 11 && counts_out[3] == 44);
+
+  pserver_client_push_pull(client, grads, outs, st);
+  EXPECT_OK(st);
+  EXPECT(out[0] == -0.5f && counts_out[3] == 48);
+
+  /* A batch with one bad part is applied not at all. */
+  pserver_batch_t* bad = pserver_batch_new();
+  pserver_batch_add_input(bad, "counts", PSERVER_INT64, dcounts, sizeof dcounts);
+  pserver_batch_add_input(bad, "w", PSERVER_FLOAT64, dg, sizeof dg);
+  pserver_client_send_grads(client, bad, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "float32");
+  pserver_client_get_params(client, outs, st);
+  EXPECT_OK(st);
+  EXPECT(counts_out[3] == 48);
+  /* Outputs that do not match the gradients, inputs used as outputs. */
+  pserver_batch_clear(bad);
+  EXPECT(pserver_batch_size(bad) == 0);
+  pserver_batch_add_output(bad, "w", PSERVER_FLOAT32, out, sizeof out);
+  pserver_client_push_pull(client, grads, bad, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "2 gradients but 1 outputs");
+  pserver_client_send_grads(client, bad, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "is an output");
+  pserver_client_get_params(client, grads, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "not an output");
+  pserver_client_get_params(client, outs, st);
+  EXPECT(counts_out[3] == 48); /* the failed push_pull applied nothing */
+
+  /* Stats: one entry per server; gradients were counted. */
+  pserver_server_stats_t stats[8];
+  size_t n = pserver_client_stats(client, stats, 8, sizeof stats[0], st);
+  EXPECT_OK(st);
+  EXPECT(n == (size_t)pserver_client_num_servers(client));
+  uint64_t applied = 0, params = 0;
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT(stats[i].index == i);
+    EXPECT(stats[i].initialized == 1);
+    applied += stats[i].gradients_applied;
+    params += stats[i].parameters;
+  }
+  EXPECT(applied >= 5);
+  EXPECT(params >= 2); /* blocks held */
+  EXPECT(pserver_client_stats(client, NULL, 0, sizeof stats[0], st) == n);
+  EXPECT_OK(st);
+
+  pserver_batch_delete(bad);
+  pserver_batch_delete(outs);
+  pserver_batch_delete(grads);
+  pserver_param_config_delete(add);
+  pserver_param_config_delete(sgd);
+  pserver_status_delete(st);
+}
+
+static void test_local_cluster(void) {
+  pserver_status_t* st = pserver_status_new();
+  EXPECT(pserver_local_cluster_new(0, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "at least 1 server");
+
+  pserver_local_cluster_t* cluster = pserver_local_cluster_new(3, st);
+  EXPECT_OK(st);
+  EXPECT(pserver_local_cluster_size(cluster) == 3);
+  EXPECT(strncmp(pserver_local_cluster_address(cluster, 0), "127.0.0.1:", 10) == 0);
+  EXPECT(pserver_local_cluster_address(cluster, 3) == NULL);
+  EXPECT(pserver_local_cluster_address(cluster, -1) == NULL);
+
+  pserver_client_options_t* opts = pserver_client_options_new();
+  pserver_client_options_set_block_bytes(opts, 16); /* 6 floats: 2 blocks */
+  pserver_client_t* client = pserver_local_cluster_client(cluster, opts, st);
+  EXPECT_OK(st);
+  EXPECT(pserver_client_num_servers(client) == 3);
+  exercise_client(client);
+
+  /* A gRPC client of the same cluster sees the same parameters. */
+  pserver_client_options_t* grpc_opts = pserver_client_options_new();
+  pserver_client_options_set_block_bytes(grpc_opts, 16);
+  for (int i = 0; i < 3; ++i) {
+    pserver_client_options_add_server(grpc_opts, pserver_local_cluster_address(cluster, i));
+  }
+  pserver_client_t* remote = pserver_client_new(grpc_opts, st);
+  EXPECT_OK(st);
+  float a[6], b[6];
+  pserver_client_get_param(client, "w", PSERVER_FLOAT32, a, sizeof a, st);
+  EXPECT_OK(st);
+  pserver_client_get_param(remote, "w", PSERVER_FLOAT32, b, sizeof b, st);
+  EXPECT_OK(st);
+  EXPECT(memcmp(a, b, sizeof a) == 0);
+  pserver_client_delete(remote);
+
+  /* After stop, the in-process client fails cleanly; stop is idempotent. */
+  pserver_local_cluster_stop(cluster);
+  pserver_local_cluster_stop(cluster);
+  pserver_client_get_param(client, "w", PSERVER_FLOAT32, a, sizeof a, st);
+  EXPECT_STATUS(st, PSERVER_UNAVAILABLE, "stopped");
+  EXPECT(pserver_local_cluster_client(cluster, NULL, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_FAILED_PRECONDITION, "stopped");
+  /* The client may outlive the cluster handle. */
+  pserver_local_cluster_delete(cluster);
+  pserver_client_finish_init(client, st);
+  EXPECT_STATUS(st, PSERVER_UNAVAILABLE, "stopped");
+  pserver_client_delete(client);
+  pserver_client_options_delete(grpc_opts);
+  pserver_client_options_delete(opts);
+  pserver_status_delete(st);
+}
+
+static void test_server(void) {
+  pserver_status_t* st = pserver_status_new();
+  pserver_server_t* server = pserver_server_new(NULL, st);
+  EXPECT_OK(st);
+  EXPECT(pserver_server_port(server) > 0);
+  char want[64];
+  snprintf(want, sizeof want, "127.0.0.1:%d", (int)pserver_server_port(server));
+  EXPECT(strcmp(pserver_server_address(server), want) == 0);
+
+  pserver_client_options_t* opts = pserver_client_options_new();
+  pserver_client_options_add_server(opts, pserver_server_address(server));
+  pserver_client_options_set_timeout_ms(opts, 2000);
+  pserver_client_options_set_max_request_bytes(opts, 1 << 20);
+  pserver_client_options_set_channels_per_server(opts, 1);
+  pserver_client_t* client = pserver_client_new(opts, st);
+  EXPECT_OK(st);
+  exercise_client(client);
+
+  pserver_server_stop(server, 0);
+  pserver_server_stop(server, 0); /* idempotent */
+  float out[6];
+  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  EXPECT(pserver_status_code(st) == PSERVER_UNAVAILABLE ||
+         pserver_status_code(st) == PSERVER_DEADLINE_EXCEEDED);
+  pserver_client_delete(client);
+  pserver_server_delete(server);
+
+  /* Bad options. */
+  pserver_server_options_t* sopts = pserver_server_options_new();
+  pserver_server_options_set_host(sopts, "127.0.0.1");
+  pserver_server_options_set_index(sopts, 1);
+  pserver_server_options_set_num_threads(sopts, 2);
+  pserver_server_options_set_port(sopts, 70000);
+  EXPECT(pserver_server_new(sopts, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "");
+  pserver_server_options_delete(sopts);
+
+  pserver_client_options_t* none = pserver_client_options_new();
+  EXPECT(pserver_client_new(none, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "");
+  pserver_client_options_add_server(none, "127.0.0.1:1");
+  pserver_client_options_set_timeout_ms(none, 0);
+  EXPECT(pserver_client_new(none, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "timeout");
+  EXPECT(pserver_client_new(NULL, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "options is NULL");
+  /* Nobody listens on port 1: the first call fails, nothing aborts. */
+  pserver_client_options_set_timeout_ms(none, 500);
+  pserver_client_t* lonely = pserver_client_new(none, st);
+  EXPECT_OK(st);
+  pserver_client_finish_init(lonely, st);
+  EXPECT(pserver_status_code(st) == PSERVER_UNAVAILABLE ||
+         pserver_status_code(st) == PSERVER_DEADLINE_EXCEEDED);
+  pserver_client_delete(lonely);
+  pserver_client_options_delete(none);
+  pserver_client_options_delete(opts);
+  pserver_status_delete(st);
+}
+
+static void test_checkpoint_reader_errors(void) {
+  pserver_status_t* st = pserver_status_new();
+  char dir[1024];
+  const char* tmp = getenv("TEST_TMPDIR");
+  snprintf(dir, sizeof dir, "%s/capi_ckpt", tmp != NULL ? tmp : "/tmp");
+  EXPECT(pserver_checkpoint_reader_new("/nonexistent/pserver/ckpt", st) == NULL);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "does not exist");
+  mkdir(dir, 0755);
+  EXPECT(pserver_checkpoint_reader_new(dir, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "no checkpoint");
+  /* A checkpoint directory with a garbled MANIFEST: DATA_LOSS. */
+  char ckpt[1100], manifest[1200];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt-00000000000000000001", dir);
+  mkdir(ckpt, 0755);
+  snprintf(manifest, sizeof manifest, "%s/MANIFEST", ckpt);
+  FILE* f = fopen(manifest, "wb");
+  EXPECT(f != NULL);
+  if (f != NULL) {
+    fputs("not a manifest at all", f);
+    fclose(f);
+  }
+  EXPECT(pserver_checkpoint_reader_new(ckpt, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_DATA_LOSS, "checksum validation failed");
+  EXPECT(pserver_checkpoint_reader_num_params(NULL) == 0);
+  EXPECT(pserver_checkpoint_reader_param_name(NULL, 0) == NULL);
+  pserver_checkpoint_reader_verify(NULL, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "reader is NULL");
+  pserver_status_delete(st);
+}
+
+/* Flips the first byte of `path`; returns 1 if the file had one. */
+static int flip_first_byte(const char* path) {
+  FILE* f = fopen(path, "r+b");
+  if (f == NULL) return 0;
+  int c = fgetc(f);
+  int done = 0;
+  if (c != EOF) {
+    fseek(f, 0, SEEK_SET);
+    fputc(c ^ 0xff, f);
+    done = 1;
+  }
+  fclose(f);
+  return done;
+}
+
+static void test_checkpoints(void) {
+  pserver_status_t* st = pserver_status_new();
+  char dir[1024];
+  const char* tmp = getenv("TEST_TMPDIR");
+  snprintf(dir, sizeof dir, "%s/capi_cluster_ckpt", tmp != NULL ? tmp : "/tmp");
+
+  pserver_server_options_t* base = pserver_server_options_new();
+  pserver_server_options_set_checkpoint_dir(base, dir);
+  pserver_local_cluster_t* cluster = pserver_local_cluster_new_with_options(3, base, st);
+  EXPECT_OK(st);
+  pserver_client_options_t* opts = pserver_client_options_new();
+  pserver_client_options_set_block_bytes(opts, 16); /* w: 4 blocks over 3 shards */
+  pserver_client_t* client = pserver_local_cluster_client(cluster, opts, st);
+  EXPECT_OK(st);
+
+  double w[7] = {1, 2, 3, 4, 5, 6, 7}, g[7] = {1, 1, 1, 1, 1, 1, 1}, got[7];
+  int64_t shape[1] = {7};
+  uint32_t ids[3] = {7, 8, 9};
+  int64_t ids_shape[1] = {3};
+  pserver_client_init_param(client, "w", PSERVER_FLOAT64, shape, 1, w, sizeof w, NULL, st);
+  EXPECT_OK(st);
+  pserver_client_init_param(client, "ids", PSERVER_UINT32, ids_shape, 1, ids, sizeof ids, NULL,
+                            st);
+  EXPECT_OK(st);
+  pserver_client_finish_init(client, st);
+  pserver_client_send_grad(client, "w", PSERVER_FLOAT64, g, sizeof g, st);
+  EXPECT_OK(st);
+  pserver_client_get_param(client, "w", PSERVER_FLOAT64, got, sizeof got, st);
+  EXPECT_OK(st);
+  pserver_client_save_checkpoint(client, st); /* in process */
+  EXPECT_OK(st);
+  pserver_local_cluster_save_checkpoint(cluster, st);
+  EXPECT_OK(st);
+
+  /* The Save RPC from a gRPC client of the same servers. */
+  pserver_client_options_t* grpc_opts = pserver_client_options_new();
+  for (int i = 0; i < 3; ++i) {
+    pserver_client_options_add_server(grpc_opts, pserver_local_cluster_address(cluster, i));
+  }
+  pserver_client_t* remote = pserver_client_new(grpc_opts, st);
+  pserver_client_save_checkpoint(remote, st);
+  EXPECT_OK(st);
+  pserver_client_delete(remote);
+  pserver_client_options_delete(grpc_opts);
+  pserver_client_delete(client);
+  pserver_local_cluster_delete(cluster);
+
+  /* A server without a checkpoint directory cannot save. */
+  pserver_server_t* plain = pserver_server_new(NULL, st);
+  pserver_server_save_checkpoint(plain, st);
+  EXPECT_STATUS(st, PSERVER_FAILED_PRECONDITION, "checkpoint");
+  pserver_server_delete(plain);
+
+  /* Read everything back from the directory of shards. */
+  pserver_checkpoint_reader_t* reader = pserver_checkpoint_reader_new(dir, st);
+  EXPECT_OK(st);
+  EXPECT(pserver_checkpoint_reader_num_checkpoints(reader) == 3);
+  EXPECT(pserver_checkpoint_reader_num_params(reader) == 2);
+  EXPECT(strcmp(pserver_checkpoint_reader_param_name(reader, 0), "ids") == 0);
+  EXPECT(strcmp(pserver_checkpoint_reader_param_name(reader, 1), "w") == 0);
+  EXPECT(pserver_checkpoint_reader_param_name(reader, 2) == NULL);
+  EXPECT(pserver_checkpoint_reader_checkpoint_path(reader, 3) == NULL);
+  int32_t dtype = 0;
+  int64_t dims[2];
+  size_t ndim = 0;
+  pserver_checkpoint_reader_param_info(reader, "w", &dtype, dims, 2, &ndim, st);
+  EXPECT_OK(st);
+  EXPECT(dtype == PSERVER_FLOAT64 && ndim == 1 && dims[0] == 7);
+  pserver_checkpoint_reader_param_info(reader, "nope", &dtype, dims, 2, &ndim, st);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "nope");
+  double back[7];
+  pserver_checkpoint_reader_read(reader, "w", PSERVER_FLOAT64, back, sizeof back, st);
+  EXPECT_OK(st);
+  EXPECT(memcmp(back, got, sizeof got) == 0);
+  EXPECT(back[0] == 1 - 0.01); /* SGD, default learning rate 0.01 */
+  uint32_t ids_back[3];
+  pserver_checkpoint_reader_read(reader, "ids", PSERVER_UINT32, ids_back, sizeof ids_back, st);
+  EXPECT_OK(st);
+  EXPECT(ids_back[0] == 7 && ids_back[2] == 9);
+  pserver_checkpoint_reader_read(reader, "w", PSERVER_FLOAT32, back, 28, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "float64");
+  pserver_checkpoint_reader_read(reader, "w", PSERVER_FLOAT64, back, 8, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 56 bytes");
+  pserver_checkpoint_reader_verify(reader, st);
+  EXPECT_OK(st);
+
+  /* One shard alone lacks blocks of w. */
+  char shard[1100];
+  snprintf(shard, sizeof shard, "%s/shard-0", dir);
+  pserver_checkpoint_reader_t* one = pserver_checkpoint_reader_new(shard, st);
+  EXPECT_OK(st);
+  EXPECT(pserver_checkpoint_reader_num_checkpoints(one) == 1);
+  pserver_checkpoint_reader_read(one, "w", PSERVER_FLOAT64, back, sizeof back, st);
+  EXPECT_STATUS(st, PSERVER_DATA_LOSS, "in none of the opened checkpoints");
+  pserver_checkpoint_reader_delete(one);
+
+  /* Damage every data file: reads and verify fail naming the file. */
+  int damaged = 0;
+  for (size_t i = 0; i < pserver_checkpoint_reader_num_checkpoints(reader); ++i) {
+    char data[1200];
+    snprintf(data, sizeof data, "%s/data-00000.bin",
+             pserver_checkpoint_reader_checkpoint_path(reader, i));
+    damaged += flip_first_byte(data);
+  }
+  EXPECT(damaged > 0);
+  pserver_checkpoint_reader_verify(reader, st);
+  EXPECT_STATUS(st, PSERVER_DATA_LOSS, "checkpoint file checksum validation failed");
+  EXPECT_STATUS(st, PSERVER_DATA_LOSS, "data-00000.bin");
+  memset(back, 0, sizeof back);
+  pserver_checkpoint_reader_read(reader, "w", PSERVER_FLOAT64, back, sizeof back, st);
+  EXPECT_STATUS(st, PSERVER_DATA_LOSS, "checksum validation failed");
+  EXPECT(back[0] == 0); /* nothing written */
+  pserver_checkpoint_reader_delete(reader);
+
+  pserver_client_options_delete(opts);
+  pserver_server_options_delete(base);
+  pserver_status_delete(st);
+}
+
+int main(void) {
+  test_version_and_codes();
+  test_config();
+  test_local_cluster();
+  test_server();
+  test_checkpoint_reader_errors();
+  test_checkpoints();
+  if (failures > 0) {
+    fprintf(stderr, "%d failure(s)\n", failures);
+    return 1;
+  }
+  printf("capi_test: all passed\n");
+  return 0;
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Checks that libpserver.so exports the C ABI and nothing else.
+set -euo pipefail
+lib="$1"
+defined="$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^$')"
+others="$(printf '%s\n' "$defined" | grep -v '^pserver_' || true)"
+if [ -n "$others" ]; then
+  echo "FAIL: libpserver.so exports symbols outside pserver_*:"; echo "$others" | head -20
+  exit 1
+fi
+for sym in pserver_version pserver_client_new pserver_local_cluster_client \
+           pserver_checkpoint_reader_read pserver_status_message; do
+  printf '%s\n' "$defined" | grep -qx "$sym" || { echo "FAIL: $sym is not exported"; exit 1; }
+done
+echo "OK: $(printf '%s\n' "$defined" | wc -l) symbols, all pserver_*"

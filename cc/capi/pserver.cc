@@ -1,0 +1,1279 @@
+// The C ABI over the C++ client, server, local cluster and checkpoint reader.
+// Every function catches everything and turns it into a status: no exception
+// crosses into C.
+#include "cc/capi/pserver.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cc/client/client.h"
+#include "cc/client/in_process_transport.h"
+#include "cc/core/checkpoint.h"
+#include "cc/core/element_type.h"
+#include "cc/core/status_macros.h"
+#include "cc/core/tensor.h"
+#include "cc/server/local_cluster.h"
+#include "cc/server/server.h"
+#include "cc/rpc/grpc_status.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/grpcpp.h"
+#include "pserver/v1/service.grpc.pb.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/text_format.h"
+#include "pserver/v1/config.pb.h"
+
+// ------------------------------------------------------------------ handles
+
+struct pserver_status_t {
+  int32_t code = PSERVER_OK;
+  std::string message;
+};
+
+struct pserver_param_config_t {
+  pserver::v1::ParameterConfig rep;
+};
+
+namespace {
+struct BatchEntry {
+  std::string name;
+  int32_t dtype;
+  const void* in;  // inputs
+  void* out;       // outputs
+  size_t size;
+};
+}  // namespace
+
+struct pserver_batch_t {
+  std::vector<BatchEntry> entries;
+};
+
+struct pserver_client_options_t {
+  pserver::ClientOptions rep;
+};
+
+namespace {
+// A local cluster shared by its handle and the clients made from it, so a
+// client never outlives the stores it calls.
+struct ClusterState {
+  std::unique_ptr<pserver::LocalCluster> cluster;
+  std::vector<std::string> addresses;
+  std::atomic<bool> stopped{false};
+};
+
+struct Layout {
+  pserver::ElementType type;
+  pserver::Shape shape;
+};
+}  // namespace
+
+struct pserver_client_t {
+  std::shared_ptr<ClusterState> cluster;  // set for in-process clients; outlives rep
+  std::unique_ptr<pserver::Client> rep;
+  pserver::ClientOptions options;  // servers and timeout, for the Save RPC
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, Layout> layouts ABSL_GUARDED_BY(mu);
+};
+
+struct pserver_server_options_t {
+  pserver::ServerOptions rep;
+};
+
+struct pserver_server_t {
+  std::unique_ptr<pserver::Server> rep;
+};
+
+struct pserver_local_cluster_t {
+  std::shared_ptr<ClusterState> state;
+};
+
+namespace {
+struct CheckpointParam {
+  pserver::ElementType type = pserver::v1::ELEMENT_TYPE_UNSPECIFIED;
+  pserver::Shape shape;
+  uint32_t count = 1;
+  // block index -> (reader, index into its manifest's parameters)
+  std::map<uint32_t, std::pair<const pserver::CheckpointReader*, int>> blocks;
+};
+}  // namespace
+
+struct pserver_checkpoint_reader_t {
+  std::vector<std::unique_ptr<pserver::CheckpointReader>> readers;
+  std::map<std::string, CheckpointParam> params;
+  std::vector<std::string> names;  // sorted
+};
+
+// ------------------------------------------------------------------ helpers
+
+namespace {
+
+using pserver::ElementType;
+
+void Clear(pserver_status_t* status) {
+  if (status == nullptr) return;
+  status->code = PSERVER_OK;
+  status->message.clear();
+}
+
+void Set(pserver_status_t* status, const absl::Status& s) {
+  if (status == nullptr) return;
+  status->code = static_cast<int32_t>(s.code());
+  status->message = std::string(s.message());
+}
+
+void Set(pserver_status_t* status, int32_t code, std::string message) {
+  if (status == nullptr) return;
+  status->code = code;
+  status->message = std::move(message);
+}
+
+void SetFromException(pserver_status_t* status) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    Set(status, PSERVER_RESOURCE_EXHAUSTED, "pserver: out of memory");
+  } catch (const std::exception& e) {
+    Set(status, PSERVER_INTERNAL, absl::StrCat("pserver: unexpected exception: ", e.what()));
+  } catch (...) {
+    Set(status, PSERVER_INTERNAL, "pserver: unexpected exception");
+  }
+}
+
+// Runs `fn` (returning absl::Status) and stores the result in `status`.
+template <typename Fn>
+void Run(pserver_status_t* status, Fn&& fn) {
+  try {
+    absl::Status s = fn();
+    if (s.ok()) {
+      Clear(status);
+    } else {
+      Set(status, s);
+    }
+  } catch (...) {
+    SetFromException(status);
+  }
+}
+
+absl::Status Null(const char* what) {
+  return absl::InvalidArgumentError(absl::StrCat(what, " is NULL"));
+}
+
+absl::Status CheckDtype(int32_t dtype) {
+  if (dtype < PSERVER_INT32 || dtype > PSERVER_FLOAT64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown element type ", dtype, " (want 1..6: int32, uint32, int64, "
+                                                     "uint64, float32, float64)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Name(const char* name) {
+  if (name == nullptr) return Null("name");
+  return std::string(name);
+}
+
+// Bytes of a tensor of `layout`.
+size_t ByteSize(ElementType type, const pserver::Shape& shape) {
+  absl::StatusOr<int64_t> n = pserver::NumElements(shape);
+  return n.ok() ? static_cast<size_t>(*n) * pserver::ElementSize(type) : 0;
+}
+
+// Checks that a caller's buffer of `dtype` and `size` bytes fits `layout`.
+absl::Status CheckBuffer(const std::string& what, ElementType type, const pserver::Shape& shape,
+                         int32_t dtype, size_t size) {
+  if (dtype != static_cast<int32_t>(type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has element type ", pserver::ElementTypeName(type), ", the buffer is ",
+        pserver::ElementTypeName(static_cast<ElementType>(dtype))));
+  }
+  const size_t want = ByteSize(type, shape);
+  if (size != want) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " (", pserver::ElementTypeName(type),
+                                                   pserver::ShapeString(shape), ") needs ",
+                                                   want, " bytes, the buffer has ", size));
+  }
+  return absl::OkStatus();
+}
+
+void WriteShape(const pserver::Shape& shape, int64_t* out, size_t capacity, size_t* ndim) {
+  if (ndim != nullptr) *ndim = shape.size();
+  if (out == nullptr) return;
+  for (size_t i = 0; i < shape.size() && i < capacity; ++i) out[i] = shape[i];
+}
+
+absl::Status SaveAll(pserver::LocalCluster& cluster) {
+  for (int i = 0; i < cluster.size(); ++i) {
+    PS_RETURN_IF_ERROR(cluster.server(i).Save().status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Alive(pserver_client_t* client) {
+  if (client == nullptr) return Null("client");
+  if (client->cluster != nullptr && client->cluster->stopped.load()) {
+    return absl::UnavailableError("pserver: the local cluster of this client was stopped");
+  }
+  return absl::OkStatus();
+}
+
+void Remember(pserver_client_t* client, const std::string& name, const pserver::Tensor& t) {
+  absl::MutexLock lock(&client->mu);
+  client->layouts[name] = Layout{t.type(), t.shape()};
+}
+
+std::optional<Layout> Known(pserver_client_t* client, const std::string& name) {
+  absl::MutexLock lock(&client->mu);
+  auto it = client->layouts.find(name);
+  if (it == client->layouts.end()) return std::nullopt;
+  return it->second;
+}
+
+// A gradient tensor from a caller's buffer (one copy: Tensor owns its bytes).
+absl::StatusOr<pserver::Tensor> GradientTensor(pserver_client_t* client, const std::string& name,
+                                               int32_t dtype, const void* data, size_t size) {
+  PS_RETURN_IF_ERROR(CheckDtype(dtype));
+  if (data == nullptr && size != 0) return Null("gradient data");
+  const ElementType type = static_cast<ElementType>(dtype);
+  const size_t esize = pserver::ElementSize(type);
+  if (size % esize != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient for parameter '", name, "': ", size, " bytes is not a whole ",
+                     "number of ", pserver::ElementTypeName(type), " elements"));
+  }
+  pserver::Shape shape = {static_cast<int64_t>(size / esize)};
+  if (std::optional<Layout> layout = Known(client, name); layout.has_value()) {
+    PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", name, "'"), layout->type,
+                                   layout->shape, dtype, size));
+    shape = layout->shape;
+  }
+  return pserver::Tensor::Create(
+      type, std::move(shape),
+      std::string(static_cast<const char*>(data), data == nullptr ? 0 : size));
+}
+
+absl::Status GradientsOf(pserver_client_t* client, const pserver_batch_t* grads,
+                         std::vector<pserver::NamedTensor>* out) {
+  if (grads == nullptr) return Null("gradient batch");
+  for (const BatchEntry& e : grads->entries) {
+    if (e.in == nullptr && e.out != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch entry '", e.name, "' is an output; gradients are inputs"));
+    }
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t, GradientTensor(client, e.name, e.dtype, e.in, e.size));
+    out->push_back(pserver::NamedTensor{e.name, std::move(t)});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputs(const pserver_batch_t* outs) {
+  if (outs == nullptr) return Null("output batch");
+  for (const BatchEntry& e : outs->entries) {
+    if (e.out == nullptr && e.size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch entry '", e.name, "' is not an output buffer"));
+    }
+    PS_RETURN_IF_ERROR(CheckDtype(e.dtype));
+  }
+  return absl::OkStatus();
+}
+
+// Checks every fetched tensor against its output, then copies them all:
+// nothing is written unless everything fits.
+absl::Status CopyOut(pserver_client_t* client, const std::vector<std::string>& names,
+                     const std::vector<pserver::Tensor>& tensors, pserver_batch_t* outs) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Remember(client, names[i], tensors[i]);
+    const BatchEntry& e = outs->entries[i];
+    PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", names[i], "'"),
+                                   tensors[i].type(), tensors[i].shape(), e.dtype, e.size));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const pserver::Tensor& t = tensors[i];
+    if (t.byte_size() > 0) std::memcpy(outs->entries[i].out, t.bytes().data(), t.byte_size());
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ config setters
+
+// Keeps the first text-format parse error instead of logging it.
+class TextErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (this->message.empty()) {
+      this->message = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+    }
+  }
+  std::string message;
+};
+
+namespace pb = google::protobuf;
+
+const char* const kOptimizers[] = {"sgd", "adagrad", "adadelta", "rmsprop",
+                                   "adam", "adamw", "add"};
+const char* const kSchedules[] = {"constant", "linear", "step", "cosine"};
+
+// The message of the chosen member of `oneof` in `msg`, or nullptr.
+pb::Message* Chosen(pb::Message* msg, const char* oneof) {
+  const pb::Reflection* r = msg->GetReflection();
+  const pb::OneofDescriptor* o = msg->GetDescriptor()->FindOneofByName(oneof);
+  const pb::FieldDescriptor* f = r->GetOneofFieldDescriptor(*msg, o);
+  return f == nullptr ? nullptr : r->MutableMessage(msg, f);
+}
+
+absl::Status SetField(pb::Message* msg, const pb::FieldDescriptor* f, const std::string& key,
+                      double value) {
+  const pb::Reflection* r = msg->GetReflection();
+  if (!std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrCat("config setting '", key, "' is ", value,
+                                                   "; want a finite number"));
+  }
+  switch (f->cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+      r->SetDouble(msg, f, value);
+      return absl::OkStatus();
+    case pb::FieldDescriptor::CPPTYPE_BOOL:
+      if (value != 0 && value != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config setting '", key, "' is a boolean (0 or 1), got ", value));
+      }
+      r->SetBool(msg, f, value == 1);
+      return absl::OkStatus();
+    case pb::FieldDescriptor::CPPTYPE_UINT64:
+      if (value < 0 || value != std::floor(value) || value >= 18446744073709551616.0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config setting '", key, "' is a count (a whole number >= 0), got ", value));
+      }
+      r->SetUInt64(msg, f, static_cast<uint64_t>(value));
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("config setting '", key, "' cannot be set from a number"));
+  }
+}
+
+// Scalar fields of `msg`, for error messages.
+void ScalarFields(const pb::Message& msg, std::vector<std::string>* out) {
+  const pb::Descriptor* d = msg.GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    if (d->field(i)->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      out->push_back(d->field(i)->name());
+    }
+  }
+}
+
+absl::Status SetConfig(pserver::v1::ParameterConfig* config, std::string key, double value) {
+  if (key == "lr") key = "learning_rate";
+  pb::Message* optimizer = Chosen(config->mutable_optimizer(), "kind");
+  if (optimizer == nullptr) optimizer = config->mutable_optimizer()->mutable_sgd();
+  pserver::v1::LearningRateSchedule* schedule = config->mutable_learning_rate();
+  pb::Message* decay = Chosen(schedule, "decay");
+  std::vector<pb::Message*> places = {optimizer, schedule};
+  if (decay != nullptr) places.push_back(decay);
+  places.push_back(config->mutable_clipping());
+  for (pb::Message* msg : places) {
+    const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(key);
+    if (f != nullptr && f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      return SetField(msg, f, key, value);
+    }
+  }
+  std::vector<std::string> valid;
+  for (pb::Message* msg : places) ScalarFields(*msg, &valid);
+  valid.push_back("lr");
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown config setting '", key, "' for optimizer ",
+      optimizer->GetDescriptor()->name(), "; valid settings: ", absl::StrJoin(valid, ", ")));
+}
+
+// --------------------------------------------------------- checkpoint files
+
+namespace fs = std::filesystem;
+
+// The newest checkpoint under a server's directory that opens, or an error.
+absl::StatusOr<std::unique_ptr<pserver::CheckpointReader>> OpenNewest(
+    const std::vector<pserver::CheckpointEntry>& entries) {
+  absl::Status first;
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    absl::StatusOr<std::unique_ptr<pserver::CheckpointReader>> r =
+        pserver::CheckpointReader::Open(it->path);
+    if (r.ok()) return r;
+    if (first.ok()) first = r.status();
+  }
+  return first;
+}
+
+absl::Status OpenCheckpoints(const std::string& path, pserver_checkpoint_reader_t* out) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint at ", path, ": it does not exist"));
+  }
+  if (fs::exists(fs::path(path) / pserver::kManifestFileName, ec)) {
+    PS_ASSIGN_OR_RETURN(auto reader, pserver::CheckpointReader::Open(path));
+    out->readers.push_back(std::move(reader));
+    return absl::OkStatus();
+  }
+  PS_ASSIGN_OR_RETURN(std::vector<pserver::CheckpointEntry> entries,
+                      pserver::ListCheckpoints(path));
+  if (!entries.empty()) {
+    PS_ASSIGN_OR_RETURN(auto reader, OpenNewest(entries));
+    out->readers.push_back(std::move(reader));
+    return absl::OkStatus();
+  }
+  std::vector<std::string> subdirs;
+  for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
+    if (e.is_directory(ec)) subdirs.push_back(e.path().string());
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", path, ": ", ec.message()));
+  std::sort(subdirs.begin(), subdirs.end());
+  for (const std::string& sub : subdirs) {
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::CheckpointEntry> shard,
+                        pserver::ListCheckpoints(sub));
+    if (shard.empty()) continue;
+    PS_ASSIGN_OR_RETURN(auto reader, OpenNewest(shard));
+    out->readers.push_back(std::move(reader));
+  }
+  if (out->readers.empty()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint at ", path,
+                                            ": no MANIFEST, no ckpt-* directory in it or in "
+                                            "its subdirectories"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IndexCheckpoints(pserver_checkpoint_reader_t* out) {
+  for (const auto& reader : out->readers) {
+    const auto& params = reader->manifest().parameters();
+    for (int i = 0; i < params.size(); ++i) {
+      const pserver::v1::CheckpointParameter& p = params[i];
+      const uint32_t count = std::max<uint32_t>(1, p.block().count());
+      pserver::Shape shape(p.shape().begin(), p.shape().end());
+      auto [it, fresh] = out->params.try_emplace(p.name());
+      CheckpointParam& cp = it->second;
+      if (fresh) {
+        cp.type = p.element_type();
+        cp.shape = shape;
+        cp.count = count;
+      } else if (cp.type != p.element_type() || cp.shape != shape || cp.count != count) {
+        return absl::DataLossError(absl::StrCat(
+            "checkpoints disagree on parameter '", p.name(), "': ",
+            pserver::ElementTypeName(cp.type), pserver::ShapeString(cp.shape), " in ",
+            cp.count, " blocks vs ", pserver::ElementTypeName(p.element_type()),
+            pserver::ShapeString(shape), " in ", count, " blocks (", reader->path(), ")"));
+      }
+      if (!cp.blocks.emplace(p.block().index(), std::make_pair(reader.get(), i)).second) {
+        return absl::DataLossError(absl::StrCat("parameter '", p.name(), "' block ",
+                                                p.block().index(),
+                                                " is in two opened checkpoints, the second ",
+                                                reader->path()));
+      }
+    }
+  }
+  for (const auto& [name, param] : out->params) out->names.push_back(name);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const CheckpointParam*> FindCheckpointParam(const pserver_checkpoint_reader_t* r,
+                                                           const char* name) {
+  if (name == nullptr) return Null("name");
+  auto it = r->params.find(name);
+  if (it == r->params.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("parameter '", name, "' is not in the checkpoint"));
+  }
+  return &it->second;
+}
+
+}  // namespace
+
+// ===================================================================== ABI
+
+extern "C" {
+
+const char* pserver_version(void) { return "0.1.0"; }
+
+// ------------------------------------------------------------------ status
+
+pserver_status_t* pserver_status_new(void) {
+  try {
+    return new pserver_status_t;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void pserver_status_delete(pserver_status_t* status) { delete status; }
+
+int32_t pserver_status_code(const pserver_status_t* status) {
+  return status == nullptr ? PSERVER_OK : status->code;
+}
+
+const char* pserver_status_message(const pserver_status_t* status) {
+  return status == nullptr ? "" : status->message.c_str();
+}
+
+void pserver_status_set(pserver_status_t* status, int32_t code, const char* message) {
+  try {
+    Set(status, code, message == nullptr ? "" : message);
+  } catch (...) {
+  }
+}
+
+const char* pserver_code_name(int32_t code) {
+  static const char* const kNames[] = {
+      "OK",        "CANCELLED",           "UNKNOWN",           "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS",    "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",  "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",       "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  if (code < 0 || code > 16) return "UNKNOWN_CODE";
+  return kNames[code];
+}
+
+// ------------------------------------------------------------------ dtypes
+
+size_t pserver_dtype_size(int32_t dtype) {
+  if (!CheckDtype(dtype).ok()) return 0;
+  return pserver::ElementSize(static_cast<ElementType>(dtype));
+}
+
+const char* pserver_dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case PSERVER_INT32: return "int32";
+    case PSERVER_UINT32: return "uint32";
+    case PSERVER_INT64: return "int64";
+    case PSERVER_UINT64: return "uint64";
+    case PSERVER_FLOAT32: return "float32";
+    case PSERVER_FLOAT64: return "float64";
+    default: return "unknown";
+  }
+}
+
+// ------------------------------------------------------------------ config
+
+pserver_param_config_t* pserver_param_config_new(void) {
+  try {
+    return new pserver_param_config_t;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void pserver_param_config_delete(pserver_param_config_t* config) { delete config; }
+
+void pserver_param_config_set_optimizer(pserver_param_config_t* config, const char* optimizer,
+                                        pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (optimizer == nullptr) return Null("optimizer");
+    const std::string name = optimizer;
+    if (std::find(std::begin(kOptimizers), std::end(kOptimizers), name) ==
+        std::end(kOptimizers)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown optimizer '", name, "'; want one of ", absl::StrJoin(kOptimizers, ", ")));
+    }
+    pb::Message* msg = config->rep.mutable_optimizer();
+    const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
+    msg->GetReflection()->ClearField(msg, f);
+    msg->GetReflection()->MutableMessage(msg, f);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_param_config_set_schedule(pserver_param_config_t* config, const char* schedule,
+                                       pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (schedule == nullptr) return Null("schedule");
+    const std::string name = schedule;
+    if (std::find(std::begin(kSchedules), std::end(kSchedules), name) == std::end(kSchedules)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown schedule '", name, "'; want one of ", absl::StrJoin(kSchedules, ", ")));
+    }
+    pb::Message* msg = config->rep.mutable_learning_rate();
+    const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
+    msg->GetReflection()->ClearField(msg, f);
+    msg->GetReflection()->MutableMessage(msg, f);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_param_config_set(pserver_param_config_t* config, const char* key, double value,
+                              pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (key == nullptr) return Null("key");
+    // Work on a copy: a failed set changes nothing.
+    pserver::v1::ParameterConfig copy = config->rep;
+    PS_RETURN_IF_ERROR(SetConfig(&copy, key, value));
+    config->rep = std::move(copy);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_param_config_parse(pserver_param_config_t* config, const void* data, size_t size,
+                                pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (data == nullptr && size != 0) return Null("data");
+    pserver::v1::ParameterConfig parsed;
+    if (size > static_cast<size_t>(INT32_MAX) ||
+        !parsed.ParseFromArray(data, static_cast<int>(size))) {
+      return absl::InvalidArgumentError("not a serialized pserver.v1.ParameterConfig");
+    }
+    config->rep = std::move(parsed);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_param_config_parse_text(pserver_param_config_t* config, const char* text,
+                                     pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (text == nullptr) return Null("text");
+    pserver::v1::ParameterConfig parsed;
+    TextErrors errors;
+    google::protobuf::TextFormat::Parser parser;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(text, &parsed)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "not a pserver.v1.ParameterConfig in text format: ", errors.message));
+    }
+    config->rep = std::move(parsed);
+    return absl::OkStatus();
+  });
+}
+
+size_t pserver_param_config_text(const pserver_param_config_t* config, char* out,
+                                 size_t out_size) {
+  try {
+    std::string text;
+    if (config != nullptr) {
+      google::protobuf::TextFormat::Printer printer;
+      printer.SetSingleLineMode(true);
+      printer.PrintToString(config->rep, &text);
+      while (!text.empty() && text.back() == ' ') text.pop_back();
+    }
+    if (out != nullptr && out_size > 0) {
+      const size_t n = std::min(text.size(), out_size - 1);
+      std::memcpy(out, text.data(), n);
+      out[n] = '\0';
+    }
+    return text.size();
+  } catch (...) {
+    if (out != nullptr && out_size > 0) out[0] = '\0';
+    return 0;
+  }
+}
+
+// ------------------------------------------------------------------ batches
+
+pserver_batch_t* pserver_batch_new(void) {
+  try {
+    return new pserver_batch_t;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void pserver_batch_delete(pserver_batch_t* batch) { delete batch; }
+
+void pserver_batch_clear(pserver_batch_t* batch) {
+  if (batch != nullptr) batch->entries.clear();
+}
+
+size_t pserver_batch_size(const pserver_batch_t* batch) {
+  return batch == nullptr ? 0 : batch->entries.size();
+}
+
+void pserver_batch_add_input(pserver_batch_t* batch, const char* name, int32_t dtype,
+                             const void* data, size_t size) {
+  try {
+    if (batch == nullptr) return;
+    batch->entries.push_back(BatchEntry{name == nullptr ? "" : name, dtype, data, nullptr, size});
+  } catch (...) {
+  }
+}
+
+void pserver_batch_add_output(pserver_batch_t* batch, const char* name, int32_t dtype,
+                              void* out, size_t size) {
+  try {
+    if (batch == nullptr) return;
+    batch->entries.push_back(BatchEntry{name == nullptr ? "" : name, dtype, nullptr, out, size});
+  } catch (...) {
+  }
+}
+
+// ------------------------------------------------------------------ client
+
+pserver_client_options_t* pserver_client_options_new(void) {
+  try {
+    return new pserver_client_options_t;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void pserver_client_options_delete(pserver_client_options_t* options) { delete options; }
+
+void pserver_client_options_add_server(pserver_client_options_t* options, const char* address) {
+  try {
+    if (options != nullptr) options->rep.servers.push_back(address == nullptr ? "" : address);
+  } catch (...) {
+  }
+}
+
+void pserver_client_options_set_timeout_ms(pserver_client_options_t* options,
+                                           int64_t timeout_ms) {
+  if (options != nullptr) options->rep.timeout = absl::Milliseconds(timeout_ms);
+}
+
+void pserver_client_options_set_block_bytes(pserver_client_options_t* options,
+                                            uint64_t block_bytes) {
+  if (options != nullptr) options->rep.block_bytes = block_bytes;
+}
+
+void pserver_client_options_set_max_request_bytes(pserver_client_options_t* options,
+                                                  uint64_t max_request_bytes) {
+  if (options != nullptr) options->rep.max_request_bytes = max_request_bytes;
+}
+
+void pserver_client_options_set_channels_per_server(pserver_client_options_t* options,
+                                                    int32_t channels) {
+  if (options != nullptr) options->rep.channels_per_server = channels;
+}
+
+pserver_client_t* pserver_client_new(const pserver_client_options_t* options,
+                                     pserver_status_t* status) {
+  pserver_client_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    if (options == nullptr) return Null("options");
+    if (options->rep.timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("the client timeout must be positive");
+    }
+    if (options->rep.channels_per_server < 1) {
+      return absl::InvalidArgumentError("channels_per_server must be at least 1");
+    }
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<pserver::Client> client,
+                        pserver::Client::Connect(options->rep));
+    auto handle = std::make_unique<pserver_client_t>();
+    handle->rep = std::move(client);
+    handle->options = options->rep;
+    out = handle.release();
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_client_delete(pserver_client_t* client) {
+  try {
+    delete client;
+  } catch (...) {
+  }
+}
+
+int32_t pserver_client_num_servers(const pserver_client_t* client) {
+  return client == nullptr || client->rep == nullptr ? 0 : client->rep->num_servers();
+}
+
+void pserver_client_init_param(pserver_client_t* client, const char* name, int32_t dtype,
+                               const int64_t* shape, size_t ndim, const void* data, size_t size,
+                               const pserver_param_config_t* config, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_RETURN_IF_ERROR(CheckDtype(dtype));
+    if (shape == nullptr && ndim != 0) return Null("shape");
+    if (data == nullptr && size != 0) return Null("data");
+    const ElementType type = static_cast<ElementType>(dtype);
+    pserver::Shape s(shape, shape + ndim);
+    PS_ASSIGN_OR_RETURN(int64_t elements, pserver::NumElements(s));
+    if (static_cast<size_t>(elements) * pserver::ElementSize(type) != size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", n, "': ", pserver::ElementTypeName(type), pserver::ShapeString(s),
+          " needs ", static_cast<size_t>(elements) * pserver::ElementSize(type),
+          " bytes, the buffer has ", size));
+    }
+    PS_ASSIGN_OR_RETURN(
+        pserver::Tensor value,
+        pserver::Tensor::Create(type, s, std::string(static_cast<const char*>(data), size)));
+    static const pserver::v1::ParameterConfig kDefault;
+    PS_RETURN_IF_ERROR(client->rep->InitParam(n, value, config == nullptr ? kDefault : config->rep));
+    Remember(client, n, value);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_client_finish_init(pserver_client_t* client, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    return client->rep->FinishInitParams();
+  });
+}
+
+void pserver_client_param_info(pserver_client_t* client, const char* name, int32_t* dtype,
+                               int64_t* shape, size_t shape_capacity, size_t* ndim,
+                               pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    std::optional<Layout> layout = Known(client, n);
+    if (!layout.has_value()) {
+      PS_ASSIGN_OR_RETURN(pserver::Tensor t, client->rep->GetParam(n));
+      Remember(client, n, t);
+      layout = Layout{t.type(), t.shape()};
+    }
+    if (dtype != nullptr) *dtype = static_cast<int32_t>(layout->type);
+    WriteShape(layout->shape, shape, shape_capacity, ndim);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_client_get_param(pserver_client_t* client, const char* name, int32_t dtype,
+                              void* out, size_t out_size, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_RETURN_IF_ERROR(CheckDtype(dtype));
+    if (out == nullptr && out_size != 0) return Null("out");
+    const std::string what = absl::StrCat("parameter '", n, "'");
+    // Fail before the round trip when the layout is known.
+    if (std::optional<Layout> layout = Known(client, n); layout.has_value()) {
+      PS_RETURN_IF_ERROR(CheckBuffer(what, layout->type, layout->shape, dtype, out_size));
+    }
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t, client->rep->GetParam(n));
+    Remember(client, n, t);
+    PS_RETURN_IF_ERROR(CheckBuffer(what, t.type(), t.shape(), dtype, out_size));
+    if (t.byte_size() > 0) std::memcpy(out, t.bytes().data(), t.byte_size());
+    return absl::OkStatus();
+  });
+}
+
+void pserver_client_get_params(pserver_client_t* client, pserver_batch_t* outs,
+                               pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_RETURN_IF_ERROR(CheckOutputs(outs));
+    std::vector<std::string> names;
+    for (const BatchEntry& e : outs->entries) {
+      if (std::optional<Layout> layout = Known(client, e.name); layout.has_value()) {
+        PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", e.name, "'"), layout->type,
+                                       layout->shape, e.dtype, e.size));
+      }
+      names.push_back(e.name);
+    }
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::Tensor> tensors, client->rep->GetParams(names));
+    return CopyOut(client, names, tensors, outs);
+  });
+}
+
+void pserver_client_send_grad(pserver_client_t* client, const char* name, int32_t dtype,
+                              const void* data, size_t size, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(pserver::Tensor grad, GradientTensor(client, n, dtype, data, size));
+    return client->rep->SendGrad(n, grad);
+  });
+}
+
+void pserver_client_send_grads(pserver_client_t* client, const pserver_batch_t* grads,
+                               pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    std::vector<pserver::NamedTensor> tensors;
+    PS_RETURN_IF_ERROR(GradientsOf(client, grads, &tensors));
+    return client->rep->SendGrads(tensors);
+  });
+}
+
+void pserver_client_push_pull(pserver_client_t* client, const pserver_batch_t* grads,
+                              pserver_batch_t* outs, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    std::vector<pserver::NamedTensor> tensors;
+    PS_RETURN_IF_ERROR(GradientsOf(client, grads, &tensors));
+    PS_RETURN_IF_ERROR(CheckOutputs(outs));
+    if (outs->entries.size() != tensors.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("push_pull: ", tensors.size(),
+                                                     " gradients but ", outs->entries.size(),
+                                                     " outputs"));
+    }
+    std::vector<std::string> names;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const BatchEntry& o = outs->entries[i];
+      const pserver::Tensor& g = tensors[i].tensor;
+      if (o.name != tensors[i].name) {
+        return absl::InvalidArgumentError(absl::StrCat("push_pull: output ", i, " is '", o.name,
+                                                       "', gradient ", i, " is for '",
+                                                       tensors[i].name, "'"));
+      }
+      // The parameter has the gradient's type and size: check the output
+      // before anything is applied.
+      PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", o.name, "'"), g.type(),
+                                     g.shape(), o.dtype, o.size));
+      names.push_back(o.name);
+    }
+    std::vector<pserver::Tensor> results(tensors.size());
+    PS_RETURN_IF_ERROR(client->rep->PushPull(tensors, absl::MakeSpan(results)));
+    return CopyOut(client, names, results, outs);
+  });
+}
+
+void pserver_client_save_checkpoint(pserver_client_t* client, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    if (client->cluster != nullptr) return SaveAll(*client->cluster->cluster);
+    // One Save RPC per server, in parallel.
+    const std::vector<std::string>& servers = client->options.servers;
+    std::vector<absl::Status> results(servers.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < servers.size(); ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          auto stub = pserver::v1::ParameterServer::NewStub(
+              grpc::CreateChannel(servers[i], grpc::InsecureChannelCredentials()));
+          grpc::ClientContext context;
+          context.set_deadline(absl::ToChronoTime(absl::Now() + client->options.timeout));
+          pserver::v1::SaveRequest request;
+          pserver::v1::SaveResponse response;
+          absl::Status s = pserver::FromGrpcStatus(stub->Save(&context, request, &response));
+          if (!s.ok()) {
+            s = absl::Status(s.code(), absl::StrCat("save on ", servers[i], ": ", s.message()));
+          }
+          results[i] = s;
+        } catch (...) {
+          results[i] = absl::InternalError("save: unexpected exception");
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
+    return absl::OkStatus();
+  });
+}
+
+size_t pserver_client_stats(pserver_client_t* client, pserver_server_stats_t* out,
+                            size_t capacity, size_t struct_size, pserver_status_t* status) {
+  size_t n = 0;
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    if (out == nullptr && capacity != 0) return Null("out");
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::ServerStats> stats, client->rep->GetStats());
+    n = stats.size();
+    const size_t copy = std::min(struct_size, sizeof(pserver_server_stats_t));
+    for (size_t i = 0; i < n && i < capacity; ++i) {
+      const pserver::v1::ServerStats& s = stats[i];
+      pserver_server_stats_t c;
+      std::memset(&c, 0, sizeof c);
+      c.index = s.index();
+      c.initialized = s.initialized() ? 1 : 0;
+      c.parameters = s.parameters();
+      c.parameter_bytes = s.parameter_bytes();
+      c.optimizer_state_bytes = s.optimizer_state_bytes();
+      c.gradients_applied = s.gradients_applied();
+      c.gets_served = s.gets_served();
+      c.requests_rejected = s.requests_rejected();
+      c.uptime_seconds = s.uptime_seconds();
+      std::memcpy(reinterpret_cast<char*>(out) + i * struct_size, &c, copy);
+    }
+    return absl::OkStatus();
+  });
+  return n;
+}
+
+// ------------------------------------------------------------------ server
+
+pserver_server_options_t* pserver_server_options_new(void) {
+  try {
+    return new pserver_server_options_t;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void pserver_server_options_delete(pserver_server_options_t* options) { delete options; }
+
+void pserver_server_options_set_host(pserver_server_options_t* options, const char* host) {
+  try {
+    if (options != nullptr) options->rep.host = host == nullptr ? "" : host;
+  } catch (...) {
+  }
+}
+
+void pserver_server_options_set_port(pserver_server_options_t* options, int32_t port) {
+  if (options != nullptr) options->rep.port = port;
+}
+
+void pserver_server_options_set_index(pserver_server_options_t* options, uint32_t index) {
+  if (options != nullptr) options->rep.index = index;
+}
+
+void pserver_server_options_set_num_threads(pserver_server_options_t* options,
+                                            int32_t num_threads) {
+  if (options != nullptr) options->rep.num_threads = num_threads;
+}
+
+void pserver_server_options_set_checkpoint_dir(pserver_server_options_t* options,
+                                               const char* dir) {
+  try {
+    if (options != nullptr) options->rep.checkpoint_dir = dir == nullptr ? "" : dir;
+  } catch (...) {
+  }
+}
+
+void pserver_server_save_checkpoint(pserver_server_t* server, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (server == nullptr) return Null("server");
+    return server->rep->Save().status();
+  });
+}
+
+pserver_server_t* pserver_server_new(const pserver_server_options_t* options,
+                                     pserver_status_t* status) {
+  pserver_server_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    const pserver::ServerOptions defaults;
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<pserver::Server> server,
+                        pserver::Server::Start(options == nullptr ? defaults : options->rep));
+    out = new pserver_server_t{std::move(server)};
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_server_delete(pserver_server_t* server) {
+  try {
+    delete server;
+  } catch (...) {
+  }
+}
+
+const char* pserver_server_address(const pserver_server_t* server) {
+  return server == nullptr ? "" : server->rep->address().c_str();
+}
+
+int32_t pserver_server_port(const pserver_server_t* server) {
+  return server == nullptr ? 0 : server->rep->port();
+}
+
+void pserver_server_stop(pserver_server_t* server, int64_t grace_ms) {
+  try {
+    if (server != nullptr) server->rep->Shutdown(absl::Milliseconds(std::max<int64_t>(0, grace_ms)));
+  } catch (...) {
+  }
+}
+
+// ----------------------------------------------------------- local cluster
+
+pserver_local_cluster_t* pserver_local_cluster_new(int32_t num_servers,
+                                                   pserver_status_t* status) {
+  return pserver_local_cluster_new_with_options(num_servers, nullptr, status);
+}
+
+void pserver_local_cluster_save_checkpoint(pserver_local_cluster_t* cluster,
+                                           pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (cluster == nullptr) return Null("cluster");
+    if (cluster->state->stopped.load()) {
+      return absl::FailedPreconditionError("pserver: the local cluster was stopped");
+    }
+    return SaveAll(*cluster->state->cluster);
+  });
+}
+
+pserver_local_cluster_t* pserver_local_cluster_new_with_options(
+    int32_t num_servers, const pserver_server_options_t* base, pserver_status_t* status) {
+  pserver_local_cluster_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    const pserver::ServerOptions defaults;
+    PS_ASSIGN_OR_RETURN(
+        std::unique_ptr<pserver::LocalCluster> cluster,
+        pserver::LocalCluster::Start(num_servers, base == nullptr ? defaults : base->rep));
+    auto state = std::make_shared<ClusterState>();
+    state->addresses = cluster->addresses();
+    state->cluster = std::move(cluster);
+    out = new pserver_local_cluster_t{std::move(state)};
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_local_cluster_delete(pserver_local_cluster_t* cluster) {
+  try {
+    if (cluster == nullptr) return;
+    pserver_local_cluster_stop(cluster);
+    delete cluster;
+  } catch (...) {
+  }
+}
+
+int32_t pserver_local_cluster_size(const pserver_local_cluster_t* cluster) {
+  return cluster == nullptr ? 0 : static_cast<int32_t>(cluster->state->addresses.size());
+}
+
+const char* pserver_local_cluster_address(const pserver_local_cluster_t* cluster, int32_t i) {
+  if (cluster == nullptr || i < 0 ||
+      static_cast<size_t>(i) >= cluster->state->addresses.size()) {
+    return nullptr;
+  }
+  return cluster->state->addresses[i].c_str();
+}
+
+pserver_client_t* pserver_local_cluster_client(pserver_local_cluster_t* cluster,
+                                               const pserver_client_options_t* options,
+                                               pserver_status_t* status) {
+  pserver_client_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    if (cluster == nullptr) return Null("cluster");
+    if (cluster->state->stopped.load()) {
+      return absl::FailedPreconditionError("pserver: the local cluster was stopped");
+    }
+    pserver::ClientOptions client_options;
+    if (options != nullptr) client_options = options->rep;
+    client_options.servers = cluster->state->addresses;  // names only: calls stay in process
+    PS_ASSIGN_OR_RETURN(
+        std::unique_ptr<pserver::Client> client,
+        pserver::Client::Create(client_options,
+                                pserver::InProcessTransports(cluster->state->cluster->stores())));
+    auto handle = std::make_unique<pserver_client_t>();
+    handle->cluster = cluster->state;
+    handle->rep = std::move(client);
+    handle->options = client_options;
+    out = handle.release();
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_local_cluster_stop(pserver_local_cluster_t* cluster) {
+  try {
+    if (cluster == nullptr) return;
+    if (!cluster->state->stopped.exchange(true)) cluster->state->cluster->Shutdown();
+  } catch (...) {
+  }
+}
+
+// ------------------------------------------------------- checkpoint reader
+
+pserver_checkpoint_reader_t* pserver_checkpoint_reader_new(const char* path,
+                                                           pserver_status_t* status) {
+  pserver_checkpoint_reader_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    if (path == nullptr) return Null("path");
+    auto reader = std::make_unique<pserver_checkpoint_reader_t>();
+    PS_RETURN_IF_ERROR(OpenCheckpoints(path, reader.get()));
+    PS_RETURN_IF_ERROR(IndexCheckpoints(reader.get()));
+    out = reader.release();
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_checkpoint_reader_delete(pserver_checkpoint_reader_t* reader) { delete reader; }
+
+size_t pserver_checkpoint_reader_num_checkpoints(const pserver_checkpoint_reader_t* reader) {
+  return reader == nullptr ? 0 : reader->readers.size();
+}
+
+const char* pserver_checkpoint_reader_checkpoint_path(const pserver_checkpoint_reader_t* reader,
+                                                      size_t i) {
+  if (reader == nullptr || i >= reader->readers.size()) return nullptr;
+  return reader->readers[i]->path().c_str();
+}
+
+size_t pserver_checkpoint_reader_num_params(const pserver_checkpoint_reader_t* reader) {
+  return reader == nullptr ? 0 : reader->names.size();
+}
+
+const char* pserver_checkpoint_reader_param_name(const pserver_checkpoint_reader_t* reader,
+                                                 size_t i) {
+  if (reader == nullptr || i >= reader->names.size()) return nullptr;
+  return reader->names[i].c_str();
+}
+
+void pserver_checkpoint_reader_param_info(const pserver_checkpoint_reader_t* reader,
+                                          const char* name, int32_t* dtype, int64_t* shape,
+                                          size_t shape_capacity, size_t* ndim,
+                                          pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (reader == nullptr) return Null("reader");
+    PS_ASSIGN_OR_RETURN(const CheckpointParam* p, FindCheckpointParam(reader, name));
+    if (dtype != nullptr) *dtype = static_cast<int32_t>(p->type);
+    WriteShape(p->shape, shape, shape_capacity, ndim);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader, const char* name,
+                                    int32_t dtype, void* out, size_t out_size,
+                                    pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (reader == nullptr) return Null("reader");
+    PS_ASSIGN_OR_RETURN(const CheckpointParam* p, FindCheckpointParam(reader, name));
+    PS_RETURN_IF_ERROR(CheckDtype(dtype));
+    if (out == nullptr && out_size != 0) return Null("out");
+    const std::string what = absl::StrCat("parameter '", name, "'");
+    PS_RETURN_IF_ERROR(CheckBuffer(what, p->type, p->shape, dtype, out_size));
+    const size_t esize = pserver::ElementSize(p->type);
+    // Read and check every block before writing any of it.
+    std::vector<std::pair<size_t, std::string>> parts;
+    size_t total = 0;
+    for (uint32_t b = 0; b < p->count; ++b) {
+      auto it = p->blocks.find(b);
+      if (it == p->blocks.end()) {
+        return absl::DataLossError(absl::StrCat(
+            what, " is cut into ", p->count, " blocks and block ", b,
+            " is in none of the opened checkpoints (open the directory holding every "
+            "shard's checkpoints)"));
+      }
+      const auto& [ckpt, index] = it->second;
+      const pserver::v1::CheckpointParameter& cp = ckpt->manifest().parameters(index);
+      PS_ASSIGN_OR_RETURN(std::string bytes, ckpt->ReadData(cp.content()));
+      const size_t offset = static_cast<size_t>(cp.block().offset()) * esize;
+      if (offset > out_size || bytes.size() > out_size - offset) {
+        return absl::DataLossError(absl::StrCat(what, " block ", b, " in ", ckpt->path(),
+                                                " lies outside the parameter"));
+      }
+      total += bytes.size();
+      parts.emplace_back(offset, std::move(bytes));
+    }
+    if (total != out_size) {
+      return absl::DataLossError(absl::StrCat(what, ": its blocks hold ", total,
+                                              " bytes, the parameter has ", out_size));
+    }
+    for (const auto& [offset, bytes] : parts) {
+      if (!bytes.empty()) std::memcpy(static_cast<char*>(out) + offset, bytes.data(), bytes.size());
+    }
+    return absl::OkStatus();
+  });
+}
+
+void pserver_checkpoint_reader_verify(const pserver_checkpoint_reader_t* reader,
+                                      pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (reader == nullptr) return Null("reader");
+    for (const auto& r : reader->readers) PS_RETURN_IF_ERROR(r->Verify());
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"

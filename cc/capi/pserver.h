@@ -1,0 +1,447 @@
+/* pserver.h: the stable C ABI of pserver, a distributed parameter server.
+ *
+ * Go (cgo), Python (SWIG) and C programs use pserver through this header
+ * alone, and link libpserver.so. Example (errors ignored for brevity):
+ *
+ *   pserver_status_t* st = pserver_status_new();
+ *   pserver_local_cluster_t* cluster = pserver_local_cluster_new(2, st);
+ *   pserver_client_t* client = pserver_local_cluster_client(cluster, NULL, st);
+ *   float w[2] = {0, 0}, g[2] = {0.5f, -0.5f};
+ *   int64_t shape[1] = {2};
+ *   pserver_param_config_t* cfg = pserver_param_config_new();
+ *   pserver_param_config_set_optimizer(cfg, "adam", st);
+ *   pserver_param_config_set(cfg, "learning_rate", 0.01, st);
+ *   pserver_client_init_param(client, "w", PSERVER_FLOAT32, shape, 1, w, sizeof w, cfg, st);
+ *   pserver_client_finish_init(client, st);
+ *   pserver_client_send_grad(client, "w", PSERVER_FLOAT32, g, sizeof g, st);
+ *   pserver_client_get_param(client, "w", PSERVER_FLOAT32, w, sizeof w, st);
+ *   if (pserver_status_code(st) != PSERVER_OK) puts(pserver_status_message(st));
+ *   pserver_param_config_delete(cfg);
+ *   pserver_client_delete(client);
+ *   pserver_local_cluster_delete(cluster);
+ *   pserver_status_delete(st);
+ *
+ * Conventions:
+ *  1. Every name starts with pserver_ (functions, types) or PSERVER_ (macros,
+ *     enum values). Nothing else is exported from libpserver.so.
+ *  2. Objects are opaque handles, created by pserver_X_new (or a call that
+ *     says it returns a new handle) and freed by pserver_X_delete, which
+ *     accepts NULL. A handle is never a pointer to a C++ class.
+ *  3. Every call that can fail takes a pserver_status_t* as its last argument.
+ *     It is cleared (PSERVER_OK, message "") on success and set to a code and
+ *     message on failure. Codes are numbered like absl::StatusCode and gRPC's
+ *     codes (pserver_code_t). The message is valid until the status is next
+ *     passed to a call or deleted. A NULL status is allowed: the error is then
+ *     dropped. Calls never abort on bad input; a failed call changes nothing
+ *     the caller can see unless it says otherwise.
+ *  4. Buffers: the caller allocates every output buffer and passes its size in
+ *     bytes; each call documents the size it needs (for a parameter,
+ *     pserver_dtype_size(dtype) * number of elements) and fails with
+ *     PSERVER_INVALID_ARGUMENT, changing nothing, when the size is wrong.
+ *     Input buffers are read during the call only, except where a call says
+ *     it borrows them (pserver_batch_t). Strings are NUL-terminated UTF-8.
+ *     Strings returned as const char* belong to the handle they came from and
+ *     live as long as it does.
+ *  5. Fixed-width integers; uint8_t for booleans; size_t for byte counts and
+ *     counts of elements in memory; int64_t for tensor dimensions.
+ *  6. Thread safety: pserver_client_t, pserver_server_t,
+ *     pserver_local_cluster_t and pserver_checkpoint_reader_t may be used
+ *     from several threads at once (a client by many trainer threads).
+ *     pserver_status_t, pserver_batch_t, pserver_param_config_t and the
+ *     option handles are plain values: one thread at a time. Deleting a handle
+ *     while another thread uses it is undefined. Blocking calls take no
+ *     global lock, so bindings may release their interpreter lock around them.
+ *  7. This header only grows: functions, enum values and trailing struct
+ *     fields are added, never changed or removed. Structs that the library
+ *     fills are passed with their size (sizeof) so old callers keep working.
+ */
+#ifndef PSERVER_CC_CAPI_PSERVER_H_
+#define PSERVER_CC_CAPI_PSERVER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(PSERVER_BUILDING_LIBRARY)
+#define PSERVER_EXPORT __attribute__((visibility("default")))
+#else
+#define PSERVER_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- version */
+
+#define PSERVER_VERSION_MAJOR 0
+#define PSERVER_VERSION_MINOR 1
+#define PSERVER_VERSION_PATCH 0
+
+/* "0.1.0": the library's version (which may be newer than this header's). */
+PSERVER_EXPORT const char* pserver_version(void);
+
+/* ----------------------------------------------------------------- status */
+
+/* Numbered like absl::StatusCode and grpc::StatusCode. */
+typedef enum pserver_code_t {
+  PSERVER_OK = 0,
+  PSERVER_CANCELLED = 1,
+  PSERVER_UNKNOWN = 2,
+  PSERVER_INVALID_ARGUMENT = 3,
+  PSERVER_DEADLINE_EXCEEDED = 4,
+  PSERVER_NOT_FOUND = 5,
+  PSERVER_ALREADY_EXISTS = 6, /* "pserver already initialized" */
+  PSERVER_PERMISSION_DENIED = 7,
+  PSERVER_RESOURCE_EXHAUSTED = 8,
+  PSERVER_FAILED_PRECONDITION = 9, /* "pserver not fully initialized" */
+  PSERVER_ABORTED = 10,
+  PSERVER_OUT_OF_RANGE = 11,
+  PSERVER_UNIMPLEMENTED = 12,
+  PSERVER_INTERNAL = 13,
+  PSERVER_UNAVAILABLE = 14,
+  PSERVER_DATA_LOSS = 15, /* e.g. a checkpoint checksum failed */
+  PSERVER_UNAUTHENTICATED = 16
+} pserver_code_t;
+
+typedef struct pserver_status_t pserver_status_t;
+
+PSERVER_EXPORT pserver_status_t* pserver_status_new(void);
+PSERVER_EXPORT void pserver_status_delete(pserver_status_t* status);
+/* A pserver_code_t value. */
+PSERVER_EXPORT int32_t pserver_status_code(const pserver_status_t* status);
+/* "" when OK. Valid until the status is next used or deleted. */
+PSERVER_EXPORT const char* pserver_status_message(const pserver_status_t* status);
+/* Sets a code and message (for bindings and tests). */
+PSERVER_EXPORT void pserver_status_set(pserver_status_t* status, int32_t code,
+                                       const char* message);
+/* "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" for a number outside the enum. */
+PSERVER_EXPORT const char* pserver_code_name(int32_t code);
+
+/* ---------------------------------------------------------- element types */
+
+/* Numbered like pserver.v1.ElementType (the wire and checkpoint format). */
+typedef enum pserver_dtype_t {
+  PSERVER_DTYPE_UNSPECIFIED = 0,
+  PSERVER_INT32 = 1,
+  PSERVER_UINT32 = 2,
+  PSERVER_INT64 = 3,
+  PSERVER_UINT64 = 4,
+  PSERVER_FLOAT32 = 5,
+  PSERVER_FLOAT64 = 6
+} pserver_dtype_t;
+
+/* Bytes per element; 0 for a type that parameters cannot have. */
+PSERVER_EXPORT size_t pserver_dtype_size(int32_t dtype);
+/* "float32", "int64", ...; "unknown" for a type parameters cannot have. */
+PSERVER_EXPORT const char* pserver_dtype_name(int32_t dtype);
+
+/* ------------------------------------------------------ parameter config */
+
+/* How the server updates a parameter: optimizer, learning-rate schedule and
+ * clipping (pserver.v1.ParameterConfig in proto/pserver/v1/config.proto).
+ * A new config is plain SGD with learning rate 0.01. */
+typedef struct pserver_param_config_t pserver_param_config_t;
+
+PSERVER_EXPORT pserver_param_config_t* pserver_param_config_new(void);
+PSERVER_EXPORT void pserver_param_config_delete(pserver_param_config_t* config);
+
+/* Chooses the optimizer, resetting its settings: "sgd", "adagrad",
+ * "adadelta", "rmsprop", "adam", "adamw" or "add" (p += g, the only update
+ * for integer parameters). INVALID_ARGUMENT for any other name. */
+PSERVER_EXPORT void pserver_param_config_set_optimizer(pserver_param_config_t* config,
+                                                       const char* optimizer,
+                                                       pserver_status_t* status);
+
+/* Chooses the learning-rate decay, resetting its settings: "constant",
+ * "linear", "step" or "cosine". */
+PSERVER_EXPORT void pserver_param_config_set_schedule(pserver_param_config_t* config,
+                                                      const char* schedule,
+                                                      pserver_status_t* status);
+
+/* Sets one numeric setting by its name in config.proto, looked up in the
+ * chosen optimizer (e.g. "momentum", "nesterov", "beta1", "beta2",
+ * "epsilon", "weight_decay", "rho", "alpha", "centered",
+ * "initial_accumulator"), then the schedule ("learning_rate" or "lr",
+ * "warmup_steps", "warmup_start_factor"), then the chosen decay
+ * ("end_learning_rate", "decay_steps", "step_size", "gamma",
+ * "min_learning_rate"), then clipping ("clip_norm", "clip_value").
+ * Booleans take 0 or 1 and counts a non-negative whole number.
+ * INVALID_ARGUMENT for an unknown name (the message lists the valid ones)
+ * or a value that does not fit the setting. */
+PSERVER_EXPORT void pserver_param_config_set(pserver_param_config_t* config,
+                                             const char* key, double value,
+                                             pserver_status_t* status);
+
+/* Replaces the config with a serialized pserver.v1.ParameterConfig. */
+PSERVER_EXPORT void pserver_param_config_parse(pserver_param_config_t* config,
+                                               const void* data, size_t size,
+                                               pserver_status_t* status);
+/* Replaces the config with one in protobuf text format, e.g.
+ * "optimizer { adam { beta1: 0.8 } } learning_rate { learning_rate: 0.1 }". */
+PSERVER_EXPORT void pserver_param_config_parse_text(pserver_param_config_t* config,
+                                                    const char* text,
+                                                    pserver_status_t* status);
+/* Writes the config in protobuf text format, NUL-terminated and truncated to
+ * fit `out` (`out_size` bytes; out may be NULL when out_size is 0). Returns
+ * the full length without the NUL, as snprintf does. */
+PSERVER_EXPORT size_t pserver_param_config_text(const pserver_param_config_t* config,
+                                                char* out, size_t out_size);
+
+/* ---------------------------------------------------------------- batches */
+
+/* A list of named buffers for the batched calls. The batch BORROWS every
+ * buffer: it must stay valid (and, for inputs, unchanged) until the call
+ * that uses the batch returns; the batch itself may then be reused or
+ * cleared. Not thread-safe. */
+typedef struct pserver_batch_t pserver_batch_t;
+
+PSERVER_EXPORT pserver_batch_t* pserver_batch_new(void);
+PSERVER_EXPORT void pserver_batch_delete(pserver_batch_t* batch);
+PSERVER_EXPORT void pserver_batch_clear(pserver_batch_t* batch);
+PSERVER_EXPORT size_t pserver_batch_size(const pserver_batch_t* batch);
+/* An input (a gradient): `size` bytes of `dtype` elements at `data`. */
+PSERVER_EXPORT void pserver_batch_add_input(pserver_batch_t* batch, const char* name,
+                                            int32_t dtype, const void* data, size_t size);
+/* An output (a parameter read into `out`, `size` bytes of `dtype`). */
+PSERVER_EXPORT void pserver_batch_add_output(pserver_batch_t* batch, const char* name,
+                                             int32_t dtype, void* out, size_t size);
+
+/* ----------------------------------------------------------------- client */
+
+typedef struct pserver_client_options_t pserver_client_options_t;
+typedef struct pserver_client_t pserver_client_t;
+
+/* Defaults: no servers, 30 s deadline per call, 1 MiB blocks and requests,
+ * 2 channels per server. */
+PSERVER_EXPORT pserver_client_options_t* pserver_client_options_new(void);
+PSERVER_EXPORT void pserver_client_options_delete(pserver_client_options_t* options);
+/* Appends a server "host:port"; servers are given in shard-index order. */
+PSERVER_EXPORT void pserver_client_options_add_server(pserver_client_options_t* options,
+                                                      const char* address);
+/* Deadline of every call, in milliseconds (> 0). */
+PSERVER_EXPORT void pserver_client_options_set_timeout_ms(pserver_client_options_t* options,
+                                                          int64_t timeout_ms);
+/* Parameters larger than this are cut into blocks over all servers; every
+ * client of a cluster must use the same value. */
+PSERVER_EXPORT void pserver_client_options_set_block_bytes(pserver_client_options_t* options,
+                                                           uint64_t block_bytes);
+PSERVER_EXPORT void pserver_client_options_set_max_request_bytes(
+    pserver_client_options_t* options, uint64_t max_request_bytes);
+PSERVER_EXPORT void pserver_client_options_set_channels_per_server(
+    pserver_client_options_t* options, int32_t channels);
+
+/* A client over gRPC to the options' servers (the options may be deleted
+ * afterwards). INVALID_ARGUMENT for no servers, an empty address or a zero
+ * setting. Connecting is lazy: an unreachable server shows as UNAVAILABLE or
+ * DEADLINE_EXCEEDED on the first call. */
+PSERVER_EXPORT pserver_client_t* pserver_client_new(const pserver_client_options_t* options,
+                                                    pserver_status_t* status);
+PSERVER_EXPORT void pserver_client_delete(pserver_client_t* client);
+PSERVER_EXPORT int32_t pserver_client_num_servers(const pserver_client_t* client);
+
+/* Initializes a parameter from `size` bytes of `dtype` elements in `data`,
+ * row-major, of the given shape (ndim dims; ndim 0 is a scalar). `config`
+ * may be NULL (plain SGD). The first init of a name wins; later ones get
+ * ALREADY_EXISTS "pserver already initialized". */
+PSERVER_EXPORT void pserver_client_init_param(pserver_client_t* client, const char* name,
+                                              int32_t dtype, const int64_t* shape,
+                                              size_t ndim, const void* data, size_t size,
+                                              const pserver_param_config_t* config,
+                                              pserver_status_t* status);
+
+/* Opens every server for reads and gradients; idempotent. Before it, reads
+ * and gradients get FAILED_PRECONDITION "pserver not fully initialized". */
+PSERVER_EXPORT void pserver_client_finish_init(pserver_client_t* client,
+                                               pserver_status_t* status);
+
+/* A parameter's element type and shape: *dtype gets a pserver_dtype_t,
+ * *ndim the number of dimensions, and shape[0 .. min(ndim, shape_capacity))
+ * the dimensions (call again with a larger array if *ndim > shape_capacity;
+ * shape may be NULL when shape_capacity is 0). Known from an init or an
+ * earlier read by this client; otherwise the parameter is read once.
+ * NOT_FOUND for an unknown name. */
+PSERVER_EXPORT void pserver_client_param_info(pserver_client_t* client, const char* name,
+                                              int32_t* dtype, int64_t* shape,
+                                              size_t shape_capacity, size_t* ndim,
+                                              pserver_status_t* status);
+
+/* Reads a parameter into `out`: `out_size` must be exactly
+ * pserver_dtype_size(dtype) * elements, and `dtype` the parameter's type
+ * (INVALID_ARGUMENT otherwise, naming what was expected). */
+PSERVER_EXPORT void pserver_client_get_param(pserver_client_t* client, const char* name,
+                                             int32_t dtype, void* out, size_t out_size,
+                                             pserver_status_t* status);
+/* Reads every output of `outs` (pserver_batch_add_output) in one round trip
+ * per server. On error the outputs' contents are unspecified. */
+PSERVER_EXPORT void pserver_client_get_params(pserver_client_t* client, pserver_batch_t* outs,
+                                              pserver_status_t* status);
+
+/* Sends a gradient: `size` bytes of `dtype` elements, as many as the
+ * parameter has, of its type. */
+PSERVER_EXPORT void pserver_client_send_grad(pserver_client_t* client, const char* name,
+                                             int32_t dtype, const void* data, size_t size,
+                                             pserver_status_t* status);
+/* Sends every input of `grads`; a batch with any bad part is applied not
+ * at all. */
+PSERVER_EXPORT void pserver_client_send_grads(pserver_client_t* client,
+                                              const pserver_batch_t* grads,
+                                              pserver_status_t* status);
+/* Sends the inputs of `grads` and reads the parameters back after their
+ * update into the outputs of `outs`, one round trip per server. `outs` has
+ * one output per input, for the same names in the same order. */
+PSERVER_EXPORT void pserver_client_push_pull(pserver_client_t* client,
+                                             const pserver_batch_t* grads, pserver_batch_t* outs,
+                                             pserver_status_t* status);
+
+/* Asks every server to write a checkpoint of its shard now (the Save RPC;
+ * in process for a local cluster's client). FAILED_PRECONDITION from a
+ * server without a checkpoint directory. */
+PSERVER_EXPORT void pserver_client_save_checkpoint(pserver_client_t* client,
+                                                   pserver_status_t* status);
+
+/* What one server reports. Fields are only ever appended. */
+typedef struct pserver_server_stats_t {
+  uint32_t index;
+  uint8_t initialized; /* FinishInit has been called */
+  uint64_t parameters; /* blocks held */
+  uint64_t parameter_bytes;
+  uint64_t optimizer_state_bytes;
+  uint64_t gradients_applied;
+  uint64_t gets_served;
+  uint64_t requests_rejected;
+  double uptime_seconds;
+} pserver_server_stats_t;
+
+/* Stats of every server, in index order: fills out[0 .. min(n, capacity))
+ * where n = pserver_client_num_servers(client); each element is
+ * `struct_size` bytes (pass sizeof(pserver_server_stats_t)). Returns n. */
+PSERVER_EXPORT size_t pserver_client_stats(pserver_client_t* client,
+                                           pserver_server_stats_t* out, size_t capacity,
+                                           size_t struct_size, pserver_status_t* status);
+
+/* ----------------------------------------------------------------- server */
+
+typedef struct pserver_server_options_t pserver_server_options_t;
+typedef struct pserver_server_t pserver_server_t;
+
+/* Defaults: host 127.0.0.1, port 0 (a free one), index 0, threads 0 (two
+ * per core, at least 4). */
+PSERVER_EXPORT pserver_server_options_t* pserver_server_options_new(void);
+PSERVER_EXPORT void pserver_server_options_delete(pserver_server_options_t* options);
+PSERVER_EXPORT void pserver_server_options_set_host(pserver_server_options_t* options,
+                                                    const char* host);
+PSERVER_EXPORT void pserver_server_options_set_port(pserver_server_options_t* options,
+                                                    int32_t port);
+PSERVER_EXPORT void pserver_server_options_set_index(pserver_server_options_t* options,
+                                                     uint32_t index);
+PSERVER_EXPORT void pserver_server_options_set_num_threads(pserver_server_options_t* options,
+                                                           int32_t num_threads);
+
+/* Where the server keeps checkpoints: shard i in <dir>/shard-<i>. With a
+ * directory the server loads its shard's newest good checkpoint on start and
+ * saves one on pserver_*_save_checkpoint and when it stops. Default: none. */
+PSERVER_EXPORT void pserver_server_options_set_checkpoint_dir(pserver_server_options_t* options,
+                                                              const char* dir);
+
+/* Starts a gRPC server in this process (options may be NULL: the defaults).
+ * INVALID_ARGUMENT for a bad port or thread count, UNAVAILABLE when the
+ * address cannot be bound. */
+PSERVER_EXPORT pserver_server_t* pserver_server_new(const pserver_server_options_t* options,
+                                                    pserver_status_t* status);
+/* Stops the server (if running) and frees it. */
+PSERVER_EXPORT void pserver_server_delete(pserver_server_t* server);
+/* "127.0.0.1:40123": where the server listens. */
+PSERVER_EXPORT const char* pserver_server_address(const pserver_server_t* server);
+PSERVER_EXPORT int32_t pserver_server_port(const pserver_server_t* server);
+/* Writes a checkpoint of the server's shard now. FAILED_PRECONDITION
+ * without a checkpoint directory. */
+PSERVER_EXPORT void pserver_server_save_checkpoint(pserver_server_t* server,
+                                                   pserver_status_t* status);
+/* Stops accepting calls, lets calls in flight finish for up to grace_ms,
+ * then cancels the rest. Idempotent. */
+PSERVER_EXPORT void pserver_server_stop(pserver_server_t* server, int64_t grace_ms);
+
+/* ---------------------------------------------------------- local cluster */
+
+/* N servers in this process, each on 127.0.0.1 with a free port: the
+ * embedded cluster for notebooks, examples and tests. */
+typedef struct pserver_local_cluster_t pserver_local_cluster_t;
+
+/* INVALID_ARGUMENT for num_servers < 1. */
+PSERVER_EXPORT pserver_local_cluster_t* pserver_local_cluster_new(int32_t num_servers,
+                                                                  pserver_status_t* status);
+/* Stops the cluster (if running) and frees it; clients made by
+ * pserver_local_cluster_client stay valid and get UNAVAILABLE. */
+/* Like pserver_local_cluster_new, every server made from `base` (NULL: the
+ * defaults) with its index set to 0..n-1 and a free port: e.g. with a
+ * checkpoint directory, server i keeping its shard in <dir>/shard-<i>. */
+PSERVER_EXPORT pserver_local_cluster_t* pserver_local_cluster_new_with_options(
+    int32_t num_servers, const pserver_server_options_t* base, pserver_status_t* status);
+/* Writes a checkpoint of every server's shard now (FAILED_PRECONDITION
+ * without a checkpoint directory). */
+PSERVER_EXPORT void pserver_local_cluster_save_checkpoint(pserver_local_cluster_t* cluster,
+                                                          pserver_status_t* status);
+PSERVER_EXPORT void pserver_local_cluster_delete(pserver_local_cluster_t* cluster);
+PSERVER_EXPORT int32_t pserver_local_cluster_size(const pserver_local_cluster_t* cluster);
+/* Server i's "127.0.0.1:port" (gRPC clients in other processes may use it);
+ * NULL when i is out of range. */
+PSERVER_EXPORT const char* pserver_local_cluster_address(const pserver_local_cluster_t* cluster,
+                                                         int32_t i);
+/* A client that calls the cluster's servers in process, without sockets or
+ * serialization. `options` may be NULL; its servers are ignored. After the
+ * cluster is stopped its calls get UNAVAILABLE. */
+PSERVER_EXPORT pserver_client_t* pserver_local_cluster_client(
+    pserver_local_cluster_t* cluster, const pserver_client_options_t* options,
+    pserver_status_t* status);
+/* Stops every server; idempotent. */
+PSERVER_EXPORT void pserver_local_cluster_stop(pserver_local_cluster_t* cluster);
+
+/* ------------------------------------------------------ checkpoint reader */
+
+/* Reads checkpoints as servers write them. `path` is one of:
+ *   - a checkpoint directory (ckpt-<sequence>, holding a MANIFEST);
+ *   - a server's checkpoint directory holding ckpt-* directories: the newest
+ *     one is opened;
+ *   - a directory whose subdirectories are such server directories (one per
+ *     shard): the newest checkpoint of each is opened, and parameters cut
+ *     into blocks over several shards are put back together.
+ * Opening reads and checks the manifests only; reads verify the checksums of
+ * what they read. NOT_FOUND when there is no checkpoint at `path`,
+ * DATA_LOSS for a damaged manifest. */
+typedef struct pserver_checkpoint_reader_t pserver_checkpoint_reader_t;
+
+PSERVER_EXPORT pserver_checkpoint_reader_t* pserver_checkpoint_reader_new(
+    const char* path, pserver_status_t* status);
+PSERVER_EXPORT void pserver_checkpoint_reader_delete(pserver_checkpoint_reader_t* reader);
+/* How many checkpoint directories (shards) were opened. */
+PSERVER_EXPORT size_t pserver_checkpoint_reader_num_checkpoints(
+    const pserver_checkpoint_reader_t* reader);
+/* Checkpoint i's directory; NULL when i is out of range. */
+PSERVER_EXPORT const char* pserver_checkpoint_reader_checkpoint_path(
+    const pserver_checkpoint_reader_t* reader, size_t i);
+/* Parameters, sorted by name. */
+PSERVER_EXPORT size_t pserver_checkpoint_reader_num_params(
+    const pserver_checkpoint_reader_t* reader);
+/* Parameter i's name; NULL when i is out of range. */
+PSERVER_EXPORT const char* pserver_checkpoint_reader_param_name(
+    const pserver_checkpoint_reader_t* reader, size_t i);
+/* As pserver_client_param_info. NOT_FOUND for an unknown name. */
+PSERVER_EXPORT void pserver_checkpoint_reader_param_info(
+    const pserver_checkpoint_reader_t* reader, const char* name, int32_t* dtype,
+    int64_t* shape, size_t shape_capacity, size_t* ndim, pserver_status_t* status);
+/* Reads a parameter (all its blocks, every checksum verified) into `out`,
+ * exactly pserver_dtype_size(dtype) * elements bytes. DATA_LOSS "checkpoint
+ * file checksum validation failed: <file> ..." for damaged data, and for a
+ * parameter whose blocks are not all in the opened checkpoints. */
+PSERVER_EXPORT void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader,
+                                                   const char* name, int32_t dtype, void* out,
+                                                   size_t out_size, pserver_status_t* status);
+/* Verifies every data file and chunk of every opened checkpoint. */
+PSERVER_EXPORT void pserver_checkpoint_reader_verify(const pserver_checkpoint_reader_t* reader,
+                                                     pserver_status_t* status);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PSERVER_CC_CAPI_PSERVER_H_ */

@@ -1,0 +1,39 @@
+"""pserver: a distributed parameter server, from Python.
+
+Numpy arrays in and out; the servers apply the optimizer. An embedded cluster
+needs nothing else running:
+
+>>> import numpy as np, pserver
+>>> with pserver.LocalCluster(servers=2) as cluster:
+...     client = cluster.client()
+...     client.init("w", np.zeros(4, np.float32), optimizer="adam", lr=0.1)
+...     client.finish_init()
+...     for _ in range(3):
+...         w = client.push_pull({"w": np.ones(4, np.float32)})["w"]
+...     print(w.round(2))
+[-0.3 -0.3 -0.3 -0.3]
+
+Servers elsewhere: ``pserver.Client(["host:7000", "host:7001"])``. Errors are
+:class:`pserver.Error` subclasses, one per status code (``NotFound`` is also a
+``KeyError``, ``InvalidArgument`` a ``ValueError``, ...). Every call releases
+the GIL while it runs, so trainer threads push and pull in parallel.
+"""
+
+from ._errors import (Aborted, AlreadyExists, AlreadyInitialized, Cancelled, Closed,
+                      DataLoss, DeadlineExceeded, Error, FailedPrecondition, Internal,
+                      InvalidArgument, NotFound, OutOfRange, PermissionDenied,
+                      ResourceExhausted, Unauthenticated, Unavailable, Unimplemented,
+                      Uninitialized, Unknown, error_from_status)
+from ._core import (DTYPES, CheckpointReader, Client, LocalCluster, Server,
+                    param_config_text, read_checkpoint, version)
+
+__version__ = version()
+
+__all__ = [
+    "Client", "Server", "LocalCluster", "CheckpointReader", "read_checkpoint",
+    "param_config_text", "version", "DTYPES", "error_from_status",
+    "Error", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
+    "AlreadyInitialized", "AlreadyExists", "PermissionDenied", "ResourceExhausted",
+    "FailedPrecondition", "Uninitialized", "Closed", "Aborted", "OutOfRange",
+    "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated",
+]

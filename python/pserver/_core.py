@@ -1,0 +1,693 @@
+"""Client, Server, LocalCluster and the checkpoint reader over the C ABI.
+
+Every call goes through the SWIG module ``pserver.capi`` (which releases the
+GIL while the C function runs) after the checks done here: dtype, shape,
+contiguity. Arrays are never converted to another dtype behind your back: a
+float64 gradient for a float32 parameter raises :class:`InvalidArgument`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
+
+import numpy as np
+
+from . import capi as _c
+from ._errors import Closed, InvalidArgument, Unimplemented
+
+__all__ = ["Client", "Server", "LocalCluster", "CheckpointReader", "read_checkpoint",
+           "DTYPES", "version"]
+
+# numpy dtype <-> pserver_dtype_t
+DTYPES: Dict[np.dtype, int] = {
+    np.dtype(np.int32): _c.PSERVER_INT32,
+    np.dtype(np.uint32): _c.PSERVER_UINT32,
+    np.dtype(np.int64): _c.PSERVER_INT64,
+    np.dtype(np.uint64): _c.PSERVER_UINT64,
+    np.dtype(np.float32): _c.PSERVER_FLOAT32,
+    np.dtype(np.float64): _c.PSERVER_FLOAT64,
+}
+_NUMPY: Dict[int, np.dtype] = {code: dt for dt, code in DTYPES.items()}
+
+ArrayLike = Any
+Shape = Tuple[int, ...]
+
+
+def version() -> str:
+    """The version of libpserver.so, e.g. "0.1.0"."""
+    return _c.pserver_version()
+
+
+def _dtype_code(dtype: np.dtype, what: str) -> int:
+    code = DTYPES.get(np.dtype(dtype).newbyteorder("="))
+    if code is None:
+        raise InvalidArgument(
+            f"{what}: dtype {np.dtype(dtype)} is not supported; use one of "
+            f"{', '.join(str(d) for d in DTYPES)}")
+    return code
+
+
+def _as_array(value: ArrayLike, what: str, dtype: Optional[np.dtype] = None) -> np.ndarray:
+    """A C-contiguous, native-byte-order array of a supported dtype.
+
+    Copies only to make the memory C-contiguous or native-endian; the element
+    type is never changed (unless `dtype` asks for it for a non-array input).
+    """
+    if isinstance(value, np.ndarray):
+        if dtype is not None and value.dtype != np.dtype(dtype):
+            raise InvalidArgument(
+                f"{what}: array has dtype {value.dtype}, expected {np.dtype(dtype)}")
+        arr = value
+    else:
+        arr = np.asarray(value, dtype=dtype)
+    _dtype_code(arr.dtype, what)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return np.ascontiguousarray(arr)
+
+
+class _Handle:
+    """A C handle shared by threads; close() waits for the calls in flight."""
+
+    def __init__(self, ptr: Any, delete: Callable[[Any], None], what: str) -> None:
+        self._ptr = ptr
+        self._delete = delete
+        self._what = what
+        self._busy = 0
+        self._cv = threading.Condition()
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[Any]:
+        with self._cv:
+            if self._ptr is None:
+                raise Closed(f"pserver: this {self._what} is closed")
+            self._busy += 1
+            ptr = self._ptr
+        try:
+            yield ptr
+        finally:
+            with self._cv:
+                self._busy -= 1
+                if self._busy == 0:
+                    self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            ptr, self._ptr = self._ptr, None
+            while self._busy > 0:  # calls in flight finish (each has a deadline)
+                self._cv.wait()
+        if ptr is not None:
+            self._delete(ptr)
+
+
+class _Config:
+    """A pserver_param_config_t built from keyword arguments, freed on exit."""
+
+    def __init__(self, optimizer: Optional[str], schedule: Optional[str],
+                 config: Union[None, str, Mapping[str, Any]], settings: Mapping[str, Any]):
+        self.ptr = _c.pserver_param_config_new()
+        try:
+            merged: Dict[str, Any] = {}
+            if isinstance(config, str):
+                _c.pserver_param_config_parse_text(self.ptr, config)
+            elif config is not None:
+                merged.update(config)
+            merged.update({k: v for k, v in settings.items() if v is not None})
+            optimizer = merged.pop("optimizer", None) if optimizer is None else optimizer
+            schedule = merged.pop("schedule", None) if schedule is None else schedule
+            merged.pop("optimizer", None)
+            merged.pop("schedule", None)
+            if optimizer is not None:
+                _c.pserver_param_config_set_optimizer(self.ptr, str(optimizer))
+            if schedule is not None:
+                _c.pserver_param_config_set_schedule(self.ptr, str(schedule))
+            for key, value in merged.items():
+                if isinstance(value, (bool, np.bool_)):
+                    value = 1.0 if value else 0.0
+                try:
+                    number = float(value)
+                except (TypeError, ValueError):
+                    raise InvalidArgument(
+                        f"config setting {key!r} must be a number, got {value!r}") from None
+                _c.pserver_param_config_set(self.ptr, key, number)
+        except BaseException:
+            _c.pserver_param_config_delete(self.ptr)
+            raise
+
+    def text(self) -> str:
+        return _c.pserver_param_config_text(self.ptr)[1]
+
+    def __enter__(self) -> "_Config":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _c.pserver_param_config_delete(self.ptr)
+        self.ptr = None
+
+
+def param_config_text(optimizer: Optional[str] = None, *, schedule: Optional[str] = None,
+                      config: Union[None, str, Mapping[str, Any]] = None,
+                      **settings: Any) -> str:
+    """The ParameterConfig that `Client.init` would send, in protobuf text format.
+
+    >>> import pserver
+    >>> pserver.param_config_text("adam", lr=0.01, beta1=0.8, clip_norm=1.0)
+    'optimizer { adam { beta1: 0.8 } } learning_rate { learning_rate: 0.01 } clipping { clip_norm: 1 }'
+    """
+    with _Config(optimizer, schedule, config, settings) as cfg:
+        return cfg.text()
+
+
+class Client:
+    """A trainer's handle on a set of parameter servers. Thread-safe.
+
+    Parameters are numpy arrays of float32, float64, int32, uint32, int64 or
+    uint64. The first ``init`` of a name wins (later ones raise
+    :class:`AlreadyInitialized`); ``finish_init`` opens the servers, before
+    which ``get`` and ``send_grad`` raise :class:`Uninitialized`.
+
+    >>> import numpy as np, pserver
+    >>> with pserver.LocalCluster(servers=2) as cluster:
+    ...     client = cluster.client()
+    ...     client.init("w", np.zeros(3, np.float32), optimizer="sgd", lr=0.5)
+    ...     client.finish_init()
+    ...     client.send_grad("w", np.ones(3, np.float32))
+    ...     print(client.get("w"))
+    [-0.5 -0.5 -0.5]
+
+    Over gRPC: ``pserver.Client(["127.0.0.1:7000", "127.0.0.1:7001"])``.
+    """
+
+    def __init__(self, servers: Union[str, Sequence[str], None] = None, *,
+                 etcd: Optional[str] = None, timeout: float = 30.0,
+                 block_bytes: Optional[int] = None, max_request_bytes: Optional[int] = None,
+                 channels_per_server: Optional[int] = None) -> None:
+        if etcd is not None:
+            raise Unimplemented("pserver.Client(etcd=...): etcd discovery is not available "
+                                "in this version; pass servers=[...]")
+        if servers is None:
+            raise InvalidArgument("pserver.Client needs servers=[\"host:port\", ...]")
+        if isinstance(servers, str):
+            servers = [s for s in servers.split(",") if s]
+        self._servers = list(servers)
+        with _client_options(timeout, block_bytes, max_request_bytes,
+                             channels_per_server) as opts:
+            for address in self._servers:
+                _c.pserver_client_options_add_server(opts, str(address))
+            ptr = _c.pserver_client_new(opts)
+        self._h = _Handle(ptr, _c.pserver_client_delete, "client")
+        self._kind = "grpc"
+
+    @classmethod
+    def _from_handle(cls, ptr: Any, servers: List[str], kind: str) -> "Client":
+        self = cls.__new__(cls)
+        self._servers = servers
+        self._h = _Handle(ptr, _c.pserver_client_delete, "client")
+        self._kind = kind
+        return self
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Waits for calls in flight and frees the client; safe to call twice."""
+        self._h.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._h.closed
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._servers)} servers"
+        return f"<pserver.Client {self._kind} {state}: {', '.join(self._servers)}>"
+
+    @property
+    def num_servers(self) -> int:
+        return len(self._servers)
+
+    @property
+    def servers(self) -> List[str]:
+        return list(self._servers)
+
+    # -- init ----------------------------------------------------------------
+
+    def init(self, name: str, value: ArrayLike, *, dtype: Any = None,
+             optimizer: Optional[str] = None, schedule: Optional[str] = None,
+             config: Union[None, str, Mapping[str, Any]] = None, **settings: Any) -> None:
+        """Initializes parameter `name` with `value` and how the server updates it.
+
+        `optimizer`: "sgd" (default), "adagrad", "adadelta", "rmsprop", "adam",
+        "adamw" or "add" (p += g, for integer parameters). `schedule`:
+        "constant", "linear", "step" or "cosine". Every other keyword is a
+        setting named as in proto/pserver/v1/config.proto: ``lr`` (or
+        ``learning_rate``), ``momentum``, ``nesterov``, ``weight_decay``,
+        ``beta1``, ``beta2``, ``epsilon``, ``rho``, ``alpha``, ``centered``,
+        ``warmup_steps``, ``decay_steps``, ``gamma``, ``clip_norm``,
+        ``clip_value``, ... `config` may also be a dict of the same keys or a
+        ParameterConfig in protobuf text format.
+
+        >>> client.init("emb", np.zeros((10, 4), np.float32), optimizer="adam",
+        ...             lr=0.01, beta1=0.8, clip_norm=1.0)   # doctest: +SKIP
+
+        Raises AlreadyInitialized if `name` was initialized before, and
+        InvalidArgument for an unsupported dtype or an unknown setting.
+        """
+        arr = _as_array(value, f"parameter {name!r}", dtype)
+        code = _dtype_code(arr.dtype, f"parameter {name!r}")
+        with _Config(optimizer, schedule, config, settings) as cfg, self._h.use() as h:
+            _c.pserver_client_init_param(h, name, code, arr.shape, arr, cfg.ptr)
+
+    init_param = init
+
+    def finish_init(self) -> None:
+        """Opens every server for reads and gradients (idempotent)."""
+        with self._h.use() as h:
+            _c.pserver_client_finish_init(h)
+
+    # -- reads ---------------------------------------------------------------
+
+    def info(self, name: str) -> Tuple[np.dtype, Shape]:
+        """(dtype, shape) of parameter `name`; raises NotFound if unknown."""
+        with self._h.use() as h:
+            code, shape = _c.pserver_client_param_info(h, name)
+        return _NUMPY[code], tuple(shape)
+
+    def _out(self, name: str, out: Optional[np.ndarray]) -> Tuple[np.ndarray, int]:
+        dtype, shape = self.info(name)
+        if out is None:
+            return np.empty(shape, dtype), DTYPES[dtype]
+        _check_out(out, dtype, shape, f"parameter {name!r}")
+        return out, DTYPES[dtype]
+
+    def get(self, name: str, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Parameter `name` as a new array (or written into `out`, which must
+        have its dtype and shape and be C-contiguous and writable)."""
+        out, code = self._out(name, out)
+        with self._h.use() as h:
+            _c.pserver_client_get_param(h, name, code, out)
+        return out
+
+    def get_many(self, names: Sequence[str]) -> Dict[str, np.ndarray]:
+        """Several parameters in one round trip per server, by name."""
+        outs = {name: self._out(name, None) for name in names}
+        batch = _c.pserver_batch_new()
+        try:
+            for name, (arr, code) in outs.items():
+                _c.pserver_batch_add_output(batch, name, code, arr)
+            with self._h.use() as h:
+                _c.pserver_client_get_params(h, batch)
+        finally:
+            _c.pserver_batch_delete(batch)
+        return {name: arr for name, (arr, _) in outs.items()}
+
+    # -- gradients -------------------------------------------------------------
+
+    def _grad(self, name: str, grad: ArrayLike) -> Tuple[np.ndarray, int]:
+        dtype, shape = self.info(name)
+        what = f"gradient for parameter {name!r}"
+        if not isinstance(grad, np.ndarray):
+            grad = np.asarray(grad, dtype=dtype)
+        if grad.dtype.newbyteorder("=") != dtype:
+            raise InvalidArgument(f"{what}: dtype {grad.dtype} received, {dtype} expected "
+                                  f"(convert it yourself: grad.astype(np.{dtype}))")
+        if tuple(grad.shape) != shape:
+            raise InvalidArgument(f"{what}: shape {tuple(grad.shape)} received, {shape} "
+                                  "expected")
+        return _as_array(grad, what), DTYPES[dtype]
+
+    def send_grad(self, name: str, grad: ArrayLike) -> None:
+        """Sends a gradient of the parameter's dtype and shape; the server applies
+        the optimizer. Raises InvalidArgument for any other dtype or shape."""
+        arr, code = self._grad(name, grad)
+        with self._h.use() as h:
+            _c.pserver_client_send_grad(h, name, code, arr)
+
+    def send_grads(self, grads: Mapping[str, ArrayLike]) -> None:
+        """Sends several gradients in one round trip per server; a batch with
+        any bad part is applied not at all."""
+        arrays = [(name, *self._grad(name, g)) for name, g in grads.items()]
+        batch = _c.pserver_batch_new()
+        try:
+            for name, arr, code in arrays:  # `arrays` keeps the buffers alive
+                _c.pserver_batch_add_input(batch, name, code, arr)
+            with self._h.use() as h:
+                _c.pserver_client_send_grads(h, batch)
+        finally:
+            _c.pserver_batch_delete(batch)
+
+    def push_pull(self, grads: Mapping[str, ArrayLike],
+                  out: Optional[Mapping[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+        """Sends gradients and returns the parameters after their update, in
+        one round trip per server. `out` may give arrays to fill, by name."""
+        arrays = [(name, *self._grad(name, g)) for name, g in grads.items()]
+        results: Dict[str, np.ndarray] = {}
+        for name, arr, _ in arrays:
+            target = None if out is None else out.get(name)
+            if target is None:
+                target = np.empty_like(arr)
+            else:
+                _check_out(target, arr.dtype, arr.shape, f"parameter {name!r}")
+            results[name] = target
+        gbatch, obatch = _c.pserver_batch_new(), _c.pserver_batch_new()
+        try:
+            for name, arr, code in arrays:
+                _c.pserver_batch_add_input(gbatch, name, code, arr)
+                _c.pserver_batch_add_output(obatch, name, code, results[name])
+            with self._h.use() as h:
+                _c.pserver_client_push_pull(h, gbatch, obatch)
+        finally:
+            _c.pserver_batch_delete(gbatch)
+            _c.pserver_batch_delete(obatch)
+        return results
+
+    def save_checkpoint(self) -> None:
+        """Asks every server to write a checkpoint of its shard now.
+
+        Raises FailedPrecondition when a server has no checkpoint directory."""
+        with self._h.use() as h:
+            _c.pserver_client_save_checkpoint(h)
+
+    def stats(self) -> List[Dict[str, Any]]:
+        """One dict per server: index, initialized, parameters, parameter_bytes,
+        optimizer_state_bytes, gradients_applied, gets_served, ..."""
+        with self._h.use() as h:
+            _, stats = _c.pserver_client_stats(h)
+        return stats
+
+
+def _check_out(out: np.ndarray, dtype: np.dtype, shape: Shape, what: str) -> None:
+    if not isinstance(out, np.ndarray):
+        raise InvalidArgument(f"{what}: out must be a numpy array")
+    if out.dtype != dtype:
+        raise InvalidArgument(f"{what}: out has dtype {out.dtype}, the parameter {dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise InvalidArgument(
+            f"{what}: out has shape {tuple(out.shape)}, the parameter {tuple(shape)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise InvalidArgument(f"{what}: out must be C-contiguous and writable")
+
+
+@contextlib.contextmanager
+def _client_options(timeout: float, block_bytes: Optional[int],
+                    max_request_bytes: Optional[int],
+                    channels_per_server: Optional[int]) -> Iterator[Any]:
+    opts = _c.pserver_client_options_new()
+    try:
+        if timeout is not None:
+            if timeout <= 0:
+                raise InvalidArgument(f"timeout must be positive, got {timeout}")
+            _c.pserver_client_options_set_timeout_ms(opts, max(1, int(timeout * 1000)))
+        if block_bytes is not None:
+            _c.pserver_client_options_set_block_bytes(opts, int(block_bytes))
+        if max_request_bytes is not None:
+            _c.pserver_client_options_set_max_request_bytes(opts, int(max_request_bytes))
+        if channels_per_server is not None:
+            _c.pserver_client_options_set_channels_per_server(opts, int(channels_per_server))
+        yield opts
+    finally:
+        _c.pserver_client_options_delete(opts)
+
+
+@contextlib.contextmanager
+def _server_options(host: str, port: int, index: int, num_threads: int,
+                    checkpoint_dir: Optional[str]) -> Iterator[Any]:
+    opts = _c.pserver_server_options_new()
+    try:
+        _c.pserver_server_options_set_host(opts, host)
+        _c.pserver_server_options_set_port(opts, int(port))
+        _c.pserver_server_options_set_index(opts, int(index))
+        _c.pserver_server_options_set_num_threads(opts, int(num_threads))
+        if checkpoint_dir is not None:
+            _c.pserver_server_options_set_checkpoint_dir(opts, str(checkpoint_dir))
+        yield opts
+    finally:
+        _c.pserver_server_options_delete(opts)
+
+
+class Server:
+    """A gRPC parameter server running in this process (127.0.0.1, a free port).
+
+    >>> import pserver
+    >>> with pserver.Server() as server:
+    ...     client = server.client()      # a gRPC client of this server
+    ...     print(server.address.startswith("127.0.0.1:"))
+    True
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, index: int = 0,
+                 num_threads: int = 0, checkpoint_dir: Optional[str] = None) -> None:
+        with _server_options(host, port, index, num_threads, checkpoint_dir) as opts:
+            ptr = _c.pserver_server_new(opts)
+        self._address = _c.pserver_server_address(ptr)
+        self._port = _c.pserver_server_port(ptr)
+        self._h = _Handle(ptr, _c.pserver_server_delete, "server")
+        self._clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+    @property
+    def address(self) -> str:
+        """"127.0.0.1:<port>"."""
+        return self._address
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def client(self, **options: Any) -> Client:
+        """A gRPC client of this server (closed when the server is)."""
+        c = Client([self._address], **options)
+        self._clients.add(c)
+        return c
+
+    def save_checkpoint(self) -> None:
+        """Writes a checkpoint of this server's shard (needs checkpoint_dir)."""
+        with self._h.use() as h:
+            _c.pserver_server_save_checkpoint(h)
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Stops serving (calls in flight get up to `grace` seconds); idempotent."""
+        if not self._h.closed:
+            with self._h.use() as h:
+                _c.pserver_server_stop(h, int(grace * 1000))
+
+    def close(self) -> None:
+        """Closes this server's clients, stops it and frees it; safe twice."""
+        for c in list(self._clients):
+            c.close()
+        self._h.close()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._h.closed else "running"
+        return f"<pserver.Server {self._address} {state}>"
+
+
+class LocalCluster:
+    """`servers` parameter servers in this process, each on 127.0.0.1.
+
+    ``client()`` calls them in process (no sockets, no serialization);
+    ``addresses`` lets gRPC clients, also in other processes, reach them.
+    With `checkpoint_dir`, server i keeps its shard's checkpoints in
+    ``<checkpoint_dir>/shard-<i>`` (loaded on start, written by
+    ``save_checkpoint()`` and on stop); ``pserver.read_checkpoint(checkpoint_dir)``
+    reads them back.
+    Leaving the ``with`` block closes the clients made by ``client()`` and
+    stops the servers.
+
+    >>> import numpy as np, pserver
+    >>> with pserver.LocalCluster(servers=2) as c:
+    ...     cl = c.client()
+    ...     cl.init("b", np.array([1, 2], np.int64), optimizer="add")
+    ...     cl.finish_init()
+    ...     print(cl.push_pull({"b": np.array([10, 10], np.int64)})["b"])
+    [11 12]
+    """
+
+    def __init__(self, servers: int = 2, *, checkpoint_dir: Optional[str] = None,
+                 num_threads: int = 0) -> None:
+        with _server_options("127.0.0.1", 0, 0, num_threads, checkpoint_dir) as opts:
+            ptr = _c.pserver_local_cluster_new_with_options(int(servers), opts)
+        self._addresses = [_c.pserver_local_cluster_address(ptr, i)
+                           for i in range(_c.pserver_local_cluster_size(ptr))]
+        self._h = _Handle(ptr, _c.pserver_local_cluster_delete, "local cluster")
+        self._clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+    @property
+    def addresses(self) -> List[str]:
+        return list(self._addresses)
+
+    @property
+    def size(self) -> int:
+        return len(self._addresses)
+
+    def __len__(self) -> int:
+        return len(self._addresses)
+
+    def client(self, *, in_process: bool = True, timeout: float = 30.0,
+               block_bytes: Optional[int] = None, max_request_bytes: Optional[int] = None,
+               channels_per_server: Optional[int] = None) -> Client:
+        """A client of this cluster: in process by default, else over gRPC."""
+        if not in_process:
+            c = Client(self._addresses, timeout=timeout, block_bytes=block_bytes,
+                       max_request_bytes=max_request_bytes,
+                       channels_per_server=channels_per_server)
+        else:
+            with _client_options(timeout, block_bytes, max_request_bytes,
+                                 channels_per_server) as opts, self._h.use() as h:
+                ptr = _c.pserver_local_cluster_client(h, opts)
+            c = Client._from_handle(ptr, self.addresses, "in-process")
+        self._clients.add(c)
+        return c
+
+    def save_checkpoint(self) -> None:
+        """Writes a checkpoint of every shard now (needs checkpoint_dir)."""
+        with self._h.use() as h:
+            _c.pserver_local_cluster_save_checkpoint(h)
+
+    def stop(self) -> None:
+        """Closes the clients made by client() and stops every server; idempotent."""
+        for c in list(self._clients):
+            c.close()
+        self._h.close()
+
+    close = stop
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        try:
+            self.stop()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._h.closed else "running"
+        return f"<pserver.LocalCluster {len(self._addresses)} servers {state}: " \
+               f"{' '.join(self._addresses)}>"
+
+
+class CheckpointReader:
+    """Reads a checkpoint: a ckpt-* directory, a server's checkpoint directory
+    (its newest checkpoint) or a directory of shard directories (the newest
+    checkpoint of each, with parameters put back together from their blocks).
+
+    >>> with pserver.CheckpointReader("/ckpt") as r:      # doctest: +SKIP
+    ...     for name in r: print(name, r.info(name))
+    ...     w = r.read("w")
+    ...     r.verify()                                      # every checksum
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = str(path)
+        ptr = _c.pserver_checkpoint_reader_new(self._path)
+        self._names = [_c.pserver_checkpoint_reader_param_name(ptr, i)
+                       for i in range(_c.pserver_checkpoint_reader_num_params(ptr))]
+        self._paths = [_c.pserver_checkpoint_reader_checkpoint_path(ptr, i)
+                       for i in range(_c.pserver_checkpoint_reader_num_checkpoints(ptr))]
+        self._h = _Handle(ptr, _c.pserver_checkpoint_reader_delete, "checkpoint reader")
+
+    @property
+    def checkpoints(self) -> List[str]:
+        """The checkpoint directories opened (one per shard)."""
+        return list(self._paths)
+
+    def names(self) -> List[str]:
+        return list(self._names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def info(self, name: str) -> Tuple[np.dtype, Shape]:
+        with self._h.use() as h:
+            code, shape = _c.pserver_checkpoint_reader_param_info(h, name)
+        return _NUMPY[code], tuple(shape)
+
+    def read(self, name: str) -> np.ndarray:
+        """Parameter `name`, every checksum of its data verified."""
+        dtype, shape = self.info(name)
+        out = np.empty(shape, dtype)
+        with self._h.use() as h:
+            _c.pserver_checkpoint_reader_read(h, name, DTYPES[dtype], out)
+        return out
+
+    def read_all(self) -> Dict[str, np.ndarray]:
+        return {name: self.read(name) for name in self._names}
+
+    def verify(self) -> None:
+        """Verifies every data file and chunk; raises DataLoss naming the file."""
+        with self._h.use() as h:
+            _c.pserver_checkpoint_reader_verify(h)
+
+    def close(self) -> None:
+        self._h.close()
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"<pserver.CheckpointReader {self._path}: {len(self._names)} parameters " \
+               f"in {len(self._paths)} checkpoint(s)>"
+
+
+def read_checkpoint(path: str, *, verify: bool = True) -> Dict[str, np.ndarray]:
+    """Every parameter of the checkpoint at `path` as numpy arrays, by name.
+
+    With `verify` (the default) every data file and chunk is checked first;
+    damage raises :class:`DataLoss` naming the file.
+
+    >>> params = pserver.read_checkpoint("/ckpt")   # doctest: +SKIP
+    >>> params["w"].dtype, params["w"].shape        # doctest: +SKIP
+    (dtype('float32'), (2, 3))
+    """
+    with CheckpointReader(path) as reader:
+        if verify:
+            reader.verify()
+        return reader.read_all()
