@@ -31,6 +31,8 @@ def load(path):
     for r in report.get("results", []):
         r.setdefault("value", {})
         r.setdefault("extra", {})
+        # protobuf's JSON mapping writes 64-bit integers as strings.
+        r["payload_bytes"] = int(r.get("payload_bytes", 0))
     return report
 
 

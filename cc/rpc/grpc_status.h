@@ -26,9 +26,15 @@ inline absl::Status FromGrpcStatus(const grpc::Status& status) {
                       status.error_message());
 }
 
+// The HTTP/2 stream window both ends start with: large enough for a whole
+// ~1 MiB block at once; measured 1.4x more small operations per second than
+// gRPC's default here (bench/RESULTS.md).
+inline constexpr int kInitialStreamWindowBytes = 4 << 20;
+
 // Channel arguments for a client channel to one server: no message size
-// limit (requests are already cut into ~1 MiB blocks), and a private
-// subchannel so several channels to one address are really separate.
+// limit (requests are already cut into ~1 MiB blocks), the stream window
+// above, and a private subchannel so several channels to one address are
+// really separate.
 grpc::ChannelArguments DefaultChannelArguments();
 
 }  // namespace pserver

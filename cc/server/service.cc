@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/rpc/wire.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -127,17 +128,22 @@ grpc::Status ParameterServerService::SendGrad(grpc::ServerContext*,
   return ToGrpcStatus(store_->ApplyGradients(absl::MakeConstSpan(&grad, 1)));
 }
 
+absl::Status ParameterServerService::DecodeAndApply(const grpc::ByteBuffer& request,
+                                                    PushRequest* push) {
+  absl::Status status = DecodePushRequest(request, push);
+  if (!status.ok()) {
+    store_->CountRejected();
+    return status;
+  }
+  PS_RETURN_IF_ERROR(CheckServing());
+  return ApplyOnce(*push);
+}
+
 grpc::ServerUnaryReactor* ParameterServerService::SendGrads(grpc::CallbackServerContext* context,
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
   PushRequest push;
-  absl::Status status = DecodePushRequest(*request, &push);
-  if (!status.ok()) {
-    store_->CountRejected();
-    return Finish(context, status);
-  }
-  if (status = CheckServing(); !status.ok()) return Finish(context, status);
-  status = ApplyOnce(push);
+  absl::Status status = DecodeAndApply(*request, &push);
   if (status.ok()) *response = EmptyMessage();
   return Finish(context, status);
 }
@@ -146,13 +152,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   PushRequest push;
-  absl::Status status = DecodePushRequest(*request, &push);
-  if (!status.ok()) {
-    store_->CountRejected();
-    return Finish(context, status);
-  }
-  if (status = CheckServing(); !status.ok()) return Finish(context, status);
-  status = ApplyOnce(push);
+  absl::Status status = DecodeAndApply(*request, &push);
   if (status.ok()) status = ReadParams(push.refs, response);
   return Finish(context, status);
 }

@@ -95,6 +95,8 @@ class ParameterServerService final : public ServiceBase {
   absl::Status CheckServing() const;
   // Applies a push's gradients unless its request id was applied before.
   absl::Status ApplyOnce(const PushRequest& push);
+  // Decodes a SendGrads/PushPull request and applies it (once).
+  absl::Status DecodeAndApply(const grpc::ByteBuffer& request, PushRequest* push);
 
   // Reads `refs` into a GetParamsResponse; nothing is returned on any error.
   absl::Status ReadParams(absl::Span<const v1::ParamRef> refs, grpc::ByteBuffer* response);
