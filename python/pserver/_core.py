@@ -108,6 +108,25 @@ class _Handle:
             self._delete(ptr)
 
 
+class _Closing:
+    """Context manager and finalizer for classes with an idempotent close()."""
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class _Config:
     """A pserver_param_config_t built from keyword arguments, freed on exit."""
 
@@ -166,7 +185,7 @@ def param_config_text(optimizer: Optional[str] = None, *, schedule: Optional[str
         return cfg.text()
 
 
-class Client:
+class Client(_Closing):
     """A trainer's handle on a set of parameter servers. Thread-safe.
 
     Parameters are numpy arrays of float32, float64, int32, uint32, int64 or
@@ -224,17 +243,6 @@ class Client:
     def closed(self) -> bool:
         return self._h.closed
 
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._servers)} servers"
@@ -443,7 +451,7 @@ def _server_options(host: str, port: int, index: int, num_threads: int,
         _c.pserver_server_options_delete(opts)
 
 
-class Server:
+class Server(_Closing):
     """A gRPC parameter server running in this process (127.0.0.1, a free port).
 
     >>> import pserver
@@ -494,24 +502,13 @@ class Server:
             c.close()
         self._h.close()
 
-    def __enter__(self) -> "Server":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = "stopped" if self._h.closed else "running"
         return f"<pserver.Server {self._address} {state}>"
 
 
-class LocalCluster:
+class LocalCluster(_Closing):
     """`servers` parameter servers in this process, each on 127.0.0.1.
 
     ``client()`` calls them in process (no sockets, no serialization);
@@ -581,17 +578,6 @@ class LocalCluster:
 
     close = stop
 
-    def __enter__(self) -> "LocalCluster":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def __del__(self) -> None:
-        try:
-            self.stop()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = "stopped" if self._h.closed else "running"
@@ -599,7 +585,7 @@ class LocalCluster:
                f"{' '.join(self._addresses)}>"
 
 
-class CheckpointReader:
+class CheckpointReader(_Closing):
     """Reads a checkpoint: a ckpt-* directory, a server's checkpoint directory
     (its newest checkpoint) or a directory of shard directories (the newest
     checkpoint of each, with parameters put back together from their blocks).
@@ -660,17 +646,6 @@ class CheckpointReader:
     def close(self) -> None:
         self._h.close()
 
-    def __enter__(self) -> "CheckpointReader":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"<pserver.CheckpointReader {self._path}: {len(self._names)} parameters " \
