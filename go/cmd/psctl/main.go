@@ -1,0 +1,298 @@
+// Command psctl runs and inspects pserver clusters.
+//
+//	psctl local -n 3 [-etcd] [-checkpoint_dir DIR]   start servers (and etcd) until Ctrl-C
+//	psctl status -etcd HOST:PORT [-cluster NAME]      servers, desired count, checkpoints, workers
+//	psctl desired -etcd HOST:PORT N                   set the desired server count
+//	psctl checkpoint save -servers A,B                ask every server for a checkpoint now
+//	psctl checkpoint ls DIR                           the checkpoints and parameters at DIR
+//	psctl checkpoint verify DIR                       verify every checksum
+//	psctl params (-checkpoint DIR | -servers A,B NAME...)   names, types, shapes, sizes
+//
+// Under Bazel: bazel run //go/cmd/psctl -- <command> ...
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"pserver/pserver"
+)
+
+const usage = `psctl: run and inspect pserver clusters.
+
+Usage: psctl <command> [flags] [args]
+
+Commands:
+  local        start N pserver processes (and an etcd with -etcd) on 127.0.0.1; Ctrl-C stops them
+  status       servers, desired count, checkpoints and live workers, from etcd (or -servers stats)
+  desired      set the desired server count in etcd
+  checkpoint   save | ls | verify checkpoints
+  params       parameter names, types, shapes and sizes (from a checkpoint or running servers)
+
+Run "psctl <command> -help" for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is psctl with args, returning the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	case "local":
+		err = cmdLocal(args[1:], stdout, stderr)
+	case "status":
+		err = cmdStatus(args[1:], stdout, stderr)
+	case "desired":
+		err = cmdDesired(args[1:], stdout, stderr)
+	case "checkpoint":
+		err = cmdCheckpoint(args[1:], stdout, stderr)
+	case "params":
+		err = cmdParams(args[1:], stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "psctl: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	default:
+		fmt.Fprintf(stderr, "psctl %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+var errUsage = errors.New("usage")
+
+// newFlags is a FlagSet whose -help prints the command's synopsis.
+func newFlags(name, synopsis string, stdout, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: psctl %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args; -help prints to stdout and returns flag.ErrHelp.
+func parse(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return flag.ErrHelp
+		}
+		if a == "--" {
+			break
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// absPath resolves a path given on the command line against the directory
+// psctl was invoked from (bazel run changes the working directory).
+func absPath(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	if wd := os.Getenv("BUILD_WORKING_DIRECTORY"); wd != "" {
+		return filepath.Join(wd, p)
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	return abs
+}
+
+func cmdDesired(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("desired", "desired -etcd HOST:PORT[,...] [-cluster NAME] N", stdout, stderr)
+	etcdFlag := fs.String("etcd", "", "etcd endpoints host:port[,host:port...] (required)")
+	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if *etcdFlag == "" || fs.NArg() != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	var n uint
+	if _, err := fmt.Sscanf(fs.Arg(0), "%d", &n); err != nil || n < 1 {
+		return fmt.Errorf("N must be a positive whole number, got %q", fs.Arg(0))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e := newEtcd(splitList(*etcdFlag))
+	key := clusterPrefix(*cluster) + "ps_desired"
+	if err := e.put(ctx, key, fmt.Sprint(n)); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s = %d\n", key, n)
+	return nil
+}
+
+func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
+	const synopsis = `checkpoint save -servers A,B [-timeout D]
+       psctl checkpoint ls DIR
+       psctl checkpoint verify DIR
+
+  save    asks every server to write a checkpoint of its shard now
+  ls      lists the checkpoints at DIR (a checkpoint, a server's directory, or
+          the --checkpoint_dir of a cluster) and their parameters
+  verify  checks every checksum of every checkpoint at DIR`
+	if len(args) == 0 {
+		fmt.Fprintf(stderr, "Usage: psctl %s\n", synopsis)
+		return errUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintf(stdout, "Usage: psctl %s\n", synopsis)
+		return flag.ErrHelp
+	case "save":
+		fs := newFlags("checkpoint save", "checkpoint save -servers A,B [-timeout D]", stdout, stderr)
+		servers := fs.String("servers", "", "server addresses host:port, in index order (required)")
+		timeout := fs.Duration("timeout", time.Minute, "deadline")
+		if err := parse(fs, args[1:], stdout); err != nil {
+			return err
+		}
+		if *servers == "" {
+			fs.Usage()
+			return errUsage
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+		defer cancel()
+		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		if err := client.SaveCheckpoint(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "saved a checkpoint on %d servers\n", client.NumServers())
+		return nil
+	case "ls", "verify":
+		verb := args[0]
+		fs := newFlags("checkpoint "+verb, "checkpoint "+verb+" DIR", stdout, stderr)
+		if err := parse(fs, args[1:], stdout); err != nil {
+			return err
+		}
+		if fs.NArg() != 1 {
+			fs.Usage()
+			return errUsage
+		}
+		r, err := pserver.OpenCheckpoint(absPath(fs.Arg(0)))
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		if verb == "verify" {
+			if err := r.Verify(); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "OK: %d checkpoints, %d parameters, every checksum verified\n", len(r.Checkpoints()), len(r.Names()))
+			return nil
+		}
+		fmt.Fprintln(stdout, "CHECKPOINT")
+		for _, p := range r.Checkpoints() {
+			fmt.Fprintln(stdout, p)
+		}
+		fmt.Fprintln(stdout)
+		return printParams(stdout, r.Names(), r.Info)
+	default:
+		fmt.Fprintf(stderr, "psctl checkpoint: unknown subcommand %q\nUsage: psctl %s\n", args[0], synopsis)
+		return errUsage
+	}
+}
+
+func cmdParams(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("params", "params -checkpoint DIR | -servers A,B NAME...", stdout, stderr)
+	ckpt := fs.String("checkpoint", "", "a checkpoint directory (as for checkpoint ls)")
+	servers := fs.String("servers", "", "server addresses host:port in index order; then name the parameters")
+	timeout := fs.Duration("timeout", 30*time.Second, "deadline with -servers")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	switch {
+	case *ckpt != "" && *servers == "":
+		r, err := pserver.OpenCheckpoint(absPath(*ckpt))
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		names := r.Names()
+		if fs.NArg() > 0 {
+			names = fs.Args()
+		}
+		return printParams(stdout, names, r.Info)
+	case *servers != "" && *ckpt == "" && fs.NArg() > 0:
+		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+		defer cancel()
+		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		return printParams(stdout, fs.Args(), func(name string) (pserver.DType, []int64, error) {
+			return client.Info(ctx, name)
+		})
+	default:
+		fs.Usage()
+		return errUsage
+	}
+}
+
+func printParams(stdout io.Writer, names []string, info func(string) (pserver.DType, []int64, error)) error {
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tTYPE\tSHAPE\tELEMENTS\tBYTES")
+	var total int64
+	for _, name := range names {
+		dtype, shape, err := info(name)
+		if err != nil {
+			tw.Flush()
+			return err
+		}
+		n := int64(1)
+		for _, d := range shape {
+			n *= d
+		}
+		total += n * int64(dtype.Size())
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%d\n", name, dtype, shape, n, n*int64(dtype.Size()))
+	}
+	fmt.Fprintf(tw, "(%d parameters)\t\t\t\t%d\n", len(names), total)
+	return tw.Flush()
+}

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"pserver/pserver"
+)
+
+// The test binary doubles as psctl when PSCTL_TEST_MAIN is set, so `local`
+// runs as a real process that gets a real SIGTERM.
+func TestMain(m *testing.M) {
+	if os.Getenv("PSCTL_TEST_MAIN") == "1" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func psctl(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{
+		{"--help"}, {"local", "--help"}, {"status", "-help"}, {"desired", "--help"},
+		{"checkpoint", "--help"}, {"checkpoint", "save", "--help"}, {"checkpoint", "ls", "-h"},
+		{"checkpoint", "verify", "--help"}, {"params", "--help"},
+	} {
+		code, out, _ := psctl(t, args...)
+		if code != 0 || !strings.Contains(out, "Usage: psctl") && !strings.Contains(out, "Usage: psctl <command>") {
+			t.Errorf("psctl %v: code %d, output %q", args, code, out)
+		}
+	}
+	if code, _, _ := psctl(t, "frobnicate"); code != 2 {
+		t.Errorf("unknown command: code %d", code)
+	}
+	if code, _, _ := psctl(t, "params"); code != 2 {
+		t.Errorf("params without a source: code %d", code)
+	}
+}
+
+func TestCheckpointCommands(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cluster, err := pserver.NewLocalCluster(2, &pserver.ServerOptions{CheckpointDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	client, err := pserver.NewClient(ctx, pserver.Options{Servers: cluster.Addresses()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	w, _ := pserver.NewTensor(make([]float32, 12), 3, 4)
+	step, _ := pserver.NewTensor([]int64{0})
+	for name, v := range map[string]*pserver.Tensor{"layer/w": w, "step": step} {
+		if err := client.Init(ctx, name, v, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := client.FinishInit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	servers := strings.Join(cluster.Addresses(), ",")
+	if code, out, errs := psctl(t, "checkpoint", "save", "-servers", servers); code != 0 || !strings.Contains(out, "2 servers") {
+		t.Fatalf("checkpoint save: %d %q %q", code, out, errs)
+	}
+	code, out, errs := psctl(t, "checkpoint", "ls", dir)
+	if code != 0 || strings.Count(out, "ckpt-") != 2 || !regexp.MustCompile(`layer/w\s+float32\s+\[3 4\]\s+12\s+48`).MatchString(out) {
+		t.Fatalf("checkpoint ls: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := psctl(t, "checkpoint", "verify", dir); code != 0 || !strings.HasPrefix(out, "OK: 2 checkpoints, 2 parameters") {
+		t.Fatalf("checkpoint verify: %d %q %q", code, out, errs)
+	}
+	code, out, _ = psctl(t, "params", "-checkpoint", dir)
+	if code != 0 || !regexp.MustCompile(`step\s+int64\s+\[1\]\s+1\s+8`).MatchString(out) || !strings.Contains(out, "(2 parameters)") {
+		t.Fatalf("params -checkpoint: %d %q", code, out)
+	}
+	code, out, _ = psctl(t, "params", "-servers", servers, "layer/w")
+	if code != 0 || !regexp.MustCompile(`layer/w\s+float32\s+\[3 4\]`).MatchString(out) {
+		t.Fatalf("params -servers: %d %q", code, out)
+	}
+	if code, _, errs := psctl(t, "params", "-servers", servers, "nope"); code != 1 || !strings.Contains(errs, "NOT_FOUND") {
+		t.Fatalf("params of a missing name: %d %q", code, errs)
+	}
+	if code, out, _ := psctl(t, "status", "-servers", servers); code != 0 || !strings.Contains(out, "true") {
+		t.Fatalf("status -servers: %d %q", code, out)
+	}
+	if code, _, errs := psctl(t, "checkpoint", "verify", t.TempDir()); code != 1 || !strings.Contains(errs, "NOT_FOUND") {
+		t.Fatalf("verify of an empty directory: %d %q", code, errs)
+	}
+}
+
+func pserverBinary(t *testing.T) string {
+	if p := os.Getenv("PSCTL_PSERVER"); p != "" {
+		return p
+	}
+	p, _ := filepath.Abs("../../../bazel-bin/cc/server/pserver")
+	if _, err := os.Stat(p); err != nil {
+		t.Skip("no pserver binary: set PSCTL_PSERVER")
+	}
+	return p
+}
+
+// startLocal runs `psctl local args...` as a process and returns its
+// output lines up to "ready".
+func startLocal(t *testing.T, args ...string) (*exec.Cmd, []string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"local"}, args...)...)
+	cmd.Env = append(os.Environ(), "PSCTL_TEST_MAIN=1", "PSCTL_PSERVER="+pserverBinary(t))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var got []string
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				cmd.Wait()
+				t.Fatalf("psctl local exited before ready: %q", got)
+			}
+			got = append(got, line)
+			if strings.HasPrefix(line, "ready") {
+				return cmd, got
+			}
+		case <-deadline:
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("psctl local not ready after 60 s: %q", got)
+		}
+	}
+}
+
+// stopLocal sends SIGTERM and checks that psctl and every child it printed
+// are gone.
+func stopLocal(t *testing.T, cmd *exec.Cmd, lines []string) {
+	t.Helper()
+	var pids []int
+	for _, line := range lines {
+		if strings.HasPrefix(line, "pids ") {
+			for _, f := range strings.Fields(line)[1:] {
+				pid, _ := strconv.Atoi(f[strings.Index(f, "=")+1:])
+				pids = append(pids, pid)
+			}
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("psctl local after SIGTERM: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatal("psctl local did not stop within 30 s of SIGTERM")
+	}
+	for _, pid := range pids {
+		// Not our children: a zombie-free check that the PID is gone.
+		if err := syscall.Kill(pid, 0); err == nil {
+			if data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); !bytes.Contains(data, []byte(") Z ")) {
+				t.Errorf("process %d still running after psctl stopped", pid)
+			}
+		}
+	}
+}
+
+func TestLocalServersAnswer(t *testing.T) {
+	dir := t.TempDir()
+	cmd, lines := startLocal(t, "-n", "2", "-checkpoint_dir", dir)
+	var servers []string
+	for _, line := range lines {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "server" {
+			servers = append(servers, f[2])
+		}
+	}
+	if len(servers) != 2 {
+		stopLocal(t, cmd, lines)
+		t.Fatalf("servers in %q", lines)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	client, err := pserver.NewClient(ctx, pserver.Options{Servers: servers})
+	if err == nil {
+		defer client.Close()
+		var stats []pserver.ServerStats
+		stats, err = client.Stats(ctx)
+		if err == nil && (len(stats) != 2 || stats[1].Index != 1) {
+			t.Errorf("stats %+v", stats)
+		}
+	}
+	if err != nil {
+		t.Error(err)
+	}
+	if code, out, errs := psctl(t, "checkpoint", "save", "-servers", strings.Join(servers, ",")); code != 0 {
+		t.Errorf("checkpoint save: %q %q", out, errs)
+	}
+	stopLocal(t, cmd, lines)
+	if code, _, errs := psctl(t, "checkpoint", "verify", dir); code != 0 {
+		t.Errorf("verify after stop: %q", errs)
+	}
+}
+
+func TestLocalWithEtcd(t *testing.T) {
+	if _, err := exec.LookPath("etcd"); err != nil {
+		t.Skip("no etcd on PATH")
+	}
+	cmd, lines := startLocal(t, "-n", "2", "-etcd", "-cluster", "t", "-checkpoint_dir", t.TempDir())
+	defer stopLocal(t, cmd, lines)
+	endpoint := ""
+	for _, line := range lines {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "etcd" {
+			endpoint = f[1]
+		}
+	}
+	if endpoint == "" {
+		t.Fatalf("no etcd in %q", lines)
+	}
+	code, out, errs := psctl(t, "status", "-etcd", endpoint, "-cluster", "t")
+	if code != 0 || !strings.Contains(out, "desired servers 2, live 2") {
+		t.Fatalf("status: %d %q %q", code, out, errs)
+	}
+	if code, _, errs := psctl(t, "desired", "-etcd", endpoint, "-cluster", "t", "3"); code != 0 {
+		t.Fatalf("desired: %q", errs)
+	}
+	// A checkpoint is published at /checkpoints/<idx> once durable.
+	var servers []string
+	for _, line := range lines {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "server" {
+			servers = append(servers, f[2])
+		}
+	}
+	if code, _, errs := psctl(t, "checkpoint", "save", "-servers", strings.Join(servers, ",")); code != 0 {
+		t.Fatalf("checkpoint save: %q", errs)
+	}
+	// A trainer's registration, as the C++ client writes it (WorkerInfo as
+	// protobuf JSON, int64 fields as strings).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := newEtcd([]string{endpoint}).put(ctx, "/pserver/t/workers/trainer-7",
+		`{"id":"trainer-7","host":"box","pid":"4242","startTimeMicros":"1795336322451475"}`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = psctl(t, "status", "-etcd", endpoint, "-cluster", "t")
+	if code != 0 || !strings.Contains(out, "desired servers 3, live 2, workers 1") || !strings.Contains(out, "(down)") ||
+		strings.Count(out, "/ckpt-") != 2 ||
+		!regexp.MustCompile(`trainer-7\s+box\s+4242\s+2026-11-22 08:32:02Z`).MatchString(out) {
+		t.Fatalf("status after desired 3: %q", out)
+	}
+}

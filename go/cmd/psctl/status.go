@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"pserver/pserver"
+)
+
+// checkpointRecord is pserver.v1.CheckpointRecord as protobuf JSON.
+type checkpointRecord struct {
+	Path           string `json:"path"`
+	Shard          uint32 `json:"shard"`
+	Sequence       string `json:"sequence"`
+	ManifestCrc32c uint32 `json:"manifestCrc32c"`
+	TimeMicros     string `json:"timeMicros"`
+	ServerAddress  string `json:"serverAddress"`
+}
+
+// workerInfo is pserver.v1.WorkerInfo as protobuf JSON.
+type workerInfo struct {
+	ID              string `json:"id"`
+	Host            string `json:"host"`
+	Pid             string `json:"pid"`
+	StartTimeMicros string `json:"startTimeMicros"`
+}
+
+func micros(s string) string {
+	us, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || us == 0 {
+		return "-"
+	}
+	return time.UnixMicro(us).UTC().Format("2006-01-02 15:04:05Z")
+}
+
+func cmdStatus(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("status", "status -etcd HOST:PORT[,...] [-cluster NAME] | -servers A,B", stdout, stderr)
+	etcdFlag := fs.String("etcd", "", "etcd endpoints host:port[,host:port...]")
+	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
+	servers := fs.String("servers", "", "instead of etcd: ask these servers for their stats")
+	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	switch {
+	case *etcdFlag != "":
+		return etcdStatus(ctx, newEtcd(splitList(*etcdFlag)), *cluster, stdout)
+	case *servers != "":
+		return serverStatus(ctx, splitList(*servers), *timeout, stdout)
+	default:
+		fs.Usage()
+		return errUsage
+	}
+}
+
+func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) error {
+	prefix := clusterPrefix(cluster)
+	kvs, err := e.rangePrefix(ctx, prefix)
+	if err != nil {
+		return err
+	}
+	desired := "(unset)"
+	servers := map[int]string{}
+	checkpoints := map[int]checkpointRecord{}
+	var workers []workerInfo
+	for _, kv := range kvs {
+		key := strings.TrimPrefix(kv.key, prefix)
+		switch {
+		case key == "ps_desired":
+			desired = kv.value
+		case strings.HasPrefix(key, "ps/"):
+			if i, err := strconv.Atoi(strings.TrimPrefix(key, "ps/")); err == nil {
+				servers[i] = kv.value
+			}
+		case strings.HasPrefix(key, "checkpoints/"):
+			var rec checkpointRecord
+			if i, err := strconv.Atoi(strings.TrimPrefix(key, "checkpoints/")); err == nil && json.Unmarshal([]byte(kv.value), &rec) == nil {
+				checkpoints[i] = rec
+			}
+		case strings.HasPrefix(key, "workers/"):
+			var w workerInfo
+			if json.Unmarshal([]byte(kv.value), &w) == nil {
+				workers = append(workers, w)
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "cluster %q: desired servers %s, live %d, workers %d\n\n", cluster, desired, len(servers), len(workers))
+	n, _ := strconv.Atoi(desired)
+	indexes := map[int]bool{}
+	for i := 0; i < n; i++ {
+		indexes[i] = true
+	}
+	for i := range servers {
+		indexes[i] = true
+	}
+	for i := range checkpoints {
+		indexes[i] = true
+	}
+	var order []int
+	for i := range indexes {
+		order = append(order, i)
+	}
+	sort.Ints(order)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INDEX\tADDRESS\tCHECKPOINT\tSEQUENCE\tWRITTEN")
+	for _, i := range order {
+		addr, ok := servers[i]
+		if !ok {
+			addr = "(down)"
+		}
+		rec, ok := checkpoints[i]
+		path, seq, when := "-", "-", "-"
+		if ok {
+			path, seq, when = rec.Path, rec.Sequence, micros(rec.TimeMicros)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", i, addr, path, seq, when)
+	}
+	tw.Flush()
+	if len(workers) > 0 {
+		fmt.Fprintln(stdout)
+		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "WORKER\tHOST\tPID\tSTARTED")
+		for _, w := range workers {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", w.ID, w.Host, w.Pid, micros(w.StartTimeMicros))
+		}
+		tw.Flush()
+	}
+	return nil
+}
+
+func serverStatus(ctx context.Context, servers []string, timeout time.Duration, stdout io.Writer) error {
+	client, err := pserver.NewClient(ctx, pserver.Options{Servers: servers, Timeout: timeout})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	stats, err := client.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INDEX\tADDRESS\tINITIALIZED\tBLOCKS\tBYTES\tSTATE BYTES\tGRADIENTS\tGETS\tREJECTED\tUPTIME")
+	for i, s := range stats {
+		fmt.Fprintf(tw, "%d\t%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Index, servers[i], s.Initialized, s.Parameters,
+			s.ParameterBytes, s.OptimizerStateBytes, s.GradientsApplied, s.GetsServed, s.RequestsRejected,
+			s.Uptime.Round(time.Second))
+	}
+	return tw.Flush()
+}

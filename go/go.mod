@@ -1,0 +1,3 @@
+module pserver
+
+go 1.19

@@ -1,0 +1,135 @@
+package pserver
+
+// #include <stdlib.h>
+// #include "pserver.h"
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// CheckpointReader reads checkpoints as servers write them. Safe for
+// concurrent use.
+type CheckpointReader struct {
+	r     *C.pserver_checkpoint_reader_t
+	life  lifecycle
+	paths []string
+	names []string
+}
+
+// OpenCheckpoint opens path, one of: a checkpoint directory (ckpt-<seq>,
+// holding a MANIFEST); a server's checkpoint directory (its newest
+// checkpoint is opened); or a directory of such server directories, one per
+// shard (parameters cut into blocks over several shards are put back
+// together). Opening reads and checks the manifests only; reads verify the
+// checksums of what they read. ErrNotFound when there is no checkpoint at
+// path, ErrDataLoss for a damaged manifest.
+func OpenCheckpoint(path string) (*CheckpointReader, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var r *C.pserver_checkpoint_reader_t
+	if err := cCall(func(st *C.pserver_status_t) { r = C.pserver_checkpoint_reader_new(cpath, st) }); err != nil {
+		return nil, fmt.Errorf("pserver: open checkpoint %q: %w", path, err)
+	}
+	cr := &CheckpointReader{r: r}
+	for i := C.size_t(0); i < C.pserver_checkpoint_reader_num_checkpoints(r); i++ {
+		cr.paths = append(cr.paths, C.GoString(C.pserver_checkpoint_reader_checkpoint_path(r, i)))
+	}
+	for i := C.size_t(0); i < C.pserver_checkpoint_reader_num_params(r); i++ {
+		cr.names = append(cr.names, C.GoString(C.pserver_checkpoint_reader_param_name(r, i)))
+	}
+	runtime.SetFinalizer(cr, func(cr *CheckpointReader) { cr.Close() })
+	return cr, nil
+}
+
+// Checkpoints is the directory of every checkpoint opened (one per shard).
+func (cr *CheckpointReader) Checkpoints() []string { return append([]string(nil), cr.paths...) }
+
+// Names is the parameters, sorted.
+func (cr *CheckpointReader) Names() []string { return append([]string(nil), cr.names...) }
+
+// Info is a parameter's element type and shape; ErrNotFound for an
+// unknown name.
+func (cr *CheckpointReader) Info(name string) (DType, []int64, error) {
+	if err := cr.life.begin(); err != nil {
+		return 0, nil, fmt.Errorf("pserver: checkpoint info %q: %w", name, err)
+	}
+	defer cr.life.end()
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	dtype, shape, err := paramInfo(func(d *C.int32_t, s *C.int64_t, capacity C.size_t, n *C.size_t, st *C.pserver_status_t) {
+		C.pserver_checkpoint_reader_param_info(cr.r, cname, d, s, capacity, n, st)
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("pserver: checkpoint info %q: %w", name, err)
+	}
+	return dtype, shape, nil
+}
+
+// Read reads a parameter (every block, every checksum verified) into a new
+// tensor. ErrDataLoss for damaged data or missing blocks.
+func (cr *CheckpointReader) Read(name string) (*Tensor, error) {
+	dtype, shape, err := cr.Info(name)
+	if err != nil {
+		return nil, err
+	}
+	out, err := newTensor(dtype, shape)
+	if err != nil {
+		return nil, fmt.Errorf("pserver: read checkpoint %q: %w", name, err)
+	}
+	if err := cr.life.begin(); err != nil {
+		return nil, fmt.Errorf("pserver: read checkpoint %q: %w", name, err)
+	}
+	defer cr.life.end()
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	_, n := out.mem()
+	buf := cAlloc(n)
+	defer buf.free()
+	if err := cCall(func(st *C.pserver_status_t) {
+		C.pserver_checkpoint_reader_read(cr.r, cname, C.int32_t(dtype), buf.p, buf.size(), st)
+	}); err != nil {
+		return nil, fmt.Errorf("pserver: read checkpoint %q: %w", name, err)
+	}
+	buf.copyTo(out)
+	return out, nil
+}
+
+// ReadAll reads every parameter.
+func (cr *CheckpointReader) ReadAll() (map[string]*Tensor, error) {
+	all := make(map[string]*Tensor, len(cr.names))
+	for _, name := range cr.names {
+		t, err := cr.Read(name)
+		if err != nil {
+			return nil, err
+		}
+		all[name] = t
+	}
+	return all, nil
+}
+
+// Verify checks every data file and chunk of every opened checkpoint;
+// ErrDataLoss names the first damaged file.
+func (cr *CheckpointReader) Verify() error {
+	if err := cr.life.begin(); err != nil {
+		return fmt.Errorf("pserver: verify checkpoint: %w", err)
+	}
+	defer cr.life.end()
+	if err := cCall(func(st *C.pserver_status_t) { C.pserver_checkpoint_reader_verify(cr.r, st) }); err != nil {
+		return fmt.Errorf("pserver: verify checkpoint: %w", err)
+	}
+	return nil
+}
+
+// Close frees the reader; safe to call twice.
+func (cr *CheckpointReader) Close() error {
+	if cr.life.close(func() { C.pserver_checkpoint_reader_delete(cr.r); cr.r = nil }) {
+		runtime.SetFinalizer(cr, nil)
+	}
+	return nil
+}
+
+// Version is the library's version, "0.1.0".
+func Version() string { return C.GoString(C.pserver_version()) }

@@ -1,0 +1,570 @@
+package pserver
+
+// #include <stdlib.h>
+// #include "pserver.h"
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sort"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// Options configure a Client. The zero value of a field means the library's
+// default.
+type Options struct {
+	// Servers, "host:port", in shard-index order. Required by NewClient.
+	Servers []string
+	// Timeout bounds every call in the library (default 30 s). A call's ctx
+	// deadline, when earlier, ends the call for the caller at that
+	// deadline (see Client).
+	Timeout time.Duration
+	// BlockBytes: parameters larger than this are cut into blocks over all
+	// servers; every client of a cluster must use the same value (1 MiB).
+	BlockBytes uint64
+	// MaxRequestBytes caps one request (1 MiB).
+	MaxRequestBytes uint64
+	// ChannelsPerServer: gRPC channels to each server (2).
+	ChannelsPerServer int
+}
+
+func (o *Options) toC() (*C.pserver_client_options_t, error) {
+	opts := C.pserver_client_options_new()
+	for _, s := range o.Servers {
+		cs := C.CString(s)
+		C.pserver_client_options_add_server(opts, cs)
+		C.free(unsafe.Pointer(cs))
+	}
+	if o.Timeout < 0 || o.ChannelsPerServer < 0 {
+		C.pserver_client_options_delete(opts)
+		return nil, invalidArgument("negative Timeout or ChannelsPerServer")
+	}
+	if o.Timeout > 0 {
+		ms := o.Timeout.Milliseconds()
+		if ms == 0 {
+			ms = 1
+		}
+		C.pserver_client_options_set_timeout_ms(opts, C.int64_t(ms))
+	}
+	if o.BlockBytes > 0 {
+		C.pserver_client_options_set_block_bytes(opts, C.uint64_t(o.BlockBytes))
+	}
+	if o.MaxRequestBytes > 0 {
+		C.pserver_client_options_set_max_request_bytes(opts, C.uint64_t(o.MaxRequestBytes))
+	}
+	if o.ChannelsPerServer > 0 {
+		C.pserver_client_options_set_channels_per_server(opts, C.int32_t(o.ChannelsPerServer))
+	}
+	return opts, nil
+}
+
+// ParamConfig says how the servers update a parameter. The zero value is
+// plain SGD with learning rate 0.01.
+type ParamConfig struct {
+	// "sgd", "adagrad", "adadelta", "rmsprop", "adam", "adamw" or "add".
+	Optimizer string
+	// "constant", "linear", "step" or "cosine".
+	Schedule string
+	// Numeric settings by their name in config.proto: "learning_rate" (or
+	// "lr"), "beta1", "momentum", "clip_norm", ... (pserver_param_config_set).
+	Settings map[string]float64
+	// Text, when set, replaces everything above: a pserver.v1.ParameterConfig
+	// in protobuf text format.
+	Text string
+}
+
+func (p *ParamConfig) toC() (*C.pserver_param_config_t, error) {
+	cfg := C.pserver_param_config_new()
+	err := cCall(func(st *C.pserver_status_t) {
+		if p.Text != "" {
+			ct := C.CString(p.Text)
+			defer C.free(unsafe.Pointer(ct))
+			C.pserver_param_config_parse_text(cfg, ct, st)
+			return
+		}
+		if p.Optimizer != "" {
+			c := C.CString(p.Optimizer)
+			defer C.free(unsafe.Pointer(c))
+			if C.pserver_param_config_set_optimizer(cfg, c, st); C.pserver_status_code(st) != 0 {
+				return
+			}
+		}
+		if p.Schedule != "" {
+			c := C.CString(p.Schedule)
+			defer C.free(unsafe.Pointer(c))
+			if C.pserver_param_config_set_schedule(cfg, c, st); C.pserver_status_code(st) != 0 {
+				return
+			}
+		}
+		keys := make([]string, 0, len(p.Settings))
+		for k := range p.Settings {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			c := C.CString(k)
+			C.pserver_param_config_set(cfg, c, C.double(p.Settings[k]), st)
+			C.free(unsafe.Pointer(c))
+			if C.pserver_status_code(st) != 0 {
+				return
+			}
+		}
+	})
+	if err != nil {
+		C.pserver_param_config_delete(cfg)
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// Client talks to the servers of one cluster. A Client is safe for
+// concurrent use by multiple goroutines (many trainer goroutines share one).
+//
+// Blocking methods take a ctx first. A ctx that is already done fails the
+// call at once. When a ctx can end (it has a Done channel), the call runs
+// on its own goroutine over C copies of its inputs and outputs, and the
+// method returns a DEADLINE_EXCEEDED (or CANCELLED) *Error when ctx ends
+// first; errors.Is(err, context.DeadlineExceeded) holds too. The library
+// call itself is bounded by Options.Timeout; Close waits for it. A call's
+// effect on the server (a gradient applied) may therefore still happen
+// after its ctx ran out, as with any RPC.
+type Client struct {
+	c       *C.pserver_client_t
+	life    lifecycle
+	servers []string
+	owner   interface{} // keeps a LocalCluster alive for its in-process client
+}
+
+// NewClient is a client of opts.Servers (connections are made lazily: an
+// unreachable server shows up as UNAVAILABLE or DEADLINE_EXCEEDED on the
+// first call). INVALID_ARGUMENT for no servers or an empty address.
+//
+// pserver.h does not expose etcd discovery yet; pass the servers'
+// addresses (psctl status reads them from etcd).
+func NewClient(ctx context.Context, opts Options) (*Client, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("pserver: new client: %w", contextError(err))
+	}
+	copts, err := opts.toC()
+	if err != nil {
+		return nil, fmt.Errorf("pserver: new client: %w", err)
+	}
+	defer C.pserver_client_options_delete(copts)
+	var c *C.pserver_client_t
+	if err := cCall(func(st *C.pserver_status_t) { c = C.pserver_client_new(copts, st) }); err != nil {
+		return nil, fmt.Errorf("pserver: new client: %w", err)
+	}
+	return wrapClient(c, opts.Servers, nil), nil
+}
+
+func wrapClient(c *C.pserver_client_t, servers []string, owner interface{}) *Client {
+	cl := &Client{c: c, servers: append([]string(nil), servers...), owner: owner}
+	runtime.SetFinalizer(cl, func(cl *Client) { cl.Close() })
+	return cl
+}
+
+// Close waits for the calls in flight, then frees the client. It is safe
+// to call twice; afterwards every method returns ErrClosed.
+func (cl *Client) Close() error {
+	if cl.life.close(func() { C.pserver_client_delete(cl.c); cl.c = nil }) {
+		runtime.SetFinalizer(cl, nil)
+	}
+	return nil
+}
+
+// Servers is the addresses the client was made with (empty for a
+// LocalCluster's in-process client).
+func (cl *Client) Servers() []string { return append([]string(nil), cl.servers...) }
+
+// NumServers is the number of servers (shards); 0 after Close.
+func (cl *Client) NumServers() int {
+	if cl.life.begin() != nil {
+		return 0
+	}
+	defer cl.life.end()
+	return int(C.pserver_client_num_servers(cl.c))
+}
+
+// run calls f on the client with a fresh status, honouring ctx (see
+// Client). after(err) runs once f has returned and before run does, unless
+// ctx ended first; free always runs once f has returned.
+func (cl *Client) run(ctx context.Context, f func(c *C.pserver_client_t, st *C.pserver_status_t), after func(error), free func()) error {
+	if err := ctx.Err(); err != nil {
+		free()
+		return contextError(err)
+	}
+	if err := cl.life.begin(); err != nil {
+		free()
+		return err
+	}
+	exec := func() error {
+		defer cl.life.end()
+		return cCall(func(st *C.pserver_status_t) { f(cl.c, st) })
+	}
+	if ctx.Done() == nil {
+		err := exec()
+		after(err)
+		free()
+		return err
+	}
+	var mu sync.Mutex
+	abandoned := false
+	result := make(chan error, 1)
+	go func() {
+		err := exec()
+		mu.Lock()
+		defer mu.Unlock()
+		if abandoned {
+			free()
+			return
+		}
+		result <- err
+	}()
+	finish := func(err error) error {
+		after(err)
+		free()
+		return err
+	}
+	select {
+	case err := <-result:
+		return finish(err)
+	case <-ctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		select {
+		case err := <-result:
+			return finish(err)
+		default:
+			abandoned = true
+			return contextError(ctx.Err())
+		}
+	}
+}
+
+func nop()         {}
+func nopErr(error) {}
+
+// Init initializes parameter name from value (its type, shape and
+// elements); cfg may be nil (plain SGD). The first init of a name wins;
+// later ones fail with ErrAlreadyInitialized.
+func (cl *Client) Init(ctx context.Context, name string, value *Tensor, cfg *ParamConfig) error {
+	var ccfg *C.pserver_param_config_t
+	if cfg != nil {
+		var err error
+		if ccfg, err = cfg.toC(); err != nil {
+			return fmt.Errorf("pserver: init %q: %w", name, err)
+		}
+	}
+	cname := C.CString(name)
+	data := cCopy(value)
+	shape, freeShape := cShape(value.shape)
+	free := func() {
+		C.free(unsafe.Pointer(cname))
+		data.free()
+		freeShape()
+		C.pserver_param_config_delete(ccfg)
+	}
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_init_param(c, cname, C.int32_t(value.dtype), shape, C.size_t(len(value.shape)),
+			data.p, data.size(), ccfg, st)
+	}, nopErr, free)
+	if err != nil {
+		return fmt.Errorf("pserver: init %q: %w", name, err)
+	}
+	return nil
+}
+
+// FinishInit opens every server for reads and gradients; idempotent.
+func (cl *Client) FinishInit(ctx context.Context) error {
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_finish_init(c, st)
+	}, nopErr, nop)
+	if err != nil {
+		return fmt.Errorf("pserver: finish init: %w", err)
+	}
+	return nil
+}
+
+// Info is a parameter's element type and shape. ErrNotFound for an
+// unknown name.
+func (cl *Client) Info(ctx context.Context, name string) (DType, []int64, error) {
+	dtype, shape, err := cl.info(ctx, name)
+	if err != nil {
+		return 0, nil, fmt.Errorf("pserver: info %q: %w", name, err)
+	}
+	return dtype, shape, nil
+}
+
+func (cl *Client) info(ctx context.Context, name string) (DType, []int64, error) {
+	var (
+		dtype DType
+		shape []int64
+		ierr  error
+	)
+	var (
+		d DType
+		s []int64
+	)
+	cname := C.CString(name)
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		d, s, ierr = paramInfo(func(d *C.int32_t, s *C.int64_t, capacity C.size_t, n *C.size_t, st2 *C.pserver_status_t) {
+			C.pserver_client_param_info(c, cname, d, s, capacity, n, st2)
+		})
+		if ierr != nil {
+			e := ierr.(*Error)
+			cst := C.CString(e.Msg)
+			C.pserver_status_set(st, C.int32_t(e.Code), cst)
+			C.free(unsafe.Pointer(cst))
+		}
+	}, func(err error) { dtype, shape = d, s }, func() { C.free(unsafe.Pointer(cname)) })
+	return dtype, shape, err
+}
+
+// Get reads a parameter into a new tensor of its type and shape.
+func (cl *Client) Get(ctx context.Context, name string) (*Tensor, error) {
+	dtype, shape, err := cl.info(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("pserver: get %q: %w", name, err)
+	}
+	out, err := newTensor(dtype, shape)
+	if err != nil {
+		return nil, fmt.Errorf("pserver: get %q: %w", name, err)
+	}
+	if err := cl.GetInto(ctx, name, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// GetInto reads a parameter into out, which must have its type and number
+// of elements (INVALID_ARGUMENT otherwise, naming what was expected). out
+// is not written when the call fails or its ctx ends first.
+func (cl *Client) GetInto(ctx context.Context, name string, out *Tensor) error {
+	cname := C.CString(name)
+	_, n := out.mem()
+	buf := cAlloc(n)
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_get_param(c, cname, C.int32_t(out.dtype), buf.p, buf.size(), st)
+	}, func(err error) {
+		if err == nil {
+			buf.copyTo(out)
+		}
+	}, func() { C.free(unsafe.Pointer(cname)); buf.free() })
+	if err != nil {
+		return fmt.Errorf("pserver: get %q: %w", name, err)
+	}
+	return nil
+}
+
+// GetMany reads several parameters in one round trip per server.
+func (cl *Client) GetMany(ctx context.Context, names []string) (map[string]*Tensor, error) {
+	outs := make(map[string]*Tensor, len(names))
+	for _, name := range names {
+		dtype, shape, err := cl.info(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("pserver: get %q: %w", name, err)
+		}
+		if outs[name], err = newTensor(dtype, shape); err != nil {
+			return nil, fmt.Errorf("pserver: get %q: %w", name, err)
+		}
+	}
+	b := newBatch()
+	for _, name := range names {
+		b.addOutput(name, outs[name])
+	}
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_get_params(c, b.outs, st)
+	}, func(err error) {
+		if err == nil {
+			b.copyOut()
+		}
+	}, b.free)
+	if err != nil {
+		return nil, fmt.Errorf("pserver: get %q: %w", names, err)
+	}
+	return outs, nil
+}
+
+// SendGrad sends a gradient for a parameter: as many elements as it has,
+// of its type.
+func (cl *Client) SendGrad(ctx context.Context, name string, grad *Tensor) error {
+	cname := C.CString(name)
+	data := cCopy(grad)
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_send_grad(c, cname, C.int32_t(grad.dtype), data.p, data.size(), st)
+	}, nopErr, func() { C.free(unsafe.Pointer(cname)); data.free() })
+	if err != nil {
+		return fmt.Errorf("pserver: send grad %q: %w", name, err)
+	}
+	return nil
+}
+
+// SendGrads sends several gradients; a batch with any bad part is applied
+// not at all.
+func (cl *Client) SendGrads(ctx context.Context, grads map[string]*Tensor) error {
+	names := sortedNames(grads)
+	b := newBatch()
+	for _, name := range names {
+		b.addInput(name, grads[name])
+	}
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_send_grads(c, b.ins, st)
+	}, nopErr, b.free)
+	if err != nil {
+		return fmt.Errorf("pserver: send grads %q: %w", names, err)
+	}
+	return nil
+}
+
+// PushPull sends gradients and reads the updated parameters back, one round
+// trip per server. The results have the gradients' types and shapes.
+func (cl *Client) PushPull(ctx context.Context, grads map[string]*Tensor) (map[string]*Tensor, error) {
+	names := sortedNames(grads)
+	outs := make(map[string]*Tensor, len(names))
+	b := newBatch()
+	for _, name := range names {
+		g := grads[name]
+		out, err := newTensor(g.dtype, g.shape)
+		if err != nil {
+			b.free()
+			return nil, fmt.Errorf("pserver: push pull %q: %w", name, err)
+		}
+		outs[name] = out
+		b.addInput(name, g)
+		b.addOutput(name, out)
+	}
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_push_pull(c, b.ins, b.outs, st)
+	}, func(err error) {
+		if err == nil {
+			b.copyOut()
+		}
+	}, b.free)
+	if err != nil {
+		return nil, fmt.Errorf("pserver: push pull %q: %w", names, err)
+	}
+	return outs, nil
+}
+
+// SaveCheckpoint asks every server to write a checkpoint of its shard now.
+// FAILED_PRECONDITION from a server without a checkpoint directory.
+func (cl *Client) SaveCheckpoint(ctx context.Context) error {
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_save_checkpoint(c, st)
+	}, nopErr, nop)
+	if err != nil {
+		return fmt.Errorf("pserver: save checkpoint: %w", err)
+	}
+	return nil
+}
+
+// ServerStats is what one server reports.
+type ServerStats struct {
+	Index               uint32
+	Initialized         bool // FinishInit has been called
+	Parameters          uint64
+	ParameterBytes      uint64
+	OptimizerStateBytes uint64
+	GradientsApplied    uint64
+	GetsServed          uint64
+	RequestsRejected    uint64
+	Uptime              time.Duration
+}
+
+// Stats is every server's stats, in index order.
+func (cl *Client) Stats(ctx context.Context) ([]ServerStats, error) {
+	const capacity = 1024
+	size := C.size_t(unsafe.Sizeof(C.pserver_server_stats_t{}))
+	buf := cAlloc(int(size) * capacity)
+	var n C.size_t
+	var stats []ServerStats
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		n = C.pserver_client_stats(c, (*C.pserver_server_stats_t)(buf.p), capacity, size, st)
+	}, func(err error) {
+		if err != nil {
+			return
+		}
+		for i := 0; i < int(n) && i < capacity; i++ {
+			s := (*C.pserver_server_stats_t)(unsafe.Add(buf.p, i*int(size)))
+			stats = append(stats, ServerStats{
+				Index:               uint32(s.index),
+				Initialized:         s.initialized != 0,
+				Parameters:          uint64(s.parameters),
+				ParameterBytes:      uint64(s.parameter_bytes),
+				OptimizerStateBytes: uint64(s.optimizer_state_bytes),
+				GradientsApplied:    uint64(s.gradients_applied),
+				GetsServed:          uint64(s.gets_served),
+				RequestsRejected:    uint64(s.requests_rejected),
+				Uptime:              time.Duration(float64(s.uptime_seconds) * float64(time.Second)),
+			})
+		}
+	}, buf.free)
+	if err != nil {
+		return nil, fmt.Errorf("pserver: stats: %w", err)
+	}
+	return stats, nil
+}
+
+func sortedNames(m map[string]*Tensor) []string {
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// batch is a pserver_batch_t of inputs and one of outputs over C copies.
+type batch struct {
+	ins, outs *C.pserver_batch_t
+	cstrs     []*C.char
+	bufs      []cBuf
+	outBufs   []cBuf
+	outT      []*Tensor
+}
+
+func newBatch() *batch {
+	return &batch{ins: C.pserver_batch_new(), outs: C.pserver_batch_new()}
+}
+
+func (b *batch) cstr(s string) *C.char {
+	c := C.CString(s)
+	b.cstrs = append(b.cstrs, c)
+	return c
+}
+
+func (b *batch) addInput(name string, t *Tensor) {
+	buf := cCopy(t)
+	b.bufs = append(b.bufs, buf)
+	C.pserver_batch_add_input(b.ins, b.cstr(name), C.int32_t(t.dtype), buf.p, buf.size())
+}
+
+func (b *batch) addOutput(name string, t *Tensor) {
+	_, n := t.mem()
+	buf := cAlloc(n)
+	b.bufs = append(b.bufs, buf)
+	b.outBufs = append(b.outBufs, buf)
+	b.outT = append(b.outT, t)
+	C.pserver_batch_add_output(b.outs, b.cstr(name), C.int32_t(t.dtype), buf.p, buf.size())
+}
+
+func (b *batch) copyOut() {
+	for i, buf := range b.outBufs {
+		buf.copyTo(b.outT[i])
+	}
+}
+
+func (b *batch) free() {
+	C.pserver_batch_delete(b.ins)
+	C.pserver_batch_delete(b.outs)
+	for _, c := range b.cstrs {
+		C.free(unsafe.Pointer(c))
+	}
+	for _, buf := range b.bufs {
+		buf.free()
+	}
+}

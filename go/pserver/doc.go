@@ -1,0 +1,26 @@
+// Package pserver is the Go binding of pserver, a distributed parameter
+// server: a client, an embedded server and local cluster, and a checkpoint
+// reader, over the stable C ABI (pserver.h, libpserver.so) through cgo.
+//
+//	cluster, _ := pserver.NewLocalCluster(2, nil)
+//	defer cluster.Close()
+//	client, _ := pserver.NewClient(ctx, pserver.Options{Servers: cluster.Addresses()})
+//	defer client.Close()
+//	w, _ := pserver.NewTensor([]float32{0, 0, 0, 0})
+//	client.Init(ctx, "w", w, &pserver.ParamConfig{Optimizer: "adam", Settings: map[string]float64{"lr": 0.1}})
+//	client.FinishInit(ctx)
+//	g, _ := pserver.NewTensor([]float32{1, 1, 1, 1})
+//	out, _ := client.PushPull(ctx, map[string]*pserver.Tensor{"w": g})
+//
+// Build with CGO_CFLAGS=-I<dir of pserver.h> and
+// CGO_LDFLAGS="-L<dir of libpserver.so> -Wl,-rpath,<dir>".
+//
+// Errors are *Error{Code, Msg}, matched with errors.Is against ErrNotFound,
+// ErrInvalidArgument, ErrAlreadyInitialized, ...; every handle has a Close
+// that waits for calls in flight and may be called twice, after which
+// methods return ErrClosed. C never keeps a Go pointer: data crosses into C
+// as copies in C memory.
+package pserver
+
+// #cgo LDFLAGS: -lpserver
+import "C"
