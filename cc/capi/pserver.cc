@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -22,6 +23,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
@@ -30,6 +34,7 @@
 #include "cc/core/element_type.h"
 #include "cc/core/status_macros.h"
 #include "cc/core/tensor.h"
+#include "cc/etcd/etcd_client.h"
 #include "cc/server/local_cluster.h"
 #include "cc/server/server.h"
 #include "cc/rpc/grpc_status.h"
@@ -91,6 +96,14 @@ struct pserver_client_t {
   pserver::ClientOptions options;  // servers and timeout, for the Save RPC
   absl::Mutex mu;
   absl::flat_hash_map<std::string, Layout> layouts ABSL_GUARDED_BY(mu);
+};
+
+struct pserver_etcd_t {
+  std::unique_ptr<pserver::EtcdClient> rep;
+};
+
+struct pserver_etcd_kvs_t {
+  std::vector<pserver::KeyValue> kvs;
 };
 
 struct pserver_server_options_t {
@@ -761,6 +774,39 @@ void pserver_client_options_set_channels_per_server(pserver_client_options_t* op
   if (options != nullptr) options->rep.channels_per_server = channels;
 }
 
+namespace {
+// "a:1, b:2" -> {"a:1", "b:2"}: endpoints split at commas, blanks dropped.
+std::vector<std::string> SplitEndpoints(const char* endpoints) {
+  std::vector<std::string> out;
+  if (endpoints == nullptr) return out;
+  for (absl::string_view part : absl::StrSplit(endpoints, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (!part.empty()) out.emplace_back(part);
+  }
+  return out;
+}
+}  // namespace
+
+void pserver_client_options_set_etcd(pserver_client_options_t* options, const char* endpoints,
+                                     const char* cluster, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (options == nullptr) return Null("options");
+    std::vector<std::string> list = SplitEndpoints(endpoints);
+    if (list.empty()) {
+      return absl::InvalidArgumentError(
+          "etcd endpoints are empty (want \"host:port[,host:port...]\")");
+    }
+    options->rep.etcd_endpoints = std::move(list);
+    options->rep.cluster = cluster == nullptr || *cluster == '\0' ? "default" : cluster;
+    return absl::OkStatus();
+  });
+}
+
+void pserver_client_options_set_discovery_timeout_ms(pserver_client_options_t* options,
+                                                     int64_t timeout_ms) {
+  if (options != nullptr) options->rep.discovery_timeout = absl::Milliseconds(timeout_ms);
+}
+
 pserver_client_t* pserver_client_new(const pserver_client_options_t* options,
                                      pserver_status_t* status) {
   pserver_client_t* out = nullptr;
@@ -771,6 +817,10 @@ pserver_client_t* pserver_client_new(const pserver_client_options_t* options,
     }
     if (options->rep.channels_per_server < 1) {
       return absl::InvalidArgumentError("channels_per_server must be at least 1");
+    }
+    if (!options->rep.etcd_endpoints.empty() &&
+        options->rep.discovery_timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("the discovery timeout must be positive");
     }
     PS_ASSIGN_OR_RETURN(std::unique_ptr<pserver::Client> client,
                         pserver::Client::Connect(options->rep));
@@ -792,6 +842,24 @@ void pserver_client_delete(pserver_client_t* client) {
 
 int32_t pserver_client_num_servers(const pserver_client_t* client) {
   return client == nullptr || client->rep == nullptr ? 0 : client->rep->num_servers();
+}
+
+size_t pserver_client_server_address(const pserver_client_t* client, int32_t i, char* out,
+                                     size_t out_size) {
+  try {
+    if (client == nullptr || client->rep == nullptr || i < 0) return 0;
+    std::vector<std::string> addresses = client->rep->addresses();
+    if (static_cast<size_t>(i) >= addresses.size()) return 0;
+    const std::string& a = addresses[i];
+    if (out != nullptr && out_size > 0) {
+      const size_t n = std::min(a.size(), out_size - 1);
+      std::memcpy(out, a.data(), n);
+      out[n] = '\0';
+    }
+    return a.size();
+  } catch (...) {
+    return 0;
+  }
 }
 
 void pserver_client_init_param(pserver_client_t* client, const char* name, int32_t dtype,
@@ -943,7 +1011,8 @@ void pserver_client_save_checkpoint(pserver_client_t* client, pserver_status_t* 
     PS_RETURN_IF_ERROR(Alive(client));
     if (client->cluster != nullptr) return SaveAll(*client->cluster->cluster);
     // One Save RPC per server, in parallel.
-    const std::vector<std::string>& servers = client->options.servers;
+    // The current addresses: with etcd, as the servers last registered.
+    const std::vector<std::string> servers = client->rep->addresses();
     std::vector<absl::Status> results(servers.size());
     std::vector<std::thread> threads;
     for (size_t i = 0; i < servers.size(); ++i) {
@@ -1274,6 +1343,128 @@ void pserver_checkpoint_reader_verify(const pserver_checkpoint_reader_t* reader,
     for (const auto& r : reader->readers) PS_RETURN_IF_ERROR(r->Verify());
     return absl::OkStatus();
   });
+}
+
+// ------------------------------------------------------------------ buffers
+
+void pserver_buffer_delete(void* buffer) { std::free(buffer); }
+
+// ------------------------------------------------------------------ etcd
+
+namespace {
+absl::Status AliveEtcd(const pserver_etcd_t* etcd) {
+  if (etcd == nullptr || etcd->rep == nullptr) return Null("etcd");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Key(const char* key, const char* what) {
+  if (key == nullptr) return Null(what);
+  if (*key == '\0') return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  return std::string(key);
+}
+}  // namespace
+
+pserver_etcd_t* pserver_etcd_new(const char* endpoints, int64_t timeout_ms,
+                                 pserver_status_t* status) {
+  pserver_etcd_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    pserver::EtcdClientOptions options;
+    options.endpoints = SplitEndpoints(endpoints);
+    if (options.endpoints.empty()) {
+      return absl::InvalidArgumentError(
+          "etcd endpoints are empty (want \"host:port[,host:port...]\")");
+    }
+    if (timeout_ms <= 0) return absl::InvalidArgumentError("the etcd timeout must be positive");
+    options.timeout = absl::Milliseconds(timeout_ms);
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<pserver::EtcdClient> client,
+                        pserver::EtcdClient::Connect(std::move(options)));
+    auto handle = std::make_unique<pserver_etcd_t>();
+    handle->rep = std::move(client);
+    out = handle.release();
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_etcd_delete(pserver_etcd_t* etcd) {
+  try {
+    delete etcd;
+  } catch (...) {
+  }
+}
+
+void pserver_etcd_get(pserver_etcd_t* etcd, const char* key, char** value, size_t* value_size,
+                      pserver_status_t* status) {
+  if (value != nullptr) *value = nullptr;
+  if (value_size != nullptr) *value_size = 0;
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveEtcd(etcd));
+    PS_ASSIGN_OR_RETURN(std::string k, Key(key, "key"));
+    if (value == nullptr) return Null("value");
+    PS_ASSIGN_OR_RETURN(pserver::KeyValue kv, etcd->rep->Get(k));
+    char* buffer = static_cast<char*>(std::malloc(kv.value.size() + 1));
+    if (buffer == nullptr) return absl::ResourceExhaustedError("pserver: out of memory");
+    std::memcpy(buffer, kv.value.data(), kv.value.size());
+    buffer[kv.value.size()] = '\0';
+    *value = buffer;
+    if (value_size != nullptr) *value_size = kv.value.size();
+    return absl::OkStatus();
+  });
+}
+
+pserver_etcd_kvs_t* pserver_etcd_get_prefix(pserver_etcd_t* etcd, const char* prefix,
+                                            pserver_status_t* status) {
+  pserver_etcd_kvs_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveEtcd(etcd));
+    PS_ASSIGN_OR_RETURN(std::string p, Key(prefix, "prefix"));
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::KeyValue> kvs, etcd->rep->GetPrefix(p));
+    auto handle = std::make_unique<pserver_etcd_kvs_t>();
+    handle->kvs = std::move(kvs);
+    out = handle.release();
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_etcd_put(pserver_etcd_t* etcd, const char* key, const void* data, size_t size,
+                      pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveEtcd(etcd));
+    PS_ASSIGN_OR_RETURN(std::string k, Key(key, "key"));
+    if (data == nullptr && size != 0) return Null("data");
+    return etcd->rep->Put(
+        k, absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size));
+  });
+}
+
+void pserver_etcd_delete_key(pserver_etcd_t* etcd, const char* key, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveEtcd(etcd));
+    PS_ASSIGN_OR_RETURN(std::string k, Key(key, "key"));
+    return etcd->rep->Delete(k);
+  });
+}
+
+void pserver_etcd_kvs_delete(pserver_etcd_kvs_t* kvs) { delete kvs; }
+
+size_t pserver_etcd_kvs_size(const pserver_etcd_kvs_t* kvs) {
+  return kvs == nullptr ? 0 : kvs->kvs.size();
+}
+
+const char* pserver_etcd_kvs_key(const pserver_etcd_kvs_t* kvs, size_t i) {
+  if (kvs == nullptr || i >= kvs->kvs.size()) return nullptr;
+  return kvs->kvs[i].key.c_str();
+}
+
+const char* pserver_etcd_kvs_value(const pserver_etcd_kvs_t* kvs, size_t i) {
+  if (kvs == nullptr || i >= kvs->kvs.size()) return nullptr;
+  return kvs->kvs[i].value.c_str();
+}
+
+size_t pserver_etcd_kvs_value_size(const pserver_etcd_kvs_t* kvs, size_t i) {
+  if (kvs == nullptr || i >= kvs->kvs.size()) return 0;
+  return kvs->kvs[i].value.size();
 }
 
 }  // extern "C"

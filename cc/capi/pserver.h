@@ -39,13 +39,16 @@
  *     pserver_dtype_size(dtype) * number of elements) and fails with
  *     PSERVER_INVALID_ARGUMENT, changing nothing, when the size is wrong.
  *     Input buffers are read during the call only, except where a call says
- *     it borrows them (pserver_batch_t). Strings are NUL-terminated UTF-8.
+ *     it borrows them (pserver_batch_t). A buffer the library allocates
+ *     (pserver_etcd_get) is freed with pserver_buffer_delete. Strings are
+ *     NUL-terminated UTF-8.
  *     Strings returned as const char* belong to the handle they came from and
  *     live as long as it does.
  *  5. Fixed-width integers; uint8_t for booleans; size_t for byte counts and
  *     counts of elements in memory; int64_t for tensor dimensions.
  *  6. Thread safety: pserver_client_t, pserver_server_t,
- *     pserver_local_cluster_t and pserver_checkpoint_reader_t may be used
+ *     pserver_local_cluster_t, pserver_checkpoint_reader_t and
+ *     pserver_etcd_t may be used
  *     from several threads at once (a client by many trainer threads).
  *     pserver_status_t, pserver_batch_t, pserver_param_config_t and the
  *     option handles are plain values: one thread at a time. Deleting a handle
@@ -230,6 +233,20 @@ PSERVER_EXPORT void pserver_client_options_set_max_request_bytes(
 PSERVER_EXPORT void pserver_client_options_set_channels_per_server(
     pserver_client_options_t* options, int32_t channels);
 
+/* Finds the servers in etcd instead of add_server: `endpoints` is
+ * "host:port[,host:port...]", `cluster` (NULL or "": "default") puts every
+ * key under /pserver/<cluster> (docs/operations.md). pserver_client_new then
+ * waits up to the discovery timeout for /ps_desired servers to be registered
+ * at /ps/<idx>, follows a restarted server's new address, and registers the
+ * trainer at /workers/<id> under a lease. INVALID_ARGUMENT for no endpoint. */
+PSERVER_EXPORT void pserver_client_options_set_etcd(pserver_client_options_t* options,
+                                                    const char* endpoints, const char* cluster,
+                                                    pserver_status_t* status);
+/* With etcd: how long pserver_client_new waits for the servers (> 0;
+ * default 60 s). */
+PSERVER_EXPORT void pserver_client_options_set_discovery_timeout_ms(
+    pserver_client_options_t* options, int64_t timeout_ms);
+
 /* A client over gRPC to the options' servers (the options may be deleted
  * afterwards). INVALID_ARGUMENT for no servers, an empty address or a zero
  * setting. Connecting is lazy: an unreachable server shows as UNAVAILABLE or
@@ -238,6 +255,13 @@ PSERVER_EXPORT pserver_client_t* pserver_client_new(const pserver_client_options
                                                     pserver_status_t* status);
 PSERVER_EXPORT void pserver_client_delete(pserver_client_t* client);
 PSERVER_EXPORT int32_t pserver_client_num_servers(const pserver_client_t* client);
+
+/* Server i's current "host:port" (with etcd, as last registered), written
+ * NUL-terminated and truncated to fit `out` (`out_size` bytes; out may be
+ * NULL when out_size is 0). Returns the full length without the NUL, as
+ * snprintf does; 0 when i is out of range. */
+PSERVER_EXPORT size_t pserver_client_server_address(const pserver_client_t* client, int32_t i,
+                                                    char* out, size_t out_size);
 
 /* Initializes a parameter from `size` bytes of `dtype` elements in `data`,
  * row-major, of the given shape (ndim dims; ndim 0 is a scalar). `config`
@@ -439,6 +463,54 @@ PSERVER_EXPORT void pserver_checkpoint_reader_read(const pserver_checkpoint_read
 /* Verifies every data file and chunk of every opened checkpoint. */
 PSERVER_EXPORT void pserver_checkpoint_reader_verify(const pserver_checkpoint_reader_t* reader,
                                                      pserver_status_t* status);
+
+/* --------------------------------------------------- library buffers */
+
+/* Frees a buffer the library allocated (pserver_etcd_get); accepts NULL. */
+PSERVER_EXPORT void pserver_buffer_delete(void* buffer);
+
+/* ------------------------------------------------------------------- etcd */
+
+/* A small etcd v3 client for tools (psctl): keys are full etcd keys, e.g.
+ * "/pserver/default/ps_desired" (layout in docs/operations.md). Every call
+ * has the handle's deadline; one that finds etcd unreachable tries the next
+ * endpoint and retries within it (UNAVAILABLE or DEADLINE_EXCEEDED after).
+ * Thread-safe. */
+typedef struct pserver_etcd_t pserver_etcd_t;
+/* The result of pserver_etcd_get_prefix: keys and values, sorted by key. */
+typedef struct pserver_etcd_kvs_t pserver_etcd_kvs_t;
+
+/* `endpoints`: "host:port[,host:port...]"; `timeout_ms` (> 0) bounds every
+ * call. Does not wait for etcd. INVALID_ARGUMENT for no endpoint or a bad
+ * timeout. */
+PSERVER_EXPORT pserver_etcd_t* pserver_etcd_new(const char* endpoints, int64_t timeout_ms,
+                                                pserver_status_t* status);
+PSERVER_EXPORT void pserver_etcd_delete(pserver_etcd_t* etcd);
+/* Reads `key`: *value gets a new buffer of *value_size bytes followed by a
+ * NUL (not counted), freed with pserver_buffer_delete. NOT_FOUND when the
+ * key does not exist (*value is then NULL). */
+PSERVER_EXPORT void pserver_etcd_get(pserver_etcd_t* etcd, const char* key, char** value,
+                                     size_t* value_size, pserver_status_t* status);
+/* Every key that starts with `prefix`, as a new list (NULL on error) freed
+ * with pserver_etcd_kvs_delete. */
+PSERVER_EXPORT pserver_etcd_kvs_t* pserver_etcd_get_prefix(pserver_etcd_t* etcd,
+                                                           const char* prefix,
+                                                           pserver_status_t* status);
+/* Sets `key` to the `size` bytes at `data` (no lease). */
+PSERVER_EXPORT void pserver_etcd_put(pserver_etcd_t* etcd, const char* key, const void* data,
+                                     size_t size, pserver_status_t* status);
+/* Deletes `key`; a key that does not exist is not an error. */
+PSERVER_EXPORT void pserver_etcd_delete_key(pserver_etcd_t* etcd, const char* key,
+                                            pserver_status_t* status);
+
+PSERVER_EXPORT void pserver_etcd_kvs_delete(pserver_etcd_kvs_t* kvs);
+PSERVER_EXPORT size_t pserver_etcd_kvs_size(const pserver_etcd_kvs_t* kvs);
+/* Entry i's key (NUL-terminated), value (NUL-terminated after
+ * value_size bytes) and value size; NULL (0) when i is out of range. They
+ * live as long as the list. */
+PSERVER_EXPORT const char* pserver_etcd_kvs_key(const pserver_etcd_kvs_t* kvs, size_t i);
+PSERVER_EXPORT const char* pserver_etcd_kvs_value(const pserver_etcd_kvs_t* kvs, size_t i);
+PSERVER_EXPORT size_t pserver_etcd_kvs_value_size(const pserver_etcd_kvs_t* kvs, size_t i);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -17,8 +17,16 @@ import (
 // Options configure a Client. The zero value of a field means the library's
 // default.
 type Options struct {
-	// Servers, "host:port", in shard-index order. Required by NewClient.
+	// Servers, "host:port", in shard-index order. NewClient needs Servers
+	// or Etcd.
 	Servers []string
+	// Etcd, instead of Servers: etcd endpoints "host:port[,host:port...]".
+	// NewClient then waits for the cluster's /ps_desired servers to be
+	// registered (until ctx's deadline, or 60 s), follows restarted servers
+	// and registers the trainer under /pserver/<Cluster>/workers/.
+	Etcd string
+	// Cluster names the keys under /pserver/<Cluster> ("default").
+	Cluster string
 	// Timeout bounds every call in the library (default 30 s). A call's ctx
 	// deadline, when earlier, ends the call for the caller at that
 	// deadline (see Client).
@@ -49,6 +57,16 @@ func (o *Options) toC() (*C.pserver_client_options_t, error) {
 			ms = 1
 		}
 		C.pserver_client_options_set_timeout_ms(opts, C.int64_t(ms))
+	}
+	if o.Etcd != "" {
+		ce, cc := C.CString(o.Etcd), C.CString(o.Cluster)
+		err := cCall(func(st *C.pserver_status_t) { C.pserver_client_options_set_etcd(opts, ce, cc, st) })
+		C.free(unsafe.Pointer(ce))
+		C.free(unsafe.Pointer(cc))
+		if err != nil {
+			C.pserver_client_options_delete(opts)
+			return nil, err
+		}
 	}
 	if o.BlockBytes > 0 {
 		C.pserver_client_options_set_block_bytes(opts, C.uint64_t(o.BlockBytes))
@@ -143,8 +161,11 @@ type Client struct {
 // unreachable server shows up as UNAVAILABLE or DEADLINE_EXCEEDED on the
 // first call). INVALID_ARGUMENT for no servers or an empty address.
 //
-// pserver.h does not expose etcd discovery yet; pass the servers'
-// addresses (psctl status reads them from etcd).
+// With opts.Etcd it finds the servers in etcd instead, waiting for them
+// until ctx's deadline (60 s without one); DEADLINE_EXCEEDED names the
+// missing indexes.
+//
+//	client, err := pserver.NewClient(ctx, pserver.Options{Etcd: "127.0.0.1:2379", Cluster: "default"})
 func NewClient(ctx context.Context, opts Options) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("pserver: new client: %w", contextError(err))
@@ -154,11 +175,33 @@ func NewClient(ctx context.Context, opts Options) (*Client, error) {
 		return nil, fmt.Errorf("pserver: new client: %w", err)
 	}
 	defer C.pserver_client_options_delete(copts)
+	if len(opts.Servers) > 0 && opts.Etcd != "" {
+		return nil, fmt.Errorf("pserver: new client: %w", invalidArgument("Servers or Etcd, not both"))
+	}
+	if deadline, ok := ctx.Deadline(); ok && opts.Etcd != "" {
+		ms := time.Until(deadline).Milliseconds()
+		if ms < 1 {
+			ms = 1
+		}
+		C.pserver_client_options_set_discovery_timeout_ms(copts, C.int64_t(ms))
+	}
 	var c *C.pserver_client_t
 	if err := cCall(func(st *C.pserver_status_t) { c = C.pserver_client_new(copts, st) }); err != nil {
 		return nil, fmt.Errorf("pserver: new client: %w", err)
 	}
-	return wrapClient(c, opts.Servers, nil), nil
+	servers := opts.Servers
+	if opts.Etcd != "" {
+		servers = nil
+		buf := make([]byte, 256)
+		for i := 0; i < int(C.pserver_client_num_servers(c)); i++ {
+			n := C.pserver_client_server_address(c, C.int32_t(i), (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+			if int(n) >= len(buf) {
+				n = C.size_t(len(buf) - 1)
+			}
+			servers = append(servers, string(buf[:n]))
+		}
+	}
+	return wrapClient(c, servers, nil), nil
 }
 
 func wrapClient(c *C.pserver_client_t, servers []string, owner interface{}) *Client {
@@ -176,8 +219,8 @@ func (cl *Client) Close() error {
 	return nil
 }
 
-// Servers is the addresses the client was made with (empty for a
-// LocalCluster's in-process client).
+// Servers is the addresses the client was made with, or found in etcd when
+// it was made (empty for a LocalCluster's in-process client).
 func (cl *Client) Servers() []string { return append([]string(nil), cl.servers...) }
 
 // NumServers is the number of servers (shards); 0 after Close.

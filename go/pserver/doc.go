@@ -12,6 +12,10 @@
 //	g, _ := pserver.NewTensor([]float32{1, 1, 1, 1})
 //	out, _ := client.PushPull(ctx, map[string]*pserver.Tensor{"w": g})
 //
+// On a cluster registered in etcd, Options{Etcd: "host:port", Cluster: "name"}
+// finds the servers instead of Options.Servers; Etcd is a small etcd client
+// (get, get prefix, put, delete) for tools such as psctl.
+//
 // Build with CGO_CFLAGS=-I<dir of pserver.h> and
 // CGO_LDFLAGS="-L<dir of libpserver.so> -Wl,-rpath,<dir>".
 //

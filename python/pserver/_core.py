@@ -17,7 +17,7 @@ from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequ
 import numpy as np
 
 from . import capi as _c
-from ._errors import Closed, InvalidArgument, Unimplemented
+from ._errors import Closed, InvalidArgument
 
 __all__ = ["Client", "Server", "LocalCluster", "CheckpointReader", "read_checkpoint",
            "DTYPES", "version"]
@@ -67,7 +67,12 @@ def _as_array(value: ArrayLike, what: str, dtype: Optional[np.dtype] = None) -> 
     _dtype_code(arr.dtype, what)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    return np.ascontiguousarray(arr)
+    # Not np.ascontiguousarray for every array: it turns a 0-d array (a
+    # scalar parameter, shape ()) into shape (1,). A 0-d array is always
+    # contiguous, so only n-d arrays are ever copied here.
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr
 
 
 class _Handle:
@@ -202,28 +207,46 @@ class Client(_Closing):
     ...     print(client.get("w"))
     [-0.5 -0.5 -0.5]
 
-    Over gRPC: ``pserver.Client(["127.0.0.1:7000", "127.0.0.1:7001"])``.
+    Over gRPC: ``pserver.Client(["127.0.0.1:7000", "127.0.0.1:7001"])``; or
+    found in etcd: ``pserver.Client(etcd="127.0.0.1:2379", cluster="default")``
+    waits (up to `discovery_timeout` seconds, default 60) for the cluster's
+    desired number of servers to register, follows restarted servers and
+    registers this trainer under /pserver/<cluster>/workers/.
     """
 
     def __init__(self, servers: Union[str, Sequence[str], None] = None, *,
-                 etcd: Optional[str] = None, timeout: float = 30.0,
+                 etcd: Optional[str] = None, cluster: str = "default",
+                 timeout: float = 30.0, discovery_timeout: Optional[float] = None,
                  block_bytes: Optional[int] = None, max_request_bytes: Optional[int] = None,
                  channels_per_server: Optional[int] = None) -> None:
-        if etcd is not None:
-            raise Unimplemented("pserver.Client(etcd=...): etcd discovery is not available "
-                                "in this version; pass servers=[...]")
-        if servers is None:
-            raise InvalidArgument("pserver.Client needs servers=[\"host:port\", ...]")
+        if etcd is not None and servers is not None:
+            raise InvalidArgument("pserver.Client: pass servers=[...] or etcd=..., not both")
+        if etcd is None and servers is None:
+            raise InvalidArgument("pserver.Client needs servers=[\"host:port\", ...] "
+                                  "or etcd=\"host:port\"")
+        if discovery_timeout is not None and discovery_timeout <= 0:
+            raise InvalidArgument(
+                f"discovery_timeout must be positive, got {discovery_timeout}")
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s]
-        self._servers = list(servers)
+        self._servers = list(servers) if servers is not None else []
         with _client_options(timeout, block_bytes, max_request_bytes,
                              channels_per_server) as opts:
             for address in self._servers:
                 _c.pserver_client_options_add_server(opts, str(address))
+            if etcd is not None:
+                _c.pserver_client_options_set_etcd(opts, str(etcd), str(cluster))
+                if discovery_timeout is not None:
+                    _c.pserver_client_options_set_discovery_timeout_ms(
+                        opts, max(1, int(discovery_timeout * 1000)))
             ptr = _c.pserver_client_new(opts)
         self._h = _Handle(ptr, _c.pserver_client_delete, "client")
         self._kind = "grpc"
+        if etcd is not None:
+            self._kind = f"etcd {etcd} cluster {cluster!r}"
+            self._servers = [
+                _c.pserver_client_server_address(ptr, i)[1]
+                for i in range(_c.pserver_client_num_servers(ptr))]
 
     @classmethod
     def _from_handle(cls, ptr: Any, servers: List[str], kind: str) -> "Client":

@@ -18,6 +18,30 @@ def test_init_get_send_roundtrip(client):
     np.testing.assert_array_equal(client.get("w"), w - 0.5)
 
 
+def test_scalar_parameters_keep_shape_empty_tuple(client, tmp_path):
+    # A 0-d array (and a numpy or Python scalar) is a parameter of shape (),
+    # not (1,): init, get, send_grad, push_pull and get_many keep ().
+    client.init("s", np.array(3.0, np.float32), optimizer="sgd", lr=0.5)
+    client.init("n", np.int64(7), optimizer="add")
+    client.init("f", 2.5, dtype=np.float64, optimizer="sgd", lr=1.0)
+    client.finish_init()
+    assert client.info("s") == (np.dtype(np.float32), ())
+    assert client.info("n") == (np.dtype(np.int64), ())
+    assert client.info("f") == (np.dtype(np.float64), ())
+    got = client.get("s")
+    assert got.shape == () and got.dtype == np.float32 and got == 3.0
+    client.send_grad("s", np.array(1.0, np.float32))
+    assert client.get("s") == 2.5
+    client.send_grad("n", np.int64(2))
+    assert client.get("n").shape == () and client.get("n") == 9
+    out = client.push_pull({"f": np.float64(0.5)})
+    assert out["f"].shape == () and out["f"] == 2.0
+    many = client.get_many(["s", "n"])
+    assert many["s"].shape == () and many["n"].shape == ()
+    with pytest.raises(pserver.InvalidArgument):
+        client.send_grad("s", np.ones(1, np.float32))  # shape (1,) is not ()
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_every_dtype_roundtrips_exactly(client, dtype):
     value = (np.arange(12) * 3 + 1).astype(dtype).reshape(3, 4)

@@ -91,8 +91,10 @@ def test_closed_and_unimplemented(cluster):
     c.close()  # twice is fine
     with pytest.raises(pserver.Closed, match="closed"):
         c.get("w")
-    with pytest.raises(pserver.Unimplemented, match="etcd"):
-        pserver.Client(etcd="127.0.0.1:2379")
+    with pytest.raises(pserver.InvalidArgument, match="not both"):
+        pserver.Client(["127.0.0.1:1"], etcd="127.0.0.1:2379")
+    with pytest.raises(pserver.InvalidArgument, match="endpoints"):
+        pserver.Client(etcd=" , ")
     with pytest.raises(pserver.InvalidArgument):
         pserver.Client([])
     with pytest.raises(pserver.InvalidArgument, match="timeout"):

@@ -3,10 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"pserver/pserver"
 )
 
 // child is a process psctl started; stopped by its PID.
@@ -220,10 +222,10 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		children = append(children, e)
-		if err := waitHealthy(ctx, curl+"/health", e, signals); err != nil {
+		endpoint := fmt.Sprintf("127.0.0.1:%d", client)
+		if err := waitServing(ctx, endpoint, e, signals); err != nil {
 			return err
 		}
-		endpoint := fmt.Sprintf("127.0.0.1:%d", client)
 		fmt.Fprintf(stdout, "etcd %s pid %d\n", endpoint, e.cmd.Process.Pid)
 		serverArgs = append(serverArgs, "--etcd="+endpoint, "--cluster="+*cluster, "--num_servers="+strconv.Itoa(*n))
 	}
@@ -289,20 +291,28 @@ func anyDone(children []*child) <-chan struct{} {
 	return ch
 }
 
-func waitHealthy(ctx context.Context, url string, e *child, signals <-chan os.Signal) error {
+// waitServing returns once etcd at endpoint answers a read (through the C
+// ABI's etcd client, as every other psctl etcd call).
+func waitServing(ctx context.Context, endpoint string, e *child, signals <-chan os.Signal) error {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if res, err := http.DefaultClient.Do(req); err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return nil
-			}
+		// A fresh client per try: a cc/etcd client whose first connection
+		// met etcd still starting up was seen to time out every later
+		// attempt ("connection attempt timed out before receiving SETTINGS
+		// frame") for 30 s and more, while a new one got through at once.
+		client, err := pserver.NewEtcd(endpoint, 500*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		_, err = client.Get(ctx, "/pserver/psctl-health")
+		client.Close()
+		if err == nil || errors.Is(err, pserver.ErrNotFound) {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("etcd not healthy at %s: %w", url, ctx.Err())
+			return fmt.Errorf("etcd not serving at %s: %v (%w)", endpoint, err, ctx.Err())
 		case <-e.done:
 			return fmt.Errorf("etcd exited while starting")
 		case s := <-signals:

@@ -156,7 +156,11 @@ func cmdDesired(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	e := newEtcd(splitList(*etcdFlag))
+	e, err := newEtcd(splitList(*etcdFlag), 10*time.Second)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
 	key := clusterPrefix(*cluster) + "ps_desired"
 	if err := e.put(ctx, key, fmt.Sprint(n)); err != nil {
 		return err

@@ -267,7 +267,12 @@ func TestLocalWithEtcd(t *testing.T) {
 	// protobuf JSON, int64 fields as strings).
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := newEtcd([]string{endpoint}).put(ctx, "/pserver/t/workers/trainer-7",
+	e, err := newEtcd([]string{endpoint}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.put(ctx, "/pserver/t/workers/trainer-7",
 		`{"id":"trainer-7","host":"box","pid":"4242","startTimeMicros":"1795336322451475"}`); err != nil {
 		t.Fatal(err)
 	}

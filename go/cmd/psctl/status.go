@@ -53,7 +53,12 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	switch {
 	case *etcdFlag != "":
-		return etcdStatus(ctx, newEtcd(splitList(*etcdFlag)), *cluster, stdout)
+		e, err := newEtcd(splitList(*etcdFlag), *timeout)
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		return etcdStatus(ctx, e, *cluster, stdout)
 	case *servers != "":
 		return serverStatus(ctx, splitList(*servers), *timeout, stdout)
 	default:

@@ -1,0 +1,189 @@
+package pserver_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"syscall"
+	"testing"
+	"time"
+
+	"pserver/pserver"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startEtcd runs etcd on free 127.0.0.1 ports until the test ends (stopped
+// by PID) and returns its endpoint once it serves reads.
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Skip("no etcd on PATH")
+	}
+	dir := t.TempDir()
+	client, peer := freePort(t), freePort(t)
+	curl, purl := fmt.Sprintf("http://127.0.0.1:%d", client), fmt.Sprintf("http://127.0.0.1:%d", peer)
+	log, err := os.Create(filepath.Join(dir, "etcd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	cmd := exec.Command(bin, "--name=gotest", "--data-dir="+filepath.Join(dir, "data"),
+		"--listen-client-urls="+curl, "--advertise-client-urls="+curl,
+		"--listen-peer-urls="+purl, "--initial-advertise-peer-urls="+purl,
+		"--initial-cluster=gotest="+purl, "--log-level=error")
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	endpoint := fmt.Sprintf("127.0.0.1:%d", client)
+	// Serving once a read of a missing key says NOT_FOUND (at most 30 s).
+	// A fresh client per try: one whose first connection met etcd still
+	// starting up may stay stuck (see the note in psctl's waitServing).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		e, err := pserver.NewEtcd(endpoint, 500*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.Get(context.Background(), "/gotest/health")
+		e.Close()
+		if errors.Is(err, pserver.ErrNotFound) {
+			return endpoint
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd not serving at %s: %v", endpoint, err)
+		}
+		select {
+		case <-done:
+			t.Fatalf("etcd exited while starting (log in %s)", dir)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func TestEtcdKeys(t *testing.T) {
+	if _, err := pserver.NewEtcd("", time.Second); !errors.Is(err, pserver.ErrInvalidArgument) {
+		t.Fatalf("empty endpoints: %v", err)
+	}
+	endpoint := startEtcd(t)
+	ctx := context.Background()
+	e, err := pserver.NewEtcd(endpoint, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Put(ctx, "/gotest/b", []byte("two")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Put(ctx, "/gotest/a", []byte{'o', 0, 'e'}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Put(ctx, "/gotestx", nil); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := e.Get(ctx, "/gotest/b"); err != nil || string(v) != "two" {
+		t.Fatalf("get: %q %v", v, err)
+	}
+	kvs, err := e.GetPrefix(ctx, "/gotest/")
+	want := []pserver.KeyValue{{Key: "/gotest/a", Value: []byte{'o', 0, 'e'}}, {Key: "/gotest/b", Value: []byte("two")}}
+	if err != nil || !reflect.DeepEqual(kvs, want) {
+		t.Fatalf("get prefix: %q %v", kvs, err)
+	}
+	if err := e.Delete(ctx, "/gotest/b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Get(ctx, "/gotest/b"); !errors.Is(err, pserver.ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+	e.Close()
+	e.Close() // twice is fine
+	if _, err := e.Get(ctx, "/gotest/a"); !errors.Is(err, pserver.ErrClosed) {
+		t.Fatalf("after close: %v", err)
+	}
+}
+
+func TestNewClientFromEtcd(t *testing.T) {
+	endpoint := startEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv, err := pserver.NewServer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	// Registered by hand, as a pserver process started with --etcd is.
+	e, err := pserver.NewEtcd(endpoint, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for k, v := range map[string]string{"/pserver/go/ps_desired": "1", "/pserver/go/ps/0": srv.Address()} {
+		if err := e.Put(ctx, k, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cl, err := pserver.NewClient(ctx, pserver.Options{Etcd: endpoint, Cluster: "go", Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if got := cl.Servers(); !reflect.DeepEqual(got, []string{srv.Address()}) || cl.NumServers() != 1 {
+		t.Fatalf("servers %q, want [%s]", got, srv.Address())
+	}
+	if err := cl.Init(ctx, "w", mustTensor(t, []float32{1, 2}, 2), &pserver.ParamConfig{Settings: map[string]float64{"lr": 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.FinishInit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.SendGrad(ctx, "w", mustTensor(t, []float32{1, 1}, 2)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := cl.Get(ctx, "w")
+	if err != nil || !reflect.DeepEqual(w.Value(), []float32{0, 1}) {
+		t.Fatalf("get: %v %v", w, err)
+	}
+	// The trainer registered itself under /workers/.
+	if kvs, err := e.GetPrefix(ctx, "/pserver/go/workers/"); err != nil || len(kvs) != 1 {
+		t.Fatalf("workers: %q %v", kvs, err)
+	}
+	// A cluster nobody registers for: NewClient gives up at ctx's deadline.
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	start := time.Now()
+	if _, err := pserver.NewClient(short, pserver.Options{Etcd: endpoint, Cluster: "nobody"}); !errors.Is(err, pserver.ErrDeadlineExceeded) {
+		t.Fatalf("empty cluster: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("gave up after %v", d)
+	}
+	if _, err := pserver.NewClient(ctx, pserver.Options{Etcd: endpoint, Servers: []string{"127.0.0.1:1"}}); !errors.Is(err, pserver.ErrInvalidArgument) {
+		t.Fatalf("both: %v", err)
+	}
+}
