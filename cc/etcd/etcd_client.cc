@@ -79,8 +79,13 @@ grpc::ChannelArguments ChannelArgumentsForEtcd() {
   // Reconnect to a restarted etcd within a second, not after gRPC's default
   // back-off, which grows to two minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // gRPC also gives each connection attempt at least this long. At 100 ms a
+  // busy machine (or an etcd still starting) could not finish the TCP and
+  // HTTP/2 handshake in time, and every attempt was cut off ("handshaker
+  // shutdown") until the call's deadline. A refused connection still fails at
+  // once; this only bounds a handshake in progress.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
   // Notice a dead peer under a long-lived watch. Only while calls are open:
   // etcd (--grpc-keepalive-min-time 5s) rejects idle pings.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
