@@ -462,35 +462,36 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params) {
   std::vector<int> servers;
   std::vector<Layout> layouts;
   for (const InitRef& ref : params) {
-    const ParamInit p{*ref.name, Tensor(), *ref.config};  // name and config only
+    const std::string& name = *ref.name;
     const Tensor& value = *ref.value;
-    PS_RETURN_IF_ERROR(CheckName(p.name));
+    const v1::ParameterConfig& config = *ref.config;
+    PS_RETURN_IF_ERROR(CheckName(name));
     PS_RETURN_IF_ERROR(
-        ValidateStorableType(value.type(), absl::StrCat("parameter '", p.name, "'")));
+        ValidateStorableType(value.type(), absl::StrCat("parameter '", name, "'")));
     PS_ASSIGN_OR_RETURN(int64_t total, NumElements(value.shape()));
     if (total != value.num_elements() || total == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", p.name, "': shape ", ShapeString(value.shape()), " needs ", total,
+          "parameter '", name, "': shape ", ShapeString(value.shape()), " needs ", total,
           " values, the tensor holds ", value.num_elements()));
     }
     const size_t esize = ElementSize(value.type());
-    std::vector<BlockSpec> blocks = placement_.Blocks(p.name, total, esize);
+    std::vector<BlockSpec> blocks = placement_.Blocks(name, total, esize);
     for (const BlockSpec& b : blocks) {
       v1::InitParamRequest& request = requests.emplace_back();
       v1::Parameter* param = request.mutable_parameter();
-      param->set_name(p.name);
+      param->set_name(name);
       param->set_element_type(value.type());
       param->mutable_shape()->Assign(value.shape().begin(), value.shape().end());
       param->set_content(value.bytes().data() + b.offset * esize, b.elements * esize);
       param->mutable_block()->set_index(b.index);
       param->mutable_block()->set_count(b.count);
       param->mutable_block()->set_offset(b.offset);
-      *request.mutable_config() = p.config;
+      *request.mutable_config() = config;
       servers.push_back(b.server);
     }
     layouts.push_back(Layout{value.type(), value.shape(), static_cast<uint64_t>(total),
                              static_cast<uint32_t>(blocks.size()),
-                             ref.config->clipping().clip_norm() > 0});
+                             config.clipping().clip_norm() > 0});
   }
   PS_RETURN_IF_ERROR(RunWithRetries(
       requests.size(), [&](size_t i) { return servers[i]; },
@@ -660,7 +661,11 @@ absl::Status Client::GetParamsInto(absl::Span<const std::string> names,
     }
   }
   PS_RETURN_IF_ERROR(Run(rest, parts));
-  for (const Assembly& a : parts) {
+  return CheckComplete(parts);
+}
+
+absl::Status Client::CheckComplete(const std::vector<Assembly>& assemblies) {
+  for (const Assembly& a : assemblies) {
     const auto got = std::count(a.received.begin(), a.received.end(), 1);
     if (got != static_cast<long>(a.received.size())) {
       return absl::DataLossError(absl::StrCat("parameter '", a.name, "': received ", got,
@@ -793,13 +798,7 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
     }
   }
   PS_RETURN_IF_ERROR(Run(items, parts));
-  for (const Assembly& a : parts) {
-    if (std::count(a.received.begin(), a.received.end(), 1) !=
-        static_cast<long>(a.received.size())) {
-      return absl::DataLossError(absl::StrCat("parameter '", a.name, "': blocks missing"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckComplete(parts);
 }
 
 }  // namespace pserver

@@ -223,6 +223,8 @@ class Client {
   // Packs `items` into one request per server of about max_request_bytes
   // each, runs them all in parallel and places every returned block.
   absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies);
+  // DATA_LOSS naming the first parameter some of whose blocks never came.
+  static absl::Status CheckComplete(const std::vector<Assembly>& assemblies);
   // Copies one returned block into its parameter's output.
   absl::Status PlaceBlock(Assembly& a, const v1::Parameter& header, const Segments& content,
                           const std::string& from);

@@ -72,6 +72,7 @@ class Optimizer {
   // OK if a gradient may be applied; FAILED_PRECONDITION naming `what`
   // otherwise (integer parameters without the `add` optimizer).
   absl::Status CheckCanApply(const std::string& what) const;
+  bool can_apply() const { return rule_ != nullptr; }
 
   // Applies one gradient (same type and element count as the block) to the
   // parameter values; `grad` is not modified (clipping works on a copy).

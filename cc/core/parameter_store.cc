@@ -16,17 +16,21 @@ uint32_t BlockCount(const v1::BlockRef& block) {
   return block.count() == 0 ? 1 : block.count();
 }
 
-// Validates the block layout of a parameter being initialized.
-absl::Status CheckBlockIndex(const std::string& what, const v1::BlockRef& block) {
-  if (block.index() < BlockCount(block)) return absl::OkStatus();
+bool BlockIndexInRange(const v1::BlockRef& block) {
+  return block.index() < BlockCount(block);
+}
+
+absl::Status BlockIndexError(const std::string& what, const v1::BlockRef& block) {
   return absl::InvalidArgumentError(absl::StrCat(
       what, ": block index ", block.index(), " is not below the block count ",
       BlockCount(block)));
 }
 
+// Validates the block layout of a parameter being initialized.
+
 absl::Status CheckLayout(const std::string& what, int64_t total, int64_t elements,
                          const v1::BlockRef& block) {
-  PS_RETURN_IF_ERROR(CheckBlockIndex(what, block));
+  if (!BlockIndexInRange(block)) return BlockIndexError(what, block);
   const uint32_t count = BlockCount(block);
   if (elements == 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": block has no elements"));
@@ -163,8 +167,8 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
                                   absl::FunctionRef<void(absl::string_view)> read) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
   const bool layout_known = ref.block().count() != 0;
-  if (layout_known) {
-    PS_RETURN_IF_ERROR(Reject(CheckBlockIndex(DescribeBlock(ref.name(), ref.block()), ref.block())));
+  if (layout_known && !BlockIndexInRange(ref.block())) {
+    return Reject(BlockIndexError(DescribeBlock(ref.name(), ref.block()), ref.block()));
   }
   Block* block = Find(ref.name(), layout_known ? ref.block().index() : 0);
   if (block == nullptr) {
@@ -203,8 +207,9 @@ GradientView GradientView::Of(const v1::Gradient& grad) {
 absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(
     const GradientView& grad) {
   const std::string name(grad.name);
-  const std::string what = absl::StrCat("gradient for ", DescribeBlock(name, grad.block));
-  PS_RETURN_IF_ERROR(CheckBlockIndex(what, grad.block));
+  // Error messages only: built when one is returned, not for every gradient.
+  auto what = [&] { return absl::StrCat("gradient for ", DescribeBlock(name, grad.block)); };
+  if (!BlockIndexInRange(grad.block)) return BlockIndexError(what(), grad.block);
   Block* block = Find(name, grad.block.index());
   if (block == nullptr) {
     return absl::NotFoundError(
@@ -213,30 +218,32 @@ absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(
   if (BlockCount(grad.block) != block->ref.count() ||
       grad.block.offset() != block->ref.offset()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the server holds it as block ", block->ref.index(), " of ",
+        what(), ": the server holds it as block ", block->ref.index(), " of ",
         block->ref.count(), " at element ", block->ref.offset(), ", the request says ",
         grad.block.index(), " of ", BlockCount(grad.block), " at element ",
         grad.block.offset(), ": every client of a cluster must use the same block size"));
   }
   if (grad.type != block->type) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": element type ", ElementTypeName(grad.type), " received, ",
+        what(), ": element type ", ElementTypeName(grad.type), " received, ",
         ElementTypeName(block->type), " expected"));
   }
   const size_t want = static_cast<size_t>(block->num_elements) * ElementSize(block->type);
   if (grad.content.size() != want) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", grad.content.size(), " bytes received, ", want, " expected (",
+        what(), ": ", grad.content.size(), " bytes received, ", want, " expected (",
         block->num_elements, " ", ElementTypeName(block->type), " values)"));
   }
   if (grad.global_norm.has_value() &&
       !(std::isfinite(*grad.global_norm) && *grad.global_norm >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": global_norm must be finite and >= 0, got ", *grad.global_norm));
+        what(), ": global_norm must be finite and >= 0, got ", *grad.global_norm));
   }
   {
     absl::ReaderMutexLock lock(&block->mu);
-    PS_RETURN_IF_ERROR(block->optimizer->CheckCanApply(DescribeBlock(block->name, block->ref)));
+    if (!block->optimizer->can_apply()) {
+      return block->optimizer->CheckCanApply(DescribeBlock(block->name, block->ref));
+    }
   }
   return block;
 }
