@@ -1,0 +1,627 @@
+#include "cc/core/sparse_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cc/core/status_macros.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "sparse_table.cc copies rows as little-endian bytes; port it for big-endian hosts"
+#endif
+
+namespace pserver {
+namespace {
+
+constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
+constexpr uint32_t kMaxDim = 1u << 20;
+constexpr size_t kShards = 32;  // a power of two: the top 5 bits of a hash pick one
+constexpr size_t kMaxPending = size_t{1} << 20;
+// Salts the shard hash so that it is independent of the hash that spreads
+// keys over servers (which would otherwise send one server's keys to a few
+// shards).
+constexpr uint64_t kShardSalt = 0x6A09E667F3BCC909ull;
+
+struct RowMeta {
+  uint64_t key = 0;
+  uint64_t step = 0;     // updates applied to the row
+  int64_t touched = 0;   // unix nanos of the last pull or push
+  uint32_t prev = kNil;  // LRU list: towards the least recently touched
+  uint32_t next = kNil;
+};
+
+struct PendingEntry {
+  uint32_t count = 0;      // sightings so far
+  uint64_t seq = 0;        // when first seen (shard-local), for dropping the oldest
+  uint64_t last_call = 0;  // the last Pull/Push that sighted it
+};
+
+template <typename T>
+T LoadValue(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+void AppendU64(std::string* out, uint64_t v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+}  // namespace
+
+// One shard of the rows. Slots are fixed-size: a row's dim values followed by
+// its optimizer state, in the element type.
+struct alignas(64) SparseTable::Shard {
+  absl::Mutex mu;
+  absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // key -> slot
+  std::vector<RowMeta> meta ABSL_GUARDED_BY(mu);                      // per slot
+  // Slots in fixed-size chunks (never moved, so growth copies nothing).
+  std::vector<std::unique_ptr<char[]>> chunks ABSL_GUARDED_BY(mu);
+  std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
+  uint32_t head ABSL_GUARDED_BY(mu) = kNil;  // least recently touched
+  uint32_t tail ABSL_GUARDED_BY(mu) = kNil;  // most recently touched
+  absl::flat_hash_map<uint64_t, PendingEntry> pending ABSL_GUARDED_BY(mu);
+  // (key, seq) in order of first sighting; entries whose seq no longer
+  // matches `pending` are stale and skipped (and compacted away).
+  std::deque<std::pair<uint64_t, uint64_t>> pending_order ABSL_GUARDED_BY(mu);
+  uint64_t next_seq ABSL_GUARDED_BY(mu) = 0;
+};
+
+namespace {
+
+size_t RoundUp8(size_t n) { return (n + 7) & ~size_t{7}; }
+
+// log2 of the slots per chunk: chunks of about 64 KiB, at least one slot.
+size_t ChunkShift(size_t slot_bytes) {
+  size_t shift = 0;
+  while ((slot_bytes << (shift + 1)) <= (size_t{1} << 16)) ++shift;
+  return shift;
+}
+
+absl::Status ValidateConfig(const std::string& what, const v1::TableConfig& config) {
+  if (config.dim() == 0 || config.dim() > kMaxDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dim must be in [1, ", kMaxDim, "], got ", config.dim()));
+  }
+  if (config.element_type() != v1::FLOAT32 && config.element_type() != v1::FLOAT64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": element_type must be FLOAT32 or FLOAT64, got ",
+                     ElementTypeName(config.element_type())));
+  }
+  const double ttl = config.eviction().ttl_seconds();
+  if (!std::isfinite(ttl) || ttl < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": eviction.ttl_seconds must be finite and >= 0, got ", ttl));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(std::string name,
+                                                                 const v1::TableConfig& config,
+                                                                 SparseTableOptions options) {
+  const std::string what = absl::StrCat("table '", name, "'");
+  v1::TableConfig normalized = config;
+  if (normalized.element_type() == v1::ELEMENT_TYPE_UNSPECIFIED) {
+    normalized.set_element_type(v1::FLOAT32);
+  }
+  PS_RETURN_IF_ERROR(ValidateConfig(what, normalized));
+  PS_ASSIGN_OR_RETURN(RowInitializer initializer,
+                      RowInitializer::Create(normalized.initializer(), what));
+  PS_ASSIGN_OR_RETURN(RowOptimizer optimizer, RowOptimizer::Create(normalized.optimizer(), what));
+  if (!options.now) options.now = [] { return absl::Now(); };
+  return std::unique_ptr<SparseTable>(new SparseTable(std::move(name), std::move(normalized),
+                                                      std::move(options), initializer, optimizer));
+}
+
+SparseTable::SparseTable(std::string name, v1::TableConfig config, SparseTableOptions options,
+                         RowInitializer initializer, RowOptimizer optimizer)
+    : name_(std::move(name)),
+      config_(std::move(config)),
+      options_(std::move(options)),
+      initializer_(initializer),
+      optimizer_(optimizer),
+      dim_(config_.dim()),
+      element_size_(ElementSize(config_.element_type())),
+      row_bytes_(static_cast<size_t>(dim_) * element_size_),
+      state_per_row_(optimizer_.state_per_row(dim_)),
+      slot_bytes_(RoundUp8((static_cast<size_t>(dim_) + state_per_row_) * element_size_)),
+      capacity_(config_.eviction().capacity()),
+      admission_count_(config_.eviction().admission_count()),
+      ttl_(absl::Seconds(config_.eviction().ttl_seconds())),
+      chunk_shift_(ChunkShift(slot_bytes_)),
+      num_shards_(capacity_ > 0 ? 1 : kShards),
+      pending_limit_per_shard_(std::max<size_t>(
+          1, (capacity_ > 0 ? std::min<uint64_t>(capacity_, kMaxPending / 4) * 4 : kMaxPending) /
+                 num_shards_)),
+      shards_(new Shard[num_shards_]) {}
+
+SparseTable::~SparseTable() = default;
+
+SparseTable::Shard& SparseTable::ShardOf(uint64_t key) const {
+  if (num_shards_ == 1) return shards_[0];
+  return shards_[SplitMix64(key ^ kShardSalt) >> 59];
+}
+
+char* SparseTable::SlotData(Shard& shard, uint32_t slot) const {
+  const size_t mask = (size_t{1} << chunk_shift_) - 1;
+  return shard.chunks[slot >> chunk_shift_].get() + (slot & mask) * slot_bytes_;
+}
+
+int64_t SparseTable::NowNanos() const { return absl::ToUnixNanos(options_.now()); }
+
+// ---- shard helpers (the caller holds shard.mu) -----------------------------
+
+void SparseTable::Unlink(Shard& shard, uint32_t slot) {
+  RowMeta& m = shard.meta[slot];
+  if (m.prev != kNil)
+    shard.meta[m.prev].next = m.next;
+  else
+    shard.head = m.next;
+  if (m.next != kNil)
+    shard.meta[m.next].prev = m.prev;
+  else
+    shard.tail = m.prev;
+  m.prev = m.next = kNil;
+}
+
+void SparseTable::LinkAtTail(Shard& shard, uint32_t slot, int64_t now) {
+  RowMeta& m = shard.meta[slot];
+  // Stamps never go backwards along the list, so TTL eviction can stop at the
+  // first row that has not expired (threads read the clock before locking, so
+  // their stamps may arrive a little out of order).
+  if (shard.tail != kNil) now = std::max(now, shard.meta[shard.tail].touched);
+  m.touched = now;
+  m.prev = shard.tail;
+  m.next = kNil;
+  if (shard.tail != kNil)
+    shard.meta[shard.tail].next = slot;
+  else
+    shard.head = slot;
+  shard.tail = slot;
+}
+
+void SparseTable::Touch(Shard& shard, uint32_t slot, int64_t now) {
+  if (shard.tail == slot) {
+    RowMeta& m = shard.meta[slot];
+    m.touched = std::max(m.touched, now);
+    return;
+  }
+  Unlink(shard, slot);
+  LinkAtTail(shard, slot, now);
+}
+
+void SparseTable::RemoveRow(Shard& shard, uint32_t slot) {
+  Unlink(shard, slot);
+  shard.index.erase(shard.meta[slot].key);
+  shard.free_slots.push_back(slot);
+  rows_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+uint32_t SparseTable::AllocSlot(Shard& shard, uint64_t key, int64_t now) {
+  uint32_t slot;
+  if (!shard.free_slots.empty()) {
+    slot = shard.free_slots.back();
+    shard.free_slots.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(shard.meta.size());
+    shard.meta.emplace_back();
+    if ((slot >> chunk_shift_) == shard.chunks.size()) {
+      shard.chunks.emplace_back(new char[slot_bytes_ << chunk_shift_]);
+    }
+  }
+  RowMeta& m = shard.meta[slot];
+  m.key = key;
+  m.step = 0;
+  shard.index[key] = slot;
+  LinkAtTail(shard, slot, now);
+  rows_.fetch_add(1, std::memory_order_relaxed);
+  return slot;
+}
+
+template <typename T>
+uint32_t SparseTable::CreateRow(Shard& shard, uint64_t key, int64_t now) {
+  if (capacity_ > 0) {
+    // A table with a capacity has one shard: its head is the whole table's
+    // least recently touched row, and rows_ counts exactly this shard.
+    while (rows_.load(std::memory_order_relaxed) >= capacity_ && shard.head != kNil) {
+      RemoveRow(shard, shard.head);
+      evictions_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  const uint32_t slot = AllocSlot(shard, key, now);
+  T* row = reinterpret_cast<T*>(SlotData(shard, slot));
+  initializer_.Fill<T>(key, absl::MakeSpan(row, dim_));
+  optimizer_.InitState<T>(row + dim_, dim_);
+  return slot;
+}
+
+void SparseTable::AddPending(Shard& shard, uint64_t key, uint32_t count, uint64_t call) {
+  const uint64_t seq = shard.next_seq++;
+  shard.pending[key] = PendingEntry{count, seq, call};
+  shard.pending_order.emplace_back(key, seq);
+  pending_.fetch_add(1, std::memory_order_relaxed);
+  while (shard.pending.size() > pending_limit_per_shard_ && !shard.pending_order.empty()) {
+    auto [old_key, old_seq] = shard.pending_order.front();
+    shard.pending_order.pop_front();
+    auto it = shard.pending.find(old_key);
+    if (it != shard.pending.end() && it->second.seq == old_seq) {
+      shard.pending.erase(it);
+      pending_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+  // Admitted keys leave stale entries behind; drop them once they dominate.
+  if (shard.pending_order.size() > 2 * shard.pending.size() + 64) {
+    std::deque<std::pair<uint64_t, uint64_t>> live;
+    for (const auto& [k, s] : shard.pending_order) {
+      auto it = shard.pending.find(k);
+      if (it != shard.pending.end() && it->second.seq == s) live.emplace_back(k, s);
+    }
+    shard.pending_order.swap(live);
+  }
+}
+
+bool SparseTable::Sight(Shard& shard, uint64_t key, uint64_t call) {
+  if (admission_count_ <= 1) return true;
+  auto it = shard.pending.find(key);
+  if (it == shard.pending.end()) {
+    AddPending(shard, key, 1, call);
+    return false;
+  }
+  PendingEntry& e = it->second;
+  if (e.last_call == call) return false;  // this call has sighted it already
+  e.last_call = call;
+  if (++e.count < admission_count_) return false;
+  shard.pending.erase(it);
+  pending_.fetch_sub(1, std::memory_order_relaxed);
+  return true;
+}
+
+// Stable counting sort by shard; `starts` gets num_shards_ + 1 offsets into
+// `order`.
+void SparseTable::GroupByShard(absl::Span<const uint64_t> keys, std::vector<uint32_t>& order,
+                               std::vector<uint32_t>& starts) const {
+  const size_t n = keys.size();
+  order.resize(n);
+  starts.assign(num_shards_ + 1, 0);
+  if (num_shards_ == 1) {
+    for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+    starts[1] = static_cast<uint32_t>(n);
+    return;
+  }
+  std::vector<uint8_t> shard_of(n);
+  for (size_t i = 0; i < n; ++i) {
+    shard_of[i] = static_cast<uint8_t>(SplitMix64(keys[i] ^ kShardSalt) >> 59);
+    ++starts[shard_of[i] + 1];
+  }
+  for (size_t s = 0; s < num_shards_; ++s) starts[s + 1] += starts[s];
+  std::vector<uint32_t> next(starts.begin(), starts.end() - 1);
+  for (size_t i = 0; i < n; ++i) order[next[shard_of[i]]++] = static_cast<uint32_t>(i);
+}
+
+// ---- Pull ------------------------------------------------------------------
+
+absl::Status SparseTable::Pull(absl::Span<const uint64_t> keys, absl::Span<char> out) {
+  if (out.size() != keys.size() * row_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", name_, "': pull of ", keys.size(), " keys needs ", keys.size(), " * ",
+        row_bytes_, " = ", keys.size() * row_bytes_, " bytes of output, got ", out.size()));
+  }
+  if (element_size_ == sizeof(double)) return PullImpl<double>(keys, out);
+  return PullImpl<float>(keys, out);
+}
+
+template <typename T>
+absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out) {
+  const uint64_t call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const int64_t now = NowNanos();
+  std::vector<uint32_t> order, starts;
+  GroupByShard(keys, order, starts);
+  std::vector<uint32_t> initial;  // positions that read the initializer's value
+  for (size_t s = 0; s < num_shards_; ++s) {
+    if (starts[s] == starts[s + 1]) continue;
+    Shard& shard = shards_[s];
+    absl::MutexLock lock(&shard.mu);
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      const uint32_t i = order[j];
+      const uint64_t key = keys[i];
+      uint32_t slot;
+      auto it = shard.index.find(key);
+      if (it != shard.index.end()) {
+        slot = it->second;
+        Touch(shard, slot, now);
+      } else if (Sight(shard, key, call)) {
+        slot = CreateRow<T>(shard, key, now);
+      } else {
+        initial.push_back(i);
+        continue;
+      }
+      std::memcpy(out.data() + i * row_bytes_, SlotData(shard, slot), row_bytes_);
+    }
+  }
+  for (uint32_t i : initial) InitialRow(keys[i], out.subspan(i * row_bytes_, row_bytes_));
+  keys_pulled_.fetch_add(keys.size(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+// ---- Push ------------------------------------------------------------------
+
+absl::Status SparseTable::Push(absl::Span<const uint64_t> keys, absl::string_view grads) {
+  if (grads.size() != keys.size() * row_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", name_, "': push of ", keys.size(), " keys needs ", keys.size(), " * ",
+        row_bytes_, " = ", keys.size() * row_bytes_, " bytes of gradients, got ", grads.size()));
+  }
+  if (element_size_ == sizeof(double)) return PushImpl<double>(keys, grads);
+  return PushImpl<float>(keys, grads);
+}
+
+template <typename T>
+absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string_view grads) {
+  // Check and sum everything before touching any row.
+  const size_t n = keys.size();
+  absl::flat_hash_map<uint64_t, uint32_t> position;  // key -> index into distinct
+  position.reserve(n);
+  std::vector<uint64_t> distinct;
+  distinct.reserve(n);
+  std::vector<double> sums;
+  sums.reserve(n * dim_);
+  bool duplicates = false;
+  for (size_t i = 0; i < n; ++i) {
+    const char* g = grads.data() + i * row_bytes_;
+    for (uint32_t c = 0; c < dim_; ++c) {
+      const T v = LoadValue<T>(g + c * sizeof(T));
+      if (!std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("table '", name_, "': gradient for key ", keys[i], " (position ", i,
+                         ") has a non-finite value at column ", c, ": ", static_cast<double>(v),
+                         "; nothing was applied"));
+      }
+    }
+    auto [it, inserted] = position.try_emplace(keys[i], static_cast<uint32_t>(distinct.size()));
+    if (inserted) {
+      distinct.push_back(keys[i]);
+      for (uint32_t c = 0; c < dim_; ++c) {
+        sums.push_back(static_cast<double>(LoadValue<T>(g + c * sizeof(T))));
+      }
+    } else {
+      duplicates = true;
+      double* sum = sums.data() + static_cast<size_t>(it->second) * dim_;
+      for (uint32_t c = 0; c < dim_; ++c) {
+        sum[c] += static_cast<double>(LoadValue<T>(g + c * sizeof(T)));
+      }
+    }
+  }
+  if (duplicates) {
+    for (size_t j = 0; j < distinct.size(); ++j) {
+      for (uint32_t c = 0; c < dim_; ++c) {
+        if (!std::isfinite(sums[j * dim_ + c])) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("table '", name_, "': the summed gradient for key ", distinct[j],
+                           " overflows at column ", c, "; nothing was applied"));
+        }
+      }
+    }
+  }
+
+  const uint64_t call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const int64_t now = NowNanos();
+  std::vector<uint32_t> order, starts;
+  GroupByShard(distinct, order, starts);
+  for (size_t s = 0; s < num_shards_; ++s) {
+    if (starts[s] == starts[s + 1]) continue;
+    Shard& shard = shards_[s];
+    absl::MutexLock lock(&shard.mu);
+    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+      const uint32_t d = order[j];
+      const uint64_t key = distinct[d];
+      uint32_t slot;
+      auto it = shard.index.find(key);
+      if (it != shard.index.end()) {
+        slot = it->second;
+        Touch(shard, slot, now);
+      } else if (Sight(shard, key, call)) {
+        slot = CreateRow<T>(shard, key, now);
+      } else {
+        continue;  // not admitted yet: the gradient is dropped
+      }
+      T* row = reinterpret_cast<T*>(SlotData(shard, slot));
+      const uint64_t step = ++shard.meta[slot].step;
+      optimizer_.Apply<T>(row, row + dim_, sums.data() + static_cast<size_t>(d) * dim_, dim_, step);
+    }
+  }
+  keys_pushed_.fetch_add(n, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+// ---- eviction, initial values, stats ----------------------------------------
+
+size_t SparseTable::EvictExpired() {
+  if (ttl_ <= absl::ZeroDuration()) return 0;
+  const int64_t cutoff = absl::ToUnixNanos(options_.now() - ttl_);
+  size_t evicted = 0;
+  for (size_t s = 0; s < num_shards_; ++s) {
+    Shard& shard = shards_[s];
+    absl::MutexLock lock(&shard.mu);
+    while (shard.head != kNil && shard.meta[shard.head].touched < cutoff) {
+      RemoveRow(shard, shard.head);
+      ++evicted;
+    }
+  }
+  evictions_.fetch_add(evicted, std::memory_order_relaxed);
+  return evicted;
+}
+
+void SparseTable::InitialRow(uint64_t key, absl::Span<char> out) const {
+  const size_t values = std::min<size_t>(dim_, out.size() / element_size_);
+  if (element_size_ == sizeof(double)) {
+    std::vector<double> row(values);
+    initializer_.Fill<double>(key, absl::MakeSpan(row));
+    std::memcpy(out.data(), row.data(), values * sizeof(double));
+  } else {
+    std::vector<float> row(values);
+    initializer_.Fill<float>(key, absl::MakeSpan(row));
+    std::memcpy(out.data(), row.data(), values * sizeof(float));
+  }
+}
+
+v1::TableStats SparseTable::Stats() const {
+  v1::TableStats stats;
+  stats.set_name(name_);
+  const uint64_t rows = rows_.load(std::memory_order_relaxed);
+  stats.set_rows(rows);
+  stats.set_bytes(rows * (static_cast<uint64_t>(dim_) + state_per_row_) * element_size_);
+  stats.set_evictions(evictions_.load(std::memory_order_relaxed));
+  stats.set_pending_keys(pending_.load(std::memory_order_relaxed));
+  stats.set_keys_pulled(keys_pulled_.load(std::memory_order_relaxed));
+  stats.set_keys_pushed(keys_pushed_.load(std::memory_order_relaxed));
+  return stats;
+}
+
+// ---- checkpoints -------------------------------------------------------------
+
+std::string SparseTable::Serialize() const {
+  v1::SparseTableSnapshot snap;
+  snap.set_name(name_);
+  *snap.mutable_config() = config_;
+  snap.set_state_per_row(state_per_row_);
+  std::string keys, values, state, steps, pending_keys, pending_counts;
+  const size_t state_bytes = static_cast<size_t>(state_per_row_) * element_size_;
+  // Sized for the rows held now (concurrent inserts may add a few).
+  const size_t expected = rows_.load(std::memory_order_relaxed);
+  keys.reserve(expected * sizeof(uint64_t));
+  values.reserve(expected * row_bytes_);
+  state.reserve(expected * state_bytes);
+  steps.reserve(expected * sizeof(uint64_t));
+  uint64_t rows = 0;
+  for (size_t s = 0; s < num_shards_; ++s) {
+    Shard& shard = shards_[s];
+    absl::MutexLock lock(&shard.mu);
+    for (uint32_t slot = shard.head; slot != kNil; slot = shard.meta[slot].next) {
+      const RowMeta& m = shard.meta[slot];
+      const char* row = SlotData(shard, slot);
+      AppendU64(&keys, m.key);
+      values.append(row, row_bytes_);
+      state.append(row + row_bytes_, state_bytes);
+      AppendU64(&steps, m.step);
+      ++rows;
+    }
+    for (const auto& [key, seq] : shard.pending_order) {
+      auto it = shard.pending.find(key);
+      if (it == shard.pending.end() || it->second.seq != seq) continue;
+      AppendU64(&pending_keys, key);
+      const uint32_t count = it->second.count;
+      pending_counts.append(reinterpret_cast<const char*>(&count), sizeof(count));
+    }
+  }
+  snap.set_rows(rows);
+  snap.set_keys(std::move(keys));
+  snap.set_values(std::move(values));
+  snap.set_state(std::move(state));
+  snap.set_steps(std::move(steps));
+  snap.set_pending_keys(std::move(pending_keys));
+  snap.set_pending_counts(std::move(pending_counts));
+  snap.set_evictions(evictions_.load(std::memory_order_relaxed));
+  snap.set_keys_pulled(keys_pulled_.load(std::memory_order_relaxed));
+  snap.set_keys_pushed(keys_pushed_.load(std::memory_order_relaxed));
+  return snap.SerializeAsString();
+}
+
+namespace {
+
+// DATA_LOSS unless `array` holds exactly `count` items of `item_bytes` each.
+absl::Status CheckArray(const std::string& what, const char* field, const std::string& array,
+                        uint64_t count, size_t item_bytes, const char* per) {
+  const bool ok = item_bytes == 0
+                      ? array.empty()
+                      : array.size() % item_bytes == 0 && array.size() / item_bytes == count;
+  if (ok) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(what, ": snapshot field '", field, "' has ", array.size(),
+                                          " bytes, expected ", count, " * ", item_bytes, " (", per,
+                                          ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Deserialize(absl::string_view bytes,
+                                                                      SparseTableOptions options) {
+  v1::SparseTableSnapshot snap;
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !snap.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError(
+        absl::StrCat("sparse table snapshot of ", bytes.size(), " bytes does not parse"));
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> table,
+                      Create(snap.name(), snap.config(), std::move(options)));
+  const std::string what = absl::StrCat("table '", table->name_, "' snapshot");
+  if (snap.state_per_row() != table->state_per_row_) {
+    return absl::DataLossError(absl::StrCat(
+        what, ": state_per_row is ", snap.state_per_row(), ", but optimizer ",
+        table->optimizer_.name(), " with dim ", table->dim_, " keeps ", table->state_per_row_));
+  }
+  const uint64_t rows = snap.rows();
+  PS_RETURN_IF_ERROR(
+      CheckArray(what, "keys", snap.keys(), rows, sizeof(uint64_t), "8 bytes per row"));
+  PS_RETURN_IF_ERROR(
+      CheckArray(what, "values", snap.values(), rows, table->row_bytes_, "dim values per row"));
+  PS_RETURN_IF_ERROR(CheckArray(what, "state", snap.state(), rows,
+                                table->state_per_row_ * table->element_size_,
+                                "state_per_row values per row"));
+  PS_RETURN_IF_ERROR(
+      CheckArray(what, "steps", snap.steps(), rows, sizeof(uint64_t), "8 bytes per row"));
+  const uint64_t pending = snap.pending_keys().size() / sizeof(uint64_t);
+  PS_RETURN_IF_ERROR(CheckArray(what, "pending_keys", snap.pending_keys(), pending,
+                                sizeof(uint64_t), "8 bytes per key"));
+  PS_RETURN_IF_ERROR(CheckArray(what, "pending_counts", snap.pending_counts(), pending,
+                                sizeof(uint32_t), "4 bytes per pending key"));
+  if (table->capacity_ > 0 && rows > table->capacity_) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": ", rows, " rows exceed eviction.capacity ", table->capacity_));
+  }
+
+  const int64_t now = table->NowNanos();
+  const size_t state_bytes = static_cast<size_t>(table->state_per_row_) * table->element_size_;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint64_t key = LoadValue<uint64_t>(snap.keys().data() + r * sizeof(uint64_t));
+    Shard& shard = table->ShardOf(key);
+    absl::MutexLock lock(&shard.mu);
+    if (shard.index.contains(key)) {
+      return absl::DataLossError(absl::StrCat(what, ": key ", key, " appears twice"));
+    }
+    const uint32_t slot = table->AllocSlot(shard, key, now);
+    char* row = table->SlotData(shard, slot);
+    std::memcpy(row, snap.values().data() + r * table->row_bytes_, table->row_bytes_);
+    std::memcpy(row + table->row_bytes_, snap.state().data() + r * state_bytes, state_bytes);
+    shard.meta[slot].step = LoadValue<uint64_t>(snap.steps().data() + r * sizeof(uint64_t));
+  }
+  for (uint64_t p = 0; p < pending; ++p) {
+    const uint64_t key = LoadValue<uint64_t>(snap.pending_keys().data() + p * sizeof(uint64_t));
+    const uint32_t count = LoadValue<uint32_t>(snap.pending_counts().data() + p * sizeof(uint32_t));
+    if (count == 0 || count >= table->admission_count_) {
+      return absl::DataLossError(absl::StrCat(
+          what, ": pending key ", key, " has count ", count,
+          ", outside [1, admission_count) with admission_count ", table->admission_count_));
+    }
+    Shard& shard = table->ShardOf(key);
+    absl::MutexLock lock(&shard.mu);
+    if (shard.index.contains(key) || shard.pending.contains(key)) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": pending key ", key, " appears twice or also has a row"));
+    }
+    table->AddPending(shard, key, count, /*call=*/0);
+  }
+  table->evictions_.store(snap.evictions(), std::memory_order_relaxed);
+  table->keys_pulled_.store(snap.keys_pulled(), std::memory_order_relaxed);
+  table->keys_pushed_.store(snap.keys_pushed(), std::memory_order_relaxed);
+  return table;
+}
+
+}  // namespace pserver

@@ -1,0 +1,202 @@
+// SparseTable: one server's shard of a sparse embedding table (or of a KV
+// table): uint64 keys to rows of `dim` float32/float64 values, created on
+// first touch from a deterministic initializer, updated by a per-row
+// optimizer, evicted by TTL and capacity, admitted after N sightings.
+// Schema and formulas: proto/pserver/v1/table.proto.
+//
+//   PS_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> table,
+//                       SparseTable::Create("emb", config));
+//   std::vector<float> rows(keys.size() * table->dim());
+//   PS_RETURN_IF_ERROR(table->Pull(keys, absl::MakeSpan(
+//       reinterpret_cast<char*>(rows.data()), rows.size() * sizeof(float))));
+//   PS_RETURN_IF_ERROR(table->Push(keys, grad_bytes));  // keys.size() rows
+//   table->EvictExpired();                             // now and then
+//   std::string payload = table->Serialize();          // checkpoint extension
+//
+// Rows and gradients travel as little-endian bytes of the element type,
+// keys.size() * row_bytes() of them, row i for keys[i].
+//
+// Admission (eviction.admission_count = N > 1): a key gets a row on its N-th
+// sighting. One Pull or Push call sights each distinct key once, however
+// often it lists it. Before admission a pull reads the initializer's value and
+// a push's gradient for the key is dropped; the call that admits the key is
+// served by the new row (its pull reads the initial value, its push applies).
+// Pending sighting counts are bounded: at most min(4 * capacity, 2^20) keys
+// (2^20 without a capacity), split evenly over the internal shards; past the
+// bound the key first seen longest ago is forgotten.
+//
+// Eviction: a row is touched by every pull and push of it (options.now is read
+// once per call). EvictExpired drops the rows untouched for longer than
+// ttl_seconds; nothing expires until it runs (the server calls it now and
+// then). With a capacity, inserting a row into a full table first evicts the
+// least recently touched row of the whole table. Evicted rows that come back
+// are recreated from the initializer, with fresh optimizer state and step 0.
+//
+// Concurrency and layout: rows live in 32 shards chosen by a hash of the key
+// (independent of the hash that partitions keys over servers), each with its
+// own mutex, index and slab of fixed-size slots (the row's values followed by
+// its optimizer state, contiguous). A table with a capacity uses a single
+// shard, so that LRU order and the capacity bound are exact for the whole
+// table (its calls therefore run one at a time). Each row is read and updated
+// atomically; a Pull or Push over many rows locks one shard at a time and is
+// not one transaction: a concurrent Pull may see some rows of a Push updated
+// and others not yet.
+//
+// Thread-safe: every method may be called concurrently from many threads.
+#ifndef PSERVER_CC_CORE_SPARSE_TABLE_H_
+#define PSERVER_CC_CORE_SPARSE_TABLE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cc/core/element_type.h"
+#include "cc/core/row_initializer.h"
+#include "cc/core/row_optimizer.h"
+#include "pserver/v1/table.pb.h"
+
+namespace pserver {
+
+struct SparseTableOptions {
+  // Time source for TTL eviction and last-touch stamps; tests inject a fake.
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+};
+
+// Thread-safe.
+class SparseTable {
+ public:
+  // INVALID_ARGUMENT naming the field for a bad config (dim 0 or > 1<<20,
+  // element type not FLOAT32/FLOAT64 — UNSPECIFIED means FLOAT32, uniform
+  // low >= high, normal stddev < 0, non-finite values, negative ttl, bad
+  // optimizer values). Messages start with "table '<name>': ".
+  static absl::StatusOr<std::unique_ptr<SparseTable>> Create(std::string name,
+                                                             const v1::TableConfig& config,
+                                                             SparseTableOptions options = {});
+
+  SparseTable(const SparseTable&) = delete;
+  SparseTable& operator=(const SparseTable&) = delete;
+  ~SparseTable();
+
+  const std::string& name() const { return name_; }
+  // As given (element type UNSPECIFIED normalized to FLOAT32).
+  const v1::TableConfig& config() const { return config_; }
+  uint32_t dim() const { return dim_; }
+  ElementType element_type() const { return config_.element_type(); }
+  size_t row_bytes() const { return row_bytes_; }  // dim * element size
+  // Optimizer state values per row (see RowOptimizer::state_per_row).
+  uint32_t state_per_row() const { return state_per_row_; }
+
+  // Writes keys.size() rows to `out` (exactly keys.size() * row_bytes()
+  // bytes, else INVALID_ARGUMENT naming both sizes, nothing changes) in the
+  // order of `keys` (duplicates allowed). Missing admitted rows are created
+  // from the initializer; a key not yet admitted (admission_count) counts a
+  // sighting and reads the initializer's value. Touches last-use time.
+  absl::Status Pull(absl::Span<const uint64_t> keys, absl::Span<char> out);
+
+  // `grads`: keys.size() * row_bytes() bytes (else INVALID_ARGUMENT, nothing
+  // changes). Duplicate keys within the call are summed (in double), then
+  // each distinct row's optimizer runs once with the summed gradient.
+  // Not-yet-admitted keys count a sighting; their gradient is dropped.
+  // Non-finite gradient values (or sums) -> INVALID_ARGUMENT naming the key,
+  // nothing applied (everything is checked before anything is applied).
+  absl::Status Push(absl::Span<const uint64_t> keys, absl::string_view grads);
+
+  // Evicts rows untouched for longer than eviction.ttl_seconds (none without
+  // a TTL). Returns how many.
+  size_t EvictExpired();
+
+  // The initializer's value of `key` (row_bytes() bytes into out; a shorter
+  // `out` gets as many whole values as fit).
+  void InitialRow(uint64_t key, absl::Span<char> out) const;
+
+  // name, rows, bytes (values + optimizer state of held rows), evictions,
+  // pending_keys, keys_pulled, keys_pushed (keys as listed in accepted
+  // calls, duplicates included). Leaves min_clock/workers unset.
+  v1::TableStats Stats() const;
+
+  // Checkpoint payload: a serialized v1::SparseTableSnapshot of every row
+  // (values, optimizer state, step counts), admission counters and counters.
+  // Consistent per row (shards are copied one after another). Rows are
+  // written least recently touched first, so a restored table keeps the LRU
+  // order (last-touch times restart at the restoring clock's now).
+  std::string Serialize() const;
+
+  // A table from Serialize()'s bytes. DATA_LOSS with a clear message for
+  // bytes that do not parse or whose arrays disagree with rows/dim/
+  // state_per_row; INVALID_ARGUMENT for a config Create would refuse.
+  static absl::StatusOr<std::unique_ptr<SparseTable>> Deserialize(absl::string_view bytes,
+                                                                  SparseTableOptions options = {});
+
+ private:
+  struct Shard;
+
+  SparseTable(std::string name, v1::TableConfig config, SparseTableOptions options,
+              RowInitializer initializer, RowOptimizer optimizer);
+
+  Shard& ShardOf(uint64_t key) const;
+  // The bytes of `slot` in `shard` (values, then state); the caller holds shard.mu.
+  char* SlotData(Shard& shard, uint32_t slot) const;
+  int64_t NowNanos() const;
+  // Orders positions 0..keys.size()-1 by shard, so each shard is locked once.
+  void GroupByShard(absl::Span<const uint64_t> keys, std::vector<uint32_t>& order,
+                    std::vector<uint32_t>& starts) const;
+
+  template <typename T>
+  absl::Status PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out);
+  template <typename T>
+  absl::Status PushImpl(absl::Span<const uint64_t> keys, absl::string_view grads);
+
+  // Shard helpers; the caller holds shard.mu.
+  // Counts a sighting of a key without a row; true if the key is admitted
+  // now (and the caller creates its row).
+  bool Sight(Shard& shard, uint64_t key, uint64_t call);
+  // Creates the row of `key` from the initializer, evicting the least
+  // recently touched rows first if the table is at capacity; returns its slot.
+  template <typename T>
+  uint32_t CreateRow(Shard& shard, uint64_t key, int64_t now);
+  uint32_t AllocSlot(Shard& shard, uint64_t key, int64_t now);
+  void Touch(Shard& shard, uint32_t slot, int64_t now);
+  void Unlink(Shard& shard, uint32_t slot);
+  void LinkAtTail(Shard& shard, uint32_t slot, int64_t now);
+  void RemoveRow(Shard& shard, uint32_t slot);
+  void AddPending(Shard& shard, uint64_t key, uint32_t count, uint64_t call);
+
+  const std::string name_;
+  const v1::TableConfig config_;
+  const SparseTableOptions options_;
+  const RowInitializer initializer_;
+  const RowOptimizer optimizer_;
+  const uint32_t dim_;
+  const size_t element_size_;
+  const size_t row_bytes_;
+  const uint32_t state_per_row_;
+  const size_t slot_bytes_;   // values then state, rounded up to 8 bytes
+  const size_t chunk_shift_;  // 2^chunk_shift_ slots per storage chunk
+  const uint64_t capacity_;   // 0: none
+  const uint32_t admission_count_;
+  const absl::Duration ttl_;  // zero: none
+  const size_t num_shards_;
+  const size_t pending_limit_per_shard_;
+  std::unique_ptr<Shard[]> shards_;
+
+  std::atomic<uint64_t> rows_{0};
+  std::atomic<uint64_t> pending_{0};
+  std::atomic<uint64_t> evictions_{0};
+  std::atomic<uint64_t> keys_pulled_{0};
+  std::atomic<uint64_t> keys_pushed_{0};
+  std::atomic<uint64_t> calls_{0};
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_CORE_SPARSE_TABLE_H_

@@ -1,0 +1,611 @@
+#include "cc/core/sparse_table.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "pserver/v1/table.pb.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusCodeIs;
+using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::Eq;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::Pointwise;
+
+v1::TableConfig Config(const std::string& text) {
+  v1::TableConfig config;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &config)) << text;
+  return config;
+}
+
+std::unique_ptr<SparseTable> MakeTable(const std::string& text, SparseTableOptions options = {}) {
+  absl::StatusOr<std::unique_ptr<SparseTable>> table =
+      SparseTable::Create("emb", Config(text), std::move(options));
+  EXPECT_TRUE(table.ok()) << table.status();
+  return table.ok() ? std::move(*table) : nullptr;
+}
+
+template <typename T>
+absl::Span<char> Bytes(std::vector<T>& v) {
+  return absl::MakeSpan(reinterpret_cast<char*>(v.data()), v.size() * sizeof(T));
+}
+
+template <typename T>
+absl::string_view ConstBytes(const std::vector<T>& v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+template <typename T = float>
+std::vector<T> Pull(SparseTable& table, const std::vector<uint64_t>& keys) {
+  std::vector<T> out(keys.size() * table.dim());
+  EXPECT_OK(table.Pull(keys, Bytes(out)));
+  return out;
+}
+
+template <typename T = float>
+absl::Status Push(SparseTable& table, const std::vector<uint64_t>& keys,
+                  const std::vector<T>& grads) {
+  return table.Push(keys, ConstBytes(grads));
+}
+
+template <typename T = float>
+std::vector<T> Initial(const SparseTable& table, uint64_t key) {
+  std::vector<T> out(table.dim());
+  table.InitialRow(key, Bytes(out));
+  return out;
+}
+
+// A clock the test moves by hand.
+struct FakeClock {
+  absl::Time now = absl::FromUnixSeconds(1'000'000);
+  SparseTableOptions Options() {
+    SparseTableOptions options;
+    options.now = [this] { return now; };
+    return options;
+  }
+};
+
+// ---- configuration -----------------------------------------------------------
+
+TEST(SparseTableTest, CreateNormalizesElementTypeAndReportsSizes) {
+  auto table = MakeTable("dim: 8");
+  ASSERT_NE(table, nullptr);
+  EXPECT_EQ(table->name(), "emb");
+  EXPECT_EQ(table->element_type(), v1::FLOAT32);
+  EXPECT_EQ(table->config().element_type(), v1::FLOAT32);
+  EXPECT_EQ(table->config().dim(), 8u);
+  EXPECT_EQ(table->dim(), 8u);
+  EXPECT_EQ(table->row_bytes(), 32u);
+  auto table64 = MakeTable("dim: 3 element_type: FLOAT64 optimizer { adam {} }");
+  ASSERT_NE(table64, nullptr);
+  EXPECT_EQ(table64->row_bytes(), 24u);
+  EXPECT_EQ(table64->state_per_row(), 6u);
+}
+
+struct BadConfigCase {
+  std::string config;
+  std::string message;
+};
+
+TEST(SparseTableTest, BadConfigsNameTheField) {
+  const std::vector<BadConfigCase> cases = {
+      {"dim: 0", "table 'emb': dim must be in [1, 1048576], got 0"},
+      {"dim: 1048577", "dim must be in [1, 1048576], got 1048577"},
+      {"dim: 4 element_type: INT32", "element_type must be FLOAT32 or FLOAT64, got int32"},
+      {"dim: 4 element_type: FLOAT16", "element_type must be FLOAT32 or FLOAT64"},
+      {"dim: 4 initializer { uniform { low: 1 high: 1 } }",
+       "initializer.uniform.low must be < high, got low=1, high=1"},
+      {"dim: 4 initializer { uniform { low: nan high: 1 } }",
+       "initializer.uniform.low must be finite"},
+      {"dim: 4 initializer { normal { stddev: -1 } }",
+       "initializer.normal.stddev must be finite and >= 0, got -1"},
+      {"dim: 4 initializer { normal { mean: inf stddev: 1 } }",
+       "initializer.normal.mean must be finite"},
+      {"dim: 4 eviction { ttl_seconds: -1 }",
+       "eviction.ttl_seconds must be finite and >= 0, got -1"},
+      {"dim: 4 eviction { ttl_seconds: inf }", "eviction.ttl_seconds must be finite"},
+      {"dim: 4 optimizer { adam { beta1: 1.5 } }",
+       "table 'emb': adam.beta1 must be in [0, 1), got 1.5"},
+      {"dim: 4 optimizer { adam { beta2: 1 } }", "adam.beta2 must be in [0, 1), got 1"},
+      {"dim: 4 optimizer { adam { epsilon: 0 } }", "adam.epsilon must be finite and > 0"},
+      {"dim: 4 optimizer { adam { learning_rate: -0.1 } }",
+       "adam.learning_rate must be finite and > 0, got -0.1"},
+      {"dim: 4 optimizer { sgd { learning_rate: 0 } }",
+       "sgd.learning_rate must be finite and > 0, got 0"},
+      {"dim: 4 optimizer { sgd { learning_rate: nan } }", "sgd.learning_rate must be finite"},
+      {"dim: 4 optimizer { adagrad { epsilon: -1 } }", "adagrad.epsilon must be finite and > 0"},
+      {"dim: 4 optimizer { adagrad { initial_accumulator: -1 } }",
+       "adagrad.initial_accumulator must be finite and >= 0, got -1"},
+      {"dim: 4 optimizer { ftrl { alpha: 0 } }", "ftrl.alpha must be finite and > 0, got 0"},
+      {"dim: 4 optimizer { ftrl { beta: -1 } }", "ftrl.beta must be finite and >= 0"},
+      {"dim: 4 optimizer { ftrl { l1: -1 } }", "ftrl.l1 must be finite and >= 0, got -1"},
+      {"dim: 4 optimizer { ftrl { l2: -0.5 } }", "ftrl.l2 must be finite and >= 0, got -0.5"},
+  };
+  for (const BadConfigCase& c : cases) {
+    EXPECT_THAT(SparseTable::Create("emb", Config(c.config)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.config;
+  }
+}
+
+// ---- initializers ------------------------------------------------------------
+
+TEST(SparseTableTest, ZerosIsTheDefaultInitializer) {
+  auto table = MakeTable("dim: 4");
+  EXPECT_THAT(Pull(*table, {5, 1ull << 63}), Pointwise(Eq(), std::vector<float>(8, 0.0f)));
+}
+
+TEST(SparseTableTest, InitializerIsDeterministicAcrossTablesAndDependsOnSeed) {
+  const std::string config = "dim: 16 initializer { normal { stddev: 1 } seed: 7 }";
+  auto a = MakeTable(config);
+  auto b = MakeTable(config);
+  auto c = MakeTable("dim: 16 initializer { normal { stddev: 1 } seed: 8 }");
+  const std::vector<uint64_t> keys = {0, 1, 2, 99, 1ull << 40, ~0ull};
+  // b reads the keys in another order and creates them in another order.
+  std::vector<uint64_t> reversed(keys.rbegin(), keys.rend());
+  std::vector<float> from_a = Pull(*a, keys);
+  std::vector<float> from_b_reversed = Pull(*b, reversed);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const size_t j = keys.size() - 1 - i;
+    EXPECT_TRUE(std::equal(from_a.begin() + i * 16, from_a.begin() + (i + 1) * 16,
+                           from_b_reversed.begin() + j * 16))
+        << "key " << keys[i];
+    EXPECT_THAT(Initial(*a, keys[i]),
+                ElementsAreArray(from_a.begin() + i * 16, from_a.begin() + (i + 1) * 16));
+  }
+  std::vector<float> from_c = Pull(*c, keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_FALSE(
+        std::equal(from_a.begin() + i * 16, from_a.begin() + (i + 1) * 16, from_c.begin() + i * 16))
+        << "seeds 7 and 8 give key " << keys[i] << " the same row";
+  }
+  // Columns of one row differ from each other.
+  EXPECT_NE(from_a[0], from_a[1]);
+}
+
+TEST(SparseTableTest, UniformValuesStayInRange) {
+  auto table = MakeTable("dim: 8 initializer { uniform { low: -0.25 high: 0.5 } seed: 3 }");
+  double sum = 0;
+  int n = 0;
+  for (uint64_t key = 0; key < 2000; ++key) {
+    for (float v : Initial(*table, key)) {
+      ASSERT_GE(v, -0.25f);
+      ASSERT_LT(v, 0.5f);
+      sum += v;
+      ++n;
+    }
+  }
+  EXPECT_NEAR(sum / n, 0.125, 0.01);
+  // A range narrower than float resolution still stays half-open.
+  auto narrow = MakeTable("dim: 4 initializer { uniform { low: 1 high: 1.00000001 } }");
+  for (float v : Initial(*narrow, 17)) EXPECT_EQ(v, 1.0f);
+}
+
+TEST(SparseTableTest, NormalHasTheConfiguredMeanAndStddev) {
+  auto table = MakeTable(
+      "dim: 4 element_type: FLOAT64 initializer { normal { mean: 2 stddev: 0.5 } seed: 11 }");
+  double sum = 0, sum_sq = 0;
+  int n = 0;
+  for (uint64_t key = 0; key < 50000; ++key) {
+    for (double v : Initial<double>(*table, key * 7919)) {
+      sum += v;
+      sum_sq += v * v;
+      ++n;
+    }
+  }
+  const double mean = sum / n;
+  const double stddev = std::sqrt(sum_sq / n - mean * mean);
+  EXPECT_NEAR(mean, 2.0, 0.01);
+  EXPECT_NEAR(stddev, 0.5, 0.01);
+}
+
+// ---- pull and push -------------------------------------------------------------
+
+TEST(SparseTableTest, PullFollowsKeyOrderWithDuplicates) {
+  auto table = MakeTable("dim: 2 optimizer { add {} }");
+  ASSERT_OK(Push<float>(*table, {1, 2, 3}, {1, 10, 2, 20, 3, 30}));
+  EXPECT_THAT(Pull(*table, {3, 1, 3, 2, 1}), ElementsAre(3, 30, 1, 10, 3, 30, 2, 20, 1, 10));
+  EXPECT_THAT(Pull(*table, {}), ElementsAre());
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.keys_pulled(), 5u);
+  EXPECT_EQ(stats.keys_pushed(), 3u);
+}
+
+TEST(SparseTableTest, AddOptimizerIsKeyValueAdd) {
+  auto table = MakeTable("dim: 3 element_type: FLOAT64 optimizer { add {} }");
+  ASSERT_OK(Push<double>(*table, {9}, {1, 2, 3}));
+  ASSERT_OK(Push<double>(*table, {9, 4}, {0.5, -2, 1, 7, 8, 9}));
+  EXPECT_THAT(Pull<double>(*table, {9, 4, 5}), ElementsAre(1.5, 0, 4, 7, 8, 9, 0, 0, 0));
+}
+
+// A push of k twice with g equals one push with 2 g; for Adam that is not
+// the same as two pushes of g.
+void ExpectDuplicatesAreSummed(const std::string& config) {
+  SCOPED_TRACE(config);
+  auto twice = MakeTable(config);
+  auto doubled = MakeTable(config);
+  auto separate = MakeTable(config);
+  const std::vector<float> g = {0.5f, -1.0f, 0.25f};
+  ASSERT_OK(Push<float>(*twice, {4, 8, 4}, {0.5f, -1.0f, 0.25f, 1, 1, 1, 0.5f, -1.0f, 0.25f}));
+  ASSERT_OK(Push<float>(*doubled, {4, 8}, {1.0f, -2.0f, 0.5f, 1, 1, 1}));
+  ASSERT_OK(Push<float>(*separate, {4, 8}, {0.5f, -1.0f, 0.25f, 1, 1, 1}));
+  ASSERT_OK(Push<float>(*separate, {4}, g));
+  EXPECT_EQ(Pull(*twice, {4, 8}), Pull(*doubled, {4, 8}));
+  // One more identical push: both rows have taken exactly one step.
+  ASSERT_OK(Push<float>(*twice, {4}, g));
+  ASSERT_OK(Push<float>(*doubled, {4}, g));
+  EXPECT_EQ(Pull(*twice, {4}), Pull(*doubled, {4}));
+  EXPECT_EQ(twice->Stats().keys_pushed(), 4u);
+  if (config.find("adam") != std::string::npos) {
+    ASSERT_OK(Push<float>(*doubled, {4}, {-0.5f, 1.0f, -0.25f}));
+    EXPECT_NE(Pull(*separate, {4}), Pull(*doubled, {4}));
+  }
+}
+
+TEST(SparseTableTest, PushSumsDuplicateKeysSgd) {
+  ExpectDuplicatesAreSummed(
+      "dim: 3 optimizer { sgd { learning_rate: 0.1 } } "
+      "initializer { uniform { low: -1 high: 1 } }");
+}
+
+TEST(SparseTableTest, PushSumsDuplicateKeysAdam) {
+  ExpectDuplicatesAreSummed(
+      "dim: 3 optimizer { adam { learning_rate: 0.1 } } "
+      "initializer { uniform { low: -1 high: 1 } }");
+  // Two separate pushes of g differ from one push of 2g under Adam.
+  const std::string config = "dim: 1 optimizer { adam { learning_rate: 0.1 } }";
+  auto once = MakeTable(config);
+  auto two_steps = MakeTable(config);
+  ASSERT_OK(Push<float>(*once, {1, 1}, {1, 1}));
+  ASSERT_OK(Push<float>(*two_steps, {1}, {1}));
+  ASSERT_OK(Push<float>(*two_steps, {1}, {1}));
+  EXPECT_NE(Pull(*once, {1}), Pull(*two_steps, {1}));
+}
+
+// ---- bad input -------------------------------------------------------------------
+
+TEST(SparseTableTest, WrongSizesAreRejectedAndChangeNothing) {
+  auto table = MakeTable("dim: 4 optimizer { add {} }");
+  ASSERT_OK(Push<float>(*table, {1}, {1, 2, 3, 4}));
+  std::vector<float> small(7);
+  EXPECT_THAT(table->Pull({1, 2}, Bytes(small)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("table 'emb'"), HasSubstr("2 keys"), HasSubstr("32 bytes"),
+                             HasSubstr("got 28"))));
+  EXPECT_THAT(Push<float>(*table, {1, 2}, {1, 1, 1, 1, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("2 keys"), HasSubstr("32 bytes"), HasSubstr("got 20"))));
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 1u);
+  EXPECT_EQ(stats.keys_pulled(), 0u);
+  EXPECT_EQ(stats.keys_pushed(), 1u);
+  EXPECT_THAT(Pull(*table, {1}), ElementsAre(1, 2, 3, 4));
+}
+
+TEST(SparseTableTest, NonFiniteGradientNamesTheKeyAndAppliesNothing) {
+  auto table = MakeTable("dim: 2 optimizer { adam {} } initializer { normal { stddev: 1 } }");
+  auto reference = MakeTable("dim: 2 optimizer { adam {} } initializer { normal { stddev: 1 } }");
+  ASSERT_OK(Push<float>(*table, {1}, {0.5f, 0.5f}));
+  ASSERT_OK(Push<float>(*reference, {1}, {0.5f, 0.5f}));
+  const std::vector<float> before = Pull(*table, {1});
+  Pull(*reference, {1});
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(Push<float>(*table, {1, 77}, {1, 1, 0, nan}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("table 'emb'"), HasSubstr("key 77"), HasSubstr("column 1"),
+                             HasSubstr("non-finite"))));
+  EXPECT_THAT(Push<float>(*table, {1}, {std::numeric_limits<float>::infinity(), 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("key 1 ")));
+  EXPECT_EQ(Pull(*table, {1}), before);
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 1u);  // key 77 was not created
+  EXPECT_EQ(stats.keys_pushed(), 1u);
+  // The step count did not move either: the next update matches a table that
+  // never saw the bad pushes.
+  ASSERT_OK(Push<float>(*table, {1}, {0.25f, -0.25f}));
+  ASSERT_OK(Push<float>(*reference, {1}, {0.25f, -0.25f}));
+  EXPECT_EQ(Pull(*table, {1}), Pull(*reference, {1}));
+
+  auto table64 = MakeTable("dim: 1 element_type: FLOAT64 optimizer { add {} }");
+  const double big = std::numeric_limits<double>::max();
+  EXPECT_THAT(Push<double>(*table64, {3, 3}, {big, big}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("key 3"), HasSubstr("overflows"))));
+  EXPECT_EQ(table64->Stats().rows(), 0u);
+}
+
+// ---- eviction and admission --------------------------------------------------------
+
+TEST(SparseTableTest, TtlEvictsRowsUntouchedForLonger) {
+  FakeClock clock;
+  auto table = MakeTable(
+      "dim: 2 optimizer { add {} } initializer { uniform { low: 0 high: 1 } } "
+      "eviction { ttl_seconds: 10 }",
+      clock.Options());
+  ASSERT_OK(Push<float>(*table, {1}, {5, 5}));
+  clock.now += absl::Seconds(5);
+  ASSERT_OK(Push<float>(*table, {2}, {5, 5}));
+  EXPECT_EQ(table->EvictExpired(), 0u);
+  clock.now += absl::Seconds(5);  // key 1 is exactly 10 s old: not longer
+  EXPECT_EQ(table->EvictExpired(), 0u);
+  clock.now += absl::Seconds(1);
+  EXPECT_EQ(table->EvictExpired(), 1u);  // key 1
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 1u);
+  EXPECT_EQ(stats.evictions(), 1u);
+  // A pull keeps key 2 alive.
+  Pull(*table, {2});
+  clock.now += absl::Seconds(9);
+  EXPECT_EQ(table->EvictExpired(), 0u);
+  // Key 1 comes back with its initial value; key 2 kept its update.
+  EXPECT_EQ(Pull(*table, {1}), Initial(*table, 1));
+  std::vector<float> two = Pull(*table, {2});
+  EXPECT_FLOAT_EQ(two[0], Initial(*table, 2)[0] + 5);
+  clock.now += absl::Seconds(11);
+  EXPECT_EQ(table->EvictExpired(), 2u);
+  EXPECT_EQ(table->Stats().rows(), 0u);
+  EXPECT_EQ(table->Stats().evictions(), 3u);
+
+  auto no_ttl = MakeTable("dim: 2", clock.Options());
+  Pull(*no_ttl, {1});
+  clock.now += absl::Hours(1000);
+  EXPECT_EQ(no_ttl->EvictExpired(), 0u);
+}
+
+TEST(SparseTableTest, CapacityEvictsTheLeastRecentlyTouchedRow) {
+  FakeClock clock;
+  auto table = MakeTable("dim: 1 optimizer { add {} } eviction { capacity: 3 }", clock.Options());
+  ASSERT_OK(Push<float>(*table, {1, 2, 3}, {1, 2, 3}));  // LRU: 1 2 3
+  clock.now += absl::Seconds(1);
+  Pull(*table, {1});                         // LRU: 2 3 1
+  ASSERT_OK(Push<float>(*table, {4}, {4}));  // evicts 2; LRU: 3 1 4
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 3u);
+  EXPECT_EQ(stats.evictions(), 1u);
+  EXPECT_THAT(Pull(*table, {1, 4}), ElementsAre(1, 4));  // LRU: 3 1 4
+  EXPECT_THAT(Pull(*table, {2}), ElementsAre(0));        // recreated; evicts 3
+  EXPECT_THAT(Pull(*table, {1, 4}), ElementsAre(1, 4));
+  EXPECT_THAT(Pull(*table, {3}), ElementsAre(0));  // evicts 2
+  stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 3u);
+  EXPECT_EQ(stats.evictions(), 3u);
+}
+
+TEST(SparseTableTest, AdmissionWaitsForNSightings) {
+  auto table = MakeTable(
+      "dim: 2 optimizer { add {} } initializer { uniform { low: 1 high: 2 } } "
+      "eviction { admission_count: 3 }");
+  const std::vector<float> initial = Initial(*table, 42);
+  ASSERT_OK(Push<float>(*table, {42}, {10, 10}));  // sighting 1: dropped
+  EXPECT_EQ(
+      Pull(*table, {42, 42, 42}),  // sighting 2 (once per call)
+      std::vector<float>({initial[0], initial[1], initial[0], initial[1], initial[0], initial[1]}));
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 0u);
+  EXPECT_EQ(stats.pending_keys(), 1u);
+  EXPECT_EQ(stats.bytes(), 0u);
+  ASSERT_OK(Push<float>(*table, {42, 42}, {1, 1, 2, 2}));  // sighting 3: admitted, applied
+  std::vector<float> row = Pull(*table, {42});
+  EXPECT_FLOAT_EQ(row[0], initial[0] + 3);
+  EXPECT_FLOAT_EQ(row[1], initial[1] + 3);
+  stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 1u);
+  EXPECT_EQ(stats.pending_keys(), 0u);
+  EXPECT_EQ(stats.bytes(), 8u);
+}
+
+TEST(SparseTableTest, PendingKeysAreBoundedDroppingTheOldest) {
+  // capacity 2 -> at most 8 pending keys.
+  auto table = MakeTable("dim: 1 optimizer { add {} } eviction { admission_count: 2 capacity: 2 }");
+  for (uint64_t key = 100; key < 110; ++key) Pull(*table, {key});
+  EXPECT_EQ(table->Stats().pending_keys(), 8u);
+  // 100 and 101 were forgotten: a second sighting does not admit them.
+  Pull(*table, {100, 109});
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 1u);  // 109
+  // 100 again pushed out 102; 109 left for its row: 103..108 and 100.
+  EXPECT_EQ(stats.pending_keys(), 7u);
+}
+
+TEST(SparseTableTest, StatsCountBytesOfValuesAndState) {
+  auto table = MakeTable("dim: 4 optimizer { adam {} }");
+  Pull(*table, {1, 2, 3});
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.name(), "emb");
+  EXPECT_EQ(stats.rows(), 3u);
+  EXPECT_EQ(stats.bytes(), 3u * (4 + 8) * 4);
+  EXPECT_EQ(stats.keys_pulled(), 3u);
+  EXPECT_EQ(stats.min_clock(), 0);  // left unset for the server to fill
+  EXPECT_EQ(stats.workers(), 0u);
+}
+
+// ---- checkpoints -------------------------------------------------------------------
+
+TEST(SparseTableTest, SerializeRoundTripKeepsRowsStateStepsAndCounters) {
+  FakeClock clock;
+  const std::string config =
+      "dim: 3 optimizer { adam { learning_rate: 0.05 } } "
+      "initializer { normal { stddev: 0.1 } seed: 5 } eviction { admission_count: 2 }";
+  auto table = MakeTable(config, clock.Options());
+  // Rows with different step counts, and keys still pending.
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_OK(Push<float>(*table, {1, 2, 3}, {0.5f, -1, 2, 1, 1, 1, -3, 0.25f, 0}));
+  }
+  ASSERT_OK(Push<float>(*table, {1}, {1, 2, 3}));
+  Pull(*table, {500, 501});
+  const std::string bytes = table->Serialize();
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SparseTable> restored,
+                       SparseTable::Deserialize(bytes, clock.Options()));
+  EXPECT_EQ(restored->name(), "emb");
+  EXPECT_EQ(restored->config().SerializeAsString(), table->config().SerializeAsString());
+  v1::TableStats a = table->Stats(), b = restored->Stats();
+  EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
+  EXPECT_EQ(b.rows(), 3u);
+  EXPECT_EQ(b.pending_keys(), 2u);
+  EXPECT_EQ(restored->Serialize(), bytes);
+
+  v1::SparseTableSnapshot snap;
+  ASSERT_TRUE(snap.ParseFromString(bytes));
+  EXPECT_EQ(snap.rows(), 3u);
+  EXPECT_EQ(snap.state_per_row(), 6u);
+  EXPECT_EQ(snap.keys().size(), 3u * 8);
+  EXPECT_EQ(snap.values().size(), 3u * 3 * 4);
+  EXPECT_EQ(snap.state().size(), 3u * 6 * 4);
+  std::map<uint64_t, uint64_t> steps;
+  for (size_t i = 0; i < snap.rows(); ++i) {
+    uint64_t key, step;
+    std::memcpy(&key, snap.keys().data() + 8 * i, 8);
+    std::memcpy(&step, snap.steps().data() + 8 * i, 8);
+    steps[key] = step;
+  }
+  // Keys are admitted on their second sighting: the first push was dropped.
+  EXPECT_THAT(steps, ElementsAre(std::pair<const uint64_t, uint64_t>(1, 2),
+                                 std::pair<const uint64_t, uint64_t>(2, 1),
+                                 std::pair<const uint64_t, uint64_t>(3, 1)));
+
+  // Adam continues identically, admission too.
+  for (SparseTable* t : {table.get(), restored.get()}) {
+    ASSERT_OK(Push<float>(*t, {1, 2, 500}, {0.1f, 0.2f, 0.3f, -1, -2, -3, 1, 1, 1}));
+    ASSERT_OK(Push<float>(*t, {3, 500}, {1, 0, -1, 1, 1, 1}));
+  }
+  EXPECT_EQ(Pull(*table, {1, 2, 3, 500, 501}), Pull(*restored, {1, 2, 3, 500, 501}));
+  EXPECT_EQ(table->Stats().SerializeAsString(), restored->Stats().SerializeAsString());
+}
+
+TEST(SparseTableTest, SerializeKeepsLruOrderForCapacity) {
+  FakeClock clock;
+  const std::string config = "dim: 1 optimizer { add {} } eviction { capacity: 3 }";
+  auto table = MakeTable(config, clock.Options());
+  ASSERT_OK(Push<float>(*table, {1, 2, 3}, {1, 2, 3}));
+  Pull(*table, {1});  // LRU: 2 3 1
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SparseTable> restored,
+                       SparseTable::Deserialize(table->Serialize(), clock.Options()));
+  Pull(*restored, {4});  // evicts 2
+  EXPECT_THAT(Pull(*restored, {1, 3, 4}), ElementsAre(1, 3, 0));
+  EXPECT_EQ(restored->Stats().evictions(), 1u);
+}
+
+TEST(SparseTableTest, DeserializeRejectsCorruptBytes) {
+  auto table = MakeTable("dim: 2 optimizer { adagrad {} } eviction { admission_count: 3 }");
+  ASSERT_OK(Push<float>(*table, {1, 2}, {1, 2, 3, 4}));
+  ASSERT_OK(Push<float>(*table, {1, 2}, {1, 2, 3, 4}));
+  ASSERT_OK(Push<float>(*table, {1, 2}, {1, 2, 3, 4}));
+  Pull(*table, {9});
+  const std::string good = table->Serialize();
+  ASSERT_OK(SparseTable::Deserialize(good).status());
+
+  EXPECT_THAT(SparseTable::Deserialize("\xff\xff\xff\xff"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
+  // Cut short: either it no longer parses or its arrays no longer agree.
+  for (size_t size : {good.size() / 2, good.size() - 1, size_t{10}}) {
+    EXPECT_THAT(SparseTable::Deserialize(good.substr(0, size)),
+                StatusCodeIs(absl::StatusCode::kDataLoss))
+        << size;
+  }
+
+  auto mutated = [&](auto mutate) {
+    v1::SparseTableSnapshot snap;
+    EXPECT_TRUE(snap.ParseFromString(good));
+    mutate(snap);
+    return SparseTable::Deserialize(snap.SerializeAsString());
+  };
+  EXPECT_THAT(mutated([](v1::SparseTableSnapshot& s) { s.set_rows(3); }),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("table 'emb' snapshot"), HasSubstr("'keys'"))));
+  EXPECT_THAT(mutated([](v1::SparseTableSnapshot& s) { s.mutable_values()->pop_back(); }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'values'")));
+  EXPECT_THAT(mutated([](v1::SparseTableSnapshot& s) { s.mutable_state()->append("1234"); }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'state'")));
+  EXPECT_THAT(mutated([](v1::SparseTableSnapshot& s) { s.clear_steps(); }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'steps'")));
+  EXPECT_THAT(mutated([](v1::SparseTableSnapshot& s) { s.set_state_per_row(4); }),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("state_per_row is 4"), HasSubstr("keeps 2"))));
+  EXPECT_THAT(mutated([](v1::SparseTableSnapshot& s) { s.mutable_pending_counts()->clear(); }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'pending_counts'")));
+  EXPECT_THAT(mutated([](v1::SparseTableSnapshot& s) {
+                // Both rows get key 1.
+                std::string keys = s.keys();
+                std::memcpy(&keys[8], keys.data(), 8);
+                s.set_keys(keys);
+              }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("appears twice")));
+  EXPECT_THAT(mutated([](v1::SparseTableSnapshot& s) {
+                const uint32_t count = 7;
+                s.set_pending_counts(std::string(reinterpret_cast<const char*>(&count), 4));
+              }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("has count 7")));
+  EXPECT_THAT(mutated([](v1::SparseTableSnapshot& s) { s.mutable_config()->set_dim(0); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dim must be")));
+}
+
+// ---- concurrency -------------------------------------------------------------------
+
+TEST(SparseTableTest, ConcurrentPushesAndPullsAddUpExactly) {
+  auto table = MakeTable("dim: 4 element_type: FLOAT64 optimizer { add {} }");
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 2000;
+  constexpr uint64_t kKeys = 64;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&table, t] {
+      std::vector<double> out;
+      for (int i = 0; i < kIterations; ++i) {
+        // Overlapping keys, with a duplicate in every push.
+        const uint64_t a = (i * 7 + t) % kKeys, b = (i * 13 + 3 * t) % kKeys;
+        const std::vector<uint64_t> keys = {a, b, a};
+        std::vector<double> grads(3 * 4, 1.0);
+        grads[4] = 2.0;  // key b gets 2 in column 0
+        EXPECT_OK(table->Push(keys, ConstBytes(grads)));
+        out.resize(2 * 4);
+        EXPECT_OK(table->Pull({b, a}, Bytes(out)));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+
+  std::vector<std::vector<double>> want(kKeys, std::vector<double>(4, 0.0));
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kIterations; ++i) {
+      const uint64_t a = (i * 7 + t) % kKeys, b = (i * 13 + 3 * t) % kKeys;
+      for (int c = 0; c < 4; ++c) want[a][c] += 2;
+      want[b][0] += 2;
+      for (int c = 1; c < 4; ++c) want[b][c] += 1;
+    }
+  }
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < kKeys; ++k) keys.push_back(k);
+  std::vector<double> got = Pull<double>(*table, keys);
+  for (uint64_t k = 0; k < kKeys; ++k) {
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(got[k * 4 + c], want[k][c]) << k << "," << c;
+  }
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.keys_pushed(), uint64_t{kThreads} * kIterations * 3);
+  EXPECT_EQ(stats.keys_pulled(), uint64_t{kThreads} * kIterations * 2 + kKeys);
+}
+
+}  // namespace
+}  // namespace pserver
