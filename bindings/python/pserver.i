@@ -12,11 +12,20 @@
  *     be writable. The pure-Python layer checks dtype and shape first.
  *   - shapes go in as sequences of ints (numpy.i's IN_ARRAY1) and come back
  *     as (dtype, shape tuple) from the *_param_info calls.
+ *   - per-call timeouts: pserver_py_swap_call_deadline_ns sets, for the
+ *     calling thread, a time (time.monotonic_ns()) by which its blocking
+ *     calls must end; each call's fresh status then carries the time left
+ *     (pserver_status_set_timeout_ms). pserver._core sets it around a
+ *     method given `timeout=` and restores it after.
+ *   - etcd: pserver_etcd_get returns the value as bytes, and
+ *     pserver_etcd_get_prefix a list of (key str, value bytes) tuples; the
+ *     library's buffers are freed in the wrapper.
  */
 %module(package="pserver", threads="1") capi
 
 %{
 #define SWIG_FILE_WITH_INIT
+#include <time.h>
 #include <vector>
 #include "cc/capi/pserver.h"
 
@@ -36,6 +45,22 @@ static void pserver_py_raise(int code, const char* message) {
   PyErr_Format(PyExc_RuntimeError, "pserver error %d: %s", code, message);
 }
 
+/* The calling thread's call deadline: CLOCK_MONOTONIC nanoseconds (as
+ * Python's time.monotonic_ns()), 0 for none. Read by the status typemap
+ * while the thread holds the GIL. */
+static thread_local int64_t pserver_py_deadline_ns = 0;
+
+/* The time left until the thread's call deadline, in ms (at least 1), or
+ * 0 without one. */
+static int64_t pserver_py_timeout_ms(void) {
+  if (pserver_py_deadline_ns <= 0) return 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  const int64_t left_ms = (pserver_py_deadline_ns - now) / 1000000;
+  return left_ms < 1 ? 1 : left_ms;
+}
+
 /* A buffer view released after the call. */
 struct PserverPyBuffer {
   Py_buffer view;
@@ -53,6 +78,7 @@ struct PserverPyBuffer {
 %typemap(in, numinputs=0) pserver_status_t* status {
   $1 = pserver_status_new();
   if ($1 == NULL) { PyErr_NoMemory(); SWIG_fail; }
+  pserver_status_set_timeout_ms($1, pserver_py_timeout_ms());
 }
 %typemap(argout) pserver_status_t* status {
   if (pserver_status_code($1) != PSERVER_OK) {
@@ -151,11 +177,57 @@ struct PserverPyBuffer {
   $result = SWIG_Python_AppendOutput($result, PyUnicode_FromString($1));
 }
 
+/* ---- etcd: values as bytes, prefix reads as [(key, value), ...] ---- */
+%typemap(in, numinputs=0) (char** value, size_t* value_size) (char* buf = NULL, size_t len = 0) {
+  $1 = &buf; $2 = &len;
+}
+%typemap(argout) (char** value, size_t* value_size) {
+  PyObject* bytes = *$1 != NULL ? PyBytes_FromStringAndSize(*$1, (Py_ssize_t)*$2) : Py_None;
+  if (bytes == Py_None) Py_INCREF(Py_None);
+  $result = SWIG_Python_AppendOutput($result, bytes);
+}
+%typemap(freearg) (char** value, size_t* value_size) {
+  pserver_buffer_delete(buf$argnum);
+}
+%typemap(out) pserver_etcd_kvs_t* pserver_etcd_get_prefix {
+  const size_t n = pserver_etcd_kvs_size($1);
+  $result = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; $result != NULL && i < n; ++i) {
+    const char* key = pserver_etcd_kvs_key($1, i);
+    PyObject* pair = PyTuple_New(2);
+    PyTuple_SET_ITEM(pair, 0,
+                     PyUnicode_DecodeUTF8(key, (Py_ssize_t)strlen(key), "surrogateescape"));
+    PyTuple_SET_ITEM(pair, 1,
+                     PyBytes_FromStringAndSize(pserver_etcd_kvs_value($1, i),
+                                               (Py_ssize_t)pserver_etcd_kvs_value_size($1, i)));
+    PyList_SET_ITEM($result, (Py_ssize_t)i, pair);
+  }
+  pserver_etcd_kvs_delete($1);
+}
+
+/* For pserver._core: sets the calling thread's call deadline (see the
+ * conventions above) and returns the previous one. */
+%inline %{
+int64_t pserver_py_swap_call_deadline_ns(int64_t deadline_ns) {
+  const int64_t previous = pserver_py_deadline_ns;
+  pserver_py_deadline_ns = deadline_ns > 0 ? deadline_ns : 0;
+  return previous;
+}
+%}
+
 /* Python never sees a status handle. */
 %ignore pserver_status_new;
 %ignore pserver_status_delete;
 %ignore pserver_status_code;
 %ignore pserver_status_message;
 %ignore pserver_status_set;
+%ignore pserver_status_set_timeout_ms;
+%ignore pserver_status_timeout_ms;
+%ignore pserver_buffer_delete;
+%ignore pserver_etcd_kvs_delete;
+%ignore pserver_etcd_kvs_size;
+%ignore pserver_etcd_kvs_key;
+%ignore pserver_etcd_kvs_value;
+%ignore pserver_etcd_kvs_value_size;
 
 %include "cc/capi/pserver.h"

@@ -577,6 +577,74 @@ static void test_checkpoints(void) {
   pserver_status_delete(st);
 }
 
+/* ------------------------------------------------------- call timeouts */
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A status timeout bounds a blocking call far below the client's own 30 s:
+ * the server is a 127.0.0.1 socket that listens but never accepts, so no
+ * gRPC handshake ever completes. */
+static void test_status_timeout(void) {
+  pserver_status_t* st = pserver_status_new();
+  EXPECT(pserver_status_timeout_ms(st) == 0);
+  EXPECT(pserver_status_timeout_ms(NULL) == 0);
+  pserver_status_set_timeout_ms(NULL, 5); /* ignored */
+  pserver_status_set(st, PSERVER_NOT_FOUND, "kept");
+  pserver_status_set_timeout_ms(st, 200);
+  EXPECT(pserver_status_timeout_ms(st) == 200);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "kept"); /* the code and message stay */
+
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT(fd >= 0);
+  struct sockaddr_in addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  EXPECT(bind(fd, (struct sockaddr*)&addr, sizeof addr) == 0);
+  EXPECT(listen(fd, 16) == 0);
+  EXPECT(getsockname(fd, (struct sockaddr*)&addr, &len) == 0);
+  char address[64];
+  snprintf(address, sizeof address, "127.0.0.1:%d", ntohs(addr.sin_port));
+
+  pserver_client_options_t* opts = pserver_client_options_new();
+  pserver_client_options_add_server(opts, address);
+  pserver_client_options_set_timeout_ms(opts, 30000);
+  pserver_client_t* client = pserver_client_new(opts, st);
+  EXPECT_OK(st);
+  EXPECT(pserver_status_timeout_ms(st) == 200); /* survives a call */
+
+  float w[2] = {0, 0};
+  double start = now_seconds();
+  pserver_client_finish_init(client, st);
+  double elapsed = now_seconds() - start;
+  EXPECT(pserver_status_code(st) == PSERVER_DEADLINE_EXCEEDED ||
+         pserver_status_code(st) == PSERVER_UNAVAILABLE);
+  EXPECT(elapsed >= 0.15 && elapsed < 5.0);
+
+  start = now_seconds();
+  pserver_client_get_param(client, "w", PSERVER_FLOAT32, w, sizeof w, st);
+  elapsed = now_seconds() - start;
+  EXPECT(pserver_status_code(st) == PSERVER_DEADLINE_EXCEEDED ||
+         pserver_status_code(st) == PSERVER_UNAVAILABLE);
+  EXPECT(elapsed < 5.0);
+
+  /* <= 0 clears it: the client's own timeout applies again. */
+  pserver_status_set_timeout_ms(st, -1);
+  EXPECT(pserver_status_timeout_ms(st) == 0);
+
+  start = now_seconds();
+  pserver_client_delete(client); /* nothing left in flight */
+  EXPECT(now_seconds() - start < 5.0);
+  pserver_client_options_delete(opts);
+  close(fd);
+  pserver_status_delete(st);
+}
+
 /* ------------------------------------------------------------------ etcd */
 
 /* A free 127.0.0.1 port (bound to port 0, then released). */
@@ -796,6 +864,7 @@ int main(void) {
   test_server();
   test_checkpoint_reader_errors();
   test_checkpoints();
+  test_status_timeout();
   test_etcd();
   if (failures > 0) {
     fprintf(stderr, "%d failure(s)\n", failures);

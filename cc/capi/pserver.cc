@@ -51,6 +51,7 @@
 struct pserver_status_t {
   int32_t code = PSERVER_OK;
   std::string message;
+  int64_t timeout_ms = 0;  // > 0: blocking calls given this status end by then
 };
 
 struct pserver_param_config_t {
@@ -237,6 +238,16 @@ absl::Status SaveAll(pserver::LocalCluster& cluster) {
     PS_RETURN_IF_ERROR(cluster.server(i).Save().status());
   }
   return absl::OkStatus();
+}
+
+// The per-call options of a blocking call given `status`: its timeout
+// (pserver_status_set_timeout_ms), counted from now, as the deadline.
+pserver::CallOptions CallOf(const pserver_status_t* status) {
+  pserver::CallOptions call;
+  if (status != nullptr && status->timeout_ms > 0) {
+    call.deadline = absl::Now() + absl::Milliseconds(status->timeout_ms);
+  }
+  return call;
 }
 
 absl::Status Alive(pserver_client_t* client) {
@@ -541,6 +552,14 @@ int32_t pserver_status_code(const pserver_status_t* status) {
 
 const char* pserver_status_message(const pserver_status_t* status) {
   return status == nullptr ? "" : status->message.c_str();
+}
+
+void pserver_status_set_timeout_ms(pserver_status_t* status, int64_t timeout_ms) {
+  if (status != nullptr) status->timeout_ms = timeout_ms > 0 ? timeout_ms : 0;
+}
+
+int64_t pserver_status_timeout_ms(const pserver_status_t* status) {
+  return status == nullptr ? 0 : status->timeout_ms;
 }
 
 void pserver_status_set(pserver_status_t* status, int32_t code, const char* message) {
@@ -865,6 +884,7 @@ size_t pserver_client_server_address(const pserver_client_t* client, int32_t i, 
 void pserver_client_init_param(pserver_client_t* client, const char* name, int32_t dtype,
                                const int64_t* shape, size_t ndim, const void* data, size_t size,
                                const pserver_param_config_t* config, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     PS_ASSIGN_OR_RETURN(std::string n, Name(name));
@@ -884,28 +904,31 @@ void pserver_client_init_param(pserver_client_t* client, const char* name, int32
         pserver::Tensor value,
         pserver::Tensor::Create(type, s, std::string(static_cast<const char*>(data), size)));
     static const pserver::v1::ParameterConfig kDefault;
-    PS_RETURN_IF_ERROR(client->rep->InitParam(n, value, config == nullptr ? kDefault : config->rep));
+    PS_RETURN_IF_ERROR(
+        client->rep->InitParam(n, value, config == nullptr ? kDefault : config->rep, call));
     Remember(client, n, value);
     return absl::OkStatus();
   });
 }
 
 void pserver_client_finish_init(pserver_client_t* client, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
-    return client->rep->FinishInitParams();
+    return client->rep->FinishInitParams(call);
   });
 }
 
 void pserver_client_param_info(pserver_client_t* client, const char* name, int32_t* dtype,
                                int64_t* shape, size_t shape_capacity, size_t* ndim,
                                pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     PS_ASSIGN_OR_RETURN(std::string n, Name(name));
     std::optional<Layout> layout = Known(client, n);
     if (!layout.has_value()) {
-      PS_ASSIGN_OR_RETURN(pserver::Tensor t, client->rep->GetParam(n));
+      PS_ASSIGN_OR_RETURN(pserver::Tensor t, client->rep->GetParam(n, call));
       Remember(client, n, t);
       layout = Layout{t.type(), t.shape()};
     }
@@ -917,6 +940,7 @@ void pserver_client_param_info(pserver_client_t* client, const char* name, int32
 
 void pserver_client_get_param(pserver_client_t* client, const char* name, int32_t dtype,
                               void* out, size_t out_size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     PS_ASSIGN_OR_RETURN(std::string n, Name(name));
@@ -927,7 +951,7 @@ void pserver_client_get_param(pserver_client_t* client, const char* name, int32_
     if (std::optional<Layout> layout = Known(client, n); layout.has_value()) {
       PS_RETURN_IF_ERROR(CheckBuffer(what, layout->type, layout->shape, dtype, out_size));
     }
-    PS_ASSIGN_OR_RETURN(pserver::Tensor t, client->rep->GetParam(n));
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t, client->rep->GetParam(n, call));
     Remember(client, n, t);
     PS_RETURN_IF_ERROR(CheckBuffer(what, t.type(), t.shape(), dtype, out_size));
     if (t.byte_size() > 0) std::memcpy(out, t.bytes().data(), t.byte_size());
@@ -937,6 +961,7 @@ void pserver_client_get_param(pserver_client_t* client, const char* name, int32_
 
 void pserver_client_get_params(pserver_client_t* client, pserver_batch_t* outs,
                                pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     PS_RETURN_IF_ERROR(CheckOutputs(outs));
@@ -948,33 +973,36 @@ void pserver_client_get_params(pserver_client_t* client, pserver_batch_t* outs,
       }
       names.push_back(e.name);
     }
-    PS_ASSIGN_OR_RETURN(std::vector<pserver::Tensor> tensors, client->rep->GetParams(names));
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::Tensor> tensors, client->rep->GetParams(names, call));
     return CopyOut(client, names, tensors, outs);
   });
 }
 
 void pserver_client_send_grad(pserver_client_t* client, const char* name, int32_t dtype,
                               const void* data, size_t size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     PS_ASSIGN_OR_RETURN(std::string n, Name(name));
     PS_ASSIGN_OR_RETURN(pserver::Tensor grad, GradientTensor(client, n, dtype, data, size));
-    return client->rep->SendGrad(n, grad);
+    return client->rep->SendGrad(n, grad, call);
   });
 }
 
 void pserver_client_send_grads(pserver_client_t* client, const pserver_batch_t* grads,
                                pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     std::vector<pserver::NamedTensor> tensors;
     PS_RETURN_IF_ERROR(GradientsOf(client, grads, &tensors));
-    return client->rep->SendGrads(tensors);
+    return client->rep->SendGrads(tensors, call);
   });
 }
 
 void pserver_client_push_pull(pserver_client_t* client, const pserver_batch_t* grads,
                               pserver_batch_t* outs, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     std::vector<pserver::NamedTensor> tensors;
@@ -1001,12 +1029,13 @@ void pserver_client_push_pull(pserver_client_t* client, const pserver_batch_t* g
       names.push_back(o.name);
     }
     std::vector<pserver::Tensor> results(tensors.size());
-    PS_RETURN_IF_ERROR(client->rep->PushPull(tensors, absl::MakeSpan(results)));
+    PS_RETURN_IF_ERROR(client->rep->PushPull(tensors, absl::MakeSpan(results), call));
     return CopyOut(client, names, results, outs);
   });
 }
 
 void pserver_client_save_checkpoint(pserver_client_t* client, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     if (client->cluster != nullptr) return SaveAll(*client->cluster->cluster);
@@ -1021,7 +1050,8 @@ void pserver_client_save_checkpoint(pserver_client_t* client, pserver_status_t* 
           auto stub = pserver::v1::ParameterServer::NewStub(
               grpc::CreateChannel(servers[i], grpc::InsecureChannelCredentials()));
           grpc::ClientContext context;
-          context.set_deadline(absl::ToChronoTime(absl::Now() + client->options.timeout));
+          context.set_deadline(
+              absl::ToChronoTime(std::min(absl::Now() + client->options.timeout, call.deadline)));
           pserver::v1::SaveRequest request;
           pserver::v1::SaveResponse response;
           absl::Status s = pserver::FromGrpcStatus(stub->Save(&context, request, &response));
@@ -1042,11 +1072,12 @@ void pserver_client_save_checkpoint(pserver_client_t* client, pserver_status_t* 
 
 size_t pserver_client_stats(pserver_client_t* client, pserver_server_stats_t* out,
                             size_t capacity, size_t struct_size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
   size_t n = 0;
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     if (out == nullptr && capacity != 0) return Null("out");
-    PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::ServerStats> stats, client->rep->GetStats());
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::ServerStats> stats, client->rep->GetStats(call));
     n = stats.size();
     const size_t copy = std::min(struct_size, sizeof(pserver_server_stats_t));
     for (size_t i = 0; i < n && i < capacity; ++i) {

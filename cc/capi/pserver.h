@@ -57,6 +57,15 @@
  *  7. This header only grows: functions, enum values and trailing struct
  *     fields are added, never changed or removed. Structs that the library
  *     fills are passed with their size (sizeof) so old callers keep working.
+ *  8. Timeouts: a status may carry a timeout for the calls it is given
+ *     (pserver_status_set_timeout_ms). A blocking call given such a status
+ *     finishes by then, with PSERVER_DEADLINE_EXCEEDED at the latest (or
+ *     the client's own timeout, whichever ends first); without one, the
+ *     client's timeout (pserver_client_options_set_timeout_ms) applies.
+ *     A timeout <= 0 clears it; it stays on the status until changed.
+ *     The blocking calls are pserver_client_init_param, _finish_init,
+ *     _param_info, _get_param, _get_params, _send_grad, _send_grads,
+ *     _push_pull, _save_checkpoint and _stats.
  */
 #ifndef PSERVER_CC_CAPI_PSERVER_H_
 #define PSERVER_CC_CAPI_PSERVER_H_
@@ -117,6 +126,16 @@ PSERVER_EXPORT const char* pserver_status_message(const pserver_status_t* status
 /* Sets a code and message (for bindings and tests). */
 PSERVER_EXPORT void pserver_status_set(pserver_status_t* status, int32_t code,
                                        const char* message);
+/* A timeout for the blocking client calls this status is given (convention
+ * 8): a blocking call given this status finishes by then, with
+ * PSERVER_DEADLINE_EXCEEDED at the latest; counted from the start of each
+ * call, and never later than the client's own timeout. timeout_ms <= 0
+ * clears it (the client's own timeout applies). The timeout stays on the
+ * status until changed; setting or reading it leaves the code and message
+ * alone. A NULL status is ignored. */
+PSERVER_EXPORT void pserver_status_set_timeout_ms(pserver_status_t* status, int64_t timeout_ms);
+/* The status's timeout in milliseconds; 0 when none (or status is NULL). */
+PSERVER_EXPORT int64_t pserver_status_timeout_ms(const pserver_status_t* status);
 /* "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" for a number outside the enum. */
 PSERVER_EXPORT const char* pserver_code_name(int32_t code);
 

@@ -366,6 +366,9 @@ std::vector<std::string> Client::addresses() const {
 
 absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
                                     const StartCall& start, absl::Time deadline) {
+  if (n > 0 && absl::Now() >= deadline) {
+    return absl::DeadlineExceededError("the call's deadline passed before it was sent");
+  }
   absl::Duration attempt_timeout = options_.attempt_timeout;
   if (attempt_timeout <= absl::ZeroDuration() && !options_.etcd_endpoints.empty()) {
     attempt_timeout = absl::Seconds(10);
@@ -445,19 +448,19 @@ std::vector<Client::GradRef> Client::RefsOf(absl::Span<const NamedTensor> grads)
 }
 
 absl::Status Client::InitParam(const std::string& name, const Tensor& value,
-                               const v1::ParameterConfig& config) {
+                               const v1::ParameterConfig& config, const CallOptions& call) {
   const InitRef ref{&name, &value, &config};
-  return DoInitParams(absl::MakeConstSpan(&ref, 1));
+  return DoInitParams(absl::MakeConstSpan(&ref, 1), Deadline(call));
 }
 
-absl::Status Client::InitParams(absl::Span<const ParamInit> params) {
+absl::Status Client::InitParams(absl::Span<const ParamInit> params, const CallOptions& call) {
   std::vector<InitRef> refs;
   refs.reserve(params.size());
   for (const ParamInit& p : params) refs.push_back(InitRef{&p.name, &p.value, &p.config});
-  return DoInitParams(refs);
+  return DoInitParams(refs, Deadline(call));
 }
 
-absl::Status Client::DoInitParams(absl::Span<const InitRef> params) {
+absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time deadline) {
   std::vector<v1::InitParamRequest> requests;
   std::vector<int> servers;
   std::vector<Layout> layouts;
@@ -498,21 +501,21 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params) {
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         t.InitParam(requests[i], deadline, std::move(done));
       },
-      Deadline()));
+      deadline));
   for (size_t i = 0; i < params.size(); ++i) RememberLayout(*params[i].name, layouts[i]);
   return absl::OkStatus();
 }
 
-absl::Status Client::FinishInitParams() {
+absl::Status Client::FinishInitParams(const CallOptions& call) {
   return RunWithRetries(
       num_servers(), [](size_t i) { return static_cast<int>(i); },
       [](size_t, Transport& t, absl::Time deadline, Transport::Done done) {
         t.FinishInitParams(deadline, std::move(done));
       },
-      Deadline());
+      Deadline(call));
 }
 
-absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats() {
+absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions& call) {
   std::vector<v1::GetStatsResponse> responses(num_servers());
   PS_RETURN_IF_ERROR(RunWithRetries(
       responses.size(), [](size_t i) { return static_cast<int>(i); },
@@ -520,7 +523,7 @@ absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats() {
         responses[i].Clear();
         t.GetStats(&responses[i], deadline, std::move(done));
       },
-      Deadline()));
+      Deadline(call)));
   std::vector<v1::ServerStats> out;
   out.reserve(responses.size());
   for (auto& response : responses) out.push_back(std::move(*response.mutable_stats()));
@@ -559,7 +562,8 @@ absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header,
   return absl::OkStatus();
 }
 
-absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies) {
+absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
+                         absl::Time deadline) {
   if (items.empty()) return absl::OkStatus();
   std::vector<int> servers;
   std::vector<size_t> bytes;
@@ -613,22 +617,24 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
           t.PushPullWithId(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done));
         }
       },
-      Deadline());
+      deadline);
 }
 
-absl::StatusOr<Tensor> Client::GetParam(const std::string& name) {
-  PS_ASSIGN_OR_RETURN(std::vector<Tensor> tensors, GetParams({name}));
+absl::StatusOr<Tensor> Client::GetParam(const std::string& name, const CallOptions& call) {
+  PS_ASSIGN_OR_RETURN(std::vector<Tensor> tensors, GetParams({name}, call));
   return std::move(tensors[0]);
 }
 
-absl::StatusOr<std::vector<Tensor>> Client::GetParams(absl::Span<const std::string> names) {
+absl::StatusOr<std::vector<Tensor>> Client::GetParams(absl::Span<const std::string> names,
+                                                      const CallOptions& call) {
   std::vector<Tensor> out(names.size());
-  PS_RETURN_IF_ERROR(GetParamsInto(names, absl::MakeSpan(out)));
+  PS_RETURN_IF_ERROR(GetParamsInto(names, absl::MakeSpan(out), call));
   return out;
 }
 
 absl::Status Client::GetParamsInto(absl::Span<const std::string> names,
-                                   absl::Span<Tensor> outs) {
+                                   absl::Span<Tensor> outs, const CallOptions& call) {
+  const absl::Time deadline = Deadline(call);  // one for both rounds
   if (outs.size() != names.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GetParamsInto: ", names.size(), " names but ", outs.size(), " output tensors"));
@@ -648,7 +654,7 @@ absl::Status Client::GetParamsInto(absl::Span<const std::string> names,
       first.push_back(Item{placement_.HomeServer(names[i]), std::nullopt, std::move(ref), i, 0});
     }
   }
-  PS_RETURN_IF_ERROR(Run(first, parts));
+  PS_RETURN_IF_ERROR(Run(first, parts, deadline));
 
   std::vector<Item> rest;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -660,7 +666,7 @@ absl::Status Client::GetParamsInto(absl::Span<const std::string> names,
                           BlockRefOf(names[i], b, layout.blocks), i, block_bytes});
     }
   }
-  PS_RETURN_IF_ERROR(Run(rest, parts));
+  PS_RETURN_IF_ERROR(Run(rest, parts, deadline));
   return CheckComplete(parts);
 }
 
@@ -735,16 +741,17 @@ std::vector<GradientView> Client::GradientBlocks(const GradRef& ref,
   return views;
 }
 
-absl::Status Client::SendGrad(const std::string& name, const Tensor& grad) {
+absl::Status Client::SendGrad(const std::string& name, const Tensor& grad,
+                              const CallOptions& call) {
   const GradRef ref{&name, &grad};
-  return DoSendGrads(absl::MakeConstSpan(&ref, 1));
+  return DoSendGrads(absl::MakeConstSpan(&ref, 1), Deadline(call));
 }
 
-absl::Status Client::SendGrads(absl::Span<const NamedTensor> grads) {
-  return DoSendGrads(RefsOf(grads));
+absl::Status Client::SendGrads(absl::Span<const NamedTensor> grads, const CallOptions& call) {
+  return DoSendGrads(RefsOf(grads), Deadline(call));
 }
 
-absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads) {
+absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads, absl::Time deadline) {
   for (const GradRef& grad : grads) PS_RETURN_IF_ERROR(CheckGradient(grad));
   std::vector<Item> items;
   for (const GradRef& grad : grads) {
@@ -755,19 +762,22 @@ absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads) {
     }
   }
   std::vector<Assembly> none;
-  return Run(items, none);
+  return Run(items, none, deadline);
 }
 
-absl::Status Client::PushPull(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs) {
-  return DoPushPull(RefsOf(grads), outs);
+absl::Status Client::PushPull(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs,
+                              const CallOptions& call) {
+  return DoPushPull(RefsOf(grads), outs, Deadline(call));
 }
 
-absl::Status Client::PushPull(const std::string& name, const Tensor& grad, Tensor* out) {
+absl::Status Client::PushPull(const std::string& name, const Tensor& grad, Tensor* out,
+                              const CallOptions& call) {
   const GradRef ref{&name, &grad};
-  return DoPushPull(absl::MakeConstSpan(&ref, 1), absl::MakeSpan(out, 1));
+  return DoPushPull(absl::MakeConstSpan(&ref, 1), absl::MakeSpan(out, 1), Deadline(call));
 }
 
-absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tensor> outs) {
+absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tensor> outs,
+                                absl::Time deadline) {
   if (outs.size() != grads.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PushPull: ", grads.size(), " gradients but ", outs.size(), " output tensors"));
@@ -797,7 +807,7 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
                            i, 2 * views[b].content.size()});
     }
   }
-  PS_RETURN_IF_ERROR(Run(items, parts));
+  PS_RETURN_IF_ERROR(Run(items, parts, deadline));
   return CheckComplete(parts);
 }
 

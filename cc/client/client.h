@@ -13,13 +13,14 @@
 // Placement: a parameter lives on fnv1a64(name) % N; one larger than
 // `block_bytes` is cut into blocks spread over all servers and put back
 // together on Get. Calls to different servers go out in parallel, and every
-// call has a deadline (`timeout`). A batch is checked against the layouts the
-// client knows before anything is sent; each server applies its part whole or
-// not at all.
+// call has a deadline: `timeout` from its start, or the CallOptions
+// deadline passed to it when that is earlier. A batch is checked against the
+// layouts the client knows before anything is sent; each server applies its
+// part whole or not at all.
 //
 // Recovery: a request to a server that fails with UNAVAILABLE (or runs past
 // `attempt_timeout`) is retried, alone, with exponential backoff and jitter
-// until the call's `timeout`; each push carries a request id (a random client
+// until the call's deadline; each push carries a request id (a random client
 // id and a per-server sequence number, the same on every retry), so a server
 // applies it once even when only its reply was lost. With `etcd_endpoints`
 // the client finds the servers in etcd (waiting up to `discovery_timeout` for
@@ -30,6 +31,7 @@
 #ifndef PSERVER_CC_CLIENT_CLIENT_H_
 #define PSERVER_CC_CLIENT_CLIENT_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -104,6 +106,11 @@ struct ParamInit {
   v1::ParameterConfig config;
 };
 
+// Per-call settings: a call ends by min(now + options.timeout, deadline).
+struct CallOptions {
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
 class Client {
  public:
   // A client over gRPC to options.servers. INVALID_ARGUMENT for no servers,
@@ -120,33 +127,38 @@ class Client {
   // Initializes a parameter (all its blocks). The first init of a name wins;
   // later ones get ALREADY_EXISTS "pserver already initialized".
   absl::Status InitParam(const std::string& name, const Tensor& value,
-                         const v1::ParameterConfig& config = {});
-  absl::Status InitParams(absl::Span<const ParamInit> params);
+                         const v1::ParameterConfig& config = {}, const CallOptions& call = {});
+  absl::Status InitParams(absl::Span<const ParamInit> params, const CallOptions& call = {});
 
   // Tells every server that initialization is over; idempotent.
-  absl::Status FinishInitParams();
+  absl::Status FinishInitParams(const CallOptions& call = {});
 
-  absl::StatusOr<Tensor> GetParam(const std::string& name);
+  absl::StatusOr<Tensor> GetParam(const std::string& name, const CallOptions& call = {});
   // The parameters in the order of `names`.
-  absl::StatusOr<std::vector<Tensor>> GetParams(absl::Span<const std::string> names);
+  absl::StatusOr<std::vector<Tensor>> GetParams(absl::Span<const std::string> names,
+                                                const CallOptions& call = {});
   // Like GetParams, into `outs` (one per name): a tensor that already has the
   // parameter's type and shape is filled in place, without allocating, so a
   // training loop can pull into the same buffers every step. On error the
   // contents of `outs` are unspecified.
-  absl::Status GetParamsInto(absl::Span<const std::string> names, absl::Span<Tensor> outs);
+  absl::Status GetParamsInto(absl::Span<const std::string> names, absl::Span<Tensor> outs,
+                             const CallOptions& call = {});
 
   // Gradients are sent straight from the tensors' memory (no copy).
-  absl::Status SendGrad(const std::string& name, const Tensor& grad);
-  absl::Status SendGrads(absl::Span<const NamedTensor> grads);
+  absl::Status SendGrad(const std::string& name, const Tensor& grad,
+                        const CallOptions& call = {});
+  absl::Status SendGrads(absl::Span<const NamedTensor> grads, const CallOptions& call = {});
 
   // Sends the gradients and reads the updated parameters back in one round
   // trip per server: outs[i] gets parameter grads[i].name after its update
   // (filled in place when it already has the right type and shape).
-  absl::Status PushPull(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs);
-  absl::Status PushPull(const std::string& name, const Tensor& grad, Tensor* out);
+  absl::Status PushPull(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs,
+                        const CallOptions& call = {});
+  absl::Status PushPull(const std::string& name, const Tensor& grad, Tensor* out,
+                        const CallOptions& call = {});
 
   // One entry per server, in index order.
-  absl::StatusOr<std::vector<v1::ServerStats>> GetStats();
+  absl::StatusOr<std::vector<v1::ServerStats>> GetStats(const CallOptions& call = {});
 
   int num_servers() const { return placement_.num_servers(); }
   const Placement& placement() const { return placement_; }
@@ -196,7 +208,8 @@ class Client {
   // server_of(i), and retries those that fail with UNAVAILABLE (or an
   // attempt's deadline) with backoff until `deadline`, each through the then
   // current transport. Returns the first failure (in index order) that was
-  // not retried or ran out of time, naming its server.
+  // not retried or ran out of time, naming its server. A deadline already
+  // passed is DEADLINE_EXCEEDED, and nothing is sent.
   using StartCall =
       std::function<void(size_t i, Transport& transport, absl::Time deadline, Transport::Done)>;
   absl::Status RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
@@ -209,12 +222,17 @@ class Client {
   absl::Status RegisterWorker();
   void WorkerLoop();
 
-  absl::Time Deadline() const { return absl::Now() + options_.timeout; }
+  // When a call started now with `call` must end: the earlier of the
+  // client's timeout and the call's deadline.
+  absl::Time Deadline(const CallOptions& call) const {
+    return std::min(absl::Now() + options_.timeout, call.deadline);
+  }
   std::optional<Layout> FindLayout(const std::string& name) const;
   void RememberLayout(const std::string& name, Layout layout);
-  absl::Status DoInitParams(absl::Span<const InitRef> params);
-  absl::Status DoSendGrads(absl::Span<const GradRef> grads);
-  absl::Status DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tensor> outs);
+  absl::Status DoInitParams(absl::Span<const InitRef> params, absl::Time deadline);
+  absl::Status DoSendGrads(absl::Span<const GradRef> grads, absl::Time deadline);
+  absl::Status DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tensor> outs,
+                          absl::Time deadline);
   // Checks a gradient against what is known of its parameter.
   absl::Status CheckGradient(const GradRef& grad) const;
   // The blocks of a gradient, as views of its memory.
@@ -222,7 +240,8 @@ class Client {
                                            std::vector<int>* servers) const;
   // Packs `items` into one request per server of about max_request_bytes
   // each, runs them all in parallel and places every returned block.
-  absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies);
+  absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
+                   absl::Time deadline);
   // DATA_LOSS naming the first parameter some of whose blocks never came.
   static absl::Status CheckComplete(const std::vector<Assembly>& assemblies);
   // Copies one returned block into its parameter's output.

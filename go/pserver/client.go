@@ -28,8 +28,8 @@ type Options struct {
 	// Cluster names the keys under /pserver/<Cluster> ("default").
 	Cluster string
 	// Timeout bounds every call in the library (default 30 s). A call's ctx
-	// deadline, when earlier, ends the call for the caller at that
-	// deadline (see Client).
+	// deadline, when earlier, bounds that call instead, in the library too
+	// (see Client).
 	Timeout time.Duration
 	// BlockBytes: parameters larger than this are cut into blocks over all
 	// servers; every client of a cluster must use the same value (1 MiB).
@@ -143,13 +143,16 @@ func (p *ParamConfig) toC() (*C.pserver_param_config_t, error) {
 // concurrent use by multiple goroutines (many trainer goroutines share one).
 //
 // Blocking methods take a ctx first. A ctx that is already done fails the
-// call at once. When a ctx can end (it has a Done channel), the call runs
-// on its own goroutine over C copies of its inputs and outputs, and the
-// method returns a DEADLINE_EXCEEDED (or CANCELLED) *Error when ctx ends
-// first; errors.Is(err, context.DeadlineExceeded) holds too. The library
-// call itself is bounded by Options.Timeout; Close waits for it. A call's
-// effect on the server (a gradient applied) may therefore still happen
-// after its ctx ran out, as with any RPC.
+// call at once. ctx's deadline is passed down as the library call's own
+// deadline (pserver_status_set_timeout_ms), so the C call ends by then too,
+// with DEADLINE_EXCEEDED, and Close does not wait past it. When a ctx can
+// end (it has a Done channel), the call runs on its own goroutine over C
+// copies of its inputs and outputs, and the method returns a
+// DEADLINE_EXCEEDED (or CANCELLED) *Error when ctx ends first;
+// errors.Is(err, context.DeadlineExceeded) holds too. Cancellation without
+// a deadline returns at once, while the library call runs on, bounded by
+// Options.Timeout, and Close waits for it. A call's effect on the server (a
+// gradient applied) may still happen after its ctx ran out, as with any RPC.
 type Client struct {
 	c       *C.pserver_client_t
 	life    lifecycle
@@ -246,7 +249,11 @@ func (cl *Client) run(ctx context.Context, f func(c *C.pserver_client_t, st *C.p
 	}
 	exec := func() error {
 		defer cl.life.end()
-		return cCall(func(st *C.pserver_status_t) { f(cl.c, st) })
+		err := cCall(func(st *C.pserver_status_t) {
+			setTimeout(ctx, st)
+			f(cl.c, st)
+		})
+		return withDeadlineCause(ctx, err)
 	}
 	if ctx.Done() == nil {
 		err := exec()
@@ -286,6 +293,35 @@ func (cl *Client) run(ctx context.Context, f func(c *C.pserver_client_t, st *C.p
 			return contextError(ctx.Err())
 		}
 	}
+}
+
+// setTimeout gives the call st is passed to ctx's deadline as its timeout
+// (pserver_status_set_timeout_ms), so the library call ends by then too.
+// Rounded up to whole milliseconds: the call never ends before ctx does.
+func setTimeout(ctx context.Context, st *C.pserver_status_t) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return
+	}
+	ms := int64((time.Until(deadline) + time.Millisecond - 1) / time.Millisecond)
+	if ms < 1 {
+		ms = 1 // already past: fails at once with DEADLINE_EXCEEDED
+	}
+	C.pserver_status_set_timeout_ms(st, C.int64_t(ms))
+}
+
+// withDeadlineCause makes a library DEADLINE_EXCEEDED that came once ctx's
+// deadline had passed (the deadline setTimeout passed down) match
+// context.DeadlineExceeded too, as when ctx ends first.
+func withDeadlineCause(ctx context.Context, err error) error {
+	e, ok := err.(*Error)
+	if !ok || e.Code != DeadlineExceeded || e.cause != nil {
+		return err
+	}
+	if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
+		e.cause = context.DeadlineExceeded
+	}
+	return err
 }
 
 func nop()         {}
@@ -355,6 +391,7 @@ func (cl *Client) info(ctx context.Context, name string) (DType, []int64, error)
 	cname := C.CString(name)
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
 		d, s, ierr = paramInfo(func(d *C.int32_t, s *C.int64_t, capacity C.size_t, n *C.size_t, st2 *C.pserver_status_t) {
+			C.pserver_status_set_timeout_ms(st2, C.pserver_status_timeout_ms(st))
 			C.pserver_client_param_info(c, cname, d, s, capacity, n, st2)
 		})
 		if ierr != nil {

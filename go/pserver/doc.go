@@ -24,6 +24,12 @@
 // that waits for calls in flight and may be called twice, after which
 // methods return ErrClosed. C never keeps a Go pointer: data crosses into C
 // as copies in C memory.
+//
+// Deadlines: a blocking call's ctx deadline becomes the library call's own
+// timeout, so the C call ends by then (DEADLINE_EXCEEDED) and Close does not
+// wait past it. A ctx cancelled without a deadline returns CANCELLED at
+// once, while the library call runs on until Options.Timeout (Close waits
+// for it).
 package pserver
 
 // #cgo LDFLAGS: -lpserver

@@ -339,6 +339,68 @@ func TestContextDeadline(t *testing.T) {
 	}
 }
 
+func TestVector(t *testing.T) {
+	v := pserver.Vector[float64](1, 2.5, -3)
+	if v.DType() != pserver.Float64 || len(v.Shape()) != 1 || v.Shape()[0] != 3 {
+		t.Fatalf("Vector: %v", v)
+	}
+	if got, _ := pserver.Values[float64](v); got[1] != 2.5 {
+		t.Fatalf("Vector values: %v", got)
+	}
+	if e := pserver.Vector[int32](); e.NumElements() != 0 {
+		t.Fatalf("empty Vector: %v", e)
+	}
+}
+
+// A ctx deadline reaches the library: against a silent server and a client
+// Timeout of 30 s, calls with a 200 ms deadline end by it with a
+// DEADLINE_EXCEEDED *Error, and Close (which waits for calls in flight)
+// returns promptly because the C calls ended too.
+func TestContextDeadlineReachesLibrary(t *testing.T) {
+	ln := hangingListener(t)
+	client, err := pserver.NewClient(context.Background(), pserver.Options{Servers: []string{ln}, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	calls := map[string]func(ctx context.Context) error{
+		"FinishInit": func(ctx context.Context) error { return client.FinishInit(ctx) },
+		"Get":        func(ctx context.Context) error { _, err := client.Get(ctx, "w"); return err },
+		"SendGrad": func(ctx context.Context) error {
+			return client.SendGrad(ctx, "w", mustTensor(t, []float32{1}))
+		},
+	}
+	for name, call := range calls {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		start := time.Now()
+		err := call(ctx)
+		cancel()
+		var perr *pserver.Error
+		if !errors.As(err, &perr) || perr.Code != pserver.DeadlineExceeded || !errors.Is(err, pserver.ErrDeadlineExceeded) {
+			t.Fatalf("%s with a 200 ms deadline: %v", name, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("%s took %v", name, d)
+		}
+	}
+	// Close waits for the library calls: they ended at their deadlines, not
+	// at the client's 30 s Timeout.
+	closed := make(chan struct{})
+	start := time.Now()
+	go func() { client.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close still waiting after 5 s: the library call ignored the ctx deadline")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	if n := pserver.InFlight(client); n != 0 {
+		t.Fatalf("%d calls in flight after Close", n)
+	}
+}
+
 func TestCheckpointReader(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()

@@ -80,6 +80,14 @@ func NewTensor[T Element](values []T, shape ...int64) (*Tensor, error) {
 	return &Tensor{dtype: DTypeOf[T](), shape: append([]int64(nil), shape...), value: values}, nil
 }
 
+// Vector is a tensor of shape [len(values)] holding values (not copied):
+// NewTensor for the common case, which cannot fail.
+//
+//	g := pserver.Vector[float32](1, -1, 0.5)
+func Vector[T Element](values ...T) *Tensor {
+	return &Tensor{dtype: DTypeOf[T](), shape: []int64{int64(len(values))}, value: values}
+}
+
 // Scalar is a tensor of shape [] holding v.
 func Scalar[T Element](v T) *Tensor {
 	return &Tensor{dtype: DTypeOf[T](), shape: []int64{}, value: []T{v}}

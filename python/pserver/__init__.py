@@ -24,14 +24,14 @@ from ._errors import (Aborted, AlreadyExists, AlreadyInitialized, Cancelled, Clo
                       InvalidArgument, NotFound, OutOfRange, PermissionDenied,
                       ResourceExhausted, Unauthenticated, Unavailable, Unimplemented,
                       Uninitialized, Unknown, error_from_status)
-from ._core import (DTYPES, CheckpointReader, Client, LocalCluster, Server,
+from ._core import (DTYPES, CheckpointReader, Client, Etcd, LocalCluster, Server,
                     param_config_text, read_checkpoint, version)
 
 __version__ = version()
 
 __all__ = [
     "Client", "Server", "LocalCluster", "CheckpointReader", "read_checkpoint",
-    "param_config_text", "version", "DTYPES", "error_from_status",
+    "Etcd", "param_config_text", "version", "DTYPES", "error_from_status",
     "Error", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
     "AlreadyInitialized", "AlreadyExists", "PermissionDenied", "ResourceExhausted",
     "FailedPrecondition", "Uninitialized", "Closed", "Aborted", "OutOfRange",

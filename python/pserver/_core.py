@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import weakref
 from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence,
                     Tuple, Union)
@@ -20,7 +21,7 @@ from . import capi as _c
 from ._errors import Closed, InvalidArgument
 
 __all__ = ["Client", "Server", "LocalCluster", "CheckpointReader", "read_checkpoint",
-           "DTYPES", "version"]
+           "Etcd", "DTYPES", "version"]
 
 # numpy dtype <-> pserver_dtype_t
 DTYPES: Dict[np.dtype, int] = {
@@ -73,6 +74,29 @@ def _as_array(value: ArrayLike, what: str, dtype: Optional[np.dtype] = None) -> 
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return arr
+
+
+@contextlib.contextmanager
+def _deadline(timeout: Optional[float]) -> Iterator[None]:
+    """Every blocking library call this thread makes inside ends within
+    `timeout` seconds from now, all together (DeadlineExceeded at the latest).
+
+    None leaves the deadline as it is (the client's own timeout, or an
+    enclosing one); an enclosing earlier deadline is kept.
+    """
+    if timeout is None:
+        yield
+        return
+    if not timeout > 0:
+        raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+    deadline = time.monotonic_ns() + max(1, int(timeout * 1e9))
+    previous = _c.pserver_py_swap_call_deadline_ns(deadline)
+    if previous:
+        _c.pserver_py_swap_call_deadline_ns(min(previous, deadline))
+    try:
+        yield
+    finally:
+        _c.pserver_py_swap_call_deadline_ns(previous)
 
 
 class _Handle:
@@ -283,7 +307,8 @@ class Client(_Closing):
 
     def init(self, name: str, value: ArrayLike, *, dtype: Any = None,
              optimizer: Optional[str] = None, schedule: Optional[str] = None,
-             config: Union[None, str, Mapping[str, Any]] = None, **settings: Any) -> None:
+             config: Union[None, str, Mapping[str, Any]] = None,
+             timeout: Optional[float] = None, **settings: Any) -> None:
         """Initializes parameter `name` with `value` and how the server updates it.
 
         `optimizer`: "sgd" (default), "adagrad", "adadelta", "rmsprop", "adam",
@@ -301,24 +326,30 @@ class Client(_Closing):
 
         Raises AlreadyInitialized if `name` was initialized before, and
         InvalidArgument for an unsupported dtype or an unknown setting.
+        `timeout` (seconds; every blocking method takes it) bounds this call:
+        it ends by then, raising DeadlineExceeded at the latest (None: the
+        client's own timeout).
         """
         arr = _as_array(value, f"parameter {name!r}", dtype)
         code = _dtype_code(arr.dtype, f"parameter {name!r}")
-        with _Config(optimizer, schedule, config, settings) as cfg, self._h.use() as h:
+        with _Config(optimizer, schedule, config, settings) as cfg, _deadline(timeout), \
+                self._h.use() as h:
             _c.pserver_client_init_param(h, name, code, arr.shape, arr, cfg.ptr)
 
     init_param = init
 
-    def finish_init(self) -> None:
-        """Opens every server for reads and gradients (idempotent)."""
-        with self._h.use() as h:
+    def finish_init(self, *, timeout: Optional[float] = None) -> None:
+        """Opens every server for reads and gradients (idempotent).
+
+        `timeout`: seconds this call may take (None: the client's timeout)."""
+        with _deadline(timeout), self._h.use() as h:
             _c.pserver_client_finish_init(h)
 
     # -- reads ---------------------------------------------------------------
 
-    def info(self, name: str) -> Tuple[np.dtype, Shape]:
+    def info(self, name: str, *, timeout: Optional[float] = None) -> Tuple[np.dtype, Shape]:
         """(dtype, shape) of parameter `name`; raises NotFound if unknown."""
-        with self._h.use() as h:
+        with _deadline(timeout), self._h.use() as h:
             code, shape = _c.pserver_client_param_info(h, name)
         return _NUMPY[code], tuple(shape)
 
@@ -329,16 +360,29 @@ class Client(_Closing):
         _check_out(out, dtype, shape, f"parameter {name!r}")
         return out, DTYPES[dtype]
 
-    def get(self, name: str, out: Optional[np.ndarray] = None) -> np.ndarray:
+    def get(self, name: str, out: Optional[np.ndarray] = None, *,
+            timeout: Optional[float] = None) -> np.ndarray:
         """Parameter `name` as a new array (or written into `out`, which must
-        have its dtype and shape and be C-contiguous and writable)."""
-        out, code = self._out(name, out)
-        with self._h.use() as h:
-            _c.pserver_client_get_param(h, name, code, out)
+        have its dtype and shape and be C-contiguous and writable).
+
+        `timeout`: seconds this call may take (None: the client's timeout);
+        DeadlineExceeded when it runs out.
+
+        >>> client.get("w", timeout=0.5)   # doctest: +SKIP
+        """
+        with _deadline(timeout):
+            out, code = self._out(name, out)
+            with self._h.use() as h:
+                _c.pserver_client_get_param(h, name, code, out)
         return out
 
-    def get_many(self, names: Sequence[str]) -> Dict[str, np.ndarray]:
+    def get_many(self, names: Sequence[str], *,
+                 timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
         """Several parameters in one round trip per server, by name."""
+        with _deadline(timeout):
+            return self._get_many(names)
+
+    def _get_many(self, names: Sequence[str]) -> Dict[str, np.ndarray]:
         outs = {name: self._out(name, None) for name in names}
         batch = _c.pserver_batch_new()
         try:
@@ -365,16 +409,24 @@ class Client(_Closing):
                                   "expected")
         return _as_array(grad, what), DTYPES[dtype]
 
-    def send_grad(self, name: str, grad: ArrayLike) -> None:
+    def send_grad(self, name: str, grad: ArrayLike, *,
+                  timeout: Optional[float] = None) -> None:
         """Sends a gradient of the parameter's dtype and shape; the server applies
-        the optimizer. Raises InvalidArgument for any other dtype or shape."""
-        arr, code = self._grad(name, grad)
-        with self._h.use() as h:
-            _c.pserver_client_send_grad(h, name, code, arr)
+        the optimizer. Raises InvalidArgument for any other dtype or shape.
+        `timeout`: seconds this call may take (None: the client's timeout)."""
+        with _deadline(timeout):
+            arr, code = self._grad(name, grad)
+            with self._h.use() as h:
+                _c.pserver_client_send_grad(h, name, code, arr)
 
-    def send_grads(self, grads: Mapping[str, ArrayLike]) -> None:
+    def send_grads(self, grads: Mapping[str, ArrayLike], *,
+                   timeout: Optional[float] = None) -> None:
         """Sends several gradients in one round trip per server; a batch with
         any bad part is applied not at all."""
+        with _deadline(timeout):
+            self._send_grads(grads)
+
+    def _send_grads(self, grads: Mapping[str, ArrayLike]) -> None:
         arrays = [(name, *self._grad(name, g)) for name, g in grads.items()]
         batch = _c.pserver_batch_new()
         try:
@@ -386,9 +438,16 @@ class Client(_Closing):
             _c.pserver_batch_delete(batch)
 
     def push_pull(self, grads: Mapping[str, ArrayLike],
-                  out: Optional[Mapping[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+                  out: Optional[Mapping[str, np.ndarray]] = None, *,
+                  timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
         """Sends gradients and returns the parameters after their update, in
-        one round trip per server. `out` may give arrays to fill, by name."""
+        one round trip per server. `out` may give arrays to fill, by name.
+        `timeout`: seconds this call may take (None: the client's timeout)."""
+        with _deadline(timeout):
+            return self._push_pull(grads, out)
+
+    def _push_pull(self, grads: Mapping[str, ArrayLike],
+                   out: Optional[Mapping[str, np.ndarray]]) -> Dict[str, np.ndarray]:
         arrays = [(name, *self._grad(name, g)) for name, g in grads.items()]
         results: Dict[str, np.ndarray] = {}
         for name, arr, _ in arrays:
@@ -410,17 +469,19 @@ class Client(_Closing):
             _c.pserver_batch_delete(obatch)
         return results
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, *, timeout: Optional[float] = None) -> None:
         """Asks every server to write a checkpoint of its shard now.
 
-        Raises FailedPrecondition when a server has no checkpoint directory."""
-        with self._h.use() as h:
+        Raises FailedPrecondition when a server has no checkpoint directory.
+        `timeout`: seconds this call may take (None: the client's timeout)."""
+        with _deadline(timeout), self._h.use() as h:
             _c.pserver_client_save_checkpoint(h)
 
-    def stats(self) -> List[Dict[str, Any]]:
+    def stats(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         """One dict per server: index, initialized, parameters, parameter_bytes,
-        optimizer_state_bytes, gradients_applied, gets_served, ..."""
-        with self._h.use() as h:
+        optimizer_state_bytes, gradients_applied, gets_served, ...
+        `timeout`: seconds this call may take (None: the client's timeout)."""
+        with _deadline(timeout), self._h.use() as h:
             _, stats = _c.pserver_client_stats(h)
         return stats
 
@@ -689,3 +750,66 @@ def read_checkpoint(path: str, *, verify: bool = True) -> Dict[str, np.ndarray]:
         if verify:
             reader.verify()
         return reader.read_all()
+
+
+class Etcd(_Closing):
+    """A small etcd v3 client for tools, over the C ABI's ``pserver_etcd_*`` calls.
+
+    Keys are full etcd keys, e.g. ``"/pserver/default/ps_desired"`` (the layout
+    is in docs/operations.md); values are bytes (``put`` also takes a str,
+    encoded as UTF-8). Every call is bounded by `timeout` seconds; one that
+    finds etcd unreachable tries the next endpoint and retries within it, then
+    raises Unavailable or DeadlineExceeded. Creating it does not wait for etcd.
+    Thread-safe.
+
+    >>> with pserver.Etcd("127.0.0.1:2379") as etcd:          # doctest: +SKIP
+    ...     etcd.put("/pserver/demo/ps_desired", "2")
+    ...     etcd.get("/pserver/demo/ps_desired")
+    ...     etcd.list("/pserver/demo/")
+    b'2'
+    [('/pserver/demo/ps_desired', b'2')]
+    """
+
+    def __init__(self, endpoints: Union[str, Sequence[str]], *, timeout: float = 10.0) -> None:
+        if not isinstance(endpoints, str):
+            endpoints = ",".join(endpoints)
+        if not timeout > 0:
+            raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
+        self._endpoints = endpoints
+        ptr = _c.pserver_etcd_new(endpoints, max(1, int(timeout * 1000)))
+        self._h = _Handle(ptr, _c.pserver_etcd_delete, "etcd client")
+
+    def get(self, key: str) -> bytes:
+        """The value of `key`; raises NotFound (a KeyError) when it does not exist."""
+        with self._h.use() as h:
+            return _c.pserver_etcd_get(h, key)
+
+    def list(self, prefix: str = "") -> List[Tuple[str, bytes]]:
+        """Every (key, value) whose key starts with `prefix`, sorted by key."""
+        with self._h.use() as h:
+            return _c.pserver_etcd_get_prefix(h, prefix)
+
+    get_prefix = list
+
+    def put(self, key: str, value: Union[bytes, bytearray, memoryview, str]) -> None:
+        """Sets `key` to `value` (no lease)."""
+        if isinstance(value, str):
+            value = value.encode()
+        with self._h.use() as h:
+            _c.pserver_etcd_put(h, key, value)
+
+    def delete(self, key: str) -> None:
+        """Deletes `key`; a key that does not exist is not an error."""
+        with self._h.use() as h:
+            _c.pserver_etcd_delete_key(h, key)
+
+    def close(self) -> None:
+        """Waits for calls in flight and frees the client; safe to call twice."""
+        self._h.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._h.closed
+
+    def __repr__(self) -> str:
+        return f"<pserver.Etcd {self._endpoints}{' closed' if self.closed else ''}>"

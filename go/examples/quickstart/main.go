@@ -1,4 +1,6 @@
-// The README's Go example: two servers in this process, Adam, five steps.
+// The README's Go example: two servers in this process, one Adam step.
+// The body of main is the README's code block, line for line
+// (//go:readme_test runs the README's block and checks that they match).
 //
 //	cd go && go run ./examples/quickstart   (with CGO_CFLAGS/CGO_LDFLAGS as in the README)
 package main
@@ -17,15 +19,9 @@ func main() {
 	defer cluster.Close()
 	client, _ := pserver.NewClient(ctx, pserver.Options{Servers: cluster.Addresses()})
 	defer client.Close()
-	w, _ := pserver.NewTensor([]float32{0, 0, 0})
-	client.Init(ctx, "w", w, &pserver.ParamConfig{Optimizer: "adam", Settings: map[string]float64{"lr": 0.1}})
+	client.Init(ctx, "w", pserver.Vector[float32](0, 0, 0), &pserver.ParamConfig{Optimizer: "adam", Settings: map[string]float64{"lr": 0.1}})
 	client.FinishInit(ctx)
-	g, _ := pserver.NewTensor([]float32{1, -1, 0.5})
-	for step := 0; step < 5; step++ { // push gradients, pull new weights
-		out, _ := client.PushPull(ctx, map[string]*pserver.Tensor{"w": g})
-		w = out["w"]
-	}
-	fmt.Println(w.Value())
-	_, err := client.Get(ctx, "nope")
-	fmt.Println(errors.Is(err, pserver.ErrNotFound), err)
+	out, _ := client.PushPull(ctx, map[string]*pserver.Tensor{"w": pserver.Vector[float32](1, -1, 0.5)}) // push a gradient, pull new weights
+	fmt.Println(out["w"].Value())
+	fmt.Println(errors.Is(client.SendGrad(ctx, "nope", out["w"]), pserver.ErrNotFound)) // no such parameter
 }
