@@ -11,6 +11,7 @@
 #include "cc/core/optimizer.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
+#include "tests/cluster_test_base.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,32 +22,9 @@ using ::pserver::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// How the clients reach the cluster: every test runs over both.
-enum class Via { kGrpc, kInProcess };
-
-std::string ViaName(const ::testing::TestParamInfo<Via>& info) {
-  return info.param == Via::kGrpc ? "Grpc" : "InProcess";
-}
-
-class IntegrationTest : public ::testing::TestWithParam<Via> {
+class IntegrationTest : public ClusterTest {
  protected:
-  void SetUp() override {
-    ASSERT_OK_AND_ASSIGN(cluster_, LocalCluster::Start(3));
-    options_.servers = cluster_->addresses();
-    options_.block_bytes = 4096;  // small, so modest tensors split over servers
-    options_.timeout = absl::Seconds(20);
-  }
-
-  absl::StatusOr<std::unique_ptr<Client>> Connect() {
-    if (GetParam() == Via::kGrpc) return Client::Connect(options_);
-    return Client::Create(options_, InProcessTransports(cluster_->stores()));
-  }
-
-  std::unique_ptr<Client> NewClient() {
-    auto client = Connect();
-    EXPECT_OK(client);
-    return client.ok() ? *std::move(client) : nullptr;
-  }
+  void SetUp() override { StartCluster(3); }
 
   static v1::ParameterConfig Sgd(double lr) {
     v1::ParameterConfig config;
@@ -54,9 +32,6 @@ class IntegrationTest : public ::testing::TestWithParam<Via> {
     config.mutable_learning_rate()->set_learning_rate(lr);
     return config;
   }
-
-  std::unique_ptr<LocalCluster> cluster_;
-  ClientOptions options_;
 };
 
 std::vector<float> Iota(size_t n, float start) {

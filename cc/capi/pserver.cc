@@ -1253,7 +1253,8 @@ pserver_client_t* pserver_local_cluster_client(pserver_local_cluster_t* cluster,
     PS_ASSIGN_OR_RETURN(
         std::unique_ptr<pserver::Client> client,
         pserver::Client::Create(client_options,
-                                pserver::InProcessTransports(cluster->state->cluster->stores())));
+                                pserver::InProcessTransports(cluster->state->cluster->stores(),
+                                                             cluster->state->cluster->tables())));
     auto handle = std::make_unique<pserver_client_t>();
     handle->cluster = cluster->state;
     handle->rep = std::move(client);

@@ -89,9 +89,8 @@ double SumOfSquares(absl::string_view bytes) {
 
 double L2Norm(const Tensor& t) {
   double sum = 0;
-  DispatchFloating(t.type(), [&](auto tag) {
-    sum = SumOfSquares<typename decltype(tag)::type>(t.bytes());
-  });
+  DispatchFloating(t.type(),
+                   [&](auto tag) { sum = SumOfSquares<typename decltype(tag)::type>(t.bytes()); });
   return std::sqrt(sum);
 }
 
@@ -116,8 +115,7 @@ absl::Status Annotate(const absl::Status& status, const std::string& server) {
 
 // Waits until etcd lists every one of /ps_desired servers; their addresses
 // in index order, and the store revision of the listing.
-absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd,
-                                                         absl::Duration timeout,
+absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd, absl::Duration timeout,
                                                          int64_t* revision) {
   const absl::Time deadline = absl::Now() + timeout;
   const std::string where = absl::StrCat("etcd ", etcd.options().prefix, "/ps/");
@@ -152,8 +150,8 @@ absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd,
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "waited ", absl::FormatDuration(timeout), " for the servers in ", where, ": ",
-          missing_what, last_error.ok() ? "" : absl::StrCat("; last etcd error: ",
-                                                            last_error.ToString())));
+          missing_what,
+          last_error.ok() ? "" : absl::StrCat("; last etcd error: ", last_error.ToString())));
     }
     absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
   }
@@ -215,7 +213,8 @@ Client::Client(const ClientOptions& options, std::vector<std::unique_ptr<Transpo
 }
 
 Client::~Client() {
-  watcher_.reset();  // no more address changes
+  executor_.reset();  // runs the async calls still queued, while all else is up
+  watcher_.reset();   // no more address changes
   {
     absl::MutexLock lock(&worker_mu_);
     stopping_ = true;
@@ -250,8 +249,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // and is retried on the address its replacement registers.
   const bool wait_for_ready = options.etcd_endpoints.empty();
   for (const std::string& address : servers) {
-    PS_ASSIGN_OR_RETURN(auto transport, GrpcTransport::Create(
-                                            address, options.channels_per_server, wait_for_ready));
+    PS_ASSIGN_OR_RETURN(auto transport, GrpcTransport::Create(address, options.channels_per_server,
+                                                              wait_for_ready));
     transports.push_back(std::move(transport));
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Create(options, std::move(transports)));
@@ -264,21 +263,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {
   const int n = num_servers();
-  PS_ASSIGN_OR_RETURN(
-      watcher_, etcd->Watch("/ps/", revision + 1, [this, n](const WatchEvent& event) {
-        // A deleted key (a server gone) changes nothing: calls keep retrying
-        // the old address until a new server claims the index.
-        if (event.type != WatchEvent::Type::kPut) return;
-        uint32_t i = 0;
-        if (!absl::SimpleAtoi(absl::string_view(event.kv.key).substr(4), &i) ||
-            i >= static_cast<uint32_t>(n)) {
-          return;
-        }
-        OnServerChanged(static_cast<int>(i), event.kv.value);
-      }));
+  PS_ASSIGN_OR_RETURN(watcher_,
+                      etcd->Watch("/ps/", revision + 1, [this, n](const WatchEvent& event) {
+                        // A deleted key (a server gone) changes nothing: calls keep retrying
+                        // the old address until a new server claims the index.
+                        if (event.type != WatchEvent::Type::kPut) return;
+                        uint32_t i = 0;
+                        if (!absl::SimpleAtoi(absl::string_view(event.kv.key).substr(4), &i) ||
+                            i >= static_cast<uint32_t>(n)) {
+                          return;
+                        }
+                        OnServerChanged(static_cast<int>(i), event.kv.value);
+                      }));
   if (!options_.register_worker) return absl::OkStatus();
-  worker_id_ = options_.worker_id.empty() ? absl::StrCat(absl::Hex(RandomNonZero(), absl::kZeroPad16))
-                                          : options_.worker_id;
+  worker_id_ = options_.worker_id.empty()
+                   ? absl::StrCat(absl::Hex(RandomNonZero(), absl::kZeroPad16))
+                   : options_.worker_id;
   v1::WorkerInfo info;
   info.set_id(worker_id_);
   char host[256] = {0};
@@ -365,7 +365,8 @@ std::vector<std::string> Client::addresses() const {
 }
 
 absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
-                                    const StartCall& start, absl::Time deadline) {
+                                    const StartCall& start, absl::Time deadline,
+                                    TraceRecorder* trace) {
   if (n > 0 && absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the call's deadline passed before it was sent");
   }
@@ -387,6 +388,7 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
       CallGroup group;
       for (size_t i : pending) {
         used.push_back(TransportFor(server_of(i)));
+        if (trace != nullptr) trace->Sent();
         start(i, *used.back(), attempt_deadline, group.Add(used.back()->address()));
       }
       results = group.WaitAll();
@@ -396,9 +398,8 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
     for (size_t k = 0; k < pending.size(); ++k) {
       const absl::Status& status = results[k];
       if (status.ok()) continue;
-      const bool retryable =
-          absl::IsUnavailable(status) ||
-          (absl::IsDeadlineExceeded(status) && attempt_deadline < deadline);
+      const bool retryable = absl::IsUnavailable(status) ||
+                             (absl::IsDeadlineExceeded(status) && attempt_deadline < deadline);
       if (!retryable) return Annotate(status, used[k]->address());
       if (retry.empty()) retry_error = Annotate(status, used[k]->address());
       retry.push_back(pending[k]);
@@ -469,13 +470,12 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
     const Tensor& value = *ref.value;
     const v1::ParameterConfig& config = *ref.config;
     PS_RETURN_IF_ERROR(CheckName(name));
-    PS_RETURN_IF_ERROR(
-        ValidateStorableType(value.type(), absl::StrCat("parameter '", name, "'")));
+    PS_RETURN_IF_ERROR(ValidateStorableType(value.type(), absl::StrCat("parameter '", name, "'")));
     PS_ASSIGN_OR_RETURN(int64_t total, NumElements(value.shape()));
     if (total != value.num_elements() || total == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", name, "': shape ", ShapeString(value.shape()), " needs ", total,
-          " values, the tensor holds ", value.num_elements()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", name, "': shape ", ShapeString(value.shape()), " needs ",
+                       total, " values, the tensor holds ", value.num_elements()));
     }
     const size_t esize = ElementSize(value.type());
     std::vector<BlockSpec> blocks = placement_.Blocks(name, total, esize);
@@ -532,8 +532,8 @@ absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions&
 
 // ---- the bulk path ------------------------------------------------------------------
 
-absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header,
-                                const Segments& content, const std::string& from) {
+absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header, const Segments& content,
+                                const std::string& from) {
   const std::string what = absl::StrCat("parameter '", a.name, "' from server ", from);
   if (!a.layout.has_value()) {
     // The first block of a parameter this client has not seen: learn its layout.
@@ -551,8 +551,8 @@ absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header,
   const size_t size = SegmentsSize(content);
   const uint32_t index = header.block().index();
   if (header.name() != a.name || header.element_type() != layout.type ||
-      std::max<uint32_t>(1, header.block().count()) != layout.blocks ||
-      index >= layout.blocks || header.block().offset() > layout.elements ||
+      std::max<uint32_t>(1, header.block().count()) != layout.blocks || index >= layout.blocks ||
+      header.block().offset() > layout.elements ||
       size > (layout.elements - header.block().offset()) * esize) {
     return absl::DataLossError(
         absl::StrCat(what, ": block ", index, " does not fit the parameter's layout"));
@@ -563,7 +563,7 @@ absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header,
 }
 
 absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
-                         absl::Time deadline) {
+                         absl::Time deadline, TraceRecorder* trace) {
   if (items.empty()) return absl::OkStatus();
   std::vector<int> servers;
   std::vector<size_t> bytes;
@@ -597,14 +597,14 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         Exchange& x = exchanges[i];
         if (x.refs.empty()) {
-          t.PushWithId(ids[i], x.grads, deadline, std::move(done));
+          t.PushWithId(ids[i], x.grads, deadline, std::move(done), trace);
           return;
         }
         // Blocks come back in request order; the sink runs them one at a
         // time. A retry starts over (blocks are placed idempotently).
         auto next = std::make_shared<size_t>(0);
-        Transport::BlockSink sink = [this, &x, &assemblies, &t, next](
-                                        const v1::Parameter& header, const Segments& content) {
+        Transport::BlockSink sink = [this, &x, &assemblies, &t, next](const v1::Parameter& header,
+                                                                      const Segments& content) {
           if (*next >= x.slots.size()) {
             return absl::DataLossError(
                 absl::StrCat("server ", t.address(), " returned more blocks than asked"));
@@ -612,12 +612,13 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
           return PlaceBlock(assemblies[x.slots[(*next)++]], header, content, t.address());
         };
         if (x.grads.empty()) {
-          t.Pull(x.refs, std::move(sink), deadline, std::move(done));
+          t.Pull(x.refs, std::move(sink), deadline, std::move(done), trace);
         } else {
-          t.PushPullWithId(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done));
+          t.PushPullWithId(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done),
+                           trace);
         }
       },
-      deadline);
+      deadline, trace);
 }
 
 absl::StatusOr<Tensor> Client::GetParam(const std::string& name, const CallOptions& call) {
@@ -632,12 +633,12 @@ absl::StatusOr<std::vector<Tensor>> Client::GetParams(absl::Span<const std::stri
   return out;
 }
 
-absl::Status Client::GetParamsInto(absl::Span<const std::string> names,
-                                   absl::Span<Tensor> outs, const CallOptions& call) {
+absl::Status Client::GetParamsInto(absl::Span<const std::string> names, absl::Span<Tensor> outs,
+                                   const CallOptions& call) {
   const absl::Time deadline = Deadline(call);  // one for both rounds
   if (outs.size() != names.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GetParamsInto: ", names.size(), " names but ", outs.size(), " output tensors"));
+    return absl::InvalidArgumentError(absl::StrCat("GetParamsInto: ", names.size(), " names but ",
+                                                   outs.size(), " output tensors"));
   }
   std::vector<Assembly> parts(names.size());
   std::vector<Item> first;  // block 0 of parameters whose layout is unknown
@@ -654,7 +655,7 @@ absl::Status Client::GetParamsInto(absl::Span<const std::string> names,
       first.push_back(Item{placement_.HomeServer(names[i]), std::nullopt, std::move(ref), i, 0});
     }
   }
-  PS_RETURN_IF_ERROR(Run(first, parts, deadline));
+  PS_RETURN_IF_ERROR(Run(first, parts, deadline, call.trace));
 
   std::vector<Item> rest;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -666,7 +667,7 @@ absl::Status Client::GetParamsInto(absl::Span<const std::string> names,
                           BlockRefOf(names[i], b, layout.blocks), i, block_bytes});
     }
   }
-  PS_RETURN_IF_ERROR(Run(rest, parts, deadline));
+  PS_RETURN_IF_ERROR(Run(rest, parts, deadline, call.trace));
   return CheckComplete(parts);
 }
 
@@ -674,8 +675,8 @@ absl::Status Client::CheckComplete(const std::vector<Assembly>& assemblies) {
   for (const Assembly& a : assemblies) {
     const auto got = std::count(a.received.begin(), a.received.end(), 1);
     if (got != static_cast<long>(a.received.size())) {
-      return absl::DataLossError(absl::StrCat("parameter '", a.name, "': received ", got,
-                                              " of ", a.received.size(), " blocks"));
+      return absl::DataLossError(absl::StrCat("parameter '", a.name, "': received ", got, " of ",
+                                              a.received.size(), " blocks"));
     }
   }
   return absl::OkStatus();
@@ -692,21 +693,21 @@ absl::Status Client::CheckGradient(const GradRef& ref) const {
   std::optional<Layout> layout = FindLayout(grad.name);
   if (!layout.has_value()) return absl::OkStatus();  // the server checks it
   if (grad.tensor.type() != layout->type) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": element type ", ElementTypeName(grad.tensor.type()), " received, ",
-        ElementTypeName(layout->type), " expected"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": element type ", ElementTypeName(grad.tensor.type()), " received, ",
+                     ElementTypeName(layout->type), " expected"));
   }
   if (static_cast<uint64_t>(grad.tensor.num_elements()) != layout->elements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", grad.tensor.num_elements(), " values received, ", layout->elements,
-        " expected (shape ", ShapeString(layout->shape), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", grad.tensor.num_elements(), " values received, ", layout->elements,
+                     " expected (shape ", ShapeString(layout->shape), ")"));
   }
   const uint32_t blocks = placement_.BlockCount(layout->elements, ElementSize(layout->type));
   if (blocks != layout->blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter '", grad.name, "' is stored as ", layout->blocks,
-        " blocks; this client's block_bytes gives ", blocks,
-        ": every client of a cluster must use the same block size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter '", grad.name, "' is stored as ", layout->blocks,
+                     " blocks; this client's block_bytes gives ", blocks,
+                     ": every client of a cluster must use the same block size"));
   }
   return absl::OkStatus();
 }
@@ -744,14 +745,15 @@ std::vector<GradientView> Client::GradientBlocks(const GradRef& ref,
 absl::Status Client::SendGrad(const std::string& name, const Tensor& grad,
                               const CallOptions& call) {
   const GradRef ref{&name, &grad};
-  return DoSendGrads(absl::MakeConstSpan(&ref, 1), Deadline(call));
+  return DoSendGrads(absl::MakeConstSpan(&ref, 1), Deadline(call), call.trace);
 }
 
 absl::Status Client::SendGrads(absl::Span<const NamedTensor> grads, const CallOptions& call) {
-  return DoSendGrads(RefsOf(grads), Deadline(call));
+  return DoSendGrads(RefsOf(grads), Deadline(call), call.trace);
 }
 
-absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads, absl::Time deadline) {
+absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads, absl::Time deadline,
+                                 TraceRecorder* trace) {
   for (const GradRef& grad : grads) PS_RETURN_IF_ERROR(CheckGradient(grad));
   std::vector<Item> items;
   for (const GradRef& grad : grads) {
@@ -762,25 +764,26 @@ absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads, absl::Time dea
     }
   }
   std::vector<Assembly> none;
-  return Run(items, none, deadline);
+  return Run(items, none, deadline, trace);
 }
 
 absl::Status Client::PushPull(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs,
                               const CallOptions& call) {
-  return DoPushPull(RefsOf(grads), outs, Deadline(call));
+  return DoPushPull(RefsOf(grads), outs, Deadline(call), call.trace);
 }
 
 absl::Status Client::PushPull(const std::string& name, const Tensor& grad, Tensor* out,
                               const CallOptions& call) {
   const GradRef ref{&name, &grad};
-  return DoPushPull(absl::MakeConstSpan(&ref, 1), absl::MakeSpan(out, 1), Deadline(call));
+  return DoPushPull(absl::MakeConstSpan(&ref, 1), absl::MakeSpan(out, 1), Deadline(call),
+                    call.trace);
 }
 
 absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tensor> outs,
-                                absl::Time deadline) {
+                                absl::Time deadline, TraceRecorder* trace) {
   if (outs.size() != grads.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PushPull: ", grads.size(), " gradients but ", outs.size(), " output tensors"));
+    return absl::InvalidArgumentError(absl::StrCat("PushPull: ", grads.size(), " gradients but ",
+                                                   outs.size(), " output tensors"));
   }
   std::vector<Assembly> parts(grads.size());
   std::vector<Item> items;
@@ -801,14 +804,46 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
     }
     a.Prepare();
     for (size_t b = 0; b < views.size(); ++b) {
-      items.push_back(Item{servers[b], views[b],
-                           BlockRefOf(grad.name, static_cast<uint32_t>(b),
-                                      static_cast<uint32_t>(views.size())),
-                           i, 2 * views[b].content.size()});
+      items.push_back(
+          Item{servers[b], views[b],
+               BlockRefOf(grad.name, static_cast<uint32_t>(b), static_cast<uint32_t>(views.size())),
+               i, 2 * views[b].content.size()});
     }
   }
-  PS_RETURN_IF_ERROR(Run(items, parts, deadline));
+  PS_RETURN_IF_ERROR(Run(items, parts, deadline, trace));
   return CheckComplete(parts);
+}
+
+Ticket Client::RunAsync(std::function<absl::Status(const CallOptions&)> call_fn,
+                        const CallOptions& call) {
+  Ticket ticket;
+  CallOptions options = call;
+  options.deadline = Deadline(call);  // counted from now, not from when a thread is free
+  options.trace = &ticket.recorder();
+  absl::call_once(executor_once_,
+                  [this] { executor_ = std::make_unique<Executor>(options_.async_threads); });
+  executor_->Schedule([ticket, options, call_fn = std::move(call_fn)] {
+    absl::Status status = call_fn(options);
+    ticket.recorder().Replied();
+    ticket.Finish(std::move(status));
+  });
+  return ticket;
+}
+
+Ticket Client::SendGradsAsync(absl::Span<const NamedTensor> grads, const CallOptions& call) {
+  return RunAsync([this, grads](const CallOptions& c) { return SendGrads(grads, c); }, call);
+}
+
+Ticket Client::GetParamsIntoAsync(absl::Span<const std::string> names, absl::Span<Tensor> outs,
+                                  const CallOptions& call) {
+  return RunAsync(
+      [this, names, outs](const CallOptions& c) { return GetParamsInto(names, outs, c); }, call);
+}
+
+Ticket Client::PushPullAsync(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs,
+                             const CallOptions& call) {
+  return RunAsync([this, grads, outs](const CallOptions& c) { return PushPull(grads, outs, c); },
+                  call);
 }
 
 }  // namespace pserver

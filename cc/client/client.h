@@ -42,12 +42,15 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cc/client/executor.h"
 #include "cc/client/placement.h"
+#include "cc/client/ticket.h"
 #include "cc/client/transport.h"
 #include "cc/core/tensor.h"
 #include "pserver/v1/config.pb.h"
@@ -71,6 +74,8 @@ struct ClientOptions {
   absl::Duration timeout = absl::Seconds(30);
   // gRPC channels (TCP connections) per server; calls are spread over them.
   int channels_per_server = 2;
+  // Threads that run the *Async calls (started on the first one).
+  int async_threads = 4;
 
   // --- recovery ---
   // Deadline of one attempt of one request to one server; one that runs out
@@ -109,6 +114,9 @@ struct ParamInit {
 // Per-call settings: a call ends by min(now + options.timeout, deadline).
 struct CallOptions {
   absl::Time deadline = absl::InfiniteFuture();
+  // Receives the call's stage times (the *Async forms set it; a blocking
+  // call may be traced too). Must outlive the call.
+  TraceRecorder* trace = nullptr;
 };
 
 class Client {
@@ -145,8 +153,7 @@ class Client {
                              const CallOptions& call = {});
 
   // Gradients are sent straight from the tensors' memory (no copy).
-  absl::Status SendGrad(const std::string& name, const Tensor& grad,
-                        const CallOptions& call = {});
+  absl::Status SendGrad(const std::string& name, const Tensor& grad, const CallOptions& call = {});
   absl::Status SendGrads(absl::Span<const NamedTensor> grads, const CallOptions& call = {});
 
   // Sends the gradients and reads the updated parameters back in one round
@@ -159,6 +166,27 @@ class Client {
 
   // One entry per server, in index order.
   absl::StatusOr<std::vector<v1::ServerStats>> GetStats(const CallOptions& call = {});
+
+  // --- asynchronous forms (cc/client/ticket.h) ---
+  // Each returns a ticket at once and runs the call on the client's
+  // executor (options.async_threads); its deadline counts from now. The
+  // ticket's trace records when the call was queued, sent, received and
+  // processed by the servers, and answered.
+  //
+  // Zero-copy: these calls BORROW their arguments. `grads` (the NamedTensor
+  // array and every tensor in it), `names` and `outs` must stay alive and
+  // unchanged (outs: untouched) until the ticket is done; `outs` holds the
+  // results only once the ticket succeeded.
+  Ticket SendGradsAsync(absl::Span<const NamedTensor> grads, const CallOptions& call = {});
+  Ticket GetParamsIntoAsync(absl::Span<const std::string> names, absl::Span<Tensor> outs,
+                            const CallOptions& call = {});
+  Ticket PushPullAsync(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs,
+                       const CallOptions& call = {});
+  // Runs `call_fn` on the executor under a new ticket, passing it `call`
+  // with the ticket's trace and an absolute deadline: how the async forms
+  // (and Table's) are made.
+  Ticket RunAsync(std::function<absl::Status(const CallOptions&)> call_fn,
+                  const CallOptions& call = {});
 
   int num_servers() const { return placement_.num_servers(); }
   const Placement& placement() const { return placement_; }
@@ -178,6 +206,15 @@ class Client {
   uint64_t address_changes() const { return address_changes_.load(); }
 
  private:
+  // Tables and collectives run their requests through RunWithRetries.
+  friend class Table;
+  friend class KvWorker;
+  friend class WorkerGroup;
+  friend class AsyncClient;
+
+  // The next push sequence number for `server` (exactly-once ids).
+  uint64_t NextSequence(int server) { return sequences_[server].fetch_add(1) + 1; }
+
   // What the client knows of a parameter after init or a first read.
   struct Layout {
     ElementType type;
@@ -212,8 +249,10 @@ class Client {
   // passed is DEADLINE_EXCEEDED, and nothing is sent.
   using StartCall =
       std::function<void(size_t i, Transport& transport, absl::Time deadline, Transport::Done)>;
+  // Each request started is reported to `trace` (if any) as sent.
   absl::Status RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
-                              const StartCall& start, absl::Time deadline);
+                              const StartCall& start, absl::Time deadline,
+                              TraceRecorder* trace = nullptr);
   std::shared_ptr<Transport> TransportFor(int server) const;
   // etcd: finds the servers, watches them, registers the trainer.
   absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);
@@ -230,18 +269,18 @@ class Client {
   std::optional<Layout> FindLayout(const std::string& name) const;
   void RememberLayout(const std::string& name, Layout layout);
   absl::Status DoInitParams(absl::Span<const InitRef> params, absl::Time deadline);
-  absl::Status DoSendGrads(absl::Span<const GradRef> grads, absl::Time deadline);
+  absl::Status DoSendGrads(absl::Span<const GradRef> grads, absl::Time deadline,
+                           TraceRecorder* trace);
   absl::Status DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tensor> outs,
-                          absl::Time deadline);
+                          absl::Time deadline, TraceRecorder* trace);
   // Checks a gradient against what is known of its parameter.
   absl::Status CheckGradient(const GradRef& grad) const;
   // The blocks of a gradient, as views of its memory.
-  std::vector<GradientView> GradientBlocks(const GradRef& grad,
-                                           std::vector<int>* servers) const;
+  std::vector<GradientView> GradientBlocks(const GradRef& grad, std::vector<int>* servers) const;
   // Packs `items` into one request per server of about max_request_bytes
   // each, runs them all in parallel and places every returned block.
   absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
-                   absl::Time deadline);
+                   absl::Time deadline, TraceRecorder* trace);
   // DATA_LOSS naming the first parameter some of whose blocks never came.
   static absl::Status CheckComplete(const std::vector<Assembly>& assemblies);
   // Copies one returned block into its parameter's output.
@@ -274,6 +313,9 @@ class Client {
 
   mutable absl::Mutex layouts_mu_;
   absl::flat_hash_map<std::string, Layout> layouts_ ABSL_GUARDED_BY(layouts_mu_);
+
+  absl::once_flag executor_once_;
+  std::unique_ptr<Executor> executor_;  // the async calls; stopped first
 };
 
 }  // namespace pserver

@@ -33,6 +33,17 @@ absl::Status DeliverBlocks(const grpc::ByteBuffer& response, const Transport::Bl
 }
 
 // One raw call in flight.
+// Hands the server's times (trailing metadata of the bulk calls) to `trace`.
+void RecordServerTrace(const grpc::ClientContext& context, TraceRecorder& trace) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find(kServerTraceMetadataKey);
+  if (it == trailers.end()) return;
+  v1::ServerTrace server;
+  if (server.ParseFromArray(it->second.data(), static_cast<int>(it->second.size()))) {
+    trace.Server(server);
+  }
+}
+
 struct RawCall {
   std::unique_ptr<grpc::ClientContext> context;
   grpc::ByteBuffer request;
@@ -80,19 +91,18 @@ void GrpcTransport::Call(typename NonDeduced<AsyncMethod<Request, Response>>::ty
                          Done done) {
   // The completion callback owns the context.
   std::shared_ptr<grpc::ClientContext> context = NewContext(deadline, wait_for_ready_);
-  (Next().stub->async()->*method)(
-      context.get(), &request, response,
-      [context, done = std::move(done)](grpc::Status status) mutable {
-        // Drop the context (and its reference on the channel) before `done`
-        // wakes the caller: if the caller then destroys the client, the
-        // channel's last reference must not die on this gRPC thread.
-        context.reset();
-        done(FromGrpcStatus(status));
-      });
+  (Next().stub->async()->*method)(context.get(), &request, response,
+                                  [context, done = std::move(done)](grpc::Status status) mutable {
+                                    // Drop the context (and its reference on the channel) before
+                                    // `done` wakes the caller: if the caller then destroys the
+                                    // client, the channel's last reference must not die on this
+                                    // gRPC thread.
+                                    context.reset();
+                                    done(FromGrpcStatus(status));
+                                  });
 }
 
-void GrpcTransport::InitParam(const v1::InitParamRequest& request, absl::Time deadline,
-                              Done done) {
+void GrpcTransport::InitParam(const v1::InitParamRequest& request, absl::Time deadline, Done done) {
   auto response = std::make_shared<v1::InitParamResponse>();
   Call(&v1::ParameterServer::Stub::async::InitParam, request, response.get(), deadline,
        [response, done = std::move(done)](absl::Status status) { done(std::move(status)); });
@@ -107,13 +117,12 @@ void GrpcTransport::FinishInitParams(absl::Time deadline, Done done) {
 
 void GrpcTransport::GetStats(v1::GetStatsResponse* response, absl::Time deadline, Done done) {
   static const auto* const kRequest = new v1::GetStatsRequest();
-  Call(&v1::ParameterServer::Stub::async::GetStats, *kRequest, response, deadline,
-       std::move(done));
+  Call(&v1::ParameterServer::Stub::async::GetStats, *kRequest, response, deadline, std::move(done));
 }
 
 void GrpcTransport::CallRaw(const char* method,
                             const std::function<grpc::ByteBuffer(PayloadLease*)>& encode,
-                            BlockSink sink, absl::Time deadline, Done done) {
+                            BlockSink sink, absl::Time deadline, Done done, TraceRecorder* trace) {
   auto call = std::make_shared<RawCall>();
   call->context = NewContext(deadline, wait_for_ready_);
   call->sink = std::move(sink);
@@ -122,51 +131,53 @@ void GrpcTransport::CallRaw(const char* method,
   // payload slice is free.
   PayloadLease* lease = PayloadLease::Create([call] { call->done(call->status); });
   call->request = encode(lease);
-  Next().generic->UnaryCall(
-      call->context.get(), method, grpc::StubOptions(), &call->request, &call->response,
-      [call, lease](grpc::Status status) {
-        call->status = FromGrpcStatus(status);
-        if (call->status.ok() && call->sink) {
-          call->status = DeliverBlocks(call->response, call->sink);
-        }
-        // Let go of what gRPC may still reference before reporting (see Call).
-        call->context.reset();
-        call->request.Clear();
-        call->response.Clear();
-        lease->Release();
-      });
+  Next().generic->UnaryCall(call->context.get(), method, grpc::StubOptions(), &call->request,
+                            &call->response, [call, lease, trace](grpc::Status status) {
+                              call->status = FromGrpcStatus(status);
+                              if (trace != nullptr) RecordServerTrace(*call->context, *trace);
+                              if (call->status.ok() && call->sink) {
+                                call->status = DeliverBlocks(call->response, call->sink);
+                              }
+                              // Let go of what gRPC may still reference before reporting (see
+                              // Call).
+                              call->context.reset();
+                              call->request.Clear();
+                              call->response.Clear();
+                              lease->Release();
+                            });
 }
 
-void GrpcTransport::Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done) {
+void GrpcTransport::Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done,
+                         TraceRecorder* trace) {
   CallRaw(
       kSendGradsMethod,
       [grads](PayloadLease* lease) { return EncodePushRequest(grads, {}, lease); }, nullptr,
-      deadline, std::move(done));
+      deadline, std::move(done), trace);
 }
 
 void GrpcTransport::PushWithId(const RequestId& id, absl::Span<const GradientView> grads,
-                               absl::Time deadline, Done done) {
+                               absl::Time deadline, Done done, TraceRecorder* trace) {
   CallRaw(
       kSendGradsMethod,
       [grads, id](PayloadLease* lease) {
         return EncodePushRequest(grads, {}, lease, id.client, id.sequence);
       },
-      nullptr, deadline, std::move(done));
+      nullptr, deadline, std::move(done), trace);
 }
 
 void GrpcTransport::PushPullWithId(const RequestId& id, absl::Span<const GradientView> grads,
                                    absl::Span<const v1::ParamRef> refs, BlockSink sink,
-                                   absl::Time deadline, Done done) {
+                                   absl::Time deadline, Done done, TraceRecorder* trace) {
   CallRaw(
       kPushPullMethod,
       [grads, refs, id](PayloadLease* lease) {
         return EncodePushRequest(grads, refs, lease, id.client, id.sequence);
       },
-      std::move(sink), deadline, std::move(done));
+      std::move(sink), deadline, std::move(done), trace);
 }
 
-void GrpcTransport::Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink,
-                         absl::Time deadline, Done done) {
+void GrpcTransport::Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
+                         Done done, TraceRecorder* trace) {
   CallRaw(
       kGetParamsMethod,
       [refs](PayloadLease*) {
@@ -175,19 +186,60 @@ void GrpcTransport::Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink,
         grpc::ByteBuffer buffer;
         bool own_buffer = false;
         grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::GetParamsRequest>(request, &buffer,
-                                                                               &own_buffer);
+                                                                              &own_buffer);
         return buffer;
       },
-      std::move(sink), deadline, std::move(done));
+      std::move(sink), deadline, std::move(done), trace);
 }
 
 void GrpcTransport::PushPull(absl::Span<const GradientView> grads,
                              absl::Span<const v1::ParamRef> refs, BlockSink sink,
-                             absl::Time deadline, Done done) {
+                             absl::Time deadline, Done done, TraceRecorder* trace) {
   CallRaw(
       kPushPullMethod,
       [grads, refs](PayloadLease* lease) { return EncodePushRequest(grads, refs, lease); },
-      std::move(sink), deadline, std::move(done));
+      std::move(sink), deadline, std::move(done), trace);
+}
+
+void GrpcTransport::CreateTable(const v1::CreateTableRequest& request,
+                                v1::CreateTableResponse* response, absl::Time deadline, Done done) {
+  Call(&v1::ParameterServer::Stub::async::CreateTable, request, response, deadline,
+       std::move(done));
+}
+
+void GrpcTransport::TablePull(const v1::TablePullRequest& request, v1::TablePullResponse* response,
+                              absl::Time deadline, Done done) {
+  Call(&v1::ParameterServer::Stub::async::TablePull, request, response, deadline, std::move(done));
+}
+
+void GrpcTransport::TablePush(const v1::TablePushRequest& request, v1::TablePushResponse* response,
+                              absl::Time deadline, Done done) {
+  Call(&v1::ParameterServer::Stub::async::TablePush, request, response, deadline, std::move(done));
+}
+
+void GrpcTransport::Clock(const v1::ClockRequest& request, v1::ClockResponse* response,
+                          absl::Time deadline, Done done) {
+  Call(&v1::ParameterServer::Stub::async::Clock, request, response, deadline, std::move(done));
+}
+
+void GrpcTransport::TableStats(const v1::TableStatsRequest& request,
+                               v1::TableStatsResponse* response, absl::Time deadline, Done done) {
+  Call(&v1::ParameterServer::Stub::async::TableStats, request, response, deadline, std::move(done));
+}
+
+void GrpcTransport::Barrier(const v1::BarrierRequest& request, v1::BarrierResponse* response,
+                            absl::Time deadline, Done done) {
+  Call(&v1::ParameterServer::Stub::async::Barrier, request, response, deadline, std::move(done));
+}
+
+void GrpcTransport::AllReduce(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,
+                              absl::Time deadline, Done done) {
+  Call(&v1::ParameterServer::Stub::async::AllReduce, request, response, deadline, std::move(done));
+}
+
+void GrpcTransport::Broadcast(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,
+                              absl::Time deadline, Done done) {
+  Call(&v1::ParameterServer::Stub::async::Broadcast, request, response, deadline, std::move(done));
 }
 
 }  // namespace pserver

@@ -38,16 +38,34 @@ class GrpcTransport final : public Transport {
   void InitParam(const v1::InitParamRequest& request, absl::Time deadline, Done done) override;
   void FinishInitParams(absl::Time deadline, Done done) override;
   void GetStats(v1::GetStatsResponse* response, absl::Time deadline, Done done) override;
-  void Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done) override;
-  void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
-            Done done) override;
+  void Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done,
+            TraceRecorder* trace = nullptr) override;
+  void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
+            TraceRecorder* trace = nullptr) override;
   void PushPull(absl::Span<const GradientView> grads, absl::Span<const v1::ParamRef> refs,
-                BlockSink sink, absl::Time deadline, Done done) override;
+                BlockSink sink, absl::Time deadline, Done done,
+                TraceRecorder* trace = nullptr) override;
+  void CreateTable(const v1::CreateTableRequest& request, v1::CreateTableResponse* response,
+                   absl::Time deadline, Done done) override;
+  void TablePull(const v1::TablePullRequest& request, v1::TablePullResponse* response,
+                 absl::Time deadline, Done done) override;
+  void TablePush(const v1::TablePushRequest& request, v1::TablePushResponse* response,
+                 absl::Time deadline, Done done) override;
+  void Clock(const v1::ClockRequest& request, v1::ClockResponse* response, absl::Time deadline,
+             Done done) override;
+  void TableStats(const v1::TableStatsRequest& request, v1::TableStatsResponse* response,
+                  absl::Time deadline, Done done) override;
+  void Barrier(const v1::BarrierRequest& request, v1::BarrierResponse* response,
+               absl::Time deadline, Done done) override;
+  void AllReduce(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,
+                 absl::Time deadline, Done done) override;
+  void Broadcast(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,
+                 absl::Time deadline, Done done) override;
   void PushWithId(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
-                  Done done) override;
+                  Done done, TraceRecorder* trace = nullptr) override;
   void PushPullWithId(const RequestId& id, absl::Span<const GradientView> grads,
                       absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
-                      Done done) override;
+                      Done done, TraceRecorder* trace = nullptr) override;
 
  private:
   struct Channel {
@@ -64,12 +82,13 @@ class GrpcTransport final : public Transport {
   // the blocks of the reply. `done` runs once the call is over and gRPC has
   // let go of every borrowed payload.
   void CallRaw(const char* method,
-               const std::function<grpc::ByteBuffer(class PayloadLease*)>& encode,
-               BlockSink sink, absl::Time deadline, Done done);
+               const std::function<grpc::ByteBuffer(class PayloadLease*)>& encode, BlockSink sink,
+               absl::Time deadline, Done done, TraceRecorder* trace);
 
   template <typename Request, typename Response>
-  using AsyncMethod = void (v1::ParameterServer::Stub::async::*)(
-      grpc::ClientContext*, const Request*, Response*, std::function<void(grpc::Status)>);
+  using AsyncMethod = void (v1::ParameterServer::Stub::async::*)(grpc::ClientContext*,
+                                                                 const Request*, Response*,
+                                                                 std::function<void(grpc::Status)>);
   template <typename T>
   struct NonDeduced {
     using type = T;

@@ -1,6 +1,9 @@
 #include "cc/client/placement.h"
 
 #include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 
 namespace pserver {
 
@@ -48,6 +51,29 @@ std::vector<BlockSpec> Placement::Blocks(absl::string_view name, uint64_t elemen
     b.server = ServerOf(name, i);
   }
   return blocks;
+}
+
+absl::StatusOr<int> KeyServer(uint64_t key, const v1::Partitioning& partitioning, int num_servers) {
+  if (partitioning.kind() == v1::Partitioning::RANGE) {
+    using u128 = unsigned __int128;
+    const u128 begin = partitioning.range_begin();
+    const u128 end = partitioning.range_end() == 0 ? (u128{1} << 64) : partitioning.range_end();
+    if (key < begin || key >= end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key ", key, " is outside the table's key range [", partitioning.range_begin(), ", ",
+          partitioning.range_end() == 0 ? std::string("2^64")
+                                        : absl::StrCat(partitioning.range_end()),
+          ")"));
+    }
+    const u128 width = (end - begin + num_servers - 1) / num_servers;
+    return static_cast<int>((key - begin) / width);
+  }
+  // splitmix64's finalizer.
+  uint64_t z = key + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<int>(z % static_cast<uint64_t>(num_servers));
 }
 
 }  // namespace pserver

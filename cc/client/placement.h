@@ -16,11 +16,19 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "pserver/v1/table.pb.h"
 
 namespace pserver {
 
 uint64_t Fnv1a64(absl::string_view bytes);
+
+// The server (0 .. num_servers-1) holding table key `key`. HASH: a
+// splitmix64 mix of the key modulo N, so sequential keys spread evenly.
+// RANGE: [range_begin, range_end) (range_end 0: 2^64) cut into N equal
+// contiguous ranges; INVALID_ARGUMENT for a key outside it.
+absl::StatusOr<int> KeyServer(uint64_t key, const v1::Partitioning& partitioning, int num_servers);
 
 struct BlockSpec {
   uint32_t index = 0;

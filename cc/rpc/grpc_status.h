@@ -31,6 +31,11 @@ inline absl::Status FromGrpcStatus(const grpc::Status& status) {
 // gRPC's default here (bench/RESULTS.md).
 inline constexpr int kInitialStreamWindowBytes = 4 << 20;
 
+// Trailing metadata of the bulk calls (GetParams, SendGrads, PushPull): a
+// serialized v1::ServerTrace saying when the server received and finished
+// the call, for the stage timestamps of the client's tickets.
+inline constexpr char kServerTraceMetadataKey[] = "pserver-trace-bin";
+
 // Channel arguments for a client channel to one server: no message size
 // limit (requests are already cut into ~1 MiB blocks), the stream window
 // above, and a private subchannel so several channels to one address are

@@ -5,7 +5,7 @@
 namespace pserver {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(int num_servers,
-                                                                   ServerOptions base) {
+                                                                  ServerOptions base) {
   if (num_servers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("a local cluster needs at least 1 server, got ", num_servers));
@@ -33,6 +33,13 @@ std::vector<ParameterStore*> LocalCluster::stores() const {
   std::vector<ParameterStore*> out;
   out.reserve(servers_.size());
   for (const auto& server : servers_) out.push_back(&server->store());
+  return out;
+}
+
+std::vector<Tables*> LocalCluster::tables() const {
+  std::vector<Tables*> out;
+  out.reserve(servers_.size());
+  for (const auto& server : servers_) out.push_back(&server->tables());
   return out;
 }
 

@@ -30,6 +30,8 @@ class LocalCluster {
   Server& server(int i) { return *servers_.at(i); }
   // The servers' stores, for an in-process client (cc/client/in_process_transport.h).
   std::vector<ParameterStore*> stores() const;
+  // Their tables, likewise.
+  std::vector<Tables*> tables() const;
 
   void Shutdown();
 

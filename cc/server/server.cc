@@ -69,17 +69,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("num_threads must be >= 0, got ", options.num_threads));
   }
   if (options.host.empty()) return absl::InvalidArgumentError("host is empty");
-  if (options.checkpoint_keep < 1) return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
+  if (options.checkpoint_keep < 1)
+    return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
   if (options.checkpoint_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("checkpoint_interval must be >= 0");
   }
   if (!options.etcd_endpoints.empty() && options.lease_ttl < absl::Seconds(1)) {
     return absl::InvalidArgumentError("lease_ttl must be at least 1s");
   }
-  const int threads =
-      options.num_threads > 0
-          ? options.num_threads
-          : std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = options.num_threads > 0
+                          ? options.num_threads
+                          : std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
 
   std::unique_ptr<Server> server(new Server(options));
   Server* const raw = server.get();
@@ -94,8 +94,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.etcd_endpoints.empty()) {
     hooks.list_workers = [raw] { return raw->ListWorkers(); };
   }
-  server->service_ =
-      std::make_unique<ParameterServerService>(&server->store_, options.index, std::move(hooks));
+  server->service_ = std::make_unique<ParameterServerService>(&server->store_, &server->tables_,
+                                                              options.index, std::move(hooks));
   // Claiming an index and loading a checkpoint happen while gRPC already
   // listens (the address goes into etcd); calls meanwhile get UNAVAILABLE.
   const bool staged = !options.etcd_endpoints.empty() || !options.checkpoint_dir.empty();
@@ -115,8 +115,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, threads);
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", listen, " (address in use or not local?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
   }
   server->address_ = ipv6 ? absl::StrCat("[", options.host, "]:", server->port_)
                           : absl::StrCat(options.host, ":", server->port_);
@@ -168,9 +168,9 @@ absl::Status Server::Register() {
   PS_RETURN_IF_ERROR(desired_kv.status());
   uint32_t desired = 0;
   if (!absl::SimpleAtoi(desired_kv->value, &desired) || desired == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "etcd ", etcd_options.prefix, "/ps_desired holds '", desired_kv->value,
-        "', not a server count"));
+    return absl::FailedPreconditionError(absl::StrCat("etcd ", etcd_options.prefix,
+                                                      "/ps_desired holds '", desired_kv->value,
+                                                      "', not a server count"));
   }
 
   PS_ASSIGN_OR_RETURN(int64_t lease,
@@ -212,9 +212,9 @@ absl::Status Server::Register() {
       }
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "all ", desired, " server indices in etcd ", etcd_options.prefix,
-          "/ps/ stayed taken for ", absl::FormatDuration(options_.register_timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("all ", desired, " server indices in etcd ", etcd_options.prefix,
+                       "/ps/ stayed taken for ", absl::FormatDuration(options_.register_timeout)));
     }
     if (!waiting_logged) {
       Log(absl::StrCat("all ", desired, " indices are taken; waiting for one to free up"));
@@ -357,9 +357,10 @@ absl::Status Server::LoadShard() {
     if (ext != loaded->snapshot.extensions.end()) {
       PS_RETURN_IF_ERROR(service_->applied().Restore(ext->second));
     }
+    PS_RETURN_IF_ERROR(tables_.RestoreFrom(loaded->snapshot.extensions));
     PS_RETURN_IF_ERROR(store_.Restore(std::move(loaded->snapshot)));
-    load_messages_.push_back(absl::StrCat("loaded checkpoint ", loaded->info.path,
-                                          " (sequence ", loaded->info.sequence, ")"));
+    load_messages_.push_back(absl::StrCat("loaded checkpoint ", loaded->info.path, " (sequence ",
+                                          loaded->info.sequence, ")"));
     loaded_ = loaded->info;
     service_->SetCheckpointSequence(loaded->info.sequence);
   }
@@ -385,19 +386,18 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
     absl::WriterMutexLock lock(&service_->apply_mu());
     snapshot = store_.Snapshot();
     snapshot.extensions[AppliedSequences::kExtensionName] = service_->applied().Serialize();
+    tables_.SaveTo(&snapshot.extensions);
   }
   const uint64_t sequence = next_sequence_++;
-  PS_ASSIGN_OR_RETURN(CheckpointInfo info,
-                      SaveCheckpoint(snapshot, ShardDir(), index_, sequence));
+  PS_ASSIGN_OR_RETURN(CheckpointInfo info, SaveCheckpoint(snapshot, ShardDir(), index_, sequence));
   // Published only now that it is durable; pruned only after that.
   if (etcd_ != nullptr) {
     PS_ASSIGN_OR_RETURN(std::string json, ToJson(RecordOf(info, address_)));
     absl::Status published = etcd_->Put(CheckpointKey(index_), json);
     if (!published.ok()) {
-      return absl::Status(published.code(),
-                          absl::StrCat("checkpoint ", info.path,
-                                       " is durable but publishing it failed: ",
-                                       published.message()));
+      return absl::Status(published.code(), absl::StrCat("checkpoint ", info.path,
+                                                         " is durable but publishing it failed: ",
+                                                         published.message()));
     }
   }
   absl::StatusOr<std::vector<std::string>> pruned =
@@ -430,6 +430,9 @@ void Server::Shutdown(absl::Duration grace) {
   }
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   if (registry_thread_.joinable()) registry_thread_.join();
+  // Calls waiting on clocks or collectives would hold the shutdown for the
+  // whole grace: they fail with UNAVAILABLE now, which clients retry.
+  tables_.Shutdown();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     grpc_server_->Wait();

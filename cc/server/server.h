@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "cc/core/checkpoint.h"
 #include "cc/core/parameter_store.h"
+#include "cc/core/tables.h"
 #include "pserver/v1/registry.pb.h"
 
 namespace grpc {
@@ -45,14 +46,14 @@ class LeaseKeeper;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;             // 0: the system picks a free port
-  uint32_t index = 0;       // this server's shard index, reported in stats (without etcd)
-  int num_threads = 0;      // request threads; 0: two per core, at least 4
+  int port = 0;         // 0: the system picks a free port
+  uint32_t index = 0;   // this server's shard index, reported in stats (without etcd)
+  int num_threads = 0;  // request threads; 0: two per core, at least 4
 
   // --- etcd registry (empty endpoints: none, the embedded default) ---
   std::vector<std::string> etcd_endpoints;  // "host:port"
   std::string cluster = "default";          // keys live under /pserver/<cluster>
-  uint32_t num_servers = 0;  // desired count, written to /ps_desired if absent
+  uint32_t num_servers = 0;                 // desired count, written to /ps_desired if absent
   absl::Duration lease_ttl = absl::Seconds(5);
   // How long Start waits for a free index (all taken: a killed server's
   // lease has not expired yet) and for etcd.
@@ -84,6 +85,9 @@ class Server {
   // The shard index: options.index, or the one claimed in etcd.
   uint32_t index() const { return index_; }
   ParameterStore& store() { return store_; }
+  // Sparse and KV tables, and collectives; SetHandler here installs custom
+  // table handlers (cc/core/tables.h).
+  Tables& tables() { return tables_; }
 
   // Writes a checkpoint now, publishes it to etcd (if any), then prunes old
   // ones. FAILED_PRECONDITION without a checkpoint_dir.
@@ -123,6 +127,7 @@ class Server {
 
   const ServerOptions options_;
   ParameterStore store_;
+  Tables tables_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::string address_;

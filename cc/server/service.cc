@@ -1,5 +1,6 @@
 #include "cc/server/service.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -12,9 +13,23 @@
 
 namespace pserver {
 
-ParameterServerService::ParameterServerService(ParameterStore* store, uint32_t index,
-                                               ServiceHooks hooks)
-    : store_(store), index_(index), hooks_(std::move(hooks)) {}
+namespace {
+
+// When a waiting call gives up: a little before its own deadline, so that
+// the caller gets the server's explanation rather than its own bare
+// DEADLINE_EXCEEDED, and after kMaxWait at most.
+absl::Time WaitDeadline(const grpc::ServerContext& context) {
+  const absl::Time now = absl::Now();
+  const absl::Time deadline =
+      std::min(absl::FromChrono(context.deadline()), now + ParameterServerService::kMaxWait);
+  return deadline - std::min(absl::Milliseconds(100), (deadline - now) / 5);
+}
+
+}  // namespace
+
+ParameterServerService::ParameterServerService(ParameterStore* store, Tables* tables,
+                                               uint32_t index, ServiceHooks hooks)
+    : store_(store), tables_(tables), index_(index), hooks_(std::move(hooks)) {}
 
 absl::Status ParameterServerService::CheckServing() const {
   if (serving_.load(std::memory_order_acquire)) return absl::OkStatus();
@@ -22,24 +37,25 @@ absl::Status ParameterServerService::CheckServing() const {
       "pserver is starting: registering and loading its checkpoint; retry");
 }
 
-absl::Status ParameterServerService::ApplyOnce(const PushRequest& push) {
+absl::Status ParameterServerService::ApplyOnce(uint64_t client_id, uint64_t sequence,
+                                               absl::FunctionRef<absl::Status()> apply) {
   absl::ReaderMutexLock lock(&apply_mu_);
-  const bool tracked = push.client_id != 0 && push.sequence != 0;
+  const bool tracked = client_id != 0 && sequence != 0;
   if (tracked) {
-    switch (applied_.Begin(push.client_id, push.sequence)) {
+    switch (applied_.Begin(client_id, sequence)) {
       case AppliedSequences::kApplied:
         duplicates_.fetch_add(1, std::memory_order_relaxed);
         return absl::OkStatus();
       case AppliedSequences::kInProgress:
-        return absl::UnavailableError(absl::StrCat(
-            "push ", push.sequence, " of client ", absl::Hex(push.client_id),
-            " is still being applied; retry"));
+        return absl::UnavailableError(absl::StrCat("push ", sequence, " of client ",
+                                                   absl::Hex(client_id),
+                                                   " is still being applied; retry"));
       case AppliedSequences::kNew:
         break;
     }
   }
-  absl::Status status = store_->ApplyGradients(push.grads);
-  if (tracked) applied_.Finish(push.client_id, push.sequence);
+  absl::Status status = apply();
+  if (tracked) applied_.Finish(client_id, sequence);
   const uint64_t every = hooks_.drop_reply_after_apply_every_n;
   if (status.ok() && every > 0 &&
       (pushes_applied_.fetch_add(1, std::memory_order_relaxed) + 1) % every == 0) {
@@ -73,9 +89,16 @@ grpc::Status ParameterServerService::GetParam(grpc::ServerContext*,
 
 namespace {
 
-// Finishes a callback call with `status`.
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
+int64_t UnixNanos() { return absl::ToUnixNanos(absl::Now()); }
+
+// Finishes a callback call with `status`, telling the client when it was
+// received (`received`, Unix nanoseconds) and processed (now).
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status,
+                                 int64_t received) {
+  v1::ServerTrace trace;
+  trace.set_received_unix_nanos(received);
+  trace.set_processed_unix_nanos(UnixNanos());
+  context->AddTrailingMetadata(kServerTraceMetadataKey, trace.SerializeAsString());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -109,15 +132,16 @@ absl::Status ParameterServerService::ReadParams(absl::Span<const v1::ParamRef> r
 grpc::ServerUnaryReactor* ParameterServerService::GetParams(grpc::CallbackServerContext* context,
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
-  if (absl::Status s = CheckServing(); !s.ok()) return Finish(context, s);
+  const int64_t received = UnixNanos();
+  if (absl::Status s = CheckServing(); !s.ok()) return Finish(context, s, received);
   v1::GetParamsRequest parsed;
   grpc::ByteBuffer copy(*request);  // shares the slices
   if (!grpc::SerializationTraits<v1::GetParamsRequest>::Deserialize(&copy, &parsed).ok()) {
     store_->CountRejected();
-    return Finish(context, absl::InvalidArgumentError("malformed GetParamsRequest"));
+    return Finish(context, absl::InvalidArgumentError("malformed GetParamsRequest"), received);
   }
   std::vector<v1::ParamRef> refs(parsed.params().begin(), parsed.params().end());
-  return Finish(context, ReadParams(refs, response));
+  return Finish(context, ReadParams(refs, response), received);
 }
 
 grpc::Status ParameterServerService::SendGrad(grpc::ServerContext*,
@@ -136,25 +160,28 @@ absl::Status ParameterServerService::DecodeAndApply(const grpc::ByteBuffer& requ
     return status;
   }
   PS_RETURN_IF_ERROR(CheckServing());
-  return ApplyOnce(*push);
+  return ApplyOnce(push->client_id, push->sequence,
+                   [&] { return store_->ApplyGradients(push->grads); });
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::SendGrads(grpc::CallbackServerContext* context,
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
+  const int64_t received = UnixNanos();
   PushRequest push;
   absl::Status status = DecodeAndApply(*request, &push);
   if (status.ok()) *response = EmptyMessage();
-  return Finish(context, status);
+  return Finish(context, status, received);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
+  const int64_t received = UnixNanos();
   PushRequest push;
   absl::Status status = DecodeAndApply(*request, &push);
   if (status.ok()) status = ReadParams(push.refs, response);
-  return Finish(context, status);
+  return Finish(context, status, received);
 }
 
 grpc::Status ParameterServerService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
@@ -193,6 +220,64 @@ grpc::Status ParameterServerService::ListWorkers(grpc::ServerContext*,
   if (!workers.ok()) return ToGrpcStatus(workers.status());
   for (v1::WorkerInfo& w : *workers) *response->add_workers() = std::move(w);
   return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::CreateTable(grpc::ServerContext*,
+                                                 const v1::CreateTableRequest* request,
+                                                 v1::CreateTableResponse*) {
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(tables_->Create(*request));
+}
+
+grpc::Status ParameterServerService::TablePull(grpc::ServerContext* context,
+                                               const v1::TablePullRequest* request,
+                                               v1::TablePullResponse* response) {
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(tables_->Pull(*request, response, WaitDeadline(*context)));
+}
+
+grpc::Status ParameterServerService::TablePush(grpc::ServerContext*,
+                                               const v1::TablePushRequest* request,
+                                               v1::TablePushResponse* response) {
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(ApplyOnce(request->client_id(), request->sequence(),
+                                [&] { return tables_->Push(*request, response); }));
+}
+
+grpc::Status ParameterServerService::Clock(grpc::ServerContext*, const v1::ClockRequest* request,
+                                           v1::ClockResponse* response) {
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<int64_t> clock = tables_->Clock(*request);
+  if (!clock.ok()) return ToGrpcStatus(clock.status());
+  response->set_clock(*clock);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::TableStats(grpc::ServerContext*, const v1::TableStatsRequest*,
+                                                v1::TableStatsResponse* response) {
+  tables_->Stats(response);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::Barrier(grpc::ServerContext* context,
+                                             const v1::BarrierRequest* request,
+                                             v1::BarrierResponse*) {
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(tables_->Barrier(*request, WaitDeadline(*context)));
+}
+
+grpc::Status ParameterServerService::AllReduce(grpc::ServerContext* context,
+                                               const v1::AllReduceRequest* request,
+                                               v1::AllReduceResponse* response) {
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(tables_->AllReduce(*request, response, WaitDeadline(*context)));
+}
+
+grpc::Status ParameterServerService::Broadcast(grpc::ServerContext* context,
+                                               const v1::BroadcastRequest* request,
+                                               v1::BroadcastResponse* response) {
+  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(tables_->Broadcast(*request, response, WaitDeadline(*context)));
 }
 
 }  // namespace pserver

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cc/core/parameter_store.h"
+#include "cc/core/tables.h"
 #include "cc/server/applied_sequences.h"
 #include "pserver/v1/registry.pb.h"
 #include "pserver/v1/service.grpc.pb.h"
@@ -47,8 +48,9 @@ struct ServiceHooks {
 
 class ParameterServerService final : public ServiceBase {
  public:
-  // `store` must outlive the service.
-  ParameterServerService(ParameterStore* store, uint32_t index, ServiceHooks hooks = {});
+  // `store` and `tables` must outlive the service.
+  ParameterServerService(ParameterStore* store, Tables* tables, uint32_t index,
+                         ServiceHooks hooks = {});
 
   // While not serving (a server still claiming its index or loading its
   // checkpoint) every call but GetStats fails with UNAVAILABLE, which
@@ -90,11 +92,35 @@ class ParameterServerService final : public ServiceBase {
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
 
+  // Tables and collectives (cc/core/tables.h). Waiting calls (consistent
+  // reads, barriers, all-reduce) wait within the call's deadline, and at most
+  // kMaxWait.
+  grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
+                           v1::CreateTableResponse* response) override;
+  grpc::Status TablePull(grpc::ServerContext* context, const v1::TablePullRequest* request,
+                         v1::TablePullResponse* response) override;
+  grpc::Status TablePush(grpc::ServerContext* context, const v1::TablePushRequest* request,
+                         v1::TablePushResponse* response) override;
+  grpc::Status Clock(grpc::ServerContext* context, const v1::ClockRequest* request,
+                     v1::ClockResponse* response) override;
+  grpc::Status TableStats(grpc::ServerContext* context, const v1::TableStatsRequest* request,
+                          v1::TableStatsResponse* response) override;
+  grpc::Status Barrier(grpc::ServerContext* context, const v1::BarrierRequest* request,
+                       v1::BarrierResponse* response) override;
+  grpc::Status AllReduce(grpc::ServerContext* context, const v1::AllReduceRequest* request,
+                         v1::AllReduceResponse* response) override;
+  grpc::Status Broadcast(grpc::ServerContext* context, const v1::BroadcastRequest* request,
+                         v1::BroadcastResponse* response) override;
+
+  static constexpr absl::Duration kMaxWait = absl::Minutes(10);
+
  private:
   // UNAVAILABLE while not serving.
   absl::Status CheckServing() const;
-  // Applies a push's gradients unless its request id was applied before.
-  absl::Status ApplyOnce(const PushRequest& push);
+  // Runs `apply` unless the push (client_id, sequence) was applied before;
+  // client_id 0 is not tracked.
+  absl::Status ApplyOnce(uint64_t client_id, uint64_t sequence,
+                         absl::FunctionRef<absl::Status()> apply);
   // Decodes a SendGrads/PushPull request and applies it (once).
   absl::Status DecodeAndApply(const grpc::ByteBuffer& request, PushRequest* push);
 
@@ -102,6 +128,7 @@ class ParameterServerService final : public ServiceBase {
   absl::Status ReadParams(absl::Span<const v1::ParamRef> refs, grpc::ByteBuffer* response);
 
   ParameterStore* const store_;
+  Tables* const tables_;
   std::atomic<uint32_t> index_;
   const ServiceHooks hooks_;
   const absl::Time started_ = absl::Now();

@@ -1,0 +1,310 @@
+#include "cc/client/table.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cc/client/placement.h"
+#include "cc/core/status_macros.h"
+#include "cc/core/tables.h"
+
+namespace pserver {
+namespace {
+
+// Hands the servers' times in table replies to a call's trace.
+template <typename Response>
+void RecordServerTimes(const std::vector<Response>& responses, TraceRecorder* trace) {
+  if (trace == nullptr) return;
+  for (const Response& response : responses) trace->Server(response.trace());
+}
+
+}  // namespace
+
+// One request's worth of keys: a run of one server's keys, with the
+// positions in the caller's key list they came from.
+struct Table::Split {
+  struct Part {
+    int server = 0;
+    std::vector<uint64_t> keys;
+    std::vector<size_t> positions;
+  };
+  std::vector<Part> parts;
+};
+
+Table::Table(Client* client, std::string name, v1::TableConfig config)
+    : client_(client), name_(std::move(name)), config_(std::move(config)) {
+  if (config_.element_type() == v1::ELEMENT_TYPE_UNSPECIFIED) {
+    config_.set_element_type(v1::FLOAT32);
+  }
+}
+
+absl::StatusOr<Table> Table::Create(Client& client, std::string name, const v1::TableConfig& config,
+                                    const CallOptions& call) {
+  v1::CreateTableRequest request;
+  request.set_name(name);
+  *request.mutable_config() = config;
+  std::vector<v1::CreateTableResponse> responses(client.num_servers());
+  PS_RETURN_IF_ERROR(client.RunWithRetries(
+      responses.size(), [](size_t i) { return static_cast<int>(i); },
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        t.CreateTable(request, &responses[i], deadline, std::move(done));
+      },
+      client.Deadline(call)));
+  return Table(&client, std::move(name), config);
+}
+
+size_t Table::row_bytes() const { return config_.dim() * ElementSize(element_type()); }
+
+absl::StatusOr<int> Table::ServerOf(uint64_t key) const {
+  return KeyServer(key, config_.partitioning(), client_->num_servers());
+}
+
+absl::Status Table::CheckType(ElementType type) const {
+  if (type == element_type()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("table '", name_, "' holds ",
+                                                 ElementTypeName(element_type()), " values, not ",
+                                                 ElementTypeName(type)));
+}
+
+Ticket Table::PullAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
+                        const CallOptions& call) const {
+  return client_->RunAsync(
+      [table = *this, keys, out](const CallOptions& c) { return table.Pull(keys, out, c); }, call);
+}
+
+Ticket Table::PushAsync(absl::Span<const uint64_t> keys, absl::string_view grads,
+                        const CallOptions& call) const {
+  return client_->RunAsync(
+      [table = *this, keys, grads](const CallOptions& c) { return table.Push(keys, grads, c); },
+      call);
+}
+
+absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) const {
+  const int n = client_->num_servers();
+  std::vector<std::vector<size_t>> by_server(n);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    PS_ASSIGN_OR_RETURN(int server, ServerOf(keys[i]));
+    by_server[server].push_back(i);
+  }
+  // Requests of about max_request_bytes of rows each.
+  const size_t per_request =
+      std::max<size_t>(1, client_->options_.max_request_bytes / std::max<size_t>(1, row_bytes()));
+  Split split;
+  for (int server = 0; server < n; ++server) {
+    const std::vector<size_t>& positions = by_server[server];
+    for (size_t begin = 0; begin < positions.size(); begin += per_request) {
+      const size_t end = std::min(positions.size(), begin + per_request);
+      Split::Part part;
+      part.server = server;
+      part.positions.assign(positions.begin() + begin, positions.begin() + end);
+      part.keys.reserve(part.positions.size());
+      for (size_t p : part.positions) part.keys.push_back(keys[p]);
+      split.parts.push_back(std::move(part));
+    }
+  }
+  return split;
+}
+
+absl::Status Table::Pull(absl::Span<const uint64_t> keys, absl::Span<char> out,
+                         const CallOptions& call) const {
+  return DoPull(keys, out, /*worker=*/"", /*clock=*/0, call);
+}
+
+absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out,
+                           const std::string& worker, int64_t clock,
+                           const CallOptions& call) const {
+  const size_t row = row_bytes();
+  if (out.size() != keys.size() * row) {
+    return absl::InvalidArgumentError(absl::StrCat("pull from table '", name_, "': ", keys.size(),
+                                                   " keys need ", keys.size() * row,
+                                                   " bytes of output, got ", out.size()));
+  }
+  PS_ASSIGN_OR_RETURN(Split split, SplitKeys(keys));
+  std::vector<v1::TablePullRequest> requests(split.parts.size());
+  std::vector<v1::TablePullResponse> responses(split.parts.size());
+  for (size_t i = 0; i < split.parts.size(); ++i) {
+    requests[i].set_table(name_);
+    requests[i].set_keys(EncodeKeys(split.parts[i].keys));
+    requests[i].set_worker(worker);
+    requests[i].set_clock(clock);
+  }
+  PS_RETURN_IF_ERROR(client_->RunWithRetries(
+      split.parts.size(), [&](size_t i) { return split.parts[i].server; },
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        t.TablePull(requests[i], &responses[i], deadline, std::move(done));
+      },
+      client_->Deadline(call), call.trace));
+  RecordServerTimes(responses, call.trace);
+  for (size_t i = 0; i < split.parts.size(); ++i) {
+    const std::string& values = responses[i].values();
+    const Split::Part& part = split.parts[i];
+    if (values.size() != part.keys.size() * row) {
+      return absl::DataLossError(absl::StrCat(
+          "table '", name_, "': server ", client_->addresses()[part.server], " returned ",
+          values.size(), " bytes for ", part.keys.size(), " rows of ", row, " bytes"));
+    }
+    for (size_t j = 0; j < part.positions.size(); ++j) {
+      std::memcpy(out.data() + part.positions[j] * row, values.data() + j * row, row);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Table::Push(absl::Span<const uint64_t> keys, absl::string_view grads,
+                         const CallOptions& call) const {
+  return DoPush(keys, grads, /*worker=*/"", /*clock=*/0, call);
+}
+
+absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view grads,
+                           const std::string& worker, int64_t clock,
+                           const CallOptions& call) const {
+  const size_t row = row_bytes();
+  if (grads.size() != keys.size() * row) {
+    return absl::InvalidArgumentError(absl::StrCat("push to table '", name_, "': ", keys.size(),
+                                                   " keys need ", keys.size() * row,
+                                                   " bytes of values, got ", grads.size()));
+  }
+  PS_ASSIGN_OR_RETURN(Split split, SplitKeys(keys));
+  std::vector<v1::TablePushRequest> requests(split.parts.size());
+  std::vector<v1::TablePushResponse> responses(split.parts.size());
+  for (size_t i = 0; i < split.parts.size(); ++i) {
+    const Split::Part& part = split.parts[i];
+    v1::TablePushRequest& request = requests[i];
+    request.set_table(name_);
+    request.set_keys(EncodeKeys(part.keys));
+    request.set_worker(worker);
+    request.set_clock(clock);
+    std::string* values = request.mutable_values();
+    values->resize(part.keys.size() * row);
+    for (size_t j = 0; j < part.positions.size(); ++j) {
+      std::memcpy(values->data() + j * row, grads.data() + part.positions[j] * row, row);
+    }
+    // One id per request, the same on every retry: applied once.
+    request.set_client_id(client_->client_id());
+    request.set_sequence(client_->NextSequence(part.server));
+  }
+  PS_RETURN_IF_ERROR(client_->RunWithRetries(
+      split.parts.size(), [&](size_t i) { return split.parts[i].server; },
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        t.TablePush(requests[i], &responses[i], deadline, std::move(done));
+      },
+      client_->Deadline(call), call.trace));
+  RecordServerTimes(responses, call.trace);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call) const {
+  const v1::TableStatsRequest request;
+  std::vector<v1::TableStatsResponse> responses(client_->num_servers());
+  PS_RETURN_IF_ERROR(client_->RunWithRetries(
+      responses.size(), [](size_t i) { return static_cast<int>(i); },
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        t.TableStats(request, &responses[i], deadline, std::move(done));
+      },
+      client_->Deadline(call)));
+  std::vector<v1::TableStats> stats;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    auto it = std::find_if(responses[i].tables().begin(), responses[i].tables().end(),
+                           [&](const v1::TableStats& s) { return s.name() == name_; });
+    if (it == responses[i].tables().end()) {
+      return absl::NotFoundError(
+          absl::StrCat("server ", client_->addresses()[i], " has no table '", name_, "'"));
+    }
+    stats.push_back(*it);
+  }
+  return stats;
+}
+
+// --- KvWorker ---
+
+KvWorker::KvWorker(Table table, std::string worker, int64_t clock)
+    : table_(std::move(table)), worker_(std::move(worker)), clock_(clock) {}
+
+absl::StatusOr<std::unique_ptr<KvWorker>> KvWorker::Join(const Table& table, std::string worker,
+                                                         const CallOptions& call) {
+  if (worker.empty()) return absl::InvalidArgumentError("a worker needs a non-empty id");
+  std::unique_ptr<KvWorker> joined(new KvWorker(table, std::move(worker), 0));
+  PS_ASSIGN_OR_RETURN(joined->clock_, joined->ClockOp(v1::ClockRequest::JOIN, call));
+  return joined;
+}
+
+KvWorker::~KvWorker() {
+  if (!left_) Leave().IgnoreError();  // best effort: the servers may be gone
+}
+
+absl::Status KvWorker::CheckJoined() const {
+  if (!left_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker '", worker_, "' has left table '", table_.name(), "'"));
+}
+
+absl::StatusOr<int64_t> KvWorker::ClockOp(v1::ClockRequest::Op op, const CallOptions& call) const {
+  Client& client = *table_.client_;
+  v1::ClockRequest request;
+  request.set_table(table_.name());
+  request.set_worker(worker_);
+  request.set_op(op);
+  if (op == v1::ClockRequest::TICK) request.set_to(clock_ + 1);
+  std::vector<v1::ClockResponse> responses(client.num_servers());
+  PS_RETURN_IF_ERROR(client.RunWithRetries(
+      responses.size(), [](size_t i) { return static_cast<int>(i); },
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        t.Clock(request, &responses[i], deadline, std::move(done));
+      },
+      client.Deadline(call)));
+  // Every server keeps the same clock for a worker; a server that restarted
+  // from an older checkpoint may be behind, so the worker goes by the most
+  // advanced one.
+  int64_t clock = responses.empty() ? 0 : responses[0].clock();
+  for (const v1::ClockResponse& r : responses) clock = std::max(clock, r.clock());
+  return clock;
+}
+
+absl::Status KvWorker::Get(absl::Span<const uint64_t> keys, absl::Span<char> out,
+                           const CallOptions& call) {
+  PS_RETURN_IF_ERROR(CheckJoined());
+  return table_.DoPull(keys, out, worker_, clock_, call);
+}
+
+absl::Status KvWorker::Add(absl::Span<const uint64_t> keys, absl::string_view vals,
+                           const CallOptions& call) {
+  PS_RETURN_IF_ERROR(CheckJoined());
+  return table_.DoPush(keys, vals, worker_, clock_, call);
+}
+
+std::vector<uint64_t> KvWorker::ChunkKeys(absl::Span<const uint64_t> chunk_ids) const {
+  const uint64_t size = std::max<uint32_t>(1, table_.config().chunk_size());
+  std::vector<uint64_t> keys;
+  keys.reserve(chunk_ids.size() * size);
+  for (uint64_t chunk : chunk_ids) {
+    for (uint64_t k = 0; k < size; ++k) keys.push_back(chunk * size + k);
+  }
+  return keys;
+}
+
+absl::Status KvWorker::GetChunk(absl::Span<const uint64_t> chunk_ids, absl::Span<char> out,
+                                const CallOptions& call) {
+  return Get(ChunkKeys(chunk_ids), out, call);
+}
+
+absl::Status KvWorker::AddChunk(absl::Span<const uint64_t> chunk_ids, absl::string_view vals,
+                                const CallOptions& call) {
+  return Add(ChunkKeys(chunk_ids), vals, call);
+}
+
+absl::Status KvWorker::Clock(const CallOptions& call) {
+  PS_RETURN_IF_ERROR(CheckJoined());
+  PS_ASSIGN_OR_RETURN(clock_, ClockOp(v1::ClockRequest::TICK, call));
+  return absl::OkStatus();
+}
+
+absl::Status KvWorker::Leave(const CallOptions& call) {
+  PS_RETURN_IF_ERROR(CheckJoined());
+  left_ = true;
+  absl::Status status = ClockOp(v1::ClockRequest::LEAVE, call).status();
+  // A retried leave finds the worker gone: it left.
+  return absl::IsNotFound(status) ? absl::OkStatus() : status;
+}
+
+}  // namespace pserver

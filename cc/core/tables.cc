@@ -1,0 +1,348 @@
+#include "cc/core/tables.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cc/core/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace pserver {
+namespace {
+
+int64_t UnixNanos() { return absl::ToUnixNanos(absl::Now()); }
+
+// The config as a table keeps it, so that equal configs compare equal.
+v1::TableConfig Normalized(v1::TableConfig config) {
+  if (config.element_type() == v1::ELEMENT_TYPE_UNSPECIFIED) {
+    config.set_element_type(v1::FLOAT32);
+  }
+  return config;
+}
+
+int64_t StalenessOf(const v1::Consistency& consistency) {
+  switch (consistency.model()) {
+    case v1::Consistency::BSP:
+      return 0;
+    case v1::Consistency::SSP:
+      return consistency.staleness();
+    default:
+      return -1;  // ASP: never waits
+  }
+}
+
+ReduceOp ReduceOpOf(v1::AllReduceRequest::Op op) {
+  return op == v1::AllReduceRequest::MEAN ? ReduceOp::kMean : ReduceOp::kSum;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint64_t>> DecodeKeys(absl::string_view bytes) {
+  if (bytes.size() % sizeof(uint64_t) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keys must be whole little-endian uint64s, got ", bytes.size(), " bytes"));
+  }
+  std::vector<uint64_t> keys(bytes.size() / sizeof(uint64_t));
+  if (!keys.empty()) std::memcpy(keys.data(), bytes.data(), bytes.size());
+  return keys;
+}
+
+std::string EncodeKeys(absl::Span<const uint64_t> keys) {
+  return std::string(reinterpret_cast<const char*>(keys.data()), keys.size() * sizeof(uint64_t));
+}
+
+absl::Status TableHandler::Pull(SparseTable& table, absl::Span<const uint64_t> keys,
+                                absl::Span<char> out) {
+  return table.Pull(keys, out);
+}
+
+absl::Status TableHandler::Push(SparseTable& table, absl::Span<const uint64_t> keys,
+                                absl::string_view values) {
+  return table.Push(keys, values);
+}
+
+Tables::Tables(TablesOptions options) : options_(std::move(options)) {}
+
+Tables::~Tables() { Shutdown(); }
+
+absl::Status Tables::Create(const v1::CreateTableRequest& request) {
+  if (request.name().empty()) return absl::InvalidArgumentError("a table needs a name");
+  const v1::TableConfig config = Normalized(request.config());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tables_.find(request.name());
+    if (it != tables_.end()) {
+      if (google::protobuf::util::MessageDifferencer::Equals(it->second->table->config(), config)) {
+        return absl::OkStatus();
+      }
+      return absl::AlreadyExistsError(
+          absl::StrCat("table '", request.name(), "' already exists with another config: {",
+                       it->second->table->config().ShortDebugString(), "}, asked for {",
+                       config.ShortDebugString(), "}"));
+    }
+  }
+  // Built outside the lock; a racing create of the same name keeps the first.
+  PS_ASSIGN_OR_RETURN(auto table, SparseTable::Create(request.name(), config, options_.table));
+  auto entry = std::make_shared<Entry>();
+  entry->table = std::move(table);
+  absl::MutexLock lock(&mu_);
+  tables_.emplace(request.name(), std::move(entry));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Tables::Entry>> Tables::Find(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tables_.find(name);
+  if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table '", name, "'"));
+  return it->second;
+}
+
+std::shared_ptr<TableHandler> Tables::HandlerOf(const std::string& name) const {
+  static TableHandler* const kDefault = new TableHandler();
+  absl::MutexLock lock(&mu_);
+  auto it = handlers_.find(name);
+  if (it != handlers_.end()) return it->second;
+  return std::shared_ptr<TableHandler>(std::shared_ptr<TableHandler>(), kDefault);
+}
+
+void Tables::MaybeSweep(Entry& entry) {
+  if (entry.table->config().eviction().ttl_seconds() <= 0) return;
+  const absl::Time now = Now();
+  {
+    absl::MutexLock lock(&entry.sweep_mu);
+    if (now - entry.last_sweep < options_.sweep_interval) return;
+    entry.last_sweep = now;
+  }
+  entry.table->EvictExpired();
+}
+
+absl::Status Tables::Pull(const v1::TablePullRequest& request, v1::TablePullResponse* response,
+                          absl::Time deadline) {
+  const int64_t received = UnixNanos();
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(request.table()));
+  PS_ASSIGN_OR_RETURN(std::vector<uint64_t> keys, DecodeKeys(request.keys()));
+  const int64_t staleness = StalenessOf(entry->table->config().consistency());
+  if (staleness >= 0 && !request.worker().empty()) {
+    absl::Status waited = entry->clocks.WaitUntilAll(request.clock() - staleness, deadline);
+    if (!waited.ok()) {
+      return absl::Status(waited.code(),
+                          absl::StrCat("table '", request.table(), "': read by ", request.worker(),
+                                       " at clock ", request.clock(), ": ", waited.message()));
+    }
+  }
+  MaybeSweep(*entry);
+  std::string* values = response->mutable_values();
+  values->resize(keys.size() * entry->table->row_bytes());
+  absl::Status status;
+  {
+    absl::ReaderMutexLock lock(&entry->bsp_mu);  // after the adds the clock released
+    status = HandlerOf(request.table())->Pull(*entry->table, keys, absl::MakeSpan(*values));
+  }
+  if (!status.ok()) {
+    response->clear_values();
+    return status;
+  }
+  response->mutable_trace()->set_received_unix_nanos(received);
+  response->mutable_trace()->set_processed_unix_nanos(UnixNanos());
+  return absl::OkStatus();
+}
+
+absl::Status Tables::Push(const v1::TablePushRequest& request, v1::TablePushResponse* response) {
+  const int64_t received = UnixNanos();
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(request.table()));
+  PS_ASSIGN_OR_RETURN(std::vector<uint64_t> keys, DecodeKeys(request.keys()));
+  MaybeSweep(*entry);
+  bool held = false;
+  if (HoldsAdds(*entry) && !request.worker().empty()) {
+    // Checked now, since a held-back add is acknowledged before it applies.
+    const size_t want = keys.size() * entry->table->row_bytes();
+    if (request.values().size() != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to table '", request.table(), "': ", keys.size(), " keys need ", want,
+                       " bytes of values, got ", request.values().size()));
+    }
+    absl::MutexLock lock(&entry->bsp_mu);
+    if (request.clock() >= entry->clocks.MinClock()) {
+      v1::PendingAdds::Add add;
+      add.set_clock(request.clock());
+      add.set_keys(request.keys());
+      add.set_values(request.values());
+      entry->pending[request.clock()].push_back(std::move(add));
+      held = true;
+    }
+  }
+  if (!held) PS_RETURN_IF_ERROR(Apply(*entry, request.table(), keys, request.values()));
+  if (response != nullptr) {
+    response->mutable_trace()->set_received_unix_nanos(received);
+    response->mutable_trace()->set_processed_unix_nanos(UnixNanos());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Tables::Apply(Entry& entry, const std::string& name, absl::Span<const uint64_t> keys,
+                           absl::string_view values) {
+  return HandlerOf(name)->Push(*entry.table, keys, values);
+}
+
+absl::StatusOr<int64_t> Tables::Clock(const v1::ClockRequest& request) {
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(request.table()));
+  if (!HoldsAdds(*entry)) return ChangeClock(*entry, request);
+  absl::MutexLock lock(&entry->bsp_mu);
+  PS_ASSIGN_OR_RETURN(int64_t clock, ChangeClock(*entry, request));
+  const int64_t min_clock = entry->clocks.MinClock();
+  while (!entry->pending.empty() && (min_clock < 0 || entry->pending.begin()->first < min_clock)) {
+    for (const v1::PendingAdds::Add& add : entry->pending.begin()->second) {
+      absl::StatusOr<std::vector<uint64_t>> keys = DecodeKeys(add.keys());
+      // Checked when held back; an add the table still refuses (a non-finite
+      // value) is dropped, as it would have been refused had it come alone.
+      if (keys.ok()) Apply(*entry, entry->table->name(), *keys, add.values()).IgnoreError();
+    }
+    entry->pending.erase(entry->pending.begin());
+  }
+  return clock;
+}
+
+absl::StatusOr<int64_t> Tables::ChangeClock(Entry& entry, const v1::ClockRequest& request) {
+  switch (request.op()) {
+    case v1::ClockRequest::JOIN:
+      return entry.clocks.Join(request.worker());
+    case v1::ClockRequest::LEAVE: {
+      PS_ASSIGN_OR_RETURN(int64_t clock, entry.clocks.ClockOf(request.worker()));
+      PS_RETURN_IF_ERROR(entry.clocks.Leave(request.worker()));
+      return clock;
+    }
+    case v1::ClockRequest::TICK: {
+      if (request.to() > 0) {
+        PS_ASSIGN_OR_RETURN(int64_t clock, entry.clocks.ClockOf(request.worker()));
+        if (clock >= request.to()) return clock;  // a retried tick
+      }
+      return entry.clocks.Tick(request.worker());
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown clock operation ", static_cast<int>(request.op())));
+  }
+}
+
+void Tables::Stats(v1::TableStatsResponse* response) const {
+  for (const auto& [name, entry] : Entries()) {
+    v1::TableStats* stats = response->add_tables();
+    *stats = entry->table->Stats();
+    stats->set_min_clock(entry->clocks.MinClock());
+    stats->set_workers(static_cast<uint32_t>(entry->clocks.size()));
+  }
+}
+
+absl::Status Tables::Barrier(const v1::BarrierRequest& request, absl::Time deadline) {
+  return collectives_.Barrier(request.name(), request.generation(), request.size(),
+                              request.participant(), deadline);
+}
+
+absl::Status Tables::AllReduce(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,
+                               absl::Time deadline) {
+  return collectives_.AllReduce(request.name(), request.generation(), request.size(),
+                                request.participant(), request.element_type(), request.data(),
+                                ReduceOpOf(request.op()), response->mutable_data(), deadline);
+}
+
+absl::Status Tables::Broadcast(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,
+                               absl::Time deadline) {
+  if (request.root()) {
+    return collectives_.BroadcastPut(request.name(), request.generation(), request.size(),
+                                     request.data());
+  }
+  return collectives_.BroadcastGet(request.name(), request.generation(), request.size(),
+                                   request.participant(), response->mutable_data(), deadline);
+}
+
+void Tables::SetHandler(const std::string& name, std::shared_ptr<TableHandler> handler) {
+  absl::MutexLock lock(&mu_);
+  if (handler == nullptr) {
+    handlers_.erase(name);
+  } else {
+    handlers_[name] = std::move(handler);
+  }
+}
+
+size_t Tables::EvictExpired() {
+  size_t evicted = 0;
+  for (const auto& [name, entry] : Entries()) evicted += entry->table->EvictExpired();
+  return evicted;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Tables::Entry>>> Tables::Entries() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<std::string, std::shared_ptr<Entry>>> entries(tables_.begin(),
+                                                                      tables_.end());
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return entries;
+}
+
+void Tables::SaveTo(std::map<std::string, std::string>* extensions) const {
+  // Not under mu_: a clock change holds an entry's bsp_mu and then mu_.
+  for (const auto& [name, entry] : Entries()) {
+    (*extensions)[absl::StrCat(kTablePrefix, name)] = entry->table->Serialize();
+    (*extensions)[absl::StrCat(kClocksPrefix, name)] = entry->clocks.Serialize();
+    absl::MutexLock pending_lock(&entry->bsp_mu);
+    if (entry->pending.empty()) continue;
+    v1::PendingAdds pending;
+    for (const auto& [clock, adds] : entry->pending) {
+      for (const v1::PendingAdds::Add& add : adds) *pending.add_adds() = add;
+    }
+    (*extensions)[absl::StrCat(kPendingPrefix, name)] = pending.SerializeAsString();
+  }
+}
+
+absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& extensions) {
+  absl::flat_hash_map<std::string, std::shared_ptr<Entry>> restored;
+  for (const auto& [key, bytes] : extensions) {
+    if (!absl::StartsWith(key, kTablePrefix)) continue;
+    auto table = SparseTable::Deserialize(bytes, options_.table);
+    if (!table.ok()) {
+      return absl::Status(table.status().code(), absl::StrCat("checkpoint extension '", key,
+                                                              "': ", table.status().message()));
+    }
+    auto entry = std::make_shared<Entry>();
+    entry->table = *std::move(table);
+    const std::string name = entry->table->name();
+    auto clocks = extensions.find(absl::StrCat(kClocksPrefix, name));
+    if (clocks != extensions.end()) {
+      absl::Status status = entry->clocks.Restore(clocks->second);
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat("checkpoint extension '", clocks->first,
+                                                        "': ", status.message()));
+      }
+    }
+    auto pending = extensions.find(absl::StrCat(kPendingPrefix, name));
+    if (pending != extensions.end()) {
+      v1::PendingAdds adds;
+      if (!adds.ParseFromString(pending->second)) {
+        return absl::DataLossError(
+            absl::StrCat("checkpoint extension '", pending->first, "' does not parse"));
+      }
+      absl::MutexLock lock(&entry->bsp_mu);
+      for (v1::PendingAdds::Add& add : *adds.mutable_adds()) {
+        const int64_t clock = add.clock();
+        entry->pending[clock].push_back(std::move(add));
+      }
+    }
+    restored.emplace(name, std::move(entry));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!tables_.empty()) {
+    return absl::FailedPreconditionError("tables can only be restored into a server without any");
+  }
+  tables_ = std::move(restored);
+  return absl::OkStatus();
+}
+
+void Tables::Shutdown() {
+  collectives_.Shutdown();
+  for (const auto& [name, entry] : Entries()) entry->clocks.Shutdown();
+}
+
+}  // namespace pserver

@@ -1,0 +1,159 @@
+// Tables: one server's sparse and KV tables, their workers' clocks, and the
+// rendezvous slots of collectives. The gRPC service and the in-process
+// transport both answer table and collective requests through this class, so
+// the two paths cannot drift apart.
+//
+//   Tables tables;
+//   v1::CreateTableRequest create;
+//   create.set_name("emb");
+//   create.mutable_config()->set_dim(16);
+//   PS_RETURN_IF_ERROR(tables.Create(create));
+//   v1::TablePullResponse rows;
+//   PS_RETURN_IF_ERROR(tables.Pull(pull_request, &rows, deadline));
+//
+// Consistency: a pull that names a worker and its clock c waits, under BSP
+// (staleness 0) or SSP (staleness s), until every registered worker of the
+// table has reached clock c - s, or the deadline; ASP never waits.
+//
+// Extension point: SetHandler installs a TableHandler that receives every
+// pull and push of one table on this server (ps-lite's request handle), and
+// may answer it itself or hand it on to the table.
+//
+// Thread-safe.
+#ifndef PSERVER_CC_CORE_TABLES_H_
+#define PSERVER_CC_CORE_TABLES_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cc/core/collectives.h"
+#include "cc/core/sparse_table.h"
+#include "cc/core/worker_clocks.h"
+#include "pserver/v1/service.pb.h"
+#include "pserver/v1/table.pb.h"
+
+namespace pserver {
+
+// Custom request handling for one table. The defaults do what the table
+// does on its own; override either to change it (e.g. keep only the maximum
+// of the pushed values, count or filter keys, compute rows on the fly).
+// Called from many threads at once; `table` is the table's own storage.
+class TableHandler {
+ public:
+  virtual ~TableHandler() = default;
+  // Fills `out` (keys.size() * table.row_bytes() bytes) with the rows of `keys`.
+  virtual absl::Status Pull(SparseTable& table, absl::Span<const uint64_t> keys,
+                            absl::Span<char> out);
+  // Applies `values` (keys.size() * table.row_bytes() bytes) for `keys`.
+  virtual absl::Status Push(SparseTable& table, absl::Span<const uint64_t> keys,
+                            absl::string_view values);
+};
+
+struct TablesOptions {
+  SparseTableOptions table;  // time source of every table (tests inject one)
+  // How often expired rows (Eviction.ttl_seconds) are swept: on a table's
+  // next request once this much time has passed since its last sweep.
+  absl::Duration sweep_interval = absl::Seconds(1);
+};
+
+class Tables {
+ public:
+  explicit Tables(TablesOptions options = {});
+  ~Tables();
+  Tables(const Tables&) = delete;
+  Tables& operator=(const Tables&) = delete;
+
+  // Creates a table. Again with an equal config: OK, nothing changes; with
+  // another config: ALREADY_EXISTS. INVALID_ARGUMENT for an empty name or a
+  // bad config (naming the field).
+  absl::Status Create(const v1::CreateTableRequest& request);
+
+  // NOT_FOUND "no table 'x'" for an unknown table; INVALID_ARGUMENT for keys
+  // that are not whole uint64s or values of the wrong size; DEADLINE_EXCEEDED
+  // naming the workers a consistent read waited for.
+  absl::Status Pull(const v1::TablePullRequest& request, v1::TablePullResponse* response,
+                    absl::Time deadline);
+  absl::Status Push(const v1::TablePushRequest& request, v1::TablePushResponse* response);
+  absl::StatusOr<int64_t> Clock(const v1::ClockRequest& request);
+  void Stats(v1::TableStatsResponse* response) const;
+
+  absl::Status Barrier(const v1::BarrierRequest& request, absl::Time deadline);
+  absl::Status AllReduce(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,
+                         absl::Time deadline);
+  absl::Status Broadcast(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,
+                         absl::Time deadline);
+
+  // Routes table `name`'s pulls and pushes through `handler` (null: back to
+  // the default). The table need not exist yet.
+  void SetHandler(const std::string& name, std::shared_ptr<TableHandler> handler);
+
+  // Sweeps expired rows of every table now; returns how many were evicted.
+  size_t EvictExpired();
+
+  // Checkpoints: every table as extension "table/<name>", its clocks as
+  // "clocks/<name>" and its held-back BSP adds as "pending/<name>".
+  void SaveTo(std::map<std::string, std::string>* extensions) const;
+  // Recreates the tables and clocks found in `extensions` (others are
+  // ignored). FAILED_PRECONDITION if a table already exists; DATA_LOSS or
+  // INVALID_ARGUMENT naming the extension that does not decode. All or nothing.
+  absl::Status RestoreFrom(const std::map<std::string, std::string>& extensions);
+
+  // Wakes every waiting pull and collective with UNAVAILABLE.
+  void Shutdown();
+
+  static constexpr absl::string_view kTablePrefix = "table/";
+  static constexpr absl::string_view kClocksPrefix = "clocks/";
+  static constexpr absl::string_view kPendingPrefix = "pending/";
+
+ private:
+  struct Entry {
+    std::unique_ptr<SparseTable> table;
+    WorkerClocks clocks;
+    absl::Mutex sweep_mu;
+    absl::Time last_sweep ABSL_GUARDED_BY(sweep_mu) = absl::InfinitePast();
+    // BSP: adds held back by the clock they were made at. A clock change
+    // applies the ones every worker has passed while holding bsp_mu
+    // exclusively; consistent reads hold it shared, so a read that the
+    // clock change let through sees those adds.
+    absl::Mutex bsp_mu;
+    std::map<int64_t, std::vector<v1::PendingAdds::Add>> pending ABSL_GUARDED_BY(bsp_mu);
+  };
+
+  absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& name) const;
+  // Every table, by name. Lock order: an entry's bsp_mu before mu_.
+  std::vector<std::pair<std::string, std::shared_ptr<Entry>>> Entries() const;
+  std::shared_ptr<TableHandler> HandlerOf(const std::string& name) const;
+  void MaybeSweep(Entry& entry);
+  absl::Status Apply(Entry& entry, const std::string& name, absl::Span<const uint64_t> keys,
+                     absl::string_view values);
+  // Runs a clock change, then applies the held-back adds it released.
+  absl::StatusOr<int64_t> ChangeClock(Entry& entry, const v1::ClockRequest& request);
+  static bool HoldsAdds(const Entry& entry) {
+    return entry.table->config().consistency().model() == v1::Consistency::BSP;
+  }
+  absl::Time Now() const { return options_.table.now(); }
+
+  const TablesOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Entry>> tables_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<TableHandler>> handlers_ ABSL_GUARDED_BY(mu_);
+  Collectives collectives_;
+};
+
+// Keys as they travel (little-endian uint64s) and back. INVALID_ARGUMENT
+// when `bytes` is not a whole number of keys.
+absl::StatusOr<std::vector<uint64_t>> DecodeKeys(absl::string_view bytes);
+std::string EncodeKeys(absl::Span<const uint64_t> keys);
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_CORE_TABLES_H_
