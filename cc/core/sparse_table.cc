@@ -319,13 +319,12 @@ absl::Status SparseTable::Pull(absl::Span<const uint64_t> keys, absl::Span<char>
   return PullImpl<float>(keys, out);
 }
 
-template <typename T>
-absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out) {
+template <typename T, typename OnRow, typename OnPending>
+void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, OnRow on_row, OnPending on_pending) {
   const uint64_t call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
   const int64_t now = NowNanos();
   std::vector<uint32_t> order, starts;
   GroupByShard(keys, order, starts);
-  std::vector<uint32_t> initial;  // positions that read the initializer's value
   for (size_t s = 0; s < num_shards_; ++s) {
     if (starts[s] == starts[s + 1]) continue;
     Shard& shard = shards_[s];
@@ -341,12 +340,23 @@ absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<c
       } else if (Sight(shard, key, call)) {
         slot = CreateRow<T>(shard, key, now);
       } else {
-        initial.push_back(i);
+        on_pending(i);
         continue;
       }
-      std::memcpy(out.data() + i * row_bytes_, SlotData(shard, slot), row_bytes_);
+      on_row(i, shard, slot);
     }
   }
+}
+
+template <typename T>
+absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out) {
+  std::vector<uint32_t> initial;  // positions that read the initializer's value
+  ForEachRow<T>(
+      keys,
+      [&](uint32_t i, Shard& shard, uint32_t slot) {
+        std::memcpy(out.data() + i * row_bytes_, SlotData(shard, slot), row_bytes_);
+      },
+      [&](uint32_t i) { initial.push_back(i); });
   for (uint32_t i : initial) InitialRow(keys[i], out.subspan(i * row_bytes_, row_bytes_));
   keys_pulled_.fetch_add(keys.size(), std::memory_order_relaxed);
   return absl::OkStatus();
@@ -412,32 +422,15 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
     }
   }
 
-  const uint64_t call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
-  const int64_t now = NowNanos();
-  std::vector<uint32_t> order, starts;
-  GroupByShard(distinct, order, starts);
-  for (size_t s = 0; s < num_shards_; ++s) {
-    if (starts[s] == starts[s + 1]) continue;
-    Shard& shard = shards_[s];
-    absl::MutexLock lock(&shard.mu);
-    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
-      const uint32_t d = order[j];
-      const uint64_t key = distinct[d];
-      uint32_t slot;
-      auto it = shard.index.find(key);
-      if (it != shard.index.end()) {
-        slot = it->second;
-        Touch(shard, slot, now);
-      } else if (Sight(shard, key, call)) {
-        slot = CreateRow<T>(shard, key, now);
-      } else {
-        continue;  // not admitted yet: the gradient is dropped
-      }
-      T* row = reinterpret_cast<T*>(SlotData(shard, slot));
-      const uint64_t step = ++shard.meta[slot].step;
-      optimizer_.Apply<T>(row, row + dim_, sums.data() + static_cast<size_t>(d) * dim_, dim_, step);
-    }
-  }
+  ForEachRow<T>(
+      distinct,
+      [&](uint32_t d, Shard& shard, uint32_t slot) {
+        T* row = reinterpret_cast<T*>(SlotData(shard, slot));
+        const uint64_t step = ++shard.meta[slot].step;
+        optimizer_.Apply<T>(row, row + dim_, sums.data() + static_cast<size_t>(d) * dim_, dim_,
+                            step);
+      },
+      [](uint32_t) {});  // not admitted yet: the gradient is dropped
   keys_pushed_.fetch_add(n, std::memory_order_relaxed);
   return absl::OkStatus();
 }

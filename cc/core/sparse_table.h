@@ -153,6 +153,11 @@ class SparseTable {
 
   template <typename T>
   absl::Status PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out);
+  // Finds (or, once admitted, creates) the row of each key, shard by shard
+  // under the shard's lock, touching it: on_row(i, shard, slot) for keys[i]
+  // with a row, on_pending(i) for a key not admitted yet.
+  template <typename T, typename OnRow, typename OnPending>
+  void ForEachRow(absl::Span<const uint64_t> keys, OnRow on_row, OnPending on_pending);
   template <typename T>
   absl::Status PushImpl(absl::Span<const uint64_t> keys, absl::string_view grads);
 

@@ -131,6 +131,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (server->etcd_ != nullptr) {
     server->registry_thread_ = std::thread([raw] { raw->RegistryLoop(); });
   }
+  server->sweep_thread_ = std::thread([raw] { raw->SweepLoop(); });
   return server;
 }
 
@@ -420,6 +421,16 @@ void Server::CheckpointLoop() {
   }
 }
 
+void Server::SweepLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&loop_mu_);
+      if (loop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), kSweepInterval)) return;
+    }
+    tables_.EvictExpired();
+  }
+}
+
 void Server::Shutdown(absl::Duration grace) {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
@@ -430,6 +441,7 @@ void Server::Shutdown(absl::Duration grace) {
   }
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   if (registry_thread_.joinable()) registry_thread_.join();
+  if (sweep_thread_.joinable()) sweep_thread_.join();
   // Calls waiting on clocks or collectives would hold the shutdown for the
   // whole grace: they fail with UNAVAILABLE now, which clients retry.
   tables_.Shutdown();

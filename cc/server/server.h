@@ -121,6 +121,10 @@ class Server {
   absl::Status LoadShard();
   std::string ShardDir() const;
   void CheckpointLoop();
+  // Evicts expired table rows (Eviction.ttl_seconds) every kSweepInterval,
+  // also while no request comes.
+  void SweepLoop();
+  static constexpr absl::Duration kSweepInterval = absl::Seconds(1);
   void RegistryLoop();
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
   void Log(const std::string& message) const;
@@ -155,6 +159,7 @@ class Server {
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread checkpoint_thread_;
   std::thread registry_thread_;
+  std::thread sweep_thread_;
 };
 
 }  // namespace pserver

@@ -1,0 +1,234 @@
+#include "cc/core/tables.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "cc/core/status_macros.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::IsOk;
+using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// A clock the test moves by hand.
+class FakeClock {
+ public:
+  absl::Time Now() {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
+};
+
+class TablesTest : public ::testing::Test {
+ protected:
+  TablesTest() : tables_(Options()) {}
+
+  TablesOptions Options() {
+    TablesOptions options;
+    options.table.now = [this] { return clock_.Now(); };
+    return options;
+  }
+
+  absl::Status Create(const std::string& name, const std::string& config_text) {
+    v1::CreateTableRequest request;
+    request.set_name(name);
+    request.mutable_config()->set_dim(1);
+    request.mutable_config()->set_element_type(v1::FLOAT64);
+    if (!config_text.empty()) {
+      v1::TableConfig extra;
+      EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(config_text, &extra));
+      request.mutable_config()->MergeFrom(extra);
+    }
+    return tables_.Create(request);
+  }
+
+  absl::StatusOr<std::vector<double>> Pull(const std::string& table,
+                                           const std::vector<uint64_t>& keys,
+                                           const std::string& worker = "", int64_t clock = 0) {
+    v1::TablePullRequest request;
+    request.set_table(table);
+    request.set_keys(EncodeKeys(keys));
+    request.set_worker(worker);
+    request.set_clock(clock);
+    v1::TablePullResponse response;
+    PS_RETURN_IF_ERROR(tables_.Pull(request, &response, absl::Now() + absl::Seconds(5)));
+    std::vector<double> values(keys.size());
+    std::memcpy(values.data(), response.values().data(), response.values().size());
+    return values;
+  }
+
+  absl::Status Push(const std::string& table, const std::vector<uint64_t>& keys,
+                    const std::vector<double>& values, const std::string& worker = "",
+                    int64_t clock = 0) {
+    v1::TablePushRequest request;
+    request.set_table(table);
+    request.set_keys(EncodeKeys(keys));
+    request.set_values(
+        std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double)));
+    request.set_worker(worker);
+    request.set_clock(clock);
+    v1::TablePushResponse response;
+    return tables_.Push(request, &response);
+  }
+
+  absl::StatusOr<int64_t> Clock(const std::string& table, const std::string& worker,
+                                v1::ClockRequest::Op op, int64_t to = 0) {
+    v1::ClockRequest request;
+    request.set_table(table);
+    request.set_worker(worker);
+    request.set_op(op);
+    request.set_to(to);
+    return tables_.Clock(request);
+  }
+
+  uint64_t Rows(const std::string& table) {
+    v1::TableStatsResponse stats;
+    tables_.Stats(&stats);
+    for (const auto& s : stats.tables()) {
+      if (s.name() == table) return s.rows();
+    }
+    return 0;
+  }
+
+  FakeClock clock_;
+  Tables tables_;
+};
+
+TEST_F(TablesTest, UnknownTablesAndBadKeysAreRefused) {
+  EXPECT_THAT(Pull("nope", {1}).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no table 'nope'")));
+  ASSERT_OK(Create("t", ""));
+  v1::TablePullRequest request;
+  request.set_table("t");
+  request.set_keys("12345");  // not whole uint64s
+  v1::TablePullResponse response;
+  EXPECT_THAT(tables_.Pull(request, &response, absl::Now() + absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("5 bytes")));
+  EXPECT_THAT(Create("", ""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("name")));
+}
+
+TEST_F(TablesTest, ExpiredRowsAreSweptOnTheNextRequest) {
+  ASSERT_OK(Create("ttl", "eviction { ttl_seconds: 10 }"));
+  ASSERT_OK(Pull("ttl", {1, 2, 3}).status());
+  EXPECT_EQ(Rows("ttl"), 3u);
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_OK(Pull("ttl", {4}).status());  // sweeps 1..3 first
+  EXPECT_EQ(Rows("ttl"), 1u);
+  clock_.Advance(absl::Seconds(11));
+  EXPECT_EQ(tables_.EvictExpired(), 1u);
+  EXPECT_EQ(Rows("ttl"), 0u);
+}
+
+TEST_F(TablesTest, BspHoldsAddsUntilEveryWorkerPassesTheirClock) {
+  ASSERT_OK(Create("bsp", "optimizer { add {} } consistency { model: BSP }"));
+  ASSERT_OK(Clock("bsp", "a", v1::ClockRequest::JOIN).status());
+  ASSERT_OK(Clock("bsp", "b", v1::ClockRequest::JOIN).status());
+  ASSERT_OK(Push("bsp", {7}, {1.5}, "a", 0));
+  EXPECT_THAT(*Pull("bsp", {7}), ::testing::ElementsAre(0.0));  // held
+  ASSERT_OK(Clock("bsp", "a", v1::ClockRequest::TICK, 1).status());
+  EXPECT_THAT(*Pull("bsp", {7}), ::testing::ElementsAre(0.0));  // b is still at 0
+  // A retried tick (same target) is not counted twice.
+  ASSERT_OK_AND_ASSIGN(int64_t again, Clock("bsp", "a", v1::ClockRequest::TICK, 1));
+  EXPECT_EQ(again, 1);
+  ASSERT_OK(Clock("bsp", "b", v1::ClockRequest::TICK, 1).status());
+  EXPECT_THAT(*Pull("bsp", {7}, "b", 1), ::testing::ElementsAre(1.5));
+  // A wrong-sized held add is refused at once, not dropped later.
+  EXPECT_THAT(Push("bsp", {7, 8}, {1.0}, "a", 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("16 bytes")));
+}
+
+TEST_F(TablesTest, SspReadTimesOutNamingTheStraggler) {
+  ASSERT_OK(Create("ssp", "optimizer { add {} } consistency { model: SSP staleness: 1 }"));
+  ASSERT_OK(Clock("ssp", "fast", v1::ClockRequest::JOIN).status());
+  ASSERT_OK(Clock("ssp", "slow", v1::ClockRequest::JOIN).status());
+  for (int c = 1; c <= 3; ++c) ASSERT_OK(Clock("ssp", "fast", v1::ClockRequest::TICK).status());
+  EXPECT_OK(Pull("ssp", {1}, "fast", 1).status());  // needs slow at clock 0
+  v1::TablePullRequest request;
+  request.set_table("ssp");
+  request.set_keys(EncodeKeys(std::vector<uint64_t>{1}));
+  request.set_worker("fast");
+  request.set_clock(3);  // needs slow at clock 2
+  v1::TablePullResponse response;
+  EXPECT_THAT(tables_.Pull(request, &response, absl::Now() + absl::Milliseconds(50)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr("table 'ssp'"), HasSubstr("slow at clock 0"))));
+  EXPECT_TRUE(response.values().empty());
+}
+
+TEST_F(TablesTest, HandlersCanBeInstalledAndRemoved) {
+  class Doubling : public TableHandler {
+    absl::Status Push(SparseTable& table, absl::Span<const uint64_t> keys,
+                      absl::string_view values) override {
+      std::string twice(values);
+      auto* v = reinterpret_cast<double*>(twice.data());
+      for (size_t i = 0; i < keys.size(); ++i) v[i] *= 2;
+      return table.Push(keys, twice);
+    }
+  };
+  ASSERT_OK(Create("h", "optimizer { add {} }"));
+  tables_.SetHandler("h", std::make_shared<Doubling>());
+  ASSERT_OK(Push("h", {1}, {1.0}));
+  tables_.SetHandler("h", nullptr);
+  ASSERT_OK(Push("h", {1}, {1.0}));
+  EXPECT_THAT(*Pull("h", {1}), ::testing::ElementsAre(3.0));
+}
+
+TEST_F(TablesTest, SaveAndRestoreCarryRowsClocksAndHeldAdds) {
+  ASSERT_OK(Create("kv", "optimizer { add {} } consistency { model: BSP }"));
+  ASSERT_OK(Clock("kv", "a", v1::ClockRequest::JOIN).status());
+  ASSERT_OK(Clock("kv", "b", v1::ClockRequest::JOIN).status());
+  ASSERT_OK(Push("kv", {1}, {4.0}));          // applied at once (no worker)
+  ASSERT_OK(Push("kv", {1}, {2.0}, "a", 0));  // held
+  std::map<std::string, std::string> extensions;
+  tables_.SaveTo(&extensions);
+  EXPECT_EQ(extensions.count("table/kv"), 1u);
+  EXPECT_EQ(extensions.count("clocks/kv"), 1u);
+  EXPECT_EQ(extensions.count("pending/kv"), 1u);
+
+  Tables restored(Options());
+  ASSERT_OK(restored.RestoreFrom(extensions));
+  EXPECT_THAT(restored.RestoreFrom(extensions),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("without any")));
+  v1::ClockRequest tick;
+  tick.set_table("kv");
+  tick.set_op(v1::ClockRequest::TICK);
+  for (const char* w : {"a", "b"}) {
+    tick.set_worker(w);
+    ASSERT_OK(restored.Clock(tick).status());
+  }
+  v1::TablePullRequest pull;
+  pull.set_table("kv");
+  pull.set_keys(EncodeKeys(std::vector<uint64_t>{1}));
+  v1::TablePullResponse response;
+  ASSERT_OK(restored.Pull(pull, &response, absl::Now() + absl::Seconds(1)));
+  double value = 0;
+  std::memcpy(&value, response.values().data(), sizeof(double));
+  EXPECT_EQ(value, 6.0);
+
+  extensions["table/kv"] = "not a snapshot";
+  Tables broken(Options());
+  EXPECT_THAT(broken.RestoreFrom(extensions),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("extension 'table/kv'")));
+}
+
+}  // namespace
+}  // namespace pserver
