@@ -2,14 +2,18 @@
 // judged against measured in the same run.
 //
 //   bazel run -c opt //bench:e2e -- [--quick] [--json=FILE] [--only=dense,latency]
+//   bazel run -c opt //bench:e2e -- --only=sparse --json=/tmp/sparse.json
 //
 // Servers run as separate `pserver` processes on 127.0.0.1 (the embedded
-// group runs them in-process); workers are threads, each with its own client.
-// Every figure is the min/median/max over the repetitions, after warm-up.
+// group, and the sparse group's embedded_* results, run them in-process);
+// workers are threads, each with its own client. Every figure is the
+// min/median/max over the repetitions, after warm-up.
 #include <signal.h>
 
 #include <cstdio>
 #include <fstream>
+#include <numeric>
+#include <random>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -23,6 +27,7 @@
 #include "ceilings.h"
 #include "cc/client/client.h"
 #include "cc/client/in_process_transport.h"
+#include "cc/client/table.h"
 #include "cc/core/checkpoint.h"
 #include "cc/core/optimizer.h"
 #include "cc/core/parameter_store.h"
@@ -36,7 +41,7 @@ ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and re
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
-          "checkpoint, memory, scaling); empty runs all.");
+          "checkpoint, memory, scaling, sparse); empty runs all.");
 ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
 
 namespace pserver::bench {
@@ -149,10 +154,11 @@ absl::Status Ceilings(Harness& h, const std::vector<uint64_t>& sizes) {
   return absl::OkStatus();
 }
 
-// One client per worker, over gRPC to `addresses` or in-process to `stores`.
+// One client per worker, over gRPC to `addresses` or in-process to `stores`
+// (and their servers' `tables`, for table calls).
 absl::StatusOr<std::vector<std::unique_ptr<Client>>> MakeClients(
     int workers, const std::vector<std::string>& addresses,
-    const std::vector<ParameterStore*>& stores) {
+    const std::vector<ParameterStore*>& stores, const std::vector<Tables*>& tables = {}) {
   std::vector<std::unique_ptr<Client>> clients;
   for (int w = 0; w < workers; ++w) {
     ClientOptions options;
@@ -162,7 +168,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Client>>> MakeClients(
       PS_ASSIGN_OR_RETURN(auto c, Client::Connect(options));
       clients.push_back(std::move(c));
     } else {
-      PS_ASSIGN_OR_RETURN(auto c, Client::Create(options, InProcessTransports(stores)));
+      PS_ASSIGN_OR_RETURN(auto c, Client::Create(options, InProcessTransports(stores, tables)));
       clients.push_back(std::move(c));
     }
   }
@@ -432,17 +438,138 @@ absl::Status Scaling(Harness& h) {
   return absl::OkStatus();
 }
 
+// ---- sparse tables ---------------------------------------------------------------------
+
+// Keys are drawn uniformly from [0, 2^20): the table holds 1M rows, and a
+// batch of 16384 keys repeats about 0.8% of its keys.
+constexpr uint64_t kSparseKeySpace = uint64_t{1} << 20;
+constexpr int kBatchesPerWorker = 8;  // cycled through, so no two ops in a row repeat
+
+std::vector<std::vector<uint64_t>> UniformKeyBatches(int count, int batch, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint64_t> key(0, kSparseKeySpace - 1);
+  std::vector<std::vector<uint64_t>> batches(count, std::vector<uint64_t>(batch));
+  for (auto& b : batches) {
+    for (uint64_t& k : b) k = key(rng);
+  }
+  return batches;
+}
+
+v1::TableConfig SparseConfig(uint32_t dim) {
+  v1::TableConfig config;
+  config.set_dim(dim);
+  config.mutable_initializer()->mutable_uniform()->set_low(-0.01);
+  config.mutable_initializer()->mutable_uniform()->set_high(0.01);
+  config.mutable_optimizer()->mutable_sgd()->set_learning_rate(1e-6);
+  return config;
+}
+
+// Pulls every key of the key space once, so that the timed pulls and pushes
+// read and update rows rather than create them.
+absl::Status Populate(const Table& table) {
+  constexpr uint64_t kChunk = 65536;
+  std::vector<uint64_t> keys(kChunk);
+  std::vector<char> rows(kChunk * table.row_bytes());
+  for (uint64_t start = 0; start < kSparseKeySpace; start += kChunk) {
+    std::iota(keys.begin(), keys.end(), start);
+    PS_RETURN_IF_ERROR(table.Pull(keys, absl::MakeSpan(rows)));
+  }
+  return absl::OkStatus();
+}
+
+// Operations per repetition for `keys` keys per round of all workers.
+int SparseOpsFor(const Harness& h, uint64_t keys) {
+  const uint64_t target = h.quick() ? 256 * 1024 : 2 * 1024 * 1024;
+  return static_cast<int>(std::clamp<uint64_t>(target / keys, 4, 2000));
+}
+
+// Pull and push of `batches` keys per operation on a table of each dim, by
+// every client (one worker each) on its own keys. Results are named
+// `prefix` + pull/push; the unit is keys per second over all workers.
+absl::Status SparseOps(Harness& h, const std::string& prefix,
+                       std::vector<std::unique_ptr<Client>>& clients, int servers,
+                       const std::vector<uint32_t>& dims, const std::vector<int>& batches) {
+  const int workers = static_cast<int>(clients.size());
+  for (uint32_t dim : dims) {
+    const std::string name = absl::StrCat("sparse_d", dim);
+    std::vector<Table> tables;
+    for (auto& c : clients) {  // the first creates it, the others open it
+      PS_ASSIGN_OR_RETURN(Table t, Table::Create(*c, name, SparseConfig(dim)));
+      tables.push_back(std::move(t));
+    }
+    PS_RETURN_IF_ERROR(Populate(tables[0]));
+    for (int batch : batches) {
+      std::vector<std::vector<std::vector<uint64_t>>> keys;
+      std::vector<std::vector<float>> grads, outs;
+      for (int w = 0; w < workers; ++w) {
+        keys.push_back(UniformKeyBatches(kBatchesPerWorker, batch, 1000 * w + dim + batch));
+        grads.emplace_back(static_cast<size_t>(batch) * dim, 1e-3f);
+        outs.emplace_back(static_cast<size_t>(batch) * dim);
+      }
+      std::vector<int> next(workers, 0);
+      auto keys_of = [&](int w) -> const std::vector<uint64_t>& {
+        return keys[w][next[w]++ % kBatchesPerWorker];
+      };
+      const std::vector<std::pair<std::string, std::function<absl::Status(int)>>> kinds = {
+          {"pull",
+           [&](int w) { return tables[w].Pull<float>(keys_of(w), absl::MakeSpan(outs[w])); }},
+          {"push",
+           [&](int w) { return tables[w].Push<float>(keys_of(w), absl::MakeConstSpan(grads[w])); }},
+      };
+      const int ops = SparseOpsFor(h, static_cast<uint64_t>(batch) * workers);
+      for (const auto& [kind, op] : kinds) {
+        Result& r = h.Add("sparse", prefix + kind);
+        r.set_payload_bytes(static_cast<uint64_t>(batch) * dim * sizeof(float));
+        r.set_servers(servers);
+        r.set_workers(workers);
+        PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
+          PS_ASSIGN_OR_RETURN(double seconds, RunWorkers(workers, ops, op));
+          return static_cast<double>(batch) * workers * ops / seconds;
+        }));
+        auto& extra = *r.mutable_extra();
+        extra["dim"] = dim;
+        extra["batch_keys"] = batch;
+        extra["payload_GBps"] = r.value().median() * dim * sizeof(float) / kGB;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Sparse pull and push in keys/s: real pserver processes over gRPC, then the
+// embedded in-process cluster (results named embedded_pull, embedded_push).
+absl::Status Sparse(Harness& h) {
+  const std::vector<uint32_t> dims = {8, 64};
+  const std::vector<int> batches = {1024, 16384};
+  const std::vector<std::pair<int, int>> configs = {{1, 1}, {2, 2}};
+  for (const auto& [servers, workers] : configs) {
+    PS_ASSIGN_OR_RETURN(auto procs, StartServers(servers));
+    PS_ASSIGN_OR_RETURN(auto clients, MakeClients(workers, procs->addresses, {}));
+    PS_RETURN_IF_ERROR(SparseOps(h, "", clients, servers, dims, batches));
+  }
+  for (const auto& [servers, workers] : configs) {
+    if (h.quick() && servers > 1) continue;
+    PS_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(servers));
+    PS_ASSIGN_OR_RETURN(auto clients, MakeClients(workers, cluster->addresses(),
+                                                  cluster->stores(), cluster->tables()));
+    PS_RETURN_IF_ERROR(SparseOps(h, "embedded_", clients, servers, dims, batches));
+  }
+  h.PrintGroup("sparse");
+  return absl::OkStatus();
+}
+
 absl::Status Run(int argc, char** argv) {
   HarnessOptions options;
   options.quick = absl::GetFlag(FLAGS_quick);
   options.warmup = 1;
   options.repetitions = options.quick ? 3 : 5;
   std::vector<std::string> args(argv, argv + argc);
+  const std::string only = absl::GetFlag(FLAGS_only);
   options.command = absl::StrCat("bazel run -c opt //bench:e2e --",
-                                 options.quick ? " --quick" : "");
+                                 options.quick ? " --quick" : "",
+                                 only.empty() ? "" : absl::StrCat(" --only=", only));
   Harness h(options);
 
-  const std::string only = absl::GetFlag(FLAGS_only);
   const std::vector<std::string> groups = absl::StrSplit(only, ',', absl::SkipEmpty());
   auto wanted = [&](const std::string& g) {
     return groups.empty() || std::find(groups.begin(), groups.end(), g) != groups.end();
@@ -463,6 +590,7 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("checkpoint")) PS_RETURN_IF_ERROR(Checkpoint(h));
   if (wanted("memory")) PS_RETURN_IF_ERROR(Memory(h));
   if (wanted("scaling")) PS_RETURN_IF_ERROR(Scaling(h));
+  if (wanted("sparse")) PS_RETURN_IF_ERROR(Sparse(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);
 
   const std::string json = absl::GetFlag(FLAGS_json);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -125,10 +126,14 @@ void Harness::PrintGroup(const std::string& group) const {
   for (const Result& r : report_.results()) {
     if (r.group() != group) continue;
     std::string extra;
-    for (const auto& [key, value] : r.extra()) absl::StrAppend(&extra, key, "=", value, " ");
-    std::printf("%-14s %9s %3u %3u %10.3f %10.3f %10.3f %-6s %-12s %6s  %s\n", r.name().c_str(),
+    const std::map<std::string, double> sorted(r.extra().begin(), r.extra().end());
+    for (const auto& [key, value] : sorted) absl::StrAppend(&extra, key, "=", value, " ");
+    // Large rates (keys/s) without decimals, so the columns stay aligned.
+    const int decimals = r.value().max() >= 1e5 ? 0 : 3;
+    std::printf("%-14s %9s %3u %3u %10.*f %10.*f %10.*f %-6s %-12s %6s  %s\n", r.name().c_str(),
                 r.payload_bytes() ? FormatBytes(r.payload_bytes()).c_str() : "-", r.servers(),
-                r.workers(), r.value().min(), r.value().median(), r.value().max(),
+                r.workers(), decimals, r.value().min(), decimals, r.value().median(), decimals,
+                r.value().max(),
                 r.unit().c_str(), r.ceiling().c_str(),
                 r.ceiling().empty() ? "" : absl::StrFormat("%.0f%%", 100 * r.ratio()).c_str(),
                 extra.c_str());

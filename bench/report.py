@@ -7,14 +7,22 @@
 
 --results-md rewrites the part of RESULTS.md between the markers
 <!-- tables:begin --> and <!-- tables:end --> with the tables, and leaves the
-hand-written analysis around them alone.
+hand-written analysis around them alone. The sparse group has its own markers,
+<!-- sparse:begin --> and <!-- sparse:end -->, so a run of one part
+(`e2e --only=sparse`) updates that part and leaves the others as they are:
+a section is rewritten only when the report has results for it.
 """
 import argparse
 import json
 import os
 import sys
 
-GROUPS = ["ceiling", "dense", "latency", "optimizer", "embedded", "checkpoint", "memory", "scaling"]
+GROUPS = ["ceiling", "dense", "latency", "optimizer", "embedded", "checkpoint", "memory", "scaling",
+          "sparse"]
+# Groups with a section of their own in RESULTS.md (<!-- NAME:begin --> ...);
+# the others go to the "tables" section.
+OWN_SECTIONS = ["sparse"]
+SPARSE_NAMES = ["pull", "push", "embedded_pull", "embedded_push"]
 
 
 def fmt_bytes(n):
@@ -43,6 +51,11 @@ def check(report):
     for group in GROUPS:
         if group not in seen:
             problems.append(f"group {group} missing")
+    sparse_names = {r["name"] for r in report["results"] if r["group"] == "sparse"}
+    if "sparse" in seen:
+        for name in SPARSE_NAMES:
+            if name not in sparse_names:
+                problems.append(f"sparse/{name} missing")
     for r in report["results"]:
         v = r["value"]
         if not (v.get("min", 0) > 0 and v["min"] <= v["median"] <= v["max"]):
@@ -54,12 +67,42 @@ def check(report):
     return 0
 
 
-def tables(report):
+def groups_in(report):
+    seen = {r["group"] for r in report["results"]}
+    return [g for g in GROUPS if g in seen]
+
+
+def sparse_table(rows):
+    """The sparse group: one row per (op, transport, servers x workers, dim, batch)."""
+    lines = ["| op | transport | servers | workers | dim | keys per op | min | median | max | "
+             "median payload |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        v = r["value"]
+        transport, op = (("embedded", r["name"][len("embedded_"):]) if r["name"].startswith("embedded_")
+                         else ("gRPC", r["name"]))
+        mkeys = lambda x: f"{x / 1e6:.2f}"
+        lines.append(
+            f"| {op} | {transport} | {r.get('servers', 0)} | {r.get('workers', 0)} "
+            f"| {r['extra'].get('dim', 0):.0f} | {r['extra'].get('batch_keys', 0):.0f} "
+            f"| {mkeys(v['min'])} | {mkeys(v['median'])} | {mkeys(v['max'])} "
+            f"| {r['extra'].get('payload_GBps', 0):.3f} GB/s |")
+    return lines
+
+
+def tables(report, groups=None):
+    """Markdown tables of `groups` (default: every group in the report)."""
     lines = [f"Machine: {report['machine']}  ", f"Command: `{report['command']}`  ",
              f"Date: {report['date']}{' (quick run)' if report.get('quick') else ''}", ""]
-    for group in GROUPS:
+    for group in groups if groups is not None else GROUPS:
         rows = [r for r in report["results"] if r["group"] == group]
         if not rows:
+            continue
+        if group == "sparse":
+            lines.append("### sparse (M keys/s; keys uniform over 1M keys)")
+            lines.append("")
+            lines.extend(sparse_table(rows))
+            lines.append("")
             continue
         lines.append(f"### {group}")
         lines.append("")
@@ -107,6 +150,9 @@ def plots(report, out_dir):
             if name in ceilings:
                 ax.axhline(ceilings[name]["value"]["median"], linestyle="--", color=style[0],
                            label=f"{name} ceiling")
+        if not ax.lines and not ax.containers:  # no results of this kind in the report
+            plt.close(fig)
+            return
         ax.set_xscale("log", base=2)
         ax.set_xlabel("payload per operation (bytes)")
         ax.set_ylabel("GB/s")
@@ -144,7 +190,55 @@ def plots(report, out_dir):
         fig.savefig(path, dpi=110)
         plt.close(fig)
         made.append(path)
+
+    sparse = [r for r in results if r["group"] == "sparse"]
+    if sparse:
+        made.append(sparse_plot(plt, sparse, out_dir))
     return made
+
+
+def sparse_plot(plt, rows, out_dir):
+    """Median keys/s per (dim, batch), one bar per transport and servers x workers."""
+    cases = sorted({(int(r["extra"]["dim"]), int(r["extra"]["batch_keys"])) for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    for ax, op in zip(axes, ("pull", "push")):
+        series = sorted({(r["name"], r["servers"], r["workers"]) for r in rows
+                         if r["name"] in (op, f"embedded_{op}")},
+                        key=lambda s: (s[0].startswith("embedded_"), s[1], s[2]))  # gRPC first
+        width = 0.8 / max(1, len(series))
+        for i, (name, servers, workers) in enumerate(series):
+            values = {}
+            for r in rows:
+                if (r["name"], r["servers"], r["workers"]) == (name, servers, workers):
+                    values[(int(r["extra"]["dim"]), int(r["extra"]["batch_keys"]))] = r["value"]
+            xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(cases))]
+            meds = [values[c]["median"] / 1e6 if c in values else 0 for c in cases]
+            err = [[(values[c]["median"] - values[c]["min"]) / 1e6 if c in values else 0 for c in cases],
+                   [(values[c]["max"] - values[c]["median"]) / 1e6 if c in values else 0 for c in cases]]
+            transport = "embedded" if name.startswith("embedded_") else "gRPC"
+            ax.bar(xs, meds, width, yerr=err, capsize=2, label=f"{transport} {servers}s x {workers}w")
+        ax.set_xticks(range(len(cases)))
+        ax.set_xticklabels([f"dim {d}\n{b} keys" for d, b in cases])
+        ax.set_title(f"sparse {op}")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("M keys/s (all workers)")
+    path = os.path.join(out_dir, "sparse.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def rewrite_section(doc, name, text):
+    """`doc` with the part between <!-- name:begin --> and <!-- name:end -->
+    replaced by `text`; None if the markers are missing."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in doc or end not in doc:
+        return None
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{text}\n{end}{tail}"
 
 
 def main():
@@ -158,24 +252,34 @@ def main():
     if args.check:
         return check(report)
     text = tables(report)
+    present = groups_in(report)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         for path in plots(report, args.out):
             print("wrote", path)
-        with open(os.path.join(args.out, "tables.md"), "w") as f:
+        # A partial run (--only) gets its own file, so the full run's stays.
+        name = "tables.md" if present == GROUPS else f"tables_{'_'.join(present)}.md"
+        with open(os.path.join(args.out, name), "w") as f:
             f.write(text + "\n")
+        print("wrote", os.path.join(args.out, name))
     if args.results_md:
         with open(args.results_md) as f:
             doc = f.read()
-        begin, end = "<!-- tables:begin -->", "<!-- tables:end -->"
-        if begin not in doc or end not in doc:
-            print(f"{args.results_md} has no {begin} ... {end} section", file=sys.stderr)
-            return 1
-        head, rest = doc.split(begin, 1)
-        _, tail = rest.split(end, 1)
+        # Each section is rewritten only when this report has results for it.
+        sections = [(g, [g]) for g in OWN_SECTIONS if g in present]
+        rest = [g for g in present if g not in OWN_SECTIONS]
+        if rest:
+            sections.insert(0, ("tables", rest))
+        for section, groups in sections:
+            updated = rewrite_section(doc, section, tables(report, groups))
+            if updated is None:
+                print(f"{args.results_md} has no <!-- {section}:begin --> ... <!-- {section}:end --> "
+                      "section", file=sys.stderr)
+                return 1
+            doc = updated
         with open(args.results_md, "w") as f:
-            f.write(f"{head}{begin}\n{text}\n{end}{tail}")
-        print("updated", args.results_md)
+            f.write(doc)
+        print("updated", args.results_md, "sections:", ", ".join(s for s, _ in sections))
     if not args.out and not args.results_md:
         print(text)
     return 0
