@@ -17,6 +17,11 @@
  *     calls must end; each call's fresh status then carries the time left
  *     (pserver_status_set_timeout_ms). pserver._core sets it around a
  *     method given `timeout=` and restores it after.
+ *   - tables: keys (const uint64_t* keys / chunk_ids, size_t n) take any
+ *     C-contiguous buffer of 8-byte items (numpy uint64 arrays); the
+ *     pure-Python layer checks the dtype. pserver_table_stats returns a list
+ *     of dicts; pserver_group_all_reduce and _broadcast write their
+ *     (void* data, size_t size) buffer in place.
  *   - etcd: pserver_etcd_get returns the value as bytes, and
  *     pserver_etcd_get_prefix a list of (key str, value bytes) tuples; the
  *     library's buffers are freed in the wrapper.
@@ -108,13 +113,31 @@ struct PserverPyBuffer {
 
 /* ---- writable buffers ---- */
 %typemap(in) (void* out, size_t out_size) (PserverPyBuffer pybuf),
-             (void* out, size_t size) (PserverPyBuffer pybuf) {
+             (void* out, size_t size) (PserverPyBuffer pybuf),
+             (void* data, size_t size) (PserverPyBuffer pybuf) {
   if (PyObject_GetBuffer($input, &pybuf.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) SWIG_fail;
   pybuf.held = 1;
   $1 = pybuf.view.buf;
   $2 = (size_t)pybuf.view.len;
 }
-%typemap(freearg) (void* out, size_t out_size), (void* out, size_t size) {
+%typemap(freearg) (void* out, size_t out_size), (void* out, size_t size),
+                  (void* data, size_t size) {
+  if (pybuf$argnum.held) PyBuffer_Release(&pybuf$argnum.view);
+}
+
+/* ---- table keys: a buffer of 8-byte items ---- */
+%typemap(in) (const uint64_t* keys, size_t n) (PserverPyBuffer pybuf),
+             (const uint64_t* chunk_ids, size_t n) (PserverPyBuffer pybuf) {
+  if (PyObject_GetBuffer($input, &pybuf.view, PyBUF_C_CONTIGUOUS) != 0) SWIG_fail;
+  pybuf.held = 1;
+  if (pybuf.view.itemsize != 8 || pybuf.view.len % 8 != 0) {
+    PyErr_SetString(PyExc_TypeError, "keys must be a contiguous buffer of uint64");
+    SWIG_fail;
+  }
+  $1 = (uint64_t*)pybuf.view.buf;
+  $2 = (size_t)pybuf.view.len / 8;
+}
+%typemap(freearg) (const uint64_t* keys, size_t n), (const uint64_t* chunk_ids, size_t n) {
   if (pybuf$argnum.held) PyBuffer_Release(&pybuf$argnum.view);
 }
 
@@ -165,6 +188,29 @@ struct PserverPyBuffer {
         "gets_served", (unsigned long long)s->gets_served,
         "requests_rejected", (unsigned long long)s->requests_rejected,
         "uptime_seconds", s->uptime_seconds));
+  }
+  $result = SWIG_Python_AppendOutput($result, list);
+}
+
+/* ---- table stats out: a list of dicts ---- */
+%typemap(in, numinputs=0) (pserver_table_stats_t* out, size_t capacity, size_t struct_size)
+    (std::vector<pserver_table_stats_t> stats) {
+  stats.resize(4096);
+  $1 = stats.data(); $2 = stats.size(); $3 = sizeof(pserver_table_stats_t);
+}
+%typemap(argout) (pserver_table_stats_t* out, size_t capacity, size_t struct_size) {
+  size_t n = result < $2 ? result : $2;
+  PyObject* list = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; i < n; ++i) {
+    const pserver_table_stats_t* s = &$1[i];
+    PyList_SET_ITEM(list, (Py_ssize_t)i, Py_BuildValue(
+        "{s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:I}",
+        "server", (unsigned int)s->server, "rows", (unsigned long long)s->rows,
+        "bytes", (unsigned long long)s->bytes, "evictions", (unsigned long long)s->evictions,
+        "pending_keys", (unsigned long long)s->pending_keys,
+        "keys_pulled", (unsigned long long)s->keys_pulled,
+        "keys_pushed", (unsigned long long)s->keys_pushed,
+        "min_clock", (long long)s->min_clock, "workers", (unsigned int)s->workers));
   }
   $result = SWIG_Python_AppendOutput($result, list);
 }

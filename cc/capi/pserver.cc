@@ -30,6 +30,8 @@
 #include "absl/time/time.h"
 #include "cc/client/client.h"
 #include "cc/client/in_process_transport.h"
+#include "cc/client/table.h"
+#include "cc/client/worker_group.h"
 #include "cc/core/checkpoint.h"
 #include "cc/core/element_type.h"
 #include "cc/core/status_macros.h"
@@ -45,6 +47,7 @@
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
 #include "pserver/v1/config.pb.h"
+#include "pserver/v1/table.pb.h"
 
 // ------------------------------------------------------------------ handles
 
@@ -93,10 +96,41 @@ struct Layout {
 
 struct pserver_client_t {
   std::shared_ptr<ClusterState> cluster;  // set for in-process clients; outlives rep
-  std::unique_ptr<pserver::Client> rep;
+  // Shared with the tables, KV workers and groups made from this client,
+  // which may outlive its handle (convention 9).
+  std::shared_ptr<pserver::Client> rep;
   pserver::ClientOptions options;  // servers and timeout, for the Save RPC
   absl::Mutex mu;
   absl::flat_hash_map<std::string, Layout> layouts ABSL_GUARDED_BY(mu);
+};
+
+struct pserver_table_config_t {
+  pserver::v1::TableConfig rep;
+};
+
+namespace {
+// What a table, KV worker or group keeps of its client: the client itself
+// and, for an in-process client, its cluster (declared first: it outlives
+// the client).
+struct ClientRef {
+  std::shared_ptr<ClusterState> cluster;
+  std::shared_ptr<pserver::Client> client;
+};
+}  // namespace
+
+struct pserver_table_t {
+  ClientRef ref;
+  std::unique_ptr<pserver::Table> rep;
+};
+
+struct pserver_kv_worker_t {
+  ClientRef ref;
+  std::unique_ptr<pserver::KvWorker> rep;
+};
+
+struct pserver_group_t {
+  ClientRef ref;
+  std::unique_ptr<pserver::WorkerGroup> rep;
 };
 
 struct pserver_etcd_t {
@@ -1098,6 +1132,607 @@ size_t pserver_client_stats(pserver_client_t* client, pserver_server_stats_t* ou
     return absl::OkStatus();
   });
   return n;
+}
+
+// ------------------------------------------------------------------ tables
+
+namespace {
+
+const char* const kTableOptimizers[] = {"sgd", "adagrad", "adam", "ftrl", "add"};
+const char* const kInitializers[] = {"zeros", "uniform", "normal"};
+
+absl::Status AliveRef(const ClientRef& ref) {
+  if (ref.cluster != nullptr && ref.cluster->stopped.load()) {
+    return absl::UnavailableError("pserver: the local cluster of this client was stopped");
+  }
+  return absl::OkStatus();
+}
+
+// Sets a scalar field of a table config's message from a number, checking
+// that it fits (uint32 and uint64 counts, doubles).
+absl::Status SetTableField(pb::Message* msg, const pb::FieldDescriptor* f,
+                           const std::string& key, double value) {
+  if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_UINT32) return SetField(msg, f, key, value);
+  if (!std::isfinite(value) || value < 0 || value != std::floor(value) || value > 4294967295.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table setting '", key, "' is a count (a whole number in [0, 2^32)), got ", value));
+  }
+  msg->GetReflection()->SetUInt32(msg, f, static_cast<uint32_t>(value));
+  return absl::OkStatus();
+}
+
+absl::Status SetTableConfig(pserver::v1::TableConfig* config, std::string key, double value) {
+  if (key == "lr") key = "learning_rate";
+  pb::Message* optimizer = Chosen(config->mutable_optimizer(), "kind");
+  if (optimizer == nullptr) optimizer = config->mutable_optimizer()->mutable_sgd();
+  std::vector<pb::Message*> places = {optimizer};
+  if (pb::Message* init = Chosen(config->mutable_initializer(), "kind"); init != nullptr) {
+    places.push_back(init);
+  }
+  places.push_back(config->mutable_initializer());
+  places.push_back(config->mutable_eviction());
+  places.push_back(config->mutable_consistency());
+  places.push_back(config);
+  auto settable = [](const pb::FieldDescriptor* f) {
+    return f != nullptr && f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE &&
+           f->cpp_type() != pb::FieldDescriptor::CPPTYPE_ENUM;
+  };
+  for (pb::Message* msg : places) {
+    const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(key);
+    if (settable(f)) return SetTableField(msg, f, key, value);
+  }
+  std::vector<std::string> valid;
+  for (pb::Message* msg : places) {
+    const pb::Descriptor* d = msg->GetDescriptor();
+    for (int i = 0; i < d->field_count(); ++i) {
+      if (settable(d->field(i))) valid.push_back(d->field(i)->name());
+    }
+  }
+  valid.push_back("lr");
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown table setting '", key, "' for optimizer ", optimizer->GetDescriptor()->name(),
+      "; valid settings: ", absl::StrJoin(valid, ", ")));
+}
+
+// Chooses member `name` of oneof "kind" of `msg`, clearing its settings.
+absl::Status ChooseKind(pb::Message* msg, const char* name, const char* what,
+                        const std::vector<std::string>& valid) {
+  if (name == nullptr) return Null(what);
+  if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown ", what, " '", name, "'; want one of ", absl::StrJoin(valid, ", ")));
+  }
+  const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
+  msg->GetReflection()->ClearField(msg, f);
+  msg->GetReflection()->MutableMessage(msg, f);
+  return absl::OkStatus();
+}
+
+size_t WriteText(const pb::Message* msg, char* out, size_t out_size) {
+  try {
+    std::string text;
+    if (msg != nullptr) {
+      google::protobuf::TextFormat::Printer printer;
+      printer.SetSingleLineMode(true);
+      printer.PrintToString(*msg, &text);
+      while (!text.empty() && text.back() == ' ') text.pop_back();
+    }
+    if (out != nullptr && out_size > 0) {
+      const size_t n = std::min(text.size(), out_size - 1);
+      std::memcpy(out, text.data(), n);
+      out[n] = '\0';
+    }
+    return text.size();
+  } catch (...) {
+    if (out != nullptr && out_size > 0) out[0] = '\0';
+    return 0;
+  }
+}
+
+absl::Status CheckKeys(const uint64_t* keys, size_t n) {
+  if (keys == nullptr && n != 0) return Null("keys");
+  return absl::OkStatus();
+}
+
+absl::Span<const uint64_t> KeySpan(const uint64_t* keys, size_t n) {
+  return n == 0 ? absl::Span<const uint64_t>() : absl::Span<const uint64_t>(keys, n);
+}
+
+// Checks a caller's buffer of rows: exactly `rows` rows of the table.
+absl::Status CheckRows(const pserver::Table& table, const char* verb, const void* data,
+                       size_t size, size_t rows, const char* unit) {
+  if (data == nullptr && size != 0) return Null("buffer");
+  const size_t want = rows * table.row_bytes();
+  if (size != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        verb, " table '", table.name(), "': ", rows, " ", unit, " of ", table.dim(), " ",
+        pserver::ElementTypeName(table.element_type()), " need ", want,
+        " bytes, the buffer has ", size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AliveTable(const pserver_table_t* table) {
+  if (table == nullptr) return Null("table");
+  return AliveRef(table->ref);
+}
+
+absl::Status AliveWorker(const pserver_kv_worker_t* worker) {
+  if (worker == nullptr) return Null("worker");
+  return AliveRef(worker->ref);
+}
+
+absl::Status AliveGroup(const pserver_group_t* group) {
+  if (group == nullptr) return Null("group");
+  return AliveRef(group->ref);
+}
+
+// A tensor copied from a caller's buffer of `dtype` and `shape`, checked.
+absl::StatusOr<pserver::Tensor> CollectiveTensor(int32_t dtype, const int64_t* shape, size_t ndim,
+                                                 const void* data, size_t size) {
+  PS_RETURN_IF_ERROR(CheckDtype(dtype));
+  if (shape == nullptr && ndim != 0) return Null("shape");
+  if (data == nullptr && size != 0) return Null("data");
+  const ElementType type = static_cast<ElementType>(dtype);
+  pserver::Shape s(shape, shape + ndim);
+  PS_ASSIGN_OR_RETURN(int64_t elements, pserver::NumElements(s));
+  const size_t want = static_cast<size_t>(elements) * pserver::ElementSize(type);
+  if (size != want) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", pserver::ElementTypeName(type),
+                                                   pserver::ShapeString(s), " needs ", want,
+                                                   " bytes, the buffer has ", size));
+  }
+  return pserver::Tensor::Create(
+      type, std::move(s), std::string(static_cast<const char*>(data), data == nullptr ? 0 : size));
+}
+
+void CopyBack(const pserver::Tensor& t, void* data, size_t size) {
+  if (t.byte_size() > 0 && t.byte_size() == size) std::memcpy(data, t.bytes().data(), size);
+}
+
+}  // namespace
+
+pserver_table_config_t* pserver_table_config_new(void) {
+  try {
+    auto* config = new pserver_table_config_t;
+    config->rep.set_dim(1);
+    return config;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void pserver_table_config_delete(pserver_table_config_t* config) { delete config; }
+
+void pserver_table_config_set_dim(pserver_table_config_t* config, uint32_t dim,
+                                  pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (dim < 1 || dim > (1u << 20)) {
+      return absl::InvalidArgumentError(absl::StrCat("dim must be in [1, 2^20], got ", dim));
+    }
+    config->rep.set_dim(dim);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_table_config_set_dtype(pserver_table_config_t* config, int32_t dtype,
+                                    pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (dtype != PSERVER_FLOAT32 && dtype != PSERVER_FLOAT64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a table holds float32 or float64 values, not ", pserver_dtype_name(dtype)));
+    }
+    config->rep.set_element_type(static_cast<ElementType>(dtype));
+    return absl::OkStatus();
+  });
+}
+
+void pserver_table_config_set_initializer(pserver_table_config_t* config, const char* kind,
+                                          pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    return ChooseKind(config->rep.mutable_initializer(), kind, "initializer",
+                      {std::begin(kInitializers), std::end(kInitializers)});
+  });
+}
+
+void pserver_table_config_set_optimizer(pserver_table_config_t* config, const char* optimizer,
+                                        pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    return ChooseKind(config->rep.mutable_optimizer(), optimizer, "table optimizer",
+                      {std::begin(kTableOptimizers), std::end(kTableOptimizers)});
+  });
+}
+
+void pserver_table_config_set_partitioning(pserver_table_config_t* config, int32_t kind,
+                                           uint64_t range_begin, uint64_t range_end,
+                                           pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    pserver::v1::Partitioning* p = config->rep.mutable_partitioning();
+    if (kind == PSERVER_PARTITION_HASH) {
+      p->Clear();
+      return absl::OkStatus();
+    }
+    if (kind != PSERVER_PARTITION_RANGE) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown partitioning ", kind, " (want 0: hash, 1: range)"));
+    }
+    if (range_end != 0 && range_end <= range_begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "range partitioning needs range_begin < range_end, got [", range_begin, ", ",
+          range_end, ")"));
+    }
+    p->set_kind(pserver::v1::Partitioning::RANGE);
+    p->set_range_begin(range_begin);
+    p->set_range_end(range_end);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_table_config_set_consistency(pserver_table_config_t* config, int32_t model,
+                                          uint32_t staleness, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (model < PSERVER_ASP || model > PSERVER_SSP) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown consistency model ", model, " (want 0: ASP, 1: BSP, 2: SSP)"));
+    }
+    pserver::v1::Consistency* c = config->rep.mutable_consistency();
+    c->set_model(static_cast<pserver::v1::Consistency::Model>(model));
+    c->set_staleness(model == PSERVER_SSP ? staleness : 0);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_table_config_set(pserver_table_config_t* config, const char* key, double value,
+                              pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (key == nullptr) return Null("key");
+    pserver::v1::TableConfig copy = config->rep;  // a failed set changes nothing
+    PS_RETURN_IF_ERROR(SetTableConfig(&copy, key, value));
+    config->rep = std::move(copy);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_table_config_parse_text(pserver_table_config_t* config, const char* text,
+                                     pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (text == nullptr) return Null("text");
+    pserver::v1::TableConfig parsed;
+    TextErrors errors;
+    google::protobuf::TextFormat::Parser parser;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(text, &parsed)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("not a pserver.v1.TableConfig in text format: ", errors.message));
+    }
+    config->rep = std::move(parsed);
+    return absl::OkStatus();
+  });
+}
+
+size_t pserver_table_config_text(const pserver_table_config_t* config, char* out,
+                                 size_t out_size) {
+  return WriteText(config == nullptr ? nullptr : &config->rep, out, out_size);
+}
+
+pserver_table_t* pserver_client_create_table(pserver_client_t* client, const char* name,
+                                             const pserver_table_config_t* config,
+                                             pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  pserver_table_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    if (n.empty()) return absl::InvalidArgumentError("a table needs a name");
+    pserver::v1::TableConfig defaults;
+    defaults.set_dim(1);
+    PS_ASSIGN_OR_RETURN(pserver::Table table,
+                        pserver::Table::Create(*client->rep, std::move(n),
+                                               config == nullptr ? defaults : config->rep, call));
+    auto handle = std::make_unique<pserver_table_t>();
+    handle->ref = ClientRef{client->cluster, client->rep};
+    handle->rep = std::make_unique<pserver::Table>(std::move(table));
+    out = handle.release();
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_table_delete(pserver_table_t* table) {
+  try {
+    delete table;
+  } catch (...) {
+  }
+}
+
+const char* pserver_table_name(const pserver_table_t* table) {
+  return table == nullptr ? "" : table->rep->name().c_str();
+}
+
+uint32_t pserver_table_dim(const pserver_table_t* table) {
+  return table == nullptr ? 0 : table->rep->dim();
+}
+
+int32_t pserver_table_dtype(const pserver_table_t* table) {
+  return table == nullptr ? PSERVER_DTYPE_UNSPECIFIED
+                          : static_cast<int32_t>(table->rep->element_type());
+}
+
+size_t pserver_table_row_bytes(const pserver_table_t* table) {
+  return table == nullptr ? 0 : table->rep->row_bytes();
+}
+
+uint32_t pserver_table_chunk_size(const pserver_table_t* table) {
+  return table == nullptr ? 0 : std::max<uint32_t>(1, table->rep->config().chunk_size());
+}
+
+size_t pserver_table_config_text_of(const pserver_table_t* table, char* out, size_t out_size) {
+  return WriteText(table == nullptr ? nullptr : &table->rep->config(), out, out_size);
+}
+
+int32_t pserver_table_server_of(const pserver_table_t* table, uint64_t key,
+                                pserver_status_t* status) {
+  int32_t server = -1;
+  Run(status, [&]() -> absl::Status {
+    if (table == nullptr) return Null("table");
+    PS_ASSIGN_OR_RETURN(int s, table->rep->ServerOf(key));
+    server = s;
+    return absl::OkStatus();
+  });
+  return server;
+}
+
+void pserver_table_pull(pserver_table_t* table, const uint64_t* keys, size_t n, void* out,
+                        size_t out_size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveTable(table));
+    PS_RETURN_IF_ERROR(CheckKeys(keys, n));
+    PS_RETURN_IF_ERROR(CheckRows(*table->rep, "pull from", out, out_size, n, "keys"));
+    return table->rep->Pull(KeySpan(keys, n),
+                            absl::Span<char>(static_cast<char*>(out), out_size), call);
+  });
+}
+
+void pserver_table_push(pserver_table_t* table, const uint64_t* keys, size_t n, const void* data,
+                        size_t size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveTable(table));
+    PS_RETURN_IF_ERROR(CheckKeys(keys, n));
+    PS_RETURN_IF_ERROR(CheckRows(*table->rep, "push to", data, size, n, "keys"));
+    return table->rep->Push(
+        KeySpan(keys, n), absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size),
+        call);
+  });
+}
+
+size_t pserver_table_stats(pserver_table_t* table, pserver_table_stats_t* out, size_t capacity,
+                           size_t struct_size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  size_t n = 0;
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveTable(table));
+    if (out == nullptr && capacity != 0) return Null("out");
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::TableStats> stats, table->rep->Stats(call));
+    n = stats.size();
+    const size_t copy = std::min(struct_size, sizeof(pserver_table_stats_t));
+    for (size_t i = 0; i < n && i < capacity; ++i) {
+      const pserver::v1::TableStats& s = stats[i];
+      pserver_table_stats_t c;
+      std::memset(&c, 0, sizeof c);
+      c.server = static_cast<uint32_t>(i);
+      c.rows = s.rows();
+      c.bytes = s.bytes();
+      c.evictions = s.evictions();
+      c.pending_keys = s.pending_keys();
+      c.keys_pulled = s.keys_pulled();
+      c.keys_pushed = s.keys_pushed();
+      c.min_clock = s.min_clock();
+      c.workers = s.workers();
+      std::memcpy(reinterpret_cast<char*>(out) + i * struct_size, &c, copy);
+    }
+    return absl::OkStatus();
+  });
+  return n;
+}
+
+// -------------------------------------------------------------- KV workers
+
+pserver_kv_worker_t* pserver_kv_worker_join(pserver_table_t* table, const char* worker_id,
+                                            pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  pserver_kv_worker_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveTable(table));
+    if (worker_id == nullptr) return Null("worker_id");
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<pserver::KvWorker> worker,
+                        pserver::KvWorker::Join(*table->rep, worker_id, call));
+    auto handle = std::make_unique<pserver_kv_worker_t>();
+    handle->ref = table->ref;
+    handle->rep = std::move(worker);
+    out = handle.release();
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_kv_worker_delete(pserver_kv_worker_t* worker) {
+  try {
+    if (worker == nullptr) return;
+    if (worker->rep != nullptr && AliveRef(worker->ref).ok()) {
+      // Leave with a bounded wait; the destructor then has nothing to do.
+      pserver::CallOptions call;
+      call.deadline = absl::Now() + absl::Seconds(5);
+      worker->rep->Leave(call).IgnoreError();
+    }
+    delete worker;
+  } catch (...) {
+  }
+}
+
+const char* pserver_kv_worker_id(const pserver_kv_worker_t* worker) {
+  return worker == nullptr ? "" : worker->rep->id().c_str();
+}
+
+int64_t pserver_kv_worker_current_clock(const pserver_kv_worker_t* worker) {
+  return worker == nullptr ? 0 : worker->rep->clock();
+}
+
+void pserver_kv_worker_get(pserver_kv_worker_t* worker, const uint64_t* keys, size_t n, void* out,
+                           size_t out_size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveWorker(worker));
+    PS_RETURN_IF_ERROR(CheckKeys(keys, n));
+    PS_RETURN_IF_ERROR(CheckRows(worker->rep->table(), "get from", out, out_size, n, "keys"));
+    return worker->rep->Get(KeySpan(keys, n),
+                            absl::Span<char>(static_cast<char*>(out), out_size), call);
+  });
+}
+
+void pserver_kv_worker_add(pserver_kv_worker_t* worker, const uint64_t* keys, size_t n,
+                           const void* data, size_t size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveWorker(worker));
+    PS_RETURN_IF_ERROR(CheckKeys(keys, n));
+    PS_RETURN_IF_ERROR(CheckRows(worker->rep->table(), "add to", data, size, n, "keys"));
+    return worker->rep->Add(
+        KeySpan(keys, n), absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size),
+        call);
+  });
+}
+
+void pserver_kv_worker_get_chunk(pserver_kv_worker_t* worker, const uint64_t* chunk_ids, size_t n,
+                                 void* out, size_t out_size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveWorker(worker));
+    PS_RETURN_IF_ERROR(CheckKeys(chunk_ids, n));
+    const pserver::Table& t = worker->rep->table();
+    const size_t chunk = std::max<uint32_t>(1, t.config().chunk_size());
+    PS_RETURN_IF_ERROR(CheckRows(t, "get chunks from", out, out_size, n * chunk, "rows"));
+    return worker->rep->GetChunk(KeySpan(chunk_ids, n),
+                                 absl::Span<char>(static_cast<char*>(out), out_size), call);
+  });
+}
+
+void pserver_kv_worker_add_chunk(pserver_kv_worker_t* worker, const uint64_t* chunk_ids, size_t n,
+                                 const void* data, size_t size, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveWorker(worker));
+    PS_RETURN_IF_ERROR(CheckKeys(chunk_ids, n));
+    const pserver::Table& t = worker->rep->table();
+    const size_t chunk = std::max<uint32_t>(1, t.config().chunk_size());
+    PS_RETURN_IF_ERROR(CheckRows(t, "add chunks to", data, size, n * chunk, "rows"));
+    return worker->rep->AddChunk(
+        KeySpan(chunk_ids, n),
+        absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size), call);
+  });
+}
+
+void pserver_kv_worker_clock(pserver_kv_worker_t* worker, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveWorker(worker));
+    return worker->rep->Clock(call);
+  });
+}
+
+void pserver_kv_worker_leave(pserver_kv_worker_t* worker, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveWorker(worker));
+    return worker->rep->Leave(call);
+  });
+}
+
+// ------------------------------------------------------------- collectives
+
+pserver_group_t* pserver_group_new(pserver_client_t* client, const char* name, uint32_t size,
+                                   const char* participant, pserver_status_t* status) {
+  pserver_group_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    if (n.empty()) return absl::InvalidArgumentError("a group needs a name");
+    if (size < 1) return absl::InvalidArgumentError("a group needs at least 1 member");
+    if (participant == nullptr) return Null("participant");
+    if (*participant == '\0') {
+      return absl::InvalidArgumentError("a group member needs a non-empty participant id");
+    }
+    auto handle = std::make_unique<pserver_group_t>();
+    handle->ref = ClientRef{client->cluster, client->rep};
+    handle->rep = std::make_unique<pserver::WorkerGroup>(*client->rep, std::move(n), size,
+                                                         std::string(participant));
+    out = handle.release();
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_group_delete(pserver_group_t* group) {
+  try {
+    delete group;
+  } catch (...) {
+  }
+}
+
+void pserver_group_barrier(pserver_group_t* group, int32_t scope, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveGroup(group));
+    if (scope < PSERVER_BARRIER_WORKERS || scope > PSERVER_BARRIER_ALL) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown barrier scope ", scope, " (want 0: workers, 1: servers, 2: all)"));
+    }
+    const pserver::BarrierScope s = scope == PSERVER_BARRIER_WORKERS ? pserver::BarrierScope::kWorkers
+                                    : scope == PSERVER_BARRIER_SERVERS
+                                        ? pserver::BarrierScope::kServers
+                                        : pserver::BarrierScope::kAll;
+    return group->rep->Barrier(s, call);
+  });
+}
+
+void pserver_group_all_reduce(pserver_group_t* group, int32_t dtype, const int64_t* shape,
+                              size_t ndim, void* data, size_t size, int32_t op,
+                              pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveGroup(group));
+    if (op != PSERVER_REDUCE_SUM && op != PSERVER_REDUCE_MEAN) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown reduce op ", op, " (want 0: sum, 1: mean)"));
+    }
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t, CollectiveTensor(dtype, shape, ndim, data, size));
+    PS_RETURN_IF_ERROR(group->rep->AllReduce(
+        &t, op == PSERVER_REDUCE_MEAN ? pserver::ReduceOp::kMean : pserver::ReduceOp::kSum, call));
+    CopyBack(t, data, size);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_group_broadcast(pserver_group_t* group, int32_t dtype, const int64_t* shape,
+                             size_t ndim, void* data, size_t size, uint8_t root,
+                             pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(AliveGroup(group));
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t, CollectiveTensor(dtype, shape, ndim, data, size));
+    PS_RETURN_IF_ERROR(group->rep->Broadcast(&t, root != 0, call));
+    if (root == 0) CopyBack(t, data, size);
+    return absl::OkStatus();
+  });
 }
 
 // ------------------------------------------------------------------ server

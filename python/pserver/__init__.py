@@ -13,7 +13,8 @@ needs nothing else running:
 ...     print(w.round(2))
 [-0.3 -0.3 -0.3 -0.3]
 
-Servers elsewhere: ``pserver.Client(["host:7000", "host:7001"])``. Errors are
+Sparse and KV tables (``client.create_table``) and collectives
+(``client.group``) are in docs/tables.md. Servers elsewhere: ``pserver.Client(["host:7000", "host:7001"])``. Errors are
 :class:`pserver.Error` subclasses, one per status code (``NotFound`` is also a
 ``KeyError``, ``InvalidArgument`` a ``ValueError``, ...). Every call releases
 the GIL while it runs, so trainer threads push and pull in parallel.
@@ -26,12 +27,13 @@ from ._errors import (Aborted, AlreadyExists, AlreadyInitialized, Cancelled, Clo
                       Uninitialized, Unknown, error_from_status)
 from ._core import (DTYPES, CheckpointReader, Client, Etcd, LocalCluster, Server,
                     param_config_text, read_checkpoint, version)
+from ._tables import Group, KvWorker, Table
 
 __version__ = version()
 
 __all__ = [
     "Client", "Server", "LocalCluster", "CheckpointReader", "read_checkpoint",
-    "Etcd", "param_config_text", "version", "DTYPES", "error_from_status",
+    "Etcd", "Table", "KvWorker", "Group", "param_config_text", "version", "DTYPES", "error_from_status",
     "Error", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
     "AlreadyInitialized", "AlreadyExists", "PermissionDenied", "ResourceExhausted",
     "FailedPrecondition", "Uninitialized", "Closed", "Aborted", "OutOfRange",

@@ -283,8 +283,16 @@ class Client(_Closing):
     # -- lifecycle -----------------------------------------------------------
 
     def close(self) -> None:
-        """Waits for calls in flight and frees the client; safe to call twice."""
+        """Closes the tables, KV workers (which leave) and groups made from
+        this client, waits for calls in flight and frees the client; safe to
+        call twice."""
+        for child in list(self.__dict__.get("_children", ())):
+            child.close()
         self._h.close()
+
+    def _adopt(self, child: Any) -> None:
+        """Closes `child` (a Table, KvWorker or Group) when the client closes."""
+        self.__dict__.setdefault("_children", weakref.WeakSet()).add(child)
 
     @property
     def closed(self) -> bool:
@@ -468,6 +476,52 @@ class Client(_Closing):
             _c.pserver_batch_delete(gbatch)
             _c.pserver_batch_delete(obatch)
         return results
+
+    # -- tables and groups ------------------------------------------------------
+
+    def create_table(self, name: str, dim: Optional[int] = None, dtype: Any = None, *,
+                     initializer: Optional[str] = None, optimizer: Optional[str] = None,
+                     seed: Optional[int] = None, ttl_seconds: Optional[float] = None,
+                     capacity: Optional[int] = None, admission_count: Optional[int] = None,
+                     partition: Union[str, Tuple[int, int]] = "hash",
+                     consistency: Optional[str] = None, staleness: int = 0,
+                     chunk_size: Optional[int] = None, config: Optional[str] = None,
+                     timeout: Optional[float] = None, **settings: Any) -> "Table":
+        """Creates table `name` on every server (or opens it, given the same
+        config) and returns a :class:`pserver.Table` of `dim` values per row.
+
+        `dtype`: np.float32 (the default) or np.float64. `initializer`: "zeros" (default),
+        "uniform" (settings ``low``, ``high``) or "normal" (``mean``,
+        ``stddev``), with `seed`. `optimizer`: "sgd" (default), "adagrad",
+        "adam", "ftrl" or "add" (a KV table), with its settings as keywords
+        (``lr``, ``beta1``, ``epsilon``, ``initial_accumulator``, ``alpha``,
+        ``l1``, ...). Eviction: `ttl_seconds`, `capacity` (rows per server),
+        `admission_count`. `partition`: "hash" or a key range ``(begin, end)``.
+        `consistency`: "asp" (default), "bsp" or "ssp" with `staleness`.
+        `chunk_size`: keys per chunk for KvWorker.get_chunk. `config` may
+        give a pserver.v1.TableConfig in text format, which the other
+        arguments then amend.
+
+        >>> emb = client.create_table("emb", 16, initializer="normal", stddev=0.01,
+        ...                           optimizer="adagrad", lr=0.05)   # doctest: +SKIP
+
+        Raises InvalidArgument for a bad setting and AlreadyExists when the
+        table exists with another config.
+        """
+        from ._tables import _create_table
+        settings = dict(settings, seed=seed, ttl_seconds=ttl_seconds, capacity=capacity,
+                        admission_count=admission_count, chunk_size=chunk_size)
+        return _create_table(self, name, dim, dtype=dtype, initializer=initializer,
+                             optimizer=optimizer, partition=partition, consistency=consistency,
+                             staleness=staleness, config=config, timeout=timeout,
+                             settings=settings)
+
+    def group(self, name: str, size: int, participant: str) -> "Group":
+        """This worker's membership `participant` (unique in the group) of
+        group `name` of `size` workers: a :class:`pserver.Group` for barrier,
+        all_reduce and broadcast. One Group per worker thread."""
+        from ._tables import _group
+        return _group(self, name, size, participant)
 
     def save_checkpoint(self, *, timeout: Optional[float] = None) -> None:
         """Asks every server to write a checkpoint of its shard now.
