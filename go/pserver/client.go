@@ -7,6 +7,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"io"
 	"runtime"
 	"sort"
 	"sync"
@@ -158,6 +159,9 @@ type Client struct {
 	life    lifecycle
 	servers []string
 	owner   interface{} // keeps a LocalCluster alive for its in-process client
+
+	mu       sync.Mutex
+	children map[io.Closer]struct{} // tables, KV workers and groups, closed with it
 }
 
 // NewClient is a client of opts.Servers (connections are made lazily: an
@@ -213,9 +217,20 @@ func wrapClient(c *C.pserver_client_t, servers []string, owner interface{}) *Cli
 	return cl
 }
 
-// Close waits for the calls in flight, then frees the client. It is safe
-// to call twice; afterwards every method returns ErrClosed.
+// Close closes the tables, KV workers (which leave their tables) and groups
+// made from the client, waits for the calls in flight, then frees the
+// client. It is safe to call twice; afterwards every method returns
+// ErrClosed.
 func (cl *Client) Close() error {
+	cl.mu.Lock()
+	children := make([]io.Closer, 0, len(cl.children))
+	for c := range cl.children {
+		children = append(children, c)
+	}
+	cl.mu.Unlock()
+	for _, c := range children {
+		c.Close()
+	}
 	if cl.life.close(func() { C.pserver_client_delete(cl.c); cl.c = nil }) {
 		runtime.SetFinalizer(cl, nil)
 	}
@@ -239,19 +254,36 @@ func (cl *Client) NumServers() int {
 // Client). after(err) runs once f has returned and before run does, unless
 // ctx ended first; free always runs once f has returned.
 func (cl *Client) run(ctx context.Context, f func(c *C.pserver_client_t, st *C.pserver_status_t), after func(error), free func()) error {
+	return runCall(ctx, []*lifecycle{&cl.life}, func(st *C.pserver_status_t) { f(cl.c, st) }, after, free)
+}
+
+// runCall calls f with a fresh status while every handle of lives is
+// registered as in use, honouring ctx as Client says. after(err) runs once
+// f has returned and before runCall does, unless ctx ended first; free
+// always runs once f has returned.
+func runCall(ctx context.Context, lives []*lifecycle, f func(st *C.pserver_status_t), after func(error), free func()) error {
 	if err := ctx.Err(); err != nil {
 		free()
 		return contextError(err)
 	}
-	if err := cl.life.begin(); err != nil {
-		free()
-		return err
+	for i, l := range lives {
+		if err := l.begin(); err != nil {
+			for _, done := range lives[:i] {
+				done.end()
+			}
+			free()
+			return err
+		}
 	}
 	exec := func() error {
-		defer cl.life.end()
+		defer func() {
+			for _, l := range lives {
+				l.end()
+			}
+		}()
 		err := cCall(func(st *C.pserver_status_t) {
 			setTimeout(ctx, st)
-			f(cl.c, st)
+			f(st)
 		})
 		return withDeadlineCause(ctx, err)
 	}
@@ -647,4 +679,21 @@ func (b *batch) free() {
 	for _, buf := range b.bufs {
 		buf.free()
 	}
+}
+
+// adopt makes Close close c (a Table, KvWorker or Group) first.
+func (cl *Client) adopt(c io.Closer) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.children == nil {
+		cl.children = make(map[io.Closer]struct{})
+	}
+	cl.children[c] = struct{}{}
+}
+
+// disown forgets c once it was closed.
+func (cl *Client) disown(c io.Closer) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	delete(cl.children, c)
 }

@@ -12,6 +12,11 @@
 //	g, _ := pserver.NewTensor([]float32{1, 1, 1, 1})
 //	out, _ := client.PushPull(ctx, map[string]*pserver.Tensor{"w": g})
 //
+// Tables (docs/tables.md): client.CreateTable gives a *Table of uint64 keys
+// mapped to rows (Pull, Push, Stats, Join); a *KvWorker reads and adds at
+// its clock under BSP/SSP/ASP; client.Group gives a *Group for Barrier,
+// AllReduce and Broadcast through the servers.
+//
 // On a cluster registered in etcd, Options{Etcd: "host:port", Cluster: "name"}
 // finds the servers instead of Options.Servers; Etcd is a small etcd client
 // (get, get prefix, put, delete) for tools such as psctl.
