@@ -21,6 +21,7 @@
 #include "absl/flags/usage.h"
 #include "cc/rpc/allocator.h"
 #include "absl/strings/str_split.h"
+#include "cc/cuda/device.h"
 #include "cc/server/server.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
@@ -42,6 +43,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory for checkpoints (shard i in <dir>/shard-<i>); loaded at startup. Empty: none.");
 ABSL_FLAG(double, checkpoint_interval, 0, "Seconds between periodic checkpoints; 0: none.");
 ABSL_FLAG(uint32_t, checkpoint_keep, 3, "Checkpoints kept per shard (older ones are deleted).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where shards live: cpu (host memory), auto (the first CUDA device if there is "
+          "one, else host memory), or cuda:<N> (exit non-zero without that device). "
+          "docs/cuda.md.");
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -77,6 +82,22 @@ int main(int argc, char** argv) {
   options.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval));
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   options.drop_reply_after_apply_every_n = absl::GetFlag(FLAGS_drop_reply_after_apply_every_n);
+  const std::string device_flag = absl::GetFlag(FLAGS_device);
+  absl::StatusOr<pserver::cuda::DeviceChoice> device = pserver::cuda::ChooseDevice(device_flag);
+  if (!device.ok()) {
+    std::fprintf(stderr, "pserver: --device=%s: %s\n", device_flag.c_str(),
+                 device.status().ToString().c_str());
+    return 1;
+  }
+  options.device = device->name;
+  if (device_flag != "cpu") {
+    std::printf("pserver: --device=%s: using %s: %s%s\n", device_flag.c_str(),
+                device->name.c_str(), device->reason.c_str(),
+                device->cuda ? " (this version still keeps and updates every shard in host "
+                               "memory; device-resident shards come next)"
+                             : "");
+    std::fflush(stdout);
+  }
   absl::StatusOr<std::unique_ptr<pserver::Server>> server = pserver::Server::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "pserver: %s\n", server.status().ToString().c_str());

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
@@ -69,6 +70,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("num_threads must be >= 0, got ", options.num_threads));
   }
   if (options.host.empty()) return absl::InvalidArgumentError("host is empty");
+  if (options.device != "cpu" &&
+      !(absl::StartsWith(options.device, "cuda:") && options.device.size() > 5 &&
+        options.device.find_first_not_of("0123456789", 5) == std::string::npos)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device must be cpu or cuda:<N>, got '", options.device, "'"));
+  }
   if (options.checkpoint_keep < 1)
     return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
   if (options.checkpoint_interval < absl::ZeroDuration()) {

@@ -65,6 +65,11 @@ struct ServerOptions {
   size_t checkpoint_keep = 3;
   bool checkpoint_on_shutdown = true;
 
+  // Where shards live: "cpu", or "cuda:<N>" as chosen by cc/cuda's
+  // ChooseDevice (pserver --device). Phase 1 of CUDA support: recorded, but
+  // every shard is still kept and updated in host memory.
+  std::string device = "cpu";
+
   // Fault injection for tests: every n-th applied push is answered
   // UNAVAILABLE as if its reply were lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;
