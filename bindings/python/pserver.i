@@ -125,6 +125,26 @@ struct PserverPyBuffer {
   if (pybuf$argnum.held) PyBuffer_Release(&pybuf$argnum.view);
 }
 
+/* ---- checkpointed tables: (dim, dtype, rows) out, key and value buffers ---- */
+%typemap(in, numinputs=0) (uint32_t* dim, int32_t* dtype, uint64_t* rows)
+    (uint32_t d = 0, int32_t t = 0, uint64_t r = 0) {
+  $1 = &d; $2 = &t; $3 = &r;
+}
+%typemap(argout) (uint32_t* dim, int32_t* dtype, uint64_t* rows) {
+  $result = SWIG_Python_AppendOutput(
+      $result, Py_BuildValue("(IiK)", (unsigned int)*$1, (int)*$2, (unsigned long long)*$3));
+}
+%typemap(in) (uint64_t* keys, size_t keys_size) (PserverPyBuffer pybuf),
+             (void* values, size_t values_size) (PserverPyBuffer pybuf) {
+  if (PyObject_GetBuffer($input, &pybuf.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) SWIG_fail;
+  pybuf.held = 1;
+  $1 = ($1_ltype)pybuf.view.buf;
+  $2 = (size_t)pybuf.view.len;
+}
+%typemap(freearg) (uint64_t* keys, size_t keys_size), (void* values, size_t values_size) {
+  if (pybuf$argnum.held) PyBuffer_Release(&pybuf$argnum.view);
+}
+
 /* ---- table keys: a buffer of 8-byte items ---- */
 %typemap(in) (const uint64_t* keys, size_t n) (PserverPyBuffer pybuf),
              (const uint64_t* chunk_ids, size_t n) (PserverPyBuffer pybuf) {

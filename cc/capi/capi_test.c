@@ -1109,6 +1109,67 @@ static void test_unknown_table(void) {
   pserver_status_delete(st);
 }
 
+/* Tables saved with the servers' checkpoints read back through the reader. */
+static void test_checkpoint_tables(void) {
+  pserver_status_t* st = pserver_status_new();
+  char dir[1024];
+  const char* tmp = getenv("TEST_TMPDIR");
+  snprintf(dir, sizeof dir, "%s/capi_table_ckpt", tmp != NULL ? tmp : "/tmp");
+  pserver_server_options_t* base = pserver_server_options_new();
+  pserver_server_options_set_checkpoint_dir(base, dir);
+  pserver_local_cluster_t* cluster = pserver_local_cluster_new_with_options(2, base, st);
+  EXPECT_OK(st);
+  pserver_client_t* client = pserver_local_cluster_client(cluster, NULL, st);
+  EXPECT_OK(st);
+  pserver_table_config_t* cfg = pserver_table_config_new();
+  pserver_table_config_parse_text(cfg, "dim: 2 element_type: FLOAT64 optimizer { add {} }", st);
+  EXPECT_OK(st);
+  pserver_table_t* t = pserver_client_create_table(client, "saved", cfg, st);
+  EXPECT_OK(st);
+  uint64_t keys[5] = {40, 3, 17, 1000, 8};
+  double vals[10];
+  for (int i = 0; i < 10; ++i) vals[i] = (double)i;
+  pserver_table_push(t, keys, 5, vals, sizeof vals, st);
+  EXPECT_OK(st);
+  pserver_local_cluster_save_checkpoint(cluster, st);
+  EXPECT_OK(st);
+
+  pserver_checkpoint_reader_t* r = pserver_checkpoint_reader_new(dir, st);
+  EXPECT_OK(st);
+  EXPECT(pserver_checkpoint_reader_num_tables(r) == 1);
+  EXPECT(strcmp(pserver_checkpoint_reader_table_name(r, 0), "saved") == 0);
+  EXPECT(pserver_checkpoint_reader_table_name(r, 1) == NULL);
+  uint32_t dim = 0;
+  int32_t dtype = 0;
+  uint64_t rows = 0;
+  pserver_checkpoint_reader_table_info(r, "saved", &dim, &dtype, &rows, st);
+  EXPECT_OK(st);
+  EXPECT(dim == 2 && dtype == PSERVER_FLOAT64 && rows == 5);
+  uint64_t got_keys[5];
+  double got[10];
+  pserver_checkpoint_reader_read_table(r, "saved", got_keys, sizeof got_keys, got, 72, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "5 rows need 40 bytes of keys and 80");
+  pserver_checkpoint_reader_read_table(r, "saved", got_keys, sizeof got_keys, got, sizeof got,
+                                       st);
+  EXPECT_OK(st);
+  const uint64_t sorted[5] = {3, 8, 17, 40, 1000};
+  const int from[5] = {1, 4, 2, 0, 3}; /* where each sorted key was pushed */
+  for (int i = 0; i < 5; ++i) {
+    EXPECT(got_keys[i] == sorted[i]);
+    EXPECT(got[2 * i] == vals[2 * from[i]] && got[2 * i + 1] == vals[2 * from[i] + 1]);
+  }
+  pserver_checkpoint_reader_table_info(r, "nope", NULL, NULL, NULL, st);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "table 'nope' is not in the checkpoint");
+  pserver_checkpoint_reader_delete(r);
+
+  pserver_table_delete(t);
+  pserver_table_config_delete(cfg);
+  pserver_client_delete(client);
+  pserver_local_cluster_delete(cluster);
+  pserver_server_options_delete(base);
+  pserver_status_delete(st);
+}
+
 /* ------------------------------------------------------------------ etcd */
 
 /* A free 127.0.0.1 port (bound to port 0, then released). */
@@ -1331,6 +1392,7 @@ int main(void) {
   test_status_timeout();
   test_tables();
   test_unknown_table();
+  test_checkpoint_tables();
   test_etcd();
   if (failures > 0) {
     fprintf(stderr, "%d failure(s)\n", failures);

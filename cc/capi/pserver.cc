@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -167,6 +168,9 @@ struct pserver_checkpoint_reader_t {
   std::vector<std::unique_ptr<pserver::CheckpointReader>> readers;
   std::map<std::string, CheckpointParam> params;
   std::vector<std::string> names;  // sorted
+  // table name -> (reader, index into its manifest's extensions)
+  std::map<std::string, std::vector<std::pair<const pserver::CheckpointReader*, int>>> tables;
+  std::vector<std::string> table_names;  // sorted
 };
 
 // ------------------------------------------------------------------ helpers
@@ -546,7 +550,57 @@ absl::Status IndexCheckpoints(pserver_checkpoint_reader_t* out) {
     }
   }
   for (const auto& [name, param] : out->params) out->names.push_back(name);
+  for (const auto& reader : out->readers) {
+    const auto& extensions = reader->manifest().extensions();
+    for (int i = 0; i < extensions.size(); ++i) {
+      absl::string_view name = extensions[i].name();
+      if (absl::ConsumePrefix(&name, "table/")) {
+        out->tables[std::string(name)].emplace_back(reader.get(), i);
+      }
+    }
+  }
+  for (const auto& [name, parts] : out->tables) out->table_names.push_back(name);
   return absl::OkStatus();
+}
+
+// Table `name`'s snapshots, one per checkpoint that holds some of it,
+// checked for consistent configs and sizes.
+absl::StatusOr<std::vector<pserver::v1::SparseTableSnapshot>> ReadTableSnapshots(
+    const pserver_checkpoint_reader_t* r, const char* name) {
+  if (name == nullptr) return Null("name");
+  auto it = r->tables.find(name);
+  if (it == r->tables.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", name, "' is not in the checkpoint"));
+  }
+  std::vector<pserver::v1::SparseTableSnapshot> out;
+  for (const auto& [ckpt, index] : it->second) {
+    const pserver::v1::CheckpointExtension& ext = ckpt->manifest().extensions(index);
+    PS_ASSIGN_OR_RETURN(std::string bytes, ckpt->ReadData(ext.data()));
+    pserver::v1::SparseTableSnapshot snapshot;
+    if (!snapshot.ParseFromString(bytes)) {
+      return absl::DataLossError(absl::StrCat("extension '", ext.name(), "' in ", ckpt->path(),
+                                              " is not a table snapshot"));
+    }
+    pserver::v1::TableConfig& config = *snapshot.mutable_config();
+    if (config.element_type() == pserver::v1::ELEMENT_TYPE_UNSPECIFIED) {
+      config.set_element_type(pserver::v1::FLOAT32);
+    }
+    const size_t esize = pserver::ElementSize(config.element_type());
+    if (config.dim() == 0 || esize == 0 || snapshot.keys().size() != snapshot.rows() * 8 ||
+        snapshot.values().size() != snapshot.rows() * config.dim() * esize) {
+      return absl::DataLossError(absl::StrCat("table '", name, "' in ", ckpt->path(),
+                                              ": its keys and values do not match ",
+                                              snapshot.rows(), " rows"));
+    }
+    if (!out.empty() && (out[0].config().dim() != config.dim() ||
+                         out[0].config().element_type() != config.element_type())) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoints disagree on table '", name, "': dim ", out[0].config().dim(),
+                       " vs ", config.dim(), " (", ckpt->path(), ")"));
+    }
+    out.push_back(std::move(snapshot));
+  }
+  return out;
 }
 
 absl::StatusOr<const CheckpointParam*> FindCheckpointParam(const pserver_checkpoint_reader_t* r,
@@ -2008,6 +2062,70 @@ void pserver_checkpoint_reader_verify(const pserver_checkpoint_reader_t* reader,
   Run(status, [&]() -> absl::Status {
     if (reader == nullptr) return Null("reader");
     for (const auto& r : reader->readers) PS_RETURN_IF_ERROR(r->Verify());
+    return absl::OkStatus();
+  });
+}
+
+size_t pserver_checkpoint_reader_num_tables(const pserver_checkpoint_reader_t* reader) {
+  return reader == nullptr ? 0 : reader->table_names.size();
+}
+
+const char* pserver_checkpoint_reader_table_name(const pserver_checkpoint_reader_t* reader,
+                                                 size_t i) {
+  if (reader == nullptr || i >= reader->table_names.size()) return nullptr;
+  return reader->table_names[i].c_str();
+}
+
+void pserver_checkpoint_reader_table_info(const pserver_checkpoint_reader_t* reader,
+                                          const char* name, uint32_t* dim, int32_t* dtype,
+                                          uint64_t* rows, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (reader == nullptr) return Null("reader");
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::SparseTableSnapshot> parts,
+                        ReadTableSnapshots(reader, name));
+    uint64_t total = 0;
+    for (const auto& p : parts) total += p.rows();
+    if (dim != nullptr) *dim = parts[0].config().dim();
+    if (dtype != nullptr) *dtype = static_cast<int32_t>(parts[0].config().element_type());
+    if (rows != nullptr) *rows = total;
+    return absl::OkStatus();
+  });
+}
+
+void pserver_checkpoint_reader_read_table(const pserver_checkpoint_reader_t* reader,
+                                          const char* name, uint64_t* keys, size_t keys_size,
+                                          void* values, size_t values_size,
+                                          pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (reader == nullptr) return Null("reader");
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::SparseTableSnapshot> parts,
+                        ReadTableSnapshots(reader, name));
+    const pserver::v1::TableConfig& config = parts[0].config();
+    const size_t row = config.dim() * pserver::ElementSize(config.element_type());
+    uint64_t total = 0;
+    for (const auto& p : parts) total += p.rows();
+    if (keys_size != total * 8 || values_size != total * row) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", name, "': ", total, " rows need ", total * 8, " bytes of keys and ",
+          total * row, " of values, the buffers have ", keys_size, " and ", values_size));
+    }
+    if (total > 0 && (keys == nullptr || values == nullptr)) return Null("keys or values");
+    // (key, part, row in part), sorted by key.
+    std::vector<std::tuple<uint64_t, size_t, size_t>> order;
+    order.reserve(total);
+    for (size_t p = 0; p < parts.size(); ++p) {
+      for (size_t i = 0; i < parts[p].rows(); ++i) {
+        uint64_t k;
+        std::memcpy(&k, parts[p].keys().data() + i * 8, 8);
+        order.emplace_back(k, p, i);
+      }
+    }
+    std::sort(order.begin(), order.end());
+    for (size_t j = 0; j < order.size(); ++j) {
+      const auto& [k, p, i] = order[j];
+      keys[j] = k;
+      std::memcpy(static_cast<char*>(values) + j * row, parts[p].values().data() + i * row, row);
+    }
     return absl::OkStatus();
   });
 }

@@ -708,6 +708,28 @@ PSERVER_EXPORT void pserver_checkpoint_reader_read(const pserver_checkpoint_read
 PSERVER_EXPORT void pserver_checkpoint_reader_verify(const pserver_checkpoint_reader_t* reader,
                                                      pserver_status_t* status);
 
+/* Tables in the checkpoints (saved as extensions "table/<name>"), sorted by
+ * name; a table's rows are spread over the shards' checkpoints. */
+PSERVER_EXPORT size_t pserver_checkpoint_reader_num_tables(
+    const pserver_checkpoint_reader_t* reader);
+/* Table i's name; NULL when i is out of range. */
+PSERVER_EXPORT const char* pserver_checkpoint_reader_table_name(
+    const pserver_checkpoint_reader_t* reader, size_t i);
+/* Table `name`'s values per row, element type (PSERVER_FLOAT32 or _FLOAT64)
+ * and rows over every opened checkpoint (reads and verifies its data; any
+ * output may be NULL). NOT_FOUND for an unknown table, DATA_LOSS for damaged
+ * data. */
+PSERVER_EXPORT void pserver_checkpoint_reader_table_info(
+    const pserver_checkpoint_reader_t* reader, const char* name, uint32_t* dim, int32_t* dtype,
+    uint64_t* rows, pserver_status_t* status);
+/* Reads table `name`'s rows, sorted by key: `keys` gets rows uint64 keys
+ * (`keys_size` = rows * 8 bytes) and `values` their rows (`values_size` =
+ * rows * dim * pserver_dtype_size(dtype) bytes), as table_info gives them.
+ * Only the values are saved: optimizer state and pending keys are not read. */
+PSERVER_EXPORT void pserver_checkpoint_reader_read_table(
+    const pserver_checkpoint_reader_t* reader, const char* name, uint64_t* keys,
+    size_t keys_size, void* values, size_t values_size, pserver_status_t* status);
+
 /* --------------------------------------------------- library buffers */
 
 /* Frees a buffer the library allocated (pserver_etcd_get); accepts NULL. */

@@ -1,6 +1,7 @@
 package pserver
 
 // #include <stdlib.h>
+// #include <string.h>
 // #include "pserver.h"
 import "C"
 
@@ -13,10 +14,11 @@ import (
 // CheckpointReader reads checkpoints as servers write them. Safe for
 // concurrent use.
 type CheckpointReader struct {
-	r     *C.pserver_checkpoint_reader_t
-	life  lifecycle
-	paths []string
-	names []string
+	r      *C.pserver_checkpoint_reader_t
+	life   lifecycle
+	paths  []string
+	names  []string
+	tables []string
 }
 
 // OpenCheckpoint opens path, one of: a checkpoint directory (ckpt-<seq>,
@@ -39,6 +41,9 @@ func OpenCheckpoint(path string) (*CheckpointReader, error) {
 	}
 	for i := C.size_t(0); i < C.pserver_checkpoint_reader_num_params(r); i++ {
 		cr.names = append(cr.names, C.GoString(C.pserver_checkpoint_reader_param_name(r, i)))
+	}
+	for i := C.size_t(0); i < C.pserver_checkpoint_reader_num_tables(r); i++ {
+		cr.tables = append(cr.tables, C.GoString(C.pserver_checkpoint_reader_table_name(r, i)))
 	}
 	runtime.SetFinalizer(cr, func(cr *CheckpointReader) { cr.Close() })
 	return cr, nil
@@ -108,6 +113,51 @@ func (cr *CheckpointReader) ReadAll() (map[string]*Tensor, error) {
 		all[name] = t
 	}
 	return all, nil
+}
+
+// Tables is the tables in the checkpoints (sparse and KV tables), sorted.
+func (cr *CheckpointReader) Tables() []string { return append([]string(nil), cr.tables...) }
+
+// ReadTable reads table name's rows over every shard, sorted by key: the
+// keys, and the values as a Float32 or Float64 tensor of shape
+// [len(keys), dim]. ErrNotFound for an unknown table, ErrDataLoss for
+// damaged data.
+func (cr *CheckpointReader) ReadTable(name string) ([]uint64, *Tensor, error) {
+	if err := cr.life.begin(); err != nil {
+		return nil, nil, fmt.Errorf("pserver: read checkpoint table %q: %w", name, err)
+	}
+	defer cr.life.end()
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	info := cAlloc(24)
+	defer info.free()
+	dim, dtype, rows := (*C.uint32_t)(info.p), (*C.int32_t)(unsafe.Add(info.p, 4)), (*C.uint64_t)(unsafe.Add(info.p, 8))
+	if err := cCall(func(st *C.pserver_status_t) {
+		C.pserver_checkpoint_reader_table_info(cr.r, cname, dim, dtype, rows, st)
+	}); err != nil {
+		return nil, nil, fmt.Errorf("pserver: read checkpoint table %q: %w", name, err)
+	}
+	n := int(*rows)
+	values, err := newTensor(DType(*dtype), []int64{int64(n), int64(*dim)})
+	if err != nil {
+		return nil, nil, fmt.Errorf("pserver: read checkpoint table %q: %w", name, err)
+	}
+	kbuf := cAlloc(8 * n)
+	defer kbuf.free()
+	_, vn := values.mem()
+	vbuf := cAlloc(vn)
+	defer vbuf.free()
+	if err := cCall(func(st *C.pserver_status_t) {
+		C.pserver_checkpoint_reader_read_table(cr.r, cname, (*C.uint64_t)(kbuf.p), kbuf.size(), vbuf.p, vbuf.size(), st)
+	}); err != nil {
+		return nil, nil, fmt.Errorf("pserver: read checkpoint table %q: %w", name, err)
+	}
+	keys := make([]uint64, n)
+	if n > 0 {
+		C.memcpy(unsafe.Pointer(&keys[0]), kbuf.p, C.size_t(8*n))
+	}
+	vbuf.copyTo(values)
+	return keys, values, nil
 }
 
 // Verify checks every data file and chunk of every opened checkpoint;

@@ -499,3 +499,36 @@ func TestGroupErrors(t *testing.T) {
 	}
 	g.Close()
 }
+
+func TestTablesInCheckpoints(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cluster, client := newCluster(t, 2, &pserver.ServerOptions{CheckpointDir: dir})
+	kv := mustTable(t, client, "saved", pserver.TableConfig{Dim: 2, DType: pserver.Float64, Optimizer: "add"})
+	if err := kv.Push(ctx, []uint64{40, 3, 17}, []float64{0, 1, 2, 3, 4, 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.SaveCheckpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, err := pserver.OpenCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !reflect.DeepEqual(r.Tables(), []string{"saved"}) {
+		t.Fatalf("tables %v", r.Tables())
+	}
+	keys, values, err := r.ReadTable("saved")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := pserver.Values[float64](values)
+	if !reflect.DeepEqual(keys, []uint64{3, 17, 40}) || !reflect.DeepEqual(got, []float64{2, 3, 4, 5, 0, 1}) ||
+		!reflect.DeepEqual(values.Shape(), []int64{3, 2}) {
+		t.Fatalf("keys %v values %v %v", keys, got, values.Shape())
+	}
+	if _, _, err := r.ReadTable("nope"); !errors.Is(err, pserver.ErrNotFound) {
+		t.Fatalf("unknown table: %v", err)
+	}
+}

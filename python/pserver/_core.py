@@ -776,6 +776,23 @@ class CheckpointReader(_Closing):
     def read_all(self) -> Dict[str, np.ndarray]:
         return {name: self.read(name) for name in self._names}
 
+    def tables(self) -> List[str]:
+        """The tables in the checkpoints (sparse and KV tables), sorted."""
+        with self._h.use() as h:
+            return [_c.pserver_checkpoint_reader_table_name(h, i)
+                    for i in range(_c.pserver_checkpoint_reader_num_tables(h))]
+
+    def read_table(self, name: str) -> Tuple[np.ndarray, np.ndarray]:
+        """Table `name`'s rows over every shard, sorted by key: (keys, uint64
+        of shape (rows,); values, float32 or float64 of shape (rows, dim)).
+        Raises NotFound for an unknown table, DataLoss for damaged data."""
+        with self._h.use() as h:
+            dim, code, rows = _c.pserver_checkpoint_reader_table_info(h, name)
+            keys = np.empty(rows, np.uint64)
+            values = np.empty((rows, dim), _NUMPY[code])
+            _c.pserver_checkpoint_reader_read_table(h, name, keys, values)
+        return keys, values
+
     def verify(self) -> None:
         """Verifies every data file and chunk; raises DataLoss naming the file."""
         with self._h.use() as h:

@@ -302,3 +302,18 @@ def test_group_bad_arguments(client):
         client.group("anon", 2, "")
     # A group of one reduces to itself.
     np.testing.assert_array_equal(g.all_reduce(np.arange(3, dtype=np.int32)), [0, 1, 2])
+
+
+def test_tables_in_checkpoints(tmp_path):
+    with pserver.LocalCluster(servers=2, checkpoint_dir=str(tmp_path)) as cluster:
+        t = cluster.client().create_table("saved", 2, np.float64, optimizer="add")
+        keys = np.array([40, 3, 17], np.uint64)
+        t.push(keys, np.arange(6, dtype=np.float64).reshape(3, 2))
+        cluster.save_checkpoint()
+    with pserver.CheckpointReader(str(tmp_path)) as reader:
+        assert reader.tables() == ["saved"]
+        got_keys, values = reader.read_table("saved")
+        np.testing.assert_array_equal(got_keys, [3, 17, 40])
+        np.testing.assert_array_equal(values, [[2, 3], [4, 5], [0, 1]])
+        with pytest.raises(pserver.NotFound, match="nope"):
+            reader.read_table("nope")
