@@ -65,10 +65,10 @@
  *     A timeout <= 0 clears it; it stays on the status until changed.
  *     The blocking calls are pserver_client_init_param, _finish_init,
  *     _param_info, _get_param, _get_params, _send_grad, _send_grads,
- *     _push_pull, _save_checkpoint, _stats and _create_table; every
- *     pserver_table_* call that takes a status (but _server_of), every
- *     pserver_kv_worker_* call that takes a status, and pserver_group_barrier,
- *     _all_reduce and _broadcast.
+ *     _push_pull, _save_checkpoint, _stats and _create_table;
+ *     pserver_table_pull, _push and _stats; pserver_kv_worker_join, _get,
+ *     _add, _get_chunk, _add_chunk, _clock and _leave; and
+ *     pserver_group_barrier, _all_reduce and _broadcast.
  *  9. Tables, KV workers and groups are made from a client and keep what
  *     they need of it alive: pserver_client_delete may come before
  *     pserver_table_delete (and the others) without harm. A pserver_table_t
