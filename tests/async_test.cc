@@ -170,6 +170,32 @@ TEST_P(AsyncTest, FailedCallsReportTheirErrorThroughTheTicket) {
   EXPECT_EQ(late.trace().sent, absl::InfinitePast());  // never sent
 }
 
+TEST_P(AsyncTest, KvWorkerClockWaitsForItsAsyncAdds) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  v1::TableConfig config;
+  config.set_dim(1);
+  config.set_element_type(v1::FLOAT64);
+  config.mutable_optimizer()->mutable_add();
+  config.mutable_consistency()->set_model(v1::Consistency::BSP);
+  ASSERT_OK_AND_ASSIGN(Table table, Table::Create(*client, "bsp", config));
+  ASSERT_OK_AND_ASSIGN(auto worker, KvWorker::Join(table, "solo"));
+  const std::vector<uint64_t> keys = {3, 4};
+  const std::vector<double> ones = {1, 1};
+  const absl::string_view bytes(reinterpret_cast<const char*>(ones.data()),
+                                ones.size() * sizeof(double));
+  for (int i = 0; i < 10; ++i) worker->AddAsync(keys, bytes);
+  ASSERT_OK(worker->Clock());  // after all 10 adds; BSP releases them at clock 1
+  std::vector<double> got(2);
+  Ticket get = worker->GetAsync(
+      keys, absl::Span<char>(reinterpret_cast<char*>(got.data()), got.size() * sizeof(double)));
+  ASSERT_OK(get.Wait(absl::Seconds(20)));
+  EXPECT_EQ(got, (std::vector<double>{10, 10}));
+  ASSERT_OK(worker->Leave());
+  EXPECT_THAT(worker->GetAsync(keys, absl::Span<char>()).Wait(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has left")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, AsyncTest, ::testing::Values(Via::kGrpc, Via::kInProcess),
                          ViaName);
 

@@ -293,8 +293,37 @@ absl::Status KvWorker::AddChunk(absl::Span<const uint64_t> chunk_ids, absl::stri
   return Add(ChunkKeys(chunk_ids), vals, call);
 }
 
+Ticket KvWorker::GetAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
+                          const CallOptions& call) {
+  if (absl::Status joined = CheckJoined(); !joined.ok()) return Ticket::Failed(joined);
+  return table_.client_->RunAsync(
+      [table = table_, keys, out, worker = worker_, clock = clock_](const CallOptions& c) {
+        return table.DoPull(keys, out, worker, clock, c);
+      },
+      call);
+}
+
+Ticket KvWorker::AddAsync(absl::Span<const uint64_t> keys, absl::string_view vals,
+                          const CallOptions& call) {
+  if (absl::Status joined = CheckJoined(); !joined.ok()) return Ticket::Failed(joined);
+  Ticket ticket = table_.client_->RunAsync(
+      [table = table_, keys, vals, worker = worker_, clock = clock_](const CallOptions& c) {
+        return table.DoPush(keys, vals, worker, clock, c);
+      },
+      call);
+  adds_in_flight_.push_back(ticket);
+  return ticket;
+}
+
 absl::Status KvWorker::Clock(const CallOptions& call) {
   PS_RETURN_IF_ERROR(CheckJoined());
+  // The clock promises the adds made before it: wait for the async ones.
+  std::vector<Ticket> adds;
+  adds.swap(adds_in_flight_);
+  for (const Ticket& add : adds) {
+    PS_RETURN_IF_ERROR(
+        add.Wait(std::max(absl::ZeroDuration(), table_.client_->Deadline(call) - absl::Now())));
+  }
   PS_ASSIGN_OR_RETURN(clock_, ClockOp(v1::ClockRequest::TICK, call));
   return absl::OkStatus();
 }

@@ -171,7 +171,16 @@ class KvWorker {
   absl::Status AddChunk(absl::Span<const uint64_t> chunk_ids, absl::string_view vals,
                         const CallOptions& call = {});
 
-  // Advances this worker's clock by one on every server.
+  // Asynchronous forms (cc/client/ticket.h), at the worker's clock when
+  // called; they BORROW `keys`, `out` and `vals` until the ticket is done.
+  Ticket GetAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
+                  const CallOptions& call = {});
+  Ticket AddAsync(absl::Span<const uint64_t> keys, absl::string_view vals,
+                  const CallOptions& call = {});
+
+  // Advances this worker's clock by one on every server, after the adds it
+  // made asynchronously have completed (the first of them to fail fails the
+  // Clock, which then does not advance).
   absl::Status Clock(const CallOptions& call = {});
   // Unregisters from every server; later calls fail with FAILED_PRECONDITION.
   absl::Status Leave(const CallOptions& call = {});
@@ -186,6 +195,7 @@ class KvWorker {
   std::string worker_;
   int64_t clock_;
   bool left_ = false;
+  std::vector<Ticket> adds_in_flight_;  // AddAsync since the last Clock
 };
 
 }  // namespace pserver

@@ -48,6 +48,12 @@ Ticket::Ticket() : state_(std::make_shared<State>()) {
   state_->recorder.trace_.queued = absl::Now();
 }
 
+Ticket Ticket::Failed(absl::Status status) {
+  Ticket ticket;
+  ticket.Finish(std::move(status));
+  return ticket;
+}
+
 bool Ticket::done() const {
   absl::MutexLock lock(&state_->mu);
   return state_->done;

@@ -59,6 +59,8 @@ class Ticket {
 
   // A ticket not yet done, queued now.
   Ticket();
+  // A ticket already done with `status` (a call refused before it started).
+  static Ticket Failed(absl::Status status);
 
   bool done() const;
   // The call's status once done. DEADLINE_EXCEEDED "ticket still running
