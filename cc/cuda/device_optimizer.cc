@@ -7,6 +7,7 @@
 #include "cc/core/status_macros.h"
 #include "cc/cuda/cuda_status.h"
 #include "cc/cuda/kernels.h"
+#include "cc/cuda/plan.h"
 #include "cc/cuda/runtime.h"
 
 namespace pserver {
@@ -37,24 +38,12 @@ std::string SlotList(const std::vector<std::string>& names) {
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> DeviceOptimizer::Create(
     const v1::ParameterConfig& config, size_t num_elements, int device) {
   const v1::OptimizerConfig& oc = config.optimizer();
-  int rule = kernels::kDenseSgd;
-  switch (oc.kind_case()) {
-    case v1::OptimizerConfig::KIND_NOT_SET:
-    case v1::OptimizerConfig::kSgd:
-      rule = kernels::kDenseSgd;
-      break;
-    case v1::OptimizerConfig::kAdagrad:
-      rule = kernels::kDenseAdagrad;
-      break;
-    case v1::OptimizerConfig::kAdam:
-    case v1::OptimizerConfig::kAdamw:
-      rule = kernels::kDenseAdam;
-      break;
-    default:
-      return absl::UnimplementedError(absl::StrCat(
-          "optimizer ", OptimizerName(oc),
-          " does not run on a CUDA device (sgd, adagrad, adam and adamw do); "
-          "keep this parameter in host memory"));
+  const int rule = DenseRuleFor(oc);
+  if (rule < 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "optimizer ", OptimizerName(oc),
+        " does not run on a CUDA device (sgd, adagrad, adam and adamw do); "
+        "keep this parameter in host memory"));
   }
   // The host optimizer validates the config (same messages) and names the
   // slots; with 0 elements it allocates nothing.
@@ -116,15 +105,9 @@ absl::Status DeviceOptimizer::Apply(DeviceBuffer& params, const DeviceBuffer& gr
   PS_RETURN_IF_ERROR(CudaStatus(rt::SetDevice(device_), "cudaSetDevice"));
   void* s = stream != nullptr ? stream->native() : nullptr;
 
-  kernels::DenseStep step;
-  step.rule = rule_;
   const float lr = static_cast<float>(learning_rate_.At(steps_));
-  step.lr = lr;
-
-  // Clipping, as Optimizer::Apply: scale by clip_norm / norm, then clamp.
-  const v1::Clipping& clip = config_.clipping();
-  if (clip.clip_norm() > 0) {
-    double norm = 0;
+  double norm = 0;
+  if (config_.clipping().clip_norm() > 0) {
     if (global_norm.has_value()) {
       norm = *global_norm;
     } else {
@@ -141,53 +124,8 @@ absl::Status DeviceOptimizer::Apply(DeviceBuffer& params, const DeviceBuffer& gr
       if (stream != nullptr) PS_RETURN_IF_ERROR(stream->Synchronize());
       norm = std::sqrt(sum);
     }
-    if (norm > clip.clip_norm()) {
-      step.scale_grad = true;
-      step.grad_scale = static_cast<float>(clip.clip_norm() / norm);
-    }
   }
-  if (clip.clip_value() > 0) step.clip_value = static_cast<float>(clip.clip_value());
-
-  const v1::OptimizerConfig& oc = config_.optimizer();
-  switch (rule_) {
-    case kernels::kDenseSgd: {
-      const v1::SgdConfig& c = oc.sgd();
-      step.momentum = static_cast<float>(c.momentum());
-      step.weight_decay = static_cast<float>(c.weight_decay());
-      step.nesterov = c.nesterov();
-      step.first_step = steps_ == 0;
-      break;
-    }
-    case kernels::kDenseAdagrad: {
-      const v1::AdagradConfig& c = oc.adagrad();
-      step.epsilon = static_cast<float>(c.has_epsilon() ? c.epsilon() : 1e-10);
-      step.weight_decay = static_cast<float>(c.weight_decay());
-      break;
-    }
-    default: {  // Adam and AdamW, exactly as AdamRule::Step computes its scalars.
-      const bool w = oc.kind_case() == v1::OptimizerConfig::kAdamw;
-      const double beta1 = w ? (oc.adamw().has_beta1() ? oc.adamw().beta1() : 0.9)
-                             : (oc.adam().has_beta1() ? oc.adam().beta1() : 0.9);
-      const double beta2 = w ? (oc.adamw().has_beta2() ? oc.adamw().beta2() : 0.999)
-                             : (oc.adam().has_beta2() ? oc.adam().beta2() : 0.999);
-      const double eps = w ? (oc.adamw().has_epsilon() ? oc.adamw().epsilon() : 1e-8)
-                           : (oc.adam().has_epsilon() ? oc.adam().epsilon() : 1e-8);
-      const double l2 = w ? 0.0 : oc.adam().weight_decay();
-      const double decoupled =
-          w ? (oc.adamw().has_weight_decay() ? oc.adamw().weight_decay() : 0.01) : 0.0;
-      step.beta1 = static_cast<float>(beta1);
-      step.beta2 = static_cast<float>(beta2);
-      step.epsilon = static_cast<float>(eps);
-      step.l2 = static_cast<float>(l2);
-      const double t = static_cast<double>(steps_ + 1);
-      const float bias1 = static_cast<float>(1 - std::pow(static_cast<double>(step.beta1), t));
-      step.bias2_sqrt =
-          static_cast<float>(std::sqrt(1 - std::pow(static_cast<double>(step.beta2), t)));
-      step.step_size = lr / bias1;
-      step.shrink = static_cast<float>(1 - static_cast<double>(lr) * decoupled);
-      break;
-    }
-  }
+  const kernels::DenseStep step = PlanDenseStep(config_, rule_, lr, steps_, norm);
   float* slot0 = slots_.size() > 0 ? slots_[0].as<float>() : nullptr;
   float* slot1 = slots_.size() > 1 ? slots_[1].as<float>() : nullptr;
   PS_RETURN_IF_ERROR(CudaStatus(kernels::DenseUpdate(step, params.as<float>(), grad.data(),

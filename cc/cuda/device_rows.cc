@@ -3,11 +3,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
 #include "cc/cuda/cuda_status.h"
 #include "cc/cuda/kernels.h"
+#include "cc/cuda/plan.h"
 #include "cc/cuda/runtime.h"
 
 namespace pserver {
@@ -147,60 +147,11 @@ absl::Status DeviceRows::ScatterApply(absl::Span<const uint32_t> rows, const Dev
   if (rows.empty()) return absl::OkStatus();
 
   // Plan on the host: distinct rows in first-seen order, and for each the
-  // positions of its gradients in listed order (CSR).
-  absl::flat_hash_map<uint32_t, uint32_t> unique_of;
-  std::vector<uint32_t> unique;
-  std::vector<uint32_t> counts;
-  std::vector<uint32_t> which(rows.size());
-  for (size_t k = 0; k < rows.size(); ++k) {
-    auto [it, inserted] = unique_of.try_emplace(rows[k], static_cast<uint32_t>(unique.size()));
-    if (inserted) {
-      unique.push_back(rows[k]);
-      counts.push_back(0);
-    }
-    which[k] = it->second;
-    ++counts[it->second];
-  }
-  const size_t u = unique.size();
-  // One upload: unique rows [u], offsets [u + 1], positions [rows.size()].
-  std::vector<uint32_t> words(u + (u + 1) + rows.size());
-  uint32_t* offsets = words.data() + u;
-  uint32_t* positions = offsets + u + 1;
-  std::copy(unique.begin(), unique.end(), words.begin());
-  offsets[0] = 0;
-  for (size_t i = 0; i < u; ++i) offsets[i + 1] = offsets[i] + counts[i];
-  std::vector<uint32_t> fill(offsets, offsets + u);
-  for (size_t k = 0; k < rows.size(); ++k) positions[fill[which[k]]++] = static_cast<uint32_t>(k);
-  PS_RETURN_IF_ERROR(UploadIndices(words, stream));
-
-  kernels::RowStep step;
-  switch (optimizer_.kind()) {
-    case RowOptimizer::Kind::kAdagrad: {
-      const auto& c = config_.adagrad();
-      step.rule = kernels::kRowAdagrad;
-      step.lr = c.has_learning_rate() ? c.learning_rate() : 0.01;
-      step.epsilon = c.has_epsilon() ? c.epsilon() : 1e-10;
-      break;
-    }
-    case RowOptimizer::Kind::kAdam: {
-      const auto& c = config_.adam();
-      step.rule = kernels::kRowAdam;
-      step.lr = c.has_learning_rate() ? c.learning_rate() : 0.001;
-      step.beta1 = c.has_beta1() ? c.beta1() : 0.9;
-      step.beta2 = c.has_beta2() ? c.beta2() : 0.999;
-      step.epsilon = c.has_epsilon() ? c.epsilon() : 1e-8;
-      break;
-    }
-    case RowOptimizer::Kind::kAdd:
-      step.rule = kernels::kRowAdd;
-      break;
-    default: {
-      const auto& c = config_.sgd();
-      step.rule = kernels::kRowSgd;
-      step.lr = c.has_learning_rate() ? c.learning_rate() : 0.01;
-      break;
-    }
-  }
+  // positions of its gradients in listed order (CSR), uploaded at once.
+  const RowPlan plan = PlanRows(rows);
+  const size_t u = plan.num_unique;
+  PS_RETURN_IF_ERROR(UploadIndices(plan.words, stream));
+  const kernels::RowStep step = PlanRowStep(config_, optimizer_.kind());
   const uint32_t* d_words = index_scratch_.as<uint32_t>();
   void* s = stream != nullptr ? stream->native() : nullptr;
   PS_RETURN_IF_ERROR(CudaStatus(

@@ -1,12 +1,13 @@
 // Dense optimizer kernels: the per-element loops of cc/core/optimizer.cc's
 // SgdRule, AdagradRule and AdamRule (Adam and AdamW) for float32 parameters,
-// with the same operations in the same order. Compiled with --fmad=false
+// with the same operations in the same order (update_math.h). Compiled with --fmad=false
 // (see third_party/cuda/nvcc.bzl) so each operation rounds as on the host;
 // sqrtf and '/' are IEEE round-to-nearest by nvcc's defaults.
 #include <cuda_runtime.h>
 
-#include "cc/cuda/grad_convert.cuh"
+#include "cc/cuda/grid.cuh"
 #include "cc/cuda/kernels.h"
+#include "cc/cuda/update_math.h"
 
 namespace pserver {
 namespace cuda {
@@ -15,44 +16,13 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
-// std::clamp(g, -hi, hi) as the host evaluates it (NaN passes through).
-__device__ __forceinline__ float Clamp(float g, float hi) {
-  const float lo = -hi;
-  return g < lo ? lo : (hi < g ? hi : g);
-}
-
 template <int kRule>
 __global__ void DenseKernel(DenseStep s, float* __restrict__ p, const void* __restrict__ grad,
                             int grad_type, float* __restrict__ slot0, float* __restrict__ slot1,
                             size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(blockDim.x) * gridDim.x) {
-    float g = LoadGrad(grad, grad_type, i);
-    if (s.scale_grad) g *= s.grad_scale;
-    if (s.clip_value > 0) g = Clamp(g, s.clip_value);
-    if (kRule == kDenseSgd) {
-      float d = g + s.weight_decay * p[i];
-      if (s.momentum > 0) {
-        const float b = s.first_step ? d : s.momentum * slot0[i] + d;
-        slot0[i] = b;
-        d = s.nesterov ? d + s.momentum * b : b;
-      }
-      p[i] -= s.lr * d;
-    } else if (kRule == kDenseAdagrad) {
-      const float d = g + s.weight_decay * p[i];
-      const float acc = slot0[i] + d * d;
-      slot0[i] = acc;
-      p[i] -= s.lr * d / (sqrtf(acc) + s.epsilon);
-    } else {
-      const float one = 1;
-      const float w = p[i] * s.shrink;
-      const float d = g + s.l2 * w;
-      const float m = s.beta1 * slot0[i] + (one - s.beta1) * d;
-      const float v = s.beta2 * slot1[i] + (one - s.beta2) * d * d;
-      slot0[i] = m;
-      slot1[i] = v;
-      p[i] = w - s.step_size * m / (sqrtf(v) / s.bias2_sqrt + s.epsilon);
-    }
+    DenseElement<kRule>(s, p, grad, grad_type, slot0, slot1, i);
   }
 }
 

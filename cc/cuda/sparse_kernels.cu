@@ -5,8 +5,9 @@
 // float once per stored value.
 #include <cuda_runtime.h>
 
-#include "cc/cuda/grad_convert.cuh"
+#include "cc/cuda/grid.cuh"
 #include "cc/cuda/kernels.h"
+#include "cc/cuda/update_math.h"
 
 namespace pserver {
 namespace cuda {
@@ -37,42 +38,9 @@ __global__ void ApplyKernel(RowStep s, float* __restrict__ values, float* __rest
        e += static_cast<size_t>(blockDim.x) * gridDim.x) {
     const size_t u = e / dim, i = e % dim;
     const size_t row = rows[u];
-    double g = 0;
-    for (uint32_t j = offsets[u]; j < offsets[u + 1]; ++j) {
-      g += static_cast<double>(
-          LoadGrad(grads, grad_type, static_cast<size_t>(positions[j]) * dim + i));
-    }
-    float* w = values + row * dim;
-    float* st = state + row * state_factor * dim;
-    switch (s.rule) {
-      case kRowSgd:
-        w[i] = static_cast<float>(static_cast<double>(w[i]) - s.lr * g);
-        break;
-      case kRowAdd:
-        w[i] = static_cast<float>(static_cast<double>(w[i]) + g);
-        break;
-      case kRowAdagrad: {
-        const double a = static_cast<double>(st[i]) + g * g;
-        st[i] = static_cast<float>(a);
-        w[i] = static_cast<float>(static_cast<double>(w[i]) - s.lr * g / (sqrt(a) + s.epsilon));
-        break;
-      }
-      case kRowAdam: {
-        const double t = static_cast<double>(steps[row] + 1);
-        const double b1 = s.beta1, b2 = s.beta2;
-        const double step_size = s.lr / (1 - pow(b1, t));
-        const double bias2_sqrt = sqrt(1 - pow(b2, t));
-        float* m = st;
-        float* v = st + dim;
-        const double mi = b1 * static_cast<double>(m[i]) + (1 - b1) * g;
-        const double vi = b2 * static_cast<double>(v[i]) + (1 - b2) * g * g;
-        m[i] = static_cast<float>(mi);
-        v[i] = static_cast<float>(vi);
-        w[i] = static_cast<float>(static_cast<double>(w[i]) -
-                                  step_size * mi / (sqrt(vi) / bias2_sqrt + s.epsilon));
-        break;
-      }
-    }
+    const double g = RowGradSum(grads, grad_type, dim, offsets, positions, u, i);
+    RowElement(s, values + row * dim, state + row * state_factor * dim, dim, i, g,
+               steps[row] + 1);
   }
 }
 
