@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
@@ -60,7 +63,9 @@ std::string DescribeBlock(const std::string& name, const v1::BlockRef& block) {
                       BlockCount(block));
 }
 
-// Layout fields never change after Init; data and optimizer are guarded by mu.
+// Layout fields never change after Init; the storage (values and optimizer)
+// is guarded by mu: Apply and ImportState under the writer lock, the rest
+// under the reader lock.
 struct ParameterStore::Block {
   std::string name;
   ElementType type;
@@ -70,11 +75,11 @@ struct ParameterStore::Block {
   v1::ParameterConfig config;  // as given to Init, for snapshots
 
   mutable absl::Mutex mu;
-  std::string data ABSL_GUARDED_BY(mu);
-  std::unique_ptr<Optimizer> optimizer ABSL_GUARDED_BY(mu);
+  std::unique_ptr<BlockStorage> storage ABSL_GUARDED_BY(mu);
 };
 
 ParameterStore::ParameterStore() = default;
+ParameterStore::ParameterStore(StoreOptions options) : options_(std::move(options)) {}
 ParameterStore::~ParameterStore() = default;
 
 absl::Status ParameterStore::Reject(absl::Status status) {
@@ -116,25 +121,37 @@ absl::Status ParameterStore::Init(v1::Parameter param, const v1::ParameterConfig
   }
   const int64_t elements = static_cast<int64_t>(param.content().size() / elem);
   PS_RETURN_IF_ERROR(Reject(CheckLayout(what, *total, elements, param.block())));
-  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
-      Optimizer::Create(config, param.element_type(), static_cast<size_t>(elements));
-  if (!optimizer.ok()) {
-    return Reject(absl::Status(optimizer.status().code(),
-                               absl::StrCat(what, ": ", optimizer.status().message())));
+
+  BlockStorageSpec spec;
+  spec.name = param.name();
+  spec.type = param.element_type();
+  spec.shape = std::move(shape);
+  spec.ref = param.block();
+  spec.ref.set_count(BlockCount(param.block()));
+  spec.num_elements = elements;
+  spec.config = config;
+  absl::StatusOr<std::unique_ptr<BlockStorage>> storage =
+      options_.storage_factory
+          ? options_.storage_factory(spec, std::move(*param.mutable_content()))
+          : MakeHostBlockStorage(spec, std::move(*param.mutable_content()));
+  if (storage.ok() && *storage == nullptr) {
+    storage = absl::InternalError("the block storage factory returned no storage");
+  }
+  if (!storage.ok()) {
+    return Reject(absl::Status(storage.status().code(),
+                               absl::StrCat(what, ": ", storage.status().message())));
   }
 
   auto block = std::make_unique<Block>();
-  block->name = param.name();
-  block->type = param.element_type();
-  block->shape = std::move(shape);
-  block->ref = param.block();
-  block->ref.set_count(BlockCount(param.block()));
+  block->name = std::move(spec.name);
+  block->type = spec.type;
+  block->shape = std::move(spec.shape);
+  block->ref = std::move(spec.ref);
   block->num_elements = elements;
-  block->config = config;
+  block->config = std::move(spec.config);
   {
     absl::MutexLock data_lock(&block->mu);
-    block->data = std::move(*param.mutable_content());
-    block->optimizer = *std::move(optimizer);
+    block->storage = *std::move(storage);
   }
 
   absl::MutexLock lock(&mu_);
@@ -188,7 +205,11 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
   out->set_clips_by_norm(block->config.clipping().clip_norm() > 0);
   {
     absl::ReaderMutexLock lock(&block->mu);
-    read(block->data);
+    absl::Status status = block->storage->Read(read);
+    if (!status.ok()) {
+      return Reject(absl::Status(status.code(), absl::StrCat(DescribeBlock(block->name, block->ref),
+                                                             ": ", status.message())));
+    }
   }
   gets_served_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -241,8 +262,8 @@ absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(
   }
   {
     absl::ReaderMutexLock lock(&block->mu);
-    if (!block->optimizer->can_apply()) {
-      return block->optimizer->CheckCanApply(DescribeBlock(block->name, block->ref));
+    if (!block->storage->can_apply()) {
+      return block->storage->CheckCanApply(DescribeBlock(block->name, block->ref));
     }
   }
   return block;
@@ -266,8 +287,17 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads
   }
   for (size_t i = 0; i < grads.size(); ++i) {
     Block* block = targets[i];
-    absl::MutexLock lock(&block->mu);
-    block->optimizer->Apply(block->data.data(), grads[i].content.data(), grads[i].global_norm);
+    absl::Status status;
+    {
+      absl::MutexLock lock(&block->mu);
+      status = block->storage->Apply(grads[i].content, grads[i].type, grads[i].global_norm);
+    }
+    if (!status.ok()) {
+      gradients_applied_.fetch_add(i, std::memory_order_relaxed);
+      return Reject(absl::Status(
+          status.code(), absl::StrCat("gradient for ", DescribeBlock(block->name, block->ref),
+                                      ": ", status.message())));
+    }
   }
   gradients_applied_.fetch_add(grads.size(), std::memory_order_relaxed);
   return absl::OkStatus();
@@ -294,14 +324,24 @@ ParameterStore::Stats ParameterStore::GetStats() const {
   stats.blocks = blocks_.size();
   for (const auto& [key, block] : blocks_) {
     absl::ReaderMutexLock block_lock(&block->mu);
-    stats.parameter_bytes += block->data.size();
-    stats.optimizer_state_bytes += block->optimizer->state_bytes();
+    stats.parameter_bytes += block->storage->value_bytes();
+    stats.optimizer_state_bytes += block->storage->state_bytes();
+    if (block->storage->location() != "host") ++stats.device_blocks;
   }
   return stats;
 }
 
 
 StoreSnapshot ParameterStore::Snapshot() const {
+  absl::StatusOr<StoreSnapshot> snapshot = TakeSnapshot();
+  if (!snapshot.ok()) {
+    std::fprintf(stderr, "ParameterStore::Snapshot: %s\n", snapshot.status().ToString().c_str());
+    std::abort();
+  }
+  return *std::move(snapshot);
+}
+
+absl::StatusOr<StoreSnapshot> ParameterStore::TakeSnapshot() const {
   StoreSnapshot snapshot;
   std::vector<const Block*> blocks;
   {
@@ -323,8 +363,16 @@ StoreSnapshot ParameterStore::Snapshot() const {
     out.block = block->ref;
     out.config = block->config;
     absl::ReaderMutexLock lock(&block->mu);
-    out.content = block->data;
-    out.optimizer = block->optimizer->ExportState();
+    absl::Status read = block->storage->Read(
+        [&out](absl::string_view bytes) { out.content.assign(bytes.data(), bytes.size()); });
+    absl::StatusOr<OptimizerState> state =
+        read.ok() ? block->storage->ExportState() : absl::StatusOr<OptimizerState>(read);
+    if (!state.ok()) {
+      return absl::Status(state.status().code(),
+                          absl::StrCat("snapshot of ", DescribeBlock(block->name, block->ref),
+                                       ": ", state.status().message()));
+    }
+    out.optimizer = *std::move(state);
   }
   return snapshot;
 }
@@ -340,7 +388,7 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
     if (!blocks_.empty() || initialized()) return Reject(not_empty());
   }
   // Built aside with the ordinary Init checks, then moved in whole.
-  ParameterStore staging;
+  ParameterStore staging(options_);
   for (BlockSnapshot& block : snapshot.blocks) {
     const std::string what = DescribeBlock(block.name, block.block);
     v1::Parameter param;
@@ -359,10 +407,10 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
     }
     Block* restored = staging.Find(block.name, block.block.index());
     absl::MutexLock lock(&restored->mu);
-    absl::Status imported = restored->optimizer->ImportState(block.optimizer);
+    absl::Status imported = restored->storage->ImportState(block.optimizer);
     if (!imported.ok()) {
-      return Reject(absl::InvalidArgumentError(
-          absl::StrCat("restore: ", what, ": ", imported.message())));
+      return Reject(absl::Status(imported.code(),
+                                 absl::StrCat("restore: ", what, ": ", imported.message())));
     }
   }
   absl::MutexLock lock(&mu_);

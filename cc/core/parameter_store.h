@@ -7,6 +7,9 @@
 //   PS_RETURN_IF_ERROR(store.ApplyGradients({&grad1, &grad2}));
 //   PS_RETURN_IF_ERROR(store.Get(ref, &out));
 //
+// Each block's values and optimizer live in a BlockStorage (block_storage.h):
+// host memory unless StoreOptions names a factory (a GPU, cc/cuda).
+//
 // Errors: Init after FinishInit, or of a block already initialized, is
 // ALREADY_EXISTS "pserver already initialized..."; Get/ApplyGradients before
 // FinishInit are FAILED_PRECONDITION "pserver not fully initialized"; an
@@ -32,9 +35,11 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cc/core/block_storage.h"
 #include "cc/core/optimizer.h"
 #include "cc/core/tensor.h"
 #include "pserver/v1/config.pb.h"
@@ -79,6 +84,12 @@ struct GradientView {
   static GradientView Of(const v1::Gradient& grad);
 };
 
+struct StoreOptions {
+  // Makes each block's storage (Init, Restore). Null: host memory
+  // (MakeHostBlockStorage).
+  BlockStorageFactory storage_factory;
+};
+
 class ParameterStore {
  public:
   struct Stats {
@@ -89,9 +100,11 @@ class ParameterStore {
     uint64_t gradients_applied = 0;
     uint64_t gets_served = 0;
     uint64_t requests_rejected = 0;
+    uint64_t device_blocks = 0;  // blocks whose storage is not host memory
   };
 
   ParameterStore();
+  explicit ParameterStore(StoreOptions options);
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
   ~ParameterStore();
@@ -113,7 +126,9 @@ class ParameterStore {
   absl::Status Read(const v1::ParamRef& ref, v1::Parameter* header,
                     absl::FunctionRef<void(absl::string_view)> read);
 
-  // Checks every gradient, then applies them in order.
+  // Checks every gradient, then applies them in order. Host storage cannot
+  // fail once checked; a device error stops the batch there and is returned
+  // (the gradients before it stay applied).
   absl::Status ApplyGradients(absl::Span<const GradientView> grads);
   absl::Status ApplyGradients(absl::Span<const v1::Gradient* const> grads);
 
@@ -122,11 +137,17 @@ class ParameterStore {
   void FillStats(v1::ServerStats* out) const;
 
   // Copies every block with its config and optimizer state. Does not block
-  // gradients on other blocks while one block is copied.
+  // gradients on other blocks while one block is copied. Fails only where a
+  // storage cannot copy its block to the host (a device error), naming it.
+  absl::StatusOr<StoreSnapshot> TakeSnapshot() const;
+  // TakeSnapshot for stores that cannot fail (host storage: the default).
+  // A storage error here is a broken device, not a caller's mistake: it is
+  // printed and the process aborts. Servers use TakeSnapshot.
   StoreSnapshot Snapshot() const;
 
   // Fills an empty store (no block, FinishInit not called) from `snapshot`:
-  // recreates each block's optimizer from its config, imports its state and,
+  // recreates each block's storage (through this store's factory) and
+  // optimizer from its config, imports its state and,
   // if the snapshot was initialized, opens the store. All or nothing:
   // FAILED_PRECONDITION if the store is not empty; INVALID_ARGUMENT naming the
   // block for a block Init would refuse, a duplicate, or optimizer state that
@@ -145,6 +166,7 @@ class ParameterStore {
   Block* Find(const std::string& name, uint32_t index) const;
   absl::Status Reject(absl::Status status);
 
+  const StoreOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> initialized_{false};

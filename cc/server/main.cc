@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
   if (device_flag != "cpu") {
     std::printf("pserver: --device=%s: using %s: %s%s\n", device_flag.c_str(),
                 device->name.c_str(), device->reason.c_str(),
-                device->cuda ? " (this version still keeps and updates every shard in host "
-                               "memory; device-resident shards come next)"
+                device->cuda ? " (dense float32 shards with sgd, adagrad, adam or adamw live "
+                               "on the device; other blocks and tables in host memory)"
                              : "");
     std::fflush(stdout);
   }

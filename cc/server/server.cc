@@ -8,6 +8,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
+#include "cc/cuda/device.h"
+#include "cc/cuda/device_storage.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/service.h"
@@ -48,7 +50,20 @@ absl::Status FromJson(const std::string& json, google::protobuf::Message* messag
 
 }  // namespace
 
-Server::Server(const ServerOptions& options) : options_(options), index_(options.index) {}
+Server::Server(const ServerOptions& options, std::optional<int> device)
+    : options_(options), store_(MakeStoreOptions(device)), index_(options.index) {}
+
+StoreOptions Server::MakeStoreOptions(std::optional<int> device) {
+  StoreOptions store_options;
+  if (device.has_value()) {
+    cuda::DeviceStorageOptions device_options;
+    device_options.device = *device;
+    // Called at the first block the device cannot hold, long after construction.
+    device_options.log = [this](const std::string& line) { Log(line); };
+    store_options.storage_factory = cuda::DeviceStorageFactory(std::move(device_options));
+  }
+  return store_options;
+}
 
 void Server::Log(const std::string& message) const {
   if (etcd_ != nullptr && registrations_.load() == 0) {
@@ -76,6 +91,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError(
         absl::StrCat("device must be cpu or cuda:<N>, got '", options.device, "'"));
   }
+  std::optional<int> device;
+  std::string device_description;
+  if (options.device != "cpu") {
+    // Fails here, naming the runtime's reason, when the device is missing.
+    PS_ASSIGN_OR_RETURN(cuda::DeviceChoice choice, cuda::ChooseDevice(options.device));
+    device = choice.ordinal;
+    absl::StatusOr<cuda::DeviceInfo> info = cuda::GetDeviceInfo(choice.ordinal);
+    device_description = info.ok() ? info->ToString() : choice.name;
+  }
   if (options.checkpoint_keep < 1)
     return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
   if (options.checkpoint_interval < absl::ZeroDuration()) {
@@ -88,7 +112,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                           ? options.num_threads
                           : std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
 
-  std::unique_ptr<Server> server(new Server(options));
+  std::unique_ptr<Server> server(new Server(options, device));
   Server* const raw = server.get();
   ServiceHooks hooks;
   hooks.drop_reply_after_apply_every_n = options.drop_reply_after_apply_every_n;
@@ -129,6 +153,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                           : absl::StrCat(options.host, ":", server->port_);
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
   if (!options.checkpoint_dir.empty()) PS_RETURN_IF_ERROR(server->LoadShard());
+  if (device.has_value()) {
+    server->Log(absl::StrCat("dense shards live on ", device_description,
+                             "; blocks the device cannot update, sparse and KV tables in host "
+                             "memory"));
+  }
   server->loaded_ok_ = true;
   server->service_->SetIndex(server->index_);
   server->service_->SetServing(true);
@@ -392,7 +421,7 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   {
     // No push is between applying and recording its id meanwhile.
     absl::WriterMutexLock lock(&service_->apply_mu());
-    snapshot = store_.Snapshot();
+    PS_ASSIGN_OR_RETURN(snapshot, store_.TakeSnapshot());
     snapshot.extensions[AppliedSequences::kExtensionName] = service_->applied().Serialize();
     tables_.SaveTo(&snapshot.extensions);
   }

@@ -65,9 +65,12 @@ struct ServerOptions {
   size_t checkpoint_keep = 3;
   bool checkpoint_on_shutdown = true;
 
-  // Where shards live: "cpu", or "cuda:<N>" as chosen by cc/cuda's
-  // ChooseDevice (pserver --device). Phase 1 of CUDA support: recorded, but
-  // every shard is still kept and updated in host memory.
+  // Where dense shards live: "cpu" (host memory), or "cuda:<N>" as chosen by
+  // cc/cuda's ChooseDevice (pserver --device): float32 blocks whose optimizer
+  // runs on the GPU (sgd, adagrad, adam, adamw) are kept and updated on that
+  // device, every other block in host memory (logged once). Start fails with
+  // UNAVAILABLE naming the reason when the device is missing. Sparse and KV
+  // tables stay in host memory.
   std::string device = "cpu";
 
   // Fault injection for tests: every n-th applied push is answered
@@ -115,7 +118,9 @@ class Server {
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
  private:
-  explicit Server(const ServerOptions& options);
+  // `device`: the CUDA ordinal dense shards live on; none: host memory.
+  Server(const ServerOptions& options, std::optional<int> device);
+  StoreOptions MakeStoreOptions(std::optional<int> device);
 
   // etcd: reads /ps_desired and claims the lowest free index.
   absl::Status Register();
