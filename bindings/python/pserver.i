@@ -22,6 +22,9 @@
  *     pure-Python layer checks the dtype. pserver_table_stats returns a list
  *     of dicts; pserver_group_all_reduce and _broadcast write their
  *     (void* data, size_t size) buffer in place.
+ *   - device memory: the device pointers of the *_device calls
+ *     (const void* device_data, void* device_out) are Python ints, as
+ *     __cuda_array_interface__ gives them; pserver._core checks the rest.
  *   - etcd: pserver_etcd_get returns the value as bytes, and
  *     pserver_etcd_get_prefix a list of (key str, value bytes) tuples; the
  *     library's buffers are freed in the wrapper.
@@ -123,6 +126,15 @@ struct PserverPyBuffer {
 %typemap(freearg) (void* out, size_t out_size), (void* out, size_t size),
                   (void* data, size_t size) {
   if (pybuf$argnum.held) PyBuffer_Release(&pybuf$argnum.view);
+}
+
+/* ---- device pointers: a Python int (e.g. __cuda_array_interface__'s data[0]) ---- */
+%typemap(in) const void* device_data, void* device_out {
+  $1 = PyLong_AsVoidPtr($input);
+  if (PyErr_Occurred()) SWIG_fail;
+}
+%typemap(typecheck) const void* device_data, void* device_out {
+  $1 = PyLong_Check($input);
 }
 
 /* ---- checkpointed tables: (dim, dtype, rows) out, key and value buffers ---- */

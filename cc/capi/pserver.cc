@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
+#include "cc/client/device_io.h"
 #include "cc/client/in_process_transport.h"
 #include "cc/client/table.h"
 #include "cc/client/worker_group.h"
@@ -95,6 +97,15 @@ struct Layout {
 };
 }  // namespace
 
+namespace {
+// The DeviceIos (CUDA streams and pinned staging) of a client's _device
+// calls, idle between calls, with their device ordinals.
+struct DeviceIoPool {
+  absl::Mutex mu;
+  std::vector<std::pair<int, std::unique_ptr<pserver::DeviceIo>>> idle ABSL_GUARDED_BY(mu);
+};
+}  // namespace
+
 struct pserver_client_t {
   std::shared_ptr<ClusterState> cluster;  // set for in-process clients; outlives rep
   // Shared with the tables, KV workers and groups made from this client,
@@ -103,6 +114,7 @@ struct pserver_client_t {
   pserver::ClientOptions options;  // servers and timeout, for the Save RPC
   absl::Mutex mu;
   absl::flat_hash_map<std::string, Layout> layouts ABSL_GUARDED_BY(mu);
+  DeviceIoPool device_io;  // destroyed first: its DeviceIos point at rep
 };
 
 struct pserver_table_config_t {
@@ -2250,6 +2262,108 @@ const char* pserver_etcd_kvs_value(const pserver_etcd_kvs_t* kvs, size_t i) {
 size_t pserver_etcd_kvs_value_size(const pserver_etcd_kvs_t* kvs, size_t i) {
   if (kvs == nullptr || i >= kvs->kvs.size()) return 0;
   return kvs->kvs[i].value.size();
+}
+
+}  // extern "C"
+
+// ---- device memory ----------------------------------------------------------------
+
+namespace {
+
+// Runs `fn` with an idle DeviceIo of `device` from the client's pool (a new
+// one if none is idle: UNAVAILABLE without a device), and puts it back.
+absl::Status WithDeviceIo(pserver_client_t* client, int32_t device,
+                          const std::function<absl::Status(pserver::DeviceIo&)>& fn) {
+  std::unique_ptr<pserver::DeviceIo> io;
+  {
+    absl::MutexLock lock(&client->device_io.mu);
+    auto& idle = client->device_io.idle;
+    for (auto it = idle.begin(); it != idle.end(); ++it) {
+      if (it->first == device) {
+        io = std::move(it->second);
+        idle.erase(it);
+        break;
+      }
+    }
+  }
+  if (io == nullptr) {
+    PS_ASSIGN_OR_RETURN(io, pserver::DeviceIo::ForCuda(client->rep.get(), device));
+  }
+  absl::Status status = fn(*io);
+  absl::MutexLock lock(&client->device_io.mu);
+  client->device_io.idle.emplace_back(device, std::move(io));
+  return status;
+}
+
+// The shape of a gradient of `size` bytes for parameter `name`: the one the
+// handle knows, or one dimension.
+absl::StatusOr<pserver::Shape> DeviceGradientShape(pserver_client_t* client,
+                                                    const std::string& name, int32_t dtype,
+                                                    size_t size) {
+  PS_RETURN_IF_ERROR(CheckDtype(dtype));
+  const ElementType type = static_cast<ElementType>(dtype);
+  const size_t esize = pserver::ElementSize(type);
+  if (size % esize != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient for parameter '", name, "': ", size, " bytes is not a whole ",
+                     "number of ", pserver::ElementTypeName(type), " elements"));
+  }
+  if (std::optional<Layout> layout = Known(client, name); layout.has_value()) {
+    PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", name, "'"), layout->type,
+                                   layout->shape, dtype, size));
+    return layout->shape;
+  }
+  return pserver::Shape{static_cast<int64_t>(size / esize)};
+}
+
+}  // namespace
+
+extern "C" {
+
+void pserver_client_send_grad_device(pserver_client_t* client, const char* name, int32_t dtype,
+                                     const void* device_data, size_t size, int32_t device,
+                                     pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(pserver::Shape shape, DeviceGradientShape(client, n, dtype, size));
+    return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) {
+      return io.SendGrad(n, static_cast<ElementType>(dtype), shape, device_data, call);
+    });
+  });
+}
+
+void pserver_client_get_param_device(pserver_client_t* client, const char* name, int32_t dtype,
+                                     void* device_out, size_t out_size, int32_t device,
+                                     pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_RETURN_IF_ERROR(CheckDtype(dtype));
+    if (std::optional<Layout> layout = Known(client, n); layout.has_value()) {
+      PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", n, "'"), layout->type,
+                                     layout->shape, dtype, out_size));
+    }
+    return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) {
+      return io.GetParam(n, device_out, out_size, static_cast<ElementType>(dtype), call);
+    });
+  });
+}
+
+void pserver_client_push_pull_device(pserver_client_t* client, const char* name, int32_t dtype,
+                                     const void* device_data, void* device_out, size_t size,
+                                     int32_t device, pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(pserver::Shape shape, DeviceGradientShape(client, n, dtype, size));
+    return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) {
+      return io.PushPull(n, static_cast<ElementType>(dtype), shape, device_data, device_out, call);
+    });
+  });
 }
 
 }  // extern "C"

@@ -65,7 +65,8 @@
  *     A timeout <= 0 clears it; it stays on the status until changed.
  *     The blocking calls are pserver_client_init_param, _finish_init,
  *     _param_info, _get_param, _get_params, _send_grad, _send_grads,
- *     _push_pull, _save_checkpoint, _stats and _create_table;
+ *     _push_pull, _save_checkpoint, _stats and _create_table (and the
+ *     _device forms of _send_grad, _get_param and _push_pull);
  *     pserver_table_pull, _push and _stats; pserver_kv_worker_join, _get,
  *     _add, _get_chunk, _add_chunk, _clock and _leave; and
  *     pserver_group_barrier, _all_reduce and _broadcast.
@@ -777,6 +778,41 @@ PSERVER_EXPORT size_t pserver_etcd_kvs_size(const pserver_etcd_kvs_t* kvs);
 PSERVER_EXPORT const char* pserver_etcd_kvs_key(const pserver_etcd_kvs_t* kvs, size_t i);
 PSERVER_EXPORT const char* pserver_etcd_kvs_value(const pserver_etcd_kvs_t* kvs, size_t i);
 PSERVER_EXPORT size_t pserver_etcd_kvs_value_size(const pserver_etcd_kvs_t* kvs, size_t i);
+
+/* ------------------------------------------------------ device memory */
+
+/* Gradients pushed straight from, and parameters pulled straight into, CUDA
+ * device memory (a GPU trainer's tensors), staged through pinned host
+ * memory in chunks, the copies overlapping the network (docs/cuda.md).
+ * `device` is the CUDA device ordinal the memory belongs to; sizes are in
+ * bytes, as for the host calls: `size` must be exactly the parameter's
+ * (pserver_dtype_size(dtype) * elements) and `dtype` its type. A client
+ * keeps the streams and pinned buffers of these calls between calls.
+ * Errors: PSERVER_UNAVAILABLE "no CUDA device: <the runtime's reason>" on
+ * a machine without a GPU or driver, or from a library built without CUDA;
+ * PSERVER_INVALID_ARGUMENT for a pointer that is not device memory of
+ * `device` (naming what it is, e.g. "host memory"), a device that does not
+ * exist, or a dtype or size that does not match the parameter. Blocking
+ * calls (convention 8): a status timeout is honoured. */
+
+/* Sends the gradient in `size` bytes of device memory at `device_data`. */
+PSERVER_EXPORT void pserver_client_send_grad_device(pserver_client_t* client, const char* name,
+                                                    int32_t dtype, const void* device_data,
+                                                    size_t size, int32_t device,
+                                                    pserver_status_t* status);
+/* Reads parameter `name` into `out_size` bytes of device memory at
+ * `device_out`. On error its contents are unspecified. */
+PSERVER_EXPORT void pserver_client_get_param_device(pserver_client_t* client, const char* name,
+                                                    int32_t dtype, void* device_out,
+                                                    size_t out_size, int32_t device,
+                                                    pserver_status_t* status);
+/* Sends the gradient at `device_data` and reads the updated parameter into
+ * `device_out` (both `size` bytes; they may be the same memory), one round
+ * trip per chunk. */
+PSERVER_EXPORT void pserver_client_push_pull_device(pserver_client_t* client, const char* name,
+                                                    int32_t dtype, const void* device_data,
+                                                    void* device_out, size_t size, int32_t device,
+                                                    pserver_status_t* status);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -211,6 +211,7 @@ class Client {
   friend class KvWorker;
   friend class WorkerGroup;
   friend class AsyncClient;
+  friend class DeviceIo;  // cc/client/device_io.h: block-wise device push/pull
 
   // The next push sequence number for `server` (exactly-once ids).
   uint64_t NextSequence(int server) { return sequences_[server].fetch_add(1) + 1; }

@@ -76,6 +76,96 @@ def _as_array(value: ArrayLike, what: str, dtype: Optional[np.dtype] = None) -> 
     return arr
 
 
+# ---- device memory: objects exposing __cuda_array_interface__ -----------------
+
+
+class _DeviceArray:
+    """What pserver reads of an object's ``__cuda_array_interface__``."""
+
+    __slots__ = ("ptr", "dtype", "shape", "nbytes", "readonly", "device")
+
+    def __init__(self, ptr: int, dtype: np.dtype, shape: Shape, readonly: bool,
+                 device: int) -> None:
+        self.ptr = ptr
+        self.dtype = dtype
+        self.shape = shape
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.readonly = readonly
+        self.device = device
+
+
+def _device_ordinal(obj: Any) -> int:
+    """The CUDA device of a CuPy array (.device.id) or a PyTorch tensor
+    (.device.index); 0 when the object does not say."""
+    dev = getattr(obj, "device", None)
+    for attr in ("index", "id"):
+        value = getattr(dev, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 0
+
+
+def _device_array(obj: Any, what: str) -> Optional[_DeviceArray]:
+    """The device memory of `obj` if it exposes ``__cuda_array_interface__``
+    (CuPy arrays, PyTorch CUDA tensors, Numba device arrays), else None.
+
+    Raises InvalidArgument for a dtype pserver does not store, memory that
+    is not C-contiguous, a masked array or a malformed interface.
+    """
+    if obj is None or isinstance(obj, np.ndarray):
+        return None
+    try:
+        iface = obj.__cuda_array_interface__
+    except AttributeError:
+        return None
+    try:
+        shape = tuple(int(d) for d in iface["shape"])
+        typestr = iface["typestr"]
+        ptr, readonly = iface["data"]
+        ptr = int(ptr) if ptr is not None else 0
+        strides = iface.get("strides")
+        mask = iface.get("mask")
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidArgument(f"{what}: malformed __cuda_array_interface__: {e!r}") from None
+    try:
+        dtype = np.dtype(typestr)
+    except TypeError:
+        raise InvalidArgument(f"{what}: __cuda_array_interface__ typestr {typestr!r} is not "
+                              "a dtype") from None
+    if not dtype.isnative:
+        raise InvalidArgument(f"{what}: typestr {typestr!r} is not in native byte order")
+    if DTYPES.get(dtype) is None:
+        raise InvalidArgument(
+            f"{what}: device array of dtype {dtype} (typestr {typestr!r}) is not supported; "
+            f"use one of {', '.join(str(d) for d in DTYPES)}")
+    if mask is not None:
+        raise InvalidArgument(f"{what}: masked device arrays are not supported")
+    if strides is not None:
+        expected, step = [], dtype.itemsize
+        for dim in reversed(shape):
+            expected.append(step)
+            step *= dim
+        expected.reverse()
+        for dim, got, want in zip(shape, strides, expected):
+            if dim > 1 and int(got) != want:
+                raise InvalidArgument(
+                    f"{what}: device array strides {tuple(strides)} are not C-contiguous for "
+                    f"shape {shape} (expected {tuple(expected)}); make it contiguous first "
+                    "(cupy.ascontiguousarray(x), x.contiguous())")
+    return _DeviceArray(ptr, dtype, shape, bool(readonly), _device_ordinal(obj))
+
+
+def _check_device(arr: _DeviceArray, dtype: np.dtype, shape: Shape, what: str,
+                  writable: bool) -> None:
+    if arr.dtype != dtype:
+        raise InvalidArgument(f"{what}: device array has dtype {arr.dtype}, expected {dtype}")
+    if arr.shape != tuple(shape):
+        raise InvalidArgument(f"{what}: device array has shape {arr.shape}, expected "
+                              f"{tuple(shape)}")
+    if writable and arr.readonly:
+        raise InvalidArgument(f"{what}: device array is read-only")
+
+
 @contextlib.contextmanager
 def _deadline(timeout: Optional[float]) -> Iterator[None]:
     """Every blocking library call this thread makes inside ends within
@@ -368,17 +458,31 @@ class Client(_Closing):
         _check_out(out, dtype, shape, f"parameter {name!r}")
         return out, DTYPES[dtype]
 
-    def get(self, name: str, out: Optional[np.ndarray] = None, *,
-            timeout: Optional[float] = None) -> np.ndarray:
+    def get(self, name: str, out: Any = None, *,
+            timeout: Optional[float] = None) -> Any:
         """Parameter `name` as a new array (or written into `out`, which must
         have its dtype and shape and be C-contiguous and writable).
+
+        `out` may also be device memory: any object exposing
+        ``__cuda_array_interface__`` (a CuPy array, a PyTorch CUDA tensor),
+        filled straight from the servers through pinned host memory. Without
+        a GPU that raises Unavailable ("no CUDA device: ...").
 
         `timeout`: seconds this call may take (None: the client's timeout);
         DeadlineExceeded when it runs out.
 
         >>> client.get("w", timeout=0.5)   # doctest: +SKIP
+        >>> client.get("w", out=cupy.empty(4, cupy.float32))   # doctest: +SKIP
         """
         with _deadline(timeout):
+            dev = _device_array(out, f"parameter {name!r}")
+            if dev is not None:
+                dtype, shape = self.info(name)
+                _check_device(dev, dtype, shape, f"parameter {name!r}", writable=True)
+                with self._h.use() as h:
+                    _c.pserver_client_get_param_device(h, name, DTYPES[dtype], dev.ptr,
+                                                       dev.nbytes, dev.device)
+                return out
             out, code = self._out(name, out)
             with self._h.use() as h:
                 _c.pserver_client_get_param(h, name, code, out)
@@ -417,12 +521,36 @@ class Client(_Closing):
                                   "expected")
         return _as_array(grad, what), DTYPES[dtype]
 
+    def _device_grad(self, name: str, grad: Any) -> Optional[Tuple[_DeviceArray, int]]:
+        """The device memory of `grad` checked against the parameter, or None
+        for a gradient in host memory."""
+        what = f"gradient for parameter {name!r}"
+        dev = _device_array(grad, what)
+        if dev is None:
+            return None
+        dtype, shape = self.info(name)
+        _check_device(dev, dtype, shape, what, writable=False)
+        return dev, DTYPES[dtype]
+
     def send_grad(self, name: str, grad: ArrayLike, *,
                   timeout: Optional[float] = None) -> None:
         """Sends a gradient of the parameter's dtype and shape; the server applies
         the optimizer. Raises InvalidArgument for any other dtype or shape.
+
+        `grad` may be device memory: any object exposing
+        ``__cuda_array_interface__`` (a CuPy array, a PyTorch CUDA tensor),
+        C-contiguous; it is sent straight from the device through pinned
+        host memory, the copies overlapping the network. Without a GPU that
+        raises Unavailable ("no CUDA device: ...").
         `timeout`: seconds this call may take (None: the client's timeout)."""
         with _deadline(timeout):
+            device = self._device_grad(name, grad)
+            if device is not None:
+                dev, dcode = device
+                with self._h.use() as h:
+                    _c.pserver_client_send_grad_device(h, name, dcode, dev.ptr, dev.nbytes,
+                                                       dev.device)
+                return
             arr, code = self._grad(name, grad)
             with self._h.use() as h:
                 _c.pserver_client_send_grad(h, name, code, arr)
@@ -430,11 +558,21 @@ class Client(_Closing):
     def send_grads(self, grads: Mapping[str, ArrayLike], *,
                    timeout: Optional[float] = None) -> None:
         """Sends several gradients in one round trip per server; a batch with
-        any bad part is applied not at all."""
+        any bad part is applied not at all. Device arrays among them (see
+        send_grad) are checked with the rest, then sent one by one after the
+        host ones."""
         with _deadline(timeout):
-            self._send_grads(grads)
+            device = {name: self._device_grad(name, g) for name, g in grads.items()}
+            self._send_grads({name: g for name, g in grads.items() if device[name] is None})
+            for name, d in device.items():
+                if d is not None:
+                    with self._h.use() as h:
+                        _c.pserver_client_send_grad_device(h, name, d[1], d[0].ptr,
+                                                           d[0].nbytes, d[0].device)
 
     def _send_grads(self, grads: Mapping[str, ArrayLike]) -> None:
+        if not grads:
+            return
         arrays = [(name, *self._grad(name, g)) for name, g in grads.items()]
         batch = _c.pserver_batch_new()
         try:
@@ -450,9 +588,38 @@ class Client(_Closing):
                   timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
         """Sends gradients and returns the parameters after their update, in
         one round trip per server. `out` may give arrays to fill, by name.
+
+        A gradient in device memory (see send_grad) needs a device array in
+        `out` for its parameter (it may be the gradient itself, overwritten);
+        each is a device push-pull of its own, after the host ones.
         `timeout`: seconds this call may take (None: the client's timeout)."""
         with _deadline(timeout):
-            return self._push_pull(grads, out)
+            device = {name: self._device_grad(name, g) for name, g in grads.items()}
+            targets: Dict[str, Tuple[Any, _DeviceArray]] = {}
+            for name, d in device.items():
+                if d is None:
+                    continue
+                what = f"parameter {name!r}"
+                target = None if out is None else out.get(name)
+                dev_out = _device_array(target, what)
+                if dev_out is None:
+                    raise InvalidArgument(
+                        f"{what}: a device gradient needs a device array to receive the "
+                        "parameter in `out` (it may be the gradient itself)")
+                _check_device(dev_out, d[0].dtype, d[0].shape, what, writable=True)
+                if dev_out.device != d[0].device:
+                    raise InvalidArgument(f"{what}: gradient on cuda:{d[0].device}, output on "
+                                          f"cuda:{dev_out.device}")
+                targets[name] = (target, dev_out)
+            host = {name: g for name, g in grads.items() if device[name] is None}
+            results = self._push_pull(host, out) if host else {}
+            for name, (target, dev_out) in targets.items():
+                dev, code = device[name]
+                with self._h.use() as h:
+                    _c.pserver_client_push_pull_device(h, name, code, dev.ptr, dev_out.ptr,
+                                                       dev.nbytes, dev.device)
+                results[name] = target
+            return results
 
     def _push_pull(self, grads: Mapping[str, ArrayLike],
                    out: Optional[Mapping[str, np.ndarray]]) -> Dict[str, np.ndarray]:

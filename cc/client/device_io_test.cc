@@ -1,0 +1,536 @@
+// DeviceIo's staging pipeline against a LocalCluster, over gRPC and in
+// process, with HostMemorySpace standing in for the device (runs
+// everywhere); then the CUDA forms, which skip without a device.
+#include "cc/client/device_io.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "cc/client/client.h"
+#include "cc/client/in_process_transport.h"
+#include "cc/cuda/buffer.h"
+#include "cc/cuda/device.h"
+#include "cc/server/local_cluster.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusIs;
+using ::testing::HasSubstr;
+
+#define SKIP_WITHOUT_CUDA_DEVICE()                                                     \
+  do {                                                                                 \
+    absl::StatusOr<int> count_ = cuda::CudaDeviceCount();                              \
+    if (!count_.ok()) GTEST_SKIP() << "no CUDA device: " << count_.status().message(); \
+  } while (0)
+
+// Forwards to another transport; bulk calls take at least `delay` (a slow
+// network) and their start and end times are recorded.
+class SlowTransport : public Transport {
+ public:
+  struct Call {
+    absl::Time started, finished;
+  };
+  SlowTransport(std::unique_ptr<Transport> inner, absl::Duration delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+
+  const std::string& address() const override { return inner_->address(); }
+  void InitParam(const v1::InitParamRequest& r, absl::Time d, Done done) override {
+    inner_->InitParam(r, d, std::move(done));
+  }
+  void FinishInitParams(absl::Time d, Done done) override {
+    inner_->FinishInitParams(d, std::move(done));
+  }
+  void GetStats(v1::GetStatsResponse* r, absl::Time d, Done done) override {
+    inner_->GetStats(r, d, std::move(done));
+  }
+  void Push(absl::Span<const GradientView> g, absl::Time d, Done done, TraceRecorder* t) override {
+    inner_->Push(g, d, Slow(std::move(done)), t);
+  }
+  void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time d, Done done,
+            TraceRecorder* t) override {
+    inner_->Pull(refs, std::move(sink), d, Slow(std::move(done)), t);
+  }
+  void PushPull(absl::Span<const GradientView> g, absl::Span<const v1::ParamRef> refs,
+                BlockSink sink, absl::Time d, Done done, TraceRecorder* t) override {
+    inner_->PushPull(g, refs, std::move(sink), d, Slow(std::move(done)), t);
+  }
+  void PushWithId(const RequestId& id, absl::Span<const GradientView> g, absl::Time d, Done done,
+                  TraceRecorder* t) override {
+    inner_->PushWithId(id, g, d, Slow(std::move(done)), t);
+  }
+  void PushPullWithId(const RequestId& id, absl::Span<const GradientView> g,
+                      absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time d, Done done,
+                      TraceRecorder* t) override {
+    inner_->PushPullWithId(id, g, refs, std::move(sink), d, Slow(std::move(done)), t);
+  }
+#define FORWARD(Method, Req, Resp)                                         \
+  void Method(const Req& r, Resp* out, absl::Time d, Done done) override { \
+    inner_->Method(r, out, d, std::move(done));                            \
+  }
+  FORWARD(CreateTable, v1::CreateTableRequest, v1::CreateTableResponse)
+  FORWARD(TablePull, v1::TablePullRequest, v1::TablePullResponse)
+  FORWARD(TablePush, v1::TablePushRequest, v1::TablePushResponse)
+  FORWARD(Clock, v1::ClockRequest, v1::ClockResponse)
+  FORWARD(TableStats, v1::TableStatsRequest, v1::TableStatsResponse)
+  FORWARD(Barrier, v1::BarrierRequest, v1::BarrierResponse)
+  FORWARD(AllReduce, v1::AllReduceRequest, v1::AllReduceResponse)
+  FORWARD(Broadcast, v1::BroadcastRequest, v1::BroadcastResponse)
+#undef FORWARD
+
+  std::vector<Call> calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  Done Slow(Done done) {
+    const absl::Time started = absl::Now();
+    return [this, started, done = std::move(done)](absl::Status status) {
+      absl::SleepFor(delay_ - (absl::Now() - started));
+      {
+        absl::MutexLock lock(&mu_);
+        calls_.push_back(Call{started, absl::Now()});
+      }
+      done(std::move(status));
+    };
+  }
+
+  std::unique_ptr<Transport> inner_;
+  const absl::Duration delay_;
+  mutable absl::Mutex mu_;
+  std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+enum class Via { kGrpc, kInProcess };
+
+std::vector<float> Ramp(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>((i * 7919) % 1000) / 1000.f;
+  return v;
+}
+
+std::string BytesOf(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+v1::ParameterConfig Sgd(double lr, double clip_norm = 0) {
+  v1::ParameterConfig config;
+  config.mutable_optimizer()->mutable_sgd();
+  config.mutable_learning_rate()->set_learning_rate(lr);
+  if (clip_norm > 0) config.mutable_clipping()->set_clip_norm(clip_norm);
+  return config;
+}
+
+class DeviceIoTest : public ::testing::TestWithParam<Via> {
+ protected:
+  // 3 servers, 4 KiB blocks: a parameter of 10000 floats is 10 blocks.
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(cluster_, LocalCluster::Start(3));
+    options_.servers = cluster_->addresses();
+    options_.block_bytes = 4096;
+    options_.timeout = absl::Seconds(20);
+    client_ = NewClient();
+    ASSERT_NE(client_, nullptr);
+  }
+
+  std::unique_ptr<Client> NewClient(absl::Duration network_delay = absl::ZeroDuration(),
+                                    std::vector<SlowTransport*>* slow = nullptr) {
+    absl::StatusOr<std::unique_ptr<Client>> client;
+    if (network_delay <= absl::ZeroDuration()) {
+      client = GetParam() == Via::kGrpc
+                   ? Client::Connect(options_)
+                   : Client::Create(options_, InProcessTransports(cluster_->stores()));
+    } else {
+      std::vector<std::unique_ptr<Transport>> transports = InProcessTransports(cluster_->stores());
+      for (auto& t : transports) {
+        auto s = std::make_unique<SlowTransport>(std::move(t), network_delay);
+        if (slow != nullptr) slow->push_back(s.get());
+        t = std::move(s);
+      }
+      client = Client::Create(options_, std::move(transports));
+    }
+    EXPECT_OK(client);
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // Initializes each of `names` to `value`, then finishes initialization.
+  void Init(const std::vector<std::string>& names, const std::vector<float>& value,
+            const v1::ParameterConfig& config) {
+    for (const std::string& name : names) {
+      ASSERT_OK(client_->InitParam(name, Tensor::FromValues<float>({int64_t(value.size())}, value),
+                                   config));
+    }
+    ASSERT_OK(client_->FinishInitParams());
+  }
+
+  std::vector<float> HostGet(const std::string& name) {
+    absl::StatusOr<Tensor> t = client_->GetParam(name);
+    EXPECT_OK(t);
+    return t.ok() ? t->ToVector<float>() : std::vector<float>{};
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  ClientOptions options_;
+  std::unique_ptr<Client> client_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, DeviceIoTest, ::testing::Values(Via::kGrpc, Via::kInProcess),
+                         [](const ::testing::TestParamInfo<Via>& info) {
+                           return info.param == Via::kGrpc ? "Grpc" : "InProcess";
+                         });
+
+constexpr size_t kN = 10000;  // 10 blocks of 1024 floats (the last 784)
+
+TEST_P(DeviceIoTest, PushThenPullMatchesTheHostClientBitForBit) {
+  const std::vector<float> w0 = Ramp(kN, 1.f), g = Ramp(kN, -0.37f);
+  Init({"host", "dev"}, w0, Sgd(0.1));
+  HostMemorySpace space({});
+  DeviceIo io(client_.get(), &space, DeviceIoOptions{/*chunk_bytes=*/3 * 4096, /*depth=*/2});
+
+  ASSERT_OK(client_->SendGrad("host", Tensor::FromValues<float>({int64_t(kN)}, g)));
+  ASSERT_OK(io.SendGrad("dev", v1::FLOAT32, {int64_t(kN)}, g.data()));
+  EXPECT_EQ(io.last_stats().chunks, 4);  // blocks 3 + 3 + 3 + 1
+  EXPECT_EQ(io.last_stats().bytes_to_host, kN * 4);
+  EXPECT_FALSE(io.last_stats().staged_whole);
+
+  std::vector<float> out(kN, -1.f);
+  ASSERT_OK(io.GetParam("dev", out.data(), out.size() * 4, v1::FLOAT32));
+  EXPECT_EQ(io.last_stats().bytes_to_device, kN * 4);
+  const std::vector<float> host = HostGet("host");
+  EXPECT_EQ(BytesOf(out), BytesOf(host));
+  EXPECT_EQ(BytesOf(HostGet("dev")), BytesOf(host));
+  EXPECT_NE(BytesOf(host), BytesOf(w0));  // the update happened
+}
+
+TEST_P(DeviceIoTest, PullCopiesEveryChunkOnceInOrder) {
+  const std::vector<float> w0 = Ramp(kN, 2.f);
+  Init({"w"}, w0, Sgd(0.1));
+  HostMemorySpace space({});
+  DeviceIo io(client_.get(), &space, DeviceIoOptions{/*chunk_bytes=*/2 * 4096, /*depth=*/2});
+  std::vector<float> out(kN, 0.f);
+  ASSERT_OK(io.GetParam("w", out.data(), out.size() * 4));
+  EXPECT_EQ(BytesOf(out), BytesOf(w0));
+
+  const std::vector<HostMemorySpace::Copy> copies = space.copies();
+  ASSERT_EQ(copies.size(), 5u);  // 5 chunks of 2 blocks
+  const char* next = reinterpret_cast<const char*>(out.data());
+  for (size_t i = 0; i < copies.size(); ++i) {
+    EXPECT_FALSE(copies[i].to_host);
+    EXPECT_EQ(copies[i].space_ptr, next) << "copy " << i;
+    EXPECT_EQ(copies[i].lane, static_cast<int>(i % 2));
+    next += copies[i].bytes;
+  }
+  EXPECT_EQ(next, reinterpret_cast<const char*>(out.data() + kN));
+  // Two slots of one chunk each, kept for the next call.
+  EXPECT_EQ(space.staging_bytes_allocated(), 2u * 2 * 4096);
+  ASSERT_OK(io.GetParam("w", out.data(), out.size() * 4));
+  EXPECT_EQ(space.staging_bytes_allocated(), 2u * 2 * 4096);
+}
+
+TEST_P(DeviceIoTest, PushPullExactAndInPlace) {
+  const std::vector<float> w0 = Ramp(kN, 1.f), g = Ramp(kN, 0.5f);
+  Init({"host", "dev"}, w0, Sgd(1.0));
+  HostMemorySpace space({});
+  DeviceIo io(client_.get(), &space, DeviceIoOptions{/*chunk_bytes=*/4096, /*depth=*/3});
+  Tensor host_out;
+  ASSERT_OK(client_->PushPull("host", Tensor::FromValues<float>({int64_t(kN)}, g), &host_out));
+  std::vector<float> buf = g;  // the gradient, overwritten by the parameter
+  ASSERT_OK(io.PushPull("dev", v1::FLOAT32, {int64_t(kN)}, buf.data(), buf.data()));
+  EXPECT_EQ(BytesOf(buf), host_out.bytes());
+  EXPECT_EQ(io.last_stats().chunks, 10);
+  EXPECT_EQ(io.last_stats().bytes_to_host, kN * 4);
+  EXPECT_EQ(io.last_stats().bytes_to_device, kN * 4);
+}
+
+TEST_P(DeviceIoTest, SingleBlockParameterIsOneChunk) {
+  Init({"s"}, {1.f, 2.f, 3.f}, Sgd(1.0));
+  HostMemorySpace space({});
+  DeviceIo io(client_.get(), &space);
+  const std::vector<float> g = {0.5f, 0.25f, -1.f};
+  ASSERT_OK(io.SendGrad("s", v1::FLOAT32, {3}, g.data()));
+  std::vector<float> out(3);
+  ASSERT_OK(io.GetParam("s", out.data(), 12));
+  EXPECT_EQ(out, (std::vector<float>{0.5f, 1.75f, 4.f}));
+  EXPECT_EQ(io.last_stats().chunks, 1);
+}
+
+TEST_P(DeviceIoTest, ClipByNormStagesTheWholeGradientAndClipsAsTheHost) {
+  const std::vector<float> w0 = Ramp(kN, 1.f), g = Ramp(kN, 3.f);
+  Init({"host", "dev"}, w0, Sgd(0.1, /*clip_norm=*/1.0));
+  HostMemorySpace space({});
+  DeviceIo io(client_.get(), &space, DeviceIoOptions{/*chunk_bytes=*/4 * 4096, /*depth=*/2});
+  ASSERT_OK(client_->SendGrad("host", Tensor::FromValues<float>({int64_t(kN)}, g)));
+  ASSERT_OK(io.SendGrad("dev", v1::FLOAT32, {int64_t(kN)}, g.data()));
+  EXPECT_TRUE(io.last_stats().staged_whole);
+  EXPECT_EQ(io.last_stats().bytes_to_host, kN * 4);
+  EXPECT_EQ(BytesOf(HostGet("dev")), BytesOf(HostGet("host")));
+}
+
+TEST_P(DeviceIoTest, AClientThatHasNotSeenTheParameterLearnsItsLayout) {
+  const std::vector<float> w0 = Ramp(kN, 1.f);
+  Init({"w"}, w0, Sgd(0.1));
+  std::unique_ptr<Client> fresh = NewClient();
+  HostMemorySpace space({});
+  DeviceIo io(fresh.get(), &space);
+  std::vector<float> out(kN);
+  ASSERT_OK(io.GetParam("w", out.data(), kN * 4));
+  EXPECT_EQ(BytesOf(out), BytesOf(w0));
+
+  std::unique_ptr<Client> fresh2 = NewClient();
+  DeviceIo io2(fresh2.get(), &space);
+  const std::vector<float> g(kN, 1.f);
+  ASSERT_OK(io2.SendGrad("w", v1::FLOAT32, {int64_t(kN)}, g.data()));
+  EXPECT_FLOAT_EQ(HostGet("w")[5], w0[5] - 0.1f);
+}
+
+TEST_P(DeviceIoTest, CopiesOverlapTheNetwork) {
+  // 12 blocks: 4 chunks of 3, one block on each server (an in-process
+  // call runs in the caller's thread: a chunk's three calls take 120 ms).
+  constexpr size_t kN12 = 12 * 1024;
+  const std::vector<float> w0 = Ramp(kN12, 1.f), g = Ramp(kN12, 0.5f);
+  Init({"w"}, w0, Sgd(0.1));
+  std::vector<SlowTransport*> slow;
+  std::unique_ptr<Client> client = NewClient(absl::Milliseconds(40), &slow);
+  HostMemorySpace::Options space_options;
+  space_options.copy_delay = absl::Milliseconds(20);
+  HostMemorySpace space(space_options);
+  DeviceIo io(client.get(), &space, DeviceIoOptions{/*chunk_bytes=*/3 * 4096, /*depth=*/2});
+  // Learn the layout first, so that the calls below are only the pipeline.
+  std::vector<float> out(kN12);
+  ASSERT_OK(io.GetParam("w", out.data(), kN12 * 4));
+
+  for (int mode = 0; mode < 2; ++mode) {
+    const size_t before = space.copies().size();
+    size_t calls_before = 0;
+    for (SlowTransport* s : slow) calls_before += s->calls().size();
+    if (mode == 0) {
+      ASSERT_OK(io.SendGrad("w", v1::FLOAT32, {int64_t(kN12)}, g.data()));
+    } else {
+      ASSERT_OK(io.GetParam("w", out.data(), kN12 * 4));
+    }
+    const DeviceIoStats& stats = io.last_stats();
+    EXPECT_EQ(stats.chunks, 4);
+    // Every copy but the first (push) or last (pull) is waited for while
+    // another chunk is on the network.
+    EXPECT_GE(stats.copy_waits_overlapped, mode == 0 ? 3 : 2) << "mode " << mode;
+    EXPECT_GE(stats.max_network_in_flight, 1);
+
+    // And they did overlap in time: copies that ran mostly (>= half their
+    // 20 ms) while a network call (>= 40 ms) was in flight. A push copies
+    // chunk i+1 during chunk i's call (3 of 4 copies); a pull starts with
+    // two calls back to back, then copies chunk i during chunk i+1's call
+    // (2 of 4: not the first nor the last).
+    std::vector<SlowTransport::Call> calls;
+    for (SlowTransport* s : slow) {
+      std::vector<SlowTransport::Call> c = s->calls();
+      calls.insert(calls.end(), c.begin(), c.end());
+    }
+    EXPECT_GT(calls.size(), calls_before);
+    const std::vector<HostMemorySpace::Copy> copies = space.copies();
+    EXPECT_EQ(copies.size() - before, 4u);
+    int overlapped = 0;
+    for (size_t i = before; i < copies.size(); ++i) {
+      for (const SlowTransport::Call& call : calls) {
+        const absl::Duration both =
+            std::min(copies[i].finished, call.finished) - std::max(copies[i].started, call.started);
+        if (both >= absl::Milliseconds(10)) {
+          ++overlapped;
+          break;
+        }
+      }
+    }
+    EXPECT_GE(overlapped, mode == 0 ? 3 : 2) << "mode " << mode;
+    if (::testing::Test::HasFailure()) {
+      const absl::Time t0 = copies[before].started;
+      for (size_t i = before; i < copies.size(); ++i) {
+        std::cerr << "copy " << (copies[i].started - t0) << " .. " << (copies[i].finished - t0)
+                  << "\n";
+      }
+      for (const SlowTransport::Call& call : calls) {
+        std::cerr << "call " << (call.started - t0) << " .. " << (call.finished - t0) << "\n";
+      }
+    }
+  }
+}
+
+TEST_P(DeviceIoTest, SizeTypeAndShapeMismatchesAreRefusedBeforeAnythingIsSent) {
+  const std::vector<float> w0 = Ramp(kN, 1.f);
+  Init({"w"}, w0, Sgd(0.1));
+  HostMemorySpace space({});
+  DeviceIo io(client_.get(), &space);
+  std::vector<float> buf(kN + 1, 1.f);
+  EXPECT_THAT(io.GetParam("w", buf.data(), (kN + 1) * 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("needs 40000 bytes, the device buffer has 40004")));
+  EXPECT_THAT(io.GetParam("w", buf.data(), kN * 4, v1::FLOAT64),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("has element type float32, the device buffer is float64")));
+  EXPECT_THAT(io.SendGrad("w", v1::FLOAT32, {int64_t(kN + 1)}, buf.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("10000 expected")));
+  EXPECT_THAT(io.SendGrad("w", v1::FLOAT64, {int64_t(kN / 2)}, buf.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("float64 received")));
+  EXPECT_THAT(io.SendGrad("w", v1::FLOAT32, {0}, buf.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is empty")));
+  EXPECT_THAT(io.GetParam("nope", buf.data(), 4),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_THAT(io.GetParam("", buf.data(), 4),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_TRUE(space.copies().empty());
+  EXPECT_EQ(BytesOf(HostGet("w")), BytesOf(w0));
+}
+
+TEST_P(DeviceIoTest, PointersOutsideTheSpaceAreRefused) {
+  const std::vector<float> w0 = Ramp(kN, 1.f);
+  Init({"w"}, w0, Sgd(0.1));
+  std::vector<float> buf(kN, 1.f);
+  HostMemorySpace::Options options;
+  options.refuse_begin = buf.data() + 100;
+  options.refuse_end = buf.data() + 101;
+  HostMemorySpace space(options);
+  DeviceIo io(client_.get(), &space);
+  EXPECT_THAT(io.SendGrad("w", v1::FLOAT32, {int64_t(kN)}, buf.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is not memory of host")));
+  EXPECT_THAT(io.GetParam("w", buf.data(), kN * 4),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(io.SendGrad("w", v1::FLOAT32, {int64_t(kN)}, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("null pointer")));
+  EXPECT_EQ(BytesOf(HostGet("w")), BytesOf(w0));
+}
+
+TEST_P(DeviceIoTest, ACopyFailureEndsTheCallWithItsError) {
+  const std::vector<float> w0 = Ramp(kN, 1.f), g = Ramp(kN, 1.f);
+  Init({"w"}, w0, Sgd(0.1));
+  for (int fail : {0, 2, 4}) {
+    HostMemorySpace::Options options;
+    options.fail_copy = fail;
+    HostMemorySpace space(options);
+    DeviceIo io(client_.get(), &space, DeviceIoOptions{/*chunk_bytes=*/2 * 4096, /*depth=*/2});
+    std::vector<float> out(kN);
+    EXPECT_THAT(io.GetParam("w", out.data(), kN * 4),
+                StatusIs(absl::StatusCode::kInternal, HasSubstr("injected copy failure")))
+        << fail;
+    HostMemorySpace space2(options);
+    DeviceIo io2(client_.get(), &space2, DeviceIoOptions{/*chunk_bytes=*/2 * 4096, /*depth=*/2});
+    EXPECT_THAT(io2.SendGrad("w", v1::FLOAT32, {int64_t(kN)}, g.data()),
+                StatusIs(absl::StatusCode::kInternal, HasSubstr("injected copy failure")))
+        << fail;
+    // The chunks before the failure were sent; none after it.
+    EXPECT_EQ(io2.last_stats().chunks, fail) << fail;
+  }
+}
+
+TEST_P(DeviceIoTest, DeadlinesAreHonoured) {
+  const std::vector<float> w0 = Ramp(kN, 1.f), g = Ramp(kN, 1.f);
+  Init({"w"}, w0, Sgd(0.1));
+  HostMemorySpace space({});
+  DeviceIo io(client_.get(), &space, DeviceIoOptions{/*chunk_bytes=*/4096, /*depth=*/2});
+  std::vector<float> out(kN);
+  ASSERT_OK(io.GetParam("w", out.data(), kN * 4));  // layout known
+  CallOptions past;
+  past.deadline = absl::Now() - absl::Seconds(1);
+  EXPECT_THAT(io.SendGrad("w", v1::FLOAT32, {int64_t(kN)}, g.data(), past),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("after 0 of 10 chunks")));
+  EXPECT_THAT(io.GetParam("w", out.data(), kN * 4, v1::FLOAT32, past),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+  EXPECT_EQ(BytesOf(HostGet("w")), BytesOf(w0));
+
+  // A deadline that passes while the chunks are on a slow network.
+  std::unique_ptr<Client> slow = NewClient(absl::Milliseconds(60));
+  DeviceIo slow_io(slow.get(), &space, DeviceIoOptions{/*chunk_bytes=*/4096, /*depth=*/2});
+  ASSERT_OK(slow_io.GetParam("w", out.data(), kN * 4));
+  CallOptions soon;
+  soon.deadline = absl::Now() + absl::Milliseconds(150);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(slow_io.GetParam("w", out.data(), kN * 4, v1::FLOAT32, soon),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(slow_io.last_stats().chunks, 10);
+}
+
+// ---- CUDA ----------------------------------------------------------------------------
+
+TEST(CudaDeviceIoTest, WithoutADeviceEveryCallSaysSo) {
+  absl::StatusOr<int> count = cuda::CudaDeviceCount();
+  if (count.ok()) GTEST_SKIP() << "a CUDA device is present: the no-device path is not reachable";
+  ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(1));
+  ClientOptions options;
+  options.servers = cluster->addresses();
+  ASSERT_OK_AND_ASSIGN(auto client,
+                       Client::Create(options, InProcessTransports(cluster->stores())));
+  const std::string reason(count.status().message());
+  float x[4] = {};
+  EXPECT_THAT(DeviceIo::ForCuda(client.get(), 0).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no CUDA device: " + reason)));
+  EXPECT_THAT(SendGradFromDevice(*client, "w", v1::FLOAT32, {4}, x, 0),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no CUDA device")));
+  EXPECT_THAT(GetParamToDevice(*client, "w", x, sizeof x, 0),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no CUDA device")));
+  EXPECT_THAT(PushPullDevice(*client, "w", v1::FLOAT32, {4}, x, x, 0),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no CUDA device")));
+}
+
+class CudaRoundTripTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(cluster_, LocalCluster::Start(2));
+    options_.servers = cluster_->addresses();
+    options_.block_bytes = 1 << 20;
+    ASSERT_OK_AND_ASSIGN(client_, Client::Connect(options_));
+  }
+  std::unique_ptr<LocalCluster> cluster_;
+  ClientOptions options_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(CudaRoundTripTest, DeviceToServerToDeviceIsExact) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // 3 floats (one block), and 40 MiB (40 blocks, 10 chunks).
+  for (size_t n : {size_t{3}, size_t{10} << 20}) {
+    const std::string name = absl::StrCat("w", n);
+    const std::vector<float> w0 = Ramp(n, 1.f), g = Ramp(n, -0.25f);
+    ASSERT_OK(client_->InitParam(name, Tensor::FromValues<float>({int64_t(n)}, w0), Sgd(1.0)));
+    ASSERT_OK(client_->FinishInitParams());
+    ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Allocate(0, n * 4));
+    ASSERT_OK_AND_ASSIGN(auto io, DeviceIo::ForCuda(client_.get(), 0));
+    ASSERT_OK(io->GetParam(name, d.data(), n * 4));
+    std::vector<float> back(n);
+    ASSERT_OK(cuda::CopyToHost(back.data(), d, 0, n * 4));
+    EXPECT_EQ(BytesOf(back), BytesOf(w0)) << n;
+
+    ASSERT_OK(cuda::CopyToDevice(d, 0, g.data(), n * 4));
+    ASSERT_OK(io->SendGrad(name, v1::FLOAT32, {int64_t(n)}, d.data()));
+    std::vector<float> want(n);
+    for (size_t i = 0; i < n; ++i) want[i] = w0[i] - g[i];
+    ASSERT_OK_AND_ASSIGN(Tensor host, client_->GetParam(name));
+    EXPECT_EQ(host.bytes(), BytesOf(want)) << n;
+
+    ASSERT_OK(io->PushPull(name, v1::FLOAT32, {int64_t(n)}, d.data(), d.data()));
+    for (size_t i = 0; i < n; ++i) want[i] = want[i] - g[i];
+    ASSERT_OK(cuda::CopyToHost(back.data(), d, 0, n * 4));
+    EXPECT_EQ(BytesOf(back), BytesOf(want)) << n;
+  }
+}
+
+TEST_F(CudaRoundTripTest, HostPointersAreRefused) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  ASSERT_OK(client_->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd(1.0)));
+  ASSERT_OK(client_->FinishInitParams());
+  float host[4] = {};
+  EXPECT_THAT(GetParamToDevice(*client_, "w", host, sizeof host, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("is not device memory of cuda:0: it is host memory")));
+}
+
+}  // namespace
+}  // namespace pserver
