@@ -76,8 +76,8 @@ absl::Status CheckDeviceRange(const void* ptr, size_t bytes, int device) {
     const bool on_device = info.kind == MemoryKind::kDevice || info.kind == MemoryKind::kManaged;
     if (!on_device || info.device != device) {
       return absl::InvalidArgumentError(
-          absl::StrCat(p == ptr ? "pointer " : "end of the range at ",
-                       absl::Hex(reinterpret_cast<uintptr_t>(p), absl::kZeroPad16),
+          absl::StrCat(p == ptr ? "pointer 0x" : "end of the range at 0x",
+                       absl::Hex(reinterpret_cast<uintptr_t>(p)),
                        " is not device memory of cuda:", device, ": it is ", Describe(info)));
     }
   }
