@@ -23,11 +23,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
@@ -40,16 +40,16 @@
 #include "cc/core/status_macros.h"
 #include "cc/core/tensor.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/rpc/grpc_status.h"
 #include "cc/server/local_cluster.h"
 #include "cc/server/server.h"
-#include "cc/rpc/grpc_status.h"
 #include "google/protobuf/descriptor.h"
-#include "grpcpp/grpcpp.h"
-#include "pserver/v1/service.grpc.pb.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
+#include "grpcpp/grpcpp.h"
 #include "pserver/v1/config.pb.h"
+#include "pserver/v1/service.grpc.pb.h"
 #include "pserver/v1/table.pb.h"
 
 // ------------------------------------------------------------------ handles
@@ -242,9 +242,9 @@ absl::Status Null(const char* what) {
 
 absl::Status CheckDtype(int32_t dtype) {
   if (dtype < PSERVER_INT32 || dtype > PSERVER_FLOAT64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown element type ", dtype, " (want 1..6: int32, uint32, int64, "
-                                                     "uint64, float32, float64)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown element type ", dtype,
+                                                   " (want 1..6: int32, uint32, int64, "
+                                                   "uint64, float32, float64)"));
   }
   return absl::OkStatus();
 }
@@ -264,15 +264,15 @@ size_t ByteSize(ElementType type, const pserver::Shape& shape) {
 absl::Status CheckBuffer(const std::string& what, ElementType type, const pserver::Shape& shape,
                          int32_t dtype, size_t size) {
   if (dtype != static_cast<int32_t>(type)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " has element type ", pserver::ElementTypeName(type), ", the buffer is ",
-        pserver::ElementTypeName(static_cast<ElementType>(dtype))));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has element type ", pserver::ElementTypeName(type), ", the buffer is ",
+                     pserver::ElementTypeName(static_cast<ElementType>(dtype))));
   }
   const size_t want = ByteSize(type, shape);
   if (size != want) {
     return absl::InvalidArgumentError(absl::StrCat(what, " (", pserver::ElementTypeName(type),
-                                                   pserver::ShapeString(shape), ") needs ",
-                                                   want, " bytes, the buffer has ", size));
+                                                   pserver::ShapeString(shape), ") needs ", want,
+                                                   " bytes, the buffer has ", size));
   }
   return absl::OkStatus();
 }
@@ -328,9 +328,9 @@ absl::StatusOr<pserver::Tensor> GradientTensor(pserver_client_t* client, const s
   const ElementType type = static_cast<ElementType>(dtype);
   const size_t esize = pserver::ElementSize(type);
   if (size % esize != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient for parameter '", name, "': ", size, " bytes is not a whole ",
-                     "number of ", pserver::ElementTypeName(type), " elements"));
+    return absl::InvalidArgumentError(absl::StrCat("gradient for parameter '", name, "': ", size,
+                                                   " bytes is not a whole ", "number of ",
+                                                   pserver::ElementTypeName(type), " elements"));
   }
   pserver::Shape shape = {static_cast<int64_t>(size / esize)};
   if (std::optional<Layout> layout = Known(client, name); layout.has_value()) {
@@ -376,8 +376,8 @@ absl::Status CopyOut(pserver_client_t* client, const std::vector<std::string>& n
   for (size_t i = 0; i < tensors.size(); ++i) {
     Remember(client, names[i], tensors[i]);
     const BatchEntry& e = outs->entries[i];
-    PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", names[i], "'"),
-                                   tensors[i].type(), tensors[i].shape(), e.dtype, e.size));
+    PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", names[i], "'"), tensors[i].type(),
+                                   tensors[i].shape(), e.dtype, e.size));
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const pserver::Tensor& t = tensors[i];
@@ -402,8 +402,7 @@ class TextErrors : public google::protobuf::io::ErrorCollector {
 
 namespace pb = google::protobuf;
 
-const char* const kOptimizers[] = {"sgd", "adagrad", "adadelta", "rmsprop",
-                                   "adam", "adamw", "add"};
+const char* const kOptimizers[] = {"sgd", "adagrad", "adadelta", "rmsprop", "adam", "adamw", "add"};
 const char* const kSchedules[] = {"constant", "linear", "step", "cosine"};
 
 // The message of the chosen member of `oneof` in `msg`, or nullptr.
@@ -418,8 +417,8 @@ absl::Status SetField(pb::Message* msg, const pb::FieldDescriptor* f, const std:
                       double value) {
   const pb::Reflection* r = msg->GetReflection();
   if (!std::isfinite(value)) {
-    return absl::InvalidArgumentError(absl::StrCat("config setting '", key, "' is ", value,
-                                                   "; want a finite number"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config setting '", key, "' is ", value, "; want a finite number"));
   }
   switch (f->cpp_type()) {
     case pb::FieldDescriptor::CPPTYPE_DOUBLE:
@@ -474,8 +473,8 @@ absl::Status SetConfig(pserver::v1::ParameterConfig* config, std::string key, do
   for (pb::Message* msg : places) ScalarFields(*msg, &valid);
   valid.push_back("lr");
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown config setting '", key, "' for optimizer ",
-      optimizer->GetDescriptor()->name(), "; valid settings: ", absl::StrJoin(valid, ", ")));
+      "unknown config setting '", key, "' for optimizer ", optimizer->GetDescriptor()->name(),
+      "; valid settings: ", absl::StrJoin(valid, ", ")));
 }
 
 // --------------------------------------------------------- checkpoint files
@@ -519,8 +518,7 @@ absl::Status OpenCheckpoints(const std::string& path, pserver_checkpoint_reader_
   if (ec) return absl::InternalError(absl::StrCat("cannot list ", path, ": ", ec.message()));
   std::sort(subdirs.begin(), subdirs.end());
   for (const std::string& sub : subdirs) {
-    PS_ASSIGN_OR_RETURN(std::vector<pserver::CheckpointEntry> shard,
-                        pserver::ListCheckpoints(sub));
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::CheckpointEntry> shard, pserver::ListCheckpoints(sub));
     if (shard.empty()) continue;
     PS_ASSIGN_OR_RETURN(auto reader, OpenNewest(shard));
     out->readers.push_back(std::move(reader));
@@ -548,16 +546,15 @@ absl::Status IndexCheckpoints(pserver_checkpoint_reader_t* out) {
         cp.count = count;
       } else if (cp.type != p.element_type() || cp.shape != shape || cp.count != count) {
         return absl::DataLossError(absl::StrCat(
-            "checkpoints disagree on parameter '", p.name(), "': ",
-            pserver::ElementTypeName(cp.type), pserver::ShapeString(cp.shape), " in ",
+            "checkpoints disagree on parameter '", p.name(),
+            "': ", pserver::ElementTypeName(cp.type), pserver::ShapeString(cp.shape), " in ",
             cp.count, " blocks vs ", pserver::ElementTypeName(p.element_type()),
             pserver::ShapeString(shape), " in ", count, " blocks (", reader->path(), ")"));
       }
       if (!cp.blocks.emplace(p.block().index(), std::make_pair(reader.get(), i)).second) {
-        return absl::DataLossError(absl::StrCat("parameter '", p.name(), "' block ",
-                                                p.block().index(),
-                                                " is in two opened checkpoints, the second ",
-                                                reader->path()));
+        return absl::DataLossError(
+            absl::StrCat("parameter '", p.name(), "' block ", p.block().index(),
+                         " is in two opened checkpoints, the second ", reader->path()));
       }
     }
   }
@@ -606,9 +603,9 @@ absl::StatusOr<std::vector<pserver::v1::SparseTableSnapshot>> ReadTableSnapshots
     }
     if (!out.empty() && (out[0].config().dim() != config.dim() ||
                          out[0].config().element_type() != config.element_type())) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoints disagree on table '", name, "': dim ", out[0].config().dim(),
-                       " vs ", config.dim(), " (", ckpt->path(), ")"));
+      return absl::DataLossError(absl::StrCat("checkpoints disagree on table '", name, "': dim ",
+                                              out[0].config().dim(), " vs ", config.dim(), " (",
+                                              ckpt->path(), ")"));
     }
     out.push_back(std::move(snapshot));
   }
@@ -620,8 +617,7 @@ absl::StatusOr<const CheckpointParam*> FindCheckpointParam(const pserver_checkpo
   if (name == nullptr) return Null("name");
   auto it = r->params.find(name);
   if (it == r->params.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("parameter '", name, "' is not in the checkpoint"));
+    return absl::NotFoundError(absl::StrCat("parameter '", name, "' is not in the checkpoint"));
   }
   return &it->second;
 }
@@ -670,12 +666,23 @@ void pserver_status_set(pserver_status_t* status, int32_t code, const char* mess
 }
 
 const char* pserver_code_name(int32_t code) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",           "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",  "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   if (code < 0 || code > 16) return "UNKNOWN_CODE";
   return kNames[code];
 }
@@ -689,13 +696,20 @@ size_t pserver_dtype_size(int32_t dtype) {
 
 const char* pserver_dtype_name(int32_t dtype) {
   switch (dtype) {
-    case PSERVER_INT32: return "int32";
-    case PSERVER_UINT32: return "uint32";
-    case PSERVER_INT64: return "int64";
-    case PSERVER_UINT64: return "uint64";
-    case PSERVER_FLOAT32: return "float32";
-    case PSERVER_FLOAT64: return "float64";
-    default: return "unknown";
+    case PSERVER_INT32:
+      return "int32";
+    case PSERVER_UINT32:
+      return "uint32";
+    case PSERVER_INT64:
+      return "int64";
+    case PSERVER_UINT64:
+      return "uint64";
+    case PSERVER_FLOAT32:
+      return "float32";
+    case PSERVER_FLOAT64:
+      return "float64";
+    default:
+      return "unknown";
   }
 }
 
@@ -717,10 +731,9 @@ void pserver_param_config_set_optimizer(pserver_param_config_t* config, const ch
     if (config == nullptr) return Null("config");
     if (optimizer == nullptr) return Null("optimizer");
     const std::string name = optimizer;
-    if (std::find(std::begin(kOptimizers), std::end(kOptimizers), name) ==
-        std::end(kOptimizers)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown optimizer '", name, "'; want one of ", absl::StrJoin(kOptimizers, ", ")));
+    if (std::find(std::begin(kOptimizers), std::end(kOptimizers), name) == std::end(kOptimizers)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown optimizer '", name, "'; want one of ",
+                                                     absl::StrJoin(kOptimizers, ", ")));
     }
     pb::Message* msg = config->rep.mutable_optimizer();
     const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
@@ -737,8 +750,8 @@ void pserver_param_config_set_schedule(pserver_param_config_t* config, const cha
     if (schedule == nullptr) return Null("schedule");
     const std::string name = schedule;
     if (std::find(std::begin(kSchedules), std::end(kSchedules), name) == std::end(kSchedules)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown schedule '", name, "'; want one of ", absl::StrJoin(kSchedules, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat("unknown schedule '", name, "'; want one of ",
+                                                     absl::StrJoin(kSchedules, ", ")));
     }
     pb::Message* msg = config->rep.mutable_learning_rate();
     const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
@@ -786,16 +799,15 @@ void pserver_param_config_parse_text(pserver_param_config_t* config, const char*
     google::protobuf::TextFormat::Parser parser;
     parser.RecordErrorsTo(&errors);
     if (!parser.ParseFromString(text, &parsed)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "not a pserver.v1.ParameterConfig in text format: ", errors.message));
+      return absl::InvalidArgumentError(
+          absl::StrCat("not a pserver.v1.ParameterConfig in text format: ", errors.message));
     }
     config->rep = std::move(parsed);
     return absl::OkStatus();
   });
 }
 
-size_t pserver_param_config_text(const pserver_param_config_t* config, char* out,
-                                 size_t out_size) {
+size_t pserver_param_config_text(const pserver_param_config_t* config, char* out, size_t out_size) {
   try {
     std::string text;
     if (config != nullptr) {
@@ -845,8 +857,8 @@ void pserver_batch_add_input(pserver_batch_t* batch, const char* name, int32_t d
   }
 }
 
-void pserver_batch_add_output(pserver_batch_t* batch, const char* name, int32_t dtype,
-                              void* out, size_t size) {
+void pserver_batch_add_output(pserver_batch_t* batch, const char* name, int32_t dtype, void* out,
+                              size_t size) {
   try {
     if (batch == nullptr) return;
     batch->entries.push_back(BatchEntry{name == nullptr ? "" : name, dtype, nullptr, out, size});
@@ -873,8 +885,7 @@ void pserver_client_options_add_server(pserver_client_options_t* options, const 
   }
 }
 
-void pserver_client_options_set_timeout_ms(pserver_client_options_t* options,
-                                           int64_t timeout_ms) {
+void pserver_client_options_set_timeout_ms(pserver_client_options_t* options, int64_t timeout_ms) {
   if (options != nullptr) options->rep.timeout = absl::Milliseconds(timeout_ms);
 }
 
@@ -953,10 +964,7 @@ pserver_client_t* pserver_client_new(const pserver_client_options_t* options,
 }
 
 void pserver_client_delete(pserver_client_t* client) {
-  try {
-    delete client;
-  } catch (...) {
-  }
+  delete client;  // NULL is fine; destructors do not throw
 }
 
 int32_t pserver_client_num_servers(const pserver_client_t* client) {
@@ -1038,8 +1046,8 @@ void pserver_client_param_info(pserver_client_t* client, const char* name, int32
   });
 }
 
-void pserver_client_get_param(pserver_client_t* client, const char* name, int32_t dtype,
-                              void* out, size_t out_size, pserver_status_t* status) {
+void pserver_client_get_param(pserver_client_t* client, const char* name, int32_t dtype, void* out,
+                              size_t out_size, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
@@ -1109,9 +1117,8 @@ void pserver_client_push_pull(pserver_client_t* client, const pserver_batch_t* g
     PS_RETURN_IF_ERROR(GradientsOf(client, grads, &tensors));
     PS_RETURN_IF_ERROR(CheckOutputs(outs));
     if (outs->entries.size() != tensors.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("push_pull: ", tensors.size(),
-                                                     " gradients but ", outs->entries.size(),
-                                                     " outputs"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push_pull: ", tensors.size(), " gradients but ", outs->entries.size(), " outputs"));
     }
     std::vector<std::string> names;
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -1124,8 +1131,8 @@ void pserver_client_push_pull(pserver_client_t* client, const pserver_batch_t* g
       }
       // The parameter has the gradient's type and size: check the output
       // before anything is applied.
-      PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", o.name, "'"), g.type(),
-                                     g.shape(), o.dtype, o.size));
+      PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", o.name, "'"), g.type(), g.shape(),
+                                     o.dtype, o.size));
       names.push_back(o.name);
     }
     std::vector<pserver::Tensor> results(tensors.size());
@@ -1170,8 +1177,8 @@ void pserver_client_save_checkpoint(pserver_client_t* client, pserver_status_t* 
   });
 }
 
-size_t pserver_client_stats(pserver_client_t* client, pserver_server_stats_t* out,
-                            size_t capacity, size_t struct_size, pserver_status_t* status) {
+size_t pserver_client_stats(pserver_client_t* client, pserver_server_stats_t* out, size_t capacity,
+                            size_t struct_size, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   size_t n = 0;
   Run(status, [&]() -> absl::Status {
@@ -1216,8 +1223,8 @@ absl::Status AliveRef(const ClientRef& ref) {
 
 // Sets a scalar field of a table config's message from a number, checking
 // that it fits (uint32 and uint64 counts, doubles).
-absl::Status SetTableField(pb::Message* msg, const pb::FieldDescriptor* f,
-                           const std::string& key, double value) {
+absl::Status SetTableField(pb::Message* msg, const pb::FieldDescriptor* f, const std::string& key,
+                           double value) {
   if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_UINT32) return SetField(msg, f, key, value);
   if (!std::isfinite(value) || value < 0 || value != std::floor(value) || value > 4294967295.0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1255,9 +1262,9 @@ absl::Status SetTableConfig(pserver::v1::TableConfig* config, std::string key, d
     }
   }
   valid.push_back("lr");
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown table setting '", key, "' for optimizer ", optimizer->GetDescriptor()->name(),
-      "; valid settings: ", absl::StrJoin(valid, ", ")));
+  return absl::InvalidArgumentError(absl::StrCat("unknown table setting '", key, "' for optimizer ",
+                                                 optimizer->GetDescriptor()->name(),
+                                                 "; valid settings: ", absl::StrJoin(valid, ", ")));
 }
 
 // Chooses member `name` of oneof "kind" of `msg`, clearing its settings.
@@ -1305,15 +1312,15 @@ absl::Span<const uint64_t> KeySpan(const uint64_t* keys, size_t n) {
 }
 
 // Checks a caller's buffer of rows: exactly `rows` rows of the table.
-absl::Status CheckRows(const pserver::Table& table, const char* verb, const void* data,
-                       size_t size, size_t rows, const char* unit) {
+absl::Status CheckRows(const pserver::Table& table, const char* verb, const void* data, size_t size,
+                       size_t rows, const char* unit) {
   if (data == nullptr && size != 0) return Null("buffer");
   const size_t want = rows * table.row_bytes();
   if (size != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        verb, " table '", table.name(), "': ", rows, " ", unit, " of ", table.dim(), " ",
-        pserver::ElementTypeName(table.element_type()), " need ", want,
-        " bytes, the buffer has ", size));
+    return absl::InvalidArgumentError(
+        absl::StrCat(verb, " table '", table.name(), "': ", rows, " ", unit, " of ", table.dim(),
+                     " ", pserver::ElementTypeName(table.element_type()), " need ", want,
+                     " bytes, the buffer has ", size));
   }
   return absl::OkStatus();
 }
@@ -1387,8 +1394,8 @@ void pserver_table_config_set_dtype(pserver_table_config_t* config, int32_t dtyp
   Run(status, [&]() -> absl::Status {
     if (config == nullptr) return Null("config");
     if (dtype != PSERVER_FLOAT32 && dtype != PSERVER_FLOAT64) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a table holds float32 or float64 values, not ", pserver_dtype_name(dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a table holds float32 or float64 values, not ", pserver_dtype_name(dtype)));
     }
     config->rep.set_element_type(static_cast<ElementType>(dtype));
     return absl::OkStatus();
@@ -1428,9 +1435,9 @@ void pserver_table_config_set_partitioning(pserver_table_config_t* config, int32
           absl::StrCat("unknown partitioning ", kind, " (want 0: hash, 1: range)"));
     }
     if (range_end != 0 && range_end <= range_begin) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "range partitioning needs range_begin < range_end, got [", range_begin, ", ",
-          range_end, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("range partitioning needs range_begin < range_end, got [", range_begin, ", ",
+                       range_end, ")"));
     }
     p->set_kind(pserver::v1::Partitioning::RANGE);
     p->set_range_begin(range_begin);
@@ -1484,8 +1491,7 @@ void pserver_table_config_parse_text(pserver_table_config_t* config, const char*
   });
 }
 
-size_t pserver_table_config_text(const pserver_table_config_t* config, char* out,
-                                 size_t out_size) {
+size_t pserver_table_config_text(const pserver_table_config_t* config, char* out, size_t out_size) {
   return WriteText(config == nullptr ? nullptr : &config->rep, out, out_size);
 }
 
@@ -1513,10 +1519,7 @@ pserver_table_t* pserver_client_create_table(pserver_client_t* client, const cha
 }
 
 void pserver_table_delete(pserver_table_t* table) {
-  try {
-    delete table;
-  } catch (...) {
-  }
+  delete table;  // NULL is fine; destructors do not throw
 }
 
 const char* pserver_table_name(const pserver_table_t* table) {
@@ -1563,8 +1566,8 @@ void pserver_table_pull(pserver_table_t* table, const uint64_t* keys, size_t n, 
     PS_RETURN_IF_ERROR(AliveTable(table));
     PS_RETURN_IF_ERROR(CheckKeys(keys, n));
     PS_RETURN_IF_ERROR(CheckRows(*table->rep, "pull from", out, out_size, n, "keys"));
-    return table->rep->Pull(KeySpan(keys, n),
-                            absl::Span<char>(static_cast<char*>(out), out_size), call);
+    return table->rep->Pull(KeySpan(keys, n), absl::Span<char>(static_cast<char*>(out), out_size),
+                            call);
   });
 }
 
@@ -1660,8 +1663,8 @@ void pserver_kv_worker_get(pserver_kv_worker_t* worker, const uint64_t* keys, si
     PS_RETURN_IF_ERROR(AliveWorker(worker));
     PS_RETURN_IF_ERROR(CheckKeys(keys, n));
     PS_RETURN_IF_ERROR(CheckRows(worker->rep->table(), "get from", out, out_size, n, "keys"));
-    return worker->rep->Get(KeySpan(keys, n),
-                            absl::Span<char>(static_cast<char*>(out), out_size), call);
+    return worker->rep->Get(KeySpan(keys, n), absl::Span<char>(static_cast<char*>(out), out_size),
+                            call);
   });
 }
 
@@ -1748,10 +1751,7 @@ pserver_group_t* pserver_group_new(pserver_client_t* client, const char* name, u
 }
 
 void pserver_group_delete(pserver_group_t* group) {
-  try {
-    delete group;
-  } catch (...) {
-  }
+  delete group;  // NULL is fine; destructors do not throw
 }
 
 void pserver_group_barrier(pserver_group_t* group, int32_t scope, pserver_status_t* status) {
@@ -1759,13 +1759,13 @@ void pserver_group_barrier(pserver_group_t* group, int32_t scope, pserver_status
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(AliveGroup(group));
     if (scope < PSERVER_BARRIER_WORKERS || scope > PSERVER_BARRIER_ALL) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown barrier scope ", scope, " (want 0: workers, 1: servers, 2: all)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown barrier scope ", scope, " (want 0: workers, 1: servers, 2: all)"));
     }
-    const pserver::BarrierScope s = scope == PSERVER_BARRIER_WORKERS ? pserver::BarrierScope::kWorkers
-                                    : scope == PSERVER_BARRIER_SERVERS
-                                        ? pserver::BarrierScope::kServers
-                                        : pserver::BarrierScope::kAll;
+    const pserver::BarrierScope s =
+        scope == PSERVER_BARRIER_WORKERS   ? pserver::BarrierScope::kWorkers
+        : scope == PSERVER_BARRIER_SERVERS ? pserver::BarrierScope::kServers
+                                           : pserver::BarrierScope::kAll;
     return group->rep->Barrier(s, call);
   });
 }
@@ -1833,8 +1833,7 @@ void pserver_server_options_set_num_threads(pserver_server_options_t* options,
   if (options != nullptr) options->rep.num_threads = num_threads;
 }
 
-void pserver_server_options_set_checkpoint_dir(pserver_server_options_t* options,
-                                               const char* dir) {
+void pserver_server_options_set_checkpoint_dir(pserver_server_options_t* options, const char* dir) {
   try {
     if (options != nullptr) options->rep.checkpoint_dir = dir == nullptr ? "" : dir;
   } catch (...) {
@@ -1862,10 +1861,7 @@ pserver_server_t* pserver_server_new(const pserver_server_options_t* options,
 }
 
 void pserver_server_delete(pserver_server_t* server) {
-  try {
-    delete server;
-  } catch (...) {
-  }
+  delete server;  // NULL is fine; destructors do not throw
 }
 
 const char* pserver_server_address(const pserver_server_t* server) {
@@ -1878,15 +1874,15 @@ int32_t pserver_server_port(const pserver_server_t* server) {
 
 void pserver_server_stop(pserver_server_t* server, int64_t grace_ms) {
   try {
-    if (server != nullptr) server->rep->Shutdown(absl::Milliseconds(std::max<int64_t>(0, grace_ms)));
+    if (server != nullptr)
+      server->rep->Shutdown(absl::Milliseconds(std::max<int64_t>(0, grace_ms)));
   } catch (...) {
   }
 }
 
 // ----------------------------------------------------------- local cluster
 
-pserver_local_cluster_t* pserver_local_cluster_new(int32_t num_servers,
-                                                   pserver_status_t* status) {
+pserver_local_cluster_t* pserver_local_cluster_new(int32_t num_servers, pserver_status_t* status) {
   return pserver_local_cluster_new_with_options(num_servers, nullptr, status);
 }
 
@@ -1932,8 +1928,7 @@ int32_t pserver_local_cluster_size(const pserver_local_cluster_t* cluster) {
 }
 
 const char* pserver_local_cluster_address(const pserver_local_cluster_t* cluster, int32_t i) {
-  if (cluster == nullptr || i < 0 ||
-      static_cast<size_t>(i) >= cluster->state->addresses.size()) {
+  if (cluster == nullptr || i < 0 || static_cast<size_t>(i) >= cluster->state->addresses.size()) {
     return nullptr;
   }
   return cluster->state->addresses[i].c_str();
@@ -2042,25 +2037,25 @@ void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader, c
     for (uint32_t b = 0; b < p->count; ++b) {
       auto it = p->blocks.find(b);
       if (it == p->blocks.end()) {
-        return absl::DataLossError(absl::StrCat(
-            what, " is cut into ", p->count, " blocks and block ", b,
-            " is in none of the opened checkpoints (open the directory holding every "
-            "shard's checkpoints)"));
+        return absl::DataLossError(
+            absl::StrCat(what, " is cut into ", p->count, " blocks and block ", b,
+                         " is in none of the opened checkpoints (open the directory holding every "
+                         "shard's checkpoints)"));
       }
       const auto& [ckpt, index] = it->second;
       const pserver::v1::CheckpointParameter& cp = ckpt->manifest().parameters(index);
       PS_ASSIGN_OR_RETURN(std::string bytes, ckpt->ReadData(cp.content()));
       const size_t offset = static_cast<size_t>(cp.block().offset()) * esize;
       if (offset > out_size || bytes.size() > out_size - offset) {
-        return absl::DataLossError(absl::StrCat(what, " block ", b, " in ", ckpt->path(),
-                                                " lies outside the parameter"));
+        return absl::DataLossError(
+            absl::StrCat(what, " block ", b, " in ", ckpt->path(), " lies outside the parameter"));
       }
       total += bytes.size();
       parts.emplace_back(offset, std::move(bytes));
     }
     if (total != out_size) {
-      return absl::DataLossError(absl::StrCat(what, ": its blocks hold ", total,
-                                              " bytes, the parameter has ", out_size));
+      return absl::DataLossError(
+          absl::StrCat(what, ": its blocks hold ", total, " bytes, the parameter has ", out_size));
     }
     for (const auto& [offset, bytes] : parts) {
       if (!bytes.empty()) std::memcpy(static_cast<char*>(out) + offset, bytes.data(), bytes.size());
@@ -2184,10 +2179,7 @@ pserver_etcd_t* pserver_etcd_new(const char* endpoints, int64_t timeout_ms,
 }
 
 void pserver_etcd_delete(pserver_etcd_t* etcd) {
-  try {
-    delete etcd;
-  } catch (...) {
-  }
+  delete etcd;  // NULL is fine; destructors do not throw
 }
 
 void pserver_etcd_get(pserver_etcd_t* etcd, const char* key, char** value, size_t* value_size,
@@ -2230,8 +2222,8 @@ void pserver_etcd_put(pserver_etcd_t* etcd, const char* key, const void* data, s
     PS_RETURN_IF_ERROR(AliveEtcd(etcd));
     PS_ASSIGN_OR_RETURN(std::string k, Key(key, "key"));
     if (data == nullptr && size != 0) return Null("data");
-    return etcd->rep->Put(
-        k, absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size));
+    return etcd->rep->Put(k,
+                          absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size));
   });
 }
 
@@ -2298,15 +2290,15 @@ absl::Status WithDeviceIo(pserver_client_t* client, int32_t device,
 // The shape of a gradient of `size` bytes for parameter `name`: the one the
 // handle knows, or one dimension.
 absl::StatusOr<pserver::Shape> DeviceGradientShape(pserver_client_t* client,
-                                                    const std::string& name, int32_t dtype,
-                                                    size_t size) {
+                                                   const std::string& name, int32_t dtype,
+                                                   size_t size) {
   PS_RETURN_IF_ERROR(CheckDtype(dtype));
   const ElementType type = static_cast<ElementType>(dtype);
   const size_t esize = pserver::ElementSize(type);
   if (size % esize != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient for parameter '", name, "': ", size, " bytes is not a whole ",
-                     "number of ", pserver::ElementTypeName(type), " elements"));
+    return absl::InvalidArgumentError(absl::StrCat("gradient for parameter '", name, "': ", size,
+                                                   " bytes is not a whole ", "number of ",
+                                                   pserver::ElementTypeName(type), " elements"));
   }
   if (std::optional<Layout> layout = Known(client, name); layout.has_value()) {
     PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", name, "'"), layout->type,

@@ -68,32 +68,6 @@ std::vector<Batch> PackBatches(absl::Span<const int> servers, absl::Span<const s
   return batches;
 }
 
-template <typename T>
-double SumOfSquares(absl::string_view bytes) {
-  const T* v = reinterpret_cast<const T*>(bytes.data());
-  const size_t n = bytes.size() / sizeof(T);
-  // Eight independent sums: one serial sum is bound by the add latency.
-  constexpr size_t kLanes = 8;
-  double lanes[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (size_t k = 0; k < kLanes; ++k) {
-      lanes[k] += static_cast<double>(v[i + k]) * static_cast<double>(v[i + k]);
-    }
-  }
-  double sum = 0;
-  for (; i < n; ++i) sum += static_cast<double>(v[i]) * static_cast<double>(v[i]);
-  for (double lane : lanes) sum += lane;
-  return sum;
-}
-
-double L2Norm(const Tensor& t) {
-  double sum = 0;
-  DispatchFloating(t.type(),
-                   [&](auto tag) { sum = SumOfSquares<typename decltype(tag)::type>(t.bytes()); });
-  return std::sqrt(sum);
-}
-
 v1::ParamRef BlockRefOf(const std::string& name, uint32_t index, uint32_t count) {
   v1::ParamRef ref;
   ref.set_name(name);
@@ -725,7 +699,7 @@ std::vector<GradientView> Client::GradientBlocks(const GradRef& ref,
   const std::optional<Layout> layout = FindLayout(grad.name);
   const bool clips = !layout.has_value() || layout->clips_by_norm;
   if (blocks.size() > 1 && clips && IsFloatingPoint(grad.tensor.type())) {
-    norm = L2Norm(grad.tensor);
+    norm = L2Norm(grad.tensor.type(), grad.tensor.bytes());
   }
   std::vector<GradientView> views;
   for (const BlockSpec& b : blocks) {

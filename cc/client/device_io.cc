@@ -14,33 +14,6 @@
 namespace pserver {
 namespace {
 
-// As the Client's L2Norm (client.cc): the same eight lanes in the same
-// order, so a device push clips exactly as a host push of the same values.
-template <typename T>
-double SumOfSquares(const char* bytes, size_t size) {
-  const T* v = reinterpret_cast<const T*>(bytes);
-  const size_t n = size / sizeof(T);
-  constexpr size_t kLanes = 8;
-  double lanes[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (size_t k = 0; k < kLanes; ++k) {
-      lanes[k] += static_cast<double>(v[i + k]) * static_cast<double>(v[i + k]);
-    }
-  }
-  double sum = 0;
-  for (; i < n; ++i) sum += static_cast<double>(v[i]) * static_cast<double>(v[i]);
-  for (double lane : lanes) sum += lane;
-  return sum;
-}
-
-double L2Norm(ElementType type, const char* bytes, size_t size) {
-  double sum = 0;
-  DispatchFloating(
-      type, [&](auto tag) { sum = SumOfSquares<typename decltype(tag)::type>(bytes, size); });
-  return std::sqrt(sum);
-}
-
 class PinnedStaging : public StagingBuffer {
  public:
   explicit PinnedStaging(cuda::PinnedBuffer buffer) : buffer_(std::move(buffer)) {}
@@ -321,7 +294,7 @@ absl::Status DeviceIo::Transfer(Mode mode, const std::string& name, const Client
       if (status.ok()) status = waited;
     }
     PS_RETURN_IF_ERROR(status);
-    norm = L2Norm(layout.type, whole, total);
+    norm = L2Norm(layout.type, absl::string_view(whole, total));
   }
 
   // Slot s (and lane s) serves chunks s, s + depth, ...: its staging is

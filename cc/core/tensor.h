@@ -41,13 +41,18 @@ absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape);
 // "[2, 3]"
 std::string ShapeString(absl::Span<const int64_t> shape);
 
+// The L2 norm of `bytes` read as values of a floating `type` (0 for other
+// types), summed in double over eight lanes in a fixed order: every caller
+// (the client's host and device pushes) gets the same bits for the same
+// values, so split gradients clip alike.
+double L2Norm(ElementType type, absl::string_view bytes);
+
 class Tensor {
  public:
   Tensor() = default;
 
   // Checks that `bytes` holds exactly the elements `shape` asks for.
-  static absl::StatusOr<Tensor> Create(ElementType type, Shape shape,
-                                       std::string bytes);
+  static absl::StatusOr<Tensor> Create(ElementType type, Shape shape, std::string bytes);
 
   static absl::StatusOr<Tensor> Zeros(ElementType type, Shape shape);
 
@@ -62,14 +67,12 @@ class Tensor {
       shape = {static_cast<int64_t>(values.size())};
     }
     t.shape_ = std::move(shape);
-    t.bytes_.assign(reinterpret_cast<const char*>(values.data()),
-                    values.size() * sizeof(T));
+    t.bytes_.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
     return t;
   }
   template <typename T>
   static Tensor FromValues(Shape shape, std::initializer_list<T> values) {
-    return FromValues<T>(std::move(shape),
-                         absl::Span<const T>(values.begin(), values.size()));
+    return FromValues<T>(std::move(shape), absl::Span<const T>(values.begin(), values.size()));
   }
   template <typename T>
   static Tensor FromValues(Shape shape, const std::vector<T>& values) {
@@ -97,8 +100,7 @@ class Tensor {
   template <typename T>
   absl::Span<T> mutable_values() {
     if (kElementTypeOf<T> != type_) return {};
-    return absl::Span<T>(reinterpret_cast<T*>(bytes_.data()),
-                         bytes_.size() / sizeof(T));
+    return absl::Span<T>(reinterpret_cast<T*>(bytes_.data()), bytes_.size() / sizeof(T));
   }
   template <typename T>
   std::vector<T> ToVector() const {

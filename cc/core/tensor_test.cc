@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <cmath>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -337,6 +338,21 @@ TEST(ElementTypeTest, DispatchFloatingOnlyFloats) {
   EXPECT_FALSE(DispatchFloating(v1::INT32, [&](auto) { ++calls; }));
   EXPECT_FALSE(DispatchFloating(v1::FLOAT16, [&](auto) { ++calls; }));
   EXPECT_EQ(calls, 2);
+}
+
+TEST(L2NormTest, SumsSquaresOfFloatingValuesOnly) {
+  const std::vector<float> f = {3, 4};
+  EXPECT_DOUBLE_EQ(L2Norm(v1::FLOAT32, absl::string_view(reinterpret_cast<const char*>(f.data()),
+                                                         f.size() * sizeof(float))),
+                   5.0);
+  std::vector<double> d(20, 0.5);  // more than the eight lanes
+  EXPECT_DOUBLE_EQ(L2Norm(v1::FLOAT64, absl::string_view(reinterpret_cast<const char*>(d.data()),
+                                                         d.size() * sizeof(double))),
+                   std::sqrt(5.0));
+  const std::vector<int32_t> i = {3, 4};
+  EXPECT_EQ(L2Norm(v1::INT32, absl::string_view(reinterpret_cast<const char*>(i.data()),
+                                                i.size() * sizeof(int32_t))),
+            0.0);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Turns runtime.h error codes into absl::Status. Internal to cc/cuda.
+// Turns CUDA runtime error codes (cudaError_t as an int, or kNotBuilt from
+// a build without CUDA) into absl::Status, for cc/cuda and its subpackages.
 #ifndef PSERVER_CC_CUDA_CUDA_STATUS_H_
 #define PSERVER_CC_CUDA_CUDA_STATUS_H_
 

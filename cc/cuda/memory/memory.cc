@@ -4,21 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
+#include "cc/cuda/cuda_status.h"
 #include "cc/cuda/memory/memory_runtime.h"
 
 namespace pserver {
 namespace cuda {
 namespace {
-
-// As cc/cuda/cuda_status.h's CudaStatus (private to //cc/cuda:cuda).
-absl::Status RuntimeStatus(int code, absl::string_view what) {
-  if (code == 0) return absl::OkStatus();
-  std::string message =
-      absl::StrCat(what, ": ", memrt::ErrorString(code), " (", memrt::ErrorName(code), ")");
-  if (memrt::IsNoDeviceError(code)) return absl::UnavailableError(message);
-  if (memrt::IsInvalidValueError(code)) return absl::InvalidArgumentError(message);
-  return absl::InternalError(message);
-}
 
 std::string Describe(const PointerInfo& info) {
   if (info.device < 0) return MemoryKindName(info.kind);
@@ -45,7 +36,7 @@ absl::StatusOr<PointerInfo> GetPointerInfo(const void* ptr) {
   int type = memrt::kMemoryUnregistered;
   int device = -1;
   PS_RETURN_IF_ERROR(
-      RuntimeStatus(memrt::PointerGetAttributes(ptr, &type, &device), "cudaPointerGetAttributes"));
+      CudaStatus(memrt::PointerGetAttributes(ptr, &type, &device), "cudaPointerGetAttributes"));
   PointerInfo info;
   info.device = device;
   switch (type) {
@@ -85,20 +76,20 @@ absl::Status CheckDeviceRange(const void* ptr, size_t bytes, int device) {
 }
 
 absl::Status SynchronizeDevice(int device) {
-  return RuntimeStatus(memrt::DeviceSynchronize(device),
-                       absl::StrCat("cudaDeviceSynchronize on cuda:", device));
+  return CudaStatus(memrt::DeviceSynchronize(device),
+                    absl::StrCat("cudaDeviceSynchronize on cuda:", device));
 }
 
 absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes, const Stream& stream) {
   if (bytes == 0) return absl::OkStatus();
-  return RuntimeStatus(memrt::MemcpyAsync(dst, src, bytes, /*to_host=*/true, stream.native()),
-                       absl::StrCat("cudaMemcpyAsync (device to host, ", bytes, " bytes)"));
+  return CudaStatus(memrt::MemcpyAsync(dst, src, bytes, /*to_host=*/true, stream.native()),
+                    absl::StrCat("cudaMemcpyAsync (device to host, ", bytes, " bytes)"));
 }
 
 absl::Status CopyFromHostAsync(void* dst, const void* src, size_t bytes, const Stream& stream) {
   if (bytes == 0) return absl::OkStatus();
-  return RuntimeStatus(memrt::MemcpyAsync(dst, src, bytes, /*to_host=*/false, stream.native()),
-                       absl::StrCat("cudaMemcpyAsync (host to device, ", bytes, " bytes)"));
+  return CudaStatus(memrt::MemcpyAsync(dst, src, bytes, /*to_host=*/false, stream.native()),
+                    absl::StrCat("cudaMemcpyAsync (host to device, ", bytes, " bytes)"));
 }
 
 }  // namespace cuda

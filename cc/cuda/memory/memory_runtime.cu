@@ -7,36 +7,6 @@ namespace pserver {
 namespace cuda {
 namespace memrt {
 
-const char* ErrorName(int code) {
-  if (code == kNotBuilt) return "cudaErrorNotBuilt";
-  return cudaGetErrorName(static_cast<cudaError_t>(code));
-}
-
-const char* ErrorString(int code) {
-  if (code == kNotBuilt) return "built without CUDA";
-  return cudaGetErrorString(static_cast<cudaError_t>(code));
-}
-
-bool IsNoDeviceError(int code) {
-  switch (static_cast<cudaError_t>(code)) {
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInitializationError:
-    case cudaErrorStubLibrary:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-      return true;
-    default:
-      return code == kNotBuilt;
-  }
-}
-
-bool IsInvalidValueError(int code) {
-  return code == cudaErrorInvalidValue || code == cudaErrorInvalidDevice ||
-         code == cudaErrorInvalidDevicePointer;
-}
-
 int PointerGetAttributes(const void* ptr, int* memory_type, int* device) {
   *memory_type = kMemoryUnregistered;
   *device = -1;

@@ -21,11 +21,8 @@ constexpr int kMemoryHost = 1;
 constexpr int kMemoryDevice = 2;
 constexpr int kMemoryManaged = 3;
 
-// cudaGetErrorName / cudaGetErrorString, or the stub's "built without CUDA".
-const char* ErrorName(int code);
-const char* ErrorString(int code);
-bool IsNoDeviceError(int code);      // no driver, no device, driver too old, no CUDA
-bool IsInvalidValueError(int code);  // invalid value, device or device pointer
+// Error codes are cudaError_t values as ints (or kNotBuilt): cc/cuda's
+// CudaStatus (cuda_status.h) names and classifies them.
 
 // cudaPointerGetAttributes: *memory_type gets one of the values above and
 // *device the owning device (-1 for unregistered host memory). Returns a

@@ -6,13 +6,6 @@ namespace pserver {
 namespace cuda {
 namespace memrt {
 
-const char* ErrorName(int) { return "cudaErrorNotBuilt"; }
-const char* ErrorString(int) {
-  return "built without CUDA (no nvcc when pserver was built; see docs/cuda.md)";
-}
-bool IsNoDeviceError(int code) { return code == kNotBuilt; }
-bool IsInvalidValueError(int) { return false; }
-
 int PointerGetAttributes(const void*, int* memory_type, int* device) {
   *memory_type = kMemoryUnregistered;
   *device = -1;
