@@ -1,11 +1,11 @@
 #include "cc/core/tensor.h"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
-#include <cmath>
 #include <vector>
 
 #include "absl/status/status.h"
