@@ -402,6 +402,22 @@ class TextErrors : public google::protobuf::io::ErrorCollector {
 
 namespace pb = google::protobuf;
 
+// Parses `text` (protobuf text format) into *out, all or nothing:
+// INVALID_ARGUMENT naming the message type and the first error's place.
+absl::Status ParseText(const char* text, pb::Message* out) {
+  if (text == nullptr) return Null("text");
+  std::unique_ptr<pb::Message> parsed(out->New());
+  TextErrors errors;
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, parsed.get())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a ", out->GetTypeName(), " in text format: ", errors.message));
+  }
+  out->GetReflection()->Swap(out, parsed.get());
+  return absl::OkStatus();
+}
+
 const char* const kOptimizers[] = {"sgd", "adagrad", "adadelta", "rmsprop", "adam", "adamw", "add"};
 const char* const kSchedules[] = {"constant", "linear", "step", "cosine"};
 
@@ -793,17 +809,7 @@ void pserver_param_config_parse_text(pserver_param_config_t* config, const char*
                                      pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (config == nullptr) return Null("config");
-    if (text == nullptr) return Null("text");
-    pserver::v1::ParameterConfig parsed;
-    TextErrors errors;
-    google::protobuf::TextFormat::Parser parser;
-    parser.RecordErrorsTo(&errors);
-    if (!parser.ParseFromString(text, &parsed)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("not a pserver.v1.ParameterConfig in text format: ", errors.message));
-    }
-    config->rep = std::move(parsed);
-    return absl::OkStatus();
+    return ParseText(text, &config->rep);
   });
 }
 
@@ -1477,17 +1483,7 @@ void pserver_table_config_parse_text(pserver_table_config_t* config, const char*
                                      pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (config == nullptr) return Null("config");
-    if (text == nullptr) return Null("text");
-    pserver::v1::TableConfig parsed;
-    TextErrors errors;
-    google::protobuf::TextFormat::Parser parser;
-    parser.RecordErrorsTo(&errors);
-    if (!parser.ParseFromString(text, &parsed)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("not a pserver.v1.TableConfig in text format: ", errors.message));
-    }
-    config->rep = std::move(parsed);
-    return absl::OkStatus();
+    return ParseText(text, &config->rep);
   });
 }
 
