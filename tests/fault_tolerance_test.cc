@@ -65,6 +65,13 @@ bool WaitFor(Pred done, absl::Duration timeout) {
   return false;
 }
 
+// The trainers the server behind `stub` lists, within 10 s.
+grpc::Status ListWorkers(v1::ParameterServer::Stub& stub, v1::ListWorkersResponse* workers) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return stub.ListWorkers(&context, v1::ListWorkersRequest(), workers);
+}
+
 class FaultToleranceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -223,10 +230,8 @@ TEST_F(FaultToleranceTest, ServersReRegisterAfterEtcdRestartsAndKeepServing) {
   auto stub = v1::ParameterServer::NewStub(
       grpc::CreateChannel(a->address(), grpc::InsecureChannelCredentials()));
   {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     v1::ListWorkersResponse workers;
-    ASSERT_TRUE(stub->ListWorkers(&context, v1::ListWorkersRequest(), &workers).ok());
+    ASSERT_TRUE(ListWorkers(*stub, &workers).ok());
     ASSERT_EQ(workers.workers_size(), 1);
     EXPECT_EQ(workers.workers(0).id(), client->worker_id());
     EXPECT_EQ(workers.workers(0).pid(), getpid());
@@ -254,10 +259,8 @@ TEST_F(FaultToleranceTest, ServersReRegisterAfterEtcdRestartsAndKeepServing) {
   // The trainer registered again too.
   ASSERT_TRUE(WaitFor([&] { return client->worker_registrations() >= 2; }, absl::Seconds(20)));
   {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     v1::ListWorkersResponse workers;
-    ASSERT_TRUE(stub->ListWorkers(&context, v1::ListWorkersRequest(), &workers).ok());
+    ASSERT_TRUE(ListWorkers(*stub, &workers).ok());
     ASSERT_EQ(workers.workers_size(), 1);
     EXPECT_EQ(workers.workers(0).id(), client->worker_id());
   }

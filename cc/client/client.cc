@@ -42,40 +42,6 @@ absl::Status CheckName(const std::string& name) {
   return absl::OkStatus();
 }
 
-// Requests to one server, holding the indices of the items they carry.
-struct Batch {
-  int server;
-  std::vector<size_t> items;
-};
-
-// Groups items per server into batches of about `max_bytes` payload each (an
-// item larger than that travels alone), keeping the items' order.
-std::vector<Batch> PackBatches(absl::Span<const int> servers, absl::Span<const size_t> bytes,
-                               size_t max_bytes, int num_servers) {
-  std::vector<Batch> batches;
-  std::vector<int> open(num_servers, -1);
-  std::vector<size_t> open_bytes(num_servers, 0);
-  for (size_t i = 0; i < servers.size(); ++i) {
-    const int s = servers[i];
-    if (open[s] < 0 || open_bytes[s] + bytes[i] > max_bytes) {
-      open[s] = static_cast<int>(batches.size());
-      batches.push_back(Batch{s, {}});
-      open_bytes[s] = 0;
-    }
-    batches[open[s]].items.push_back(i);
-    open_bytes[s] += bytes[i];
-  }
-  return batches;
-}
-
-v1::ParamRef BlockRefOf(const std::string& name, uint32_t index, uint32_t count) {
-  v1::ParamRef ref;
-  ref.set_name(name);
-  ref.mutable_block()->set_index(index);
-  ref.mutable_block()->set_count(count);
-  return ref;
-}
-
 uint64_t RandomNonZero() {
   absl::BitGen gen;
   uint64_t v = 0;
@@ -175,6 +141,60 @@ struct Client::Exchange {
   std::vector<v1::ParamRef> refs;
   std::vector<size_t> slots;
 };
+
+std::vector<Client::Batch> Client::PackBatches(absl::Span<const int> servers,
+                                               absl::Span<const size_t> bytes, size_t max_bytes,
+                                               int num_servers) {
+  std::vector<Batch> batches;
+  std::vector<int> open(num_servers, -1);
+  std::vector<size_t> open_bytes(num_servers, 0);
+  for (size_t i = 0; i < servers.size(); ++i) {
+    const int s = servers[i];
+    if (open[s] < 0 || open_bytes[s] + bytes[i] > max_bytes) {
+      open[s] = static_cast<int>(batches.size());
+      batches.push_back(Batch{s, {}});
+      open_bytes[s] = 0;
+    }
+    batches[open[s]].items.push_back(i);
+    open_bytes[s] += bytes[i];
+  }
+  return batches;
+}
+
+GradientView Client::BlockGradient(absl::string_view name, ElementType type, const BlockSpec& b,
+                                   std::optional<double> norm, absl::string_view content) {
+  GradientView v;
+  v.name = name;
+  v.type = type;
+  v.block.set_index(b.index);
+  v.block.set_count(b.count);
+  v.block.set_offset(b.offset);
+  v.global_norm = norm;
+  v.content = content;
+  return v;
+}
+
+v1::ParamRef Client::BlockRef(const std::string& name, uint32_t index, uint32_t count) {
+  v1::ParamRef ref;
+  ref.set_name(name);
+  ref.mutable_block()->set_index(index);
+  ref.mutable_block()->set_count(count);
+  return ref;
+}
+
+absl::StatusOr<Client::Layout> Client::LayoutOf(const v1::Parameter& header,
+                                                const std::string& what) {
+  PS_RETURN_IF_ERROR(ValidateStorableType(header.element_type(), what));
+  Shape shape(header.shape().begin(), header.shape().end());
+  PS_ASSIGN_OR_RETURN(int64_t total, NumElements(shape));
+  return Layout{header.element_type(), std::move(shape), static_cast<uint64_t>(total),
+                std::max<uint32_t>(1, header.block().count()), header.clips_by_norm()};
+}
+
+absl::Status Client::RunOnEveryServer(const StartCall& start, absl::Time deadline) {
+  return RunWithRetries(
+      num_servers(), [](size_t i) { return static_cast<int>(i); }, start, deadline);
+}
 
 Client::Client(const ClientOptions& options, std::vector<std::unique_ptr<Transport>> transports)
     : options_(options),
@@ -481,8 +501,7 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
 }
 
 absl::Status Client::FinishInitParams(const CallOptions& call) {
-  return RunWithRetries(
-      num_servers(), [](size_t i) { return static_cast<int>(i); },
+  return RunOnEveryServer(
       [](size_t, Transport& t, absl::Time deadline, Transport::Done done) {
         t.FinishInitParams(deadline, std::move(done));
       },
@@ -491,8 +510,7 @@ absl::Status Client::FinishInitParams(const CallOptions& call) {
 
 absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions& call) {
   std::vector<v1::GetStatsResponse> responses(num_servers());
-  PS_RETURN_IF_ERROR(RunWithRetries(
-      responses.size(), [](size_t i) { return static_cast<int>(i); },
+  PS_RETURN_IF_ERROR(RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         responses[i].Clear();
         t.GetStats(&responses[i], deadline, std::move(done));
@@ -511,11 +529,7 @@ absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header, const 
   const std::string what = absl::StrCat("parameter '", a.name, "' from server ", from);
   if (!a.layout.has_value()) {
     // The first block of a parameter this client has not seen: learn its layout.
-    PS_RETURN_IF_ERROR(ValidateStorableType(header.element_type(), what));
-    Shape shape(header.shape().begin(), header.shape().end());
-    PS_ASSIGN_OR_RETURN(int64_t total, NumElements(shape));
-    Layout layout{header.element_type(), std::move(shape), static_cast<uint64_t>(total),
-                  std::max<uint32_t>(1, header.block().count()), header.clips_by_norm()};
+    PS_ASSIGN_OR_RETURN(Layout layout, LayoutOf(header, what));
     RememberLayout(a.name, layout);
     a.layout = std::move(layout);
     a.Prepare();
@@ -564,7 +578,7 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
   for (size_t i = 0; i < exchanges.size(); ++i) {
     if (exchanges[i].grads.empty()) continue;
     ids[i].client = client_id_;
-    ids[i].sequence = sequences_[exchanges[i].server].fetch_add(1) + 1;
+    ids[i].sequence = NextSequence(exchanges[i].server);
   }
   return RunWithRetries(
       exchanges.size(), [&](size_t i) { return exchanges[i].server; },
@@ -638,7 +652,7 @@ absl::Status Client::GetParamsInto(absl::Span<const std::string> names, absl::Sp
     for (uint32_t b = 0; b < layout.blocks; ++b) {
       if (parts[i].received[b]) continue;
       rest.push_back(Item{placement_.ServerOf(names[i], b), std::nullopt,
-                          BlockRefOf(names[i], b, layout.blocks), i, block_bytes});
+                          BlockRef(names[i], b, layout.blocks), i, block_bytes});
     }
   }
   PS_RETURN_IF_ERROR(Run(rest, parts, deadline, call.trace));
@@ -702,15 +716,11 @@ std::vector<GradientView> Client::GradientBlocks(const GradRef& ref,
     norm = L2Norm(grad.tensor.type(), grad.tensor.bytes());
   }
   std::vector<GradientView> views;
+  views.reserve(blocks.size());
   for (const BlockSpec& b : blocks) {
-    GradientView& v = views.emplace_back();
-    v.name = grad.name;
-    v.type = grad.tensor.type();
-    v.block.set_index(b.index);
-    v.block.set_count(b.count);
-    v.block.set_offset(b.offset);
-    v.global_norm = norm;
-    v.content = absl::string_view(grad.tensor.bytes()).substr(b.offset * esize, b.elements * esize);
+    views.push_back(BlockGradient(
+        grad.name, grad.tensor.type(), b, norm,
+        absl::string_view(grad.tensor.bytes()).substr(b.offset * esize, b.elements * esize)));
     servers->push_back(b.server);
   }
   return views;
@@ -780,7 +790,7 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
     for (size_t b = 0; b < views.size(); ++b) {
       items.push_back(
           Item{servers[b], views[b],
-               BlockRefOf(grad.name, static_cast<uint32_t>(b), static_cast<uint32_t>(views.size())),
+               BlockRef(grad.name, static_cast<uint32_t>(b), static_cast<uint32_t>(views.size())),
                i, 2 * views[b].content.size()});
     }
   }

@@ -45,6 +45,7 @@
 #include "absl/base/call_once.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -227,6 +228,24 @@ class Client {
   struct Assembly;
   struct Exchange;
   struct Item;
+  // Requests to one server, holding the indices of the items they carry.
+  struct Batch {
+    int server;
+    std::vector<size_t> items;
+  };
+  // Groups items (their servers and payload bytes) per server into batches
+  // of about `max_bytes` payload each (an item larger than that travels
+  // alone), keeping the items' order.
+  static std::vector<Batch> PackBatches(absl::Span<const int> servers,
+                                        absl::Span<const size_t> bytes, size_t max_bytes,
+                                        int num_servers);
+  // The view of gradient block `b`, whose bytes are `content`.
+  static GradientView BlockGradient(absl::string_view name, ElementType type, const BlockSpec& b,
+                                    std::optional<double> norm, absl::string_view content);
+  // A reference to block `index` of `count` of a parameter.
+  static v1::ParamRef BlockRef(const std::string& name, uint32_t index, uint32_t count);
+  // The layout a returned block's header describes; `what` names it in errors.
+  static absl::StatusOr<Layout> LayoutOf(const v1::Parameter& header, const std::string& what);
   // Borrowed forms of NamedTensor and ParamInit: the public single and
   // batched calls share one implementation without copying any tensor.
   struct GradRef {
@@ -254,6 +273,8 @@ class Client {
   absl::Status RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
                               const StartCall& start, absl::Time deadline,
                               TraceRecorder* trace = nullptr);
+  // RunWithRetries with one call per server: i is the server's index.
+  absl::Status RunOnEveryServer(const StartCall& start, absl::Time deadline);
   std::shared_ptr<Transport> TransportFor(int server) const;
   // etcd: finds the servers, watches them, registers the trainer.
   absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);

@@ -53,14 +53,6 @@ class CudaSpace : public MemorySpace {
   std::vector<cuda::Stream> streams_;
 };
 
-v1::ParamRef BlockRef(const std::string& name, uint32_t index, uint32_t count) {
-  v1::ParamRef ref;
-  ref.set_name(name);
-  ref.mutable_block()->set_index(index);
-  ref.mutable_block()->set_count(count);
-  return ref;
-}
-
 const char* ModeName(int mode) {
   return mode == 0 ? "device push" : mode == 1 ? "device pull" : "device push-pull";
 }
@@ -139,13 +131,9 @@ absl::StatusOr<Client::Layout> DeviceIo::FindOrLearnLayout(const std::string& na
       [&](size_t, Transport& t, absl::Time attempt_deadline, Transport::Done done) {
         Transport::BlockSink sink = [&, address = t.address()](const v1::Parameter& header,
                                                                const Segments&) {
-          const std::string what = absl::StrCat("parameter '", name, "' from server ", address);
-          PS_RETURN_IF_ERROR(ValidateStorableType(header.element_type(), what));
-          Shape shape(header.shape().begin(), header.shape().end());
-          PS_ASSIGN_OR_RETURN(int64_t total, NumElements(shape));
-          learned =
-              Client::Layout{header.element_type(), std::move(shape), static_cast<uint64_t>(total),
-                             std::max<uint32_t>(1, header.block().count()), header.clips_by_norm()};
+          PS_ASSIGN_OR_RETURN(
+              learned, Client::LayoutOf(
+                           header, absl::StrCat("parameter '", name, "' from server ", address)));
           return absl::OkStatus();
         };
         t.Pull(absl::MakeConstSpan(&ref, 1), std::move(sink), attempt_deadline, std::move(done),
@@ -390,39 +378,37 @@ absl::Status DeviceIo::ExchangeChunk(const std::string& name, const Client::Layo
                                      std::optional<double> norm, absl::Time deadline,
                                      TraceRecorder* trace) {
   const size_t esize = ElementSize(layout.type);
-  // One request per server and about max_request_bytes, as the Client's.
+  // One request per server and about max_request_bytes (Client::PackBatches).
   struct Request {
     int server = 0;
-    size_t bytes = 0;
     std::vector<GradientView> grads;
     std::vector<v1::ParamRef> refs;
     std::vector<const BlockSpec*> blocks;
     RequestId id;
   };
-  std::vector<Request> requests;
-  std::vector<int> open(client_->num_servers(), -1);
+  std::vector<int> servers;
+  std::vector<size_t> sizes;
+  servers.reserve(chunk.blocks.size());
+  sizes.reserve(chunk.blocks.size());
   for (const BlockSpec& b : chunk.blocks) {
-    const size_t bytes = b.elements * esize;
-    const size_t at = b.offset * esize - chunk.offset;  // in the staging slot
-    int& r = open[b.server];
-    if (r < 0 || requests[r].bytes + bytes > client_->options_.max_request_bytes) {
-      r = static_cast<int>(requests.size());
-      requests.emplace_back().server = b.server;
+    servers.push_back(b.server);
+    sizes.push_back(b.elements * esize);
+  }
+  std::vector<Request> requests;
+  for (const Client::Batch& batch : Client::PackBatches(
+           servers, sizes, client_->options_.max_request_bytes, client_->num_servers())) {
+    Request& request = requests.emplace_back();
+    request.server = batch.server;
+    for (size_t i : batch.items) {
+      const BlockSpec& b = chunk.blocks[i];
+      request.blocks.push_back(&b);
+      if (grad_stage != nullptr) {
+        const size_t at = b.offset * esize - chunk.offset;  // in the staging slot
+        request.grads.push_back(Client::BlockGradient(
+            name, layout.type, b, norm, absl::string_view(grad_stage + at, sizes[i])));
+      }
+      if (param_stage != nullptr) request.refs.push_back(Client::BlockRef(name, b.index, b.count));
     }
-    Request& request = requests[r];
-    request.bytes += bytes;
-    request.blocks.push_back(&b);
-    if (grad_stage != nullptr) {
-      GradientView& v = request.grads.emplace_back();
-      v.name = name;
-      v.type = layout.type;
-      v.block.set_index(b.index);
-      v.block.set_count(b.count);
-      v.block.set_offset(b.offset);
-      v.global_norm = norm;
-      v.content = absl::string_view(grad_stage + at, bytes);
-    }
-    if (param_stage != nullptr) request.refs.push_back(BlockRef(name, b.index, b.count));
   }
   for (Request& r : requests) {
     if (r.grads.empty()) continue;

@@ -32,7 +32,6 @@ absl::Status DeliverBlocks(const grpc::ByteBuffer& response, const Transport::Bl
   return absl::OkStatus();
 }
 
-// One raw call in flight.
 // Hands the server's times (trailing metadata of the bulk calls) to `trace`.
 void RecordServerTrace(const grpc::ClientContext& context, TraceRecorder& trace) {
   const auto& trailers = context.GetServerTrailingMetadata();
@@ -44,6 +43,7 @@ void RecordServerTrace(const grpc::ClientContext& context, TraceRecorder& trace)
   }
 }
 
+// One raw call in flight.
 struct RawCall {
   std::unique_ptr<grpc::ClientContext> context;
   grpc::ByteBuffer request;
@@ -147,12 +147,10 @@ void GrpcTransport::CallRaw(const char* method,
                             });
 }
 
+// Without an id (0: unset), a push is the id'd form.
 void GrpcTransport::Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done,
                          TraceRecorder* trace) {
-  CallRaw(
-      kSendGradsMethod,
-      [grads](PayloadLease* lease) { return EncodePushRequest(grads, {}, lease); }, nullptr,
-      deadline, std::move(done), trace);
+  PushWithId(RequestId{}, grads, deadline, std::move(done), trace);
 }
 
 void GrpcTransport::PushWithId(const RequestId& id, absl::Span<const GradientView> grads,
@@ -195,10 +193,7 @@ void GrpcTransport::Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, ab
 void GrpcTransport::PushPull(absl::Span<const GradientView> grads,
                              absl::Span<const v1::ParamRef> refs, BlockSink sink,
                              absl::Time deadline, Done done, TraceRecorder* trace) {
-  CallRaw(
-      kPushPullMethod,
-      [grads, refs](PayloadLease* lease) { return EncodePushRequest(grads, refs, lease); },
-      std::move(sink), deadline, std::move(done), trace);
+  PushPullWithId(RequestId{}, grads, refs, std::move(sink), deadline, std::move(done), trace);
 }
 
 void GrpcTransport::CreateTable(const v1::CreateTableRequest& request,

@@ -45,8 +45,7 @@ absl::StatusOr<Table> Table::Create(Client& client, std::string name, const v1::
   request.set_name(name);
   *request.mutable_config() = config;
   std::vector<v1::CreateTableResponse> responses(client.num_servers());
-  PS_RETURN_IF_ERROR(client.RunWithRetries(
-      responses.size(), [](size_t i) { return static_cast<int>(i); },
+  PS_RETURN_IF_ERROR(client.RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         t.CreateTable(request, &responses[i], deadline, std::move(done));
       },
@@ -197,8 +196,7 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
 absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call) const {
   const v1::TableStatsRequest request;
   std::vector<v1::TableStatsResponse> responses(client_->num_servers());
-  PS_RETURN_IF_ERROR(client_->RunWithRetries(
-      responses.size(), [](size_t i) { return static_cast<int>(i); },
+  PS_RETURN_IF_ERROR(client_->RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         t.TableStats(request, &responses[i], deadline, std::move(done));
       },
@@ -247,8 +245,7 @@ absl::StatusOr<int64_t> KvWorker::ClockOp(v1::ClockRequest::Op op, const CallOpt
   request.set_op(op);
   if (op == v1::ClockRequest::TICK) request.set_to(clock_ + 1);
   std::vector<v1::ClockResponse> responses(client.num_servers());
-  PS_RETURN_IF_ERROR(client.RunWithRetries(
-      responses.size(), [](size_t i) { return static_cast<int>(i); },
+  PS_RETURN_IF_ERROR(client.RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         t.Clock(request, &responses[i], deadline, std::move(done));
       },

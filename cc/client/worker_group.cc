@@ -57,8 +57,7 @@ absl::Status WorkerGroup::ServerBarrier(const CallOptions& call) {
   request.set_size(1);
   request.set_participant(participant_);
   std::vector<v1::BarrierResponse> responses(client_.num_servers());
-  return client_.RunWithRetries(
-      responses.size(), [](size_t i) { return static_cast<int>(i); },
+  return client_.RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         t.Barrier(request, &responses[i], deadline, std::move(done));
       },

@@ -217,7 +217,9 @@ void ExpectViewMatches(const v1::Gradient& want, const GradientView& got) {
   EXPECT_EQ(got.type, want.element_type());
   EXPECT_TRUE(ProtoEq(want.block(), got.block));
   ASSERT_EQ(got.global_norm.has_value(), want.has_global_norm());
-  if (want.has_global_norm()) EXPECT_EQ(*got.global_norm, want.global_norm());
+  if (want.has_global_norm()) {
+    EXPECT_EQ(*got.global_norm, want.global_norm());
+  }
   EXPECT_TRUE(SameBytes(want.content(), got.content));
   if (!got.content.empty()) {
     EXPECT_TRUE(Aligned(got.content, got.type))
@@ -234,7 +236,9 @@ void ExpectParsedMatches(const v1::Gradient& want, const v1::Gradient& got) {
   EXPECT_EQ(got.element_type(), want.element_type());
   EXPECT_TRUE(ProtoEq(want.block(), got.block()));
   ASSERT_EQ(got.has_global_norm(), want.has_global_norm());
-  if (want.has_global_norm()) EXPECT_EQ(got.global_norm(), want.global_norm());
+  if (want.has_global_norm()) {
+    EXPECT_EQ(got.global_norm(), want.global_norm());
+  }
   EXPECT_TRUE(SameBytes(want.content(), got.content()));
 }
 
@@ -360,8 +364,8 @@ TEST(EncodePushRequestTest, RequestIdParsesAndRoundTrips) {
       Counter released;
       PayloadLease* lease = PayloadLease::Create(released.Callback());
       {
-        const grpc::ByteBuffer push = EncodePushRequest(ViewsOf(grads), {}, lease, client_id,
-                                                        sequence);
+        const grpc::ByteBuffer push =
+            EncodePushRequest(ViewsOf(grads), {}, lease, client_id, sequence);
         v1::SendGradsRequest parsed;
         ASSERT_TRUE(parsed.ParseFromString(Flatten(push)));
         EXPECT_EQ(parsed.client_id(), client_id);

@@ -19,9 +19,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "cc/rpc/allocator.h"
 #include "absl/strings/str_split.h"
 #include "cc/cuda/device.h"
+#include "cc/rpc/allocator.h"
 #include "cc/server/server.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
@@ -33,14 +33,16 @@ ABSL_FLAG(double, shutdown_grace_seconds, 5,
 ABSL_FLAG(std::string, etcd, "",
           "etcd endpoints host:port[,host:port...]; the server then claims the lowest free "
           "index (--index is ignored) and registers there. Empty: no etcd.");
-ABSL_FLAG(std::string, cluster, "default", "Cluster name: etcd keys live under /pserver/<cluster>.");
+ABSL_FLAG(std::string, cluster, "default",
+          "Cluster name: etcd keys live under /pserver/<cluster>.");
 ABSL_FLAG(uint32_t, num_servers, 0,
           "Desired number of servers, written to etcd /ps_desired if that is absent.");
 ABSL_FLAG(double, lease_ttl, 5, "Seconds of the etcd lease the registration lives under.");
 ABSL_FLAG(double, register_timeout, 60,
           "Seconds to wait for etcd and for a free index at startup.");
-ABSL_FLAG(std::string, checkpoint_dir, "",
-          "Directory for checkpoints (shard i in <dir>/shard-<i>); loaded at startup. Empty: none.");
+ABSL_FLAG(
+    std::string, checkpoint_dir, "",
+    "Directory for checkpoints (shard i in <dir>/shard-<i>); loaded at startup. Empty: none.");
 ABSL_FLAG(double, checkpoint_interval, 0, "Seconds between periodic checkpoints; 0: none.");
 ABSL_FLAG(uint32_t, checkpoint_keep, 3, "Checkpoints kept per shard (older ones are deleted).");
 ABSL_FLAG(std::string, device, "cpu",
@@ -91,8 +93,8 @@ int main(int argc, char** argv) {
   }
   options.device = device->name;
   if (device_flag != "cpu") {
-    std::printf("pserver: --device=%s: using %s: %s%s\n", device_flag.c_str(),
-                device->name.c_str(), device->reason.c_str(),
+    std::printf("pserver: --device=%s: using %s: %s%s\n", device_flag.c_str(), device->name.c_str(),
+                device->reason.c_str(),
                 device->cuda ? " (dense float32 shards with sgd, adagrad, adam or adamw live "
                                "on the device; other blocks and tables in host memory)"
                              : "");
@@ -109,8 +111,7 @@ int main(int argc, char** argv) {
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::printf("pserver %u: %s received, shutting down\n", index,
-              strsignal(signal_number));
+  std::printf("pserver %u: %s received, shutting down\n", index, strsignal(signal_number));
   std::fflush(stdout);
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
   std::printf("pserver %u: stopped\n", index);

@@ -132,9 +132,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const bool staged = !options.etcd_endpoints.empty() || !options.checkpoint_dir.empty();
   if (staged) server->service_->SetServing(false);
 
+  // host:port, with an IPv6 host in brackets.
   const bool ipv6 = options.host.find(':') != std::string::npos;
-  const std::string listen = ipv6 ? absl::StrCat("[", options.host, "]:", options.port)
-                                  : absl::StrCat(options.host, ":", options.port);
+  auto host_port = [&](int port) {
+    return ipv6 ? absl::StrCat("[", options.host, "]:", port)
+                : absl::StrCat(options.host, ":", port);
+  };
+  const std::string listen = host_port(options.port);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
@@ -149,8 +153,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
   }
-  server->address_ = ipv6 ? absl::StrCat("[", options.host, "]:", server->port_)
-                          : absl::StrCat(options.host, ":", server->port_);
+  server->address_ = host_port(server->port_);
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
   if (!options.checkpoint_dir.empty()) PS_RETURN_IF_ERROR(server->LoadShard());
   if (device.has_value()) {

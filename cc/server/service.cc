@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -140,7 +141,9 @@ grpc::ServerUnaryReactor* ParameterServerService::GetParams(grpc::CallbackServer
     store_->CountRejected();
     return Finish(context, absl::InvalidArgumentError("malformed GetParamsRequest"), received);
   }
-  std::vector<v1::ParamRef> refs(parsed.params().begin(), parsed.params().end());
+  // Moved, not copied, out of the parsed request.
+  std::vector<v1::ParamRef> refs(std::make_move_iterator(parsed.mutable_params()->begin()),
+                                 std::make_move_iterator(parsed.mutable_params()->end()));
   return Finish(context, ReadParams(refs, response), received);
 }
 
