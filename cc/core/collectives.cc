@@ -83,10 +83,7 @@ std::string Reduce(const std::map<std::string, std::string, std::less<>>& contri
 }  // namespace
 
 struct Collectives::Slot {
-  Key key;
-  Kind kind;
-  std::string name;
-  uint64_t generation = 0;
+  Key key;  // kind, name, generation
   uint32_t size = 0;
   int waiters = 0;  // callers inside a call that waits on this slot
 
@@ -107,11 +104,14 @@ struct Collectives::Slot {
   absl::Time put_time;
   absl::flat_hash_set<std::string> got;
 
+  Kind kind() const { return std::get<Kind>(key); }
+
   std::string Describe() const {
-    const char* kind_name = kind == Kind::kBarrier     ? "barrier"
-                            : kind == Kind::kAllReduce ? "all-reduce"
-                                                       : "broadcast";
-    return absl::StrCat(kind_name, " '", name, "' round ", generation);
+    const char* kind_name = kind() == Kind::kBarrier     ? "barrier"
+                            : kind() == Kind::kAllReduce ? "all-reduce"
+                                                         : "broadcast";
+    return absl::StrCat(kind_name, " '", std::get<std::string>(key), "' round ",
+                        std::get<uint64_t>(key));
   }
 };
 
@@ -119,29 +119,30 @@ Collectives::Collectives(Options options) : options_(options) {}
 
 Collectives::~Collectives() = default;
 
-Collectives::Slot* Collectives::FindOrCreate(Kind kind, absl::string_view name,
-                                             uint64_t generation, uint32_t size) {
+absl::StatusOr<Collectives::Slot*> Collectives::FindOrCreate(Kind kind, absl::string_view name,
+                                                             uint64_t generation, uint32_t size) {
   Key key(kind, std::string(name), generation);
   auto [it, inserted] = slots_.try_emplace(key);
   if (inserted) {
     auto slot = std::make_unique<Slot>();
     slot->key = std::move(key);
-    slot->kind = kind;
-    slot->name = std::string(name);
-    slot->generation = generation;
     slot->size = size;
     it->second = std::move(slot);
   }
-  return it->second.get();
+  Slot* slot = it->second.get();
+  if (slot->size != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(slot->Describe(), " has size ", slot->size, ", got ", size));
+  }
+  return slot;
 }
 
 void Collectives::MaybeFree(Slot* slot) {
   if (slot->waiters > 0) return;
   // A barrier or all-reduce without waiters is either complete and delivered
   // to all, or abandoned by all: its arrivals were withdrawn.
-  if (slot->kind == Kind::kBroadcast && slot->has_data && !shutdown_ &&
-      slot->got.size() + 1 < slot->size &&
-      absl::Now() < slot->put_time + options_.broadcast_ttl) {
+  if (slot->kind() == Kind::kBroadcast && slot->has_data && !shutdown_ &&
+      slot->got.size() + 1 < slot->size && absl::Now() < slot->put_time + options_.broadcast_ttl) {
     return;  // unread data, not yet expired
   }
   slots_.erase(slot->key);
@@ -172,25 +173,20 @@ absl::Status Collectives::Barrier(absl::string_view name, uint64_t generation, u
   absl::MutexLock lock(&mu_);
   if (shutdown_) return ShuttingDown();
   DropExpired(absl::Now());
-  Slot* slot = FindOrCreate(Kind::kBarrier, name, generation, size);
-  if (slot->size != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(slot->Describe(), " has size ", slot->size, ", got ", size));
-  }
+  PS_ASSIGN_OR_RETURN(Slot * slot, FindOrCreate(Kind::kBarrier, name, generation, size));
   if (slot->arrived.count(participant) > 0) {
-    return absl::AlreadyExistsError(absl::StrCat("participant '", participant,
-                                                 "' has already arrived at ", slot->Describe()));
+    return absl::AlreadyExistsError(
+        absl::StrCat("participant '", participant, "' has already arrived at ", slot->Describe()));
   }
   if (slot->complete) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        slot->Describe(), " is already complete; '", participant, "' is one too many"));
+    return absl::FailedPreconditionError(absl::StrCat(slot->Describe(), " is already complete; '",
+                                                      participant, "' is one too many"));
   }
   slot->arrived.emplace(std::string(participant), std::string());
   if (slot->arrived.size() == size) slot->complete = true;
   ++slot->waiters;
-  auto done = [this, slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return slot->complete || shutdown_;
-  };
+  auto done = [this, slot]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slot->complete || shutdown_; };
   mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
   absl::Status status;
   if (!slot->complete) {
@@ -220,27 +216,22 @@ absl::Status Collectives::AllReduce(absl::string_view name, uint64_t generation,
   PS_RETURN_IF_ERROR(ValidateStorableType(type, what));
   const size_t element_size = ElementSize(type);
   if (data.size() % element_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", data.size(), " bytes from '", participant,
-                     "' are not a whole number of ", ElementTypeName(type), " elements (",
-                     element_size, " bytes each)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", data.size(), " bytes from '", participant, "' are not a whole number of ",
+        ElementTypeName(type), " elements (", element_size, " bytes each)"));
   }
 
   absl::MutexLock lock(&mu_);
   if (shutdown_) return ShuttingDown();
   DropExpired(absl::Now());
-  Slot* slot = FindOrCreate(Kind::kAllReduce, name, generation, size);
-  if (slot->size != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(slot->Describe(), " has size ", slot->size, ", got ", size));
-  }
+  PS_ASSIGN_OR_RETURN(Slot * slot, FindOrCreate(Kind::kAllReduce, name, generation, size));
   if (slot->arrived.count(participant) > 0) {
     return absl::AlreadyExistsError(absl::StrCat(
         "participant '", participant, "' has already contributed to ", slot->Describe()));
   }
   if (slot->complete) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        slot->Describe(), " is already complete; '", participant, "' is one too many"));
+    return absl::FailedPreconditionError(absl::StrCat(slot->Describe(), " is already complete; '",
+                                                      participant, "' is one too many"));
   }
   if (slot->arrived.empty()) {
     // The first contribution (or the first after all were withdrawn) sets
@@ -249,13 +240,13 @@ absl::Status Collectives::AllReduce(absl::string_view name, uint64_t generation,
     slot->op = op;
     slot->bytes = data.size();
   } else if (slot->type != type) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(slot->Describe(), ": '", participant, "' sent ", ElementTypeName(type),
-                     " data, the round's is ", ElementTypeName(slot->type)));
+    return absl::InvalidArgumentError(absl::StrCat(slot->Describe(), ": '", participant, "' sent ",
+                                                   ElementTypeName(type), " data, the round's is ",
+                                                   ElementTypeName(slot->type)));
   } else if (slot->bytes != data.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(slot->Describe(), ": '", participant, "' sent ", data.size(),
-                     " bytes, the round's chunk is ", slot->bytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(slot->Describe(), ": '", participant, "' sent ",
+                                                   data.size(), " bytes, the round's chunk is ",
+                                                   slot->bytes, " bytes"));
   } else if (slot->op != op) {
     return absl::InvalidArgumentError(absl::StrCat(slot->Describe(), ": '", participant,
                                                    "' asked for the ", OpName(op),
@@ -276,18 +267,17 @@ absl::Status Collectives::AllReduce(absl::string_view name, uint64_t generation,
     slot->complete = true;
   }
   ++slot->waiters;
-  auto done = [this, slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return slot->complete || shutdown_;
-  };
+  auto done = [this, slot]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slot->complete || shutdown_; };
   mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
   absl::Status status;
   if (slot->complete) {
     *out = slot->result;
   } else {
     status = shutdown_ ? ShuttingDown()
-                       : absl::DeadlineExceededError(absl::StrCat(
-                             slot->Describe(), ": ", slot->arrived.size(), " of ", size,
-                             " contributed (", ListKeys(slot->arrived), ")"));
+                       : absl::DeadlineExceededError(
+                             absl::StrCat(slot->Describe(), ": ", slot->arrived.size(), " of ",
+                                          size, " contributed (", ListKeys(slot->arrived), ")"));
     slot->arrived.erase(slot->arrived.find(participant));
   }
   --slot->waiters;
@@ -295,8 +285,8 @@ absl::Status Collectives::AllReduce(absl::string_view name, uint64_t generation,
   return status;
 }
 
-absl::Status Collectives::BroadcastPut(absl::string_view name, uint64_t generation,
-                                       uint32_t size, absl::string_view data) {
+absl::Status Collectives::BroadcastPut(absl::string_view name, uint64_t generation, uint32_t size,
+                                       absl::string_view data) {
   if (size == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast '", name, "' round ", generation, ": size must be at least 1"));
@@ -306,11 +296,7 @@ absl::Status Collectives::BroadcastPut(absl::string_view name, uint64_t generati
   const absl::Time now = absl::Now();
   DropExpired(now);
   if (size == 1) return absl::OkStatus();  // the root alone: nobody to read it
-  Slot* slot = FindOrCreate(Kind::kBroadcast, name, generation, size);
-  if (slot->size != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(slot->Describe(), " has size ", slot->size, ", got ", size));
-  }
+  PS_ASSIGN_OR_RETURN(Slot * slot, FindOrCreate(Kind::kBroadcast, name, generation, size));
   if (slot->has_data) {
     return absl::AlreadyExistsError(
         absl::StrCat(slot->Describe(), " already has data from the root"));
@@ -322,32 +308,27 @@ absl::Status Collectives::BroadcastPut(absl::string_view name, uint64_t generati
   return absl::OkStatus();
 }
 
-absl::Status Collectives::BroadcastGet(absl::string_view name, uint64_t generation,
-                                       uint32_t size, absl::string_view participant,
-                                       std::string* out, absl::Time deadline) {
+absl::Status Collectives::BroadcastGet(absl::string_view name, uint64_t generation, uint32_t size,
+                                       absl::string_view participant, std::string* out,
+                                       absl::Time deadline) {
   const std::string what = absl::StrCat("broadcast '", name, "' round ", generation);
   if (size < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": size must be at least 2 (the root and a reader), got ", size));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": size must be at least 2 (the root and a reader), got ", size));
   }
   if (participant.empty()) return absl::InvalidArgumentError(what + ": participant is empty");
   if (out == nullptr) return absl::InvalidArgumentError(what + ": no output buffer");
   absl::MutexLock lock(&mu_);
   if (shutdown_) return ShuttingDown();
   DropExpired(absl::Now());
-  Slot* slot = FindOrCreate(Kind::kBroadcast, name, generation, size);
-  if (slot->size != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(slot->Describe(), " has size ", slot->size, ", got ", size));
-  }
+  PS_ASSIGN_OR_RETURN(Slot * slot, FindOrCreate(Kind::kBroadcast, name, generation, size));
   if (slot->got.contains(participant)) {
     return absl::AlreadyExistsError(
         absl::StrCat("participant '", participant, "' has already got ", slot->Describe()));
   }
   ++slot->waiters;
-  auto done = [this, slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return slot->has_data || shutdown_;
-  };
+  auto done = [this, slot]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slot->has_data || shutdown_; };
   mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
   absl::Status status;
   if (slot->has_data) {

@@ -45,6 +45,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -94,9 +95,8 @@ class Collectives {
   // "all-reduce 'g' round 2: 3 of 4 contributed (w0, w1, w2)", and the
   // caller's contribution is withdrawn.
   absl::Status AllReduce(absl::string_view name, uint64_t generation, uint32_t size,
-                         absl::string_view participant, ElementType type,
-                         absl::string_view data, ReduceOp op, std::string* out,
-                         absl::Time deadline);
+                         absl::string_view participant, ElementType type, absl::string_view data,
+                         ReduceOp op, std::string* out, absl::Time deadline);
 
   // The root's half of a broadcast to `size` participants (the root and
   // size - 1 readers): stores `data` for the readers and returns at once.
@@ -113,8 +113,7 @@ class Collectives {
   // deadline: DEADLINE_EXCEEDED "broadcast 'x' round 2: no data from the root
   // yet".
   absl::Status BroadcastGet(absl::string_view name, uint64_t generation, uint32_t size,
-                            absl::string_view participant, std::string* out,
-                            absl::Time deadline);
+                            absl::string_view participant, std::string* out, absl::Time deadline);
 
   // Rounds in progress (with a caller waiting, or broadcast data unread).
   size_t open_slots() const;
@@ -128,9 +127,10 @@ class Collectives {
   struct Slot;
   using Key = std::tuple<Kind, std::string, uint64_t>;
 
-  // The round's slot, created empty if there is none.
-  Slot* FindOrCreate(Kind kind, absl::string_view name, uint64_t generation, uint32_t size)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The round's slot, created empty if there is none; INVALID_ARGUMENT if the
+  // round has another size.
+  absl::StatusOr<Slot*> FindOrCreate(Kind kind, absl::string_view name, uint64_t generation,
+                                     uint32_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the slot if no caller waits on it and it has nothing left to give.
   void MaybeFree(Slot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropExpired(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

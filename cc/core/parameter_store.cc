@@ -15,22 +15,16 @@ namespace {
 constexpr char kAlreadyInitialized[] = "pserver already initialized";
 constexpr char kNotInitialized[] = "pserver not fully initialized";
 
-uint32_t BlockCount(const v1::BlockRef& block) {
-  return block.count() == 0 ? 1 : block.count();
-}
+uint32_t BlockCount(const v1::BlockRef& block) { return block.count() == 0 ? 1 : block.count(); }
 
-bool BlockIndexInRange(const v1::BlockRef& block) {
-  return block.index() < BlockCount(block);
-}
+bool BlockIndexInRange(const v1::BlockRef& block) { return block.index() < BlockCount(block); }
 
 absl::Status BlockIndexError(const std::string& what, const v1::BlockRef& block) {
   return absl::InvalidArgumentError(absl::StrCat(
-      what, ": block index ", block.index(), " is not below the block count ",
-      BlockCount(block)));
+      what, ": block index ", block.index(), " is not below the block count ", BlockCount(block)));
 }
 
 // Validates the block layout of a parameter being initialized.
-
 absl::Status CheckLayout(const std::string& what, int64_t total, int64_t elements,
                          const v1::BlockRef& block) {
   if (!BlockIndexInRange(block)) return BlockIndexError(what, block);
@@ -43,24 +37,23 @@ absl::Status CheckLayout(const std::string& what, int64_t total, int64_t element
         what, ": an unsplit parameter starts at element 0, got offset ", block.offset()));
   }
   if (count == 1 && elements != total) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": content holds ", elements, " elements, the shape needs ", total));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": content holds ", elements, " elements, the shape needs ", total));
   }
   if (block.offset() > static_cast<uint64_t>(total) ||
       static_cast<uint64_t>(elements) > static_cast<uint64_t>(total) - block.offset()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": elements [", block.offset(), ", ", block.offset() + elements,
-        ") lie outside the parameter's ", total, " elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": elements [", block.offset(), ", ", block.offset() + elements,
+                     ") lie outside the parameter's ", total, " elements"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-std::string DescribeBlock(const std::string& name, const v1::BlockRef& block) {
+std::string DescribeBlock(absl::string_view name, const v1::BlockRef& block) {
   if (BlockCount(block) <= 1) return absl::StrCat("parameter '", name, "'");
-  return absl::StrCat("parameter '", name, "' block ", block.index(), " of ",
-                      BlockCount(block));
+  return absl::StrCat("parameter '", name, "' block ", block.index(), " of ", BlockCount(block));
 }
 
 // Layout fields never change after Init; the storage (values and optimizer)
@@ -87,10 +80,10 @@ absl::Status ParameterStore::Reject(absl::Status status) {
   return status;
 }
 
-ParameterStore::Block* ParameterStore::Find(const std::string& name,
-                                            uint32_t index) const {
+ParameterStore::Block* ParameterStore::Find(absl::string_view name, uint32_t index) const {
+  const Key key(std::string(name), index);
   absl::ReaderMutexLock lock(&mu_);
-  auto it = blocks_.find(Key(name, index));
+  auto it = blocks_.find(key);
   return it == blocks_.end() ? nullptr : it->second.get();
 }
 
@@ -131,9 +124,8 @@ absl::Status ParameterStore::Init(v1::Parameter param, const v1::ParameterConfig
   spec.num_elements = elements;
   spec.config = config;
   absl::StatusOr<std::unique_ptr<BlockStorage>> storage =
-      options_.storage_factory
-          ? options_.storage_factory(spec, std::move(*param.mutable_content()))
-          : MakeHostBlockStorage(spec, std::move(*param.mutable_content()));
+      options_.storage_factory ? options_.storage_factory(spec, std::move(*param.mutable_content()))
+                               : MakeHostBlockStorage(spec, std::move(*param.mutable_content()));
   if (storage.ok() && *storage == nullptr) {
     storage = absl::InternalError("the block storage factory returned no storage");
   }
@@ -162,8 +154,8 @@ absl::Status ParameterStore::Init(v1::Parameter param, const v1::ParameterConfig
   }
   auto [it, inserted] = blocks_.try_emplace(Key(block->name, block->ref.index()), nullptr);
   if (!inserted) {
-    return Reject(absl::AlreadyExistsError(absl::StrCat(
-        kAlreadyInitialized, ": ", what, " was initialized by an earlier InitParam")));
+    return Reject(absl::AlreadyExistsError(
+        absl::StrCat(kAlreadyInitialized, ": ", what, " was initialized by an earlier InitParam")));
   }
   it->second = std::move(block);
   return absl::OkStatus();
@@ -175,9 +167,8 @@ void ParameterStore::FinishInit() {
 }
 
 absl::Status ParameterStore::Get(const v1::ParamRef& ref, v1::Parameter* out) {
-  return Read(ref, out, [out](absl::string_view bytes) {
-    out->set_content(bytes.data(), bytes.size());
-  });
+  return Read(ref, out,
+              [out](absl::string_view bytes) { out->set_content(bytes.data(), bytes.size()); });
 }
 
 absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
@@ -189,14 +180,14 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
   }
   Block* block = Find(ref.name(), layout_known ? ref.block().index() : 0);
   if (block == nullptr) {
-    return Reject(absl::NotFoundError(absl::StrCat(
-        DescribeBlock(ref.name(), ref.block()), " not found on this server")));
+    return Reject(absl::NotFoundError(
+        absl::StrCat(DescribeBlock(ref.name(), ref.block()), " not found on this server")));
   }
   if (layout_known && ref.block().count() != block->ref.count()) {
-    return Reject(absl::InvalidArgumentError(absl::StrCat(
-        "parameter '", ref.name(), "' is stored as ", block->ref.count(),
-        " blocks, the request assumes ", ref.block().count(),
-        ": every client of a cluster must use the same block size")));
+    return Reject(absl::InvalidArgumentError(
+        absl::StrCat("parameter '", ref.name(), "' is stored as ", block->ref.count(),
+                     " blocks, the request assumes ", ref.block().count(),
+                     ": every client of a cluster must use the same block size")));
   }
   out->set_name(block->name);
   out->set_element_type(block->type);
@@ -225,9 +216,8 @@ GradientView GradientView::Of(const v1::Gradient& grad) {
   return view;
 }
 
-absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(
-    const GradientView& grad) {
-  const std::string name(grad.name);
+absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(const GradientView& grad) {
+  const absl::string_view name = grad.name;
   // Error messages only: built when one is returned, not for every gradient.
   auto what = [&] { return absl::StrCat("gradient for ", DescribeBlock(name, grad.block)); };
   if (!BlockIndexInRange(grad.block)) return BlockIndexError(what(), grad.block);
@@ -236,29 +226,28 @@ absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(
     return absl::NotFoundError(
         absl::StrCat(DescribeBlock(name, grad.block), " not found on this server"));
   }
-  if (BlockCount(grad.block) != block->ref.count() ||
-      grad.block.offset() != block->ref.offset()) {
+  if (BlockCount(grad.block) != block->ref.count() || grad.block.offset() != block->ref.offset()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": the server holds it as block ", block->ref.index(), " of ",
-        block->ref.count(), " at element ", block->ref.offset(), ", the request says ",
-        grad.block.index(), " of ", BlockCount(grad.block), " at element ",
-        grad.block.offset(), ": every client of a cluster must use the same block size"));
+        what(), ": the server holds it as block ", block->ref.index(), " of ", block->ref.count(),
+        " at element ", block->ref.offset(), ", the request says ", grad.block.index(), " of ",
+        BlockCount(grad.block), " at element ", grad.block.offset(),
+        ": every client of a cluster must use the same block size"));
   }
   if (grad.type != block->type) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": element type ", ElementTypeName(grad.type), " received, ",
-        ElementTypeName(block->type), " expected"));
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": element type ",
+                                                   ElementTypeName(grad.type), " received, ",
+                                                   ElementTypeName(block->type), " expected"));
   }
   const size_t want = static_cast<size_t>(block->num_elements) * ElementSize(block->type);
   if (grad.content.size() != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": ", grad.content.size(), " bytes received, ", want, " expected (",
-        block->num_elements, " ", ElementTypeName(block->type), " values)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), ": ", grad.content.size(), " bytes received, ", want, " expected (",
+                     block->num_elements, " ", ElementTypeName(block->type), " values)"));
   }
   if (grad.global_norm.has_value() &&
       !(std::isfinite(*grad.global_norm) && *grad.global_norm >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": global_norm must be finite and >= 0, got ", *grad.global_norm));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), ": global_norm must be finite and >= 0, got ", *grad.global_norm));
   }
   {
     absl::ReaderMutexLock lock(&block->mu);
@@ -295,8 +284,8 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads
     if (!status.ok()) {
       gradients_applied_.fetch_add(i, std::memory_order_relaxed);
       return Reject(absl::Status(
-          status.code(), absl::StrCat("gradient for ", DescribeBlock(block->name, block->ref),
-                                      ": ", status.message())));
+          status.code(), absl::StrCat("gradient for ", DescribeBlock(block->name, block->ref), ": ",
+                                      status.message())));
     }
   }
   gradients_applied_.fetch_add(grads.size(), std::memory_order_relaxed);
@@ -330,7 +319,6 @@ ParameterStore::Stats ParameterStore::GetStats() const {
   }
   return stats;
 }
-
 
 StoreSnapshot ParameterStore::Snapshot() const {
   absl::StatusOr<StoreSnapshot> snapshot = TakeSnapshot();
@@ -369,8 +357,8 @@ absl::StatusOr<StoreSnapshot> ParameterStore::TakeSnapshot() const {
         read.ok() ? block->storage->ExportState() : absl::StatusOr<OptimizerState>(read);
     if (!state.ok()) {
       return absl::Status(state.status().code(),
-                          absl::StrCat("snapshot of ", DescribeBlock(block->name, block->ref),
-                                       ": ", state.status().message()));
+                          absl::StrCat("snapshot of ", DescribeBlock(block->name, block->ref), ": ",
+                                       state.status().message()));
     }
     out.optimizer = *std::move(state);
   }
@@ -399,8 +387,7 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
     param.set_content(std::move(block.content));
     absl::Status status = staging.Init(std::move(param), block.config);
     if (status.code() == absl::StatusCode::kAlreadyExists) {
-      return Reject(absl::InvalidArgumentError(
-          absl::StrCat("snapshot holds ", what, " twice")));
+      return Reject(absl::InvalidArgumentError(absl::StrCat("snapshot holds ", what, " twice")));
     }
     if (!status.ok()) {
       return Reject(absl::Status(status.code(), absl::StrCat("restore: ", status.message())));
@@ -409,8 +396,8 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
     absl::MutexLock lock(&restored->mu);
     absl::Status imported = restored->storage->ImportState(block.optimizer);
     if (!imported.ok()) {
-      return Reject(absl::Status(imported.code(),
-                                 absl::StrCat("restore: ", what, ": ", imported.message())));
+      return Reject(
+          absl::Status(imported.code(), absl::StrCat("restore: ", what, ": ", imported.message())));
     }
   }
   absl::MutexLock lock(&mu_);

@@ -33,9 +33,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -53,8 +53,8 @@ namespace pserver {
 struct BlockSnapshot {
   std::string name;
   ElementType type = v1::ELEMENT_TYPE_UNSPECIFIED;
-  Shape shape;          // the whole parameter's shape
-  v1::BlockRef block;   // count is never 0 here
+  Shape shape;         // the whole parameter's shape
+  v1::BlockRef block;  // count is never 0 here
   v1::ParameterConfig config;
   std::string content;  // this block's elements, little-endian
   OptimizerState optimizer;
@@ -163,7 +163,7 @@ class ParameterStore {
 
   // The block a gradient goes to, after checking it against the block.
   absl::StatusOr<Block*> CheckGradient(const GradientView& grad);
-  Block* Find(const std::string& name, uint32_t index) const;
+  Block* Find(absl::string_view name, uint32_t index) const;
   absl::Status Reject(absl::Status status);
 
   const StoreOptions options_;
@@ -176,7 +176,7 @@ class ParameterStore {
 };
 
 // "parameter 'w'" or "parameter 'w' block 2 of 4": how errors name a block.
-std::string DescribeBlock(const std::string& name, const v1::BlockRef& block);
+std::string DescribeBlock(absl::string_view name, const v1::BlockRef& block);
 
 }  // namespace pserver
 

@@ -29,6 +29,9 @@ constexpr size_t kMaxPending = size_t{1} << 20;
 // shards).
 constexpr uint64_t kShardSalt = 0x6A09E667F3BCC909ull;
 
+// Which of kShards shards holds `key`.
+size_t ShardIndex(uint64_t key) { return SplitMix64(key ^ kShardSalt) >> 59; }
+
 struct RowMeta {
   uint64_t key = 0;
   uint64_t step = 0;     // updates applied to the row
@@ -105,14 +108,18 @@ absl::Status ValidateConfig(const std::string& what, const v1::TableConfig& conf
 
 }  // namespace
 
+v1::TableConfig SparseTable::NormalizedConfig(v1::TableConfig config) {
+  if (config.element_type() == v1::ELEMENT_TYPE_UNSPECIFIED) {
+    config.set_element_type(v1::FLOAT32);
+  }
+  return config;
+}
+
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(std::string name,
                                                                  const v1::TableConfig& config,
                                                                  SparseTableOptions options) {
   const std::string what = absl::StrCat("table '", name, "'");
-  v1::TableConfig normalized = config;
-  if (normalized.element_type() == v1::ELEMENT_TYPE_UNSPECIFIED) {
-    normalized.set_element_type(v1::FLOAT32);
-  }
+  v1::TableConfig normalized = NormalizedConfig(config);
   PS_RETURN_IF_ERROR(ValidateConfig(what, normalized));
   PS_ASSIGN_OR_RETURN(RowInitializer initializer,
                       RowInitializer::Create(normalized.initializer(), what));
@@ -148,7 +155,7 @@ SparseTable::~SparseTable() = default;
 
 SparseTable::Shard& SparseTable::ShardOf(uint64_t key) const {
   if (num_shards_ == 1) return shards_[0];
-  return shards_[SplitMix64(key ^ kShardSalt) >> 59];
+  return shards_[ShardIndex(key)];
 }
 
 char* SparseTable::SlotData(Shard& shard, uint32_t slot) const {
@@ -299,7 +306,7 @@ void SparseTable::GroupByShard(absl::Span<const uint64_t> keys, std::vector<uint
   }
   std::vector<uint8_t> shard_of(n);
   for (size_t i = 0; i < n; ++i) {
-    shard_of[i] = static_cast<uint8_t>(SplitMix64(keys[i] ^ kShardSalt) >> 59);
+    shard_of[i] = static_cast<uint8_t>(ShardIndex(keys[i]));
     ++starts[shard_of[i] + 1];
   }
   for (size_t s = 0; s < num_shards_; ++s) starts[s + 1] += starts[s];
@@ -357,7 +364,13 @@ absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<c
         std::memcpy(out.data() + i * row_bytes_, SlotData(shard, slot), row_bytes_);
       },
       [&](uint32_t i) { initial.push_back(i); });
-  for (uint32_t i : initial) InitialRow(keys[i], out.subspan(i * row_bytes_, row_bytes_));
+  if (!initial.empty()) {
+    std::vector<T> row(dim_);  // one buffer for all of them
+    for (uint32_t i : initial) {
+      initializer_.Fill<T>(keys[i], absl::MakeSpan(row));
+      std::memcpy(out.data() + i * row_bytes_, row.data(), row_bytes_);
+    }
+  }
   keys_pulled_.fetch_add(keys.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }

@@ -83,6 +83,10 @@ class SparseTable {
                                                              const v1::TableConfig& config,
                                                              SparseTableOptions options = {});
 
+  // The config as a table keeps it (element type UNSPECIFIED becomes
+  // FLOAT32), so that equal configs compare equal.
+  static v1::TableConfig NormalizedConfig(v1::TableConfig config);
+
   SparseTable(const SparseTable&) = delete;
   SparseTable& operator=(const SparseTable&) = delete;
   ~SparseTable();

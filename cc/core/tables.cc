@@ -15,14 +15,6 @@ namespace {
 
 int64_t UnixNanos() { return absl::ToUnixNanos(absl::Now()); }
 
-// The config as a table keeps it, so that equal configs compare equal.
-v1::TableConfig Normalized(v1::TableConfig config) {
-  if (config.element_type() == v1::ELEMENT_TYPE_UNSPECIFIED) {
-    config.set_element_type(v1::FLOAT32);
-  }
-  return config;
-}
-
 int64_t StalenessOf(const v1::Consistency& consistency) {
   switch (consistency.model()) {
     case v1::Consistency::BSP:
@@ -70,7 +62,7 @@ Tables::~Tables() { Shutdown(); }
 
 absl::Status Tables::Create(const v1::CreateTableRequest& request) {
   if (request.name().empty()) return absl::InvalidArgumentError("a table needs a name");
-  const v1::TableConfig config = Normalized(request.config());
+  const v1::TableConfig config = SparseTable::NormalizedConfig(request.config());
   {
     absl::MutexLock lock(&mu_);
     auto it = tables_.find(request.name());

@@ -1,6 +1,7 @@
 #include "cc/core/tensor.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
