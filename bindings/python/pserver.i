@@ -114,17 +114,20 @@ struct PserverPyBuffer {
   $1 = PyObject_CheckBuffer($input);
 }
 
-/* ---- writable buffers ---- */
+/* ---- writable buffers (also a checkpointed table's key and value buffers) ---- */
 %typemap(in) (void* out, size_t out_size) (PserverPyBuffer pybuf),
              (void* out, size_t size) (PserverPyBuffer pybuf),
-             (void* data, size_t size) (PserverPyBuffer pybuf) {
+             (void* data, size_t size) (PserverPyBuffer pybuf),
+             (uint64_t* keys, size_t keys_size) (PserverPyBuffer pybuf),
+             (void* values, size_t values_size) (PserverPyBuffer pybuf) {
   if (PyObject_GetBuffer($input, &pybuf.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) SWIG_fail;
   pybuf.held = 1;
-  $1 = pybuf.view.buf;
+  $1 = ($1_ltype)pybuf.view.buf;
   $2 = (size_t)pybuf.view.len;
 }
 %typemap(freearg) (void* out, size_t out_size), (void* out, size_t size),
-                  (void* data, size_t size) {
+                  (void* data, size_t size), (uint64_t* keys, size_t keys_size),
+                  (void* values, size_t values_size) {
   if (pybuf$argnum.held) PyBuffer_Release(&pybuf$argnum.view);
 }
 
@@ -137,7 +140,7 @@ struct PserverPyBuffer {
   $1 = PyLong_Check($input);
 }
 
-/* ---- checkpointed tables: (dim, dtype, rows) out, key and value buffers ---- */
+/* ---- checkpointed tables: (dim, dtype, rows) out ---- */
 %typemap(in, numinputs=0) (uint32_t* dim, int32_t* dtype, uint64_t* rows)
     (uint32_t d = 0, int32_t t = 0, uint64_t r = 0) {
   $1 = &d; $2 = &t; $3 = &r;
@@ -145,16 +148,6 @@ struct PserverPyBuffer {
 %typemap(argout) (uint32_t* dim, int32_t* dtype, uint64_t* rows) {
   $result = SWIG_Python_AppendOutput(
       $result, Py_BuildValue("(IiK)", (unsigned int)*$1, (int)*$2, (unsigned long long)*$3));
-}
-%typemap(in) (uint64_t* keys, size_t keys_size) (PserverPyBuffer pybuf),
-             (void* values, size_t values_size) (PserverPyBuffer pybuf) {
-  if (PyObject_GetBuffer($input, &pybuf.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) SWIG_fail;
-  pybuf.held = 1;
-  $1 = ($1_ltype)pybuf.view.buf;
-  $2 = (size_t)pybuf.view.len;
-}
-%typemap(freearg) (uint64_t* keys, size_t keys_size), (void* values, size_t values_size) {
-  if (pybuf$argnum.held) PyBuffer_Release(&pybuf$argnum.view);
 }
 
 /* ---- table keys: a buffer of 8-byte items ---- */

@@ -30,6 +30,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "cc/client/client.h"
 #include "cc/client/device_io.h"
 #include "cc/client/in_process_transport.h"
@@ -300,13 +301,21 @@ pserver::CallOptions CallOf(const pserver_status_t* status) {
   return call;
 }
 
-absl::Status Alive(pserver_client_t* client) {
-  if (client == nullptr) return Null("client");
-  if (client->cluster != nullptr && client->cluster->stopped.load()) {
+// UNAVAILABLE once the local cluster of an in-process client (`cluster`
+// set) was stopped.
+absl::Status ClusterRunning(const ClusterState* cluster) {
+  if (cluster != nullptr && cluster->stopped.load()) {
     return absl::UnavailableError("pserver: the local cluster of this client was stopped");
   }
   return absl::OkStatus();
 }
+
+absl::Status Alive(pserver_client_t* client) {
+  if (client == nullptr) return Null("client");
+  return ClusterRunning(client->cluster.get());
+}
+
+absl::Status AliveRef(const ClientRef& ref) { return ClusterRunning(ref.cluster.get()); }
 
 void Remember(pserver_client_t* client, const std::string& name, const pserver::Tensor& t) {
   absl::MutexLock lock(&client->mu);
@@ -386,6 +395,27 @@ absl::Status CopyOut(pserver_client_t* client, const std::vector<std::string>& n
   return absl::OkStatus();
 }
 
+// A tensor copied from a caller's buffer of `dtype` and `shape`, checked;
+// errors name parameter `name`, or "tensor" when it is NULL.
+absl::StatusOr<pserver::Tensor> TensorOf(const char* name, int32_t dtype, const int64_t* shape,
+                                         size_t ndim, const void* data, size_t size) {
+  PS_RETURN_IF_ERROR(CheckDtype(dtype));
+  if (shape == nullptr && ndim != 0) return Null("shape");
+  if (data == nullptr && size != 0) return Null("data");
+  const ElementType type = static_cast<ElementType>(dtype);
+  pserver::Shape s(shape, shape + ndim);
+  PS_ASSIGN_OR_RETURN(int64_t elements, pserver::NumElements(s));
+  const size_t want = static_cast<size_t>(elements) * pserver::ElementSize(type);
+  if (size != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name == nullptr ? "tensor " : absl::StrCat("parameter '", name, "': "),
+                     pserver::ElementTypeName(type), pserver::ShapeString(s), " needs ", want,
+                     " bytes, the buffer has ", size));
+  }
+  return pserver::Tensor::Create(
+      type, std::move(s), std::string(static_cast<const char*>(data), data == nullptr ? 0 : size));
+}
+
 // ------------------------------------------------------------ config setters
 
 // Keeps the first text-format parse error instead of logging it.
@@ -416,6 +446,44 @@ absl::Status ParseText(const char* text, pb::Message* out) {
   }
   out->GetReflection()->Swap(out, parsed.get());
   return absl::OkStatus();
+}
+
+// Chooses member `name` of a oneof of `msg` (its optimizer, schedule or
+// initializer), clearing its settings.
+absl::Status ChooseKind(pb::Message* msg, const char* name, const char* what,
+                        absl::Span<const char* const> valid) {
+  if (name == nullptr) return Null(what);
+  if (std::none_of(valid.begin(), valid.end(), [&](absl::string_view v) { return v == name; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown ", what, " '", name, "'; want one of ", absl::StrJoin(valid, ", ")));
+  }
+  const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
+  msg->GetReflection()->ClearField(msg, f);
+  msg->GetReflection()->MutableMessage(msg, f);
+  return absl::OkStatus();
+}
+
+// `msg` in one line of text format into out (NUL-terminated, cut to
+// out_size); returns the whole text's length.
+size_t WriteText(const pb::Message* msg, char* out, size_t out_size) {
+  try {
+    std::string text;
+    if (msg != nullptr) {
+      google::protobuf::TextFormat::Printer printer;
+      printer.SetSingleLineMode(true);
+      printer.PrintToString(*msg, &text);
+      while (!text.empty() && text.back() == ' ') text.pop_back();
+    }
+    if (out != nullptr && out_size > 0) {
+      const size_t n = std::min(text.size(), out_size - 1);
+      std::memcpy(out, text.data(), n);
+      out[n] = '\0';
+    }
+    return text.size();
+  } catch (...) {
+    if (out != nullptr && out_size > 0) out[0] = '\0';
+    return 0;
+  }
 }
 
 const char* const kOptimizers[] = {"sgd", "adagrad", "adadelta", "rmsprop", "adam", "adamw", "add"};
@@ -745,17 +813,7 @@ void pserver_param_config_set_optimizer(pserver_param_config_t* config, const ch
                                         pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (config == nullptr) return Null("config");
-    if (optimizer == nullptr) return Null("optimizer");
-    const std::string name = optimizer;
-    if (std::find(std::begin(kOptimizers), std::end(kOptimizers), name) == std::end(kOptimizers)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown optimizer '", name, "'; want one of ",
-                                                     absl::StrJoin(kOptimizers, ", ")));
-    }
-    pb::Message* msg = config->rep.mutable_optimizer();
-    const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
-    msg->GetReflection()->ClearField(msg, f);
-    msg->GetReflection()->MutableMessage(msg, f);
-    return absl::OkStatus();
+    return ChooseKind(config->rep.mutable_optimizer(), optimizer, "optimizer", kOptimizers);
   });
 }
 
@@ -763,17 +821,7 @@ void pserver_param_config_set_schedule(pserver_param_config_t* config, const cha
                                        pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (config == nullptr) return Null("config");
-    if (schedule == nullptr) return Null("schedule");
-    const std::string name = schedule;
-    if (std::find(std::begin(kSchedules), std::end(kSchedules), name) == std::end(kSchedules)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown schedule '", name, "'; want one of ",
-                                                     absl::StrJoin(kSchedules, ", ")));
-    }
-    pb::Message* msg = config->rep.mutable_learning_rate();
-    const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
-    msg->GetReflection()->ClearField(msg, f);
-    msg->GetReflection()->MutableMessage(msg, f);
-    return absl::OkStatus();
+    return ChooseKind(config->rep.mutable_learning_rate(), schedule, "schedule", kSchedules);
   });
 }
 
@@ -814,24 +862,7 @@ void pserver_param_config_parse_text(pserver_param_config_t* config, const char*
 }
 
 size_t pserver_param_config_text(const pserver_param_config_t* config, char* out, size_t out_size) {
-  try {
-    std::string text;
-    if (config != nullptr) {
-      google::protobuf::TextFormat::Printer printer;
-      printer.SetSingleLineMode(true);
-      printer.PrintToString(config->rep, &text);
-      while (!text.empty() && text.back() == ' ') text.pop_back();
-    }
-    if (out != nullptr && out_size > 0) {
-      const size_t n = std::min(text.size(), out_size - 1);
-      std::memcpy(out, text.data(), n);
-      out[n] = '\0';
-    }
-    return text.size();
-  } catch (...) {
-    if (out != nullptr && out_size > 0) out[0] = '\0';
-    return 0;
-  }
+  return WriteText(config == nullptr ? nullptr : &config->rep, out, out_size);
 }
 
 // ------------------------------------------------------------------ batches
@@ -1002,21 +1033,7 @@ void pserver_client_init_param(pserver_client_t* client, const char* name, int32
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     PS_ASSIGN_OR_RETURN(std::string n, Name(name));
-    PS_RETURN_IF_ERROR(CheckDtype(dtype));
-    if (shape == nullptr && ndim != 0) return Null("shape");
-    if (data == nullptr && size != 0) return Null("data");
-    const ElementType type = static_cast<ElementType>(dtype);
-    pserver::Shape s(shape, shape + ndim);
-    PS_ASSIGN_OR_RETURN(int64_t elements, pserver::NumElements(s));
-    if (static_cast<size_t>(elements) * pserver::ElementSize(type) != size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", n, "': ", pserver::ElementTypeName(type), pserver::ShapeString(s),
-          " needs ", static_cast<size_t>(elements) * pserver::ElementSize(type),
-          " bytes, the buffer has ", size));
-    }
-    PS_ASSIGN_OR_RETURN(
-        pserver::Tensor value,
-        pserver::Tensor::Create(type, s, std::string(static_cast<const char*>(data), size)));
+    PS_ASSIGN_OR_RETURN(pserver::Tensor value, TensorOf(n.c_str(), dtype, shape, ndim, data, size));
     static const pserver::v1::ParameterConfig kDefault;
     PS_RETURN_IF_ERROR(
         client->rep->InitParam(n, value, config == nullptr ? kDefault : config->rep, call));
@@ -1220,13 +1237,6 @@ namespace {
 const char* const kTableOptimizers[] = {"sgd", "adagrad", "adam", "ftrl", "add"};
 const char* const kInitializers[] = {"zeros", "uniform", "normal"};
 
-absl::Status AliveRef(const ClientRef& ref) {
-  if (ref.cluster != nullptr && ref.cluster->stopped.load()) {
-    return absl::UnavailableError("pserver: the local cluster of this client was stopped");
-  }
-  return absl::OkStatus();
-}
-
 // Sets a scalar field of a table config's message from a number, checking
 // that it fits (uint32 and uint64 counts, doubles).
 absl::Status SetTableField(pb::Message* msg, const pb::FieldDescriptor* f, const std::string& key,
@@ -1273,41 +1283,6 @@ absl::Status SetTableConfig(pserver::v1::TableConfig* config, std::string key, d
                                                  "; valid settings: ", absl::StrJoin(valid, ", ")));
 }
 
-// Chooses member `name` of oneof "kind" of `msg`, clearing its settings.
-absl::Status ChooseKind(pb::Message* msg, const char* name, const char* what,
-                        const std::vector<std::string>& valid) {
-  if (name == nullptr) return Null(what);
-  if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown ", what, " '", name, "'; want one of ", absl::StrJoin(valid, ", ")));
-  }
-  const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
-  msg->GetReflection()->ClearField(msg, f);
-  msg->GetReflection()->MutableMessage(msg, f);
-  return absl::OkStatus();
-}
-
-size_t WriteText(const pb::Message* msg, char* out, size_t out_size) {
-  try {
-    std::string text;
-    if (msg != nullptr) {
-      google::protobuf::TextFormat::Printer printer;
-      printer.SetSingleLineMode(true);
-      printer.PrintToString(*msg, &text);
-      while (!text.empty() && text.back() == ' ') text.pop_back();
-    }
-    if (out != nullptr && out_size > 0) {
-      const size_t n = std::min(text.size(), out_size - 1);
-      std::memcpy(out, text.data(), n);
-      out[n] = '\0';
-    }
-    return text.size();
-  } catch (...) {
-    if (out != nullptr && out_size > 0) out[0] = '\0';
-    return 0;
-  }
-}
-
 absl::Status CheckKeys(const uint64_t* keys, size_t n) {
   if (keys == nullptr && n != 0) return Null("keys");
   return absl::OkStatus();
@@ -1344,25 +1319,6 @@ absl::Status AliveWorker(const pserver_kv_worker_t* worker) {
 absl::Status AliveGroup(const pserver_group_t* group) {
   if (group == nullptr) return Null("group");
   return AliveRef(group->ref);
-}
-
-// A tensor copied from a caller's buffer of `dtype` and `shape`, checked.
-absl::StatusOr<pserver::Tensor> CollectiveTensor(int32_t dtype, const int64_t* shape, size_t ndim,
-                                                 const void* data, size_t size) {
-  PS_RETURN_IF_ERROR(CheckDtype(dtype));
-  if (shape == nullptr && ndim != 0) return Null("shape");
-  if (data == nullptr && size != 0) return Null("data");
-  const ElementType type = static_cast<ElementType>(dtype);
-  pserver::Shape s(shape, shape + ndim);
-  PS_ASSIGN_OR_RETURN(int64_t elements, pserver::NumElements(s));
-  const size_t want = static_cast<size_t>(elements) * pserver::ElementSize(type);
-  if (size != want) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", pserver::ElementTypeName(type),
-                                                   pserver::ShapeString(s), " needs ", want,
-                                                   " bytes, the buffer has ", size));
-  }
-  return pserver::Tensor::Create(
-      type, std::move(s), std::string(static_cast<const char*>(data), data == nullptr ? 0 : size));
 }
 
 void CopyBack(const pserver::Tensor& t, void* data, size_t size) {
@@ -1412,8 +1368,7 @@ void pserver_table_config_set_initializer(pserver_table_config_t* config, const 
                                           pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (config == nullptr) return Null("config");
-    return ChooseKind(config->rep.mutable_initializer(), kind, "initializer",
-                      {std::begin(kInitializers), std::end(kInitializers)});
+    return ChooseKind(config->rep.mutable_initializer(), kind, "initializer", kInitializers);
   });
 }
 
@@ -1422,7 +1377,7 @@ void pserver_table_config_set_optimizer(pserver_table_config_t* config, const ch
   Run(status, [&]() -> absl::Status {
     if (config == nullptr) return Null("config");
     return ChooseKind(config->rep.mutable_optimizer(), optimizer, "table optimizer",
-                      {std::begin(kTableOptimizers), std::end(kTableOptimizers)});
+                      kTableOptimizers);
   });
 }
 
@@ -1776,7 +1731,7 @@ void pserver_group_all_reduce(pserver_group_t* group, int32_t dtype, const int64
       return absl::InvalidArgumentError(
           absl::StrCat("unknown reduce op ", op, " (want 0: sum, 1: mean)"));
     }
-    PS_ASSIGN_OR_RETURN(pserver::Tensor t, CollectiveTensor(dtype, shape, ndim, data, size));
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t, TensorOf(nullptr, dtype, shape, ndim, data, size));
     PS_RETURN_IF_ERROR(group->rep->AllReduce(
         &t, op == PSERVER_REDUCE_MEAN ? pserver::ReduceOp::kMean : pserver::ReduceOp::kSum, call));
     CopyBack(t, data, size);
@@ -1790,7 +1745,7 @@ void pserver_group_broadcast(pserver_group_t* group, int32_t dtype, const int64_
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(AliveGroup(group));
-    PS_ASSIGN_OR_RETURN(pserver::Tensor t, CollectiveTensor(dtype, shape, ndim, data, size));
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t, TensorOf(nullptr, dtype, shape, ndim, data, size));
     PS_RETURN_IF_ERROR(group->rep->Broadcast(&t, root != 0, call));
     if (root == 0) CopyBack(t, data, size);
     return absl::OkStatus();

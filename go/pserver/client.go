@@ -287,11 +287,13 @@ func runCall(ctx context.Context, lives []*lifecycle, f func(st *C.pserver_statu
 		})
 		return withDeadlineCause(ctx, err)
 	}
-	if ctx.Done() == nil {
-		err := exec()
+	finish := func(err error) error {
 		after(err)
 		free()
 		return err
+	}
+	if ctx.Done() == nil {
+		return finish(exec())
 	}
 	var mu sync.Mutex
 	abandoned := false
@@ -306,11 +308,6 @@ func runCall(ctx context.Context, lives []*lifecycle, f func(st *C.pserver_statu
 		}
 		result <- err
 	}()
-	finish := func(err error) error {
-		after(err)
-		free()
-		return err
-	}
 	select {
 	case err := <-result:
 		return finish(err)

@@ -465,8 +465,7 @@ func (w *KvWorker) CurrentClock() int64 {
 
 func (w *KvWorker) lives() []*lifecycle { return []*lifecycle{&w.table.cl.life, &w.life} }
 
-func (w *KvWorker) rows(ctx context.Context, keys []uint64, rows int, values interface{}, out bool, what string,
-	f func(k *C.uint64_t, n C.size_t, data unsafe.Pointer, size C.size_t, st *C.pserver_status_t)) error {
+func (w *KvWorker) rows(ctx context.Context, keys []uint64, rows int, values interface{}, out bool, what string, f rowsFunc) error {
 	err := w.table.rowsCall(ctx, w.lives(), keys, rows, values, out, what,
 		func(k *C.uint64_t, n C.size_t, data unsafe.Pointer, size C.size_t, st *C.pserver_status_t) {
 			w.mu.Lock()

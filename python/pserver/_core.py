@@ -246,6 +246,14 @@ class _Closing:
             pass
 
 
+def _setting(what: str, key: str, value: Any) -> float:
+    """A config or table setting as the number the C ABI takes (booleans as 0/1)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{what} setting {key!r} must be a number, got {value!r}") from None
+
+
 class _Config:
     """A pserver_param_config_t built from keyword arguments, freed on exit."""
 
@@ -268,14 +276,7 @@ class _Config:
             if schedule is not None:
                 _c.pserver_param_config_set_schedule(self.ptr, str(schedule))
             for key, value in merged.items():
-                if isinstance(value, (bool, np.bool_)):
-                    value = 1.0 if value else 0.0
-                try:
-                    number = float(value)
-                except (TypeError, ValueError):
-                    raise InvalidArgument(
-                        f"config setting {key!r} must be a number, got {value!r}") from None
-                _c.pserver_param_config_set(self.ptr, key, number)
+                _c.pserver_param_config_set(self.ptr, key, _setting("config", key, value))
         except BaseException:
             _c.pserver_param_config_delete(self.ptr)
             raise
@@ -429,7 +430,7 @@ class Client(_Closing):
         client's own timeout).
         """
         arr = _as_array(value, f"parameter {name!r}", dtype)
-        code = _dtype_code(arr.dtype, f"parameter {name!r}")
+        code = DTYPES[arr.dtype]  # _as_array checked it
         with _Config(optimizer, schedule, config, settings) as cfg, _deadline(timeout), \
                 self._h.use() as h:
             _c.pserver_client_init_param(h, name, code, arr.shape, arr, cfg.ptr)

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import capi as _c
-from ._core import _Closing, _deadline, _dtype_code, _Handle
+from ._core import _Closing, _deadline, _dtype_code, _Handle, _setting
 from ._errors import InvalidArgument
 
 __all__ = ["Table", "KvWorker", "Group"]
@@ -115,14 +115,8 @@ class _TableConfig:
                 _c.pserver_table_config_set_consistency(
                     self.ptr, _choice(consistency, _CONSISTENCY, "consistency"), int(staleness))
             for key, value in settings.items():
-                if value is None:
-                    continue
-                try:
-                    number = float(value)
-                except (TypeError, ValueError):
-                    raise InvalidArgument(
-                        f"table setting {key!r} must be a number, got {value!r}") from None
-                _c.pserver_table_config_set(self.ptr, key, number)
+                if value is not None:
+                    _c.pserver_table_config_set(self.ptr, key, _setting("table", key, value))
         except BaseException:
             _c.pserver_table_config_delete(self.ptr)
             raise
