@@ -29,11 +29,13 @@ std::string DeviceInfo::ToString() const {
   return out;
 }
 
-absl::StatusOr<DeviceInfo> GetDeviceInfo(int ordinal) {
-  PS_ASSIGN_OR_RETURN(int count, CudaDeviceCount());
+namespace {
+
+// GetDeviceInfo once the device count is known.
+absl::StatusOr<DeviceInfo> DeviceInfoOf(int ordinal, int count) {
   if (ordinal < 0 || ordinal >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", ordinal, " does not exist: ",
-                                                   count, " device(s), 0..", count - 1));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA device ", ordinal, " does not exist: ", count, " device(s), 0..", count - 1));
   }
   rt::RawDeviceProperties props;
   PS_RETURN_IF_ERROR(CudaStatus(rt::GetDeviceProperties(ordinal, &props),
@@ -56,6 +58,13 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int ordinal) {
   return info;
 }
 
+}  // namespace
+
+absl::StatusOr<DeviceInfo> GetDeviceInfo(int ordinal) {
+  PS_ASSIGN_OR_RETURN(int count, CudaDeviceCount());
+  return DeviceInfoOf(ordinal, count);
+}
+
 absl::StatusOr<DeviceChoice> ChooseDevice(absl::string_view spec) {
   DeviceChoice choice;
   if (spec == "cpu") {
@@ -67,8 +76,8 @@ absl::StatusOr<DeviceChoice> ChooseDevice(absl::string_view spec) {
     absl::StatusOr<DeviceInfo> info = GetDeviceInfo(0);
     if (!info.ok()) {
       choice.name = "cpu";
-      choice.reason = absl::StrCat("no CUDA device (", info.status().message(),
-                                   "): serving from host memory");
+      choice.reason =
+          absl::StrCat("no CUDA device (", info.status().message(), "): serving from host memory");
       return choice;
     }
     choice.cuda = true;
@@ -87,10 +96,10 @@ absl::StatusOr<DeviceChoice> ChooseDevice(absl::string_view spec) {
   }
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) {
-    return absl::UnavailableError(absl::StrCat("device ", spec, ": no CUDA device: ",
-                                               count.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat("device ", spec, ": no CUDA device: ", count.status().message()));
   }
-  absl::StatusOr<DeviceInfo> info = GetDeviceInfo(ordinal);
+  absl::StatusOr<DeviceInfo> info = DeviceInfoOf(ordinal, *count);
   if (!info.ok()) {
     return absl::Status(info.status().code(),
                         absl::StrCat("device ", spec, ": ", info.status().message()));

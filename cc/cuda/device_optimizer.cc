@@ -14,19 +14,6 @@ namespace pserver {
 namespace cuda {
 namespace {
 
-// kernels::GradType for an accepted gradient type, with its element size.
-absl::StatusOr<std::pair<int, size_t>> GradTypeOf(ElementType type) {
-  switch (type) {
-    case v1::FLOAT32: return std::make_pair(int{kernels::kGradFloat32}, size_t{4});
-    case v1::FLOAT16: return std::make_pair(int{kernels::kGradFloat16}, size_t{2});
-    case v1::BFLOAT16: return std::make_pair(int{kernels::kGradBfloat16}, size_t{2});
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient element type ", ElementTypeName(type),
-          " is not accepted on the device (float32, float16 or bfloat16)"));
-  }
-}
-
 std::string SlotList(const std::vector<std::string>& names) {
   std::string out;
   for (const std::string& name : names) absl::StrAppend(&out, out.empty() ? "" : ", ", name);
@@ -40,10 +27,10 @@ absl::StatusOr<std::unique_ptr<DeviceOptimizer>> DeviceOptimizer::Create(
   const v1::OptimizerConfig& oc = config.optimizer();
   const int rule = DenseRuleFor(oc);
   if (rule < 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "optimizer ", OptimizerName(oc),
-        " does not run on a CUDA device (sgd, adagrad, adam and adamw do); "
-        "keep this parameter in host memory"));
+    return absl::UnimplementedError(
+        absl::StrCat("optimizer ", OptimizerName(oc),
+                     " does not run on a CUDA device (sgd, adagrad, adam and adamw do); "
+                     "keep this parameter in host memory"));
   }
   // The host optimizer validates the config (same messages) and names the
   // slots; with 0 elements it allocates nothing.
@@ -60,7 +47,8 @@ absl::StatusOr<std::unique_ptr<DeviceOptimizer>> DeviceOptimizer::Create(
   for (auto& [name, bytes] : host->ExportState().slots) opt->slot_names_.push_back(name);
 
   // Fail early and clearly without a device, even for a state-less rule.
-  PS_RETURN_IF_ERROR(CudaStatus(rt::SetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
+  PS_RETURN_IF_ERROR(
+      CudaStatus(rt::SetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
   const float initial =
       rule == kernels::kDenseAdagrad ? static_cast<float>(oc.adagrad().initial_accumulator()) : 0.f;
   for (size_t i = 0; i < opt->slot_names_.size(); ++i) {
@@ -84,9 +72,9 @@ absl::Status DeviceOptimizer::Apply(DeviceBuffer& params, const DeviceBuffer& gr
   const size_t want_params = num_elements_ * sizeof(float);
   const size_t want_grad = num_elements_ * type.second;
   if (params.size() != want_params) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device optimizer ", name_, ": parameter buffer holds ", params.size(), " bytes, ",
-        num_elements_, " float32 values need ", want_params));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device optimizer ", name_, ": parameter buffer holds ", params.size(),
+                     " bytes, ", num_elements_, " float32 values need ", want_params));
   }
   if (grad.size() != want_grad) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -95,8 +83,8 @@ absl::Status DeviceOptimizer::Apply(DeviceBuffer& params, const DeviceBuffer& gr
   }
   if (params.device() != device_ || grad.device() != device_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "device optimizer ", name_, " lives on cuda:", device_, ", the parameters on cuda:",
-        params.device(), " and the gradient on cuda:", grad.device()));
+        "device optimizer ", name_, " lives on cuda:", device_,
+        ", the parameters on cuda:", params.device(), " and the gradient on cuda:", grad.device()));
   }
   if (num_elements_ == 0) {
     ++steps_;
@@ -115,10 +103,9 @@ absl::Status DeviceOptimizer::Apply(DeviceBuffer& params, const DeviceBuffer& gr
         PS_ASSIGN_OR_RETURN(norm_scratch_, DeviceBuffer::Allocate(device_, sizeof(double)));
       }
       PS_RETURN_IF_ERROR(norm_scratch_.Fill(0, stream));
-      PS_RETURN_IF_ERROR(CudaStatus(
-          kernels::SumSquares(grad.data(), type.first, num_elements_, norm_scratch_.as<double>(),
-                              s),
-          "clip-by-norm sum of squares kernel"));
+      PS_RETURN_IF_ERROR(CudaStatus(kernels::SumSquares(grad.data(), type.first, num_elements_,
+                                                        norm_scratch_.as<double>(), s),
+                                    "clip-by-norm sum of squares kernel"));
       double sum = 0;
       PS_RETURN_IF_ERROR(CopyToHost(&sum, norm_scratch_, 0, sizeof(double), stream));
       if (stream != nullptr) PS_RETURN_IF_ERROR(stream->Synchronize());
@@ -160,15 +147,14 @@ absl::Status DeviceOptimizer::ImportState(const OptimizerState& state) {
     for (const auto& slot : state.slots) theirs.push_back(slot.first);
     return absl::InvalidArgumentError(absl::StrCat("optimizer ", name_, " has state slots ",
                                                    SlotList(slot_names_),
-                                                   ", the state to import has ",
-                                                   SlotList(theirs)));
+                                                   ", the state to import has ", SlotList(theirs)));
   }
   const size_t want = num_elements_ * sizeof(float);
   for (size_t i = 0; i < slot_names_.size(); ++i) {
     if (state.slots[i].second.size() != want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer ", name_, " state slot '", slot_names_[i], "' holds ", want,
-          " bytes, the state to import has ", state.slots[i].second.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", name_, " state slot '", slot_names_[i], "' holds ", want,
+                       " bytes, the state to import has ", state.slots[i].second.size()));
     }
   }
   for (size_t i = 0; i < slot_names_.size(); ++i) {

@@ -14,14 +14,14 @@ namespace pserver {
 namespace cuda {
 
 absl::StatusOr<std::unique_ptr<DeviceRows>> DeviceRows::Create(const v1::RowOptimizer& config,
-                                                                uint32_t dim, uint32_t num_rows,
-                                                                int device,
-                                                                absl::string_view what) {
+                                                               uint32_t dim, uint32_t num_rows,
+                                                               int device, absl::string_view what) {
   PS_ASSIGN_OR_RETURN(RowOptimizer optimizer, RowOptimizer::Create(config, what));
   if (optimizer.kind() == RowOptimizer::Kind::kFtrl) {
     return absl::UnimplementedError(absl::StrCat(
-        what, ": row optimizer ftrl does not run on a CUDA device (sgd, adagrad, adam and add "
-              "do); keep this table in host memory"));
+        what,
+        ": row optimizer ftrl does not run on a CUDA device (sgd, adagrad, adam and add "
+        "do); keep this table in host memory"));
   }
   if (dim == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": dim must be > 0"));
   std::unique_ptr<DeviceRows> rows(new DeviceRows(optimizer, std::string(what)));
@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<DeviceRows>> DeviceRows::Create(const v1::RowOpti
   rows->dim_ = dim;
   rows->num_rows_ = num_rows;
   rows->device_ = device;
-  PS_RETURN_IF_ERROR(CudaStatus(rt::SetDevice(device), absl::StrCat(what, ": cudaSetDevice(", device, ")")));
+  PS_RETURN_IF_ERROR(
+      CudaStatus(rt::SetDevice(device), absl::StrCat(what, ": cudaSetDevice(", device, ")")));
   const size_t n = static_cast<size_t>(num_rows);
   PS_ASSIGN_OR_RETURN(rows->values_, DeviceBuffer::Allocate(device, n * dim * sizeof(float)));
   PS_ASSIGN_OR_RETURN(rows->state_,
@@ -53,22 +54,19 @@ absl::StatusOr<std::unique_ptr<DeviceRows>> DeviceRows::Create(const v1::RowOpti
 absl::Status DeviceRows::CheckRows(absl::Span<const uint32_t> rows) const {
   for (size_t k = 0; k < rows.size(); ++k) {
     if (rows[k] >= num_rows_) {
-      return absl::InvalidArgumentError(absl::StrCat(what_, ": row index ", rows[k],
-                                                     " (position ", k, ") is out of range: ",
-                                                     num_rows_, " rows"));
+      return absl::InvalidArgumentError(absl::StrCat(what_, ": row index ", rows[k], " (position ",
+                                                     k, ") is out of range: ", num_rows_, " rows"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status DeviceRows::UploadIndices(const std::vector<uint32_t>& words, const Stream* stream) {
+absl::Status DeviceRows::UploadIndices(absl::Span<const uint32_t> words, const Stream* stream) {
   const size_t bytes = words.size() * sizeof(uint32_t);
+  // Wait for queued kernels that may still read the scratch (old or reused).
+  if (stream != nullptr) PS_RETURN_IF_ERROR(stream->Synchronize());
   if (index_scratch_.size() < bytes) {
-    // Wait for queued kernels that may still read the old scratch.
-    if (stream != nullptr) PS_RETURN_IF_ERROR(stream->Synchronize());
     PS_ASSIGN_OR_RETURN(index_scratch_, DeviceBuffer::Allocate(device_, bytes * 2));
-  } else if (stream != nullptr) {
-    PS_RETURN_IF_ERROR(stream->Synchronize());
   }
   return CopyToDevice(index_scratch_, 0, words.data(), bytes, stream);
 }
@@ -81,8 +79,8 @@ absl::Status DeviceRows::WriteRows(absl::Span<const uint32_t> rows, const float*
   const uint64_t zero = 0;
   for (size_t k = 0; k < rows.size(); ++k) {
     const size_t r = rows[k];
-    PS_RETURN_IF_ERROR(CopyToDevice(values_, r * dim_ * sizeof(float), values + k * dim_,
-                                    dim_ * sizeof(float)));
+    PS_RETURN_IF_ERROR(
+        CopyToDevice(values_, r * dim_ * sizeof(float), values + k * dim_, dim_ * sizeof(float)));
     if (spr > 0) {
       PS_RETURN_IF_ERROR(
           CopyToDevice(state_, r * spr * sizeof(float), initial.data(), spr * sizeof(float)));
@@ -99,20 +97,19 @@ absl::Status DeviceRows::Gather(absl::Span<const uint32_t> rows, DeviceBuffer& o
   if (out.size() < need) {
     return absl::InvalidArgumentError(absl::StrCat(what_, ": gather of ", rows.size(),
                                                    " rows of dim ", dim_, " needs ", need,
-                                                   " bytes, the output buffer holds ",
-                                                   out.size()));
+                                                   " bytes, the output buffer holds ", out.size()));
   }
   if (out.device() != device_) {
     return absl::InvalidArgumentError(absl::StrCat(what_, ": rows live on cuda:", device_,
                                                    ", the output buffer on cuda:", out.device()));
   }
   if (rows.empty()) return absl::OkStatus();
-  PS_RETURN_IF_ERROR(UploadIndices(std::vector<uint32_t>(rows.begin(), rows.end()), stream));
+  PS_RETURN_IF_ERROR(UploadIndices(rows, stream));
   void* s = stream != nullptr ? stream->native() : nullptr;
-  PS_RETURN_IF_ERROR(CudaStatus(kernels::GatherRows(values_.as<float>(), dim_,
-                                                    index_scratch_.as<uint32_t>(), rows.size(),
-                                                    out.as<float>(), s),
-                                absl::StrCat(what_, ": gather kernel launch")));
+  PS_RETURN_IF_ERROR(
+      CudaStatus(kernels::GatherRows(values_.as<float>(), dim_, index_scratch_.as<uint32_t>(),
+                                     rows.size(), out.as<float>(), s),
+                 absl::StrCat(what_, ": gather kernel launch")));
   if (stream == nullptr) {
     PS_RETURN_IF_ERROR(
         CudaStatus(rt::StreamSynchronize(nullptr), absl::StrCat(what_, ": gather kernel")));
@@ -123,17 +120,11 @@ absl::Status DeviceRows::Gather(absl::Span<const uint32_t> rows, DeviceBuffer& o
 absl::Status DeviceRows::ScatterApply(absl::Span<const uint32_t> rows, const DeviceBuffer& grads,
                                       ElementType grad_type, const Stream* stream) {
   PS_RETURN_IF_ERROR(CheckRows(rows));
-  int type = kernels::kGradFloat32;
-  size_t element = 4;
-  switch (grad_type) {
-    case v1::FLOAT32: break;
-    case v1::FLOAT16: type = kernels::kGradFloat16; element = 2; break;
-    case v1::BFLOAT16: type = kernels::kGradBfloat16; element = 2; break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          what_, ": gradient element type ", ElementTypeName(grad_type),
-          " is not accepted on the device (float32, float16 or bfloat16)"));
+  const absl::StatusOr<std::pair<int, size_t>> encoding = GradTypeOf(grad_type);
+  if (!encoding.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what_, ": ", encoding.status().message()));
   }
+  const auto [type, element] = *encoding;
   const size_t need = rows.size() * dim_ * element;
   if (grads.size() != need) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -154,15 +145,15 @@ absl::Status DeviceRows::ScatterApply(absl::Span<const uint32_t> rows, const Dev
   const kernels::RowStep step = PlanRowStep(config_, optimizer_.kind());
   const uint32_t* d_words = index_scratch_.as<uint32_t>();
   void* s = stream != nullptr ? stream->native() : nullptr;
-  PS_RETURN_IF_ERROR(CudaStatus(
-      kernels::ScatterApplyRows(step, values_.as<float>(), state_.as<float>(),
-                                steps_.as<uint64_t>(), dim_,
-                                optimizer_.state_per_row_factor(), d_words, d_words + u,
-                                d_words + u + (u + 1), u, grads.data(), type, s),
-      absl::StrCat(what_, ": scatter-apply kernel launch")));
+  PS_RETURN_IF_ERROR(
+      CudaStatus(kernels::ScatterApplyRows(step, values_.as<float>(), state_.as<float>(),
+                                           steps_.as<uint64_t>(), dim_,
+                                           optimizer_.state_per_row_factor(), d_words, d_words + u,
+                                           d_words + u + (u + 1), u, grads.data(), type, s),
+                 absl::StrCat(what_, ": scatter-apply kernel launch")));
   if (stream == nullptr) {
-    PS_RETURN_IF_ERROR(CudaStatus(rt::StreamSynchronize(nullptr),
-                                  absl::StrCat(what_, ": scatter-apply kernel")));
+    PS_RETURN_IF_ERROR(
+        CudaStatus(rt::StreamSynchronize(nullptr), absl::StrCat(what_, ": scatter-apply kernel")));
   }
   return absl::OkStatus();
 }
@@ -174,8 +165,8 @@ absl::Status DeviceRows::ReadRows(absl::Span<const uint32_t> rows, float* values
   for (size_t k = 0; k < rows.size(); ++k) {
     const size_t r = rows[k];
     if (values != nullptr) {
-      PS_RETURN_IF_ERROR(CopyToHost(values + k * dim_, values_, r * dim_ * sizeof(float),
-                                    dim_ * sizeof(float)));
+      PS_RETURN_IF_ERROR(
+          CopyToHost(values + k * dim_, values_, r * dim_ * sizeof(float), dim_ * sizeof(float)));
     }
     if (state != nullptr && spr > 0) {
       PS_RETURN_IF_ERROR(

@@ -82,7 +82,7 @@ class DeviceRows {
   DeviceRows(RowOptimizer optimizer, std::string what) : optimizer_(optimizer), what_(what) {}
   absl::Status CheckRows(absl::Span<const uint32_t> rows) const;
   // Uploads `words` uint32 values into index_scratch_ (grown as needed).
-  absl::Status UploadIndices(const std::vector<uint32_t>& words, const Stream* stream);
+  absl::Status UploadIndices(absl::Span<const uint32_t> words, const Stream* stream);
 
   const RowOptimizer optimizer_;
   const std::string what_;
@@ -90,9 +90,9 @@ class DeviceRows {
   uint32_t dim_ = 0;
   uint32_t num_rows_ = 0;
   int device_ = 0;
-  DeviceBuffer values_;   // num_rows * dim floats
-  DeviceBuffer state_;    // num_rows * state_per_row floats
-  DeviceBuffer steps_;    // num_rows uint64
+  DeviceBuffer values_;  // num_rows * dim floats
+  DeviceBuffer state_;   // num_rows * state_per_row floats
+  DeviceBuffer steps_;   // num_rows uint64
   DeviceBuffer index_scratch_;
 };
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/core/row_optimizer.h"
 #include "cc/cuda/buffer.h"
+#include "cc/cuda/optimizer_cases.h"
 #include "cc/cuda/test_util.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -48,23 +49,13 @@ void ExpectClose(const std::vector<float>& host, const std::vector<float>& devic
 }
 
 class DeviceRowsAgreementTest
-    : public ::testing::TestWithParam<std::tuple<std::string, ElementType>> {
- protected:
-  static v1::RowOptimizer Config(const std::string& name) {
-    v1::RowOptimizer c;
-    if (name == "sgd") c.mutable_sgd()->set_learning_rate(0.1);
-    if (name == "adagrad") c.mutable_adagrad()->set_initial_accumulator(0.1);
-    if (name == "adam") c.mutable_adam()->set_learning_rate(0.01);
-    if (name == "add") c.mutable_add();
-    return c;
-  }
-};
+    : public ::testing::TestWithParam<std::tuple<std::string, ElementType>> {};
 
 TEST_P(DeviceRowsAgreementTest, ScatterApplyMatchesTheHostRowOptimizer) {
   PS_SKIP_WITHOUT_CUDA_DEVICE();
   const std::string& name = std::get<0>(GetParam());
   const ElementType type = std::get<1>(GetParam());
-  const v1::RowOptimizer config = Config(name);
+  const v1::RowOptimizer config = RowConfig(name);
   ASSERT_OK_AND_ASSIGN(RowOptimizer host, RowOptimizer::Create(config, "host"));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceRows> device,
                        DeviceRows::Create(config, kDim, kRows, 0, "table 't'"));
@@ -95,8 +86,9 @@ TEST_P(DeviceRowsAgreementTest, ScatterApplyMatchesTheHostRowOptimizer) {
       g[i] = static_cast<float>(k(rng)) / 128.0f;  // exact in float16 and bfloat16
       half[i] = type == v1::FLOAT16 ? ExactFloat16(g[i]) : ExactBfloat16(g[i]);
     }
-    ASSERT_OK(CopyToDevice(grads, 0, type == v1::FLOAT32 ? static_cast<const void*>(g.data())
-                                                          : static_cast<const void*>(half.data()),
+    ASSERT_OK(CopyToDevice(grads, 0,
+                           type == v1::FLOAT32 ? static_cast<const void*>(g.data())
+                                               : static_cast<const void*>(half.data()),
                            grads.size()));
     ASSERT_OK(device->ScatterApply(rows, grads, type));
     // Host: sum each distinct row's gradients in double, in listed order.
@@ -110,8 +102,8 @@ TEST_P(DeviceRowsAgreementTest, ScatterApplyMatchesTheHostRowOptimizer) {
         if (rows[p] != r) continue;
         for (uint32_t i = 0; i < kDim; ++i) sum[i] += static_cast<double>(g[p * kDim + i]);
       }
-      host.Apply(values.data() + size_t{r} * kDim, state.data() + size_t{r} * spr, sum.data(),
-                 kDim, ++steps[r]);
+      host.Apply(values.data() + size_t{r} * kDim, state.data() + size_t{r} * spr, sum.data(), kDim,
+                 ++steps[r]);
     }
   }
 
@@ -137,7 +129,7 @@ TEST_P(DeviceRowsAgreementTest, ScatterApplyMatchesTheHostRowOptimizer) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllRules, DeviceRowsAgreementTest,
-    ::testing::Combine(::testing::Values("sgd", "adagrad", "adam", "add"),
+    ::testing::Combine(::testing::ValuesIn(RowCaseNames()),
                        ::testing::Values(v1::FLOAT32, v1::FLOAT16, v1::BFLOAT16)),
     [](const ::testing::TestParamInfo<std::tuple<std::string, ElementType>>& info) {
       return absl::StrCat(std::get<0>(info.param), "_", ElementTypeName(std::get<1>(info.param)));

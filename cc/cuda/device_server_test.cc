@@ -5,8 +5,6 @@
 // (checked everywhere) and the rest skips, saying why.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,15 +27,6 @@ using ::pserver::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr int64_t kElements = 30011;
-
-std::string TestDir(const std::string& name) {
-  namespace fs = std::filesystem;
-  const char* root = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(root != nullptr ? root : "/tmp") / ("device_server_test_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 std::unique_ptr<Client> Connect(const std::vector<std::string>& servers) {
   ClientOptions options;
@@ -142,7 +131,7 @@ TEST(DeviceServerTest, ServesPushesAndPullsFromTheDevice) {
 
 TEST(DeviceServerTest, ADeviceServersCheckpointLoadsIntoAHostServer) {
   PS_SKIP_WITHOUT_CUDA_DEVICE();
-  const std::string dir = TestDir("d2h");
+  const std::string dir = cuda::testing::FreshTestDir("device_server_test_d2h");
   ServerOptions on_device;
   on_device.device = "cuda:0";
   on_device.checkpoint_dir = dir;

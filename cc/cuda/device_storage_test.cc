@@ -9,9 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -203,15 +201,6 @@ StoreOptions DeviceOptions(std::vector<std::string>* log = nullptr) {
   return store_options;
 }
 
-std::string TestDir(const std::string& name) {
-  namespace fs = std::filesystem;
-  const char* root = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(root != nullptr ? root : "/tmp") / ("device_storage_test_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
 // ---- everywhere -----------------------------------------------------------------
 
 TEST(DeviceStorageTest, WhatTheDeviceCanHold) {
@@ -332,7 +321,9 @@ TEST(DeviceStorageTest, CheckpointsMoveBetweenDeviceAndHostStores) {
 
   // Device -> files -> host: the host store holds exactly what the device had.
   ASSERT_OK_AND_ASSIGN(StoreSnapshot from_device, device.TakeSnapshot());
-  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveCheckpoint(from_device, TestDir("d2h"), 0, 1));
+  ASSERT_OK_AND_ASSIGN(
+      CheckpointInfo info,
+      SaveCheckpoint(from_device, testing::FreshTestDir("device_storage_test_d2h"), 0, 1));
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(info.path));
   ParameterStore host_restored;
   ASSERT_OK(host_restored.Restore(std::move(loaded.snapshot)));
@@ -346,7 +337,9 @@ TEST(DeviceStorageTest, CheckpointsMoveBetweenDeviceAndHostStores) {
 
   // Host -> files -> device: likewise, bit for bit.
   ASSERT_OK_AND_ASSIGN(StoreSnapshot from_host, host.TakeSnapshot());
-  ASSERT_OK_AND_ASSIGN(CheckpointInfo info2, SaveCheckpoint(from_host, TestDir("h2d"), 0, 1));
+  ASSERT_OK_AND_ASSIGN(
+      CheckpointInfo info2,
+      SaveCheckpoint(from_host, testing::FreshTestDir("device_storage_test_h2d"), 0, 1));
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded2, LoadCheckpoint(info2.path));
   ParameterStore device_restored(DeviceOptions());
   ASSERT_OK(device_restored.Restore(std::move(loaded2.snapshot)));

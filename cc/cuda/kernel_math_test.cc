@@ -27,12 +27,6 @@ namespace {
 
 using namespace ::pserver::cuda::testing;  // NOLINT
 
-int GradTypeOf(ElementType type) {
-  return type == v1::FLOAT16    ? kernels::kGradFloat16
-         : type == v1::BFLOAT16 ? kernels::kGradBfloat16
-                                : kernels::kGradFloat32;
-}
-
 // Counts values whose bits differ, reporting the first few.
 int CountBitDifferences(const float* want, const float* got, size_t n, const std::string& what) {
   int differ = 0;
@@ -57,7 +51,8 @@ TEST_P(KernelMathDenseTest, MatchesTheHostOptimizerBitForBit) {
   const size_t num_slots = host->ExportState().slots.size();
   std::vector<std::vector<float>> slots(num_slots, std::vector<float>(kElements, 0.0f));
   if (rule == kernels::kDenseAdagrad) {
-    for (float& v : slots[0]) v = static_cast<float>(c.config.optimizer().adagrad().initial_accumulator());
+    for (float& v : slots[0])
+      v = static_cast<float>(c.config.optimizer().adagrad().initial_accumulator());
   }
 
   std::mt19937 rng(1234);
@@ -70,9 +65,9 @@ TEST_P(KernelMathDenseTest, MatchesTheHostOptimizerBitForBit) {
     host->Apply(want.data(), g.values.data(), std::nullopt);
     double sum = 0;  // as the host's L2Norm: serial, in double
     for (float v : g.values) sum += static_cast<double>(v) * v;
-    const kernels::DenseStep plan = PlanDenseStep(
-        c.config, rule, static_cast<float>(lr.At(step)), step, std::sqrt(sum));
-    kernels::DenseUpdateOnHost(plan, got.data(), g.bytes.data(), GradTypeOf(grad_type),
+    const kernels::DenseStep plan =
+        PlanDenseStep(c.config, rule, static_cast<float>(lr.At(step)), step, std::sqrt(sum));
+    kernels::DenseUpdateOnHost(plan, got.data(), g.bytes.data(), GradTypeOf(grad_type)->first,
                                num_slots > 0 ? slots[0].data() : nullptr,
                                num_slots > 1 ? slots[1].data() : nullptr, kElements);
   }
@@ -86,26 +81,21 @@ TEST_P(KernelMathDenseTest, MatchesTheHostOptimizerBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllRules, KernelMathDenseTest,
-    ::testing::Combine(::testing::ValuesIn(Cases()),
-                       ::testing::Values(v1::FLOAT32, v1::FLOAT16, v1::BFLOAT16)),
-    [](const ::testing::TestParamInfo<std::tuple<Case, ElementType>>& info) {
-      return absl::StrCat(std::get<0>(info.param).name, "_",
-                          ElementTypeName(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(AllRules, KernelMathDenseTest,
+                         ::testing::Combine(::testing::ValuesIn(Cases()),
+                                            ::testing::Values(v1::FLOAT32, v1::FLOAT16,
+                                                              v1::BFLOAT16)),
+                         [](const ::testing::TestParamInfo<std::tuple<Case, ElementType>>& info) {
+                           return absl::StrCat(std::get<0>(info.param).name, "_",
+                                               ElementTypeName(std::get<1>(info.param)));
+                         });
 
-class KernelMathRowsTest : public ::testing::TestWithParam<std::tuple<std::string, ElementType>> {
-};
+class KernelMathRowsTest : public ::testing::TestWithParam<std::tuple<std::string, ElementType>> {};
 
 TEST_P(KernelMathRowsTest, MatchesTheHostRowOptimizerBitForBit) {
   const std::string& name = std::get<0>(GetParam());
   const ElementType type = std::get<1>(GetParam());
-  v1::RowOptimizer config;
-  if (name == "sgd") config.mutable_sgd()->set_learning_rate(0.1);
-  if (name == "adagrad") config.mutable_adagrad()->set_initial_accumulator(0.1);
-  if (name == "adam") config.mutable_adam()->set_learning_rate(0.01);
-  if (name == "add") config.mutable_add();
+  const v1::RowOptimizer config = RowConfig(name);
   ASSERT_OK_AND_ASSIGN(RowOptimizer host, RowOptimizer::Create(config, "t"));
   const kernels::RowStep step = PlanRowStep(config, host.kind());
   constexpr uint32_t kDim = 17, kRows = 64;
@@ -137,7 +127,7 @@ TEST_P(KernelMathRowsTest, MatchesTheHostRowOptimizerBitForBit) {
                                     host.state_per_row_factor(), plan,
                                     type == v1::FLOAT32 ? static_cast<const void*>(g.data())
                                                         : static_cast<const void*>(half.data()),
-                                    GradTypeOf(type));
+                                    GradTypeOf(type)->first);
     for (size_t u = 0; u < plan.num_unique; ++u) {
       const uint32_t r = plan.rows()[u];
       std::vector<double> sum(kDim, 0.0);
@@ -157,7 +147,7 @@ TEST_P(KernelMathRowsTest, MatchesTheHostRowOptimizerBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllRules, KernelMathRowsTest,
-    ::testing::Combine(::testing::Values("sgd", "adagrad", "adam", "add"),
+    ::testing::Combine(::testing::ValuesIn(RowCaseNames()),
                        ::testing::Values(v1::FLOAT32, v1::FLOAT16, v1::BFLOAT16)),
     [](const ::testing::TestParamInfo<std::tuple<std::string, ElementType>>& info) {
       return absl::StrCat(std::get<0>(info.param), "_", ElementTypeName(std::get<1>(info.param)));
@@ -180,7 +170,7 @@ TEST(KernelMathTest, HalfConversionsAreExact) {
   EXPECT_EQ(HalfToFloat(0x3c00), 1.0f);
   EXPECT_EQ(HalfToFloat(0xc000), -2.0f);
   EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);
-  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));     // smallest subnormal
   EXPECT_EQ(HalfToFloat(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
   EXPECT_EQ(FloatBits(HalfToFloat(0x8000)), 0x80000000u);
   EXPECT_TRUE(std::isinf(HalfToFloat(0x7c00)));

@@ -1,5 +1,6 @@
-// The optimizer configurations and gradients the dense agreement tests run
-// (device_optimizer_test on a GPU, kernel_math_test everywhere).
+// The optimizer configurations and gradients the agreement tests run
+// (device_optimizer_test and device_rows_test on a GPU, kernel_math_test
+// everywhere).
 #ifndef PSERVER_CC_CUDA_OPTIMIZER_CASES_H_
 #define PSERVER_CC_CUDA_OPTIMIZER_CASES_H_
 
@@ -12,6 +13,7 @@
 #include "cc/core/element_type.h"
 #include "cc/cuda/test_util.h"
 #include "pserver/v1/config.pb.h"
+#include "pserver/v1/table.pb.h"
 
 namespace pserver {
 namespace cuda {
@@ -124,6 +126,18 @@ inline Gradient MakeGradient(ElementType type, std::mt19937& rng) {
   }
   g.bytes.assign(reinterpret_cast<const char*>(half.data()), kElements * 2);
   return g;
+}
+
+// The row optimizers the sparse agreement tests run, by name.
+inline std::vector<std::string> RowCaseNames() { return {"sgd", "adagrad", "adam", "add"}; }
+
+inline v1::RowOptimizer RowConfig(const std::string& name) {
+  v1::RowOptimizer c;
+  if (name == "sgd") c.mutable_sgd()->set_learning_rate(0.1);
+  if (name == "adagrad") c.mutable_adagrad()->set_initial_accumulator(0.1);
+  if (name == "adam") c.mutable_adam()->set_learning_rate(0.01);
+  if (name == "add") c.mutable_add();
+  return c;
 }
 
 }  // namespace testing

@@ -3,10 +3,26 @@
 #include <cmath>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "cc/cuda/update_math.h"
 
 namespace pserver {
 namespace cuda {
+
+absl::StatusOr<std::pair<int, size_t>> GradTypeOf(ElementType type) {
+  switch (type) {
+    case v1::FLOAT32:
+      return std::make_pair(int{kernels::kGradFloat32}, size_t{4});
+    case v1::FLOAT16:
+      return std::make_pair(int{kernels::kGradFloat16}, size_t{2});
+    case v1::BFLOAT16:
+      return std::make_pair(int{kernels::kGradBfloat16}, size_t{2});
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient element type ", ElementTypeName(type),
+                       " is not accepted on the device (float32, float16 or bfloat16)"));
+  }
+}
 
 int DenseRuleFor(const v1::OptimizerConfig& config) {
   switch (config.kind_case()) {
@@ -163,8 +179,7 @@ void ScatterApplyRowsOnHost(const RowStep& step, float* values, float* state, ui
   for (size_t u = 0; u < plan.num_unique; ++u) {
     const size_t row = plan.rows()[u];
     for (size_t i = 0; i < dim; ++i) {
-      const double g =
-          RowGradSum(grads, grad_type, dim, plan.offsets(), plan.positions(), u, i);
+      const double g = RowGradSum(grads, grad_type, dim, plan.offsets(), plan.positions(), u, i);
       RowElement(step, values + row * dim, state + row * state_factor * dim, dim, i, g,
                  steps[row] + 1);
     }

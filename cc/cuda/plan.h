@@ -9,9 +9,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "cc/core/element_type.h"
 #include "cc/core/row_optimizer.h"
 #include "cc/cuda/kernels.h"
 #include "pserver/v1/config.pb.h"
@@ -19,6 +22,10 @@
 
 namespace pserver {
 namespace cuda {
+
+// kernels::GradType of a gradient type the device accepts (FLOAT32, FLOAT16,
+// BFLOAT16), with its element size; INVALID_ARGUMENT naming it otherwise.
+absl::StatusOr<std::pair<int, size_t>> GradTypeOf(ElementType type);
 
 // kernels::DenseRule of a config's optimizer; -1 if the device has none.
 int DenseRuleFor(const v1::OptimizerConfig& config);

@@ -67,13 +67,11 @@ int GetDeviceProperties(int device, RawDeviceProperties* props) {
   // CUDA 13 dropped these from cudaDeviceProp; the attributes remain.
   int value = 0;
   props->memory_clock_khz =
-      cudaDeviceGetAttribute(&value, cudaDevAttrMemoryClockRate, device) == cudaSuccess ? value
-                                                                                        : 0;
+      cudaDeviceGetAttribute(&value, cudaDevAttrMemoryClockRate, device) == cudaSuccess ? value : 0;
   value = 0;
   props->memory_bus_bits =
-      cudaDeviceGetAttribute(&value, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess
-          ? value
-          : 0;
+      cudaDeviceGetAttribute(&value, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess ? value
+                                                                                             : 0;
   cudaGetLastError();
   return cudaSuccess;
 }
@@ -125,6 +123,20 @@ int MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind, void* s
 
 int MemsetAsync(void* dst, int value, size_t bytes, void* stream) {
   return cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream));
+}
+
+int PointerGetAttributes(const void* ptr, int* memory_type, int* device) {
+  *memory_type = kMemoryUnregistered;
+  *device = -1;
+  cudaPointerAttributes attributes;
+  cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not sticky: later calls report their own errors
+    return err;
+  }
+  *memory_type = static_cast<int>(attributes.type);
+  *device = attributes.type == cudaMemoryTypeUnregistered ? -1 : attributes.device;
+  return cudaSuccess;
 }
 
 int StreamCreate(int device, void** stream) {

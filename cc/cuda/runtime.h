@@ -1,7 +1,8 @@
 // The CUDA runtime calls cc/cuda makes, behind plain C++ declarations (no
 // CUDA types), so that the public classes compile with the host compiler and
 // link either against runtime.cu (nvcc, static CUDA runtime) or against
-// runtime_stub.cc (no CUDA at build time). Internal to cc/cuda.
+// runtime_stub.cc (no CUDA at build time). Internal to cc/cuda (and
+// cc/cuda/memory).
 //
 // Every function returns a cudaError_t value as an int (0: success), or
 // kNotBuilt from the stub. Streams are cudaStream_t passed as void*
@@ -56,6 +57,16 @@ int FreeHost(void* ptr);
 enum CopyKind : int { kHostToDevice = 1, kDeviceToHost = 2, kDeviceToDevice = 3 };
 int MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind, void* stream);
 int MemsetAsync(void* dst, int value, size_t bytes, void* stream);
+
+// cudaMemoryType values.
+constexpr int kMemoryUnregistered = 0;
+constexpr int kMemoryHost = 1;
+constexpr int kMemoryDevice = 2;
+constexpr int kMemoryManaged = 3;
+
+// cudaPointerGetAttributes: *memory_type gets one of the values above and
+// *device the owning device (-1 for unregistered host memory).
+int PointerGetAttributes(const void* ptr, int* memory_type, int* device);
 
 int StreamCreate(int device, void** stream);  // non-blocking w.r.t. the default stream
 int StreamDestroy(void* stream);

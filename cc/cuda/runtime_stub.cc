@@ -37,6 +37,11 @@ int MallocHost(void** ptr, size_t) {
 int FreeHost(void*) { return kNotBuilt; }
 int MemcpyAsync(void*, const void*, size_t, CopyKind, void*) { return kNotBuilt; }
 int MemsetAsync(void*, int, size_t, void*) { return kNotBuilt; }
+int PointerGetAttributes(const void*, int* memory_type, int* device) {
+  *memory_type = kMemoryUnregistered;
+  *device = -1;
+  return kNotBuilt;
+}
 int StreamCreate(int, void** stream) {
   *stream = nullptr;
   return kNotBuilt;
@@ -56,9 +61,8 @@ int SumSquares(const void*, int, size_t, double*, void*) { return rt::kNotBuilt;
 int GatherRows(const float*, uint32_t, const uint32_t*, size_t, float*, void*) {
   return rt::kNotBuilt;
 }
-int ScatterApplyRows(const RowStep&, float*, float*, uint64_t*, uint32_t, uint32_t,
-                     const uint32_t*, const uint32_t*, const uint32_t*, size_t, const void*, int,
-                     void*) {
+int ScatterApplyRows(const RowStep&, float*, float*, uint64_t*, uint32_t, uint32_t, const uint32_t*,
+                     const uint32_t*, const uint32_t*, size_t, const void*, int, void*) {
   return rt::kNotBuilt;
 }
 

@@ -1,10 +1,14 @@
 // Test helpers for cc/cuda: skip GPU tests with the runtime's reason where
-// there is no CUDA device (CI), and half-precision encodings for gradients.
+// there is no CUDA device (CI), half-precision encodings for gradients, and
+// fresh directories for checkpoints.
 #ifndef PSERVER_CC_CUDA_TEST_UTIL_H_
 #define PSERVER_CC_CUDA_TEST_UTIL_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "cc/cuda/device.h"
@@ -12,12 +16,12 @@
 
 // In a TEST body: GTEST_SKIP()s "no CUDA device: <reason from the runtime>"
 // unless CUDA device 0 exists.
-#define PS_SKIP_WITHOUT_CUDA_DEVICE()                                         \
-  do {                                                                        \
+#define PS_SKIP_WITHOUT_CUDA_DEVICE()                                          \
+  do {                                                                         \
     ::absl::StatusOr<int> ps_cuda_count_ = ::pserver::cuda::CudaDeviceCount(); \
-    if (!ps_cuda_count_.ok()) {                                               \
+    if (!ps_cuda_count_.ok()) {                                                \
       GTEST_SKIP() << "no CUDA device: " << ps_cuda_count_.status().message(); \
-    }                                                                         \
+    }                                                                          \
   } while (0)
 
 namespace pserver {
@@ -56,6 +60,16 @@ inline float Float16ToFloat(uint16_t h) {
   const uint32_t mant = h & 0x3ffu;
   if (exp == 0 && mant == 0) return BitsFloat(sign);
   return BitsFloat(sign | ((exp + 112) << 23) | (mant << 13));  // normal values only
+}
+
+// A new, empty directory $TEST_TMPDIR/<name> (/tmp without TEST_TMPDIR).
+inline std::string FreshTestDir(const std::string& name) {
+  namespace fs = std::filesystem;
+  const char* root = std::getenv("TEST_TMPDIR");
+  const fs::path dir = fs::path(root != nullptr ? root : "/tmp") / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
 }
 
 }  // namespace testing

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
 #include "cc/cuda/cuda_status.h"
-#include "cc/cuda/memory/memory_runtime.h"
+#include "cc/cuda/runtime.h"
 
 namespace pserver {
 namespace cuda {
@@ -33,20 +33,20 @@ std::string MemoryKindName(MemoryKind kind) {
 }
 
 absl::StatusOr<PointerInfo> GetPointerInfo(const void* ptr) {
-  int type = memrt::kMemoryUnregistered;
+  int type = rt::kMemoryUnregistered;
   int device = -1;
   PS_RETURN_IF_ERROR(
-      CudaStatus(memrt::PointerGetAttributes(ptr, &type, &device), "cudaPointerGetAttributes"));
+      CudaStatus(rt::PointerGetAttributes(ptr, &type, &device), "cudaPointerGetAttributes"));
   PointerInfo info;
   info.device = device;
   switch (type) {
-    case memrt::kMemoryHost:
+    case rt::kMemoryHost:
       info.kind = MemoryKind::kPinnedHost;
       break;
-    case memrt::kMemoryDevice:
+    case rt::kMemoryDevice:
       info.kind = MemoryKind::kDevice;
       break;
-    case memrt::kMemoryManaged:
+    case rt::kMemoryManaged:
       info.kind = MemoryKind::kManaged;
       break;
     default:
@@ -76,19 +76,19 @@ absl::Status CheckDeviceRange(const void* ptr, size_t bytes, int device) {
 }
 
 absl::Status SynchronizeDevice(int device) {
-  return CudaStatus(memrt::DeviceSynchronize(device),
+  return CudaStatus(rt::DeviceSynchronize(device),
                     absl::StrCat("cudaDeviceSynchronize on cuda:", device));
 }
 
 absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes, const Stream& stream) {
   if (bytes == 0) return absl::OkStatus();
-  return CudaStatus(memrt::MemcpyAsync(dst, src, bytes, /*to_host=*/true, stream.native()),
+  return CudaStatus(rt::MemcpyAsync(dst, src, bytes, rt::kDeviceToHost, stream.native()),
                     absl::StrCat("cudaMemcpyAsync (device to host, ", bytes, " bytes)"));
 }
 
 absl::Status CopyFromHostAsync(void* dst, const void* src, size_t bytes, const Stream& stream) {
   if (bytes == 0) return absl::OkStatus();
-  return CudaStatus(memrt::MemcpyAsync(dst, src, bytes, /*to_host=*/false, stream.native()),
+  return CudaStatus(rt::MemcpyAsync(dst, src, bytes, rt::kHostToDevice, stream.native()),
                     absl::StrCat("cudaMemcpyAsync (host to device, ", bytes, " bytes)"));
 }
 

@@ -7,6 +7,7 @@
 
 #include "cc/cuda/buffer.h"
 #include "cc/cuda/device.h"
+#include "cc/cuda/test_util.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,14 +18,6 @@ namespace {
 
 using ::pserver::testing::StatusIs;
 using ::testing::HasSubstr;
-
-#define SKIP_WITHOUT_CUDA_DEVICE()                                     \
-  do {                                                                 \
-    absl::StatusOr<int> count_ = CudaDeviceCount();                    \
-    if (!count_.ok()) {                                                \
-      GTEST_SKIP() << "no CUDA device: " << count_.status().message(); \
-    }                                                                  \
-  } while (0)
 
 TEST(MemoryTest, ArgumentsAreCheckedFirst) {
   EXPECT_OK(CheckDeviceRange(nullptr, 0, 0));
@@ -46,7 +39,7 @@ TEST(MemoryTest, WithoutADeviceCallsAreUnavailable) {
 }
 
 TEST(MemoryTest, PointerKinds) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  PS_SKIP_WITHOUT_CUDA_DEVICE();
   std::vector<float> host(16);
   ASSERT_OK_AND_ASSIGN(PointerInfo info, GetPointerInfo(host.data()));
   EXPECT_EQ(info.kind, MemoryKind::kUnregisteredHost);
@@ -67,7 +60,7 @@ TEST(MemoryTest, PointerKinds) {
 }
 
 TEST(MemoryTest, QueuedCopiesRoundTrip) {
-  SKIP_WITHOUT_CUDA_DEVICE();
+  PS_SKIP_WITHOUT_CUDA_DEVICE();
   ASSERT_OK_AND_ASSIGN(Stream stream, Stream::Create(0));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer d, DeviceBuffer::Allocate(0, 1024));
   ASSERT_OK_AND_ASSIGN(PinnedBuffer in, PinnedBuffer::Allocate(1024));
