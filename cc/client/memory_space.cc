@@ -64,6 +64,7 @@ absl::Status HostMemorySpace::DoCopy(bool to_host, int lane, void* dst, const vo
     copies_.push_back(copy);
     return absl::InternalError(absl::StrCat("injected copy failure (copy ", index, ")"));
   }
+  if (options_.on_copy_start) options_.on_copy_start();
   if (options_.copy_delay > absl::ZeroDuration()) absl::SleepFor(options_.copy_delay);
   if (bytes > 0) std::memcpy(dst, src, bytes);
   copy.finished = absl::Now();

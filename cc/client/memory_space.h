@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +77,9 @@ class HostMemorySpace : public MemorySpace {
     // Each copy takes at least this long (a slow PCIe link), so that tests
     // can see copies overlap network calls.
     absl::Duration copy_delay = absl::ZeroDuration();
+    // Called as each copy starts, before it runs (tests that order copies
+    // against network calls).
+    std::function<void()> on_copy_start;
     // The copy with this 0-based index (counting both directions) fails
     // with INTERNAL "injected copy failure"; -1: none fails.
     int fail_copy = -1;

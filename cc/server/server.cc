@@ -12,6 +12,7 @@
 #include "cc/cuda/device_storage.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/rpc/grpc_status.h"
+#include "cc/server/checkpoint_schedule.h"
 #include "cc/server/service.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -448,15 +449,23 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
 }
 
 void Server::CheckpointLoop() {
+  absl::Time started = absl::Now();
   while (true) {
+    const absl::Time next = NextPeriodicSave(started, options_.checkpoint_interval, absl::Now());
     {
       absl::MutexLock lock(&loop_mu_);
-      if (loop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.checkpoint_interval)) {
-        return;
-      }
+      if (loop_mu_.AwaitWithDeadline(absl::Condition(&stopping_), next)) return;
     }
+    started = absl::Now();
     absl::StatusOr<CheckpointInfo> saved = Save();
     if (!saved.ok()) Log(absl::StrCat("periodic checkpoint failed: ", saved.status().ToString()));
+    const absl::Time finished = absl::Now();
+    if (SaveOverran(started, finished, options_.checkpoint_interval)) {
+      Log(absl::StrCat("checkpoint took ", absl::FormatDuration(finished - started),
+                       ", longer than --checkpoint_interval=",
+                       absl::FormatDuration(options_.checkpoint_interval),
+                       ": the next one starts at once"));
+    }
   }
 }
 
