@@ -176,7 +176,9 @@ absl::Status MakeDirectories(const std::string& dir, mode_t mode) {
   return not_a_directory();
 }
 
-absl::Status CheckFileMode(uint32_t mode) {
+}  // namespace
+
+absl::Status CheckCheckpointFileMode(uint32_t mode) {
   if ((mode & ~uint32_t{0666}) != 0 || (mode & 0600) != 0600) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "checkpoint file mode %04o must have only permission bits of 0666 and include 0600 "
@@ -185,6 +187,8 @@ absl::Status CheckFileMode(uint32_t mode) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
   while (!data.empty()) {
@@ -541,7 +545,7 @@ absl::StatusOr<uint32_t> ParseCheckpointFileMode(absl::string_view octal) {
         "checkpoint file mode '", absl::CEscape(octal), "' is not an octal mode such as 0600"));
   }
   for (char c : octal) mode = mode * 8 + static_cast<uint32_t>(c - '0');
-  PS_RETURN_IF_ERROR(CheckFileMode(mode));
+  PS_RETURN_IF_ERROR(CheckCheckpointFileMode(mode));
   return mode;
 }
 
@@ -551,7 +555,7 @@ absl::Status CheckWritableDirectory(const std::string& dir, uint32_t file_mode) 
                                                  " is not usable: ", why.message()));
   };
   if (dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
-  PS_RETURN_IF_ERROR(CheckFileMode(file_mode));
+  PS_RETURN_IF_ERROR(CheckCheckpointFileMode(file_mode));
   absl::Status made = MakeDirectories(dir, CheckpointDirMode(file_mode));
   if (!made.ok()) return not_writable(made);
   // Named like a crashed save's leftovers, which the next save removes.
@@ -586,7 +590,7 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
   if (options.max_data_file_bytes == 0) {
     return absl::InvalidArgumentError("checkpoint max_data_file_bytes must be > 0");
   }
-  PS_RETURN_IF_ERROR(CheckFileMode(options.file_mode));
+  PS_RETURN_IF_ERROR(CheckCheckpointFileMode(options.file_mode));
   PS_RETURN_IF_ERROR(CheckSnapshot(snapshot));
   const mode_t dir_mode = CheckpointDirMode(options.file_mode);
 

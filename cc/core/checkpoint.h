@@ -79,6 +79,8 @@ uint32_t CheckpointDirMode(uint32_t file_mode);
 // permission bits of 0666 (no execute, setuid or sticky bits) and lets the
 // owner read and write (0600).
 absl::StatusOr<uint32_t> ParseCheckpointFileMode(absl::string_view octal);
+// The same check of a mode already parsed.
+absl::Status CheckCheckpointFileMode(uint32_t mode);
 
 // Creates `dir` (and missing parents, with CheckpointDirMode(file_mode)) and
 // proves it writable: writes, fsyncs and removes a probe file in it. An error
