@@ -374,6 +374,15 @@ TEST(CheckpointDirStartupTest, UnusableDirectoryFailsStartNamingIt) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("checkpoint directory " + file + "/checkpoints"),
                              HasSubstr("not usable"))));
+  // A directory nobody can create, where loading finds "no checkpoint" (the
+  // old code started empty and failed only at the final save).
+  options.checkpoint_dir = "/proc/pserver-checkpoints-cannot-be-here";
+  absl::StatusOr<std::unique_ptr<Server>> in_proc = Server::Start(options);
+  EXPECT_FALSE(in_proc.ok());
+  EXPECT_THAT(in_proc.status().message(),
+              AllOf(HasSubstr("checkpoint directory /proc/pserver-checkpoints-cannot-be-here/"
+                              "shard-0 is not usable"),
+                    HasSubstr("cannot create directory")));
   options.checkpoint_dir = file;
   EXPECT_THAT(Server::Start(options),
               StatusIs(absl::StatusCode::kFailedPrecondition,
@@ -456,6 +465,7 @@ TEST(PserverCheckpointExitTest, UnwritableDirectoryOrBadModeExitsAtStartup) {
   std::ofstream(file) << "x";
   for (const std::vector<std::string>& flags :
        std::vector<std::vector<std::string>>{{"--checkpoint_dir=" + file + "/sub"},
+                                             {"--checkpoint_dir=/proc/pserver-not-here"},
                                              {"--checkpoint_dir=" + file + "-dir",
                                               "--checkpoint_mode=0777"}}) {
     std::vector<std::string> args = {"--port=0"};
@@ -466,7 +476,8 @@ TEST(PserverCheckpointExitTest, UnwritableDirectoryOrBadModeExitsAtStartup) {
         << DescribeWaitStatus(status) << "\n"
         << child->output();
     EXPECT_THAT(child->out(), ::testing::Not(HasSubstr("listening")));
-    EXPECT_THAT(child->err(), HasSubstr(flags.size() == 1 ? file + "/sub" : "0777"));
+    const std::string named = flags.size() == 2 ? "0777" : flags[0].substr(flags[0].find('=') + 1);
+    EXPECT_THAT(child->err(), HasSubstr(named));
   }
 }
 
