@@ -198,8 +198,9 @@ TEST_F(CheckpointTrustTest, PlantedRecordOutsideTheOwnDirectoryIsIgnored) {
   ASSERT_NO_FATAL_FAILURE(Publish(planted));
   // Also by a path that only looks like ours.
   for (const std::string& path :
-       {foreign.path, absl::StrCat(dir, "/shard-0/../../", fs::path(foreign_dir).filename().string(),
-                                   "/shard-0/", fs::path(foreign.path).filename().string())}) {
+       {foreign.path,
+        absl::StrCat(dir, "/shard-0/../../", fs::path(foreign_dir).filename().string(), "/shard-0/",
+                     fs::path(foreign.path).filename().string())}) {
     SCOPED_TRACE(path);
     planted.set_path(path);
     ASSERT_NO_FATAL_FAILURE(Publish(planted));
@@ -384,10 +385,9 @@ TEST(CheckpointDirStartupTest, UnusableDirectoryFailsStartNamingIt) {
                               "shard-0 is not usable"),
                     HasSubstr("cannot create directory")));
   options.checkpoint_dir = file;
-  EXPECT_THAT(Server::Start(options),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr(file + "/shard-0 is not usable"),
-                             HasSubstr("Not a directory"))));
+  EXPECT_THAT(Server::Start(options), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                               AllOf(HasSubstr(file + "/shard-0 is not usable"),
+                                                     HasSubstr("Not a directory"))));
 }
 
 TEST(CheckpointDirStartupTest, FilesAreOwnerOnlyAndTheModeIsAnOption) {
@@ -414,8 +414,8 @@ TEST(CheckpointDirStartupTest, FilesAreOwnerOnlyAndTheModeIsAnOption) {
     EXPECT_EQ(ModeOf(entry.path().string()), 0640u) << entry.path();
   }
   options.checkpoint_file_mode = 0644 | 0111;
-  EXPECT_THAT(Server::Start(options), StatusIs(absl::StatusCode::kInvalidArgument,
-                                               HasSubstr("0755")));
+  EXPECT_THAT(Server::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0755")));
 }
 
 // ---- the pserver binary ----------------------------------------------------------------
@@ -425,10 +425,9 @@ constexpr absl::Duration kStopTimeout = absl::Seconds(20);
 
 TEST(PserverCheckpointExitTest, FailedFinalCheckpointExitsNonZero) {
   const std::string dir = TestDir();
-  ASSERT_OK_AND_ASSIGN(auto child,
-                       ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
-                                           {"--port=0", "--index=0",
-                                            absl::StrCat("--checkpoint_dir=", dir)}));
+  ASSERT_OK_AND_ASSIGN(auto child, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
+                                                       {"--port=0", "--index=0",
+                                                        absl::StrCat("--checkpoint_dir=", dir)}));
   ASSERT_OK(WaitForPserverAddress(*child, 0, absl::Now() + kStartTimeout).status())
       << child->output();
   // The shard directory is replaced by a file: the final save cannot write.
@@ -436,9 +435,8 @@ TEST(PserverCheckpointExitTest, FailedFinalCheckpointExitsNonZero) {
   std::ofstream(dir + "/shard-0") << "not a directory";
   ASSERT_EQ(kill(child->pid(), SIGTERM), 0) << std::strerror(errno);
   ASSERT_OK_AND_ASSIGN(int status, child->WaitForExit(absl::Now() + kStopTimeout));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1)
-      << DescribeWaitStatus(status) << "\n"
-      << child->output();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << DescribeWaitStatus(status) << "\n"
+                                                             << child->output();
   EXPECT_THAT(child->err(), HasSubstr("final checkpoint failed"));
 }
 
@@ -452,9 +450,8 @@ TEST(PserverCheckpointExitTest, SuccessfulFinalCheckpointExitsZero) {
       << child->output();
   ASSERT_EQ(kill(child->pid(), SIGTERM), 0) << std::strerror(errno);
   ASSERT_OK_AND_ASSIGN(int status, child->WaitForExit(absl::Now() + kStopTimeout));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << DescribeWaitStatus(status) << "\n"
-      << child->output();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DescribeWaitStatus(status) << "\n"
+                                                             << child->output();
   ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> saved, ListCheckpoints(dir + "/shard-0"));
   ASSERT_EQ(saved.size(), 1u);
   EXPECT_EQ(ModeOf(saved[0].path + "/MANIFEST"), 0640u);
@@ -463,18 +460,16 @@ TEST(PserverCheckpointExitTest, SuccessfulFinalCheckpointExitsZero) {
 TEST(PserverCheckpointExitTest, UnwritableDirectoryOrBadModeExitsAtStartup) {
   const std::string file = TestDir() + "/a-file";
   std::ofstream(file) << "x";
-  for (const std::vector<std::string>& flags :
-       std::vector<std::vector<std::string>>{{"--checkpoint_dir=" + file + "/sub"},
-                                             {"--checkpoint_dir=/proc/pserver-not-here"},
-                                             {"--checkpoint_dir=" + file + "-dir",
-                                              "--checkpoint_mode=0777"}}) {
+  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
+           {"--checkpoint_dir=" + file + "/sub"},
+           {"--checkpoint_dir=/proc/pserver-not-here"},
+           {"--checkpoint_dir=" + file + "-dir", "--checkpoint_mode=0777"}}) {
     std::vector<std::string> args = {"--port=0"};
     args.insert(args.end(), flags.begin(), flags.end());
     ASSERT_OK_AND_ASSIGN(auto child, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), args));
     ASSERT_OK_AND_ASSIGN(int status, child->WaitForExit(absl::Now() + kStopTimeout));
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1)
-        << DescribeWaitStatus(status) << "\n"
-        << child->output();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << DescribeWaitStatus(status) << "\n"
+                                                               << child->output();
     EXPECT_THAT(child->out(), ::testing::Not(HasSubstr("listening")));
     const std::string named = flags.size() == 2 ? "0777" : flags[0].substr(flags[0].find('=') + 1);
     EXPECT_THAT(child->err(), HasSubstr(named));

@@ -163,7 +163,8 @@ absl::Status MakeDirectories(const std::string& dir, mode_t mode) {
         absl::StrCat("cannot create directory ", dir, ": it exists and is not a directory"));
   };
   struct stat st;
-  if (::stat(dir.c_str(), &st) == 0) return S_ISDIR(st.st_mode) ? absl::OkStatus() : not_a_directory();
+  if (::stat(dir.c_str(), &st) == 0)
+    return S_ISDIR(st.st_mode) ? absl::OkStatus() : not_a_directory();
   if (errno != ENOENT) return IoError(errno, "cannot create directory", dir);
   const std::string parent = fs::path(dir).parent_path().string();
   if (!parent.empty() && parent.size() < dir.size()) {
@@ -541,8 +542,8 @@ absl::StatusOr<uint32_t> ParseCheckpointFileMode(absl::string_view octal) {
   const bool digits = !octal.empty() && octal.size() <= 5 &&
                       octal.find_first_not_of("01234567") == absl::string_view::npos;
   if (!digits) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint file mode '", absl::CEscape(octal), "' is not an octal mode such as 0600"));
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint file mode '", absl::CEscape(octal),
+                                                   "' is not an octal mode such as 0600"));
   }
   for (char c : octal) mode = mode * 8 + static_cast<uint32_t>(c - '0');
   PS_RETURN_IF_ERROR(CheckCheckpointFileMode(mode));
@@ -551,8 +552,8 @@ absl::StatusOr<uint32_t> ParseCheckpointFileMode(absl::string_view octal) {
 
 absl::Status CheckWritableDirectory(const std::string& dir, uint32_t file_mode) {
   auto not_writable = [&](const absl::Status& why) {
-    return absl::Status(why.code(), absl::StrCat("checkpoint directory ", dir,
-                                                 " is not usable: ", why.message()));
+    return absl::Status(
+        why.code(), absl::StrCat("checkpoint directory ", dir, " is not usable: ", why.message()));
   };
   if (dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
   PS_RETURN_IF_ERROR(CheckCheckpointFileMode(file_mode));

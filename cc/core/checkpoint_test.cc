@@ -1024,8 +1024,8 @@ auto WithFifoReleased(const std::string& fifo, Read read) -> decltype(read()) {
   auto result = std::async(std::launch::async, read);
   if (result.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
     ADD_FAILURE() << "reading blocked on the FIFO " << fifo;
-    for (int i = 0; i < 1000 && result.wait_for(std::chrono::milliseconds(10)) !=
-                                    std::future_status::ready;
+    for (int i = 0;
+         i < 1000 && result.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready;
          ++i) {
       const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
       if (fd >= 0) ::close(fd);
@@ -1122,7 +1122,8 @@ TEST(CheckpointTest, ManifestRecordsClusterAndServerCount) {
   CheckpointWriteOptions options;
   options.cluster = "job-7";
   options.num_servers = 3;
-  ASSERT_OK_AND_ASSIGN(CheckpointInfo saved, SaveCheckpoint(TrainedSnapshot(1), dir, 2, 1, options));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo saved,
+                       SaveCheckpoint(TrainedSnapshot(1), dir, 2, 1, options));
   EXPECT_EQ(saved.cluster, "job-7");
   EXPECT_EQ(saved.num_servers, 3u);
   ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(saved.path));
@@ -1167,8 +1168,7 @@ TEST(CheckpointModeTest, ModeOptionIsAppliedExactly) {
   const std::string dir = TestDir() + "/shard-0";
   CheckpointWriteOptions options;
   options.file_mode = 0640;
-  ASSERT_OK_AND_ASSIGN(CheckpointInfo info,
-                       SaveCheckpoint(TrainedSnapshot(1), dir, 0, 1, options));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveCheckpoint(TrainedSnapshot(1), dir, 0, 1, options));
   EXPECT_EQ(ModeOf(dir), 0750u);
   EXPECT_EQ(ModeOf(info.path), 0750u);
   for (const std::string& name : Names(info.path)) {
@@ -1187,8 +1187,8 @@ TEST(CheckpointModeTest, ParseAndDirMode) {
     ASSERT_OK(parsed.status()) << text;
     EXPECT_EQ(*parsed, mode) << text;
   }
-  for (const char* bad : {"", "600x", "0800", "0400", "0700", "04600", "0200", "-600",
-                          "0000000600"}) {
+  for (const char* bad :
+       {"", "600x", "0800", "0400", "0700", "04600", "0200", "-600", "0000000600"}) {
     EXPECT_THAT(ParseCheckpointFileMode(bad), StatusCodeIs(absl::StatusCode::kInvalidArgument))
         << bad;
   }
@@ -1212,10 +1212,10 @@ TEST(CheckWritableDirectoryTest, CreatesTheDirectoryAndLeavesNothing) {
 TEST(CheckWritableDirectoryTest, FailsUnderARegularFileEvenForRoot) {
   const std::string file = TestDir() + "/file";
   WriteFile(file, "x");
-  EXPECT_THAT(CheckWritableDirectory(file + "/sub"),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("checkpoint directory " + file + "/sub"),
-                             HasSubstr("not usable"))));
+  EXPECT_THAT(
+      CheckWritableDirectory(file + "/sub"),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("checkpoint directory " + file + "/sub"), HasSubstr("not usable"))));
   EXPECT_THAT(CheckWritableDirectory(file),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr(file), HasSubstr("not a directory"))));

@@ -441,17 +441,16 @@ std::optional<LoadedCheckpoint> Server::LoadPublished(uint64_t* published_sequen
   absl::StatusOr<KeyValue> kv = etcd_->Get(CheckpointKey(index_));
   if (absl::IsNotFound(kv.status())) return std::nullopt;
   if (!kv.ok()) {
-    load_messages_.push_back(absl::StrCat("cannot read ", CheckpointKey(index_), " from etcd: ",
-                                          kv.status().ToString(),
+    load_messages_.push_back(absl::StrCat("cannot read ", CheckpointKey(index_),
+                                          " from etcd: ", kv.status().ToString(),
                                           "; using the newest good checkpoint in ", dir));
     return std::nullopt;
   }
   v1::CheckpointRecord record;
   auto ignored = [&](absl::string_view why) {
     load_messages_.push_back(absl::StrCat("ignored etcd ", CheckpointKey(index_), " (",
-                                          record.path().empty() ? "no path" : record.path(),
-                                          "): ", why, "; using the newest good checkpoint in ",
-                                          dir));
+                                          record.path().empty() ? "no path" : record.path(), "): ",
+                                          why, "; using the newest good checkpoint in ", dir));
     return std::nullopt;
   };
   if (absl::Status parsed = FromJson(kv->value, &record); !parsed.ok()) {
@@ -462,8 +461,8 @@ std::optional<LoadedCheckpoint> Server::LoadPublished(uint64_t* published_sequen
     return ignored(absl::StrCat("it is for shard ", record.shard(), ", not ", index_));
   }
   if (!record.cluster().empty() && record.cluster() != options_.cluster) {
-    return ignored(absl::StrCat("it is for cluster '", record.cluster(), "', not '",
-                                options_.cluster, "'"));
+    return ignored(
+        absl::StrCat("it is for cluster '", record.cluster(), "', not '", options_.cluster, "'"));
   }
   // Only a checkpoint directory right inside our own shard directory, with
   // every link resolved: etcd may name any path.
