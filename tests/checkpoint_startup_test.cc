@@ -33,6 +33,7 @@
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/testing/etcd_process.h"
+#include "cc/server/local_cluster.h"
 #include "cc/server/server.h"
 #include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
@@ -361,6 +362,22 @@ TEST(ServerCountTest, ShardBeyondTheCountIsRefusedEvenWithoutARecordedCount) {
                        AllOf(HasSubstr("shard 2"), HasSubstr("at least 3 servers"),
                              HasSubstr("this cluster has 2"))));
   EXPECT_EQ(FilesUnder(dir), before);
+}
+
+TEST(ServerCountTest, LocalClusterRecordsItsSizeAndRefusesAnother) {
+  ServerOptions base;
+  base.checkpoint_dir = TestDir();
+  {
+    ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(3, base));
+    ASSERT_OK_AND_ASSIGN(CheckpointInfo saved, cluster->server(0).Save());
+    EXPECT_EQ(saved.num_servers, 3u);
+  }  // each saves a last checkpoint
+  const auto before = FilesUnder(base.checkpoint_dir);
+  EXPECT_THAT(LocalCluster::Start(2, base),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("written by 3 servers"), HasSubstr("this cluster has 2"))));
+  EXPECT_EQ(FilesUnder(base.checkpoint_dir), before);
+  EXPECT_OK(LocalCluster::Start(3, base).status());
 }
 
 // ---- the checkpoint directory (items 14, 15) ---------------------------------------------
