@@ -31,7 +31,9 @@ type CheckpointReader struct {
 // shard (parameters cut into blocks over several shards are put back
 // together). Opening reads and checks the manifests only; reads verify the
 // checksums of what they read. ErrNotFound when there is no checkpoint at
-// path, ErrDataLoss for a damaged manifest.
+// path, ErrDataLoss for a damaged manifest or one that is not a regular file
+// (a FIFO is refused, never waited on). Verify checks only the checkpoints
+// opened (the newest good one per shard); VerifyCheckpoints checks them all.
 func OpenCheckpoint(path string) (*CheckpointReader, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
