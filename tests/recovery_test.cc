@@ -277,7 +277,7 @@ TEST_F(RecoveryTest, KilledServerRestartsFromItsCheckpointAndTrainingCarriesOn) 
                                       },
                                       absl::Seconds(120));
   stop_trainers();
-  ASSERT_OK(any_error()) << "an error reached the training loop";
+  ASSERT_OK(any_error()) << "an error reached the training loop" << servers[1]->output();
   ASSERT_TRUE(resumed) << "training did not resume after the restart";
   ASSERT_TRUE(trained);
 

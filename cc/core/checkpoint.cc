@@ -105,6 +105,92 @@ absl::StatusOr<Fd> OpenFile(const std::string& path, int flags, mode_t mode = 0)
   return Fd(fd);
 }
 
+// Opens a checkpoint file for reading without ever blocking: a FIFO in its
+// place would block open(2) until a writer came, so the file is opened
+// O_NONBLOCK and accepted only if it is a regular file; then reads block as
+// usual. Symbolic links are refused (the writer never makes one). NOT_FOUND
+// if it is missing; DATA_LOSS naming the file for anything not regular.
+absl::StatusOr<Fd> OpenRegularFile(const std::string& path) {
+  int raw;
+  do {
+    raw = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  } while (raw < 0 && errno == EINTR);
+  if (raw < 0) {
+    if (errno == ELOOP) return Corrupt(path, "is a symbolic link, not a regular file");
+    return IoError(errno, "cannot open", path);
+  }
+  Fd fd(raw);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return IoError(errno, "cannot stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                       : S_ISDIR(st.st_mode)  ? "a directory"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                                              : "of an unknown kind";
+    return Corrupt(path, absl::StrCat("is ", kind, ", not a regular file"));
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return IoError(errno, "cannot clear O_NONBLOCK on", path);
+  }
+  return fd;
+}
+
+// Creates a new file with exactly `mode`, whatever the umask.
+absl::StatusOr<Fd> CreateFile(const std::string& path, mode_t mode) {
+  PS_ASSIGN_OR_RETURN(Fd fd, OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, mode));
+  if (::fchmod(fd.get(), mode) != 0) return IoError(errno, "cannot chmod", path);
+  return fd;
+}
+
+// Creates directory `dir` with exactly `mode`; false if it existed.
+absl::StatusOr<bool> MakeDirectory(const std::string& dir, mode_t mode) {
+  if (::mkdir(dir.c_str(), mode) != 0) {
+    if (errno == EEXIST) return false;
+    return IoError(errno, "cannot create directory", dir);
+  }
+  if (::chmod(dir.c_str(), mode) != 0) return IoError(errno, "cannot chmod", dir);
+  return true;
+}
+
+// Creates `dir` and its missing parents, each with `mode`. An existing `dir`
+// (or a symbolic link to one) is kept as it is.
+absl::Status MakeDirectories(const std::string& dir, mode_t mode) {
+  auto not_a_directory = [&] {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create directory ", dir, ": it exists and is not a directory"));
+  };
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0)
+    return S_ISDIR(st.st_mode) ? absl::OkStatus() : not_a_directory();
+  if (errno != ENOENT) return IoError(errno, "cannot create directory", dir);
+  const std::string parent = fs::path(dir).parent_path().string();
+  if (!parent.empty() && parent.size() < dir.size()) {
+    PS_RETURN_IF_ERROR(MakeDirectories(parent, mode));
+  }
+  PS_ASSIGN_OR_RETURN(bool created, MakeDirectory(dir, mode));
+  if (created) return absl::OkStatus();
+  // Made meanwhile by someone else (or `dir` ends in '/'): what is it?
+  if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return absl::OkStatus();
+  return not_a_directory();
+}
+
+}  // namespace
+
+absl::Status CheckCheckpointFileMode(uint32_t mode) {
+  if ((mode & ~uint32_t{0666}) != 0 || (mode & 0600) != 0600) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "checkpoint file mode %04o must have only permission bits of 0666 and include 0600 "
+        "(the owner reads and writes), e.g. 0600 or 0640",
+        mode));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
   while (!data.empty()) {
     const ssize_t n = ::write(fd, data.data(), std::min(data.size(), size_t{1} << 30));
@@ -222,7 +308,7 @@ class DataWriter {
       PS_RETURN_IF_ERROR(CloseCurrent());
       name_ = absl::StrFormat("data-%05d.bin", files_.size());
       path_ = JoinPath(dir_, name_);
-      PS_ASSIGN_OR_RETURN(fd_, OpenFile(path_, O_WRONLY | O_CREAT | O_EXCL, 0666));
+      PS_ASSIGN_OR_RETURN(fd_, CreateFile(path_, options_.file_mode));
       size_ = 0;
     }
     v1::DataRef ref;
@@ -292,6 +378,8 @@ absl::StatusOr<uint32_t> WriteCheckpointFiles(const StoreSnapshot& snapshot,
   manifest.set_sequence(sequence);
   manifest.set_create_time_micros(absl::ToUnixMicros(time));
   manifest.set_initialized(snapshot.initialized);
+  manifest.set_cluster(options.cluster);
+  manifest.set_num_servers(options.num_servers);
 
   std::vector<const BlockSnapshot*> blocks;
   for (const BlockSnapshot& block : snapshot.blocks) blocks.push_back(&block);
@@ -344,7 +432,7 @@ absl::StatusOr<uint32_t> WriteCheckpointFiles(const StoreSnapshot& snapshot,
   framed += body;
 
   const std::string manifest_path = JoinPath(tmp, kManifestFileName);
-  PS_ASSIGN_OR_RETURN(Fd fd, OpenFile(manifest_path, O_WRONLY | O_CREAT | O_EXCL, 0666));
+  PS_ASSIGN_OR_RETURN(Fd fd, CreateFile(manifest_path, options.file_mode));
   PS_RETURN_IF_ERROR(WriteAll(fd.get(), framed, manifest_path));
   PS_RETURN_IF_ERROR(Sync(fd.get(), manifest_path));
   PS_RETURN_IF_ERROR(fd.Close(manifest_path));
@@ -441,6 +529,51 @@ absl::Status CheckManifest(const v1::CheckpointManifest& manifest,
 
 }  // namespace
 
+uint32_t CheckpointDirMode(uint32_t file_mode) {
+  uint32_t mode = file_mode & 0777;
+  if (mode & 0400) mode |= 0100;
+  if (mode & 0040) mode |= 0010;
+  if (mode & 0004) mode |= 0001;
+  return mode;
+}
+
+absl::StatusOr<uint32_t> ParseCheckpointFileMode(absl::string_view octal) {
+  uint32_t mode = 0;
+  const bool digits = !octal.empty() && octal.size() <= 5 &&
+                      octal.find_first_not_of("01234567") == absl::string_view::npos;
+  if (!digits) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint file mode '", absl::CEscape(octal),
+                                                   "' is not an octal mode such as 0600"));
+  }
+  for (char c : octal) mode = mode * 8 + static_cast<uint32_t>(c - '0');
+  PS_RETURN_IF_ERROR(CheckCheckpointFileMode(mode));
+  return mode;
+}
+
+absl::Status CheckWritableDirectory(const std::string& dir, uint32_t file_mode) {
+  auto not_writable = [&](const absl::Status& why) {
+    return absl::Status(
+        why.code(), absl::StrCat("checkpoint directory ", dir, " is not usable: ", why.message()));
+  };
+  if (dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
+  PS_RETURN_IF_ERROR(CheckCheckpointFileMode(file_mode));
+  absl::Status made = MakeDirectories(dir, CheckpointDirMode(file_mode));
+  if (!made.ok()) return not_writable(made);
+  // Named like a crashed save's leftovers, which the next save removes.
+  const std::string probe = JoinPath(dir, absl::StrCat(kTempPrefix, "probe-", RandomSuffix()));
+  absl::Status written = [&]() -> absl::Status {
+    PS_ASSIGN_OR_RETURN(Fd fd, CreateFile(probe, file_mode));
+    PS_RETURN_IF_ERROR(WriteAll(fd.get(), "pserver write probe\n", probe));
+    PS_RETURN_IF_ERROR(Sync(fd.get(), probe));
+    return fd.Close(probe);
+  }();
+  if (::unlink(probe.c_str()) != 0 && errno != ENOENT && written.ok()) {
+    written = IoError(errno, "cannot remove", probe);
+  }
+  if (!written.ok()) return not_writable(written);
+  return absl::OkStatus();
+}
+
 std::string CheckpointDirName(uint64_t sequence) {
   return absl::StrCat(kCheckpointPrefix, SequenceDigits(sequence));
 }
@@ -458,11 +591,12 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
   if (options.max_data_file_bytes == 0) {
     return absl::InvalidArgumentError("checkpoint max_data_file_bytes must be > 0");
   }
+  PS_RETURN_IF_ERROR(CheckCheckpointFileMode(options.file_mode));
   PS_RETURN_IF_ERROR(CheckSnapshot(snapshot));
+  const mode_t dir_mode = CheckpointDirMode(options.file_mode);
 
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return FsError(ec, "cannot create checkpoint directory", dir);
+  PS_RETURN_IF_ERROR(MakeDirectories(dir, dir_mode));
   const std::string final_path = JoinPath(dir, CheckpointDirName(sequence));
   struct stat st;
   if (::lstat(final_path.c_str(), &st) == 0) {
@@ -473,8 +607,10 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
   std::string tmp;
   for (int attempt = 0;; ++attempt) {
     tmp = JoinPath(dir, absl::StrCat(kTempPrefix, SequenceDigits(sequence), "-", RandomSuffix()));
-    if (::mkdir(tmp.c_str(), 0777) == 0) break;
-    if (errno != EEXIST || attempt == 10) return IoError(errno, "cannot create", tmp);
+    absl::StatusOr<bool> created = MakeDirectory(tmp, dir_mode);
+    if (!created.ok()) return created.status();
+    if (*created) break;
+    if (attempt == 10) return IoError(EEXIST, "cannot create", tmp);
   }
   const absl::Time time =
       options.time == absl::InfinitePast() ? absl::Now() : options.time;
@@ -495,6 +631,8 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
   info.sequence = sequence;
   info.manifest_crc32c = *crc;
   info.time = absl::FromUnixMicros(absl::ToUnixMicros(time));
+  info.cluster = options.cluster;
+  info.num_servers = options.num_servers;
   return info;
 }
 
@@ -503,11 +641,16 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& 
   std::error_code ec;
   fs::directory_iterator it(dir, ec);
   if (ec == std::errc::no_such_file_or_directory) return entries;
+  if (ec == std::errc::not_a_directory) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot list checkpoint directory ", dir, ": it is not a directory"));
+  }
   if (ec) return FsError(ec, "cannot list checkpoint directory", dir);
   for (const fs::directory_entry& entry : it) {
     uint64_t sequence;
     if (!ParseCheckpointName(entry.path().filename().string(), &sequence)) continue;
-    if (!entry.is_directory(ec)) continue;
+    // Only real directories: a ckpt-* link could point anywhere.
+    if (entry.is_symlink(ec) || !entry.is_directory(ec)) continue;
     entries.push_back(CheckpointEntry{JoinPath(dir, entry.path().filename().string()), sequence});
   }
   std::sort(entries.begin(), entries.end(),
@@ -559,7 +702,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
         absl::StrCat("checkpoint ", path, " is not a directory"));
   }
   const std::string manifest_path = JoinPath(path, kManifestFileName);
-  absl::StatusOr<Fd> fd = OpenFile(manifest_path, O_RDONLY);
+  absl::StatusOr<Fd> fd = OpenRegularFile(manifest_path);
   if (!fd.ok()) {
     if (absl::IsNotFound(fd.status())) return Corrupt(manifest_path, "missing");
     return fd.status();
@@ -610,6 +753,8 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   reader->info_.sequence = manifest.sequence();
   reader->info_.manifest_crc32c = crc;
   reader->info_.time = absl::FromUnixMicros(manifest.create_time_micros());
+  reader->info_.cluster = manifest.cluster();
+  reader->info_.num_servers = manifest.num_servers();
   return reader;
 }
 
@@ -635,7 +780,7 @@ absl::StatusOr<Fd> OpenDataFile(const std::string& checkpoint,
     if (file.name() == name) listed = &file;
   }
   if (listed == nullptr) return Corrupt(path, "not listed in the manifest");
-  absl::StatusOr<Fd> fd = OpenFile(path, O_RDONLY);
+  absl::StatusOr<Fd> fd = OpenRegularFile(path);
   if (!fd.ok()) {
     if (absl::IsNotFound(fd.status())) return Corrupt(path, "missing");
     return fd.status();

@@ -24,6 +24,15 @@
 // .tmp-ckpt-* directories; the next save removes them. Old checkpoints are
 // deleted only by PruneCheckpoints, which the caller runs after publishing.
 //
+// Files and modes: every file a checkpoint is read from must be a regular
+// file (never a FIFO, device or symbolic link: they are refused with
+// DATA_LOSS naming the file, and opening never blocks); the checkpoint
+// directories the writer creates are real directories, and ListCheckpoints
+// ignores ckpt-* symbolic links. A directory a caller names (`dir`, `path`)
+// may itself be a symbolic link. Files are written with
+// CheckpointWriteOptions::file_mode (0600 by default: they hold the model)
+// and the directories created with CheckpointDirMode(file_mode) (0700).
+//
 // Errors: every integrity failure (a checksum, a size, a truncated, missing or
 // garbled file) is DATA_LOSS with a message that starts with
 // kChecksumValidationFailed and names the file, e.g.
@@ -59,6 +68,25 @@ inline constexpr uint32_t kCheckpointMaxChunkSize = 4u << 20;  // 4 MiB
 inline constexpr char kManifestMagic[] = "PSCKPT01";           // 8 bytes, no NUL
 inline constexpr size_t kManifestHeaderSize = 16;  // magic, length, crc32c
 inline constexpr char kManifestFileName[] = "MANIFEST";
+inline constexpr uint32_t kDefaultCheckpointFileMode = 0600;
+
+// The mode of a directory holding files of `file_mode`: each class that may
+// read the files may also enter the directory (0600 -> 0700, 0640 -> 0750).
+uint32_t CheckpointDirMode(uint32_t file_mode);
+
+// Parses an octal file mode such as "0600" or "640" (pserver
+// --checkpoint_mode). INVALID_ARGUMENT unless it is octal, has only
+// permission bits of 0666 (no execute, setuid or sticky bits) and lets the
+// owner read and write (0600).
+absl::StatusOr<uint32_t> ParseCheckpointFileMode(absl::string_view octal);
+// The same check of a mode already parsed.
+absl::Status CheckCheckpointFileMode(uint32_t mode);
+
+// Creates `dir` (and missing parents, with CheckpointDirMode(file_mode)) and
+// proves it writable: writes, fsyncs and removes a probe file in it. An error
+// names `dir` and why (e.g. "not a directory", "read-only file system").
+absl::Status CheckWritableDirectory(const std::string& dir,
+                                    uint32_t file_mode = kDefaultCheckpointFileMode);
 
 // What a caller publishes about a saved checkpoint (etcd /checkpoints/<idx>).
 struct CheckpointInfo {
@@ -67,6 +95,8 @@ struct CheckpointInfo {
   uint64_t sequence = 0;
   uint32_t manifest_crc32c = 0;  // CRC32C of the manifest's proto bytes
   absl::Time time;               // when it was written
+  std::string cluster;           // CheckpointWriteOptions::cluster
+  uint32_t num_servers = 0;      // CheckpointWriteOptions::num_servers
 };
 
 struct CheckpointWriteOptions {
@@ -77,6 +107,13 @@ struct CheckpointWriteOptions {
   uint64_t max_data_file_bytes = uint64_t{1} << 30;
   // Creation time written into the manifest; InfinitePast means absl::Now().
   absl::Time time = absl::InfinitePast();
+  // Permission bits of every file written (see ParseCheckpointFileMode);
+  // directories created get CheckpointDirMode(file_mode). Applied exactly,
+  // whatever the umask.
+  uint32_t file_mode = kDefaultCheckpointFileMode;
+  // Recorded in the manifest: the cluster and its server count (0: unknown).
+  std::string cluster;
+  uint32_t num_servers = 0;
 };
 
 // "ckpt-00000000000000000042" for sequence 42.
@@ -99,7 +136,8 @@ struct CheckpointEntry {
 };
 
 // The ckpt-<20 digits> directories in `dir`, oldest first, read from their
-// names alone (nothing is verified). Empty if `dir` does not exist.
+// names alone (nothing is verified; symbolic links are not listed). Empty if
+// `dir` does not exist; FAILED_PRECONDITION if it is not a directory.
 absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir);
 
 // Deletes all but the newest `keep` (>= 1) checkpoints in `dir` and returns

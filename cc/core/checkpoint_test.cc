@@ -1,8 +1,11 @@
 #include "cc/core/checkpoint.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -10,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -1007,6 +1011,215 @@ TEST(CheckpointDirTest, PruneKeepsTheNewest) {
   ASSERT_OK_AND_ASSIGN(removed, PruneCheckpoints(dir, 1));
   EXPECT_THAT(Names(dir), ElementsAre("ckpt-00000000000000000005"));
   EXPECT_THAT(PruneCheckpoints(dir + "/missing", 1), IsOk());
+}
+
+// ---- files that are not regular files -----------------------------------------------
+
+// Runs `read` on another thread. Reading a FIFO used to block in open(2)
+// until a writer came; if `read` has not returned within a generous bound,
+// the test fails and opening the FIFO's write end releases the reader, so a
+// regression fails here instead of hanging the suite.
+template <typename Read>
+auto WithFifoReleased(const std::string& fifo, Read read) -> decltype(read()) {
+  auto result = std::async(std::launch::async, read);
+  if (result.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "reading blocked on the FIFO " << fifo;
+    for (int i = 0;
+         i < 1000 && result.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready;
+         ++i) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  return result.get();
+}
+
+void ReplaceWithFifo(const std::string& path) {
+  ASSERT_TRUE(fs::remove(path)) << path;
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path << ": " << std::strerror(errno);
+}
+
+TEST_F(CorruptionTest, FifoInPlaceOfManifestIsRefusedWithoutBlocking) {
+  ASSERT_NO_FATAL_FAILURE(ReplaceWithFifo(manifest_));
+  auto refused = StatusIs(absl::StatusCode::kDataLoss,
+                          AllOf(HasSubstr(manifest_), HasSubstr("is a FIFO, not a regular file")));
+  EXPECT_THAT(WithFifoReleased(manifest_, [&] { return LoadCheckpoint(info_.path).status(); }),
+              refused);
+  EXPECT_THAT(WithFifoReleased(manifest_, [&] { return VerifyCheckpoint(info_.path).status(); }),
+              refused);
+  EXPECT_THAT(
+      WithFifoReleased(manifest_, [&] { return CheckpointReader::Open(info_.path).status(); }),
+      refused);
+}
+
+TEST_F(CorruptionTest, FifoInPlaceOfDataFileIsRefusedWithoutBlocking) {
+  ASSERT_NO_FATAL_FAILURE(ReplaceWithFifo(data_));
+  auto refused = StatusIs(absl::StatusCode::kDataLoss,
+                          AllOf(HasSubstr(data_), HasSubstr("is a FIFO, not a regular file")));
+  EXPECT_THAT(WithFifoReleased(data_, [&] { return LoadCheckpoint(info_.path).status(); }),
+              refused);
+  EXPECT_THAT(WithFifoReleased(data_, [&] { return VerifyCheckpoint(info_.path).status(); }),
+              refused);
+}
+
+TEST_F(CorruptionTest, SymbolicLinksAndDirectoriesAreNotCheckpointFiles) {
+  // A link to a byte-identical copy: refused all the same (the writer never
+  // makes links, and one could point anywhere).
+  const std::string copy = dir_ + "/copy.bin";
+  fs::copy_file(data_, copy);
+  fs::remove(data_);
+  fs::create_symlink(copy, data_);
+  ExpectDataLoss(data_, false);
+  EXPECT_THAT(LoadCheckpoint(info_.path).status().message(), HasSubstr("symbolic link"));
+  fs::remove(data_);
+  fs::create_directory(data_);
+  ExpectDataLoss(data_, false);
+  EXPECT_THAT(LoadCheckpoint(info_.path).status().message(), HasSubstr("is a directory"));
+}
+
+TEST(CheckpointDirTest, LoadLatestSkipsACheckpointWithAFifo) {
+  const std::string dir = TestDir();
+  ASSERT_OK(SaveCheckpoint(TrainedSnapshot(1), dir, 0, 1).status());
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo newest, SaveCheckpoint(TrainedSnapshot(2), dir, 0, 2));
+  const std::string fifo = newest.path + "/data-00000.bin";
+  ASSERT_NO_FATAL_FAILURE(ReplaceWithFifo(fifo));
+  absl::StatusOr<LoadedCheckpoint> loaded =
+      WithFifoReleased(fifo, [&] { return LoadLatestCheckpoint(dir); });
+  ASSERT_OK(loaded.status());
+  EXPECT_EQ(loaded->info.sequence, 1u);
+  ASSERT_EQ(loaded->skipped.size(), 1u);
+  EXPECT_THAT(loaded->skipped[0].status.message(), HasSubstr("FIFO"));
+}
+
+TEST(CheckpointDirTest, ListSkipsLinksAndRefusesAFile) {
+  const std::string dir = TestDir();
+  const std::string elsewhere = TestDir() + "-elsewhere";
+  fs::remove_all(elsewhere);
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo foreign, SaveCheckpoint(TrainedSnapshot(1), elsewhere, 0, 7));
+  ASSERT_OK(SaveCheckpoint(TrainedSnapshot(1), dir, 0, 1).status());
+  fs::create_directory_symlink(foreign.path, dir + "/ckpt-00000000000000000007");
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> entries, ListCheckpoints(dir));
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].sequence, 1u);
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadLatestCheckpoint(dir));
+  EXPECT_EQ(loaded.info.sequence, 1u);
+
+  WriteFile(dir + "/a-file", "x");
+  EXPECT_THAT(ListCheckpoints(dir + "/a-file"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(dir + "/a-file"), HasSubstr("not a directory"))));
+  // A directory named by the caller may be a link.
+  fs::create_directory_symlink(dir, dir + "-link");
+  ASSERT_OK_AND_ASSIGN(entries, ListCheckpoints(dir + "-link"));
+  EXPECT_EQ(entries.size(), 1u);
+  fs::remove(dir + "-link");
+}
+
+// ---- identity and modes -------------------------------------------------------------
+
+TEST(CheckpointTest, ManifestRecordsClusterAndServerCount) {
+  const std::string dir = TestDir();
+  CheckpointWriteOptions options;
+  options.cluster = "job-7";
+  options.num_servers = 3;
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo saved,
+                       SaveCheckpoint(TrainedSnapshot(1), dir, 2, 1, options));
+  EXPECT_EQ(saved.cluster, "job-7");
+  EXPECT_EQ(saved.num_servers, 3u);
+  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(saved.path));
+  EXPECT_EQ(reader->manifest().cluster(), "job-7");
+  EXPECT_EQ(reader->manifest().num_servers(), 3u);
+  EXPECT_EQ(reader->info().cluster, "job-7");
+  EXPECT_EQ(reader->info().num_servers, 3u);
+  EXPECT_EQ(reader->info().shard, 2u);
+}
+
+uint32_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+// Sets the umask for one scope (tests in this binary run one at a time).
+class ScopedUmask {
+ public:
+  explicit ScopedUmask(mode_t mask) : old_(::umask(mask)) {}
+  ~ScopedUmask() { ::umask(old_); }
+
+ private:
+  mode_t old_;
+};
+
+TEST(CheckpointModeTest, FilesAreOwnerOnlyByDefaultWhateverTheUmask) {
+  ScopedUmask umask(0);
+  const std::string root = TestDir();
+  const std::string dir = root + "/new/shard-0";
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveCheckpoint(TrainedSnapshot(1), dir, 0, 1));
+  EXPECT_EQ(ModeOf(root + "/new"), 0700u);
+  EXPECT_EQ(ModeOf(dir), 0700u);
+  EXPECT_EQ(ModeOf(info.path), 0700u);
+  for (const std::string& name : Names(info.path)) {
+    EXPECT_EQ(ModeOf(info.path + "/" + name), 0600u) << name;
+  }
+}
+
+TEST(CheckpointModeTest, ModeOptionIsAppliedExactly) {
+  ScopedUmask umask(077);  // would take group read away
+  const std::string dir = TestDir() + "/shard-0";
+  CheckpointWriteOptions options;
+  options.file_mode = 0640;
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveCheckpoint(TrainedSnapshot(1), dir, 0, 1, options));
+  EXPECT_EQ(ModeOf(dir), 0750u);
+  EXPECT_EQ(ModeOf(info.path), 0750u);
+  for (const std::string& name : Names(info.path)) {
+    EXPECT_EQ(ModeOf(info.path + "/" + name), 0640u) << name;
+  }
+  options.file_mode = 0755;
+  EXPECT_THAT(SaveCheckpoint(TrainedSnapshot(1), dir, 0, 2, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0755")));
+  EXPECT_THAT(Names(dir), ElementsAre("ckpt-00000000000000000001"));
+}
+
+TEST(CheckpointModeTest, ParseAndDirMode) {
+  for (const auto& [text, mode] : std::vector<std::pair<std::string, uint32_t>>{
+           {"0600", 0600}, {"640", 0640}, {"0644", 0644}, {"0666", 0666}}) {
+    absl::StatusOr<uint32_t> parsed = ParseCheckpointFileMode(text);
+    ASSERT_OK(parsed.status()) << text;
+    EXPECT_EQ(*parsed, mode) << text;
+  }
+  for (const char* bad :
+       {"", "600x", "0800", "0400", "0700", "04600", "0200", "-600", "0000000600"}) {
+    EXPECT_THAT(ParseCheckpointFileMode(bad), StatusCodeIs(absl::StatusCode::kInvalidArgument))
+        << bad;
+  }
+  EXPECT_EQ(CheckpointDirMode(0600), 0700u);
+  EXPECT_EQ(CheckpointDirMode(0640), 0750u);
+  EXPECT_EQ(CheckpointDirMode(0644), 0755u);
+  EXPECT_EQ(CheckpointDirMode(0660), 0770u);
+}
+
+// ---- writable directories -----------------------------------------------------------
+
+TEST(CheckWritableDirectoryTest, CreatesTheDirectoryAndLeavesNothing) {
+  ScopedUmask umask(0);
+  const std::string dir = TestDir() + "/a/b";
+  EXPECT_OK(CheckWritableDirectory(dir));
+  EXPECT_EQ(ModeOf(dir), 0700u);
+  EXPECT_THAT(Names(dir), IsEmpty());
+  EXPECT_OK(CheckWritableDirectory(dir));  // an existing one
+}
+
+TEST(CheckWritableDirectoryTest, FailsUnderARegularFileEvenForRoot) {
+  const std::string file = TestDir() + "/file";
+  WriteFile(file, "x");
+  EXPECT_THAT(
+      CheckWritableDirectory(file + "/sub"),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("checkpoint directory " + file + "/sub"), HasSubstr("not usable"))));
+  EXPECT_THAT(CheckWritableDirectory(file),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(file), HasSubstr("not a directory"))));
+  EXPECT_THAT(CheckWritableDirectory(""), StatusCodeIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(int num_server
   for (int i = 0; i < num_servers; ++i) {
     ServerOptions options = base;
     options.index = static_cast<uint32_t>(i);
+    options.num_servers = static_cast<uint32_t>(num_servers);  // recorded in checkpoints
     options.port = 0;
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
     if (!server.ok()) return server.status();  // the destructor stops the others

@@ -9,7 +9,8 @@
 // Prints "pserver <index> listening on <host:port>" once it serves (with
 // --etcd, after claiming its index and loading its checkpoint), and stops
 // cleanly (exit 0) on SIGINT or SIGTERM, saving a last checkpoint first when
-// it has a --checkpoint_dir. docs/operations.md describes every flag.
+// it has a --checkpoint_dir (exit 1 if that save fails). docs/operations.md
+// describes every flag.
 #include <pthread.h>
 #include <signal.h>
 
@@ -20,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
+#include "cc/core/checkpoint.h"
 #include "cc/cuda/device.h"
 #include "cc/rpc/allocator.h"
 #include "cc/server/server.h"
@@ -45,6 +47,10 @@ ABSL_FLAG(
     "Directory for checkpoints (shard i in <dir>/shard-<i>); loaded at startup. Empty: none.");
 ABSL_FLAG(double, checkpoint_interval, 0, "Seconds between periodic checkpoints; 0: none.");
 ABSL_FLAG(uint32_t, checkpoint_keep, 3, "Checkpoints kept per shard (older ones are deleted).");
+ABSL_FLAG(std::string, checkpoint_mode, "0600",
+          "Octal permission bits of checkpoint files (they hold the model); the directories "
+          "created get the same plus search (0600 -> 0700, 0640 -> 0750). Must include 0600, "
+          "at most 0666.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where shards live: cpu (host memory), auto (the first CUDA device if there is "
           "one, else host memory), or cuda:<N> (exit non-zero without that device). "
@@ -83,6 +89,14 @@ int main(int argc, char** argv) {
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval));
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  absl::StatusOr<uint32_t> checkpoint_mode =
+      pserver::ParseCheckpointFileMode(absl::GetFlag(FLAGS_checkpoint_mode));
+  if (!checkpoint_mode.ok()) {
+    std::fprintf(stderr, "pserver: --checkpoint_mode: %s\n",
+                 checkpoint_mode.status().ToString().c_str());
+    return 1;
+  }
+  options.checkpoint_file_mode = *checkpoint_mode;
   options.drop_reply_after_apply_every_n = absl::GetFlag(FLAGS_drop_reply_after_apply_every_n);
   const std::string device_flag = absl::GetFlag(FLAGS_device);
   absl::StatusOr<pserver::cuda::DeviceChoice> device = pserver::cuda::ChooseDevice(device_flag);
@@ -114,6 +128,14 @@ int main(int argc, char** argv) {
   std::printf("pserver %u: %s received, shutting down\n", index, strsignal(signal_number));
   std::fflush(stdout);
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
+  // A last checkpoint that failed loses every update since the one before:
+  // say so in the exit status, for supervisors and scripts.
+  const absl::Status final_save = (*server)->final_save_status();
+  if (!final_save.ok()) {
+    std::fprintf(stderr, "pserver %u: stopped, but the final checkpoint failed: %s\n", index,
+                 final_save.ToString().c_str());
+    return 1;
+  }
   std::printf("pserver %u: stopped\n", index);
   return 0;
 }

@@ -1,12 +1,19 @@
 #include "cc/server/server.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <map>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "cc/core/status_macros.h"
 #include "cc/cuda/device.h"
 #include "cc/cuda/device_storage.h"
@@ -31,6 +38,7 @@ v1::CheckpointRecord RecordOf(const CheckpointInfo& info, const std::string& add
   record.set_manifest_crc32c(info.manifest_crc32c);
   record.set_time_micros(absl::ToUnixMicros(info.time));
   record.set_server_address(address);
+  record.set_cluster(info.cluster);
   return record;
 }
 
@@ -39,6 +47,18 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
   auto status = google::protobuf::util::MessageToJsonString(message, &json);
   if (!status.ok()) return absl::InternalError(std::string(status.message()));
   return json;
+}
+
+// Until the server count can change (a later issue), a checkpoint is loaded
+// only by as many servers as wrote it.
+constexpr char kServerCountCannotChange[] =
+    "changing the server count of a checkpointed cluster is not supported yet: start as many "
+    "servers as wrote it, or use another --checkpoint_dir";
+
+absl::Status ServerCountMismatch(const std::string& path, uint32_t written, uint32_t now) {
+  return absl::FailedPreconditionError(absl::StrCat("checkpoint ", path, " was written by ",
+                                                    written, " servers, this cluster has ", now,
+                                                    "; ", kServerCountCannotChange));
 }
 
 absl::Status FromJson(const std::string& json, google::protobuf::Message* message) {
@@ -52,7 +72,10 @@ absl::Status FromJson(const std::string& json, google::protobuf::Message* messag
 }  // namespace
 
 Server::Server(const ServerOptions& options, std::optional<int> device)
-    : options_(options), store_(MakeStoreOptions(device)), index_(options.index) {}
+    : options_(options),
+      store_(MakeStoreOptions(device)),
+      index_(options.index),
+      num_servers_(options.num_servers) {}
 
 StoreOptions Server::MakeStoreOptions(std::optional<int> device) {
   StoreOptions store_options;
@@ -103,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (options.checkpoint_keep < 1)
     return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
+  PS_RETURN_IF_ERROR(CheckCheckpointFileMode(options.checkpoint_file_mode));
   if (options.checkpoint_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("checkpoint_interval must be >= 0");
   }
@@ -213,6 +237,15 @@ absl::Status Server::Register() {
                                                       "/ps_desired holds '", desired_kv->value,
                                                       "', not a server count"));
   }
+  // Reported at once: waiting would mean waiting for an index that never
+  // frees up (fewer desired) or serving a cluster of another size.
+  if (options_.num_servers > 0 && desired != options_.num_servers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--num_servers=", options_.num_servers, " disagrees with etcd ", etcd_options.prefix,
+        "/ps_desired = ", desired, "; start with --num_servers=", desired,
+        " (or without it), or change the desired count first (psctl desired)"));
+  }
+  num_servers_ = desired;
 
   PS_ASSIGN_OR_RETURN(int64_t lease,
                       until_deadline([&] { return etcd_->Grant(options_.lease_ttl); }));
@@ -355,29 +388,123 @@ std::string Server::ShardDir() const {
   return absl::StrCat(options_.checkpoint_dir, "/shard-", index_);
 }
 
-absl::Status Server::LoadShard() {
-  const std::string dir = ShardDir();
-  std::optional<LoadedCheckpoint> loaded;
-  uint64_t published_sequence = 0;
-  if (etcd_ != nullptr) {
-    absl::StatusOr<KeyValue> kv = etcd_->Get(CheckpointKey(index_));
-    v1::CheckpointRecord record;
-    if (kv.ok() && FromJson(kv->value, &record).ok() && !record.path().empty()) {
-      published_sequence = record.sequence();
-      absl::StatusOr<LoadedCheckpoint> one = LoadCheckpoint(record.path());
-      if (one.ok()) {
-        loaded = *std::move(one);
-      } else {
-        load_messages_.push_back(absl::StrCat(
-            "the published checkpoint ", record.path(), " failed: ", one.status().message(),
-            "; falling back to the newest good checkpoint in ", dir));
+absl::Status Server::CheckBelongsHere(const CheckpointInfo& info) const {
+  if (info.shard != index_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", info.path, " belongs to shard ", info.shard, ", not to shard ", index_));
+  }
+  if (!info.cluster.empty() && info.cluster != options_.cluster) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", info.path, " belongs to cluster '", info.cluster,
+                     "', this server is in cluster '", options_.cluster,
+                     "' (give this job its own --checkpoint_dir, or its old --cluster)"));
+  }
+  if (info.num_servers != 0 && num_servers_ != 0 && info.num_servers != num_servers_) {
+    return ServerCountMismatch(info.path, info.num_servers, num_servers_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Server::CheckClusterSize() const {
+  if (num_servers_ == 0) return absl::OkStatus();
+  // shard-<k> directories that hold checkpoints, by k.
+  std::map<uint32_t, std::vector<CheckpointEntry>> shards;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(options_.checkpoint_dir, ec)) {
+    absl::string_view name = entry.path().filename().native();
+    uint32_t shard = 0;
+    if (!absl::ConsumePrefix(&name, "shard-") || !absl::SimpleAtoi(name, &shard)) continue;
+    absl::StatusOr<std::vector<CheckpointEntry>> held = ListCheckpoints(entry.path().string());
+    if (held.ok() && !held->empty()) shards[shard] = *std::move(held);
+  }
+  for (const auto& [shard, held] : shards) {
+    if (shard >= num_servers_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint directory ", options_.checkpoint_dir, " holds checkpoints of shard ", shard,
+          " (", held.back().path, "), written by a cluster of at least ", shard + 1,
+          " servers; this cluster has ", num_servers_, "; ", kServerCountCannotChange));
+    }
+    // A damaged manifest is the loader's business (it falls back).
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> newest =
+        CheckpointReader::Open(held.back().path);
+    if (newest.ok()) {
+      const uint32_t written = (*newest)->info().num_servers;
+      if (written != 0 && written != num_servers_) {
+        return ServerCountMismatch(held.back().path, written, num_servers_);
       }
-    } else if (!kv.ok() && !absl::IsNotFound(kv.status())) {
-      load_messages_.push_back(absl::StrCat("cannot read ", CheckpointKey(index_),
-                                            " from etcd: ", kv.status().ToString(),
-                                            "; using the newest good checkpoint in ", dir));
     }
   }
+  return absl::OkStatus();
+}
+
+std::optional<LoadedCheckpoint> Server::LoadPublished(uint64_t* published_sequence) {
+  const std::string dir = ShardDir();
+  absl::StatusOr<KeyValue> kv = etcd_->Get(CheckpointKey(index_));
+  if (absl::IsNotFound(kv.status())) return std::nullopt;
+  if (!kv.ok()) {
+    load_messages_.push_back(absl::StrCat("cannot read ", CheckpointKey(index_),
+                                          " from etcd: ", kv.status().ToString(),
+                                          "; using the newest good checkpoint in ", dir));
+    return std::nullopt;
+  }
+  v1::CheckpointRecord record;
+  auto ignored = [&](absl::string_view why) {
+    load_messages_.push_back(absl::StrCat("ignored etcd ", CheckpointKey(index_), " (",
+                                          record.path().empty() ? "no path" : record.path(), "): ",
+                                          why, "; using the newest good checkpoint in ", dir));
+    return std::nullopt;
+  };
+  if (absl::Status parsed = FromJson(kv->value, &record); !parsed.ok()) {
+    return ignored(absl::StrCat("not a CheckpointRecord: ", parsed.message()));
+  }
+  if (record.path().empty()) return ignored("it names no checkpoint");
+  if (record.shard() != index_) {
+    return ignored(absl::StrCat("it is for shard ", record.shard(), ", not ", index_));
+  }
+  if (!record.cluster().empty() && record.cluster() != options_.cluster) {
+    return ignored(
+        absl::StrCat("it is for cluster '", record.cluster(), "', not '", options_.cluster, "'"));
+  }
+  // Only a checkpoint directory right inside our own shard directory, with
+  // every link resolved: etcd may name any path.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path own = fs::weakly_canonical(dir, ec);
+  const fs::path named = ec ? fs::path() : fs::weakly_canonical(record.path(), ec);
+  struct stat st;
+  if (ec || named.parent_path() != own ||
+      named.filename() != CheckpointDirName(record.sequence()) ||
+      ::lstat(record.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return ignored(absl::StrCat("it is not the directory ", CheckpointDirName(record.sequence()),
+                                " of this server's own ", dir));
+  }
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(record.path());
+  if (!loaded.ok()) {
+    *published_sequence = record.sequence();
+    return ignored(absl::StrCat("it failed: ", loaded.status().message()));
+  }
+  if (loaded->info.manifest_crc32c != record.manifest_crc32c() ||
+      loaded->info.sequence != record.sequence()) {
+    return ignored(absl::StrFormat(
+        "its manifest has sequence %d and crc32c 0x%08x, the record says %d and 0x%08x",
+        loaded->info.sequence, loaded->info.manifest_crc32c, record.sequence(),
+        record.manifest_crc32c()));
+  }
+  if (absl::Status mine = CheckBelongsHere(loaded->info); !mine.ok()) {
+    return ignored(mine.message());
+  }
+  *published_sequence = record.sequence();
+  return *std::move(loaded);
+}
+
+absl::Status Server::LoadShard() {
+  const std::string dir = ShardDir();
+  // An unusable directory is found now, not at the first save.
+  PS_RETURN_IF_ERROR(CheckWritableDirectory(dir, options_.checkpoint_file_mode));
+  PS_RETURN_IF_ERROR(CheckClusterSize());
+  std::optional<LoadedCheckpoint> loaded;
+  uint64_t published_sequence = 0;
+  if (etcd_ != nullptr) loaded = LoadPublished(&published_sequence);
   if (!loaded.has_value()) {
     absl::StatusOr<LoadedCheckpoint> latest = LoadLatestCheckpoint(dir);
     if (latest.ok()) {
@@ -394,6 +521,12 @@ absl::Status Server::LoadShard() {
     }
   }
   if (loaded.has_value()) {
+    // Our own directory holding another shard's, cluster's or cluster
+    // size's checkpoint: refuse rather than serve what is not ours.
+    if (absl::Status mine = CheckBelongsHere(loaded->info); !mine.ok()) {
+      for (const std::string& m : load_messages_) Log(m);
+      return mine;
+    }
     auto ext = loaded->snapshot.extensions.find(AppliedSequences::kExtensionName);
     if (ext != loaded->snapshot.extensions.end()) {
       PS_RETURN_IF_ERROR(service_->applied().Restore(ext->second));
@@ -430,7 +563,12 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
     tables_.SaveTo(&snapshot.extensions);
   }
   const uint64_t sequence = next_sequence_++;
-  PS_ASSIGN_OR_RETURN(CheckpointInfo info, SaveCheckpoint(snapshot, ShardDir(), index_, sequence));
+  CheckpointWriteOptions write_options;
+  write_options.file_mode = options_.checkpoint_file_mode;
+  write_options.cluster = options_.cluster;
+  write_options.num_servers = num_servers_;
+  PS_ASSIGN_OR_RETURN(CheckpointInfo info,
+                      SaveCheckpoint(snapshot, ShardDir(), index_, sequence, write_options));
   // Published only now that it is durable; pruned only after that.
   if (etcd_ != nullptr) {
     PS_ASSIGN_OR_RETURN(std::string json, ToJson(RecordOf(info, address_)));
@@ -502,6 +640,7 @@ void Server::Shutdown(absl::Duration grace) {
     absl::StatusOr<CheckpointInfo> saved = Save();
     Log(saved.ok() ? absl::StrCat("saved checkpoint ", saved->path)
                    : absl::StrCat("final checkpoint failed: ", saved.status().ToString()));
+    final_save_status_ = saved.status();
   }
   if (etcd_ != nullptr) {
     std::unique_ptr<LeaseKeeper> keeper;
@@ -516,6 +655,11 @@ void Server::Shutdown(absl::Duration grace) {
     // Frees the index at once for a replacement.
     if (lease != 0) etcd_->Revoke(lease).IgnoreError();
   }
+}
+
+absl::Status Server::final_save_status() const {
+  absl::MutexLock lock(&shutdown_mu_);
+  return final_save_status_;
 }
 
 Server::~Server() { Shutdown(); }

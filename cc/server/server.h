@@ -53,14 +53,24 @@ struct ServerOptions {
   // --- etcd registry (empty endpoints: none, the embedded default) ---
   std::vector<std::string> etcd_endpoints;  // "host:port"
   std::string cluster = "default";          // keys live under /pserver/<cluster>
-  uint32_t num_servers = 0;                 // desired count, written to /ps_desired if absent
+  // Desired count, written to /ps_desired if absent; Start fails naming both
+  // counts if /ps_desired holds another. Without etcd: the cluster's size,
+  // recorded in checkpoints (0: unknown).
+  uint32_t num_servers = 0;
   absl::Duration lease_ttl = absl::Seconds(5);
   // How long Start waits for a free index (all taken: a killed server's
   // lease has not expired yet) and for etcd.
   absl::Duration register_timeout = absl::Seconds(60);
 
   // --- checkpoints (empty dir: none) ---
-  std::string checkpoint_dir;  // shard i lives in <checkpoint_dir>/shard-<i>
+  // Shard i lives in <checkpoint_dir>/shard-<i>. Start creates that
+  // directory and proves it writable, and loads only checkpoints inside it
+  // whose manifest names this shard and cluster and, when known, the same
+  // server count (FAILED_PRECONDITION naming both counts otherwise).
+  std::string checkpoint_dir;
+  // Permission bits of checkpoint files; their directories get the same plus
+  // search (0600 -> 0700). See ParseCheckpointFileMode.
+  uint32_t checkpoint_file_mode = kDefaultCheckpointFileMode;
   absl::Duration checkpoint_interval = absl::ZeroDuration();  // 0: no periodic saves
   size_t checkpoint_keep = 3;
   bool checkpoint_on_shutdown = true;
@@ -116,6 +126,9 @@ class Server {
   // then cancels the rest; then saves a last checkpoint (checkpoint_dir and
   // checkpoint_on_shutdown) and gives up its etcd index. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
+  // After Shutdown: how its last checkpoint went (OK when none was due). The
+  // pserver binary exits non-zero when it failed.
+  absl::Status final_save_status() const;
 
  private:
   // `device`: the CUDA ordinal dense shards live on; none: host memory.
@@ -129,6 +142,17 @@ class Server {
   absl::Status Reregister();
   // Loads the shard's checkpoint into the store.
   absl::Status LoadShard();
+  // The published record's checkpoint, if etcd has one this server may trust
+  // (inside ShardDir(), naming this shard and cluster, its CRC matching);
+  // why not is added to load_messages_.
+  std::optional<LoadedCheckpoint> LoadPublished(uint64_t* published_sequence);
+  // FAILED_PRECONDITION unless `info` is this shard's, of this cluster, and
+  // written by as many servers as there are now (where both are known).
+  absl::Status CheckBelongsHere(const CheckpointInfo& info) const;
+  // FAILED_PRECONDITION, naming both counts, if <checkpoint_dir> holds
+  // checkpoints of a shard at or beyond the server count, or a shard's newest
+  // checkpoint was written by another count (when known).
+  absl::Status CheckClusterSize() const;
   std::string ShardDir() const;
   void CheckpointLoop();
   // Evicts expired table rows (Eviction.ttl_seconds) every kSweepInterval,
@@ -147,8 +171,12 @@ class Server {
   std::string address_;
   int port_ = 0;
   uint32_t index_ = 0;
-  absl::Mutex shutdown_mu_;
+  // The cluster's server count: /ps_desired with etcd, else
+  // options.num_servers (0: unknown).
+  uint32_t num_servers_ = 0;
+  mutable absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  absl::Status final_save_status_ ABSL_GUARDED_BY(shutdown_mu_);
 
   std::vector<std::string> load_messages_;
   std::optional<CheckpointInfo> loaded_;

@@ -7,7 +7,11 @@ import "C"
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"runtime"
+	"sort"
 	"unsafe"
 )
 
@@ -27,7 +31,9 @@ type CheckpointReader struct {
 // shard (parameters cut into blocks over several shards are put back
 // together). Opening reads and checks the manifests only; reads verify the
 // checksums of what they read. ErrNotFound when there is no checkpoint at
-// path, ErrDataLoss for a damaged manifest.
+// path, ErrDataLoss for a damaged manifest or one that is not a regular file
+// (a FIFO is refused, never waited on). Verify checks only the checkpoints
+// opened (the newest good one per shard); VerifyCheckpoints checks them all.
 func OpenCheckpoint(path string) (*CheckpointReader, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
@@ -171,6 +177,101 @@ func (cr *CheckpointReader) Verify() error {
 		return fmt.Errorf("pserver: verify checkpoint: %w", err)
 	}
 	return nil
+}
+
+// CheckpointVerification is what verifying one checkpoint directory found.
+type CheckpointVerification struct {
+	Path string
+	Err  error // nil when every checksum verified
+}
+
+// VerifyCheckpoints verifies every checkpoint at path, not only the newest of
+// each shard: path itself if it is a checkpoint (holds a MANIFEST), else
+// every ckpt-* directory in it, else every ckpt-* directory in each of its
+// subdirectories (one per shard). Each result says whether that checkpoint
+// verified; the error is for path itself (ErrNotFound when it holds no
+// checkpoint, ErrFailedPrecondition when it is not a directory). Nothing is
+// opened that might block: files that are not regular files (a FIFO) fail
+// their checkpoint with ErrDataLoss, and ckpt-* symbolic links are not
+// followed, as servers do.
+func VerifyCheckpoints(path string) ([]CheckpointVerification, error) {
+	paths, err := checkpointDirs(path)
+	if err != nil {
+		return nil, fmt.Errorf("pserver: verify checkpoints: %w", err)
+	}
+	results := make([]CheckpointVerification, 0, len(paths))
+	for _, p := range paths {
+		results = append(results, CheckpointVerification{Path: p, Err: verifyOne(p)})
+	}
+	return results, nil
+}
+
+func verifyOne(path string) error {
+	r, err := OpenCheckpoint(path)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return r.Verify()
+}
+
+var checkpointName = regexp.MustCompile(`^ckpt-[0-9]{20}$`)
+
+// checkpointDirs is every checkpoint directory at path, sorted.
+func checkpointDirs(path string) ([]string, error) {
+	info, err := os.Stat(path) // a directory named by the caller may be a link
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, &Error{Code: NotFound, Msg: "no checkpoint at " + path + ": it does not exist"}
+		}
+		return nil, &Error{Code: FailedPrecondition, Msg: err.Error()}
+	}
+	if !info.IsDir() {
+		return nil, &Error{Code: FailedPrecondition, Msg: path + " is not a directory"}
+	}
+	if _, err := os.Lstat(filepath.Join(path, "MANIFEST")); err == nil {
+		return []string{path}, nil
+	}
+	own, err := checkpointsIn(path)
+	if err != nil || len(own) > 0 {
+		return own, err
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return nil, &Error{Code: FailedPrecondition, Msg: err.Error()}
+	}
+	var all []string
+	for _, e := range entries {
+		if !e.IsDir() { // Lstat semantics: links are not followed
+			continue
+		}
+		shard, err := checkpointsIn(filepath.Join(path, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, shard...)
+	}
+	if len(all) == 0 {
+		return nil, &Error{Code: NotFound, Msg: "no checkpoint at " + path +
+			": no MANIFEST, no ckpt-* directory in it or in its subdirectories"}
+	}
+	return all, nil
+}
+
+// checkpointsIn is the ckpt-<20 digits> directories in dir, oldest first.
+func checkpointsIn(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, &Error{Code: FailedPrecondition, Msg: err.Error()}
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && checkpointName.MatchString(e.Name()) {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	sort.Strings(out) // 20 digits: names sort as sequences
+	return out, nil
 }
 
 // Close frees the reader; safe to call twice.

@@ -233,7 +233,8 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 	for i := 0; i < *n; i++ {
 		a := append([]string(nil), serverArgs...)
 		if !*withEtcd {
-			a = append(a, "--index="+strconv.Itoa(i))
+			// The count goes into checkpoints: a later start with another -n is refused.
+			a = append(a, "--index="+strconv.Itoa(i), "--num_servers="+strconv.Itoa(*n))
 		}
 		c, err := start(fmt.Sprintf("pserver-%d", i), bin, a, stderr, lines)
 		if err != nil {

@@ -5,7 +5,7 @@
 //	psctl desired -etcd HOST:PORT N                   set the desired server count
 //	psctl checkpoint save -servers A,B                ask every server for a checkpoint now
 //	psctl checkpoint ls DIR                           the checkpoints and parameters at DIR
-//	psctl checkpoint verify DIR                       verify every checksum
+//	psctl checkpoint verify DIR                       verify every checksum of every checkpoint
 //	psctl params (-checkpoint DIR | -servers A,B NAME...)   names, types, shapes, sizes
 //
 // Under Bazel: bazel run //go/cmd/psctl -- <command> ...
@@ -177,7 +177,8 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
   save    asks every server to write a checkpoint of its shard now
   ls      lists the checkpoints at DIR (a checkpoint, a server's directory, or
           the --checkpoint_dir of a cluster) and their parameters
-  verify  checks every checksum of every checkpoint at DIR`
+  verify  checks every checksum of every checkpoint at DIR (every shard, every
+          one kept), prints each failure and exits 1 if any failed`
 	if len(args) == 0 {
 		fmt.Fprintf(stderr, "Usage: psctl %s\n", synopsis)
 		return errUsage
@@ -219,18 +220,14 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 			fs.Usage()
 			return errUsage
 		}
+		if verb == "verify" {
+			return verifyCheckpoints(absPath(fs.Arg(0)), stdout)
+		}
 		r, err := pserver.OpenCheckpoint(absPath(fs.Arg(0)))
 		if err != nil {
 			return err
 		}
 		defer r.Close()
-		if verb == "verify" {
-			if err := r.Verify(); err != nil {
-				return err
-			}
-			fmt.Fprintf(stdout, "OK: %d checkpoints, %d parameters, every checksum verified\n", len(r.Checkpoints()), len(r.Names()))
-			return nil
-		}
 		fmt.Fprintln(stdout, "CHECKPOINT")
 		for _, p := range r.Checkpoints() {
 			fmt.Fprintln(stdout, p)
@@ -241,6 +238,35 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "psctl checkpoint: unknown subcommand %q\nUsage: psctl %s\n", args[0], synopsis)
 		return errUsage
 	}
+}
+
+// verifyCheckpoints verifies every checkpoint at dir (every shard, every one
+// kept), prints each failure, and fails if any did.
+func verifyCheckpoints(dir string, stdout io.Writer) error {
+	results, err := pserver.VerifyCheckpoints(dir)
+	if err != nil {
+		return err
+	}
+	failed := 0
+	for _, r := range results {
+		if r.Err != nil {
+			failed++
+			fmt.Fprintf(stdout, "FAILED %s: %v\n", r.Path, r.Err)
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d checkpoints at %s failed verification", failed, len(results), dir)
+	}
+	params := 0
+	if r, err := pserver.OpenCheckpoint(dir); err == nil {
+		params = len(r.Names())
+		r.Close()
+	}
+	fmt.Fprintf(stdout, "OK: %d checkpoints, %d parameters, every checksum verified\n", len(results), params)
+	for _, r := range results {
+		fmt.Fprintf(stdout, "verified %s\n", r.Path)
+	}
+	return nil
 }
 
 func cmdParams(args []string, stdout, stderr io.Writer) error {

@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -281,5 +283,166 @@ func TestLocalWithEtcd(t *testing.T) {
 		strings.Count(out, "/ckpt-") != 2 ||
 		!regexp.MustCompile(`trainer-7\s+box\s+4242\s+2026-11-22 08:32:02Z`).MatchString(out) {
 		t.Fatalf("status after desired 3: %q", out)
+	}
+}
+
+// savedCheckpoints writes `saves` checkpoints of a 2-server local cluster into
+// a new directory (plus the final ones Close writes) and returns it.
+func savedCheckpoints(t *testing.T, saves int) string {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	cluster, err := pserver.NewLocalCluster(2, &pserver.ServerOptions{CheckpointDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	client, err := pserver.NewClient(ctx, pserver.Options{Servers: cluster.Addresses()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	w, _ := pserver.NewTensor(make([]float32, 12), 3, 4)
+	if err := client.Init(ctx, "w", w, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.FinishInit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < saves; i++ {
+		if err := client.SaveCheckpoint(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// checkpointsOf is the ckpt-* directories of every shard under dir, oldest first per shard.
+func checkpointsOf(t *testing.T, dir string) []string {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, "shard-*", "ckpt-*"))
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("no checkpoints under %s: %v", dir, err)
+	}
+	sort.Strings(paths)
+	return paths
+}
+
+func flipByte(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil || len(data) <= 16 {
+		t.Fatalf("read %s: %v (%d bytes)", path, err, len(data))
+	}
+	data[len(data)/2] ^= 0x5a
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestVerifyChecksEveryCheckpointAndFailsOnAny(t *testing.T) {
+	dir := savedCheckpoints(t, 2)
+	all := checkpointsOf(t, dir)
+	code, out, errs := psctl(t, "checkpoint", "verify", dir)
+	if code != 0 || !strings.HasPrefix(out, fmt.Sprintf("OK: %d checkpoints, 1 parameters", len(all))) {
+		t.Fatalf("verify of good checkpoints: %d %q %q", code, out, errs)
+	}
+	for _, p := range all {
+		if !strings.Contains(out, "verified "+p+"\n") {
+			t.Errorf("verify does not list %s: %q", p, out)
+		}
+	}
+	// The newest manifest of the last shard is damaged: a reader falls back
+	// to the previous one, but verify must not call this good. And an old
+	// checkpoint's data, which no reader opens.
+	newest := all[len(all)-1]
+	var old string
+	for _, p := range all {
+		if st, err := os.Stat(filepath.Join(p, "data-00000.bin")); err == nil && st.Size() > 0 {
+			old = p
+			break
+		}
+	}
+	if old == "" || old == newest {
+		t.Fatalf("no old checkpoint with data among %q", all)
+	}
+	flipByte(t, filepath.Join(newest, "MANIFEST"))
+	flipByte(t, filepath.Join(old, "data-00000.bin"))
+	code, out, errs = psctl(t, "checkpoint", "verify", dir)
+	if code != 1 {
+		t.Fatalf("verify with damaged checkpoints: code %d, out %q, err %q", code, out, errs)
+	}
+	for _, p := range []string{newest, old} {
+		if !strings.Contains(out, "FAILED "+p+": ") {
+			t.Errorf("verify does not name the damaged %s: %q", p, out)
+		}
+	}
+	if !strings.Contains(out, "checksum validation failed") || !strings.Contains(errs, fmt.Sprintf("2 of %d checkpoints", len(all))) || strings.Contains(out, "OK:") {
+		t.Errorf("verify output: %q %q", out, errs)
+	}
+	// One shard's directory, and one checkpoint, alone.
+	if code, out, _ := psctl(t, "checkpoint", "verify", filepath.Dir(newest)); code != 1 || !strings.Contains(out, "FAILED "+newest) {
+		t.Errorf("verify of one shard: %d %q", code, out)
+	}
+	if code, out, _ := psctl(t, "checkpoint", "verify", old); code != 1 || !strings.Contains(out, "FAILED "+old) {
+		t.Errorf("verify of one checkpoint: %d %q", code, out)
+	}
+}
+
+// psctlChild runs psctl as a child process with a deadline, so that a psctl
+// blocked on a FIFO fails the test instead of hanging it.
+func psctlChild(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "PSCTL_TEST_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("psctl %v still running after 30 s (blocked on a FIFO?): %q", args, out)
+	}
+	code := 0
+	if exitErr, ok := err.(*exec.ExitError); ok {
+		code = exitErr.ExitCode()
+	} else if err != nil {
+		t.Fatalf("psctl %v: %v", args, err)
+	}
+	return code, string(out)
+}
+
+func replaceWithFifo(t *testing.T, path string) {
+	t.Helper()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFifoInACheckpointIsRefusedWithoutBlocking(t *testing.T) {
+	dir := savedCheckpoints(t, 1)
+	all := checkpointsOf(t, dir)
+	data := filepath.Join(all[0], "data-00000.bin")
+	replaceWithFifo(t, data)
+	code, out := psctlChild(t, "checkpoint", "verify", dir)
+	if code != 1 || !strings.Contains(out, "FAILED "+all[0]) || !strings.Contains(out, data+": is a FIFO, not a regular file") {
+		t.Errorf("verify with a FIFO data file: %d %q", code, out)
+	}
+	// Every manifest of shard 1 a FIFO: nothing there to fall back to.
+	var manifest string
+	for _, p := range all {
+		if strings.Contains(p, "/shard-1/") {
+			manifest = filepath.Join(p, "MANIFEST")
+			replaceWithFifo(t, manifest)
+		}
+	}
+	code, out = psctlChild(t, "checkpoint", "ls", dir)
+	if code != 1 || !strings.Contains(out, manifest+": is a FIFO, not a regular file") {
+		t.Errorf("ls with a FIFO manifest: %d %q", code, out)
+	}
+	code, out = psctlChild(t, "checkpoint", "verify", dir)
+	if code != 1 || !strings.Contains(out, manifest+": is a FIFO") {
+		t.Errorf("verify with a FIFO manifest: %d %q", code, out)
 	}
 }
