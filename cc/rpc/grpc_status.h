@@ -42,6 +42,25 @@ inline constexpr char kServerTraceMetadataKey[] = "pserver-trace-bin";
 // really separate.
 grpc::ChannelArguments DefaultChannelArguments();
 
+// Why a call never reached its server, in a few words, from the call's
+// status and its channel's state when it ended: "connection refused", "name
+// not resolved", "not a gRPC (pserver) server", "no connection within the
+// deadline", ... each followed by gRPC's own detail where it adds any. Empty
+// when the server was reached (its own UNAVAILABLE, a slow reply on a
+// connected channel) or the status is not UNAVAILABLE or DEADLINE_EXCEEDED.
+std::string UnreachableCause(const grpc::Status& status, grpc_connectivity_state state);
+
+// Two causes that say only that no connection was made, not why: gRPC cut
+// an attempt off (re-resolution replaced it, ...), or the call's deadline
+// came while the channel was still connecting.
+inline constexpr char kAttemptCutOff[] = "connection attempt cut off";
+inline constexpr char kNoConnectionInTime[] =
+    "no connection within the deadline (the TCP or HTTP/2 handshake did not complete)";
+// The cause to report after `earlier` and then `latest` (UnreachableCause
+// values): the latest, unless it is one of the two above and the earlier
+// says more.
+std::string LatestCause(const std::string& earlier, const std::string& latest);
+
 }  // namespace pserver
 
 #endif  // PSERVER_CC_RPC_GRPC_STATUS_H_
