@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 
-#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -63,6 +62,7 @@ std::string HostProblem(absl::string_view host) {
     const std::string copy(host);
     return inet_pton(AF_INET, copy.c_str(), &ip) == 1 ? "" : "has a malformed IPv4 address";
   }
+  if (host.back() == '.') host.remove_suffix(1);  // a fully qualified name
   for (absl::string_view label : absl::StrSplit(host, '.')) {
     if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
       return absl::StrCat("has a malformed host name ('", label,
