@@ -63,8 +63,8 @@ std::string Attempts(int attempts) {
 // when it never reached the server, DEADLINE_EXCEEDED saying why (`cause`:
 // "server 127.0.0.1:7000 not reachable: connection refused (last of 7
 // attempts)"); otherwise the server's own last error, naming it.
-absl::Status GaveUp(const absl::Status& status, const std::string& server,
-                    const std::string& cause, int attempts, bool retried_until_deadline) {
+absl::Status GaveUp(const absl::Status& status, const std::string& server, const std::string& cause,
+                    int attempts, bool retried_until_deadline) {
   if (!cause.empty()) {
     return absl::DeadlineExceededError(
         absl::StrCat("server ", server, " not reachable: ", cause, " (", Attempts(attempts), ")"));
@@ -120,9 +120,10 @@ absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd, absl:
     if (absl::Now() >= deadline) {
       // etcd's error names the endpoint and why it was not reached.
       std::string why = error.ok() ? missing_what : std::string(error.message());
-      if (!error.ok() && !missing_what.empty()) absl::StrAppend(&why, "; last read: ", missing_what);
-      return absl::DeadlineExceededError(absl::StrCat(
-          "waited ", absl::FormatDuration(timeout), " for the servers in ", where, ": ", why));
+      if (!error.ok() && !missing_what.empty())
+        absl::StrAppend(&why, "; last read: ", missing_what);
+      return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
+                                                      " for the servers in ", where, ": ", why));
     }
     absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
   }

@@ -89,8 +89,7 @@ TEST(UnreachableServerTest, UnknownHostSaysNotResolved) {
 }
 
 TEST(UnreachableServerTest, HttpServerSaysNotAPserver) {
-  GarbageServer http(
-      "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  GarbageServer http("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
   ASSERT_GT(http.port(), 0);
   std::unique_ptr<Client> client = ClientOf(http.address());
   ASSERT_NE(client, nullptr);
@@ -105,9 +104,9 @@ TEST(UnreachableServerTest, GarbageAnswerSaysNotAPserver) {
   ASSERT_GT(garbage.port(), 0);
   std::unique_ptr<Client> client = ClientOf(garbage.address());
   ASSERT_NE(client, nullptr);
-  EXPECT_THAT(client->GetStats(),
-              StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       AllOf(HasSubstr(garbage.address()), HasSubstr("not a gRPC (pserver) server"))));
+  EXPECT_THAT(client->GetStats(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                           AllOf(HasSubstr(garbage.address()),
+                                                 HasSubstr("not a gRPC (pserver) server"))));
 }
 
 TEST(UnreachableServerTest, SilentListenerSaysNoAnswer) {

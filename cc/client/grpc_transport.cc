@@ -195,17 +195,17 @@ void GrpcTransport::Call(typename NonDeduced<AsyncMethod<Request, Response>>::ty
   // The completion callback owns the context.
   std::shared_ptr<grpc::ClientContext> context = NewContext(deadline, wait_for_ready_);
   Channel& channel = Next();
-  (channel.stub->async()->*method)(
-      context.get(), &request, response,
-      [context, channel = channel.channel.get(), done = std::move(done)](
-          grpc::Status status) mutable {
-        absl::Status result = CallStatus(status, *channel);
-        // Drop the context (and its reference on the channel) before `done`
-        // wakes the caller: if the caller then destroys the client, the
-        // channel's last reference must not die on this gRPC thread.
-        context.reset();
-        done(std::move(result));
-      });
+  (channel.stub->async()->*method)(context.get(), &request, response,
+                                   [context, channel = channel.channel.get(),
+                                    done = std::move(done)](grpc::Status status) mutable {
+                                     absl::Status result = CallStatus(status, *channel);
+                                     // Drop the context (and its reference on the channel) before
+                                     // `done` wakes the caller: if the caller then destroys the
+                                     // client, the channel's last reference must not die on this
+                                     // gRPC thread.
+                                     context.reset();
+                                     done(std::move(result));
+                                   });
 }
 
 void GrpcTransport::InitParam(const v1::InitParamRequest& request, absl::Time deadline, Done done) {
@@ -238,22 +238,21 @@ void GrpcTransport::CallRaw(const char* method,
   PayloadLease* lease = PayloadLease::Create([call] { call->done(call->status); });
   call->request = encode(lease);
   Channel& channel = Next();
-  channel.generic->UnaryCall(call->context.get(), method, grpc::StubOptions(), &call->request,
-                             &call->response,
-                             [call, lease, trace, channel = channel.channel.get()](
-                                 grpc::Status status) {
-                              call->status = CallStatus(status, *channel);
-                              if (trace != nullptr) RecordServerTrace(*call->context, *trace);
-                              if (call->status.ok() && call->sink) {
-                                call->status = DeliverBlocks(call->response, call->sink);
-                              }
-                              // Let go of what gRPC may still reference before reporting (see
-                              // Call).
-                              call->context.reset();
-                              call->request.Clear();
-                              call->response.Clear();
-                              lease->Release();
-                            });
+  channel.generic->UnaryCall(
+      call->context.get(), method, grpc::StubOptions(), &call->request, &call->response,
+      [call, lease, trace, channel = channel.channel.get()](grpc::Status status) {
+        call->status = CallStatus(status, *channel);
+        if (trace != nullptr) RecordServerTrace(*call->context, *trace);
+        if (call->status.ok() && call->sink) {
+          call->status = DeliverBlocks(call->response, call->sink);
+        }
+        // Let go of what gRPC may still reference before reporting (see
+        // Call).
+        call->context.reset();
+        call->request.Clear();
+        call->response.Clear();
+        lease->Release();
+      });
 }
 
 // Without an id (0: unset), a push is the id'd form.

@@ -205,13 +205,11 @@ class Connection {
   Endpoint& endpoint(size_t index) { return *endpoints_[index % endpoints_.size()]; }
   size_t preferred() const { return preferred_.load(std::memory_order_relaxed); }
 
-  // Asks every channel that is waiting to reconnect to try again now.
-  // Only channels that failed (TRANSIENT_FAILURE): one still connecting would
-  // have its attempt cut off ("tcp handshaker shutdown") and never finish.
+  // Asks every channel that is waiting to reconnect (TRANSIENT_FAILURE) to
+  // try again now; one still connecting is left to finish its attempt.
   void ResetBackoff() {
     for (auto& endpoint : endpoints_) {
-      if (endpoint->channel->GetState(/*try_to_connect=*/false) ==
-          GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      if (endpoint->channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
         grpc::experimental::ChannelResetConnectionBackoff(endpoint->channel.get());
       }
     }
@@ -573,12 +571,11 @@ absl::StatusOr<std::vector<KeyValue>> EtcdClient::GetPrefix(absl::string_view pr
   request.set_sort_order(pb::RangeRequest::ASCEND);
   request.set_sort_target(pb::RangeRequest::KEY);
   pb::RangeResponse response;
-  absl::Status status =
-      connection_->Call("get prefix", Shown(connection_->Key(prefix)),
-                        connection_->Deadline(deadline),
-                        [&](Endpoint& endpoint, grpc::ClientContext& context) {
-                          return endpoint.kv->Range(&context, request, &response);
-                        });
+  absl::Status status = connection_->Call("get prefix", Shown(connection_->Key(prefix)),
+                                          connection_->Deadline(deadline),
+                                          [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                                            return endpoint.kv->Range(&context, request, &response);
+                                          });
   if (!status.ok()) return status;
   std::vector<KeyValue> kvs;
   kvs.reserve(response.kvs_size());

@@ -168,8 +168,7 @@ class EtcdClient {
 
   // The key, or NOT_FOUND when it does not exist. Ends by `deadline` when
   // that is earlier than options.timeout from now.
-  absl::StatusOr<KeyValue> Get(absl::string_view key,
-                               absl::Time deadline = absl::InfiniteFuture());
+  absl::StatusOr<KeyValue> Get(absl::string_view key, absl::Time deadline = absl::InfiniteFuture());
 
   // Every key that starts with `prefix`, sorted by key. When `revision` is not
   // null it receives the store revision the read saw, from which a Watch can
