@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -16,6 +17,7 @@
 #include "cc/client/grpc_transport.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/rpc/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
 #include "pserver/v1/registry.pb.h"
 
@@ -53,19 +55,42 @@ absl::Status Annotate(const absl::Status& status, const std::string& server) {
   return absl::Status(status.code(), absl::StrCat(status.message(), " (server ", server, ")"));
 }
 
+std::string Attempts(int attempts) {
+  return attempts == 1 ? "1 attempt" : absl::StrCat("last of ", attempts, " attempts");
+}
+
+// The error of a call that gave up on `server` after `attempts` rounds:
+// when it never reached the server, DEADLINE_EXCEEDED saying why (`cause`:
+// "server 127.0.0.1:7000 not reachable: connection refused (last of 7
+// attempts)"); otherwise the server's own last error, naming it.
+absl::Status GaveUp(const absl::Status& status, const std::string& server, const std::string& cause,
+                    int attempts, bool retried_until_deadline) {
+  if (!cause.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("server ", server, " not reachable: ", cause, " (", Attempts(attempts), ")"));
+  }
+  if (!retried_until_deadline) return Annotate(status, server);
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), " (server ", server, "; ", Attempts(attempts),
+                                   ", retried until the deadline)"));
+}
+
 // Waits until etcd lists every one of /ps_desired servers; their addresses
 // in index order, and the store revision of the listing.
 absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd, absl::Duration timeout,
                                                          int64_t* revision) {
   const absl::Time deadline = absl::Now() + timeout;
   const std::string where = absl::StrCat("etcd ", etcd.options().prefix, "/ps/");
-  std::string missing_what = "/ps_desired is not set";
-  absl::Status last_error;
+  // What the last read that succeeded found missing ("" before one did).
+  std::string missing_what;
   while (true) {
-    absl::StatusOr<KeyValue> desired_kv = etcd.Get("/ps_desired");
+    absl::Status error;  // why this round could not read etcd
+    // Each etcd call ends by the discovery deadline too, not only by etcd's
+    // own (longer) timeout.
+    absl::StatusOr<KeyValue> desired_kv = etcd.Get("/ps_desired", deadline);
     uint32_t desired = 0;
     if (desired_kv.ok() && absl::SimpleAtoi(desired_kv->value, &desired) && desired > 0) {
-      absl::StatusOr<std::vector<KeyValue>> kvs = etcd.GetPrefix("/ps/", revision);
+      absl::StatusOr<std::vector<KeyValue>> kvs = etcd.GetPrefix("/ps/", revision, deadline);
       if (kvs.ok()) {
         std::vector<std::string> addresses(desired);
         for (const KeyValue& kv : *kvs) {
@@ -82,16 +107,23 @@ absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd, absl:
         missing_what = absl::StrCat(missing.size(), " of ", desired, " servers missing (index ",
                                     absl::StrJoin(missing, ", "), ")");
       } else {
-        last_error = kvs.status();
+        error = kvs.status();
       }
-    } else if (!desired_kv.ok() && !absl::IsNotFound(desired_kv.status())) {
-      last_error = desired_kv.status();
+    } else if (desired_kv.ok()) {
+      missing_what = absl::StrCat("/ps_desired is '", absl::CHexEscape(desired_kv->value),
+                                  "', not a server count");
+    } else if (absl::IsNotFound(desired_kv.status())) {
+      missing_what = "/ps_desired is not set";
+    } else {
+      error = desired_kv.status();
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "waited ", absl::FormatDuration(timeout), " for the servers in ", where, ": ",
-          missing_what,
-          last_error.ok() ? "" : absl::StrCat("; last etcd error: ", last_error.ToString())));
+      // etcd's error names the endpoint and why it was not reached.
+      std::string why = error.ok() ? missing_what : std::string(error.message());
+      if (!error.ok() && !missing_what.empty())
+        absl::StrAppend(&why, "; last read: ", missing_what);
+      return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
+                                                      " for the servers in ", where, ": ", why));
     }
     absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
   }
@@ -239,13 +271,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   PS_RETURN_IF_ERROR(CheckOptions(options, servers.size()));
   std::vector<std::unique_ptr<Transport>> transports;
-  // Following servers through etcd, a call to a dead address fails at once
-  // and is retried on the address its replacement registers.
-  const bool wait_for_ready = options.etcd_endpoints.empty();
-  for (const std::string& address : servers) {
-    PS_ASSIGN_OR_RETURN(auto transport, GrpcTransport::Create(address, options.channels_per_server,
-                                                              wait_for_ready));
-    transports.push_back(std::move(transport));
+  // A call to a server that cannot be reached fails at once, with the cause,
+  // and RunWithRetries tries again (on the new address when the server moved)
+  // until the call's deadline: a server that comes up meanwhile is reached,
+  // and one that never does is reported with why.
+  for (size_t i = 0; i < servers.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<GrpcTransport>> transport =
+        GrpcTransport::Create(servers[i], options.channels_per_server, /*wait_for_ready=*/false);
+    if (!transport.ok()) {
+      return absl::Status(transport.status().code(),
+                          absl::StrCat("server ", i, ": ", transport.status().message(),
+                                       etcd != nullptr ? " (registered in etcd)" : ""));
+    }
+    transports.push_back(*std::move(transport));
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Create(options, std::move(transports)));
   if (etcd != nullptr) {
@@ -372,7 +410,12 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
   for (size_t i = 0; i < n; ++i) pending[i] = i;
   absl::Duration backoff = options_.initial_backoff;
   std::optional<absl::BitGen> jitter;  // seeded only when a retry needs it
+  int attempts = 0;
+  // Per server address: why its last failed attempt never reached it
+  // (UnreachableCause; empty: it answered).
+  absl::flat_hash_map<std::string, std::string> unreachable;
   while (true) {
+    ++attempts;
     const absl::Time attempt_deadline = attempt_timeout > absl::ZeroDuration()
                                             ? std::min(deadline, absl::Now() + attempt_timeout)
                                             : deadline;
@@ -388,22 +431,29 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
       results = group.WaitAll();
     }
     std::vector<size_t> retry;
-    absl::Status retry_error;
+    absl::Status retry_error;  // the first to retry, and its server
+    std::string retry_address;
     for (size_t k = 0; k < pending.size(); ++k) {
       const absl::Status& status = results[k];
       if (status.ok()) continue;
       const bool retryable = absl::IsUnavailable(status) ||
                              (absl::IsDeadlineExceeded(status) && attempt_deadline < deadline);
-      if (!retryable) return Annotate(status, used[k]->address());
-      if (retry.empty()) retry_error = Annotate(status, used[k]->address());
+      const std::string& address = used[k]->address();
+      std::string& cause = unreachable[address];
+      const std::string latest = UnreachableCauseOf(status);
+      cause = latest.empty() ? "" : LatestCause(cause, latest);
+      if (!retryable) return GaveUp(status, address, cause, attempts, false);
+      if (retry.empty()) {
+        retry_error = status;
+        retry_address = address;
+      }
       retry.push_back(pending[k]);
     }
     if (retry.empty()) return absl::OkStatus();
     if (!jitter.has_value()) jitter.emplace();
     const absl::Duration sleep = backoff * absl::Uniform(*jitter, 0.5, 1.5);
     if (absl::Now() + sleep >= deadline) {
-      return absl::Status(retry_error.code(),
-                          absl::StrCat(retry_error.message(), "; retried until the deadline"));
+      return GaveUp(retry_error, retry_address, unreachable[retry_address], attempts, true);
     }
     absl::SleepFor(sleep);
     backoff = std::min(backoff * 2, options_.max_backoff);

@@ -22,7 +22,12 @@
 // `attempt_timeout`) is retried, alone, with exponential backoff and jitter
 // until the call's deadline; each push carries a request id (a random client
 // id and a per-server sequence number, the same on every retry), so a server
-// applies it once even when only its reply was lost. With `etcd_endpoints`
+// applies it once even when only its reply was lost. A call that never
+// reaches its server (nothing listens, the name does not resolve, the peer
+// is not a gRPC server) keeps being retried, so a server that comes up in
+// time is reached; at the deadline it fails with DEADLINE_EXCEEDED saying
+// why: "server 127.0.0.1:7000 not reachable: connection refused (last of 7
+// attempts)". With `etcd_endpoints`
 // the client finds the servers in etcd (waiting up to `discovery_timeout` for
 // the desired count), follows address changes of a restarted server, and
 // registers the trainer at /workers/<id> under a lease (its heartbeat).
@@ -90,7 +95,8 @@ struct ClientOptions {
   // --- discovery through etcd (empty: use `servers`) ---
   std::vector<std::string> etcd_endpoints;  // "host:port"
   std::string cluster = "default";          // keys under /pserver/<cluster>
-  // How long Connect waits for /ps_desired servers to be registered.
+  // How long Connect waits for /ps_desired servers to be registered; etcd
+  // reads are cut short to end by then too.
   absl::Duration discovery_timeout = absl::Seconds(60);
   // The trainer's registration /workers/<worker_id>; empty: a random id.
   bool register_worker = true;
@@ -123,7 +129,12 @@ struct CallOptions {
 class Client {
  public:
   // A client over gRPC to options.servers. INVALID_ARGUMENT for no servers,
-  // an empty address, or a zero block size, request size or timeout.
+  // an address that is not host:port, [IPv6]:port or unix:/path (naming the
+  // server's index, the address and what is wrong), or a zero block size,
+  // request size or timeout. Does not wait for the servers: a call does.
+  // With etcd_endpoints, waits up to discovery_timeout for the servers (every
+  // etcd read included); DEADLINE_EXCEEDED then says what was missing, or
+  // which etcd endpoint could not be read and why.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
   // A client over the given transports (one per server, in index order);

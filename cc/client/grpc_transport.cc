@@ -1,7 +1,15 @@
 #include "cc/client/grpc_transport.h"
 
+#include <arpa/inet.h>
+
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/rpc/wire.h"
@@ -43,6 +51,82 @@ void RecordServerTrace(const grpc::ClientContext& context, TraceRecorder& trace)
   }
 }
 
+// "" when `host` is an IPv4 address or a DNS name; what is wrong otherwise.
+std::string HostProblem(absl::string_view host) {
+  if (host.empty()) return "has no host before ':'";
+  if (absl::StrContains(host, ':')) return "is an IPv6 address without brackets: write [host]:port";
+  if (host.size() > 253) return "has a host name longer than 253 characters";
+  const bool numeric = host.find_first_not_of("0123456789.") == absl::string_view::npos;
+  if (numeric) {
+    in_addr ip;
+    const std::string copy(host);
+    return inet_pton(AF_INET, copy.c_str(), &ip) == 1 ? "" : "has a malformed IPv4 address";
+  }
+  if (host.back() == '.') host.remove_suffix(1);  // a fully qualified name
+  for (absl::string_view label : absl::StrSplit(host, '.')) {
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+      return absl::StrCat("has a malformed host name ('", label,
+                          "' is not a label of 1-63 characters)");
+    }
+    for (char c : label) {
+      if (!absl::ascii_isalnum(c) && c != '-' && c != '_') {
+        return absl::StrCat("has a host name with '", std::string(1, c),
+                            "' (letters, digits, '-', '_' and '.' only)");
+      }
+    }
+  }
+  return "";
+}
+
+// "" when `port` is a number in 1-65535; what is wrong otherwise.
+std::string PortProblem(absl::string_view port) {
+  int number = 0;
+  if (port.empty()) return "has no port after ':'";
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != absl::string_view::npos ||
+      !absl::SimpleAtoi(port, &number) || number < 1 || number > 65535) {
+    return absl::StrCat("has port '", port, "', not a number in 1-65535");
+  }
+  return "";
+}
+
+// "" when gRPC can dial `address`; what is wrong otherwise.
+std::string AddressProblem(absl::string_view address) {
+  if (address.empty()) return "is empty";
+  if (absl::StartsWith(address, "unix:")) {
+    return address.size() > 5 ? "" : "names no socket path after 'unix:'";
+  }
+  if (absl::StrContains(address, "://")) return "is a URL: give host:port";
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == absl::string_view::npos) return "has '[' without ']'";
+    const std::string ip(address.substr(1, close - 1));
+    in6_addr ip6;
+    if (inet_pton(AF_INET6, ip.c_str(), &ip6) != 1) {
+      return absl::StrCat("has '", ip, "' in brackets, not an IPv6 address");
+    }
+    if (close + 1 >= address.size() || address[close + 1] != ':') {
+      return "has no ':port' after ']'";
+    }
+    return PortProblem(address.substr(close + 2));
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) return "is not host:port (no ':port')";
+  std::string problem = HostProblem(address.substr(0, colon));
+  if (problem.empty()) problem = PortProblem(address.substr(colon + 1));
+  return problem;
+}
+
+// The call's status; when it never reached the server, why (UnreachableCause)
+// rides along as a payload. Runs while the call's context still holds the
+// channel.
+absl::Status CallStatus(const grpc::Status& status, grpc::Channel& channel) {
+  absl::Status out = FromGrpcStatus(status);
+  if (out.ok()) return out;
+  const std::string cause = UnreachableCause(status, channel.GetState(/*try_to_connect=*/false));
+  if (!cause.empty()) out.SetPayload(kUnreachableCausePayload, absl::Cord(cause));
+  return out;
+}
+
 // One raw call in flight.
 struct RawCall {
   std::unique_ptr<grpc::ClientContext> context;
@@ -55,6 +139,17 @@ struct RawCall {
 
 }  // namespace
 
+absl::Status ValidateServerAddress(absl::string_view address) {
+  const std::string problem = AddressProblem(address);
+  if (problem.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("address '", address, "' ", problem));
+}
+
+std::string UnreachableCauseOf(const absl::Status& status) {
+  auto cause = status.GetPayload(kUnreachableCausePayload);
+  return cause.has_value() ? std::string(*cause) : std::string();
+}
+
 GrpcTransport::GrpcTransport(std::string address, std::vector<Channel> channels,
                              bool wait_for_ready)
     : address_(std::move(address)),
@@ -64,7 +159,7 @@ GrpcTransport::GrpcTransport(std::string address, std::vector<Channel> channels,
 absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(const std::string& address,
                                                                      int channels,
                                                                      bool wait_for_ready) {
-  if (address.empty()) return absl::InvalidArgumentError("server address is empty");
+  PS_RETURN_IF_ERROR(ValidateServerAddress(address));
   if (channels < 1) {
     return absl::InvalidArgumentError("a transport needs at least one channel");
   }
@@ -82,7 +177,15 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(const std::
 }
 
 GrpcTransport::Channel& GrpcTransport::Next() {
-  return channels_[next_.fetch_add(1, std::memory_order_relaxed) % channels_.size()];
+  Channel& next = channels_[next_.fetch_add(1, std::memory_order_relaxed) % channels_.size()];
+  // A channel that failed to connect waits out gRPC's reconnect backoff (up
+  // to two minutes) before it tries again, failing calls at once meanwhile.
+  // The client's retry loop paces its own attempts, so try again now: a
+  // server that came up is reached on the next attempt.
+  if (next.channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+    grpc::experimental::ChannelResetConnectionBackoff(next.channel.get());
+  }
+  return next;
 }
 
 template <typename Request, typename Response>
@@ -91,15 +194,18 @@ void GrpcTransport::Call(typename NonDeduced<AsyncMethod<Request, Response>>::ty
                          Done done) {
   // The completion callback owns the context.
   std::shared_ptr<grpc::ClientContext> context = NewContext(deadline, wait_for_ready_);
-  (Next().stub->async()->*method)(context.get(), &request, response,
-                                  [context, done = std::move(done)](grpc::Status status) mutable {
-                                    // Drop the context (and its reference on the channel) before
-                                    // `done` wakes the caller: if the caller then destroys the
-                                    // client, the channel's last reference must not die on this
-                                    // gRPC thread.
-                                    context.reset();
-                                    done(FromGrpcStatus(status));
-                                  });
+  Channel& channel = Next();
+  (channel.stub->async()->*method)(context.get(), &request, response,
+                                   [context, channel = channel.channel.get(),
+                                    done = std::move(done)](grpc::Status status) mutable {
+                                     absl::Status result = CallStatus(status, *channel);
+                                     // Drop the context (and its reference on the channel) before
+                                     // `done` wakes the caller: if the caller then destroys the
+                                     // client, the channel's last reference must not die on this
+                                     // gRPC thread.
+                                     context.reset();
+                                     done(std::move(result));
+                                   });
 }
 
 void GrpcTransport::InitParam(const v1::InitParamRequest& request, absl::Time deadline, Done done) {
@@ -131,20 +237,22 @@ void GrpcTransport::CallRaw(const char* method,
   // payload slice is free.
   PayloadLease* lease = PayloadLease::Create([call] { call->done(call->status); });
   call->request = encode(lease);
-  Next().generic->UnaryCall(call->context.get(), method, grpc::StubOptions(), &call->request,
-                            &call->response, [call, lease, trace](grpc::Status status) {
-                              call->status = FromGrpcStatus(status);
-                              if (trace != nullptr) RecordServerTrace(*call->context, *trace);
-                              if (call->status.ok() && call->sink) {
-                                call->status = DeliverBlocks(call->response, call->sink);
-                              }
-                              // Let go of what gRPC may still reference before reporting (see
-                              // Call).
-                              call->context.reset();
-                              call->request.Clear();
-                              call->response.Clear();
-                              lease->Release();
-                            });
+  Channel& channel = Next();
+  channel.generic->UnaryCall(
+      call->context.get(), method, grpc::StubOptions(), &call->request, &call->response,
+      [call, lease, trace, channel = channel.channel.get()](grpc::Status status) {
+        call->status = CallStatus(status, *channel);
+        if (trace != nullptr) RecordServerTrace(*call->context, *trace);
+        if (call->status.ok() && call->sink) {
+          call->status = DeliverBlocks(call->response, call->sink);
+        }
+        // Let go of what gRPC may still reference before reporting (see
+        // Call).
+        call->context.reset();
+        call->request.Clear();
+        call->response.Clear();
+        lease->Release();
+      });
 }
 
 // Without an id (0: unset), a push is the id'd form.

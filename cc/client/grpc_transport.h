@@ -16,19 +16,32 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "cc/client/transport.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "pserver/v1/service.grpc.pb.h"
 
 namespace pserver {
 
+// OK when gRPC can dial `address` as a server: "host:port" (a DNS name or an
+// IPv4 address), "[IPv6]:port", or "unix:/path/to/socket". Otherwise
+// INVALID_ARGUMENT naming the address and what is wrong with it.
+absl::Status ValidateServerAddress(absl::string_view address);
+
+// A failed call's status carries, under this payload, why it never reached
+// its server (cc/rpc/grpc_status.h UnreachableCause), when that is so.
+inline constexpr char kUnreachableCausePayload[] = "type.pserver.dev/unreachable-cause";
+// That cause, or empty.
+std::string UnreachableCauseOf(const absl::Status& status);
+
 class GrpcTransport final : public Transport {
  public:
   // Does not connect yet (gRPC connects on the first call). INVALID_ARGUMENT
-  // for an empty address or fewer than one channel. With `wait_for_ready` a
-  // call waits (within its deadline) for the server to be reachable; without,
-  // a call to an unreachable server fails at once with UNAVAILABLE, which a
-  // client that follows servers moving (etcd) retries on the new address.
+  // for a malformed address (ValidateServerAddress) or fewer than one
+  // channel. With `wait_for_ready` a call waits (within its deadline) for the
+  // server to be reachable; without, a call to an unreachable server fails at
+  // once with UNAVAILABLE and the cause (UnreachableCauseOf), which Client's
+  // retry loop retries, on the new address when the server moved (etcd).
   static absl::StatusOr<std::unique_ptr<GrpcTransport>> Create(const std::string& address,
                                                                int channels = 1,
                                                                bool wait_for_ready = true);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "cc/rpc/grpc_status.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -63,7 +64,26 @@ struct Endpoint {
   std::unique_ptr<pb::KV::Stub> kv;
   std::unique_ptr<pb::Lease::Stub> lease;
   std::unique_ptr<pb::Watch::Stub> watch;
+
+  // Notes how an attempt on this endpoint ended. Returns why the endpoint
+  // is not reachable (UnreachableCause, kept across attempts and calls, so a
+  // vague cause does not hide an earlier telling one), or "" once it answered.
+  std::string Note(const grpc::Status& status) {
+    const std::string cause = UnreachableCause(status, channel->GetState(/*try_to_connect=*/false));
+    absl::MutexLock lock(&mu_);
+    unreachable_ = cause.empty() ? "" : LatestCause(unreachable_, cause);
+    return unreachable_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::string unreachable_ ABSL_GUARDED_BY(mu_);
 };
+
+// `message` led by why the endpoint was not reachable, if it was not.
+std::string WithCause(const std::string& cause, const std::string& message) {
+  return cause.empty() ? message : absl::StrCat("not reachable: ", cause);
+}
 
 // One try of a call on one endpoint, with a context whose deadline is set.
 using Attempt = std::function<grpc::Status(Endpoint& endpoint, grpc::ClientContext& context)>;
@@ -159,7 +179,11 @@ class Connection {
   }
 
   const EtcdClientOptions& options() const { return options_; }
-  absl::Time Deadline() const { return absl::Now() + options_.timeout; }
+  // When a call started now ends: options.timeout from now, or `limit` when
+  // that is earlier.
+  absl::Time Deadline(absl::Time limit = absl::InfiniteFuture()) const {
+    return std::min(absl::Now() + options_.timeout, limit);
+  }
 
   std::string Key(absl::string_view key) const { return absl::StrCat(options_.prefix, key); }
   std::string StripPrefix(const std::string& key) const {
@@ -181,10 +205,13 @@ class Connection {
   Endpoint& endpoint(size_t index) { return *endpoints_[index % endpoints_.size()]; }
   size_t preferred() const { return preferred_.load(std::memory_order_relaxed); }
 
-  // Asks every channel that is waiting to reconnect to try again now.
+  // Asks every channel that is waiting to reconnect (TRANSIENT_FAILURE) to
+  // try again now; one still connecting is left to finish its attempt.
   void ResetBackoff() {
     for (auto& endpoint : endpoints_) {
-      grpc::experimental::ChannelResetConnectionBackoff(endpoint->channel.get());
+      if (endpoint->channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+        grpc::experimental::ChannelResetConnectionBackoff(endpoint->channel.get());
+      }
     }
   }
 
@@ -201,6 +228,7 @@ class Connection {
     absl::Duration backoff = absl::Milliseconds(50);
     grpc::Status last(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed before a try");
     size_t last_index = index;
+    std::string last_cause;  // why endpoints_[last_index] was not reached
     const absl::Time start = absl::Now();
     while (true) {
       for (size_t tried = 0; tried < n; ++tried, index = (index + 1) % n) {
@@ -213,6 +241,7 @@ class Connection {
         }
         grpc::Status status = attempt(endpoint, context);
         if (canceller != nullptr) canceller->Unregister();
+        last_cause = endpoint.Note(status);
         last = std::move(status);
         last_index = index;
         if (last.error_code() != grpc::StatusCode::UNAVAILABLE) break;
@@ -238,7 +267,7 @@ class Connection {
       preferred_.store(last_index, std::memory_order_relaxed);
       return absl::OkStatus();
     }
-    std::string message = last.error_message();
+    std::string message = WithCause(last_cause, last.error_message());
     if (last.error_code() == grpc::StatusCode::UNAVAILABLE) {
       std::vector<std::string> all;
       for (const auto& endpoint : endpoints_) all.push_back(endpoint->address);
@@ -513,7 +542,7 @@ absl::Status EtcdClient::Put(absl::string_view key, absl::string_view value, int
                            });
 }
 
-absl::StatusOr<KeyValue> EtcdClient::Get(absl::string_view key) {
+absl::StatusOr<KeyValue> EtcdClient::Get(absl::string_view key, absl::Time deadline) {
   pb::RangeRequest request;
   request.set_key(connection_->Key(key));
   absl::Status valid = CheckKey("get", request.key());
@@ -521,7 +550,7 @@ absl::StatusOr<KeyValue> EtcdClient::Get(absl::string_view key) {
   pb::RangeResponse response;
   std::string address;
   absl::Status status = connection_->Call(
-      "get", Shown(request.key()), connection_->Deadline(),
+      "get", Shown(request.key()), connection_->Deadline(deadline),
       [&](Endpoint& endpoint, grpc::ClientContext& context) {
         return endpoint.kv->Range(&context, request, &response);
       },
@@ -535,17 +564,18 @@ absl::StatusOr<KeyValue> EtcdClient::Get(absl::string_view key) {
 }
 
 absl::StatusOr<std::vector<KeyValue>> EtcdClient::GetPrefix(absl::string_view prefix,
-                                                            int64_t* revision) {
+                                                            int64_t* revision,
+                                                            absl::Time deadline) {
   pb::RangeRequest request;
   SetPrefixRange(connection_->Key(prefix), &request);
   request.set_sort_order(pb::RangeRequest::ASCEND);
   request.set_sort_target(pb::RangeRequest::KEY);
   pb::RangeResponse response;
-  absl::Status status =
-      connection_->Call("get prefix", Shown(connection_->Key(prefix)), connection_->Deadline(),
-                        [&](Endpoint& endpoint, grpc::ClientContext& context) {
-                          return endpoint.kv->Range(&context, request, &response);
-                        });
+  absl::Status status = connection_->Call("get prefix", Shown(connection_->Key(prefix)),
+                                          connection_->Deadline(deadline),
+                                          [&](Endpoint& endpoint, grpc::ClientContext& context) {
+                                            return endpoint.kv->Range(&context, request, &response);
+                                          });
   if (!status.ok()) return status;
   std::vector<KeyValue> kvs;
   kvs.reserve(response.kvs_size());
@@ -913,7 +943,8 @@ class Watcher::Impl {
             status.ok() ? absl::StatusCode::kUnavailable
                         : static_cast<absl::StatusCode>(status.error_code()),
             "watch", Shown(prefix_), endpoint.address,
-            status.ok() ? "stream ended" : status.error_message());
+            status.ok() ? "stream ended"
+                        : etcd_internal::WithCause(endpoint.Note(status), status.error_message()));
       }
       if (status.error_code() == grpc::StatusCode::UNAVAILABLE || !created) {
         index = (index + 1) % n;

@@ -24,7 +24,9 @@
 // none answers, backs off briefly and tries again, so a call made while etcd
 // restarts on the same address succeeds once it is back, without a new
 // client. Errors keep gRPC's (= absl's) code and name the operation, the key
-// and the endpoint: "etcd put /pserver/demo/ps/0 on 127.0.0.1:2379: ...".
+// and the endpoint: "etcd put /pserver/demo/ps/0 on 127.0.0.1:2379: ...";
+// when no endpoint could be reached, why ("not reachable: connection
+// refused", "not reachable: no connection within the deadline ...").
 //
 // A write retried after a lost reply may be applied twice; Put, Delete and
 // PutIfAbsent are written so that a repeat is harmless, and Txn callers should
@@ -164,14 +166,17 @@ class EtcdClient {
   // deleted when the lease ends).
   absl::Status Put(absl::string_view key, absl::string_view value, int64_t lease = 0);
 
-  // The key, or NOT_FOUND when it does not exist.
-  absl::StatusOr<KeyValue> Get(absl::string_view key);
+  // The key, or NOT_FOUND when it does not exist. Ends by `deadline` when
+  // that is earlier than options.timeout from now.
+  absl::StatusOr<KeyValue> Get(absl::string_view key, absl::Time deadline = absl::InfiniteFuture());
 
   // Every key that starts with `prefix`, sorted by key. When `revision` is not
   // null it receives the store revision the read saw, from which a Watch can
-  // continue (revision + 1) without missing or repeating a change.
+  // continue (revision + 1) without missing or repeating a change. Ends by
+  // `deadline` when that is earlier than options.timeout from now.
   absl::StatusOr<std::vector<KeyValue>> GetPrefix(absl::string_view prefix,
-                                                  int64_t* revision = nullptr);
+                                                  int64_t* revision = nullptr,
+                                                  absl::Time deadline = absl::InfiniteFuture());
 
   // Deletes the key; a key that does not exist is not an error.
   absl::Status Delete(absl::string_view key);

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/etcd/testing/etcd_process.h"
+#include "cc/etcd/testing/fake_endpoints.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -480,6 +481,7 @@ TEST_F(EtcdClientTest, UnreachableEndpointFailsWithinTimeout) {
   absl::Duration elapsed = absl::Now() - start;
   EXPECT_THAT(status, unreachable);
   EXPECT_THAT(status.message(), HasSubstr("etcd get /test/x on " + dead));
+  EXPECT_THAT(status.message(), HasSubstr("not reachable: connection refused"));
   EXPECT_LT(elapsed, timeout + absl::Seconds(1));
 
   start = absl::Now();
@@ -501,6 +503,96 @@ TEST_F(EtcdClientTest, FailsOverToTheNextEndpoint) {
   ASSERT_OK(client->Put("/f", "2"));
   ASSERT_TRUE(log.WaitForCount(1));
   EXPECT_THAT(log.Summary(), ElementsAre("PUT /f=2"));
+}
+
+// ---- endpoints that are not etcd: every call ends by its timeout, saying why --
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> ClientOf(const std::string& endpoint,
+                                                     absl::Duration timeout) {
+  EtcdClientOptions options;
+  options.endpoints = {endpoint};
+  options.timeout = timeout;
+  options.prefix = "/test";
+  return EtcdClient::Connect(options);
+}
+
+// Runs every kind of call against `client` (whose timeout is `timeout`): each
+// fails within timeout + a generous margin, naming `endpoint` and `cause`.
+void ExpectEveryCallFailsInTime(EtcdClient& client, absl::Duration timeout,
+                                const std::string& endpoint, const std::string& cause) {
+  const auto fails = [&](absl::Status status, const char* what) {
+    EXPECT_THAT(status, AnyOf(StatusCodeIs(absl::StatusCode::kUnavailable),
+                              StatusCodeIs(absl::StatusCode::kDeadlineExceeded)))
+        << what;
+    EXPECT_THAT(std::string(status.message()), AllOf(HasSubstr(endpoint), HasSubstr(cause)))
+        << what;
+  };
+  const absl::Duration bound = timeout + absl::Seconds(2);  // the old code: no longer
+  absl::Time start = absl::Now();
+  fails(client.Get("/x").status(), "get");
+  EXPECT_LT(absl::Now() - start, bound);
+  start = absl::Now();
+  fails(client.Put("/x", "1"), "put");
+  EXPECT_LT(absl::Now() - start, bound);
+  start = absl::Now();
+  fails(client.GetPrefix("/").status(), "get prefix");
+  EXPECT_LT(absl::Now() - start, bound);
+  start = absl::Now();
+  fails(client.Grant(absl::Seconds(5)).status(), "grant");
+  EXPECT_LT(absl::Now() - start, bound);
+  start = absl::Now();
+  fails(client.KeepAliveOnce(1).status(), "keep-alive");
+  EXPECT_LT(absl::Now() - start, bound);
+  start = absl::Now();
+  fails(client.Txn({Compare::KeyMissing("/x")}, {TxnOp::Put("/x", "1")}).status(), "txn");
+  EXPECT_LT(absl::Now() - start, bound);
+  start = absl::Now();
+  fails(client.Watch("/x", 0, [](const WatchEvent&) {}).status(), "watch");
+  EXPECT_LT(absl::Now() - start, bound);
+}
+
+TEST(EtcdUnreachableTest, ClosedPortSaysConnectionRefused) {
+  ::pserver::testing::ClosedPort closed;
+  ASSERT_GT(closed.port(), 0);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdClient> client,
+                       ClientOf(closed.address(), absl::Seconds(1)));
+  ExpectEveryCallFailsInTime(*client, absl::Seconds(1), closed.address(), "refused");
+}
+
+TEST(EtcdUnreachableTest, SilentListenerSaysNoConnection) {
+  ::pserver::testing::SilentListener silent;
+  ASSERT_GT(silent.port(), 0);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdClient> client,
+                       ClientOf(silent.address(), absl::Seconds(1)));
+  ExpectEveryCallFailsInTime(*client, absl::Seconds(1), silent.address(), "no connection");
+}
+
+TEST(EtcdUnreachableTest, HttpServerSaysNotGrpc) {
+  ::pserver::testing::GarbageServer http("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+  ASSERT_GT(http.port(), 0);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdClient> client,
+                       ClientOf(http.address(), absl::Seconds(1)));
+  const absl::Status status = client->Get("/x").status();
+  EXPECT_THAT(status, AnyOf(StatusCodeIs(absl::StatusCode::kUnavailable),
+                            StatusCodeIs(absl::StatusCode::kDeadlineExceeded)));
+  EXPECT_THAT(std::string(status.message()),
+              AllOf(HasSubstr(http.address()), HasSubstr("not a gRPC")));
+}
+
+TEST(EtcdUnreachableTest, ReadsEndByAnEarlierDeadline) {
+  ::pserver::testing::SilentListener silent;
+  ASSERT_GT(silent.port(), 0);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdClient> client,
+                       ClientOf(silent.address(), absl::Seconds(60)));
+  const auto unreachable =
+      AnyOf(StatusIs(absl::StatusCode::kUnavailable, HasSubstr(silent.address())),
+            StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr(silent.address())));
+  absl::Time start = absl::Now();
+  EXPECT_THAT(client->Get("/x", start + absl::Seconds(1)), unreachable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not the client's 60 s
+  start = absl::Now();
+  EXPECT_THAT(client->GetPrefix("/", nullptr, start + absl::Seconds(1)), unreachable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
 TEST(EtcdClientOptionsTest, RejectsBadOptions) {

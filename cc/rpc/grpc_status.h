@@ -16,14 +16,12 @@ namespace pserver {
 
 inline grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 inline absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 // The HTTP/2 stream window both ends start with: large enough for a whole
@@ -41,6 +39,25 @@ inline constexpr char kServerTraceMetadataKey[] = "pserver-trace-bin";
 // above, and a private subchannel so several channels to one address are
 // really separate.
 grpc::ChannelArguments DefaultChannelArguments();
+
+// Why a call never reached its server, in a few words, from the call's
+// status and its channel's state when it ended: "connection refused", "name
+// not resolved", "not a gRPC (pserver) server", "no connection within the
+// deadline", ... each followed by gRPC's own detail where it adds any. Empty
+// when the server was reached (its own UNAVAILABLE, a slow reply on a
+// connected channel) or the status is not UNAVAILABLE or DEADLINE_EXCEEDED.
+std::string UnreachableCause(const grpc::Status& status, grpc_connectivity_state state);
+
+// Two causes that say only that no connection was made, not why: gRPC cut
+// an attempt off (re-resolution replaced it, ...), or the call's deadline
+// came while the channel was still connecting.
+inline constexpr char kAttemptCutOff[] = "connection attempt cut off";
+inline constexpr char kNoConnectionInTime[] =
+    "no connection within the deadline (the TCP or HTTP/2 handshake did not complete)";
+// The cause to report after `earlier` and then `latest` (UnreachableCause
+// values): the latest, unless it is one of the two above and the earlier
+// says more.
+std::string LatestCause(const std::string& earlier, const std::string& latest);
 
 }  // namespace pserver
 
