@@ -16,12 +16,12 @@
 #include "cc/core/optimizer.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
-#include "tests/cluster_test_base.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/grpcpp.h"
-#include "pserver/v1/service.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "pserver/v1/service.grpc.pb.h"
+#include "tests/cluster_test_base.h"
 
 namespace pserver {
 namespace {

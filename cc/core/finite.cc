@@ -61,11 +61,16 @@ std::optional<NonFinite> Find(absl::string_view bytes, Format<Bits> format) {
 
 std::optional<NonFinite> FindNonFinite(ElementType type, absl::string_view bytes) {
   switch (type) {
-    case v1::FLOAT32: return Find(bytes, kFloat32);
-    case v1::FLOAT64: return Find(bytes, kFloat64);
-    case v1::FLOAT16: return Find(bytes, kFloat16);
-    case v1::BFLOAT16: return Find(bytes, kBfloat16);
-    default: return std::nullopt;
+    case v1::FLOAT32:
+      return Find(bytes, kFloat32);
+    case v1::FLOAT64:
+      return Find(bytes, kFloat64);
+    case v1::FLOAT16:
+      return Find(bytes, kFloat16);
+    case v1::BFLOAT16:
+      return Find(bytes, kBfloat16);
+    default:
+      return std::nullopt;
   }
 }
 

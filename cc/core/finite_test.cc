@@ -40,16 +40,16 @@ TEST(FindNonFiniteTest, TellsNaNFromInfinities) {
   const float inf = std::numeric_limits<float>::infinity();
   EXPECT_STREQ(FindNonFinite(v1::FLOAT32, Bytes<float>({0, inf}))->kind, "inf");
   EXPECT_STREQ(FindNonFinite(v1::FLOAT32, Bytes<float>({-inf}))->kind, "-inf");
-  EXPECT_STREQ(FindNonFinite(v1::FLOAT32, Bytes<float>({-std::numeric_limits<float>::quiet_NaN()}))
-                   ->kind,
-               "NaN");
+  EXPECT_STREQ(
+      FindNonFinite(v1::FLOAT32, Bytes<float>({-std::numeric_limits<float>::quiet_NaN()}))->kind,
+      "NaN");
 }
 
 TEST(FindNonFiniteTest, FiniteExtremesPass) {
-  EXPECT_FALSE(FindNonFinite(v1::FLOAT32, Bytes<float>({std::numeric_limits<float>::max(),
-                                                        -std::numeric_limits<float>::max(),
-                                                        std::numeric_limits<float>::denorm_min(),
-                                                        -0.0f, 0.0f}))
+  EXPECT_FALSE(FindNonFinite(v1::FLOAT32,
+                             Bytes<float>({std::numeric_limits<float>::max(),
+                                           -std::numeric_limits<float>::max(),
+                                           std::numeric_limits<float>::denorm_min(), -0.0f, 0.0f}))
                    .has_value());
   EXPECT_FALSE(FindNonFinite(v1::FLOAT64, Bytes<double>({std::numeric_limits<double>::max(),
                                                          std::numeric_limits<double>::lowest()}))

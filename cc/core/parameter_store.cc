@@ -59,7 +59,8 @@ absl::StatusOr<uint64_t> CheckLayout(const std::string& what, uint64_t total, ui
   if (count == 1) return total;
   if (count > total) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", count, " blocks for a parameter of ",
-                                                   total, " elements (a block holds at least one)"));
+                                                   total,
+                                                   " elements (a block holds at least one)"));
   }
   // n from this block alone: its size, or for the last block offset / (count - 1).
   const bool last = index == count - 1;
@@ -70,8 +71,8 @@ absl::StatusOr<uint64_t> CheckLayout(const std::string& what, uint64_t total, ui
                     (!last || block.offset() + elements == total);
   if (!fits) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": elements [", block.offset(), ", ", block.offset() + elements,
-        ") are not block ", index, " of a parameter of ", total, " elements cut into ", count,
+        what, ": elements [", block.offset(), ", ", block.offset() + elements, ") are not block ",
+        index, " of a parameter of ", total, " elements cut into ", count,
         " blocks (n elements each, block i from element i * n, the last holding the rest)"));
   }
   return n;
@@ -388,9 +389,9 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads
     if (status.ok()) {
       ++done.applied;
     } else {
-      status = absl::Status(status.code(),
-                            absl::StrCat("gradient for ", DescribeBlock(block->name, block->ref),
-                                         ": ", status.message()));
+      status = absl::Status(
+          status.code(), absl::StrCat("gradient for ", DescribeBlock(block->name, block->ref), ": ",
+                                      status.message()));
     }
   }
   gradients_applied_.fetch_add(done.applied, std::memory_order_relaxed);

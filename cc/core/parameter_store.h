@@ -153,8 +153,7 @@ class ParameterStore {
   // infinity fails the whole batch, or, for a parameter configured with
   // non_finite SKIP, is skipped and counted. `result` (may be null) says what
   // was done with an accepted batch.
-  absl::Status ApplyGradients(absl::Span<const GradientView> grads,
-                              ApplyResult* result = nullptr);
+  absl::Status ApplyGradients(absl::Span<const GradientView> grads, ApplyResult* result = nullptr);
   absl::Status ApplyGradients(absl::Span<const v1::Gradient* const> grads,
                               ApplyResult* result = nullptr);
 

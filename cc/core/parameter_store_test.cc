@@ -13,8 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "cc/core/names.h"
 #include "cc/core/element_type.h"
+#include "cc/core/names.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -730,8 +730,8 @@ TEST_F(ParameterStoreGradientTest, NonFiniteSecondParameterLeavesBothUnchanged) 
 
 TEST(ParameterStoreNonFiniteTest, SkipModeSkipsTheGradientAndCountsIt) {
   ParameterStore store;
-  ASSERT_OK(store.Init(Param<float>("w", {2}, {1, 2}),
-                       Config("optimizer { adam {} } non_finite: SKIP")));
+  ASSERT_OK(
+      store.Init(Param<float>("w", {2}, {1, 2}), Config("optimizer { adam {} } non_finite: SKIP")));
   ASSERT_OK(store.Init(Param<float>("b", {2}, {10, 20}), SgdLrOne()));
   store.FinishInit();
   v1::Gradient nan = Grad<float>("w", {kNaN, 1});
@@ -772,12 +772,13 @@ TEST(ParameterStoreNonFiniteTest, InitWithNonFiniteValuesIsRefused) {
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          StartsWith("parameter 'w': initial value: element 1 is NaN")));
   }
-  EXPECT_THAT(store.Init(Param<double>("d", {6}, {0, 0, 0, -std::numeric_limits<double>::infinity()},
-                                       Block(0, 2, 0)),
-                         SgdLrOne()),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("block 0 of 2: initial value: element 3 of the block (element 3 "
-                                 "of the parameter) is -inf")));
+  EXPECT_THAT(
+      store.Init(Param<double>("d", {6}, {0, 0, 0, -std::numeric_limits<double>::infinity()},
+                               Block(0, 2, 0)),
+                 SgdLrOne()),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("block 0 of 2: initial value: element 3 of the block (element 3 "
+                         "of the parameter) is -inf")));
   EXPECT_EQ(store.GetStats().blocks, 0u);
   // Integers have no NaN: every bit pattern is a value.
   EXPECT_OK(store.Init(Param<int32_t>("i", {1}, {0x7fc00000}), {}));
@@ -906,11 +907,11 @@ TEST_F(ParameterStoreInitTest, OverlappingBlocksAreRefused) {
 
 TEST_F(ParameterStoreInitTest, ZeroSizeParametersAreRefusedWithOneTrueMessage) {
   for (const Shape& shape : {Shape{0}, Shape{2, 0}}) {
-    EXPECT_THAT(store_.Init(Param<float>("w", shape, {}), SgdLrOne()),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr(absl::StrCat("shape ", ShapeString(shape),
-                                                      " has no elements")),
-                               HasSubstr("a parameter needs at least one element"))));
+    EXPECT_THAT(
+        store_.Init(Param<float>("w", shape, {}), SgdLrOne()),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr(absl::StrCat("shape ", ShapeString(shape), " has no elements")),
+                       HasSubstr("a parameter needs at least one element"))));
   }
   ExpectNothingStored("w");
 }

@@ -968,8 +968,9 @@ TEST(DecodeRobustnessTest, NamesThatAreNotUtf8AreMalformedAndSayWhere) {
   // Names are `bytes` on the wire, so protobuf takes (and no longer logs)
   // them; the decoders refuse what is not UTF-8, naming the byte.
   const std::string message = LengthDelimited(1, LengthDelimited(1, "ok\xc0\xaf"));
-  constexpr char kWhy[] = "parameter name \"ok\\300\\257\": name is not valid UTF-8 (byte 0xc0 "
-                          "at offset 2)";
+  constexpr char kWhy[] =
+      "parameter name \"ok\\300\\257\": name is not valid UTF-8 (byte 0xc0 "
+      "at offset 2)";
   PushRequest push;
   EXPECT_THAT(DecodePushRequest(Pieces(message, {kWhole}), &push),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -980,16 +981,17 @@ TEST(DecodeRobustnessTest, NamesThatAreNotUtf8AreMalformedAndSayWhere) {
                        AllOf(StartsWith("malformed response: "), HasSubstr(kWhy))));
   // PushPullRequest.params (field 2) names parameters too.
   PushRequest refs;
-  EXPECT_THAT(DecodePushRequest(Pieces(LengthDelimited(2, LengthDelimited(1, "\xff")), {kWhole}),
-                                &refs),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not valid UTF-8")));
+  EXPECT_THAT(
+      DecodePushRequest(Pieces(LengthDelimited(2, LengthDelimited(1, "\xff")), {kWhole}), &refs),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not valid UTF-8")));
 }
 
 TEST(DecodeRobustnessTest, NamesKeepTheirLength) {
   // "a\0b" arrives whole, so the store can refuse it; it never reads as "a".
   const std::string nul("a\0b", 3);
   PushRequest push;
-  ASSERT_OK(DecodePushRequest(Pieces(LengthDelimited(1, LengthDelimited(1, nul)), {kWhole}), &push));
+  ASSERT_OK(
+      DecodePushRequest(Pieces(LengthDelimited(1, LengthDelimited(1, nul)), {kWhole}), &push));
   ASSERT_EQ(push.grads.size(), 1u);
   EXPECT_EQ(push.grads[0].name, nul);
 }
