@@ -1,19 +1,27 @@
 // End to end: an in-process cluster of 3 gRPC servers and trainer threads
 // using the C++ client, including parameters split into blocks.
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cc/client/client.h"
 #include "cc/client/in_process_transport.h"
+#include "cc/core/names.h"
 #include "cc/core/optimizer.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
-#include "tests/cluster_test_base.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/stubs/logging.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "pserver/v1/service.grpc.pb.h"
+#include "tests/cluster_test_base.h"
 
 namespace pserver {
 namespace {
@@ -188,7 +196,9 @@ TEST_P(IntegrationTest, ClientErrorsNameTheProblemAndChangeNothing) {
   ASSERT_NE(client, nullptr);
   ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd(1)));
   EXPECT_THAT(client->GetParam("w"),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("pserver not fully initialized")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::AllOf(HasSubstr("pserver not fully initialized"),
+                                        HasSubstr("call FinishInitParams"))));
   ASSERT_OK(client->FinishInitParams());
 
   EXPECT_THAT(client->GetParam("nope"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("'nope'")));
@@ -275,6 +285,138 @@ TEST_P(IntegrationTest, GetParamsIntoReusesBuffersThatFit) {
 
   EXPECT_THAT(client->GetParamsInto(names, absl::Span<Tensor>()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 names but 0 output")));
+}
+
+// Counts protobuf's log lines (in this process: clients and servers alike).
+class ProtobufLogCounter {
+ public:
+  ProtobufLogCounter() { previous_ = google::protobuf::SetLogHandler(&Count); }
+  ~ProtobufLogCounter() { google::protobuf::SetLogHandler(previous_); }
+  static int count() { return count_.load(); }
+
+ private:
+  static void Count(google::protobuf::LogLevel, const char*, int, const std::string&) {
+    count_.fetch_add(1);
+  }
+  static inline std::atomic<int> count_{0};
+  google::protobuf::LogHandler* previous_;
+};
+
+TEST_P(IntegrationTest, InvalidUtf8NamesAreRefusedAndNeverLogged) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({2}, {1, 2}), Sgd(1)));
+  ProtobufLogCounter logs;
+  const int before = ProtobufLogCounter::count();
+  constexpr int kRequests = 50;
+  for (int i = 0; i < kRequests; ++i) {
+    const std::string name = absl::StrCat("w\xff\xfe", i);
+    EXPECT_THAT(client->InitParam(name, Tensor::FromValues<float>({1}, {1}), Sgd(1)),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(StartsWith("parameter name \"w\\377\\376"),
+                                          HasSubstr("name is not valid UTF-8"))));
+  }
+  ASSERT_OK(client->FinishInitParams());
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_THAT(client->GetParam(absl::StrCat("w\xc0\xaf", i)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not valid UTF-8")));
+  }
+  // Before names were `bytes`, each request logged "String field ... contains
+  // invalid UTF-8 data" on the client and again on the server.
+  EXPECT_EQ(ProtobufLogCounter::count() - before, 0);
+}
+
+TEST_P(IntegrationTest, NamesWithNulAreRefusedAndDoNotAlias) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->InitParam("a", Tensor::FromValues<float>({1}, {1}), Sgd(1)));
+  const std::string nul("a\0b", 3);
+  EXPECT_THAT(client->InitParam(nul, Tensor::FromValues<float>({1}, {7}), Sgd(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parameter name \"a\\000b\": name holds a NUL byte at offset 1")));
+  EXPECT_THAT(client->InitParam(std::string(kMaxNameBytes + 1, 'n'),
+                                Tensor::FromValues<float>({1}, {7}), Sgd(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the limit is 1024 bytes")));
+  ASSERT_OK(client->FinishInitParams());
+  EXPECT_THAT(client->GetParam(nul),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NUL byte")));
+  ASSERT_OK_AND_ASSIGN(Tensor a, client->GetParam("a"));
+  EXPECT_EQ(a.ToVector<float>(), (std::vector<float>{1}));
+}
+
+TEST_P(IntegrationTest, NonFiniteGradientIsRefusedAndChangesNothing) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({3}, {1, 2, 3}), Sgd(1)));
+  v1::ParameterConfig skip = Sgd(1);
+  skip.set_non_finite(v1::ParameterConfig::SKIP);
+  ASSERT_OK(client->InitParam("s", Tensor::FromValues<float>({2}, {1, 2}), skip));
+  EXPECT_THAT(client->InitParam("bad", Tensor::FromValues<double>({1}, {std::nan("")}), Sgd(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parameter 'bad': initial value: element 0 is NaN")));
+  ASSERT_OK(client->FinishInitParams());
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_THAT(client->SendGrad("w", Tensor::FromValues<float>({3}, {0, inf, 0})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("gradient for parameter 'w': element 1 is inf")));
+  ASSERT_OK_AND_ASSIGN(Tensor w, client->GetParam("w"));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{1, 2, 3}));
+
+  ASSERT_OK(client->SendGrad("s", Tensor::FromValues<float>({2}, {std::nanf(""), 1})));
+  ASSERT_OK_AND_ASSIGN(Tensor s, client->GetParam("s"));
+  EXPECT_EQ(s.ToVector<float>(), (std::vector<float>{1, 2}));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ServerStats> stats, client->GetStats());
+  uint64_t skipped = 0;
+  for (const v1::ServerStats& server : stats) skipped += server.non_finite_skipped();
+  EXPECT_EQ(skipped, 1u);
+}
+
+TEST_P(IntegrationTest, ZeroSizeParametersAreRefusedWithOneTrueMessage) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK_AND_ASSIGN(Tensor empty, Tensor::Create(v1::FLOAT32, {0}, ""));
+  EXPECT_THAT(client->InitParam("e", empty, Sgd(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "parameter 'e': shape [0] has no elements (a parameter needs at least one "
+                       "element)"));
+  // A server sent one directly (not through the client) says the same.
+  v1::Parameter param;
+  param.set_name("e");
+  param.set_element_type(v1::FLOAT32);
+  param.add_shape(0);
+  EXPECT_THAT(cluster_->stores()[0]->Init(param, Sgd(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "parameter 'e': shape [0] has no elements (a parameter needs at least one "
+                       "element)"));
+}
+
+TEST_P(IntegrationTest, ForgedBlockLayoutsAreRefused) {
+  // What a hostile or broken client could send with InitParam directly.
+  auto channel = grpc::CreateChannel(cluster_->addresses()[0], grpc::InsecureChannelCredentials());
+  auto stub = v1::ParameterServer::NewStub(channel);
+  auto init = [&](uint32_t index, uint32_t count, uint64_t offset, std::vector<float> values) {
+    v1::InitParamRequest request;
+    v1::Parameter* param = request.mutable_parameter();
+    param->set_name("forged");
+    param->set_element_type(v1::FLOAT32);
+    param->add_shape(6);
+    param->set_content(values.data(), values.size() * sizeof(float));
+    param->mutable_block()->set_index(index);
+    param->mutable_block()->set_count(count);
+    param->mutable_block()->set_offset(offset);
+    *request.mutable_config() = Sgd(1);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::InitParamResponse response;
+    return stub->InitParam(&context, request, &response);
+  };
+  grpc::Status huge = init(0, 0xffffffffu, 0, {1});
+  EXPECT_EQ(huge.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(huge.error_message(), HasSubstr("4294967295 blocks for a parameter of 6 elements"));
+  ASSERT_TRUE(init(0, 2, 0, {1, 2, 3, 4}).ok());
+  grpc::Status overlap = init(1, 2, 3, {5, 6, 7});
+  EXPECT_EQ(overlap.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(overlap.error_message(), HasSubstr("other blocks"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, IntegrationTest,

@@ -516,7 +516,12 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
     PS_RETURN_IF_ERROR(CheckName(name));
     PS_RETURN_IF_ERROR(ValidateStorableType(value.type(), absl::StrCat("parameter '", name, "'")));
     PS_ASSIGN_OR_RETURN(int64_t total, NumElements(value.shape()));
-    if (total != value.num_elements() || total == 0) {
+    if (total == 0) {  // the servers refuse zero-size parameters with the same words
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", name, "': shape ", ShapeString(value.shape()),
+                       " has no elements (a parameter needs at least one element)"));
+    }
+    if (total != value.num_elements()) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter '", name, "': shape ", ShapeString(value.shape()), " needs ",
                        total, " values, the tensor holds ", value.num_elements()));

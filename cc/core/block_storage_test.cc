@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -437,6 +438,25 @@ TEST(BlockStorageTest, StorageErrorsReachTheCaller) {
   const int applied = counts.applied;
   EXPECT_THAT(store.ApplyGradients({&frozen}), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_EQ(counts.applied, applied);
+}
+
+// The non-finite check runs on the host bytes before any storage's Apply, so
+// it serves every storage (a GPU's included) in one place.
+TEST(BlockStorageTest, NonFiniteGradientsNeverReachTheStorage) {
+  Counts counts;
+  ParameterStore store(MaskedOptions(&counts));
+  ASSERT_NO_FATAL_FAILURE(InitModel(&store));
+  const std::vector<std::string> before = Contents(&store);
+
+  std::vector<v1::Gradient> grads = Gradients(0);
+  grads[2].set_content(Bytes(std::vector<double>{0, 0, std::numeric_limits<double>::infinity()}));
+  std::vector<const v1::Gradient*> ptrs;
+  for (const v1::Gradient& g : grads) ptrs.push_back(&g);
+  EXPECT_THAT(store.ApplyGradients(ptrs),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("gradient for parameter 'b': element 2 is inf")));
+  EXPECT_EQ(counts.applied, 0);
+  EXPECT_EQ(Contents(&store), before);
 }
 
 TEST(BlockStorageTest, StoragesAreDestroyedWithTheStore) {

@@ -7,13 +7,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/finite.h"
+#include "cc/core/names.h"
 #include "cc/core/status_macros.h"
 
 namespace pserver {
 namespace {
 
 constexpr char kAlreadyInitialized[] = "pserver already initialized";
-constexpr char kNotInitialized[] = "pserver not fully initialized";
+constexpr char kNonFiniteHint[] =
+    "; nothing of the request was applied (a parameter configured with non_finite: SKIP skips "
+    "such gradients instead)";
+constexpr char kZeroSizeRefused[] = "a parameter needs at least one element";
+constexpr char kNotInitialized[] =
+    "pserver not fully initialized: call FinishInitParams (finish_init() in Python, FinishInit "
+    "in Go) once every parameter is initialized";
 
 uint32_t BlockCount(const v1::BlockRef& block) { return block.count() == 0 ? 1 : block.count(); }
 
@@ -24,11 +32,14 @@ absl::Status BlockIndexError(const std::string& what, const v1::BlockRef& block)
       what, ": block index ", block.index(), " is not below the block count ", BlockCount(block)));
 }
 
-// Validates the block layout of a parameter being initialized.
-absl::Status CheckLayout(const std::string& what, int64_t total, int64_t elements,
-                         const v1::BlockRef& block) {
+// Validates the block layout of a parameter being initialized (see "Block
+// layouts" in the header) and returns n, the elements of every block but the
+// last. `elements` is this block's, `total` the parameter's (both > 0).
+absl::StatusOr<uint64_t> CheckLayout(const std::string& what, uint64_t total, uint64_t elements,
+                                     const v1::BlockRef& block) {
   if (!BlockIndexInRange(block)) return BlockIndexError(what, block);
-  const uint32_t count = BlockCount(block);
+  const uint64_t count = BlockCount(block);
+  const uint64_t index = block.index();
   if (elements == 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": block has no elements"));
   }
@@ -40,13 +51,47 @@ absl::Status CheckLayout(const std::string& what, int64_t total, int64_t element
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": content holds ", elements, " elements, the shape needs ", total));
   }
-  if (block.offset() > static_cast<uint64_t>(total) ||
-      static_cast<uint64_t>(elements) > static_cast<uint64_t>(total) - block.offset()) {
+  if (block.offset() > total || elements > total - block.offset()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": elements [", block.offset(), ", ", block.offset() + elements,
                      ") lie outside the parameter's ", total, " elements"));
   }
-  return absl::OkStatus();
+  if (count == 1) return total;
+  if (count > total) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", count, " blocks for a parameter of ",
+                                                   total,
+                                                   " elements (a block holds at least one)"));
+  }
+  // n from this block alone: its size, or for the last block offset / (count - 1).
+  const bool last = index == count - 1;
+  const uint64_t n = last ? block.offset() / (count - 1) : elements;
+  using u128 = unsigned __int128;
+  const bool fits = n > 0 && u128{block.offset()} == u128{index} * n &&
+                    u128{count - 1} * n < total && total <= u128{count} * n &&
+                    (!last || block.offset() + elements == total);
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": elements [", block.offset(), ", ", block.offset() + elements, ") are not block ",
+        index, " of a parameter of ", total, " elements cut into ", count,
+        " blocks (n elements each, block i from element i * n, the last holding the rest)"));
+  }
+  return n;
+}
+
+// "float32 [4, 5] in 3 blocks of 8 elements", for layout mismatches.
+std::string LayoutString(ElementType type, const Shape& shape, uint32_t count, uint64_t n) {
+  return absl::StrCat(ElementTypeName(type), " ", ShapeString(shape), " in ", count,
+                      count == 1 ? " block" : " blocks", " of ", n, " elements");
+}
+
+absl::Status NonFiniteError(const std::string& what, const NonFinite& bad,
+                            const v1::BlockRef& block) {
+  std::string where = absl::StrCat("element ", bad.index);
+  if (BlockCount(block) > 1) {
+    absl::StrAppend(&where, " of the block (element ", block.offset() + bad.index,
+                    " of the parameter)");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", where, " is ", bad.kind));
 }
 
 }  // namespace
@@ -88,7 +133,30 @@ ParameterStore::Block* ParameterStore::Find(absl::string_view name, uint32_t ind
 }
 
 absl::Status ParameterStore::Init(v1::Parameter param, const v1::ParameterConfig& config) {
-  if (param.name().empty()) {
+  return InitBlock(std::move(param), config, Source::kCaller);
+}
+
+absl::Status ParameterStore::CheckSameLayout(const std::string& what, absl::string_view name,
+                                             const Layout& layout) const {
+  auto it = layouts_.find(name);
+  if (it == layouts_.end()) return absl::OkStatus();
+  const Layout& held = it->second;
+  if (held.type == layout.type && held.shape == layout.shape && held.count == layout.count &&
+      held.block_elements == layout.block_elements) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": this server holds the parameter's other blocks as ",
+      LayoutString(held.type, held.shape, held.count, held.block_elements), ", this block says ",
+      LayoutString(layout.type, layout.shape, layout.count, layout.block_elements),
+      ": every client of a cluster must use the same block size"));
+}
+
+absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterConfig& config,
+                                       Source source) {
+  if (source == Source::kCaller) {
+    PS_RETURN_IF_ERROR(Reject(ValidateName("parameter", param.name())));
+  } else if (param.name().empty()) {
     return Reject(absl::InvalidArgumentError("parameter name is empty"));
   }
   const std::string what = DescribeBlock(param.name(), param.block());
@@ -103,8 +171,8 @@ absl::Status ParameterStore::Init(v1::Parameter param, const v1::ParameterConfig
     return Reject(absl::InvalidArgumentError(absl::StrCat(what, ": ", total.status().message())));
   }
   if (*total == 0) {
-    return Reject(absl::InvalidArgumentError(
-        absl::StrCat(what, ": shape ", ShapeString(shape), " has no elements")));
+    return Reject(absl::InvalidArgumentError(absl::StrCat(
+        what, ": shape ", ShapeString(shape), " has no elements (", kZeroSizeRefused, ")")));
   }
   const size_t elem = ElementSize(param.element_type());
   if (param.content().size() % elem != 0) {
@@ -113,7 +181,22 @@ absl::Status ParameterStore::Init(v1::Parameter param, const v1::ParameterConfig
         ElementTypeName(param.element_type()), " values")));
   }
   const int64_t elements = static_cast<int64_t>(param.content().size() / elem);
-  PS_RETURN_IF_ERROR(Reject(CheckLayout(what, *total, elements, param.block())));
+  absl::StatusOr<uint64_t> block_elements = CheckLayout(what, *total, elements, param.block());
+  if (!block_elements.ok()) return Reject(block_elements.status());
+  const Layout layout{param.element_type(), shape, BlockCount(param.block()), *block_elements};
+  const Key key(param.name(), param.block().index());
+  {
+    // A block initialized before gets ALREADY_EXISTS below, whatever its layout.
+    absl::ReaderMutexLock lock(&mu_);
+    if (!blocks_.contains(key)) {
+      PS_RETURN_IF_ERROR(Reject(CheckSameLayout(what, param.name(), layout)));
+    }
+  }
+  if (source == Source::kCaller) {
+    if (std::optional<NonFinite> bad = FindNonFinite(param.element_type(), param.content())) {
+      return Reject(NonFiniteError(absl::StrCat(what, ": initial value"), *bad, param.block()));
+    }
+  }
 
   BlockStorageSpec spec;
   spec.name = param.name();
@@ -147,17 +230,19 @@ absl::Status ParameterStore::Init(v1::Parameter param, const v1::ParameterConfig
   }
 
   absl::MutexLock lock(&mu_);
-  // Checked again under the lock: FinishInit may have run meanwhile.
+  // Checked again under the lock: FinishInit, or another block's Init, may
+  // have run meanwhile.
   if (initialized()) {
     return Reject(absl::AlreadyExistsError(absl::StrCat(
         kAlreadyInitialized, ": FinishInitParams was called before InitParam of ", what)));
   }
-  auto [it, inserted] = blocks_.try_emplace(Key(block->name, block->ref.index()), nullptr);
-  if (!inserted) {
+  if (blocks_.contains(key)) {
     return Reject(absl::AlreadyExistsError(
         absl::StrCat(kAlreadyInitialized, ": ", what, " was initialized by an earlier InitParam")));
   }
-  it->second = std::move(block);
+  PS_RETURN_IF_ERROR(Reject(CheckSameLayout(what, block->name, layout)));
+  layouts_.try_emplace(block->name, layout);
+  blocks_.emplace(key, std::move(block));
   return absl::OkStatus();
 }
 
@@ -174,6 +259,7 @@ absl::Status ParameterStore::Get(const v1::ParamRef& ref, v1::Parameter* out) {
 absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
                                   absl::FunctionRef<void(absl::string_view)> read) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
+  PS_RETURN_IF_ERROR(Reject(ValidateName("parameter", ref.name())));
   const bool layout_known = ref.block().count() != 0;
   if (layout_known && !BlockIndexInRange(ref.block())) {
     return Reject(BlockIndexError(DescribeBlock(ref.name(), ref.block()), ref.block()));
@@ -216,10 +302,11 @@ GradientView GradientView::Of(const v1::Gradient& grad) {
   return view;
 }
 
-absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(const GradientView& grad) {
+absl::StatusOr<ParameterStore::Target> ParameterStore::CheckGradient(const GradientView& grad) {
   const absl::string_view name = grad.name;
   // Error messages only: built when one is returned, not for every gradient.
   auto what = [&] { return absl::StrCat("gradient for ", DescribeBlock(name, grad.block)); };
+  PS_RETURN_IF_ERROR(ValidateName("parameter", name));
   if (!BlockIndexInRange(grad.block)) return BlockIndexError(what(), grad.block);
   Block* block = Find(name, grad.block.index());
   if (block == nullptr) {
@@ -244,8 +331,7 @@ absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(const Gradi
         absl::StrCat(what(), ": ", grad.content.size(), " bytes received, ", want, " expected (",
                      block->num_elements, " ", ElementTypeName(block->type), " values)"));
   }
-  if (grad.global_norm.has_value() &&
-      !(std::isfinite(*grad.global_norm) && *grad.global_norm >= 0)) {
+  if (grad.global_norm.has_value() && *grad.global_norm < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what(), ": global_norm must be finite and >= 0, got ", *grad.global_norm));
   }
@@ -255,41 +341,63 @@ absl::StatusOr<ParameterStore::Block*> ParameterStore::CheckGradient(const Gradi
       return block->storage->CheckCanApply(DescribeBlock(block->name, block->ref));
     }
   }
-  return block;
+  // Last, as it reads every value: on the host bytes, so it serves every storage.
+  const bool skip_non_finite = block->config.non_finite() == v1::ParameterConfig::SKIP;
+  if (grad.global_norm.has_value() && !std::isfinite(*grad.global_norm)) {
+    if (skip_non_finite) return Target{block, /*skip=*/true};
+    return absl::InvalidArgumentError(absl::StrCat(
+        what(), ": global_norm must be finite and >= 0, got ", *grad.global_norm, kNonFiniteHint));
+  }
+  if (std::optional<NonFinite> bad = FindNonFinite(grad.type, grad.content)) {
+    if (skip_non_finite) return Target{block, /*skip=*/true};
+    return absl::InvalidArgumentError(
+        absl::StrCat(NonFiniteError(what(), *bad, grad.block).message(), kNonFiniteHint));
+  }
+  return Target{block, /*skip=*/false};
 }
 
-absl::Status ParameterStore::ApplyGradients(absl::Span<const v1::Gradient* const> grads) {
+absl::Status ParameterStore::ApplyGradients(absl::Span<const v1::Gradient* const> grads,
+                                            ApplyResult* result) {
   std::vector<GradientView> views;
   views.reserve(grads.size());
   for (const v1::Gradient* grad : grads) views.push_back(GradientView::Of(*grad));
-  return ApplyGradients(views);
+  return ApplyGradients(views, result);
 }
 
-absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads) {
+absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads,
+                                            ApplyResult* result) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
-  std::vector<Block*> targets;
+  std::vector<Target> targets;
   targets.reserve(grads.size());
   for (const GradientView& grad : grads) {
-    absl::StatusOr<Block*> block = CheckGradient(grad);
-    if (!block.ok()) return Reject(block.status());
-    targets.push_back(*block);
+    absl::StatusOr<Target> target = CheckGradient(grad);
+    if (!target.ok()) return Reject(target.status());
+    targets.push_back(*target);
   }
-  for (size_t i = 0; i < grads.size(); ++i) {
-    Block* block = targets[i];
-    absl::Status status;
+  ApplyResult done;
+  absl::Status status;
+  for (size_t i = 0; i < grads.size() && status.ok(); ++i) {
+    Block* block = targets[i].block;
+    if (targets[i].skip) {
+      ++done.non_finite_skipped;
+      continue;
+    }
     {
       absl::MutexLock lock(&block->mu);
       status = block->storage->Apply(grads[i].content, grads[i].type, grads[i].global_norm);
     }
-    if (!status.ok()) {
-      gradients_applied_.fetch_add(i, std::memory_order_relaxed);
-      return Reject(absl::Status(
+    if (status.ok()) {
+      ++done.applied;
+    } else {
+      status = absl::Status(
           status.code(), absl::StrCat("gradient for ", DescribeBlock(block->name, block->ref), ": ",
-                                      status.message())));
+                                      status.message()));
     }
   }
-  gradients_applied_.fetch_add(grads.size(), std::memory_order_relaxed);
-  return absl::OkStatus();
+  gradients_applied_.fetch_add(done.applied, std::memory_order_relaxed);
+  non_finite_skipped_.fetch_add(done.non_finite_skipped, std::memory_order_relaxed);
+  if (result != nullptr) *result = done;
+  return Reject(status);
 }
 
 void ParameterStore::FillStats(v1::ServerStats* out) const {
@@ -301,6 +409,7 @@ void ParameterStore::FillStats(v1::ServerStats* out) const {
   out->set_gradients_applied(stats.gradients_applied);
   out->set_gets_served(stats.gets_served);
   out->set_requests_rejected(stats.requests_rejected);
+  out->set_non_finite_skipped(stats.non_finite_skipped);
 }
 
 ParameterStore::Stats ParameterStore::GetStats() const {
@@ -309,6 +418,7 @@ ParameterStore::Stats ParameterStore::GetStats() const {
   stats.gradients_applied = gradients_applied_.load(std::memory_order_relaxed);
   stats.gets_served = gets_served_.load(std::memory_order_relaxed);
   stats.requests_rejected = rejected_.load(std::memory_order_relaxed);
+  stats.non_finite_skipped = non_finite_skipped_.load(std::memory_order_relaxed);
   absl::ReaderMutexLock lock(&mu_);
   stats.blocks = blocks_.size();
   for (const auto& [key, block] : blocks_) {
@@ -385,7 +495,7 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
     param.mutable_shape()->Assign(block.shape.begin(), block.shape.end());
     *param.mutable_block() = block.block;
     param.set_content(std::move(block.content));
-    absl::Status status = staging.Init(std::move(param), block.config);
+    absl::Status status = staging.InitBlock(std::move(param), block.config, Source::kSnapshot);
     if (status.code() == absl::StatusCode::kAlreadyExists) {
       return Reject(absl::InvalidArgumentError(absl::StrCat("snapshot holds ", what, " twice")));
     }
@@ -404,6 +514,7 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
   if (!blocks_.empty() || initialized()) return Reject(not_empty());
   absl::MutexLock staging_lock(&staging.mu_);
   blocks_ = std::move(staging.blocks_);
+  layouts_ = std::move(staging.layouts_);
   if (snapshot.initialized) initialized_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }

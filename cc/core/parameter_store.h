@@ -12,10 +12,22 @@
 //
 // Errors: Init after FinishInit, or of a block already initialized, is
 // ALREADY_EXISTS "pserver already initialized..."; Get/ApplyGradients before
-// FinishInit are FAILED_PRECONDITION "pserver not fully initialized"; an
-// unknown name is NOT_FOUND; a wrong element type, size or block layout is
-// INVALID_ARGUMENT naming the parameter, what was expected and what came.
-// A batch is checked whole before anything of it is applied.
+// FinishInit are FAILED_PRECONDITION "pserver not fully initialized: call
+// FinishInitParams..."; an unknown name is NOT_FOUND; a name that is not
+// valid (names.h), a wrong element type, size or block layout, or a NaN or
+// infinity where a finite value is needed is INVALID_ARGUMENT naming the
+// parameter, what was expected and what came. A batch is checked whole
+// before anything of it is applied.
+//
+// Block layouts: a parameter of T elements cut into c blocks has blocks of n
+// elements (the last holds the rest), block i starting at element i * n, with
+// c = ceil(T / n), as cc/client/placement.h cuts them. Init accepts a block
+// only in that layout, and only with the type, shape, count and n of the
+// parameter's other blocks on this server, so blocks never overlap.
+//
+// Zero-size parameters (a shape with a 0 dimension) are refused: a block
+// holds at least one element, and a parameter with no values has nothing to
+// serve or update.
 //
 // Thread-safe: blocks are updated under their own locks, so gradients for
 // different parameters apply concurrently.
@@ -84,6 +96,13 @@ struct GradientView {
   static GradientView Of(const v1::Gradient& grad);
 };
 
+// What ApplyGradients did with a batch it accepted.
+struct ApplyResult {
+  uint64_t applied = 0;
+  // Gradients with a NaN or infinity skipped (ParameterConfig.non_finite SKIP).
+  uint64_t non_finite_skipped = 0;
+};
+
 struct StoreOptions {
   // Makes each block's storage (Init, Restore). Null: host memory
   // (MakeHostBlockStorage).
@@ -101,6 +120,7 @@ class ParameterStore {
     uint64_t gets_served = 0;
     uint64_t requests_rejected = 0;
     uint64_t device_blocks = 0;  // blocks whose storage is not host memory
+    uint64_t non_finite_skipped = 0;
   };
 
   ParameterStore();
@@ -110,7 +130,8 @@ class ParameterStore {
   ~ParameterStore();
 
   // Stores `param` (its content is moved out) with an optimizer made from
-  // `config`. `param.block` says which block of the parameter this is.
+  // `config`. `param.block` says which block of the parameter this is. The
+  // name must be valid (ValidateName) and floating values finite.
   absl::Status Init(v1::Parameter param, const v1::ParameterConfig& config);
 
   // Opens the store for Get and ApplyGradients. Idempotent.
@@ -128,9 +149,13 @@ class ParameterStore {
 
   // Checks every gradient, then applies them in order. Host storage cannot
   // fail once checked; a device error stops the batch there and is returned
-  // (the gradients before it stay applied).
-  absl::Status ApplyGradients(absl::Span<const GradientView> grads);
-  absl::Status ApplyGradients(absl::Span<const v1::Gradient* const> grads);
+  // (the gradients before it stay applied). A gradient holding a NaN or an
+  // infinity fails the whole batch, or, for a parameter configured with
+  // non_finite SKIP, is skipped and counted. `result` (may be null) says what
+  // was done with an accepted batch.
+  absl::Status ApplyGradients(absl::Span<const GradientView> grads, ApplyResult* result = nullptr);
+  absl::Status ApplyGradients(absl::Span<const v1::Gradient* const> grads,
+                              ApplyResult* result = nullptr);
 
   Stats GetStats() const;
   // The stats as the protocol reports them (index and uptime left unset).
@@ -151,7 +176,9 @@ class ParameterStore {
   // if the snapshot was initialized, opens the store. All or nothing:
   // FAILED_PRECONDITION if the store is not empty; INVALID_ARGUMENT naming the
   // block for a block Init would refuse, a duplicate, or optimizer state that
-  // does not fit its config. `extensions` are ignored here.
+  // does not fit its config. `extensions` are ignored here. Unlike Init, it
+  // takes names and values as the store once held them: a value that became
+  // infinite through finite updates does not make a checkpoint unloadable.
   absl::Status Restore(StoreSnapshot snapshot);
 
   // Counts a request rejected before it reached the store (for Stats).
@@ -159,20 +186,42 @@ class ParameterStore {
 
  private:
   struct Block;
+  // How a parameter is cut into blocks (see "Block layouts" above).
+  struct Layout {
+    ElementType type = v1::ELEMENT_TYPE_UNSPECIFIED;
+    Shape shape;
+    uint32_t count = 1;
+    uint64_t block_elements = 0;  // n: elements in every block but the last
+  };
   using Key = std::pair<std::string, uint32_t>;
+  // What Init checks beyond the layout: a snapshot's blocks were checked
+  // when the store first took them.
+  enum class Source { kCaller, kSnapshot };
+  // A checked gradient: its block, and whether it is to be skipped.
+  struct Target {
+    Block* block = nullptr;
+    bool skip = false;
+  };
 
+  absl::Status InitBlock(v1::Parameter param, const v1::ParameterConfig& config, Source source);
+  // OK if `layout` agrees with the parameter's blocks already held.
+  absl::Status CheckSameLayout(const std::string& what, absl::string_view name,
+                               const Layout& layout) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The block a gradient goes to, after checking it against the block.
-  absl::StatusOr<Block*> CheckGradient(const GradientView& grad);
+  absl::StatusOr<Target> CheckGradient(const GradientView& grad);
   Block* Find(absl::string_view name, uint32_t index) const;
   absl::Status Reject(absl::Status status);
 
   const StoreOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
+  // Per parameter name, the layout its blocks share.
+  absl::flat_hash_map<std::string, Layout> layouts_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> initialized_{false};
   std::atomic<uint64_t> gradients_applied_{0};
   std::atomic<uint64_t> gets_served_{0};
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> non_finite_skipped_{0};
 };
 
 // "parameter 'w'" or "parameter 'w' block 2 of 4": how errors name a block.

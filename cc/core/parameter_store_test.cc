@@ -1,6 +1,7 @@
 #include "cc/core/parameter_store.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -11,7 +12,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "cc/core/element_type.h"
+#include "cc/core/names.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -644,6 +647,273 @@ TEST_F(ParameterStoreTest, Stats) {
   EXPECT_EQ(after.gradients_applied, 3u);
   EXPECT_EQ(after.gets_served, 2u);
   EXPECT_EQ(after.requests_rejected, 4u);
+}
+
+// ---- non-finite values -------------------------------------------------------------------
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// The optimizers whose updates a NaN used to poison, by name for messages.
+struct OptimizerCase {
+  const char* name;
+  const char* config;
+};
+constexpr OptimizerCase kOptimizerCases[] = {
+    {"sgd", "optimizer { sgd {} } learning_rate { learning_rate: 0.5 }"},
+    {"adam", "optimizer { adam {} } learning_rate { learning_rate: 0.5 }"},
+    {"sgd_clip_norm",
+     "optimizer { sgd {} } learning_rate { learning_rate: 0.5 } clipping { clip_norm: 1 }"},
+};
+
+TEST(ParameterStoreNonFiniteTest, RefusedForEveryOptimizerAndNothingChanges) {
+  for (const OptimizerCase& c : kOptimizerCases) {
+    for (float bad : {kNaN, kInf, -kInf}) {
+      SCOPED_TRACE(absl::StrCat(c.name, " with ", bad));
+      ParameterStore store;
+      ASSERT_OK(store.Init(Param<float>("w", {4}, {1, 2, 3, 4}), Config(c.config)));
+      store.FinishInit();
+      v1::Gradient grad = Grad<float>("w", {0.5f, 0.5f, bad, 0.5f});
+      v1::Gradient* batch[] = {&grad};
+      const char* kind = std::isnan(bad) ? "is NaN" : bad > 0 ? "is inf" : "is -inf";
+      EXPECT_THAT(store.ApplyGradients(batch),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           AllOf(StartsWith("gradient for parameter 'w': element 2 "),
+                                 HasSubstr(kind), HasSubstr("nothing of the request was applied"),
+                                 HasSubstr("non_finite: SKIP"))));
+      v1::Parameter out;
+      ASSERT_OK(store.Get(Ref("w"), &out));
+      EXPECT_THAT(Decode<float>(out.content()), ElementsAre(1, 2, 3, 4));
+      EXPECT_EQ(store.GetStats().gradients_applied, 0u);
+
+      // The optimizer state was not touched either: a good gradient now does
+      // what it does on a fresh store.
+      ParameterStore fresh;
+      ASSERT_OK(fresh.Init(Param<float>("w", {4}, {1, 2, 3, 4}), Config(c.config)));
+      fresh.FinishInit();
+      v1::Gradient good = Grad<float>("w", {0.5f, -1, 2, 0.25f});
+      v1::Gradient* good_batch[] = {&good};
+      ASSERT_OK(store.ApplyGradients(good_batch));
+      ASSERT_OK(fresh.ApplyGradients(good_batch));
+      v1::Parameter want;
+      ASSERT_OK(store.Get(Ref("w"), &out));
+      ASSERT_OK(fresh.Get(Ref("w"), &want));
+      EXPECT_EQ(Decode<float>(out.content()), Decode<float>(want.content()));
+    }
+  }
+}
+
+TEST(ParameterStoreNonFiniteTest, Float64AndSplitBlocksNameTheBlockAndElement) {
+  ParameterStore store;
+  // "w" of 6 float64 in 2 blocks of 3; this server holds block 1.
+  ASSERT_OK(store.Init(Param<double>("w", {6}, {4, 5, 6}, Block(1, 2, 3)), SgdLrOne()));
+  store.FinishInit();
+  v1::Gradient grad =
+      Grad<double>("w", {0, std::numeric_limits<double>::quiet_NaN(), 0}, Block(1, 2, 3));
+  v1::Gradient* batch[] = {&grad};
+  EXPECT_THAT(store.ApplyGradients(batch),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       StartsWith("gradient for parameter 'w' block 1 of 2: element 1 of the "
+                                  "block (element 4 of the parameter) is NaN")));
+  v1::Parameter out;
+  ASSERT_OK(store.Get(Ref("w", 1, 2), &out));
+  EXPECT_THAT(Decode<double>(out.content()), ElementsAre(4, 5, 6));
+}
+
+TEST_F(ParameterStoreGradientTest, NonFiniteSecondParameterLeavesBothUnchanged) {
+  EXPECT_THAT(Apply({Grad<float>("w", {1, 1, 1}), Grad<float>("b", {1, kNaN})}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'b'"), HasSubstr("element 1 is NaN"))));
+  ExpectUnchanged();
+  EXPECT_EQ(store_.GetStats().requests_rejected, 1u);
+}
+
+TEST(ParameterStoreNonFiniteTest, SkipModeSkipsTheGradientAndCountsIt) {
+  ParameterStore store;
+  ASSERT_OK(
+      store.Init(Param<float>("w", {2}, {1, 2}), Config("optimizer { adam {} } non_finite: SKIP")));
+  ASSERT_OK(store.Init(Param<float>("b", {2}, {10, 20}), SgdLrOne()));
+  store.FinishInit();
+  v1::Gradient nan = Grad<float>("w", {kNaN, 1});
+  v1::Gradient inf_norm = Grad<float>("w", {1, 1});
+  inf_norm.set_global_norm(std::numeric_limits<double>::infinity());
+  v1::Gradient good = Grad<float>("b", {1, 2});
+  v1::Gradient* batch[] = {&nan, &good, &inf_norm};
+  ApplyResult result;
+  ASSERT_OK(store.ApplyGradients(batch, &result));
+  EXPECT_EQ(result.applied, 1u);
+  EXPECT_EQ(result.non_finite_skipped, 2u);
+
+  v1::Parameter out;
+  ASSERT_OK(store.Get(Ref("w"), &out));
+  EXPECT_THAT(Decode<float>(out.content()), ElementsAre(1, 2));  // skipped
+  ASSERT_OK(store.Get(Ref("b"), &out));
+  EXPECT_THAT(Decode<float>(out.content()), ElementsAre(9, 18));  // applied
+  EXPECT_EQ(store.GetStats().non_finite_skipped, 2u);
+  EXPECT_EQ(store.GetStats().gradients_applied, 1u);
+  EXPECT_EQ(store.GetStats().requests_rejected, 0u);
+  v1::ServerStats stats;
+  store.FillStats(&stats);
+  EXPECT_EQ(stats.non_finite_skipped(), 2u);
+
+  // A NaN for "b" (REJECT, the default) still refuses the whole batch.
+  v1::Gradient bad_b = Grad<float>("b", {kNaN, 0});
+  v1::Gradient* mixed[] = {&good, &bad_b};
+  EXPECT_THAT(store.ApplyGradients(mixed),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("parameter 'b'")));
+  ASSERT_OK(store.Get(Ref("b"), &out));
+  EXPECT_THAT(Decode<float>(out.content()), ElementsAre(9, 18));
+}
+
+TEST(ParameterStoreNonFiniteTest, InitWithNonFiniteValuesIsRefused) {
+  ParameterStore store;
+  for (const char* config : {"", "non_finite: SKIP"}) {
+    EXPECT_THAT(store.Init(Param<float>("w", {3}, {1, kNaN, 3}), Config(config)),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         StartsWith("parameter 'w': initial value: element 1 is NaN")));
+  }
+  EXPECT_THAT(
+      store.Init(Param<double>("d", {6}, {0, 0, 0, -std::numeric_limits<double>::infinity()},
+                               Block(0, 2, 0)),
+                 SgdLrOne()),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("block 0 of 2: initial value: element 3 of the block (element 3 "
+                         "of the parameter) is -inf")));
+  EXPECT_EQ(store.GetStats().blocks, 0u);
+  // Integers have no NaN: every bit pattern is a value.
+  EXPECT_OK(store.Init(Param<int32_t>("i", {1}, {0x7fc00000}), {}));
+}
+
+TEST(ParameterStoreNonFiniteTest, RestoreTakesValuesThatOverflowedToInf) {
+  // Finite gradients may still drive a value to inf; its checkpoint must load.
+  ParameterStore store;
+  ASSERT_OK(store.Init(Param<float>("w", {2}, {3e38f, 0}), SgdLrOne()));
+  store.FinishInit();
+  v1::Gradient grad = Grad<float>("w", {-3e38f, 0});
+  v1::Gradient* batch[] = {&grad};
+  ASSERT_OK(store.ApplyGradients(batch));
+  StoreSnapshot snapshot = store.Snapshot();
+  ASSERT_EQ(snapshot.blocks.size(), 1u);
+  ASSERT_TRUE(std::isinf(Decode<float>(snapshot.blocks[0].content)[0]));
+  ParameterStore restored;
+  EXPECT_OK(restored.Restore(std::move(snapshot)));
+}
+
+// ---- names --------------------------------------------------------------------------------
+
+TEST(ParameterStoreNameTest, BadNamesAreRefusedEverywhereWithOneMessage) {
+  const std::string long_name(kMaxNameBytes + 1, 'x');
+  const struct {
+    std::string name;
+    const char* why;
+  } cases[] = {
+      {"", "name is empty"},
+      {std::string("a\0b", 3), "name holds a NUL byte at offset 1"},
+      {"w\xff", "name is not valid UTF-8 (byte 0xff at offset 1)"},
+      {"\xed\xa0\x80", "name is not valid UTF-8 (byte 0xed at offset 0)"},  // a surrogate
+      {long_name, "name is 1025 bytes long, the limit is 1024 bytes"},
+  };
+  ParameterStore store;
+  ASSERT_OK(store.Init(Param<float>("a", {1}, {1}), SgdLrOne()));
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.why);
+    EXPECT_THAT(store.Init(Param<float>(c.name, {1}, {1}), SgdLrOne()),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(StartsWith("parameter name \""), HasSubstr(c.why))));
+  }
+  EXPECT_EQ(store.GetStats().blocks, 1u);
+  store.FinishInit();
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.why);
+    v1::Parameter out;
+    EXPECT_THAT(store.Get(Ref(c.name), &out),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(StartsWith("parameter name \""), HasSubstr(c.why))));
+    v1::Gradient grad = Grad<float>(c.name, {1});
+    v1::Gradient* batch[] = {&grad};
+    EXPECT_THAT(store.ApplyGradients(batch),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(StartsWith("parameter name \""), HasSubstr(c.why))));
+  }
+  // "a\0b" is not "a": nothing reached "a".
+  v1::Parameter a;
+  ASSERT_OK(store.Get(Ref("a"), &a));
+  EXPECT_THAT(Decode<float>(a.content()), ElementsAre(1));
+}
+
+TEST(ParameterStoreNameTest, LongestAndMultiByteNamesAreFine) {
+  ParameterStore store;
+  EXPECT_OK(store.Init(Param<float>(std::string(kMaxNameBytes, 'x'), {1}, {1}), SgdLrOne()));
+  EXPECT_OK(store.Init(Param<float>("权重/\xf0\x9f\x98\x80", {1}, {1}), SgdLrOne()));
+}
+
+// ---- block layouts -----------------------------------------------------------------------
+
+TEST_F(ParameterStoreInitTest, HugeBlockCountIsRefused) {
+  EXPECT_THAT(store_.Init(Param<float>("w", {4}, {1}, Block(0, 0xffffffffu, 0)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w' block 0 of 4294967295"),
+                             HasSubstr("4294967295 blocks for a parameter of 4 elements"))));
+  EXPECT_THAT(
+      store_.Init(Param<float>("w", {4}, {1}, Block(0xfffffffeu, 0xffffffffu, 3)), SgdLrOne()),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4294967295 blocks")));
+  EXPECT_THAT(store_.Init(Param<float>("w", {4}, {1}, Block(1, 2, uint64_t{1} << 63)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lie outside")));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, BlockNotWhereTheLayoutPutsItIsRefused) {
+  // 9 elements in 3 blocks of n = 2 cannot be (3 blocks cover at most 6).
+  EXPECT_THAT(store_.Init(Param<float>("w", {9}, {1, 2}, Block(1, 3, 2)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w' block 1 of 3"),
+                             HasSubstr("elements [2, 4) are not block 1 of a parameter of 9 "
+                                       "elements cut into 3 blocks"))));
+  // Block 1 of 3 with n = 3 starts at element 3, not 5.
+  EXPECT_THAT(store_.Init(Param<float>("w", {9}, {1, 2, 3}, Block(1, 3, 5)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("are not block 1")));
+  // The last block holds the rest: [6, 9), not [6, 8).
+  EXPECT_THAT(store_.Init(Param<float>("w", {9}, {1, 2}, Block(2, 3, 6)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("are not block 2")));
+  // The last block's offset must be a multiple of (count - 1).
+  EXPECT_THAT(store_.Init(Param<float>("w", {9}, {1, 2}, Block(2, 3, 7)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("are not block 2")));
+  ExpectNothingStored("w");
+}
+
+TEST_F(ParameterStoreInitTest, OverlappingBlocksAreRefused) {
+  // Block 0 of 2 with n = 4 covers [0, 4) of 6; a block 1 from element 3
+  // (n = 3, a valid layout on its own) would overlap it.
+  ASSERT_OK(store_.Init(Param<float>("w", {6}, {1, 2, 3, 4}, Block(0, 2, 0)), SgdLrOne()));
+  EXPECT_THAT(store_.Init(Param<float>("w", {6}, {5, 6, 7}, Block(1, 2, 3)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("parameter 'w' block 1 of 2"),
+                             HasSubstr("holds the parameter's other blocks as float32 [6] in 2 "
+                                       "blocks of 4 elements, this block says float32 [6] in 2 "
+                                       "blocks of 3 elements"))));
+  // Another shape, type or count for the same name is refused the same way.
+  EXPECT_THAT(store_.Init(Param<float>("w", {2, 3}, {5, 6}, Block(1, 2, 4)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("other blocks")));
+  EXPECT_THAT(store_.Init(Param<double>("w", {6}, {5, 6}, Block(1, 2, 4)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("other blocks")));
+  EXPECT_THAT(store_.Init(Param<float>("w", {6}, {5, 6}, Block(2, 3, 4)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("other blocks")));
+  EXPECT_EQ(store_.GetStats().blocks, 1u);
+  // The block that fits is taken.
+  EXPECT_OK(store_.Init(Param<float>("w", {6}, {5, 6}, Block(1, 2, 4)), SgdLrOne()));
+}
+
+// ---- empty arrays ------------------------------------------------------------------------
+
+TEST_F(ParameterStoreInitTest, ZeroSizeParametersAreRefusedWithOneTrueMessage) {
+  for (const Shape& shape : {Shape{0}, Shape{2, 0}}) {
+    EXPECT_THAT(
+        store_.Init(Param<float>("w", shape, {}), SgdLrOne()),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr(absl::StrCat("shape ", ShapeString(shape), " has no elements")),
+                       HasSubstr("a parameter needs at least one element"))));
+  }
+  ExpectNothingStored("w");
 }
 
 // ---- concurrency --------------------------------------------------------------------------

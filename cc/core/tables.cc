@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cc/core/names.h"
 #include "cc/core/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -61,7 +62,7 @@ Tables::Tables(TablesOptions options) : options_(std::move(options)) {}
 Tables::~Tables() { Shutdown(); }
 
 absl::Status Tables::Create(const v1::CreateTableRequest& request) {
-  if (request.name().empty()) return absl::InvalidArgumentError("a table needs a name");
+  PS_RETURN_IF_ERROR(ValidateName("table", request.name()));
   const v1::TableConfig config = SparseTable::NormalizedConfig(request.config());
   {
     absl::MutexLock lock(&mu_);

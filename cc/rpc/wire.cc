@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/names.h"
 #include "grpc/slice.h"
 
 namespace pserver {
@@ -211,6 +212,20 @@ bool ForEachLengthDelimited(const Segments& message, Visit visit) {
   return ForEachField(message, visit, [](int, int, uint64_t) {});
 }
 
+// Names travel as protobuf `bytes` (service.proto), so protobuf no longer
+// refuses (and logs) one that is not UTF-8: these decoders do, saying where.
+// The rest of what makes a name valid (names.h) is the store's to check.
+template <typename Messages>
+absl::Status CheckNamesAreUtf8(const Messages& messages, absl::string_view malformed,
+                               absl::StatusCode code) {
+  for (const auto& message : messages) {
+    if (FirstInvalidUtf8(message.name()) == message.name().size()) continue;
+    return absl::Status(
+        code, absl::StrCat(malformed, ValidateName("parameter", message.name()).message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DumpSlices(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
                         Segments* segments) {
   grpc::Status status = buffer.Dump(slices);
@@ -332,6 +347,12 @@ absl::Status DecodePushRequest(const grpc::ByteBuffer& buffer, PushRequest* out)
   if (!parsed) {
     return absl::InvalidArgumentError("malformed push request: not a valid SendGradsRequest");
   }
+  constexpr char kMalformedPush[] = "malformed push request: ";
+  status = CheckNamesAreUtf8(out->headers, kMalformedPush, absl::StatusCode::kInvalidArgument);
+  if (status.ok()) {
+    status = CheckNamesAreUtf8(out->refs, kMalformedPush, absl::StatusCode::kInvalidArgument);
+  }
+  if (!status.ok()) return status;
   // Views last: the vectors above no longer move.
   out->grads.reserve(out->headers.size());
   for (size_t i = 0; i < out->headers.size(); ++i) {
@@ -384,7 +405,7 @@ absl::Status DecodeParamsResponse(const grpc::ByteBuffer& buffer, ParamsResponse
     return true;
   });
   if (!parsed) return absl::DataLossError("malformed response: not a valid GetParamsResponse");
-  return absl::OkStatus();
+  return CheckNamesAreUtf8(out->headers, "malformed response: ", absl::StatusCode::kDataLoss);
 }
 
 }  // namespace pserver

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "cc/core/element_type.h"
+#include "cc/core/names.h"
 #include "cc/core/parameter_store.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -34,7 +35,9 @@ namespace {
 
 using ::pserver::testing::StatusCodeIs;
 using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 // Contents above this many bytes are sent as borrowed slices (wire.cc).
 constexpr size_t kInlineLimit = 16 << 10;
@@ -959,6 +962,38 @@ TEST(DecodeRobustnessTest, MalformedPartsOnlyOneMessageHas) {
   ExpectParamsRejected(LengthDelimited(1, Varint((((uint64_t{1} << 32) | 4) << 3) | 2) + "\x01x"));
   // A packed shape (Parameter field 3) whose last varint is cut.
   ExpectParamsRejected(LengthDelimited(1, LengthDelimited(3, Bytes({0x01, 0x80}))));
+}
+
+TEST(DecodeRobustnessTest, NamesThatAreNotUtf8AreMalformedAndSayWhere) {
+  // Names are `bytes` on the wire, so protobuf takes (and no longer logs)
+  // them; the decoders refuse what is not UTF-8, naming the byte.
+  const std::string message = LengthDelimited(1, LengthDelimited(1, "ok\xc0\xaf"));
+  constexpr char kWhy[] =
+      "parameter name \"ok\\300\\257\": name is not valid UTF-8 (byte 0xc0 "
+      "at offset 2)";
+  PushRequest push;
+  EXPECT_THAT(DecodePushRequest(Pieces(message, {kWhole}), &push),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(StartsWith("malformed push request: "), HasSubstr(kWhy))));
+  ParamsResponse params;
+  EXPECT_THAT(DecodeParamsResponse(Pieces(message, {kWhole}), &params),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(StartsWith("malformed response: "), HasSubstr(kWhy))));
+  // PushPullRequest.params (field 2) names parameters too.
+  PushRequest refs;
+  EXPECT_THAT(
+      DecodePushRequest(Pieces(LengthDelimited(2, LengthDelimited(1, "\xff")), {kWhole}), &refs),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not valid UTF-8")));
+}
+
+TEST(DecodeRobustnessTest, NamesKeepTheirLength) {
+  // "a\0b" arrives whole, so the store can refuse it; it never reads as "a".
+  const std::string nul("a\0b", 3);
+  PushRequest push;
+  ASSERT_OK(
+      DecodePushRequest(Pieces(LengthDelimited(1, LengthDelimited(1, nul)), {kWhole}), &push));
+  ASSERT_EQ(push.grads.size(), 1u);
+  EXPECT_EQ(push.grads[0].name, nul);
 }
 
 // Where each top-level field of `bytes` ends (all are length-delimited with a
