@@ -39,7 +39,7 @@ Shape = Tuple[int, ...]
 
 
 def version() -> str:
-    """The version of libpserver.so, e.g. "0.1.0"."""
+    """The version of libpserver.so, e.g. "0.2.0"."""
     return _c.pserver_version()
 
 
@@ -187,6 +187,63 @@ def _deadline(timeout: Optional[float]) -> Iterator[None]:
         yield
     finally:
         _c.pserver_py_swap_call_deadline_ns(previous)
+
+
+# The name of the helper threads that run the main thread's blocking calls.
+_CALL_THREAD = "pserver-call"
+
+
+def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs the blocking library call ``fn(*args)``: the one path of every
+    blocking method.
+
+    Python delivers Ctrl-C (SIGINT) to the main thread only, and only between
+    bytecodes: a main thread inside a C call would see it when the call ends,
+    at its deadline. So on the main thread the call runs in a helper thread
+    while the main thread waits, interruptibly. On KeyboardInterrupt the call
+    is cancelled (pserver_cancel_t: its gRPC requests end at once), waited
+    for, and KeyboardInterrupt is raised, chained to what the call raised
+    (pserver.Cancelled). The helper thread inherits this thread's deadline.
+    Other threads call directly: no signal ever arrives there.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args)
+    cancel = _c.pserver_cancel_new()
+    deadline = _c.pserver_py_call_deadline_ns()
+    outcome: Dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        previous_deadline = _c.pserver_py_swap_call_deadline_ns(deadline)
+        previous_cancel = _c.pserver_py_swap_call_cancel(cancel)
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as e:  # handed to the caller
+            outcome["error"] = e
+        finally:
+            _c.pserver_py_swap_call_cancel(previous_cancel)
+            _c.pserver_py_swap_call_deadline_ns(previous_deadline)
+            done.set()
+
+    helper = threading.Thread(target=run, name=_CALL_THREAD, daemon=True)
+    try:
+        helper.start()
+        done.wait()
+    except KeyboardInterrupt as interrupt:
+        # Cancelling is sticky: a call that has not started yet ends at once.
+        _c.pserver_cancel_cancel(cancel)
+        while helper.ident is not None and not done.is_set():
+            try:  # promptly now; a second Ctrl-C waits for it too
+                done.wait()
+            except KeyboardInterrupt:
+                pass
+        raise interrupt from outcome.get("error")
+    finally:
+        if done.is_set() or helper.ident is None:
+            _c.pserver_cancel_delete(cancel)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 class _Handle:
@@ -433,7 +490,7 @@ class Client(_Closing):
         code = DTYPES[arr.dtype]  # _as_array checked it
         with _Config(optimizer, schedule, config, settings) as cfg, _deadline(timeout), \
                 self._h.use() as h:
-            _c.pserver_client_init_param(h, name, code, arr.shape, arr, cfg.ptr)
+            _blocking(_c.pserver_client_init_param, h, name, code, arr.shape, arr, cfg.ptr)
 
     init_param = init
 
@@ -442,14 +499,14 @@ class Client(_Closing):
 
         `timeout`: seconds this call may take (None: the client's timeout)."""
         with _deadline(timeout), self._h.use() as h:
-            _c.pserver_client_finish_init(h)
+            _blocking(_c.pserver_client_finish_init, h)
 
     # -- reads ---------------------------------------------------------------
 
     def info(self, name: str, *, timeout: Optional[float] = None) -> Tuple[np.dtype, Shape]:
         """(dtype, shape) of parameter `name`; raises NotFound if unknown."""
         with _deadline(timeout), self._h.use() as h:
-            code, shape = _c.pserver_client_param_info(h, name)
+            code, shape = _blocking(_c.pserver_client_param_info, h, name)
         return _NUMPY[code], tuple(shape)
 
     def _out(self, name: str, out: Optional[np.ndarray]) -> Tuple[np.ndarray, int]:
@@ -481,12 +538,12 @@ class Client(_Closing):
                 dtype, shape = self.info(name)
                 _check_device(dev, dtype, shape, f"parameter {name!r}", writable=True)
                 with self._h.use() as h:
-                    _c.pserver_client_get_param_device(h, name, DTYPES[dtype], dev.ptr,
-                                                       dev.nbytes, dev.device)
+                    _blocking(_c.pserver_client_get_param_device, h, name, DTYPES[dtype],
+                              dev.ptr, dev.nbytes, dev.device)
                 return out
             out, code = self._out(name, out)
             with self._h.use() as h:
-                _c.pserver_client_get_param(h, name, code, out)
+                _blocking(_c.pserver_client_get_param, h, name, code, out)
         return out
 
     def get_many(self, names: Sequence[str], *,
@@ -502,7 +559,7 @@ class Client(_Closing):
             for name, (arr, code) in outs.items():
                 _c.pserver_batch_add_output(batch, name, code, arr)
             with self._h.use() as h:
-                _c.pserver_client_get_params(h, batch)
+                _blocking(_c.pserver_client_get_params, h, batch)
         finally:
             _c.pserver_batch_delete(batch)
         return {name: arr for name, (arr, _) in outs.items()}
@@ -549,12 +606,12 @@ class Client(_Closing):
             if device is not None:
                 dev, dcode = device
                 with self._h.use() as h:
-                    _c.pserver_client_send_grad_device(h, name, dcode, dev.ptr, dev.nbytes,
-                                                       dev.device)
+                    _blocking(_c.pserver_client_send_grad_device, h, name, dcode, dev.ptr,
+                              dev.nbytes, dev.device)
                 return
             arr, code = self._grad(name, grad)
             with self._h.use() as h:
-                _c.pserver_client_send_grad(h, name, code, arr)
+                _blocking(_c.pserver_client_send_grad, h, name, code, arr)
 
     def send_grads(self, grads: Mapping[str, ArrayLike], *,
                    timeout: Optional[float] = None) -> None:
@@ -568,8 +625,8 @@ class Client(_Closing):
             for name, d in device.items():
                 if d is not None:
                     with self._h.use() as h:
-                        _c.pserver_client_send_grad_device(h, name, d[1], d[0].ptr,
-                                                           d[0].nbytes, d[0].device)
+                        _blocking(_c.pserver_client_send_grad_device, h, name, d[1],
+                                  d[0].ptr, d[0].nbytes, d[0].device)
 
     def _send_grads(self, grads: Mapping[str, ArrayLike]) -> None:
         if not grads:
@@ -580,7 +637,7 @@ class Client(_Closing):
             for name, arr, code in arrays:  # `arrays` keeps the buffers alive
                 _c.pserver_batch_add_input(batch, name, code, arr)
             with self._h.use() as h:
-                _c.pserver_client_send_grads(h, batch)
+                _blocking(_c.pserver_client_send_grads, h, batch)
         finally:
             _c.pserver_batch_delete(batch)
 
@@ -617,8 +674,8 @@ class Client(_Closing):
             for name, (target, dev_out) in targets.items():
                 dev, code = device[name]
                 with self._h.use() as h:
-                    _c.pserver_client_push_pull_device(h, name, code, dev.ptr, dev_out.ptr,
-                                                       dev.nbytes, dev.device)
+                    _blocking(_c.pserver_client_push_pull_device, h, name, code, dev.ptr,
+                              dev_out.ptr, dev.nbytes, dev.device)
                 results[name] = target
             return results
 
@@ -639,7 +696,7 @@ class Client(_Closing):
                 _c.pserver_batch_add_input(gbatch, name, code, arr)
                 _c.pserver_batch_add_output(obatch, name, code, results[name])
             with self._h.use() as h:
-                _c.pserver_client_push_pull(h, gbatch, obatch)
+                _blocking(_c.pserver_client_push_pull, h, gbatch, obatch)
         finally:
             _c.pserver_batch_delete(gbatch)
             _c.pserver_batch_delete(obatch)
@@ -697,14 +754,14 @@ class Client(_Closing):
         Raises FailedPrecondition when a server has no checkpoint directory.
         `timeout`: seconds this call may take (None: the client's timeout)."""
         with _deadline(timeout), self._h.use() as h:
-            _c.pserver_client_save_checkpoint(h)
+            _blocking(_c.pserver_client_save_checkpoint, h)
 
     def stats(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         """One dict per server: index, initialized, parameters, parameter_bytes,
         optimizer_state_bytes, gradients_applied, gets_served, ...
         `timeout`: seconds this call may take (None: the client's timeout)."""
         with _deadline(timeout), self._h.use() as h:
-            _, stats = _c.pserver_client_stats(h)
+            _, stats = _blocking(_c.pserver_client_stats, h)
         return stats
 
 
