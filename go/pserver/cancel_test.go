@@ -3,11 +3,25 @@ package pserver_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"pserver/pserver"
 )
+
+// startSignal is a ctx that tells when a call has begun: the library call
+// asks for its deadline (to pass it down) right before it starts.
+type startSignal struct {
+	context.Context
+	once    sync.Once
+	started chan struct{}
+}
+
+func (c *startSignal) Deadline() (time.Time, bool) {
+	c.once.Do(func() { close(c.started) })
+	return c.Context.Deadline()
+}
 
 // A ctx cancelled while a Barrier waits for a member who never comes ends
 // the library call itself: Barrier returns promptly, and Close (which waits
@@ -26,10 +40,16 @@ func TestContextCancelEndsTheLibraryCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	base, cancel := context.WithCancel(context.Background())
+	ctx := &startSignal{Context: base, started: make(chan struct{})}
 	start := time.Now()
 	errs := make(chan error, 1)
 	go func() { errs <- group.Barrier(ctx, pserver.BarrierWorkers) }()
+	select {
+	case <-ctx.started: // the library call is starting: cancel it in flight
+	case <-time.After(30 * time.Second):
+		t.Fatal("Barrier never started its library call")
+	}
 	cancel()
 	select {
 	case err := <-errs:

@@ -8,7 +8,10 @@ float64 gradient for a float32 parameter raises :class:`InvalidArgument`.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import os
+import queue
 import threading
 import time
 import weakref
@@ -189,29 +192,64 @@ def _deadline(timeout: Optional[float]) -> Iterator[None]:
         _c.pserver_py_swap_call_deadline_ns(previous)
 
 
-# The name of the helper threads that run the main thread's blocking calls.
+# The helper thread that runs the main thread's blocking calls, its queue of
+# calls, and how often the main thread, waiting for one, looks for Ctrl-C.
 _CALL_THREAD = "pserver-call"
+_WAIT_SLICE_S = 0.05
+_calls: Optional["queue.SimpleQueue[Callable[[], None]]"] = None
+_calls_lock = threading.Lock()
+_calls_started = 0  # calls the helper thread has started (tests wait on it)
+
+
+def _serve_calls(calls: "queue.SimpleQueue[Callable[[], None]]") -> None:
+    global _calls_started
+    while True:
+        run = calls.get()
+        _calls_started += 1
+        run()
+
+
+def _call_queue() -> "queue.SimpleQueue[Callable[[], None]]":
+    """The helper thread's queue, starting the thread on first use."""
+    global _calls
+    with _calls_lock:
+        if _calls is None:
+            _calls = queue.SimpleQueue()
+            threading.Thread(target=_serve_calls, args=(_calls,), name=_CALL_THREAD,
+                             daemon=True).start()
+        return _calls
+
+
+def _forget_call_thread() -> None:
+    """In a forked child the helper thread is gone: start a new one on use."""
+    global _calls, _calls_lock
+    _calls, _calls_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_call_thread)
 
 
 def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
     """Runs the blocking library call ``fn(*args)``: the one path of every
     blocking method.
 
-    Python delivers Ctrl-C (SIGINT) to the main thread only, and only between
-    bytecodes: a main thread inside a C call would see it when the call ends,
-    at its deadline. So on the main thread the call runs in a helper thread
-    while the main thread waits, interruptibly. On KeyboardInterrupt the call
-    is cancelled (pserver_cancel_t: its gRPC requests end at once), waited
-    for, and KeyboardInterrupt is raised, chained to what the call raised
-    (pserver.Cancelled). The helper thread inherits this thread's deadline.
-    Other threads call directly: no signal ever arrives there.
+    Python runs its SIGINT handler (KeyboardInterrupt) in the main thread
+    only, and only between bytecodes: a main thread inside a C call would
+    see Ctrl-C when the call ends, at its deadline. So calls from the main
+    thread run on one helper thread while the main thread waits in short
+    slices. On KeyboardInterrupt the call is cancelled (pserver_cancel_t: its
+    gRPC requests end at once), waited for, and KeyboardInterrupt is raised,
+    chained to what the call raised (pserver.Cancelled). The helper runs the
+    call under this thread's deadline. Other threads call directly: no
+    KeyboardInterrupt is ever raised there.
     """
     if threading.current_thread() is not threading.main_thread():
         return fn(*args)
     cancel = _c.pserver_cancel_new()
     deadline = _c.pserver_py_call_deadline_ns()
     outcome: Dict[str, Any] = {}
-    done = threading.Event()
+    done = _thread.allocate_lock()
+    done.acquire()
 
     def run() -> None:
         previous_deadline = _c.pserver_py_swap_call_deadline_ns(deadline)
@@ -223,23 +261,28 @@ def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
         finally:
             _c.pserver_py_swap_call_cancel(previous_cancel)
             _c.pserver_py_swap_call_deadline_ns(previous_deadline)
-            done.set()
+            done.release()
 
-    helper = threading.Thread(target=run, name=_CALL_THREAD, daemon=True)
+    queued = False
     try:
-        helper.start()
-        done.wait()
+        _call_queue().put(run)
+        queued = True
+        # Short slices: a SIGINT the kernel hands to another thread wakes no
+        # blocked wait; between slices the main thread runs Python's handler.
+        while not done.acquire(timeout=_WAIT_SLICE_S):
+            pass
     except KeyboardInterrupt as interrupt:
         # Cancelling is sticky: a call that has not started yet ends at once.
         _c.pserver_cancel_cancel(cancel)
-        while helper.ident is not None and not done.is_set():
+        while queued:
             try:  # promptly now; a second Ctrl-C waits for it too
-                done.wait()
+                if done.acquire(timeout=_WAIT_SLICE_S):
+                    break
             except KeyboardInterrupt:
                 pass
         raise interrupt from outcome.get("error")
     finally:
-        if done.is_set() or helper.ident is None:
+        if not queued or "value" in outcome or "error" in outcome:
             _c.pserver_cancel_delete(cancel)
     if "error" in outcome:
         raise outcome["error"]

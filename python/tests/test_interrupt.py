@@ -9,19 +9,18 @@ import numpy as np
 import pytest
 
 import pserver
-
-
-def _call_in_flight():
-    return any(t.name == "pserver-call" for t in threading.enumerate())
+from pserver import _core
 
 
 def _interrupt_soon():
-    """Sends SIGINT to this process from another thread once the main thread
-    has handed its blocking call to a helper thread (waiting at most 30 s);
-    KeyboardInterrupt then arrives in the main thread, as on Ctrl-C."""
+    """Sends SIGINT to this process, as Ctrl-C does, once the main thread has
+    handed its next blocking call to the helper thread (waiting at most 30 s):
+    KeyboardInterrupt then arrives in the main thread while it waits."""
+    before = _core._calls_started
+
     def interrupt():
         for _ in range(3000):
-            if _call_in_flight():
+            if _core._calls_started > before:
                 break
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)
@@ -89,3 +88,12 @@ def test_calls_from_other_threads_run_there(client):
     t.start()
     t.join()
     np.testing.assert_array_equal(seen[0], np.ones(2, np.float32))
+
+
+def test_one_helper_thread_serves_the_main_thread(client):
+    client.init("w", np.ones(2, np.float32))
+    client.finish_init()
+    for _ in range(20):
+        client.get("w")
+    helpers = [t for t in threading.enumerate() if t.name == "pserver-call"]
+    assert len(helpers) == 1
