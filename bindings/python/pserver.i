@@ -338,6 +338,16 @@ struct PserverPyBuffer {
   pserver_etcd_kvs_delete($1);
 }
 
+/* Quick calls keep the GIL: releasing it costs more than they take, and
+ * pserver._core makes them around every blocking call. */
+%nothread pserver_py_swap_call_deadline_ns;
+%nothread pserver_py_call_deadline_ns;
+%nothread pserver_py_swap_call_cancel;
+%nothread pserver_cancel_new;
+%nothread pserver_cancel_delete;
+%nothread pserver_cancel_cancel;
+%nothread pserver_cancel_cancelled;
+
 /* For pserver._core: sets the calling thread's call deadline (see the
  * conventions above) and returns the previous one. */
 %inline %{

@@ -199,6 +199,7 @@ _WAIT_SLICE_S = 0.05
 _calls: Optional["queue.SimpleQueue[Callable[[], None]]"] = None
 _calls_lock = threading.Lock()
 _calls_started = 0  # calls the helper thread has started (tests wait on it)
+_cancel: Any = None  # the main thread's next pserver_cancel_t
 
 
 def _serve_calls(calls: "queue.SimpleQueue[Callable[[], None]]") -> None:
@@ -243,9 +244,12 @@ def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
     call under this thread's deadline. Other threads call directly: no
     KeyboardInterrupt is ever raised there.
     """
+    global _cancel
     if threading.current_thread() is not threading.main_thread():
         return fn(*args)
-    cancel = _c.pserver_cancel_new()
+    # One handle serves call after call until one is cancelled (it stays so).
+    cancel = _cancel if _cancel is not None else _c.pserver_cancel_new()
+    _cancel = None
     deadline = _c.pserver_py_call_deadline_ns()
     outcome: Dict[str, Any] = {}
     done = _thread.allocate_lock()
@@ -282,8 +286,11 @@ def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
                 pass
         raise interrupt from outcome.get("error")
     finally:
-        if not queued or "value" in outcome or "error" in outcome:
-            _c.pserver_cancel_delete(cancel)
+        if not queued or "value" in outcome or "error" in outcome:  # the helper is done with it
+            if _c.pserver_cancel_cancelled(cancel):
+                _c.pserver_cancel_delete(cancel)
+            else:
+                _cancel = cancel  # the next call's
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
