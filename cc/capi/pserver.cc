@@ -1147,9 +1147,10 @@ size_t pserver_client_server_address(const pserver_client_t* client, int32_t i, 
   }
 }
 
-void pserver_client_init_param(pserver_client_t* client, const char* name, size_t name_len, int32_t dtype,
-                               const int64_t* shape, size_t ndim, const void* data, size_t size,
-                               const pserver_param_config_t* config, pserver_status_t* status) {
+void pserver_client_init_param(pserver_client_t* client, const char* name, size_t name_len,
+                               int32_t dtype, const int64_t* shape, size_t ndim, const void* data,
+                               size_t size, const pserver_param_config_t* config,
+                               pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
@@ -1171,8 +1172,8 @@ void pserver_client_finish_init(pserver_client_t* client, pserver_status_t* stat
   });
 }
 
-void pserver_client_param_info(pserver_client_t* client, const char* name, size_t name_len, int32_t* dtype,
-                               int64_t* shape, size_t shape_capacity, size_t* ndim,
+void pserver_client_param_info(pserver_client_t* client, const char* name, size_t name_len,
+                               int32_t* dtype, int64_t* shape, size_t shape_capacity, size_t* ndim,
                                pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
@@ -1190,8 +1191,8 @@ void pserver_client_param_info(pserver_client_t* client, const char* name, size_
   });
 }
 
-void pserver_client_get_param(pserver_client_t* client, const char* name, size_t name_len, int32_t dtype, void* out,
-                              size_t out_size, pserver_status_t* status) {
+void pserver_client_get_param(pserver_client_t* client, const char* name, size_t name_len,
+                              int32_t dtype, void* out, size_t out_size, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
@@ -1230,8 +1231,9 @@ void pserver_client_get_params(pserver_client_t* client, pserver_batch_t* outs,
   });
 }
 
-void pserver_client_send_grad(pserver_client_t* client, const char* name, size_t name_len, int32_t dtype,
-                              const void* data, size_t size, pserver_status_t* status) {
+void pserver_client_send_grad(pserver_client_t* client, const char* name, size_t name_len,
+                              int32_t dtype, const void* data, size_t size,
+                              pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
@@ -2084,8 +2086,8 @@ const char* pserver_checkpoint_reader_param_name(const pserver_checkpoint_reader
 }
 
 void pserver_checkpoint_reader_param_info(const pserver_checkpoint_reader_t* reader,
-                                          const char* name, size_t name_len, int32_t* dtype, int64_t* shape,
-                                          size_t shape_capacity, size_t* ndim,
+                                          const char* name, size_t name_len, int32_t* dtype,
+                                          int64_t* shape, size_t shape_capacity, size_t* ndim,
                                           pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (reader == nullptr) return Null("reader");
@@ -2097,8 +2099,8 @@ void pserver_checkpoint_reader_param_info(const pserver_checkpoint_reader_t* rea
   });
 }
 
-void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader, const char* name, size_t name_len,
-                                    int32_t dtype, void* out, size_t out_size,
+void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader, const char* name,
+                                    size_t name_len, int32_t dtype, void* out, size_t out_size,
                                     pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (reader == nullptr) return Null("reader");
@@ -2162,8 +2164,9 @@ const char* pserver_checkpoint_reader_table_name(const pserver_checkpoint_reader
 }
 
 void pserver_checkpoint_reader_table_info(const pserver_checkpoint_reader_t* reader,
-                                          const char* name, size_t name_len, uint32_t* dim, int32_t* dtype,
-                                          uint64_t* rows, pserver_status_t* status) {
+                                          const char* name, size_t name_len, uint32_t* dim,
+                                          int32_t* dtype, uint64_t* rows,
+                                          pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (reader == nullptr) return Null("reader");
     PS_ASSIGN_OR_RETURN(const std::string n, NameBytes(name, name_len));
@@ -2179,8 +2182,8 @@ void pserver_checkpoint_reader_table_info(const pserver_checkpoint_reader_t* rea
 }
 
 void pserver_checkpoint_reader_read_table(const pserver_checkpoint_reader_t* reader,
-                                          const char* name, size_t name_len, uint64_t* keys, size_t keys_size,
-                                          void* values, size_t values_size,
+                                          const char* name, size_t name_len, uint64_t* keys,
+                                          size_t keys_size, void* values, size_t values_size,
                                           pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (reader == nullptr) return Null("reader");
@@ -2193,8 +2196,8 @@ void pserver_checkpoint_reader_read_table(const pserver_checkpoint_reader_t* rea
     for (const auto& p : parts) total += p.rows();
     if (keys_size != total * 8 || values_size != total * row) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "table '", n, "': ", total, " rows need ", total * 8, " bytes of keys and ",
-          total * row, " of values, the buffers have ", keys_size, " and ", values_size));
+          "table '", n, "': ", total, " rows need ", total * 8, " bytes of keys and ", total * row,
+          " of values, the buffers have ", keys_size, " and ", values_size));
     }
     if (total > 0 && (keys == nullptr || values == nullptr)) return Null("keys or values");
     // (key, part, row in part), sorted by key.
@@ -2392,9 +2395,9 @@ absl::StatusOr<pserver::Shape> DeviceGradientShape(pserver_client_t* client,
 
 extern "C" {
 
-void pserver_client_send_grad_device(pserver_client_t* client, const char* name, size_t name_len, int32_t dtype,
-                                     const void* device_data, size_t size, int32_t device,
-                                     pserver_status_t* status) {
+void pserver_client_send_grad_device(pserver_client_t* client, const char* name, size_t name_len,
+                                     int32_t dtype, const void* device_data, size_t size,
+                                     int32_t device, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
@@ -2406,9 +2409,9 @@ void pserver_client_send_grad_device(pserver_client_t* client, const char* name,
   });
 }
 
-void pserver_client_get_param_device(pserver_client_t* client, const char* name, size_t name_len, int32_t dtype,
-                                     void* device_out, size_t out_size, int32_t device,
-                                     pserver_status_t* status) {
+void pserver_client_get_param_device(pserver_client_t* client, const char* name, size_t name_len,
+                                     int32_t dtype, void* device_out, size_t out_size,
+                                     int32_t device, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
@@ -2424,9 +2427,9 @@ void pserver_client_get_param_device(pserver_client_t* client, const char* name,
   });
 }
 
-void pserver_client_push_pull_device(pserver_client_t* client, const char* name, size_t name_len, int32_t dtype,
-                                     const void* device_data, void* device_out, size_t size,
-                                     int32_t device, pserver_status_t* status) {
+void pserver_client_push_pull_device(pserver_client_t* client, const char* name, size_t name_len,
+                                     int32_t dtype, const void* device_data, void* device_out,
+                                     size_t size, int32_t device, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));

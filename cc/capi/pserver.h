@@ -275,11 +275,13 @@ PSERVER_EXPORT void pserver_batch_delete(pserver_batch_t* batch);
 PSERVER_EXPORT void pserver_batch_clear(pserver_batch_t* batch);
 PSERVER_EXPORT size_t pserver_batch_size(const pserver_batch_t* batch);
 /* An input (a gradient): `size` bytes of `dtype` elements at `data`. */
-PSERVER_EXPORT void pserver_batch_add_input(pserver_batch_t* batch, const char* name, size_t name_len,
-                                            int32_t dtype, const void* data, size_t size);
+PSERVER_EXPORT void pserver_batch_add_input(pserver_batch_t* batch, const char* name,
+                                            size_t name_len, int32_t dtype, const void* data,
+                                            size_t size);
 /* An output (a parameter read into `out`, `size` bytes of `dtype`). */
-PSERVER_EXPORT void pserver_batch_add_output(pserver_batch_t* batch, const char* name, size_t name_len,
-                                             int32_t dtype, void* out, size_t size);
+PSERVER_EXPORT void pserver_batch_add_output(pserver_batch_t* batch, const char* name,
+                                             size_t name_len, int32_t dtype, void* out,
+                                             size_t size);
 
 /* ----------------------------------------------------------------- client */
 
@@ -339,8 +341,8 @@ PSERVER_EXPORT size_t pserver_client_server_address(const pserver_client_t* clie
  * row-major, of the given shape (ndim dims; ndim 0 is a scalar). `config`
  * may be NULL (plain SGD). The first init of a name wins; later ones get
  * ALREADY_EXISTS "pserver already initialized". */
-PSERVER_EXPORT void pserver_client_init_param(pserver_client_t* client, const char* name, size_t name_len,
-                                              int32_t dtype, const int64_t* shape,
+PSERVER_EXPORT void pserver_client_init_param(pserver_client_t* client, const char* name,
+                                              size_t name_len, int32_t dtype, const int64_t* shape,
                                               size_t ndim, const void* data, size_t size,
                                               const pserver_param_config_t* config,
                                               pserver_status_t* status);
@@ -356,17 +358,17 @@ PSERVER_EXPORT void pserver_client_finish_init(pserver_client_t* client,
  * shape may be NULL when shape_capacity is 0). Known from an init or an
  * earlier read by this client; otherwise the parameter is read once.
  * NOT_FOUND for an unknown name. */
-PSERVER_EXPORT void pserver_client_param_info(pserver_client_t* client, const char* name, size_t name_len,
-                                              int32_t* dtype, int64_t* shape,
+PSERVER_EXPORT void pserver_client_param_info(pserver_client_t* client, const char* name,
+                                              size_t name_len, int32_t* dtype, int64_t* shape,
                                               size_t shape_capacity, size_t* ndim,
                                               pserver_status_t* status);
 
 /* Reads a parameter into `out`: `out_size` must be exactly
  * pserver_dtype_size(dtype) * elements, and `dtype` the parameter's type
  * (INVALID_ARGUMENT otherwise, naming what was expected). */
-PSERVER_EXPORT void pserver_client_get_param(pserver_client_t* client, const char* name, size_t name_len,
-                                             int32_t dtype, void* out, size_t out_size,
-                                             pserver_status_t* status);
+PSERVER_EXPORT void pserver_client_get_param(pserver_client_t* client, const char* name,
+                                             size_t name_len, int32_t dtype, void* out,
+                                             size_t out_size, pserver_status_t* status);
 /* Reads every output of `outs` (pserver_batch_add_output) in one round trip
  * per server. On error the outputs' contents are unspecified. */
 PSERVER_EXPORT void pserver_client_get_params(pserver_client_t* client, pserver_batch_t* outs,
@@ -374,9 +376,9 @@ PSERVER_EXPORT void pserver_client_get_params(pserver_client_t* client, pserver_
 
 /* Sends a gradient: `size` bytes of `dtype` elements, as many as the
  * parameter has, of its type. */
-PSERVER_EXPORT void pserver_client_send_grad(pserver_client_t* client, const char* name, size_t name_len,
-                                             int32_t dtype, const void* data, size_t size,
-                                             pserver_status_t* status);
+PSERVER_EXPORT void pserver_client_send_grad(pserver_client_t* client, const char* name,
+                                             size_t name_len, int32_t dtype, const void* data,
+                                             size_t size, pserver_status_t* status);
 /* Sends every input of `grads`; a batch with any bad part is applied not
  * at all. */
 PSERVER_EXPORT void pserver_client_send_grads(pserver_client_t* client,
@@ -742,16 +744,19 @@ PSERVER_EXPORT size_t pserver_checkpoint_reader_num_params(
 PSERVER_EXPORT const char* pserver_checkpoint_reader_param_name(
     const pserver_checkpoint_reader_t* reader, size_t i, size_t* name_len);
 /* As pserver_client_param_info. NOT_FOUND for an unknown name. */
-PSERVER_EXPORT void pserver_checkpoint_reader_param_info(
-    const pserver_checkpoint_reader_t* reader, const char* name, size_t name_len, int32_t* dtype,
-    int64_t* shape, size_t shape_capacity, size_t* ndim, pserver_status_t* status);
+PSERVER_EXPORT void pserver_checkpoint_reader_param_info(const pserver_checkpoint_reader_t* reader,
+                                                         const char* name, size_t name_len,
+                                                         int32_t* dtype, int64_t* shape,
+                                                         size_t shape_capacity, size_t* ndim,
+                                                         pserver_status_t* status);
 /* Reads a parameter (all its blocks, every checksum verified) into `out`,
  * exactly pserver_dtype_size(dtype) * elements bytes. DATA_LOSS "checkpoint
  * file checksum validation failed: <file> ..." for damaged data, and for a
  * parameter whose blocks are not all in the opened checkpoints. */
 PSERVER_EXPORT void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader,
-                                                   const char* name, size_t name_len, int32_t dtype, void* out,
-                                                   size_t out_size, pserver_status_t* status);
+                                                   const char* name, size_t name_len, int32_t dtype,
+                                                   void* out, size_t out_size,
+                                                   pserver_status_t* status);
 /* Verifies every data file and chunk of every opened checkpoint. */
 PSERVER_EXPORT void pserver_checkpoint_reader_verify(const pserver_checkpoint_reader_t* reader,
                                                      pserver_status_t* status);
@@ -768,16 +773,19 @@ PSERVER_EXPORT const char* pserver_checkpoint_reader_table_name(
  * and rows over every opened checkpoint (reads and verifies its data; any
  * output may be NULL). NOT_FOUND for an unknown table, DATA_LOSS for damaged
  * data. */
-PSERVER_EXPORT void pserver_checkpoint_reader_table_info(
-    const pserver_checkpoint_reader_t* reader, const char* name, size_t name_len, uint32_t* dim, int32_t* dtype,
-    uint64_t* rows, pserver_status_t* status);
+PSERVER_EXPORT void pserver_checkpoint_reader_table_info(const pserver_checkpoint_reader_t* reader,
+                                                         const char* name, size_t name_len,
+                                                         uint32_t* dim, int32_t* dtype,
+                                                         uint64_t* rows, pserver_status_t* status);
 /* Reads table `name`'s rows, sorted by key: `keys` gets rows uint64 keys
  * (`keys_size` = rows * 8 bytes) and `values` their rows (`values_size` =
  * rows * dim * pserver_dtype_size(dtype) bytes), as table_info gives them.
  * Only the values are saved: optimizer state and pending keys are not read. */
-PSERVER_EXPORT void pserver_checkpoint_reader_read_table(
-    const pserver_checkpoint_reader_t* reader, const char* name, size_t name_len, uint64_t* keys,
-    size_t keys_size, void* values, size_t values_size, pserver_status_t* status);
+PSERVER_EXPORT void pserver_checkpoint_reader_read_table(const pserver_checkpoint_reader_t* reader,
+                                                         const char* name, size_t name_len,
+                                                         uint64_t* keys, size_t keys_size,
+                                                         void* values, size_t values_size,
+                                                         pserver_status_t* status);
 
 /* --------------------------------------------------- library buffers */
 
@@ -844,22 +852,23 @@ PSERVER_EXPORT size_t pserver_etcd_kvs_value_size(const pserver_etcd_kvs_t* kvs,
  * calls (convention 8): a status timeout is honoured. */
 
 /* Sends the gradient in `size` bytes of device memory at `device_data`. */
-PSERVER_EXPORT void pserver_client_send_grad_device(pserver_client_t* client, const char* name, size_t name_len,
-                                                    int32_t dtype, const void* device_data,
-                                                    size_t size, int32_t device,
-                                                    pserver_status_t* status);
+PSERVER_EXPORT void pserver_client_send_grad_device(pserver_client_t* client, const char* name,
+                                                    size_t name_len, int32_t dtype,
+                                                    const void* device_data, size_t size,
+                                                    int32_t device, pserver_status_t* status);
 /* Reads parameter `name` into `out_size` bytes of device memory at
  * `device_out`. On error its contents are unspecified. */
-PSERVER_EXPORT void pserver_client_get_param_device(pserver_client_t* client, const char* name, size_t name_len,
-                                                    int32_t dtype, void* device_out,
-                                                    size_t out_size, int32_t device,
-                                                    pserver_status_t* status);
+PSERVER_EXPORT void pserver_client_get_param_device(pserver_client_t* client, const char* name,
+                                                    size_t name_len, int32_t dtype,
+                                                    void* device_out, size_t out_size,
+                                                    int32_t device, pserver_status_t* status);
 /* Sends the gradient at `device_data` and reads the updated parameter into
  * `device_out` (both `size` bytes; they may be the same memory), one round
  * trip per chunk. */
-PSERVER_EXPORT void pserver_client_push_pull_device(pserver_client_t* client, const char* name, size_t name_len,
-                                                    int32_t dtype, const void* device_data,
-                                                    void* device_out, size_t size, int32_t device,
+PSERVER_EXPORT void pserver_client_push_pull_device(pserver_client_t* client, const char* name,
+                                                    size_t name_len, int32_t dtype,
+                                                    const void* device_data, void* device_out,
+                                                    size_t size, int32_t device,
                                                     pserver_status_t* status);
 
 #ifdef __cplusplus

@@ -119,10 +119,9 @@ TEST_F(CancelledCallTest, CallToAServerThatIsDownEndsCancelled) {
   // A server that stopped: its requests wait for it to come back (within
   // the deadline) until cancelled.
   cluster_->server(1).Shutdown(absl::ZeroDuration());
-  EXPECT_THAT(CancelWhileRunning([&](const CallOptions& call) {
-                return client_->GetStats(call).status();
-              }),
-              StatusCodeIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(
+      CancelWhileRunning([&](const CallOptions& call) { return client_->GetStats(call).status(); }),
+      StatusCodeIs(absl::StatusCode::kCancelled));
 }
 
 TEST_F(CancelledCallTest, CancelledBeforeTheCallSendsNothing) {

@@ -105,17 +105,17 @@ void GrpcTransport::Call(typename NonDeduced<AsyncMethod<Request, Response>>::ty
   // The completion callback owns the context.
   std::shared_ptr<grpc::ClientContext> context = NewContext(deadline, wait_for_ready_);
   std::shared_ptr<Cancellation::Registration> cancel = CancelWithCall(context);
-  (Next().stub->async()->*method)(context.get(), &request, response,
-                                  [context, cancel, done = std::move(done)](
-                                      grpc::Status status) mutable {
-                                    cancel.reset();
-                                    // Drop the context (and its reference on the channel) before
-                                    // `done` wakes the caller: if the caller then destroys the
-                                    // client, the channel's last reference must not die on this
-                                    // gRPC thread.
-                                    context.reset();
-                                    done(FromGrpcStatus(status));
-                                  });
+  (Next().stub->async()->*method)(
+      context.get(), &request, response,
+      [context, cancel, done = std::move(done)](grpc::Status status) mutable {
+        cancel.reset();
+        // Drop the context (and its reference on the channel) before
+        // `done` wakes the caller: if the caller then destroys the
+        // client, the channel's last reference must not die on this
+        // gRPC thread.
+        context.reset();
+        done(FromGrpcStatus(status));
+      });
 }
 
 void GrpcTransport::InitParam(const v1::InitParamRequest& request, absl::Time deadline, Done done) {
