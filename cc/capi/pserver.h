@@ -86,9 +86,10 @@
  *     ends the blocking call (convention 8) using that status promptly with
  *     PSERVER_CANCELLED "the call was cancelled": requests in flight over
  *     gRPC are cancelled and retries stop. Once cancelled, every call given
- *     such a status ends at once, like a Go context. Requests an in-process
- *     client (pserver_local_cluster_client) has handed to its server are not
- *     interrupted: they end by their deadline.
+ *     such a status ends at once, like a Go context. An in-process client
+ *     (pserver_local_cluster_client) looks at it every 100 ms while it
+ *     waits for other workers (barriers, all-reduce, broadcast, BSP/SSP
+ *     reads).
  */
 #ifndef PSERVER_CC_CAPI_PSERVER_H_
 #define PSERVER_CC_CAPI_PSERVER_H_

@@ -6,6 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "cc/client/client.h"
+#include "cc/client/in_process_transport.h"
 #include "cc/client/worker_group.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
@@ -122,6 +123,38 @@ TEST_F(CancelledCallTest, CallToAServerThatIsDownEndsCancelled) {
   EXPECT_THAT(
       CancelWhileRunning([&](const CallOptions& call) { return client_->GetStats(call).status(); }),
       StatusCodeIs(absl::StatusCode::kCancelled));
+}
+
+// An in-process client's waits run on the calling thread in the store; they
+// look at the cancellation between short slices.
+TEST_F(CancelledCallTest, InProcessWaitsEndCancelled) {
+  ClientOptions options;
+  options.timeout = absl::Seconds(60);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Client> local,
+      Client::Create(options, InProcessTransports(cluster_->stores(), cluster_->tables())));
+  WorkerGroup group(*local, "g", /*size=*/2, "alone");
+  EXPECT_THAT(CancelWhileRunning([&](const CallOptions& call) {
+                return group.Barrier(BarrierScope::kWorkers, call);
+              }),
+              StatusCodeIs(absl::StatusCode::kCancelled));
+  Tensor sum = Tensor::FromValues<float>({2}, {1, 2});
+  EXPECT_THAT(CancelWhileRunning([&](const CallOptions& call) {
+                return group.AllReduce(&sum, ReduceOp::kSum, call);
+              }),
+              StatusCodeIs(absl::StatusCode::kCancelled));
+  // A cancellable wait that ends by itself is not disturbed by the slices,
+  // however many pass before the other member arrives.
+  WorkerGroup one(*local, "h", /*size=*/2, "one");
+  WorkerGroup other(*local, "h", /*size=*/2, "other");
+  Cancellation cancel;
+  CallOptions call;
+  call.cancel = &cancel;
+  absl::Status first;
+  std::thread member([&] { first = one.Barrier(BarrierScope::kWorkers, call); });
+  EXPECT_OK(other.Barrier(BarrierScope::kWorkers));
+  member.join();
+  EXPECT_OK(first);
 }
 
 TEST_F(CancelledCallTest, CancelledBeforeTheCallSendsNothing) {

@@ -50,6 +50,18 @@ def test_ctrl_c_ends_a_blocking_barrier(grpc_client):
     assert len(grpc_client.stats()) == 2
 
 
+def test_ctrl_c_ends_an_in_process_barrier(client):
+    # The in-process client (a notebook's LocalCluster) waits in the store.
+    group = client.group("g", size=2, participant="alone")
+    start = time.monotonic()
+    timer = _interrupt_soon()
+    with pytest.raises(KeyboardInterrupt) as info:
+        group.barrier(timeout=60)
+    timer.join()
+    assert time.monotonic() - start < 10
+    assert isinstance(info.value.__cause__, pserver.Cancelled)
+
+
 def test_ctrl_c_ends_a_call_to_a_server_that_is_down():
     with pserver.LocalCluster(servers=1) as cluster:
         address = cluster.addresses[0]
