@@ -12,6 +12,16 @@
  *     be writable. The pure-Python layer checks dtype and shape first.
  *   - shapes go in as sequences of ints (numpy.i's IN_ARRAY1) and come back
  *     as (dtype, shape tuple) from the *_param_info calls.
+ *   - names of parameters and tables, (const char* name, size_t name_len),
+ *     take a str (encoded UTF-8, lone surrogates from surrogateescape back
+ *     to their bytes) or bytes; a str that cannot be encoded raises
+ *     pserver.InvalidArgument. Returned names (size_t* name_len) come back
+ *     as str, bytes that are not UTF-8 decoded with surrogateescape.
+ *   - cancellation: pserver_py_swap_call_cancel sets, for the calling
+ *     thread, a pserver_cancel_t that each call's fresh status carries
+ *     (pserver_status_set_cancel); pserver._core runs blocking calls made on
+ *     the main thread in a helper thread with one, and cancels it on
+ *     KeyboardInterrupt.
  *   - per-call timeouts: pserver_py_swap_call_deadline_ns sets, for the
  *     calling thread, a time (time.monotonic_ns()) by which its blocking
  *     calls must end; each call's fresh status then carries the time left
@@ -58,6 +68,9 @@ static void pserver_py_raise(int code, const char* message) {
  * while the thread holds the GIL. */
 static thread_local int64_t pserver_py_deadline_ns = 0;
 
+/* The calling thread's call cancellation (not owned), NULL for none. */
+static thread_local pserver_cancel_t* pserver_py_cancel = NULL;
+
 /* The time left until the thread's call deadline, in ms (at least 1), or
  * 0 without one. */
 static int64_t pserver_py_timeout_ms(void) {
@@ -87,6 +100,7 @@ struct PserverPyBuffer {
   $1 = pserver_status_new();
   if ($1 == NULL) { PyErr_NoMemory(); SWIG_fail; }
   pserver_status_set_timeout_ms($1, pserver_py_timeout_ms());
+  pserver_status_set_cancel($1, pserver_py_cancel);
 }
 %typemap(argout) pserver_status_t* status {
   if (pserver_status_code($1) != PSERVER_OK) {
@@ -98,6 +112,54 @@ struct PserverPyBuffer {
 }
 %typemap(freearg) pserver_status_t* status {
   pserver_status_delete($1);
+}
+
+/* ---- names in: str or bytes, with their length ---- */
+%typemap(in) (const char* name, size_t name_len) (PyObject* encoded = NULL) {
+  if (PyBytes_Check($input)) {
+    $1 = PyBytes_AS_STRING($input);
+    $2 = (size_t)PyBytes_GET_SIZE($input);
+  } else if (PyUnicode_Check($input)) {
+    encoded = PyUnicode_AsEncodedString($input, "utf-8", "surrogateescape");
+    if (encoded == NULL) {
+      PyObject* repr = PyObject_Repr($input);
+      PyErr_Clear();
+      const char* shown = repr != NULL ? PyUnicode_AsUTF8(repr) : NULL;
+      PyErr_Clear();
+      char message[512];
+      snprintf(message, sizeof message, "name %.400s cannot be encoded as UTF-8",
+               shown != NULL ? shown : "?");
+      Py_XDECREF(repr);
+      pserver_py_raise(PSERVER_INVALID_ARGUMENT, message);
+      SWIG_fail;
+    }
+    $1 = PyBytes_AS_STRING(encoded);
+    $2 = (size_t)PyBytes_GET_SIZE(encoded);
+  } else {
+    PyErr_Format(PyExc_TypeError, "a name must be str or bytes, not %.100s",
+                 Py_TYPE($input)->tp_name);
+    SWIG_fail;
+  }
+}
+%typemap(freearg) (const char* name, size_t name_len) {
+  Py_XDECREF(encoded$argnum);
+}
+%typemap(typecheck) (const char* name, size_t name_len) {
+  $1 = PyBytes_Check($input) || PyUnicode_Check($input);
+}
+
+/* ---- names out: str (surrogateescape), None for NULL ---- */
+%typemap(in, numinputs=0) size_t* name_len (size_t len = 0) {
+  $1 = &len;
+}
+%typemap(argout) size_t* name_len {
+  Py_XDECREF($result);
+  if (result == NULL) {
+    Py_INCREF(Py_None);
+    $result = Py_None;
+  } else {
+    $result = PyUnicode_DecodeUTF8(result, (Py_ssize_t)*$1, "surrogateescape");
+  }
 }
 
 /* ---- read-only buffers ---- */
@@ -276,12 +338,33 @@ struct PserverPyBuffer {
   pserver_etcd_kvs_delete($1);
 }
 
+/* Quick calls keep the GIL: releasing it costs more than they take, and
+ * pserver._core makes them around every blocking call. */
+%nothread pserver_py_swap_call_deadline_ns;
+%nothread pserver_py_call_deadline_ns;
+%nothread pserver_py_swap_call_cancel;
+%nothread pserver_cancel_new;
+%nothread pserver_cancel_delete;
+%nothread pserver_cancel_cancel;
+%nothread pserver_cancel_cancelled;
+
 /* For pserver._core: sets the calling thread's call deadline (see the
  * conventions above) and returns the previous one. */
 %inline %{
 int64_t pserver_py_swap_call_deadline_ns(int64_t deadline_ns) {
   const int64_t previous = pserver_py_deadline_ns;
   pserver_py_deadline_ns = deadline_ns > 0 ? deadline_ns : 0;
+  return previous;
+}
+
+/* The calling thread's call deadline (0: none). */
+int64_t pserver_py_call_deadline_ns(void) { return pserver_py_deadline_ns; }
+
+/* Sets the calling thread's call cancellation (NULL: none); returns the
+ * previous one. The caller keeps the handle alive while it is set. */
+pserver_cancel_t* pserver_py_swap_call_cancel(pserver_cancel_t* cancel) {
+  pserver_cancel_t* const previous = pserver_py_cancel;
+  pserver_py_cancel = cancel;
   return previous;
 }
 %}
@@ -294,6 +377,7 @@ int64_t pserver_py_swap_call_deadline_ns(int64_t deadline_ns) {
 %ignore pserver_status_set;
 %ignore pserver_status_set_timeout_ms;
 %ignore pserver_status_timeout_ms;
+%ignore pserver_status_set_cancel;
 %ignore pserver_buffer_delete;
 %ignore pserver_etcd_kvs_delete;
 %ignore pserver_etcd_kvs_size;

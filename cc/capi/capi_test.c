@@ -48,7 +48,7 @@ static int failures = 0;
 #define EXPECT_OK(st) EXPECT_STATUS(st, PSERVER_OK, "")
 
 static void test_version_and_codes(void) {
-  EXPECT(strcmp(pserver_version(), "0.1.0") == 0);
+  EXPECT(strcmp(pserver_version(), "0.2.0") == 0);
   EXPECT(PSERVER_NOT_FOUND == 5 && PSERVER_ALREADY_EXISTS == 6 &&
          PSERVER_FAILED_PRECONDITION == 9 && PSERVER_UNAVAILABLE == 14 &&
          PSERVER_DATA_LOSS == 15);
@@ -165,26 +165,26 @@ static void exercise_client(pserver_client_t* client) {
   pserver_param_config_t* add = pserver_param_config_new();
   pserver_param_config_set_optimizer(add, "add", st);
 
-  pserver_client_init_param(client, "w", PSERVER_FLOAT32, shape, 2, w, sizeof w, sgd, st);
+  pserver_client_init_param(client, "w", 1, PSERVER_FLOAT32, shape, 2, w, sizeof w, sgd, st);
   EXPECT_OK(st);
-  pserver_client_init_param(client, "counts", PSERVER_INT64, count_shape, 1, counts,
+  pserver_client_init_param(client, "counts", 6, PSERVER_INT64, count_shape, 1, counts,
                             sizeof counts, add, st);
   EXPECT_OK(st);
   /* A second init of a name: ALREADY_EXISTS. */
-  pserver_client_init_param(client, "w", PSERVER_FLOAT32, shape, 2, w, sizeof w, NULL, st);
+  pserver_client_init_param(client, "w", 1, PSERVER_FLOAT32, shape, 2, w, sizeof w, NULL, st);
   EXPECT_STATUS(st, PSERVER_ALREADY_EXISTS, "pserver already initialized");
   /* Size not matching the shape; unknown dtype. */
-  pserver_client_init_param(client, "bad", PSERVER_FLOAT32, shape, 2, w, 5, NULL, st);
+  pserver_client_init_param(client, "bad", 3, PSERVER_FLOAT32, shape, 2, w, 5, NULL, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 24 bytes");
-  pserver_client_init_param(client, "bad", 9, shape, 2, w, sizeof w, NULL, st);
+  pserver_client_init_param(client, "bad", 3, 9, shape, 2, w, sizeof w, NULL, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "unknown element type 9");
-  pserver_client_init_param(client, NULL, PSERVER_FLOAT32, shape, 2, w, sizeof w, NULL, st);
+  pserver_client_init_param(client, NULL, 0, PSERVER_FLOAT32, shape, 2, w, sizeof w, NULL, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "name is NULL");
 
   /* Reads and gradients before finish_init: FAILED_PRECONDITION. */
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, out, sizeof out, st);
   EXPECT_STATUS(st, PSERVER_FAILED_PRECONDITION, "not fully initialized");
-  pserver_client_send_grad(client, "w", PSERVER_FLOAT32, g, sizeof g, st);
+  pserver_client_send_grad(client, "w", 1, PSERVER_FLOAT32, g, sizeof g, st);
   EXPECT_STATUS(st, PSERVER_FAILED_PRECONDITION, "not fully initialized");
 
   pserver_client_finish_init(client, st);
@@ -196,43 +196,43 @@ static void exercise_client(pserver_client_t* client) {
   int32_t dtype = 0;
   int64_t dims[4] = {0};
   size_t ndim = 0;
-  pserver_client_param_info(client, "w", &dtype, dims, 4, &ndim, st);
+  pserver_client_param_info(client, "w", 1, &dtype, dims, 4, &ndim, st);
   EXPECT_OK(st);
   EXPECT(dtype == PSERVER_FLOAT32 && ndim == 2 && dims[0] == 2 && dims[1] == 3);
-  pserver_client_param_info(client, "w", &dtype, dims, 1, &ndim, st); /* capacity 1 */
+  pserver_client_param_info(client, "w", 1, &dtype, dims, 1, &ndim, st); /* capacity 1 */
   EXPECT_OK(st);
   EXPECT(ndim == 2);
-  pserver_client_param_info(client, "nope", &dtype, dims, 4, &ndim, st);
+  pserver_client_param_info(client, "nope", 4, &dtype, dims, 4, &ndim, st);
   EXPECT_STATUS(st, PSERVER_NOT_FOUND, "nope");
 
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, out, sizeof out, st);
   EXPECT_OK(st);
   EXPECT(out[0] == 1 && out[5] == 6);
 
   /* SGD lr 0.5: w -= 0.5 * g. */
-  pserver_client_send_grad(client, "w", PSERVER_FLOAT32, g, sizeof g, st);
+  pserver_client_send_grad(client, "w", 1, PSERVER_FLOAT32, g, sizeof g, st);
   EXPECT_OK(st);
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, out, sizeof out, st);
   EXPECT_OK(st);
   EXPECT(out[0] == 0.5f && out[5] == 5.5f);
 
   /* Wrong dtype, wrong size, unknown name: nothing is applied or written. */
   double dg[6] = {1, 1, 1, 1, 1, 1};
-  pserver_client_send_grad(client, "w", PSERVER_FLOAT64, dg, sizeof dg, st);
+  pserver_client_send_grad(client, "w", 1, PSERVER_FLOAT64, dg, sizeof dg, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "float32");
-  pserver_client_send_grad(client, "w", PSERVER_FLOAT32, g, 5 * sizeof(float), st);
+  pserver_client_send_grad(client, "w", 1, PSERVER_FLOAT32, g, 5 * sizeof(float), st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 24 bytes");
-  pserver_client_send_grad(client, "nope", PSERVER_FLOAT32, g, sizeof g, st);
+  pserver_client_send_grad(client, "nope", 4, PSERVER_FLOAT32, g, sizeof g, st);
   EXPECT_STATUS(st, PSERVER_NOT_FOUND, "nope");
   memset(d_out, 0, sizeof d_out);
-  pserver_client_get_param(client, "w", PSERVER_FLOAT64, d_out, sizeof d_out, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT64, d_out, sizeof d_out, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "float32");
   EXPECT(d_out[0] == 0);
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, 4, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, out, 4, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 24 bytes, the buffer has 4");
-  pserver_client_get_param(client, "nope", PSERVER_FLOAT32, out, sizeof out, st);
+  pserver_client_get_param(client, "nope", 4, PSERVER_FLOAT32, out, sizeof out, st);
   EXPECT_STATUS(st, PSERVER_NOT_FOUND, "nope");
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, out, sizeof out, st);
   EXPECT(out[0] == 0.5f);
 
   /* Batched gradients, batched reads, push-pull. */
@@ -240,13 +240,13 @@ static void exercise_client(pserver_client_t* client) {
   pserver_batch_t* outs = pserver_batch_new();
   int64_t dcounts[4] = {1, 2, 3, 4};
   int64_t counts_out[4];
-  pserver_batch_add_input(grads, "w", PSERVER_FLOAT32, g, sizeof g);
-  pserver_batch_add_input(grads, "counts", PSERVER_INT64, dcounts, sizeof dcounts);
+  pserver_batch_add_input(grads, "w", 1, PSERVER_FLOAT32, g, sizeof g);
+  pserver_batch_add_input(grads, "counts", 6, PSERVER_INT64, dcounts, sizeof dcounts);
   EXPECT(pserver_batch_size(grads) == 2);
   pserver_client_send_grads(client, grads, st);
   EXPECT_OK(st);
-  pserver_batch_add_output(outs, "w", PSERVER_FLOAT32, out, sizeof out);
-  pserver_batch_add_output(outs, "counts", PSERVER_INT64, counts_out, sizeof counts_out);
+  pserver_batch_add_output(outs, "w", 1, PSERVER_FLOAT32, out, sizeof out);
+  pserver_batch_add_output(outs, "counts", 6, PSERVER_INT64, counts_out, sizeof counts_out);
   pserver_client_get_params(client, outs, st);
   EXPECT_OK(st);
   EXPECT(out[0] == 0.0f && out[5] == 5.0f);
@@ -258,8 +258,8 @@ static void exercise_client(pserver_client_t* client) {
 
   /* A batch with one bad part is applied not at all. */
   pserver_batch_t* bad = pserver_batch_new();
-  pserver_batch_add_input(bad, "counts", PSERVER_INT64, dcounts, sizeof dcounts);
-  pserver_batch_add_input(bad, "w", PSERVER_FLOAT64, dg, sizeof dg);
+  pserver_batch_add_input(bad, "counts", 6, PSERVER_INT64, dcounts, sizeof dcounts);
+  pserver_batch_add_input(bad, "w", 1, PSERVER_FLOAT64, dg, sizeof dg);
   pserver_client_send_grads(client, bad, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "float32");
   pserver_client_get_params(client, outs, st);
@@ -268,7 +268,7 @@ static void exercise_client(pserver_client_t* client) {
   /* Outputs that do not match the gradients, inputs used as outputs. */
   pserver_batch_clear(bad);
   EXPECT(pserver_batch_size(bad) == 0);
-  pserver_batch_add_output(bad, "w", PSERVER_FLOAT32, out, sizeof out);
+  pserver_batch_add_output(bad, "w", 1, PSERVER_FLOAT32, out, sizeof out);
   pserver_client_push_pull(client, grads, bad, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "2 gradients but 1 outputs");
   pserver_client_send_grads(client, bad, st);
@@ -331,9 +331,9 @@ static void test_local_cluster(void) {
   pserver_client_t* remote = pserver_client_new(grpc_opts, st);
   EXPECT_OK(st);
   float a[6], b[6];
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, a, sizeof a, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, a, sizeof a, st);
   EXPECT_OK(st);
-  pserver_client_get_param(remote, "w", PSERVER_FLOAT32, b, sizeof b, st);
+  pserver_client_get_param(remote, "w", 1, PSERVER_FLOAT32, b, sizeof b, st);
   EXPECT_OK(st);
   EXPECT(memcmp(a, b, sizeof a) == 0);
   pserver_client_delete(remote);
@@ -341,7 +341,7 @@ static void test_local_cluster(void) {
   /* After stop, the in-process client fails cleanly; stop is idempotent. */
   pserver_local_cluster_stop(cluster);
   pserver_local_cluster_stop(cluster);
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, a, sizeof a, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, a, sizeof a, st);
   EXPECT_STATUS(st, PSERVER_UNAVAILABLE, "stopped");
   EXPECT(pserver_local_cluster_client(cluster, NULL, st) == NULL);
   EXPECT_STATUS(st, PSERVER_FAILED_PRECONDITION, "stopped");
@@ -376,7 +376,7 @@ static void test_server(void) {
   pserver_server_stop(server, 0);
   pserver_server_stop(server, 0); /* idempotent */
   float out[6];
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, out, sizeof out, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, out, sizeof out, st);
   EXPECT(pserver_status_code(st) == PSERVER_UNAVAILABLE ||
          pserver_status_code(st) == PSERVER_DEADLINE_EXCEEDED);
   pserver_client_delete(client);
@@ -438,7 +438,7 @@ static void test_checkpoint_reader_errors(void) {
   EXPECT(pserver_checkpoint_reader_new(ckpt, st) == NULL);
   EXPECT_STATUS(st, PSERVER_DATA_LOSS, "checksum validation failed");
   EXPECT(pserver_checkpoint_reader_num_params(NULL) == 0);
-  EXPECT(pserver_checkpoint_reader_param_name(NULL, 0) == NULL);
+  EXPECT(pserver_checkpoint_reader_param_name(NULL, 0, NULL) == NULL);
   pserver_checkpoint_reader_verify(NULL, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "reader is NULL");
   pserver_status_delete(st);
@@ -478,15 +478,15 @@ static void test_checkpoints(void) {
   int64_t shape[1] = {7};
   uint32_t ids[3] = {7, 8, 9};
   int64_t ids_shape[1] = {3};
-  pserver_client_init_param(client, "w", PSERVER_FLOAT64, shape, 1, w, sizeof w, NULL, st);
+  pserver_client_init_param(client, "w", 1, PSERVER_FLOAT64, shape, 1, w, sizeof w, NULL, st);
   EXPECT_OK(st);
-  pserver_client_init_param(client, "ids", PSERVER_UINT32, ids_shape, 1, ids, sizeof ids, NULL,
+  pserver_client_init_param(client, "ids", 3, PSERVER_UINT32, ids_shape, 1, ids, sizeof ids, NULL,
                             st);
   EXPECT_OK(st);
   pserver_client_finish_init(client, st);
-  pserver_client_send_grad(client, "w", PSERVER_FLOAT64, g, sizeof g, st);
+  pserver_client_send_grad(client, "w", 1, PSERVER_FLOAT64, g, sizeof g, st);
   EXPECT_OK(st);
-  pserver_client_get_param(client, "w", PSERVER_FLOAT64, got, sizeof got, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT64, got, sizeof got, st);
   EXPECT_OK(st);
   pserver_client_save_checkpoint(client, st); /* in process */
   EXPECT_OK(st);
@@ -517,30 +517,30 @@ static void test_checkpoints(void) {
   EXPECT_OK(st);
   EXPECT(pserver_checkpoint_reader_num_checkpoints(reader) == 3);
   EXPECT(pserver_checkpoint_reader_num_params(reader) == 2);
-  EXPECT(strcmp(pserver_checkpoint_reader_param_name(reader, 0), "ids") == 0);
-  EXPECT(strcmp(pserver_checkpoint_reader_param_name(reader, 1), "w") == 0);
-  EXPECT(pserver_checkpoint_reader_param_name(reader, 2) == NULL);
+  EXPECT(strcmp(pserver_checkpoint_reader_param_name(reader, 0, NULL), "ids") == 0);
+  EXPECT(strcmp(pserver_checkpoint_reader_param_name(reader, 1, NULL), "w") == 0);
+  EXPECT(pserver_checkpoint_reader_param_name(reader, 2, NULL) == NULL);
   EXPECT(pserver_checkpoint_reader_checkpoint_path(reader, 3) == NULL);
   int32_t dtype = 0;
   int64_t dims[2];
   size_t ndim = 0;
-  pserver_checkpoint_reader_param_info(reader, "w", &dtype, dims, 2, &ndim, st);
+  pserver_checkpoint_reader_param_info(reader, "w", 1, &dtype, dims, 2, &ndim, st);
   EXPECT_OK(st);
   EXPECT(dtype == PSERVER_FLOAT64 && ndim == 1 && dims[0] == 7);
-  pserver_checkpoint_reader_param_info(reader, "nope", &dtype, dims, 2, &ndim, st);
+  pserver_checkpoint_reader_param_info(reader, "nope", 4, &dtype, dims, 2, &ndim, st);
   EXPECT_STATUS(st, PSERVER_NOT_FOUND, "nope");
   double back[7];
-  pserver_checkpoint_reader_read(reader, "w", PSERVER_FLOAT64, back, sizeof back, st);
+  pserver_checkpoint_reader_read(reader, "w", 1, PSERVER_FLOAT64, back, sizeof back, st);
   EXPECT_OK(st);
   EXPECT(memcmp(back, got, sizeof got) == 0);
   EXPECT(back[0] == 1 - 0.01); /* SGD, default learning rate 0.01 */
   uint32_t ids_back[3];
-  pserver_checkpoint_reader_read(reader, "ids", PSERVER_UINT32, ids_back, sizeof ids_back, st);
+  pserver_checkpoint_reader_read(reader, "ids", 3, PSERVER_UINT32, ids_back, sizeof ids_back, st);
   EXPECT_OK(st);
   EXPECT(ids_back[0] == 7 && ids_back[2] == 9);
-  pserver_checkpoint_reader_read(reader, "w", PSERVER_FLOAT32, back, 28, st);
+  pserver_checkpoint_reader_read(reader, "w", 1, PSERVER_FLOAT32, back, 28, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "float64");
-  pserver_checkpoint_reader_read(reader, "w", PSERVER_FLOAT64, back, 8, st);
+  pserver_checkpoint_reader_read(reader, "w", 1, PSERVER_FLOAT64, back, 8, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 56 bytes");
   pserver_checkpoint_reader_verify(reader, st);
   EXPECT_OK(st);
@@ -551,7 +551,7 @@ static void test_checkpoints(void) {
   pserver_checkpoint_reader_t* one = pserver_checkpoint_reader_new(shard, st);
   EXPECT_OK(st);
   EXPECT(pserver_checkpoint_reader_num_checkpoints(one) == 1);
-  pserver_checkpoint_reader_read(one, "w", PSERVER_FLOAT64, back, sizeof back, st);
+  pserver_checkpoint_reader_read(one, "w", 1, PSERVER_FLOAT64, back, sizeof back, st);
   EXPECT_STATUS(st, PSERVER_DATA_LOSS, "in none of the opened checkpoints");
   pserver_checkpoint_reader_delete(one);
 
@@ -568,7 +568,7 @@ static void test_checkpoints(void) {
   EXPECT_STATUS(st, PSERVER_DATA_LOSS, "checkpoint file checksum validation failed");
   EXPECT_STATUS(st, PSERVER_DATA_LOSS, "data-00000.bin");
   memset(back, 0, sizeof back);
-  pserver_checkpoint_reader_read(reader, "w", PSERVER_FLOAT64, back, sizeof back, st);
+  pserver_checkpoint_reader_read(reader, "w", 1, PSERVER_FLOAT64, back, sizeof back, st);
   EXPECT_STATUS(st, PSERVER_DATA_LOSS, "checksum validation failed");
   EXPECT(back[0] == 0); /* nothing written */
   pserver_checkpoint_reader_delete(reader);
@@ -628,7 +628,7 @@ static void test_status_timeout(void) {
   EXPECT(elapsed >= 0.15 && elapsed < 5.0);
 
   start = now_seconds();
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, w, sizeof w, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, w, sizeof w, st);
   elapsed = now_seconds() - start;
   EXPECT(pserver_status_code(st) == PSERVER_DEADLINE_EXCEEDED ||
          pserver_status_code(st) == PSERVER_UNAVAILABLE);
@@ -734,14 +734,14 @@ static void test_sparse_table(pserver_client_t* client) {
   pserver_table_config_set_dim(cfg, 3, st);
   pserver_table_config_set(cfg, "lr", 1.0, st);
   EXPECT_OK(st);
-  EXPECT(pserver_client_create_table(client, "", cfg, st) == NULL);
-  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs a name");
-  EXPECT(pserver_client_create_table(NULL, "emb", cfg, st) == NULL);
+  EXPECT(pserver_client_create_table(client, "", 0, cfg, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "table name is empty");
+  EXPECT(pserver_client_create_table(NULL, "emb", 3, cfg, st) == NULL);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "client is NULL");
-  pserver_table_t* emb = pserver_client_create_table(client, "emb", cfg, st);
+  pserver_table_t* emb = pserver_client_create_table(client, "emb", 3, cfg, st);
   EXPECT_OK(st);
   EXPECT(emb != NULL);
-  EXPECT(strcmp(pserver_table_name(emb), "emb") == 0);
+  EXPECT(strcmp(pserver_table_name(emb, NULL), "emb") == 0);
   EXPECT(pserver_table_dim(emb) == 3);
   EXPECT(pserver_table_dtype(emb) == PSERVER_FLOAT32);
   EXPECT(pserver_table_row_bytes(emb) == 12);
@@ -754,11 +754,11 @@ static void test_sparse_table(pserver_client_t* client) {
   EXPECT(server >= 0 && server < pserver_client_num_servers(client));
 
   /* The same config opens it; another one is refused. */
-  pserver_table_t* again = pserver_client_create_table(client, "emb", cfg, st);
+  pserver_table_t* again = pserver_client_create_table(client, "emb", 3, cfg, st);
   EXPECT_OK(st);
   pserver_table_delete(again);
   pserver_table_config_set_dim(cfg, 4, st);
-  EXPECT(pserver_client_create_table(client, "emb", cfg, st) == NULL);
+  EXPECT(pserver_client_create_table(client, "emb", 3, cfg, st) == NULL);
   EXPECT_STATUS(st, PSERVER_ALREADY_EXISTS, "another config");
   pserver_table_config_set_dim(cfg, 3, st);
 
@@ -816,7 +816,7 @@ static void test_sparse_table(pserver_client_t* client) {
   EXPECT_OK(st);
 
   /* A NULL config is the defaults (dim 1); float64 tables. */
-  pserver_table_t* d1 = pserver_client_create_table(client, "d1", NULL, st);
+  pserver_table_t* d1 = pserver_client_create_table(client, "d1", 2, NULL, st);
   EXPECT_OK(st);
   EXPECT(pserver_table_dim(d1) == 1);
   pserver_table_config_set_dtype(cfg, PSERVER_FLOAT64, st);
@@ -824,7 +824,7 @@ static void test_sparse_table(pserver_client_t* client) {
   pserver_table_config_set(cfg, "low", 1, st);
   pserver_table_config_set(cfg, "high", 2, st);
   EXPECT_OK(st);
-  pserver_table_t* f64 = pserver_client_create_table(client, "f64", cfg, st);
+  pserver_table_t* f64 = pserver_client_create_table(client, "f64", 3, cfg, st);
   EXPECT_OK(st);
   double drows[6];
   pserver_table_pull(f64, keys, 2, drows, sizeof drows, st);
@@ -849,7 +849,7 @@ static void test_kv_workers(pserver_client_t* client) {
   EXPECT_OK(st);
   pserver_table_config_set_consistency(cfg, PSERVER_SSP, 1, st);
   EXPECT_OK(st);
-  pserver_table_t* kv = pserver_client_create_table(client, "kv", cfg, st);
+  pserver_table_t* kv = pserver_client_create_table(client, "kv", 2, cfg, st);
   EXPECT_OK(st);
 
   EXPECT(pserver_kv_worker_join(kv, "", st) == NULL);
@@ -1048,7 +1048,7 @@ static void test_tables(void) {
   }
   pserver_client_t* remote = pserver_client_new(opts, st);
   EXPECT_OK(st);
-  pserver_table_t* emb = pserver_client_create_table(remote, "emb2", NULL, st);
+  pserver_table_t* emb = pserver_client_create_table(remote, "emb2", 4, NULL, st);
   EXPECT_OK(st);
   uint64_t key = 3;
   float row = -1.0f, grad = 0.5f;
@@ -1062,7 +1062,7 @@ static void test_tables(void) {
   pserver_table_delete(emb);
 
   /* The in-process client's tables fail cleanly once the cluster stopped. */
-  pserver_table_t* local = pserver_client_create_table(client, "emb2", NULL, st);
+  pserver_table_t* local = pserver_client_create_table(client, "emb2", 4, NULL, st);
   EXPECT_OK(st);
   pserver_local_cluster_stop(cluster);
   pserver_table_pull(local, &key, 1, &row, sizeof row, st);
@@ -1085,7 +1085,7 @@ static void test_unknown_table(void) {
   pserver_client_options_add_server(opts, pserver_server_address(server));
   pserver_client_t* client = pserver_client_new(opts, st);
   EXPECT_OK(st);
-  pserver_table_t* t = pserver_client_create_table(client, "gone", NULL, st);
+  pserver_table_t* t = pserver_client_create_table(client, "gone", 4, NULL, st);
   EXPECT_OK(st);
   uint64_t key = 1;
   float row;
@@ -1124,7 +1124,7 @@ static void test_checkpoint_tables(void) {
   pserver_table_config_t* cfg = pserver_table_config_new();
   pserver_table_config_parse_text(cfg, "dim: 2 element_type: FLOAT64 optimizer { add {} }", st);
   EXPECT_OK(st);
-  pserver_table_t* t = pserver_client_create_table(client, "saved", cfg, st);
+  pserver_table_t* t = pserver_client_create_table(client, "saved", 5, cfg, st);
   EXPECT_OK(st);
   uint64_t keys[5] = {40, 3, 17, 1000, 8};
   double vals[10];
@@ -1137,19 +1137,19 @@ static void test_checkpoint_tables(void) {
   pserver_checkpoint_reader_t* r = pserver_checkpoint_reader_new(dir, st);
   EXPECT_OK(st);
   EXPECT(pserver_checkpoint_reader_num_tables(r) == 1);
-  EXPECT(strcmp(pserver_checkpoint_reader_table_name(r, 0), "saved") == 0);
-  EXPECT(pserver_checkpoint_reader_table_name(r, 1) == NULL);
+  EXPECT(strcmp(pserver_checkpoint_reader_table_name(r, 0, NULL), "saved") == 0);
+  EXPECT(pserver_checkpoint_reader_table_name(r, 1, NULL) == NULL);
   uint32_t dim = 0;
   int32_t dtype = 0;
   uint64_t rows = 0;
-  pserver_checkpoint_reader_table_info(r, "saved", &dim, &dtype, &rows, st);
+  pserver_checkpoint_reader_table_info(r, "saved", 5, &dim, &dtype, &rows, st);
   EXPECT_OK(st);
   EXPECT(dim == 2 && dtype == PSERVER_FLOAT64 && rows == 5);
   uint64_t got_keys[5];
   double got[10];
-  pserver_checkpoint_reader_read_table(r, "saved", got_keys, sizeof got_keys, got, 72, st);
+  pserver_checkpoint_reader_read_table(r, "saved", 5, got_keys, sizeof got_keys, got, 72, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "5 rows need 40 bytes of keys and 80");
-  pserver_checkpoint_reader_read_table(r, "saved", got_keys, sizeof got_keys, got, sizeof got,
+  pserver_checkpoint_reader_read_table(r, "saved", 5, got_keys, sizeof got_keys, got, sizeof got,
                                        st);
   EXPECT_OK(st);
   const uint64_t sorted[5] = {3, 8, 17, 40, 1000};
@@ -1158,7 +1158,7 @@ static void test_checkpoint_tables(void) {
     EXPECT(got_keys[i] == sorted[i]);
     EXPECT(got[2 * i] == vals[2 * from[i]] && got[2 * i + 1] == vals[2 * from[i] + 1]);
   }
-  pserver_checkpoint_reader_table_info(r, "nope", NULL, NULL, NULL, st);
+  pserver_checkpoint_reader_table_info(r, "nope", 4, NULL, NULL, NULL, st);
   EXPECT_STATUS(st, PSERVER_NOT_FOUND, "table 'nope' is not in the checkpoint");
   pserver_checkpoint_reader_delete(r);
 
@@ -1343,13 +1343,13 @@ static void test_etcd(void) {
   EXPECT(pserver_client_server_address(client, 1, got, sizeof got) == 0);
   float w[2] = {1, 2}, g[2] = {1, 1}, back[2] = {0, 0};
   int64_t shape[1] = {2};
-  pserver_client_init_param(client, "w", PSERVER_FLOAT32, shape, 1, w, sizeof w, NULL, st);
+  pserver_client_init_param(client, "w", 1, PSERVER_FLOAT32, shape, 1, w, sizeof w, NULL, st);
   EXPECT_OK(st);
   pserver_client_finish_init(client, st);
   EXPECT_OK(st);
-  pserver_client_send_grad(client, "w", PSERVER_FLOAT32, g, sizeof g, st);
+  pserver_client_send_grad(client, "w", 1, PSERVER_FLOAT32, g, sizeof g, st);
   EXPECT_OK(st);
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, back, sizeof back, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, back, sizeof back, st);
   EXPECT_OK(st);
   EXPECT(fabsf(back[0] - 0.99f) < 1e-6f && fabsf(back[1] - 1.99f) < 1e-6f);
   /* The trainer registered itself under /workers/. */
@@ -1380,6 +1380,139 @@ static void test_etcd(void) {
   pserver_status_delete(st);
 }
 
+/* ------------------------------------------------- names and cancellation */
+
+/* Names travel with their length: a NUL inside is refused, never cut. */
+static void test_names_with_length(void) {
+  pserver_status_t* st = pserver_status_new();
+  pserver_local_cluster_t* cluster = pserver_local_cluster_new(2, st);
+  EXPECT_OK(st);
+  pserver_client_t* client = pserver_local_cluster_client(cluster, NULL, st);
+  EXPECT_OK(st);
+  float w[2] = {1, 2}, out[2] = {0, 0};
+  int64_t shape[1] = {2};
+
+  pserver_client_init_param(client, "a\0b", 3, PSERVER_FLOAT32, shape, 1, w, sizeof w, NULL, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "parameter name \"a\\x00b\" holds a NUL byte");
+  pserver_client_init_param(client, "", 0, PSERVER_FLOAT32, shape, 1, w, sizeof w, NULL, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "parameter name is empty");
+  pserver_client_init_param(client, "w\xff", 2, PSERVER_FLOAT32, shape, 1, w, sizeof w, NULL, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "is not valid UTF-8 (byte 1)");
+  pserver_client_init_param(client, "\xed\xa0\x80", 3, PSERVER_FLOAT32, shape, 1, w, sizeof w,
+                            NULL, st); /* a UTF-16 surrogate */
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "is not valid UTF-8");
+  pserver_client_send_grad(client, "a\0b", 3, PSERVER_FLOAT32, w, sizeof w, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "holds a NUL byte");
+
+  /* The length decides: "wx" with length 1 is "w"; UTF-8 is welcome. */
+  pserver_client_init_param(client, "wx", 1, PSERVER_FLOAT32, shape, 1, w, sizeof w, NULL, st);
+  EXPECT_OK(st);
+  pserver_client_init_param(client, "\xc3\xa9t\xc3\xa9", 5, PSERVER_FLOAT32, shape, 1, w,
+                            sizeof w, NULL, st);
+  EXPECT_OK(st);
+  pserver_client_finish_init(client, st);
+  EXPECT_OK(st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, out, sizeof out, st);
+  EXPECT_OK(st);
+  EXPECT(out[0] == 1 && out[1] == 2);
+  /* Nothing was stored under "a", the name cut at its NUL. */
+  pserver_client_get_param(client, "a", 1, PSERVER_FLOAT32, out, sizeof out, st);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "");
+
+  /* Batches check every entry's name before sending anything. */
+  pserver_batch_t* batch = pserver_batch_new();
+  pserver_batch_add_input(batch, "w", 1, PSERVER_FLOAT32, w, sizeof w);
+  pserver_batch_add_input(batch, "w\0", 2, PSERVER_FLOAT32, w, sizeof w);
+  pserver_client_send_grads(client, batch, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "holds a NUL byte (byte 1)");
+  pserver_batch_clear(batch);
+  pserver_batch_add_output(batch, "w\0", 2, PSERVER_FLOAT32, out, sizeof out);
+  pserver_client_get_params(client, batch, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "holds a NUL byte");
+  pserver_batch_delete(batch);
+
+  /* Tables: the same, and the name comes back with its length. */
+  EXPECT(pserver_client_create_table(client, "t\0x", 3, NULL, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "table name \"t\\x00x\" holds a NUL byte");
+  EXPECT(pserver_client_create_table(client, "", 0, NULL, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "table name is empty");
+  pserver_table_t* t = pserver_client_create_table(client, "tab", 2, NULL, st);
+  EXPECT_OK(st);
+  size_t len = 99;
+  EXPECT(strcmp(pserver_table_name(t, &len), "ta") == 0 && len == 2);
+  EXPECT(strcmp(pserver_table_name(NULL, &len), "") == 0 && len == 0);
+  pserver_table_delete(t);
+
+  pserver_client_delete(client);
+  pserver_local_cluster_delete(cluster);
+  pserver_status_delete(st);
+}
+
+struct cancelled_call {
+  pserver_group_t* group;
+  pserver_status_t* st;
+  double elapsed;
+};
+
+static void* lonely_barrier(void* arg) {
+  struct cancelled_call* c = arg;
+  double start = now_seconds();
+  pserver_group_barrier(c->group, PSERVER_BARRIER_WORKERS, c->st);
+  c->elapsed = now_seconds() - start;
+  return NULL;
+}
+
+/* pserver_cancel_cancel from another thread ends a blocking call. */
+static void test_cancel(void) {
+  EXPECT(pserver_cancel_cancelled(NULL) == 0);
+  pserver_cancel_cancel(NULL); /* ignored */
+  pserver_status_set_cancel(NULL, NULL);
+
+  pserver_status_t* st = pserver_status_new();
+  pserver_local_cluster_t* cluster = pserver_local_cluster_new(2, st);
+  EXPECT_OK(st);
+  pserver_client_options_t* opts = pserver_client_options_new();
+  for (int i = 0; i < 2; ++i) {
+    pserver_client_options_add_server(opts, pserver_local_cluster_address(cluster, i));
+  }
+  pserver_client_options_set_timeout_ms(opts, 60000);
+  pserver_client_t* client = pserver_client_new(opts, st); /* over gRPC */
+  EXPECT_OK(st);
+  pserver_group_t* group = pserver_group_new(client, "c", 2, "alone", st);
+  EXPECT_OK(st);
+
+  /* A barrier of 2 with one member would wait its whole minute. */
+  pserver_cancel_t* cancel = pserver_cancel_new();
+  struct cancelled_call call = {group, pserver_status_new(), 0};
+  pserver_status_set_cancel(call.st, cancel);
+  pserver_status_set_timeout_ms(call.st, 60000);
+  pthread_t thread;
+  EXPECT(pthread_create(&thread, NULL, lonely_barrier, &call) == 0);
+  EXPECT(pserver_cancel_cancelled(cancel) == 0);
+  pserver_cancel_cancel(cancel);
+  pserver_cancel_cancel(cancel); /* idempotent */
+  EXPECT(pserver_cancel_cancelled(cancel) == 1);
+  pthread_join(thread, NULL);
+  EXPECT_STATUS(call.st, PSERVER_CANCELLED, "cancelled");
+  EXPECT(call.elapsed < 10.0);
+
+  /* Sticky, and the status keeps it after the handle is deleted. */
+  pserver_cancel_delete(cancel);
+  pserver_client_finish_init(client, call.st);
+  EXPECT_STATUS(call.st, PSERVER_CANCELLED, "cancelled");
+  /* Without it, calls work again. */
+  pserver_status_set_cancel(call.st, NULL);
+  pserver_client_finish_init(client, call.st);
+  EXPECT_OK(call.st);
+
+  pserver_status_delete(call.st);
+  pserver_group_delete(group);
+  pserver_client_delete(client);
+  pserver_client_options_delete(opts);
+  pserver_local_cluster_delete(cluster);
+  pserver_status_delete(st);
+}
+
 int main(void) {
   const char* tmp = getenv("TEST_TMPDIR");
   etcd_pid = start_etcd(tmp != NULL ? tmp : "/tmp", etcd_endpoint, sizeof etcd_endpoint);
@@ -1394,6 +1527,8 @@ int main(void) {
   test_unknown_table();
   test_checkpoint_tables();
   test_etcd();
+  test_names_with_length();
+  test_cancel();
   if (failures > 0) {
     fprintf(stderr, "%d failure(s)\n", failures);
     return 1;

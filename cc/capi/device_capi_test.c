@@ -80,27 +80,27 @@ static void round_trip(pserver_client_t* client, pserver_status_t* st, const flo
   void* d = NULL;
   EXPECT(cudart.malloc_(&d, sizeof g) == 0);
   if (d == NULL) return;
-  pserver_client_get_param_device(client, "w", PSERVER_FLOAT32, d, sizeof g, 0, st);
+  pserver_client_get_param_device(client, "w", 1, PSERVER_FLOAT32, d, sizeof g, 0, st);
   EXPECT_OK(st);
   EXPECT(cudart.memcpy_(back, d, sizeof back, 2 /* device to host */) == 0);
   EXPECT(memcmp(back, w0, sizeof back) == 0);
 
   EXPECT(cudart.memcpy_(d, g, sizeof g, 1 /* host to device */) == 0);
-  pserver_client_send_grad_device(client, "w", PSERVER_FLOAT32, d, sizeof g, 0, st);
+  pserver_client_send_grad_device(client, "w", 1, PSERVER_FLOAT32, d, sizeof g, 0, st);
   EXPECT_OK(st);
   for (int i = 0; i < kN; ++i) want[i] = w0[i] - g[i]; /* SGD, learning rate 1 */
-  pserver_client_get_param(client, "w", PSERVER_FLOAT32, back, sizeof back, st);
+  pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, back, sizeof back, st);
   EXPECT_OK(st);
   EXPECT(memcmp(back, want, sizeof back) == 0);
 
-  pserver_client_push_pull_device(client, "w", PSERVER_FLOAT32, d, d, sizeof g, 0, st);
+  pserver_client_push_pull_device(client, "w", 1, PSERVER_FLOAT32, d, d, sizeof g, 0, st);
   EXPECT_OK(st);
   for (int i = 0; i < kN; ++i) want[i] = want[i] - g[i];
   EXPECT(cudart.memcpy_(back, d, sizeof back, 2) == 0);
   EXPECT(memcmp(back, want, sizeof back) == 0);
 
   /* Host memory is not device memory. */
-  pserver_client_get_param_device(client, "w", PSERVER_FLOAT32, back, sizeof back, 0, st);
+  pserver_client_get_param_device(client, "w", 1, PSERVER_FLOAT32, back, sizeof back, 0, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "host memory");
   cudart.free_(d);
   printf("device round trip: exact\n");
@@ -122,47 +122,47 @@ int main(void) {
   pserver_param_config_t* cfg = pserver_param_config_new();
   pserver_param_config_set(cfg, "learning_rate", 1.0, st);
   EXPECT_OK(st);
-  pserver_client_init_param(client, "w", PSERVER_FLOAT32, shape, 1, w0, sizeof w0, cfg, st);
+  pserver_client_init_param(client, "w", 1, PSERVER_FLOAT32, shape, 1, w0, sizeof w0, cfg, st);
   EXPECT_OK(st);
   pserver_client_finish_init(client, st);
   EXPECT_OK(st);
 
   /* Argument errors come first, GPU or not. */
-  pserver_client_get_param_device(client, NULL, PSERVER_FLOAT32, host, sizeof host, 0, st);
+  pserver_client_get_param_device(client, NULL, 0, PSERVER_FLOAT32, host, sizeof host, 0, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "name is NULL");
-  pserver_client_send_grad_device(client, "w", 42, host, sizeof host, 0, st);
+  pserver_client_send_grad_device(client, "w", 1, 42, host, sizeof host, 0, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "unknown element type");
-  pserver_client_get_param_device(client, "w", PSERVER_FLOAT32, host, sizeof host - 4, 0, st);
+  pserver_client_get_param_device(client, "w", 1, PSERVER_FLOAT32, host, sizeof host - 4, 0, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 20000 bytes");
-  pserver_client_send_grad_device(client, "w", PSERVER_FLOAT64, host, sizeof host, 0, st);
+  pserver_client_send_grad_device(client, "w", 1, PSERVER_FLOAT64, host, sizeof host, 0, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "element type float32");
-  pserver_client_send_grad_device(NULL, "w", PSERVER_FLOAT32, host, sizeof host, 0, st);
+  pserver_client_send_grad_device(NULL, "w", 1, PSERVER_FLOAT32, host, sizeof host, 0, st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "client is NULL");
 
   /* Is there a device? A host pointer tells: UNAVAILABLE without one,
    * INVALID_ARGUMENT ("host memory") with one. */
-  pserver_client_get_param_device(client, "w", PSERVER_FLOAT32, host, sizeof host, 0, st);
+  pserver_client_get_param_device(client, "w", 1, PSERVER_FLOAT32, host, sizeof host, 0, st);
   if (pserver_status_code(st) == PSERVER_UNAVAILABLE) {
     EXPECT_STATUS(st, PSERVER_UNAVAILABLE, "no CUDA device: ");
     printf("%s\n", pserver_status_message(st));
-    pserver_client_send_grad_device(client, "w", PSERVER_FLOAT32, host, sizeof host, 0, st);
+    pserver_client_send_grad_device(client, "w", 1, PSERVER_FLOAT32, host, sizeof host, 0, st);
     EXPECT_STATUS(st, PSERVER_UNAVAILABLE, "no CUDA device: ");
-    pserver_client_push_pull_device(client, "w", PSERVER_FLOAT32, host, host, sizeof host, 0,
+    pserver_client_push_pull_device(client, "w", 1, PSERVER_FLOAT32, host, host, sizeof host, 0,
                                     st);
     EXPECT_STATUS(st, PSERVER_UNAVAILABLE, "no CUDA device: ");
     /* The same with a status timeout: still the device error, promptly. */
     pserver_status_set_timeout_ms(st, 50);
-    pserver_client_send_grad_device(client, "w", PSERVER_FLOAT32, host, sizeof host, 0, st);
+    pserver_client_send_grad_device(client, "w", 1, PSERVER_FLOAT32, host, sizeof host, 0, st);
     EXPECT_STATUS(st, PSERVER_UNAVAILABLE, "no CUDA device: ");
     pserver_status_set_timeout_ms(st, 0);
     /* Nothing was applied. */
-    pserver_client_get_param(client, "w", PSERVER_FLOAT32, got, sizeof got, st);
+    pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, got, sizeof got, st);
     EXPECT_OK(st);
     EXPECT(memcmp(got, w0, sizeof got) == 0);
     printf("SKIPPED device round trip: no CUDA device\n");
   } else {
     EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "host memory");
-    pserver_client_send_grad_device(client, "w", PSERVER_FLOAT32, host, sizeof host, 7, st);
+    pserver_client_send_grad_device(client, "w", 1, PSERVER_FLOAT32, host, sizeof host, 7, st);
     EXPECT(pserver_status_code(st) == PSERVER_INVALID_ARGUMENT);
     round_trip(client, st, w0);
   }

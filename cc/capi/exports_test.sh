@@ -13,7 +13,8 @@ for sym in pserver_version pserver_client_new pserver_local_cluster_client \
            pserver_client_options_set_etcd pserver_etcd_new pserver_etcd_get \
            pserver_etcd_get_prefix pserver_etcd_put pserver_buffer_delete \
            pserver_client_create_table pserver_table_pull pserver_kv_worker_join \
-           pserver_group_all_reduce; do
+           pserver_group_all_reduce pserver_cancel_new pserver_cancel_cancel \
+           pserver_status_set_cancel; do
   printf '%s\n' "$defined" | grep -qx "$sym" || { echo "FAIL: $sym is not exported"; exit 1; }
 done
 echo "OK: $(printf '%s\n' "$defined" | wc -l) symbols, all pserver_*"

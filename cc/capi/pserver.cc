@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cc/client/cancellation.h"
 #include "cc/client/client.h"
 #include "cc/client/device_io.h"
 #include "cc/client/in_process_transport.h"
@@ -59,6 +60,12 @@ struct pserver_status_t {
   int32_t code = PSERVER_OK;
   std::string message;
   int64_t timeout_ms = 0;  // > 0: blocking calls given this status end by then
+  // Set: blocking calls given this status end when it is cancelled.
+  std::shared_ptr<pserver::Cancellation> cancel;
+};
+
+struct pserver_cancel_t {
+  std::shared_ptr<pserver::Cancellation> rep = std::make_shared<pserver::Cancellation>();
 };
 
 struct pserver_param_config_t {
@@ -78,6 +85,13 @@ struct BatchEntry {
 struct pserver_batch_t {
   std::vector<BatchEntry> entries;
 };
+
+namespace {
+// A batch entry's name (NULL: empty, refused when the batch is used).
+std::string BatchName(const char* name, size_t name_len) {
+  return name == nullptr ? std::string() : std::string(name, name_len);
+}
+}  // namespace
 
 struct pserver_client_options_t {
   pserver::ClientOptions rep;
@@ -223,9 +237,13 @@ void SetFromException(pserver_status_t* status) {
 }
 
 // Runs `fn` (returning absl::Status) and stores the result in `status`.
+// A blocking call made by `fn` ends when the status's cancellation (if
+// any) is cancelled.
 template <typename Fn>
 void Run(pserver_status_t* status, Fn&& fn) {
   try {
+    const pserver::Cancellation::Scope cancel_scope(status == nullptr ? nullptr
+                                                                      : status->cancel.get());
     absl::Status s = fn();
     if (s.ok()) {
       Clear(status);
@@ -253,6 +271,86 @@ absl::Status CheckDtype(int32_t dtype) {
 absl::StatusOr<std::string> Name(const char* name) {
   if (name == nullptr) return Null("name");
   return std::string(name);
+}
+
+// The offset of the first byte of `s` that is not part of well-formed UTF-8
+// (no overlong forms, surrogates or code points past U+10FFFF), or npos.
+size_t InvalidUtf8At(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = s[i];
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // bounds of the second byte
+    if (c < 0x80) {
+      len = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    if (s.size() - i < len) return i;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char b = s[i + k];
+      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return i;
+    }
+    i += len;
+  }
+  return absl::string_view::npos;
+}
+
+// The `name_len` bytes at `name`, as they are (a lookup key).
+absl::StatusOr<std::string> NameBytes(const char* name, size_t name_len) {
+  if (name == nullptr) return Null("name");
+  return std::string(name, name_len);
+}
+
+// `name` for a message: printable ASCII as is, every other byte as \xHH.
+std::string QuoteName(absl::string_view name) {
+  std::string out = "\"";
+  for (const unsigned char c : name) {
+    if (c >= 0x20 && c < 0x7F && c != '"' && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+// A parameter's or table's (`what`) name for the servers: INVALID_ARGUMENT
+// "<what> name ..." for one that is empty, holds a NUL byte or is not
+// UTF-8, before anything is sent (the servers refuse them too).
+absl::StatusOr<std::string> NameOf(const char* name, size_t name_len, const char* what) {
+  PS_ASSIGN_OR_RETURN(std::string n, NameBytes(name, name_len));
+  if (n.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " name is empty"));
+  const auto refuse = [&](absl::string_view why, size_t at) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " name ", QuoteName(n), " ", why, " (byte ", at, ")"));
+  };
+  if (size_t at = n.find('\0'); at != std::string::npos) return refuse("holds a NUL byte", at);
+  if (size_t at = InvalidUtf8At(n); at != absl::string_view::npos) {
+    return refuse("is not valid UTF-8", at);
+  }
+  return n;
+}
+
+absl::StatusOr<std::string> ParamName(const char* name, size_t name_len) {
+  return NameOf(name, name_len, "parameter");
+}
+
+// Writes a returned name's length to `name_len` (if set) and returns it.
+const char* NameOut(const std::string* name, size_t* name_len) {
+  if (name_len != nullptr) *name_len = name == nullptr ? 0 : name->size();
+  return name == nullptr ? nullptr : name->c_str();
 }
 
 // Bytes of a tensor of `layout`.
@@ -298,6 +396,7 @@ pserver::CallOptions CallOf(const pserver_status_t* status) {
   if (status != nullptr && status->timeout_ms > 0) {
     call.deadline = absl::Now() + absl::Milliseconds(status->timeout_ms);
   }
+  if (status != nullptr) call.cancel = status->cancel.get();
   return call;
 }
 
@@ -356,6 +455,7 @@ absl::Status GradientsOf(pserver_client_t* client, const pserver_batch_t* grads,
                          std::vector<pserver::NamedTensor>* out) {
   if (grads == nullptr) return Null("gradient batch");
   for (const BatchEntry& e : grads->entries) {
+    PS_RETURN_IF_ERROR(ParamName(e.name.data(), e.name.size()).status());
     if (e.in == nullptr && e.out != nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch entry '", e.name, "' is an output; gradients are inputs"));
@@ -369,6 +469,7 @@ absl::Status GradientsOf(pserver_client_t* client, const pserver_batch_t* grads,
 absl::Status CheckOutputs(const pserver_batch_t* outs) {
   if (outs == nullptr) return Null("output batch");
   for (const BatchEntry& e : outs->entries) {
+    PS_RETURN_IF_ERROR(ParamName(e.name.data(), e.name.size()).status());
     if (e.out == nullptr && e.size != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch entry '", e.name, "' is not an output buffer"));
@@ -659,8 +760,7 @@ absl::Status IndexCheckpoints(pserver_checkpoint_reader_t* out) {
 // Table `name`'s snapshots, one per checkpoint that holds some of it,
 // checked for consistent configs and sizes.
 absl::StatusOr<std::vector<pserver::v1::SparseTableSnapshot>> ReadTableSnapshots(
-    const pserver_checkpoint_reader_t* r, const char* name) {
-  if (name == nullptr) return Null("name");
+    const pserver_checkpoint_reader_t* r, const std::string& name) {
   auto it = r->tables.find(name);
   if (it == r->tables.end()) {
     return absl::NotFoundError(absl::StrCat("table '", name, "' is not in the checkpoint"));
@@ -697,8 +797,7 @@ absl::StatusOr<std::vector<pserver::v1::SparseTableSnapshot>> ReadTableSnapshots
 }
 
 absl::StatusOr<const CheckpointParam*> FindCheckpointParam(const pserver_checkpoint_reader_t* r,
-                                                           const char* name) {
-  if (name == nullptr) return Null("name");
+                                                           const std::string& name) {
   auto it = r->params.find(name);
   if (it == r->params.end()) {
     return absl::NotFoundError(absl::StrCat("parameter '", name, "' is not in the checkpoint"));
@@ -712,7 +811,7 @@ absl::StatusOr<const CheckpointParam*> FindCheckpointParam(const pserver_checkpo
 
 extern "C" {
 
-const char* pserver_version(void) { return "0.1.0"; }
+const char* pserver_version(void) { return "0.2.0"; }
 
 // ------------------------------------------------------------------ status
 
@@ -740,6 +839,28 @@ void pserver_status_set_timeout_ms(pserver_status_t* status, int64_t timeout_ms)
 
 int64_t pserver_status_timeout_ms(const pserver_status_t* status) {
   return status == nullptr ? 0 : status->timeout_ms;
+}
+
+pserver_cancel_t* pserver_cancel_new(void) {
+  try {
+    return new pserver_cancel_t;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void pserver_cancel_delete(pserver_cancel_t* cancel) { delete cancel; }
+
+void pserver_cancel_cancel(pserver_cancel_t* cancel) {
+  if (cancel != nullptr) cancel->rep->Cancel();
+}
+
+uint8_t pserver_cancel_cancelled(const pserver_cancel_t* cancel) {
+  return cancel != nullptr && cancel->rep->cancelled() ? 1 : 0;
+}
+
+void pserver_status_set_cancel(pserver_status_t* status, pserver_cancel_t* cancel) {
+  if (status != nullptr) status->cancel = cancel == nullptr ? nullptr : cancel->rep;
 }
 
 void pserver_status_set(pserver_status_t* status, int32_t code, const char* message) {
@@ -885,20 +1006,20 @@ size_t pserver_batch_size(const pserver_batch_t* batch) {
   return batch == nullptr ? 0 : batch->entries.size();
 }
 
-void pserver_batch_add_input(pserver_batch_t* batch, const char* name, int32_t dtype,
-                             const void* data, size_t size) {
+void pserver_batch_add_input(pserver_batch_t* batch, const char* name, size_t name_len,
+                             int32_t dtype, const void* data, size_t size) {
   try {
     if (batch == nullptr) return;
-    batch->entries.push_back(BatchEntry{name == nullptr ? "" : name, dtype, data, nullptr, size});
+    batch->entries.push_back(BatchEntry{BatchName(name, name_len), dtype, data, nullptr, size});
   } catch (...) {
   }
 }
 
-void pserver_batch_add_output(pserver_batch_t* batch, const char* name, int32_t dtype, void* out,
-                              size_t size) {
+void pserver_batch_add_output(pserver_batch_t* batch, const char* name, size_t name_len,
+                              int32_t dtype, void* out, size_t size) {
   try {
     if (batch == nullptr) return;
-    batch->entries.push_back(BatchEntry{name == nullptr ? "" : name, dtype, nullptr, out, size});
+    batch->entries.push_back(BatchEntry{BatchName(name, name_len), dtype, nullptr, out, size});
   } catch (...) {
   }
 }
@@ -1026,13 +1147,14 @@ size_t pserver_client_server_address(const pserver_client_t* client, int32_t i, 
   }
 }
 
-void pserver_client_init_param(pserver_client_t* client, const char* name, int32_t dtype,
-                               const int64_t* shape, size_t ndim, const void* data, size_t size,
-                               const pserver_param_config_t* config, pserver_status_t* status) {
+void pserver_client_init_param(pserver_client_t* client, const char* name, size_t name_len,
+                               int32_t dtype, const int64_t* shape, size_t ndim, const void* data,
+                               size_t size, const pserver_param_config_t* config,
+                               pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
     PS_ASSIGN_OR_RETURN(pserver::Tensor value, TensorOf(n.c_str(), dtype, shape, ndim, data, size));
     static const pserver::v1::ParameterConfig kDefault;
     PS_RETURN_IF_ERROR(
@@ -1050,13 +1172,13 @@ void pserver_client_finish_init(pserver_client_t* client, pserver_status_t* stat
   });
 }
 
-void pserver_client_param_info(pserver_client_t* client, const char* name, int32_t* dtype,
-                               int64_t* shape, size_t shape_capacity, size_t* ndim,
+void pserver_client_param_info(pserver_client_t* client, const char* name, size_t name_len,
+                               int32_t* dtype, int64_t* shape, size_t shape_capacity, size_t* ndim,
                                pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
     std::optional<Layout> layout = Known(client, n);
     if (!layout.has_value()) {
       PS_ASSIGN_OR_RETURN(pserver::Tensor t, client->rep->GetParam(n, call));
@@ -1069,12 +1191,12 @@ void pserver_client_param_info(pserver_client_t* client, const char* name, int32
   });
 }
 
-void pserver_client_get_param(pserver_client_t* client, const char* name, int32_t dtype, void* out,
-                              size_t out_size, pserver_status_t* status) {
+void pserver_client_get_param(pserver_client_t* client, const char* name, size_t name_len,
+                              int32_t dtype, void* out, size_t out_size, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
     PS_RETURN_IF_ERROR(CheckDtype(dtype));
     if (out == nullptr && out_size != 0) return Null("out");
     const std::string what = absl::StrCat("parameter '", n, "'");
@@ -1109,12 +1231,13 @@ void pserver_client_get_params(pserver_client_t* client, pserver_batch_t* outs,
   });
 }
 
-void pserver_client_send_grad(pserver_client_t* client, const char* name, int32_t dtype,
-                              const void* data, size_t size, pserver_status_t* status) {
+void pserver_client_send_grad(pserver_client_t* client, const char* name, size_t name_len,
+                              int32_t dtype, const void* data, size_t size,
+                              pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
     PS_ASSIGN_OR_RETURN(pserver::Tensor grad, GradientTensor(client, n, dtype, data, size));
     return client->rep->SendGrad(n, grad, call);
   });
@@ -1179,12 +1302,16 @@ void pserver_client_save_checkpoint(pserver_client_t* client, pserver_status_t* 
         try {
           auto stub = pserver::v1::ParameterServer::NewStub(
               grpc::CreateChannel(servers[i], grpc::InsecureChannelCredentials()));
-          grpc::ClientContext context;
-          context.set_deadline(
+          auto context = std::make_shared<grpc::ClientContext>();
+          context->set_deadline(
               absl::ToChronoTime(std::min(absl::Now() + client->options.timeout, call.deadline)));
+          pserver::Cancellation::Registration cancel_registration;
+          if (call.cancel != nullptr) {
+            cancel_registration = call.cancel->OnCancel([context] { context->TryCancel(); });
+          }
           pserver::v1::SaveRequest request;
           pserver::v1::SaveResponse response;
-          absl::Status s = pserver::FromGrpcStatus(stub->Save(&context, request, &response));
+          absl::Status s = pserver::FromGrpcStatus(stub->Save(context.get(), request, &response));
           if (!s.ok()) {
             s = absl::Status(s.code(), absl::StrCat("save on ", servers[i], ": ", s.message()));
           }
@@ -1447,14 +1574,13 @@ size_t pserver_table_config_text(const pserver_table_config_t* config, char* out
 }
 
 pserver_table_t* pserver_client_create_table(pserver_client_t* client, const char* name,
-                                             const pserver_table_config_t* config,
+                                             size_t name_len, const pserver_table_config_t* config,
                                              pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   pserver_table_t* out = nullptr;
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
-    if (n.empty()) return absl::InvalidArgumentError("a table needs a name");
+    PS_ASSIGN_OR_RETURN(std::string n, NameOf(name, name_len, "table"));
     pserver::v1::TableConfig defaults;
     defaults.set_dim(1);
     PS_ASSIGN_OR_RETURN(pserver::Table table,
@@ -1473,8 +1599,9 @@ void pserver_table_delete(pserver_table_t* table) {
   delete table;  // NULL is fine; destructors do not throw
 }
 
-const char* pserver_table_name(const pserver_table_t* table) {
-  return table == nullptr ? "" : table->rep->name().c_str();
+const char* pserver_table_name(const pserver_table_t* table, size_t* name_len) {
+  static const std::string* const kNone = new std::string();
+  return NameOut(table == nullptr ? kNone : &table->rep->name(), name_len);
 }
 
 uint32_t pserver_table_dim(const pserver_table_t* table) {
@@ -1953,18 +2080,19 @@ size_t pserver_checkpoint_reader_num_params(const pserver_checkpoint_reader_t* r
 }
 
 const char* pserver_checkpoint_reader_param_name(const pserver_checkpoint_reader_t* reader,
-                                                 size_t i) {
-  if (reader == nullptr || i >= reader->names.size()) return nullptr;
-  return reader->names[i].c_str();
+                                                 size_t i, size_t* name_len) {
+  const bool in_range = reader != nullptr && i < reader->names.size();
+  return NameOut(in_range ? &reader->names[i] : nullptr, name_len);
 }
 
 void pserver_checkpoint_reader_param_info(const pserver_checkpoint_reader_t* reader,
-                                          const char* name, int32_t* dtype, int64_t* shape,
-                                          size_t shape_capacity, size_t* ndim,
+                                          const char* name, size_t name_len, int32_t* dtype,
+                                          int64_t* shape, size_t shape_capacity, size_t* ndim,
                                           pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (reader == nullptr) return Null("reader");
-    PS_ASSIGN_OR_RETURN(const CheckpointParam* p, FindCheckpointParam(reader, name));
+    PS_ASSIGN_OR_RETURN(const std::string n, NameBytes(name, name_len));
+    PS_ASSIGN_OR_RETURN(const CheckpointParam* p, FindCheckpointParam(reader, n));
     if (dtype != nullptr) *dtype = static_cast<int32_t>(p->type);
     WriteShape(p->shape, shape, shape_capacity, ndim);
     return absl::OkStatus();
@@ -1972,14 +2100,15 @@ void pserver_checkpoint_reader_param_info(const pserver_checkpoint_reader_t* rea
 }
 
 void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader, const char* name,
-                                    int32_t dtype, void* out, size_t out_size,
+                                    size_t name_len, int32_t dtype, void* out, size_t out_size,
                                     pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (reader == nullptr) return Null("reader");
-    PS_ASSIGN_OR_RETURN(const CheckpointParam* p, FindCheckpointParam(reader, name));
+    PS_ASSIGN_OR_RETURN(const std::string n, NameBytes(name, name_len));
+    PS_ASSIGN_OR_RETURN(const CheckpointParam* p, FindCheckpointParam(reader, n));
     PS_RETURN_IF_ERROR(CheckDtype(dtype));
     if (out == nullptr && out_size != 0) return Null("out");
-    const std::string what = absl::StrCat("parameter '", name, "'");
+    const std::string what = absl::StrCat("parameter '", n, "'");
     PS_RETURN_IF_ERROR(CheckBuffer(what, p->type, p->shape, dtype, out_size));
     const size_t esize = pserver::ElementSize(p->type);
     // Read and check every block before writing any of it.
@@ -2029,18 +2158,20 @@ size_t pserver_checkpoint_reader_num_tables(const pserver_checkpoint_reader_t* r
 }
 
 const char* pserver_checkpoint_reader_table_name(const pserver_checkpoint_reader_t* reader,
-                                                 size_t i) {
-  if (reader == nullptr || i >= reader->table_names.size()) return nullptr;
-  return reader->table_names[i].c_str();
+                                                 size_t i, size_t* name_len) {
+  const bool in_range = reader != nullptr && i < reader->table_names.size();
+  return NameOut(in_range ? &reader->table_names[i] : nullptr, name_len);
 }
 
 void pserver_checkpoint_reader_table_info(const pserver_checkpoint_reader_t* reader,
-                                          const char* name, uint32_t* dim, int32_t* dtype,
-                                          uint64_t* rows, pserver_status_t* status) {
+                                          const char* name, size_t name_len, uint32_t* dim,
+                                          int32_t* dtype, uint64_t* rows,
+                                          pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (reader == nullptr) return Null("reader");
+    PS_ASSIGN_OR_RETURN(const std::string n, NameBytes(name, name_len));
     PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::SparseTableSnapshot> parts,
-                        ReadTableSnapshots(reader, name));
+                        ReadTableSnapshots(reader, n));
     uint64_t total = 0;
     for (const auto& p : parts) total += p.rows();
     if (dim != nullptr) *dim = parts[0].config().dim();
@@ -2051,21 +2182,22 @@ void pserver_checkpoint_reader_table_info(const pserver_checkpoint_reader_t* rea
 }
 
 void pserver_checkpoint_reader_read_table(const pserver_checkpoint_reader_t* reader,
-                                          const char* name, uint64_t* keys, size_t keys_size,
-                                          void* values, size_t values_size,
+                                          const char* name, size_t name_len, uint64_t* keys,
+                                          size_t keys_size, void* values, size_t values_size,
                                           pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (reader == nullptr) return Null("reader");
+    PS_ASSIGN_OR_RETURN(const std::string n, NameBytes(name, name_len));
     PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::SparseTableSnapshot> parts,
-                        ReadTableSnapshots(reader, name));
+                        ReadTableSnapshots(reader, n));
     const pserver::v1::TableConfig& config = parts[0].config();
     const size_t row = config.dim() * pserver::ElementSize(config.element_type());
     uint64_t total = 0;
     for (const auto& p : parts) total += p.rows();
     if (keys_size != total * 8 || values_size != total * row) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "table '", name, "': ", total, " rows need ", total * 8, " bytes of keys and ",
-          total * row, " of values, the buffers have ", keys_size, " and ", values_size));
+          "table '", n, "': ", total, " rows need ", total * 8, " bytes of keys and ", total * row,
+          " of values, the buffers have ", keys_size, " and ", values_size));
     }
     if (total > 0 && (keys == nullptr || values == nullptr)) return Null("keys or values");
     // (key, part, row in part), sorted by key.
@@ -2263,13 +2395,13 @@ absl::StatusOr<pserver::Shape> DeviceGradientShape(pserver_client_t* client,
 
 extern "C" {
 
-void pserver_client_send_grad_device(pserver_client_t* client, const char* name, int32_t dtype,
-                                     const void* device_data, size_t size, int32_t device,
-                                     pserver_status_t* status) {
+void pserver_client_send_grad_device(pserver_client_t* client, const char* name, size_t name_len,
+                                     int32_t dtype, const void* device_data, size_t size,
+                                     int32_t device, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
     PS_ASSIGN_OR_RETURN(pserver::Shape shape, DeviceGradientShape(client, n, dtype, size));
     return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) {
       return io.SendGrad(n, static_cast<ElementType>(dtype), shape, device_data, call);
@@ -2277,13 +2409,13 @@ void pserver_client_send_grad_device(pserver_client_t* client, const char* name,
   });
 }
 
-void pserver_client_get_param_device(pserver_client_t* client, const char* name, int32_t dtype,
-                                     void* device_out, size_t out_size, int32_t device,
-                                     pserver_status_t* status) {
+void pserver_client_get_param_device(pserver_client_t* client, const char* name, size_t name_len,
+                                     int32_t dtype, void* device_out, size_t out_size,
+                                     int32_t device, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
     PS_RETURN_IF_ERROR(CheckDtype(dtype));
     if (std::optional<Layout> layout = Known(client, n); layout.has_value()) {
       PS_RETURN_IF_ERROR(CheckBuffer(absl::StrCat("parameter '", n, "'"), layout->type,
@@ -2295,13 +2427,13 @@ void pserver_client_get_param_device(pserver_client_t* client, const char* name,
   });
 }
 
-void pserver_client_push_pull_device(pserver_client_t* client, const char* name, int32_t dtype,
-                                     const void* device_data, void* device_out, size_t size,
-                                     int32_t device, pserver_status_t* status) {
+void pserver_client_push_pull_device(pserver_client_t* client, const char* name, size_t name_len,
+                                     int32_t dtype, const void* device_data, void* device_out,
+                                     size_t size, int32_t device, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, Name(name));
+    PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
     PS_ASSIGN_OR_RETURN(pserver::Shape shape, DeviceGradientShape(client, n, dtype, size));
     return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) {
       return io.PushPull(n, static_cast<ElementType>(dtype), shape, device_data, device_out, call);

@@ -11,10 +11,10 @@
  *   pserver_param_config_t* cfg = pserver_param_config_new();
  *   pserver_param_config_set_optimizer(cfg, "adam", st);
  *   pserver_param_config_set(cfg, "learning_rate", 0.01, st);
- *   pserver_client_init_param(client, "w", PSERVER_FLOAT32, shape, 1, w, sizeof w, cfg, st);
+ *   pserver_client_init_param(client, "w", 1, PSERVER_FLOAT32, shape, 1, w, sizeof w, cfg, st);
  *   pserver_client_finish_init(client, st);
- *   pserver_client_send_grad(client, "w", PSERVER_FLOAT32, g, sizeof g, st);
- *   pserver_client_get_param(client, "w", PSERVER_FLOAT32, w, sizeof w, st);
+ *   pserver_client_send_grad(client, "w", 1, PSERVER_FLOAT32, g, sizeof g, st);
+ *   pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, w, sizeof w, st);
  *   if (pserver_status_code(st) != PSERVER_OK) puts(pserver_status_message(st));
  *   pserver_param_config_delete(cfg);
  *   pserver_client_delete(client);
@@ -41,7 +41,12 @@
  *     Input buffers are read during the call only, except where a call says
  *     it borrows them (pserver_batch_t). A buffer the library allocates
  *     (pserver_etcd_get) is freed with pserver_buffer_delete. Strings are
- *     NUL-terminated UTF-8.
+ *     NUL-terminated UTF-8, except names of parameters and tables: they
+ *     travel with their length, (const char* name, size_t name_len), in and
+ *     out, so that a name is never cut short at a NUL byte. A client call
+ *     refuses a name that is empty, holds a NUL byte or is not UTF-8 with
+ *     PSERVER_INVALID_ARGUMENT "parameter name ..." ("table name ..."),
+ *     sending nothing; the server checks names too.
  *     Strings returned as const char* belong to the handle they came from and
  *     live as long as it does.
  *  5. Fixed-width integers; uint8_t for booleans; size_t for byte counts and
@@ -55,7 +60,8 @@
  *     while another thread uses it is undefined. Blocking calls take no
  *     global lock, so bindings may release their interpreter lock around them.
  *  7. This header only grows: functions, enum values and trailing struct
- *     fields are added, never changed or removed. Structs that the library
+ *     fields are added, never changed or removed (but for the ABI changes
+ *     listed at pserver_version). Structs that the library
  *     fills are passed with their size (sizeof) so old callers keep working.
  *  8. Timeouts: a status may carry a timeout for the calls it is given
  *     (pserver_status_set_timeout_ms). A blocking call given such a status
@@ -75,6 +81,15 @@
  *     pserver_table_delete (and the others) without harm. A pserver_table_t
  *     may be used from several threads at once; a pserver_kv_worker_t and a
  *     pserver_group_t are one worker each: one thread at a time.
+ * 10. Cancellation: a status may carry a pserver_cancel_t
+ *     (pserver_status_set_cancel). pserver_cancel_cancel, from any thread,
+ *     ends the blocking call (convention 8) using that status promptly with
+ *     PSERVER_CANCELLED "the call was cancelled": requests in flight over
+ *     gRPC are cancelled and retries stop. Once cancelled, every call given
+ *     such a status ends at once, like a Go context. An in-process client
+ *     (pserver_local_cluster_client) looks at it every 100 ms while it
+ *     waits for other workers (barriers, all-reduce, broadcast, BSP/SSP
+ *     reads).
  */
 #ifndef PSERVER_CC_CAPI_PSERVER_H_
 #define PSERVER_CC_CAPI_PSERVER_H_
@@ -95,10 +110,18 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define PSERVER_VERSION_MAJOR 0
-#define PSERVER_VERSION_MINOR 1
+#define PSERVER_VERSION_MINOR 2
 #define PSERVER_VERSION_PATCH 0
 
-/* "0.1.0": the library's version (which may be newer than this header's). */
+/* "0.2.0": the library's version (which may be newer than this header's).
+ *
+ * ABI changes (convention 7 holds from one minor version to the next
+ * except where listed here):
+ *   0.2.0: names of parameters and tables travel with their length: every
+ *          call taking one takes (const char* name, size_t name_len), and
+ *          pserver_table_name, pserver_checkpoint_reader_param_name and
+ *          _table_name return theirs through a size_t* name_len. Added the
+ *          cancellation handle pserver_cancel_t (convention 10). */
 PSERVER_EXPORT const char* pserver_version(void);
 
 /* ----------------------------------------------------------------- status */
@@ -145,6 +168,28 @@ PSERVER_EXPORT void pserver_status_set(pserver_status_t* status, int32_t code,
 PSERVER_EXPORT void pserver_status_set_timeout_ms(pserver_status_t* status, int64_t timeout_ms);
 /* The status's timeout in milliseconds; 0 when none (or status is NULL). */
 PSERVER_EXPORT int64_t pserver_status_timeout_ms(const pserver_status_t* status);
+/* ----------------------------------------------------------- cancellation */
+
+/* Ends blocking calls from another thread (convention 10): a Ctrl-C
+ * handler, a Go context. Thread-safe: pserver_cancel_cancel and
+ * pserver_cancel_cancelled may be called from any thread at any time. */
+typedef struct pserver_cancel_t pserver_cancel_t;
+
+PSERVER_EXPORT pserver_cancel_t* pserver_cancel_new(void);
+/* A status carrying the handle keeps what it needs: the handle may be
+ * deleted before the status. */
+PSERVER_EXPORT void pserver_cancel_delete(pserver_cancel_t* cancel);
+/* Cancels every blocking call given a status carrying `cancel`, now and
+ * later: each ends promptly with PSERVER_CANCELLED. Idempotent; NULL is
+ * ignored. */
+PSERVER_EXPORT void pserver_cancel_cancel(pserver_cancel_t* cancel);
+/* 1 once pserver_cancel_cancel was called (0 for NULL). */
+PSERVER_EXPORT uint8_t pserver_cancel_cancelled(const pserver_cancel_t* cancel);
+/* The calls given `status` end when `cancel` is cancelled; NULL removes
+ * it. Like the timeout, it stays on the status until changed and leaves the
+ * code and message alone. A NULL status is ignored. */
+PSERVER_EXPORT void pserver_status_set_cancel(pserver_status_t* status, pserver_cancel_t* cancel);
+
 /* "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" for a number outside the enum. */
 PSERVER_EXPORT const char* pserver_code_name(int32_t code);
 
@@ -232,10 +277,12 @@ PSERVER_EXPORT void pserver_batch_clear(pserver_batch_t* batch);
 PSERVER_EXPORT size_t pserver_batch_size(const pserver_batch_t* batch);
 /* An input (a gradient): `size` bytes of `dtype` elements at `data`. */
 PSERVER_EXPORT void pserver_batch_add_input(pserver_batch_t* batch, const char* name,
-                                            int32_t dtype, const void* data, size_t size);
+                                            size_t name_len, int32_t dtype, const void* data,
+                                            size_t size);
 /* An output (a parameter read into `out`, `size` bytes of `dtype`). */
 PSERVER_EXPORT void pserver_batch_add_output(pserver_batch_t* batch, const char* name,
-                                             int32_t dtype, void* out, size_t size);
+                                             size_t name_len, int32_t dtype, void* out,
+                                             size_t size);
 
 /* ----------------------------------------------------------------- client */
 
@@ -296,7 +343,7 @@ PSERVER_EXPORT size_t pserver_client_server_address(const pserver_client_t* clie
  * may be NULL (plain SGD). The first init of a name wins; later ones get
  * ALREADY_EXISTS "pserver already initialized". */
 PSERVER_EXPORT void pserver_client_init_param(pserver_client_t* client, const char* name,
-                                              int32_t dtype, const int64_t* shape,
+                                              size_t name_len, int32_t dtype, const int64_t* shape,
                                               size_t ndim, const void* data, size_t size,
                                               const pserver_param_config_t* config,
                                               pserver_status_t* status);
@@ -313,7 +360,7 @@ PSERVER_EXPORT void pserver_client_finish_init(pserver_client_t* client,
  * earlier read by this client; otherwise the parameter is read once.
  * NOT_FOUND for an unknown name. */
 PSERVER_EXPORT void pserver_client_param_info(pserver_client_t* client, const char* name,
-                                              int32_t* dtype, int64_t* shape,
+                                              size_t name_len, int32_t* dtype, int64_t* shape,
                                               size_t shape_capacity, size_t* ndim,
                                               pserver_status_t* status);
 
@@ -321,8 +368,8 @@ PSERVER_EXPORT void pserver_client_param_info(pserver_client_t* client, const ch
  * pserver_dtype_size(dtype) * elements, and `dtype` the parameter's type
  * (INVALID_ARGUMENT otherwise, naming what was expected). */
 PSERVER_EXPORT void pserver_client_get_param(pserver_client_t* client, const char* name,
-                                             int32_t dtype, void* out, size_t out_size,
-                                             pserver_status_t* status);
+                                             size_t name_len, int32_t dtype, void* out,
+                                             size_t out_size, pserver_status_t* status);
 /* Reads every output of `outs` (pserver_batch_add_output) in one round trip
  * per server. On error the outputs' contents are unspecified. */
 PSERVER_EXPORT void pserver_client_get_params(pserver_client_t* client, pserver_batch_t* outs,
@@ -331,8 +378,8 @@ PSERVER_EXPORT void pserver_client_get_params(pserver_client_t* client, pserver_
 /* Sends a gradient: `size` bytes of `dtype` elements, as many as the
  * parameter has, of its type. */
 PSERVER_EXPORT void pserver_client_send_grad(pserver_client_t* client, const char* name,
-                                             int32_t dtype, const void* data, size_t size,
-                                             pserver_status_t* status);
+                                             size_t name_len, int32_t dtype, const void* data,
+                                             size_t size, pserver_status_t* status);
 /* Sends every input of `grads`; a batch with any bad part is applied not
  * at all. */
 PSERVER_EXPORT void pserver_client_send_grads(pserver_client_t* client,
@@ -450,11 +497,13 @@ PSERVER_EXPORT size_t pserver_table_config_text(const pserver_table_config_t* co
  * pserver_table_config_new). INVALID_ARGUMENT for a bad config or an empty
  * name, ALREADY_EXISTS when the table exists with another config. */
 PSERVER_EXPORT pserver_table_t* pserver_client_create_table(pserver_client_t* client,
-                                                            const char* name,
+                                                            const char* name, size_t name_len,
                                                             const pserver_table_config_t* config,
                                                             pserver_status_t* status);
 PSERVER_EXPORT void pserver_table_delete(pserver_table_t* table);
-PSERVER_EXPORT const char* pserver_table_name(const pserver_table_t* table);
+/* The table's name, `*name_len` bytes (name_len may be NULL; the name is
+ * also NUL-terminated). */
+PSERVER_EXPORT const char* pserver_table_name(const pserver_table_t* table, size_t* name_len);
 PSERVER_EXPORT uint32_t pserver_table_dim(const pserver_table_t* table);
 /* PSERVER_FLOAT32 or PSERVER_FLOAT64. */
 PSERVER_EXPORT int32_t pserver_table_dtype(const pserver_table_t* table);
@@ -691,20 +740,24 @@ PSERVER_EXPORT const char* pserver_checkpoint_reader_checkpoint_path(
 /* Parameters, sorted by name. */
 PSERVER_EXPORT size_t pserver_checkpoint_reader_num_params(
     const pserver_checkpoint_reader_t* reader);
-/* Parameter i's name; NULL when i is out of range. */
+/* Parameter i's name, `*name_len` bytes (name_len may be NULL); NULL (and
+ * 0) when i is out of range. */
 PSERVER_EXPORT const char* pserver_checkpoint_reader_param_name(
-    const pserver_checkpoint_reader_t* reader, size_t i);
+    const pserver_checkpoint_reader_t* reader, size_t i, size_t* name_len);
 /* As pserver_client_param_info. NOT_FOUND for an unknown name. */
-PSERVER_EXPORT void pserver_checkpoint_reader_param_info(
-    const pserver_checkpoint_reader_t* reader, const char* name, int32_t* dtype,
-    int64_t* shape, size_t shape_capacity, size_t* ndim, pserver_status_t* status);
+PSERVER_EXPORT void pserver_checkpoint_reader_param_info(const pserver_checkpoint_reader_t* reader,
+                                                         const char* name, size_t name_len,
+                                                         int32_t* dtype, int64_t* shape,
+                                                         size_t shape_capacity, size_t* ndim,
+                                                         pserver_status_t* status);
 /* Reads a parameter (all its blocks, every checksum verified) into `out`,
  * exactly pserver_dtype_size(dtype) * elements bytes. DATA_LOSS "checkpoint
  * file checksum validation failed: <file> ..." for damaged data, and for a
  * parameter whose blocks are not all in the opened checkpoints. */
 PSERVER_EXPORT void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader,
-                                                   const char* name, int32_t dtype, void* out,
-                                                   size_t out_size, pserver_status_t* status);
+                                                   const char* name, size_t name_len, int32_t dtype,
+                                                   void* out, size_t out_size,
+                                                   pserver_status_t* status);
 /* Verifies every data file and chunk of every opened checkpoint. */
 PSERVER_EXPORT void pserver_checkpoint_reader_verify(const pserver_checkpoint_reader_t* reader,
                                                      pserver_status_t* status);
@@ -713,23 +766,27 @@ PSERVER_EXPORT void pserver_checkpoint_reader_verify(const pserver_checkpoint_re
  * name; a table's rows are spread over the shards' checkpoints. */
 PSERVER_EXPORT size_t pserver_checkpoint_reader_num_tables(
     const pserver_checkpoint_reader_t* reader);
-/* Table i's name; NULL when i is out of range. */
+/* Table i's name, `*name_len` bytes (name_len may be NULL); NULL (and 0)
+ * when i is out of range. */
 PSERVER_EXPORT const char* pserver_checkpoint_reader_table_name(
-    const pserver_checkpoint_reader_t* reader, size_t i);
+    const pserver_checkpoint_reader_t* reader, size_t i, size_t* name_len);
 /* Table `name`'s values per row, element type (PSERVER_FLOAT32 or _FLOAT64)
  * and rows over every opened checkpoint (reads and verifies its data; any
  * output may be NULL). NOT_FOUND for an unknown table, DATA_LOSS for damaged
  * data. */
-PSERVER_EXPORT void pserver_checkpoint_reader_table_info(
-    const pserver_checkpoint_reader_t* reader, const char* name, uint32_t* dim, int32_t* dtype,
-    uint64_t* rows, pserver_status_t* status);
+PSERVER_EXPORT void pserver_checkpoint_reader_table_info(const pserver_checkpoint_reader_t* reader,
+                                                         const char* name, size_t name_len,
+                                                         uint32_t* dim, int32_t* dtype,
+                                                         uint64_t* rows, pserver_status_t* status);
 /* Reads table `name`'s rows, sorted by key: `keys` gets rows uint64 keys
  * (`keys_size` = rows * 8 bytes) and `values` their rows (`values_size` =
  * rows * dim * pserver_dtype_size(dtype) bytes), as table_info gives them.
  * Only the values are saved: optimizer state and pending keys are not read. */
-PSERVER_EXPORT void pserver_checkpoint_reader_read_table(
-    const pserver_checkpoint_reader_t* reader, const char* name, uint64_t* keys,
-    size_t keys_size, void* values, size_t values_size, pserver_status_t* status);
+PSERVER_EXPORT void pserver_checkpoint_reader_read_table(const pserver_checkpoint_reader_t* reader,
+                                                         const char* name, size_t name_len,
+                                                         uint64_t* keys, size_t keys_size,
+                                                         void* values, size_t values_size,
+                                                         pserver_status_t* status);
 
 /* --------------------------------------------------- library buffers */
 
@@ -797,21 +854,22 @@ PSERVER_EXPORT size_t pserver_etcd_kvs_value_size(const pserver_etcd_kvs_t* kvs,
 
 /* Sends the gradient in `size` bytes of device memory at `device_data`. */
 PSERVER_EXPORT void pserver_client_send_grad_device(pserver_client_t* client, const char* name,
-                                                    int32_t dtype, const void* device_data,
-                                                    size_t size, int32_t device,
-                                                    pserver_status_t* status);
+                                                    size_t name_len, int32_t dtype,
+                                                    const void* device_data, size_t size,
+                                                    int32_t device, pserver_status_t* status);
 /* Reads parameter `name` into `out_size` bytes of device memory at
  * `device_out`. On error its contents are unspecified. */
 PSERVER_EXPORT void pserver_client_get_param_device(pserver_client_t* client, const char* name,
-                                                    int32_t dtype, void* device_out,
-                                                    size_t out_size, int32_t device,
-                                                    pserver_status_t* status);
+                                                    size_t name_len, int32_t dtype,
+                                                    void* device_out, size_t out_size,
+                                                    int32_t device, pserver_status_t* status);
 /* Sends the gradient at `device_data` and reads the updated parameter into
  * `device_out` (both `size` bytes; they may be the same memory), one round
  * trip per chunk. */
 PSERVER_EXPORT void pserver_client_push_pull_device(pserver_client_t* client, const char* name,
-                                                    int32_t dtype, const void* device_data,
-                                                    void* device_out, size_t size, int32_t device,
+                                                    size_t name_len, int32_t dtype,
+                                                    const void* device_data, void* device_out,
+                                                    size_t size, int32_t device,
                                                     pserver_status_t* status);
 
 #ifdef __cplusplus

@@ -399,6 +399,8 @@ std::vector<std::string> Client::addresses() const {
 absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
                                     const StartCall& start, absl::Time deadline,
                                     TraceRecorder* trace) {
+  Cancellation* const cancel = Cancellation::Current();
+  if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
   if (n > 0 && absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the call's deadline passed before it was sent");
   }
@@ -430,6 +432,7 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
       }
       results = group.WaitAll();
     }
+    if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
     std::vector<size_t> retry;
     absl::Status retry_error;  // the first to retry, and its server
     std::string retry_address;
@@ -455,7 +458,11 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
     if (absl::Now() + sleep >= deadline) {
       return GaveUp(retry_error, retry_address, unreachable[retry_address], attempts, true);
     }
-    absl::SleepFor(sleep);
+    if (cancel == nullptr) {
+      absl::SleepFor(sleep);
+    } else if (cancel->WaitFor(sleep)) {
+      return cancel->Check();
+    }
     backoff = std::min(backoff * 2, options_.max_backoff);
     retries_.fetch_add(retry.size());
     pending = std::move(retry);
@@ -494,11 +501,13 @@ std::vector<Client::GradRef> Client::RefsOf(absl::Span<const NamedTensor> grads)
 
 absl::Status Client::InitParam(const std::string& name, const Tensor& value,
                                const v1::ParameterConfig& config, const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   const InitRef ref{&name, &value, &config};
   return DoInitParams(absl::MakeConstSpan(&ref, 1), Deadline(call));
 }
 
 absl::Status Client::InitParams(absl::Span<const ParamInit> params, const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   std::vector<InitRef> refs;
   refs.reserve(params.size());
   for (const ParamInit& p : params) refs.push_back(InitRef{&p.name, &p.value, &p.config});
@@ -556,6 +565,7 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
 }
 
 absl::Status Client::FinishInitParams(const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   return RunOnEveryServer(
       [](size_t, Transport& t, absl::Time deadline, Transport::Done done) {
         t.FinishInitParams(deadline, std::move(done));
@@ -564,6 +574,7 @@ absl::Status Client::FinishInitParams(const CallOptions& call) {
 }
 
 absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   std::vector<v1::GetStatsResponse> responses(num_servers());
   PS_RETURN_IF_ERROR(RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
@@ -678,6 +689,7 @@ absl::StatusOr<std::vector<Tensor>> Client::GetParams(absl::Span<const std::stri
 
 absl::Status Client::GetParamsInto(absl::Span<const std::string> names, absl::Span<Tensor> outs,
                                    const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   const absl::Time deadline = Deadline(call);  // one for both rounds
   if (outs.size() != names.size()) {
     return absl::InvalidArgumentError(absl::StrCat("GetParamsInto: ", names.size(), " names but ",
@@ -783,11 +795,13 @@ std::vector<GradientView> Client::GradientBlocks(const GradRef& ref,
 
 absl::Status Client::SendGrad(const std::string& name, const Tensor& grad,
                               const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   const GradRef ref{&name, &grad};
   return DoSendGrads(absl::MakeConstSpan(&ref, 1), Deadline(call), call.trace);
 }
 
 absl::Status Client::SendGrads(absl::Span<const NamedTensor> grads, const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   return DoSendGrads(RefsOf(grads), Deadline(call), call.trace);
 }
 
@@ -808,11 +822,13 @@ absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads, absl::Time dea
 
 absl::Status Client::PushPull(absl::Span<const NamedTensor> grads, absl::Span<Tensor> outs,
                               const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   return DoPushPull(RefsOf(grads), outs, Deadline(call), call.trace);
 }
 
 absl::Status Client::PushPull(const std::string& name, const Tensor& grad, Tensor* out,
                               const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   const GradRef ref{&name, &grad};
   return DoPushPull(absl::MakeConstSpan(&ref, 1), absl::MakeSpan(out, 1), Deadline(call),
                     call.trace);
@@ -862,6 +878,7 @@ Ticket Client::RunAsync(std::function<absl::Status(const CallOptions&)> call_fn,
   absl::call_once(executor_once_,
                   [this] { executor_ = std::make_unique<Executor>(options_.async_threads); });
   executor_->Schedule([ticket, options, call_fn = std::move(call_fn)] {
+    const Cancellation::Scope cancel_scope(options.cancel);
     absl::Status status = call_fn(options);
     ticket.recorder().Replied();
     ticket.Finish(std::move(status));

@@ -54,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cc/client/cancellation.h"
 #include "cc/client/executor.h"
 #include "cc/client/placement.h"
 #include "cc/client/ticket.h"
@@ -124,6 +125,9 @@ struct CallOptions {
   // Receives the call's stage times (the *Async forms set it; a blocking
   // call may be traced too). Must outlive the call.
   TraceRecorder* trace = nullptr;
+  // Ends the call with CANCELLED once cancelled (cc/client/cancellation.h),
+  // its gRPC requests in flight cancelled. Must outlive the call.
+  Cancellation* cancel = nullptr;
 };
 
 class Client {

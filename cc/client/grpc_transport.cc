@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cc/client/cancellation.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/rpc/wire.h"
@@ -29,6 +30,17 @@ std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline, bool wait_f
   // while a server is still starting.
   context->set_wait_for_ready(wait_for_ready);
   return context;
+}
+
+// Cancels `context` when the call running on this thread is cancelled
+// (cancellation.h). The callback holds the context: it may run after the
+// call's completion let go of it.
+std::shared_ptr<Cancellation::Registration> CancelWithCall(
+    std::shared_ptr<grpc::ClientContext> context) {
+  Cancellation* cancel = Cancellation::Current();
+  if (cancel == nullptr) return nullptr;
+  return std::make_shared<Cancellation::Registration>(
+      cancel->OnCancel([context = std::move(context)] { context->TryCancel(); }));
 }
 
 absl::Status DeliverBlocks(const grpc::ByteBuffer& response, const Transport::BlockSink& sink) {
@@ -129,7 +141,8 @@ absl::Status CallStatus(const grpc::Status& status, grpc::Channel& channel) {
 
 // One raw call in flight.
 struct RawCall {
-  std::unique_ptr<grpc::ClientContext> context;
+  std::shared_ptr<grpc::ClientContext> context;
+  std::shared_ptr<Cancellation::Registration> cancel;
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
   Transport::BlockSink sink;
@@ -194,10 +207,12 @@ void GrpcTransport::Call(typename NonDeduced<AsyncMethod<Request, Response>>::ty
                          Done done) {
   // The completion callback owns the context.
   std::shared_ptr<grpc::ClientContext> context = NewContext(deadline, wait_for_ready_);
+  std::shared_ptr<Cancellation::Registration> cancel = CancelWithCall(context);
   Channel& channel = Next();
   (channel.stub->async()->*method)(context.get(), &request, response,
-                                   [context, channel = channel.channel.get(),
+                                   [context, cancel, channel = channel.channel.get(),
                                     done = std::move(done)](grpc::Status status) mutable {
+                                     cancel.reset();
                                      absl::Status result = CallStatus(status, *channel);
                                      // Drop the context (and its reference on the channel) before
                                      // `done` wakes the caller: if the caller then destroys the
@@ -231,6 +246,7 @@ void GrpcTransport::CallRaw(const char* method,
                             BlockSink sink, absl::Time deadline, Done done, TraceRecorder* trace) {
   auto call = std::make_shared<RawCall>();
   call->context = NewContext(deadline, wait_for_ready_);
+  call->cancel = CancelWithCall(call->context);
   call->sink = std::move(sink);
   call->done = std::move(done);
   // Reports once the call is over (the owner's release) and every borrowed
@@ -248,6 +264,7 @@ void GrpcTransport::CallRaw(const char* method,
         }
         // Let go of what gRPC may still reference before reporting (see
         // Call).
+        call->cancel.reset();
         call->context.reset();
         call->request.Clear();
         call->response.Clear();

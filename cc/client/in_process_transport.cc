@@ -1,10 +1,34 @@
 #include "cc/client/in_process_transport.h"
 
+#include <algorithm>
+#include <functional>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cc/client/cancellation.h"
 
 namespace pserver {
 namespace {
+
+// How often a waiting call that can be cancelled looks at its cancellation.
+constexpr absl::Duration kCancelSlice = absl::Milliseconds(100);
+
+// Runs `wait(deadline)`, a call that waits on the store for other workers,
+// so that the calling thread's cancellation (cancellation.h) ends it
+// promptly: in slices of kCancelSlice until `deadline`. A slice that runs
+// out leaves no trace in the store (a timed-out arrival is withdrawn, a
+// consistent read has read nothing), so the next slice simply waits again.
+absl::Status WaitCancellably(absl::Time deadline,
+                             const std::function<absl::Status(absl::Time)>& wait) {
+  Cancellation* const cancel = Cancellation::Current();
+  if (cancel == nullptr) return wait(deadline);
+  while (true) {
+    if (absl::Status cancelled = cancel->Check(); !cancelled.ok()) return cancelled;
+    const absl::Time slice = std::min(deadline, absl::Now() + kCancelSlice);
+    absl::Status status = wait(slice);
+    if (!absl::IsDeadlineExceeded(status) || slice >= deadline) return status;
+  }
+}
 
 // The in-process "server" times of a call, for its ticket's trace.
 class ServerTimes {
@@ -45,7 +69,11 @@ void InProcessTransport::TablePull(const v1::TablePullRequest& request,
                                    v1::TablePullResponse* response, absl::Time deadline,
                                    Done done) {
   absl::Status status = CheckTables();
-  done(status.ok() ? tables_->Pull(request, response, deadline) : status);
+  if (status.ok()) {
+    status = WaitCancellably(
+        deadline, [&](absl::Time until) { return tables_->Pull(request, response, until); });
+  }
+  done(status);
 }
 
 void InProcessTransport::TablePush(const v1::TablePushRequest& request,
@@ -75,21 +103,33 @@ void InProcessTransport::TableStats(const v1::TableStatsRequest&, v1::TableStats
 void InProcessTransport::Barrier(const v1::BarrierRequest& request, v1::BarrierResponse*,
                                  absl::Time deadline, Done done) {
   absl::Status status = CheckTables();
-  done(status.ok() ? tables_->Barrier(request, deadline) : status);
+  if (status.ok()) {
+    status = WaitCancellably(deadline,
+                             [&](absl::Time until) { return tables_->Barrier(request, until); });
+  }
+  done(status);
 }
 
 void InProcessTransport::AllReduce(const v1::AllReduceRequest& request,
                                    v1::AllReduceResponse* response, absl::Time deadline,
                                    Done done) {
   absl::Status status = CheckTables();
-  done(status.ok() ? tables_->AllReduce(request, response, deadline) : status);
+  if (status.ok()) {
+    status = WaitCancellably(
+        deadline, [&](absl::Time until) { return tables_->AllReduce(request, response, until); });
+  }
+  done(status);
 }
 
 void InProcessTransport::Broadcast(const v1::BroadcastRequest& request,
                                    v1::BroadcastResponse* response, absl::Time deadline,
                                    Done done) {
   absl::Status status = CheckTables();
-  done(status.ok() ? tables_->Broadcast(request, response, deadline) : status);
+  if (status.ok()) {
+    status = WaitCancellably(
+        deadline, [&](absl::Time until) { return tables_->Broadcast(request, response, until); });
+  }
+  done(status);
 }
 
 void InProcessTransport::InitParam(const v1::InitParamRequest& request, absl::Time, Done done) {

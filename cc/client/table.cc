@@ -41,6 +41,7 @@ Table::Table(Client* client, std::string name, v1::TableConfig config)
 
 absl::StatusOr<Table> Table::Create(Client& client, std::string name, const v1::TableConfig& config,
                                     const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   v1::CreateTableRequest request;
   request.set_name(name);
   *request.mutable_config() = config;
@@ -113,6 +114,7 @@ absl::Status Table::Pull(absl::Span<const uint64_t> keys, absl::Span<char> out,
 absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out,
                            const std::string& worker, int64_t clock,
                            const CallOptions& call) const {
+  const Cancellation::Scope cancel_scope(call.cancel);
   const size_t row = row_bytes();
   if (out.size() != keys.size() * row) {
     return absl::InvalidArgumentError(absl::StrCat("pull from table '", name_, "': ", keys.size(),
@@ -158,6 +160,7 @@ absl::Status Table::Push(absl::Span<const uint64_t> keys, absl::string_view grad
 absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view grads,
                            const std::string& worker, int64_t clock,
                            const CallOptions& call) const {
+  const Cancellation::Scope cancel_scope(call.cancel);
   const size_t row = row_bytes();
   if (grads.size() != keys.size() * row) {
     return absl::InvalidArgumentError(absl::StrCat("push to table '", name_, "': ", keys.size(),
@@ -194,6 +197,7 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call) const {
+  const Cancellation::Scope cancel_scope(call.cancel);
   const v1::TableStatsRequest request;
   std::vector<v1::TableStatsResponse> responses(client_->num_servers());
   PS_RETURN_IF_ERROR(client_->RunOnEveryServer(
@@ -238,6 +242,7 @@ absl::Status KvWorker::CheckJoined() const {
 }
 
 absl::StatusOr<int64_t> KvWorker::ClockOp(v1::ClockRequest::Op op, const CallOptions& call) const {
+  const Cancellation::Scope cancel_scope(call.cancel);
   Client& client = *table_.client_;
   v1::ClockRequest request;
   request.set_table(table_.name());

@@ -32,6 +32,7 @@ absl::Status WorkerGroup::Barrier(BarrierScope scope, const CallOptions& call) {
 }
 
 absl::Status WorkerGroup::WorkerBarrier(const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   v1::BarrierRequest request;
   request.set_name(absl::StrCat(group_, "/barrier"));
   request.set_generation(++barriers_);
@@ -49,6 +50,7 @@ absl::Status WorkerGroup::WorkerBarrier(const CallOptions& call) {
 }
 
 absl::Status WorkerGroup::ServerBarrier(const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   // A barrier of one on every server: it returns once each server is
   // serving and has answered, after the requests this worker sent before.
   v1::BarrierRequest request;
@@ -65,6 +67,7 @@ absl::Status WorkerGroup::ServerBarrier(const CallOptions& call) {
 }
 
 absl::Status WorkerGroup::AllReduce(Tensor* tensor, ReduceOp op, const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   const std::string name = absl::StrCat(group_, "/allreduce");
   const uint64_t generation = ++reductions_;
   const size_t element_size = ElementSize(tensor->type());
@@ -100,6 +103,7 @@ absl::Status WorkerGroup::AllReduce(Tensor* tensor, ReduceOp op, const CallOptio
 }
 
 absl::Status WorkerGroup::Broadcast(Tensor* tensor, bool root, const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
   const std::string name = absl::StrCat(group_, "/broadcast");
   const uint64_t generation = ++broadcasts_;
   const std::vector<Chunk> chunks =

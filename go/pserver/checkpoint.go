@@ -46,10 +46,14 @@ func OpenCheckpoint(path string) (*CheckpointReader, error) {
 		cr.paths = append(cr.paths, C.GoString(C.pserver_checkpoint_reader_checkpoint_path(r, i)))
 	}
 	for i := C.size_t(0); i < C.pserver_checkpoint_reader_num_params(r); i++ {
-		cr.names = append(cr.names, C.GoString(C.pserver_checkpoint_reader_param_name(r, i)))
+		var n C.size_t
+		p := C.pserver_checkpoint_reader_param_name(r, i, &n)
+		cr.names = append(cr.names, C.GoStringN(p, C.int(n)))
 	}
 	for i := C.size_t(0); i < C.pserver_checkpoint_reader_num_tables(r); i++ {
-		cr.tables = append(cr.tables, C.GoString(C.pserver_checkpoint_reader_table_name(r, i)))
+		var n C.size_t
+		p := C.pserver_checkpoint_reader_table_name(r, i, &n)
+		cr.tables = append(cr.tables, C.GoStringN(p, C.int(n)))
 	}
 	runtime.SetFinalizer(cr, func(cr *CheckpointReader) { cr.Close() })
 	return cr, nil
@@ -71,7 +75,7 @@ func (cr *CheckpointReader) Info(name string) (DType, []int64, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	dtype, shape, err := paramInfo(func(d *C.int32_t, s *C.int64_t, capacity C.size_t, n *C.size_t, st *C.pserver_status_t) {
-		C.pserver_checkpoint_reader_param_info(cr.r, cname, d, s, capacity, n, st)
+		C.pserver_checkpoint_reader_param_info(cr.r, cname, C.size_t(len(name)), d, s, capacity, n, st)
 	})
 	if err != nil {
 		return 0, nil, fmt.Errorf("pserver: checkpoint info %q: %w", name, err)
@@ -100,7 +104,7 @@ func (cr *CheckpointReader) Read(name string) (*Tensor, error) {
 	buf := cAlloc(n)
 	defer buf.free()
 	if err := cCall(func(st *C.pserver_status_t) {
-		C.pserver_checkpoint_reader_read(cr.r, cname, C.int32_t(dtype), buf.p, buf.size(), st)
+		C.pserver_checkpoint_reader_read(cr.r, cname, C.size_t(len(name)), C.int32_t(dtype), buf.p, buf.size(), st)
 	}); err != nil {
 		return nil, fmt.Errorf("pserver: read checkpoint %q: %w", name, err)
 	}
@@ -139,7 +143,7 @@ func (cr *CheckpointReader) ReadTable(name string) ([]uint64, *Tensor, error) {
 	defer info.free()
 	dim, dtype, rows := (*C.uint32_t)(info.p), (*C.int32_t)(unsafe.Add(info.p, 4)), (*C.uint64_t)(unsafe.Add(info.p, 8))
 	if err := cCall(func(st *C.pserver_status_t) {
-		C.pserver_checkpoint_reader_table_info(cr.r, cname, dim, dtype, rows, st)
+		C.pserver_checkpoint_reader_table_info(cr.r, cname, C.size_t(len(name)), dim, dtype, rows, st)
 	}); err != nil {
 		return nil, nil, fmt.Errorf("pserver: read checkpoint table %q: %w", name, err)
 	}
@@ -154,7 +158,7 @@ func (cr *CheckpointReader) ReadTable(name string) ([]uint64, *Tensor, error) {
 	vbuf := cAlloc(vn)
 	defer vbuf.free()
 	if err := cCall(func(st *C.pserver_status_t) {
-		C.pserver_checkpoint_reader_read_table(cr.r, cname, (*C.uint64_t)(kbuf.p), kbuf.size(), vbuf.p, vbuf.size(), st)
+		C.pserver_checkpoint_reader_read_table(cr.r, cname, C.size_t(len(name)), (*C.uint64_t)(kbuf.p), kbuf.size(), vbuf.p, vbuf.size(), st)
 	}); err != nil {
 		return nil, nil, fmt.Errorf("pserver: read checkpoint table %q: %w", name, err)
 	}

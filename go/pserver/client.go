@@ -147,13 +147,13 @@ func (p *ParamConfig) toC() (*C.pserver_param_config_t, error) {
 // call at once. ctx's deadline is passed down as the library call's own
 // deadline (pserver_status_set_timeout_ms), so the C call ends by then too,
 // with DEADLINE_EXCEEDED, and Close does not wait past it. When a ctx can
-// end (it has a Done channel), the call runs on its own goroutine over C
-// copies of its inputs and outputs, and the method returns a
-// DEADLINE_EXCEEDED (or CANCELLED) *Error when ctx ends first;
-// errors.Is(err, context.DeadlineExceeded) holds too. Cancellation without
-// a deadline returns at once, while the library call runs on, bounded by
-// Options.Timeout, and Close waits for it. A call's effect on the server (a
-// gradient applied) may still happen after its ctx ran out, as with any RPC.
+// end (it has a Done channel), its end cancels the library call itself
+// (pserver_cancel_t: its gRPC requests are cancelled and retries stop), and
+// the method returns promptly, once the call has, with a DEADLINE_EXCEEDED
+// (or CANCELLED) *Error; errors.Is(err, context.DeadlineExceeded) (or
+// context.Canceled) holds too. No call is left running behind a returned
+// method. A call's effect on the server (a gradient applied) may still
+// happen after its ctx ran out, as with any RPC.
 type Client struct {
 	c       *C.pserver_client_t
 	life    lifecycle
@@ -251,16 +251,18 @@ func (cl *Client) NumServers() int {
 }
 
 // run calls f on the client with a fresh status, honouring ctx (see
-// Client). after(err) runs once f has returned and before run does, unless
-// ctx ended first; free always runs once f has returned.
+// Client). after(err) and then free run once f has returned, before run
+// returns.
 func (cl *Client) run(ctx context.Context, f func(c *C.pserver_client_t, st *C.pserver_status_t), after func(error), free func()) error {
 	return runCall(ctx, []*lifecycle{&cl.life}, func(st *C.pserver_status_t) { f(cl.c, st) }, after, free)
 }
 
 // runCall calls f with a fresh status while every handle of lives is
-// registered as in use, honouring ctx as Client says. after(err) runs once
-// f has returned and before runCall does, unless ctx ended first; free
-// always runs once f has returned.
+// registered as in use, honouring ctx as Client says: ctx's deadline is the
+// call's timeout, and ctx ending cancels the library call itself
+// (pserver_cancel_t), which then ends promptly; runCall returns once it has,
+// with ctx's error unless the call succeeded first. Nothing is left running.
+// after(err) and then free run once f has returned, before runCall returns.
 func runCall(ctx context.Context, lives []*lifecycle, f func(st *C.pserver_status_t), after func(error), free func()) error {
 	if err := ctx.Err(); err != nil {
 		free()
@@ -275,52 +277,52 @@ func runCall(ctx context.Context, lives []*lifecycle, f func(st *C.pserver_statu
 			return err
 		}
 	}
-	exec := func() error {
+	err := func() error {
 		defer func() {
 			for _, l := range lives {
 				l.end()
 			}
 		}()
+		var cancel *C.pserver_cancel_t
+		if ctx.Done() != nil {
+			cancel = C.pserver_cancel_new()
+			stop := watchCancel(ctx, cancel)
+			defer func() {
+				stop()
+				C.pserver_cancel_delete(cancel)
+			}()
+		}
 		err := cCall(func(st *C.pserver_status_t) {
 			setTimeout(ctx, st)
+			C.pserver_status_set_cancel(st, cancel)
 			f(st)
 		})
+		if e, ok := err.(*Error); ok && e.Code == Canceled && ctx.Err() != nil {
+			return contextError(ctx.Err()) // this call's cancel: ctx ended
+		}
 		return withDeadlineCause(ctx, err)
-	}
-	finish := func(err error) error {
-		after(err)
-		free()
-		return err
-	}
-	if ctx.Done() == nil {
-		return finish(exec())
-	}
-	var mu sync.Mutex
-	abandoned := false
-	result := make(chan error, 1)
-	go func() {
-		err := exec()
-		mu.Lock()
-		defer mu.Unlock()
-		if abandoned {
-			free()
-			return
-		}
-		result <- err
 	}()
-	select {
-	case err := <-result:
-		return finish(err)
-	case <-ctx.Done():
-		mu.Lock()
-		defer mu.Unlock()
+	after(err)
+	free()
+	return err
+}
+
+// watchCancel cancels `cancel` when ctx ends, until stop is called; stop
+// returns once the watcher is gone, so cancel may then be deleted.
+func watchCancel(ctx context.Context, cancel *C.pserver_cancel_t) (stop func()) {
+	callDone := make(chan struct{})
+	watcherDone := make(chan struct{})
+	go func() {
+		defer close(watcherDone)
 		select {
-		case err := <-result:
-			return finish(err)
-		default:
-			abandoned = true
-			return contextError(ctx.Err())
+		case <-ctx.Done():
+			C.pserver_cancel_cancel(cancel)
+		case <-callDone:
 		}
+	}()
+	return func() {
+		close(callDone)
+		<-watcherDone
 	}
 }
 
@@ -377,7 +379,7 @@ func (cl *Client) Init(ctx context.Context, name string, value *Tensor, cfg *Par
 		C.pserver_param_config_delete(ccfg)
 	}
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
-		C.pserver_client_init_param(c, cname, C.int32_t(value.dtype), shape, C.size_t(len(value.shape)),
+		C.pserver_client_init_param(c, cname, C.size_t(len(name)), C.int32_t(value.dtype), shape, C.size_t(len(value.shape)),
 			data.p, data.size(), ccfg, st)
 	}, nopErr, free)
 	if err != nil {
@@ -421,7 +423,7 @@ func (cl *Client) info(ctx context.Context, name string) (DType, []int64, error)
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
 		d, s, ierr = paramInfo(func(d *C.int32_t, s *C.int64_t, capacity C.size_t, n *C.size_t, st2 *C.pserver_status_t) {
 			C.pserver_status_set_timeout_ms(st2, C.pserver_status_timeout_ms(st))
-			C.pserver_client_param_info(c, cname, d, s, capacity, n, st2)
+			C.pserver_client_param_info(c, cname, C.size_t(len(name)), d, s, capacity, n, st2)
 		})
 		if ierr != nil {
 			e := ierr.(*Error)
@@ -457,7 +459,7 @@ func (cl *Client) GetInto(ctx context.Context, name string, out *Tensor) error {
 	_, n := out.mem()
 	buf := cAlloc(n)
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
-		C.pserver_client_get_param(c, cname, C.int32_t(out.dtype), buf.p, buf.size(), st)
+		C.pserver_client_get_param(c, cname, C.size_t(len(name)), C.int32_t(out.dtype), buf.p, buf.size(), st)
 	}, func(err error) {
 		if err == nil {
 			buf.copyTo(out)
@@ -504,7 +506,7 @@ func (cl *Client) SendGrad(ctx context.Context, name string, grad *Tensor) error
 	cname := C.CString(name)
 	data := cCopy(grad)
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
-		C.pserver_client_send_grad(c, cname, C.int32_t(grad.dtype), data.p, data.size(), st)
+		C.pserver_client_send_grad(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data.p, data.size(), st)
 	}, nopErr, func() { C.free(unsafe.Pointer(cname)); data.free() })
 	if err != nil {
 		return fmt.Errorf("pserver: send grad %q: %w", name, err)
@@ -649,7 +651,7 @@ func (b *batch) cstr(s string) *C.char {
 func (b *batch) addInput(name string, t *Tensor) {
 	buf := cCopy(t)
 	b.bufs = append(b.bufs, buf)
-	C.pserver_batch_add_input(b.ins, b.cstr(name), C.int32_t(t.dtype), buf.p, buf.size())
+	C.pserver_batch_add_input(b.ins, b.cstr(name), C.size_t(len(name)), C.int32_t(t.dtype), buf.p, buf.size())
 }
 
 func (b *batch) addOutput(name string, t *Tensor) {
@@ -658,7 +660,7 @@ func (b *batch) addOutput(name string, t *Tensor) {
 	b.bufs = append(b.bufs, buf)
 	b.outBufs = append(b.outBufs, buf)
 	b.outT = append(b.outT, t)
-	C.pserver_batch_add_output(b.outs, b.cstr(name), C.int32_t(t.dtype), buf.p, buf.size())
+	C.pserver_batch_add_output(b.outs, b.cstr(name), C.size_t(len(name)), C.int32_t(t.dtype), buf.p, buf.size())
 }
 
 func (b *batch) copyOut() {

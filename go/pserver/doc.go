@@ -32,9 +32,10 @@
 //
 // Deadlines: a blocking call's ctx deadline becomes the library call's own
 // timeout, so the C call ends by then (DEADLINE_EXCEEDED) and Close does not
-// wait past it. A ctx cancelled without a deadline returns CANCELLED at
-// once, while the library call runs on until Options.Timeout (Close waits
-// for it).
+// wait past it. A ctx that ends (cancelled, or its deadline) cancels the
+// library call itself (pserver_cancel_t), which ends promptly; the method
+// returns once it has, with CANCELLED (errors.Is context.Canceled) or
+// DEADLINE_EXCEEDED. No library call is left running behind a method.
 package pserver
 
 // #cgo LDFLAGS: -lpserver

@@ -196,7 +196,7 @@ func (cl *Client) CreateTable(ctx context.Context, name string, config TableConf
 	var ct *C.pserver_table_t
 	owned := false // set by after: false when ctx ended first
 	err = cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
-		ct = C.pserver_client_create_table(c, cname, cfg, st)
+		ct = C.pserver_client_create_table(c, cname, C.size_t(len(name)), cfg, st)
 	}, func(error) { owned = true }, func() {
 		C.free(unsafe.Pointer(cname))
 		C.pserver_table_config_delete(cfg)

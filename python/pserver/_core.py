@@ -8,7 +8,10 @@ float64 gradient for a float32 parameter raises :class:`InvalidArgument`.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import os
+import queue
 import threading
 import time
 import weakref
@@ -39,7 +42,7 @@ Shape = Tuple[int, ...]
 
 
 def version() -> str:
-    """The version of libpserver.so, e.g. "0.1.0"."""
+    """The version of libpserver.so, e.g. "0.2.0"."""
     return _c.pserver_version()
 
 
@@ -187,6 +190,110 @@ def _deadline(timeout: Optional[float]) -> Iterator[None]:
         yield
     finally:
         _c.pserver_py_swap_call_deadline_ns(previous)
+
+
+# The helper thread that runs the main thread's blocking calls, its queue of
+# calls, and how often the main thread, waiting for one, looks for Ctrl-C.
+_CALL_THREAD = "pserver-call"
+_WAIT_SLICE_S = 0.05
+_calls: Optional["queue.SimpleQueue[Callable[[], None]]"] = None
+_calls_lock = threading.Lock()
+_calls_started = 0  # calls the helper thread has started (tests wait on it)
+_cancel: Any = None  # the main thread's next pserver_cancel_t
+
+
+def _serve_calls(calls: "queue.SimpleQueue[Callable[[], None]]") -> None:
+    global _calls_started
+    while True:
+        run = calls.get()
+        _calls_started += 1
+        run()
+
+
+def _call_queue() -> "queue.SimpleQueue[Callable[[], None]]":
+    """The helper thread's queue, starting the thread on first use."""
+    global _calls
+    with _calls_lock:
+        if _calls is None:
+            _calls = queue.SimpleQueue()
+            threading.Thread(target=_serve_calls, args=(_calls,), name=_CALL_THREAD,
+                             daemon=True).start()
+        return _calls
+
+
+def _forget_call_thread() -> None:
+    """In a forked child the helper thread is gone: start a new one on use."""
+    global _calls, _calls_lock
+    _calls, _calls_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_call_thread)
+
+
+def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs the blocking library call ``fn(*args)``: the one path of every
+    blocking method.
+
+    Python runs its SIGINT handler (KeyboardInterrupt) in the main thread
+    only, and only between bytecodes: a main thread inside a C call would
+    see Ctrl-C when the call ends, at its deadline. So calls from the main
+    thread run on one helper thread while the main thread waits in short
+    slices. On KeyboardInterrupt the call is cancelled (pserver_cancel_t: its
+    gRPC requests end at once), waited for, and KeyboardInterrupt is raised,
+    chained to what the call raised (pserver.Cancelled). The helper runs the
+    call under this thread's deadline. Other threads call directly: no
+    KeyboardInterrupt is ever raised there.
+    """
+    global _cancel
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args)
+    # One handle serves call after call until one is cancelled (it stays so).
+    cancel = _cancel if _cancel is not None else _c.pserver_cancel_new()
+    _cancel = None
+    deadline = _c.pserver_py_call_deadline_ns()
+    outcome: Dict[str, Any] = {}
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def run() -> None:
+        previous_deadline = _c.pserver_py_swap_call_deadline_ns(deadline)
+        previous_cancel = _c.pserver_py_swap_call_cancel(cancel)
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as e:  # handed to the caller
+            outcome["error"] = e
+        finally:
+            _c.pserver_py_swap_call_cancel(previous_cancel)
+            _c.pserver_py_swap_call_deadline_ns(previous_deadline)
+            done.release()
+
+    queued = False
+    try:
+        _call_queue().put(run)
+        queued = True
+        # Short slices: a SIGINT the kernel hands to another thread wakes no
+        # blocked wait; between slices the main thread runs Python's handler.
+        while not done.acquire(timeout=_WAIT_SLICE_S):
+            pass
+    except KeyboardInterrupt as interrupt:
+        # Cancelling is sticky: a call that has not started yet ends at once.
+        _c.pserver_cancel_cancel(cancel)
+        while queued:
+            try:  # promptly now; a second Ctrl-C waits for it too
+                if done.acquire(timeout=_WAIT_SLICE_S):
+                    break
+            except KeyboardInterrupt:
+                pass
+        raise interrupt from outcome.get("error")
+    finally:
+        if not queued or "value" in outcome or "error" in outcome:  # the helper is done with it
+            if _c.pserver_cancel_cancelled(cancel):
+                _c.pserver_cancel_delete(cancel)
+            else:
+                _cancel = cancel  # the next call's
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 class _Handle:
@@ -433,7 +540,7 @@ class Client(_Closing):
         code = DTYPES[arr.dtype]  # _as_array checked it
         with _Config(optimizer, schedule, config, settings) as cfg, _deadline(timeout), \
                 self._h.use() as h:
-            _c.pserver_client_init_param(h, name, code, arr.shape, arr, cfg.ptr)
+            _blocking(_c.pserver_client_init_param, h, name, code, arr.shape, arr, cfg.ptr)
 
     init_param = init
 
@@ -442,14 +549,14 @@ class Client(_Closing):
 
         `timeout`: seconds this call may take (None: the client's timeout)."""
         with _deadline(timeout), self._h.use() as h:
-            _c.pserver_client_finish_init(h)
+            _blocking(_c.pserver_client_finish_init, h)
 
     # -- reads ---------------------------------------------------------------
 
     def info(self, name: str, *, timeout: Optional[float] = None) -> Tuple[np.dtype, Shape]:
         """(dtype, shape) of parameter `name`; raises NotFound if unknown."""
         with _deadline(timeout), self._h.use() as h:
-            code, shape = _c.pserver_client_param_info(h, name)
+            code, shape = _blocking(_c.pserver_client_param_info, h, name)
         return _NUMPY[code], tuple(shape)
 
     def _out(self, name: str, out: Optional[np.ndarray]) -> Tuple[np.ndarray, int]:
@@ -481,12 +588,12 @@ class Client(_Closing):
                 dtype, shape = self.info(name)
                 _check_device(dev, dtype, shape, f"parameter {name!r}", writable=True)
                 with self._h.use() as h:
-                    _c.pserver_client_get_param_device(h, name, DTYPES[dtype], dev.ptr,
-                                                       dev.nbytes, dev.device)
+                    _blocking(_c.pserver_client_get_param_device, h, name, DTYPES[dtype],
+                              dev.ptr, dev.nbytes, dev.device)
                 return out
             out, code = self._out(name, out)
             with self._h.use() as h:
-                _c.pserver_client_get_param(h, name, code, out)
+                _blocking(_c.pserver_client_get_param, h, name, code, out)
         return out
 
     def get_many(self, names: Sequence[str], *,
@@ -502,7 +609,7 @@ class Client(_Closing):
             for name, (arr, code) in outs.items():
                 _c.pserver_batch_add_output(batch, name, code, arr)
             with self._h.use() as h:
-                _c.pserver_client_get_params(h, batch)
+                _blocking(_c.pserver_client_get_params, h, batch)
         finally:
             _c.pserver_batch_delete(batch)
         return {name: arr for name, (arr, _) in outs.items()}
@@ -549,12 +656,12 @@ class Client(_Closing):
             if device is not None:
                 dev, dcode = device
                 with self._h.use() as h:
-                    _c.pserver_client_send_grad_device(h, name, dcode, dev.ptr, dev.nbytes,
-                                                       dev.device)
+                    _blocking(_c.pserver_client_send_grad_device, h, name, dcode, dev.ptr,
+                              dev.nbytes, dev.device)
                 return
             arr, code = self._grad(name, grad)
             with self._h.use() as h:
-                _c.pserver_client_send_grad(h, name, code, arr)
+                _blocking(_c.pserver_client_send_grad, h, name, code, arr)
 
     def send_grads(self, grads: Mapping[str, ArrayLike], *,
                    timeout: Optional[float] = None) -> None:
@@ -568,8 +675,8 @@ class Client(_Closing):
             for name, d in device.items():
                 if d is not None:
                     with self._h.use() as h:
-                        _c.pserver_client_send_grad_device(h, name, d[1], d[0].ptr,
-                                                           d[0].nbytes, d[0].device)
+                        _blocking(_c.pserver_client_send_grad_device, h, name, d[1],
+                                  d[0].ptr, d[0].nbytes, d[0].device)
 
     def _send_grads(self, grads: Mapping[str, ArrayLike]) -> None:
         if not grads:
@@ -580,7 +687,7 @@ class Client(_Closing):
             for name, arr, code in arrays:  # `arrays` keeps the buffers alive
                 _c.pserver_batch_add_input(batch, name, code, arr)
             with self._h.use() as h:
-                _c.pserver_client_send_grads(h, batch)
+                _blocking(_c.pserver_client_send_grads, h, batch)
         finally:
             _c.pserver_batch_delete(batch)
 
@@ -617,8 +724,8 @@ class Client(_Closing):
             for name, (target, dev_out) in targets.items():
                 dev, code = device[name]
                 with self._h.use() as h:
-                    _c.pserver_client_push_pull_device(h, name, code, dev.ptr, dev_out.ptr,
-                                                       dev.nbytes, dev.device)
+                    _blocking(_c.pserver_client_push_pull_device, h, name, code, dev.ptr,
+                              dev_out.ptr, dev.nbytes, dev.device)
                 results[name] = target
             return results
 
@@ -639,7 +746,7 @@ class Client(_Closing):
                 _c.pserver_batch_add_input(gbatch, name, code, arr)
                 _c.pserver_batch_add_output(obatch, name, code, results[name])
             with self._h.use() as h:
-                _c.pserver_client_push_pull(h, gbatch, obatch)
+                _blocking(_c.pserver_client_push_pull, h, gbatch, obatch)
         finally:
             _c.pserver_batch_delete(gbatch)
             _c.pserver_batch_delete(obatch)
@@ -697,14 +804,14 @@ class Client(_Closing):
         Raises FailedPrecondition when a server has no checkpoint directory.
         `timeout`: seconds this call may take (None: the client's timeout)."""
         with _deadline(timeout), self._h.use() as h:
-            _c.pserver_client_save_checkpoint(h)
+            _blocking(_c.pserver_client_save_checkpoint, h)
 
     def stats(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         """One dict per server: index, initialized, parameters, parameter_bytes,
         optimizer_state_bytes, gradients_applied, gets_served, ...
         `timeout`: seconds this call may take (None: the client's timeout)."""
         with _deadline(timeout), self._h.use() as h:
-            _, stats = _c.pserver_client_stats(h)
+            _, stats = _blocking(_c.pserver_client_stats, h)
         return stats
 
 

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import capi as _c
-from ._core import _Closing, _deadline, _dtype_code, _Handle, _setting
+from ._core import _blocking, _Closing, _deadline, _dtype_code, _Handle, _setting
 from ._errors import InvalidArgument
 
 __all__ = ["Table", "KvWorker", "Group"]
@@ -136,7 +136,7 @@ def _create_table(client: Any, name: str, dim: Optional[int], *, dtype: Any,
                   settings: Dict[str, Any]) -> "Table":
     with _TableConfig(dim, dtype, initializer, optimizer, partition, consistency, staleness,
                       config, settings) as cfg, _deadline(timeout), client._h.use() as h:
-        ptr = _c.pserver_client_create_table(h, str(name), cfg.ptr)
+        ptr = _blocking(_c.pserver_client_create_table, h, str(name), cfg.ptr)
     table = Table(client, ptr)
     client._adopt(table)
     return table
@@ -230,7 +230,7 @@ class Table(_Closing):
         k = _keys(keys, what)
         out = self._out(out, len(k), what)
         with _deadline(timeout), self._client._h.use(), self._h.use() as h:
-            _c.pserver_table_pull(h, k, out)
+            _blocking(_c.pserver_table_pull, h, k, out)
         return out
 
     def push(self, keys: Any, grads: Any, *, timeout: Optional[float] = None) -> None:
@@ -240,20 +240,20 @@ class Table(_Closing):
         k = _keys(keys, what)
         g = self._rows(grads, len(k), what)
         with _deadline(timeout), self._client._h.use(), self._h.use() as h:
-            _c.pserver_table_push(h, k, g)
+            _blocking(_c.pserver_table_push, h, k, g)
 
     def stats(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         """One dict per server: server, rows, bytes, evictions, pending_keys,
         keys_pulled, keys_pushed, min_clock (-1: no worker) and workers."""
         with _deadline(timeout), self._client._h.use(), self._h.use() as h:
-            _, stats = _c.pserver_table_stats(h)
+            _, stats = _blocking(_c.pserver_table_stats, h)
         return stats
 
     def join(self, worker_id: str, *, timeout: Optional[float] = None) -> "KvWorker":
         """Registers worker `worker_id` (unique per table) at the slowest
         worker's clock; use the result as a context manager to leave."""
         with _deadline(timeout), self._client._h.use(), self._h.use() as h:
-            ptr = _c.pserver_kv_worker_join(h, str(worker_id))
+            ptr = _blocking(_c.pserver_kv_worker_join, h, str(worker_id))
         worker = KvWorker(self, ptr)
         self._client._adopt(worker)
         return worker
@@ -308,7 +308,7 @@ class KvWorker(_Closing):
     def _call(self, fn: Any, *args: Any, timeout: Optional[float]) -> Any:
         with _deadline(timeout), self._table._client._h.use(), self._lock, \
                 self._h.use() as h:
-            return fn(h, *args)
+            return _blocking(fn, h, *args)
 
     def get(self, keys: Any, out: Optional[np.ndarray] = None, *,
             timeout: Optional[float] = None) -> np.ndarray:
@@ -411,7 +411,7 @@ class Group(_Closing):
 
     def _call(self, fn: Any, *args: Any, timeout: Optional[float]) -> None:
         with _deadline(timeout), self._client._h.use(), self._lock, self._h.use() as h:
-            fn(h, *args)
+            _blocking(fn, h, *args)
 
     def barrier(self, scope: str = "workers", *, timeout: Optional[float] = None) -> None:
         """Waits for every member ("workers"), every server ("servers") or
