@@ -100,6 +100,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     absl::StatusOr<cuda::DeviceInfo> info = cuda::GetDeviceInfo(choice.ordinal);
     device_description = info.ok() ? info->ToString() : choice.name;
   }
+  if (options.max_reply_bytes_in_flight == 0) {
+    return absl::InvalidArgumentError("max_reply_bytes_in_flight must be > 0");
+  }
   if (options.checkpoint_keep < 1)
     return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
   if (options.checkpoint_interval < absl::ZeroDuration()) {
@@ -116,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   Server* const raw = server.get();
   ServiceHooks hooks;
   hooks.drop_reply_after_apply_every_n = options.drop_reply_after_apply_every_n;
+  hooks.max_reply_bytes_in_flight = options.max_reply_bytes_in_flight;
   if (!options.checkpoint_dir.empty()) {
     hooks.save = [raw]() -> absl::StatusOr<v1::CheckpointRecord> {
       PS_ASSIGN_OR_RETURN(CheckpointInfo info, raw->Save());

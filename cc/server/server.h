@@ -73,6 +73,10 @@ struct ServerOptions {
   // tables stay in host memory.
   std::string device = "cpu";
 
+  // Bytes of read replies (GetParam, GetParams, PushPull) built but not yet
+  // sent, over all calls; past it reads get RESOURCE_EXHAUSTED. Must be > 0.
+  uint64_t max_reply_bytes_in_flight = uint64_t{1} << 30;
+
   // Fault injection for tests: every n-th applied push is answered
   // UNAVAILABLE as if its reply were lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;
