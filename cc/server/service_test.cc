@@ -3,6 +3,8 @@
 // code and message is exactly what a client in any language would see.
 #include "cc/server/service.h"
 
+#include <dirent.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -14,10 +16,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/service.grpc.pb.h"
@@ -668,6 +674,346 @@ TEST_F(ServiceTest, ConcurrentGradientsAreAllApplied) {
   EXPECT_THAT(Float64Values("shared"), ElementsAreArray(std::vector<double>(kElements, expected)));
   ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
   EXPECT_EQ(stats.gradients_applied(), static_cast<uint64_t>(kThreads * kGradsPerThread));
+}
+
+// ---- waiting calls and slow readers ------------------------------------------
+
+// Threads of this process (client and server together).
+size_t ThreadCount() {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return 0;
+  size_t n = 0;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+// Asynchronous calls started on one completion queue and finished, cancelled
+// or left unread as a test needs; every call is drained before it is freed.
+template <typename Response>
+class AsyncCalls {
+ public:
+  struct Call {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
+    Response response;
+    grpc::Status status;
+    bool finishing = false;
+  };
+
+  ~AsyncCalls() {
+    for (auto& call : calls_) call->context.TryCancel();
+    FinishAll();
+    Drain();
+  }
+
+  // `prepare(context, cq)` returns the call's reader (stub->PrepareAsyncX).
+  template <typename Prepare>
+  Call& Start(Prepare prepare, std::chrono::seconds timeout) {
+    calls_.push_back(std::make_unique<Call>());
+    Call& call = *calls_.back();
+    call.context.set_deadline(std::chrono::system_clock::now() + timeout);
+    call.reader = prepare(&call.context, &cq_);
+    call.reader->StartCall();
+    return call;
+  }
+  // Asks for the replies (a call not finished is never read).
+  void FinishAll() {
+    for (auto& call : calls_) {
+      if (call->finishing) continue;
+      call->finishing = true;
+      call->reader->Finish(&call->response, &call->status, call.get());
+    }
+  }
+  void CancelAll() {
+    for (auto& call : calls_) call->context.TryCancel();
+  }
+  // Waits (within 30 s) for every finishing call's status; false if some
+  // did not come.
+  bool Drain() {
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+    while (done_ < Finishing()) {
+      void* tag;
+      bool ok;
+      if (cq_.AsyncNext(&tag, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) return false;
+      ++done_;
+    }
+    return true;
+  }
+  const std::vector<std::unique_ptr<Call>>& calls() const { return calls_; }
+
+ private:
+  size_t Finishing() const {
+    size_t n = 0;
+    for (const auto& call : calls_) n += call->finishing;
+    return n;
+  }
+  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<Call>> calls_;
+  size_t done_ = 0;
+};
+
+class WaitingCallsTest : public ServiceTest {
+ protected:
+  void SetUp() override {}  // each test starts its own server
+
+  void Start(ServerOptions options) {
+    ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
+    grpc::ChannelArguments args = DefaultChannelArguments();  // no receive limit
+    channel_ =
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::ParameterServer::NewStub(channel_);
+  }
+
+  absl::StatusOr<v1::TableStatsResponse> TableStats() {
+    v1::TableStatsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Status status =
+        FromGrpcStatus(stub_->TableStats(&context, v1::TableStatsRequest(), &response));
+    if (!status.ok()) return status;
+    return response;
+  }
+
+  // Polls `done` (bounded: 30 s) until it holds.
+  template <typename Done>
+  bool Await(Done done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (!done()) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+
+  bool AwaitTableStats(uint64_t waiting, uint64_t rounds, uint64_t bytes) {
+    return Await([&] {
+      absl::StatusOr<v1::TableStatsResponse> stats = TableStats();
+      return stats.ok() && stats->waiting_calls() == waiting &&
+             stats->collective_rounds() == rounds && stats->collective_bytes() == bytes;
+    });
+  }
+};
+
+TEST_F(WaitingCallsTest, WaitingCallsHoldNoThreadAndCancelFreesThem) {
+  ServerOptions options;
+  options.num_threads = 4;
+  Start(options);
+  // A BSP table whose reads by w1 at clock 1 wait for w0.
+  v1::CreateTableRequest create;
+  create.set_name("bsp");
+  create.mutable_config()->set_dim(1);
+  create.mutable_config()->mutable_consistency()->set_model(v1::Consistency::BSP);
+  {
+    v1::CreateTableResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    ASSERT_OK(FromGrpcStatus(stub_->CreateTable(&context, create, &response)));
+  }
+  for (const char* worker : {"w0", "w1"}) {
+    v1::ClockRequest join;
+    join.set_table("bsp");
+    join.set_worker(worker);
+    join.set_op(v1::ClockRequest::JOIN);
+    v1::ClockResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    ASSERT_OK(FromGrpcStatus(stub_->Clock(&context, join, &response)));
+  }
+  ASSERT_OK(GetStats().status());
+  const size_t threads_before = ThreadCount();
+
+  constexpr int kBarriers = 200;
+  constexpr int kReads = 20;
+  AsyncCalls<v1::BarrierResponse> barriers;
+  for (int i = 0; i < kBarriers; ++i) {
+    v1::BarrierRequest request;
+    request.set_name("everyone");
+    request.set_generation(1);
+    request.set_size(1000000);
+    request.set_participant(absl::StrCat("w", i));
+    barriers.Start(
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+          return stub_->PrepareAsyncBarrier(context, request, cq);
+        },
+        std::chrono::seconds(120));
+  }
+  AsyncCalls<v1::TablePullResponse> reads;
+  for (int i = 0; i < kReads; ++i) {
+    v1::TablePullRequest request;
+    request.set_table("bsp");
+    const uint64_t key = i;
+    request.set_keys(std::string(reinterpret_cast<const char*>(&key), sizeof(key)));
+    request.set_worker("w1");
+    request.set_clock(1);
+    reads.Start(
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+          return stub_->PrepareAsyncTablePull(context, request, cq);
+        },
+        std::chrono::seconds(120));
+  }
+  barriers.FinishAll();
+  reads.FinishAll();
+  ASSERT_TRUE(AwaitTableStats(kBarriers + kReads, 1, 0)) << "the calls never all waited";
+
+  // Ordinary calls still answer, and the waiting calls took no thread each.
+  ASSERT_OK(GetStats().status());
+  ASSERT_OK(InitParam(Float32Param("p", {1, 2})));
+  const size_t threads_waiting = ThreadCount();
+  EXPECT_LT(threads_waiting, threads_before + kBarriers / 4)
+      << threads_before << " threads before, " << threads_waiting << " with "
+      << kBarriers + kReads << " calls waiting";
+
+  // Cancelled, they leave nothing behind.
+  barriers.CancelAll();
+  reads.CancelAll();
+  ASSERT_TRUE(barriers.Drain());
+  ASSERT_TRUE(reads.Drain());
+  for (const auto& call : barriers.calls()) {
+    EXPECT_EQ(call->status.error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(AwaitTableStats(0, 0, 0)) << "cancelled calls still wait in the server";
+}
+
+TEST_F(WaitingCallsTest, CancelledAllReducesFreeTheirChunksAndDeadlinesExplain) {
+  Start(ServerOptions{});
+  constexpr int kCalls = 8;
+  constexpr size_t kChunk = 2 << 20;
+  AsyncCalls<v1::AllReduceResponse> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    v1::AllReduceRequest request;
+    request.set_name("grad");
+    request.set_generation(1);
+    request.set_size(1000000);
+    request.set_participant(absl::StrCat("w", i));
+    request.set_element_type(v1::FLOAT32);
+    request.set_data(std::string(kChunk, '\0'));
+    calls.Start(
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+          return stub_->PrepareAsyncAllReduce(context, request, cq);
+        },
+        std::chrono::seconds(120));
+  }
+  calls.FinishAll();
+  ASSERT_TRUE(AwaitTableStats(kCalls, 1, kCalls * kChunk)) << "the chunks never all arrived";
+  calls.CancelAll();
+  ASSERT_TRUE(calls.Drain());
+  EXPECT_TRUE(AwaitTableStats(0, 0, 0)) << "cancelled all-reduces still hold their chunks";
+
+  // A deadline still completes with the server's explanation.
+  v1::BarrierRequest request;
+  request.set_name("late");
+  request.set_generation(1);
+  request.set_size(2);
+  request.set_participant("w0");
+  v1::BarrierResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  EXPECT_THAT(FromGrpcStatus(stub_->Barrier(&context, request, &response)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("barrier 'late' round 1: 1 of 2 arrived (w0)")));
+  EXPECT_TRUE(AwaitTableStats(0, 0, 0));
+}
+
+TEST_F(WaitingCallsTest, UnreadRepliesAreBoundedByTheReplyBudget) {
+  constexpr size_t kFloats = 2 << 20;  // 8 MiB replies
+  constexpr uint64_t kBudget = 20 << 20;  // room for two
+  ServerOptions options;
+  options.max_reply_bytes_in_flight = kBudget;
+  Start(options);
+  ASSERT_OK(InitParam(Float32Param("big", std::vector<float>(kFloats, 1.0f))));
+  ASSERT_OK(FinishInitParams());
+
+  // Readers that ask and never read: each has its own connection, whose
+  // flow-control window holds far less than a reply (no read is pending).
+  grpc::CompletionQueue cq;
+  size_t events = 0;  // expected on cq
+  auto await_events = [&] {
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+    for (; events > 0; --events) {
+      void* tag;
+      bool ok;
+      if (cq.AsyncNext(&tag, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) return false;
+    }
+    return true;
+  };
+  struct SlowReader {
+    std::unique_ptr<grpc::GenericStub> stub;
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<SlowReader>> readers;
+  v1::GetParamRequest request;
+  request.mutable_param()->set_name("big");
+  grpc::ByteBuffer request_bytes;
+  bool own_buffer = false;
+  ASSERT_TRUE(grpc::SerializationTraits<v1::GetParamRequest>::Serialize(request, &request_bytes,
+                                                                         &own_buffer)
+                  .ok());
+  for (int i = 0; i < 2; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    auto reader = std::make_unique<SlowReader>();
+    reader->stub = std::make_unique<grpc::GenericStub>(
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
+    reader->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    reader->call =
+        reader->stub->PrepareCall(&reader->context, "/pserver.v1.ParameterServer/GetParam", &cq);
+    // One operation of each kind at a time: each is awaited.
+    reader->call->StartCall(reader.get());
+    ++events;
+    ASSERT_TRUE(await_events());
+    reader->call->Write(request_bytes, reader.get());
+    ++events;
+    ASSERT_TRUE(await_events());
+    reader->call->WritesDone(reader.get());
+    ++events;
+    ASSERT_TRUE(await_events());
+    readers.push_back(std::move(reader));
+  }
+  uint64_t held = 0;
+  ASSERT_TRUE(Await([&] {
+    absl::StatusOr<v1::ServerStats> stats = GetStats();
+    held = stats.ok() ? stats->reply_bytes_in_flight() : 0;
+    return held > 2 * kFloats * sizeof(float);
+  })) << "the unread replies are not held: " << held;
+
+  // Over the budget: refused, naming the flag; nothing more is held.
+  EXPECT_THAT(GetParam("big"), StatusIs(absl::StatusCode::kResourceExhausted,
+                                        HasSubstr("--max_reply_bytes_in_flight")));
+  EXPECT_THAT(GetParams({"big"}), StatusIs(absl::StatusCode::kResourceExhausted,
+                                           HasSubstr("--max_reply_bytes_in_flight")));
+  ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
+  EXPECT_EQ(stats.reply_bytes_in_flight(), held);
+  EXPECT_LE(stats.reply_bytes_in_flight(), kBudget);
+  EXPECT_EQ(stats.reads_refused_for_memory(), 2u);
+
+  // Once the slow readers go away, reads are served again.
+  for (auto& reader : readers) {
+    reader->context.TryCancel();
+    reader->call->Finish(&reader->status, reader.get());
+    ++events;
+  }
+  ASSERT_TRUE(await_events());
+  ASSERT_TRUE(Await([&] {
+    absl::StatusOr<v1::ServerStats> now = GetStats();
+    return now.ok() && now->reply_bytes_in_flight() == 0;
+  }));
+  ASSERT_OK_AND_ASSIGN(v1::Parameter param, GetParam("big"));
+  EXPECT_EQ(param.content().size(), kFloats * sizeof(float));
+  ASSERT_OK_AND_ASSIGN(stats, GetStats());
+  EXPECT_EQ(stats.reply_bytes_in_flight(), 0u);
+}
+
+TEST_F(WaitingCallsTest, ZeroReplyBudgetIsRefused) {
+  ServerOptions options;
+  options.max_reply_bytes_in_flight = 0;
+  EXPECT_THAT(Server::Start(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_reply_bytes_in_flight")));
 }
 
 }  // namespace
