@@ -1,8 +1,8 @@
 #include "cc/core/collectives.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -191,9 +191,8 @@ void Collectives::ReleaseWaiters(Slot* slot, const std::shared_ptr<const std::st
   for (uint64_t id : slot->waiters) {
     auto it = waiters_.find(id);
     timer_.get().Cancel(it->second.timer);
-    completions.Add([done = std::move(it->second.done), result] {
-      done(absl::OkStatus(), result.get());
-    });
+    completions.Add(
+        [done = std::move(it->second.done), result] { done(absl::OkStatus(), result.get()); });
     waiters_.erase(it);
   }
   slot->waiters.clear();
@@ -369,14 +368,13 @@ CancelWait Collectives::AllReduceAsync(absl::string_view name, uint64_t generati
   std::shared_ptr<const std::string> result;
   DispatchStorable(slot->type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    result = std::make_shared<const std::string>(
-        Reduce<T>(slot->arrived, slot->bytes, slot->op, size));
+    result =
+        std::make_shared<const std::string>(Reduce<T>(slot->arrived, slot->bytes, slot->op, size));
   });
   ReleaseWaiters(slot, result, completions);
   MaybeFree(slot);
-  completions.Add([deliver = std::move(deliver), result] {
-    deliver(absl::OkStatus(), result.get());
-  });
+  completions.Add(
+      [deliver = std::move(deliver), result] { deliver(absl::OkStatus(), result.get()); });
   return [] {};
 }
 
@@ -445,9 +443,8 @@ CancelWait Collectives::BroadcastGetAsync(absl::string_view name, uint64_t gener
   }
   for (uint64_t id : slot->waiters) {
     if (waiters_.at(id).participant == participant) {
-      return fail(absl::AlreadyExistsError(absl::StrCat("participant '", participant,
-                                                        "' is already waiting for ",
-                                                        slot->Describe())));
+      return fail(absl::AlreadyExistsError(absl::StrCat(
+          "participant '", participant, "' is already waiting for ", slot->Describe())));
     }
   }
   auto deliver = [out, done = std::move(done)](absl::Status status, const std::string* result) {
@@ -456,10 +453,10 @@ CancelWait Collectives::BroadcastGetAsync(absl::string_view name, uint64_t gener
   };
   if (!slot->has_data) return AddWaiter(slot, participant, deadline, std::move(deliver));
   slot->got.emplace(participant);
-  completions.Add([deliver = std::move(deliver),
-                   data = std::make_shared<const std::string>(slot->data)] {
-    deliver(absl::OkStatus(), data.get());
-  });
+  completions.Add(
+      [deliver = std::move(deliver), data = std::make_shared<const std::string>(slot->data)] {
+        deliver(absl::OkStatus(), data.get());
+      });
   MaybeFree(slot);
   return [] {};
 }
@@ -488,8 +485,7 @@ void Collectives::Shutdown() {
   puts_.clear();
   for (auto& [id, waiter] : waiters_) {
     timer_.get().Cancel(waiter.timer);
-    completions.Add(
-        [done = std::move(waiter.done)] { done(ShuttingDown(), nullptr); });
+    completions.Add([done = std::move(waiter.done)] { done(ShuttingDown(), nullptr); });
   }
   waiters_.clear();
   slots_.clear();

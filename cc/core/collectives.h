@@ -29,7 +29,8 @@
 // round's (naming what differs); ALREADY_EXISTS for a participant arriving
 // twice in a round (a timed-out caller's arrival is withdrawn, so it may retry);
 // DEADLINE_EXCEEDED saying who has arrived; CANCELLED (the same words) for a
-// cancelled wait; UNAVAILABLE "server shutting down" after Shutdown(). A call that fails leaves no trace in the round.
+// cancelled wait; UNAVAILABLE "server shutting down" after Shutdown(). A call that fails leaves no
+// trace in the round.
 //
 // Waiting holds no thread: each call has an asynchronous form (BarrierAsync,
 // AllReduceAsync, BroadcastGetAsync) that registers the caller and returns;
@@ -135,12 +136,11 @@ class Collectives {
   CancelWait BarrierAsync(absl::string_view name, uint64_t generation, uint32_t size,
                           absl::string_view participant, absl::Time deadline, WaitDone done);
   CancelWait AllReduceAsync(absl::string_view name, uint64_t generation, uint32_t size,
-                            absl::string_view participant, ElementType type,
-                            absl::string_view data, ReduceOp op, std::string* out,
-                            absl::Time deadline, WaitDone done);
+                            absl::string_view participant, ElementType type, absl::string_view data,
+                            ReduceOp op, std::string* out, absl::Time deadline, WaitDone done);
   CancelWait BroadcastGetAsync(absl::string_view name, uint64_t generation, uint32_t size,
-                               absl::string_view participant, std::string* out,
-                               absl::Time deadline, WaitDone done);
+                               absl::string_view participant, std::string* out, absl::Time deadline,
+                               WaitDone done);
 
   // Rounds in progress (with a caller waiting, or broadcast data unread).
   size_t open_slots() const;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -12,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/core/element_type.h"
@@ -404,6 +406,85 @@ TEST(CollectivesTest, ShutdownWakesEveryWaiter) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("server shutting down")));
   EXPECT_THAT(c.BroadcastPut("x", 2, 2, "d"), StatusIs(absl::StatusCode::kUnavailable,
                                                       HasSubstr("server shutting down")));
+}
+
+// A result an asynchronous call delivers, or none yet.
+struct Result {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  WaitDone Done() {
+    return [this](absl::Status s) {
+      absl::MutexLock lock(&mu);
+      status = std::move(s);
+      done = true;
+    };
+  }
+  bool IsDone() {
+    absl::MutexLock lock(&mu);
+    return done;
+  }
+  absl::Status Get() {
+    absl::MutexLock lock(&mu);
+    return status;
+  }
+};
+
+TEST(CollectivesTest, AsyncWaitsHoldNoThreadAndCancelDropsTheirChunks) {
+  Collectives c;
+  constexpr int kCallers = 50;
+  std::vector<std::unique_ptr<Result>> results;
+  std::vector<CancelWait> cancels;
+  std::vector<std::string> outs(kCallers);
+  const std::string chunk(1 << 16, '\0');
+  for (int i = 0; i < kCallers; ++i) {
+    results.push_back(std::make_unique<Result>());
+    cancels.push_back(c.AllReduceAsync("g", 1, 1000, absl::StrCat("w", i), v1::FLOAT32, chunk,
+                                       ReduceOp::kSum, &outs[i], Long(), results[i]->Done()));
+  }
+  // All registered, from this one thread, and none completed.
+  EXPECT_EQ(c.waiting(), static_cast<size_t>(kCallers));
+  EXPECT_EQ(c.held_bytes(), kCallers * chunk.size());
+  EXPECT_EQ(c.open_slots(), 1u);
+  for (const auto& r : results) EXPECT_FALSE(r->IsDone());
+  for (int i = 0; i < kCallers; ++i) {
+    cancels[i]();
+    ASSERT_TRUE(results[i]->IsDone());  // at once, on the cancelling thread
+    EXPECT_THAT(results[i]->Get(),
+                StatusIs(absl::StatusCode::kCancelled,
+                         AllOf(HasSubstr("all-reduce 'g' round 1"), HasSubstr("cancelled"))));
+    EXPECT_EQ(c.held_bytes(), (kCallers - i - 1) * chunk.size());
+  }
+  EXPECT_EQ(c.waiting(), 0u);
+  EXPECT_EQ(c.open_slots(), 0u);
+  cancels[0]();  // again: a no-op
+
+  // A cancelled barrier arrival is withdrawn, so the round needs it again.
+  Result barrier;
+  CancelWait cancel = c.BarrierAsync("b", 1, 2, "w0", Long(), barrier.Done());
+  cancel();
+  EXPECT_THAT(barrier.Get(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("1 of 2 arrived")));
+  EXPECT_THAT(c.Barrier("b", 1, 2, "w1", absl::Now() + absl::Milliseconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2 arrived (w1)")));
+  // A cancelled broadcast reader leaves unread data untouched.
+  std::string data;
+  Result reader;
+  c.BroadcastGetAsync("x", 1, 3, "r1", &data, Long(), reader.Done())();
+  EXPECT_THAT(reader.Get(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("no data")));
+  ASSERT_OK(c.BroadcastPut("x", 1, 3, "hello"));
+  EXPECT_EQ(c.held_bytes(), 5u);
+  ASSERT_OK(c.BroadcastGet("x", 1, 3, "r1", &data, Long()));
+  EXPECT_EQ(data, "hello");
+}
+
+TEST(CollectivesTest, DestroyingWithWaitersCompletesThemUnavailable) {
+  Result result;
+  {
+    Collectives c;
+    c.BarrierAsync("b", 1, 3, "w0", Long(), result.Done());
+    EXPECT_FALSE(result.IsDone());
+  }
+  EXPECT_THAT(result.Get(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
 }
 
 }  // namespace

@@ -361,7 +361,7 @@ TEST(SparseTableTest, TtlEvictsRowsUntouchedForLonger) {
   EXPECT_EQ(table->EvictExpired(), 0u);
   // Key 1 comes back with its initial value; key 2 kept its update.
   EXPECT_EQ(Pull(*table, {1}), Initial(*table, 1));
-  EXPECT_EQ(table->Stats().rows(), 1u);      // a read creates no row
+  EXPECT_EQ(table->Stats().rows(), 1u);         // a read creates no row
   ASSERT_OK(Push<float>(*table, {1}, {0, 0}));  // a push recreates it
   std::vector<float> two = Pull(*table, {2});
   EXPECT_FLOAT_EQ(two[0], Initial(*table, 2)[0] + 5);

@@ -129,9 +129,8 @@ absl::Status Tables::Pull(const v1::TablePullRequest& request, v1::TablePullResp
   return wait.Wait();
 }
 
-CancelWait Tables::PullAsync(const v1::TablePullRequest& request,
-                             v1::TablePullResponse* response, absl::Time deadline,
-                             WaitDone done) {
+CancelWait Tables::PullAsync(const v1::TablePullRequest& request, v1::TablePullResponse* response,
+                             absl::Time deadline, WaitDone done) {
   const int64_t received = UnixNanos();
   auto fail = [&](absl::Status status) {
     done(std::move(status));
@@ -307,9 +306,9 @@ CancelWait Tables::AllReduceAsync(const v1::AllReduceRequest& request,
                                   v1::AllReduceResponse* response, absl::Time deadline,
                                   WaitDone done) {
   return collectives_.AllReduceAsync(request.name(), request.generation(), request.size(),
-                                     request.participant(), request.element_type(),
-                                     request.data(), ReduceOpOf(request.op()),
-                                     response->mutable_data(), deadline, std::move(done));
+                                     request.participant(), request.element_type(), request.data(),
+                                     ReduceOpOf(request.op()), response->mutable_data(), deadline,
+                                     std::move(done));
 }
 
 CancelWait Tables::BroadcastAsync(const v1::BroadcastRequest& request,
@@ -321,8 +320,8 @@ CancelWait Tables::BroadcastAsync(const v1::BroadcastRequest& request,
     return [] {};
   }
   return collectives_.BroadcastGetAsync(request.name(), request.generation(), request.size(),
-                                        request.participant(), response->mutable_data(),
-                                        deadline, std::move(done));
+                                        request.participant(), response->mutable_data(), deadline,
+                                        std::move(done));
 }
 
 void Tables::SetHandler(const std::string& name, std::shared_ptr<TableHandler> handler) {

@@ -106,8 +106,7 @@ class Tables {
                          absl::Time deadline);
   // The same without a thread while they wait (see Collectives); the
   // request and response must stay valid until `done` runs.
-  CancelWait BarrierAsync(const v1::BarrierRequest& request, absl::Time deadline,
-                          WaitDone done);
+  CancelWait BarrierAsync(const v1::BarrierRequest& request, absl::Time deadline, WaitDone done);
   CancelWait AllReduceAsync(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,
                             absl::Time deadline, WaitDone done);
   CancelWait BroadcastAsync(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,

@@ -226,8 +226,8 @@ absl::Status WorkerClocks::Restore(absl::string_view bytes, Completions* release
       return absl::InvalidArgumentError("worker clocks snapshot has a worker with an empty id");
     }
     if (w.clock() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "worker clocks snapshot has worker '", w.id(), "' at negative clock ", w.clock()));
+      return absl::InvalidArgumentError(absl::StrCat("worker clocks snapshot has worker '", w.id(),
+                                                     "' at negative clock ", w.clock()));
     }
     if (!clocks.emplace(w.id(), w.clock()).second) {
       return absl::InvalidArgumentError(

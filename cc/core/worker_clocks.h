@@ -118,8 +118,7 @@ class WorkerClocks {
   void Release(Completions& released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up wait `id` (deadline or cancellation); a no-op if it completed.
   void GiveUp(uint64_t id, bool cancelled);
-  std::string Behind(int64_t target, absl::Duration waited) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::string Behind(int64_t target, absl::Duration waited) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   struct Waiter {
     int64_t target = 0;

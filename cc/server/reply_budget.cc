@@ -7,15 +7,16 @@ namespace pserver {
 absl::Status ReplyBudget::Exhausted(uint64_t bytes) {
   refused_.fetch_add(1, std::memory_order_relaxed);
   if (bytes > limit_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a reply of ", bytes, " bytes is larger than the server's whole budget for replies in "
-        "flight (--max_reply_bytes_in_flight=", limit_, "); read fewer blocks per call"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a reply of ", bytes,
+                     " bytes is larger than the server's whole budget for replies in "
+                     "flight (--max_reply_bytes_in_flight=",
+                     limit_, "); read fewer blocks per call"));
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "the server holds ", held(), " bytes of replies not yet read by their clients (limit ",
-      limit_, ", --max_reply_bytes_in_flight)", bytes > 0 ? absl::StrCat("; this one needs ", bytes)
-                                                          : std::string(),
-      "; retry later"));
+      limit_, ", --max_reply_bytes_in_flight)",
+      bytes > 0 ? absl::StrCat("; this one needs ", bytes) : std::string(), "; retry later"));
 }
 
 absl::Status ReplyBudget::Acquire(uint64_t bytes) {

@@ -863,8 +863,8 @@ TEST_F(WaitingCallsTest, WaitingCallsHoldNoThreadAndCancelFreesThem) {
   ASSERT_OK(InitParam(Float32Param("p", {1, 2})));
   const size_t threads_waiting = ThreadCount();
   EXPECT_LT(threads_waiting, threads_before + kBarriers / 4)
-      << threads_before << " threads before, " << threads_waiting << " with "
-      << kBarriers + kReads << " calls waiting";
+      << threads_before << " threads before, " << threads_waiting << " with " << kBarriers + kReads
+      << " calls waiting";
 
   // Cancelled, they leave nothing behind.
   barriers.CancelAll();
@@ -918,7 +918,7 @@ TEST_F(WaitingCallsTest, CancelledAllReducesFreeTheirChunksAndDeadlinesExplain) 
 }
 
 TEST_F(WaitingCallsTest, UnreadRepliesAreBoundedByTheReplyBudget) {
-  constexpr size_t kFloats = 2 << 20;  // 8 MiB replies
+  constexpr size_t kFloats = 2 << 20;     // 8 MiB replies
   constexpr uint64_t kBudget = 20 << 20;  // room for two
   ServerOptions options;
   options.max_reply_bytes_in_flight = kBudget;
@@ -951,7 +951,7 @@ TEST_F(WaitingCallsTest, UnreadRepliesAreBoundedByTheReplyBudget) {
   grpc::ByteBuffer request_bytes;
   bool own_buffer = false;
   ASSERT_TRUE(grpc::SerializationTraits<v1::GetParamRequest>::Serialize(request, &request_bytes,
-                                                                         &own_buffer)
+                                                                        &own_buffer)
                   .ok());
   for (int i = 0; i < 2; ++i) {
     grpc::ChannelArguments args;
@@ -980,7 +980,8 @@ TEST_F(WaitingCallsTest, UnreadRepliesAreBoundedByTheReplyBudget) {
     absl::StatusOr<v1::ServerStats> stats = GetStats();
     held = stats.ok() ? stats->reply_bytes_in_flight() : 0;
     return held > 2 * kFloats * sizeof(float);
-  })) << "the unread replies are not held: " << held;
+  })) << "the unread replies are not held: "
+      << held;
 
   // Over the budget: refused, naming the flag; nothing more is held.
   EXPECT_THAT(GetParam("big"), StatusIs(absl::StatusCode::kResourceExhausted,
