@@ -157,7 +157,30 @@ void Collectives::MaybeFree(Slot* slot) {
       slot->got.size() + 1 < slot->size && absl::Now() < slot->put_time + options_.broadcast_ttl) {
     return;  // unread data, not yet expired
   }
-  slots_.erase(slot->key);
+  Erase(slot->key);
+}
+
+void Collectives::Erase(const Key& key) {
+  auto it = slots_.find(key);
+  if (it == slots_.end()) return;
+  held_bytes_ -= it->second->chunk_bytes + it->second->data.size();
+  slots_.erase(it);
+}
+
+absl::Status Collectives::CheckRoom(const Slot& slot, size_t bytes, bool completes) const {
+  const uint64_t limit = options_.max_held_bytes;
+  if (completes || (bytes <= limit && held_bytes_ <= limit - bytes)) return absl::OkStatus();
+  if (bytes > limit) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(slot.Describe(), ": a contribution of ", bytes,
+                     " bytes is larger than the server's whole limit for waiting collectives "
+                     "(--max_collective_bytes=",
+                     limit, ")"));
+  }
+  return absl::UnavailableError(
+      absl::StrCat(slot.Describe(), ": the server holds ", held_bytes_,
+                   " bytes of collective contributions waiting for their rounds (limit ", limit,
+                   ", --max_collective_bytes); this one needs ", bytes, "; retry later"));
 }
 
 void Collectives::DropExpired(absl::Time now) {
@@ -166,7 +189,7 @@ void Collectives::DropExpired(absl::Time now) {
     // A slot put again later (same key) has a later put_time and stays.
     if (it != slots_.end() && it->second->has_data && it->second->waiters.empty() &&
         it->second->put_time == puts_.front().first) {
-      slots_.erase(it);
+      Erase(it->first);
     }
     puts_.pop_front();
   }
@@ -232,6 +255,7 @@ void Collectives::Withdraw(uint64_t id, bool cancelled) {
       auto arrived = slot->arrived.find(waiter.participant);
       if (arrived != slot->arrived.end()) {
         slot->chunk_bytes -= arrived->second.size();
+        held_bytes_ -= arrived->second.size();
         slot->arrived.erase(arrived);
       }
       slot->waiters.erase(std::find(slot->waiters.begin(), slot->waiters.end(), id));
@@ -353,8 +377,14 @@ CancelWait Collectives::AllReduceAsync(absl::string_view name, uint64_t generati
                                                         "' asked for the ", OpName(op),
                                                         ", the round's op is ", OpName(slot->op))));
   }
+  if (absl::Status room = CheckRoom(*slot, data.size(), slot->arrived.size() + 1 == size);
+      !room.ok()) {
+    MaybeFree(slot);  // a round this call created
+    return fail(room);
+  }
   slot->arrived.emplace(std::string(participant), std::string(data));
   slot->chunk_bytes += data.size();
+  held_bytes_ += data.size();
   auto deliver = [out, done = std::move(done)](absl::Status status, const std::string* result) {
     if (status.ok()) *out = *result;
     done(std::move(status));
@@ -395,8 +425,15 @@ absl::Status Collectives::BroadcastPut(absl::string_view name, uint64_t generati
     return absl::AlreadyExistsError(
         absl::StrCat(slot->Describe(), " already has data from the root"));
   }
+  // Every reader already waiting: the data is delivered and freed at once.
+  if (absl::Status room = CheckRoom(*slot, data.size(), slot->waiters.size() + 1 >= size);
+      !room.ok()) {
+    MaybeFree(slot);  // a round this call created
+    return room;
+  }
   slot->has_data = true;
   slot->data = std::string(data);
+  held_bytes_ += data.size();
   slot->put_time = now;
   puts_.emplace_back(now, slot->key);
   if (!slot->waiters.empty()) {
@@ -473,9 +510,7 @@ size_t Collectives::waiting() const {
 
 uint64_t Collectives::held_bytes() const {
   absl::MutexLock lock(&mu_);
-  uint64_t bytes = 0;
-  for (const auto& [key, slot] : slots_) bytes += slot->chunk_bytes + slot->data.size();
-  return bytes;
+  return held_bytes_;
 }
 
 void Collectives::Shutdown() {
@@ -489,6 +524,7 @@ void Collectives::Shutdown() {
   }
   waiters_.clear();
   slots_.clear();
+  held_bytes_ = 0;
 }
 
 }  // namespace pserver

@@ -29,7 +29,9 @@
 // round's (naming what differs); ALREADY_EXISTS for a participant arriving
 // twice in a round (a timed-out caller's arrival is withdrawn, so it may retry);
 // DEADLINE_EXCEEDED saying who has arrived; CANCELLED (the same words) for a
-// cancelled wait; UNAVAILABLE "server shutting down" after Shutdown(). A call that fails leaves no
+// cancelled wait; UNAVAILABLE "server shutting down" after Shutdown();
+// UNAVAILABLE (transient, "retry") or RESOURCE_EXHAUSTED (permanent) for a
+// contribution over Options::max_held_bytes. A call that fails leaves no
 // trace in the round.
 //
 // Waiting holds no thread: each call has an asynchronous form (BarrierAsync,
@@ -75,6 +77,13 @@ class Collectives {
     // Runs the deadlines of waiting calls; null: a timer of its own. Must
     // outlive the Collectives.
     DeadlineTimer* timer = nullptr;
+    // Bytes that waiting rounds may hold in all (all-reduce chunks and unread
+    // broadcast data; --max_collective_bytes). A contribution that would hold
+    // more is refused and nothing is stored: UNAVAILABLE ("... retry") while
+    // others hold the room, RESOURCE_EXHAUSTED for one larger than the whole
+    // limit. A contribution that completes its round is never refused: it
+    // frees the round's chunks at once.
+    uint64_t max_held_bytes = uint64_t{1} << 30;
   };
 
   Collectives() : Collectives(Options()) {}
@@ -168,6 +177,13 @@ class Collectives {
   // Frees the slot if no caller waits on it and it has nothing left to give.
   void MaybeFree(Slot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropExpired(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases the slot and what it holds.
+  void Erase(const Key& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK if `slot` may store `bytes` more: always when the contribution
+  // `completes` its round, else while the total held stays within
+  // max_held_bytes.
+  absl::Status CheckRoom(const Slot& slot, size_t bytes, bool completes) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Adds a waiter on `slot` (a caller that has arrived) with its deadline;
   // returns what cancels it.
   CancelWait AddWaiter(Slot* slot, absl::string_view participant, absl::Time deadline,
@@ -189,6 +205,8 @@ class Collectives {
   std::deque<std::pair<absl::Time, Key>> puts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  // All-reduce chunks and broadcast data of every slot.
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   TimerRef timer_;
 };

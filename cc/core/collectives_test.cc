@@ -487,5 +487,76 @@ TEST(CollectivesTest, DestroyingWithWaitersCompletesThemUnavailable) {
   EXPECT_THAT(result.Get(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
 }
 
+TEST(CollectivesTest, HeldBytesAreCappedAndFreedByCancelOrCompletion) {
+  constexpr size_t kChunk = 1 << 16;
+  Collectives::Options options;
+  options.max_held_bytes = 3 * kChunk + kChunk / 2;  // room for three chunks
+  Collectives c(options);
+  const std::string chunk(kChunk, '\0');
+  std::vector<std::unique_ptr<Result>> results;
+  std::vector<CancelWait> cancels;
+  std::vector<std::string> outs(8);
+  auto contribute = [&](absl::string_view name, int size, int who) {
+    results.push_back(std::make_unique<Result>());
+    cancels.push_back(c.AllReduceAsync(name, 1, size, absl::StrCat("w", who), v1::FLOAT32, chunk,
+                                       ReduceOp::kSum, &outs[results.size() - 1], Long(),
+                                       results.back()->Done()));
+    return results.back().get();
+  };
+  // Three waiting contributions fill the room: a, a, b.
+  Result* a0 = contribute("a", 3, 0);
+  contribute("a", 3, 1);
+  Result* b0 = contribute("b", 2, 0);
+  EXPECT_EQ(c.held_bytes(), 3 * kChunk);
+
+  // A fourth that would wait is refused at once, storing nothing; so is a
+  // broadcast put that readers have yet to take.
+  Result* refused = contribute("c", 2, 0);
+  ASSERT_TRUE(refused->IsDone());
+  EXPECT_THAT(
+      refused->Get(),
+      StatusIs(absl::StatusCode::kUnavailable,
+               AllOf(HasSubstr("all-reduce 'c' round 1"), HasSubstr("--max_collective_bytes"),
+                     HasSubstr(absl::StrCat("holds ", 3 * kChunk)),
+                     HasSubstr(absl::StrCat("needs ", kChunk)), HasSubstr("retry"))));
+  EXPECT_THAT(c.BroadcastPut("x", 1, 2, chunk),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("--max_collective_bytes")));
+  EXPECT_EQ(c.held_bytes(), 3 * kChunk);
+  EXPECT_EQ(c.open_slots(), 2u);  // a and b; the refused rounds left nothing
+  EXPECT_EQ(c.waiting(), 3u);
+
+  // A contribution that completes its round is never refused: it frees the
+  // round's chunks.
+  Result* b1 = contribute("b", 2, 1);
+  ASSERT_TRUE(b1->IsDone());
+  ASSERT_OK(b1->Get());
+  ASSERT_OK(b0->Get());
+  EXPECT_EQ(c.held_bytes(), 2 * kChunk);
+  // Now one more fits, and then the room is full again.
+  Result* c0 = contribute("c", 2, 0);
+  EXPECT_FALSE(c0->IsDone());
+  EXPECT_THAT(contribute("d", 2, 0)->Get(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("--max_collective_bytes")));
+
+  // Cancelling a waiter frees its chunk at once; a new contribution fits.
+  cancels[0]();
+  EXPECT_THAT(a0->Get(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
+  EXPECT_EQ(c.held_bytes(), 2 * kChunk);
+  Result* d0 = contribute("d", 2, 0);
+  EXPECT_FALSE(d0->IsDone());
+  EXPECT_EQ(c.held_bytes(), 3 * kChunk);
+
+  // A chunk larger than the whole limit can never fit: refused for good.
+  EXPECT_THAT(
+      c.AllReduce("e", 1, 2, "w0", v1::FLOAT32, std::string(4 * kChunk, '\0'), ReduceOp::kSum,
+                  &outs[0], Long()),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("larger than the server's whole limit"),
+                     HasSubstr(absl::StrCat("--max_collective_bytes=", options.max_held_bytes)))));
+  for (size_t i = 1; i < cancels.size(); ++i) cancels[i]();
+  EXPECT_EQ(c.held_bytes(), 0u);
+  EXPECT_EQ(c.open_slots(), 0u);
+}
+
 }  // namespace
 }  // namespace pserver

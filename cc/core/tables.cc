@@ -58,16 +58,17 @@ absl::Status TableHandler::Push(SparseTable& table, absl::Span<const uint64_t> k
 
 namespace {
 
-Collectives::Options CollectivesOptions(DeadlineTimer* timer) {
+Collectives::Options CollectivesOptions(const TablesOptions& tables, DeadlineTimer* timer) {
   Collectives::Options options;
   options.timer = timer;
+  options.max_held_bytes = tables.max_collective_bytes;
   return options;
 }
 
 }  // namespace
 
 Tables::Tables(TablesOptions options)
-    : options_(std::move(options)), collectives_(CollectivesOptions(&timer_)) {}
+    : options_(std::move(options)), collectives_(CollectivesOptions(options_, &timer_)) {}
 
 Tables::~Tables() { Shutdown(); }
 

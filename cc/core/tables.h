@@ -70,6 +70,9 @@ struct TablesOptions {
   // How often expired rows (Eviction.ttl_seconds) are swept: on a table's
   // next request once this much time has passed since its last sweep.
   absl::Duration sweep_interval = absl::Seconds(1);
+  // Bytes that waiting collectives may hold in all
+  // (Collectives::Options::max_held_bytes, --max_collective_bytes).
+  uint64_t max_collective_bytes = uint64_t{1} << 30;
 };
 
 class Tables {

@@ -13,7 +13,8 @@ absl::Status ReplyBudget::Exhausted(uint64_t bytes) {
                      "flight (--max_reply_bytes_in_flight=",
                      limit_, "); read fewer blocks per call"));
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
+  // Transient: the room frees as clients read their replies.
+  return absl::UnavailableError(absl::StrCat(
       "the server holds ", held(), " bytes of replies not yet read by their clients (limit ",
       limit_, ", --max_reply_bytes_in_flight)",
       bytes > 0 ? absl::StrCat("; this one needs ", bytes) : std::string(), "; retry later"));

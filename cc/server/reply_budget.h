@@ -22,15 +22,19 @@ class ReplyBudget {
  public:
   explicit ReplyBudget(uint64_t limit) : limit_(limit) {}
 
-  // Takes `bytes` from the budget: RESOURCE_EXHAUSTED, naming the limit, the
-  // bytes held and the flag, when that would hold more than the limit (and
-  // then nothing is taken).
+  // Takes `bytes` from the budget. When that would hold more than the limit
+  // nothing is taken, and the error names the limit, the bytes held and the
+  // flag: UNAVAILABLE ("retry later", which clients retry with backoff) while
+  // other replies hold the room, RESOURCE_EXHAUSTED for a reply larger than
+  // the whole limit (it can never fit).
   absl::Status Acquire(uint64_t bytes);
   // Returns what an Acquire took.
   void Release(uint64_t bytes) { held_.fetch_sub(bytes, std::memory_order_acq_rel); }
 
   // False when the budget is already spent: a read need not even be built.
   bool Available() const { return held() < limit_; }
+  // Counts a refusal and returns its error (as Acquire's) for a reply of
+  // `bytes` (0: not yet built).
   absl::Status Exhausted(uint64_t bytes);
 
   uint64_t limit() const { return limit_; }

@@ -51,7 +51,16 @@ absl::Status FromJson(const std::string& json, google::protobuf::Message* messag
 }  // namespace
 
 Server::Server(const ServerOptions& options, std::optional<int> device)
-    : options_(options), store_(MakeStoreOptions(device)), index_(options.index) {}
+    : options_(options),
+      store_(MakeStoreOptions(device)),
+      tables_(MakeTablesOptions(options)),
+      index_(options.index) {}
+
+TablesOptions Server::MakeTablesOptions(const ServerOptions& options) {
+  TablesOptions tables_options;
+  tables_options.max_collective_bytes = options.max_collective_bytes;
+  return tables_options;
+}
 
 StoreOptions Server::MakeStoreOptions(std::optional<int> device) {
   StoreOptions store_options;
@@ -102,6 +111,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (options.max_reply_bytes_in_flight == 0) {
     return absl::InvalidArgumentError("max_reply_bytes_in_flight must be > 0");
+  }
+  if (options.max_collective_bytes == 0) {
+    return absl::InvalidArgumentError("max_collective_bytes must be > 0");
   }
   if (options.checkpoint_keep < 1)
     return absl::InvalidArgumentError("checkpoint_keep must be >= 1");

@@ -291,10 +291,12 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
   if (status.ok()) status = ReadParams(push.refs, response);
   if (status.ok()) {
     if (absl::Status held = reactor->Hold(response->Length()); !held.ok()) {
-      // Applied, but the reply does not fit now: UNAVAILABLE, which clients
-      // retry with the same sequence (not applied again).
-      status = absl::UnavailableError(
-          absl::StrCat("the push was applied but its reply does not fit now: ", held.message()));
+      // Applied, but the reply does not fit: UNAVAILABLE while others hold
+      // the room, which clients retry with the same sequence (not applied
+      // again); RESOURCE_EXHAUSTED if it never can.
+      status = absl::Status(
+          held.code(),
+          absl::StrCat("the push was applied but its reply does not fit: ", held.message()));
     }
   }
   if (!status.ok()) response->Clear();

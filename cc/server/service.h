@@ -55,7 +55,8 @@ struct ServiceHooks {
   // UNAVAILABLE, as if its reply had been lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;
   // Bytes of replies (GetParam, GetParams, PushPull) built but not yet sent,
-  // over all calls; past it reads get RESOURCE_EXHAUSTED
+  // over all calls; past it reads get UNAVAILABLE ("retry"; RESOURCE_EXHAUSTED
+  // for a single reply larger than the limit)
   // (--max_reply_bytes_in_flight).
   uint64_t max_reply_bytes_in_flight = uint64_t{1} << 30;
 };

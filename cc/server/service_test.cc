@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cc/client/client.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
@@ -917,97 +918,255 @@ TEST_F(WaitingCallsTest, CancelledAllReducesFreeTheirChunksAndDeadlinesExplain) 
   EXPECT_TRUE(AwaitTableStats(0, 0, 0));
 }
 
-TEST_F(WaitingCallsTest, UnreadRepliesAreBoundedByTheReplyBudget) {
-  constexpr size_t kFloats = 2 << 20;     // 8 MiB replies
-  constexpr uint64_t kBudget = 20 << 20;  // room for two
+TEST_F(WaitingCallsTest, WaitingAllReducesAreCappedByMaxCollectiveBytes) {
+  constexpr size_t kChunk = 1 << 20;
   ServerOptions options;
-  options.max_reply_bytes_in_flight = kBudget;
+  options.max_collective_bytes = 3 * kChunk + kChunk / 2;  // room for three chunks
   Start(options);
-  ASSERT_OK(InitParam(Float32Param("big", std::vector<float>(kFloats, 1.0f))));
-  ASSERT_OK(FinishInitParams());
+  auto request = [&](const std::string& name, const std::string& participant) {
+    v1::AllReduceRequest r;
+    r.set_name(name);
+    r.set_generation(1);
+    r.set_size(2);
+    r.set_participant(participant);
+    r.set_element_type(v1::FLOAT32);
+    r.set_data(std::string(kChunk, '\0'));
+    return r;
+  };
+  AsyncCalls<v1::AllReduceResponse> waiting;
+  auto start_waiting = [&](const std::string& name) {
+    const v1::AllReduceRequest r = request(name, "w0");
+    waiting.Start(
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+          return stub_->PrepareAsyncAllReduce(context, r, cq);
+        },
+        std::chrono::seconds(120));
+    waiting.FinishAll();
+  };
+  auto all_reduce = [&](const std::string& name, const std::string& participant) {
+    v1::AllReduceResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return FromGrpcStatus(stub_->AllReduce(&context, request(name, participant), &response));
+  };
 
-  // Readers that ask and never read: each has its own connection, whose
-  // flow-control window holds far less than a reply (no read is pending).
-  grpc::CompletionQueue cq;
-  size_t events = 0;  // expected on cq
-  auto await_events = [&] {
-    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
-    for (; events > 0; --events) {
-      void* tag;
-      bool ok;
-      if (cq.AsyncNext(&tag, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) return false;
+  for (const char* name : {"r1", "r2", "r3"}) start_waiting(name);
+  ASSERT_TRUE(AwaitTableStats(3, 3, 3 * kChunk)) << "the chunks never all arrived";
+  // Full: one more that would wait is refused at once (UNAVAILABLE: clients
+  // retry), naming the flag and the bytes; nothing is stored.
+  EXPECT_THAT(all_reduce("r4", "w0"),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("--max_collective_bytes"),
+                             HasSubstr(absl::StrCat("holds ", 3 * kChunk)),
+                             HasSubstr(absl::StrCat("needs ", kChunk)), HasSubstr("retry"))));
+  ASSERT_TRUE(AwaitTableStats(3, 3, 3 * kChunk));
+  // Completing a round frees its chunk; then a new waiting one is accepted.
+  ASSERT_OK(all_reduce("r1", "w1"));
+  ASSERT_TRUE(AwaitTableStats(2, 2, 2 * kChunk));
+  start_waiting("r4");
+  ASSERT_TRUE(AwaitTableStats(3, 3, 3 * kChunk));
+  // Cancelling frees the rest.
+  waiting.CancelAll();
+  ASSERT_TRUE(waiting.Drain());
+  EXPECT_OK(FromGrpcStatus(waiting.calls()[0]->status));  // r1 completed
+  EXPECT_TRUE(AwaitTableStats(0, 0, 0));
+  // A chunk larger than the whole limit never fits: RESOURCE_EXHAUSTED.
+  v1::AllReduceRequest huge = request("r5", "w0");
+  huge.set_data(std::string(4 * kChunk, '\0'));
+  v1::AllReduceResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  EXPECT_THAT(FromGrpcStatus(stub_->AllReduce(&context, huge, &response)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("larger than the server's whole limit")));
+}
+
+TEST_F(WaitingCallsTest, ZeroCollectiveCapIsRefused) {
+  ServerOptions options;
+  options.max_collective_bytes = 0;
+  EXPECT_THAT(Server::Start(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_collective_bytes")));
+}
+
+// GetParam calls that ask and never read their replies: each has its own
+// connection, whose flow-control window holds far less than a reply (no read
+// is pending), so the server holds each reply until Cancel.
+class SlowReaders {
+ public:
+  // Starts `n` readers of `param` on the server at `address`.
+  bool Start(const std::string& address, const std::string& param, int n) {
+    v1::GetParamRequest request;
+    request.mutable_param()->set_name(param);
+    grpc::ByteBuffer request_bytes;
+    bool own_buffer = false;
+    if (!grpc::SerializationTraits<v1::GetParamRequest>::Serialize(request, &request_bytes,
+                                                                   &own_buffer)
+             .ok()) {
+      return false;
+    }
+    for (int i = 0; i < n; ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+      auto reader = std::make_unique<Reader>();
+      reader->stub = std::make_unique<grpc::GenericStub>(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      reader->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+      reader->call =
+          reader->stub->PrepareCall(&reader->context, "/pserver.v1.ParameterServer/GetParam", &cq_);
+      // One operation of each kind at a time: each is awaited.
+      reader->call->StartCall(reader.get());
+      if (!AwaitOne()) return false;
+      reader->call->Write(request_bytes, reader.get());
+      if (!AwaitOne()) return false;
+      reader->call->WritesDone(reader.get());
+      if (!AwaitOne()) return false;
+      readers_.push_back(std::move(reader));
     }
     return true;
-  };
-  struct SlowReader {
+  }
+
+  // Cancels every reader and waits (bounded) until each call has finished.
+  bool Cancel() {
+    for (auto& reader : readers_) {
+      reader->context.TryCancel();
+      reader->call->Finish(&reader->status, reader.get());
+    }
+    for (size_t i = 0; i < readers_.size(); ++i) {
+      if (!AwaitOne()) return false;
+    }
+    readers_.clear();
+    return true;
+  }
+
+  ~SlowReaders() {
+    Cancel();
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+ private:
+  struct Reader {
     std::unique_ptr<grpc::GenericStub> stub;
     grpc::ClientContext context;
     std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call;
     grpc::Status status;
   };
-  std::vector<std::unique_ptr<SlowReader>> readers;
-  v1::GetParamRequest request;
-  request.mutable_param()->set_name("big");
-  grpc::ByteBuffer request_bytes;
-  bool own_buffer = false;
-  ASSERT_TRUE(grpc::SerializationTraits<v1::GetParamRequest>::Serialize(request, &request_bytes,
-                                                                        &own_buffer)
-                  .ok());
-  for (int i = 0; i < 2; ++i) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    auto reader = std::make_unique<SlowReader>();
-    reader->stub = std::make_unique<grpc::GenericStub>(
-        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
-    reader->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    reader->call =
-        reader->stub->PrepareCall(&reader->context, "/pserver.v1.ParameterServer/GetParam", &cq);
-    // One operation of each kind at a time: each is awaited.
-    reader->call->StartCall(reader.get());
-    ++events;
-    ASSERT_TRUE(await_events());
-    reader->call->Write(request_bytes, reader.get());
-    ++events;
-    ASSERT_TRUE(await_events());
-    reader->call->WritesDone(reader.get());
-    ++events;
-    ASSERT_TRUE(await_events());
-    readers.push_back(std::move(reader));
-  }
-  uint64_t held = 0;
-  ASSERT_TRUE(Await([&] {
-    absl::StatusOr<v1::ServerStats> stats = GetStats();
-    held = stats.ok() ? stats->reply_bytes_in_flight() : 0;
-    return held > 2 * kFloats * sizeof(float);
-  })) << "the unread replies are not held: "
-      << held;
 
-  // Over the budget: refused, naming the flag; nothing more is held.
-  EXPECT_THAT(GetParam("big"), StatusIs(absl::StatusCode::kResourceExhausted,
-                                        HasSubstr("--max_reply_bytes_in_flight")));
-  EXPECT_THAT(GetParams({"big"}), StatusIs(absl::StatusCode::kResourceExhausted,
-                                           HasSubstr("--max_reply_bytes_in_flight")));
+  bool AwaitOne() {
+    void* tag;
+    bool ok;
+    return cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + std::chrono::seconds(30)) ==
+           grpc::CompletionQueue::GOT_EVENT;
+  }
+
+  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<Reader>> readers_;
+};
+
+class ReplyBudgetTest : public WaitingCallsTest {
+ protected:
+  static constexpr size_t kFloats = 2 << 20;     // 8 MiB replies
+  static constexpr uint64_t kBudget = 20 << 20;  // room for two
+
+  // A server with the budget, parameter "big" (one 8 MiB block) and two
+  // slow readers of it holding their replies.
+  void StartWithBudgetFull() {
+    ServerOptions options;
+    options.max_reply_bytes_in_flight = kBudget;
+    Start(options);
+    ASSERT_OK(InitParam(Float32Param("big", std::vector<float>(kFloats, 1.0f))));
+    ASSERT_OK(FinishInitParams());
+    ASSERT_TRUE(slow_readers_.Start(server_->address(), "big", 2));
+    ASSERT_TRUE(Await([&] {
+      absl::StatusOr<v1::ServerStats> stats = GetStats();
+      held_ = stats.ok() ? stats->reply_bytes_in_flight() : 0;
+      return held_ > 2 * kFloats * sizeof(float);
+    })) << "the unread replies are not held: "
+        << held_;
+  }
+
+  // Cancels the slow readers and waits until their replies are released.
+  void FreeTheBudget() {
+    ASSERT_TRUE(slow_readers_.Cancel());
+    ASSERT_TRUE(Await([&] {
+      absl::StatusOr<v1::ServerStats> now = GetStats();
+      return now.ok() && now->reply_bytes_in_flight() == 0;
+    }));
+  }
+
+  uint64_t Refused() {
+    absl::StatusOr<v1::ServerStats> stats = GetStats();
+    return stats.ok() ? stats->reads_refused_for_memory() : 0;
+  }
+
+  SlowReaders slow_readers_;
+  uint64_t held_ = 0;  // reply bytes the slow readers hold
+};
+
+TEST_F(ReplyBudgetTest, UnreadRepliesAreBoundedByTheReplyBudget) {
+  StartWithBudgetFull();
+
+  // Over the budget: refused for now (UNAVAILABLE, which clients retry),
+  // naming the flag; nothing more is held.
+  EXPECT_THAT(GetParam("big"),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("--max_reply_bytes_in_flight"), HasSubstr("retry"))));
+  EXPECT_THAT(GetParams({"big"}),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("--max_reply_bytes_in_flight"), HasSubstr("retry"))));
   ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
-  EXPECT_EQ(stats.reply_bytes_in_flight(), held);
+  EXPECT_EQ(stats.reply_bytes_in_flight(), held_);
   EXPECT_LE(stats.reply_bytes_in_flight(), kBudget);
   EXPECT_EQ(stats.reads_refused_for_memory(), 2u);
 
   // Once the slow readers go away, reads are served again.
-  for (auto& reader : readers) {
-    reader->context.TryCancel();
-    reader->call->Finish(&reader->status, reader.get());
-    ++events;
-  }
-  ASSERT_TRUE(await_events());
-  ASSERT_TRUE(Await([&] {
-    absl::StatusOr<v1::ServerStats> now = GetStats();
-    return now.ok() && now->reply_bytes_in_flight() == 0;
-  }));
+  FreeTheBudget();
   ASSERT_OK_AND_ASSIGN(v1::Parameter param, GetParam("big"));
   EXPECT_EQ(param.content().size(), kFloats * sizeof(float));
   ASSERT_OK_AND_ASSIGN(stats, GetStats());
   EXPECT_EQ(stats.reply_bytes_in_flight(), 0u);
+}
+
+TEST_F(WaitingCallsTest, AReplyLargerThanTheWholeBudgetIsRefusedForGood) {
+  ServerOptions options;
+  options.max_reply_bytes_in_flight = 1 << 20;
+  Start(options);
+  ASSERT_OK(InitParam(Float32Param("big", std::vector<float>(1 << 20, 1.0f))));  // 4 MiB
+  ASSERT_OK(FinishInitParams());
+  EXPECT_THAT(GetParam("big"), StatusIs(absl::StatusCode::kResourceExhausted,
+                                        AllOf(HasSubstr("larger than the server's whole budget"),
+                                              HasSubstr("--max_reply_bytes_in_flight=1048576"))));
+  EXPECT_THAT(GetParams({"big"}), StatusIs(absl::StatusCode::kResourceExhausted,
+                                           HasSubstr("--max_reply_bytes_in_flight")));
+  ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
+  EXPECT_EQ(stats.reply_bytes_in_flight(), 0u);
+}
+
+TEST_F(ReplyBudgetTest, ClientRetriesAReadRefusedWhileTheBudgetIsFull) {
+  StartWithBudgetFull();
+  const uint64_t refused_before = Refused();
+  ClientOptions client_options;
+  client_options.servers = {server_->address()};
+  client_options.block_bytes = 64 << 20;  // "big" is one block
+  client_options.timeout = absl::Seconds(120);
+  client_options.initial_backoff = absl::Milliseconds(5);
+  client_options.max_backoff = absl::Milliseconds(50);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(client_options));
+
+  absl::StatusOr<Tensor> read = absl::UnknownError("not read");
+  std::thread reader([&] { read = client->GetParam("big"); });
+  // The client's read is refused (counted), then retried, not failed.
+  const bool refused = Await([&] { return Refused() >= refused_before + 2; });
+  FreeTheBudget();
+  reader.join();
+  ASSERT_TRUE(refused) << "the client's read was never refused";
+  ASSERT_OK(read.status());
+  EXPECT_EQ(read->num_elements(), static_cast<int64_t>(kFloats));
+  EXPECT_GE(client->retries(), 2u);
 }
 
 TEST_F(WaitingCallsTest, ZeroReplyBudgetIsRefused) {
