@@ -77,14 +77,58 @@ TEST_P(TablesTest, PullReturnsRowsInTheOrderAskedAndSpreadsKeysOverServers) {
   }
   EXPECT_THAT(rows, Each(AllOf(::testing::Ge(-1.0f), ::testing::Lt(1.0f))));
 
+  // Reads create no rows: the 300 keys read are all still absent.
   ASSERT_OK_AND_ASSIGN(std::vector<v1::TableStats> stats, table.Stats());
   ASSERT_EQ(stats.size(), kServers);
+  for (const v1::TableStats& s : stats) EXPECT_EQ(s.rows(), 0u) << "a read created rows";
+
+  // Pushes create them, starting from the values the reads returned (a zero
+  // SGD gradient leaves them as they start).
+  ASSERT_OK(table.Push<float>(keys, std::vector<float>(keys.size() * 4, 0.0f)));
+  std::vector<float> pushed(keys.size() * 4);
+  ASSERT_OK(table.Pull<float>(keys, absl::MakeSpan(pushed)));
+  EXPECT_EQ(pushed, rows);
+  ASSERT_OK_AND_ASSIGN(stats, table.Stats());
   uint64_t total = 0;
   for (const v1::TableStats& s : stats) {
     EXPECT_GT(s.rows(), 50u) << "hash partitioning should spread 300 keys over 3 servers";
     total += s.rows();
   }
   EXPECT_EQ(total, 300u);
+}
+
+TEST_P(TablesTest, ReadsOfManyUnknownKeysDoNotGrowTheTable) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  v1::TableConfig config = Config(8);
+  config.mutable_initializer()->mutable_normal()->set_stddev(0.5);
+  config.mutable_initializer()->set_seed(3);
+  ASSERT_OK_AND_ASSIGN(Table table, Table::Create(*client, "wide", config));
+  ASSERT_OK(table.Push<float>({1, 2}, std::vector<float>(16, 0.0f)));
+  std::vector<uint64_t> keys(200000);
+  std::iota(keys.begin(), keys.end(), uint64_t{1} << 40);
+  std::vector<float> rows(keys.size() * 8);
+  ASSERT_OK(table.Pull<float>(keys, absl::MakeSpan(rows)));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::TableStats> stats, table.Stats());
+  uint64_t total = 0, bytes = 0, pulled = 0;
+  for (const v1::TableStats& s : stats) {
+    total += s.rows();
+    bytes += s.bytes();
+    pulled += s.keys_pulled();
+  }
+  EXPECT_EQ(total, 2u);
+  EXPECT_EQ(bytes, 2u * 8 * 4);
+  EXPECT_EQ(pulled, keys.size());
+  // What a push-created row of those keys starts from is what was read.
+  const std::vector<uint64_t> some = {keys[0], keys[12345], keys.back()};
+  ASSERT_OK(table.Push<float>(some, std::vector<float>(some.size() * 8, 0.0f)));
+  std::vector<float> created(some.size() * 8);
+  ASSERT_OK(table.Pull<float>(some, absl::MakeSpan(created)));
+  for (size_t d = 0; d < 8; ++d) {
+    EXPECT_EQ(created[d], rows[d]);
+    EXPECT_EQ(created[8 + d], rows[12345 * 8 + d]);
+    EXPECT_EQ(created[16 + d], rows[(keys.size() - 1) * 8 + d]);
+  }
 }
 
 TEST_P(TablesTest, RangePartitioningKeepsContiguousKeysTogether) {
@@ -102,8 +146,7 @@ TEST_P(TablesTest, RangePartitioningKeepsContiguousKeysTogether) {
   EXPECT_EQ(last, 2);
 
   const std::vector<uint64_t> keys = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};  // all on server 0
-  std::vector<float> rows(keys.size() * 2);
-  ASSERT_OK(table.Pull<float>(keys, absl::MakeSpan(rows)));
+  ASSERT_OK(table.Push<float>(keys, std::vector<float>(keys.size() * 2, 0.0f)));
   ASSERT_OK_AND_ASSIGN(std::vector<v1::TableStats> stats, table.Stats());
   EXPECT_EQ(stats[0].rows(), 10u);
   EXPECT_EQ(stats[1].rows(), 0u);

@@ -1,8 +1,10 @@
 #include "cc/core/collectives.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -85,18 +87,16 @@ std::string Reduce(const std::map<std::string, std::string, std::less<>>& contri
 struct Collectives::Slot {
   Key key;  // kind, name, generation
   uint32_t size = 0;
-  int waiters = 0;  // callers inside a call that waits on this slot
+  std::vector<uint64_t> waiters;  // ids of the callers waiting on this slot
 
-  // Barrier and AllReduce: who has arrived (with its chunk, for AllReduce,
-  // until the result is computed).
+  // Barrier and AllReduce: who has arrived (with its chunk, for AllReduce).
   std::map<std::string, std::string, std::less<>> arrived;
-  bool complete = false;
+  uint64_t chunk_bytes = 0;  // of the chunks in `arrived`
   // AllReduce: the round's type, op and chunk length (set by the first
-  // contribution) and the result.
+  // contribution).
   ElementType type = v1::ELEMENT_TYPE_UNSPECIFIED;
   ReduceOp op = ReduceOp::kSum;
   size_t bytes = 0;
-  std::string result;
 
   // Broadcast.
   bool has_data = false;
@@ -115,9 +115,20 @@ struct Collectives::Slot {
   }
 };
 
-Collectives::Collectives(Options options) : options_(options) {}
+struct Collectives::Waiter {
+  Key key;                  // of its slot
+  std::string participant;  // as arrived (barrier, all-reduce) or reading
+  uint64_t timer = 0;       // its deadline's id in the timer
+  SlotDone done;
+};
 
-Collectives::~Collectives() = default;
+Collectives::Collectives(Options options) : options_(options), timer_(options.timer) {}
+
+Collectives::~Collectives() {
+  Shutdown();
+  // A deadline callback already started may still be about to look us up.
+  timer_.Quiesce();
+}
 
 absl::StatusOr<Collectives::Slot*> Collectives::FindOrCreate(Kind kind, absl::string_view name,
                                                              uint64_t generation, uint32_t size) {
@@ -131,107 +142,221 @@ absl::StatusOr<Collectives::Slot*> Collectives::FindOrCreate(Kind kind, absl::st
   }
   Slot* slot = it->second.get();
   if (slot->size != size) {
-    return absl::InvalidArgumentError(
+    absl::Status status = absl::InvalidArgumentError(
         absl::StrCat(slot->Describe(), " has size ", slot->size, ", got ", size));
+    return status;
   }
   return slot;
 }
 
 void Collectives::MaybeFree(Slot* slot) {
-  if (slot->waiters > 0) return;
-  // A barrier or all-reduce without waiters is either complete and delivered
-  // to all, or abandoned by all: its arrivals were withdrawn.
+  if (!slot->waiters.empty()) return;
+  // A barrier or all-reduce without waiters is either complete and released,
+  // or abandoned by all: its arrivals were withdrawn.
   if (slot->kind() == Kind::kBroadcast && slot->has_data && !shutdown_ &&
       slot->got.size() + 1 < slot->size && absl::Now() < slot->put_time + options_.broadcast_ttl) {
     return;  // unread data, not yet expired
   }
-  slots_.erase(slot->key);
+  Erase(slot->key);
+}
+
+void Collectives::Erase(const Key& key) {
+  auto it = slots_.find(key);
+  if (it == slots_.end()) return;
+  held_bytes_ -= it->second->chunk_bytes + it->second->data.size();
+  slots_.erase(it);
+}
+
+absl::Status Collectives::CheckRoom(const Slot& slot, size_t bytes, bool completes) const {
+  const uint64_t limit = options_.max_held_bytes;
+  if (completes || (bytes <= limit && held_bytes_ <= limit - bytes)) return absl::OkStatus();
+  if (bytes > limit) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(slot.Describe(), ": a contribution of ", bytes,
+                     " bytes is larger than the server's whole limit for waiting collectives "
+                     "(--max_collective_bytes=",
+                     limit, ")"));
+  }
+  return absl::UnavailableError(
+      absl::StrCat(slot.Describe(), ": the server holds ", held_bytes_,
+                   " bytes of collective contributions waiting for their rounds (limit ", limit,
+                   ", --max_collective_bytes); this one needs ", bytes, "; retry later"));
 }
 
 void Collectives::DropExpired(absl::Time now) {
   while (!puts_.empty() && puts_.front().first + options_.broadcast_ttl <= now) {
     auto it = slots_.find(puts_.front().second);
     // A slot put again later (same key) has a later put_time and stays.
-    if (it != slots_.end() && it->second->has_data && it->second->waiters == 0 &&
+    if (it != slots_.end() && it->second->has_data && it->second->waiters.empty() &&
         it->second->put_time == puts_.front().first) {
-      slots_.erase(it);
+      Erase(it->first);
     }
     puts_.pop_front();
   }
 }
 
+CancelWait Collectives::AddWaiter(Slot* slot, absl::string_view participant, absl::Time deadline,
+                                  SlotDone done) {
+  const uint64_t id = next_waiter_++;
+  Waiter& waiter = waiters_[id];
+  waiter.key = slot->key;
+  waiter.participant = std::string(participant);
+  waiter.done = std::move(done);
+  slot->waiters.push_back(id);
+  // The timer's lock is taken under mu_, never the other way round: the
+  // timer runs its callbacks without holding its lock.
+  waiter.timer = timer_.get().Schedule(deadline, [this, id] { Withdraw(id, /*cancelled=*/false); });
+  return [this, id] { Withdraw(id, /*cancelled=*/true); };
+}
+
+void Collectives::ReleaseWaiters(Slot* slot, const std::shared_ptr<const std::string>& result,
+                                 Completions& completions) {
+  for (uint64_t id : slot->waiters) {
+    auto it = waiters_.find(id);
+    timer_.get().Cancel(it->second.timer);
+    completions.Add(
+        [done = std::move(it->second.done), result] { done(absl::OkStatus(), result.get()); });
+    waiters_.erase(it);
+  }
+  slot->waiters.clear();
+}
+
+std::string Collectives::Waiting(const Slot& slot) const {
+  switch (slot.kind()) {
+    case Kind::kBarrier:
+      return absl::StrCat(slot.Describe(), ": ", slot.arrived.size(), " of ", slot.size,
+                          " arrived (", ListKeys(slot.arrived), ")");
+    case Kind::kAllReduce:
+      return absl::StrCat(slot.Describe(), ": ", slot.arrived.size(), " of ", slot.size,
+                          " contributed (", ListKeys(slot.arrived), ")");
+    case Kind::kBroadcast:
+      break;
+  }
+  return absl::StrCat(slot.Describe(), ": no data from the root yet");
+}
+
+void Collectives::Withdraw(uint64_t id, bool cancelled) {
+  SlotDone done;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiters_.find(id);
+    if (it == waiters_.end()) return;  // completed already
+    Waiter waiter = std::move(it->second);
+    waiters_.erase(it);
+    if (cancelled) timer_.get().Cancel(waiter.timer);
+    auto slot_it = slots_.find(waiter.key);
+    if (slot_it != slots_.end()) {
+      Slot* slot = slot_it->second.get();
+      // The message names who had arrived, the caller included.
+      status = cancelled ? absl::CancelledError(
+                               absl::StrCat(Waiting(*slot), "; the caller cancelled its call"))
+                         : absl::DeadlineExceededError(Waiting(*slot));
+      auto arrived = slot->arrived.find(waiter.participant);
+      if (arrived != slot->arrived.end()) {
+        slot->chunk_bytes -= arrived->second.size();
+        held_bytes_ -= arrived->second.size();
+        slot->arrived.erase(arrived);
+      }
+      slot->waiters.erase(std::find(slot->waiters.begin(), slot->waiters.end(), id));
+      MaybeFree(slot);
+    } else {
+      status = absl::CancelledError("the call was cancelled");
+    }
+    done = std::move(waiter.done);
+  }
+  done(status, nullptr);
+}
+
 absl::Status Collectives::Barrier(absl::string_view name, uint64_t generation, uint32_t size,
                                   absl::string_view participant, absl::Time deadline) {
+  BlockingWait wait;
+  BarrierAsync(name, generation, size, participant, deadline, wait.Done());
+  return wait.Wait();
+}
+
+CancelWait Collectives::BarrierAsync(absl::string_view name, uint64_t generation, uint32_t size,
+                                     absl::string_view participant, absl::Time deadline,
+                                     WaitDone done) {
+  Completions completions;  // run once the lock is released
+  auto fail = [&](absl::Status status) {
+    completions.Add([done = std::move(done), status = std::move(status)] { done(status); });
+    return CancelWait([] {});
+  };
   if (size == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("barrier '", name, "' round ", generation, ": size must be at least 1"));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("barrier '", name, "' round ", generation, ": size must be at least 1")));
   }
   if (participant.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("barrier '", name, "' round ", generation, ": participant is empty"));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("barrier '", name, "' round ", generation, ": participant is empty")));
   }
   absl::MutexLock lock(&mu_);
-  if (shutdown_) return ShuttingDown();
+  if (shutdown_) return fail(ShuttingDown());
   DropExpired(absl::Now());
-  PS_ASSIGN_OR_RETURN(Slot * slot, FindOrCreate(Kind::kBarrier, name, generation, size));
+  absl::StatusOr<Slot*> found = FindOrCreate(Kind::kBarrier, name, generation, size);
+  if (!found.ok()) return fail(found.status());
+  Slot* slot = *found;
   if (slot->arrived.count(participant) > 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("participant '", participant, "' has already arrived at ", slot->Describe()));
-  }
-  if (slot->complete) {
-    return absl::FailedPreconditionError(absl::StrCat(slot->Describe(), " is already complete; '",
-                                                      participant, "' is one too many"));
+    return fail(absl::AlreadyExistsError(
+        absl::StrCat("participant '", participant, "' has already arrived at ", slot->Describe())));
   }
   slot->arrived.emplace(std::string(participant), std::string());
-  if (slot->arrived.size() == size) slot->complete = true;
-  ++slot->waiters;
-  auto done = [this, slot]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slot->complete || shutdown_; };
-  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  absl::Status status;
-  if (!slot->complete) {
-    status = shutdown_ ? ShuttingDown()
-                       : absl::DeadlineExceededError(
-                             absl::StrCat(slot->Describe(), ": ", slot->arrived.size(), " of ",
-                                          size, " arrived (", ListKeys(slot->arrived), ")"));
-    slot->arrived.erase(slot->arrived.find(participant));
+  if (slot->arrived.size() < size) {
+    return AddWaiter(slot, participant, deadline,
+                     [done = std::move(done)](absl::Status status, const std::string*) {
+                       done(std::move(status));
+                     });
   }
-  --slot->waiters;
+  ReleaseWaiters(slot, nullptr, completions);
   MaybeFree(slot);
-  return status;
+  completions.Add([done = std::move(done)] { done(absl::OkStatus()); });
+  return [] {};
 }
 
 absl::Status Collectives::AllReduce(absl::string_view name, uint64_t generation, uint32_t size,
                                     absl::string_view participant, ElementType type,
                                     absl::string_view data, ReduceOp op, std::string* out,
                                     absl::Time deadline) {
+  BlockingWait wait;
+  AllReduceAsync(name, generation, size, participant, type, data, op, out, deadline, wait.Done());
+  return wait.Wait();
+}
+
+CancelWait Collectives::AllReduceAsync(absl::string_view name, uint64_t generation, uint32_t size,
+                                       absl::string_view participant, ElementType type,
+                                       absl::string_view data, ReduceOp op, std::string* out,
+                                       absl::Time deadline, WaitDone done) {
+  Completions completions;  // run once the lock is released
+  auto fail = [&](absl::Status status) {
+    completions.Add([done = std::move(done), status = std::move(status)] { done(status); });
+    return CancelWait([] {});
+  };
   const std::string what = absl::StrCat("all-reduce '", name, "' round ", generation);
-  if (size == 0) return absl::InvalidArgumentError(what + ": size must be at least 1");
-  if (participant.empty()) return absl::InvalidArgumentError(what + ": participant is empty");
-  if (out == nullptr) return absl::InvalidArgumentError(what + ": no output buffer");
+  if (size == 0) return fail(absl::InvalidArgumentError(what + ": size must be at least 1"));
+  if (participant.empty()) return fail(absl::InvalidArgumentError(what + ": participant is empty"));
+  if (out == nullptr) return fail(absl::InvalidArgumentError(what + ": no output buffer"));
   if (op != ReduceOp::kSum && op != ReduceOp::kMean) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": unknown reduce op ", static_cast<int>(op)));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(what, ": unknown reduce op ", static_cast<int>(op))));
   }
-  PS_RETURN_IF_ERROR(ValidateStorableType(type, what));
+  if (absl::Status s = ValidateStorableType(type, what); !s.ok()) return fail(s);
   const size_t element_size = ElementSize(type);
   if (data.size() % element_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return fail(absl::InvalidArgumentError(absl::StrCat(
         what, ": ", data.size(), " bytes from '", participant, "' are not a whole number of ",
-        ElementTypeName(type), " elements (", element_size, " bytes each)"));
+        ElementTypeName(type), " elements (", element_size, " bytes each)")));
   }
 
   absl::MutexLock lock(&mu_);
-  if (shutdown_) return ShuttingDown();
+  if (shutdown_) return fail(ShuttingDown());
   DropExpired(absl::Now());
-  PS_ASSIGN_OR_RETURN(Slot * slot, FindOrCreate(Kind::kAllReduce, name, generation, size));
+  absl::StatusOr<Slot*> found = FindOrCreate(Kind::kAllReduce, name, generation, size);
+  if (!found.ok()) return fail(found.status());
+  Slot* slot = *found;
   if (slot->arrived.count(participant) > 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "participant '", participant, "' has already contributed to ", slot->Describe()));
-  }
-  if (slot->complete) {
-    return absl::FailedPreconditionError(absl::StrCat(slot->Describe(), " is already complete; '",
-                                                      participant, "' is one too many"));
+    return fail(absl::AlreadyExistsError(absl::StrCat(
+        "participant '", participant, "' has already contributed to ", slot->Describe())));
   }
   if (slot->arrived.empty()) {
     // The first contribution (or the first after all were withdrawn) sets
@@ -240,49 +365,47 @@ absl::Status Collectives::AllReduce(absl::string_view name, uint64_t generation,
     slot->op = op;
     slot->bytes = data.size();
   } else if (slot->type != type) {
-    return absl::InvalidArgumentError(absl::StrCat(slot->Describe(), ": '", participant, "' sent ",
-                                                   ElementTypeName(type), " data, the round's is ",
-                                                   ElementTypeName(slot->type)));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(slot->Describe(), ": '", participant, "' sent ", ElementTypeName(type),
+                     " data, the round's is ", ElementTypeName(slot->type))));
   } else if (slot->bytes != data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(slot->Describe(), ": '", participant, "' sent ",
-                                                   data.size(), " bytes, the round's chunk is ",
-                                                   slot->bytes, " bytes"));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(slot->Describe(), ": '", participant, "' sent ", data.size(),
+                     " bytes, the round's chunk is ", slot->bytes, " bytes")));
   } else if (slot->op != op) {
-    return absl::InvalidArgumentError(absl::StrCat(slot->Describe(), ": '", participant,
-                                                   "' asked for the ", OpName(op),
-                                                   ", the round's op is ", OpName(slot->op)));
+    return fail(absl::InvalidArgumentError(absl::StrCat(slot->Describe(), ": '", participant,
+                                                        "' asked for the ", OpName(op),
+                                                        ", the round's op is ", OpName(slot->op))));
+  }
+  if (absl::Status room = CheckRoom(*slot, data.size(), slot->arrived.size() + 1 == size);
+      !room.ok()) {
+    MaybeFree(slot);  // a round this call created
+    return fail(room);
   }
   slot->arrived.emplace(std::string(participant), std::string(data));
-  if (slot->arrived.size() == size) {
-    // Reduced here, under the lock, rather than outside it: a round that is
-    // full can then never be seen half done, so a waiter that times out
-    // meanwhile needs no third state between "withdrawn" and "complete".
-    DispatchStorable(slot->type, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      slot->result = Reduce<T>(slot->arrived, slot->bytes, slot->op, size);
-    });
-    // Keep the names (a second contribution is still ALREADY_EXISTS) but
-    // free the chunks.
-    for (auto& [id, chunk] : slot->arrived) std::string().swap(chunk);
-    slot->complete = true;
+  slot->chunk_bytes += data.size();
+  held_bytes_ += data.size();
+  auto deliver = [out, done = std::move(done)](absl::Status status, const std::string* result) {
+    if (status.ok()) *out = *result;
+    done(std::move(status));
+  };
+  if (slot->arrived.size() < size) {
+    return AddWaiter(slot, participant, deadline, std::move(deliver));
   }
-  ++slot->waiters;
-  auto done = [this, slot]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slot->complete || shutdown_; };
-  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  absl::Status status;
-  if (slot->complete) {
-    *out = slot->result;
-  } else {
-    status = shutdown_ ? ShuttingDown()
-                       : absl::DeadlineExceededError(
-                             absl::StrCat(slot->Describe(), ": ", slot->arrived.size(), " of ",
-                                          size, " contributed (", ListKeys(slot->arrived), ")"));
-    slot->arrived.erase(slot->arrived.find(participant));
-  }
-  --slot->waiters;
+  // Reduced here, under the lock, rather than outside it: a round that is
+  // full can then never be seen half done, so a waiter that times out
+  // meanwhile needs no third state between "withdrawn" and "complete".
+  std::shared_ptr<const std::string> result;
+  DispatchStorable(slot->type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    result =
+        std::make_shared<const std::string>(Reduce<T>(slot->arrived, slot->bytes, slot->op, size));
+  });
+  ReleaseWaiters(slot, result, completions);
   MaybeFree(slot);
-  return status;
+  completions.Add(
+      [deliver = std::move(deliver), result] { deliver(absl::OkStatus(), result.get()); });
+  return [] {};
 }
 
 absl::Status Collectives::BroadcastPut(absl::string_view name, uint64_t generation, uint32_t size,
@@ -291,6 +414,7 @@ absl::Status Collectives::BroadcastPut(absl::string_view name, uint64_t generati
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast '", name, "' round ", generation, ": size must be at least 1"));
   }
+  Completions completions;  // run after the lock is released
   absl::MutexLock lock(&mu_);
   if (shutdown_) return ShuttingDown();
   const absl::Time now = absl::Now();
@@ -301,47 +425,77 @@ absl::Status Collectives::BroadcastPut(absl::string_view name, uint64_t generati
     return absl::AlreadyExistsError(
         absl::StrCat(slot->Describe(), " already has data from the root"));
   }
+  // Every reader already waiting: the data is delivered and freed at once.
+  if (absl::Status room = CheckRoom(*slot, data.size(), slot->waiters.size() + 1 >= size);
+      !room.ok()) {
+    MaybeFree(slot);  // a round this call created
+    return room;
+  }
   slot->has_data = true;
   slot->data = std::string(data);
+  held_bytes_ += data.size();
   slot->put_time = now;
   puts_.emplace_back(now, slot->key);
+  if (!slot->waiters.empty()) {
+    // The readers waiting get it now.
+    for (uint64_t id : slot->waiters) slot->got.insert(waiters_.at(id).participant);
+    ReleaseWaiters(slot, std::make_shared<const std::string>(slot->data), completions);
+    MaybeFree(slot);
+  }
   return absl::OkStatus();
 }
 
 absl::Status Collectives::BroadcastGet(absl::string_view name, uint64_t generation, uint32_t size,
                                        absl::string_view participant, std::string* out,
                                        absl::Time deadline) {
+  BlockingWait wait;
+  BroadcastGetAsync(name, generation, size, participant, out, deadline, wait.Done());
+  return wait.Wait();
+}
+
+CancelWait Collectives::BroadcastGetAsync(absl::string_view name, uint64_t generation,
+                                          uint32_t size, absl::string_view participant,
+                                          std::string* out, absl::Time deadline, WaitDone done) {
+  Completions completions;  // run once the lock is released
+  auto fail = [&](absl::Status status) {
+    completions.Add([done = std::move(done), status = std::move(status)] { done(status); });
+    return CancelWait([] {});
+  };
   const std::string what = absl::StrCat("broadcast '", name, "' round ", generation);
   if (size < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": size must be at least 2 (the root and a reader), got ", size));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(what, ": size must be at least 2 (the root and a reader), got ", size)));
   }
-  if (participant.empty()) return absl::InvalidArgumentError(what + ": participant is empty");
-  if (out == nullptr) return absl::InvalidArgumentError(what + ": no output buffer");
+  if (participant.empty()) return fail(absl::InvalidArgumentError(what + ": participant is empty"));
+  if (out == nullptr) return fail(absl::InvalidArgumentError(what + ": no output buffer"));
   absl::MutexLock lock(&mu_);
-  if (shutdown_) return ShuttingDown();
+  if (shutdown_) return fail(ShuttingDown());
   DropExpired(absl::Now());
-  PS_ASSIGN_OR_RETURN(Slot * slot, FindOrCreate(Kind::kBroadcast, name, generation, size));
+  absl::StatusOr<Slot*> found = FindOrCreate(Kind::kBroadcast, name, generation, size);
+  if (!found.ok()) return fail(found.status());
+  Slot* slot = *found;
   if (slot->got.contains(participant)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("participant '", participant, "' has already got ", slot->Describe()));
+    return fail(absl::AlreadyExistsError(
+        absl::StrCat("participant '", participant, "' has already got ", slot->Describe())));
   }
-  ++slot->waiters;
-  auto done = [this, slot]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slot->has_data || shutdown_; };
-  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  absl::Status status;
-  if (slot->has_data) {
-    *out = slot->data;
-    slot->got.emplace(participant);
-  } else {
-    status = shutdown_ ? ShuttingDown()
-                       : absl::DeadlineExceededError(
-                             absl::StrCat(slot->Describe(), ": no data from the root yet"));
+  for (uint64_t id : slot->waiters) {
+    if (waiters_.at(id).participant == participant) {
+      return fail(absl::AlreadyExistsError(absl::StrCat(
+          "participant '", participant, "' is already waiting for ", slot->Describe())));
+    }
   }
-  --slot->waiters;
+  auto deliver = [out, done = std::move(done)](absl::Status status, const std::string* result) {
+    if (status.ok()) *out = *result;
+    done(std::move(status));
+  };
+  if (!slot->has_data) return AddWaiter(slot, participant, deadline, std::move(deliver));
+  slot->got.emplace(participant);
+  completions.Add(
+      [deliver = std::move(deliver), data = std::make_shared<const std::string>(slot->data)] {
+        deliver(absl::OkStatus(), data.get());
+      });
   MaybeFree(slot);
-  return status;
+  return [] {};
 }
 
 size_t Collectives::open_slots() const {
@@ -349,18 +503,28 @@ size_t Collectives::open_slots() const {
   return slots_.size();
 }
 
+size_t Collectives::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiters_.size();
+}
+
+uint64_t Collectives::held_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return held_bytes_;
+}
+
 void Collectives::Shutdown() {
+  Completions completions;  // run after the lock is released
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
   puts_.clear();
-  // Waiters free their own slots as they leave.
-  for (auto it = slots_.begin(); it != slots_.end();) {
-    if (it->second->waiters == 0) {
-      slots_.erase(it++);
-    } else {
-      ++it;
-    }
+  for (auto& [id, waiter] : waiters_) {
+    timer_.get().Cancel(waiter.timer);
+    completions.Add([done = std::move(waiter.done)] { done(ShuttingDown(), nullptr); });
   }
+  waiters_.clear();
+  slots_.clear();
+  held_bytes_ = 0;
 }
 
 }  // namespace pserver

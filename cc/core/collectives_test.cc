@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -12,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/core/element_type.h"
@@ -404,6 +406,156 @@ TEST(CollectivesTest, ShutdownWakesEveryWaiter) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("server shutting down")));
   EXPECT_THAT(c.BroadcastPut("x", 2, 2, "d"), StatusIs(absl::StatusCode::kUnavailable,
                                                       HasSubstr("server shutting down")));
+}
+
+// A result an asynchronous call delivers, or none yet.
+struct Result {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  WaitDone Done() {
+    return [this](absl::Status s) {
+      absl::MutexLock lock(&mu);
+      status = std::move(s);
+      done = true;
+    };
+  }
+  bool IsDone() {
+    absl::MutexLock lock(&mu);
+    return done;
+  }
+  absl::Status Get() {
+    absl::MutexLock lock(&mu);
+    return status;
+  }
+};
+
+TEST(CollectivesTest, AsyncWaitsHoldNoThreadAndCancelDropsTheirChunks) {
+  Collectives c;
+  constexpr int kCallers = 50;
+  std::vector<std::unique_ptr<Result>> results;
+  std::vector<CancelWait> cancels;
+  std::vector<std::string> outs(kCallers);
+  const std::string chunk(1 << 16, '\0');
+  for (int i = 0; i < kCallers; ++i) {
+    results.push_back(std::make_unique<Result>());
+    cancels.push_back(c.AllReduceAsync("g", 1, 1000, absl::StrCat("w", i), v1::FLOAT32, chunk,
+                                       ReduceOp::kSum, &outs[i], Long(), results[i]->Done()));
+  }
+  // All registered, from this one thread, and none completed.
+  EXPECT_EQ(c.waiting(), static_cast<size_t>(kCallers));
+  EXPECT_EQ(c.held_bytes(), kCallers * chunk.size());
+  EXPECT_EQ(c.open_slots(), 1u);
+  for (const auto& r : results) EXPECT_FALSE(r->IsDone());
+  for (int i = 0; i < kCallers; ++i) {
+    cancels[i]();
+    ASSERT_TRUE(results[i]->IsDone());  // at once, on the cancelling thread
+    EXPECT_THAT(results[i]->Get(),
+                StatusIs(absl::StatusCode::kCancelled,
+                         AllOf(HasSubstr("all-reduce 'g' round 1"), HasSubstr("cancelled"))));
+    EXPECT_EQ(c.held_bytes(), (kCallers - i - 1) * chunk.size());
+  }
+  EXPECT_EQ(c.waiting(), 0u);
+  EXPECT_EQ(c.open_slots(), 0u);
+  cancels[0]();  // again: a no-op
+
+  // A cancelled barrier arrival is withdrawn, so the round needs it again.
+  Result barrier;
+  CancelWait cancel = c.BarrierAsync("b", 1, 2, "w0", Long(), barrier.Done());
+  cancel();
+  EXPECT_THAT(barrier.Get(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("1 of 2 arrived")));
+  EXPECT_THAT(c.Barrier("b", 1, 2, "w1", absl::Now() + absl::Milliseconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2 arrived (w1)")));
+  // A cancelled broadcast reader leaves unread data untouched.
+  std::string data;
+  Result reader;
+  c.BroadcastGetAsync("x", 1, 3, "r1", &data, Long(), reader.Done())();
+  EXPECT_THAT(reader.Get(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("no data")));
+  ASSERT_OK(c.BroadcastPut("x", 1, 3, "hello"));
+  EXPECT_EQ(c.held_bytes(), 5u);
+  ASSERT_OK(c.BroadcastGet("x", 1, 3, "r1", &data, Long()));
+  EXPECT_EQ(data, "hello");
+}
+
+TEST(CollectivesTest, DestroyingWithWaitersCompletesThemUnavailable) {
+  Result result;
+  {
+    Collectives c;
+    c.BarrierAsync("b", 1, 3, "w0", Long(), result.Done());
+    EXPECT_FALSE(result.IsDone());
+  }
+  EXPECT_THAT(result.Get(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+}
+
+TEST(CollectivesTest, HeldBytesAreCappedAndFreedByCancelOrCompletion) {
+  constexpr size_t kChunk = 1 << 16;
+  Collectives::Options options;
+  options.max_held_bytes = 3 * kChunk + kChunk / 2;  // room for three chunks
+  Collectives c(options);
+  const std::string chunk(kChunk, '\0');
+  std::vector<std::unique_ptr<Result>> results;
+  std::vector<CancelWait> cancels;
+  std::vector<std::string> outs(8);
+  auto contribute = [&](absl::string_view name, int size, int who) {
+    results.push_back(std::make_unique<Result>());
+    cancels.push_back(c.AllReduceAsync(name, 1, size, absl::StrCat("w", who), v1::FLOAT32, chunk,
+                                       ReduceOp::kSum, &outs[results.size() - 1], Long(),
+                                       results.back()->Done()));
+    return results.back().get();
+  };
+  // Three waiting contributions fill the room: a, a, b.
+  Result* a0 = contribute("a", 3, 0);
+  contribute("a", 3, 1);
+  Result* b0 = contribute("b", 2, 0);
+  EXPECT_EQ(c.held_bytes(), 3 * kChunk);
+
+  // A fourth that would wait is refused at once, storing nothing; so is a
+  // broadcast put that readers have yet to take.
+  Result* refused = contribute("c", 2, 0);
+  ASSERT_TRUE(refused->IsDone());
+  EXPECT_THAT(
+      refused->Get(),
+      StatusIs(absl::StatusCode::kUnavailable,
+               AllOf(HasSubstr("all-reduce 'c' round 1"), HasSubstr("--max_collective_bytes"),
+                     HasSubstr(absl::StrCat("holds ", 3 * kChunk)),
+                     HasSubstr(absl::StrCat("needs ", kChunk)), HasSubstr("retry"))));
+  EXPECT_THAT(c.BroadcastPut("x", 1, 2, chunk),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("--max_collective_bytes")));
+  EXPECT_EQ(c.held_bytes(), 3 * kChunk);
+  EXPECT_EQ(c.open_slots(), 2u);  // a and b; the refused rounds left nothing
+  EXPECT_EQ(c.waiting(), 3u);
+
+  // A contribution that completes its round is never refused: it frees the
+  // round's chunks.
+  Result* b1 = contribute("b", 2, 1);
+  ASSERT_TRUE(b1->IsDone());
+  ASSERT_OK(b1->Get());
+  ASSERT_OK(b0->Get());
+  EXPECT_EQ(c.held_bytes(), 2 * kChunk);
+  // Now one more fits, and then the room is full again.
+  Result* c0 = contribute("c", 2, 0);
+  EXPECT_FALSE(c0->IsDone());
+  EXPECT_THAT(contribute("d", 2, 0)->Get(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("--max_collective_bytes")));
+
+  // Cancelling a waiter frees its chunk at once; a new contribution fits.
+  cancels[0]();
+  EXPECT_THAT(a0->Get(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled")));
+  EXPECT_EQ(c.held_bytes(), 2 * kChunk);
+  Result* d0 = contribute("d", 2, 0);
+  EXPECT_FALSE(d0->IsDone());
+  EXPECT_EQ(c.held_bytes(), 3 * kChunk);
+
+  // A chunk larger than the whole limit can never fit: refused for good.
+  EXPECT_THAT(
+      c.AllReduce("e", 1, 2, "w0", v1::FLOAT32, std::string(4 * kChunk, '\0'), ReduceOp::kSum,
+                  &outs[0], Long()),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("larger than the server's whole limit"),
+                     HasSubstr(absl::StrCat("--max_collective_bytes=", options.max_held_bytes)))));
+  for (size_t i = 1; i < cancels.size(); ++i) cancels[i]();
+  EXPECT_EQ(c.held_bytes(), 0u);
+  EXPECT_EQ(c.open_slots(), 0u);
 }
 
 }  // namespace

@@ -292,6 +292,21 @@ bool SparseTable::Sight(Shard& shard, uint64_t key, uint64_t call) {
   return true;
 }
 
+void SparseTable::SightForRead(Shard& shard, uint64_t key, uint64_t call) {
+  if (admission_count_ <= 1) return;
+  auto it = shard.pending.find(key);
+  if (it == shard.pending.end()) {
+    AddPending(shard, key, 1, call);
+    return;
+  }
+  PendingEntry& e = it->second;
+  if (e.last_call == call) return;  // this call has sighted it already
+  e.last_call = call;
+  // A read never admits: it counts up to one short of admission, and the
+  // push that comes next admits the key.
+  if (e.count + 1 < admission_count_) ++e.count;
+}
+
 // Stable counting sort by shard; `starts` gets num_shards_ + 1 offsets into
 // `order`.
 void SparseTable::GroupByShard(absl::Span<const uint64_t> keys, std::vector<uint32_t>& order,
@@ -327,7 +342,8 @@ absl::Status SparseTable::Pull(absl::Span<const uint64_t> keys, absl::Span<char>
 }
 
 template <typename T, typename OnRow, typename OnPending>
-void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, OnRow on_row, OnPending on_pending) {
+void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create, OnRow on_row,
+                             OnPending on_pending) {
   const uint64_t call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
   const int64_t now = NowNanos();
   std::vector<uint32_t> order, starts;
@@ -344,9 +360,10 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, OnRow on_row, OnPe
       if (it != shard.index.end()) {
         slot = it->second;
         Touch(shard, slot, now);
-      } else if (Sight(shard, key, call)) {
+      } else if (create == RowCreation::kOnAdmission && Sight(shard, key, call)) {
         slot = CreateRow<T>(shard, key, now);
       } else {
+        if (create == RowCreation::kNever) SightForRead(shard, key, call);
         on_pending(i);
         continue;
       }
@@ -359,7 +376,7 @@ template <typename T>
 absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out) {
   std::vector<uint32_t> initial;  // positions that read the initializer's value
   ForEachRow<T>(
-      keys,
+      keys, RowCreation::kNever,
       [&](uint32_t i, Shard& shard, uint32_t slot) {
         std::memcpy(out.data() + i * row_bytes_, SlotData(shard, slot), row_bytes_);
       },
@@ -436,7 +453,7 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
   }
 
   ForEachRow<T>(
-      distinct,
+      distinct, RowCreation::kOnAdmission,
       [&](uint32_t d, Shard& shard, uint32_t slot) {
         T* row = reinterpret_cast<T*>(SlotData(shard, slot));
         const uint64_t step = ++shard.meta[slot].step;

@@ -1,6 +1,6 @@
 // SparseTable: one server's shard of a sparse embedding table (or of a KV
 // table): uint64 keys to rows of `dim` float32/float64 values, created on
-// first touch from a deterministic initializer, updated by a per-row
+// first push from a deterministic initializer, updated by a per-row
 // optimizer, evicted by TTL and capacity, admitted after N sightings.
 // Schema and formulas: proto/pserver/v1/table.proto.
 //
@@ -16,11 +16,17 @@
 // Rows and gradients travel as little-endian bytes of the element type,
 // keys.size() * row_bytes() of them, row i for keys[i].
 //
+// Rows are created by pushes only. A pull of a key without a row reads the
+// initializer's value and creates nothing (the initializer is deterministic
+// in (seed, key, column), so the row a later push creates starts from the
+// same value): reads cannot grow a table, whatever keys they name.
+//
 // Admission (eviction.admission_count = N > 1): a key gets a row on its N-th
-// sighting. One Pull or Push call sights each distinct key once, however
-// often it lists it. Before admission a pull reads the initializer's value and
-// a push's gradient for the key is dropped; the call that admits the key is
-// served by the new row (its pull reads the initial value, its push applies).
+// sighting, which must be a push. One Pull or Push call sights each distinct
+// key once, however often it lists it. A pull counts a sighting up to N - 1
+// (never admitting), so the next push admits the key. Before admission a
+// push's gradient for the key is dropped; the push that admits the key
+// applies to the new row.
 // Pending sighting counts are bounded: at most min(4 * capacity, 2^20) keys
 // (2^20 without a capacity), split evenly over the internal shards; past the
 // bound the key first seen longest ago is forgotten.
@@ -102,9 +108,10 @@ class SparseTable {
 
   // Writes keys.size() rows to `out` (exactly keys.size() * row_bytes()
   // bytes, else INVALID_ARGUMENT naming both sizes, nothing changes) in the
-  // order of `keys` (duplicates allowed). Missing admitted rows are created
-  // from the initializer; a key not yet admitted (admission_count) counts a
-  // sighting and reads the initializer's value. Touches last-use time.
+  // order of `keys` (duplicates allowed). A key without a row reads the
+  // initializer's value; no row is created (and nothing evicted). A key not
+  // yet admitted (admission_count) counts a sighting, short of admission.
+  // Touches the last-use time of the rows read.
   absl::Status Pull(absl::Span<const uint64_t> keys, absl::Span<char> out);
 
   // `grads`: keys.size() * row_bytes() bytes (else INVALID_ARGUMENT, nothing
@@ -157,11 +164,15 @@ class SparseTable {
 
   template <typename T>
   absl::Status PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out);
-  // Finds (or, once admitted, creates) the row of each key, shard by shard
-  // under the shard's lock, touching it: on_row(i, shard, slot) for keys[i]
-  // with a row, on_pending(i) for a key not admitted yet.
+  // Whether ForEachRow creates missing rows: a push does once the key is
+  // admitted; a read never does (it only counts a sighting).
+  enum class RowCreation { kOnAdmission, kNever };
+  // Finds (or, with kOnAdmission, once admitted, creates) the row of each
+  // key, shard by shard under the shard's lock, touching it:
+  // on_row(i, shard, slot) for keys[i] with a row, on_pending(i) otherwise.
   template <typename T, typename OnRow, typename OnPending>
-  void ForEachRow(absl::Span<const uint64_t> keys, OnRow on_row, OnPending on_pending);
+  void ForEachRow(absl::Span<const uint64_t> keys, RowCreation create, OnRow on_row,
+                  OnPending on_pending);
   template <typename T>
   absl::Status PushImpl(absl::Span<const uint64_t> keys, absl::string_view grads);
 
@@ -169,6 +180,9 @@ class SparseTable {
   // Counts a sighting of a key without a row; true if the key is admitted
   // now (and the caller creates its row).
   bool Sight(Shard& shard, uint64_t key, uint64_t call);
+  // Counts a read's sighting of a key without a row, up to one short of
+  // admission.
+  void SightForRead(Shard& shard, uint64_t key, uint64_t call);
   // Creates the row of `key` from the initializer, evicting the least
   // recently touched rows first if the table is at capacity; returns its slot.
   template <typename T>

@@ -361,6 +361,8 @@ TEST(SparseTableTest, TtlEvictsRowsUntouchedForLonger) {
   EXPECT_EQ(table->EvictExpired(), 0u);
   // Key 1 comes back with its initial value; key 2 kept its update.
   EXPECT_EQ(Pull(*table, {1}), Initial(*table, 1));
+  EXPECT_EQ(table->Stats().rows(), 1u);         // a read creates no row
+  ASSERT_OK(Push<float>(*table, {1}, {0, 0}));  // a push recreates it
   std::vector<float> two = Pull(*table, {2});
   EXPECT_FLOAT_EQ(two[0], Initial(*table, 2)[0] + 5);
   clock.now += absl::Seconds(11);
@@ -385,9 +387,12 @@ TEST(SparseTableTest, CapacityEvictsTheLeastRecentlyTouchedRow) {
   EXPECT_EQ(stats.rows(), 3u);
   EXPECT_EQ(stats.evictions(), 1u);
   EXPECT_THAT(Pull(*table, {1, 4}), ElementsAre(1, 4));  // LRU: 3 1 4
-  EXPECT_THAT(Pull(*table, {2}), ElementsAre(0));        // recreated; evicts 3
+  EXPECT_THAT(Pull(*table, {2}), ElementsAre(0));        // a read: no row, no eviction
+  EXPECT_EQ(table->Stats().evictions(), 1u);
+  ASSERT_OK(Push<float>(*table, {2}, {0}));  // recreated; evicts 3
   EXPECT_THAT(Pull(*table, {1, 4}), ElementsAre(1, 4));
-  EXPECT_THAT(Pull(*table, {3}), ElementsAre(0));  // evicts 2
+  ASSERT_OK(Push<float>(*table, {3}, {0}));  // evicts 2
+  EXPECT_THAT(Pull(*table, {3}), ElementsAre(0));
   stats = table->Stats();
   EXPECT_EQ(stats.rows(), 3u);
   EXPECT_EQ(stats.evictions(), 3u);
@@ -416,13 +421,55 @@ TEST(SparseTableTest, AdmissionWaitsForNSightings) {
   EXPECT_EQ(stats.bytes(), 8u);
 }
 
+TEST(SparseTableTest, PullsOfUnknownKeysCreateNoRowsAndReadTheInitialValue) {
+  const std::string config =
+      "dim: 3 optimizer { sgd { learning_rate: 0.5 } } "
+      "initializer { normal { stddev: 0.1 } seed: 11 } eviction { capacity: 1000 }";
+  auto table = MakeTable(config);
+  ASSERT_OK(Push<float>(*table, {7}, {1, 1, 1}));
+  const std::vector<float> seven = Pull(*table, {7});
+  std::vector<uint64_t> keys(50000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 1000 + 3 * i;
+  const std::vector<float> read = Pull(*table, keys);
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 1u);
+  EXPECT_EQ(stats.bytes(), 3u * 4);
+  EXPECT_EQ(stats.evictions(), 0u);  // nothing was made room for
+  EXPECT_EQ(stats.keys_pulled(), 1 + keys.size());
+  EXPECT_EQ(Pull(*table, {7}), seven);
+  // Each value is the initializer's, and the row a push creates starts from
+  // it: a zero gradient leaves exactly the value the read returned.
+  auto pushed = MakeTable(config);
+  for (size_t i : {size_t{0}, size_t{1}, keys.size() - 1}) {
+    const std::vector<float> want(read.begin() + 3 * i, read.begin() + 3 * i + 3);
+    EXPECT_EQ(Initial(*table, keys[i]), want);
+    ASSERT_OK(Push<float>(*pushed, {keys[i]}, {0, 0, 0}));
+    EXPECT_EQ(Pull(*pushed, {keys[i]}), want);
+  }
+  EXPECT_EQ(pushed->Stats().rows(), 3u);
+}
+
+TEST(SparseTableTest, ReadsCountSightingsButOnlyAPushAdmits) {
+  auto table = MakeTable("dim: 1 optimizer { add {} } eviction { admission_count: 2 }");
+  Pull(*table, {5});
+  Pull(*table, {5});
+  Pull(*table, {5});
+  v1::TableStats stats = table->Stats();
+  EXPECT_EQ(stats.rows(), 0u);
+  EXPECT_EQ(stats.pending_keys(), 1u);
+  ASSERT_OK(Push<float>(*table, {5}, {2}));  // the second sighting: admitted, applied
+  EXPECT_THAT(Pull(*table, {5}), ElementsAre(2));
+  EXPECT_EQ(table->Stats().rows(), 1u);
+  EXPECT_EQ(table->Stats().pending_keys(), 0u);
+}
+
 TEST(SparseTableTest, PendingKeysAreBoundedDroppingTheOldest) {
   // capacity 2 -> at most 8 pending keys.
   auto table = MakeTable("dim: 1 optimizer { add {} } eviction { admission_count: 2 capacity: 2 }");
   for (uint64_t key = 100; key < 110; ++key) Pull(*table, {key});
   EXPECT_EQ(table->Stats().pending_keys(), 8u);
   // 100 and 101 were forgotten: a second sighting does not admit them.
-  Pull(*table, {100, 109});
+  ASSERT_OK(Push<float>(*table, {100, 109}, {0, 0}));
   v1::TableStats stats = table->Stats();
   EXPECT_EQ(stats.rows(), 1u);  // 109
   // 100 again pushed out 102; 109 left for its row: 103..108 and 100.
@@ -431,6 +478,7 @@ TEST(SparseTableTest, PendingKeysAreBoundedDroppingTheOldest) {
 
 TEST(SparseTableTest, StatsCountBytesOfValuesAndState) {
   auto table = MakeTable("dim: 4 optimizer { adam {} }");
+  ASSERT_OK(Push<float>(*table, {1, 2, 3}, std::vector<float>(12, 0.0f)));
   Pull(*table, {1, 2, 3});
   v1::TableStats stats = table->Stats();
   EXPECT_EQ(stats.name(), "emb");
@@ -503,7 +551,7 @@ TEST(SparseTableTest, SerializeKeepsLruOrderForCapacity) {
   Pull(*table, {1});  // LRU: 2 3 1
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<SparseTable> restored,
                        SparseTable::Deserialize(table->Serialize(), clock.Options()));
-  Pull(*restored, {4});  // evicts 2
+  ASSERT_OK(Push<float>(*restored, {4}, {0}));  // evicts 2
   EXPECT_THAT(Pull(*restored, {1, 3, 4}), ElementsAre(1, 3, 0));
   EXPECT_EQ(restored->Stats().evictions(), 1u);
 }

@@ -57,7 +57,19 @@ absl::Status TableHandler::Push(SparseTable& table, absl::Span<const uint64_t> k
   return table.Push(keys, values);
 }
 
-Tables::Tables(TablesOptions options) : options_(std::move(options)) {}
+namespace {
+
+Collectives::Options CollectivesOptions(const TablesOptions& tables, DeadlineTimer* timer) {
+  Collectives::Options options;
+  options.timer = timer;
+  options.max_held_bytes = tables.max_collective_bytes;
+  return options;
+}
+
+}  // namespace
+
+Tables::Tables(TablesOptions options)
+    : options_(std::move(options)), collectives_(CollectivesOptions(options_, &timer_)) {}
 
 Tables::~Tables() { Shutdown(); }
 
@@ -79,7 +91,7 @@ absl::Status Tables::Create(const v1::CreateTableRequest& request) {
   }
   // Built outside the lock; a racing create of the same name keeps the first.
   PS_ASSIGN_OR_RETURN(auto table, SparseTable::Create(request.name(), config, options_.table));
-  auto entry = std::make_shared<Entry>();
+  auto entry = std::make_shared<Entry>(&timer_);
   entry->table = std::move(table);
   absl::MutexLock lock(&mu_);
   tables_.emplace(request.name(), std::move(entry));
@@ -114,25 +126,53 @@ void Tables::MaybeSweep(Entry& entry) {
 
 absl::Status Tables::Pull(const v1::TablePullRequest& request, v1::TablePullResponse* response,
                           absl::Time deadline) {
+  BlockingWait wait;
+  PullAsync(request, response, deadline, wait.Done());
+  return wait.Wait();
+}
+
+CancelWait Tables::PullAsync(const v1::TablePullRequest& request, v1::TablePullResponse* response,
+                             absl::Time deadline, WaitDone done) {
   const int64_t received = UnixNanos();
-  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(request.table()));
-  PS_ASSIGN_OR_RETURN(std::vector<uint64_t> keys, DecodeKeys(request.keys()));
+  auto fail = [&](absl::Status status) {
+    done(std::move(status));
+    return CancelWait([] {});
+  };
+  absl::StatusOr<std::shared_ptr<Entry>> found = Find(request.table());
+  if (!found.ok()) return fail(found.status());
+  std::shared_ptr<Entry> entry = *std::move(found);
+  absl::StatusOr<std::vector<uint64_t>> keys = DecodeKeys(request.keys());
+  if (!keys.ok()) return fail(keys.status());
   const int64_t staleness = StalenessOf(entry->table->config().consistency());
-  if (staleness >= 0 && !request.worker().empty()) {
-    absl::Status waited = entry->clocks.WaitUntilAll(request.clock() - staleness, deadline);
-    if (!waited.ok()) {
-      return absl::Status(waited.code(),
-                          absl::StrCat("table '", request.table(), "': read by ", request.worker(),
-                                       " at clock ", request.clock(), ": ", waited.message()));
-    }
+  if (staleness < 0 || request.worker().empty()) {
+    return fail(Read(*entry, request, *keys, response, received));
   }
-  MaybeSweep(*entry);
+  CancelWait cancel = entry->clocks.WaitUntilAllAsync(
+      request.clock() - staleness, deadline,
+      [this, entry, keys = *std::move(keys), &request, response, received,
+       done = std::move(done)](absl::Status waited) {
+        if (!waited.ok()) {
+          done(absl::Status(waited.code(), absl::StrCat("table '", request.table(), "': read by ",
+                                                        request.worker(), " at clock ",
+                                                        request.clock(), ": ", waited.message())));
+          return;
+        }
+        done(Read(*entry, request, keys, response, received));
+      });
+  // Keeps the entry (and its clocks) alive for the cancel.
+  return [entry, cancel = std::move(cancel)] { cancel(); };
+}
+
+absl::Status Tables::Read(Entry& entry, const v1::TablePullRequest& request,
+                          absl::Span<const uint64_t> keys, v1::TablePullResponse* response,
+                          int64_t received) {
+  MaybeSweep(entry);
   std::string* values = response->mutable_values();
-  values->resize(keys.size() * entry->table->row_bytes());
+  values->resize(keys.size() * entry.table->row_bytes());
   absl::Status status;
   {
-    absl::ReaderMutexLock lock(&entry->bsp_mu);  // after the adds the clock released
-    status = HandlerOf(request.table())->Pull(*entry->table, keys, absl::MakeSpan(*values));
+    absl::ReaderMutexLock lock(&entry.bsp_mu);  // after the adds the clock released
+    status = HandlerOf(request.table())->Pull(*entry.table, keys, absl::MakeSpan(*values));
   }
   if (!status.ok()) {
     response->clear_values();
@@ -182,9 +222,12 @@ absl::Status Tables::Apply(Entry& entry, const std::string& name, absl::Span<con
 
 absl::StatusOr<int64_t> Tables::Clock(const v1::ClockRequest& request) {
   PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(request.table()));
-  if (!HoldsAdds(*entry)) return ChangeClock(*entry, request);
+  if (!HoldsAdds(*entry)) return ChangeClock(*entry, request, nullptr);
+  // The reads this change lets through run once bsp_mu is released (declared
+  // before the lock), so they see the adds applied below.
+  Completions released;
   absl::MutexLock lock(&entry->bsp_mu);
-  PS_ASSIGN_OR_RETURN(int64_t clock, ChangeClock(*entry, request));
+  PS_ASSIGN_OR_RETURN(int64_t clock, ChangeClock(*entry, request, &released));
   const int64_t min_clock = entry->clocks.MinClock();
   while (!entry->pending.empty() && (min_clock < 0 || entry->pending.begin()->first < min_clock)) {
     for (const v1::PendingAdds::Add& add : entry->pending.begin()->second) {
@@ -198,13 +241,14 @@ absl::StatusOr<int64_t> Tables::Clock(const v1::ClockRequest& request) {
   return clock;
 }
 
-absl::StatusOr<int64_t> Tables::ChangeClock(Entry& entry, const v1::ClockRequest& request) {
+absl::StatusOr<int64_t> Tables::ChangeClock(Entry& entry, const v1::ClockRequest& request,
+                                            Completions* released) {
   switch (request.op()) {
     case v1::ClockRequest::JOIN:
       return entry.clocks.Join(request.worker());
     case v1::ClockRequest::LEAVE: {
       PS_ASSIGN_OR_RETURN(int64_t clock, entry.clocks.ClockOf(request.worker()));
-      PS_RETURN_IF_ERROR(entry.clocks.Leave(request.worker()));
+      PS_RETURN_IF_ERROR(entry.clocks.Leave(request.worker(), released));
       return clock;
     }
     case v1::ClockRequest::TICK: {
@@ -212,7 +256,7 @@ absl::StatusOr<int64_t> Tables::ChangeClock(Entry& entry, const v1::ClockRequest
         PS_ASSIGN_OR_RETURN(int64_t clock, entry.clocks.ClockOf(request.worker()));
         if (clock >= request.to()) return clock;  // a retried tick
       }
-      return entry.clocks.Tick(request.worker());
+      return entry.clocks.Tick(request.worker(), released);
     }
     default:
       return absl::InvalidArgumentError(
@@ -221,34 +265,65 @@ absl::StatusOr<int64_t> Tables::ChangeClock(Entry& entry, const v1::ClockRequest
 }
 
 void Tables::Stats(v1::TableStatsResponse* response) const {
+  uint64_t waiting = collectives_.waiting();
   for (const auto& [name, entry] : Entries()) {
     v1::TableStats* stats = response->add_tables();
     *stats = entry->table->Stats();
     stats->set_min_clock(entry->clocks.MinClock());
     stats->set_workers(static_cast<uint32_t>(entry->clocks.size()));
+    waiting += entry->clocks.waiting();
   }
+  response->set_collective_rounds(collectives_.open_slots());
+  response->set_collective_bytes(collectives_.held_bytes());
+  response->set_waiting_calls(waiting);
 }
 
 absl::Status Tables::Barrier(const v1::BarrierRequest& request, absl::Time deadline) {
-  return collectives_.Barrier(request.name(), request.generation(), request.size(),
-                              request.participant(), deadline);
+  BlockingWait wait;
+  BarrierAsync(request, deadline, wait.Done());
+  return wait.Wait();
 }
 
 absl::Status Tables::AllReduce(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,
                                absl::Time deadline) {
-  return collectives_.AllReduce(request.name(), request.generation(), request.size(),
-                                request.participant(), request.element_type(), request.data(),
-                                ReduceOpOf(request.op()), response->mutable_data(), deadline);
+  BlockingWait wait;
+  AllReduceAsync(request, response, deadline, wait.Done());
+  return wait.Wait();
 }
 
 absl::Status Tables::Broadcast(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,
                                absl::Time deadline) {
+  BlockingWait wait;
+  BroadcastAsync(request, response, deadline, wait.Done());
+  return wait.Wait();
+}
+
+CancelWait Tables::BarrierAsync(const v1::BarrierRequest& request, absl::Time deadline,
+                                WaitDone done) {
+  return collectives_.BarrierAsync(request.name(), request.generation(), request.size(),
+                                   request.participant(), deadline, std::move(done));
+}
+
+CancelWait Tables::AllReduceAsync(const v1::AllReduceRequest& request,
+                                  v1::AllReduceResponse* response, absl::Time deadline,
+                                  WaitDone done) {
+  return collectives_.AllReduceAsync(request.name(), request.generation(), request.size(),
+                                     request.participant(), request.element_type(), request.data(),
+                                     ReduceOpOf(request.op()), response->mutable_data(), deadline,
+                                     std::move(done));
+}
+
+CancelWait Tables::BroadcastAsync(const v1::BroadcastRequest& request,
+                                  v1::BroadcastResponse* response, absl::Time deadline,
+                                  WaitDone done) {
   if (request.root()) {
-    return collectives_.BroadcastPut(request.name(), request.generation(), request.size(),
-                                     request.data());
+    done(collectives_.BroadcastPut(request.name(), request.generation(), request.size(),
+                                   request.data()));
+    return [] {};
   }
-  return collectives_.BroadcastGet(request.name(), request.generation(), request.size(),
-                                   request.participant(), response->mutable_data(), deadline);
+  return collectives_.BroadcastGetAsync(request.name(), request.generation(), request.size(),
+                                        request.participant(), response->mutable_data(), deadline,
+                                        std::move(done));
 }
 
 void Tables::SetHandler(const std::string& name, std::shared_ptr<TableHandler> handler) {
@@ -299,7 +374,7 @@ absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& exten
       return absl::Status(table.status().code(), absl::StrCat("checkpoint extension '", key,
                                                               "': ", table.status().message()));
     }
-    auto entry = std::make_shared<Entry>();
+    auto entry = std::make_shared<Entry>(&timer_);
     entry->table = *std::move(table);
     const std::string name = entry->table->name();
     auto clocks = extensions.find(absl::StrCat(kClocksPrefix, name));

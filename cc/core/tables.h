@@ -13,7 +13,13 @@
 //
 // Consistency: a pull that names a worker and its clock c waits, under BSP
 // (staleness 0) or SSP (staleness s), until every registered worker of the
-// table has reached clock c - s, or the deadline; ASP never waits.
+// table has reached clock c - s, or the deadline; ASP never waits. Waiting
+// holds no thread with the asynchronous forms (PullAsync, BarrierAsync, ...):
+// a released read runs on the thread of the clock change that let it
+// through, after that change's held-back adds were applied.
+//
+// Reads never create rows: a pull of a key without a row returns the
+// initializer's value (see SparseTable::Pull), so reads cannot grow a table.
 //
 // Extension point: SetHandler installs a TableHandler that receives every
 // pull and push of one table on this server (ps-lite's request handle), and
@@ -37,6 +43,7 @@
 #include "absl/types/span.h"
 #include "cc/core/collectives.h"
 #include "cc/core/sparse_table.h"
+#include "cc/core/waiters.h"
 #include "cc/core/worker_clocks.h"
 #include "pserver/v1/service.pb.h"
 #include "pserver/v1/table.pb.h"
@@ -63,6 +70,9 @@ struct TablesOptions {
   // How often expired rows (Eviction.ttl_seconds) are swept: on a table's
   // next request once this much time has passed since its last sweep.
   absl::Duration sweep_interval = absl::Seconds(1);
+  // Bytes that waiting collectives may hold in all
+  // (Collectives::Options::max_held_bytes, --max_collective_bytes).
+  uint64_t max_collective_bytes = uint64_t{1} << 30;
 };
 
 class Tables {
@@ -82,6 +92,12 @@ class Tables {
   // naming the workers a consistent read waited for.
   absl::Status Pull(const v1::TablePullRequest& request, v1::TablePullResponse* response,
                     absl::Time deadline);
+  // Pull without a thread while it waits for clocks: `done` gets the result
+  // (possibly before this returns); `request` and `response` must stay valid
+  // until then. The CancelWait completes a pull still waiting with
+  // CANCELLED; call it only while the Tables exists.
+  CancelWait PullAsync(const v1::TablePullRequest& request, v1::TablePullResponse* response,
+                       absl::Time deadline, WaitDone done);
   absl::Status Push(const v1::TablePushRequest& request, v1::TablePushResponse* response);
   absl::StatusOr<int64_t> Clock(const v1::ClockRequest& request);
   void Stats(v1::TableStatsResponse* response) const;
@@ -91,6 +107,13 @@ class Tables {
                          absl::Time deadline);
   absl::Status Broadcast(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,
                          absl::Time deadline);
+  // The same without a thread while they wait (see Collectives); the
+  // request and response must stay valid until `done` runs.
+  CancelWait BarrierAsync(const v1::BarrierRequest& request, absl::Time deadline, WaitDone done);
+  CancelWait AllReduceAsync(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,
+                            absl::Time deadline, WaitDone done);
+  CancelWait BroadcastAsync(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,
+                            absl::Time deadline, WaitDone done);
 
   // Routes table `name`'s pulls and pushes through `handler` (null: back to
   // the default). The table need not exist yet.
@@ -116,6 +139,7 @@ class Tables {
 
  private:
   struct Entry {
+    explicit Entry(DeadlineTimer* timer) : clocks(std::string(), timer) {}
     std::unique_ptr<SparseTable> table;
     WorkerClocks clocks;
     absl::Mutex sweep_mu;
@@ -135,14 +159,21 @@ class Tables {
   void MaybeSweep(Entry& entry);
   absl::Status Apply(Entry& entry, const std::string& name, absl::Span<const uint64_t> keys,
                      absl::string_view values);
-  // Runs a clock change, then applies the held-back adds it released.
-  absl::StatusOr<int64_t> ChangeClock(Entry& entry, const v1::ClockRequest& request);
+  // Runs a clock change; the reads it lets through go to `released`.
+  absl::StatusOr<int64_t> ChangeClock(Entry& entry, const v1::ClockRequest& request,
+                                      Completions* released);
+  // Reads `keys` of `entry` into the response (after any wait).
+  absl::Status Read(Entry& entry, const v1::TablePullRequest& request,
+                    absl::Span<const uint64_t> keys, v1::TablePullResponse* response,
+                    int64_t received);
   static bool HoldsAdds(const Entry& entry) {
     return entry.table->config().consistency().model() == v1::Consistency::BSP;
   }
   absl::Time Now() const { return options_.table.now(); }
 
   const TablesOptions options_;
+  // The deadlines of every wait (clocks and collectives); destroyed last.
+  DeadlineTimer timer_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Entry>> tables_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<TableHandler>> handlers_ ABSL_GUARDED_BY(mu_);

@@ -128,11 +128,15 @@ TEST_F(TablesTest, UnknownTablesAndBadKeysAreRefused) {
 
 TEST_F(TablesTest, ExpiredRowsAreSweptOnTheNextRequest) {
   ASSERT_OK(Create("ttl", "eviction { ttl_seconds: 10 }"));
-  ASSERT_OK(Pull("ttl", {1, 2, 3}).status());
+  ASSERT_OK(Push("ttl", {1, 2, 3}, {0, 0, 0}));
   EXPECT_EQ(Rows("ttl"), 3u);
   clock_.Advance(absl::Seconds(11));
-  ASSERT_OK(Pull("ttl", {4}).status());  // sweeps 1..3 first
+  ASSERT_OK(Push("ttl", {4}, {0}));  // sweeps 1..3 first
   EXPECT_EQ(Rows("ttl"), 1u);
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_OK(Pull("ttl", {4}).status());  // a read keeps row 4 alive
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(tables_.EvictExpired(), 0u);
   clock_.Advance(absl::Seconds(11));
   EXPECT_EQ(tables_.EvictExpired(), 1u);
   EXPECT_EQ(Rows("ttl"), 0u);

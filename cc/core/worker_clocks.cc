@@ -45,27 +45,38 @@ int64_t WorkerClocks::MinClockLocked() const {
   return clock_counts_.empty() ? -1 : clock_counts_.begin()->first;
 }
 
+WorkerClocks::~WorkerClocks() {
+  Shutdown();
+  // A deadline callback already started may still be about to look us up.
+  timer_.Quiesce();
+}
+
 absl::StatusOr<int64_t> WorkerClocks::Join(absl::string_view worker) {
   if (worker.empty()) return absl::InvalidArgumentError("worker id is empty");
   absl::MutexLock lock(&mu_);
   auto it = clocks_.find(worker);
   if (it != clocks_.end()) return it->second;
+  // Joining at the minimum (or at 0 with nobody registered, when every wait
+  // has been let through already) holds no waiter back.
   const int64_t clock = std::max<int64_t>(MinClockLocked(), 0);
   clocks_.emplace(std::string(worker), clock);
   AddClock(clock);
   return clock;
 }
 
-absl::Status WorkerClocks::Leave(absl::string_view worker) {
+absl::Status WorkerClocks::Leave(absl::string_view worker, Completions* released) {
+  Completions local;  // declared before the lock: runs after it is released
   absl::MutexLock lock(&mu_);
   auto it = clocks_.find(worker);
   if (it == clocks_.end()) return NotJoined(worker);
   RemoveClock(it->second);
   clocks_.erase(it);
+  Release(released != nullptr ? *released : local);
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> WorkerClocks::Tick(absl::string_view worker) {
+absl::StatusOr<int64_t> WorkerClocks::Tick(absl::string_view worker, Completions* released) {
+  Completions local;  // declared before the lock: runs after it is released
   absl::MutexLock lock(&mu_);
   auto it = clocks_.find(worker);
   if (it == clocks_.end()) return NotJoined(worker);
@@ -76,6 +87,7 @@ absl::StatusOr<int64_t> WorkerClocks::Tick(absl::string_view worker) {
   RemoveClock(it->second);
   ++it->second;
   AddClock(it->second);
+  Release(released != nullptr ? *released : local);
   return it->second;
 }
 
@@ -86,20 +98,19 @@ absl::StatusOr<int64_t> WorkerClocks::ClockOf(absl::string_view worker) const {
   return it->second;
 }
 
-absl::Status WorkerClocks::WaitUntilAll(int64_t target, absl::Time deadline) {
-  const absl::Time start = absl::Now();
-  absl::MutexLock lock(&mu_);
-  // The condition is evaluated with mu_ held, whenever mu_ is released by a
-  // writer: Tick, Leave and Restore wake us without an explicit signal.
-  auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return shutdown_ || clock_counts_.empty() || clock_counts_.begin()->first >= target;
-  };
-  ++waiting_;
-  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  --waiting_;
-  if (shutdown_) return ShuttingDown();
-  if (done()) return absl::OkStatus();
+void WorkerClocks::Release(Completions& released) {
+  const bool all = clock_counts_.empty();
+  const int64_t min_clock = MinClockLocked();
+  while (!by_target_.empty() && (all || by_target_.begin()->first <= min_clock)) {
+    auto waiter = waiters_.find(by_target_.begin()->second);
+    by_target_.erase(by_target_.begin());
+    timer_.get().Cancel(waiter->second.timer);
+    released.Add([done = std::move(waiter->second.done)] { done(absl::OkStatus()); });
+    waiters_.erase(waiter);
+  }
+}
 
+std::string WorkerClocks::Behind(int64_t target, absl::Duration waited) const {
   std::vector<std::pair<int64_t, absl::string_view>> behind;
   for (const auto& [id, clock] : clocks_) {
     if (clock < target) behind.emplace_back(clock, id);
@@ -110,12 +121,62 @@ absl::Status WorkerClocks::WaitUntilAll(int64_t target, absl::Time deadline) {
     listed.push_back(absl::StrCat(behind[i].second, " at clock ", behind[i].first));
   }
   std::string message = absl::StrCat(
-      "waited ", absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+      "waited ", absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))),
       " for every worker to reach clock ", target, "; behind: ", absl::StrJoin(listed, ", "));
   if (behind.size() > kMaxListed) {
     absl::StrAppend(&message, " and ", behind.size() - kMaxListed, " more");
   }
-  return absl::DeadlineExceededError(message);
+  return message;
+}
+
+absl::Status WorkerClocks::WaitUntilAll(int64_t target, absl::Time deadline) {
+  BlockingWait wait;
+  WaitUntilAllAsync(target, deadline, wait.Done());
+  return wait.Wait();
+}
+
+CancelWait WorkerClocks::WaitUntilAllAsync(int64_t target, absl::Time deadline, WaitDone done) {
+  Completions completions;  // declared before the lock: runs after it is released
+  absl::MutexLock lock(&mu_);
+  if (shutdown_ || clock_counts_.empty() || MinClockLocked() >= target) {
+    completions.Add([done = std::move(done), shutdown = shutdown_] {
+      done(shutdown ? ShuttingDown() : absl::OkStatus());
+    });
+    return [] {};
+  }
+  const uint64_t id = next_waiter_++;
+  Waiter& waiter = waiters_[id];
+  waiter.target = target;
+  waiter.start = absl::Now();
+  waiter.done = std::move(done);
+  by_target_.emplace(target, id);
+  waiter.timer = timer_.get().Schedule(deadline, [this, id] { GiveUp(id, /*cancelled=*/false); });
+  return [this, id] { GiveUp(id, /*cancelled=*/true); };
+}
+
+void WorkerClocks::GiveUp(uint64_t id, bool cancelled) {
+  WaitDone done;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiters_.find(id);
+    if (it == waiters_.end()) return;  // completed already
+    Waiter waiter = std::move(it->second);
+    waiters_.erase(it);
+    auto [first, last] = by_target_.equal_range(waiter.target);
+    for (auto t = first; t != last; ++t) {
+      if (t->second == id) {
+        by_target_.erase(t);
+        break;
+      }
+    }
+    if (cancelled) timer_.get().Cancel(waiter.timer);
+    const std::string behind = Behind(waiter.target, absl::Now() - waiter.start);
+    status = cancelled ? absl::CancelledError(absl::StrCat(behind, "; the caller cancelled"))
+                       : absl::DeadlineExceededError(behind);
+    done = std::move(waiter.done);
+  }
+  done(std::move(status));
 }
 
 int64_t WorkerClocks::MinClock() const {
@@ -130,7 +191,7 @@ size_t WorkerClocks::size() const {
 
 size_t WorkerClocks::waiting() const {
   absl::MutexLock lock(&mu_);
-  return waiting_;
+  return waiters_.size();
 }
 
 std::vector<std::pair<std::string, int64_t>> WorkerClocks::Workers() const {
@@ -151,7 +212,7 @@ std::string WorkerClocks::Serialize() const {
   return snapshot.SerializeAsString();
 }
 
-absl::Status WorkerClocks::Restore(absl::string_view bytes) {
+absl::Status WorkerClocks::Restore(absl::string_view bytes, Completions* released) {
   v1::WorkerClocksSnapshot snapshot;
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
       !snapshot.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
@@ -165,8 +226,8 @@ absl::Status WorkerClocks::Restore(absl::string_view bytes) {
       return absl::InvalidArgumentError("worker clocks snapshot has a worker with an empty id");
     }
     if (w.clock() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "worker clocks snapshot has worker '", w.id(), "' at negative clock ", w.clock()));
+      return absl::InvalidArgumentError(absl::StrCat("worker clocks snapshot has worker '", w.id(),
+                                                     "' at negative clock ", w.clock()));
     }
     if (!clocks.emplace(w.id(), w.clock()).second) {
       return absl::InvalidArgumentError(
@@ -174,15 +235,24 @@ absl::Status WorkerClocks::Restore(absl::string_view bytes) {
     }
     ++counts[w.clock()];
   }
+  Completions local;  // declared before the lock: runs after it is released
   absl::MutexLock lock(&mu_);
   clocks_ = std::move(clocks);
   clock_counts_ = std::move(counts);
+  Release(released != nullptr ? *released : local);
   return absl::OkStatus();
 }
 
 void WorkerClocks::Shutdown() {
+  Completions completions;  // declared before the lock: runs after it is released
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
+  for (auto& [id, waiter] : waiters_) {
+    timer_.get().Cancel(waiter.timer);
+    completions.Add([done = std::move(waiter.done)] { done(ShuttingDown()); });
+  }
+  waiters_.clear();
+  by_target_.clear();
 }
 
 }  // namespace pserver

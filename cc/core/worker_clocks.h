@@ -21,6 +21,12 @@
 // changes nothing. Join, Leave, Tick and Restore still work after Shutdown
 // (a final checkpoint may want the clocks); only waiting is refused.
 //
+// Waiting holds no thread: WaitUntilAllAsync registers a callback that runs
+// on the thread whose Tick, Leave or Restore lets it through (after the
+// clocks' lock is released; a caller may collect these completions in a
+// Completions of its own to run them later, e.g. after its own lock), on the
+// deadline timer's thread, or on the thread that cancels it.
+//
 // Thread-safe: every method may be called from any thread; a blocked
 // WaitUntilAll does not hold up the other methods.
 #ifndef PSERVER_CC_CORE_WORKER_CLOCKS_H_
@@ -39,14 +45,18 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cc/core/waiters.h"
 
 namespace pserver {
 
 class WorkerClocks {
  public:
-  // `table` only names the table in error messages.
-  WorkerClocks() = default;
-  explicit WorkerClocks(std::string table) : table_(std::move(table)) {}
+  // `table` only names the table in error messages. `timer` runs the
+  // deadlines of waits (null: a timer of its own); it must outlive this.
+  WorkerClocks() : WorkerClocks(std::string()) {}
+  explicit WorkerClocks(std::string table, DeadlineTimer* timer = nullptr)
+      : table_(std::move(table)), timer_(timer) {}
+  ~WorkerClocks();
   WorkerClocks(const WorkerClocks&) = delete;
   WorkerClocks& operator=(const WorkerClocks&) = delete;
 
@@ -57,11 +67,13 @@ class WorkerClocks {
 
   // Unregisters `worker`; waiters see the new minimum (which may rise).
   // NOT_FOUND naming the worker if it has not joined.
-  absl::Status Leave(absl::string_view worker);
+  // `released`: where the waits this lets through are completed (null: at
+  // once, after the lock is released); likewise for Tick and Restore.
+  absl::Status Leave(absl::string_view worker, Completions* released = nullptr);
 
   // Advances the worker's clock by one and returns the new clock; wakes
   // waiters. NOT_FOUND if the worker has not joined.
-  absl::StatusOr<int64_t> Tick(absl::string_view worker);
+  absl::StatusOr<int64_t> Tick(absl::string_view worker, Completions* released = nullptr);
 
   // The worker's clock; NOT_FOUND if it has not joined.
   absl::StatusOr<int64_t> ClockOf(absl::string_view worker) const;
@@ -74,9 +86,14 @@ class WorkerClocks {
   // After Shutdown(): UNAVAILABLE.
   absl::Status WaitUntilAll(int64_t target, absl::Time deadline);
 
+  // WaitUntilAll without a thread: `done` gets its result (possibly before
+  // this returns). The CancelWait completes a wait still pending with
+  // CANCELLED; it must not be called after the WorkerClocks is destroyed.
+  CancelWait WaitUntilAllAsync(int64_t target, absl::Time deadline, WaitDone done);
+
   int64_t MinClock() const;  // -1 when no worker is registered
   size_t size() const;       // registered workers
-  size_t waiting() const;    // callers blocked in WaitUntilAll now
+  size_t waiting() const;    // callers waiting (WaitUntilAll or its async form) now
   std::vector<std::pair<std::string, int64_t>> Workers() const;  // sorted by id
 
   // Checkpoint payload: a serialized v1::WorkerClocksSnapshot.
@@ -86,7 +103,7 @@ class WorkerClocks {
   // DATA_LOSS for bytes that do not parse; INVALID_ARGUMENT for a snapshot
   // with an empty or repeated worker id or a negative clock. Nothing changes
   // when it fails.
-  absl::Status Restore(absl::string_view bytes);
+  absl::Status Restore(absl::string_view bytes, Completions* released = nullptr);
 
   // Wakes every waiter with UNAVAILABLE "server shutting down"; later waits
   // fail the same way. Idempotent.
@@ -97,14 +114,30 @@ class WorkerClocks {
   void AddClock(int64_t clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveClock(int64_t clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MinClockLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Moves the waits that may now complete into `released`.
+  void Release(Completions& released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives up wait `id` (deadline or cancellation); a no-op if it completed.
+  void GiveUp(uint64_t id, bool cancelled);
+  std::string Behind(int64_t target, absl::Duration waited) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  struct Waiter {
+    int64_t target = 0;
+    absl::Time start;
+    uint64_t timer = 0;
+    WaitDone done;
+  };
 
   const std::string table_;
   mutable absl::Mutex mu_;
   std::map<std::string, int64_t, std::less<>> clocks_ ABSL_GUARDED_BY(mu_);
   // How many workers are at each clock: its first key is the minimum.
   std::map<int64_t, size_t> clock_counts_ ABSL_GUARDED_BY(mu_);
-  size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  // Waits by id, and their ids by target clock (lowest first).
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::multimap<int64_t, uint64_t> by_target_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  TimerRef timer_;
 };
 
 }  // namespace pserver

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -308,6 +309,45 @@ TEST(WorkerClocksTest, StaleSynchronousParallelSimulation) {
   EXPECT_GT(blocked_reads.load(), 0);
   EXPECT_EQ(clocks.MinClock(), kClocks);
   for (int w = 0; w < kWorkers; ++w) EXPECT_EQ(pushed[w].load(), kClocks);
+}
+
+TEST(WorkerClocksTest, AsyncWaitsCompleteOnTheTickAndCancelAtOnce) {
+  WorkerClocks clocks("t");
+  ASSERT_OK(clocks.Join("w0").status());
+  ASSERT_OK(clocks.Join("w1").status());
+  absl::Mutex mu;
+  std::vector<absl::Status> got;
+  auto done = [&](absl::Status s) {
+    absl::MutexLock lock(&mu);
+    got.push_back(std::move(s));
+  };
+  auto count = [&] {
+    absl::MutexLock lock(&mu);
+    return got.size();
+  };
+  const absl::Time later = absl::Now() + absl::Seconds(60);
+  CancelWait first = clocks.WaitUntilAllAsync(1, later, done);
+  CancelWait second = clocks.WaitUntilAllAsync(2, later, done);
+  EXPECT_EQ(clocks.waiting(), 2u);
+  EXPECT_EQ(count(), 0u);
+  ASSERT_OK(clocks.Tick("w0").status());
+  EXPECT_EQ(count(), 0u);  // w1 is still at 0
+  // The tick that lets the first through completes it before returning;
+  // a collector delays that until the caller runs it.
+  {
+    Completions released;
+    ASSERT_OK(clocks.Tick("w1", &released).status());
+    EXPECT_EQ(count(), 0u);
+  }
+  EXPECT_EQ(count(), 1u);
+  EXPECT_OK(got[0]);
+  second();
+  ASSERT_EQ(count(), 2u);
+  EXPECT_THAT(got[1], StatusIs(absl::StatusCode::kCancelled,
+                               AllOf(HasSubstr("clock 2"), HasSubstr("behind: w0 at clock 1"))));
+  first();  // completed already: a no-op
+  EXPECT_EQ(count(), 2u);
+  EXPECT_EQ(clocks.waiting(), 0u);
 }
 
 }  // namespace

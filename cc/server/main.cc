@@ -55,6 +55,14 @@ ABSL_FLAG(std::string, device, "cpu",
           "Where shards live: cpu (host memory), auto (the first CUDA device if there is "
           "one, else host memory), or cuda:<N> (exit non-zero without that device). "
           "docs/cuda.md.");
+ABSL_FLAG(uint64_t, max_reply_bytes_in_flight, uint64_t{1} << 30,
+          "Bytes of read replies (GetParam, GetParams, PushPull) built but not yet sent to "
+          "their clients, over all calls; past it reads get UNAVAILABLE (clients retry), a "
+          "single reply larger than it RESOURCE_EXHAUSTED. Must be > 0.");
+ABSL_FLAG(uint64_t, max_collective_bytes, uint64_t{1} << 30,
+          "Bytes held by collectives waiting for their other participants (AllReduce chunks, "
+          "unread Broadcast data), over all rounds; past it a contribution gets UNAVAILABLE "
+          "(clients retry), one larger than it RESOURCE_EXHAUSTED. Must be > 0.");
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -98,6 +106,8 @@ int main(int argc, char** argv) {
   }
   options.checkpoint_file_mode = *checkpoint_mode;
   options.drop_reply_after_apply_every_n = absl::GetFlag(FLAGS_drop_reply_after_apply_every_n);
+  options.max_reply_bytes_in_flight = absl::GetFlag(FLAGS_max_reply_bytes_in_flight);
+  options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
   const std::string device_flag = absl::GetFlag(FLAGS_device);
   absl::StatusOr<pserver::cuda::DeviceChoice> device = pserver::cuda::ChooseDevice(device_flag);
   if (!device.ok()) {

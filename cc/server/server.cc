@@ -74,8 +74,15 @@ absl::Status FromJson(const std::string& json, google::protobuf::Message* messag
 Server::Server(const ServerOptions& options, std::optional<int> device)
     : options_(options),
       store_(MakeStoreOptions(device)),
+      tables_(MakeTablesOptions(options)),
       index_(options.index),
       num_servers_(options.num_servers) {}
+
+TablesOptions Server::MakeTablesOptions(const ServerOptions& options) {
+  TablesOptions tables_options;
+  tables_options.max_collective_bytes = options.max_collective_bytes;
+  return tables_options;
+}
 
 StoreOptions Server::MakeStoreOptions(std::optional<int> device) {
   StoreOptions store_options;
@@ -124,6 +131,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     absl::StatusOr<cuda::DeviceInfo> info = cuda::GetDeviceInfo(choice.ordinal);
     device_description = info.ok() ? info->ToString() : choice.name;
   }
+  if (options.max_reply_bytes_in_flight == 0) {
+    return absl::InvalidArgumentError("max_reply_bytes_in_flight must be > 0");
+  }
+  if (options.max_collective_bytes == 0) {
+    return absl::InvalidArgumentError("max_collective_bytes must be > 0");
+  }
   if (options.checkpoint_keep < 1)
     return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
   PS_RETURN_IF_ERROR(CheckCheckpointFileMode(options.checkpoint_file_mode));
@@ -141,6 +154,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   Server* const raw = server.get();
   ServiceHooks hooks;
   hooks.drop_reply_after_apply_every_n = options.drop_reply_after_apply_every_n;
+  hooks.max_reply_bytes_in_flight = options.max_reply_bytes_in_flight;
   if (!options.checkpoint_dir.empty()) {
     hooks.save = [raw]() -> absl::StatusOr<v1::CheckpointRecord> {
       PS_ASSIGN_OR_RETURN(CheckpointInfo info, raw->Save());

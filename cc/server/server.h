@@ -83,6 +83,16 @@ struct ServerOptions {
   // tables stay in host memory.
   std::string device = "cpu";
 
+  // Bytes of read replies (GetParam, GetParams, PushPull) built but not yet
+  // sent, over all calls; past it reads get UNAVAILABLE ("retry", retried by
+  // clients), a single reply larger than it RESOURCE_EXHAUSTED. Must be > 0.
+  uint64_t max_reply_bytes_in_flight = uint64_t{1} << 30;
+  // Bytes held by collectives waiting for their other participants
+  // (AllReduce chunks, unread Broadcast data), over all rounds; past it a
+  // contribution gets UNAVAILABLE ("retry"), one larger than it
+  // RESOURCE_EXHAUSTED. Must be > 0.
+  uint64_t max_collective_bytes = uint64_t{1} << 30;
+
   // Fault injection for tests: every n-th applied push is answered
   // UNAVAILABLE as if its reply were lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;
@@ -134,6 +144,7 @@ class Server {
   // `device`: the CUDA ordinal dense shards live on; none: host memory.
   Server(const ServerOptions& options, std::optional<int> device);
   StoreOptions MakeStoreOptions(std::optional<int> device);
+  static TablesOptions MakeTablesOptions(const ServerOptions& options);
 
   // etcd: reads /ps_desired and claims the lowest free index.
   absl::Status Register();

@@ -19,18 +19,101 @@ namespace {
 // When a waiting call gives up: a little before its own deadline, so that
 // the caller gets the server's explanation rather than its own bare
 // DEADLINE_EXCEEDED, and after kMaxWait at most.
-absl::Time WaitDeadline(const grpc::ServerContext& context) {
+absl::Time WaitDeadline(const grpc::ServerContextBase& context) {
   const absl::Time now = absl::Now();
   const absl::Time deadline =
       std::min(absl::FromChrono(context.deadline()), now + ParameterServerService::kMaxWait);
   return deadline - std::min(absl::Milliseconds(100), (deadline - now) / 5);
 }
 
+// A call that waits in the core (cc/core/waiters.h): finishes when the wait
+// completes, and cancels the wait when the client cancels or goes away, so
+// that the core drops what the call holds at once. Deletes itself when done.
+class WaitReactor : public grpc::ServerUnaryReactor {
+ public:
+  // Starts the wait; `start` gets the completion and returns the cancel.
+  void Start(const std::function<CancelWait(WaitDone)>& start) {
+    CancelWait cancel = start([this](absl::Status status) { Complete(std::move(status)); });
+    bool finish_now = false, cancel_now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      started_ = true;
+      cancel_ = cancel;
+      finish_now = completed_;
+      cancel_now = cancelled_ && !completed_;
+    }
+    // Once Finish is called the reactor may be deleted: nothing after it.
+    if (finish_now) {
+      Finish(ToGrpcStatus(status_));
+    } else if (cancel_now) {
+      cancel();
+    }
+  }
+
+  void OnCancel() override {
+    CancelWait cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      cancel = cancel_;
+    }
+    if (cancel) cancel();  // completes the wait (a no-op if it has completed)
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Complete(absl::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!started_) {  // completed inside start(): Start finishes
+        status_ = std::move(status);
+        completed_ = true;
+        return;
+      }
+    }
+    Finish(ToGrpcStatus(status));
+  }
+
+  absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool completed_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_;  // written before started_, read by Start
+  CancelWait cancel_ ABSL_GUARDED_BY(mu_);
+};
+
+// A call whose reply holds bytes of the reply budget until it is sent (or
+// the call ends otherwise). Deletes itself when done.
+class ReplyReactor : public grpc::ServerUnaryReactor {
+ public:
+  explicit ReplyReactor(ReplyBudget* budget) : budget_(budget) {}
+  // Takes `bytes` from the budget for this reply; on failure the reply must
+  // not be sent.
+  absl::Status Hold(uint64_t bytes) {
+    PS_RETURN_IF_ERROR(budget_->Acquire(bytes));
+    held_ = bytes;
+    return absl::OkStatus();
+  }
+  void OnDone() override {
+    budget_->Release(held_);
+    delete this;
+  }
+
+ private:
+  ReplyBudget* const budget_;
+  uint64_t held_ = 0;
+};
+
 }  // namespace
 
 ParameterServerService::ParameterServerService(ParameterStore* store, Tables* tables,
                                                uint32_t index, ServiceHooks hooks)
-    : store_(store), tables_(tables), index_(index), hooks_(std::move(hooks)) {}
+    : store_(store),
+      tables_(tables),
+      index_(index),
+      hooks_(std::move(hooks)),
+      reply_budget_(hooks_.max_reply_bytes_in_flight) {}
 
 absl::Status ParameterServerService::CheckServing() const {
   if (serving_.load(std::memory_order_acquire)) return absl::OkStatus();
@@ -81,28 +164,39 @@ grpc::Status ParameterServerService::FinishInitParams(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::GetParam(grpc::ServerContext*,
-                                              const v1::GetParamRequest* request,
-                                              v1::GetParamResponse* response) {
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(store_->Get(request->param(), response->mutable_parameter()));
+grpc::ServerUnaryReactor* ParameterServerService::GetParam(grpc::CallbackServerContext*,
+                                                           const v1::GetParamRequest* request,
+                                                           v1::GetParamResponse* response) {
+  auto* reactor = new ReplyReactor(&reply_budget_);
+  absl::Status status = CheckServing();
+  if (status.ok() && !reply_budget_.Available()) status = reply_budget_.Exhausted(0);
+  if (status.ok()) status = store_->Get(request->param(), response->mutable_parameter());
+  if (status.ok()) status = reactor->Hold(response->ByteSizeLong());
+  if (!status.ok()) response->Clear();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
 namespace {
 
 int64_t UnixNanos() { return absl::ToUnixNanos(absl::Now()); }
 
-// Finishes a callback call with `status`, telling the client when it was
-// received (`received`, Unix nanoseconds) and processed (now).
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status,
+// Finishes a callback call on `reactor` with `status`, telling the client
+// when it was received (`received`, Unix nanoseconds) and processed (now).
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
+                                 grpc::ServerUnaryReactor* reactor, const absl::Status& status,
                                  int64_t received) {
   v1::ServerTrace trace;
   trace.set_received_unix_nanos(received);
   trace.set_processed_unix_nanos(UnixNanos());
   context->AddTrailingMetadata(kServerTraceMetadataKey, trace.SerializeAsString());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status,
+                                 int64_t received) {
+  return Finish(context, context->DefaultReactor(), status, received);
 }
 
 // An empty message (SendGradsResponse) as a byte buffer.
@@ -134,17 +228,25 @@ grpc::ServerUnaryReactor* ParameterServerService::GetParams(grpc::CallbackServer
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
   const int64_t received = UnixNanos();
-  if (absl::Status s = CheckServing(); !s.ok()) return Finish(context, s, received);
+  auto* reactor = new ReplyReactor(&reply_budget_);
+  if (absl::Status s = CheckServing(); !s.ok()) return Finish(context, reactor, s, received);
   v1::GetParamsRequest parsed;
   grpc::ByteBuffer copy(*request);  // shares the slices
   if (!grpc::SerializationTraits<v1::GetParamsRequest>::Deserialize(&copy, &parsed).ok()) {
     store_->CountRejected();
-    return Finish(context, absl::InvalidArgumentError("malformed GetParamsRequest"), received);
+    return Finish(context, reactor, absl::InvalidArgumentError("malformed GetParamsRequest"),
+                  received);
+  }
+  if (!reply_budget_.Available()) {
+    return Finish(context, reactor, reply_budget_.Exhausted(0), received);
   }
   // Moved, not copied, out of the parsed request.
   std::vector<v1::ParamRef> refs(std::make_move_iterator(parsed.mutable_params()->begin()),
                                  std::make_move_iterator(parsed.mutable_params()->end()));
-  return Finish(context, ReadParams(refs, response), received);
+  absl::Status status = ReadParams(refs, response);
+  if (status.ok()) status = reactor->Hold(response->Length());
+  if (!status.ok()) response->Clear();
+  return Finish(context, reactor, status, received);
 }
 
 grpc::Status ParameterServerService::SendGrad(grpc::ServerContext*,
@@ -181,10 +283,24 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   const int64_t received = UnixNanos();
+  auto* reactor = new ReplyReactor(&reply_budget_);
   PushRequest push;
-  absl::Status status = DecodeAndApply(*request, &push);
+  // Over the budget nothing is applied; the read is refused.
+  absl::Status status =
+      reply_budget_.Available() ? DecodeAndApply(*request, &push) : reply_budget_.Exhausted(0);
   if (status.ok()) status = ReadParams(push.refs, response);
-  return Finish(context, status, received);
+  if (status.ok()) {
+    if (absl::Status held = reactor->Hold(response->Length()); !held.ok()) {
+      // Applied, but the reply does not fit: UNAVAILABLE while others hold
+      // the room, which clients retry with the same sequence (not applied
+      // again); RESOURCE_EXHAUSTED if it never can.
+      status = absl::Status(
+          held.code(),
+          absl::StrCat("the push was applied but its reply does not fit: ", held.message()));
+    }
+  }
+  if (!status.ok()) response->Clear();
+  return Finish(context, reactor, status, received);
 }
 
 grpc::Status ParameterServerService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
@@ -196,6 +312,8 @@ grpc::Status ParameterServerService::GetStats(grpc::ServerContext*, const v1::Ge
   out->set_duplicates_ignored(duplicates_.load(std::memory_order_relaxed));
   out->set_replies_dropped(replies_dropped_.load(std::memory_order_relaxed));
   out->set_checkpoint_sequence(checkpoint_sequence_.load(std::memory_order_relaxed));
+  out->set_reply_bytes_in_flight(reply_budget_.held());
+  out->set_reads_refused_for_memory(reply_budget_.refused());
   return grpc::Status::OK;
 }
 
@@ -232,11 +350,25 @@ grpc::Status ParameterServerService::CreateTable(grpc::ServerContext*,
   return ToGrpcStatus(tables_->Create(*request));
 }
 
-grpc::Status ParameterServerService::TablePull(grpc::ServerContext* context,
-                                               const v1::TablePullRequest* request,
-                                               v1::TablePullResponse* response) {
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(tables_->Pull(*request, response, WaitDeadline(*context)));
+grpc::ServerUnaryReactor* ParameterServerService::StartWait(
+    grpc::CallbackServerContext* context,
+    const std::function<CancelWait(absl::Time, WaitDone)>& start) {
+  auto* reactor = new WaitReactor();
+  if (absl::Status s = CheckServing(); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  const absl::Time deadline = WaitDeadline(*context);
+  reactor->Start([&](WaitDone done) { return start(deadline, std::move(done)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::TablePull(grpc::CallbackServerContext* context,
+                                                            const v1::TablePullRequest* request,
+                                                            v1::TablePullResponse* response) {
+  return StartWait(context, [&](absl::Time deadline, WaitDone done) {
+    return tables_->PullAsync(*request, response, deadline, std::move(done));
+  });
 }
 
 grpc::Status ParameterServerService::TablePush(grpc::ServerContext*,
@@ -262,25 +394,28 @@ grpc::Status ParameterServerService::TableStats(grpc::ServerContext*, const v1::
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Barrier(grpc::ServerContext* context,
-                                             const v1::BarrierRequest* request,
-                                             v1::BarrierResponse*) {
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(tables_->Barrier(*request, WaitDeadline(*context)));
+grpc::ServerUnaryReactor* ParameterServerService::Barrier(grpc::CallbackServerContext* context,
+                                                          const v1::BarrierRequest* request,
+                                                          v1::BarrierResponse*) {
+  return StartWait(context, [&](absl::Time deadline, WaitDone done) {
+    return tables_->BarrierAsync(*request, deadline, std::move(done));
+  });
 }
 
-grpc::Status ParameterServerService::AllReduce(grpc::ServerContext* context,
-                                               const v1::AllReduceRequest* request,
-                                               v1::AllReduceResponse* response) {
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(tables_->AllReduce(*request, response, WaitDeadline(*context)));
+grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServerContext* context,
+                                                            const v1::AllReduceRequest* request,
+                                                            v1::AllReduceResponse* response) {
+  return StartWait(context, [&](absl::Time deadline, WaitDone done) {
+    return tables_->AllReduceAsync(*request, response, deadline, std::move(done));
+  });
 }
 
-grpc::Status ParameterServerService::Broadcast(grpc::ServerContext* context,
-                                               const v1::BroadcastRequest* request,
-                                               v1::BroadcastResponse* response) {
-  if (absl::Status s = CheckServing(); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(tables_->Broadcast(*request, response, WaitDeadline(*context)));
+grpc::ServerUnaryReactor* ParameterServerService::Broadcast(grpc::CallbackServerContext* context,
+                                                            const v1::BroadcastRequest* request,
+                                                            v1::BroadcastResponse* response) {
+  return StartWait(context, [&](absl::Time deadline, WaitDone done) {
+    return tables_->BroadcastAsync(*request, response, deadline, std::move(done));
+  });
 }
 
 }  // namespace pserver

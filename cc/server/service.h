@@ -21,6 +21,7 @@
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
 #include "cc/server/applied_sequences.h"
+#include "cc/server/reply_budget.h"
 #include "pserver/v1/registry.pb.h"
 #include "pserver/v1/service.grpc.pb.h"
 
@@ -28,10 +29,19 @@ namespace pserver {
 
 // The bulk methods are raw callback methods: they read and write gRPC byte
 // buffers through cc/rpc/wire.h, so tensor bytes are never copied through
-// protobuf messages. The control methods stay synchronous.
+// protobuf messages. The waiting methods (Barrier, AllReduce, Broadcast,
+// TablePull) and GetParam are callback methods too, so that a call waiting
+// for others, or a reply waiting for a slow reader, holds no thread. The
+// other control methods stay synchronous.
 using ServiceBase = v1::ParameterServer::WithRawCallbackMethod_GetParams<
     v1::ParameterServer::WithRawCallbackMethod_SendGrads<
-        v1::ParameterServer::WithRawCallbackMethod_PushPull<v1::ParameterServer::Service>>>;
+        v1::ParameterServer::WithRawCallbackMethod_PushPull<
+            v1::ParameterServer::WithCallbackMethod_GetParam<
+                v1::ParameterServer::WithCallbackMethod_TablePull<
+                    v1::ParameterServer::WithCallbackMethod_Barrier<
+                        v1::ParameterServer::WithCallbackMethod_AllReduce<
+                            v1::ParameterServer::WithCallbackMethod_Broadcast<
+                                v1::ParameterServer::Service>>>>>>>>;
 
 struct PushRequest;  // cc/rpc/wire.h
 
@@ -44,6 +54,11 @@ struct ServiceHooks {
   // Fault injection for tests: every n-th push that is applied is answered
   // UNAVAILABLE, as if its reply had been lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;
+  // Bytes of replies (GetParam, GetParams, PushPull) built but not yet sent,
+  // over all calls; past it reads get UNAVAILABLE ("retry"; RESOURCE_EXHAUSTED
+  // for a single reply larger than the limit)
+  // (--max_reply_bytes_in_flight).
+  uint64_t max_reply_bytes_in_flight = uint64_t{1} << 30;
 };
 
 class ParameterServerService final : public ServiceBase {
@@ -72,8 +87,9 @@ class ParameterServerService final : public ServiceBase {
   grpc::Status FinishInitParams(grpc::ServerContext* context,
                                 const v1::FinishInitParamsRequest* request,
                                 v1::FinishInitParamsResponse* response) override;
-  grpc::Status GetParam(grpc::ServerContext* context, const v1::GetParamRequest* request,
-                        v1::GetParamResponse* response) override;
+  grpc::ServerUnaryReactor* GetParam(grpc::CallbackServerContext* context,
+                                     const v1::GetParamRequest* request,
+                                     v1::GetParamResponse* response) override;
   grpc::ServerUnaryReactor* GetParams(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
@@ -93,24 +109,32 @@ class ParameterServerService final : public ServiceBase {
                            v1::ListWorkersResponse* response) override;
 
   // Tables and collectives (cc/core/tables.h). Waiting calls (consistent
-  // reads, barriers, all-reduce) wait within the call's deadline, and at most
-  // kMaxWait.
+  // reads, barriers, all-reduce, broadcast reads) wait within the call's
+  // deadline, and at most kMaxWait, holding no thread; a call the client
+  // cancels stops waiting at once and drops what it contributed.
   grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
                            v1::CreateTableResponse* response) override;
-  grpc::Status TablePull(grpc::ServerContext* context, const v1::TablePullRequest* request,
-                         v1::TablePullResponse* response) override;
+  grpc::ServerUnaryReactor* TablePull(grpc::CallbackServerContext* context,
+                                      const v1::TablePullRequest* request,
+                                      v1::TablePullResponse* response) override;
   grpc::Status TablePush(grpc::ServerContext* context, const v1::TablePushRequest* request,
                          v1::TablePushResponse* response) override;
   grpc::Status Clock(grpc::ServerContext* context, const v1::ClockRequest* request,
                      v1::ClockResponse* response) override;
   grpc::Status TableStats(grpc::ServerContext* context, const v1::TableStatsRequest* request,
                           v1::TableStatsResponse* response) override;
-  grpc::Status Barrier(grpc::ServerContext* context, const v1::BarrierRequest* request,
-                       v1::BarrierResponse* response) override;
-  grpc::Status AllReduce(grpc::ServerContext* context, const v1::AllReduceRequest* request,
-                         v1::AllReduceResponse* response) override;
-  grpc::Status Broadcast(grpc::ServerContext* context, const v1::BroadcastRequest* request,
-                         v1::BroadcastResponse* response) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* context,
+                                    const v1::BarrierRequest* request,
+                                    v1::BarrierResponse* response) override;
+  grpc::ServerUnaryReactor* AllReduce(grpc::CallbackServerContext* context,
+                                      const v1::AllReduceRequest* request,
+                                      v1::AllReduceResponse* response) override;
+  grpc::ServerUnaryReactor* Broadcast(grpc::CallbackServerContext* context,
+                                      const v1::BroadcastRequest* request,
+                                      v1::BroadcastResponse* response) override;
+
+  // Bytes of replies built but not yet sent (see max_reply_bytes_in_flight).
+  const ReplyBudget& reply_budget() const { return reply_budget_; }
 
   static constexpr absl::Duration kMaxWait = absl::Minutes(10);
 
@@ -126,6 +150,10 @@ class ParameterServerService final : public ServiceBase {
 
   // Reads `refs` into a GetParamsResponse; nothing is returned on any error.
   absl::Status ReadParams(absl::Span<const v1::ParamRef> refs, grpc::ByteBuffer* response);
+  // Starts a waiting call on a reactor that finishes when the wait completes
+  // and cancels the wait when the client cancels.
+  grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
+                                      const std::function<CancelWait(absl::Time, WaitDone)>& start);
 
   ParameterStore* const store_;
   Tables* const tables_;
@@ -139,6 +167,7 @@ class ParameterServerService final : public ServiceBase {
   std::atomic<uint64_t> replies_dropped_{0};
   std::atomic<uint64_t> duplicates_{0};
   std::atomic<uint64_t> checkpoint_sequence_{0};
+  ReplyBudget reply_budget_;
 };
 
 }  // namespace pserver

@@ -3,6 +3,8 @@
 // code and message is exactly what a client in any language would see.
 #include "cc/server/service.h"
 
+#include <dirent.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -14,10 +16,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cc/client/client.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/service.grpc.pb.h"
@@ -668,6 +675,505 @@ TEST_F(ServiceTest, ConcurrentGradientsAreAllApplied) {
   EXPECT_THAT(Float64Values("shared"), ElementsAreArray(std::vector<double>(kElements, expected)));
   ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
   EXPECT_EQ(stats.gradients_applied(), static_cast<uint64_t>(kThreads * kGradsPerThread));
+}
+
+// ---- waiting calls and slow readers ------------------------------------------
+
+// Threads of this process (client and server together).
+size_t ThreadCount() {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return 0;
+  size_t n = 0;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+// Asynchronous calls started on one completion queue and finished, cancelled
+// or left unread as a test needs; every call is drained before it is freed.
+template <typename Response>
+class AsyncCalls {
+ public:
+  struct Call {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
+    Response response;
+    grpc::Status status;
+    bool finishing = false;
+  };
+
+  ~AsyncCalls() {
+    for (auto& call : calls_) call->context.TryCancel();
+    FinishAll();
+    Drain();
+  }
+
+  // `prepare(context, cq)` returns the call's reader (stub->PrepareAsyncX).
+  template <typename Prepare>
+  Call& Start(Prepare prepare, std::chrono::seconds timeout) {
+    calls_.push_back(std::make_unique<Call>());
+    Call& call = *calls_.back();
+    call.context.set_deadline(std::chrono::system_clock::now() + timeout);
+    call.reader = prepare(&call.context, &cq_);
+    call.reader->StartCall();
+    return call;
+  }
+  // Asks for the replies (a call not finished is never read).
+  void FinishAll() {
+    for (auto& call : calls_) {
+      if (call->finishing) continue;
+      call->finishing = true;
+      call->reader->Finish(&call->response, &call->status, call.get());
+    }
+  }
+  void CancelAll() {
+    for (auto& call : calls_) call->context.TryCancel();
+  }
+  // Waits (within 30 s) for every finishing call's status; false if some
+  // did not come.
+  bool Drain() {
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+    while (done_ < Finishing()) {
+      void* tag;
+      bool ok;
+      if (cq_.AsyncNext(&tag, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) return false;
+      ++done_;
+    }
+    return true;
+  }
+  const std::vector<std::unique_ptr<Call>>& calls() const { return calls_; }
+
+ private:
+  size_t Finishing() const {
+    size_t n = 0;
+    for (const auto& call : calls_) n += call->finishing;
+    return n;
+  }
+  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<Call>> calls_;
+  size_t done_ = 0;
+};
+
+class WaitingCallsTest : public ServiceTest {
+ protected:
+  void SetUp() override {}  // each test starts its own server
+
+  void Start(ServerOptions options) {
+    ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
+    grpc::ChannelArguments args = DefaultChannelArguments();  // no receive limit
+    channel_ =
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::ParameterServer::NewStub(channel_);
+  }
+
+  absl::StatusOr<v1::TableStatsResponse> TableStats() {
+    v1::TableStatsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Status status =
+        FromGrpcStatus(stub_->TableStats(&context, v1::TableStatsRequest(), &response));
+    if (!status.ok()) return status;
+    return response;
+  }
+
+  // Polls `done` (bounded: 30 s) until it holds.
+  template <typename Done>
+  bool Await(Done done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (!done()) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+
+  bool AwaitTableStats(uint64_t waiting, uint64_t rounds, uint64_t bytes) {
+    return Await([&] {
+      absl::StatusOr<v1::TableStatsResponse> stats = TableStats();
+      return stats.ok() && stats->waiting_calls() == waiting &&
+             stats->collective_rounds() == rounds && stats->collective_bytes() == bytes;
+    });
+  }
+};
+
+TEST_F(WaitingCallsTest, WaitingCallsHoldNoThreadAndCancelFreesThem) {
+  ServerOptions options;
+  options.num_threads = 4;
+  Start(options);
+  // A BSP table whose reads by w1 at clock 1 wait for w0.
+  v1::CreateTableRequest create;
+  create.set_name("bsp");
+  create.mutable_config()->set_dim(1);
+  create.mutable_config()->mutable_consistency()->set_model(v1::Consistency::BSP);
+  {
+    v1::CreateTableResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    ASSERT_OK(FromGrpcStatus(stub_->CreateTable(&context, create, &response)));
+  }
+  for (const char* worker : {"w0", "w1"}) {
+    v1::ClockRequest join;
+    join.set_table("bsp");
+    join.set_worker(worker);
+    join.set_op(v1::ClockRequest::JOIN);
+    v1::ClockResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    ASSERT_OK(FromGrpcStatus(stub_->Clock(&context, join, &response)));
+  }
+  ASSERT_OK(GetStats().status());
+  const size_t threads_before = ThreadCount();
+
+  constexpr int kBarriers = 200;
+  constexpr int kReads = 20;
+  AsyncCalls<v1::BarrierResponse> barriers;
+  for (int i = 0; i < kBarriers; ++i) {
+    v1::BarrierRequest request;
+    request.set_name("everyone");
+    request.set_generation(1);
+    request.set_size(1000000);
+    request.set_participant(absl::StrCat("w", i));
+    barriers.Start(
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+          return stub_->PrepareAsyncBarrier(context, request, cq);
+        },
+        std::chrono::seconds(120));
+  }
+  AsyncCalls<v1::TablePullResponse> reads;
+  for (int i = 0; i < kReads; ++i) {
+    v1::TablePullRequest request;
+    request.set_table("bsp");
+    const uint64_t key = i;
+    request.set_keys(std::string(reinterpret_cast<const char*>(&key), sizeof(key)));
+    request.set_worker("w1");
+    request.set_clock(1);
+    reads.Start(
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+          return stub_->PrepareAsyncTablePull(context, request, cq);
+        },
+        std::chrono::seconds(120));
+  }
+  barriers.FinishAll();
+  reads.FinishAll();
+  ASSERT_TRUE(AwaitTableStats(kBarriers + kReads, 1, 0)) << "the calls never all waited";
+
+  // Ordinary calls still answer, and the waiting calls took no thread each.
+  ASSERT_OK(GetStats().status());
+  ASSERT_OK(InitParam(Float32Param("p", {1, 2})));
+  const size_t threads_waiting = ThreadCount();
+  EXPECT_LT(threads_waiting, threads_before + kBarriers / 4)
+      << threads_before << " threads before, " << threads_waiting << " with " << kBarriers + kReads
+      << " calls waiting";
+
+  // Cancelled, they leave nothing behind.
+  barriers.CancelAll();
+  reads.CancelAll();
+  ASSERT_TRUE(barriers.Drain());
+  ASSERT_TRUE(reads.Drain());
+  for (const auto& call : barriers.calls()) {
+    EXPECT_EQ(call->status.error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(AwaitTableStats(0, 0, 0)) << "cancelled calls still wait in the server";
+}
+
+TEST_F(WaitingCallsTest, CancelledAllReducesFreeTheirChunksAndDeadlinesExplain) {
+  Start(ServerOptions{});
+  constexpr int kCalls = 8;
+  constexpr size_t kChunk = 2 << 20;
+  AsyncCalls<v1::AllReduceResponse> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    v1::AllReduceRequest request;
+    request.set_name("grad");
+    request.set_generation(1);
+    request.set_size(1000000);
+    request.set_participant(absl::StrCat("w", i));
+    request.set_element_type(v1::FLOAT32);
+    request.set_data(std::string(kChunk, '\0'));
+    calls.Start(
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+          return stub_->PrepareAsyncAllReduce(context, request, cq);
+        },
+        std::chrono::seconds(120));
+  }
+  calls.FinishAll();
+  ASSERT_TRUE(AwaitTableStats(kCalls, 1, kCalls * kChunk)) << "the chunks never all arrived";
+  calls.CancelAll();
+  ASSERT_TRUE(calls.Drain());
+  EXPECT_TRUE(AwaitTableStats(0, 0, 0)) << "cancelled all-reduces still hold their chunks";
+
+  // A deadline still completes with the server's explanation.
+  v1::BarrierRequest request;
+  request.set_name("late");
+  request.set_generation(1);
+  request.set_size(2);
+  request.set_participant("w0");
+  v1::BarrierResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  EXPECT_THAT(FromGrpcStatus(stub_->Barrier(&context, request, &response)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("barrier 'late' round 1: 1 of 2 arrived (w0)")));
+  EXPECT_TRUE(AwaitTableStats(0, 0, 0));
+}
+
+TEST_F(WaitingCallsTest, WaitingAllReducesAreCappedByMaxCollectiveBytes) {
+  constexpr size_t kChunk = 1 << 20;
+  ServerOptions options;
+  options.max_collective_bytes = 3 * kChunk + kChunk / 2;  // room for three chunks
+  Start(options);
+  auto request = [&](const std::string& name, const std::string& participant) {
+    v1::AllReduceRequest r;
+    r.set_name(name);
+    r.set_generation(1);
+    r.set_size(2);
+    r.set_participant(participant);
+    r.set_element_type(v1::FLOAT32);
+    r.set_data(std::string(kChunk, '\0'));
+    return r;
+  };
+  AsyncCalls<v1::AllReduceResponse> waiting;
+  auto start_waiting = [&](const std::string& name) {
+    const v1::AllReduceRequest r = request(name, "w0");
+    waiting.Start(
+        [&](grpc::ClientContext* context, grpc::CompletionQueue* cq) {
+          return stub_->PrepareAsyncAllReduce(context, r, cq);
+        },
+        std::chrono::seconds(120));
+    waiting.FinishAll();
+  };
+  auto all_reduce = [&](const std::string& name, const std::string& participant) {
+    v1::AllReduceResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return FromGrpcStatus(stub_->AllReduce(&context, request(name, participant), &response));
+  };
+
+  for (const char* name : {"r1", "r2", "r3"}) start_waiting(name);
+  ASSERT_TRUE(AwaitTableStats(3, 3, 3 * kChunk)) << "the chunks never all arrived";
+  // Full: one more that would wait is refused at once (UNAVAILABLE: clients
+  // retry), naming the flag and the bytes; nothing is stored.
+  EXPECT_THAT(all_reduce("r4", "w0"),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("--max_collective_bytes"),
+                             HasSubstr(absl::StrCat("holds ", 3 * kChunk)),
+                             HasSubstr(absl::StrCat("needs ", kChunk)), HasSubstr("retry"))));
+  ASSERT_TRUE(AwaitTableStats(3, 3, 3 * kChunk));
+  // Completing a round frees its chunk; then a new waiting one is accepted.
+  ASSERT_OK(all_reduce("r1", "w1"));
+  ASSERT_TRUE(AwaitTableStats(2, 2, 2 * kChunk));
+  start_waiting("r4");
+  ASSERT_TRUE(AwaitTableStats(3, 3, 3 * kChunk));
+  // Cancelling frees the rest.
+  waiting.CancelAll();
+  ASSERT_TRUE(waiting.Drain());
+  EXPECT_OK(FromGrpcStatus(waiting.calls()[0]->status));  // r1 completed
+  EXPECT_TRUE(AwaitTableStats(0, 0, 0));
+  // A chunk larger than the whole limit never fits: RESOURCE_EXHAUSTED.
+  v1::AllReduceRequest huge = request("r5", "w0");
+  huge.set_data(std::string(4 * kChunk, '\0'));
+  v1::AllReduceResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  EXPECT_THAT(FromGrpcStatus(stub_->AllReduce(&context, huge, &response)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("larger than the server's whole limit")));
+}
+
+TEST_F(WaitingCallsTest, ZeroCollectiveCapIsRefused) {
+  ServerOptions options;
+  options.max_collective_bytes = 0;
+  EXPECT_THAT(Server::Start(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_collective_bytes")));
+}
+
+// GetParam calls that ask and never read their replies: each has its own
+// connection, whose flow-control window holds far less than a reply (no read
+// is pending), so the server holds each reply until Cancel.
+class SlowReaders {
+ public:
+  // Starts `n` readers of `param` on the server at `address`.
+  bool Start(const std::string& address, const std::string& param, int n) {
+    v1::GetParamRequest request;
+    request.mutable_param()->set_name(param);
+    grpc::ByteBuffer request_bytes;
+    bool own_buffer = false;
+    if (!grpc::SerializationTraits<v1::GetParamRequest>::Serialize(request, &request_bytes,
+                                                                   &own_buffer)
+             .ok()) {
+      return false;
+    }
+    for (int i = 0; i < n; ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+      auto reader = std::make_unique<Reader>();
+      reader->stub = std::make_unique<grpc::GenericStub>(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      reader->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+      reader->call =
+          reader->stub->PrepareCall(&reader->context, "/pserver.v1.ParameterServer/GetParam", &cq_);
+      // One operation of each kind at a time: each is awaited.
+      reader->call->StartCall(reader.get());
+      if (!AwaitOne()) return false;
+      reader->call->Write(request_bytes, reader.get());
+      if (!AwaitOne()) return false;
+      reader->call->WritesDone(reader.get());
+      if (!AwaitOne()) return false;
+      readers_.push_back(std::move(reader));
+    }
+    return true;
+  }
+
+  // Cancels every reader and waits (bounded) until each call has finished.
+  bool Cancel() {
+    for (auto& reader : readers_) {
+      reader->context.TryCancel();
+      reader->call->Finish(&reader->status, reader.get());
+    }
+    for (size_t i = 0; i < readers_.size(); ++i) {
+      if (!AwaitOne()) return false;
+    }
+    readers_.clear();
+    return true;
+  }
+
+  ~SlowReaders() {
+    Cancel();
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+ private:
+  struct Reader {
+    std::unique_ptr<grpc::GenericStub> stub;
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call;
+    grpc::Status status;
+  };
+
+  bool AwaitOne() {
+    void* tag;
+    bool ok;
+    return cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + std::chrono::seconds(30)) ==
+           grpc::CompletionQueue::GOT_EVENT;
+  }
+
+  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<Reader>> readers_;
+};
+
+class ReplyBudgetTest : public WaitingCallsTest {
+ protected:
+  static constexpr size_t kFloats = 2 << 20;     // 8 MiB replies
+  static constexpr uint64_t kBudget = 20 << 20;  // room for two
+
+  // A server with the budget, parameter "big" (one 8 MiB block) and two
+  // slow readers of it holding their replies.
+  void StartWithBudgetFull() {
+    ServerOptions options;
+    options.max_reply_bytes_in_flight = kBudget;
+    Start(options);
+    ASSERT_OK(InitParam(Float32Param("big", std::vector<float>(kFloats, 1.0f))));
+    ASSERT_OK(FinishInitParams());
+    ASSERT_TRUE(slow_readers_.Start(server_->address(), "big", 2));
+    ASSERT_TRUE(Await([&] {
+      absl::StatusOr<v1::ServerStats> stats = GetStats();
+      held_ = stats.ok() ? stats->reply_bytes_in_flight() : 0;
+      return held_ > 2 * kFloats * sizeof(float);
+    })) << "the unread replies are not held: "
+        << held_;
+  }
+
+  // Cancels the slow readers and waits until their replies are released.
+  void FreeTheBudget() {
+    ASSERT_TRUE(slow_readers_.Cancel());
+    ASSERT_TRUE(Await([&] {
+      absl::StatusOr<v1::ServerStats> now = GetStats();
+      return now.ok() && now->reply_bytes_in_flight() == 0;
+    }));
+  }
+
+  uint64_t Refused() {
+    absl::StatusOr<v1::ServerStats> stats = GetStats();
+    return stats.ok() ? stats->reads_refused_for_memory() : 0;
+  }
+
+  SlowReaders slow_readers_;
+  uint64_t held_ = 0;  // reply bytes the slow readers hold
+};
+
+TEST_F(ReplyBudgetTest, UnreadRepliesAreBoundedByTheReplyBudget) {
+  StartWithBudgetFull();
+
+  // Over the budget: refused for now (UNAVAILABLE, which clients retry),
+  // naming the flag; nothing more is held.
+  EXPECT_THAT(GetParam("big"),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("--max_reply_bytes_in_flight"), HasSubstr("retry"))));
+  EXPECT_THAT(GetParams({"big"}),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("--max_reply_bytes_in_flight"), HasSubstr("retry"))));
+  ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
+  EXPECT_EQ(stats.reply_bytes_in_flight(), held_);
+  EXPECT_LE(stats.reply_bytes_in_flight(), kBudget);
+  EXPECT_EQ(stats.reads_refused_for_memory(), 2u);
+
+  // Once the slow readers go away, reads are served again.
+  FreeTheBudget();
+  ASSERT_OK_AND_ASSIGN(v1::Parameter param, GetParam("big"));
+  EXPECT_EQ(param.content().size(), kFloats * sizeof(float));
+  ASSERT_OK_AND_ASSIGN(stats, GetStats());
+  EXPECT_EQ(stats.reply_bytes_in_flight(), 0u);
+}
+
+TEST_F(WaitingCallsTest, AReplyLargerThanTheWholeBudgetIsRefusedForGood) {
+  ServerOptions options;
+  options.max_reply_bytes_in_flight = 1 << 20;
+  Start(options);
+  ASSERT_OK(InitParam(Float32Param("big", std::vector<float>(1 << 20, 1.0f))));  // 4 MiB
+  ASSERT_OK(FinishInitParams());
+  EXPECT_THAT(GetParam("big"), StatusIs(absl::StatusCode::kResourceExhausted,
+                                        AllOf(HasSubstr("larger than the server's whole budget"),
+                                              HasSubstr("--max_reply_bytes_in_flight=1048576"))));
+  EXPECT_THAT(GetParams({"big"}), StatusIs(absl::StatusCode::kResourceExhausted,
+                                           HasSubstr("--max_reply_bytes_in_flight")));
+  ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
+  EXPECT_EQ(stats.reply_bytes_in_flight(), 0u);
+}
+
+TEST_F(ReplyBudgetTest, ClientRetriesAReadRefusedWhileTheBudgetIsFull) {
+  StartWithBudgetFull();
+  const uint64_t refused_before = Refused();
+  ClientOptions client_options;
+  client_options.servers = {server_->address()};
+  client_options.block_bytes = 64 << 20;  // "big" is one block
+  client_options.timeout = absl::Seconds(120);
+  client_options.initial_backoff = absl::Milliseconds(5);
+  client_options.max_backoff = absl::Milliseconds(50);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(client_options));
+
+  absl::StatusOr<Tensor> read = absl::UnknownError("not read");
+  std::thread reader([&] { read = client->GetParam("big"); });
+  // The client's read is refused (counted), then retried, not failed.
+  const bool refused = Await([&] { return Refused() >= refused_before + 2; });
+  FreeTheBudget();
+  reader.join();
+  ASSERT_TRUE(refused) << "the client's read was never refused";
+  ASSERT_OK(read.status());
+  EXPECT_EQ(read->num_elements(), static_cast<int64_t>(kFloats));
+  EXPECT_GE(client->retries(), 2u);
+}
+
+TEST_F(WaitingCallsTest, ZeroReplyBudgetIsRefused) {
+  ServerOptions options;
+  options.max_reply_bytes_in_flight = 0;
+  EXPECT_THAT(Server::Start(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_reply_bytes_in_flight")));
 }
 
 }  // namespace
