@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "cc/rpc/transport_limits.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pserver {
@@ -36,11 +37,16 @@ inline constexpr int kInitialStreamWindowBytes = 4 << 20;
 // the call, for the stage timestamps of the client's tickets.
 inline constexpr char kServerTraceMetadataKey[] = "pserver-trace-bin";
 
-// Channel arguments for a client channel to one server: no message size
-// limit (requests are already cut into ~1 MiB blocks), the stream window
-// above, and a private subchannel so several channels to one address are
-// really separate.
+// Channel arguments for a client channel to one server: replies and
+// requests of at most kDefaultMaxMessageBytes (requests are cut into ~1 MiB
+// blocks); no compression accepted (a rogue server's small compressed reply
+// must not inflate to gigabytes here); keepalive pings the server's policy
+// allows (cc/rpc/transport_limits.h); the stream window above; and a
+// private subchannel so several channels to one address are really separate.
 grpc::ChannelArguments DefaultChannelArguments();
+
+// Applies the limits above to a channel's arguments (also for tests).
+void SetClientTransportLimits(grpc::ChannelArguments* args);
 
 }  // namespace pserver
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
+#include <utility>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -14,6 +16,7 @@
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/service.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpc/compression.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pserver {
@@ -48,6 +51,72 @@ absl::Status FromJson(const std::string& json, google::protobuf::Message* messag
   return absl::OkStatus();
 }
 
+absl::Status CheckTransportLimits(const ServerOptions& options) {
+  if (options.max_message_bytes < 1024 || options.max_message_bytes > (size_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes must be in [1024, 2^31-1], got ", options.max_message_bytes));
+  }
+  if (options.max_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_threads must be >= 0, got ", options.max_threads));
+  }
+  if (options.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_concurrent_streams must be >= 1, got ",
+                                                   options.max_concurrent_streams));
+  }
+  const std::pair<const char*, absl::Duration> durations[] = {
+      {"max_connection_idle", options.max_connection_idle},
+      {"handshake_timeout", options.handshake_timeout},
+      {"keepalive_time", options.keepalive_time},
+      {"keepalive_timeout", options.keepalive_timeout}};
+  for (const auto& [name, duration] : durations) {
+    if (duration < absl::Milliseconds(1)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1ms, got ",
+                                                     absl::FormatDuration(duration)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// gRPC takes durations as int milliseconds; InfiniteDuration is INT_MAX (never).
+int ArgMillis(absl::Duration duration) {
+  return static_cast<int>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(duration), std::numeric_limits<int>::max()));
+}
+
+// What one peer may hold of this server: message and decompressed sizes,
+// threads, streams per connection, idle and half-open connections
+// (docs/limits.md).
+void SetTransportLimits(const ServerOptions& options, int max_threads,
+                        grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  if (!options.allow_compressed_requests) {
+    // Only "identity": gzip and deflate requests are refused before they are inflated.
+    builder->AddChannelArgument(GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
+                                1 << GRPC_COMPRESS_NONE);
+  }
+  grpc::ResourceQuota quota("pserver");
+  quota.SetMaxThreads(max_threads);
+  builder->SetResourceQuota(quota);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                              ArgMillis(options.max_connection_idle));
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                              ArgMillis(options.handshake_timeout));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ArgMillis(options.keepalive_time));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                              ArgMillis(options.keepalive_timeout));
+  // Clients ping while calls are in flight, at most every kClientKeepaliveTime;
+  // idle connections need no pings (they are closed after max_connection_idle).
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                              ArgMillis(kMinClientPingInterval));
+}
+
+absl::Status StoppedWhileStarting() {
+  return absl::CancelledError("stopped while starting");
+}
+
 }  // namespace
 
 Server::Server(const ServerOptions& options, std::optional<int> device)
@@ -73,6 +142,10 @@ void Server::Log(const std::string& message) const {
   }
   std::fprintf(stderr, "pserver %u: %s\n", index_, message.c_str());
   std::fflush(stderr);
+}
+
+bool Server::StopRequested() const {
+  return options_.stop != nullptr && options_.stop->HasBeenNotified();
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
@@ -108,6 +181,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.etcd_endpoints.empty() && options.lease_ttl < absl::Seconds(1)) {
     return absl::InvalidArgumentError("lease_ttl must be at least 1s");
   }
+  PS_RETURN_IF_ERROR(CheckTransportLimits(options));
   const int threads = options.num_threads > 0
                           ? options.num_threads
                           : std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
@@ -142,7 +216,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
-  builder.SetMaxReceiveMessageSize(-1);
+  SetTransportLimits(options, options.max_threads > 0 ? options.max_threads : kDefaultMaxThreads,
+                     &builder);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kInitialStreamWindowBytes);
   builder.SetMaxSendMessageSize(-1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
@@ -155,7 +230,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->address_ = host_port(server->port_);
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
+  if (server->StopRequested()) return StoppedWhileStarting();
   if (!options.checkpoint_dir.empty()) PS_RETURN_IF_ERROR(server->LoadShard());
+  if (server->StopRequested()) return StoppedWhileStarting();
   if (device.has_value()) {
     server->Log(absl::StrCat("dense shards live on ", device_description,
                              "; blocks the device cannot update, sparse and KV tables in host "
@@ -186,11 +263,12 @@ absl::Status Server::Register() {
   auto until_deadline = [&](auto call) {
     while (true) {
       auto result = call();
+      if (!result.ok() && StopRequested()) return decltype(result)(StoppedWhileStarting());
       if (result.ok() || absl::Now() >= deadline ||
           !(absl::IsUnavailable(result.status()) || absl::IsDeadlineExceeded(result.status()))) {
         return result;
       }
-      absl::SleepFor(absl::Milliseconds(100));
+      PauseUnlessStopped(absl::Milliseconds(100));
     }
   };
 
@@ -251,6 +329,7 @@ absl::Status Server::Register() {
         return absl::OkStatus();
       }
     }
+    if (StopRequested()) return StoppedWhileStarting();
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("all ", desired, " server indices in etcd ", etcd_options.prefix,
@@ -260,7 +339,15 @@ absl::Status Server::Register() {
       Log(absl::StrCat("all ", desired, " indices are taken; waiting for one to free up"));
       waiting_logged = true;
     }
-    absl::SleepFor(absl::Milliseconds(50));
+    PauseUnlessStopped(absl::Milliseconds(50));
+  }
+}
+
+void Server::PauseUnlessStopped(absl::Duration pause) const {
+  if (options_.stop == nullptr) {
+    absl::SleepFor(pause);
+  } else {
+    options_.stop->WaitForNotificationWithTimeout(pause);
   }
 }
 

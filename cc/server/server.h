@@ -28,10 +28,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "cc/core/checkpoint.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
+#include "cc/rpc/transport_limits.h"
 #include "pserver/v1/registry.pb.h"
 
 namespace grpc {
@@ -49,6 +51,33 @@ struct ServerOptions {
   int port = 0;         // 0: the system picks a free port
   uint32_t index = 0;   // this server's shard index, reported in stats (without etcd)
   int num_threads = 0;  // request threads; 0: two per core, at least 4
+
+  // --- transport limits (docs/limits.md): what one peer may hold ---
+  // The largest request after decompression; a bigger one is refused with
+  // RESOURCE_EXHAUSTED before it is read. The default fits every request a
+  // Client sends (cc/rpc/grpc_status.h).
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Compressed requests are refused (UNIMPLEMENTED) unless allowed: a small
+  // compressed message may inflate to far more memory than it took to send.
+  bool allow_compressed_requests = false;
+  // Hard cap on the threads gRPC runs synchronous calls on; a call that
+  // finds none free fails RESOURCE_EXHAUSTED. 0: kDefaultMaxThreads.
+  int max_threads = 0;
+  // Concurrent calls on one connection; more wait in the client.
+  int max_concurrent_streams = 256;
+  // A connection with no call for this long is closed (GOAWAY); clients
+  // reconnect on their next call. InfiniteDuration: never.
+  absl::Duration max_connection_idle = absl::Minutes(5);
+  // A connection that has not completed the HTTP/2 handshake in this long
+  // is closed.
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  // The server pings a connection with calls after this much silence and
+  // closes it if no answer comes within keepalive_timeout.
+  absl::Duration keepalive_time = absl::Minutes(1);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // Stopping Start early: when set and notified (e.g. by SIGTERM), Start
+  // gives up waiting for etcd or a free index and returns CANCELLED.
+  std::shared_ptr<absl::Notification> stop;
 
   // --- etcd registry (empty endpoints: none, the embedded default) ---
   std::vector<std::string> etcd_endpoints;  // "host:port"
@@ -78,10 +107,14 @@ struct ServerOptions {
   uint64_t drop_reply_after_apply_every_n = 0;
 };
 
+// The thread cap when ServerOptions::max_threads is 0.
+inline constexpr int kDefaultMaxThreads = 256;
+
 class Server {
  public:
-  // INVALID_ARGUMENT for a bad port or thread count; UNAVAILABLE when the
-  // address cannot be bound (the message names it).
+  // INVALID_ARGUMENT for a bad port, thread count or limit; UNAVAILABLE when
+  // the address cannot be bound (the message names it); CANCELLED when
+  // options.stop was notified while starting.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
 
   ~Server();
@@ -122,8 +155,13 @@ class Server {
   Server(const ServerOptions& options, std::optional<int> device);
   StoreOptions MakeStoreOptions(std::optional<int> device);
 
-  // etcd: reads /ps_desired and claims the lowest free index.
+  // etcd: reads /ps_desired and claims the lowest free index. CANCELLED
+  // once options.stop is notified.
   absl::Status Register();
+  // options.stop was notified: Start gives up.
+  bool StopRequested() const;
+  // Sleeps for `pause`, or less when options.stop is notified meanwhile.
+  void PauseUnlessStopped(absl::Duration pause) const;
   // Grants a lease and claims /ps/<index_> under it (retaking it from our
   // own expired registration).
   absl::Status Reregister();
