@@ -4,8 +4,14 @@
 // calls that wait does not grow the server's threads past --max_threads.
 // Memory and threads are read from /proc of a child `pserver` process (or of
 // this process, for the client side). Every wait has a deadline.
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -66,6 +72,57 @@ int64_t ProcStatusBytes(pid_t pid, absl::string_view field) {
 
 int64_t ThreadCount(pid_t pid) { return ProcStatusBytes(pid, "Threads") / 1024; }
 
+// Open file descriptors of `pid`; -1 if they cannot be listed.
+int OpenFdCount(pid_t pid) {
+  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (dir == nullptr) return -1;
+  int count = 0;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  closedir(dir);
+  return count;
+}
+
+// A TCP connection to `port` on loopback that never sends a byte; -1 on error.
+int SilentConnection(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The peer closed `fd` by `deadline`: reads (of what the server sent, such
+// as its HTTP/2 settings) end in end-of-file or an error.
+bool ClosedByPeer(int fd, absl::Time deadline) {
+  char buffer[4096];
+  for (int reads = 0; reads < 1000; ++reads) {
+    pollfd p{fd, POLLIN, 0};
+    const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (poll(&p, 1, static_cast<int>(ms)) != 1) return false;
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return true;
+  }
+  return false;
+}
+
+absl::Status GetStats(const std::string& address, absl::Duration timeout) {
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::GetStatsRequest request;
+  v1::GetStatsResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return FromGrpcStatus(stub->GetStats(&context, request, &response));
+}
+
 // A serialized message of `bytes` zeros in one unknown field (number 15):
 // every pserver request type parses it. Its slices all point at one static
 // MiB of zeros, so building and compressing it costs this process nothing.
@@ -120,10 +177,18 @@ std::shared_ptr<grpc::Channel> PermissiveChannel(const std::string& address) {
 
 class PserverChild {
  public:
-  void Start(std::vector<std::string> flags) {
+  // `nofile`: the server's file descriptor limit (0: inherited).
+  void Start(std::vector<std::string> flags, int nofile = 0) {
     flags.push_back("--host=127.0.0.1");
     flags.push_back("--port=0");
-    ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
+    if (nofile > 0) {
+      flags.insert(flags.begin(),
+                   {absl::StrCat("--nofile=", nofile), RunfilesPath("cc/server/pserver")});
+      ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn("/usr/bin/prlimit", flags));
+    } else {
+      ASSERT_OK_AND_ASSIGN(child_,
+                           ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
+    }
     absl::StatusOr<std::string> address =
         WaitForPserverAddress(*child_, 0, absl::Now() + kStartTimeout);
     ASSERT_TRUE(address.ok()) << address.status() << "\n" << child_->output();
@@ -139,6 +204,10 @@ class PserverChild {
   }
   pid_t pid() const { return child_->pid(); }
   const std::string& address() const { return address_; }
+  int port() const {
+    int port = 0;
+    return absl::SimpleAtoi(address_.substr(address_.rfind(':') + 1), &port) ? port : 0;
+  }
   std::string output() const { return child_->output(); }
 
  private:
@@ -319,6 +388,74 @@ TEST(TransportLimitsTest, WaitingCallsDoNotGrowThreadsPastMaxThreads) {
   auto stub = v1::ParameterServer::NewStub(
       grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
   EXPECT_TRUE(stub->GetStats(&context, stats_request, &stats).ok());
+  ASSERT_NO_FATAL_FAILURE(server.Stop());
+}
+
+// ---- idle and half-open connections ------------------------------------------------
+
+TEST(TransportLimitsTest, IdleConnectionsAreClosedSoNewClientsGetIn) {
+  constexpr int kNofile = 64;
+  constexpr int kSilentConnections = 100;  // more than the server has descriptors
+  constexpr int kIdleChannels = 8;
+  PserverChild server;
+  ASSERT_NO_FATAL_FAILURE(server.Start(
+      {"--handshake_timeout_seconds=1", "--max_connection_idle_seconds=1"}, kNofile));
+  const int fds_before = OpenFdCount(server.pid());
+  ASSERT_GT(fds_before, 0);
+
+  // Connections that finished their handshake, made a call and went idle
+  // (their channels stay open here).
+  std::vector<std::shared_ptr<grpc::Channel>> idle;
+  for (int i = 0; i < kIdleChannels; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    idle.push_back(grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(),
+                                             args));
+    v1::GetStatsRequest request;
+    v1::GetStatsResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    ASSERT_TRUE(v1::ParameterServer::NewStub(idle.back())->GetStats(&context, request, &response).ok());
+  }
+  // Connections that never say a word, more than the server can hold.
+  std::vector<int> silent;
+  for (int i = 0; i < kSilentConnections; ++i) {
+    const int fd = SilentConnection(server.port());
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    silent.push_back(fd);
+  }
+  struct CloseAll {
+    std::vector<int>& fds;
+    ~CloseAll() {
+      for (int fd : fds) close(fd);
+    }
+  } close_all{silent};
+
+  // A new client gets in once the server has closed enough of them; the old
+  // code kept them for gRPC's 120 s handshake timeout.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  absl::Status call = GetStats(server.address(), absl::Seconds(2));
+  for (int attempt = 0; !call.ok() && attempt < 600 && absl::Now() < deadline; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(100));  // a refused connection fails at once
+    call = GetStats(server.address(), absl::Seconds(2));
+  }
+  EXPECT_OK(call) << "no new client got in\n" << server.output();
+
+  // Every silent connection is closed by the server.
+  int closed = 0;
+  for (int fd : silent) {
+    if (ClosedByPeer(fd, deadline)) ++closed;
+  }
+  EXPECT_EQ(closed, kSilentConnections);
+  // And the idle ones: the server's descriptors come back down.
+  int fds_now = OpenFdCount(server.pid());
+  for (int attempt = 0; fds_now > fds_before && attempt < 600 && absl::Now() < deadline;
+       ++attempt) {
+    absl::SleepFor(absl::Milliseconds(50));
+    fds_now = OpenFdCount(server.pid());
+  }
+  EXPECT_LE(fds_now, fds_before) << "the server held " << fds_before << " descriptors before, "
+                                 << fds_now << " now";
   ASSERT_NO_FATAL_FAILURE(server.Stop());
 }
 

@@ -67,6 +67,10 @@ ABSL_FLAG(bool, allow_compressed_requests, false,
 ABSL_FLAG(int, max_threads, pserver::kDefaultMaxThreads,
           "Most threads running calls at once; a call finding none free fails "
           "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, reserve_fds, 32,
+          "File descriptors kept free for etcd, checkpoints and calls in flight: a new "
+          "connection that would leave fewer is closed at once (clients retry). Connections "
+          "are bounded by ulimit -n minus this.");
 ABSL_FLAG(int, max_concurrent_streams, 256,
           "Most calls in flight on one connection; more wait in the client.");
 ABSL_FLAG(double, max_connection_idle_seconds, 300,
@@ -164,6 +168,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.allow_compressed_requests = absl::GetFlag(FLAGS_allow_compressed_requests);
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
+  options.reserve_fds = absl::GetFlag(FLAGS_reserve_fds);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.max_connection_idle = SecondsOrInfinite(absl::GetFlag(FLAGS_max_connection_idle_seconds));
   options.handshake_timeout = absl::Seconds(absl::GetFlag(FLAGS_handshake_timeout_seconds));

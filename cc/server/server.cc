@@ -14,6 +14,7 @@
 #include "cc/cuda/device_storage.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/rpc/grpc_status.h"
+#include "cc/server/listener.h"
 #include "cc/server/service.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/compression.h"
@@ -60,6 +61,10 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_threads must be >= 0, got ", options.max_threads));
   }
+  if (options.reserve_fds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reserve_fds must be >= 0, got ", options.reserve_fds));
+  }
   if (options.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_concurrent_streams must be >= 1, got ",
                                                    options.max_concurrent_streams));
@@ -85,8 +90,8 @@ int ArgMillis(absl::Duration duration) {
 }
 
 // What one peer may hold of this server: message and decompressed sizes,
-// threads, streams per connection, idle and half-open connections
-// (docs/limits.md).
+// threads, streams per connection, idle connections (docs/limits.md; the
+// Listener closes half-open ones).
 void SetTransportLimits(const ServerOptions& options, int max_threads,
                         grpc::ServerBuilder* builder) {
   builder->SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -101,8 +106,6 @@ void SetTransportLimits(const ServerOptions& options, int max_threads,
   builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                               ArgMillis(options.max_connection_idle));
-  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-                              ArgMillis(options.handshake_timeout));
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ArgMillis(options.keepalive_time));
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                               ArgMillis(options.keepalive_timeout));
@@ -212,9 +215,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return ipv6 ? absl::StrCat("[", options.host, "]:", port)
                 : absl::StrCat(options.host, ":", port);
   };
-  const std::string listen = host_port(options.port);
+  // pserver's own listener: gRPC's stops for good at the first EMFILE.
+  PS_ASSIGN_OR_RETURN(server->listener_,
+                      Listener::Bind(options.host, options.port, options.reserve_fds,
+                                     options.handshake_timeout));
+  server->port_ = server->listener_->port();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
   SetTransportLimits(options, options.max_threads > 0 ? options.max_threads : kDefaultMaxThreads,
                      &builder);
@@ -224,10 +230,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, threads);
   server->grpc_server_ = builder.BuildAndStart();
-  if (server->grpc_server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
-  }
+  if (server->grpc_server_ == nullptr) return absl::InternalError("cannot start the gRPC server");
+  server->listener_->Start(server->grpc_server_.get());
   server->address_ = host_port(server->port_);
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
   if (server->StopRequested()) return StoppedWhileStarting();
@@ -571,6 +575,7 @@ void Server::Shutdown(absl::Duration grace) {
   // Calls waiting on clocks or collectives would hold the shutdown for the
   // whole grace: they fail with UNAVAILABLE now, which clients retry.
   tables_.Shutdown();
+  if (listener_ != nullptr) listener_->Stop();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     grpc_server_->Wait();

@@ -43,6 +43,7 @@ class Server;
 namespace pserver {
 
 class ParameterServerService;
+class Listener;
 class EtcdClient;
 class LeaseKeeper;
 
@@ -63,6 +64,11 @@ struct ServerOptions {
   // Hard cap on the threads gRPC runs synchronous calls on; a call that
   // finds none free fails RESOURCE_EXHAUSTED. 0: kDefaultMaxThreads.
   int max_threads = 0;
+  // File descriptors kept free for etcd, checkpoint files and the calls
+  // already served: a new connection that would leave fewer is closed at
+  // once (the client retries). Connections are thus bounded by the
+  // process's descriptor limit (ulimit -n) minus this.
+  int reserve_fds = 32;
   // Concurrent calls on one connection; more wait in the client.
   int max_concurrent_streams = 256;
   // A connection with no call for this long is closed (GOAWAY); clients
@@ -182,6 +188,7 @@ class Server {
   Tables tables_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<Listener> listener_;  // accepts for grpc_server_
   std::string address_;
   int port_ = 0;
   uint32_t index_ = 0;
