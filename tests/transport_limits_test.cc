@@ -31,6 +31,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cc/client/client.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
@@ -46,6 +47,7 @@ namespace {
 
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
+using ::pserver::testing::StatusIs;
 
 constexpr absl::Duration kStartTimeout = absl::Seconds(20);
 constexpr absl::Duration kStopTimeout = absl::Seconds(10);
@@ -266,6 +268,36 @@ TEST(TransportLimitsTest, BadLimitFlagExitsNamingIt) {
   ASSERT_OK_AND_ASSIGN(int status, child->WaitForExit(absl::Now() + kStopTimeout));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << DescribeWaitStatus(status);
   EXPECT_THAT(child->output(), HasSubstr("max_message_bytes"));
+}
+
+TEST(TransportLimitsTest, ClientRefusesRequestSizesPastTheServersLimit) {
+  PserverChild server;
+  ASSERT_NO_FATAL_FAILURE(server.Start({}));
+  ClientOptions options;
+  options.servers = {server.address()};
+  options.block_bytes = kMaxRequestPayloadBytes + 1;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  EXPECT_THAT(client.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block_bytes")));
+  EXPECT_THAT(client.status().message(), HasSubstr("--max_message_bytes"));
+  options.block_bytes = kMaxRequestPayloadBytes;
+  options.max_request_bytes = kMaxRequestPayloadBytes + 1;
+  client = Client::Connect(options);
+  EXPECT_THAT(client.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_request_bytes")));
+
+  // At the largest sizes allowed, a tensor of one whole block passes.
+  options.max_request_bytes = kMaxRequestPayloadBytes;
+  options.timeout = absl::Seconds(60);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> ok, Client::Connect(options));
+  const int64_t n = static_cast<int64_t>(kMaxRequestPayloadBytes / sizeof(float));
+  ASSERT_OK(ok->InitParam("w", Tensor::FromValues<float>({n}, std::vector<float>(n, 1.0f))));
+  ASSERT_OK(ok->FinishInitParams());
+  ASSERT_OK(ok->SendGrad("w", Tensor::FromValues<float>({n}, std::vector<float>(n, 1.0f))));
+  ASSERT_OK_AND_ASSIGN(Tensor w, ok->GetParam("w"));
+  EXPECT_EQ(w.shape()[0], n);
+  ok.reset();
+  ASSERT_NO_FATAL_FAILURE(server.Stop());
 }
 
 // ---- a rogue server's compressed reply --------------------------------------------

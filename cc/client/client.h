@@ -123,7 +123,8 @@ struct CallOptions {
 class Client {
  public:
   // A client over gRPC to options.servers. INVALID_ARGUMENT for no servers,
-  // an empty address, or a zero block size, request size or timeout.
+  // an empty address, a zero block size, request size or timeout, or a block
+  // or request size over kMaxRequestPayloadBytes (8 MiB, cc/rpc/transport_limits.h).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
   // A client over the given transports (one per server, in index order);

@@ -1,8 +1,24 @@
 #include "cc/rpc/grpc_status.h"
 
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 #include "grpc/compression.h"
 
 namespace pserver {
+
+absl::Status CheckRequestPayloadSizes(size_t block_bytes, size_t max_request_bytes) {
+  for (const auto& [name, value] : {std::pair<const char*, size_t>{"block_bytes", block_bytes},
+                                    {"max_request_bytes", max_request_bytes}}) {
+    if (value > kMaxRequestPayloadBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " is ", value, "; at most ", kMaxRequestPayloadBytes,
+          " so that every request fits the servers' --max_message_bytes (default ",
+          kDefaultMaxMessageBytes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 void SetClientTransportLimits(grpc::ChannelArguments* args) {
   args->SetMaxReceiveMessageSize(static_cast<int>(kDefaultMaxMessageBytes));

@@ -45,6 +45,11 @@ inline constexpr char kServerTraceMetadataKey[] = "pserver-trace-bin";
 // private subchannel so several channels to one address are really separate.
 grpc::ChannelArguments DefaultChannelArguments();
 
+// INVALID_ARGUMENT naming the option when a client's block_bytes or
+// max_request_bytes exceeds kMaxRequestPayloadBytes: its requests could pass
+// the servers' default --max_message_bytes.
+absl::Status CheckRequestPayloadSizes(size_t block_bytes, size_t max_request_bytes);
+
 // Applies the limits above to a channel's arguments (also for tests).
 void SetClientTransportLimits(grpc::ChannelArguments* args);
 
