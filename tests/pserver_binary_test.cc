@@ -160,8 +160,8 @@ class SilentListener {
   // Waits until a connection arrives (and keeps it open, silent).
   bool AcceptOne(absl::Time deadline) {
     pollfd p{fd_, POLLIN, 0};
-    const int ms = static_cast<int>(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    const int ms =
+        static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
     if (poll(&p, 1, ms) != 1) return false;
     const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return false;

@@ -45,9 +45,9 @@
 namespace pserver {
 namespace {
 
+using ::pserver::testing::StatusIs;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
-using ::pserver::testing::StatusIs;
 
 constexpr absl::Duration kStartTimeout = absl::Seconds(20);
 constexpr absl::Duration kStopTimeout = absl::Seconds(10);
@@ -158,11 +158,10 @@ grpc::Status RawCall(grpc::Channel* channel, const std::string& method,
   grpc::ByteBuffer reply;
   grpc::Status status;
   absl::Notification done;
-  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply,
-                 [&](grpc::Status s) {
-                   status = std::move(s);
-                   done.Notify();
-                 });
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
   done.WaitForNotification();
   if (reply_bytes != nullptr) *reply_bytes = reply.Length();
   return status;
@@ -188,8 +187,7 @@ class PserverChild {
                    {absl::StrCat("--nofile=", nofile), RunfilesPath("cc/server/pserver")});
       ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn("/usr/bin/prlimit", flags));
     } else {
-      ASSERT_OK_AND_ASSIGN(child_,
-                           ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
+      ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
     }
     absl::StatusOr<std::string> address =
         WaitForPserverAddress(*child_, 0, absl::Now() + kStartTimeout);
@@ -200,9 +198,8 @@ class PserverChild {
     if (child_ == nullptr) return;
     ASSERT_EQ(kill(child_->pid(), SIGTERM), 0) << std::strerror(errno);
     ASSERT_OK_AND_ASSIGN(int status, child_->WaitForExit(absl::Now() + kStopTimeout));
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << DescribeWaitStatus(status) << "\n"
-        << child_->output();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DescribeWaitStatus(status) << "\n"
+                                                               << child_->output();
   }
   pid_t pid() const { return child_->pid(); }
   const std::string& address() const { return address_; }
@@ -242,7 +239,8 @@ TEST(TransportLimitsTest, CompressedRequestIsRefusedBeforeItIsInflated) {
   v1::GetStatsResponse stats;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  EXPECT_TRUE(v1::ParameterServer::NewStub(channel)->GetStats(&context, stats_request, &stats).ok());
+  EXPECT_TRUE(
+      v1::ParameterServer::NewStub(channel)->GetStats(&context, stats_request, &stats).ok());
   ASSERT_NO_FATAL_FAILURE(server.Stop());
 }
 
@@ -343,17 +341,18 @@ TEST(TransportLimitsTest, ClientRefusesACompressedReplyBeforeInflatingIt) {
   ASSERT_GT(port, 0);
 
   // pserver's client channel settings (cc/client/grpc_transport.cc).
-  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
-                                           grpc::InsecureChannelCredentials(),
-                                           DefaultChannelArguments());
+  auto channel =
+      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                grpc::InsecureChannelCredentials(), DefaultChannelArguments());
   const int64_t peak_before = ProcStatusBytes(getpid(), "VmHWM");
   size_t reply_bytes = 0;
   grpc::Status status = RawCall(channel.get(), "/pserver.v1.ParameterServer/GetStats",
                                 ZeroMessage(10), GRPC_COMPRESS_NONE, &reply_bytes);
   const int64_t peak_after = ProcStatusBytes(getpid(), "VmHWM");
   EXPECT_FALSE(status.ok()) << "a reply of " << reply_bytes << " bytes was accepted";
-  EXPECT_THAT(status.error_code(), AnyOf(grpc::StatusCode::UNIMPLEMENTED,
-                                         grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::INTERNAL))
+  EXPECT_THAT(status.error_code(),
+              AnyOf(grpc::StatusCode::UNIMPLEMENTED, grpc::StatusCode::RESOURCE_EXHAUSTED,
+                    grpc::StatusCode::INTERNAL))
       << status.error_message();
   EXPECT_LT(peak_after - peak_before, kMaxPeakGrowthBytes)
       << "this process's peak memory grew from " << peak_before << " to " << peak_after
@@ -381,8 +380,8 @@ TEST(TransportLimitsTest, WaitingCallsDoNotGrowThreadsPastMaxThreads) {
     callers.emplace_back([&, i] {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      auto stub = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
-          server.address(), grpc::InsecureChannelCredentials(), args));
+      auto stub = v1::ParameterServer::NewStub(
+          grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
       v1::BarrierRequest request;
       request.set_name("never");
       request.set_size(1000);
@@ -408,8 +407,8 @@ TEST(TransportLimitsTest, WaitingCallsDoNotGrowThreadsPastMaxThreads) {
   EXPECT_LE(threads_peak, threads_before + kMaxThreads + kSpareThreads)
       << "the server grew from " << threads_before << " to " << threads_peak << " threads";
   for (int i = 0; i < kCalls; ++i) {
-    EXPECT_THAT(codes[i], AnyOf(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                grpc::StatusCode::RESOURCE_EXHAUSTED))
+    EXPECT_THAT(codes[i],
+                AnyOf(grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::RESOURCE_EXHAUSTED))
         << "call " << i;
   }
   // The server still serves once the burst is over.
@@ -430,8 +429,8 @@ TEST(TransportLimitsTest, IdleConnectionsAreClosedSoNewClientsGetIn) {
   constexpr int kSilentConnections = 100;  // more than the server has descriptors
   constexpr int kIdleChannels = 8;
   PserverChild server;
-  ASSERT_NO_FATAL_FAILURE(server.Start(
-      {"--handshake_timeout_seconds=1", "--max_connection_idle_seconds=1"}, kNofile));
+  ASSERT_NO_FATAL_FAILURE(
+      server.Start({"--handshake_timeout_seconds=1", "--max_connection_idle_seconds=1"}, kNofile));
   const int fds_before = OpenFdCount(server.pid());
   ASSERT_GT(fds_before, 0);
 
@@ -441,13 +440,14 @@ TEST(TransportLimitsTest, IdleConnectionsAreClosedSoNewClientsGetIn) {
   for (int i = 0; i < kIdleChannels; ++i) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    idle.push_back(grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(),
-                                             args));
+    idle.push_back(
+        grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
     v1::GetStatsRequest request;
     v1::GetStatsResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    ASSERT_TRUE(v1::ParameterServer::NewStub(idle.back())->GetStats(&context, request, &response).ok());
+    ASSERT_TRUE(
+        v1::ParameterServer::NewStub(idle.back())->GetStats(&context, request, &response).ok());
   }
   // Connections that never say a word, more than the server can hold.
   std::vector<int> silent;

@@ -11,10 +11,10 @@ absl::Status CheckRequestPayloadSizes(size_t block_bytes, size_t max_request_byt
   for (const auto& [name, value] : {std::pair<const char*, size_t>{"block_bytes", block_bytes},
                                     {"max_request_bytes", max_request_bytes}}) {
     if (value > kMaxRequestPayloadBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " is ", value, "; at most ", kMaxRequestPayloadBytes,
-          " so that every request fits the servers' --max_message_bytes (default ",
-          kDefaultMaxMessageBytes, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is ", value, "; at most ", kMaxRequestPayloadBytes,
+                       " so that every request fits the servers' --max_message_bytes (default ",
+                       kDefaultMaxMessageBytes, ")"));
     }
   }
   return absl::OkStatus();

@@ -61,8 +61,7 @@ class Listener {
   void Stop();
 
  private:
-  Listener(int listen_fd, int wake_fd, int port, int reserve_fds,
-           absl::Duration handshake_timeout);
+  Listener(int listen_fd, int wake_fd, int port, int reserve_fds, absl::Duration handshake_timeout);
   void AcceptLoop(grpc::Server* server);
   // Accepts every waiting connection into `pending` (fd, handshake deadline).
   void AcceptAll(std::vector<std::pair<int, absl::Time>>* pending);

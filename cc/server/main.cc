@@ -9,7 +9,9 @@
 // Prints "pserver <index> listening on <host:port>" once it serves (with
 // --etcd, after claiming its index and loading its checkpoint), and stops
 // cleanly (exit 0) on SIGINT or SIGTERM, saving a last checkpoint first when
-// it has a --checkpoint_dir. docs/operations.md describes every flag.
+// it has a --checkpoint_dir. A signal while starting (waiting for etcd or a
+// free index) stops it there, exit 1, with a line saying so. --help lists
+// pserver's flags; docs/operations.md and docs/limits.md describe them.
 #include <pthread.h>
 #include <signal.h>
 
@@ -20,9 +22,9 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/internal/program_name.h"
 #include "absl/flags/internal/usage.h"
+#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
@@ -35,7 +37,9 @@
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one.");
 ABSL_FLAG(uint32_t, index, 0, "This server's shard index.");
-ABSL_FLAG(int, num_threads, 0, "Request threads; 0 means two per core (at least 4).");
+ABSL_FLAG(int, num_threads, 0,
+          "Idle threads kept waiting for calls; 0 means two per core (at least 4). More start "
+          "under load, up to --max_threads.");
 ABSL_FLAG(double, shutdown_grace_seconds, 5,
           "On SIGINT/SIGTERM, how long calls in flight may take to finish.");
 ABSL_FLAG(std::string, etcd, "",
@@ -77,7 +81,7 @@ ABSL_FLAG(double, max_connection_idle_seconds, 300,
           "A connection without calls for this long is closed; clients reconnect on their "
           "next call. 0: never.");
 ABSL_FLAG(double, handshake_timeout_seconds, 10,
-          "A connection that has not completed its HTTP/2 handshake in this long is closed.");
+          "A connection whose client sends nothing for this long after connecting is closed.");
 ABSL_FLAG(double, keepalive_seconds, 60,
           "Seconds of silence on a connection with calls in flight before the server pings "
           "it.");

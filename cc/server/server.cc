@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
-#include <utility>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -66,8 +66,8 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
         absl::StrCat("reserve_fds must be >= 0, got ", options.reserve_fds));
   }
   if (options.max_concurrent_streams < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_concurrent_streams must be >= 1, got ",
-                                                   options.max_concurrent_streams));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_concurrent_streams must be >= 1, got ", options.max_concurrent_streams));
   }
   const std::pair<const char*, absl::Duration> durations[] = {
       {"max_connection_idle", options.max_connection_idle},
@@ -76,8 +76,8 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
       {"keepalive_timeout", options.keepalive_timeout}};
   for (const auto& [name, duration] : durations) {
     if (duration < absl::Milliseconds(1)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1ms, got ",
-                                                     absl::FormatDuration(duration)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be at least 1ms, got ", absl::FormatDuration(duration)));
     }
   }
   return absl::OkStatus();
@@ -107,8 +107,7 @@ void SetTransportLimits(const ServerOptions& options, int max_threads,
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                               ArgMillis(options.max_connection_idle));
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ArgMillis(options.keepalive_time));
-  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                              ArgMillis(options.keepalive_timeout));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ArgMillis(options.keepalive_timeout));
   // Clients ping while calls are in flight, at most every kClientKeepaliveTime;
   // idle connections need no pings (they are closed after max_connection_idle).
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
@@ -116,9 +115,7 @@ void SetTransportLimits(const ServerOptions& options, int max_threads,
                               ArgMillis(kMinClientPingInterval));
 }
 
-absl::Status StoppedWhileStarting() {
-  return absl::CancelledError("stopped while starting");
-}
+absl::Status StoppedWhileStarting() { return absl::CancelledError("stopped while starting"); }
 
 }  // namespace
 
@@ -216,9 +213,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                 : absl::StrCat(options.host, ":", port);
   };
   // pserver's own listener: gRPC's stops for good at the first EMFILE.
-  PS_ASSIGN_OR_RETURN(server->listener_,
-                      Listener::Bind(options.host, options.port, options.reserve_fds,
-                                     options.handshake_timeout));
+  PS_ASSIGN_OR_RETURN(
+      server->listener_,
+      Listener::Bind(options.host, options.port, options.reserve_fds, options.handshake_timeout));
   server->port_ = server->listener_->port();
   grpc::ServerBuilder builder;
   builder.RegisterService(server->service_.get());

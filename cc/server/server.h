@@ -51,7 +51,9 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;         // 0: the system picks a free port
   uint32_t index = 0;   // this server's shard index, reported in stats (without etcd)
-  int num_threads = 0;  // request threads; 0: two per core, at least 4
+  // Idle threads kept waiting for calls; 0: two per core, at least 4. More
+  // start under load, up to max_threads.
+  int num_threads = 0;
 
   // --- transport limits (docs/limits.md): what one peer may hold ---
   // The largest request after decompression; a bigger one is refused with
@@ -74,8 +76,8 @@ struct ServerOptions {
   // A connection with no call for this long is closed (GOAWAY); clients
   // reconnect on their next call. InfiniteDuration: never.
   absl::Duration max_connection_idle = absl::Minutes(5);
-  // A connection that has not completed the HTTP/2 handshake in this long
-  // is closed.
+  // A connection whose client has sent nothing for this long after
+  // connecting is closed (cc/server/listener.h).
   absl::Duration handshake_timeout = absl::Seconds(10);
   // The server pings a connection with calls after this much silence and
   // closes it if no answer comes within keepalive_timeout.
