@@ -1,8 +1,12 @@
 // Tests of the pserver binary as a user runs it: a child process started with
 // flags, whose "listening" line tells the address, that serves a real Client,
 // and that stops cleanly on SIGTERM/SIGINT. Every wait has a deadline.
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -114,6 +118,82 @@ TEST_F(PserverProcessTest, OutOfRangePortExitsWithStatusOne) {
   EXPECT_THAT(child_->output(), HasSubstr("port"));
   EXPECT_THAT(child_->output(), HasSubstr("99999"));
   EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening")));
+}
+
+TEST(PserverHelpTest, HelpListsPserversOwnFlagsAndExitsZero) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> child,
+                       ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), {"--help"}));
+  ASSERT_OK_AND_ASSIGN(int status, child->WaitForExit(absl::Now() + kStopTimeout));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << DescribeWaitStatus(status) << "\noutput:\n"
+      << child->output();
+  EXPECT_THAT(child->out(), HasSubstr("Usage: pserver"));
+  for (const char* flag : {"--port", "--etcd", "--checkpoint_dir", "--max_message_bytes",
+                           "--max_threads", "--max_connection_idle_seconds"}) {
+    EXPECT_THAT(child->out(), HasSubstr(flag));
+  }
+  EXPECT_THAT(child->output(), ::testing::Not(HasSubstr("No flags matched")));
+  EXPECT_THAT(child->out(), ::testing::Not(HasSubstr("--flagfile")));  // absl's: --helpfull
+}
+
+// A TCP socket on a free loopback port that accepts connections into its
+// backlog and never answers: an etcd that hangs.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(fd_, 16) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~SilentListener() {
+    for (int fd : accepted_) close(fd);
+    if (fd_ >= 0) close(fd_);
+  }
+  int port() const { return port_; }
+  // Waits until a connection arrives (and keeps it open, silent).
+  bool AcceptOne(absl::Time deadline) {
+    pollfd p{fd_, POLLIN, 0};
+    const int ms =
+        static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    if (poll(&p, 1, ms) != 1) return false;
+    const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return false;
+    accepted_.push_back(fd);
+    return true;
+  }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::vector<int> accepted_;
+};
+
+TEST(PserverStartingTest, SigtermWhileWaitingForEtcdStopsAtOnceSayingSo) {
+  SilentListener etcd;
+  ASSERT_GT(etcd.port(), 0);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<ChildProcess> child,
+      ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
+                          {"--port=0", absl::StrCat("--etcd=127.0.0.1:", etcd.port()),
+                           "--num_servers=1", "--register_timeout=300"}));
+  // The server is registering once it connects to "etcd".
+  ASSERT_TRUE(etcd.AcceptOne(absl::Now() + kStartTimeout)) << child->output();
+  ASSERT_EQ(kill(child->pid(), SIGTERM), 0) << std::strerror(errno);
+  // Generous: the old code waited for --register_timeout (300 s).
+  absl::StatusOr<int> status = child->WaitForExit(absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(status.ok()) << status.status() << "\noutput:\n" << child->output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
+      << DescribeWaitStatus(*status) << "\noutput:\n"
+      << child->output();
+  EXPECT_THAT(child->err(), HasSubstr("received while starting"));
+  EXPECT_THAT(child->out(), ::testing::Not(HasSubstr("listening")));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "cc/client/call_group.h"
 #include "cc/client/grpc_transport.h"
+#include "cc/rpc/grpc_status.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/rpc/grpc_status.h"
@@ -259,6 +260,7 @@ Client::~Client() {
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  PS_RETURN_IF_ERROR(CheckRequestPayloadSizes(options.block_bytes, options.max_request_bytes));
   std::unique_ptr<EtcdClient> etcd;
   std::vector<std::string> servers = options.servers;
   int64_t revision = 0;

@@ -139,6 +139,8 @@ class Client {
   // With etcd_endpoints, waits up to discovery_timeout for the servers (every
   // etcd read included); DEADLINE_EXCEEDED then says what was missing, or
   // which etcd endpoint could not be read and why.
+  // A block or request size over kMaxRequestPayloadBytes (8 MiB,
+  // cc/rpc/transport_limits.h) is INVALID_ARGUMENT too.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
   // A client over the given transports (one per server, in index order);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "cc/rpc/transport_limits.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pserver {
@@ -34,10 +35,12 @@ inline constexpr int kInitialStreamWindowBytes = 4 << 20;
 // the call, for the stage timestamps of the client's tickets.
 inline constexpr char kServerTraceMetadataKey[] = "pserver-trace-bin";
 
-// Channel arguments for a client channel to one server: no message size
-// limit (requests are already cut into ~1 MiB blocks), the stream window
-// above, and a private subchannel so several channels to one address are
-// really separate.
+// Channel arguments for a client channel to one server: replies and
+// requests of at most kDefaultMaxMessageBytes (requests are cut into ~1 MiB
+// blocks); no compression accepted (a rogue server's small compressed reply
+// must not inflate to gigabytes here); keepalive pings the server's policy
+// allows (cc/rpc/transport_limits.h); the stream window above; and a
+// private subchannel so several channels to one address are really separate.
 grpc::ChannelArguments DefaultChannelArguments();
 
 // Why a call never reached its server, in a few words, from the call's
@@ -58,6 +61,14 @@ inline constexpr char kNoConnectionInTime[] =
 // values): the latest, unless it is one of the two above and the earlier
 // says more.
 std::string LatestCause(const std::string& earlier, const std::string& latest);
+
+// INVALID_ARGUMENT naming the option when a client's block_bytes or
+// max_request_bytes exceeds kMaxRequestPayloadBytes: its requests could pass
+// the servers' default --max_message_bytes.
+absl::Status CheckRequestPayloadSizes(size_t block_bytes, size_t max_request_bytes);
+
+// Applies the limits above to a channel's arguments (also for tests).
+void SetClientTransportLimits(grpc::ChannelArguments* args);
 
 }  // namespace pserver
 

@@ -9,18 +9,28 @@
 // Prints "pserver <index> listening on <host:port>" once it serves (with
 // --etcd, after claiming its index and loading its checkpoint), and stops
 // cleanly (exit 0) on SIGINT or SIGTERM, saving a last checkpoint first when
-// it has a --checkpoint_dir (exit 1 if that save fails). docs/operations.md
-// describes every flag.
+// it has a --checkpoint_dir (exit 1 if that save fails). A signal while
+// starting (waiting for etcd or a free index) stops it there, exit 1, with a
+// line saying so. --help lists pserver's flags; docs/operations.md and
+// docs/limits.md describe them.
 #include <pthread.h>
 #include <signal.h>
 
 #include <cstdio>
 #include <cstring>
+#include <iostream>
+#include <memory>
+#include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/program_name.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "cc/core/checkpoint.h"
 #include "cc/cuda/device.h"
 #include "cc/rpc/allocator.h"
@@ -29,7 +39,9 @@
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one.");
 ABSL_FLAG(uint32_t, index, 0, "This server's shard index.");
-ABSL_FLAG(int, num_threads, 0, "Request threads; 0 means two per core (at least 4).");
+ABSL_FLAG(int, num_threads, 0,
+          "Idle threads kept waiting for calls; 0 means two per core (at least 4). More start "
+          "under load, up to --max_threads.");
 ABSL_FLAG(double, shutdown_grace_seconds, 5,
           "On SIGINT/SIGTERM, how long calls in flight may take to finish.");
 ABSL_FLAG(std::string, etcd, "",
@@ -63,24 +75,98 @@ ABSL_FLAG(uint64_t, max_collective_bytes, uint64_t{1} << 30,
           "Bytes held by collectives waiting for their other participants (AllReduce chunks, "
           "unread Broadcast data), over all rounds; past it a contribution gets UNAVAILABLE "
           "(clients retry), one larger than it RESOURCE_EXHAUSTED. Must be > 0.");
+ABSL_FLAG(uint64_t, max_message_bytes, pserver::kDefaultMaxMessageBytes,
+          "Largest request accepted, in bytes after decompression; a bigger one is refused "
+          "(RESOURCE_EXHAUSTED) before it is read. The default fits every request a client "
+          "sends.");
+ABSL_FLAG(bool, allow_compressed_requests, false,
+          "Accept gzip/deflate-compressed requests. Off: they are refused (UNIMPLEMENTED), "
+          "since a small compressed request can inflate to far more memory.");
+ABSL_FLAG(int, max_threads, pserver::kDefaultMaxThreads,
+          "Most threads running calls at once; a call finding none free fails "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, reserve_fds, 32,
+          "File descriptors kept free for etcd, checkpoints and calls in flight: a new "
+          "connection that would leave fewer is closed at once (clients retry). Connections "
+          "are bounded by ulimit -n minus this.");
+ABSL_FLAG(int, max_concurrent_streams, 256,
+          "Most calls in flight on one connection; more wait in the client.");
+ABSL_FLAG(double, max_connection_idle_seconds, 300,
+          "A connection without calls for this long is closed; clients reconnect on their "
+          "next call. 0: never.");
+ABSL_FLAG(double, handshake_timeout_seconds, 10,
+          "A connection whose client sends nothing for this long after connecting is closed.");
+ABSL_FLAG(double, keepalive_seconds, 60,
+          "Seconds of silence on a connection with calls in flight before the server pings "
+          "it.");
+ABSL_FLAG(double, keepalive_timeout_seconds, 20,
+          "Seconds the server waits for a ping's answer before closing the connection.");
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "A pserver parameter server.\nUsage: pserver [--host=127.0.0.1] [--port=0] "
-      "[--index=0] [--num_threads=0]");
-  absl::ParseCommandLine(argc, argv);
-  pserver::KeepFreedMemoryForReuse();  // before any thread starts
+namespace {
 
-  // Block the stop signals in every thread (gRPC's threads inherit this mask),
-  // then wait for them here.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+constexpr char kUsage[] =
+    "A pserver parameter server.\n"
+    "Usage: pserver [--host=127.0.0.1] [--port=0] [--etcd=host:port --num_servers=N] "
+    "[--checkpoint_dir=DIR] ...\n"
+    "--help lists pserver's flags, --helpfull also abseil's.";
 
+// pserver's own flags are the ones defined in this file.
+bool IsPserverFlagFile(absl::string_view file) { return absl::EndsWith(file, "cc/server/main.cc"); }
+
+// absl's --help lists the flags of files named after the program (this one
+// is main.cc) and exits 1; pserver's --help lists its own flags and exits 0.
+bool HelpRequested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") return false;
+    if (arg == "--help" || arg == "-help" || arg == "--helpshort" || arg == "-helpshort") {
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Duration SecondsOrInfinite(double seconds) {
+  return seconds <= 0 ? absl::InfiniteDuration() : absl::Seconds(seconds);
+}
+
+// Blocks SIGINT and SIGTERM in every thread (gRPC's threads inherit this
+// mask) and waits for them on a thread of their own from the start, so
+// that a stop signal is honoured while starting as well as while serving.
+class StopSignals {
+ public:
+  StopSignals() {
+    sigemptyset(&signals_);
+    sigaddset(&signals_, SIGINT);
+    sigaddset(&signals_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+    thread_ = std::thread([this] {
+      int signal_number = 0;
+      sigwait(&signals_, &signal_number);
+      signal_number_ = signal_number;
+      stop_->Notify();
+    });
+  }
+  ~StopSignals() {
+    // Wakes the waiting thread when no signal came (pending for it alone).
+    if (!stop_->HasBeenNotified()) pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+
+  const std::shared_ptr<absl::Notification>& stop() const { return stop_; }
+  // After stop() is notified.
+  const char* name() const { return strsignal(signal_number_); }
+
+ private:
+  sigset_t signals_;
+  std::shared_ptr<absl::Notification> stop_ = std::make_shared<absl::Notification>();
+  int signal_number_ = 0;  // written before stop_ is notified
+  std::thread thread_;
+};
+
+pserver::ServerOptions OptionsFromFlags() {
   pserver::ServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
@@ -97,6 +183,41 @@ int main(int argc, char** argv) {
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval));
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.allow_compressed_requests = absl::GetFlag(FLAGS_allow_compressed_requests);
+  options.max_threads = absl::GetFlag(FLAGS_max_threads);
+  options.reserve_fds = absl::GetFlag(FLAGS_reserve_fds);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.max_connection_idle = SecondsOrInfinite(absl::GetFlag(FLAGS_max_connection_idle_seconds));
+  options.handshake_timeout = absl::Seconds(absl::GetFlag(FLAGS_handshake_timeout_seconds));
+  options.keepalive_time = absl::Seconds(absl::GetFlag(FLAGS_keepalive_seconds));
+  options.keepalive_timeout = absl::Seconds(absl::GetFlag(FLAGS_keepalive_timeout_seconds));
+  options.drop_reply_after_apply_every_n = absl::GetFlag(FLAGS_drop_reply_after_apply_every_n);
+  options.max_reply_bytes_in_flight = absl::GetFlag(FLAGS_max_reply_bytes_in_flight);
+  options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = IsPserverFlagFile;
+  usage_config.contains_helpshort_flags = IsPserverFlagFile;
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::SetProgramUsageMessage(kUsage);
+  if (HelpRequested(argc, argv)) {
+    absl::flags_internal::SetProgramInvocationName(argv[0]);
+    absl::flags_internal::FlagsHelp(std::cout, "cc/server/main.cc",
+                                    absl::flags_internal::HelpFormat::kHumanReadable, kUsage);
+    return 0;
+  }
+  absl::ParseCommandLine(argc, argv);
+  pserver::KeepFreedMemoryForReuse();  // before any thread starts
+
+  StopSignals stop_signals;
+  pserver::ServerOptions options = OptionsFromFlags();
+  options.stop = stop_signals.stop();
   absl::StatusOr<uint32_t> checkpoint_mode =
       pserver::ParseCheckpointFileMode(absl::GetFlag(FLAGS_checkpoint_mode));
   if (!checkpoint_mode.ok()) {
@@ -105,9 +226,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.checkpoint_file_mode = *checkpoint_mode;
-  options.drop_reply_after_apply_every_n = absl::GetFlag(FLAGS_drop_reply_after_apply_every_n);
-  options.max_reply_bytes_in_flight = absl::GetFlag(FLAGS_max_reply_bytes_in_flight);
-  options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
   const std::string device_flag = absl::GetFlag(FLAGS_device);
   absl::StatusOr<pserver::cuda::DeviceChoice> device = pserver::cuda::ChooseDevice(device_flag);
   if (!device.ok()) {
@@ -126,16 +244,20 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<std::unique_ptr<pserver::Server>> server = pserver::Server::Start(options);
   if (!server.ok()) {
-    std::fprintf(stderr, "pserver: %s\n", server.status().ToString().c_str());
+    if (options.stop->HasBeenNotified()) {
+      std::fprintf(stderr, "pserver: %s received while starting: stopped before serving (%s)\n",
+                   stop_signals.name(), server.status().ToString().c_str());
+    } else {
+      std::fprintf(stderr, "pserver: %s\n", server.status().ToString().c_str());
+    }
     return 1;
   }
   const uint32_t index = (*server)->index();
   std::printf("pserver %u listening on %s\n", index, (*server)->address().c_str());
   std::fflush(stdout);
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
-  std::printf("pserver %u: %s received, shutting down\n", index, strsignal(signal_number));
+  options.stop->WaitForNotification();
+  std::printf("pserver %u: %s received, shutting down\n", index, stop_signals.name());
   std::fflush(stdout);
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
   // A last checkpoint that failed loses every update since the one before:

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -20,8 +22,10 @@
 #include "cc/etcd/etcd_client.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/checkpoint_schedule.h"
+#include "cc/server/listener.h"
 #include "cc/server/service.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpc/compression.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pserver {
@@ -69,6 +73,71 @@ absl::Status FromJson(const std::string& json, google::protobuf::Message* messag
   return absl::OkStatus();
 }
 
+absl::Status CheckTransportLimits(const ServerOptions& options) {
+  if (options.max_message_bytes < 1024 || options.max_message_bytes > (size_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes must be in [1024, 2^31-1], got ", options.max_message_bytes));
+  }
+  if (options.max_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_threads must be >= 0, got ", options.max_threads));
+  }
+  if (options.reserve_fds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reserve_fds must be >= 0, got ", options.reserve_fds));
+  }
+  if (options.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_concurrent_streams must be >= 1, got ", options.max_concurrent_streams));
+  }
+  const std::pair<const char*, absl::Duration> durations[] = {
+      {"max_connection_idle", options.max_connection_idle},
+      {"handshake_timeout", options.handshake_timeout},
+      {"keepalive_time", options.keepalive_time},
+      {"keepalive_timeout", options.keepalive_timeout}};
+  for (const auto& [name, duration] : durations) {
+    if (duration < absl::Milliseconds(1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be at least 1ms, got ", absl::FormatDuration(duration)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// gRPC takes durations as int milliseconds; InfiniteDuration is INT_MAX (never).
+int ArgMillis(absl::Duration duration) {
+  return static_cast<int>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(duration), std::numeric_limits<int>::max()));
+}
+
+// What one peer may hold of this server: message and decompressed sizes,
+// threads, streams per connection, idle connections (docs/limits.md; the
+// Listener closes half-open ones).
+void SetTransportLimits(const ServerOptions& options, int max_threads,
+                        grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  if (!options.allow_compressed_requests) {
+    // Only "identity": gzip and deflate requests are refused before they are inflated.
+    builder->AddChannelArgument(GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
+                                1 << GRPC_COMPRESS_NONE);
+  }
+  grpc::ResourceQuota quota("pserver");
+  quota.SetMaxThreads(max_threads);
+  builder->SetResourceQuota(quota);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                              ArgMillis(options.max_connection_idle));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ArgMillis(options.keepalive_time));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ArgMillis(options.keepalive_timeout));
+  // Clients ping while calls are in flight, at most every kClientKeepaliveTime;
+  // idle connections need no pings (they are closed after max_connection_idle).
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                              ArgMillis(kMinClientPingInterval));
+}
+
+absl::Status StoppedWhileStarting() { return absl::CancelledError("stopped while starting"); }
+
 }  // namespace
 
 Server::Server(const ServerOptions& options, std::optional<int> device)
@@ -104,6 +173,10 @@ void Server::Log(const std::string& message) const {
   }
   std::fprintf(stderr, "pserver %u: %s\n", index_, message.c_str());
   std::fflush(stderr);
+}
+
+bool Server::StopRequested() const {
+  return options_.stop != nullptr && options_.stop->HasBeenNotified();
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
@@ -146,6 +219,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.etcd_endpoints.empty() && options.lease_ttl < absl::Seconds(1)) {
     return absl::InvalidArgumentError("lease_ttl must be at least 1s");
   }
+  PS_RETURN_IF_ERROR(CheckTransportLimits(options));
   const int threads = options.num_threads > 0
                           ? options.num_threads
                           : std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
@@ -177,24 +251,28 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return ipv6 ? absl::StrCat("[", options.host, "]:", port)
                 : absl::StrCat(options.host, ":", port);
   };
-  const std::string listen = host_port(options.port);
+  // pserver's own listener: gRPC's stops for good at the first EMFILE.
+  PS_ASSIGN_OR_RETURN(
+      server->listener_,
+      Listener::Bind(options.host, options.port, options.reserve_fds, options.handshake_timeout));
+  server->port_ = server->listener_->port();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
-  builder.SetMaxReceiveMessageSize(-1);
+  SetTransportLimits(options, options.max_threads > 0 ? options.max_threads : kDefaultMaxThreads,
+                     &builder);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kInitialStreamWindowBytes);
   builder.SetMaxSendMessageSize(-1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, threads);
   server->grpc_server_ = builder.BuildAndStart();
-  if (server->grpc_server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
-  }
+  if (server->grpc_server_ == nullptr) return absl::InternalError("cannot start the gRPC server");
+  server->listener_->Start(server->grpc_server_.get());
   server->address_ = host_port(server->port_);
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
+  if (server->StopRequested()) return StoppedWhileStarting();
   if (!options.checkpoint_dir.empty()) PS_RETURN_IF_ERROR(server->LoadShard());
+  if (server->StopRequested()) return StoppedWhileStarting();
   if (device.has_value()) {
     server->Log(absl::StrCat("dense shards live on ", device_description,
                              "; blocks the device cannot update, sparse and KV tables in host "
@@ -225,11 +303,12 @@ absl::Status Server::Register() {
   auto until_deadline = [&](auto call) {
     while (true) {
       auto result = call();
+      if (!result.ok() && StopRequested()) return decltype(result)(StoppedWhileStarting());
       if (result.ok() || absl::Now() >= deadline ||
           !(absl::IsUnavailable(result.status()) || absl::IsDeadlineExceeded(result.status()))) {
         return result;
       }
-      absl::SleepFor(absl::Milliseconds(100));
+      PauseUnlessStopped(absl::Milliseconds(100));
     }
   };
 
@@ -299,6 +378,7 @@ absl::Status Server::Register() {
         return absl::OkStatus();
       }
     }
+    if (StopRequested()) return StoppedWhileStarting();
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("all ", desired, " server indices in etcd ", etcd_options.prefix,
@@ -308,7 +388,15 @@ absl::Status Server::Register() {
       Log(absl::StrCat("all ", desired, " indices are taken; waiting for one to free up"));
       waiting_logged = true;
     }
-    absl::SleepFor(absl::Milliseconds(50));
+    PauseUnlessStopped(absl::Milliseconds(50));
+  }
+}
+
+void Server::PauseUnlessStopped(absl::Duration pause) const {
+  if (options_.stop == nullptr) {
+    absl::SleepFor(pause);
+  } else {
+    options_.stop->WaitForNotificationWithTimeout(pause);
   }
 }
 
@@ -645,6 +733,7 @@ void Server::Shutdown(absl::Duration grace) {
   // Calls waiting on clocks or collectives would hold the shutdown for the
   // whole grace: they fail with UNAVAILABLE now, which clients retry.
   tables_.Shutdown();
+  if (listener_ != nullptr) listener_->Stop();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     grpc_server_->Wait();

@@ -28,10 +28,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "cc/core/checkpoint.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
+#include "cc/rpc/transport_limits.h"
 #include "pserver/v1/registry.pb.h"
 
 namespace grpc {
@@ -41,6 +43,7 @@ class Server;
 namespace pserver {
 
 class ParameterServerService;
+class Listener;
 class EtcdClient;
 class LeaseKeeper;
 
@@ -48,7 +51,41 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;         // 0: the system picks a free port
   uint32_t index = 0;   // this server's shard index, reported in stats (without etcd)
-  int num_threads = 0;  // request threads; 0: two per core, at least 4
+  // Idle threads kept waiting for calls; 0: two per core, at least 4. More
+  // start under load, up to max_threads.
+  int num_threads = 0;
+
+  // --- transport limits (docs/limits.md): what one peer may hold ---
+  // The largest request after decompression; a bigger one is refused with
+  // RESOURCE_EXHAUSTED before it is read. The default fits every request a
+  // Client sends (cc/rpc/grpc_status.h).
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Compressed requests are refused (UNIMPLEMENTED) unless allowed: a small
+  // compressed message may inflate to far more memory than it took to send.
+  bool allow_compressed_requests = false;
+  // Hard cap on the threads gRPC runs synchronous calls on; a call that
+  // finds none free fails RESOURCE_EXHAUSTED. 0: kDefaultMaxThreads.
+  int max_threads = 0;
+  // File descriptors kept free for etcd, checkpoint files and the calls
+  // already served: a new connection that would leave fewer is closed at
+  // once (the client retries). Connections are thus bounded by the
+  // process's descriptor limit (ulimit -n) minus this.
+  int reserve_fds = 32;
+  // Concurrent calls on one connection; more wait in the client.
+  int max_concurrent_streams = 256;
+  // A connection with no call for this long is closed (GOAWAY); clients
+  // reconnect on their next call. InfiniteDuration: never.
+  absl::Duration max_connection_idle = absl::Minutes(5);
+  // A connection whose client has sent nothing for this long after
+  // connecting is closed (cc/server/listener.h).
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  // The server pings a connection with calls after this much silence and
+  // closes it if no answer comes within keepalive_timeout.
+  absl::Duration keepalive_time = absl::Minutes(1);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // Stopping Start early: when set and notified (e.g. by SIGTERM), Start
+  // gives up waiting for etcd or a free index and returns CANCELLED.
+  std::shared_ptr<absl::Notification> stop;
 
   // --- etcd registry (empty endpoints: none, the embedded default) ---
   std::vector<std::string> etcd_endpoints;  // "host:port"
@@ -98,10 +135,14 @@ struct ServerOptions {
   uint64_t drop_reply_after_apply_every_n = 0;
 };
 
+// The thread cap when ServerOptions::max_threads is 0.
+inline constexpr int kDefaultMaxThreads = 256;
+
 class Server {
  public:
-  // INVALID_ARGUMENT for a bad port or thread count; UNAVAILABLE when the
-  // address cannot be bound (the message names it).
+  // INVALID_ARGUMENT for a bad port, thread count or limit; UNAVAILABLE when
+  // the address cannot be bound (the message names it); CANCELLED when
+  // options.stop was notified while starting.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
 
   ~Server();
@@ -146,8 +187,13 @@ class Server {
   StoreOptions MakeStoreOptions(std::optional<int> device);
   static TablesOptions MakeTablesOptions(const ServerOptions& options);
 
-  // etcd: reads /ps_desired and claims the lowest free index.
+  // etcd: reads /ps_desired and claims the lowest free index. CANCELLED
+  // once options.stop is notified.
   absl::Status Register();
+  // options.stop was notified: Start gives up.
+  bool StopRequested() const;
+  // Sleeps for `pause`, or less when options.stop is notified meanwhile.
+  void PauseUnlessStopped(absl::Duration pause) const;
   // Grants a lease and claims /ps/<index_> under it (retaking it from our
   // own expired registration).
   absl::Status Reregister();
@@ -179,6 +225,7 @@ class Server {
   Tables tables_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<Listener> listener_;  // accepts for grpc_server_
   std::string address_;
   int port_ = 0;
   uint32_t index_ = 0;
