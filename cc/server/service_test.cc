@@ -1151,7 +1151,7 @@ TEST_F(ReplyBudgetTest, ClientRetriesAReadRefusedWhileTheBudgetIsFull) {
   const uint64_t refused_before = Refused();
   ClientOptions client_options;
   client_options.servers = {server_->address()};
-  client_options.block_bytes = 64 << 20;  // "big" is one block
+  client_options.block_bytes = kFloats * sizeof(float);  // "big" is one block (8 MiB)
   client_options.timeout = absl::Seconds(120);
   client_options.initial_backoff = absl::Milliseconds(5);
   client_options.max_backoff = absl::Milliseconds(50);
