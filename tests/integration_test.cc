@@ -5,7 +5,10 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <set>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +30,7 @@ namespace pserver {
 namespace {
 
 using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -369,6 +373,136 @@ TEST_P(IntegrationTest, NonFiniteGradientIsRefusedAndChangesNothing) {
   uint64_t skipped = 0;
   for (const v1::ServerStats& server : stats) skipped += server.non_finite_skipped();
   EXPECT_EQ(skipped, 1u);
+}
+
+// ---- a batch split over several servers is checked whole (non-finite values) ----
+
+// 3072 floats: 3 blocks of 1024 (4 KiB), one on each of the 3 servers.
+constexpr int64_t kSplit = 3072;
+
+// Two names of one-block parameters whose home servers differ.
+std::pair<std::string, std::string> NamesOnTwoServers(const Client& client) {
+  const int home = client.placement().HomeServer("a");
+  for (int i = 0; i < 1000; ++i) {
+    std::string other = absl::StrCat("b", i);
+    if (client.placement().HomeServer(other) != home) return {"a", other};
+  }
+  return {"a", "a"};
+}
+
+uint64_t AppliedOnAllServers(Client& client) {
+  absl::StatusOr<std::vector<v1::ServerStats>> stats = client.GetStats();
+  EXPECT_OK(stats);
+  uint64_t applied = 0;
+  if (stats.ok()) {
+    for (const v1::ServerStats& s : *stats) applied += s.gradients_applied();
+  }
+  return applied;
+}
+
+// Each way a batch can be pushed: blocking and async, push and push-pull.
+absl::Status PushEveryWay(Client& client, const std::vector<NamedTensor>& grads, int way) {
+  std::vector<Tensor> outs(grads.size());
+  switch (way) {
+    case 0:
+      return client.SendGrads(grads);
+    case 1:
+      return client.PushPull(grads, absl::MakeSpan(outs));
+    case 2:
+      return client.SendGradsAsync(grads).Wait();
+    default:
+      return client.PushPullAsync(grads, absl::MakeSpan(outs)).Wait();
+  }
+}
+
+TEST_P(IntegrationTest, NaNInTheLastBlockOfASplitGradientChangesNoServer) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const std::vector<float> w0 = Iota(kSplit, 1);
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({kSplit}, w0), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+  std::set<int> servers;
+  for (uint32_t b = 0; b < 3; ++b) servers.insert(client->placement().ServerOf("w", b));
+  ASSERT_EQ(servers.size(), 3u) << "the test needs the blocks on 3 servers";
+
+  std::vector<float> g(kSplit, 0.5f);
+  g[3000] = std::nanf("");  // element 952 of block 2
+  for (int way = 0; way < 4; ++way) {
+    SCOPED_TRACE(absl::StrCat("way ", way));
+    EXPECT_THAT(
+        PushEveryWay(*client, {{"w", Tensor::FromValues<float>({kSplit}, g)}}, way),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr("gradient for parameter 'w' block 2 of 3: element 952 of the "
+                                 "block (element 3000 of the parameter) is NaN"),
+                       HasSubstr("nothing of the request was applied"))));
+    ASSERT_OK_AND_ASSIGN(Tensor w, client->GetParam("w"));
+    EXPECT_EQ(w.ToVector<float>(), w0);
+    EXPECT_EQ(AppliedOnAllServers(*client), 0u);
+  }
+}
+
+TEST_P(IntegrationTest, NaNInOneParameterOfABatchOverTwoServersAppliesNothing) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const auto [a, b] = NamesOnTwoServers(*client);
+  ASSERT_NE(a, b);
+  ASSERT_OK(client->InitParam(a, Tensor::FromValues<float>({2}, {1, 2}), Sgd(1)));
+  ASSERT_OK(client->InitParam(b, Tensor::FromValues<float>({2}, {3, 4}), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+  const float inf = std::numeric_limits<float>::infinity();
+  // Also from a client that has not seen the parameters (it learns b's mode).
+  auto fresh = NewClient();
+  ASSERT_NE(fresh, nullptr);
+  for (Client* pusher : {client.get(), fresh.get()}) {
+    for (int way = 0; way < 4; ++way) {
+      SCOPED_TRACE(absl::StrCat(pusher == fresh.get() ? "fresh client, " : "", "way ", way));
+      EXPECT_THAT(
+          PushEveryWay(*pusher,
+                       {{a, Tensor::FromValues<float>({2}, {1, 1})},
+                        {b, Tensor::FromValues<float>({2}, {1, -inf})}},
+                       way),
+          StatusIs(
+              absl::StatusCode::kInvalidArgument,
+              AllOf(HasSubstr(absl::StrCat("gradient for parameter '", b, "': element 1 is -inf")),
+                    HasSubstr("nothing of the request was applied"))));
+      ASSERT_OK_AND_ASSIGN(std::vector<Tensor> got, client->GetParams({a, b}));
+      EXPECT_EQ(got[0].ToVector<float>(), (std::vector<float>{1, 2}));
+      EXPECT_EQ(got[1].ToVector<float>(), (std::vector<float>{3, 4}));
+      EXPECT_EQ(AppliedOnAllServers(*client), 0u);
+    }
+  }
+}
+
+TEST_P(IntegrationTest, SkipModeSplitGradientIsSkippedByEveryServerAndTheRestApplies) {
+  auto client = NewClient();
+  ASSERT_NE(client, nullptr);
+  v1::ParameterConfig skip = Sgd(1);
+  skip.set_non_finite(v1::ParameterConfig::SKIP);
+  const std::vector<float> s0 = Iota(kSplit, 1);
+  ASSERT_OK(client->InitParam("s", Tensor::FromValues<float>({kSplit}, s0), skip));
+  ASSERT_OK(client->InitParam("a", Tensor::FromValues<float>({2}, {1, 2}), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+
+  std::vector<float> g(kSplit, 0.5f);
+  g[1500] = std::nanf("");  // in block 1 only
+  // Blocking and async push, then push-pull (which returns the parameters).
+  for (int way = 0; way < 3; ++way) {
+    SCOPED_TRACE(absl::StrCat("way ", way));
+    ASSERT_OK(PushEveryWay(*client,
+                           {{"s", Tensor::FromValues<float>({kSplit}, g)},
+                            {"a", Tensor::FromValues<float>({2}, {1, 1})}},
+                           way == 2 ? 1 : way * 2));
+    ASSERT_OK_AND_ASSIGN(std::vector<Tensor> got, client->GetParams({"s", "a"}));
+    EXPECT_EQ(got[0].ToVector<float>(), s0) << "a block of 's' was applied";
+    EXPECT_EQ(got[1].ToVector<float>(), (std::vector<float>{-static_cast<float>(way), 1.f - way}));
+    ASSERT_OK_AND_ASSIGN(std::vector<v1::ServerStats> stats, client->GetStats());
+    for (const v1::ServerStats& server : stats) {
+      // Each server holds one block of "s" and skipped it every time.
+      EXPECT_EQ(server.non_finite_skipped(), static_cast<uint64_t>(way + 1))
+          << "server " << server.index();
+    }
+    EXPECT_EQ(client->non_finite_skipped(), static_cast<uint64_t>(way + 1));
+  }
 }
 
 TEST_P(IntegrationTest, ZeroSizeParametersAreRefusedWithOneTrueMessage) {

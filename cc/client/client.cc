@@ -220,8 +220,9 @@ absl::StatusOr<Client::Layout> Client::LayoutOf(const v1::Parameter& header,
   PS_RETURN_IF_ERROR(ValidateStorableType(header.element_type(), what));
   Shape shape(header.shape().begin(), header.shape().end());
   PS_ASSIGN_OR_RETURN(int64_t total, NumElements(shape));
-  return Layout{header.element_type(), std::move(shape), static_cast<uint64_t>(total),
-                std::max<uint32_t>(1, header.block().count()), header.clips_by_norm()};
+  return Layout{header.element_type(),        std::move(shape),
+                static_cast<uint64_t>(total), std::max<uint32_t>(1, header.block().count()),
+                header.clips_by_norm(),       header.non_finite()};
 }
 
 absl::Status Client::RunOnEveryServer(const StartCall& start, absl::Time deadline) {
@@ -554,7 +555,7 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
     }
     layouts.push_back(Layout{value.type(), value.shape(), static_cast<uint64_t>(total),
                              static_cast<uint32_t>(blocks.size()),
-                             config.clipping().clip_norm() > 0});
+                             config.clipping().clip_norm() > 0, config.non_finite()});
   }
   PS_RETURN_IF_ERROR(RunWithRetries(
       requests.size(), [&](size_t i) { return servers[i]; },
@@ -769,8 +770,62 @@ absl::Status Client::CheckGradient(const GradRef& ref) const {
   return absl::OkStatus();
 }
 
-std::vector<GradientView> Client::GradientBlocks(const GradRef& ref,
-                                                 std::vector<int>* servers) const {
+absl::StatusOr<Client::Layout> Client::FindOrLearnLayout(const std::string& name,
+                                                         absl::Time deadline,
+                                                         TraceRecorder* trace) {
+  PS_RETURN_IF_ERROR(CheckName(name));
+  if (std::optional<Layout> layout = FindLayout(name)) return *layout;
+  // Block 0 (from the home server) carries the layout; its bytes are dropped.
+  std::optional<Layout> learned;
+  const int home = placement_.HomeServer(name);
+  v1::ParamRef ref;
+  ref.set_name(name);
+  PS_RETURN_IF_ERROR(RunWithRetries(
+      1, [home](size_t) { return home; },
+      [&](size_t, Transport& t, absl::Time attempt_deadline, Transport::Done done) {
+        Transport::BlockSink sink = [&, address = t.address()](const v1::Parameter& header,
+                                                               const Segments&) {
+          PS_ASSIGN_OR_RETURN(learned, LayoutOf(header, absl::StrCat("parameter '", name,
+                                                                     "' from server ", address)));
+          return absl::OkStatus();
+        };
+        t.Pull(absl::MakeConstSpan(&ref, 1), std::move(sink), attempt_deadline, std::move(done),
+               trace);
+      },
+      deadline, trace));
+  if (!learned.has_value()) {
+    return absl::DataLossError(absl::StrCat("parameter '", name, "': no block came back"));
+  }
+  RememberLayout(name, *learned);
+  return *learned;
+}
+
+absl::StatusOr<bool> Client::NonFiniteVerdict(const std::string& name, const Layout& layout,
+                                              uint64_t first, const std::optional<NonFinite>& bad,
+                                              std::optional<double> norm) const {
+  const bool norm_bad = norm.has_value() && !std::isfinite(*norm);
+  if (!bad.has_value() && !norm_bad) return false;
+  if (layout.non_finite == v1::ParameterConfig::SKIP) return true;
+  const std::vector<BlockSpec> blocks =
+      placement_.Blocks(name, layout.elements, ElementSize(layout.type));
+  // The block the server would name: the one holding the first bad element.
+  const uint64_t at = bad.has_value() ? first + bad->index : 0;
+  const BlockSpec* where = &blocks.front();
+  for (const BlockSpec& b : blocks) {
+    if (b.offset <= at && at - b.offset < b.elements) where = &b;
+  }
+  v1::BlockRef block;
+  block.set_index(where->index);
+  block.set_count(where->count);
+  block.set_offset(where->offset);
+  if (!bad.has_value()) return NonFiniteNormError(name, block, *norm);
+  return NonFiniteGradientError(name, block, NonFinite{at - where->offset, bad->kind});
+}
+
+absl::StatusOr<std::vector<GradientView>> Client::GradientBlocks(const GradRef& ref,
+                                                                 std::vector<int>* servers,
+                                                                 absl::Time deadline,
+                                                                 TraceRecorder* trace) {
   const NamedTensorView grad{*ref.name, *ref.tensor};
   const size_t esize = ElementSize(grad.tensor.type());
   const std::vector<BlockSpec> blocks =
@@ -784,12 +839,23 @@ std::vector<GradientView> Client::GradientBlocks(const GradRef& ref,
   if (blocks.size() > 1 && clips && IsFloatingPoint(grad.tensor.type())) {
     norm = L2Norm(grad.tensor.type(), grad.tensor.bytes());
   }
+  // A NaN or infinity anywhere: refused here, before any server sees a part
+  // of the batch, or every block marked to be skipped by every server.
+  bool skip = false;
+  const std::optional<NonFinite> bad = FindNonFinite(grad.tensor.type(), grad.tensor.bytes());
+  if (bad.has_value() || (norm.has_value() && !std::isfinite(*norm))) {
+    PS_ASSIGN_OR_RETURN(Layout known, FindOrLearnLayout(grad.name, deadline, trace));
+    PS_RETURN_IF_ERROR(CheckGradient(ref));  // against the layout just learned
+    PS_ASSIGN_OR_RETURN(skip, NonFiniteVerdict(grad.name, known, 0, bad, norm));
+    if (skip) non_finite_skipped_.fetch_add(1);
+  }
   std::vector<GradientView> views;
   views.reserve(blocks.size());
   for (const BlockSpec& b : blocks) {
     views.push_back(BlockGradient(
         grad.name, grad.tensor.type(), b, norm,
         absl::string_view(grad.tensor.bytes()).substr(b.offset * esize, b.elements * esize)));
+    views.back().skip_as_non_finite = skip;
     servers->push_back(b.server);
   }
   return views;
@@ -813,7 +879,8 @@ absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads, absl::Time dea
   std::vector<Item> items;
   for (const GradRef& grad : grads) {
     std::vector<int> servers;
-    std::vector<GradientView> views = GradientBlocks(grad, &servers);
+    PS_ASSIGN_OR_RETURN(std::vector<GradientView> views,
+                        GradientBlocks(grad, &servers, deadline, trace));
     for (size_t b = 0; b < views.size(); ++b) {
       items.push_back(Item{servers[b], views[b], std::nullopt, 0, views[b].content.size()});
     }
@@ -847,7 +914,8 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
   for (size_t i = 0; i < grads.size(); ++i) {
     PS_RETURN_IF_ERROR(CheckGradient(grads[i]));
     std::vector<int> servers;
-    std::vector<GradientView> views = GradientBlocks(grads[i], &servers);
+    PS_ASSIGN_OR_RETURN(std::vector<GradientView> views,
+                        GradientBlocks(grads[i], &servers, deadline, trace));
     const NamedTensorView grad{*grads[i].name, *grads[i].tensor};
     // The parameter has the gradient's type and shape (or what we know of it).
     Assembly& a = parts[i];
@@ -855,9 +923,12 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
     a.dest = &outs[i];
     a.layout = FindLayout(grad.name);
     if (!a.layout.has_value()) {
-      a.layout = Layout{grad.tensor.type(), grad.tensor.shape(),
+      a.layout = Layout{grad.tensor.type(),
+                        grad.tensor.shape(),
                         static_cast<uint64_t>(grad.tensor.num_elements()),
-                        static_cast<uint32_t>(views.size()), /*clips_by_norm=*/true};
+                        static_cast<uint32_t>(views.size()),
+                        /*clips_by_norm=*/true,
+                        v1::ParameterConfig::REJECT};
     }
     a.Prepare();
     for (size_t b = 0; b < views.size(); ++b) {

@@ -18,6 +18,18 @@
 // layouts the client knows before anything is sent; each server applies its
 // part whole or not at all.
 //
+// Non-finite gradients: before sending anything of a batch (SendGrads,
+// PushPull, their async forms), the client scans every gradient for NaN and
+// infinity, as the servers do, since a batch split over several servers
+// would otherwise be applied by some and refused by others. For a parameter
+// configured with non_finite: REJECT (the default) the whole batch fails
+// with INVALID_ARGUMENT naming the parameter, block and first bad element
+// ("...; nothing of the request was applied"), and nothing is sent; with
+// SKIP every block of that gradient is sent marked skip_as_non_finite, so
+// every server skips (and counts) its part, and the rest of the batch
+// applies. A parameter whose layout the client does not know yet has its
+// block 0 read first (only when a gradient for it is not finite).
+//
 // Recovery: a request to a server that fails with UNAVAILABLE (or runs past
 // `attempt_timeout`) is retried, alone, with exponential backoff and jitter
 // until the call's deadline; each push carries a request id (a random client
@@ -59,6 +71,7 @@
 #include "cc/client/placement.h"
 #include "cc/client/ticket.h"
 #include "cc/client/transport.h"
+#include "cc/core/finite.h"
 #include "cc/core/tensor.h"
 #include "pserver/v1/config.pb.h"
 #include "pserver/v1/service.pb.h"
@@ -222,6 +235,9 @@ class Client {
   // registered again), so far.
   uint64_t retries() const { return retries_.load(); }
   uint64_t address_changes() const { return address_changes_.load(); }
+  // Gradients this client sent marked to be skipped (a NaN or infinity for
+  // a parameter configured with non_finite: SKIP), so far.
+  uint64_t non_finite_skipped() const { return non_finite_skipped_.load(); }
 
  private:
   // Tables and collectives run their requests through RunWithRetries.
@@ -241,6 +257,9 @@ class Client {
     uint64_t elements;
     uint32_t blocks;
     bool clips_by_norm;  // split gradients must carry their global norm
+    // What the servers do with a NaN or infinity: the client checks a batch
+    // whole before sending any of it (see "Non-finite gradients" above).
+    v1::ParameterConfig::NonFinite non_finite;
   };
   struct Assembly;
   struct Exchange;
@@ -314,8 +333,26 @@ class Client {
                           absl::Time deadline, TraceRecorder* trace);
   // Checks a gradient against what is known of its parameter.
   absl::Status CheckGradient(const GradRef& grad) const;
-  // The blocks of a gradient, as views of its memory.
-  std::vector<GradientView> GradientBlocks(const GradRef& grad, std::vector<int>* servers) const;
+  // The parameter's layout, read from its block 0 (on its home server) if
+  // this client has not seen it yet.
+  absl::StatusOr<Layout> FindOrLearnLayout(const std::string& name, absl::Time deadline,
+                                           TraceRecorder* trace);
+  // What to do with a gradient for `name` (of `layout`) in which `bad`, if
+  // any, is the first NaN or infinity, counted from element `first` of the
+  // parameter, and whose global norm is `norm` (if computed): false to send
+  // it as it is; true to send every block of it marked skip_as_non_finite
+  // (the parameter skips such gradients); INVALID_ARGUMENT in the server's
+  // words where the parameter rejects them.
+  absl::StatusOr<bool> NonFiniteVerdict(const std::string& name, const Layout& layout,
+                                        uint64_t first, const std::optional<NonFinite>& bad,
+                                        std::optional<double> norm) const;
+  // The blocks of a gradient, as views of its memory, after checking it for
+  // NaN and infinity (NonFiniteVerdict; learning the parameter's layout
+  // first if needed).
+  absl::StatusOr<std::vector<GradientView>> GradientBlocks(const GradRef& grad,
+                                                           std::vector<int>* servers,
+                                                           absl::Time deadline,
+                                                           TraceRecorder* trace);
   // Packs `items` into one request per server of about max_request_bytes
   // each, runs them all in parallel and places every returned block.
   absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
@@ -335,6 +372,7 @@ class Client {
   std::unique_ptr<std::atomic<uint64_t>[]> sequences_;  // last push sequence, per server
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> address_changes_{0};
+  std::atomic<uint64_t> non_finite_skipped_{0};
 
   // etcd discovery (null without). Destroyed watcher first, etcd last.
   std::unique_ptr<EtcdClient> etcd_;

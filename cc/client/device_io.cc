@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/finite.h"
 #include "cc/core/status_macros.h"
 #include "cc/cuda/buffer.h"
 #include "cc/cuda/device.h"
@@ -119,32 +120,7 @@ absl::StatusOr<char*> DeviceIo::Staging(std::vector<std::unique_ptr<StagingBuffe
 absl::StatusOr<Client::Layout> DeviceIo::FindOrLearnLayout(const std::string& name,
                                                            absl::Time deadline,
                                                            TraceRecorder* trace) {
-  if (name.empty()) return absl::InvalidArgumentError("parameter name is empty");
-  if (std::optional<Client::Layout> layout = client_->FindLayout(name)) return *layout;
-  // Block 0 (from the home server) carries the layout; its bytes are dropped.
-  std::optional<Client::Layout> learned;
-  const int home = client_->placement().HomeServer(name);
-  v1::ParamRef ref;
-  ref.set_name(name);
-  PS_RETURN_IF_ERROR(client_->RunWithRetries(
-      1, [home](size_t) { return home; },
-      [&](size_t, Transport& t, absl::Time attempt_deadline, Transport::Done done) {
-        Transport::BlockSink sink = [&, address = t.address()](const v1::Parameter& header,
-                                                               const Segments&) {
-          PS_ASSIGN_OR_RETURN(
-              learned, Client::LayoutOf(
-                           header, absl::StrCat("parameter '", name, "' from server ", address)));
-          return absl::OkStatus();
-        };
-        t.Pull(absl::MakeConstSpan(&ref, 1), std::move(sink), attempt_deadline, std::move(done),
-               trace);
-      },
-      deadline, trace));
-  if (!learned.has_value()) {
-    return absl::DataLossError(absl::StrCat("parameter '", name, "': no block came back"));
-  }
-  client_->RememberLayout(name, *learned);
-  return *learned;
+  return client_->FindOrLearnLayout(name, deadline, trace);
 }
 
 absl::Status DeviceIo::CheckGradientLayout(const std::string& name, ElementType type,
@@ -268,6 +244,9 @@ absl::Status DeviceIo::Transfer(Mode mode, const std::string& name, const Client
   // gradient's norm, so the gradient is staged whole before anything is sent.
   std::optional<double> norm;
   char* whole = nullptr;
+  // Every block marked skip_as_non_finite (a NaN or infinity in a parameter
+  // that skips them).
+  bool skip = false;
   if (push && layout.blocks > 1 && layout.clips_by_norm && IsFloatingPoint(layout.type)) {
     stats_.staged_whole = true;
     PS_ASSIGN_OR_RETURN(whole, Staging(grad_slots_, 0, total));
@@ -282,7 +261,12 @@ absl::Status DeviceIo::Transfer(Mode mode, const std::string& name, const Client
       if (status.ok()) status = waited;
     }
     PS_RETURN_IF_ERROR(status);
-    norm = L2Norm(layout.type, absl::string_view(whole, total));
+    const absl::string_view bytes(whole, total);
+    norm = L2Norm(layout.type, bytes);
+    // Checked whole before any of it is sent: refused, or skipped everywhere.
+    PS_ASSIGN_OR_RETURN(
+        skip, client_->NonFiniteVerdict(name, layout, 0, FindNonFinite(layout.type, bytes), norm));
+    if (skip) client_->non_finite_skipped_.fetch_add(1);
   }
 
   // Slot s (and lane s) serves chunks s, s + depth, ...: its staging is
@@ -348,12 +332,25 @@ absl::Status DeviceIo::Transfer(Mode mode, const std::string& name, const Client
     // it run while the other slots' chunks are on the network.
     status = wait_lane(slot, in_flight);
     if (!status.ok()) break;
+    if (push && whole == nullptr && !skip) {
+      // Staged chunk by chunk: each is checked before it is sent (the chunks
+      // before it may already be applied; see device_io.h).
+      absl::StatusOr<bool> verdict = client_->NonFiniteVerdict(
+          name, layout, c.offset / esize,
+          FindNonFinite(layout.type, absl::string_view(grad_stage, c.bytes)), std::nullopt);
+      if (!verdict.ok()) {
+        status = verdict.status();
+        break;
+      }
+      skip = *verdict;
+      if (skip) client_->non_finite_skipped_.fetch_add(1);
+    }
     chunk_of[slot] = i;
     char* stage = param_stage[slot];
-    network[slot] = std::async(
-        std::launch::async, [this, &name, &layout, &c, grad_stage, stage, norm, deadline, trace] {
-          return ExchangeChunk(name, layout, c, grad_stage, stage, norm, deadline, trace);
-        });
+    network[slot] = std::async(std::launch::async, [this, &name, &layout, &c, grad_stage, stage,
+                                                    norm, skip, deadline, trace] {
+      return ExchangeChunk(name, layout, c, grad_stage, stage, norm, skip, deadline, trace);
+    });
     ++launched;
     ++in_flight;
     ++stats_.chunks;
@@ -375,7 +372,7 @@ absl::Status DeviceIo::Transfer(Mode mode, const std::string& name, const Client
 
 absl::Status DeviceIo::ExchangeChunk(const std::string& name, const Client::Layout& layout,
                                      const Chunk& chunk, const char* grad_stage, char* param_stage,
-                                     std::optional<double> norm, absl::Time deadline,
+                                     std::optional<double> norm, bool skip, absl::Time deadline,
                                      TraceRecorder* trace) {
   const size_t esize = ElementSize(layout.type);
   // One request per server and about max_request_bytes (Client::PackBatches).
@@ -406,6 +403,7 @@ absl::Status DeviceIo::ExchangeChunk(const std::string& name, const Client::Layo
         const size_t at = b.offset * esize - chunk.offset;  // in the staging slot
         request.grads.push_back(Client::BlockGradient(
             name, layout.type, b, norm, absl::string_view(grad_stage + at, sizes[i])));
+        request.grads.back().skip_as_non_finite = skip;
       }
       if (param_stage != nullptr) request.refs.push_back(Client::BlockRef(name, b.index, b.count));
     }

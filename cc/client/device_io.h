@@ -27,6 +27,16 @@
 // whole first (chunk by chunk), then sent. The first call for a parameter
 // this client has not seen reads its block 0 once to learn its layout.
 //
+// Non-finite gradients (as Client, client.h): the staged gradient is
+// scanned for NaN and infinity before it is sent. A gradient that is one
+// chunk, or is staged whole (clip-by-norm over several blocks), is checked
+// whole first: refused with nothing sent (non_finite: REJECT), or every
+// block marked to be skipped by every server (SKIP). A gradient pipelined
+// over several chunks is checked chunk by chunk, each before it is sent:
+// a NaN in chunk k refuses chunks k.. (REJECT) or marks them skipped
+// (SKIP), but chunks 0..k-1 were already sent and stay applied. Make
+// chunk_bytes at least the parameter's size for an all-or-nothing push.
+//
 // Errors: UNAVAILABLE "no CUDA device: ..." without a device or CUDA;
 // INVALID_ARGUMENT for a pointer that is not device memory of that device
 // (saying what it is), a size, type or shape that does not match the
@@ -120,7 +130,8 @@ class DeviceIo {
   // them into `param_stage`), retried like the Client's.
   absl::Status ExchangeChunk(const std::string& name, const Client::Layout& layout,
                              const Chunk& chunk, const char* grad_stage, char* param_stage,
-                             std::optional<double> norm, absl::Time deadline, TraceRecorder* trace);
+                             std::optional<double> norm, bool skip, absl::Time deadline,
+                             TraceRecorder* trace);
   // Staging of at least `bytes` in slot `slot` of `slots`.
   absl::StatusOr<char*> Staging(std::vector<std::unique_ptr<StagingBuffer>>& slots, size_t slot,
                                 size_t bytes);

@@ -29,6 +29,7 @@ namespace pserver {
 namespace {
 
 using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 #define SKIP_WITHOUT_CUDA_DEVICE()                                                     \
@@ -371,6 +372,73 @@ TEST_P(DeviceIoTest, AClientThatHasNotSeenTheParameterLearnsItsLayout) {
   const std::vector<float> g(kN, 1.f);
   ASSERT_OK(io2.SendGrad("w", v1::FLOAT32, {int64_t(kN)}, g.data()));
   EXPECT_FLOAT_EQ(HostGet("w")[5], w0[5] - 0.1f);
+}
+
+uint64_t SkippedOnAllServers(Client& client) {
+  absl::StatusOr<std::vector<v1::ServerStats>> stats = client.GetStats();
+  EXPECT_OK(stats);
+  uint64_t skipped = 0;
+  if (stats.ok()) {
+    for (const v1::ServerStats& s : *stats) skipped += s.non_finite_skipped();
+  }
+  return skipped;
+}
+
+TEST_P(DeviceIoTest, NonFiniteGradientInOneChunkOrStagedWholeIsAllOrNothing) {
+  const std::vector<float> w0 = Ramp(kN, 1.f);
+  v1::ParameterConfig skip = Sgd(0.1);
+  skip.set_non_finite(v1::ParameterConfig::SKIP);
+  for (const char* name : {"r", "c", "s"}) {
+    const v1::ParameterConfig config = name[0] == 'c'   ? Sgd(0.1, /*clip_norm=*/1.0)
+                                       : name[0] == 's' ? skip
+                                                        : Sgd(0.1);
+    ASSERT_OK(client_->InitParam(name, Tensor::FromValues<float>({int64_t(kN)}, w0), config));
+  }
+  ASSERT_OK(client_->FinishInitParams());
+  HostMemorySpace space({});
+  // One chunk of all 10 blocks (over the 3 servers), and 10 chunks of one.
+  DeviceIo one(client_.get(), &space, DeviceIoOptions{/*chunk_bytes=*/kN * 4, /*depth=*/2});
+  DeviceIo pipelined(client_.get(), &space, DeviceIoOptions{/*chunk_bytes=*/4096, /*depth=*/2});
+  std::vector<float> g(kN, 0.5f);
+  g[kN - 1] = std::nanf("");  // the last element of block 9
+
+  const auto refused = StatusIs(
+      absl::StatusCode::kInvalidArgument,
+      AllOf(HasSubstr("block 9 of 10: element 783 of the block (element 9999 of the parameter) "
+                      "is NaN"),
+            HasSubstr("nothing of the request was applied")));
+  EXPECT_THAT(one.SendGrad("r", v1::FLOAT32, {int64_t(kN)}, g.data()), refused);
+  EXPECT_EQ(BytesOf(HostGet("r")), BytesOf(w0));
+  std::vector<float> out(kN);
+  EXPECT_THAT(one.PushPull("r", v1::FLOAT32, {int64_t(kN)}, g.data(), out.data()), refused);
+  EXPECT_EQ(BytesOf(HostGet("r")), BytesOf(w0));
+  // Clip-by-norm stages the gradient whole, so even 10 chunks are checked first.
+  EXPECT_THAT(pipelined.SendGrad("c", v1::FLOAT32, {int64_t(kN)}, g.data()), refused);
+  EXPECT_TRUE(pipelined.last_stats().staged_whole);
+  EXPECT_EQ(BytesOf(HostGet("c")), BytesOf(w0));
+
+  // SKIP: every block of the gradient is skipped, on every server.
+  ASSERT_OK(one.SendGrad("s", v1::FLOAT32, {int64_t(kN)}, g.data()));
+  EXPECT_EQ(BytesOf(HostGet("s")), BytesOf(w0));
+  EXPECT_EQ(SkippedOnAllServers(*client_), 10u);
+  EXPECT_EQ(client_->non_finite_skipped(), 1u);
+}
+
+TEST_P(DeviceIoTest, PipelinedPushChecksEachChunkBeforeSendingIt) {
+  // What device_io.h documents: chunks sent before the bad one stay applied.
+  const std::vector<float> w0(kN, 1.f);
+  Init({"r"}, w0, Sgd(1.0));
+  HostMemorySpace space({});
+  DeviceIo pipelined(client_.get(), &space, DeviceIoOptions{/*chunk_bytes=*/4096, /*depth=*/2});
+  std::vector<float> g(kN, 0.5f);
+  g[kN - 1] = std::nanf("");
+  EXPECT_THAT(pipelined.SendGrad("r", v1::FLOAT32, {int64_t(kN)}, g.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 9 of 10")));
+  const std::vector<float> got = HostGet("r");
+  ASSERT_EQ(got.size(), kN);
+  EXPECT_EQ(got[0], 0.5f);        // block 0: sent before block 9 was checked
+  EXPECT_EQ(got[9 * 1024], 1.f);  // block 9: never sent
+  EXPECT_EQ(pipelined.last_stats().chunks, 9);
 }
 
 TEST_P(DeviceIoTest, CopiesOverlapTheNetwork) {

@@ -101,6 +101,19 @@ std::string DescribeBlock(absl::string_view name, const v1::BlockRef& block) {
   return absl::StrCat("parameter '", name, "' block ", block.index(), " of ", BlockCount(block));
 }
 
+absl::Status NonFiniteGradientError(absl::string_view name, const v1::BlockRef& block,
+                                    const NonFinite& bad) {
+  const std::string what = absl::StrCat("gradient for ", DescribeBlock(name, block));
+  return absl::InvalidArgumentError(
+      absl::StrCat(NonFiniteError(what, bad, block).message(), kNonFiniteHint));
+}
+
+absl::Status NonFiniteNormError(absl::string_view name, const v1::BlockRef& block, double norm) {
+  return absl::InvalidArgumentError(absl::StrCat("gradient for ", DescribeBlock(name, block),
+                                                 ": global_norm must be finite and >= 0, got ",
+                                                 norm, kNonFiniteHint));
+}
+
 // Layout fields never change after Init; the storage (values and optimizer)
 // is guarded by mu: Apply and ImportState under the writer lock, the rest
 // under the reader lock.
@@ -280,6 +293,7 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
   out->mutable_shape()->Assign(block->shape.begin(), block->shape.end());
   *out->mutable_block() = block->ref;
   out->set_clips_by_norm(block->config.clipping().clip_norm() > 0);
+  out->set_non_finite(block->config.non_finite());
   {
     absl::ReaderMutexLock lock(&block->mu);
     absl::Status status = block->storage->Read(read);
@@ -299,6 +313,7 @@ GradientView GradientView::Of(const v1::Gradient& grad) {
   view.block = grad.block();
   if (grad.has_global_norm()) view.global_norm = grad.global_norm();
   view.content = grad.content();
+  view.skip_as_non_finite = grad.skip_as_non_finite();
   return view;
 }
 
@@ -343,15 +358,22 @@ absl::StatusOr<ParameterStore::Target> ParameterStore::CheckGradient(const Gradi
   }
   // Last, as it reads every value: on the host bytes, so it serves every storage.
   const bool skip_non_finite = block->config.non_finite() == v1::ParameterConfig::SKIP;
+  if (grad.skip_as_non_finite) {
+    // The client saw a NaN or an infinity somewhere in the whole gradient.
+    if (skip_non_finite) return Target{block, /*skip=*/true};
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(),
+                     ": the client marked the gradient as holding a NaN or an infinity to be "
+                     "skipped, but the parameter rejects such gradients (non_finite: REJECT)",
+                     kNonFiniteHint));
+  }
   if (grad.global_norm.has_value() && !std::isfinite(*grad.global_norm)) {
     if (skip_non_finite) return Target{block, /*skip=*/true};
-    return absl::InvalidArgumentError(absl::StrCat(
-        what(), ": global_norm must be finite and >= 0, got ", *grad.global_norm, kNonFiniteHint));
+    return NonFiniteNormError(name, grad.block, *grad.global_norm);
   }
   if (std::optional<NonFinite> bad = FindNonFinite(grad.type, grad.content)) {
     if (skip_non_finite) return Target{block, /*skip=*/true};
-    return absl::InvalidArgumentError(
-        absl::StrCat(NonFiniteError(what(), *bad, grad.block).message(), kNonFiniteHint));
+    return NonFiniteGradientError(name, grad.block, *bad);
   }
   return Target{block, /*skip=*/false};
 }

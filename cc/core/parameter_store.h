@@ -52,6 +52,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cc/core/block_storage.h"
+#include "cc/core/finite.h"
 #include "cc/core/optimizer.h"
 #include "cc/core/tensor.h"
 #include "pserver/v1/config.pb.h"
@@ -92,6 +93,10 @@ struct GradientView {
   v1::BlockRef block;
   std::optional<double> global_norm;
   absl::string_view content;
+  // The client found a NaN or an infinity in the whole gradient (types.proto
+  // Gradient.skip_as_non_finite): skipped where the parameter skips them,
+  // refused where it rejects them.
+  bool skip_as_non_finite = false;
 
   static GradientView Of(const v1::Gradient& grad);
 };
@@ -226,6 +231,16 @@ class ParameterStore {
 
 // "parameter 'w'" or "parameter 'w' block 2 of 4": how errors name a block.
 std::string DescribeBlock(absl::string_view name, const v1::BlockRef& block);
+
+// The refusal of a gradient for (block `block` of) parameter `name` whose
+// element `bad.index` of the block is NaN or infinite, or whose global norm
+// is not finite: INVALID_ARGUMENT "gradient for parameter 'w' block 2 of 3:
+// element 1 of the block (element 2049 of the parameter) is NaN; nothing of
+// the request was applied (...)". The server and the client (which checks a
+// batch split over several servers before sending it) say the same.
+absl::Status NonFiniteGradientError(absl::string_view name, const v1::BlockRef& block,
+                                    const NonFinite& bad);
+absl::Status NonFiniteNormError(absl::string_view name, const v1::BlockRef& block, double norm);
 
 }  // namespace pserver
 

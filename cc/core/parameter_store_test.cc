@@ -765,6 +765,50 @@ TEST(ParameterStoreNonFiniteTest, SkipModeSkipsTheGradientAndCountsIt) {
   EXPECT_THAT(Decode<float>(out.content()), ElementsAre(9, 18));
 }
 
+TEST(ParameterStoreNonFiniteTest, GradientsMarkedBySkippingClientAreSkippedOrRefused) {
+  // A client that found a NaN in another block of a split gradient marks
+  // every block: this server's block is finite, yet it must not be applied.
+  ParameterStore store;
+  ASSERT_OK(store.Init(
+      Param<float>("s", {4}, {1, 2}, Block(0, 2, 0)),
+      Config("optimizer { sgd {} } learning_rate { learning_rate: 1 } non_finite: SKIP")));
+  ASSERT_OK(store.Init(Param<float>("r", {2}, {5, 6}), SgdLrOne()));
+  ASSERT_OK(store.Init(Param<float>("b", {2}, {10, 20}), SgdLrOne()));
+  store.FinishInit();
+  v1::Parameter header;
+  ASSERT_OK(store.Get(Ref("s", 0, 2), &header));
+  EXPECT_EQ(header.non_finite(), v1::ParameterConfig::SKIP);  // the client learns the mode
+  ASSERT_OK(store.Get(Ref("r"), &header));
+  EXPECT_EQ(header.non_finite(), v1::ParameterConfig::REJECT);
+
+  v1::Gradient marked = Grad<float>("s", {1, 1}, Block(0, 2, 0));
+  marked.set_skip_as_non_finite(true);
+  v1::Gradient good = Grad<float>("b", {1, 2});
+  v1::Gradient* batch[] = {&marked, &good};
+  ApplyResult result;
+  ASSERT_OK(store.ApplyGradients(batch, &result));
+  EXPECT_EQ(result.applied, 1u);
+  EXPECT_EQ(result.non_finite_skipped, 1u);
+  v1::Parameter out;
+  ASSERT_OK(store.Get(Ref("s", 0, 2), &out));
+  EXPECT_THAT(Decode<float>(out.content()), ElementsAre(1, 2));
+
+  // Marked for a parameter that rejects non-finite gradients: the request is
+  // refused whole.
+  v1::Gradient marked_r = Grad<float>("r", {1, 1});
+  marked_r.set_skip_as_non_finite(true);
+  v1::Gradient* mixed[] = {&good, &marked_r};
+  EXPECT_THAT(
+      store.ApplyGradients(mixed),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("gradient for parameter 'r'"), HasSubstr("non_finite: REJECT"),
+                     HasSubstr("nothing of the request was applied"))));
+  ASSERT_OK(store.Get(Ref("b"), &out));
+  EXPECT_THAT(Decode<float>(out.content()), ElementsAre(9, 18));
+  ASSERT_OK(store.Get(Ref("r"), &out));
+  EXPECT_THAT(Decode<float>(out.content()), ElementsAre(5, 6));
+}
+
 TEST(ParameterStoreNonFiniteTest, InitWithNonFiniteValuesIsRefused) {
   ParameterStore store;
   for (const char* config : {"", "non_finite: SKIP"}) {

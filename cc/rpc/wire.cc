@@ -287,6 +287,7 @@ grpc::ByteBuffer EncodePushRequest(absl::Span<const GradientView> grads,
     header.set_element_type(g.type);
     *header.mutable_block() = g.block;
     if (g.global_norm.has_value()) header.set_global_norm(*g.global_norm);
+    header.set_skip_as_non_finite(g.skip_as_non_finite);
     PutMessageWithPayload(&pending, kRequestGradientsField, header.SerializeAsString(),
                           kGradientContentField, g.content.size());
     if (g.content.size() <= kInlinePayloadBytes) {

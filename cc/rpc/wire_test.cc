@@ -106,6 +106,9 @@ std::vector<v1::Gradient> SampleGradients() {
   grads.push_back(Grad("half", v1::BFLOAT16, Pattern(2 * 7, 6), Block(3, 4, 21)));
   grads.push_back(Grad("", v1::INT32, Pattern(4, 7)));
   grads.push_back(Grad("unspecified", v1::ELEMENT_TYPE_UNSPECIFIED, Pattern(3, 8)));
+  // Marked by a client that found a NaN elsewhere in the gradient.
+  grads.push_back(Grad("skipped", v1::FLOAT32, Pattern(4 * 5000, 9), Block(1, 3, 5000), 2.0));
+  grads.back().set_skip_as_non_finite(true);
   return grads;
 }
 
@@ -223,6 +226,7 @@ void ExpectViewMatches(const v1::Gradient& want, const GradientView& got) {
   if (want.has_global_norm()) {
     EXPECT_EQ(*got.global_norm, want.global_norm());
   }
+  EXPECT_EQ(got.skip_as_non_finite, want.skip_as_non_finite());
   EXPECT_TRUE(SameBytes(want.content(), got.content));
   if (!got.content.empty()) {
     EXPECT_TRUE(Aligned(got.content, got.type))
@@ -242,6 +246,7 @@ void ExpectParsedMatches(const v1::Gradient& want, const v1::Gradient& got) {
   if (want.has_global_norm()) {
     EXPECT_EQ(got.global_norm(), want.global_norm());
   }
+  EXPECT_EQ(got.skip_as_non_finite(), want.skip_as_non_finite());
   EXPECT_TRUE(SameBytes(want.content(), got.content()));
 }
 
