@@ -503,6 +503,15 @@ TEST_P(IntegrationTest, SkipModeSplitGradientIsSkippedByEveryServerAndTheRestApp
     }
     EXPECT_EQ(client->non_finite_skipped(), static_cast<uint64_t>(way + 1));
   }
+  // A client that has not seen "s" learns its mode from the servers.
+  auto fresh = NewClient();
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_OK(fresh->SendGrad("s", Tensor::FromValues<float>({kSplit}, g)));
+  EXPECT_EQ(fresh->non_finite_skipped(), 1u);
+  ASSERT_OK_AND_ASSIGN(Tensor s, client->GetParam("s"));
+  EXPECT_EQ(s.ToVector<float>(), s0);
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ServerStats> stats, client->GetStats());
+  for (const v1::ServerStats& server : stats) EXPECT_EQ(server.non_finite_skipped(), 4u);
 }
 
 TEST_P(IntegrationTest, ZeroSizeParametersAreRefusedWithOneTrueMessage) {
