@@ -13,9 +13,10 @@
 // is called: the call then returns CANCELLED "the call was cancelled".
 // Cancelling is one-way and sticky, like a Go context: every later call
 // given the same Cancellation ends at once. Requests to in-process servers
-// (InProcessTransport) run on the caller's thread: those that wait for other
-// workers (barrier, all-reduce, broadcast, consistent table reads) look at
-// the cancellation every 100 ms; the others are short and run to the end.
+// (InProcessTransport) that wait for other workers (barrier, all-reduce,
+// broadcast, consistent table reads) hold no thread while they wait and are
+// withdrawn the moment Cancel() is called; the others are short and run to
+// the end on the caller's thread.
 //
 // Inside the client, the cancellation of the call running on a thread is
 // found through Cancellation::Current(), installed for the call's extent by

@@ -4,30 +4,47 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cc/client/cancellation.h"
 
 namespace pserver {
 namespace {
 
-// How often a waiting call that can be cancelled looks at its cancellation.
-constexpr absl::Duration kCancelSlice = absl::Milliseconds(100);
-
-// Runs `wait(deadline)`, a call that waits on the store for other workers,
-// so that the calling thread's cancellation (cancellation.h) ends it
-// promptly: in slices of kCancelSlice until `deadline`. A slice that runs
-// out leaves no trace in the store (a timed-out arrival is withdrawn, a
-// consistent read has read nothing), so the next slice simply waits again.
-absl::Status WaitCancellably(absl::Time deadline,
-                             const std::function<absl::Status(absl::Time)>& wait) {
+// Starts a wait on the store for other workers (`start` hands it `done` and
+// returns its CancelWait), holding no thread while it waits, as the gRPC
+// service does. The calling thread's cancellation (cancellation.h), if any,
+// ends it with CANCELLED; `done` may run on whichever thread completes it.
+void WaitWithoutThread(const std::function<CancelWait(WaitDone)>& start, WaitDone done) {
   Cancellation* const cancel = Cancellation::Current();
-  if (cancel == nullptr) return wait(deadline);
-  while (true) {
-    if (absl::Status cancelled = cancel->Check(); !cancelled.ok()) return cancelled;
-    const absl::Time slice = std::min(deadline, absl::Now() + kCancelSlice);
-    absl::Status status = wait(slice);
-    if (!absl::IsDeadlineExceeded(status) || slice >= deadline) return status;
+  if (cancel == nullptr) {
+    start(std::move(done));
+    return;
   }
+  if (absl::Status cancelled = cancel->Check(); !cancelled.ok()) {
+    done(std::move(cancelled));
+    return;
+  }
+  // The registration lives until the wait completes, whichever comes first.
+  struct State {
+    absl::Mutex mu;
+    bool completed ABSL_GUARDED_BY(mu) = false;
+    Cancellation::Registration registration ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<State>();
+  CancelWait cancel_wait = start([state, done = std::move(done)](absl::Status status) {
+    Cancellation::Registration registration;  // unregistered outside the lock
+    {
+      absl::MutexLock lock(&state->mu);
+      state->completed = true;
+      registration = std::move(state->registration);
+    }
+    done(std::move(status));
+  });
+  // Outside the lock: already cancelled, OnCancel completes the wait at once.
+  Cancellation::Registration registration = cancel->OnCancel(std::move(cancel_wait));
+  absl::MutexLock lock(&state->mu);
+  if (!state->completed) state->registration = std::move(registration);
 }
 
 // The in-process "server" times of a call, for its ticket's trace.
@@ -70,8 +87,12 @@ void InProcessTransport::TablePull(const v1::TablePullRequest& request,
                                    Done done) {
   absl::Status status = CheckTables();
   if (status.ok()) {
-    status = WaitCancellably(
-        deadline, [&](absl::Time until) { return tables_->Pull(request, response, until); });
+    WaitWithoutThread(
+        [&](WaitDone wait_done) {
+          return tables_->PullAsync(request, response, deadline, std::move(wait_done));
+        },
+        std::move(done));
+    return;
   }
   done(status);
 }
@@ -104,8 +125,12 @@ void InProcessTransport::Barrier(const v1::BarrierRequest& request, v1::BarrierR
                                  absl::Time deadline, Done done) {
   absl::Status status = CheckTables();
   if (status.ok()) {
-    status = WaitCancellably(deadline,
-                             [&](absl::Time until) { return tables_->Barrier(request, until); });
+    WaitWithoutThread(
+        [&](WaitDone wait_done) {
+          return tables_->BarrierAsync(request, deadline, std::move(wait_done));
+        },
+        std::move(done));
+    return;
   }
   done(status);
 }
@@ -115,8 +140,12 @@ void InProcessTransport::AllReduce(const v1::AllReduceRequest& request,
                                    Done done) {
   absl::Status status = CheckTables();
   if (status.ok()) {
-    status = WaitCancellably(
-        deadline, [&](absl::Time until) { return tables_->AllReduce(request, response, until); });
+    WaitWithoutThread(
+        [&](WaitDone wait_done) {
+          return tables_->AllReduceAsync(request, response, deadline, std::move(wait_done));
+        },
+        std::move(done));
+    return;
   }
   done(status);
 }
@@ -126,8 +155,12 @@ void InProcessTransport::Broadcast(const v1::BroadcastRequest& request,
                                    Done done) {
   absl::Status status = CheckTables();
   if (status.ok()) {
-    status = WaitCancellably(
-        deadline, [&](absl::Time until) { return tables_->Broadcast(request, response, until); });
+    WaitWithoutThread(
+        [&](WaitDone wait_done) {
+          return tables_->BroadcastAsync(request, response, deadline, std::move(wait_done));
+        },
+        std::move(done));
+    return;
   }
   done(status);
 }
