@@ -22,14 +22,19 @@ absl::Status NotOfTheLayout(absl::string_view key, absl::string_view why) {
       absl::StrCat("etcd key '", key, "' is not a pserver key: ", why));
 }
 
-// `digits` as an index, only in canonical decimal ("0", "17"; not "017",
-// "+1", " 1").
-absl::StatusOr<uint32_t> ParseIndex(absl::string_view key, absl::string_view digits) {
-  uint32_t index = 0;
+bool IsCanonicalIndex(absl::string_view digits, uint32_t* index) {
   bool canonical = !digits.empty() && (digits.size() == 1 || digits[0] != '0');
   for (char c : digits) canonical = canonical && absl::ascii_isdigit(c);
-  if (!canonical || !absl::SimpleAtoi(digits, &index)) {
-    return NotOfTheLayout(key, absl::StrCat("'", digits, "' is not an index below 2^32"));
+  return canonical && absl::SimpleAtoi(digits, index);
+}
+
+constexpr absl::string_view kNotAnIndex = "is not an index below 2^32 in canonical decimal";
+
+// The index ending `key` (`digits`); INVALID_ARGUMENT naming the key.
+absl::StatusOr<uint32_t> IndexOfKey(absl::string_view key, absl::string_view digits) {
+  uint32_t index = 0;
+  if (!IsCanonicalIndex(digits, &index)) {
+    return NotOfTheLayout(key, absl::StrCat("'", digits, "' ", kNotAnIndex));
   }
   return index;
 }
@@ -46,6 +51,14 @@ std::string CheckpointKey(uint32_t shard) { return absl::StrCat(kCheckpoints, sh
 std::string WorkersPrefix() { return std::string(kWorkers); }
 std::string WorkerKey(absl::string_view id) { return absl::StrCat(kWorkers, id); }
 
+absl::StatusOr<uint32_t> ParseIndex(absl::string_view text) {
+  uint32_t index = 0;
+  if (!IsCanonicalIndex(text, &index)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' ", kNotAnIndex));
+  }
+  return index;
+}
+
 absl::StatusOr<ParsedKey> Parse(absl::string_view key) {
   ParsedKey parsed;
   absl::string_view rest = key;
@@ -53,12 +66,12 @@ absl::StatusOr<ParsedKey> Parse(absl::string_view key) {
     parsed.kind = KeyKind::kDesired;
   } else if (absl::ConsumePrefix(&rest, kServers)) {
     parsed.kind = KeyKind::kServer;
-    auto index = ParseIndex(key, rest);
+    auto index = IndexOfKey(key, rest);
     if (!index.ok()) return index.status();
     parsed.index = *index;
   } else if (absl::ConsumePrefix(&rest, kCheckpoints)) {
     parsed.kind = KeyKind::kCheckpoint;
-    auto index = ParseIndex(key, rest);
+    auto index = IndexOfKey(key, rest);
     if (!index.ok()) return index.status();
     parsed.index = *index;
   } else if (absl::ConsumePrefix(&rest, kWorkers)) {
@@ -77,7 +90,7 @@ absl::StatusOr<uint32_t> ParseServerKey(absl::string_view key) {
   if (!absl::ConsumePrefix(&rest, kServers)) {
     return NotOfTheLayout(key, absl::StrCat("a server key is ", kServers, "<index>"));
   }
-  return ParseIndex(key, rest);
+  return IndexOfKey(key, rest);
 }
 
 }  // namespace etcd_keys

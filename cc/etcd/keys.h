@@ -62,6 +62,10 @@ struct ParsedKey {
 // that is not canonical decimal below 2^32, an empty worker id.
 absl::StatusOr<ParsedKey> Parse(absl::string_view key);
 
+// An index in canonical decimal ("3" -> 3); INVALID_ARGUMENT for "03", "+3",
+// "x" or one not below 2^32.
+absl::StatusOr<uint32_t> ParseIndex(absl::string_view text);
+
 // The index of a server key ("/ps/3" -> 3); INVALID_ARGUMENT for any other key.
 absl::StatusOr<uint32_t> ParseServerKey(absl::string_view key);
 

@@ -54,6 +54,18 @@ TEST(KeysTest, ParseRefusesKeysOutsideTheLayoutNamingThem) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("below 2^32")));
 }
 
+TEST(KeysTest, ParseIndexTakesCanonicalDecimalOnly) {
+  ASSERT_OK_AND_ASSIGN(uint32_t zero, ParseIndex("0"));
+  EXPECT_EQ(zero, 0u);
+  ASSERT_OK_AND_ASSIGN(uint32_t big, ParseIndex("4294967295"));
+  EXPECT_EQ(big, 4294967295u);
+  for (const char* text : {"", "00", "07", "+7", "-7", " 7", "7 ", "0x7", "4294967296"}) {
+    EXPECT_THAT(ParseIndex(text), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr(absl::StrCat("'", text, "'"))))
+        << text;
+  }
+}
+
 }  // namespace
 }  // namespace etcd_keys
 }  // namespace pserver
