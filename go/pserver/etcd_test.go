@@ -191,7 +191,7 @@ func TestNewClientFromEtcd(t *testing.T) {
 }
 
 // The key layout as the servers write it, with no etcd needed.
-func TestEtcdKeys(t *testing.T) {
+func TestEtcdKeyLayout(t *testing.T) {
 	keys := pserver.Keys("job")
 	worker, err := keys.Worker("trainer-7")
 	if err != nil {
