@@ -157,21 +157,21 @@ TEST_F(LeasedKeyTest, ExclusiveRetakesItsOwnValueButNotAnotherHolders) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<LeasedKey> held,
                        LeasedKey::Grant(client_.get(), Options("10.0.0.1:7000",
                                                                Ownership::kExclusive)));
-  ASSERT_OK_AND_ASSIGN(bool claimed, held->Claim("/ps/0"));
+  ASSERT_OK_AND_ASSIGN(bool claimed, held->Claim("/index/0"));
   ASSERT_TRUE(claimed);
   // Someone else holds /ps/0 (with no lease, so revoking ours leaves it).
-  ASSERT_OK(other_->Put("/ps/0", "10.0.0.2:7000"));
+  ASSERT_OK(other_->Put("/index/0", "10.0.0.2:7000"));
   held->KeepRegistered();
   ASSERT_OK(other_->Revoke(held->lease()));
-  ASSERT_TRUE(WaitFor([&] { return log_.Has("/ps/0 is held by another"); }));
+  ASSERT_TRUE(WaitFor([&] { return log_.Has("/index/0 is held by another"); }));
   EXPECT_EQ(held->registrations(), 1);
-  ASSERT_OK_AND_ASSIGN(KeyValue kv, other_->Get("/ps/0"));
+  ASSERT_OK_AND_ASSIGN(KeyValue kv, other_->Get("/index/0"));
   EXPECT_EQ(kv.value, "10.0.0.2:7000");
 
   // Our own address (as a restarted etcd restores it): retaken.
-  ASSERT_OK(other_->Put("/ps/0", "10.0.0.1:7000"));
+  ASSERT_OK(other_->Put("/index/0", "10.0.0.1:7000"));
   ASSERT_TRUE(WaitFor([&] { return held->registrations() >= 2; }));
-  ASSERT_OK_AND_ASSIGN(kv, other_->Get("/ps/0"));
+  ASSERT_OK_AND_ASSIGN(kv, other_->Get("/index/0"));
   EXPECT_EQ(kv.value, "10.0.0.1:7000");
   EXPECT_EQ(kv.lease, held->lease());
 }
