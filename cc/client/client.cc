@@ -288,18 +288,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {
   const int n = num_servers();
+  auto on_change = [this, n](const WatchEvent& event) {
+    // A deleted key (a server gone) changes nothing: calls keep retrying the
+    // old address until a new server claims the index.
+    if (event.type != WatchEvent::Type::kPut) return;
+    absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(event.kv.key);
+    if (!i.ok() || *i >= static_cast<uint32_t>(n)) return;
+    OnServerChanged(static_cast<int>(*i), event.kv.value);
+  };
   PS_ASSIGN_OR_RETURN(watcher_,
-                      etcd->Watch(etcd_keys::ServersPrefix(), revision + 1,
-                                  [this, n](const WatchEvent& event) {
-                                    // A deleted key (a server gone) changes nothing: calls keep
-                                    // retrying the old address until a new server claims the
-                                    // index.
-                                    if (event.type != WatchEvent::Type::kPut) return;
-                                    absl::StatusOr<uint32_t> i =
-                                        etcd_keys::ParseServerKey(event.kv.key);
-                                    if (!i.ok() || *i >= static_cast<uint32_t>(n)) return;
-                                    OnServerChanged(static_cast<int>(*i), event.kv.value);
-                                  }));
+                      etcd->Watch(etcd_keys::ServersPrefix(), revision + 1, std::move(on_change)));
   if (!options_.register_worker) return absl::OkStatus();
   worker_id_ = options_.worker_id.empty()
                    ? absl::StrCat(absl::Hex(RandomNonZero(), absl::kZeroPad16))
@@ -312,8 +310,7 @@ absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {
   info.set_start_time_micros(absl::ToUnixMicros(absl::Now()));
   std::string worker_json;
   if (!google::protobuf::util::MessageToJsonString(info, &worker_json).ok()) worker_json = "{}";
-  PS_RETURN_IF_ERROR(RegisterWorker(std::move(worker_json)));
-  return absl::OkStatus();
+  return RegisterWorker(std::move(worker_json));
 }
 
 absl::Status Client::RegisterWorker(std::string worker_json) {
