@@ -796,7 +796,7 @@ PSERVER_EXPORT void pserver_buffer_delete(void* buffer);
 /* ------------------------------------------------------------------- etcd */
 
 /* A small etcd v3 client for tools (psctl): keys are full etcd keys, e.g.
- * "/pserver/default/ps_desired" (layout in docs/operations.md). Every call
+ * "/pserver/default/ps_desired" (spelled by pserver_etcd_key below). Every call
  * has the handle's deadline; one that finds etcd unreachable tries the next
  * endpoint and retries within it (UNAVAILABLE or DEADLINE_EXCEEDED after).
  * Thread-safe. */
