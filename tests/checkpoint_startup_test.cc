@@ -32,6 +32,7 @@
 #include "cc/core/checkpoint.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/local_cluster.h"
 #include "cc/server/server.h"
@@ -131,7 +132,7 @@ class CheckpointTrustTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(etcd_, testing::EtcdProcess::Start());
     EtcdClientOptions options;
     options.endpoints = {etcd_->endpoint()};
-    options.prefix = "/pserver/job";
+    options.prefix = etcd_keys::ClusterPrefix("job");
     ASSERT_OK_AND_ASSIGN(etcd_client_, EtcdClient::Connect(options));
   }
 
@@ -149,7 +150,7 @@ class CheckpointTrustTest : public ::testing::Test {
 
   v1::CheckpointRecord Published() {
     v1::CheckpointRecord record;
-    absl::StatusOr<KeyValue> kv = etcd_client_->Get("/checkpoints/0");
+    absl::StatusOr<KeyValue> kv = etcd_client_->Get(etcd_keys::CheckpointKey(0));
     EXPECT_OK(kv.status());
     if (kv.ok()) {
       EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(kv->value, &record).ok());
@@ -160,7 +161,7 @@ class CheckpointTrustTest : public ::testing::Test {
   void Publish(const v1::CheckpointRecord& record) {
     std::string json;
     ASSERT_TRUE(google::protobuf::util::MessageToJsonString(record, &json).ok());
-    ASSERT_OK(etcd_client_->Put("/checkpoints/0", json));
+    ASSERT_OK(etcd_client_->Put(etcd_keys::CheckpointKey(0), json));
   }
 
   std::unique_ptr<testing::EtcdProcess> etcd_;
@@ -275,7 +276,7 @@ TEST_F(CheckpointTrustTest, OwnDirectoryHoldingAnotherClustersCheckpointFailsSta
 }
 
 TEST_F(CheckpointTrustTest, NumServersThatDisagreesWithPsDesiredFailsStartAtOnce) {
-  ASSERT_OK(etcd_client_->Put("/ps_desired", "2"));
+  ASSERT_OK(etcd_client_->Put(etcd_keys::DesiredKey(), "2"));
   ServerOptions options = EtcdServer(TestDir());
   options.num_servers = 3;
   const absl::Time begun = absl::Now();
@@ -285,7 +286,7 @@ TEST_F(CheckpointTrustTest, NumServersThatDisagreesWithPsDesiredFailsStartAtOnce
   // Reported, not waited on (register_timeout is 20 s).
   EXPECT_LT(absl::Now() - begun, absl::Seconds(15));
   // Nothing claimed.
-  EXPECT_THAT(etcd_client_->Get("/ps/0"), testing::StatusCodeIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(etcd_client_->Get(etcd_keys::ServerKey(0)), testing::StatusCodeIs(absl::StatusCode::kNotFound));
   // Agreeing, or leaving the count to etcd, starts.
   options.num_servers = 2;
   EXPECT_OK(Server::Start(options).status());

@@ -24,6 +24,7 @@
 #include "cc/client/grpc_transport.h"
 #include "cc/core/checkpoint.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
@@ -79,7 +80,7 @@ class FaultToleranceTest : public ::testing::Test {
     checkpoint_dir_ = NewTempDir("ckpt");
     EtcdClientOptions options;
     options.endpoints = {etcd_->endpoint()};
-    options.prefix = "/pserver/test";
+    options.prefix = etcd_keys::ClusterPrefix("test");
     ASSERT_OK_AND_ASSIGN(etcd_client_, EtcdClient::Connect(options));
   }
 
@@ -144,7 +145,7 @@ TEST_F(FaultToleranceTest, CorruptCheckpointFallsBackToThePreviousGoodOne) {
     first_path = first.path;
     second_path = second.path;
     // Published in etcd only once durable: it names the newest.
-    ASSERT_OK_AND_ASSIGN(KeyValue published, etcd_client_->Get("/checkpoints/0"));
+    ASSERT_OK_AND_ASSIGN(KeyValue published, etcd_client_->Get(etcd_keys::CheckpointKey(0)));
     EXPECT_THAT(published.value, HasSubstr(second.path));
     server->Shutdown();  // gives index 0 back
   }
@@ -212,7 +213,7 @@ TEST_F(FaultToleranceTest, CrashBetweenWritingAndPublishingLeavesThePreviousOneU
   EXPECT_GT(next.sequence, restarted->loaded_checkpoint()->sequence + 1);
   EXPECT_FALSE(std::filesystem::exists(checkpoint_dir_ +
                                        "/shard-0/.tmp-ckpt-00000000000000000099-0123456789abcdef"));
-  ASSERT_OK_AND_ASSIGN(KeyValue record, etcd_client_->Get("/checkpoints/0"));
+  ASSERT_OK_AND_ASSIGN(KeyValue record, etcd_client_->Get(etcd_keys::CheckpointKey(0)));
   EXPECT_THAT(record.value, HasSubstr(next.path));
 }
 
@@ -252,7 +253,7 @@ TEST_F(FaultToleranceTest, ServersReRegisterAfterEtcdRestartsAndKeepServing) {
                       absl::Seconds(20)))
       << a->registrations() << " " << b->registrations();
   for (Server* s : {a.get(), b.get()}) {
-    ASSERT_OK_AND_ASSIGN(KeyValue kv, etcd_client_->Get(absl::StrCat("/ps/", s->index())));
+    ASSERT_OK_AND_ASSIGN(KeyValue kv, etcd_client_->Get(etcd_keys::ServerKey(s->index())));
     EXPECT_EQ(kv.value, s->address());
     EXPECT_EQ(kv.lease, s->lease()) << "registered under its new lease";
   }

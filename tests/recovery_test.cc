@@ -29,6 +29,7 @@
 #include "cc/client/client.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
@@ -231,14 +232,14 @@ TEST_F(RecoveryTest, KilledServerRestartsFromItsCheckpointAndTrainingCarriesOn) 
   // Training is under way and every shard has a published checkpoint.
   EtcdClientOptions etcd_options;
   etcd_options.endpoints = {etcd_->endpoint()};
-  etcd_options.prefix = "/pserver/recovery";
+  etcd_options.prefix = etcd_keys::ClusterPrefix("recovery");
   ASSERT_OK_AND_ASSIGN(auto etcd, EtcdClient::Connect(etcd_options));
   const bool started = wait_for(
       [&] {
         for (TrainerState& s : states) {
           if (s.steps() < 50) return false;
         }
-        absl::StatusOr<std::vector<KeyValue>> published = etcd->GetPrefix("/checkpoints/");
+        absl::StatusOr<std::vector<KeyValue>> published = etcd->GetPrefix(etcd_keys::CheckpointsPrefix());
         if (!published.ok() || published->size() != 3) return false;
         for (const KeyValue& kv : *published) {
           v1::CheckpointRecord record;

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
@@ -24,10 +25,10 @@ TEST(ServerStartTest, StopEndsTheWaitForAFreeIndex) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<testing::EtcdProcess> etcd, testing::EtcdProcess::Start());
   EtcdClientOptions etcd_options;
   etcd_options.endpoints = {etcd->endpoint()};
-  etcd_options.prefix = "/pserver/full";
+  etcd_options.prefix = etcd_keys::ClusterPrefix("full");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdClient> registry, EtcdClient::Connect(etcd_options));
-  ASSERT_OK(registry->Put("/ps_desired", "1"));
-  ASSERT_OK(registry->Put("/ps/0", "127.0.0.1:1"));  // taken, and never freed
+  ASSERT_OK(registry->Put(etcd_keys::DesiredKey(), "1"));
+  ASSERT_OK(registry->Put(etcd_keys::ServerKey(0), "127.0.0.1:1"));  // taken, and never freed
 
   ServerOptions options;
   options.etcd_endpoints = {etcd->endpoint()};
@@ -43,7 +44,7 @@ TEST(ServerStartTest, StopEndsTheWaitForAFreeIndex) {
               StatusIs(absl::StatusCode::kCancelled, HasSubstr("stopped while starting")));
   EXPECT_LT(absl::Now() - started, absl::Seconds(60));  // generous: the old code took 300 s
   // The index stays the other server's.
-  ASSERT_OK_AND_ASSIGN(KeyValue kv, registry->Get("/ps/0"));
+  ASSERT_OK_AND_ASSIGN(KeyValue kv, registry->Get(etcd_keys::ServerKey(0)));
   EXPECT_EQ(kv.value, "127.0.0.1:1");
 }
 

@@ -1380,6 +1380,81 @@ static void test_etcd(void) {
   pserver_status_delete(st);
 }
 
+/* The etcd key layout: built and parsed by the library, needing no etcd. */
+static void test_etcd_keys(void) {
+  pserver_status_t* st = pserver_status_new();
+  char key[128] = "";
+  static const struct {
+    int32_t kind;
+    const char* arg;
+    const char* want;
+  } cases[] = {
+      {PSERVER_ETCD_KEY_CLUSTER, NULL, "/pserver/job/"},
+      {PSERVER_ETCD_KEY_DESIRED, "", "/pserver/job/ps_desired"},
+      {PSERVER_ETCD_KEY_SERVERS, NULL, "/pserver/job/ps/"},
+      {PSERVER_ETCD_KEY_SERVER, "3", "/pserver/job/ps/3"},
+      {PSERVER_ETCD_KEY_CHECKPOINTS, NULL, "/pserver/job/checkpoints/"},
+      {PSERVER_ETCD_KEY_CHECKPOINT, "0", "/pserver/job/checkpoints/0"},
+      {PSERVER_ETCD_KEY_WORKERS, NULL, "/pserver/job/workers/"},
+      {PSERVER_ETCD_KEY_WORKER, "trainer-7", "/pserver/job/workers/trainer-7"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    EXPECT(pserver_etcd_key(cases[i].kind, "job", cases[i].arg, key, sizeof key, st) ==
+           strlen(cases[i].want));
+    EXPECT_OK(st);
+    EXPECT(streq(key, cases[i].want));
+  }
+  /* Sized as snprintf: the full length, the text truncated to fit. */
+  EXPECT(pserver_etcd_key(PSERVER_ETCD_KEY_DESIRED, "job", NULL, NULL, 0, st) == 23);
+  EXPECT_OK(st);
+  EXPECT(pserver_etcd_key(PSERVER_ETCD_KEY_DESIRED, "job", NULL, key, 5, st) == 23);
+  EXPECT(streq(key, "/pse"));
+
+  /* Bad arguments: a status naming what is wrong, nothing written. */
+  strcpy(key, "unchanged");
+  EXPECT(pserver_etcd_key(PSERVER_ETCD_KEY_SERVER, "job", "03", key, sizeof key, st) == 0);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "'03'");
+  EXPECT(pserver_etcd_key(PSERVER_ETCD_KEY_SERVER, "job", NULL, key, sizeof key, st) == 0);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "index");
+  EXPECT(pserver_etcd_key(PSERVER_ETCD_KEY_WORKER, "job", "", key, sizeof key, st) == 0);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "worker id");
+  EXPECT(pserver_etcd_key(PSERVER_ETCD_KEY_DESIRED, "job", "x", key, sizeof key, st) == 0);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "takes no argument");
+  EXPECT(pserver_etcd_key(42, "job", NULL, key, sizeof key, st) == 0);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "kind 42");
+  EXPECT(pserver_etcd_key(PSERVER_ETCD_KEY_DESIRED, NULL, NULL, key, sizeof key, st) == 0);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "cluster is NULL");
+  EXPECT(streq(key, "unchanged"));
+
+  /* Parsing gives back the kind and argument. */
+  char arg[64] = "";
+  EXPECT(pserver_etcd_key_parse("job", "/pserver/job/ps/12", arg, sizeof arg, st) ==
+         PSERVER_ETCD_KEY_SERVER);
+  EXPECT_OK(st);
+  EXPECT(streq(arg, "12"));
+  EXPECT(pserver_etcd_key_parse("job", "/pserver/job/checkpoints/1", arg, sizeof arg, st) ==
+         PSERVER_ETCD_KEY_CHECKPOINT);
+  EXPECT(streq(arg, "1"));
+  EXPECT(pserver_etcd_key_parse("job", "/pserver/job/workers/w/1", arg, sizeof arg, st) ==
+         PSERVER_ETCD_KEY_WORKER);
+  EXPECT(streq(arg, "w/1"));
+  EXPECT(pserver_etcd_key_parse("job", "/pserver/job/ps_desired", arg, sizeof arg, st) ==
+         PSERVER_ETCD_KEY_DESIRED);
+  EXPECT_OK(st);
+  EXPECT(streq(arg, ""));
+  strcpy(arg, "unchanged");
+  EXPECT(pserver_etcd_key_parse("job", "/pserver/other/ps/1", arg, sizeof arg, st) == -1);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "not under cluster prefix /pserver/job/");
+  EXPECT(pserver_etcd_key_parse("job", "/pserver/job/ps/x", arg, sizeof arg, st) == -1);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "'/ps/x'");
+  EXPECT(pserver_etcd_key_parse("job", "/pserver/job/workers/long-id", arg, 4, st) == -1);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "needs 8");
+  EXPECT(pserver_etcd_key_parse("job", NULL, arg, sizeof arg, st) == -1);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "key is NULL");
+  EXPECT(streq(arg, "unchanged"));
+  pserver_status_delete(st);
+}
+
 /* ------------------------------------------------- names and cancellation */
 
 /* Names travel with their length: a NUL inside is refused, never cut. */
@@ -1527,6 +1602,7 @@ int main(void) {
   test_unknown_table();
   test_checkpoint_tables();
   test_etcd();
+  test_etcd_keys();
   test_names_with_length();
   test_cancel();
   if (failures > 0) {

@@ -796,7 +796,7 @@ PSERVER_EXPORT void pserver_buffer_delete(void* buffer);
 /* ------------------------------------------------------------------- etcd */
 
 /* A small etcd v3 client for tools (psctl): keys are full etcd keys, e.g.
- * "/pserver/default/ps_desired" (layout in docs/operations.md). Every call
+ * "/pserver/default/ps_desired" (spelled by pserver_etcd_key below). Every call
  * has the handle's deadline; one that finds etcd unreachable tries the next
  * endpoint and retries within it (UNAVAILABLE or DEADLINE_EXCEEDED after).
  * Thread-safe. */
@@ -835,6 +835,42 @@ PSERVER_EXPORT size_t pserver_etcd_kvs_size(const pserver_etcd_kvs_t* kvs);
 PSERVER_EXPORT const char* pserver_etcd_kvs_key(const pserver_etcd_kvs_t* kvs, size_t i);
 PSERVER_EXPORT const char* pserver_etcd_kvs_value(const pserver_etcd_kvs_t* kvs, size_t i);
 PSERVER_EXPORT size_t pserver_etcd_kvs_value_size(const pserver_etcd_kvs_t* kvs, size_t i);
+
+/* The etcd key layout of a cluster, defined once (cc/etcd/keys.h) for the
+ * servers, the trainers, psctl and these calls. Every key of cluster C
+ * starts with "/pserver/C/":
+ *   ps_desired          the desired server count (decimal)
+ *   ps/<index>          server <index>'s "host:port", under its lease
+ *   checkpoints/<shard> the newest good checkpoint of a shard (JSON)
+ *   workers/<id>        a trainer's registration (JSON), under its lease
+ * Indices are canonical decimal ("3", not "03" or "+3"). */
+typedef enum pserver_etcd_key_kind_t {
+  PSERVER_ETCD_KEY_CLUSTER = 0,     /* "/pserver/C/", the prefix of them all */
+  PSERVER_ETCD_KEY_DESIRED = 1,     /* "/pserver/C/ps_desired" */
+  PSERVER_ETCD_KEY_SERVERS = 2,     /* "/pserver/C/ps/", the prefix of the next */
+  PSERVER_ETCD_KEY_SERVER = 3,      /* "/pserver/C/ps/<arg>" */
+  PSERVER_ETCD_KEY_CHECKPOINTS = 4, /* "/pserver/C/checkpoints/" */
+  PSERVER_ETCD_KEY_CHECKPOINT = 5,  /* "/pserver/C/checkpoints/<arg>" */
+  PSERVER_ETCD_KEY_WORKERS = 6,     /* "/pserver/C/workers/" */
+  PSERVER_ETCD_KEY_WORKER = 7       /* "/pserver/C/workers/<arg>" */
+} pserver_etcd_key_kind_t;
+
+/* Writes the full key of `kind` (a pserver_etcd_key_kind_t) in `cluster`,
+ * NUL-terminated and truncated to fit `out` (`out_size` bytes; out may be
+ * NULL when out_size is 0). Returns the full length without the NUL, as
+ * snprintf does. `arg`: for SERVER and CHECKPOINT an index in decimal, for
+ * WORKER a worker id; NULL or "" for the other kinds. INVALID_ARGUMENT
+ * (returning 0, writing nothing) for a NULL cluster, an unknown kind, or an
+ * arg the kind does not take. */
+PSERVER_EXPORT size_t pserver_etcd_key(int32_t kind, const char* cluster, const char* arg,
+                                       char* out, size_t out_size, pserver_status_t* status);
+/* The kind of `key`, a full key of `cluster` (DESIRED, SERVER, CHECKPOINT or
+ * WORKER), and its argument (the index in decimal, the worker id, or "")
+ * written NUL-terminated into `out` (`out_size` bytes; strlen(key) + 1
+ * always suffices). INVALID_ARGUMENT (returning -1, writing nothing) for a
+ * key outside the layout or the cluster, or an `out` too small. */
+PSERVER_EXPORT int32_t pserver_etcd_key_parse(const char* cluster, const char* key, char* out,
+                                              size_t out_size, pserver_status_t* status);
 
 /* ------------------------------------------------------ device memory */
 

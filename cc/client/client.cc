@@ -18,6 +18,8 @@
 #include "cc/rpc/grpc_status.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
+#include "cc/etcd/leased_key.h"
 #include "cc/rpc/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
 #include "pserver/v1/registry.pb.h"
@@ -81,24 +83,25 @@ absl::Status GaveUp(const absl::Status& status, const std::string& server, const
 absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd, absl::Duration timeout,
                                                          int64_t* revision) {
   const absl::Time deadline = absl::Now() + timeout;
-  const std::string where = absl::StrCat("etcd ", etcd.options().prefix, "/ps/");
+  const std::string where =
+      absl::StrCat("etcd ", etcd.options().prefix, etcd_keys::ServersPrefix());
+  const std::string desired_key = etcd_keys::DesiredKey();
   // What the last read that succeeded found missing ("" before one did).
   std::string missing_what;
   while (true) {
     absl::Status error;  // why this round could not read etcd
     // Each etcd call ends by the discovery deadline too, not only by etcd's
     // own (longer) timeout.
-    absl::StatusOr<KeyValue> desired_kv = etcd.Get("/ps_desired", deadline);
+    absl::StatusOr<KeyValue> desired_kv = etcd.Get(desired_key, deadline);
     uint32_t desired = 0;
     if (desired_kv.ok() && absl::SimpleAtoi(desired_kv->value, &desired) && desired > 0) {
-      absl::StatusOr<std::vector<KeyValue>> kvs = etcd.GetPrefix("/ps/", revision, deadline);
+      absl::StatusOr<std::vector<KeyValue>> kvs =
+          etcd.GetPrefix(etcd_keys::ServersPrefix(), revision, deadline);
       if (kvs.ok()) {
         std::vector<std::string> addresses(desired);
         for (const KeyValue& kv : *kvs) {
-          uint32_t i = 0;
-          if (absl::SimpleAtoi(absl::string_view(kv.key).substr(4), &i) && i < desired) {
-            addresses[i] = kv.value;
-          }
+          absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(kv.key);
+          if (i.ok() && *i < desired) addresses[*i] = kv.value;
         }
         std::vector<uint32_t> missing;
         for (uint32_t i = 0; i < desired; ++i) {
@@ -111,10 +114,10 @@ absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd, absl:
         error = kvs.status();
       }
     } else if (desired_kv.ok()) {
-      missing_what = absl::StrCat("/ps_desired is '", absl::CHexEscape(desired_kv->value),
+      missing_what = absl::StrCat(desired_key, " is '", absl::CHexEscape(desired_kv->value),
                                   "', not a server count");
     } else if (absl::IsNotFound(desired_kv.status())) {
-      missing_what = "/ps_desired is not set";
+      missing_what = absl::StrCat(desired_key, " is not set");
     } else {
       error = desired_kv.status();
     }
@@ -243,21 +246,8 @@ Client::Client(const ClientOptions& options, std::vector<std::unique_ptr<Transpo
 Client::~Client() {
   executor_.reset();  // runs the async calls still queued, while all else is up
   watcher_.reset();   // no more address changes
-  {
-    absl::MutexLock lock(&worker_mu_);
-    stopping_ = true;
-  }
-  if (worker_thread_.joinable()) worker_thread_.join();
-  std::unique_ptr<LeaseKeeper> keeper;
-  int64_t lease = 0;
-  {
-    absl::MutexLock lock(&worker_mu_);
-    keeper = std::move(worker_keeper_);
-    lease = worker_lease_;
-  }
-  keeper.reset();
   // The trainer leaves at once rather than when its lease runs out.
-  if (etcd_ != nullptr && lease != 0) etcd_->Revoke(lease).IgnoreError();
+  worker_registration_.reset();
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
@@ -268,7 +258,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (!options.etcd_endpoints.empty()) {
     EtcdClientOptions etcd_options;
     etcd_options.endpoints = options.etcd_endpoints;
-    etcd_options.prefix = absl::StrCat("/pserver/", options.cluster);
+    etcd_options.prefix = etcd_keys::ClusterPrefix(options.cluster);
     PS_ASSIGN_OR_RETURN(etcd, EtcdClient::Connect(etcd_options));
     PS_ASSIGN_OR_RETURN(servers, DiscoverServers(*etcd, options.discovery_timeout, &revision));
   }
@@ -298,18 +288,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {
   const int n = num_servers();
+  auto on_change = [this, n](const WatchEvent& event) {
+    // A deleted key (a server gone) changes nothing: calls keep retrying the
+    // old address until a new server claims the index.
+    if (event.type != WatchEvent::Type::kPut) return;
+    absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(event.kv.key);
+    if (!i.ok() || *i >= static_cast<uint32_t>(n)) return;
+    OnServerChanged(static_cast<int>(*i), event.kv.value);
+  };
   PS_ASSIGN_OR_RETURN(watcher_,
-                      etcd->Watch("/ps/", revision + 1, [this, n](const WatchEvent& event) {
-                        // A deleted key (a server gone) changes nothing: calls keep retrying
-                        // the old address until a new server claims the index.
-                        if (event.type != WatchEvent::Type::kPut) return;
-                        uint32_t i = 0;
-                        if (!absl::SimpleAtoi(absl::string_view(event.kv.key).substr(4), &i) ||
-                            i >= static_cast<uint32_t>(n)) {
-                          return;
-                        }
-                        OnServerChanged(static_cast<int>(i), event.kv.value);
-                      }));
+                      etcd->Watch(etcd_keys::ServersPrefix(), revision + 1, std::move(on_change)));
   if (!options_.register_worker) return absl::OkStatus();
   worker_id_ = options_.worker_id.empty()
                    ? absl::StrCat(absl::Hex(RandomNonZero(), absl::kZeroPad16))
@@ -320,55 +308,34 @@ absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {
   if (gethostname(host, sizeof(host) - 1) == 0) info.set_host(host);
   info.set_pid(getpid());
   info.set_start_time_micros(absl::ToUnixMicros(absl::Now()));
-  if (!google::protobuf::util::MessageToJsonString(info, &worker_json_).ok()) worker_json_ = "{}";
-  PS_RETURN_IF_ERROR(RegisterWorker());
-  worker_thread_ = std::thread([this] { WorkerLoop(); });
-  return absl::OkStatus();
+  std::string worker_json;
+  if (!google::protobuf::util::MessageToJsonString(info, &worker_json).ok()) worker_json = "{}";
+  return RegisterWorker(std::move(worker_json));
 }
 
-absl::Status Client::RegisterWorker() {
-  PS_ASSIGN_OR_RETURN(int64_t lease, etcd_->Grant(options_.worker_lease_ttl));
-  absl::StatusOr<std::unique_ptr<LeaseKeeper>> keeper =
-      etcd_->KeepAlive(lease, [this](const absl::Status&) {
-        worker_leases_lost_.fetch_add(1);
-        absl::MutexLock lock(&worker_mu_);
-        worker_lost_ = true;
-      });
+absl::Status Client::RegisterWorker(std::string worker_json) {
+  LeasedKeyOptions lease_options;
+  lease_options.value = std::move(worker_json);
+  lease_options.ttl = options_.worker_lease_ttl;
   // A trainer restarted with the same worker_id takes its key over.
-  absl::Status put = keeper.ok()
-                         ? etcd_->Put(absl::StrCat("/workers/", worker_id_), worker_json_, lease)
-                         : keeper.status();
-  if (!put.ok()) {
-    if (keeper.ok()) keeper->reset();
-    etcd_->Revoke(lease).IgnoreError();
-    return put;
-  }
-  std::unique_ptr<LeaseKeeper> old;
-  {
-    absl::MutexLock lock(&worker_mu_);
-    old = std::move(worker_keeper_);
-    worker_keeper_ = *std::move(keeper);
-    worker_lease_ = lease;
-    worker_lost_ = false;
-  }
-  old.reset();  // outside the lock: its thread may be in the callback
-  worker_registrations_.fetch_add(1);
+  lease_options.ownership = LeasedKeyOptions::Ownership::kShared;
+  // etcd was unreachable for longer than the lease: register again (the
+  // registration is only a heartbeat; training does not depend on it).
+  lease_options.retry_interval = absl::Milliseconds(200);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<LeasedKey> registration,
+                      LeasedKey::Grant(etcd_.get(), std::move(lease_options)));
+  PS_RETURN_IF_ERROR(registration->Claim(etcd_keys::WorkerKey(worker_id_)).status());
+  registration->KeepRegistered();
+  worker_registration_ = std::move(registration);
   return absl::OkStatus();
 }
 
-void Client::WorkerLoop() {
-  while (true) {
-    {
-      absl::MutexLock lock(&worker_mu_);
-      if (worker_mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200))) {
-        return;
-      }
-      if (!worker_lost_) continue;
-    }
-    // etcd was unreachable for longer than the lease: register again (the
-    // registration is only a heartbeat; training does not depend on it).
-    RegisterWorker().IgnoreError();
-  }
+int Client::worker_registrations() const {
+  return worker_registration_ == nullptr ? 0 : worker_registration_->registrations();
+}
+
+int Client::worker_leases_lost() const {
+  return worker_registration_ == nullptr ? 0 : worker_registration_->leases_lost();
 }
 
 void Client::OnServerChanged(int server, const std::string& address) {

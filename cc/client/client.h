@@ -79,7 +79,7 @@
 namespace pserver {
 
 class EtcdClient;
-class LeaseKeeper;
+class LeasedKey;
 class Watcher;
 
 struct ClientOptions {
@@ -229,8 +229,8 @@ class Client {
   const std::string& worker_id() const { return worker_id_; }
   // Registrations of this trainer so far (more than 1 after its lease was
   // lost and it registered again), and leases lost.
-  int worker_registrations() const { return worker_registrations_.load(); }
-  int worker_leases_lost() const { return worker_leases_lost_.load(); }
+  int worker_registrations() const;
+  int worker_leases_lost() const;
   // Requests retried, and transports replaced by the etcd watch (a server
   // registered again), so far.
   uint64_t retries() const { return retries_.load(); }
@@ -315,9 +315,9 @@ class Client {
   // etcd: finds the servers, watches them, registers the trainer.
   absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);
   void OnServerChanged(int server, const std::string& address);
-  // Grants a worker lease, keeps it alive and puts /workers/<id> under it.
-  absl::Status RegisterWorker();
-  void WorkerLoop();
+  // Puts /workers/<worker_id_> = `worker_json` under a lease kept alive,
+  // and registered again whenever the lease is lost.
+  absl::Status RegisterWorker(std::string worker_json);
 
   // When a call started now with `call` must end: the earlier of the
   // client's timeout and the call's deadline.
@@ -376,16 +376,8 @@ class Client {
 
   // etcd discovery (null without). Destroyed watcher first, etcd last.
   std::unique_ptr<EtcdClient> etcd_;
-  absl::Mutex worker_mu_;
-  std::unique_ptr<LeaseKeeper> worker_keeper_ ABSL_GUARDED_BY(worker_mu_);
-  int64_t worker_lease_ ABSL_GUARDED_BY(worker_mu_) = 0;
-  bool worker_lost_ ABSL_GUARDED_BY(worker_mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(worker_mu_) = false;
   std::string worker_id_;
-  std::string worker_json_;
-  std::atomic<int> worker_registrations_{0};
-  std::atomic<int> worker_leases_lost_{0};
-  std::thread worker_thread_;  // re-registers the trainer when its lease is lost
+  std::unique_ptr<LeasedKey> worker_registration_;  // /workers/<worker_id_>
   std::unique_ptr<Watcher> watcher_;
 
   mutable absl::Mutex layouts_mu_;

@@ -20,6 +20,8 @@
 #include "cc/cuda/device.h"
 #include "cc/cuda/device_storage.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
+#include "cc/etcd/leased_key.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/checkpoint_schedule.h"
 #include "cc/server/listener.h"
@@ -31,8 +33,7 @@
 namespace pserver {
 namespace {
 
-std::string ServerKey(uint32_t index) { return absl::StrCat("/ps/", index); }
-std::string CheckpointKey(uint32_t index) { return absl::StrCat("/checkpoints/", index); }
+using etcd_keys::CheckpointKey;
 
 v1::CheckpointRecord RecordOf(const CheckpointInfo& info, const std::string& address) {
   v1::CheckpointRecord record;
@@ -166,7 +167,7 @@ StoreOptions Server::MakeStoreOptions(std::optional<int> device) {
 }
 
 void Server::Log(const std::string& message) const {
-  if (etcd_ != nullptr && registrations_.load() == 0) {
+  if (etcd_ != nullptr && registrations() == 0) {
     std::fprintf(stderr, "pserver (no index yet): %s\n", message.c_str());
     std::fflush(stderr);
     return;
@@ -284,9 +285,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.checkpoint_dir.empty() && options.checkpoint_interval > absl::ZeroDuration()) {
     server->checkpoint_thread_ = std::thread([raw] { raw->CheckpointLoop(); });
   }
-  if (server->etcd_ != nullptr) {
-    server->registry_thread_ = std::thread([raw] { raw->RegistryLoop(); });
-  }
+  if (server->registration_ != nullptr) server->registration_->KeepRegistered();
   server->sweep_thread_ = std::thread([raw] { raw->SweepLoop(); });
   return server;
 }
@@ -296,7 +295,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 absl::Status Server::Register() {
   EtcdClientOptions etcd_options;
   etcd_options.endpoints = options_.etcd_endpoints;
-  etcd_options.prefix = absl::StrCat("/pserver/", options_.cluster);
+  etcd_options.prefix = etcd_keys::ClusterPrefix(options_.cluster);
   PS_ASSIGN_OR_RETURN(etcd_, EtcdClient::Connect(etcd_options));
   const absl::Time deadline = absl::Now() + options_.register_timeout;
   // etcd may still be starting: retry every call until the deadline.
@@ -312,22 +311,23 @@ absl::Status Server::Register() {
     }
   };
 
+  const std::string desired_key = etcd_keys::DesiredKey();
   if (options_.num_servers > 0) {
     PS_RETURN_IF_ERROR(until_deadline([&] {
-                         return etcd_->PutIfAbsent("/ps_desired",
+                         return etcd_->PutIfAbsent(desired_key,
                                                    absl::StrCat(options_.num_servers));
                        }).status());
   }
-  absl::StatusOr<KeyValue> desired_kv = until_deadline([&] { return etcd_->Get("/ps_desired"); });
+  absl::StatusOr<KeyValue> desired_kv = until_deadline([&] { return etcd_->Get(desired_key); });
   if (absl::IsNotFound(desired_kv.status())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "etcd ", etcd_options.prefix, "/ps_desired is not set; start with --num_servers"));
+        "etcd ", etcd_options.prefix, desired_key, " is not set; start with --num_servers"));
   }
   PS_RETURN_IF_ERROR(desired_kv.status());
   uint32_t desired = 0;
   if (!absl::SimpleAtoi(desired_kv->value, &desired) || desired == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("etcd ", etcd_options.prefix,
-                                                      "/ps_desired holds '", desired_kv->value,
+    return absl::FailedPreconditionError(absl::StrCat("etcd ", etcd_options.prefix, desired_key,
+                                                      " holds '", desired_kv->value,
                                                       "', not a server count"));
   }
   // Reported at once: waiting would mean waiting for an index that never
@@ -335,54 +335,49 @@ absl::Status Server::Register() {
   if (options_.num_servers > 0 && desired != options_.num_servers) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--num_servers=", options_.num_servers, " disagrees with etcd ", etcd_options.prefix,
-        "/ps_desired = ", desired, "; start with --num_servers=", desired,
+        desired_key, " = ", desired, "; start with --num_servers=", desired,
         " (or without it), or change the desired count first (psctl desired)"));
   }
   num_servers_ = desired;
 
-  PS_ASSIGN_OR_RETURN(int64_t lease,
-                      until_deadline([&] { return etcd_->Grant(options_.lease_ttl); }));
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<LeaseKeeper> keeper,
-                      etcd_->KeepAlive(lease, [this](const absl::Status&) {
-                        leases_lost_.fetch_add(1);
-                        absl::MutexLock lock(&registry_mu_);
-                        lease_lost_ = true;
+  LeasedKeyOptions lease_options;
+  lease_options.value = address_;
+  lease_options.ttl = options_.lease_ttl;
+  lease_options.ownership = LeasedKeyOptions::Ownership::kExclusive;
+  lease_options.log = [this](const std::string& message) { Log(message); };
+  PS_ASSIGN_OR_RETURN(registration_, until_deadline([&] {
+                        return LeasedKey::Grant(etcd_.get(), lease_options);
                       }));
-  {
-    absl::MutexLock lock(&registry_mu_);
-    keeper_ = std::move(keeper);
-    lease_ = lease;
-  }
   // The lowest free index; when all are taken (a killed server's lease has
   // not expired yet), look again until one frees up.
   bool waiting_logged = false;
   while (true) {
     absl::StatusOr<std::vector<KeyValue>> taken =
-        until_deadline([&] { return etcd_->GetPrefix("/ps/"); });
+        until_deadline([&] { return etcd_->GetPrefix(etcd_keys::ServersPrefix()); });
     PS_RETURN_IF_ERROR(taken.status());
     std::vector<bool> used(desired, false);
     for (const KeyValue& kv : *taken) {
-      uint32_t i = 0;
-      if (absl::SimpleAtoi(absl::string_view(kv.key).substr(4), &i) && i < desired) used[i] = true;
+      absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(kv.key);
+      if (i.ok() && *i < desired) used[*i] = true;
     }
     for (uint32_t i = 0; i < desired; ++i) {
       if (used[i]) continue;
-      absl::StatusOr<bool> claimed =
-          until_deadline([&] { return etcd_->PutIfAbsent(ServerKey(i), address_, lease); });
+      const std::string key = etcd_keys::ServerKey(i);
+      absl::StatusOr<bool> claimed = until_deadline([&] { return registration_->Claim(key); });
       PS_RETURN_IF_ERROR(claimed.status());
       if (*claimed) {
         index_ = i;
-        registrations_.fetch_add(1);
-        Log(absl::StrCat("claimed index ", i, " of ", desired, " at ", etcd_options.prefix,
-                         ServerKey(i), " (lease ", lease, ")"));
+        Log(absl::StrCat("claimed index ", i, " of ", desired, " at ", etcd_options.prefix, key,
+                         " (lease ", registration_->lease(), ")"));
         return absl::OkStatus();
       }
     }
     if (StopRequested()) return StoppedWhileStarting();
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("all ", desired, " server indices in etcd ", etcd_options.prefix,
-                       "/ps/ stayed taken for ", absl::FormatDuration(options_.register_timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "all ", desired, " server indices in etcd ", etcd_options.prefix,
+          etcd_keys::ServersPrefix(), " stayed taken for ",
+          absl::FormatDuration(options_.register_timeout)));
     }
     if (!waiting_logged) {
       Log(absl::StrCat("all ", desired, " indices are taken; waiting for one to free up"));
@@ -400,85 +395,26 @@ void Server::PauseUnlessStopped(absl::Duration pause) const {
   }
 }
 
-absl::Status Server::Reregister() {
-  PS_ASSIGN_OR_RETURN(int64_t lease, etcd_->Grant(options_.lease_ttl));
-  absl::StatusOr<std::unique_ptr<LeaseKeeper>> keeper =
-      etcd_->KeepAlive(lease, [this](const absl::Status&) {
-        leases_lost_.fetch_add(1);
-        absl::MutexLock lock(&registry_mu_);
-        lease_lost_ = true;
-      });
-  auto give_up = [&](absl::Status status) {
-    etcd_->Revoke(lease).IgnoreError();
-    return status;
-  };
-  if (!keeper.ok()) return give_up(keeper.status());
-  const std::string key = ServerKey(index_);
-  absl::StatusOr<bool> claimed = etcd_->PutIfAbsent(key, address_, lease);
-  if (!claimed.ok()) return give_up(claimed.status());
-  if (!*claimed) {
-    // Still held: by our own old lease (etcd restarted and restored it), or
-    // by someone else.
-    absl::StatusOr<TxnResult> retaken =
-        etcd_->Txn({Compare::ValueEquals(key, address_)}, {TxnOp::Put(key, address_, lease)});
-    if (!retaken.ok()) return give_up(retaken.status());
-    if (!retaken->succeeded) {
-      return give_up(absl::FailedPreconditionError(
-          absl::StrCat("index ", index_, " is held by another server")));
-    }
-  }
-  std::unique_ptr<LeaseKeeper> old_keeper;
-  int64_t old_lease = 0;
-  {
-    absl::MutexLock lock(&registry_mu_);
-    old_keeper = std::move(keeper_);
-    old_lease = lease_;
-    keeper_ = *std::move(keeper);
-    lease_ = lease;
-    lease_lost_ = false;
-  }
-  old_keeper.reset();
-  // The key is under the new lease now; the old one (if etcd still has it)
-  // holds nothing of ours.
-  if (old_lease != 0) etcd_->Revoke(old_lease).IgnoreError();
-  registrations_.fetch_add(1);
-  Log(absl::StrCat("re-registered at ", ServerKey(index_), " (lease ", lease, ")"));
-  return absl::OkStatus();
+int Server::registrations() const {
+  return registration_ == nullptr ? 0 : registration_->registrations();
 }
 
-int64_t Server::lease() const {
-  absl::MutexLock lock(&registry_mu_);
-  return lease_;
+int Server::leases_lost() const {
+  return registration_ == nullptr ? 0 : registration_->leases_lost();
 }
 
-void Server::RegistryLoop() {
-  absl::Time last_error_log = absl::InfinitePast();
-  while (true) {
-    {
-      absl::MutexLock lock(&loop_mu_);
-      if (loop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) return;
-    }
-    bool lost;
-    {
-      absl::MutexLock lock(&registry_mu_);
-      lost = lease_lost_ || keeper_ == nullptr || !keeper_->status().ok();
-    }
-    if (!lost) continue;
-    absl::Status status = Reregister();
-    if (!status.ok() && absl::Now() - last_error_log > absl::Seconds(2)) {
-      Log(absl::StrCat("lease lost; re-registering failed (will retry): ", status.ToString()));
-      last_error_log = absl::Now();
-    }
-  }
-}
+int64_t Server::lease() const { return registration_ == nullptr ? 0 : registration_->lease(); }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> Server::ListWorkers() {
-  PS_ASSIGN_OR_RETURN(std::vector<KeyValue> kvs, etcd_->GetPrefix("/workers/"));
+  PS_ASSIGN_OR_RETURN(std::vector<KeyValue> kvs, etcd_->GetPrefix(etcd_keys::WorkersPrefix()));
   std::vector<v1::WorkerInfo> workers;
   for (const KeyValue& kv : kvs) {
     v1::WorkerInfo info;
     if (!FromJson(kv.value, &info).ok()) info.Clear();
-    if (info.id().empty()) info.set_id(kv.key.substr(std::string("/workers/").size()));
+    if (info.id().empty()) {
+      absl::StatusOr<etcd_keys::ParsedKey> key = etcd_keys::Parse(kv.key);
+      if (key.ok()) info.set_id(key->worker_id);
+    }
     workers.push_back(std::move(info));
   }
   return workers;
@@ -728,7 +664,7 @@ void Server::Shutdown(absl::Duration grace) {
     stopping_ = true;
   }
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
-  if (registry_thread_.joinable()) registry_thread_.join();
+  if (registration_ != nullptr) registration_->StopReregistering();
   if (sweep_thread_.joinable()) sweep_thread_.join();
   // Calls waiting on clocks or collectives would hold the shutdown for the
   // whole grace: they fail with UNAVAILABLE now, which clients retry.
@@ -745,19 +681,8 @@ void Server::Shutdown(absl::Duration grace) {
                    : absl::StrCat("final checkpoint failed: ", saved.status().ToString()));
     final_save_status_ = saved.status();
   }
-  if (etcd_ != nullptr) {
-    std::unique_ptr<LeaseKeeper> keeper;
-    int64_t lease = 0;
-    {
-      absl::MutexLock registry_lock(&registry_mu_);
-      keeper = std::move(keeper_);
-      lease = lease_;
-      lease_ = 0;
-    }
-    keeper.reset();
-    // Frees the index at once for a replacement.
-    if (lease != 0) etcd_->Revoke(lease).IgnoreError();
-  }
+  // Frees the index at once for a replacement.
+  if (registration_ != nullptr) registration_->Release();
 }
 
 absl::Status Server::final_save_status() const {

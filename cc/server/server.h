@@ -45,7 +45,7 @@ namespace pserver {
 class ParameterServerService;
 class Listener;
 class EtcdClient;
-class LeaseKeeper;
+class LeasedKey;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -169,8 +169,8 @@ class Server {
   std::optional<CheckpointInfo> loaded_checkpoint() const { return loaded_; }
   // etcd registrations so far (1 after Start; more after re-registering) and
   // leases lost.
-  int registrations() const { return registrations_.load(); }
-  int leases_lost() const { return leases_lost_.load(); }
+  int registrations() const;
+  int leases_lost() const;
   int64_t lease() const;
 
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
@@ -194,9 +194,6 @@ class Server {
   bool StopRequested() const;
   // Sleeps for `pause`, or less when options.stop is notified meanwhile.
   void PauseUnlessStopped(absl::Duration pause) const;
-  // Grants a lease and claims /ps/<index_> under it (retaking it from our
-  // own expired registration).
-  absl::Status Reregister();
   // Loads the shard's checkpoint into the store.
   absl::Status LoadShard();
   // The published record's checkpoint, if etcd has one this server may trust
@@ -216,7 +213,6 @@ class Server {
   // also while no request comes.
   void SweepLoop();
   static constexpr absl::Duration kSweepInterval = absl::Seconds(1);
-  void RegistryLoop();
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
   void Log(const std::string& message) const;
 
@@ -244,17 +240,12 @@ class Server {
   uint64_t next_sequence_ ABSL_GUARDED_BY(save_mu_) = 1;
 
   std::unique_ptr<EtcdClient> etcd_;
-  mutable absl::Mutex registry_mu_;
-  std::unique_ptr<LeaseKeeper> keeper_ ABSL_GUARDED_BY(registry_mu_);
-  int64_t lease_ ABSL_GUARDED_BY(registry_mu_) = 0;
-  bool lease_lost_ ABSL_GUARDED_BY(registry_mu_) = false;
-  std::atomic<int> registrations_{0};
-  std::atomic<int> leases_lost_{0};
+  // /ps/<index_> under a lease, re-registered when the lease is lost.
+  std::unique_ptr<LeasedKey> registration_;
 
   absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread checkpoint_thread_;
-  std::thread registry_thread_;
   std::thread sweep_thread_;
 };
 

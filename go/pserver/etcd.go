@@ -8,6 +8,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 )
@@ -140,4 +142,122 @@ func (et *Etcd) Delete(ctx context.Context, key string) error {
 		return fmt.Errorf("pserver: etcd delete %q: %w", key, err)
 	}
 	return nil
+}
+
+// EtcdKeys spells the etcd keys of one cluster exactly as the servers and
+// trainers write them (the layout is defined once, in the C ABI's
+// pserver_etcd_key): every key of cluster C starts with "/pserver/C/".
+//
+//	keys := pserver.Keys("default")
+//	kvs, err := etcd.GetPrefix(ctx, keys.Prefix())
+//	for _, kv := range kvs {
+//		if k, err := keys.Parse(kv.Key); err == nil && k.Kind == pserver.KeyServer {
+//			fmt.Println(k.Index, string(kv.Value))
+//		}
+//	}
+type EtcdKeys struct{ cluster string }
+
+// Keys is the key layout of cluster.
+func Keys(cluster string) EtcdKeys { return EtcdKeys{cluster: cluster} }
+
+// KeyKind is what a key of the layout names.
+type KeyKind int
+
+const (
+	KeyDesired    KeyKind = C.PSERVER_ETCD_KEY_DESIRED    // the desired server count
+	KeyServer     KeyKind = C.PSERVER_ETCD_KEY_SERVER     // a server's address, under its lease
+	KeyCheckpoint KeyKind = C.PSERVER_ETCD_KEY_CHECKPOINT // a shard's newest good checkpoint (JSON)
+	KeyWorker     KeyKind = C.PSERVER_ETCD_KEY_WORKER     // a trainer's registration (JSON)
+)
+
+// EtcdKey is a parsed key: its kind, the index of a server or checkpoint
+// key, the id of a worker key.
+type EtcdKey struct {
+	Kind     KeyKind
+	Index    int
+	WorkerID string
+}
+
+// Prefix is "/pserver/<cluster>/", the prefix of every key of the cluster.
+func (k EtcdKeys) Prefix() string { return k.fixed(C.PSERVER_ETCD_KEY_CLUSTER) }
+
+// Desired is the key of the desired server count.
+func (k EtcdKeys) Desired() string { return k.fixed(C.PSERVER_ETCD_KEY_DESIRED) }
+
+// Servers is the prefix of the server keys.
+func (k EtcdKeys) Servers() string { return k.fixed(C.PSERVER_ETCD_KEY_SERVERS) }
+
+// Server is server index's key.
+func (k EtcdKeys) Server(index uint32) string {
+	return k.fixed(C.PSERVER_ETCD_KEY_SERVER, strconv.FormatUint(uint64(index), 10))
+}
+
+// Checkpoints is the prefix of the checkpoint records.
+func (k EtcdKeys) Checkpoints() string { return k.fixed(C.PSERVER_ETCD_KEY_CHECKPOINTS) }
+
+// Checkpoint is the key of shard's newest good checkpoint record.
+func (k EtcdKeys) Checkpoint(shard uint32) string {
+	return k.fixed(C.PSERVER_ETCD_KEY_CHECKPOINT, strconv.FormatUint(uint64(shard), 10))
+}
+
+// Workers is the prefix of the trainer registrations.
+func (k EtcdKeys) Workers() string { return k.fixed(C.PSERVER_ETCD_KEY_WORKERS) }
+
+// Worker is trainer id's registration key; ErrInvalidArgument for an empty id.
+func (k EtcdKeys) Worker(id string) (string, error) {
+	return k.key(C.PSERVER_ETCD_KEY_WORKER, id)
+}
+
+// Parse is the kind and argument of key, a full key of the cluster;
+// ErrInvalidArgument, naming it, for a key outside the layout or the cluster.
+func (k EtcdKeys) Parse(key string) (EtcdKey, error) {
+	cc, ck := C.CString(k.cluster), C.CString(key)
+	defer C.free(unsafe.Pointer(cc))
+	defer C.free(unsafe.Pointer(ck))
+	arg := make([]byte, len(key)+1)
+	var kind C.int32_t
+	err := cCall(func(st *C.pserver_status_t) {
+		kind = C.pserver_etcd_key_parse(cc, ck, (*C.char)(unsafe.Pointer(&arg[0])), C.size_t(len(arg)), st)
+	})
+	if err != nil {
+		return EtcdKey{}, fmt.Errorf("pserver: etcd key: %w", err)
+	}
+	parsed := EtcdKey{Kind: KeyKind(kind)}
+	text := C.GoString((*C.char)(unsafe.Pointer(&arg[0])))
+	switch parsed.Kind {
+	case KeyServer, KeyCheckpoint:
+		index, err := strconv.ParseUint(text, 10, 32)
+		if err != nil {
+			return EtcdKey{}, invalidArgument("pserver: etcd key %q: index %q: %v", key, text, err)
+		}
+		parsed.Index = int(index)
+	case KeyWorker:
+		parsed.WorkerID = text
+	}
+	return parsed, nil
+}
+
+// fixed is a key that cannot be refused (a known kind, a valid argument).
+func (k EtcdKeys) fixed(kind C.int32_t, arg ...string) string {
+	key, err := k.key(kind, strings.Join(arg, ""))
+	if err != nil {
+		panic(err) // unreachable: only out of memory fails here
+	}
+	return key
+}
+
+// key is the full key of kind with arg, from pserver_etcd_key.
+func (k EtcdKeys) key(kind C.int32_t, arg string) (string, error) {
+	cc, ca := C.CString(k.cluster), C.CString(arg)
+	defer C.free(unsafe.Pointer(cc))
+	defer C.free(unsafe.Pointer(ca))
+	buf := make([]byte, len(k.cluster)+len(arg)+32)
+	var n C.size_t
+	err := cCall(func(st *C.pserver_status_t) {
+		n = C.pserver_etcd_key(kind, cc, ca, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), st)
+	})
+	if err != nil {
+		return "", fmt.Errorf("pserver: etcd key: %w", err)
+	}
+	return string(buf[:n]), nil
 }

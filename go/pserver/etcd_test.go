@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -143,7 +144,8 @@ func TestNewClientFromEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	for k, v := range map[string]string{"/pserver/go/ps_desired": "1", "/pserver/go/ps/0": srv.Address()} {
+	keys := pserver.Keys("go")
+	for k, v := range map[string]string{keys.Desired(): "1", keys.Server(0): srv.Address()} {
 		if err := e.Put(ctx, k, []byte(v)); err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +172,7 @@ func TestNewClientFromEtcd(t *testing.T) {
 		t.Fatalf("get: %v %v", w, err)
 	}
 	// The trainer registered itself under /workers/.
-	if kvs, err := e.GetPrefix(ctx, "/pserver/go/workers/"); err != nil || len(kvs) != 1 {
+	if kvs, err := e.GetPrefix(ctx, keys.Workers()); err != nil || len(kvs) != 1 {
 		t.Fatalf("workers: %q %v", kvs, err)
 	}
 	// A cluster nobody registers for: NewClient gives up at ctx's deadline.
@@ -185,5 +187,46 @@ func TestNewClientFromEtcd(t *testing.T) {
 	}
 	if _, err := pserver.NewClient(ctx, pserver.Options{Etcd: endpoint, Servers: []string{"127.0.0.1:1"}}); !errors.Is(err, pserver.ErrInvalidArgument) {
 		t.Fatalf("both: %v", err)
+	}
+}
+
+// The key layout as the servers write it, with no etcd needed.
+func TestEtcdKeyLayout(t *testing.T) {
+	keys := pserver.Keys("job")
+	worker, err := keys.Worker("trainer-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for got, want := range map[string]string{
+		keys.Prefix():       "/pserver/job/",
+		keys.Desired():      "/pserver/job/ps_desired",
+		keys.Servers():      "/pserver/job/ps/",
+		keys.Server(3):      "/pserver/job/ps/3",
+		keys.Checkpoints():  "/pserver/job/checkpoints/",
+		keys.Checkpoint(12): "/pserver/job/checkpoints/12",
+		keys.Workers():      "/pserver/job/workers/",
+		worker:              "/pserver/job/workers/trainer-7",
+	} {
+		if got != want {
+			t.Errorf("key %q, want %q", got, want)
+		}
+	}
+	if _, err := keys.Worker(""); !errors.Is(err, pserver.ErrInvalidArgument) || !strings.Contains(err.Error(), "worker id") {
+		t.Errorf("empty worker id: %v", err)
+	}
+	for key, want := range map[string]pserver.EtcdKey{
+		keys.Desired():     {Kind: pserver.KeyDesired},
+		keys.Server(7):     {Kind: pserver.KeyServer, Index: 7},
+		keys.Checkpoint(0): {Kind: pserver.KeyCheckpoint},
+		worker:             {Kind: pserver.KeyWorker, WorkerID: "trainer-7"},
+	} {
+		if got, err := keys.Parse(key); err != nil || got != want {
+			t.Errorf("parse %q: %+v %v, want %+v", key, got, err, want)
+		}
+	}
+	for _, key := range []string{"/pserver/job/ps/x", "/pserver/job/ps/03", "/pserver/other/ps/1", "/pserver/job/other", ""} {
+		if _, err := keys.Parse(key); !errors.Is(err, pserver.ErrInvalidArgument) {
+			t.Errorf("parse %q: %v, want an invalid argument", key, err)
+		}
 	}
 }

@@ -28,12 +28,13 @@ from ._errors import (Aborted, AlreadyExists, AlreadyInitialized, Cancelled, Clo
 from ._core import (DTYPES, CheckpointReader, Client, Etcd, LocalCluster, Server,
                     param_config_text, read_checkpoint, version)
 from ._tables import Group, KvWorker, Table
+from ._keys import EtcdKey, EtcdKeys
 
 __version__ = version()
 
 __all__ = [
     "Client", "Server", "LocalCluster", "CheckpointReader", "read_checkpoint",
-    "Etcd", "Table", "KvWorker", "Group", "param_config_text", "version", "DTYPES", "error_from_status",
+    "Etcd", "EtcdKeys", "EtcdKey", "Table", "KvWorker", "Group", "param_config_text", "version", "DTYPES", "error_from_status",
     "Error", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
     "AlreadyInitialized", "AlreadyExists", "PermissionDenied", "ResourceExhausted",
     "FailedPrecondition", "Uninitialized", "Closed", "Aborted", "OutOfRange",

@@ -24,8 +24,6 @@ func newEtcd(endpoints []string, timeout time.Duration) (*etcd, error) {
 
 func (e *etcd) Close() error { return e.c.Close() }
 
-func clusterPrefix(cluster string) string { return "/pserver/" + cluster + "/" }
-
 type kv struct{ key, value string }
 
 // rangePrefix is every key under prefix, sorted by key.

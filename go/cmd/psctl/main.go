@@ -161,7 +161,7 @@ func cmdDesired(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer e.Close()
-	key := clusterPrefix(*cluster) + "ps_desired"
+	key := pserver.Keys(*cluster).Desired()
 	if err := e.put(ctx, key, fmt.Sprint(n)); err != nil {
 		return err
 	}

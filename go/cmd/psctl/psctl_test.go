@@ -274,7 +274,11 @@ func TestLocalWithEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if err := e.put(ctx, "/pserver/t/workers/trainer-7",
+	worker, err := pserver.Keys("t").Worker("trainer-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.put(ctx, worker,
 		`{"id":"trainer-7","host":"box","pid":"4242","startTimeMicros":"1795336322451475"}`); err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"sort"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -68,8 +67,8 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 }
 
 func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) error {
-	prefix := clusterPrefix(cluster)
-	kvs, err := e.rangePrefix(ctx, prefix)
+	keys := pserver.Keys(cluster)
+	kvs, err := e.rangePrefix(ctx, keys.Prefix())
 	if err != nil {
 		return err
 	}
@@ -78,20 +77,21 @@ func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) 
 	checkpoints := map[int]checkpointRecord{}
 	var workers []workerInfo
 	for _, kv := range kvs {
-		key := strings.TrimPrefix(kv.key, prefix)
-		switch {
-		case key == "ps_desired":
+		key, err := keys.Parse(kv.key)
+		if err != nil {
+			continue // not of the layout: not pserver's
+		}
+		switch key.Kind {
+		case pserver.KeyDesired:
 			desired = kv.value
-		case strings.HasPrefix(key, "ps/"):
-			if i, err := strconv.Atoi(strings.TrimPrefix(key, "ps/")); err == nil {
-				servers[i] = kv.value
-			}
-		case strings.HasPrefix(key, "checkpoints/"):
+		case pserver.KeyServer:
+			servers[key.Index] = kv.value
+		case pserver.KeyCheckpoint:
 			var rec checkpointRecord
-			if i, err := strconv.Atoi(strings.TrimPrefix(key, "checkpoints/")); err == nil && json.Unmarshal([]byte(kv.value), &rec) == nil {
-				checkpoints[i] = rec
+			if json.Unmarshal([]byte(kv.value), &rec) == nil {
+				checkpoints[key.Index] = rec
 			}
-		case strings.HasPrefix(key, "workers/"):
+		case pserver.KeyWorker:
 			var w workerInfo
 			if json.Unmarshal([]byte(kv.value), &w) == nil {
 				workers = append(workers, w)

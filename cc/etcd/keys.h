@@ -1,0 +1,75 @@
+// The etcd key layout of a pserver cluster, defined once. Every key of a
+// cluster lives under ClusterPrefix(cluster) ("/pserver/<cluster>"), which is
+// what EtcdClientOptions::prefix is set to; the other functions give keys
+// relative to it:
+//
+//   /ps_desired          the desired server count (decimal)
+//   /ps/<index>          server <index>'s "host:port", under its lease
+//   /checkpoints/<shard> the newest good checkpoint of a shard (JSON record)
+//   /workers/<id>        a trainer's registration (JSON), under its lease
+//
+//   EtcdClientOptions options;
+//   options.prefix = etcd_keys::ClusterPrefix("demo");   // "/pserver/demo"
+//   etcd->Put(etcd_keys::ServerKey(3), "10.0.0.1:7000", lease);  // "/ps/3"
+//   absl::StatusOr<etcd_keys::ParsedKey> parsed = etcd_keys::Parse(kv.key);
+//
+// Indices are written in canonical decimal (no sign, no leading zeros);
+// Parse accepts only that form, so a key has one spelling. Cluster names and
+// worker ids are used as given.
+//
+// Thread safety: plain functions of their arguments.
+#ifndef PSERVER_CC_ETCD_KEYS_H_
+#define PSERVER_CC_ETCD_KEYS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pserver {
+namespace etcd_keys {
+
+// "/pserver/<cluster>": the prefix every key of `cluster` lives under
+// (without a trailing '/', as EtcdClientOptions::prefix wants it).
+std::string ClusterPrefix(absl::string_view cluster);
+
+// Keys relative to ClusterPrefix.
+std::string DesiredKey();          // "/ps_desired"
+std::string ServersPrefix();       // "/ps/"
+std::string ServerKey(uint32_t index);  // "/ps/<index>"
+std::string CheckpointsPrefix();   // "/checkpoints/"
+std::string CheckpointKey(uint32_t shard);  // "/checkpoints/<shard>"
+std::string WorkersPrefix();       // "/workers/"
+std::string WorkerKey(absl::string_view id);  // "/workers/<id>"
+
+// What a relative key names.
+enum class KeyKind {
+  kDesired,
+  kServer,
+  kCheckpoint,
+  kWorker,
+};
+
+struct ParsedKey {
+  KeyKind kind = KeyKind::kDesired;
+  uint32_t index = 0;     // kServer: the server index; kCheckpoint: the shard
+  std::string worker_id;  // kWorker
+};
+
+// The kind and argument of a key relative to ClusterPrefix. INVALID_ARGUMENT,
+// naming the key, for one that is not of the layout: another name, an index
+// that is not canonical decimal below 2^32, an empty worker id.
+absl::StatusOr<ParsedKey> Parse(absl::string_view key);
+
+// An index in canonical decimal ("3" -> 3); INVALID_ARGUMENT for "03", "+3",
+// "x" or one not below 2^32.
+absl::StatusOr<uint32_t> ParseIndex(absl::string_view text);
+
+// The index of a server key ("/ps/3" -> 3); INVALID_ARGUMENT for any other key.
+absl::StatusOr<uint32_t> ParseServerKey(absl::string_view key);
+
+}  // namespace etcd_keys
+}  // namespace pserver
+
+#endif  // PSERVER_CC_ETCD_KEYS_H_

@@ -1,0 +1,71 @@
+#include "cc/etcd/keys.h"
+
+#include "absl/strings/str_cat.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace etcd_keys {
+namespace {
+
+using ::pserver::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(KeysTest, Layout) {
+  EXPECT_EQ(ClusterPrefix("job"), "/pserver/job");
+  EXPECT_EQ(DesiredKey(), "/ps_desired");
+  EXPECT_EQ(ServersPrefix(), "/ps/");
+  EXPECT_EQ(ServerKey(0), "/ps/0");
+  EXPECT_EQ(ServerKey(4294967295u), "/ps/4294967295");
+  EXPECT_EQ(CheckpointsPrefix(), "/checkpoints/");
+  EXPECT_EQ(CheckpointKey(12), "/checkpoints/12");
+  EXPECT_EQ(WorkersPrefix(), "/workers/");
+  EXPECT_EQ(WorkerKey("trainer-7"), "/workers/trainer-7");
+}
+
+TEST(KeysTest, ParseGivesBackWhatTheLayoutWrote) {
+  ASSERT_OK_AND_ASSIGN(ParsedKey desired, Parse(DesiredKey()));
+  EXPECT_EQ(desired.kind, KeyKind::kDesired);
+  ASSERT_OK_AND_ASSIGN(ParsedKey server, Parse(ServerKey(17)));
+  EXPECT_EQ(server.kind, KeyKind::kServer);
+  EXPECT_EQ(server.index, 17u);
+  ASSERT_OK_AND_ASSIGN(ParsedKey checkpoint, Parse(CheckpointKey(0)));
+  EXPECT_EQ(checkpoint.kind, KeyKind::kCheckpoint);
+  EXPECT_EQ(checkpoint.index, 0u);
+  ASSERT_OK_AND_ASSIGN(ParsedKey worker, Parse(WorkerKey("a/b c")));
+  EXPECT_EQ(worker.kind, KeyKind::kWorker);
+  EXPECT_EQ(worker.worker_id, "a/b c");
+  ASSERT_OK_AND_ASSIGN(uint32_t index, ParseServerKey(ServerKey(4294967295u)));
+  EXPECT_EQ(index, 4294967295u);
+}
+
+TEST(KeysTest, ParseRefusesKeysOutsideTheLayoutNamingThem) {
+  for (const char* key : {"/ps/", "/ps/x", "/ps/-1", "/ps/+1", "/ps/ 1", "/ps/01", "/ps/1/",
+                          "/ps/4294967296", "/checkpoints/", "/checkpoints/0x1", "/workers/",
+                          "/ps_desired/", "/other", "", "ps/0"}) {
+    EXPECT_THAT(Parse(key), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr(absl::StrCat("'", key, "'"))))
+        << key;
+  }
+  EXPECT_THAT(ParseServerKey("/checkpoints/0"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/ps/<index>")));
+  EXPECT_THAT(ParseServerKey("/ps/9999999999"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("below 2^32")));
+}
+
+TEST(KeysTest, ParseIndexTakesCanonicalDecimalOnly) {
+  ASSERT_OK_AND_ASSIGN(uint32_t zero, ParseIndex("0"));
+  EXPECT_EQ(zero, 0u);
+  ASSERT_OK_AND_ASSIGN(uint32_t big, ParseIndex("4294967295"));
+  EXPECT_EQ(big, 4294967295u);
+  for (const char* text : {"", "00", "07", "+7", "-7", " 7", "7 ", "0x7", "4294967296"}) {
+    EXPECT_THAT(ParseIndex(text), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr(absl::StrCat("'", text, "'"))))
+        << text;
+  }
+}
+
+}  // namespace
+}  // namespace etcd_keys
+}  // namespace pserver
