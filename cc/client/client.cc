@@ -557,10 +557,11 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
                              static_cast<uint32_t>(blocks.size()),
                              config.clipping().clip_norm() > 0, config.non_finite()});
   }
+  std::vector<v1::InitParamResponse> responses(requests.size());
   PS_RETURN_IF_ERROR(RunWithRetries(
       requests.size(), [&](size_t i) { return servers[i]; },
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.InitParam(requests[i], deadline, std::move(done));
+        t.Call("InitParam", requests[i], &responses[i], deadline, std::move(done));
       },
       deadline));
   for (size_t i = 0; i < params.size(); ++i) RememberLayout(*params[i].name, layouts[i]);
@@ -569,20 +570,23 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
 
 absl::Status Client::FinishInitParams(const CallOptions& call) {
   const Cancellation::Scope cancel_scope(call.cancel);
+  const v1::FinishInitParamsRequest request;
+  std::vector<v1::FinishInitParamsResponse> responses(num_servers());
   return RunOnEveryServer(
-      [](size_t, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.FinishInitParams(deadline, std::move(done));
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        t.Call("FinishInitParams", request, &responses[i], deadline, std::move(done));
       },
       Deadline(call));
 }
 
 absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions& call) {
   const Cancellation::Scope cancel_scope(call.cancel);
+  const v1::GetStatsRequest request;
   std::vector<v1::GetStatsResponse> responses(num_servers());
   PS_RETURN_IF_ERROR(RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         responses[i].Clear();
-        t.GetStats(&responses[i], deadline, std::move(done));
+        t.Call("GetStats", request, &responses[i], deadline, std::move(done));
       },
       Deadline(call)));
   std::vector<v1::ServerStats> out;
@@ -654,7 +658,7 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         Exchange& x = exchanges[i];
         if (x.refs.empty()) {
-          t.PushWithId(ids[i], x.grads, deadline, std::move(done), trace);
+          t.Push(ids[i], x.grads, deadline, std::move(done), trace);
           return;
         }
         // Blocks come back in request order; the sink runs them one at a
@@ -671,8 +675,7 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
         if (x.grads.empty()) {
           t.Pull(x.refs, std::move(sink), deadline, std::move(done), trace);
         } else {
-          t.PushPullWithId(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done),
-                           trace);
+          t.PushPull(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done), trace);
         }
       },
       deadline, trace);

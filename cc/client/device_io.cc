@@ -418,7 +418,7 @@ absl::Status DeviceIo::ExchangeChunk(const std::string& name, const Client::Layo
       [&](size_t i, Transport& t, absl::Time attempt_deadline, Transport::Done done) {
         Request& r = requests[i];
         if (r.refs.empty()) {
-          t.PushWithId(r.id, r.grads, attempt_deadline, std::move(done), trace);
+          t.Push(r.id, r.grads, attempt_deadline, std::move(done), trace);
           return;
         }
         // Blocks come back in request order; a retry starts over.
@@ -444,8 +444,8 @@ absl::Status DeviceIo::ExchangeChunk(const std::string& name, const Client::Layo
         if (r.grads.empty()) {
           t.Pull(r.refs, std::move(sink), attempt_deadline, std::move(done), trace);
         } else {
-          t.PushPullWithId(r.id, r.grads, r.refs, std::move(sink), attempt_deadline,
-                           std::move(done), trace);
+          t.PushPull(r.id, r.grads, r.refs, std::move(sink), attempt_deadline, std::move(done),
+                     trace);
         }
       },
       deadline, trace);

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/client/placement.h"
 #include "cc/core/status_macros.h"
-#include "cc/core/tables.h"
+#include "cc/core/table_keys.h"
 
 namespace pserver {
 namespace {
@@ -48,7 +48,7 @@ absl::StatusOr<Table> Table::Create(Client& client, std::string name, const v1::
   std::vector<v1::CreateTableResponse> responses(client.num_servers());
   PS_RETURN_IF_ERROR(client.RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.CreateTable(request, &responses[i], deadline, std::move(done));
+        t.Call("CreateTable", request, &responses[i], deadline, std::move(done));
       },
       client.Deadline(call)));
   return Table(&client, std::move(name), config);
@@ -133,7 +133,7 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
   PS_RETURN_IF_ERROR(client_->RunWithRetries(
       split.parts.size(), [&](size_t i) { return split.parts[i].server; },
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.TablePull(requests[i], &responses[i], deadline, std::move(done));
+        t.Call("TablePull", requests[i], &responses[i], deadline, std::move(done));
       },
       client_->Deadline(call), call.trace));
   RecordServerTimes(responses, call.trace);
@@ -189,7 +189,7 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
   PS_RETURN_IF_ERROR(client_->RunWithRetries(
       split.parts.size(), [&](size_t i) { return split.parts[i].server; },
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.TablePush(requests[i], &responses[i], deadline, std::move(done));
+        t.Call("TablePush", requests[i], &responses[i], deadline, std::move(done));
       },
       client_->Deadline(call), call.trace));
   RecordServerTimes(responses, call.trace);
@@ -202,7 +202,7 @@ absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call
   std::vector<v1::TableStatsResponse> responses(client_->num_servers());
   PS_RETURN_IF_ERROR(client_->RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.TableStats(request, &responses[i], deadline, std::move(done));
+        t.Call("TableStats", request, &responses[i], deadline, std::move(done));
       },
       client_->Deadline(call)));
   std::vector<v1::TableStats> stats;
@@ -252,7 +252,7 @@ absl::StatusOr<int64_t> KvWorker::ClockOp(v1::ClockRequest::Op op, const CallOpt
   std::vector<v1::ClockResponse> responses(client.num_servers());
   PS_RETURN_IF_ERROR(client.RunOnEveryServer(
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Clock(request, &responses[i], deadline, std::move(done));
+        t.Call("Clock", request, &responses[i], deadline, std::move(done));
       },
       client.Deadline(call)));
   // Every server keeps the same clock for a worker; a server that restarted
