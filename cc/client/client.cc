@@ -595,6 +595,23 @@ absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions&
   return out;
 }
 
+absl::Status Client::SaveCheckpoint(const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
+  const v1::SaveRequest request;
+  std::vector<v1::SaveResponse> responses(num_servers());
+  return RunOnEveryServer(
+      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        t.Call("Save", request, &responses[i], deadline, std::move(done));
+      },
+      Deadline(call));
+}
+
+absl::StatusOr<ParamLayout> Client::GetLayout(const std::string& name, const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
+  PS_ASSIGN_OR_RETURN(Layout layout, FindOrLearnLayout(name, Deadline(call), call.trace));
+  return ParamLayout{layout.type, layout.shape};
+}
+
 // ---- the bulk path ------------------------------------------------------------------
 
 absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header, const Segments& content,
@@ -778,24 +795,27 @@ absl::StatusOr<Client::Layout> Client::FindOrLearnLayout(const std::string& name
                                                          TraceRecorder* trace) {
   PS_RETURN_IF_ERROR(CheckName(name));
   if (std::optional<Layout> layout = FindLayout(name)) return *layout;
-  // Block 0 (from the home server) carries the layout; its bytes are dropped.
-  std::optional<Layout> learned;
+  // The header of block 0 (from the home server) carries the layout; no
+  // value is read.
   const int home = placement_.HomeServer(name);
-  v1::ParamRef ref;
-  ref.set_name(name);
+  v1::GetParamInfoRequest request;
+  request.set_name(name);
+  v1::GetParamInfoResponse response;
+  std::string address;
   PS_RETURN_IF_ERROR(RunWithRetries(
       1, [home](size_t) { return home; },
       [&](size_t, Transport& t, absl::Time attempt_deadline, Transport::Done done) {
-        Transport::BlockSink sink = [&, address = t.address()](const v1::Parameter& header,
-                                                               const Segments&) {
-          PS_ASSIGN_OR_RETURN(learned, LayoutOf(header, absl::StrCat("parameter '", name,
-                                                                     "' from server ", address)));
-          return absl::OkStatus();
-        };
-        t.Pull(absl::MakeConstSpan(&ref, 1), std::move(sink), attempt_deadline, std::move(done),
-               trace);
+        response.Clear();
+        address = t.address();
+        t.Call("GetParamInfo", request, &response, attempt_deadline, std::move(done));
       },
       deadline, trace));
+  std::optional<Layout> learned;
+  if (response.has_parameter()) {
+    PS_ASSIGN_OR_RETURN(learned, LayoutOf(response.parameter(), absl::StrCat("parameter '", name,
+                                                                             "' from server ",
+                                                                             address)));
+  }
   if (!learned.has_value()) {
     return absl::DataLossError(absl::StrCat("parameter '", name, "': no block came back"));
   }

@@ -89,7 +89,7 @@ absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) c
   }
   // Requests of about max_request_bytes of rows each.
   const size_t per_request =
-      std::max<size_t>(1, client_->options_.max_request_bytes / std::max<size_t>(1, row_bytes()));
+      std::max<size_t>(1, client_->options().max_request_bytes / std::max<size_t>(1, row_bytes()));
   Split split;
   for (int server = 0; server < n; ++server) {
     const std::vector<size_t>& positions = by_server[server];
