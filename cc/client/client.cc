@@ -569,26 +569,15 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
 }
 
 absl::Status Client::FinishInitParams(const CallOptions& call) {
-  const Cancellation::Scope cancel_scope(call.cancel);
-  const v1::FinishInitParamsRequest request;
-  std::vector<v1::FinishInitParamsResponse> responses(num_servers());
-  return RunOnEveryServer(
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Call("FinishInitParams", request, &responses[i], deadline, std::move(done));
-      },
-      Deadline(call));
+  return CallEveryServer<v1::FinishInitParamsResponse>("FinishInitParams",
+                                                       v1::FinishInitParamsRequest(), call)
+      .status();
 }
 
 absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions& call) {
-  const Cancellation::Scope cancel_scope(call.cancel);
-  const v1::GetStatsRequest request;
-  std::vector<v1::GetStatsResponse> responses(num_servers());
-  PS_RETURN_IF_ERROR(RunOnEveryServer(
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        responses[i].Clear();
-        t.Call("GetStats", request, &responses[i], deadline, std::move(done));
-      },
-      Deadline(call)));
+  PS_ASSIGN_OR_RETURN(
+      std::vector<v1::GetStatsResponse> responses,
+      CallEveryServer<v1::GetStatsResponse>("GetStats", v1::GetStatsRequest(), call));
   std::vector<v1::ServerStats> out;
   out.reserve(responses.size());
   for (auto& response : responses) out.push_back(std::move(*response.mutable_stats()));
@@ -596,14 +585,7 @@ absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions&
 }
 
 absl::Status Client::SaveCheckpoint(const CallOptions& call) {
-  const Cancellation::Scope cancel_scope(call.cancel);
-  const v1::SaveRequest request;
-  std::vector<v1::SaveResponse> responses(num_servers());
-  return RunOnEveryServer(
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Call("Save", request, &responses[i], deadline, std::move(done));
-      },
-      Deadline(call));
+  return CallEveryServer<v1::SaveResponse>("Save", v1::SaveRequest(), call).status();
 }
 
 absl::StatusOr<ParamLayout> Client::GetLayout(const std::string& name, const CallOptions& call) {

@@ -276,6 +276,23 @@ class Client {
                               TraceRecorder* trace = nullptr);
   // RunWithRetries with one call per server: i is the server's index.
   absl::Status RunOnEveryServer(const StartCall& start, absl::Time deadline);
+  // Control call `method` (transport.h) with the same `request` to every
+  // server; the answers in index order.
+  template <typename Response>
+  absl::StatusOr<std::vector<Response>> CallEveryServer(absl::string_view method,
+                                                        const google::protobuf::Message& request,
+                                                        const CallOptions& call) {
+    const Cancellation::Scope cancel_scope(call.cancel);
+    std::vector<Response> responses(num_servers());
+    absl::Status status = RunOnEveryServer(
+        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+          responses[i].Clear();
+          t.Call(method, request, &responses[i], deadline, std::move(done));
+        },
+        Deadline(call));
+    if (!status.ok()) return status;
+    return responses;
+  }
   // The next push sequence number for `server` (exactly-once ids).
   uint64_t NextSequence(int server) { return sequences_[server].fetch_add(1) + 1; }
   // When a call started now with `call` must end: the earlier of the

@@ -58,12 +58,7 @@ absl::Status WorkerGroup::ServerBarrier(const CallOptions& call) {
   request.set_generation(++server_barriers_);
   request.set_size(1);
   request.set_participant(participant_);
-  std::vector<v1::BarrierResponse> responses(client_.num_servers());
-  return client_.RunOnEveryServer(
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Call("Barrier", request, &responses[i], deadline, std::move(done));
-      },
-      client_.Deadline(call));
+  return client_.CallEveryServer<v1::BarrierResponse>("Barrier", request, call).status();
 }
 
 absl::Status WorkerGroup::AllReduce(Tensor* tensor, ReduceOp op, const CallOptions& call) {
