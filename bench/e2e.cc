@@ -26,13 +26,13 @@
 #include "absl/time/clock.h"
 #include "ceilings.h"
 #include "cc/client/client.h"
-#include "cc/server/in_process_transport.h"
 #include "cc/client/table.h"
 #include "cc/core/checkpoint.h"
 #include "cc/core/optimizer.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/allocator.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/child_process.h"
 #include "harness.h"
@@ -549,8 +549,8 @@ absl::Status Sparse(Harness& h) {
   for (const auto& [servers, workers] : configs) {
     if (h.quick() && servers > 1) continue;
     PS_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(servers));
-    PS_ASSIGN_OR_RETURN(auto clients, MakeClients(workers, cluster->addresses(),
-                                                  cluster->dispatchers()));
+    PS_ASSIGN_OR_RETURN(auto clients,
+                        MakeClients(workers, cluster->addresses(), cluster->dispatchers()));
     PS_RETURN_IF_ERROR(SparseOps(h, "embedded_", clients, servers, dims, batches));
   }
   h.PrintGroup("sparse");

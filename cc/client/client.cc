@@ -794,9 +794,9 @@ absl::StatusOr<Client::Layout> Client::FindOrLearnLayout(const std::string& name
       deadline, trace));
   std::optional<Layout> learned;
   if (response.has_parameter()) {
-    PS_ASSIGN_OR_RETURN(learned, LayoutOf(response.parameter(), absl::StrCat("parameter '", name,
-                                                                             "' from server ",
-                                                                             address)));
+    PS_ASSIGN_OR_RETURN(learned,
+                        LayoutOf(response.parameter(),
+                                 absl::StrCat("parameter '", name, "' from server ", address)));
   }
   if (!learned.has_value()) {
     return absl::DataLossError(absl::StrCat("parameter '", name, "': no block came back"));

@@ -17,9 +17,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cc/client/client.h"
-#include "cc/server/in_process_transport.h"
 #include "cc/cuda/buffer.h"
 #include "cc/cuda/device.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -136,8 +136,7 @@ class SlowTransport : public Transport {
   void PushPull(const RequestId& id, absl::Span<const GradientView> g,
                 absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time d, Done done,
                 TraceRecorder* t) override {
-    inner_->PushPull(id, g, refs, std::move(sink), d, Slow(std::move(done), g[0].block.index()),
-                     t);
+    inner_->PushPull(id, g, refs, std::move(sink), d, Slow(std::move(done), g[0].block.index()), t);
   }
 
  private:
@@ -205,9 +204,8 @@ class DeviceIoTest : public ::testing::TestWithParam<Via> {
                                     OverlapGate* gate = nullptr) {
     absl::StatusOr<std::unique_ptr<Client>> client;
     if (network_delay <= absl::ZeroDuration() && gate == nullptr) {
-      client = GetParam() == Via::kGrpc
-                   ? Client::Connect(options_)
-                   : Client::Create(options_, InProcessTransports(*cluster_));
+      client = GetParam() == Via::kGrpc ? Client::Connect(options_)
+                                        : Client::Create(options_, InProcessTransports(*cluster_));
     } else {
       std::vector<std::unique_ptr<Transport>> transports = InProcessTransports(*cluster_);
       for (auto& t : transports) {
@@ -572,8 +570,7 @@ TEST(CudaDeviceIoTest, WithoutADeviceEveryCallSaysSo) {
   ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(1));
   ClientOptions options;
   options.servers = cluster->addresses();
-  ASSERT_OK_AND_ASSIGN(auto client,
-                       Client::Create(options, InProcessTransports(*cluster)));
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Create(options, InProcessTransports(*cluster)));
   const std::string reason(count.status().message());
   float x[4] = {};
   EXPECT_THAT(DeviceIo::ForCuda(client.get(), 0).status(),

@@ -202,8 +202,7 @@ GrpcTransport::Channel& GrpcTransport::Next() {
 
 void GrpcTransport::CallRaw(absl::string_view method,
                             const std::function<grpc::ByteBuffer(PayloadLease*)>& encode,
-                            Receive receive, absl::Time deadline, Done done,
-                            TraceRecorder* trace) {
+                            Receive receive, absl::Time deadline, Done done, TraceRecorder* trace) {
   auto call = std::make_shared<RawCall>();
   call->method = absl::StrCat(kMethodPrefix, method);
   call->context = NewContext(deadline, wait_for_ready_);

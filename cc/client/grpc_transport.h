@@ -54,8 +54,8 @@ class GrpcTransport final : public Transport {
   void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
             TraceRecorder* trace = nullptr) override;
   void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
-                absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
-                Done done, TraceRecorder* trace = nullptr) override;
+                absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
+                TraceRecorder* trace = nullptr) override;
 
  private:
   struct Channel {
@@ -73,8 +73,8 @@ class GrpcTransport final : public Transport {
   // `receive` (if set) reads the reply. `done` runs once the call is over
   // and gRPC has let go of every borrowed payload.
   void CallRaw(absl::string_view method,
-               const std::function<grpc::ByteBuffer(class PayloadLease*)>& encode,
-               Receive receive, absl::Time deadline, Done done, TraceRecorder* trace);
+               const std::function<grpc::ByteBuffer(class PayloadLease*)>& encode, Receive receive,
+               absl::Time deadline, Done done, TraceRecorder* trace);
 
   const std::string address_;
   std::vector<Channel> channels_;

@@ -192,9 +192,9 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call) const {
-  PS_ASSIGN_OR_RETURN(
-      std::vector<v1::TableStatsResponse> responses,
-      client_->CallEveryServer<v1::TableStatsResponse>("TableStats", v1::TableStatsRequest(), call));
+  PS_ASSIGN_OR_RETURN(std::vector<v1::TableStatsResponse> responses,
+                      client_->CallEveryServer<v1::TableStatsResponse>(
+                          "TableStats", v1::TableStatsRequest(), call));
   std::vector<v1::TableStats> stats;
   for (size_t i = 0; i < responses.size(); ++i) {
     auto it = std::find_if(responses[i].tables().begin(), responses[i].tables().end(),

@@ -63,8 +63,8 @@ class Transport {
   // Bulk data. A batch is applied whole or not at all by the server, once per
   // `id` (a retried request carries the same id; client 0: not tracked). A
   // `trace`, when given, gets the server's receive and processing times.
-  virtual void Push(const RequestId& id, absl::Span<const GradientView> grads,
-                    absl::Time deadline, Done done, TraceRecorder* trace = nullptr) = 0;
+  virtual void Push(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
+                    Done done, TraceRecorder* trace = nullptr) = 0;
   virtual void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
                     Done done, TraceRecorder* trace = nullptr) = 0;
   // Applies `grads`, then reads `refs`, in one round trip.

@@ -176,7 +176,8 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
   }
   if (source == Source::kCaller) {
     if (std::optional<NonFinite> bad = FindNonFinite(param.element_type(), param.content())) {
-      return Reject(NonFiniteValueError(absl::StrCat(what, ": initial value"), *bad, param.block()));
+      return Reject(
+          NonFiniteValueError(absl::StrCat(what, ": initial value"), *bad, param.block()));
     }
   }
 

@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "cc/core/status_macros.h"
 
 namespace pserver {
@@ -39,8 +39,7 @@ void ReplyHold::Reset() {
   bytes_ = 0;
 }
 
-Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index,
-                       DispatcherHooks hooks)
+Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, DispatcherHooks hooks)
     : store_(store),
       tables_(tables),
       index_(index),
@@ -76,9 +75,8 @@ template <typename Request, typename Response>
 void Dispatcher::Sync(const char* name, std::function<absl::Status(const Request&, Response*)> run,
                       bool needs_serving) {
   Method& method = Add(name, needs_serving, Request::descriptor(), Response::descriptor());
-  method.run = [run = std::move(run)](const protobuf::Message& request,
-                                      protobuf::Message* response, const CallContext&,
-                                      Done done) -> CancelWait {
+  method.run = [run = std::move(run)](const protobuf::Message& request, protobuf::Message* response,
+                                      const CallContext&, Done done) -> CancelWait {
     done(run(static_cast<const Request&>(request), static_cast<Response*>(response)));
     return [] {};
   };
@@ -88,11 +86,9 @@ template <typename Request, typename Response>
 void Dispatcher::Wait(
     const char* name,
     std::function<CancelWait(const Request&, Response*, absl::Time, WaitDone)> run) {
-  Method& method =
-      Add(name, /*needs_serving=*/true, Request::descriptor(), Response::descriptor());
-  method.run = [run = std::move(run)](const protobuf::Message& request,
-                                      protobuf::Message* response, const CallContext& call,
-                                      Done done) -> CancelWait {
+  Method& method = Add(name, /*needs_serving=*/true, Request::descriptor(), Response::descriptor());
+  method.run = [run = std::move(run)](const protobuf::Message& request, protobuf::Message* response,
+                                      const CallContext& call, Done done) -> CancelWait {
     const absl::Time deadline = std::min(call.deadline, absl::Now() + kMaxWait);
     return run(static_cast<const Request&>(request), static_cast<Response*>(response), deadline,
                std::move(done));
@@ -110,9 +106,9 @@ void Dispatcher::AddControlMethods() {
         store_->FinishInit();
         return absl::OkStatus();
       });
-  Add("GetParam", true, GetParamRequest::descriptor(), GetParamResponse::descriptor()).run = [this](const protobuf::Message& request,
-                                     protobuf::Message* response, const CallContext& call,
-                                     Done done) -> CancelWait {
+  Add("GetParam", true, GetParamRequest::descriptor(), GetParamResponse::descriptor()).run =
+      [this](const protobuf::Message& request, protobuf::Message* response, const CallContext& call,
+             Done done) -> CancelWait {
     ReplyHold local;
     done(GetParam(static_cast<const GetParamRequest&>(request),
                   static_cast<GetParamResponse*>(response),
@@ -187,8 +183,9 @@ void Dispatcher::AddControlMethods() {
       /*needs_serving=*/false);
   Wait<BarrierRequest, BarrierResponse>(
       "Barrier",
-      [this](const BarrierRequest& request, BarrierResponse*, absl::Time deadline,
-             WaitDone done) { return tables_->BarrierAsync(request, deadline, std::move(done)); });
+      [this](const BarrierRequest& request, BarrierResponse*, absl::Time deadline, WaitDone done) {
+        return tables_->BarrierAsync(request, deadline, std::move(done));
+      });
   Wait<AllReduceRequest, AllReduceResponse>(
       "AllReduce", [this](const AllReduceRequest& request, AllReduceResponse* response,
                           absl::Time deadline, WaitDone done) {

@@ -76,8 +76,7 @@ InProcessTransport::InProcessTransport(Dispatcher* dispatcher)
     : dispatcher_(dispatcher), address_(absl::StrCat("in-process:", dispatcher->index())) {}
 
 void InProcessTransport::Call(absl::string_view method, const google::protobuf::Message& request,
-                              google::protobuf::Message* response, absl::Time deadline,
-                              Done done) {
+                              google::protobuf::Message* response, absl::Time deadline, Done done) {
   Dispatcher::CallContext call;
   call.deadline = deadline;
   CallCancellable(
@@ -87,8 +86,8 @@ void InProcessTransport::Call(absl::string_view method, const google::protobuf::
       std::move(done));
 }
 
-void InProcessTransport::Push(const RequestId& id, absl::Span<const GradientView> grads,
-                              absl::Time, Done done, TraceRecorder* trace) {
+void InProcessTransport::Push(const RequestId& id, absl::Span<const GradientView> grads, absl::Time,
+                              Done done, TraceRecorder* trace) {
   ServerTimes times(trace);
   absl::Status status = dispatcher_->Push(id, grads);
   times.Report();

@@ -36,8 +36,8 @@ class InProcessTransport final : public Transport {
   void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
             TraceRecorder* trace = nullptr) override;
   void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
-                absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
-                Done done, TraceRecorder* trace = nullptr) override;
+                absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
+                TraceRecorder* trace = nullptr) override;
 
  private:
   absl::Status Read(absl::Span<const v1::ParamRef> refs, const BlockSink& sink);

@@ -107,8 +107,9 @@ TEST_F(BothTransportsTest, ErrorsAreTheSame) {
   // process) or by the server (gRPC: it parses as the method's own type,
   // here an empty GetStatsRequest, and succeeds): in process only.
   v1::GetStatsResponse stats;
-  EXPECT_THAT(CallAndWait(*in_process_, "GetStats", v1::SaveRequest(), &stats),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pserver.v1.GetStatsRequest")));
+  EXPECT_THAT(
+      CallAndWait(*in_process_, "GetStats", v1::SaveRequest(), &stats),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pserver.v1.GetStatsRequest")));
 }
 
 TEST_F(BothTransportsTest, GetLayoutReadsNoValues) {

@@ -8,14 +8,14 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/rpc/wire.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace pserver {
 
@@ -117,8 +117,9 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     // Applied, but the reply does not fit: UNAVAILABLE while others hold the
     // room, which clients retry with the same sequence (not applied again);
     // RESOURCE_EXHAUSTED if it never can.
-    return absl::Status(held.code(), absl::StrCat("the push was applied but its reply does not fit: ",
-                                                  held.message()));
+    return absl::Status(
+        held.code(),
+        absl::StrCat("the push was applied but its reply does not fit: ", held.message()));
   }
 
   absl::Status DecodeAndApply(PushRequest* push) {
@@ -169,7 +170,7 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     request_message_.reset(method->request_prototype->New());
     response_message_.reset(method->response_prototype->New());
     if (!grpc::SerializationTraits<protobuf::Message>::Deserialize(&request_,
-                                                                    request_message_.get())
+                                                                   request_message_.get())
              .ok()) {
       dispatcher_->CountMalformed();
       return Reply(absl::InvalidArgumentError(
