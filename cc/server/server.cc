@@ -259,7 +259,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       Listener::Bind(options.host, options.port, options.reserve_fds, options.handshake_timeout));
   server->port_ = server->listener_->port();
   grpc::ServerBuilder builder;
-  builder.RegisterCallbackGenericService(server->service_.get());
+  server->service_->RegisterWith(&builder);
   SetTransportLimits(options, options.max_threads > 0 ? options.max_threads : kDefaultMaxThreads,
                      &builder);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kInitialStreamWindowBytes);

@@ -15,6 +15,7 @@
 #include "cc/rpc/grpc_status.h"
 #include "cc/rpc/wire.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 
 namespace pserver {
@@ -41,14 +42,112 @@ grpc::ByteBuffer EmptyMessage() {
   return grpc::ByteBuffer(&empty, 1);
 }
 
-// One call: reads its request, dispatches it, writes the reply. A control
-// call may complete later on another thread (a wait), or be cancelled by
+// ---- bulk: GetParams, SendGrads, PushPull on raw byte buffers ----
+
+// Reads `refs` into `response` (a GetParamsResponse); nothing on error.
+absl::Status ReadParams(Dispatcher& dispatcher, absl::Span<const v1::ParamRef> refs,
+                        grpc::ByteBuffer* response) {
+  ParamsResponseBuilder builder;
+  PS_RETURN_IF_ERROR(
+      dispatcher.Read(refs, [&](const v1::Parameter& header, absl::string_view bytes) {
+        builder.Add(header, bytes.size(), [&](char* dest) {
+          if (!bytes.empty()) std::memcpy(dest, bytes.data(), bytes.size());
+        });
+        return absl::OkStatus();
+      }));
+  *response = builder.Finish();
+  return absl::OkStatus();
+}
+
+// Decodes a SendGrads/PushPull request and applies it (once).
+absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                            PushRequest* push) {
+  if (absl::Status status = DecodePushRequest(request, push); !status.ok()) {
+    dispatcher.CountMalformed();
+    return status;
+  }
+  return dispatcher.Push(RequestId{push->client_id, push->sequence}, push->grads);
+}
+
+absl::Status GetParams(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                       grpc::ByteBuffer* response, ReplyHold* hold) {
+  PS_RETURN_IF_ERROR(dispatcher.CheckServing());
+  v1::GetParamsRequest parsed;
+  grpc::ByteBuffer copy(request);  // shares the slices
+  if (!grpc::SerializationTraits<v1::GetParamsRequest>::Deserialize(&copy, &parsed).ok()) {
+    dispatcher.CountMalformed();
+    return absl::InvalidArgumentError("malformed GetParamsRequest");
+  }
+  PS_RETURN_IF_ERROR(dispatcher.CheckReplyRoom());
+  // Moved, not copied, out of the parsed request.
+  std::vector<v1::ParamRef> refs(std::make_move_iterator(parsed.mutable_params()->begin()),
+                                 std::make_move_iterator(parsed.mutable_params()->end()));
+  PS_RETURN_IF_ERROR(ReadParams(dispatcher, refs, response));
+  return dispatcher.HoldReply(response->Length(), hold);
+}
+
+absl::Status SendGrads(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                       grpc::ByteBuffer* response, ReplyHold*) {
+  PushRequest push;
+  PS_RETURN_IF_ERROR(DecodeAndApply(dispatcher, request, &push));
+  *response = EmptyMessage();
+  return absl::OkStatus();
+}
+
+absl::Status PushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                      grpc::ByteBuffer* response, ReplyHold* hold) {
+  // Over the budget nothing is applied; the read is refused.
+  PS_RETURN_IF_ERROR(dispatcher.CheckReplyRoom());
+  PushRequest push;
+  PS_RETURN_IF_ERROR(DecodeAndApply(dispatcher, request, &push));
+  PS_RETURN_IF_ERROR(ReadParams(dispatcher, push.refs, response));
+  absl::Status held = dispatcher.HoldReply(response->Length(), hold);
+  if (held.ok()) return held;
+  // Applied, but the reply does not fit: UNAVAILABLE while others hold the
+  // room, which clients retry with the same sequence (not applied again);
+  // RESOURCE_EXHAUSTED if it never can.
+  return absl::Status(
+      held.code(),
+      absl::StrCat("the push was applied but its reply does not fit: ", held.message()));
+}
+
+using BulkMethod = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer&, grpc::ByteBuffer*,
+                                    ReplyHold*);
+
+// A bulk call: its reply holds reply budget until it is sent (or the call
+// ends otherwise). Deletes itself when done.
+class BulkReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // Runs `method` and finishes, telling the client when the call was
+  // received and processed (trailing metadata).
+  BulkReactor(Dispatcher& dispatcher, BulkMethod method, grpc::CallbackServerContext* context,
+              const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
+    const int64_t received = UnixNanos();
+    absl::Status status = method(dispatcher, request, response, &hold_);
+    if (!status.ok()) {
+      hold_.Reset();
+      response->Clear();
+    }
+    v1::ServerTrace trace;
+    trace.set_received_unix_nanos(received);
+    trace.set_processed_unix_nanos(UnixNanos());
+    context->AddTrailingMetadata(kServerTraceMetadataKey, trace.SerializeAsString());
+    Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  ReplyHold hold_;
+};
+
+// One control call: reads its request, dispatches it by name, writes the
+// reply. It may complete later on another thread (a wait), or be cancelled by
 // the client meanwhile. Deletes itself when done, giving back the reply
 // budget its reply held.
 class CallReactor final : public grpc::ServerGenericBidiReactor {
  public:
   CallReactor(Dispatcher* dispatcher, grpc::GenericCallbackServerContext* context)
-      : dispatcher_(dispatcher), context_(context), received_(UnixNanos()) {
+      : dispatcher_(dispatcher), context_(context) {
     StartRead(&request_);
   }
 
@@ -59,9 +158,6 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     }
     absl::string_view name = context_->method();
     if (!absl::ConsumePrefix(&name, Dispatcher::kMethodPrefix)) return Unknown();
-    if (name == "GetParams") return FinishBulk(GetParams());
-    if (name == "SendGrads") return FinishBulk(SendGrads());
-    if (name == "PushPull") return FinishBulk(PushPull());
     Control(name);
   }
 
@@ -81,77 +177,6 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
   void Unknown() {
     Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                         absl::StrCat("unknown method ", context_->method())));
-  }
-
-  // ---- bulk ----
-  absl::Status GetParams() {
-    PS_RETURN_IF_ERROR(dispatcher_->CheckServing());
-    v1::GetParamsRequest parsed;
-    if (!grpc::SerializationTraits<v1::GetParamsRequest>::Deserialize(&request_, &parsed).ok()) {
-      dispatcher_->CountMalformed();
-      return absl::InvalidArgumentError("malformed GetParamsRequest");
-    }
-    PS_RETURN_IF_ERROR(dispatcher_->CheckReplyRoom());
-    // Moved, not copied, out of the parsed request.
-    std::vector<v1::ParamRef> refs(std::make_move_iterator(parsed.mutable_params()->begin()),
-                                   std::make_move_iterator(parsed.mutable_params()->end()));
-    PS_RETURN_IF_ERROR(ReadParams(refs));
-    return dispatcher_->HoldReply(response_.Length(), &hold_);
-  }
-
-  absl::Status SendGrads() {
-    PushRequest push;
-    PS_RETURN_IF_ERROR(DecodeAndApply(&push));
-    response_ = EmptyMessage();
-    return absl::OkStatus();
-  }
-
-  absl::Status PushPull() {
-    // Over the budget nothing is applied; the read is refused.
-    PS_RETURN_IF_ERROR(dispatcher_->CheckReplyRoom());
-    PushRequest push;
-    PS_RETURN_IF_ERROR(DecodeAndApply(&push));
-    PS_RETURN_IF_ERROR(ReadParams(push.refs));
-    absl::Status held = dispatcher_->HoldReply(response_.Length(), &hold_);
-    if (held.ok()) return held;
-    // Applied, but the reply does not fit: UNAVAILABLE while others hold the
-    // room, which clients retry with the same sequence (not applied again);
-    // RESOURCE_EXHAUSTED if it never can.
-    return absl::Status(
-        held.code(),
-        absl::StrCat("the push was applied but its reply does not fit: ", held.message()));
-  }
-
-  absl::Status DecodeAndApply(PushRequest* push) {
-    if (absl::Status status = DecodePushRequest(request_, push); !status.ok()) {
-      dispatcher_->CountMalformed();
-      return status;
-    }
-    return dispatcher_->Push(RequestId{push->client_id, push->sequence}, push->grads);
-  }
-
-  // Reads `refs` into response_ (a GetParamsResponse); nothing on error.
-  absl::Status ReadParams(absl::Span<const v1::ParamRef> refs) {
-    ParamsResponseBuilder builder;
-    PS_RETURN_IF_ERROR(
-        dispatcher_->Read(refs, [&](const v1::Parameter& header, absl::string_view bytes) {
-          builder.Add(header, bytes.size(), [&](char* dest) {
-            if (!bytes.empty()) std::memcpy(dest, bytes.data(), bytes.size());
-          });
-          return absl::OkStatus();
-        }));
-    response_ = builder.Finish();
-    return absl::OkStatus();
-  }
-
-  // Tells the client when the call was received and processed (now), then
-  // sends the reply or the error.
-  void FinishBulk(const absl::Status& status) {
-    v1::ServerTrace trace;
-    trace.set_received_unix_nanos(received_);
-    trace.set_processed_unix_nanos(UnixNanos());
-    context_->AddTrailingMetadata(kServerTraceMetadataKey, trace.SerializeAsString());
-    Reply(status);
   }
 
   void Reply(const absl::Status& status) {
@@ -222,7 +247,6 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
 
   Dispatcher* const dispatcher_;
   grpc::GenericCallbackServerContext* const context_;
-  const int64_t received_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
   std::unique_ptr<protobuf::Message> request_message_;
@@ -237,11 +261,37 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
   CancelWait cancel_ ABSL_GUARDED_BY(mu_);
 };
 
+// The three bulk methods as raw callback methods of a hand-made service
+// (the generic path costs per-call time on small bulk calls).
+constexpr const char* kBulkMethods[] = {"/pserver.v1.ParameterServer/GetParams",
+                                        "/pserver.v1.ParameterServer/SendGrads",
+                                        "/pserver.v1.ParameterServer/PushPull"};
+constexpr BulkMethod kBulkHandlers[] = {&GetParams, &SendGrads, &PushPull};
+
 }  // namespace
 
-grpc::ServerGenericBidiReactor* ParameterServerService::CreateReactor(
+ParameterServerService::BulkService::BulkService(Dispatcher* dispatcher) {
+  for (int i = 0; i < 3; ++i) {
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        kBulkMethods[i], grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+    MarkMethodRawCallback(
+        i, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+               [dispatcher, method = kBulkHandlers[i]](grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+                 return new BulkReactor(*dispatcher, method, context, *request, response);
+               }));
+  }
+}
+
+grpc::ServerGenericBidiReactor* ParameterServerService::ControlService::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
   return new CallReactor(dispatcher_, context);
+}
+
+void ParameterServerService::RegisterWith(grpc::ServerBuilder* builder) {
+  builder->RegisterService(&bulk_);
+  builder->RegisterCallbackGenericService(&control_);
 }
 
 }  // namespace pserver

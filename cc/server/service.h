@@ -1,13 +1,16 @@
-// ParameterServerService: the gRPC face of a Dispatcher. One generic
-// callback service reads each call's single request message and hands it
-// on: the bulk methods (GetParams, SendGrads, PushPull) through the
-// zero-copy codec of cc/rpc/wire.h to the dispatcher's bulk methods, every
-// other method to Dispatcher::Call by name, with its message types taken
-// from the service descriptor. Adding a control RPC touches nothing here.
+// ParameterServerService: the gRPC face of a Dispatcher, in two parts.
+// - Control: one generic callback service reads each call's single request
+//   message and hands it to Dispatcher::Call by method name, its message
+//   types taken from the service descriptor. Adding a control RPC touches
+//   nothing here.
+// - Bulk: GetParams, SendGrads and PushPull are raw callback methods that
+//   read and write byte buffers through the zero-copy codec of
+//   cc/rpc/wire.h and the dispatcher's bulk methods (the generic path
+//   costs 10-25% on small bulk calls).
 //
 //   Dispatcher dispatcher(&store, &tables, /*index=*/0);
 //   ParameterServerService service(&dispatcher);
-//   builder.RegisterCallbackGenericService(&service);
+//   service.RegisterWith(&builder);
 //
 // What the face adds to the dispatcher: the server's receive and processing
 // times on the bulk calls (trailing metadata), reply bytes held against the
@@ -21,19 +24,37 @@
 
 #include "cc/server/dispatcher.h"
 #include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/impl/service_type.h"
+#include "grpcpp/server_builder.h"
 
 namespace pserver {
 
-class ParameterServerService final : public grpc::CallbackGenericService {
+class ParameterServerService {
  public:
   // `dispatcher` must outlive the service.
-  explicit ParameterServerService(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+  explicit ParameterServerService(Dispatcher* dispatcher)
+      : bulk_(dispatcher), control_(dispatcher) {}
 
-  grpc::ServerGenericBidiReactor* CreateReactor(
-      grpc::GenericCallbackServerContext* context) override;
+  // Registers both parts; the service must outlive the server built.
+  void RegisterWith(grpc::ServerBuilder* builder);
 
  private:
-  Dispatcher* const dispatcher_;
+  class BulkService final : public grpc::Service {
+   public:
+    explicit BulkService(Dispatcher* dispatcher);
+  };
+  class ControlService final : public grpc::CallbackGenericService {
+   public:
+    explicit ControlService(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+    grpc::ServerGenericBidiReactor* CreateReactor(
+        grpc::GenericCallbackServerContext* context) override;
+
+   private:
+    Dispatcher* const dispatcher_;
+  };
+
+  BulkService bulk_;
+  ControlService control_;
 };
 
 }  // namespace pserver
