@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "cc/client/client.h"
 #include "cc/client/device_io.h"
-#include "cc/client/in_process_transport.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/client/memory_space.h"
 #include "cc/core/tensor.h"
 #include "cc/cuda/buffer.h"
@@ -75,7 +75,7 @@ int Run() {
   options.timeout = absl::Seconds(120);
   absl::StatusOr<std::unique_ptr<Client>> client =
       absl::GetFlag(FLAGS_in_process)
-          ? Client::Create(options, InProcessTransports((*cluster)->stores()))
+          ? Client::Create(options, InProcessTransports(**cluster))
           : Client::Connect(options);
   BENCH_CHECK_OK(client.status());
   Client& c = **client;

@@ -26,13 +26,13 @@
 #include "absl/time/clock.h"
 #include "ceilings.h"
 #include "cc/client/client.h"
-#include "cc/client/in_process_transport.h"
 #include "cc/client/table.h"
 #include "cc/core/checkpoint.h"
 #include "cc/core/optimizer.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/allocator.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/child_process.h"
 #include "harness.h"
@@ -154,21 +154,20 @@ absl::Status Ceilings(Harness& h, const std::vector<uint64_t>& sizes) {
   return absl::OkStatus();
 }
 
-// One client per worker, over gRPC to `addresses` or in-process to `stores`
-// (and their servers' `tables`, for table calls).
+// One client per worker, over gRPC to `addresses` or in-process to `dispatchers`
 absl::StatusOr<std::vector<std::unique_ptr<Client>>> MakeClients(
     int workers, const std::vector<std::string>& addresses,
-    const std::vector<ParameterStore*>& stores, const std::vector<Tables*>& tables = {}) {
+    const std::vector<Dispatcher*>& dispatchers = {}) {
   std::vector<std::unique_ptr<Client>> clients;
   for (int w = 0; w < workers; ++w) {
     ClientOptions options;
     options.servers = addresses;
     options.timeout = absl::Seconds(120);
-    if (stores.empty()) {
+    if (dispatchers.empty()) {
       PS_ASSIGN_OR_RETURN(auto c, Client::Connect(options));
       clients.push_back(std::move(c));
     } else {
-      PS_ASSIGN_OR_RETURN(auto c, Client::Create(options, InProcessTransports(stores, tables)));
+      PS_ASSIGN_OR_RETURN(auto c, Client::Create(options, InProcessTransports(dispatchers)));
       clients.push_back(std::move(c));
     }
   }
@@ -305,7 +304,7 @@ absl::Status OptimizerApply(Harness& h) {
 
 absl::Status Embedded(Harness& h, const std::vector<uint64_t>& sizes) {
   PS_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(1));
-  PS_ASSIGN_OR_RETURN(auto clients, MakeClients(1, cluster->addresses(), cluster->stores()));
+  PS_ASSIGN_OR_RETURN(auto clients, MakeClients(1, cluster->addresses(), cluster->dispatchers()));
   PS_RETURN_IF_ERROR(DenseOps(h, "embedded", clients, 1, sizes, "memcpy"));
   h.PrintGroup("embedded");
   return absl::OkStatus();
@@ -550,8 +549,8 @@ absl::Status Sparse(Harness& h) {
   for (const auto& [servers, workers] : configs) {
     if (h.quick() && servers > 1) continue;
     PS_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(servers));
-    PS_ASSIGN_OR_RETURN(auto clients, MakeClients(workers, cluster->addresses(),
-                                                  cluster->stores(), cluster->tables()));
+    PS_ASSIGN_OR_RETURN(auto clients,
+                        MakeClients(workers, cluster->addresses(), cluster->dispatchers()));
     PS_RETURN_IF_ERROR(SparseOps(h, "embedded_", clients, servers, dims, batches));
   }
   h.PrintGroup("sparse");

@@ -52,7 +52,7 @@
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "cc/client/client.h"
-#include "cc/client/in_process_transport.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/client/table.h"
 #include "cc/core/status_macros.h"
 #include "cc/server/local_cluster.h"
@@ -262,7 +262,7 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectClient(
   options.servers = (*cluster)->addresses();
   if (absl::GetFlag(FLAGS_in_process)) {
     return Client::Create(options,
-                          pserver::InProcessTransports((*cluster)->stores(), (*cluster)->tables()));
+                          pserver::InProcessTransports(**cluster));
   }
   return Client::Connect(options);
 }

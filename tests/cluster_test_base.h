@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cc/client/client.h"
-#include "cc/client/in_process_transport.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
 #include "gtest/gtest.h"
@@ -34,7 +34,7 @@ class ClusterTest : public ::testing::TestWithParam<Via> {
 
   absl::StatusOr<std::unique_ptr<Client>> Connect() {
     if (GetParam() == Via::kGrpc) return Client::Connect(options_);
-    return Client::Create(options_, InProcessTransports(cluster_->stores(), cluster_->tables()));
+    return Client::Create(options_, InProcessTransports(*cluster_));
   }
 
   std::unique_ptr<Client> NewClient() {

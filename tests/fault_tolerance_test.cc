@@ -350,11 +350,11 @@ absl::Status PushWithId(Transport& transport, RequestId id, const std::string& n
   view.content = grad.bytes();
   absl::Notification done;
   absl::Status result;
-  transport.PushWithId(id, absl::MakeConstSpan(&view, 1), absl::Now() + absl::Seconds(10),
-                       [&](absl::Status s) {
-                         result = std::move(s);
-                         done.Notify();
-                       });
+  transport.Push(id, absl::MakeConstSpan(&view, 1), absl::Now() + absl::Seconds(10),
+                 [&](absl::Status s) {
+                   result = std::move(s);
+                   done.Notify();
+                 });
   done.WaitForNotification();
   return result;
 }

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cc/client/client.h"
-#include "cc/client/in_process_transport.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/core/names.h"
 #include "cc/core/optimizer.h"
 #include "cc/server/local_cluster.h"

@@ -34,7 +34,7 @@
 #include "cc/client/cancellation.h"
 #include "cc/client/client.h"
 #include "cc/client/device_io.h"
-#include "cc/client/in_process_transport.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/client/table.h"
 #include "cc/client/worker_group.h"
 #include "cc/core/checkpoint.h"
@@ -2027,8 +2027,7 @@ pserver_client_t* pserver_local_cluster_client(pserver_local_cluster_t* cluster,
     PS_ASSIGN_OR_RETURN(
         std::unique_ptr<pserver::Client> client,
         pserver::Client::Create(client_options,
-                                pserver::InProcessTransports(cluster->state->cluster->stores(),
-                                                             cluster->state->cluster->tables())));
+                                pserver::InProcessTransports(*cluster->state->cluster)));
     auto handle = std::make_unique<pserver_client_t>();
     handle->cluster = cluster->state;
     handle->rep = std::move(client);

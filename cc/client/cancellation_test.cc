@@ -6,8 +6,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "cc/client/client.h"
-#include "cc/client/in_process_transport.h"
 #include "cc/client/worker_group.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
 #include "gtest/gtest.h"
@@ -130,9 +130,8 @@ TEST_F(CancelledCallTest, CallToAServerThatIsDownEndsCancelled) {
 TEST_F(CancelledCallTest, InProcessWaitsEndCancelled) {
   ClientOptions options;
   options.timeout = absl::Seconds(60);
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<Client> local,
-      Client::Create(options, InProcessTransports(cluster_->stores(), cluster_->tables())));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> local,
+                       Client::Create(options, InProcessTransports(*cluster_)));
   WorkerGroup group(*local, "g", /*size=*/2, "alone");
   EXPECT_THAT(CancelWhileRunning([&](const CallOptions& call) {
                 return group.Barrier(BarrierScope::kWorkers, call);

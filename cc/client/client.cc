@@ -524,10 +524,11 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
                              static_cast<uint32_t>(blocks.size()),
                              config.clipping().clip_norm() > 0, config.non_finite()});
   }
+  std::vector<v1::InitParamResponse> responses(requests.size());
   PS_RETURN_IF_ERROR(RunWithRetries(
       requests.size(), [&](size_t i) { return servers[i]; },
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.InitParam(requests[i], deadline, std::move(done));
+        t.Call("InitParam", requests[i], &responses[i], deadline, std::move(done));
       },
       deadline));
   for (size_t i = 0; i < params.size(); ++i) RememberLayout(*params[i].name, layouts[i]);
@@ -535,27 +536,29 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
 }
 
 absl::Status Client::FinishInitParams(const CallOptions& call) {
-  const Cancellation::Scope cancel_scope(call.cancel);
-  return RunOnEveryServer(
-      [](size_t, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.FinishInitParams(deadline, std::move(done));
-      },
-      Deadline(call));
+  return CallEveryServer<v1::FinishInitParamsResponse>("FinishInitParams",
+                                                       v1::FinishInitParamsRequest(), call)
+      .status();
 }
 
 absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions& call) {
-  const Cancellation::Scope cancel_scope(call.cancel);
-  std::vector<v1::GetStatsResponse> responses(num_servers());
-  PS_RETURN_IF_ERROR(RunOnEveryServer(
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        responses[i].Clear();
-        t.GetStats(&responses[i], deadline, std::move(done));
-      },
-      Deadline(call)));
+  PS_ASSIGN_OR_RETURN(
+      std::vector<v1::GetStatsResponse> responses,
+      CallEveryServer<v1::GetStatsResponse>("GetStats", v1::GetStatsRequest(), call));
   std::vector<v1::ServerStats> out;
   out.reserve(responses.size());
   for (auto& response : responses) out.push_back(std::move(*response.mutable_stats()));
   return out;
+}
+
+absl::Status Client::SaveCheckpoint(const CallOptions& call) {
+  return CallEveryServer<v1::SaveResponse>("Save", v1::SaveRequest(), call).status();
+}
+
+absl::StatusOr<ParamLayout> Client::GetLayout(const std::string& name, const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
+  PS_ASSIGN_OR_RETURN(Layout layout, FindOrLearnLayout(name, Deadline(call), call.trace));
+  return ParamLayout{layout.type, layout.shape};
 }
 
 // ---- the bulk path ------------------------------------------------------------------
@@ -621,7 +624,7 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         Exchange& x = exchanges[i];
         if (x.refs.empty()) {
-          t.PushWithId(ids[i], x.grads, deadline, std::move(done), trace);
+          t.Push(ids[i], x.grads, deadline, std::move(done), trace);
           return;
         }
         // Blocks come back in request order; the sink runs them one at a
@@ -638,8 +641,7 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
         if (x.grads.empty()) {
           t.Pull(x.refs, std::move(sink), deadline, std::move(done), trace);
         } else {
-          t.PushPullWithId(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done),
-                           trace);
+          t.PushPull(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done), trace);
         }
       },
       deadline, trace);
@@ -742,24 +744,27 @@ absl::StatusOr<Client::Layout> Client::FindOrLearnLayout(const std::string& name
                                                          TraceRecorder* trace) {
   PS_RETURN_IF_ERROR(CheckName(name));
   if (std::optional<Layout> layout = FindLayout(name)) return *layout;
-  // Block 0 (from the home server) carries the layout; its bytes are dropped.
-  std::optional<Layout> learned;
+  // The header of block 0 (from the home server) carries the layout; no
+  // value is read.
   const int home = placement_.HomeServer(name);
-  v1::ParamRef ref;
-  ref.set_name(name);
+  v1::GetParamInfoRequest request;
+  request.set_name(name);
+  v1::GetParamInfoResponse response;
+  std::string address;
   PS_RETURN_IF_ERROR(RunWithRetries(
       1, [home](size_t) { return home; },
       [&](size_t, Transport& t, absl::Time attempt_deadline, Transport::Done done) {
-        Transport::BlockSink sink = [&, address = t.address()](const v1::Parameter& header,
-                                                               const Segments&) {
-          PS_ASSIGN_OR_RETURN(learned, LayoutOf(header, absl::StrCat("parameter '", name,
-                                                                     "' from server ", address)));
-          return absl::OkStatus();
-        };
-        t.Pull(absl::MakeConstSpan(&ref, 1), std::move(sink), attempt_deadline, std::move(done),
-               trace);
+        response.Clear();
+        address = t.address();
+        t.Call("GetParamInfo", request, &response, attempt_deadline, std::move(done));
       },
       deadline, trace));
+  std::optional<Layout> learned;
+  if (response.has_parameter()) {
+    PS_ASSIGN_OR_RETURN(learned,
+                        LayoutOf(response.parameter(),
+                                 absl::StrCat("parameter '", name, "' from server ", address)));
+  }
   if (!learned.has_value()) {
     return absl::DataLossError(absl::StrCat("parameter '", name, "': no block came back"));
   }

@@ -132,6 +132,12 @@ struct ParamInit {
   v1::ParameterConfig config;
 };
 
+// A parameter's element type and shape (Client::GetLayout).
+struct ParamLayout {
+  ElementType type;
+  Shape shape;
+};
+
 // Per-call settings: a call ends by min(now + options.timeout, deadline).
 struct CallOptions {
   absl::Time deadline = absl::InfiniteFuture();
@@ -198,6 +204,18 @@ class Client {
   // One entry per server, in index order.
   absl::StatusOr<std::vector<v1::ServerStats>> GetStats(const CallOptions& call = {});
 
+  // Writes a checkpoint on every server, in parallel (each server's Save RPC:
+  // durable, then published to etcd if the server has one). The first
+  // failure names its server; FAILED_PRECONDITION from a server without a
+  // checkpoint directory.
+  absl::Status SaveCheckpoint(const CallOptions& call = {});
+
+  // The element type and shape of parameter `name`, without reading its
+  // values: what the client learned at init or a first read, or else the
+  // header of its block 0 from its home server (GetParamInfo). NOT_FOUND for
+  // an unknown parameter; FAILED_PRECONDITION before FinishInitParams.
+  absl::StatusOr<ParamLayout> GetLayout(const std::string& name, const CallOptions& call = {});
+
   // --- asynchronous forms (cc/client/ticket.h) ---
   // Each returns a ticket at once and runs the call on the client's
   // executor (options.async_threads); its deadline counts from now. The
@@ -239,16 +257,50 @@ class Client {
   // a parameter configured with non_finite: SKIP), so far.
   uint64_t non_finite_skipped() const { return non_finite_skipped_.load(); }
 
- private:
-  // Tables and collectives run their requests through RunWithRetries.
-  friend class Table;
-  friend class KvWorker;
-  friend class WorkerGroup;
-  friend class AsyncClient;
-  friend class DeviceIo;  // cc/client/device_io.h: block-wise device push/pull
+  // --- the client's internal interface ---
+  // What the client's own parts (Table, KvWorker, WorkerGroup, DeviceIo in
+  // cc/client) build their calls from: not for applications, and not a
+  // stable API.
 
+  // Starts one call per index i in [0, n) through the current transport of
+  // server_of(i), and retries those that fail with UNAVAILABLE (or an
+  // attempt's deadline) with backoff until `deadline`, each through the then
+  // current transport. Returns the first failure (in index order) that was
+  // not retried or ran out of time, naming its server. A deadline already
+  // passed is DEADLINE_EXCEEDED, and nothing is sent.
+  using StartCall =
+      std::function<void(size_t i, Transport& transport, absl::Time deadline, Transport::Done)>;
+  // Each request started is reported to `trace` (if any) as sent.
+  absl::Status RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
+                              const StartCall& start, absl::Time deadline,
+                              TraceRecorder* trace = nullptr);
+  // RunWithRetries with one call per server: i is the server's index.
+  absl::Status RunOnEveryServer(const StartCall& start, absl::Time deadline);
+  // Control call `method` (transport.h) with the same `request` to every
+  // server; the answers in index order.
+  template <typename Response>
+  absl::StatusOr<std::vector<Response>> CallEveryServer(absl::string_view method,
+                                                        const google::protobuf::Message& request,
+                                                        const CallOptions& call) {
+    const Cancellation::Scope cancel_scope(call.cancel);
+    std::vector<Response> responses(num_servers());
+    absl::Status status = RunOnEveryServer(
+        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+          responses[i].Clear();
+          t.Call(method, request, &responses[i], deadline, std::move(done));
+        },
+        Deadline(call));
+    if (!status.ok()) return status;
+    return responses;
+  }
   // The next push sequence number for `server` (exactly-once ids).
   uint64_t NextSequence(int server) { return sequences_[server].fetch_add(1) + 1; }
+  // When a call started now with `call` must end: the earlier of the
+  // client's timeout and the call's deadline.
+  absl::Time Deadline(const CallOptions& call) const {
+    return std::min(absl::Now() + options_.timeout, call.deadline);
+  }
+  const ClientOptions& options() const { return options_; }
 
   // What the client knows of a parameter after init or a first read.
   struct Layout {
@@ -261,9 +313,22 @@ class Client {
     // whole before sending any of it (see "Non-finite gradients" above).
     v1::ParameterConfig::NonFinite non_finite;
   };
-  struct Assembly;
-  struct Exchange;
-  struct Item;
+  // The parameter's layout, read from its block 0 (on its home server) if
+  // this client has not seen it yet.
+  absl::StatusOr<Layout> FindOrLearnLayout(const std::string& name, absl::Time deadline,
+                                           TraceRecorder* trace);
+  // What to do with a gradient for `name` (of `layout`) in which `bad`, if
+  // any, is the first NaN or infinity, counted from element `first` of the
+  // parameter, and whose global norm is `norm` (if computed): false to send
+  // it as it is; true to send every block of it marked skip_as_non_finite
+  // (the parameter skips such gradients); INVALID_ARGUMENT in the server's
+  // words where the parameter rejects them.
+  absl::StatusOr<bool> NonFiniteVerdict(const std::string& name, const Layout& layout,
+                                        uint64_t first, const std::optional<NonFinite>& bad,
+                                        std::optional<double> norm) const;
+  // Counts a gradient sent marked skip_as_non_finite (non_finite_skipped()).
+  void CountNonFiniteSkipped() { non_finite_skipped_.fetch_add(1); }
+
   // Requests to one server, holding the indices of the items they carry.
   struct Batch {
     int server;
@@ -280,6 +345,11 @@ class Client {
                                     std::optional<double> norm, absl::string_view content);
   // A reference to block `index` of `count` of a parameter.
   static v1::ParamRef BlockRef(const std::string& name, uint32_t index, uint32_t count);
+
+ private:
+  struct Assembly;
+  struct Exchange;
+  struct Item;
   // The layout a returned block's header describes; `what` names it in errors.
   static absl::StatusOr<Layout> LayoutOf(const v1::Parameter& header, const std::string& what);
   // Borrowed forms of NamedTensor and ParamInit: the public single and
@@ -297,20 +367,6 @@ class Client {
 
   Client(const ClientOptions& options, std::vector<std::unique_ptr<Transport>> transports);
 
-  // Starts one call per index i in [0, n) through the current transport of
-  // server_of(i), and retries those that fail with UNAVAILABLE (or an
-  // attempt's deadline) with backoff until `deadline`, each through the then
-  // current transport. Returns the first failure (in index order) that was
-  // not retried or ran out of time, naming its server. A deadline already
-  // passed is DEADLINE_EXCEEDED, and nothing is sent.
-  using StartCall =
-      std::function<void(size_t i, Transport& transport, absl::Time deadline, Transport::Done)>;
-  // Each request started is reported to `trace` (if any) as sent.
-  absl::Status RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
-                              const StartCall& start, absl::Time deadline,
-                              TraceRecorder* trace = nullptr);
-  // RunWithRetries with one call per server: i is the server's index.
-  absl::Status RunOnEveryServer(const StartCall& start, absl::Time deadline);
   std::shared_ptr<Transport> TransportFor(int server) const;
   // etcd: finds the servers, watches them, registers the trainer.
   absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);
@@ -319,11 +375,6 @@ class Client {
   // and registered again whenever the lease is lost.
   absl::Status RegisterWorker(std::string worker_json);
 
-  // When a call started now with `call` must end: the earlier of the
-  // client's timeout and the call's deadline.
-  absl::Time Deadline(const CallOptions& call) const {
-    return std::min(absl::Now() + options_.timeout, call.deadline);
-  }
   std::optional<Layout> FindLayout(const std::string& name) const;
   void RememberLayout(const std::string& name, Layout layout);
   absl::Status DoInitParams(absl::Span<const InitRef> params, absl::Time deadline);
@@ -333,19 +384,6 @@ class Client {
                           absl::Time deadline, TraceRecorder* trace);
   // Checks a gradient against what is known of its parameter.
   absl::Status CheckGradient(const GradRef& grad) const;
-  // The parameter's layout, read from its block 0 (on its home server) if
-  // this client has not seen it yet.
-  absl::StatusOr<Layout> FindOrLearnLayout(const std::string& name, absl::Time deadline,
-                                           TraceRecorder* trace);
-  // What to do with a gradient for `name` (of `layout`) in which `bad`, if
-  // any, is the first NaN or infinity, counted from element `first` of the
-  // parameter, and whose global norm is `norm` (if computed): false to send
-  // it as it is; true to send every block of it marked skip_as_non_finite
-  // (the parameter skips such gradients); INVALID_ARGUMENT in the server's
-  // words where the parameter rejects them.
-  absl::StatusOr<bool> NonFiniteVerdict(const std::string& name, const Layout& layout,
-                                        uint64_t first, const std::optional<NonFinite>& bad,
-                                        std::optional<double> norm) const;
   // The blocks of a gradient, as views of its memory, after checking it for
   // NaN and infinity (NonFiniteVerdict; learning the parameter's layout
   // first if needed).

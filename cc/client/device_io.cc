@@ -266,7 +266,7 @@ absl::Status DeviceIo::Transfer(Mode mode, const std::string& name, const Client
     // Checked whole before any of it is sent: refused, or skipped everywhere.
     PS_ASSIGN_OR_RETURN(
         skip, client_->NonFiniteVerdict(name, layout, 0, FindNonFinite(layout.type, bytes), norm));
-    if (skip) client_->non_finite_skipped_.fetch_add(1);
+    if (skip) client_->CountNonFiniteSkipped();
   }
 
   // Slot s (and lane s) serves chunks s, s + depth, ...: its staging is
@@ -343,7 +343,7 @@ absl::Status DeviceIo::Transfer(Mode mode, const std::string& name, const Client
         break;
       }
       skip = *verdict;
-      if (skip) client_->non_finite_skipped_.fetch_add(1);
+      if (skip) client_->CountNonFiniteSkipped();
     }
     chunk_of[slot] = i;
     char* stage = param_stage[slot];
@@ -393,7 +393,7 @@ absl::Status DeviceIo::ExchangeChunk(const std::string& name, const Client::Layo
   }
   std::vector<Request> requests;
   for (const Client::Batch& batch : Client::PackBatches(
-           servers, sizes, client_->options_.max_request_bytes, client_->num_servers())) {
+           servers, sizes, client_->options().max_request_bytes, client_->num_servers())) {
     Request& request = requests.emplace_back();
     request.server = batch.server;
     for (size_t i : batch.items) {
@@ -418,7 +418,7 @@ absl::Status DeviceIo::ExchangeChunk(const std::string& name, const Client::Layo
       [&](size_t i, Transport& t, absl::Time attempt_deadline, Transport::Done done) {
         Request& r = requests[i];
         if (r.refs.empty()) {
-          t.PushWithId(r.id, r.grads, attempt_deadline, std::move(done), trace);
+          t.Push(r.id, r.grads, attempt_deadline, std::move(done), trace);
           return;
         }
         // Blocks come back in request order; a retry starts over.
@@ -444,8 +444,8 @@ absl::Status DeviceIo::ExchangeChunk(const std::string& name, const Client::Layo
         if (r.grads.empty()) {
           t.Pull(r.refs, std::move(sink), attempt_deadline, std::move(done), trace);
         } else {
-          t.PushPullWithId(r.id, r.grads, r.refs, std::move(sink), attempt_deadline,
-                           std::move(done), trace);
+          t.PushPull(r.id, r.grads, r.refs, std::move(sink), attempt_deadline, std::move(done),
+                     trace);
         }
       },
       deadline, trace);

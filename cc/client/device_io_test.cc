@@ -17,9 +17,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cc/client/client.h"
-#include "cc/client/in_process_transport.h"
 #include "cc/cuda/buffer.h"
 #include "cc/cuda/device.h"
+#include "cc/server/in_process_transport.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -121,49 +121,23 @@ class SlowTransport : public Transport {
   }
 
   const std::string& address() const override { return inner_->address(); }
-  void InitParam(const v1::InitParamRequest& r, absl::Time d, Done done) override {
-    inner_->InitParam(r, d, std::move(done));
+  void Call(absl::string_view method, const google::protobuf::Message& request,
+            google::protobuf::Message* response, absl::Time d, Done done) override {
+    inner_->Call(method, request, response, d, std::move(done));
   }
-  void FinishInitParams(absl::Time d, Done done) override {
-    inner_->FinishInitParams(d, std::move(done));
-  }
-  void GetStats(v1::GetStatsResponse* r, absl::Time d, Done done) override {
-    inner_->GetStats(r, d, std::move(done));
-  }
-  void Push(absl::Span<const GradientView> g, absl::Time d, Done done, TraceRecorder* t) override {
-    inner_->Push(g, d, Slow(std::move(done), g[0].block.index()), t);
+  void Push(const RequestId& id, absl::Span<const GradientView> g, absl::Time d, Done done,
+            TraceRecorder* t) override {
+    inner_->Push(id, g, d, Slow(std::move(done), g[0].block.index()), t);
   }
   void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time d, Done done,
             TraceRecorder* t) override {
     inner_->Pull(refs, std::move(sink), d, Slow(std::move(done), refs[0].block().index()), t);
   }
-  void PushPull(absl::Span<const GradientView> g, absl::Span<const v1::ParamRef> refs,
-                BlockSink sink, absl::Time d, Done done, TraceRecorder* t) override {
-    inner_->PushPull(g, refs, std::move(sink), d, Slow(std::move(done), g[0].block.index()), t);
+  void PushPull(const RequestId& id, absl::Span<const GradientView> g,
+                absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time d, Done done,
+                TraceRecorder* t) override {
+    inner_->PushPull(id, g, refs, std::move(sink), d, Slow(std::move(done), g[0].block.index()), t);
   }
-  void PushWithId(const RequestId& id, absl::Span<const GradientView> g, absl::Time d, Done done,
-                  TraceRecorder* t) override {
-    inner_->PushWithId(id, g, d, Slow(std::move(done), g[0].block.index()), t);
-  }
-  void PushPullWithId(const RequestId& id, absl::Span<const GradientView> g,
-                      absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time d, Done done,
-                      TraceRecorder* t) override {
-    inner_->PushPullWithId(id, g, refs, std::move(sink), d,
-                           Slow(std::move(done), g[0].block.index()), t);
-  }
-#define FORWARD(Method, Req, Resp)                                         \
-  void Method(const Req& r, Resp* out, absl::Time d, Done done) override { \
-    inner_->Method(r, out, d, std::move(done));                            \
-  }
-  FORWARD(CreateTable, v1::CreateTableRequest, v1::CreateTableResponse)
-  FORWARD(TablePull, v1::TablePullRequest, v1::TablePullResponse)
-  FORWARD(TablePush, v1::TablePushRequest, v1::TablePushResponse)
-  FORWARD(Clock, v1::ClockRequest, v1::ClockResponse)
-  FORWARD(TableStats, v1::TableStatsRequest, v1::TableStatsResponse)
-  FORWARD(Barrier, v1::BarrierRequest, v1::BarrierResponse)
-  FORWARD(AllReduce, v1::AllReduceRequest, v1::AllReduceResponse)
-  FORWARD(Broadcast, v1::BroadcastRequest, v1::BroadcastResponse)
-#undef FORWARD
 
  private:
   // `block`: the first block the call carries.
@@ -230,11 +204,10 @@ class DeviceIoTest : public ::testing::TestWithParam<Via> {
                                     OverlapGate* gate = nullptr) {
     absl::StatusOr<std::unique_ptr<Client>> client;
     if (network_delay <= absl::ZeroDuration() && gate == nullptr) {
-      client = GetParam() == Via::kGrpc
-                   ? Client::Connect(options_)
-                   : Client::Create(options_, InProcessTransports(cluster_->stores()));
+      client = GetParam() == Via::kGrpc ? Client::Connect(options_)
+                                        : Client::Create(options_, InProcessTransports(*cluster_));
     } else {
-      std::vector<std::unique_ptr<Transport>> transports = InProcessTransports(cluster_->stores());
+      std::vector<std::unique_ptr<Transport>> transports = InProcessTransports(*cluster_);
       for (auto& t : transports) {
         t = std::make_unique<SlowTransport>(std::move(t), network_delay, gate);
       }
@@ -597,8 +570,7 @@ TEST(CudaDeviceIoTest, WithoutADeviceEveryCallSaysSo) {
   ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(1));
   ClientOptions options;
   options.servers = cluster->addresses();
-  ASSERT_OK_AND_ASSIGN(auto client,
-                       Client::Create(options, InProcessTransports(cluster->stores())));
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Create(options, InProcessTransports(*cluster)));
   const std::string reason(count.status().message());
   float x[4] = {};
   EXPECT_THAT(DeviceIo::ForCuda(client.get(), 0).status(),

@@ -15,13 +15,12 @@
 #include "cc/rpc/grpc_status.h"
 #include "cc/rpc/wire.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 
 namespace pserver {
 namespace {
 
-constexpr char kGetParamsMethod[] = "/pserver.v1.ParameterServer/GetParams";
-constexpr char kSendGradsMethod[] = "/pserver.v1.ParameterServer/SendGrads";
-constexpr char kPushPullMethod[] = "/pserver.v1.ParameterServer/PushPull";
+constexpr char kMethodPrefix[] = "/pserver.v1.ParameterServer/";
 
 std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline, bool wait_for_ready) {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -145,7 +144,8 @@ struct RawCall {
   std::shared_ptr<Cancellation::Registration> cancel;
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
-  Transport::BlockSink sink;
+  std::string method;
+  std::function<absl::Status(const grpc::ByteBuffer&)> receive;
   Transport::Done done;
   absl::Status status;
 };
@@ -181,7 +181,6 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(const std::
     Channel c;
     c.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                           DefaultChannelArguments());
-    c.stub = v1::ParameterServer::NewStub(c.channel);
     c.generic = std::make_unique<grpc::GenericStub>(c.channel);
     made.push_back(std::move(c));
   }
@@ -201,53 +200,14 @@ GrpcTransport::Channel& GrpcTransport::Next() {
   return next;
 }
 
-template <typename Request, typename Response>
-void GrpcTransport::Call(typename NonDeduced<AsyncMethod<Request, Response>>::type method,
-                         const Request& request, Response* response, absl::Time deadline,
-                         Done done) {
-  // The completion callback owns the context.
-  std::shared_ptr<grpc::ClientContext> context = NewContext(deadline, wait_for_ready_);
-  std::shared_ptr<Cancellation::Registration> cancel = CancelWithCall(context);
-  Channel& channel = Next();
-  (channel.stub->async()->*method)(context.get(), &request, response,
-                                   [context, cancel, channel = channel.channel.get(),
-                                    done = std::move(done)](grpc::Status status) mutable {
-                                     cancel.reset();
-                                     absl::Status result = CallStatus(status, *channel);
-                                     // Drop the context (and its reference on the channel) before
-                                     // `done` wakes the caller: if the caller then destroys the
-                                     // client, the channel's last reference must not die on this
-                                     // gRPC thread.
-                                     context.reset();
-                                     done(std::move(result));
-                                   });
-}
-
-void GrpcTransport::InitParam(const v1::InitParamRequest& request, absl::Time deadline, Done done) {
-  auto response = std::make_shared<v1::InitParamResponse>();
-  Call(&v1::ParameterServer::Stub::async::InitParam, request, response.get(), deadline,
-       [response, done = std::move(done)](absl::Status status) { done(std::move(status)); });
-}
-
-void GrpcTransport::FinishInitParams(absl::Time deadline, Done done) {
-  static const auto* const kRequest = new v1::FinishInitParamsRequest();
-  auto response = std::make_shared<v1::FinishInitParamsResponse>();
-  Call(&v1::ParameterServer::Stub::async::FinishInitParams, *kRequest, response.get(), deadline,
-       [response, done = std::move(done)](absl::Status status) { done(std::move(status)); });
-}
-
-void GrpcTransport::GetStats(v1::GetStatsResponse* response, absl::Time deadline, Done done) {
-  static const auto* const kRequest = new v1::GetStatsRequest();
-  Call(&v1::ParameterServer::Stub::async::GetStats, *kRequest, response, deadline, std::move(done));
-}
-
-void GrpcTransport::CallRaw(const char* method,
+void GrpcTransport::CallRaw(absl::string_view method,
                             const std::function<grpc::ByteBuffer(PayloadLease*)>& encode,
-                            BlockSink sink, absl::Time deadline, Done done, TraceRecorder* trace) {
+                            Receive receive, absl::Time deadline, Done done, TraceRecorder* trace) {
   auto call = std::make_shared<RawCall>();
+  call->method = absl::StrCat(kMethodPrefix, method);
   call->context = NewContext(deadline, wait_for_ready_);
   call->cancel = CancelWithCall(call->context);
-  call->sink = std::move(sink);
+  call->receive = std::move(receive);
   call->done = std::move(done);
   // Reports once the call is over (the owner's release) and every borrowed
   // payload slice is free.
@@ -255,15 +215,14 @@ void GrpcTransport::CallRaw(const char* method,
   call->request = encode(lease);
   Channel& channel = Next();
   channel.generic->UnaryCall(
-      call->context.get(), method, grpc::StubOptions(), &call->request, &call->response,
+      call->context.get(), call->method, grpc::StubOptions(), &call->request, &call->response,
       [call, lease, trace, channel = channel.channel.get()](grpc::Status status) {
         call->status = CallStatus(status, *channel);
         if (trace != nullptr) RecordServerTrace(*call->context, *trace);
-        if (call->status.ok() && call->sink) {
-          call->status = DeliverBlocks(call->response, call->sink);
-        }
-        // Let go of what gRPC may still reference before reporting (see
-        // Call).
+        if (call->status.ok() && call->receive) call->status = call->receive(call->response);
+        // Let go of what gRPC may still reference before reporting: if the
+        // caller then destroys the client, the channel's last reference must
+        // not die on this gRPC thread.
         call->cancel.reset();
         call->context.reset();
         call->request.Clear();
@@ -272,94 +231,71 @@ void GrpcTransport::CallRaw(const char* method,
       });
 }
 
-// Without an id (0: unset), a push is the id'd form.
-void GrpcTransport::Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done,
-                         TraceRecorder* trace) {
-  PushWithId(RequestId{}, grads, deadline, std::move(done), trace);
+namespace {
+
+// Reads the blocks of a GetParamsResponse into `sink`.
+std::function<absl::Status(const grpc::ByteBuffer&)> BlocksInto(Transport::BlockSink sink) {
+  return [sink = std::move(sink)](const grpc::ByteBuffer& response) {
+    return DeliverBlocks(response, sink);
+  };
 }
 
-void GrpcTransport::PushWithId(const RequestId& id, absl::Span<const GradientView> grads,
-                               absl::Time deadline, Done done, TraceRecorder* trace) {
+grpc::ByteBuffer Serialize(const google::protobuf::Message& message) {
+  grpc::ByteBuffer buffer;
+  bool own_buffer = false;
+  grpc::SerializationTraits<google::protobuf::Message>::Serialize(message, &buffer, &own_buffer);
+  return buffer;
+}
+
+}  // namespace
+
+void GrpcTransport::Call(absl::string_view method, const google::protobuf::Message& request,
+                         google::protobuf::Message* response, absl::Time deadline, Done done) {
   CallRaw(
-      kSendGradsMethod,
+      method, [&request](PayloadLease*) { return Serialize(request); },
+      [response, method = std::string(method)](const grpc::ByteBuffer& reply) {
+        grpc::ByteBuffer copy(reply);  // shares the slices
+        if (!grpc::SerializationTraits<google::protobuf::Message>::Deserialize(&copy, response)
+                 .ok()) {
+          return absl::InternalError(absl::StrCat("malformed reply to ", method, ": not a ",
+                                                  response->GetDescriptor()->full_name()));
+        }
+        return absl::OkStatus();
+      },
+      deadline, std::move(done), nullptr);
+}
+
+void GrpcTransport::Push(const RequestId& id, absl::Span<const GradientView> grads,
+                         absl::Time deadline, Done done, TraceRecorder* trace) {
+  CallRaw(
+      "SendGrads",
       [grads, id](PayloadLease* lease) {
         return EncodePushRequest(grads, {}, lease, id.client, id.sequence);
       },
       nullptr, deadline, std::move(done), trace);
 }
 
-void GrpcTransport::PushPullWithId(const RequestId& id, absl::Span<const GradientView> grads,
-                                   absl::Span<const v1::ParamRef> refs, BlockSink sink,
-                                   absl::Time deadline, Done done, TraceRecorder* trace) {
+void GrpcTransport::PushPull(const RequestId& id, absl::Span<const GradientView> grads,
+                             absl::Span<const v1::ParamRef> refs, BlockSink sink,
+                             absl::Time deadline, Done done, TraceRecorder* trace) {
   CallRaw(
-      kPushPullMethod,
+      "PushPull",
       [grads, refs, id](PayloadLease* lease) {
         return EncodePushRequest(grads, refs, lease, id.client, id.sequence);
       },
-      std::move(sink), deadline, std::move(done), trace);
+      BlocksInto(std::move(sink)), deadline, std::move(done), trace);
 }
 
 void GrpcTransport::Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
                          Done done, TraceRecorder* trace) {
   CallRaw(
-      kGetParamsMethod,
+      "GetParams",
       [refs](PayloadLease*) {
         v1::GetParamsRequest request;
         for (const v1::ParamRef& ref : refs) *request.add_params() = ref;
-        grpc::ByteBuffer buffer;
-        bool own_buffer = false;
-        grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::GetParamsRequest>(request, &buffer,
-                                                                              &own_buffer);
-        return buffer;
+        return Serialize(request);
       },
-      std::move(sink), deadline, std::move(done), trace);
-}
-
-void GrpcTransport::PushPull(absl::Span<const GradientView> grads,
-                             absl::Span<const v1::ParamRef> refs, BlockSink sink,
-                             absl::Time deadline, Done done, TraceRecorder* trace) {
-  PushPullWithId(RequestId{}, grads, refs, std::move(sink), deadline, std::move(done), trace);
-}
-
-void GrpcTransport::CreateTable(const v1::CreateTableRequest& request,
-                                v1::CreateTableResponse* response, absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::CreateTable, request, response, deadline,
-       std::move(done));
-}
-
-void GrpcTransport::TablePull(const v1::TablePullRequest& request, v1::TablePullResponse* response,
-                              absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::TablePull, request, response, deadline, std::move(done));
-}
-
-void GrpcTransport::TablePush(const v1::TablePushRequest& request, v1::TablePushResponse* response,
-                              absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::TablePush, request, response, deadline, std::move(done));
-}
-
-void GrpcTransport::Clock(const v1::ClockRequest& request, v1::ClockResponse* response,
-                          absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::Clock, request, response, deadline, std::move(done));
-}
-
-void GrpcTransport::TableStats(const v1::TableStatsRequest& request,
-                               v1::TableStatsResponse* response, absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::TableStats, request, response, deadline, std::move(done));
-}
-
-void GrpcTransport::Barrier(const v1::BarrierRequest& request, v1::BarrierResponse* response,
-                            absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::Barrier, request, response, deadline, std::move(done));
-}
-
-void GrpcTransport::AllReduce(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,
-                              absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::AllReduce, request, response, deadline, std::move(done));
-}
-
-void GrpcTransport::Broadcast(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,
-                              absl::Time deadline, Done done) {
-  Call(&v1::ParameterServer::Stub::async::Broadcast, request, response, deadline, std::move(done));
+      BlocksInto(std::move(sink)), deadline, std::move(done), trace);
 }
 
 }  // namespace pserver

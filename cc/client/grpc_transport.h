@@ -19,7 +19,6 @@
 #include "absl/strings/string_view.h"
 #include "cc/client/transport.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "pserver/v1/service.grpc.pb.h"
 
 namespace pserver {
 
@@ -48,68 +47,34 @@ class GrpcTransport final : public Transport {
 
   const std::string& address() const override { return address_; }
 
-  void InitParam(const v1::InitParamRequest& request, absl::Time deadline, Done done) override;
-  void FinishInitParams(absl::Time deadline, Done done) override;
-  void GetStats(v1::GetStatsResponse* response, absl::Time deadline, Done done) override;
-  void Push(absl::Span<const GradientView> grads, absl::Time deadline, Done done,
-            TraceRecorder* trace = nullptr) override;
+  void Call(absl::string_view method, const google::protobuf::Message& request,
+            google::protobuf::Message* response, absl::Time deadline, Done done) override;
+  void Push(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
+            Done done, TraceRecorder* trace = nullptr) override;
   void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
             TraceRecorder* trace = nullptr) override;
-  void PushPull(absl::Span<const GradientView> grads, absl::Span<const v1::ParamRef> refs,
-                BlockSink sink, absl::Time deadline, Done done,
+  void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
+                absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
                 TraceRecorder* trace = nullptr) override;
-  void CreateTable(const v1::CreateTableRequest& request, v1::CreateTableResponse* response,
-                   absl::Time deadline, Done done) override;
-  void TablePull(const v1::TablePullRequest& request, v1::TablePullResponse* response,
-                 absl::Time deadline, Done done) override;
-  void TablePush(const v1::TablePushRequest& request, v1::TablePushResponse* response,
-                 absl::Time deadline, Done done) override;
-  void Clock(const v1::ClockRequest& request, v1::ClockResponse* response, absl::Time deadline,
-             Done done) override;
-  void TableStats(const v1::TableStatsRequest& request, v1::TableStatsResponse* response,
-                  absl::Time deadline, Done done) override;
-  void Barrier(const v1::BarrierRequest& request, v1::BarrierResponse* response,
-               absl::Time deadline, Done done) override;
-  void AllReduce(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,
-                 absl::Time deadline, Done done) override;
-  void Broadcast(const v1::BroadcastRequest& request, v1::BroadcastResponse* response,
-                 absl::Time deadline, Done done) override;
-  void PushWithId(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
-                  Done done, TraceRecorder* trace = nullptr) override;
-  void PushPullWithId(const RequestId& id, absl::Span<const GradientView> grads,
-                      absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
-                      Done done, TraceRecorder* trace = nullptr) override;
 
  private:
   struct Channel {
     std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::ParameterServer::Stub> stub;
     std::unique_ptr<grpc::GenericStub> generic;
   };
+  // Reads a reply's bytes into what the caller asked for.
+  using Receive = std::function<absl::Status(const grpc::ByteBuffer& response)>;
 
   GrpcTransport(std::string address, std::vector<Channel> channels, bool wait_for_ready);
   Channel& Next();
 
   // Sends the request `encode` builds (borrowing payloads through the lease
-  // it is given) to `method` through the generic stub; `sink` (if set) gets
-  // the blocks of the reply. `done` runs once the call is over and gRPC has
-  // let go of every borrowed payload.
-  void CallRaw(const char* method,
-               const std::function<grpc::ByteBuffer(class PayloadLease*)>& encode, BlockSink sink,
+  // it is given) to `method` (the short name) through the generic stub;
+  // `receive` (if set) reads the reply. `done` runs once the call is over
+  // and gRPC has let go of every borrowed payload.
+  void CallRaw(absl::string_view method,
+               const std::function<grpc::ByteBuffer(class PayloadLease*)>& encode, Receive receive,
                absl::Time deadline, Done done, TraceRecorder* trace);
-
-  template <typename Request, typename Response>
-  using AsyncMethod = void (v1::ParameterServer::Stub::async::*)(grpc::ClientContext*,
-                                                                 const Request*, Response*,
-                                                                 std::function<void(grpc::Status)>);
-  template <typename T>
-  struct NonDeduced {
-    using type = T;
-  };
-  // Starts a protobuf `method` on the async stub with a deadline.
-  template <typename Request, typename Response>
-  void Call(typename NonDeduced<AsyncMethod<Request, Response>>::type method,
-            const Request& request, Response* response, absl::Time deadline, Done done);
 
   const std::string address_;
   std::vector<Channel> channels_;

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/client/placement.h"
 #include "cc/core/status_macros.h"
-#include "cc/core/tables.h"
+#include "cc/core/table_keys.h"
 
 namespace pserver {
 namespace {
@@ -41,16 +41,11 @@ Table::Table(Client* client, std::string name, v1::TableConfig config)
 
 absl::StatusOr<Table> Table::Create(Client& client, std::string name, const v1::TableConfig& config,
                                     const CallOptions& call) {
-  const Cancellation::Scope cancel_scope(call.cancel);
   v1::CreateTableRequest request;
   request.set_name(name);
   *request.mutable_config() = config;
-  std::vector<v1::CreateTableResponse> responses(client.num_servers());
-  PS_RETURN_IF_ERROR(client.RunOnEveryServer(
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.CreateTable(request, &responses[i], deadline, std::move(done));
-      },
-      client.Deadline(call)));
+  PS_RETURN_IF_ERROR(
+      client.CallEveryServer<v1::CreateTableResponse>("CreateTable", request, call).status());
   return Table(&client, std::move(name), config);
 }
 
@@ -89,7 +84,7 @@ absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) c
   }
   // Requests of about max_request_bytes of rows each.
   const size_t per_request =
-      std::max<size_t>(1, client_->options_.max_request_bytes / std::max<size_t>(1, row_bytes()));
+      std::max<size_t>(1, client_->options().max_request_bytes / std::max<size_t>(1, row_bytes()));
   Split split;
   for (int server = 0; server < n; ++server) {
     const std::vector<size_t>& positions = by_server[server];
@@ -133,7 +128,7 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
   PS_RETURN_IF_ERROR(client_->RunWithRetries(
       split.parts.size(), [&](size_t i) { return split.parts[i].server; },
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.TablePull(requests[i], &responses[i], deadline, std::move(done));
+        t.Call("TablePull", requests[i], &responses[i], deadline, std::move(done));
       },
       client_->Deadline(call), call.trace));
   RecordServerTimes(responses, call.trace);
@@ -189,7 +184,7 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
   PS_RETURN_IF_ERROR(client_->RunWithRetries(
       split.parts.size(), [&](size_t i) { return split.parts[i].server; },
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.TablePush(requests[i], &responses[i], deadline, std::move(done));
+        t.Call("TablePush", requests[i], &responses[i], deadline, std::move(done));
       },
       client_->Deadline(call), call.trace));
   RecordServerTimes(responses, call.trace);
@@ -197,14 +192,9 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call) const {
-  const Cancellation::Scope cancel_scope(call.cancel);
-  const v1::TableStatsRequest request;
-  std::vector<v1::TableStatsResponse> responses(client_->num_servers());
-  PS_RETURN_IF_ERROR(client_->RunOnEveryServer(
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.TableStats(request, &responses[i], deadline, std::move(done));
-      },
-      client_->Deadline(call)));
+  PS_ASSIGN_OR_RETURN(std::vector<v1::TableStatsResponse> responses,
+                      client_->CallEveryServer<v1::TableStatsResponse>(
+                          "TableStats", v1::TableStatsRequest(), call));
   std::vector<v1::TableStats> stats;
   for (size_t i = 0; i < responses.size(); ++i) {
     auto it = std::find_if(responses[i].tables().begin(), responses[i].tables().end(),
@@ -242,19 +232,14 @@ absl::Status KvWorker::CheckJoined() const {
 }
 
 absl::StatusOr<int64_t> KvWorker::ClockOp(v1::ClockRequest::Op op, const CallOptions& call) const {
-  const Cancellation::Scope cancel_scope(call.cancel);
   Client& client = *table_.client_;
   v1::ClockRequest request;
   request.set_table(table_.name());
   request.set_worker(worker_);
   request.set_op(op);
   if (op == v1::ClockRequest::TICK) request.set_to(clock_ + 1);
-  std::vector<v1::ClockResponse> responses(client.num_servers());
-  PS_RETURN_IF_ERROR(client.RunOnEveryServer(
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Clock(request, &responses[i], deadline, std::move(done));
-      },
-      client.Deadline(call)));
+  PS_ASSIGN_OR_RETURN(std::vector<v1::ClockResponse> responses,
+                      client.CallEveryServer<v1::ClockResponse>("Clock", request, call));
   // Every server keeps the same clock for a worker; a server that restarted
   // from an older checkpoint may be behind, so the worker goes by the most
   // advanced one.

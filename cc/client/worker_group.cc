@@ -44,7 +44,7 @@ absl::Status WorkerGroup::WorkerBarrier(const CallOptions& call) {
   return client_.RunWithRetries(
       1, [&](size_t) { return server; },
       [&](size_t, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Barrier(request, &response, deadline, std::move(done));
+        t.Call("Barrier", request, &response, deadline, std::move(done));
       },
       client_.Deadline(call));
 }
@@ -58,12 +58,7 @@ absl::Status WorkerGroup::ServerBarrier(const CallOptions& call) {
   request.set_generation(++server_barriers_);
   request.set_size(1);
   request.set_participant(participant_);
-  std::vector<v1::BarrierResponse> responses(client_.num_servers());
-  return client_.RunOnEveryServer(
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Barrier(request, &responses[i], deadline, std::move(done));
-      },
-      client_.Deadline(call));
+  return client_.CallEveryServer<v1::BarrierResponse>("Barrier", request, call).status();
 }
 
 absl::Status WorkerGroup::AllReduce(Tensor* tensor, ReduceOp op, const CallOptions& call) {
@@ -87,7 +82,7 @@ absl::Status WorkerGroup::AllReduce(Tensor* tensor, ReduceOp op, const CallOptio
   PS_RETURN_IF_ERROR(client_.RunWithRetries(
       chunks.size(), [&](size_t c) { return chunks[c].server; },
       [&](size_t c, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.AllReduce(requests[c], &responses[c], deadline, std::move(done));
+        t.Call("AllReduce", requests[c], &responses[c], deadline, std::move(done));
       },
       client_.Deadline(call)));
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -122,7 +117,7 @@ absl::Status WorkerGroup::Broadcast(Tensor* tensor, bool root, const CallOptions
   PS_RETURN_IF_ERROR(client_.RunWithRetries(
       chunks.size(), [&](size_t c) { return chunks[c].server; },
       [&](size_t c, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Broadcast(requests[c], &responses[c], deadline, std::move(done));
+        t.Call("Broadcast", requests[c], &responses[c], deadline, std::move(done));
       },
       client_.Deadline(call)));
   if (root) return absl::OkStatus();

@@ -23,7 +23,7 @@
 
 #include "absl/status/status.h"
 #include "cc/client/client.h"
-#include "cc/core/collectives.h"
+#include "cc/core/reduce_op.h"
 #include "cc/core/tensor.h"
 
 namespace pserver {

@@ -62,11 +62,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cc/core/element_type.h"
+#include "cc/core/reduce_op.h"
 #include "cc/core/waiters.h"
 
 namespace pserver {
-
-enum class ReduceOp { kSum, kMean };
 
 class Collectives {
  public:

@@ -15,9 +15,6 @@ namespace pserver {
 namespace {
 
 constexpr char kAlreadyInitialized[] = "pserver already initialized";
-constexpr char kNonFiniteHint[] =
-    "; nothing of the request was applied (a parameter configured with non_finite: SKIP skips "
-    "such gradients instead)";
 constexpr char kZeroSizeRefused[] = "a parameter needs at least one element";
 constexpr char kNotInitialized[] =
     "pserver not fully initialized: call FinishInitParams (finish_init() in Python, FinishInit "
@@ -84,35 +81,7 @@ std::string LayoutString(ElementType type, const Shape& shape, uint32_t count, u
                       count == 1 ? " block" : " blocks", " of ", n, " elements");
 }
 
-absl::Status NonFiniteError(const std::string& what, const NonFinite& bad,
-                            const v1::BlockRef& block) {
-  std::string where = absl::StrCat("element ", bad.index);
-  if (BlockCount(block) > 1) {
-    absl::StrAppend(&where, " of the block (element ", block.offset() + bad.index,
-                    " of the parameter)");
-  }
-  return absl::InvalidArgumentError(absl::StrCat(what, ": ", where, " is ", bad.kind));
-}
-
 }  // namespace
-
-std::string DescribeBlock(absl::string_view name, const v1::BlockRef& block) {
-  if (BlockCount(block) <= 1) return absl::StrCat("parameter '", name, "'");
-  return absl::StrCat("parameter '", name, "' block ", block.index(), " of ", BlockCount(block));
-}
-
-absl::Status NonFiniteGradientError(absl::string_view name, const v1::BlockRef& block,
-                                    const NonFinite& bad) {
-  const std::string what = absl::StrCat("gradient for ", DescribeBlock(name, block));
-  return absl::InvalidArgumentError(
-      absl::StrCat(NonFiniteError(what, bad, block).message(), kNonFiniteHint));
-}
-
-absl::Status NonFiniteNormError(absl::string_view name, const v1::BlockRef& block, double norm) {
-  return absl::InvalidArgumentError(absl::StrCat("gradient for ", DescribeBlock(name, block),
-                                                 ": global_norm must be finite and >= 0, got ",
-                                                 norm, kNonFiniteHint));
-}
 
 // Layout fields never change after Init; the storage (values and optimizer)
 // is guarded by mu: Apply and ImportState under the writer lock, the rest
@@ -207,7 +176,8 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
   }
   if (source == Source::kCaller) {
     if (std::optional<NonFinite> bad = FindNonFinite(param.element_type(), param.content())) {
-      return Reject(NonFiniteError(absl::StrCat(what, ": initial value"), *bad, param.block()));
+      return Reject(
+          NonFiniteValueError(absl::StrCat(what, ": initial value"), *bad, param.block()));
     }
   }
 
@@ -304,17 +274,6 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
   }
   gets_served_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
-}
-
-GradientView GradientView::Of(const v1::Gradient& grad) {
-  GradientView view;
-  view.name = grad.name();
-  view.type = grad.element_type();
-  view.block = grad.block();
-  if (grad.has_global_norm()) view.global_norm = grad.global_norm();
-  view.content = grad.content();
-  view.skip_as_non_finite = grad.skip_as_non_finite();
-  return view;
 }
 
 absl::StatusOr<ParameterStore::Target> ParameterStore::CheckGradient(const GradientView& grad) {

@@ -53,6 +53,7 @@
 #include "absl/types/span.h"
 #include "cc/core/block_storage.h"
 #include "cc/core/finite.h"
+#include "cc/core/gradient_view.h"
 #include "cc/core/optimizer.h"
 #include "cc/core/tensor.h"
 #include "pserver/v1/config.pb.h"
@@ -83,22 +84,6 @@ struct StoreSnapshot {
   // (per-client sequence numbers, clocks, sparse tables...), by name. The
   // store neither fills nor reads it; checkpoints carry it.
   std::map<std::string, std::string> extensions;
-};
-
-// A gradient (or one block of one) whose bytes are borrowed: from a request
-// buffer, a caller's tensor or the network. Valid as long as what it points at.
-struct GradientView {
-  absl::string_view name;
-  ElementType type = v1::ELEMENT_TYPE_UNSPECIFIED;
-  v1::BlockRef block;
-  std::optional<double> global_norm;
-  absl::string_view content;
-  // The client found a NaN or an infinity in the whole gradient (types.proto
-  // Gradient.skip_as_non_finite): skipped where the parameter skips them,
-  // refused where it rejects them.
-  bool skip_as_non_finite = false;
-
-  static GradientView Of(const v1::Gradient& grad);
 };
 
 // What ApplyGradients did with a batch it accepted.
@@ -228,19 +213,6 @@ class ParameterStore {
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> non_finite_skipped_{0};
 };
-
-// "parameter 'w'" or "parameter 'w' block 2 of 4": how errors name a block.
-std::string DescribeBlock(absl::string_view name, const v1::BlockRef& block);
-
-// The refusal of a gradient for (block `block` of) parameter `name` whose
-// element `bad.index` of the block is NaN or infinite, or whose global norm
-// is not finite: INVALID_ARGUMENT "gradient for parameter 'w' block 2 of 3:
-// element 1 of the block (element 2049 of the parameter) is NaN; nothing of
-// the request was applied (...)". The server and the client (which checks a
-// batch split over several servers before sending it) say the same.
-absl::Status NonFiniteGradientError(absl::string_view name, const v1::BlockRef& block,
-                                    const NonFinite& bad);
-absl::Status NonFiniteNormError(absl::string_view name, const v1::BlockRef& block, double norm);
 
 }  // namespace pserver
 

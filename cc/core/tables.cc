@@ -33,20 +33,6 @@ ReduceOp ReduceOpOf(v1::AllReduceRequest::Op op) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<uint64_t>> DecodeKeys(absl::string_view bytes) {
-  if (bytes.size() % sizeof(uint64_t) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("keys must be whole little-endian uint64s, got ", bytes.size(), " bytes"));
-  }
-  std::vector<uint64_t> keys(bytes.size() / sizeof(uint64_t));
-  if (!keys.empty()) std::memcpy(keys.data(), bytes.data(), bytes.size());
-  return keys;
-}
-
-std::string EncodeKeys(absl::Span<const uint64_t> keys) {
-  return std::string(reinterpret_cast<const char*>(keys.data()), keys.size() * sizeof(uint64_t));
-}
-
 absl::Status TableHandler::Pull(SparseTable& table, absl::Span<const uint64_t> keys,
                                 absl::Span<char> out) {
   return table.Pull(keys, out);

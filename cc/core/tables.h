@@ -43,6 +43,7 @@
 #include "absl/types/span.h"
 #include "cc/core/collectives.h"
 #include "cc/core/sparse_table.h"
+#include "cc/core/table_keys.h"
 #include "cc/core/waiters.h"
 #include "cc/core/worker_clocks.h"
 #include "pserver/v1/service.pb.h"
@@ -179,11 +180,6 @@ class Tables {
   absl::flat_hash_map<std::string, std::shared_ptr<TableHandler>> handlers_ ABSL_GUARDED_BY(mu_);
   Collectives collectives_;
 };
-
-// Keys as they travel (little-endian uint64s) and back. INVALID_ARGUMENT
-// when `bytes` is not a whole number of keys.
-absl::StatusOr<std::vector<uint64_t>> DecodeKeys(absl::string_view bytes);
-std::string EncodeKeys(absl::Span<const uint64_t> keys);
 
 }  // namespace pserver
 

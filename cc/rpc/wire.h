@@ -30,7 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "cc/core/parameter_store.h"
+#include "cc/core/gradient_view.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "pserver/v1/service.pb.h"

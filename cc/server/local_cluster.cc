@@ -1,6 +1,7 @@
 #include "cc/server/local_cluster.h"
 
 #include "absl/strings/str_cat.h"
+#include "cc/server/dispatcher.h"
 
 namespace pserver {
 
@@ -27,6 +28,13 @@ std::vector<std::string> LocalCluster::addresses() const {
   std::vector<std::string> out;
   out.reserve(servers_.size());
   for (const auto& server : servers_) out.push_back(server->address());
+  return out;
+}
+
+std::vector<Dispatcher*> LocalCluster::dispatchers() const {
+  std::vector<Dispatcher*> out;
+  out.reserve(servers_.size());
+  for (const auto& server : servers_) out.push_back(&server->dispatcher());
   return out;
 }
 

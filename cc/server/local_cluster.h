@@ -28,7 +28,10 @@ class LocalCluster {
   std::vector<std::string> addresses() const;
   int size() const { return static_cast<int>(servers_.size()); }
   Server& server(int i) { return *servers_.at(i); }
-  // The servers' stores, for an in-process client (cc/client/in_process_transport.h).
+  // The servers' dispatchers, for an in-process client
+  // (cc/server/in_process_transport.h).
+  std::vector<Dispatcher*> dispatchers() const;
+  // The servers' stores.
   std::vector<ParameterStore*> stores() const;
   // Their tables, likewise.
   std::vector<Tables*> tables() const;

@@ -24,6 +24,7 @@
 #include "cc/etcd/leased_key.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/checkpoint_schedule.h"
+#include "cc/server/dispatcher.h"
 #include "cc/server/listener.h"
 #include "cc/server/service.h"
 #include "google/protobuf/util/json_util.h"
@@ -227,7 +228,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   std::unique_ptr<Server> server(new Server(options, device));
   Server* const raw = server.get();
-  ServiceHooks hooks;
+  DispatcherHooks hooks;
   hooks.drop_reply_after_apply_every_n = options.drop_reply_after_apply_every_n;
   hooks.max_reply_bytes_in_flight = options.max_reply_bytes_in_flight;
   if (!options.checkpoint_dir.empty()) {
@@ -239,12 +240,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.etcd_endpoints.empty()) {
     hooks.list_workers = [raw] { return raw->ListWorkers(); };
   }
-  server->service_ = std::make_unique<ParameterServerService>(&server->store_, &server->tables_,
-                                                              options.index, std::move(hooks));
+  server->dispatcher_ = std::make_unique<Dispatcher>(&server->store_, &server->tables_,
+                                                     options.index, std::move(hooks));
+  server->service_ = std::make_unique<ParameterServerService>(server->dispatcher_.get());
   // Claiming an index and loading a checkpoint happen while gRPC already
   // listens (the address goes into etcd); calls meanwhile get UNAVAILABLE.
   const bool staged = !options.etcd_endpoints.empty() || !options.checkpoint_dir.empty();
-  if (staged) server->service_->SetServing(false);
+  if (staged) server->dispatcher_->SetServing(false);
 
   // host:port, with an IPv6 host in brackets.
   const bool ipv6 = options.host.find(':') != std::string::npos;
@@ -258,7 +260,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       Listener::Bind(options.host, options.port, options.reserve_fds, options.handshake_timeout));
   server->port_ = server->listener_->port();
   grpc::ServerBuilder builder;
-  builder.RegisterService(server->service_.get());
+  server->service_->RegisterWith(&builder);
   SetTransportLimits(options, options.max_threads > 0 ? options.max_threads : kDefaultMaxThreads,
                      &builder);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kInitialStreamWindowBytes);
@@ -280,8 +282,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                              "memory"));
   }
   server->loaded_ok_ = true;
-  server->service_->SetIndex(server->index_);
-  server->service_->SetServing(true);
+  server->dispatcher_->SetIndex(server->index_);
+  server->dispatcher_->SetServing(true);
   if (!options.checkpoint_dir.empty() && options.checkpoint_interval > absl::ZeroDuration()) {
     server->checkpoint_thread_ = std::thread([raw] { raw->CheckpointLoop(); });
   }
@@ -567,14 +569,14 @@ absl::Status Server::LoadShard() {
     }
     auto ext = loaded->snapshot.extensions.find(AppliedSequences::kExtensionName);
     if (ext != loaded->snapshot.extensions.end()) {
-      PS_RETURN_IF_ERROR(service_->applied().Restore(ext->second));
+      PS_RETURN_IF_ERROR(dispatcher_->applied().Restore(ext->second));
     }
     PS_RETURN_IF_ERROR(tables_.RestoreFrom(loaded->snapshot.extensions));
     PS_RETURN_IF_ERROR(store_.Restore(std::move(loaded->snapshot)));
     load_messages_.push_back(absl::StrCat("loaded checkpoint ", loaded->info.path, " (sequence ",
                                           loaded->info.sequence, ")"));
     loaded_ = loaded->info;
-    service_->SetCheckpointSequence(loaded->info.sequence);
+    dispatcher_->SetCheckpointSequence(loaded->info.sequence);
   }
   for (const std::string& m : load_messages_) Log(m);
   // New checkpoints get numbers above every one there is.
@@ -595,9 +597,9 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   StoreSnapshot snapshot;
   {
     // No push is between applying and recording its id meanwhile.
-    absl::WriterMutexLock lock(&service_->apply_mu());
+    absl::WriterMutexLock lock(&dispatcher_->apply_mu());
     PS_ASSIGN_OR_RETURN(snapshot, store_.TakeSnapshot());
-    snapshot.extensions[AppliedSequences::kExtensionName] = service_->applied().Serialize();
+    snapshot.extensions[AppliedSequences::kExtensionName] = dispatcher_->applied().Serialize();
     tables_.SaveTo(&snapshot.extensions);
   }
   const uint64_t sequence = next_sequence_++;
@@ -620,7 +622,7 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   absl::StatusOr<std::vector<std::string>> pruned =
       PruneCheckpoints(ShardDir(), options_.checkpoint_keep);
   if (!pruned.ok()) Log(absl::StrCat("pruning old checkpoints: ", pruned.status().ToString()));
-  service_->SetCheckpointSequence(sequence);
+  dispatcher_->SetCheckpointSequence(sequence);
   return info;
 }
 

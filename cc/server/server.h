@@ -42,6 +42,7 @@ class Server;
 
 namespace pserver {
 
+class Dispatcher;
 class ParameterServerService;
 class Listener;
 class EtcdClient;
@@ -157,6 +158,9 @@ class Server {
   // Sparse and KV tables, and collectives; SetHandler here installs custom
   // table handlers (cc/core/tables.h).
   Tables& tables() { return tables_; }
+  // Every operation of this server, as its gRPC service answers it: what an
+  // in-process transport calls (cc/server/in_process_transport.h).
+  Dispatcher& dispatcher() { return *dispatcher_; }
 
   // Writes a checkpoint now, publishes it to etcd (if any), then prunes old
   // ones. FAILED_PRECONDITION without a checkpoint_dir.
@@ -219,7 +223,8 @@ class Server {
   const ServerOptions options_;
   ParameterStore store_;
   Tables tables_;
-  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<ParameterServerService> service_;  // the gRPC face of dispatcher_
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<Listener> listener_;  // accepts for grpc_server_
   std::string address_;

@@ -1,0 +1,305 @@
+#include "cc/server/dispatcher.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "cc/core/status_macros.h"
+
+namespace pserver {
+
+namespace protobuf = google::protobuf;
+
+const char Dispatcher::kMethodPrefix[] = "/pserver.v1.ParameterServer/";
+
+ReplyHold& ReplyHold::operator=(ReplyHold&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    budget_ = std::exchange(other.budget_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+absl::Status ReplyHold::Acquire(ReplyBudget* budget, uint64_t bytes) {
+  Reset();
+  PS_RETURN_IF_ERROR(budget->Acquire(bytes));
+  budget_ = budget;
+  bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+void ReplyHold::Reset() {
+  if (budget_ != nullptr) budget_->Release(bytes_);
+  budget_ = nullptr;
+  bytes_ = 0;
+}
+
+Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, DispatcherHooks hooks)
+    : store_(store),
+      tables_(tables),
+      index_(index),
+      hooks_(std::move(hooks)),
+      reply_budget_(hooks_.max_reply_bytes_in_flight),
+      service_(v1::GetStatsRequest::descriptor()->file()->FindServiceByName("ParameterServer")) {
+  AddControlMethods();
+}
+
+Dispatcher::Method& Dispatcher::Add(const char* name, bool needs_serving,
+                                    const protobuf::Descriptor* request,
+                                    const protobuf::Descriptor* response) {
+  const protobuf::MethodDescriptor* descriptor =
+      service_ == nullptr ? nullptr : service_->FindMethodByName(name);
+  if (descriptor == nullptr || descriptor->input_type() != request ||
+      descriptor->output_type() != response) {
+    // A handler the proto does not declare so: a build mistake, which every
+    // test sees.
+    std::fprintf(stderr, "Dispatcher: pserver.v1.ParameterServer has no method %s(%s) -> %s\n",
+                 name, request->full_name().c_str(), response->full_name().c_str());
+    std::abort();
+  }
+  protobuf::MessageFactory* factory = protobuf::MessageFactory::generated_factory();
+  Method& method = methods_[name];
+  method.descriptor = descriptor;
+  method.request_prototype = factory->GetPrototype(descriptor->input_type());
+  method.response_prototype = factory->GetPrototype(descriptor->output_type());
+  method.needs_serving = needs_serving;
+  return method;
+}
+
+template <typename Request, typename Response>
+void Dispatcher::Sync(const char* name, std::function<absl::Status(const Request&, Response*)> run,
+                      bool needs_serving) {
+  Method& method = Add(name, needs_serving, Request::descriptor(), Response::descriptor());
+  method.run = [run = std::move(run)](const protobuf::Message& request, protobuf::Message* response,
+                                      const CallContext&, Done done) -> CancelWait {
+    done(run(static_cast<const Request&>(request), static_cast<Response*>(response)));
+    return [] {};
+  };
+}
+
+template <typename Request, typename Response>
+void Dispatcher::Wait(
+    const char* name,
+    std::function<CancelWait(const Request&, Response*, absl::Time, WaitDone)> run) {
+  Method& method = Add(name, /*needs_serving=*/true, Request::descriptor(), Response::descriptor());
+  method.run = [run = std::move(run)](const protobuf::Message& request, protobuf::Message* response,
+                                      const CallContext& call, Done done) -> CancelWait {
+    const absl::Time deadline = std::min(call.deadline, absl::Now() + kMaxWait);
+    return run(static_cast<const Request&>(request), static_cast<Response*>(response), deadline,
+               std::move(done));
+  };
+}
+
+void Dispatcher::AddControlMethods() {
+  using namespace v1;  // NOLINT: the message types of one service
+  Sync<InitParamRequest, InitParamResponse>(
+      "InitParam", [this](const InitParamRequest& request, InitParamResponse*) {
+        return store_->Init(request.parameter(), request.config());
+      });
+  Sync<FinishInitParamsRequest, FinishInitParamsResponse>(
+      "FinishInitParams", [this](const FinishInitParamsRequest&, FinishInitParamsResponse*) {
+        store_->FinishInit();
+        return absl::OkStatus();
+      });
+  Add("GetParam", true, GetParamRequest::descriptor(), GetParamResponse::descriptor()).run =
+      [this](const protobuf::Message& request, protobuf::Message* response, const CallContext& call,
+             Done done) -> CancelWait {
+    ReplyHold local;
+    done(GetParam(static_cast<const GetParamRequest&>(request),
+                  static_cast<GetParamResponse*>(response),
+                  call.reply != nullptr ? call.reply : &local));
+    return [] {};
+  };
+  Sync<GetParamInfoRequest, GetParamInfoResponse>(
+      "GetParamInfo", [this](const GetParamInfoRequest& request, GetParamInfoResponse* response) {
+        v1::ParamRef ref;
+        ref.set_name(request.name());
+        // The header of block 0; its bytes are neither copied nor sent.
+        return store_->Read(ref, response->mutable_parameter(), [](absl::string_view) {});
+      });
+  Sync<SendGradRequest, SendGradResponse>(
+      "SendGrad", [this](const SendGradRequest& request, SendGradResponse*) {
+        const Gradient* grad = &request.gradient();
+        return store_->ApplyGradients(absl::MakeConstSpan(&grad, 1));
+      });
+  Sync<GetStatsRequest, GetStatsResponse>(
+      "GetStats",
+      [this](const GetStatsRequest&, GetStatsResponse* response) {
+        FillStats(response->mutable_stats());
+        return absl::OkStatus();
+      },
+      /*needs_serving=*/false);
+  Sync<SaveRequest, SaveResponse>("Save", [this](const SaveRequest&, SaveResponse* response) {
+    if (!hooks_.save) {
+      return absl::FailedPreconditionError(
+          "this server has no checkpoint directory (--checkpoint_dir)");
+    }
+    PS_ASSIGN_OR_RETURN(*response->mutable_checkpoint(), hooks_.save());
+    return absl::OkStatus();
+  });
+  Sync<ListWorkersRequest, ListWorkersResponse>(
+      "ListWorkers",
+      [this](const ListWorkersRequest&, ListWorkersResponse* response) {
+        if (!hooks_.list_workers) {
+          return absl::FailedPreconditionError(
+              "this server has no etcd (--etcd): no worker registry");
+        }
+        PS_ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers, hooks_.list_workers());
+        for (WorkerInfo& w : workers) *response->add_workers() = std::move(w);
+        return absl::OkStatus();
+      },
+      /*needs_serving=*/false);
+  Sync<CreateTableRequest, CreateTableResponse>(
+      "CreateTable", [this](const CreateTableRequest& request, CreateTableResponse*) {
+        return tables_->Create(request);
+      });
+  Wait<TablePullRequest, TablePullResponse>(
+      "TablePull", [this](const TablePullRequest& request, TablePullResponse* response,
+                          absl::Time deadline, WaitDone done) {
+        return tables_->PullAsync(request, response, deadline, std::move(done));
+      });
+  Sync<TablePushRequest, TablePushResponse>(
+      "TablePush", [this](const TablePushRequest& request, TablePushResponse* response) {
+        return ApplyOnce(request.client_id(), request.sequence(),
+                         [&] { return tables_->Push(request, response); });
+      });
+  Sync<ClockRequest, ClockResponse>("Clock",
+                                    [this](const ClockRequest& request, ClockResponse* response) {
+                                      PS_ASSIGN_OR_RETURN(int64_t clock, tables_->Clock(request));
+                                      response->set_clock(clock);
+                                      return absl::OkStatus();
+                                    });
+  Sync<TableStatsRequest, TableStatsResponse>(
+      "TableStats",
+      [this](const TableStatsRequest&, TableStatsResponse* response) {
+        tables_->Stats(response);
+        return absl::OkStatus();
+      },
+      /*needs_serving=*/false);
+  Wait<BarrierRequest, BarrierResponse>(
+      "Barrier",
+      [this](const BarrierRequest& request, BarrierResponse*, absl::Time deadline, WaitDone done) {
+        return tables_->BarrierAsync(request, deadline, std::move(done));
+      });
+  Wait<AllReduceRequest, AllReduceResponse>(
+      "AllReduce", [this](const AllReduceRequest& request, AllReduceResponse* response,
+                          absl::Time deadline, WaitDone done) {
+        return tables_->AllReduceAsync(request, response, deadline, std::move(done));
+      });
+  Wait<BroadcastRequest, BroadcastResponse>(
+      "Broadcast", [this](const BroadcastRequest& request, BroadcastResponse* response,
+                          absl::Time deadline, WaitDone done) {
+        return tables_->BroadcastAsync(request, response, deadline, std::move(done));
+      });
+}
+
+const Dispatcher::Method* Dispatcher::FindMethod(absl::string_view name) const {
+  absl::ConsumePrefix(&name, kMethodPrefix);
+  auto it = methods_.find(name);
+  return it == methods_.end() ? nullptr : &it->second;
+}
+
+CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& request,
+                            protobuf::Message* response, const CallContext& call, Done done) {
+  const Method* method = FindMethod(name);
+  absl::Status status;
+  if (method == nullptr) {
+    status = absl::UnimplementedError(
+        absl::StrCat("pserver.v1.ParameterServer has no control method '", name, "'"));
+  } else if (request.GetDescriptor() != method->descriptor->input_type() ||
+             response->GetDescriptor() != method->descriptor->output_type()) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        method->descriptor->name(), " takes ", method->descriptor->input_type()->full_name(),
+        " and answers ", method->descriptor->output_type()->full_name(), ", not ",
+        request.GetDescriptor()->full_name(), " and ", response->GetDescriptor()->full_name()));
+  } else if (method->needs_serving) {
+    status = CheckServing();
+  }
+  if (!status.ok()) {
+    done(std::move(status));
+    return [] {};
+  }
+  return method->run(request, response, call, std::move(done));
+}
+
+absl::Status Dispatcher::CheckServing() const {
+  if (serving_.load(std::memory_order_acquire)) return absl::OkStatus();
+  return absl::UnavailableError(
+      "pserver is starting: registering and loading its checkpoint; retry");
+}
+
+absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
+                                   absl::FunctionRef<absl::Status()> apply) {
+  absl::ReaderMutexLock lock(&apply_mu_);
+  const bool tracked = client_id != 0 && sequence != 0;
+  if (tracked) {
+    switch (applied_.Begin(client_id, sequence)) {
+      case AppliedSequences::kApplied:
+        duplicates_.fetch_add(1, std::memory_order_relaxed);
+        return absl::OkStatus();
+      case AppliedSequences::kInProgress:
+        return absl::UnavailableError(absl::StrCat("push ", sequence, " of client ",
+                                                   absl::Hex(client_id),
+                                                   " is still being applied; retry"));
+      case AppliedSequences::kNew:
+        break;
+    }
+  }
+  absl::Status status = apply();
+  if (tracked) applied_.Finish(client_id, sequence);
+  const uint64_t every = hooks_.drop_reply_after_apply_every_n;
+  if (status.ok() && every > 0 &&
+      (pushes_applied_.fetch_add(1, std::memory_order_relaxed) + 1) % every == 0) {
+    replies_dropped_.fetch_add(1, std::memory_order_relaxed);
+    return absl::UnavailableError("fault injection: the push was applied, its reply dropped");
+  }
+  return status;
+}
+
+absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads) {
+  PS_RETURN_IF_ERROR(CheckServing());
+  return ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
+}
+
+absl::Status Dispatcher::Read(absl::Span<const v1::ParamRef> refs, BlockReader reader) {
+  v1::Parameter header;
+  for (const v1::ParamRef& ref : refs) {
+    header.Clear();
+    absl::Status delivered;
+    PS_RETURN_IF_ERROR(store_->Read(
+        ref, &header, [&](absl::string_view bytes) { delivered = reader(header, bytes); }));
+    PS_RETURN_IF_ERROR(delivered);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Dispatcher::CheckReplyRoom() {
+  return reply_budget_.Available() ? absl::OkStatus() : reply_budget_.Exhausted(0);
+}
+
+absl::Status Dispatcher::GetParam(const v1::GetParamRequest& request,
+                                  v1::GetParamResponse* response, ReplyHold* reply) {
+  absl::Status status = CheckReplyRoom();
+  if (status.ok()) status = store_->Get(request.param(), response->mutable_parameter());
+  if (status.ok()) status = HoldReply(response->ByteSizeLong(), reply);
+  if (!status.ok()) response->Clear();
+  return status;
+}
+
+void Dispatcher::FillStats(v1::ServerStats* out) const {
+  store_->FillStats(out);
+  out->set_index(index_.load(std::memory_order_relaxed));
+  out->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
+  out->set_duplicates_ignored(duplicates_.load(std::memory_order_relaxed));
+  out->set_replies_dropped(replies_dropped_.load(std::memory_order_relaxed));
+  out->set_checkpoint_sequence(checkpoint_sequence_.load(std::memory_order_relaxed));
+  out->set_reply_bytes_in_flight(reply_budget_.held());
+  out->set_reads_refused_for_memory(reply_budget_.refused());
+}
+
+}  // namespace pserver

@@ -1,0 +1,225 @@
+// Dispatcher: the one mapping of every server operation onto a server's
+// ParameterStore and Tables. The gRPC service (service.h) and the in-process
+// transport (in_process_transport.h) both call it, so that a server answers
+// the same over either by construction.
+//
+//   Dispatcher dispatcher(&store, &tables, /*index=*/0);
+//   v1::GetStatsRequest request;
+//   v1::GetStatsResponse response;
+//   dispatcher.Call("GetStats", request, &response, {}, [](absl::Status s) { ... });
+//
+// Control methods (every method of pserver.v1.ParameterServer but the bulk
+// three) are found by name in one table; their request and response types
+// come from the service's descriptor. Bulk data (pushes with a request id,
+// reads into a sink) are plain methods on borrowed views: no tensor byte is
+// copied into a protobuf message.
+//
+// What every operation shares lives here: the serving check (UNAVAILABLE
+// while a server is still starting), exactly-once pushes (AppliedSequences
+// under apply_mu), the counters GetStats reports, the reply budget, the
+// Save/ListWorkers hooks, fault injection, and waits that end early when
+// cancelled.
+//
+// Thread-safe, as the store and tables are.
+#ifndef PSERVER_CC_SERVER_DISPATCHER_H_
+#define PSERVER_CC_SERVER_DISPATCHER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cc/core/gradient_view.h"
+#include "cc/core/parameter_store.h"
+#include "cc/core/request_id.h"
+#include "cc/core/tables.h"
+#include "cc/core/waiters.h"
+#include "cc/server/applied_sequences.h"
+#include "cc/server/reply_budget.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "pserver/v1/registry.pb.h"
+#include "pserver/v1/service.pb.h"
+
+namespace pserver {
+
+// What a Server adds beyond the store; every field optional.
+struct DispatcherHooks {
+  // Save: writes (and publishes) a checkpoint. Unset: FAILED_PRECONDITION.
+  std::function<absl::StatusOr<v1::CheckpointRecord>()> save;
+  // ListWorkers: the live trainers. Unset: FAILED_PRECONDITION.
+  std::function<absl::StatusOr<std::vector<v1::WorkerInfo>>()> list_workers;
+  // Fault injection for tests: every n-th push that is applied is answered
+  // UNAVAILABLE, as if its reply had been lost. 0: off.
+  uint64_t drop_reply_after_apply_every_n = 0;
+  // Bytes of replies (GetParam, GetParams, PushPull) built but not yet sent,
+  // over all calls; past it reads get UNAVAILABLE ("retry"; RESOURCE_EXHAUSTED
+  // for a single reply larger than the limit)
+  // (--max_reply_bytes_in_flight).
+  uint64_t max_reply_bytes_in_flight = uint64_t{1} << 30;
+};
+
+// A reply's share of the reply budget, given back when the hold is
+// destroyed (once the reply was sent). Move-only; empty holds nothing.
+class ReplyHold {
+ public:
+  ReplyHold() = default;
+  ReplyHold(ReplyHold&& other) noexcept { *this = std::move(other); }
+  ReplyHold& operator=(ReplyHold&& other) noexcept;
+  ReplyHold(const ReplyHold&) = delete;
+  ReplyHold& operator=(const ReplyHold&) = delete;
+  ~ReplyHold() { Reset(); }
+
+  // Takes `bytes` from `budget` (releasing what was held); on failure
+  // nothing is held and the reply must not be sent.
+  absl::Status Acquire(ReplyBudget* budget, uint64_t bytes);
+  void Reset();
+
+ private:
+  ReplyBudget* budget_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+class Dispatcher {
+ public:
+  using Done = std::function<void(absl::Status)>;
+  // Receives each block a read returns, in request order: `header` holds all
+  // but the content, `content` is valid only during the call. An error ends
+  // the read.
+  using BlockReader =
+      absl::FunctionRef<absl::Status(const v1::Parameter& header, absl::string_view content)>;
+
+  // How a control call is made.
+  struct CallContext {
+    // When a waiting call gives up (Barrier, AllReduce, Broadcast,
+    // consistent TablePull): at most kMaxWait from now.
+    absl::Time deadline = absl::InfiniteFuture();
+    // Where a reply that counts against the reply budget (GetParam) holds
+    // its bytes until it is sent. Null: released as soon as it is built.
+    ReplyHold* reply = nullptr;
+  };
+
+  // A control method: its descriptor (request and response types) and the
+  // prototypes to make its messages from.
+  struct Method {
+    const google::protobuf::MethodDescriptor* descriptor = nullptr;
+    const google::protobuf::Message* request_prototype = nullptr;
+    const google::protobuf::Message* response_prototype = nullptr;
+    bool needs_serving = true;
+    std::function<CancelWait(const google::protobuf::Message& request,
+                             google::protobuf::Message* response, const CallContext& call,
+                             Done done)>
+        run;
+  };
+
+  static constexpr absl::Duration kMaxWait = absl::Minutes(10);
+  // "/pserver.v1.ParameterServer/": the prefix of every gRPC method path.
+  static const char kMethodPrefix[];
+
+  // `store` and `tables` must outlive the dispatcher.
+  Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, DispatcherHooks hooks = {});
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // ---- control methods, by name ------------------------------------------
+  // The control method `name` ("GetStats", or its gRPC path
+  // "/pserver.v1.ParameterServer/GetStats"); null for an unknown name and
+  // for the bulk methods.
+  const Method* FindMethod(absl::string_view name) const;
+
+  // Runs control method `name`: fills `response` and calls `done` exactly
+  // once, maybe before returning, maybe later on another thread (a waiting
+  // call). `request` and `response` must be the method's types and stay
+  // valid until `done` runs. Returns what ends a waiting call early with
+  // CANCELLED (a no-op once done, and for calls that do not wait).
+  // UNIMPLEMENTED for an unknown method, INVALID_ARGUMENT for a message of
+  // another type, UNAVAILABLE while not serving.
+  CancelWait Call(absl::string_view name, const google::protobuf::Message& request,
+                  google::protobuf::Message* response, const CallContext& call, Done done);
+
+  // ---- bulk data ---------------------------------------------------------
+  // Applies a batch of gradients whole or not at all, once per id.
+  absl::Status Push(const RequestId& id, absl::Span<const GradientView> grads);
+  // Reads `refs` in order into `reader`; stops at the first error.
+  absl::Status Read(absl::Span<const v1::ParamRef> refs, BlockReader reader);
+  // OK if a reply may be built (the reply budget is not spent).
+  absl::Status CheckReplyRoom();
+  // Holds `bytes` of a built reply in `hold` until it is sent.
+  absl::Status HoldReply(uint64_t bytes, ReplyHold* hold) {
+    return hold->Acquire(&reply_budget_, bytes);
+  }
+  // Counts a request too malformed to reach the store (GetStats).
+  void CountMalformed() { store_->CountRejected(); }
+
+  // ---- lifecycle and what a Server reads ---------------------------------
+  // While not serving (a server still claiming its index or loading its
+  // checkpoint) every call but GetStats, TableStats and ListWorkers fails
+  // with UNAVAILABLE, which clients retry. A dispatcher starts serving.
+  void SetServing(bool serving) { serving_.store(serving, std::memory_order_release); }
+  absl::Status CheckServing() const;
+  void SetIndex(uint32_t index) { index_.store(index, std::memory_order_relaxed); }
+  uint32_t index() const { return index_.load(std::memory_order_relaxed); }
+
+  // Pushes with a request id (client_id, sequence) are applied at most once.
+  AppliedSequences& applied() { return applied_; }
+  // Held shared while a push is applied and its id recorded; a checkpoint
+  // holds it exclusively so that the store and applied() agree.
+  absl::Mutex& apply_mu() { return apply_mu_; }
+  uint64_t replies_dropped() const { return replies_dropped_.load(); }
+  uint64_t duplicates_ignored() const { return duplicates_.load(); }
+  void SetCheckpointSequence(uint64_t sequence) { checkpoint_sequence_.store(sequence); }
+  // Bytes of replies built but not yet sent (see max_reply_bytes_in_flight).
+  const ReplyBudget& reply_budget() const { return reply_budget_; }
+
+ private:
+  // Adds control method `name` answered by `run` (which returns its status);
+  // Wait adds one that waits, returning its CancelWait.
+  template <typename Request, typename Response>
+  void Sync(const char* name, std::function<absl::Status(const Request&, Response*)> run,
+            bool needs_serving = true);
+  template <typename Request, typename Response>
+  void Wait(const char* name,
+            std::function<CancelWait(const Request&, Response*, absl::Time, WaitDone)> run);
+  // The entry of `name`, checked against the proto's declaration.
+  Method& Add(const char* name, bool needs_serving, const google::protobuf::Descriptor* request,
+              const google::protobuf::Descriptor* response);
+  void AddControlMethods();
+
+  // Runs `apply` unless the push (client_id, sequence) was applied before;
+  // client_id 0 is not tracked.
+  absl::Status ApplyOnce(uint64_t client_id, uint64_t sequence,
+                         absl::FunctionRef<absl::Status()> apply);
+  absl::Status GetParam(const v1::GetParamRequest& request, v1::GetParamResponse* response,
+                        ReplyHold* reply);
+  void FillStats(v1::ServerStats* out) const;
+
+  ParameterStore* const store_;
+  Tables* const tables_;
+  std::atomic<uint32_t> index_;
+  const DispatcherHooks hooks_;
+  const absl::Time started_ = absl::Now();
+  std::atomic<bool> serving_{true};
+  AppliedSequences applied_;
+  absl::Mutex apply_mu_;
+  std::atomic<uint64_t> pushes_applied_{0};
+  std::atomic<uint64_t> replies_dropped_{0};
+  std::atomic<uint64_t> duplicates_{0};
+  std::atomic<uint64_t> checkpoint_sequence_{0};
+  ReplyBudget reply_budget_;
+  const google::protobuf::ServiceDescriptor* const service_;
+  absl::flat_hash_map<std::string, Method> methods_;  // by short name; fixed after construction
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_SERVER_DISPATCHER_H_

@@ -1,0 +1,136 @@
+#include "cc/server/in_process_transport.h"
+
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "cc/client/cancellation.h"
+#include "cc/core/status_macros.h"
+
+namespace pserver {
+namespace {
+
+// Starts a call on the dispatcher (`start` hands it `done` and returns its
+// CancelWait), holding no thread while it waits, as the gRPC service does.
+// The calling thread's cancellation (cancellation.h), if any, ends it with
+// CANCELLED; `done` may run on whichever thread completes it.
+void CallCancellable(const std::function<CancelWait(WaitDone)>& start, WaitDone done) {
+  Cancellation* const cancel = Cancellation::Current();
+  if (cancel == nullptr) {
+    start(std::move(done));
+    return;
+  }
+  if (absl::Status cancelled = cancel->Check(); !cancelled.ok()) {
+    done(std::move(cancelled));
+    return;
+  }
+  // The registration lives until the call completes, whichever comes first.
+  struct State {
+    absl::Mutex mu;
+    bool completed ABSL_GUARDED_BY(mu) = false;
+    Cancellation::Registration registration ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<State>();
+  CancelWait cancel_wait = start([state, done = std::move(done)](absl::Status status) {
+    Cancellation::Registration registration;  // unregistered outside the lock
+    {
+      absl::MutexLock lock(&state->mu);
+      state->completed = true;
+      registration = std::move(state->registration);
+    }
+    done(std::move(status));
+  });
+  {
+    absl::MutexLock lock(&state->mu);
+    if (state->completed) return;  // completed inside start(): nothing to cancel
+  }
+  // Outside the lock: already cancelled, OnCancel completes the wait at once.
+  Cancellation::Registration registration = cancel->OnCancel(std::move(cancel_wait));
+  absl::MutexLock lock(&state->mu);
+  if (!state->completed) state->registration = std::move(registration);
+}
+
+// The in-process "server" times of a call, for its ticket's trace.
+class ServerTimes {
+ public:
+  explicit ServerTimes(TraceRecorder* trace)
+      : trace_(trace), received_(absl::ToUnixNanos(absl::Now())) {}
+  void Report() const {
+    if (trace_ == nullptr) return;
+    v1::ServerTrace times;
+    times.set_received_unix_nanos(received_);
+    times.set_processed_unix_nanos(absl::ToUnixNanos(absl::Now()));
+    trace_->Server(times);
+  }
+
+ private:
+  TraceRecorder* const trace_;
+  const int64_t received_;
+};
+
+}  // namespace
+
+InProcessTransport::InProcessTransport(Dispatcher* dispatcher)
+    : dispatcher_(dispatcher), address_(absl::StrCat("in-process:", dispatcher->index())) {}
+
+void InProcessTransport::Call(absl::string_view method, const google::protobuf::Message& request,
+                              google::protobuf::Message* response, absl::Time deadline, Done done) {
+  Dispatcher::CallContext call;
+  call.deadline = deadline;
+  CallCancellable(
+      [&](WaitDone call_done) {
+        return dispatcher_->Call(method, request, response, call, std::move(call_done));
+      },
+      std::move(done));
+}
+
+void InProcessTransport::Push(const RequestId& id, absl::Span<const GradientView> grads, absl::Time,
+                              Done done, TraceRecorder* trace) {
+  ServerTimes times(trace);
+  absl::Status status = dispatcher_->Push(id, grads);
+  times.Report();
+  done(status);
+}
+
+absl::Status InProcessTransport::Read(absl::Span<const v1::ParamRef> refs, const BlockSink& sink) {
+  return dispatcher_->Read(refs, [&](const v1::Parameter& header, absl::string_view bytes) {
+    return sink(header, Segments{bytes});
+  });
+}
+
+void InProcessTransport::Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time,
+                              Done done, TraceRecorder* trace) {
+  ServerTimes times(trace);
+  absl::Status status = dispatcher_->CheckServing();
+  if (status.ok()) status = Read(refs, sink);
+  times.Report();
+  done(status);
+}
+
+void InProcessTransport::PushPull(const RequestId& id, absl::Span<const GradientView> grads,
+                                  absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time,
+                                  Done done, TraceRecorder* trace) {
+  ServerTimes times(trace);
+  absl::Status status = dispatcher_->Push(id, grads);
+  if (status.ok()) status = Read(refs, sink);
+  times.Report();
+  done(status);
+}
+
+std::vector<std::unique_ptr<Transport>> InProcessTransports(
+    const std::vector<Dispatcher*>& dispatchers) {
+  std::vector<std::unique_ptr<Transport>> transports;
+  transports.reserve(dispatchers.size());
+  for (Dispatcher* dispatcher : dispatchers) {
+    transports.push_back(std::make_unique<InProcessTransport>(dispatcher));
+  }
+  return transports;
+}
+
+std::vector<std::unique_ptr<Transport>> InProcessTransports(const LocalCluster& cluster) {
+  return InProcessTransports(cluster.dispatchers());
+}
+
+}  // namespace pserver
