@@ -82,8 +82,8 @@ void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader, c
     PS_ASSIGN_OR_RETURN(pserver::CheckpointSet::ParamInfo info, set->param_info(n));
     PS_RETURN_IF_ERROR(pserver_capi::CheckDtype(dtype));
     if (out == nullptr && out_size != 0) return Null("out");
-    PS_RETURN_IF_ERROR(pserver_capi::CheckBuffer(pserver_capi::ParamWhat(n), info.type,
-                                                 info.shape, dtype, out_size));
+    PS_RETURN_IF_ERROR(pserver_capi::CheckBuffer(pserver_capi::ParamWhat(n), info.type, info.shape,
+                                                 dtype, out_size));
     return set->ReadParam(n, absl::Span<char>(static_cast<char*>(out), out_size));
   });
 }

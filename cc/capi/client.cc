@@ -33,8 +33,7 @@ absl::StatusOr<pserver::Tensor> GradientOf(const pserver::Client& client, const 
                                            int32_t dtype, const void* data, size_t size) {
   PS_RETURN_IF_ERROR(CheckDtype(dtype));
   if (data == nullptr && size != 0) return Null("gradient data");
-  PS_ASSIGN_OR_RETURN(pserver::Shape shape,
-                      pserver_capi::GradientShape(client, name, dtype, size));
+  PS_ASSIGN_OR_RETURN(pserver::Shape shape, pserver_capi::GradientShape(client, name, dtype, size));
   return pserver::Tensor::View(static_cast<pserver::ElementType>(dtype), std::move(shape), data,
                                size);
 }
@@ -120,8 +119,8 @@ absl::StatusOr<std::vector<pserver::Tensor>> PushPullOutputs(
     absl::Span<const pserver::NamedTensor> grads, const pserver_batch_t* outs) {
   PS_RETURN_IF_ERROR(CheckOutputs(outs));
   if (outs->entries.size() != grads.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push_pull: ", grads.size(), " gradients but ", outs->entries.size(), " outputs"));
+    return absl::InvalidArgumentError(absl::StrCat("push_pull: ", grads.size(), " gradients but ",
+                                                   outs->entries.size(), " outputs"));
   }
   std::vector<pserver::Tensor> results;
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -129,11 +128,10 @@ absl::StatusOr<std::vector<pserver::Tensor>> PushPullOutputs(
     const pserver::Tensor& g = grads[i].tensor;
     if (o.name != grads[i].name) {
       return absl::InvalidArgumentError(absl::StrCat("push_pull: output ", i, " is '", o.name,
-                                                     "', gradient ", i, " is for '",
-                                                     grads[i].name, "'"));
+                                                     "', gradient ", i, " is for '", grads[i].name,
+                                                     "'"));
     }
-    PS_ASSIGN_OR_RETURN(pserver::Tensor t,
-                        OutputOf(pserver::ParamLayout{g.type(), g.shape()}, o));
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t, OutputOf(pserver::ParamLayout{g.type(), g.shape()}, o));
     results.push_back(std::move(t));
   }
   return results;

@@ -1,10 +1,9 @@
 // The C ABI: parameter and table configs, set by name through the proto
 // descriptors (cc/core/config_fields.h).
+#include "absl/strings/str_cat.h"
 #include "cc/capi/internal.h"
 #include "cc/core/config_fields.h"
 #include "cc/core/status_macros.h"
-
-#include "absl/strings/str_cat.h"
 
 using pserver_capi::NewHandle;
 using pserver_capi::Null;

@@ -50,7 +50,8 @@ void pserver_client_send_grad_device(pserver_client_t* client, const char* name,
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
-    PS_ASSIGN_OR_RETURN(pserver::Shape shape, pserver_capi::GradientShape(*client->rep, n, dtype, size));
+    PS_ASSIGN_OR_RETURN(pserver::Shape shape,
+                        pserver_capi::GradientShape(*client->rep, n, dtype, size));
     return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) {
       return io.SendGrad(n, static_cast<pserver::ElementType>(dtype), shape, device_data, call);
     });
@@ -82,9 +83,11 @@ void pserver_client_push_pull_device(pserver_client_t* client, const char* name,
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(Alive(client));
     PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
-    PS_ASSIGN_OR_RETURN(pserver::Shape shape, pserver_capi::GradientShape(*client->rep, n, dtype, size));
+    PS_ASSIGN_OR_RETURN(pserver::Shape shape,
+                        pserver_capi::GradientShape(*client->rep, n, dtype, size));
     return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) {
-      return io.PushPull(n, static_cast<pserver::ElementType>(dtype), shape, device_data, device_out, call);
+      return io.PushPull(n, static_cast<pserver::ElementType>(dtype), shape, device_data,
+                         device_out, call);
     });
   });
 }

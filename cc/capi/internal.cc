@@ -224,11 +224,10 @@ absl::StatusOr<pserver::Tensor> TensorOf(const char* name, int32_t dtype, const 
   return pserver::Tensor::View(type, std::move(s), data, size);
 }
 
-
 std::string ParamWhat(const std::string& name) { return absl::StrCat("parameter '", name, "'"); }
 
-absl::StatusOr<pserver::Shape> GradientShape(const pserver::Client& client,
-                                             const std::string& name, int32_t dtype, size_t size) {
+absl::StatusOr<pserver::Shape> GradientShape(const pserver::Client& client, const std::string& name,
+                                             int32_t dtype, size_t size) {
   PS_RETURN_IF_ERROR(CheckDtype(dtype));
   const ElementType type = static_cast<ElementType>(dtype);
   const size_t esize = pserver::ElementSize(type);

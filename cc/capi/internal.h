@@ -233,8 +233,8 @@ std::string ParamWhat(const std::string& name);
 // The shape of a gradient of `size` bytes of `dtype` for parameter `name`:
 // the one its client knows (the buffer checked against it), or one
 // dimension.
-absl::StatusOr<pserver::Shape> GradientShape(const pserver::Client& client,
-                                             const std::string& name, int32_t dtype, size_t size);
+absl::StatusOr<pserver::Shape> GradientShape(const pserver::Client& client, const std::string& name,
+                                             int32_t dtype, size_t size);
 
 }  // namespace pserver_capi
 

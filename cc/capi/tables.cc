@@ -348,7 +348,8 @@ void pserver_group_all_reduce(pserver_group_t* group, int32_t dtype, const int64
       return absl::InvalidArgumentError(
           absl::StrCat("unknown reduce op ", op, " (want 0: sum, 1: mean)"));
     }
-    PS_ASSIGN_OR_RETURN(pserver::Tensor t, pserver_capi::TensorOf(nullptr, dtype, shape, ndim, data, size));
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t,
+                        pserver_capi::TensorOf(nullptr, dtype, shape, ndim, data, size));
     PS_RETURN_IF_ERROR(group->rep->AllReduce(
         &t, op == PSERVER_REDUCE_MEAN ? pserver::ReduceOp::kMean : pserver::ReduceOp::kSum, call));
     CopyBack(t, data, size);
@@ -362,7 +363,8 @@ void pserver_group_broadcast(pserver_group_t* group, int32_t dtype, const int64_
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(AliveGroup(group));
-    PS_ASSIGN_OR_RETURN(pserver::Tensor t, pserver_capi::TensorOf(nullptr, dtype, shape, ndim, data, size));
+    PS_ASSIGN_OR_RETURN(pserver::Tensor t,
+                        pserver_capi::TensorOf(nullptr, dtype, shape, ndim, data, size));
     PS_RETURN_IF_ERROR(group->rep->Broadcast(&t, root != 0, call));
     if (root == 0) CopyBack(t, data, size);
     return absl::OkStatus();

@@ -117,7 +117,8 @@ absl::Status WorkerGroup::Broadcast(Tensor* tensor, bool root, const CallOptions
     request.set_size(size_);
     request.set_participant(participant_);
     request.set_root(root);
-    if (root) request.set_data(std::string(tensor->bytes().substr(chunks[c].offset, chunks[c].length)));
+    if (root)
+      request.set_data(std::string(tensor->bytes().substr(chunks[c].offset, chunks[c].length)));
   }
   PS_RETURN_IF_ERROR(client_.RunWithRetries(
       chunks.size(), [&](size_t c) { return chunks[c].server; },

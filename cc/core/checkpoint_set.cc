@@ -93,17 +93,16 @@ absl::Status CheckpointSet::IndexParams() {
         cp.info = ParamInfo{p.element_type(), shape};
         cp.count = count;
       } else if (cp.info.type != p.element_type() || cp.info.shape != shape || cp.count != count) {
-        return absl::DataLossError(absl::StrCat(
-            "checkpoints disagree on parameter '", p.name(), "': ", ElementTypeName(cp.info.type),
-            ShapeString(cp.info.shape), " in ", cp.count, " blocks vs ",
-            ElementTypeName(p.element_type()), ShapeString(shape), " in ", count, " blocks (",
-            reader->path(), ")"));
+        return absl::DataLossError(
+            absl::StrCat("checkpoints disagree on parameter '", p.name(),
+                         "': ", ElementTypeName(cp.info.type), ShapeString(cp.info.shape), " in ",
+                         cp.count, " blocks vs ", ElementTypeName(p.element_type()),
+                         ShapeString(shape), " in ", count, " blocks (", reader->path(), ")"));
       }
       if (!cp.blocks.emplace(p.block().index(), std::make_pair(reader.get(), i)).second) {
-        return absl::DataLossError(absl::StrCat("parameter '", p.name(), "' block ",
-                                                p.block().index(),
-                                                " is in two opened checkpoints, the second ",
-                                                reader->path()));
+        return absl::DataLossError(
+            absl::StrCat("parameter '", p.name(), "' block ", p.block().index(),
+                         " is in two opened checkpoints, the second ", reader->path()));
       }
     }
   }

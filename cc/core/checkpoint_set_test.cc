@@ -115,16 +115,15 @@ TEST(CheckpointSetTest, UnknownNamesAreNotFound) {
   EXPECT_THAT(set->param_info("nope").status(),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("parameter 'nope' is not in the checkpoint")));
-  EXPECT_THAT(set->table_info("nope").status(),
-              StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("table 'nope' is not in the checkpoint")));
+  EXPECT_THAT(
+      set->table_info("nope").status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("table 'nope' is not in the checkpoint")));
 }
 
 TEST(CheckpointSetTest, OneShardAloneMissesABlockAndWritesNothing) {
   const std::string dir = TestDir();
   WriteCluster(dir);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointSet> set,
-                       CheckpointSet::Open(dir + "/shard-1"));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CheckpointSet> set, CheckpointSet::Open(dir + "/shard-1"));
   EXPECT_EQ(set->num_checkpoints(), 1u);
   std::vector<float> w(6, 0);
   EXPECT_THAT(set->ReadParam("w", absl::MakeSpan(reinterpret_cast<char*>(w.data()), 24)),

@@ -107,10 +107,9 @@ absl::Status SetInFirst(const std::vector<pb::Message*>& places, std::string key
     }
   }
   valid.push_back("lr");
-  return absl::InvalidArgumentError(absl::StrCat("unknown ", rules.noun, " '", key,
-                                                 "' for optimizer ",
-                                                 places[0]->GetDescriptor()->name(),
-                                                 "; valid settings: ", absl::StrJoin(valid, ", ")));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown ", rules.noun, " '", key, "' for optimizer ", places[0]->GetDescriptor()->name(),
+      "; valid settings: ", absl::StrJoin(valid, ", ")));
 }
 
 // Sets `key` on a copy of `config` and keeps it only on success.
@@ -156,16 +155,15 @@ absl::Status ChooseOneof(pb::Message* msg, absl::string_view oneof, absl::string
 
 absl::Status SetParameterSetting(v1::ParameterConfig* config, const std::string& key,
                                  double value) {
-  return SetOnCopy(config, key, value, SettingRules{"config setting"},
-                   [](v1::ParameterConfig* c) {
-                     std::vector<pb::Message*> places = {ChosenOptimizer(c->mutable_optimizer()),
-                                                         c->mutable_learning_rate()};
-                     if (pb::Message* decay = Chosen(c->mutable_learning_rate(), "decay")) {
-                       places.push_back(decay);
-                     }
-                     places.push_back(c->mutable_clipping());
-                     return places;
-                   });
+  return SetOnCopy(config, key, value, SettingRules{"config setting"}, [](v1::ParameterConfig* c) {
+    std::vector<pb::Message*> places = {ChosenOptimizer(c->mutable_optimizer()),
+                                        c->mutable_learning_rate()};
+    if (pb::Message* decay = Chosen(c->mutable_learning_rate(), "decay")) {
+      places.push_back(decay);
+    }
+    places.push_back(c->mutable_clipping());
+    return places;
+  });
 }
 
 absl::Status SetTableSetting(v1::TableConfig* config, const std::string& key, double value) {

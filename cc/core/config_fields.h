@@ -33,8 +33,7 @@ absl::Status ChooseOneof(google::protobuf::Message* msg, absl::string_view oneof
 
 // Sets `key` ("lr" is learning_rate) in the chosen optimizer (SGD if none),
 // the learning-rate schedule, its decay, or the clipping, in that order.
-absl::Status SetParameterSetting(v1::ParameterConfig* config, const std::string& key,
-                                 double value);
+absl::Status SetParameterSetting(v1::ParameterConfig* config, const std::string& key, double value);
 
 // Sets `key` ("lr" is learning_rate) in the chosen row optimizer (SGD if
 // none), the chosen initializer, the initializer, eviction, consistency or

@@ -70,8 +70,7 @@ absl::StatusOr<Tensor> Tensor::Create(ElementType type, Shape shape, std::string
   return t;
 }
 
-absl::StatusOr<Tensor> Tensor::View(ElementType type, Shape shape, const void* data,
-                                    size_t size) {
+absl::StatusOr<Tensor> Tensor::View(ElementType type, Shape shape, const void* data, size_t size) {
   if (data == nullptr && size != 0) return absl::InvalidArgumentError("tensor data is NULL");
   PS_ASSIGN_OR_RETURN(Tensor t, Checked(type, std::move(shape), size));
   if (size != 0) {
@@ -81,8 +80,7 @@ absl::StatusOr<Tensor> Tensor::View(ElementType type, Shape shape, const void* d
   return t;
 }
 
-absl::StatusOr<Tensor> Tensor::MutableView(ElementType type, Shape shape, void* data,
-                                           size_t size) {
+absl::StatusOr<Tensor> Tensor::MutableView(ElementType type, Shape shape, void* data, size_t size) {
   PS_ASSIGN_OR_RETURN(Tensor t, View(type, std::move(shape), data, size));
   t.view_writable_ = t.view_ != nullptr;
   return t;

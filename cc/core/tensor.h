@@ -73,8 +73,7 @@ class Tensor {
   // checked like Create.
   static absl::StatusOr<Tensor> View(ElementType type, Shape shape, const void* data, size_t size);
   // A view whose elements are written in place through mutable_data().
-  static absl::StatusOr<Tensor> MutableView(ElementType type, Shape shape, void* data,
-                                            size_t size);
+  static absl::StatusOr<Tensor> MutableView(ElementType type, Shape shape, void* data, size_t size);
 
   // Checks that `bytes` holds exactly the elements `shape` asks for.
   static absl::StatusOr<Tensor> Create(ElementType type, Shape shape, std::string bytes);
