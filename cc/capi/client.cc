@@ -386,23 +386,19 @@ size_t pserver_client_stats(pserver_client_t* client, pserver_server_stats_t* ou
     PS_RETURN_IF_ERROR(Alive(client));
     if (out == nullptr && capacity != 0) return Null("out");
     PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::ServerStats> stats, client->rep->GetStats(call));
-    n = stats.size();
-    const size_t copy = std::min(struct_size, sizeof(pserver_server_stats_t));
-    for (size_t i = 0; i < n && i < capacity; ++i) {
-      const pserver::v1::ServerStats& s = stats[i];
-      pserver_server_stats_t c;
-      std::memset(&c, 0, sizeof c);
-      c.index = s.index();
-      c.initialized = s.initialized() ? 1 : 0;
-      c.parameters = s.parameters();
-      c.parameter_bytes = s.parameter_bytes();
-      c.optimizer_state_bytes = s.optimizer_state_bytes();
-      c.gradients_applied = s.gradients_applied();
-      c.gets_served = s.gets_served();
-      c.requests_rejected = s.requests_rejected();
-      c.uptime_seconds = s.uptime_seconds();
-      std::memcpy(reinterpret_cast<char*>(out) + i * struct_size, &c, copy);
-    }
+    n = pserver_capi::WriteStructs(
+        stats, out, capacity, struct_size,
+        [](const pserver::v1::ServerStats& s, size_t, pserver_server_stats_t* c) {
+          c->index = s.index();
+          c->initialized = s.initialized() ? 1 : 0;
+          c->parameters = s.parameters();
+          c->parameter_bytes = s.parameter_bytes();
+          c->optimizer_state_bytes = s.optimizer_state_bytes();
+          c->gradients_applied = s.gradients_applied();
+          c->gets_served = s.gets_served();
+          c->requests_rejected = s.requests_rejected();
+          c->uptime_seconds = s.uptime_seconds();
+        });
     return absl::OkStatus();
   });
   return n;

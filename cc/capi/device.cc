@@ -39,6 +39,20 @@ absl::Status WithDeviceIo(pserver_client_t* client, int32_t device,
   return status;
 }
 
+using DevicePushFn = std::function<absl::Status(pserver::DeviceIo&, const std::string& name,
+                                                const pserver::Shape& shape)>;
+
+// Checks a device push of `size` bytes of `dtype` for parameter `name` and
+// runs `fn` with its name, the gradient's shape and an idle DeviceIo.
+absl::Status DevicePush(pserver_client_t* client, const char* name, size_t name_len, int32_t dtype,
+                        size_t size, int32_t device, const DevicePushFn& fn) {
+  PS_RETURN_IF_ERROR(Alive(client));
+  PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
+  PS_ASSIGN_OR_RETURN(pserver::Shape shape,
+                      pserver_capi::GradientShape(*client->rep, n, dtype, size));
+  return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) { return fn(io, n, shape); });
+}
+
 }  // namespace
 
 extern "C" {
@@ -48,13 +62,11 @@ void pserver_client_send_grad_device(pserver_client_t* client, const char* name,
                                      int32_t device, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
-    PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
-    PS_ASSIGN_OR_RETURN(pserver::Shape shape,
-                        pserver_capi::GradientShape(*client->rep, n, dtype, size));
-    return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) {
-      return io.SendGrad(n, static_cast<pserver::ElementType>(dtype), shape, device_data, call);
-    });
+    return DevicePush(
+        client, name, name_len, dtype, size, device,
+        [&](pserver::DeviceIo& io, const std::string& n, const pserver::Shape& shape) {
+          return io.SendGrad(n, static_cast<pserver::ElementType>(dtype), shape, device_data, call);
+        });
   });
 }
 
@@ -81,14 +93,12 @@ void pserver_client_push_pull_device(pserver_client_t* client, const char* name,
                                      size_t size, int32_t device, pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
-    PS_RETURN_IF_ERROR(Alive(client));
-    PS_ASSIGN_OR_RETURN(std::string n, ParamName(name, name_len));
-    PS_ASSIGN_OR_RETURN(pserver::Shape shape,
-                        pserver_capi::GradientShape(*client->rep, n, dtype, size));
-    return WithDeviceIo(client, device, [&](pserver::DeviceIo& io) {
-      return io.PushPull(n, static_cast<pserver::ElementType>(dtype), shape, device_data,
-                         device_out, call);
-    });
+    return DevicePush(
+        client, name, name_len, dtype, size, device,
+        [&](pserver::DeviceIo& io, const std::string& n, const pserver::Shape& shape) {
+          return io.PushPull(n, static_cast<pserver::ElementType>(dtype), shape, device_data,
+                             device_out, call);
+        });
   });
 }
 

@@ -14,8 +14,10 @@
 #ifndef PSERVER_CC_CAPI_INTERNAL_H_
 #define PSERVER_CC_CAPI_INTERNAL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -96,6 +98,13 @@ struct ClientRef {
   std::shared_ptr<pserver::Client> client;
 };
 
+// A handle on something made from a client (a table, KV worker or group).
+template <typename T>
+struct MadeFromClient {
+  ClientRef ref;
+  std::unique_ptr<T> rep;
+};
+
 }  // namespace pserver_capi
 
 struct pserver_batch_t {
@@ -114,20 +123,9 @@ struct pserver_client_t {
   pserver_capi::DeviceIoPool device_io;  // destroyed first: its DeviceIos point at rep
 };
 
-struct pserver_table_t {
-  pserver_capi::ClientRef ref;
-  std::unique_ptr<pserver::Table> rep;
-};
-
-struct pserver_kv_worker_t {
-  pserver_capi::ClientRef ref;
-  std::unique_ptr<pserver::KvWorker> rep;
-};
-
-struct pserver_group_t {
-  pserver_capi::ClientRef ref;
-  std::unique_ptr<pserver::WorkerGroup> rep;
-};
+struct pserver_table_t : pserver_capi::MadeFromClient<pserver::Table> {};
+struct pserver_kv_worker_t : pserver_capi::MadeFromClient<pserver::KvWorker> {};
+struct pserver_group_t : pserver_capi::MadeFromClient<pserver::WorkerGroup> {};
 
 struct pserver_etcd_t {
   std::unique_ptr<pserver::EtcdClient> rep;
@@ -156,6 +154,22 @@ struct pserver_checkpoint_reader_t {
 // ------------------------------------------------------------------ helpers
 
 namespace pserver_capi {
+
+// Writes the first `capacity` of `items` into `out` as C structs made by
+// `fill(item, index, &c)` (zeroed first), each `struct_size` bytes apart
+// (the caller's sizeof: convention 7); returns how many items there are.
+template <typename CStruct, typename Item, typename Fill>
+size_t WriteStructs(const std::vector<Item>& items, CStruct* out, size_t capacity,
+                    size_t struct_size, Fill fill) {
+  const size_t copy = std::min(struct_size, sizeof(CStruct));
+  for (size_t i = 0; i < items.size() && i < capacity; ++i) {
+    CStruct c;
+    std::memset(&c, 0, sizeof c);
+    fill(items[i], i, &c);
+    std::memcpy(reinterpret_cast<char*>(out) + i * struct_size, &c, copy);
+  }
+  return items.size();
+}
 
 // Stores `s` in `status` (NULL: dropped).
 void Set(pserver_status_t* status, const absl::Status& s);

@@ -15,18 +15,28 @@ using pserver_capi::Run;
 
 namespace {
 
-absl::Status CheckKeys(const uint64_t* keys, size_t n) {
-  if (keys == nullptr && n != 0) return Null("keys");
-  return absl::OkStatus();
-}
-
 absl::Span<const uint64_t> KeySpan(const uint64_t* keys, size_t n) {
   return n == 0 ? absl::Span<const uint64_t>() : absl::Span<const uint64_t>(keys, n);
 }
 
-// Checks a caller's buffer of rows: exactly `rows` rows of the table.
-absl::Status CheckRows(const pserver::Table& table, const char* verb, const void* data, size_t size,
-                       size_t rows, const char* unit) {
+absl::Span<char> OutBytes(void* out, size_t size) {
+  return absl::Span<char>(static_cast<char*>(out), size);
+}
+
+absl::string_view InBytes(const void* data, size_t size) {
+  return absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size);
+}
+
+// Rows per chunk of `table`.
+size_t ChunkRows(const pserver::Table& table) {
+  return std::max<uint32_t>(1, table.config().chunk_size());
+}
+
+// Checks the `n` keys of a call to `verb` `table` and the caller's buffer
+// of rows: exactly `rows` rows (`unit` in the error) of the table.
+absl::Status CheckRows(const pserver::Table& table, const char* verb, const uint64_t* keys,
+                       size_t n, const void* data, size_t size, size_t rows, const char* unit) {
+  if (keys == nullptr && n != 0) return Null("keys");
   if (data == nullptr && size != 0) return Null("buffer");
   const size_t want = rows * table.row_bytes();
   if (size != want) {
@@ -38,20 +48,16 @@ absl::Status CheckRows(const pserver::Table& table, const char* verb, const void
   return absl::OkStatus();
 }
 
-absl::Status AliveTable(const pserver_table_t* table) {
-  if (table == nullptr) return Null("table");
-  return pserver_capi::AliveRef(table->ref);
+// "<what> is NULL", or UNAVAILABLE once the handle's local cluster stopped.
+template <typename T>
+absl::Status AliveMade(const pserver_capi::MadeFromClient<T>* handle, const char* what) {
+  if (handle == nullptr) return Null(what);
+  return pserver_capi::AliveRef(handle->ref);
 }
 
-absl::Status AliveWorker(const pserver_kv_worker_t* worker) {
-  if (worker == nullptr) return Null("worker");
-  return pserver_capi::AliveRef(worker->ref);
-}
-
-absl::Status AliveGroup(const pserver_group_t* group) {
-  if (group == nullptr) return Null("group");
-  return pserver_capi::AliveRef(group->ref);
-}
+absl::Status AliveTable(const pserver_table_t* table) { return AliveMade(table, "table"); }
+absl::Status AliveWorker(const pserver_kv_worker_t* worker) { return AliveMade(worker, "worker"); }
+absl::Status AliveGroup(const pserver_group_t* group) { return AliveMade(group, "group"); }
 
 // Copies a collective's result back into the caller's buffer (the view of
 // it was copied on the first write: the buffer changes only on success).
@@ -112,7 +118,7 @@ size_t pserver_table_row_bytes(const pserver_table_t* table) {
 }
 
 uint32_t pserver_table_chunk_size(const pserver_table_t* table) {
-  return table == nullptr ? 0 : std::max<uint32_t>(1, table->rep->config().chunk_size());
+  return table == nullptr ? 0 : static_cast<uint32_t>(ChunkRows(*table->rep));
 }
 
 int32_t pserver_table_server_of(const pserver_table_t* table, uint64_t key,
@@ -132,10 +138,8 @@ void pserver_table_pull(pserver_table_t* table, const uint64_t* keys, size_t n, 
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(AliveTable(table));
-    PS_RETURN_IF_ERROR(CheckKeys(keys, n));
-    PS_RETURN_IF_ERROR(CheckRows(*table->rep, "pull from", out, out_size, n, "keys"));
-    return table->rep->Pull(KeySpan(keys, n), absl::Span<char>(static_cast<char*>(out), out_size),
-                            call);
+    PS_RETURN_IF_ERROR(CheckRows(*table->rep, "pull from", keys, n, out, out_size, n, "keys"));
+    return table->rep->Pull(KeySpan(keys, n), OutBytes(out, out_size), call);
   });
 }
 
@@ -144,11 +148,8 @@ void pserver_table_push(pserver_table_t* table, const uint64_t* keys, size_t n, 
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(AliveTable(table));
-    PS_RETURN_IF_ERROR(CheckKeys(keys, n));
-    PS_RETURN_IF_ERROR(CheckRows(*table->rep, "push to", data, size, n, "keys"));
-    return table->rep->Push(
-        KeySpan(keys, n), absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size),
-        call);
+    PS_RETURN_IF_ERROR(CheckRows(*table->rep, "push to", keys, n, data, size, n, "keys"));
+    return table->rep->Push(KeySpan(keys, n), InBytes(data, size), call);
   });
 }
 
@@ -160,23 +161,19 @@ size_t pserver_table_stats(pserver_table_t* table, pserver_table_stats_t* out, s
     PS_RETURN_IF_ERROR(AliveTable(table));
     if (out == nullptr && capacity != 0) return Null("out");
     PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::TableStats> stats, table->rep->Stats(call));
-    n = stats.size();
-    const size_t copy = std::min(struct_size, sizeof(pserver_table_stats_t));
-    for (size_t i = 0; i < n && i < capacity; ++i) {
-      const pserver::v1::TableStats& s = stats[i];
-      pserver_table_stats_t c;
-      std::memset(&c, 0, sizeof c);
-      c.server = static_cast<uint32_t>(i);
-      c.rows = s.rows();
-      c.bytes = s.bytes();
-      c.evictions = s.evictions();
-      c.pending_keys = s.pending_keys();
-      c.keys_pulled = s.keys_pulled();
-      c.keys_pushed = s.keys_pushed();
-      c.min_clock = s.min_clock();
-      c.workers = s.workers();
-      std::memcpy(reinterpret_cast<char*>(out) + i * struct_size, &c, copy);
-    }
+    n = pserver_capi::WriteStructs(
+        stats, out, capacity, struct_size,
+        [](const pserver::v1::TableStats& s, size_t i, pserver_table_stats_t* c) {
+          c->server = static_cast<uint32_t>(i);
+          c->rows = s.rows();
+          c->bytes = s.bytes();
+          c->evictions = s.evictions();
+          c->pending_keys = s.pending_keys();
+          c->keys_pulled = s.keys_pulled();
+          c->keys_pushed = s.keys_pushed();
+          c->min_clock = s.min_clock();
+          c->workers = s.workers();
+        });
     return absl::OkStatus();
   });
   return n;
@@ -229,10 +226,9 @@ void pserver_kv_worker_get(pserver_kv_worker_t* worker, const uint64_t* keys, si
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(AliveWorker(worker));
-    PS_RETURN_IF_ERROR(CheckKeys(keys, n));
-    PS_RETURN_IF_ERROR(CheckRows(worker->rep->table(), "get from", out, out_size, n, "keys"));
-    return worker->rep->Get(KeySpan(keys, n), absl::Span<char>(static_cast<char*>(out), out_size),
-                            call);
+    PS_RETURN_IF_ERROR(
+        CheckRows(worker->rep->table(), "get from", keys, n, out, out_size, n, "keys"));
+    return worker->rep->Get(KeySpan(keys, n), OutBytes(out, out_size), call);
   });
 }
 
@@ -241,11 +237,8 @@ void pserver_kv_worker_add(pserver_kv_worker_t* worker, const uint64_t* keys, si
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(AliveWorker(worker));
-    PS_RETURN_IF_ERROR(CheckKeys(keys, n));
-    PS_RETURN_IF_ERROR(CheckRows(worker->rep->table(), "add to", data, size, n, "keys"));
-    return worker->rep->Add(
-        KeySpan(keys, n), absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size),
-        call);
+    PS_RETURN_IF_ERROR(CheckRows(worker->rep->table(), "add to", keys, n, data, size, n, "keys"));
+    return worker->rep->Add(KeySpan(keys, n), InBytes(data, size), call);
   });
 }
 
@@ -254,12 +247,10 @@ void pserver_kv_worker_get_chunk(pserver_kv_worker_t* worker, const uint64_t* ch
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(AliveWorker(worker));
-    PS_RETURN_IF_ERROR(CheckKeys(chunk_ids, n));
     const pserver::Table& t = worker->rep->table();
-    const size_t chunk = std::max<uint32_t>(1, t.config().chunk_size());
-    PS_RETURN_IF_ERROR(CheckRows(t, "get chunks from", out, out_size, n * chunk, "rows"));
-    return worker->rep->GetChunk(KeySpan(chunk_ids, n),
-                                 absl::Span<char>(static_cast<char*>(out), out_size), call);
+    PS_RETURN_IF_ERROR(
+        CheckRows(t, "get chunks from", chunk_ids, n, out, out_size, n * ChunkRows(t), "rows"));
+    return worker->rep->GetChunk(KeySpan(chunk_ids, n), OutBytes(out, out_size), call);
   });
 }
 
@@ -268,13 +259,10 @@ void pserver_kv_worker_add_chunk(pserver_kv_worker_t* worker, const uint64_t* ch
   const pserver::CallOptions call = CallOf(status);
   Run(status, [&]() -> absl::Status {
     PS_RETURN_IF_ERROR(AliveWorker(worker));
-    PS_RETURN_IF_ERROR(CheckKeys(chunk_ids, n));
     const pserver::Table& t = worker->rep->table();
-    const size_t chunk = std::max<uint32_t>(1, t.config().chunk_size());
-    PS_RETURN_IF_ERROR(CheckRows(t, "add chunks to", data, size, n * chunk, "rows"));
-    return worker->rep->AddChunk(
-        KeySpan(chunk_ids, n),
-        absl::string_view(size == 0 ? "" : static_cast<const char*>(data), size), call);
+    PS_RETURN_IF_ERROR(
+        CheckRows(t, "add chunks to", chunk_ids, n, data, size, n * ChunkRows(t), "rows"));
+    return worker->rep->AddChunk(KeySpan(chunk_ids, n), InBytes(data, size), call);
   });
 }
 
