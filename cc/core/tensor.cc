@@ -95,26 +95,21 @@ Tensor& Tensor::operator=(const Tensor& other) {
 }
 
 Tensor::Tensor(Tensor&& other) noexcept
-    : type_(std::exchange(other.type_, v1::ELEMENT_TYPE_UNSPECIFIED)),
+    : type_(other.type_),
       shape_(std::move(other.shape_)),
       bytes_(std::move(other.bytes_)),
       view_(std::exchange(other.view_, nullptr)),
       view_size_(std::exchange(other.view_size_, 0)),
-      view_writable_(std::exchange(other.view_writable_, false)) {
-  other.shape_.clear();
-  other.bytes_.clear();
-}
+      view_writable_(std::exchange(other.view_writable_, false)) {}
 
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
   if (this != &other) {
-    type_ = std::exchange(other.type_, v1::ELEMENT_TYPE_UNSPECIFIED);
+    type_ = other.type_;
     shape_ = std::move(other.shape_);
     bytes_ = std::move(other.bytes_);
     view_ = std::exchange(other.view_, nullptr);
     view_size_ = std::exchange(other.view_size_, 0);
     view_writable_ = std::exchange(other.view_writable_, false);
-    other.shape_.clear();
-    other.bytes_.clear();
   }
   return *this;
 }

@@ -13,7 +13,7 @@
 // instead of owning it, so a buffer from C, Python or Go is sent or filled in
 // place (the C ABI's batches). The memory must outlive the view.
 //
-//   PS_ASSIGN_OR_RETURN(Tensor out, Tensor::MutableView(FLOAT32, {2, 3}, buf, 24));
+//   PS_ASSIGN_OR_RETURN(Tensor out, Tensor::MutableView(v1::FLOAT32, {2, 3}, buf, 24));
 //   PS_RETURN_IF_ERROR(client->GetParamsInto({"w"}, absl::MakeSpan(&out, 1)));  // fills buf
 //
 // A view of const memory (View) is read only: mutable_data() first copies
@@ -64,7 +64,8 @@ class Tensor {
   // Copies own their bytes, also when `other` is a view.
   Tensor(const Tensor& other);
   Tensor& operator=(const Tensor& other);
-  // Moves keep a view a view; `other` is left empty.
+  // Moves keep a view a view (as the defaults would: `other` is left
+  // moved-from, and no longer borrows).
   Tensor(Tensor&& other) noexcept;
   Tensor& operator=(Tensor&& other) noexcept;
   ~Tensor() = default;
