@@ -980,11 +980,8 @@ Ticket Client::PushPullAsync(absl::Span<const NamedTensor> grads, absl::Span<Ten
 // ---- TEMP (h1 replaces): checkpoints and layouts --------------------------------------
 
 absl::Status Client::SaveCheckpoint(const CallOptions& call) {
-  // One Save RPC per server, in parallel, to the current addresses (an
-  // in-process client's options name its servers' real addresses).
-  const std::vector<std::string> servers =
-      options_.etcd_endpoints.empty() && !options_.servers.empty() ? options_.servers
-                                                                   : addresses();
+  // One Save RPC per server, in parallel, to the current addresses.
+  const std::vector<std::string> servers = addresses();
   const absl::Time deadline = Deadline(call);
   std::vector<absl::Status> results(servers.size());
   std::vector<std::thread> threads;
