@@ -20,8 +20,6 @@
 #include "cc/etcd/etcd_client.h"
 #include "cc/rpc/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
-#include "grpcpp/grpcpp.h"
-#include "pserver/v1/service.grpc.pb.h"
 #include "pserver/v1/registry.pb.h"
 
 namespace pserver {
@@ -975,47 +973,6 @@ Ticket Client::PushPullAsync(absl::Span<const NamedTensor> grads, absl::Span<Ten
                              const CallOptions& call) {
   return RunAsync([this, grads, outs](const CallOptions& c) { return PushPull(grads, outs, c); },
                   call);
-}
-
-// ---- TEMP (h1 replaces): checkpoints and layouts --------------------------------------
-
-absl::Status Client::SaveCheckpoint(const CallOptions& call) {
-  // One Save RPC per server, in parallel, to the current addresses.
-  const std::vector<std::string> servers = addresses();
-  const absl::Time deadline = Deadline(call);
-  std::vector<absl::Status> results(servers.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < servers.size(); ++i) {
-    threads.emplace_back([&, i] {
-      auto stub = v1::ParameterServer::NewStub(
-          grpc::CreateChannel(servers[i], grpc::InsecureChannelCredentials()));
-      auto context = std::make_shared<grpc::ClientContext>();
-      context->set_deadline(absl::ToChronoTime(deadline));
-      Cancellation::Registration cancel_registration;
-      if (call.cancel != nullptr) {
-        cancel_registration = call.cancel->OnCancel([context] { context->TryCancel(); });
-      }
-      v1::SaveRequest request;
-      v1::SaveResponse response;
-      absl::Status s = FromGrpcStatus(stub->Save(context.get(), request, &response));
-      if (!s.ok()) s = absl::Status(s.code(), absl::StrCat("save on ", servers[i], ": ", s.message()));
-      results[i] = s;
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : results) PS_RETURN_IF_ERROR(s);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<ParamLayout> Client::GetLayout(const std::string& name, const CallOptions& call) {
-  PS_ASSIGN_OR_RETURN(Layout layout, FindOrLearnLayout(name, Deadline(call), call.trace));
-  return ParamLayout{layout.type, layout.shape};
-}
-
-std::optional<ParamLayout> Client::KnownLayout(const std::string& name) const {
-  std::optional<Layout> layout = FindLayout(name);
-  if (!layout.has_value()) return std::nullopt;
-  return ParamLayout{layout->type, layout->shape};
 }
 
 }  // namespace pserver

@@ -126,12 +126,6 @@ struct NamedTensor {
   Tensor tensor;
 };
 
-// What a parameter is, without its values (Client::GetLayout).
-struct ParamLayout {
-  ElementType type;
-  Shape shape;
-};
-
 struct ParamInit {
   std::string name;
   Tensor value;
@@ -224,14 +218,6 @@ class Client {
   // (and Table's) are made.
   Ticket RunAsync(std::function<absl::Status(const CallOptions&)> call_fn,
                   const CallOptions& call = {});
-
-  // Asks every server to write a checkpoint of its shard now (Save RPC).
-  absl::Status SaveCheckpoint(const CallOptions& call = {});
-  // A parameter's type and shape: known ones without a round trip, others
-  // learned from the header of its block 0.
-  absl::StatusOr<ParamLayout> GetLayout(const std::string& name, const CallOptions& call = {});
-  // The layout this client already knows (after init or a first read), if any.
-  std::optional<ParamLayout> KnownLayout(const std::string& name) const;
 
   int num_servers() const { return placement_.num_servers(); }
   const Placement& placement() const { return placement_; }
