@@ -48,7 +48,7 @@ static int failures = 0;
 #define EXPECT_OK(st) EXPECT_STATUS(st, PSERVER_OK, "")
 
 static void test_version_and_codes(void) {
-  EXPECT(strcmp(pserver_version(), "0.2.0") == 0);
+  EXPECT(strcmp(pserver_version(), "0.3.0") == 0);
   EXPECT(PSERVER_NOT_FOUND == 5 && PSERVER_ALREADY_EXISTS == 6 &&
          PSERVER_FAILED_PRECONDITION == 9 && PSERVER_UNAVAILABLE == 14 &&
          PSERVER_DATA_LOSS == 15);
@@ -323,12 +323,12 @@ static void test_local_cluster(void) {
   exercise_client(client);
 
   /* A gRPC client of the same cluster sees the same parameters. */
-  pserver_client_options_t* grpc_opts = pserver_client_options_new();
-  pserver_client_options_set_block_bytes(grpc_opts, 16);
+  pserver_client_options_t* remote_opts = pserver_client_options_new();
+  pserver_client_options_set_block_bytes(remote_opts, 16);
   for (int i = 0; i < 3; ++i) {
-    pserver_client_options_add_server(grpc_opts, pserver_local_cluster_address(cluster, i));
+    pserver_client_options_add_server(remote_opts, pserver_local_cluster_address(cluster, i));
   }
-  pserver_client_t* remote = pserver_client_new(grpc_opts, st);
+  pserver_client_t* remote = pserver_client_new(remote_opts, st);
   EXPECT_OK(st);
   float a[6], b[6];
   pserver_client_get_param(client, "w", 1, PSERVER_FLOAT32, a, sizeof a, st);
@@ -350,7 +350,7 @@ static void test_local_cluster(void) {
   pserver_client_finish_init(client, st);
   EXPECT_STATUS(st, PSERVER_UNAVAILABLE, "stopped");
   pserver_client_delete(client);
-  pserver_client_options_delete(grpc_opts);
+  pserver_client_options_delete(remote_opts);
   pserver_client_options_delete(opts);
   pserver_status_delete(st);
 }
@@ -494,15 +494,15 @@ static void test_checkpoints(void) {
   EXPECT_OK(st);
 
   /* The Save RPC from a gRPC client of the same servers. */
-  pserver_client_options_t* grpc_opts = pserver_client_options_new();
+  pserver_client_options_t* remote_opts = pserver_client_options_new();
   for (int i = 0; i < 3; ++i) {
-    pserver_client_options_add_server(grpc_opts, pserver_local_cluster_address(cluster, i));
+    pserver_client_options_add_server(remote_opts, pserver_local_cluster_address(cluster, i));
   }
-  pserver_client_t* remote = pserver_client_new(grpc_opts, st);
+  pserver_client_t* remote = pserver_client_new(remote_opts, st);
   pserver_client_save_checkpoint(remote, st);
   EXPECT_OK(st);
   pserver_client_delete(remote);
-  pserver_client_options_delete(grpc_opts);
+  pserver_client_options_delete(remote_opts);
   pserver_client_delete(client);
   pserver_local_cluster_delete(cluster);
 

@@ -110,10 +110,10 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define PSERVER_VERSION_MAJOR 0
-#define PSERVER_VERSION_MINOR 2
+#define PSERVER_VERSION_MINOR 3
 #define PSERVER_VERSION_PATCH 0
 
-/* "0.2.0": the library's version (which may be newer than this header's).
+/* "0.3.0": the library's version (which may be newer than this header's).
  *
  * ABI changes (convention 7 holds from one minor version to the next
  * except where listed here):
@@ -121,12 +121,21 @@ extern "C" {
  *          call taking one takes (const char* name, size_t name_len), and
  *          pserver_table_name, pserver_checkpoint_reader_param_name and
  *          _table_name return theirs through a size_t* name_len. Added the
- *          cancellation handle pserver_cancel_t (convention 10). */
+ *          cancellation handle pserver_cancel_t (convention 10).
+ *   0.3.0: no copies of the values: pserver_client_send_grad(s) and
+ *          _push_pull send straight from the caller's buffers, and
+ *          pserver_client_get_param(s) and _push_pull write the parameters
+ *          straight into the caller's outputs once this client knows their
+ *          layout (after an init or a first read). A call that fails after
+ *          sending (a server error, a deadline, a cancellation) may then
+ *          leave an output partly written; bad arguments still fail before
+ *          anything is sent or written. pserver_client_param_info reads
+ *          only a parameter's layout, not its values. Signatures unchanged. */
 PSERVER_EXPORT const char* pserver_version(void);
 
 /* ----------------------------------------------------------------- status */
 
-/* Numbered like absl::StatusCode and grpc::StatusCode. */
+/* Numbered like absl::StatusCode and gRPC's status codes. */
 typedef enum pserver_code_t {
   PSERVER_OK = 0,
   PSERVER_CANCELLED = 1,
@@ -357,7 +366,8 @@ PSERVER_EXPORT void pserver_client_finish_init(pserver_client_t* client,
  * *ndim the number of dimensions, and shape[0 .. min(ndim, shape_capacity))
  * the dimensions (call again with a larger array if *ndim > shape_capacity;
  * shape may be NULL when shape_capacity is 0). Known from an init or an
- * earlier read by this client; otherwise the parameter is read once.
+ * earlier read by this client; otherwise its layout is read once (not its
+ * values).
  * NOT_FOUND for an unknown name. */
 PSERVER_EXPORT void pserver_client_param_info(pserver_client_t* client, const char* name,
                                               size_t name_len, int32_t* dtype, int64_t* shape,
@@ -366,7 +376,9 @@ PSERVER_EXPORT void pserver_client_param_info(pserver_client_t* client, const ch
 
 /* Reads a parameter into `out`: `out_size` must be exactly
  * pserver_dtype_size(dtype) * elements, and `dtype` the parameter's type
- * (INVALID_ARGUMENT otherwise, naming what was expected). */
+ * (INVALID_ARGUMENT otherwise, naming what was expected). Written in place
+ * (see 0.3.0 at pserver_version): on an error after sending, `out` may be
+ * partly written. */
 PSERVER_EXPORT void pserver_client_get_param(pserver_client_t* client, const char* name,
                                              size_t name_len, int32_t dtype, void* out,
                                              size_t out_size, pserver_status_t* status);

@@ -448,6 +448,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   return std::unique_ptr<Client>(new Client(options, std::move(transports)));
 }
 
+std::optional<ParamLayout> Client::KnownLayout(const std::string& name) const {
+  std::optional<Layout> layout = FindLayout(name);
+  if (!layout.has_value()) return std::nullopt;
+  return ParamLayout{layout->type, layout->shape};
+}
+
 std::optional<Client::Layout> Client::FindLayout(const std::string& name) const {
   absl::ReaderMutexLock lock(&layouts_mu_);
   auto it = layouts_.find(name);

@@ -215,6 +215,9 @@ class Client {
   // header of its block 0 from its home server (GetParamInfo). NOT_FOUND for
   // an unknown parameter; FAILED_PRECONDITION before FinishInitParams.
   absl::StatusOr<ParamLayout> GetLayout(const std::string& name, const CallOptions& call = {});
+  // The layout this client already knows (after init or a first read), if
+  // any; asks no server.
+  std::optional<ParamLayout> KnownLayout(const std::string& name) const;
 
   // --- asynchronous forms (cc/client/ticket.h) ---
   // Each returns a ticket at once and runs the call on the client's

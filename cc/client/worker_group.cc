@@ -76,7 +76,7 @@ absl::Status WorkerGroup::AllReduce(Tensor* tensor, ReduceOp op, const CallOptio
     request.set_size(size_);
     request.set_participant(participant_);
     request.set_element_type(tensor->type());
-    request.set_data(tensor->bytes().substr(chunks[c].offset, chunks[c].length));
+    request.set_data(std::string(tensor->bytes().substr(chunks[c].offset, chunks[c].length)));
     request.set_op(op == ReduceOp::kMean ? v1::AllReduceRequest::MEAN : v1::AllReduceRequest::SUM);
   }
   PS_RETURN_IF_ERROR(client_.RunWithRetries(
@@ -112,7 +112,8 @@ absl::Status WorkerGroup::Broadcast(Tensor* tensor, bool root, const CallOptions
     request.set_size(size_);
     request.set_participant(participant_);
     request.set_root(root);
-    if (root) request.set_data(tensor->bytes().substr(chunks[c].offset, chunks[c].length));
+    if (root)
+      request.set_data(std::string(tensor->bytes().substr(chunks[c].offset, chunks[c].length)));
   }
   PS_RETURN_IF_ERROR(client_.RunWithRetries(
       chunks.size(), [&](size_t c) { return chunks[c].server; },

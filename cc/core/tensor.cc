@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,7 +44,7 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-absl::StatusOr<Tensor> Tensor::Create(ElementType type, Shape shape, std::string bytes) {
+absl::StatusOr<Tensor> Tensor::Checked(ElementType type, Shape shape, size_t size) {
   PS_RETURN_IF_ERROR(ValidateStorableType(type, "tensor"));
   PS_ASSIGN_OR_RETURN(int64_t n, NumElements(shape));
   // The element count fits in int64 but its byte count may not fit in size_t.
@@ -52,16 +53,79 @@ absl::StatusOr<Tensor> Tensor::Create(ElementType type, Shape shape, std::string
         absl::StrCat("tensor ", ElementTypeName(type), ShapeString(shape), " is too large"));
   }
   size_t want = static_cast<size_t>(n) * ElementSize(type);
-  if (bytes.size() != want) {
+  if (size != want) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", ElementTypeName(type),
                                                    ShapeString(shape), " needs ", want,
-                                                   " bytes, got ", bytes.size()));
+                                                   " bytes, got ", size));
   }
   Tensor t;
   t.type_ = type;
   t.shape_ = std::move(shape);
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::Create(ElementType type, Shape shape, std::string bytes) {
+  PS_ASSIGN_OR_RETURN(Tensor t, Checked(type, std::move(shape), bytes.size()));
   t.bytes_ = std::move(bytes);
   return t;
+}
+
+absl::StatusOr<Tensor> Tensor::View(ElementType type, Shape shape, const void* data, size_t size) {
+  if (data == nullptr && size != 0) return absl::InvalidArgumentError("tensor data is NULL");
+  PS_ASSIGN_OR_RETURN(Tensor t, Checked(type, std::move(shape), size));
+  if (size != 0) {
+    t.view_ = static_cast<const char*>(data);
+    t.view_size_ = size;
+  }
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::MutableView(ElementType type, Shape shape, void* data, size_t size) {
+  PS_ASSIGN_OR_RETURN(Tensor t, View(type, std::move(shape), data, size));
+  t.view_writable_ = t.view_ != nullptr;
+  return t;
+}
+
+Tensor::Tensor(const Tensor& other)
+    : type_(other.type_), shape_(other.shape_), bytes_(other.bytes()) {}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) *this = Tensor(other);
+  return *this;
+}
+
+Tensor::Tensor(Tensor&& other) noexcept
+    : type_(other.type_),
+      shape_(std::move(other.shape_)),
+      bytes_(std::move(other.bytes_)),
+      view_(std::exchange(other.view_, nullptr)),
+      view_size_(std::exchange(other.view_size_, 0)),
+      view_writable_(std::exchange(other.view_writable_, false)) {}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this != &other) {
+    type_ = other.type_;
+    shape_ = std::move(other.shape_);
+    bytes_ = std::move(other.bytes_);
+    view_ = std::exchange(other.view_, nullptr);
+    view_size_ = std::exchange(other.view_size_, 0);
+    view_writable_ = std::exchange(other.view_writable_, false);
+  }
+  return *this;
+}
+
+char* Tensor::mutable_data() {
+  if (view_ != nullptr && view_writable_) return const_cast<char*>(view_);
+  Own();
+  return bytes_.data();
+}
+
+void Tensor::Own() {
+  if (view_ == nullptr) return;
+  bytes_.assign(view_, view_size_);
+  view_ = nullptr;
+  view_size_ = 0;
+  view_writable_ = false;
 }
 
 absl::StatusOr<Tensor> Tensor::Zeros(ElementType type, Shape shape) {

@@ -219,6 +219,97 @@ TEST(TensorTest, ReleaseBytesMovesTheContentOut) {
 
 // ---- element_type.h -----------------------------------------------------------
 
+// ---- views -------------------------------------------------------------------
+
+TEST(TensorViewTest, ViewBorrowsTheCallersBytes) {
+  const float values[] = {1, 2, 3, 4, 5, 6};
+  absl::StatusOr<Tensor> t = Tensor::View(v1::FLOAT32, {2, 3}, values, sizeof values);
+  ASSERT_THAT(t.status(), IsOk());
+  EXPECT_TRUE(t->is_view());
+  EXPECT_EQ(t->data(), reinterpret_cast<const char*>(values));
+  EXPECT_EQ(t->bytes().data(), reinterpret_cast<const char*>(values));
+  EXPECT_EQ(t->byte_size(), sizeof values);
+  EXPECT_EQ(t->num_elements(), 6);
+  EXPECT_THAT(t->ToVector<float>(), ElementsAre(1, 2, 3, 4, 5, 6));
+}
+
+TEST(TensorViewTest, ViewIsCheckedLikeCreate) {
+  const float values[] = {1, 2, 3};
+  EXPECT_THAT(Tensor::View(v1::FLOAT32, {2, 3}, values, sizeof values).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 24 bytes, got 12")));
+  EXPECT_THAT(Tensor::View(v1::FLOAT32, {3}, nullptr, 12).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NULL")));
+  EXPECT_THAT(Tensor::MutableView(v1::FLOAT32, {-1}, nullptr, 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
+}
+
+TEST(TensorViewTest, MutableViewWritesInPlace) {
+  float buffer[4] = {};
+  absl::StatusOr<Tensor> t = Tensor::MutableView(v1::FLOAT32, {4}, buffer, sizeof buffer);
+  ASSERT_THAT(t.status(), IsOk());
+  EXPECT_EQ(t->mutable_data(), reinterpret_cast<char*>(buffer));
+  t->mutable_values<float>()[2] = 7;
+  EXPECT_EQ(buffer[2], 7);
+  EXPECT_TRUE(t->is_view());
+}
+
+TEST(TensorViewTest, WritingAReadOnlyViewCopiesFirst) {
+  const float values[] = {1, 2};
+  absl::StatusOr<Tensor> t = Tensor::View(v1::FLOAT32, {2}, values, sizeof values);
+  ASSERT_THAT(t.status(), IsOk());
+  char* data = t->mutable_data();
+  EXPECT_NE(data, reinterpret_cast<const char*>(values));
+  EXPECT_FALSE(t->is_view());
+  t->mutable_values<float>()[0] = 9;
+  EXPECT_EQ(values[0], 1);
+  EXPECT_THAT(t->ToVector<float>(), ElementsAre(9, 2));
+}
+
+TEST(TensorViewTest, CopyOfAViewOwnsItsBytes) {
+  float buffer[2] = {1, 2};
+  absl::StatusOr<Tensor> view = Tensor::MutableView(v1::FLOAT32, {2}, buffer, sizeof buffer);
+  ASSERT_THAT(view.status(), IsOk());
+  Tensor copy = *view;
+  EXPECT_FALSE(copy.is_view());
+  EXPECT_NE(copy.data(), reinterpret_cast<const char*>(buffer));
+  EXPECT_EQ(copy.shape(), Shape{2});
+  buffer[0] = 5;
+  EXPECT_THAT(copy.ToVector<float>(), ElementsAre(1, 2));
+  Tensor assigned;
+  assigned = *view;
+  EXPECT_FALSE(assigned.is_view());
+  EXPECT_THAT(assigned.ToVector<float>(), ElementsAre(5, 2));
+}
+
+TEST(TensorViewTest, MoveKeepsTheBorrowAndEmptiesTheSource) {
+  float buffer[2] = {1, 2};
+  absl::StatusOr<Tensor> view = Tensor::MutableView(v1::FLOAT32, {2}, buffer, sizeof buffer);
+  ASSERT_THAT(view.status(), IsOk());
+  Tensor moved = std::move(*view);
+  EXPECT_TRUE(moved.is_view());
+  EXPECT_EQ(moved.mutable_data(), reinterpret_cast<char*>(buffer));
+  EXPECT_FALSE(view->is_view());
+  EXPECT_EQ(view->byte_size(), 0u);
+  Tensor assigned;
+  assigned = std::move(moved);
+  EXPECT_EQ(assigned.data(), reinterpret_cast<const char*>(buffer));
+}
+
+TEST(TensorViewTest, ReleaseBytesOfAViewCopiesThem) {
+  const int32_t values[] = {3, 4};
+  absl::StatusOr<Tensor> t = Tensor::View(v1::INT32, {2}, values, sizeof values);
+  ASSERT_THAT(t.status(), IsOk());
+  std::string bytes = std::move(*t).ReleaseBytes();
+  EXPECT_EQ(bytes, std::string(reinterpret_cast<const char*>(values), sizeof values));
+}
+
+TEST(TensorViewTest, EmptyViewOwnsNothing) {
+  absl::StatusOr<Tensor> t = Tensor::View(v1::FLOAT32, {0}, nullptr, 0);
+  ASSERT_THAT(t.status(), IsOk());
+  EXPECT_FALSE(t->is_view());
+  EXPECT_EQ(t->byte_size(), 0u);
+}
+
 TEST(ElementTypeTest, ElementSize) {
   EXPECT_EQ(ElementSize(v1::INT32), 4u);
   EXPECT_EQ(ElementSize(v1::UINT32), 4u);

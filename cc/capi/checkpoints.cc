@@ -1,0 +1,134 @@
+// The C ABI: the checkpoint reader, forwarding to pserver::CheckpointSet
+// (cc/core/checkpoint_set.h).
+#include "absl/types/span.h"
+#include "cc/capi/internal.h"
+#include "cc/core/status_macros.h"
+
+using pserver_capi::NameBytes;
+using pserver_capi::NameOut;
+using pserver_capi::Null;
+using pserver_capi::Run;
+
+namespace {
+
+absl::StatusOr<const pserver::CheckpointSet*> SetOf(const pserver_checkpoint_reader_t* reader) {
+  if (reader == nullptr) return Null("reader");
+  return reader->rep.get();
+}
+
+// Name i of `names`, or NULL (and 0) when i is out of range.
+const char* NameAt(const std::vector<std::string>* names, size_t i, size_t* name_len) {
+  return NameOut(names != nullptr && i < names->size() ? &(*names)[i] : nullptr, name_len);
+}
+
+}  // namespace
+
+extern "C" {
+
+pserver_checkpoint_reader_t* pserver_checkpoint_reader_new(const char* path,
+                                                           pserver_status_t* status) {
+  pserver_checkpoint_reader_t* out = nullptr;
+  Run(status, [&]() -> absl::Status {
+    if (path == nullptr) return Null("path");
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<pserver::CheckpointSet> set,
+                        pserver::CheckpointSet::Open(path));
+    out = new pserver_checkpoint_reader_t{std::move(set)};
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void pserver_checkpoint_reader_delete(pserver_checkpoint_reader_t* reader) { delete reader; }
+
+size_t pserver_checkpoint_reader_num_checkpoints(const pserver_checkpoint_reader_t* reader) {
+  return reader == nullptr ? 0 : reader->rep->num_checkpoints();
+}
+
+const char* pserver_checkpoint_reader_checkpoint_path(const pserver_checkpoint_reader_t* reader,
+                                                      size_t i) {
+  if (reader == nullptr || i >= reader->rep->num_checkpoints()) return nullptr;
+  return reader->rep->checkpoint_path(i).c_str();
+}
+
+size_t pserver_checkpoint_reader_num_params(const pserver_checkpoint_reader_t* reader) {
+  return reader == nullptr ? 0 : reader->rep->param_names().size();
+}
+
+const char* pserver_checkpoint_reader_param_name(const pserver_checkpoint_reader_t* reader,
+                                                 size_t i, size_t* name_len) {
+  return NameAt(reader == nullptr ? nullptr : &reader->rep->param_names(), i, name_len);
+}
+
+void pserver_checkpoint_reader_param_info(const pserver_checkpoint_reader_t* reader,
+                                          const char* name, size_t name_len, int32_t* dtype,
+                                          int64_t* shape, size_t shape_capacity, size_t* ndim,
+                                          pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_ASSIGN_OR_RETURN(const pserver::CheckpointSet* set, SetOf(reader));
+    PS_ASSIGN_OR_RETURN(const std::string n, NameBytes(name, name_len));
+    PS_ASSIGN_OR_RETURN(pserver::CheckpointSet::ParamInfo info, set->param_info(n));
+    if (dtype != nullptr) *dtype = static_cast<int32_t>(info.type);
+    pserver_capi::WriteShape(info.shape, shape, shape_capacity, ndim);
+    return absl::OkStatus();
+  });
+}
+
+void pserver_checkpoint_reader_read(const pserver_checkpoint_reader_t* reader, const char* name,
+                                    size_t name_len, int32_t dtype, void* out, size_t out_size,
+                                    pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_ASSIGN_OR_RETURN(const pserver::CheckpointSet* set, SetOf(reader));
+    PS_ASSIGN_OR_RETURN(const std::string n, NameBytes(name, name_len));
+    PS_ASSIGN_OR_RETURN(pserver::CheckpointSet::ParamInfo info, set->param_info(n));
+    PS_RETURN_IF_ERROR(pserver_capi::CheckDtype(dtype));
+    if (out == nullptr && out_size != 0) return Null("out");
+    PS_RETURN_IF_ERROR(pserver_capi::CheckBuffer(pserver_capi::ParamWhat(n), info.type, info.shape,
+                                                 dtype, out_size));
+    return set->ReadParam(n, absl::Span<char>(static_cast<char*>(out), out_size));
+  });
+}
+
+void pserver_checkpoint_reader_verify(const pserver_checkpoint_reader_t* reader,
+                                      pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_ASSIGN_OR_RETURN(const pserver::CheckpointSet* set, SetOf(reader));
+    return set->Verify();
+  });
+}
+
+size_t pserver_checkpoint_reader_num_tables(const pserver_checkpoint_reader_t* reader) {
+  return reader == nullptr ? 0 : reader->rep->table_names().size();
+}
+
+const char* pserver_checkpoint_reader_table_name(const pserver_checkpoint_reader_t* reader,
+                                                 size_t i, size_t* name_len) {
+  return NameAt(reader == nullptr ? nullptr : &reader->rep->table_names(), i, name_len);
+}
+
+void pserver_checkpoint_reader_table_info(const pserver_checkpoint_reader_t* reader,
+                                          const char* name, size_t name_len, uint32_t* dim,
+                                          int32_t* dtype, uint64_t* rows,
+                                          pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_ASSIGN_OR_RETURN(const pserver::CheckpointSet* set, SetOf(reader));
+    PS_ASSIGN_OR_RETURN(const std::string n, NameBytes(name, name_len));
+    PS_ASSIGN_OR_RETURN(pserver::CheckpointSet::TableInfo info, set->table_info(n));
+    if (dim != nullptr) *dim = info.dim;
+    if (dtype != nullptr) *dtype = static_cast<int32_t>(info.type);
+    if (rows != nullptr) *rows = info.rows;
+    return absl::OkStatus();
+  });
+}
+
+void pserver_checkpoint_reader_read_table(const pserver_checkpoint_reader_t* reader,
+                                          const char* name, size_t name_len, uint64_t* keys,
+                                          size_t keys_size, void* values, size_t values_size,
+                                          pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    PS_ASSIGN_OR_RETURN(const pserver::CheckpointSet* set, SetOf(reader));
+    PS_ASSIGN_OR_RETURN(const std::string n, NameBytes(name, name_len));
+    return set->ReadTable(n, keys, keys_size, values, values_size);
+  });
+}
+
+}  // extern "C"
