@@ -19,13 +19,13 @@
  *     as str, bytes that are not UTF-8 decoded with surrogateescape.
  *   - cancellation: pserver_py_swap_call_cancel sets, for the calling
  *     thread, a pserver_cancel_t that each call's fresh status carries
- *     (pserver_status_set_cancel); pserver._core runs blocking calls made on
+ *     (pserver_status_set_cancel); pserver._calls runs blocking calls made on
  *     the main thread in a helper thread with one, and cancels it on
  *     KeyboardInterrupt.
  *   - per-call timeouts: pserver_py_swap_call_deadline_ns sets, for the
  *     calling thread, a time (time.monotonic_ns()) by which its blocking
  *     calls must end; each call's fresh status then carries the time left
- *     (pserver_status_set_timeout_ms). pserver._core sets it around a
+ *     (pserver_status_set_timeout_ms). pserver._calls sets it around a
  *     method given `timeout=` and restores it after.
  *   - tables: keys (const uint64_t* keys / chunk_ids, size_t n) take any
  *     C-contiguous buffer of 8-byte items (numpy uint64 arrays); the
@@ -34,7 +34,7 @@
  *     (void* data, size_t size) buffer in place.
  *   - device memory: the device pointers of the *_device calls
  *     (const void* device_data, void* device_out) are Python ints, as
- *     __cuda_array_interface__ gives them; pserver._core checks the rest.
+ *     __cuda_array_interface__ gives them; pserver._arrays checks the rest.
  *   - etcd: pserver_etcd_get returns the value as bytes, and
  *     pserver_etcd_get_prefix a list of (key str, value bytes) tuples; the
  *     library's buffers are freed in the wrapper.
@@ -339,7 +339,7 @@ struct PserverPyBuffer {
 }
 
 /* Quick calls keep the GIL: releasing it costs more than they take, and
- * pserver._core makes them around every blocking call. */
+ * pserver._calls makes them around every blocking call. */
 %nothread pserver_py_swap_call_deadline_ns;
 %nothread pserver_py_call_deadline_ns;
 %nothread pserver_py_swap_call_cancel;
@@ -348,7 +348,7 @@ struct PserverPyBuffer {
 %nothread pserver_cancel_cancel;
 %nothread pserver_cancel_cancelled;
 
-/* For pserver._core: sets the calling thread's call deadline (see the
+/* For pserver._calls: sets the calling thread's call deadline (see the
  * conventions above) and returns the previous one. */
 %inline %{
 int64_t pserver_py_swap_call_deadline_ns(int64_t deadline_ns) {
