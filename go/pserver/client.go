@@ -162,6 +162,14 @@ type Client struct {
 
 	mu       sync.Mutex
 	children map[io.Closer]struct{} // tables, KV workers and groups, closed with it
+	layouts  map[string]layout      // parameters' types and shapes, as info found them
+}
+
+// layout is a parameter's element type and shape, which never change (the
+// first init of a name wins).
+type layout struct {
+	dtype DType
+	shape []int64
 }
 
 // NewClient is a client of opts.Servers (connections are made lazily: an
@@ -370,17 +378,17 @@ func (cl *Client) Init(ctx context.Context, name string, value *Tensor, cfg *Par
 		}
 	}
 	cname := C.CString(name)
-	data := cCopy(value)
+	data, size := value.cMem()
 	shape, freeShape := cShape(value.shape)
 	free := func() {
 		C.free(unsafe.Pointer(cname))
-		data.free()
+		runtime.KeepAlive(value)
 		freeShape()
 		C.pserver_param_config_delete(ccfg)
 	}
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
 		C.pserver_client_init_param(c, cname, C.size_t(len(name)), C.int32_t(value.dtype), shape, C.size_t(len(value.shape)),
-			data.p, data.size(), ccfg, st)
+			data, size, ccfg, st)
 	}, nopErr, free)
 	if err != nil {
 		return fmt.Errorf("pserver: init %q: %w", name, err)
@@ -435,9 +443,31 @@ func (cl *Client) info(ctx context.Context, name string) (DType, []int64, error)
 	return dtype, shape, err
 }
 
+// layout is info(name), asked of the library once per name, so that Get is
+// one library call.
+func (cl *Client) layout(ctx context.Context, name string) (DType, []int64, error) {
+	cl.mu.Lock()
+	l, ok := cl.layouts[name]
+	cl.mu.Unlock()
+	if ok {
+		return l.dtype, l.shape, nil
+	}
+	dtype, shape, err := cl.info(ctx, name)
+	if err != nil {
+		return 0, nil, err
+	}
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.layouts == nil {
+		cl.layouts = make(map[string]layout)
+	}
+	cl.layouts[name] = layout{dtype, shape}
+	return dtype, shape, nil
+}
+
 // Get reads a parameter into a new tensor of its type and shape.
 func (cl *Client) Get(ctx context.Context, name string) (*Tensor, error) {
-	dtype, shape, err := cl.info(ctx, name)
+	dtype, shape, err := cl.layout(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("pserver: get %q: %w", name, err)
 	}
@@ -456,15 +486,10 @@ func (cl *Client) Get(ctx context.Context, name string) (*Tensor, error) {
 // is not written when the call fails or its ctx ends first.
 func (cl *Client) GetInto(ctx context.Context, name string, out *Tensor) error {
 	cname := C.CString(name)
-	_, n := out.mem()
-	buf := cAlloc(n)
+	p, size := out.cMem() // the library writes it only on success
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
-		C.pserver_client_get_param(c, cname, C.size_t(len(name)), C.int32_t(out.dtype), buf.p, buf.size(), st)
-	}, func(err error) {
-		if err == nil {
-			buf.copyTo(out)
-		}
-	}, func() { C.free(unsafe.Pointer(cname)); buf.free() })
+		C.pserver_client_get_param(c, cname, C.size_t(len(name)), C.int32_t(out.dtype), p, size, st)
+	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(out) })
 	if err != nil {
 		return fmt.Errorf("pserver: get %q: %w", name, err)
 	}
@@ -475,7 +500,7 @@ func (cl *Client) GetInto(ctx context.Context, name string, out *Tensor) error {
 func (cl *Client) GetMany(ctx context.Context, names []string) (map[string]*Tensor, error) {
 	outs := make(map[string]*Tensor, len(names))
 	for _, name := range names {
-		dtype, shape, err := cl.info(ctx, name)
+		dtype, shape, err := cl.layout(ctx, name)
 		if err != nil {
 			return nil, fmt.Errorf("pserver: get %q: %w", name, err)
 		}
@@ -504,10 +529,10 @@ func (cl *Client) GetMany(ctx context.Context, names []string) (map[string]*Tens
 // of its type.
 func (cl *Client) SendGrad(ctx context.Context, name string, grad *Tensor) error {
 	cname := C.CString(name)
-	data := cCopy(grad)
+	data, size := grad.cMem()
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
-		C.pserver_client_send_grad(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data.p, data.size(), st)
-	}, nopErr, func() { C.free(unsafe.Pointer(cname)); data.free() })
+		C.pserver_client_send_grad(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data, size, st)
+	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(grad) })
 	if err != nil {
 		return fmt.Errorf("pserver: send grad %q: %w", name, err)
 	}
@@ -535,6 +560,13 @@ func (cl *Client) SendGrads(ctx context.Context, grads map[string]*Tensor) error
 // trip per server. The results have the gradients' types and shapes.
 func (cl *Client) PushPull(ctx context.Context, grads map[string]*Tensor) (map[string]*Tensor, error) {
 	names := sortedNames(grads)
+	if len(names) == 1 {
+		out, err := cl.pushPullOne(ctx, names[0], grads[names[0]])
+		if err != nil {
+			return nil, fmt.Errorf("pserver: push pull %q: %w", names, err)
+		}
+		return map[string]*Tensor{names[0]: out}, nil
+	}
 	outs := make(map[string]*Tensor, len(names))
 	b := newBatch()
 	for _, name := range names {
@@ -559,6 +591,26 @@ func (cl *Client) PushPull(ctx context.Context, grads map[string]*Tensor) (map[s
 		return nil, fmt.Errorf("pserver: push pull %q: %w", names, err)
 	}
 	return outs, nil
+}
+
+// pushPullOne is PushPull of one gradient: one library call over the
+// tensors' own memory (a batch of several is copied to C memory instead, as
+// cgo forbids C memory holding Go pointers).
+func (cl *Client) pushPullOne(ctx context.Context, name string, grad *Tensor) (*Tensor, error) {
+	out, err := newTensor(grad.dtype, grad.shape)
+	if err != nil {
+		return nil, err
+	}
+	cname := C.CString(name)
+	data, size := grad.cMem()
+	p, outSize := out.cMem()
+	err = cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_push_pull_one(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data, size, p, outSize, st)
+	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(grad); runtime.KeepAlive(out) })
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // SaveCheckpoint asks every server to write a checkpoint of its shard now.

@@ -18,12 +18,12 @@ from ._arrays import (DTYPES, _NUMPY, ArrayLike, Shape, _as_array, _check_device
 from ._calls import _blocking, _deadline
 from ._config import _client_options, _Config
 from ._errors import InvalidArgument
-from ._handles import _Closing, _Handle
+from ._handles import _Handle, _HandleOwner
 from ._group import Group, _group
 from ._tables import Table, _create_table
 
 
-class Client(_Closing):
+class Client(_HandleOwner):
     """A trainer's handle on a set of parameter servers. Thread-safe.
 
     Parameters are numpy arrays of float32, float64, int32, uint32, int64 or
@@ -104,11 +104,6 @@ class Client(_Closing):
     def _adopt(self, child: Any) -> None:
         """Closes `child` (a Table, KvWorker or Group) when the client closes."""
         self.__dict__.setdefault("_children", weakref.WeakSet()).add(child)
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
-
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._servers)} servers"
@@ -227,14 +222,9 @@ class Client(_Closing):
 
     def _get_many(self, names: Sequence[str]) -> Dict[str, np.ndarray]:
         outs = {name: self._out(name, None) for name in names}
-        batch = _c.pserver_batch_new()
-        try:
-            for name, (arr, code) in outs.items():
-                _c.pserver_batch_add_output(batch, name, code, arr)
-            with self._h.use() as h:
-                _blocking(_c.pserver_client_get_params, h, batch)
-        finally:
-            _c.pserver_batch_delete(batch)
+        with self._h.use() as h:
+            _blocking(_c.pserver_client_get_params_n, h,
+                      [(name, code, arr) for name, (arr, code) in outs.items()])
         return {name: arr for name, (arr, _) in outs.items()}
 
     # -- gradients -------------------------------------------------------------
@@ -305,14 +295,9 @@ class Client(_Closing):
         if not grads:
             return
         arrays = [(name, *self._grad(name, g)) for name, g in grads.items()]
-        batch = _c.pserver_batch_new()
-        try:
-            for name, arr, code in arrays:  # `arrays` keeps the buffers alive
-                _c.pserver_batch_add_input(batch, name, code, arr)
-            with self._h.use() as h:
-                _blocking(_c.pserver_client_send_grads, h, batch)
-        finally:
-            _c.pserver_batch_delete(batch)
+        with self._h.use() as h:
+            _blocking(_c.pserver_client_send_grads_n, h,
+                      [(name, code, arr) for name, arr, code in arrays])
 
     def push_pull(self, grads: Mapping[str, ArrayLike],
                   out: Optional[Mapping[str, np.ndarray]] = None, *,
@@ -363,16 +348,9 @@ class Client(_Closing):
             else:
                 _check_out(target, arr.dtype, arr.shape, f"parameter {name!r}")
             results[name] = target
-        gbatch, obatch = _c.pserver_batch_new(), _c.pserver_batch_new()
-        try:
-            for name, arr, code in arrays:
-                _c.pserver_batch_add_input(gbatch, name, code, arr)
-                _c.pserver_batch_add_output(obatch, name, code, results[name])
-            with self._h.use() as h:
-                _blocking(_c.pserver_client_push_pull, h, gbatch, obatch)
-        finally:
-            _c.pserver_batch_delete(gbatch)
-            _c.pserver_batch_delete(obatch)
+        with self._h.use() as h:
+            _blocking(_c.pserver_client_push_pull_n, h,
+                      [(name, code, arr, results[name]) for name, arr, code in arrays])
         return results
 
     # -- tables and groups ------------------------------------------------------

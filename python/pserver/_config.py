@@ -1,10 +1,11 @@
-"""Parameter configs (optimizer, schedule, settings) and client options built
-from keyword arguments, and the number every setting becomes at the C ABI."""
+"""Parameter configs (optimizer, schedule, settings) and client and server
+options built from keyword arguments, and the number every setting becomes at the C ABI."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, Mapping, Optional, Union
+from typing import (Any, ContextManager, Dict, Iterator, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 from . import capi as _c
 from ._errors import InvalidArgument
@@ -69,22 +70,42 @@ def param_config_text(optimizer: Optional[str] = None, *, schedule: Optional[str
         return cfg.text()
 
 
+def _int(value: Optional[Any]) -> Optional[int]:
+    return None if value is None else int(value)
+
+
 @contextlib.contextmanager
-def _client_options(timeout: float, block_bytes: Optional[int],
-                    max_request_bytes: Optional[int],
-                    channels_per_server: Optional[int]) -> Iterator[Any]:
-    opts = _c.pserver_client_options_new()
+def _options(kind: str, settings: Sequence[Tuple[str, Any]]) -> Iterator[Any]:
+    """A new pserver_<kind>_options_t with each (setting, value) whose value
+    is not None set through pserver_<kind>_options_set_<setting>; freed on
+    exit."""
+    opts = getattr(_c, f"pserver_{kind}_options_new")()
     try:
-        if timeout is not None:
-            if timeout <= 0:
-                raise InvalidArgument(f"timeout must be positive, got {timeout}")
-            _c.pserver_client_options_set_timeout_ms(opts, max(1, int(timeout * 1000)))
-        if block_bytes is not None:
-            _c.pserver_client_options_set_block_bytes(opts, int(block_bytes))
-        if max_request_bytes is not None:
-            _c.pserver_client_options_set_max_request_bytes(opts, int(max_request_bytes))
-        if channels_per_server is not None:
-            _c.pserver_client_options_set_channels_per_server(opts, int(channels_per_server))
+        for setting, value in settings:
+            if value is not None:
+                getattr(_c, f"pserver_{kind}_options_set_{setting}")(opts, value)
         yield opts
     finally:
-        _c.pserver_client_options_delete(opts)
+        getattr(_c, f"pserver_{kind}_options_delete")(opts)
+
+
+def _client_options(timeout: Optional[float], block_bytes: Optional[int],
+                    max_request_bytes: Optional[int],
+                    channels_per_server: Optional[int]) -> ContextManager[Any]:
+    if timeout is not None and timeout <= 0:
+        raise InvalidArgument(f"timeout must be positive, got {timeout}")
+    return _options("client", [
+        ("timeout_ms", None if timeout is None else max(1, int(timeout * 1000))),
+        ("block_bytes", _int(block_bytes)),
+        ("max_request_bytes", _int(max_request_bytes)),
+        ("channels_per_server", _int(channels_per_server)),
+    ])
+
+
+def _server_options(host: str, port: int, index: int, num_threads: int,
+                    checkpoint_dir: Optional[str]) -> ContextManager[Any]:
+    return _options("server", [
+        ("host", host), ("port", int(port)), ("index", int(index)),
+        ("num_threads", int(num_threads)),
+        ("checkpoint_dir", None if checkpoint_dir is None else str(checkpoint_dir)),
+    ])

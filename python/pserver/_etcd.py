@@ -6,10 +6,10 @@ from typing import List, Sequence, Tuple, Union
 
 from . import capi as _c
 from ._errors import InvalidArgument
-from ._handles import _Closing, _Handle
+from ._handles import _Handle, _HandleOwner
 
 
-class Etcd(_Closing):
+class Etcd(_HandleOwner):
     """A small etcd v3 client for tools, over the C ABI's ``pserver_etcd_*`` calls.
 
     Keys are full etcd keys, e.g. ``"/pserver/default/ps_desired"`` (the layout
@@ -63,10 +63,6 @@ class Etcd(_Closing):
     def close(self) -> None:
         """Waits for calls in flight and frees the client; safe to call twice."""
         self._h.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
 
     def __repr__(self) -> str:
         return f"<pserver.Etcd {self._endpoints}{' closed' if self.closed else ''}>"

@@ -12,7 +12,7 @@ from . import capi as _c
 from ._arrays import _dtype_code
 from ._calls import _blocking, _deadline
 from ._errors import InvalidArgument
-from ._handles import _Closing, _Handle
+from ._handles import _Handle, _HandleOwner
 from ._tables import _choice
 
 __all__ = ["Group"]
@@ -22,7 +22,7 @@ _SCOPES = {"workers": _c.PSERVER_BARRIER_WORKERS, "servers": _c.PSERVER_BARRIER_
 _OPS = {"sum": _c.PSERVER_REDUCE_SUM, "mean": _c.PSERVER_REDUCE_MEAN}
 
 
-class Group(_Closing):
+class Group(_HandleOwner):
     """This worker's membership of a group of `size` workers, for barriers,
     all-reduce and broadcast through the servers.
 
@@ -104,13 +104,6 @@ class Group(_Closing):
         self._call(_c.pserver_group_broadcast, code, arr.shape, arr, 1 if root else 0,
                    timeout=timeout)
         return arr
-
-    def close(self) -> None:
-        self._h.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
 
     def __repr__(self) -> str:
         return (f"<pserver.Group {self._name!r} member {self._participant!r} of "

@@ -65,3 +65,17 @@ class _Closing:
             self.close()
         except Exception:
             pass
+
+
+class _HandleOwner(_Closing):
+    """A _Closing over one _Handle, ``self._h``: close() frees it (waiting
+    for the calls in flight) and ``closed`` says whether it was."""
+
+    _h: _Handle
+
+    def close(self) -> None:
+        self._h.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._h.closed

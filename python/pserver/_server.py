@@ -3,30 +3,13 @@ whose in-process clients skip sockets and serialization."""
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from typing import Any, Iterator, List, Optional
+from typing import Any, List, Optional
 
 from . import capi as _c
 from ._client import Client
-from ._config import _client_options
+from ._config import _client_options, _server_options
 from ._handles import _Closing, _Handle
-
-
-@contextlib.contextmanager
-def _server_options(host: str, port: int, index: int, num_threads: int,
-                    checkpoint_dir: Optional[str]) -> Iterator[Any]:
-    opts = _c.pserver_server_options_new()
-    try:
-        _c.pserver_server_options_set_host(opts, host)
-        _c.pserver_server_options_set_port(opts, int(port))
-        _c.pserver_server_options_set_index(opts, int(index))
-        _c.pserver_server_options_set_num_threads(opts, int(num_threads))
-        if checkpoint_dir is not None:
-            _c.pserver_server_options_set_checkpoint_dir(opts, str(checkpoint_dir))
-        yield opts
-    finally:
-        _c.pserver_server_options_delete(opts)
 
 
 class Server(_Closing):

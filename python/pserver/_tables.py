@@ -32,7 +32,7 @@ import numpy as np
 from . import capi as _c
 from ._calls import _blocking, _deadline
 from ._config import _setting
-from ._handles import _Closing, _Handle
+from ._handles import _Handle, _HandleOwner
 from ._errors import InvalidArgument
 
 __all__ = ["Table", "KvWorker"]
@@ -140,7 +140,7 @@ def _create_table(client: Any, name: str, dim: Optional[int], *, dtype: Any,
     return table
 
 
-class Table(_Closing):
+class Table(_HandleOwner):
     """A client's handle on one table on every server. Thread-safe.
 
     Made by :meth:`pserver.Client.create_table`; closed with its client.
@@ -180,10 +180,6 @@ class Table(_Closing):
         """The table's pserver.v1.TableConfig in protobuf text format."""
         with self._h.use() as h:
             return _c.pserver_table_config_text_of(h)[1]
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
 
     def server_of(self, key: int) -> int:
         """The index of the server holding `key`."""
@@ -265,7 +261,7 @@ class Table(_Closing):
         return f"<pserver.Table {self._name!r} dim={self._dim} {self._dtype}{state}>"
 
 
-class KvWorker(_Closing):
+class KvWorker(_HandleOwner):
     """One worker of a table with clocks: reads at its clock (waiting for
     slower workers as the table's consistency says), adds, advances its clock.
 
@@ -355,10 +351,6 @@ class KvWorker(_Closing):
         """Leaves the table (best effort, at most 5 s) unless it left, and
         frees the handle; safe twice."""
         self._h.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"clock {self.current_clock}"
