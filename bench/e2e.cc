@@ -608,7 +608,7 @@ absl::Status Bindings(Harness& h) {
       }
     }
   }
-  for (const std::string& driver : {"python", "go"}) {
+  for (const char* driver : {"python", "go"}) {
     std::vector<std::string> params;
     for (uint64_t bytes : sizes) {
       params.push_back(absl::StrCat(name_of(driver, bytes), ":", bytes, ":", OpsFor(h, bytes)));
@@ -626,7 +626,7 @@ absl::Status Bindings(Harness& h) {
     }
   }
   for (uint64_t bytes : sizes) {
-    for (const std::string kind : {"push", "pull", "pushpull"}) {
+    for (const char* kind : {"push", "pull", "pushpull"}) {
       double cxx_median = 0;
       for (const std::string& driver : drivers) {
         const std::string name = absl::StrCat(driver, "_", kind);

@@ -7,7 +7,7 @@
 // Each line is {"op": "push", "payload_bytes": N, "values": [GB/s, ...]}:
 // one value per round of `ops` operations, the warm-up rounds first. The
 // parameters exist already (e2e initializes them); each round uses the calls
-// a trainer makes: SendGrad, GetInto and PushPull.
+// a trainer makes: SendGrad, GetInto and PushPullInto.
 package main
 
 import (
@@ -71,13 +71,14 @@ func run(servers, params string, warmup, repetitions int) error {
 		grad := pserver.Vector(values...)
 		into := pserver.Vector(make([]float32, size/4)...)
 		grads := map[string]*pserver.Tensor{name: grad}
+		outs := map[string]*pserver.Tensor{name: into}
 		kinds := []struct {
 			op string
 			f  func() error
 		}{
 			{"push", func() error { return client.SendGrad(ctx, name, grad) }},
 			{"pull", func() error { return client.GetInto(ctx, name, into) }},
-			{"pushpull", func() error { _, err := client.PushPull(ctx, grads); return err }},
+			{"pushpull", func() error { return client.PushPullInto(ctx, grads, outs) }},
 		}
 		for _, k := range kinds {
 			v, err := rounds(k.f, ops, size, warmup+repetitions)

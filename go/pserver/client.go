@@ -559,58 +559,70 @@ func (cl *Client) SendGrads(ctx context.Context, grads map[string]*Tensor) error
 // PushPull sends gradients and reads the updated parameters back, one round
 // trip per server. The results have the gradients' types and shapes.
 func (cl *Client) PushPull(ctx context.Context, grads map[string]*Tensor) (map[string]*Tensor, error) {
-	names := sortedNames(grads)
-	if len(names) == 1 {
-		out, err := cl.pushPullOne(ctx, names[0], grads[names[0]])
-		if err != nil {
-			return nil, fmt.Errorf("pserver: push pull %q: %w", names, err)
-		}
-		return map[string]*Tensor{names[0]: out}, nil
-	}
-	outs := make(map[string]*Tensor, len(names))
-	b := newBatch()
-	for _, name := range names {
-		g := grads[name]
+	outs := make(map[string]*Tensor, len(grads))
+	for name, g := range grads {
 		out, err := newTensor(g.dtype, g.shape)
 		if err != nil {
-			b.free()
 			return nil, fmt.Errorf("pserver: push pull %q: %w", name, err)
 		}
 		outs[name] = out
-		b.addInput(name, g)
-		b.addOutput(name, out)
 	}
-	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+	if err := cl.PushPullInto(ctx, grads, outs); err != nil {
+		return nil, err
+	}
+	return outs, nil
+}
+
+// PushPullInto is PushPull into tensors the caller keeps: outs[name], for
+// each name of grads, receives the parameter after its update and must
+// have the gradient's type and number of elements (INVALID_ARGUMENT
+// otherwise, before anything is sent). One gradient goes through one
+// library call over the tensors' own memory; a batch of several is copied
+// through C memory, as cgo forbids C memory holding Go pointers.
+func (cl *Client) PushPullInto(ctx context.Context, grads, outs map[string]*Tensor) error {
+	names := sortedNames(grads)
+	for _, name := range names {
+		if outs[name] == nil {
+			return fmt.Errorf("pserver: push pull %q: %w", names,
+				invalidArgument("no output tensor for %q", name))
+		}
+	}
+	var err error
+	if len(names) == 1 {
+		err = cl.pushPullOne(ctx, names[0], grads[names[0]], outs[names[0]])
+	} else {
+		err = cl.pushPullBatch(ctx, names, grads, outs)
+	}
+	if err != nil {
+		return fmt.Errorf("pserver: push pull %q: %w", names, err)
+	}
+	return nil
+}
+
+// pushPullOne pushes grad and pulls the result into out: one library call.
+func (cl *Client) pushPullOne(ctx context.Context, name string, grad, out *Tensor) error {
+	cname := C.CString(name)
+	data, size := grad.cMem()
+	p, outSize := out.cMem() // the library writes it only on success
+	return cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_push_pull_one(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data, size, p, outSize, st)
+	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(grad); runtime.KeepAlive(out) })
+}
+
+// pushPullBatch is one library call over C copies of the tensors.
+func (cl *Client) pushPullBatch(ctx context.Context, names []string, grads, outs map[string]*Tensor) error {
+	b := newBatch()
+	for _, name := range names {
+		b.addInput(name, grads[name])
+		b.addOutput(name, outs[name])
+	}
+	return cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
 		C.pserver_client_push_pull(c, b.ins, b.outs, st)
 	}, func(err error) {
 		if err == nil {
 			b.copyOut()
 		}
 	}, b.free)
-	if err != nil {
-		return nil, fmt.Errorf("pserver: push pull %q: %w", names, err)
-	}
-	return outs, nil
-}
-
-// pushPullOne is PushPull of one gradient: one library call over the
-// tensors' own memory (a batch of several is copied to C memory instead, as
-// cgo forbids C memory holding Go pointers).
-func (cl *Client) pushPullOne(ctx context.Context, name string, grad *Tensor) (*Tensor, error) {
-	out, err := newTensor(grad.dtype, grad.shape)
-	if err != nil {
-		return nil, err
-	}
-	cname := C.CString(name)
-	data, size := grad.cMem()
-	p, outSize := out.cMem()
-	err = cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
-		C.pserver_client_push_pull_one(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data, size, p, outSize, st)
-	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(grad); runtime.KeepAlive(out) })
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // SaveCheckpoint asks every server to write a checkpoint of its shard now.
