@@ -8,7 +8,15 @@
 // one value per round of `ops` operations, the warm-up rounds first. The
 // parameters exist already (e2e initializes them); each round uses the calls
 // a trainer makes: SendGrad, GetInto and PushPullInto.
+//
+// As e2e and pserver do in main() (cc/rpc/allocator.h), the driver first has
+// glibc keep freed buffers for reuse instead of returning them to the kernel,
+// where every large buffer libpserver allocates would be page-faulted afresh
+// (-default-malloc: not).
 package main
+
+// #include <malloc.h>
+import "C"
 
 import (
 	"context"
@@ -93,12 +101,28 @@ func run(servers, params string, warmup, repetitions int) error {
 	return nil
 }
 
+// keepFreedMemoryForReuse is pserver::KeepFreedMemoryForReuse() for this
+// process: libpserver's buffers come from glibc's malloc.
+func keepFreedMemoryForReuse() error {
+	if C.mallopt(C.M_MMAP_THRESHOLD, 256<<20) != 1 || C.mallopt(C.M_TRIM_THRESHOLD, 1<<30) != 1 {
+		return fmt.Errorf("mallopt refused the allocator settings")
+	}
+	return nil
+}
+
 func main() {
 	servers := flag.String("servers", "", "host:port[,host:port...]")
 	params := flag.String("params", "", "name:bytes:ops[,...]")
 	warmup := flag.Int("warmup", 1, "warm-up rounds")
 	repetitions := flag.Int("repetitions", 5, "timed rounds")
+	defaultMalloc := flag.Bool("default-malloc", false, "leave glibc's allocator settings as they are")
 	flag.Parse()
+	if !*defaultMalloc {
+		if err := keepFreedMemoryForReuse(); err != nil {
+			fmt.Fprintln(os.Stderr, "bindings_bench:", err)
+			os.Exit(1)
+		}
+	}
 	if err := run(*servers, *params, *warmup, *repetitions); err != nil {
 		fmt.Fprintln(os.Stderr, "bindings_bench:", err)
 		os.Exit(1)
