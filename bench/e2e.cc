@@ -3,6 +3,7 @@
 //
 //   bazel run -c opt //bench:e2e -- [--quick] [--json=FILE] [--only=dense,latency]
 //   bazel run -c opt //bench:e2e -- --only=sparse --json=/tmp/sparse.json
+//   bazel run -c opt //bench:e2e -- --only=bindings      # Python and Go next to C++
 //
 // Servers run as separate `pserver` processes on 127.0.0.1 (the embedded
 // group, and the sparse group's embedded_* results, run them in-process);
@@ -24,6 +25,7 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bindings_driver.h"
 #include "ceilings.h"
 #include "cc/client/client.h"
 #include "cc/client/table.h"
@@ -41,7 +43,8 @@ ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and re
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
-          "checkpoint, memory, scaling, sparse); empty runs all.");
+          "checkpoint, memory, scaling, sparse, bindings); empty runs all (bindings only "
+          "without --quick).");
 ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
 
 namespace pserver::bench {
@@ -557,6 +560,105 @@ absl::Status Sparse(Harness& h) {
   return absl::OkStatus();
 }
 
+// ---- bindings ---------------------------------------------------------------------
+
+// Each binding must reach this share of the C++ client's throughput.
+constexpr double kBindingsCeiling = 0.9;
+
+// Python and Go push, pull and push+pull next to the C++ client, against the
+// same pserver process, one op after the other (1 server x 1 worker). The
+// C++ results are the ceilings: each binding's result carries its ratio to
+// the C++ median and extra["pass"] (1 when >= kBindingsCeiling).
+absl::Status Bindings(Harness& h) {
+  std::vector<uint64_t> sizes = {kMiB, 16 * kMiB, 64 * kMiB};
+  if (h.quick()) sizes = {kMiB, 16 * kMiB};
+  const std::vector<std::string> drivers = {"cxx", "python", "go"};
+  PS_ASSIGN_OR_RETURN(auto procs, StartServers(1));
+  PS_ASSIGN_OR_RETURN(auto clients, MakeClients(1, procs->addresses, {}));
+  Client& client = *clients[0];
+  auto name_of = [](const std::string& driver, uint64_t bytes) {
+    return absl::StrCat("bind_", driver, "_", bytes);
+  };
+  // Every parameter exists before the drivers start.
+  for (const std::string& driver : drivers) {
+    for (uint64_t bytes : sizes) {
+      PS_RETURN_IF_ERROR(client.InitParam(name_of(driver, bytes), Filled(bytes, 1.0f), Sgd()));
+    }
+  }
+  PS_RETURN_IF_ERROR(client.FinishInitParams());
+  DriverResults all;  // by (driver_op, bytes)
+  for (uint64_t bytes : sizes) {  // the C++ client, in this process
+    const std::string name = name_of("cxx", bytes);
+    const Tensor grad = Filled(bytes, 0.5f);
+    std::vector<Tensor> out(1);
+    const std::vector<std::pair<std::string, std::function<absl::Status()>>> kinds = {
+        {"push", [&] { return client.SendGrad(name, grad); }},
+        {"pull",
+         [&] { return client.GetParamsInto(absl::MakeConstSpan(&name, 1), absl::MakeSpan(out)); }},
+        {"pushpull", [&] { return client.PushPull(name, grad, &out[0]); }},
+    };
+    const int ops = OpsFor(h, bytes);
+    for (const auto& [kind, op] : kinds) {
+      std::vector<double>& values = all[{absl::StrCat("cxx_", kind), bytes}];
+      for (int i = 0; i < h.options().warmup + h.options().repetitions; ++i) {
+        const double begin = NowSeconds();
+        for (int j = 0; j < ops; ++j) PS_RETURN_IF_ERROR(op());
+        values.push_back(static_cast<double>(bytes) * ops / (NowSeconds() - begin) / kGB);
+      }
+    }
+  }
+  for (const char* driver : {"python", "go"}) {
+    std::vector<std::string> params;
+    for (uint64_t bytes : sizes) {
+      params.push_back(absl::StrCat(name_of(driver, bytes), ":", bytes, ":", OpsFor(h, bytes)));
+    }
+    PS_ASSIGN_OR_RETURN(
+        DriverResults results,
+        RunDriver(RunfilesPath(absl::StrCat("bench/bindings_", driver, ".sh"), g_argv0),
+                  {absl::StrCat("--servers=", absl::StrJoin(procs->addresses, ",")),
+                   absl::StrCat("--params=", absl::StrJoin(params, ",")),
+                   absl::StrCat("--warmup=", h.options().warmup),
+                   absl::StrCat("--repetitions=", h.options().repetitions)},
+                  absl::Now() + absl::Minutes(20)));
+    for (auto& [key, values] : results) {
+      all[{absl::StrCat(driver, "_", key.first), key.second}] = std::move(values);
+    }
+  }
+  for (uint64_t bytes : sizes) {
+    for (const char* kind : {"push", "pull", "pushpull"}) {
+      double cxx_median = 0;
+      for (const std::string& driver : drivers) {
+        const std::string name = absl::StrCat(driver, "_", kind);
+        const std::vector<double>& values = all[{name, bytes}];
+        Result& r = h.Add("bindings", name);
+        r.set_payload_bytes(bytes);
+        r.set_servers(1);
+        r.set_workers(1);
+        size_t next = 0;
+        PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+          if (next >= values.size()) {
+            return absl::InternalError(absl::StrCat("bindings: ", name, " at ", bytes,
+                                                    " bytes has ", values.size(), " rounds"));
+          }
+          return values[next++];
+        }));
+        if (driver == "cxx") {
+          cxx_median = r.value().median();
+          continue;
+        }
+        r.set_ceiling(absl::StrCat("cxx_", kind));
+        r.set_ratio(cxx_median > 0 ? r.value().median() / cxx_median : 0);
+        (*r.mutable_extra())["pass"] = r.ratio() >= kBindingsCeiling ? 1 : 0;
+        std::printf("bindings %-16s %8s: %5.1f%% of C++ (%s, needs %.0f%%)\n", name.c_str(),
+                    FormatBytes(bytes).c_str(), 100 * r.ratio(),
+                    r.ratio() >= kBindingsCeiling ? "PASS" : "FAIL", 100 * kBindingsCeiling);
+      }
+    }
+  }
+  h.PrintGroup("bindings");
+  return absl::OkStatus();
+}
+
 absl::Status Run(int argc, char** argv) {
   HarnessOptions options;
   options.quick = absl::GetFlag(FLAGS_quick);
@@ -590,6 +692,8 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("memory")) PS_RETURN_IF_ERROR(Memory(h));
   if (wanted("scaling")) PS_RETURN_IF_ERROR(Scaling(h));
   if (wanted("sparse")) PS_RETURN_IF_ERROR(Sparse(h));
+  // Builds the Go driver on first use: only when asked for in a quick run.
+  if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);
 
   const std::string json = absl::GetFlag(FLAGS_json);

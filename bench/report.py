@@ -7,10 +7,11 @@
 
 --results-md rewrites the part of RESULTS.md between the markers
 <!-- tables:begin --> and <!-- tables:end --> with the tables, and leaves the
-hand-written analysis around them alone. The sparse group has its own markers,
-<!-- sparse:begin --> and <!-- sparse:end -->, so a run of one part
-(`e2e --only=sparse`) updates that part and leaves the others as they are:
-a section is rewritten only when the report has results for it.
+hand-written analysis around them alone. The sparse and bindings groups have
+their own markers (<!-- sparse:begin --> and <!-- sparse:end -->, likewise
+bindings), so a run of one part (`e2e --only=sparse`) updates that part and
+leaves the others as they are: a section is rewritten only when the report
+has results for it.
 """
 import argparse
 import json
@@ -18,10 +19,12 @@ import os
 import sys
 
 GROUPS = ["ceiling", "dense", "latency", "optimizer", "embedded", "checkpoint", "memory", "scaling",
-          "sparse"]
+          "sparse", "bindings"]
+# Groups a --quick run leaves out (bindings builds the Go driver first).
+NOT_QUICK = {"bindings"}
 # Groups with a section of their own in RESULTS.md (<!-- NAME:begin --> ...);
 # the others go to the "tables" section.
-OWN_SECTIONS = ["sparse"]
+OWN_SECTIONS = ["sparse", "bindings"]
 SPARSE_NAMES = ["pull", "push", "embedded_pull", "embedded_push"]
 
 
@@ -49,7 +52,7 @@ def check(report):
     problems = []
     seen = {r["group"] for r in report["results"]}
     for group in GROUPS:
-        if group not in seen:
+        if group not in seen and not (report.get("quick") and group in NOT_QUICK):
             problems.append(f"group {group} missing")
     sparse_names = {r["name"] for r in report["results"] if r["group"] == "sparse"}
     if "sparse" in seen:
@@ -258,7 +261,8 @@ def main():
         for path in plots(report, args.out):
             print("wrote", path)
         # A partial run (--only) gets its own file, so the full run's stays.
-        name = "tables.md" if present == GROUPS else f"tables_{'_'.join(present)}.md"
+        complete = all(g in present or (report.get("quick") and g in NOT_QUICK) for g in GROUPS)
+        name = "tables.md" if complete else f"tables_{'_'.join(present)}.md"
         with open(os.path.join(args.out, name), "w") as f:
             f.write(text + "\n")
         print("wrote", os.path.join(args.out, name))

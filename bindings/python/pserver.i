@@ -19,13 +19,13 @@
  *     as str, bytes that are not UTF-8 decoded with surrogateescape.
  *   - cancellation: pserver_py_swap_call_cancel sets, for the calling
  *     thread, a pserver_cancel_t that each call's fresh status carries
- *     (pserver_status_set_cancel); pserver._core runs blocking calls made on
+ *     (pserver_status_set_cancel); pserver._calls runs blocking calls made on
  *     the main thread in a helper thread with one, and cancels it on
  *     KeyboardInterrupt.
  *   - per-call timeouts: pserver_py_swap_call_deadline_ns sets, for the
  *     calling thread, a time (time.monotonic_ns()) by which its blocking
  *     calls must end; each call's fresh status then carries the time left
- *     (pserver_status_set_timeout_ms). pserver._core sets it around a
+ *     (pserver_status_set_timeout_ms). pserver._calls sets it around a
  *     method given `timeout=` and restores it after.
  *   - tables: keys (const uint64_t* keys / chunk_ids, size_t n) take any
  *     C-contiguous buffer of 8-byte items (numpy uint64 arrays); the
@@ -34,7 +34,11 @@
  *     (void* data, size_t size) buffer in place.
  *   - device memory: the device pointers of the *_device calls
  *     (const void* device_data, void* device_out) are Python ints, as
- *     __cuda_array_interface__ gives them; pserver._core checks the rest.
+ *     __cuda_array_interface__ gives them; pserver._arrays checks the rest.
+ *   - the one-call batches (pserver_client_send_grads_n, _get_params_n,
+ *     _push_pull_n) take one list of (name, dtype, buffer) tuples, or
+ *     (name, dtype, gradient, output) for push_pull_n, borrowed for the
+ *     call: pserver._client makes each batched operation one C call.
  *   - etcd: pserver_etcd_get returns the value as bytes, and
  *     pserver_etcd_get_prefix a list of (key str, value bytes) tuples; the
  *     library's buffers are freed in the wrapper.
@@ -87,6 +91,124 @@ struct PserverPyBuffer {
   Py_buffer view;
   int held = 0;
 };
+
+/* A name (str, encoded UTF-8 with surrogateescape, or bytes) as the ABI
+ * takes it: *encoded holds the bytes of a str (the caller releases it).
+ * Returns -1 with a Python exception set for anything else. */
+static int pserver_py_name(PyObject* input, PyObject** encoded, const char** name,
+                           size_t* name_len) {
+  if (PyBytes_Check(input)) {
+    *name = PyBytes_AS_STRING(input);
+    *name_len = (size_t)PyBytes_GET_SIZE(input);
+    return 0;
+  }
+  if (!PyUnicode_Check(input)) {
+    PyErr_Format(PyExc_TypeError, "a name must be str or bytes, not %.100s",
+                 Py_TYPE(input)->tp_name);
+    return -1;
+  }
+  *encoded = PyUnicode_AsEncodedString(input, "utf-8", "surrogateescape");
+  if (*encoded == NULL) {
+    PyObject* repr = PyObject_Repr(input);
+    PyErr_Clear();
+    const char* shown = repr != NULL ? PyUnicode_AsUTF8(repr) : NULL;
+    PyErr_Clear();
+    char message[512];
+    snprintf(message, sizeof message, "name %.400s cannot be encoded as UTF-8",
+             shown != NULL ? shown : "?");
+    Py_XDECREF(repr);
+    pserver_py_raise(PSERVER_INVALID_ARGUMENT, message);
+    return -1;
+  }
+  *name = PyBytes_AS_STRING(*encoded);
+  *name_len = (size_t)PyBytes_GET_SIZE(*encoded);
+  return 0;
+}
+
+/* The parallel arrays of the _n calls, from a sequence of tuples
+ * (name, dtype, input buffer) / (name, dtype, output buffer) /
+ * (name, dtype, input buffer, output buffer); every buffer borrowed (no
+ * copy) and released after the call. */
+struct PserverPyEntries {
+  std::vector<const char*> names;
+  std::vector<size_t> name_lens;
+  std::vector<int32_t> dtypes;
+  std::vector<const void*> data;
+  std::vector<void*> outs;
+  std::vector<size_t> sizes;
+  std::vector<PyObject*> encoded;
+  std::vector<Py_buffer> views;
+
+  void Release() {
+    for (Py_buffer& view : views) PyBuffer_Release(&view);
+    for (PyObject* e : encoded) Py_XDECREF(e);
+    views.clear();
+    encoded.clear();
+  }
+
+  /* Borrows `input`'s buffer (writable for an output); -1 with a Python
+   * exception when it has none or its size differs from the entry's. */
+  int Borrow(PyObject* input, bool writable, void** buf, size_t* size) {
+    Py_buffer view;
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(input, &view, flags) != 0) return -1;
+    views.push_back(view);
+    *buf = view.buf;
+    *size = (size_t)view.len;
+    return 0;
+  }
+
+  int Parse(PyObject* seq, bool with_in, bool with_out) {
+    PyObject* fast = PySequence_Fast(seq, "a batch must be a sequence of tuples");
+    if (fast == NULL) return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    const Py_ssize_t width = 2 + (with_in ? 1 : 0) + (with_out ? 1 : 0);
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n && rc == 0; ++i) {
+      PyObject* t = PySequence_Fast_GET_ITEM(fast, i);
+      if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != width) {
+        PyErr_Format(PyExc_TypeError, "batch entry %zd must be a tuple of %zd items", i, width);
+        rc = -1;
+        break;
+      }
+      PyObject* e = NULL;
+      const char* name = NULL;
+      size_t name_len = 0;
+      rc = pserver_py_name(PyTuple_GET_ITEM(t, 0), &e, &name, &name_len);
+      if (e != NULL) encoded.push_back(e);
+      if (rc != 0) break;
+      const long dtype = PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
+      if (dtype == -1 && PyErr_Occurred()) {
+        rc = -1;
+        break;
+      }
+      void* in = NULL;
+      void* out = NULL;
+      size_t size = 0, out_size = 0;
+      if (with_in) rc = Borrow(PyTuple_GET_ITEM(t, 2), false, &in, &size);
+      if (rc == 0 && with_out) {
+        rc = Borrow(PyTuple_GET_ITEM(t, width - 1), true, &out, &out_size);
+        if (rc == 0 && with_in && out_size != size) {
+          char message[160];
+          snprintf(message, sizeof message,
+                   "batch entry %zd: an output of %zu bytes for a gradient of %zu", i, out_size,
+                   size);
+          pserver_py_raise(PSERVER_INVALID_ARGUMENT, message);
+          rc = -1;
+        }
+        if (!with_in) size = out_size;
+      }
+      names.push_back(name);
+      name_lens.push_back(name_len);
+      dtypes.push_back((int32_t)dtype);
+      data.push_back(in);
+      outs.push_back(out);
+      sizes.push_back(size);
+    }
+    Py_DECREF(fast);
+    return rc;
+  }
+};
 %}
 
 %include "stdint.i"
@@ -115,31 +237,10 @@ struct PserverPyBuffer {
 }
 
 /* ---- names in: str or bytes, with their length ---- */
-%typemap(in) (const char* name, size_t name_len) (PyObject* encoded = NULL) {
-  if (PyBytes_Check($input)) {
-    $1 = PyBytes_AS_STRING($input);
-    $2 = (size_t)PyBytes_GET_SIZE($input);
-  } else if (PyUnicode_Check($input)) {
-    encoded = PyUnicode_AsEncodedString($input, "utf-8", "surrogateescape");
-    if (encoded == NULL) {
-      PyObject* repr = PyObject_Repr($input);
-      PyErr_Clear();
-      const char* shown = repr != NULL ? PyUnicode_AsUTF8(repr) : NULL;
-      PyErr_Clear();
-      char message[512];
-      snprintf(message, sizeof message, "name %.400s cannot be encoded as UTF-8",
-               shown != NULL ? shown : "?");
-      Py_XDECREF(repr);
-      pserver_py_raise(PSERVER_INVALID_ARGUMENT, message);
-      SWIG_fail;
-    }
-    $1 = PyBytes_AS_STRING(encoded);
-    $2 = (size_t)PyBytes_GET_SIZE(encoded);
-  } else {
-    PyErr_Format(PyExc_TypeError, "a name must be str or bytes, not %.100s",
-                 Py_TYPE($input)->tp_name);
-    SWIG_fail;
-  }
+%typemap(in) (const char* name, size_t name_len) (PyObject* encoded = NULL,
+                                                  const char* chars = NULL) {
+  if (pserver_py_name($input, &encoded, &chars, &$2) != 0) SWIG_fail;
+  $1 = ($1_ltype)chars;
 }
 %typemap(freearg) (const char* name, size_t name_len) {
   Py_XDECREF(encoded$argnum);
@@ -174,6 +275,51 @@ struct PserverPyBuffer {
 }
 %typemap(typecheck) (const void* data, size_t size) {
   $1 = PyObject_CheckBuffer($input);
+}
+
+/* ---- the _n calls' parallel arrays: a list of (name, dtype, buffer[, out]) ---- */
+%typemap(in) (size_t n, const char* const* names, const size_t* name_lens,
+              const int32_t* dtypes, const void* const* data, const size_t* sizes)
+             (PserverPyEntries entries) {
+  if (entries.Parse($input, true, false) != 0) SWIG_fail;
+  $1 = entries.names.size();
+  $2 = ($2_ltype)entries.names.data();
+  $3 = ($3_ltype)entries.name_lens.data();
+  $4 = ($4_ltype)entries.dtypes.data();
+  $5 = ($5_ltype)entries.data.data();
+  $6 = ($6_ltype)entries.sizes.data();
+}
+%typemap(in) (size_t n, const char* const* names, const size_t* name_lens,
+              const int32_t* dtypes, void* const* outs, const size_t* sizes)
+             (PserverPyEntries entries) {
+  if (entries.Parse($input, false, true) != 0) SWIG_fail;
+  $1 = entries.names.size();
+  $2 = ($2_ltype)entries.names.data();
+  $3 = ($3_ltype)entries.name_lens.data();
+  $4 = ($4_ltype)entries.dtypes.data();
+  $5 = ($5_ltype)entries.outs.data();
+  $6 = ($6_ltype)entries.sizes.data();
+}
+%typemap(in) (size_t n, const char* const* names, const size_t* name_lens,
+              const int32_t* dtypes, const void* const* data, void* const* outs,
+              const size_t* sizes) (PserverPyEntries entries) {
+  if (entries.Parse($input, true, true) != 0) SWIG_fail;
+  $1 = entries.names.size();
+  $2 = ($2_ltype)entries.names.data();
+  $3 = ($3_ltype)entries.name_lens.data();
+  $4 = ($4_ltype)entries.dtypes.data();
+  $5 = ($5_ltype)entries.data.data();
+  $6 = ($6_ltype)entries.outs.data();
+  $7 = ($7_ltype)entries.sizes.data();
+}
+%typemap(freearg) (size_t n, const char* const* names, const size_t* name_lens,
+                   const int32_t* dtypes, const void* const* data, const size_t* sizes),
+                  (size_t n, const char* const* names, const size_t* name_lens,
+                   const int32_t* dtypes, void* const* outs, const size_t* sizes),
+                  (size_t n, const char* const* names, const size_t* name_lens,
+                   const int32_t* dtypes, const void* const* data, void* const* outs,
+                   const size_t* sizes) {
+  entries$argnum.Release();
 }
 
 /* ---- writable buffers (also a checkpointed table's key and value buffers) ---- */
@@ -339,7 +485,7 @@ struct PserverPyBuffer {
 }
 
 /* Quick calls keep the GIL: releasing it costs more than they take, and
- * pserver._core makes them around every blocking call. */
+ * pserver._calls makes them around every blocking call. */
 %nothread pserver_py_swap_call_deadline_ns;
 %nothread pserver_py_call_deadline_ns;
 %nothread pserver_py_swap_call_cancel;
@@ -348,7 +494,7 @@ struct PserverPyBuffer {
 %nothread pserver_cancel_cancel;
 %nothread pserver_cancel_cancelled;
 
-/* For pserver._core: sets the calling thread's call deadline (see the
+/* For pserver._calls: sets the calling thread's call deadline (see the
  * conventions above) and returns the previous one. */
 %inline %{
 int64_t pserver_py_swap_call_deadline_ns(int64_t deadline_ns) {

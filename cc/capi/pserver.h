@@ -430,6 +430,37 @@ PSERVER_EXPORT size_t pserver_client_stats(pserver_client_t* client,
                                            pserver_server_stats_t* out, size_t capacity,
                                            size_t struct_size, pserver_status_t* status);
 
+/* One call per operation (cc/capi/batch_calls.cc): the batched calls above
+ * without building a pserver_batch_t first, for bindings that cross the ABI
+ * once per operation. Each is exactly the batched call it names, with the
+ * same checks and errors, over buffers it borrows for the call only.
+ *
+ * pserver_client_push_pull_one: pserver_client_push_pull of one parameter,
+ * the gradient `size` bytes at `data`, the parameter after its update read
+ * into `out` (`out_size` bytes; it may be `data` itself). */
+PSERVER_EXPORT void pserver_client_push_pull_one(pserver_client_t* client, const char* name,
+                                                 size_t name_len, int32_t dtype, const void* data,
+                                                 size_t size, void* out, size_t out_size,
+                                                 pserver_status_t* status);
+/* The _n forms take `n` entries as parallel arrays: entry i is the
+ * parameter names[i] (name_lens[i] bytes) of type dtypes[i], its gradient
+ * `sizes[i]` bytes at data[i] and/or its value read into outs[i]
+ * (`sizes[i]` bytes). As pserver_client_send_grads, _get_params and
+ * _push_pull. */
+PSERVER_EXPORT void pserver_client_send_grads_n(pserver_client_t* client, size_t n,
+                                                const char* const* names, const size_t* name_lens,
+                                                const int32_t* dtypes, const void* const* data,
+                                                const size_t* sizes, pserver_status_t* status);
+PSERVER_EXPORT void pserver_client_get_params_n(pserver_client_t* client, size_t n,
+                                                const char* const* names, const size_t* name_lens,
+                                                const int32_t* dtypes, void* const* outs,
+                                                const size_t* sizes, pserver_status_t* status);
+PSERVER_EXPORT void pserver_client_push_pull_n(pserver_client_t* client, size_t n,
+                                               const char* const* names, const size_t* name_lens,
+                                               const int32_t* dtypes, const void* const* data,
+                                               void* const* outs, const size_t* sizes,
+                                               pserver_status_t* status);
+
 /* ----------------------------------------------------------------- tables */
 
 /* A table maps uint64 keys to rows of `dim` values of one element type

@@ -162,6 +162,14 @@ type Client struct {
 
 	mu       sync.Mutex
 	children map[io.Closer]struct{} // tables, KV workers and groups, closed with it
+	layouts  map[string]layout      // parameters' types and shapes, as info found them
+}
+
+// layout is a parameter's element type and shape, which never change (the
+// first init of a name wins).
+type layout struct {
+	dtype DType
+	shape []int64
 }
 
 // NewClient is a client of opts.Servers (connections are made lazily: an
@@ -370,17 +378,17 @@ func (cl *Client) Init(ctx context.Context, name string, value *Tensor, cfg *Par
 		}
 	}
 	cname := C.CString(name)
-	data := cCopy(value)
+	data, size := value.cMem()
 	shape, freeShape := cShape(value.shape)
 	free := func() {
 		C.free(unsafe.Pointer(cname))
-		data.free()
+		runtime.KeepAlive(value)
 		freeShape()
 		C.pserver_param_config_delete(ccfg)
 	}
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
 		C.pserver_client_init_param(c, cname, C.size_t(len(name)), C.int32_t(value.dtype), shape, C.size_t(len(value.shape)),
-			data.p, data.size(), ccfg, st)
+			data, size, ccfg, st)
 	}, nopErr, free)
 	if err != nil {
 		return fmt.Errorf("pserver: init %q: %w", name, err)
@@ -435,9 +443,31 @@ func (cl *Client) info(ctx context.Context, name string) (DType, []int64, error)
 	return dtype, shape, err
 }
 
+// layout is info(name), asked of the library once per name, so that Get is
+// one library call.
+func (cl *Client) layout(ctx context.Context, name string) (DType, []int64, error) {
+	cl.mu.Lock()
+	l, ok := cl.layouts[name]
+	cl.mu.Unlock()
+	if ok {
+		return l.dtype, l.shape, nil
+	}
+	dtype, shape, err := cl.info(ctx, name)
+	if err != nil {
+		return 0, nil, err
+	}
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.layouts == nil {
+		cl.layouts = make(map[string]layout)
+	}
+	cl.layouts[name] = layout{dtype, shape}
+	return dtype, shape, nil
+}
+
 // Get reads a parameter into a new tensor of its type and shape.
 func (cl *Client) Get(ctx context.Context, name string) (*Tensor, error) {
-	dtype, shape, err := cl.info(ctx, name)
+	dtype, shape, err := cl.layout(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("pserver: get %q: %w", name, err)
 	}
@@ -456,15 +486,10 @@ func (cl *Client) Get(ctx context.Context, name string) (*Tensor, error) {
 // is not written when the call fails or its ctx ends first.
 func (cl *Client) GetInto(ctx context.Context, name string, out *Tensor) error {
 	cname := C.CString(name)
-	_, n := out.mem()
-	buf := cAlloc(n)
+	p, size := out.cMem() // the library writes it only on success
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
-		C.pserver_client_get_param(c, cname, C.size_t(len(name)), C.int32_t(out.dtype), buf.p, buf.size(), st)
-	}, func(err error) {
-		if err == nil {
-			buf.copyTo(out)
-		}
-	}, func() { C.free(unsafe.Pointer(cname)); buf.free() })
+		C.pserver_client_get_param(c, cname, C.size_t(len(name)), C.int32_t(out.dtype), p, size, st)
+	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(out) })
 	if err != nil {
 		return fmt.Errorf("pserver: get %q: %w", name, err)
 	}
@@ -475,7 +500,7 @@ func (cl *Client) GetInto(ctx context.Context, name string, out *Tensor) error {
 func (cl *Client) GetMany(ctx context.Context, names []string) (map[string]*Tensor, error) {
 	outs := make(map[string]*Tensor, len(names))
 	for _, name := range names {
-		dtype, shape, err := cl.info(ctx, name)
+		dtype, shape, err := cl.layout(ctx, name)
 		if err != nil {
 			return nil, fmt.Errorf("pserver: get %q: %w", name, err)
 		}
@@ -504,10 +529,10 @@ func (cl *Client) GetMany(ctx context.Context, names []string) (map[string]*Tens
 // of its type.
 func (cl *Client) SendGrad(ctx context.Context, name string, grad *Tensor) error {
 	cname := C.CString(name)
-	data := cCopy(grad)
+	data, size := grad.cMem()
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
-		C.pserver_client_send_grad(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data.p, data.size(), st)
-	}, nopErr, func() { C.free(unsafe.Pointer(cname)); data.free() })
+		C.pserver_client_send_grad(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data, size, st)
+	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(grad) })
 	if err != nil {
 		return fmt.Errorf("pserver: send grad %q: %w", name, err)
 	}
@@ -534,31 +559,70 @@ func (cl *Client) SendGrads(ctx context.Context, grads map[string]*Tensor) error
 // PushPull sends gradients and reads the updated parameters back, one round
 // trip per server. The results have the gradients' types and shapes.
 func (cl *Client) PushPull(ctx context.Context, grads map[string]*Tensor) (map[string]*Tensor, error) {
-	names := sortedNames(grads)
-	outs := make(map[string]*Tensor, len(names))
-	b := newBatch()
-	for _, name := range names {
-		g := grads[name]
+	outs := make(map[string]*Tensor, len(grads))
+	for name, g := range grads {
 		out, err := newTensor(g.dtype, g.shape)
 		if err != nil {
-			b.free()
 			return nil, fmt.Errorf("pserver: push pull %q: %w", name, err)
 		}
 		outs[name] = out
-		b.addInput(name, g)
-		b.addOutput(name, out)
 	}
-	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+	if err := cl.PushPullInto(ctx, grads, outs); err != nil {
+		return nil, err
+	}
+	return outs, nil
+}
+
+// PushPullInto is PushPull into tensors the caller keeps: outs[name], for
+// each name of grads, receives the parameter after its update and must
+// have the gradient's type and number of elements (INVALID_ARGUMENT
+// otherwise, before anything is sent). One gradient goes through one
+// library call over the tensors' own memory; a batch of several is copied
+// through C memory, as cgo forbids C memory holding Go pointers.
+func (cl *Client) PushPullInto(ctx context.Context, grads, outs map[string]*Tensor) error {
+	names := sortedNames(grads)
+	for _, name := range names {
+		if outs[name] == nil {
+			return fmt.Errorf("pserver: push pull %q: %w", names,
+				invalidArgument("no output tensor for %q", name))
+		}
+	}
+	var err error
+	if len(names) == 1 {
+		err = cl.pushPullOne(ctx, names[0], grads[names[0]], outs[names[0]])
+	} else {
+		err = cl.pushPullBatch(ctx, names, grads, outs)
+	}
+	if err != nil {
+		return fmt.Errorf("pserver: push pull %q: %w", names, err)
+	}
+	return nil
+}
+
+// pushPullOne pushes grad and pulls the result into out: one library call.
+func (cl *Client) pushPullOne(ctx context.Context, name string, grad, out *Tensor) error {
+	cname := C.CString(name)
+	data, size := grad.cMem()
+	p, outSize := out.cMem() // the library writes it only on success
+	return cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		C.pserver_client_push_pull_one(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data, size, p, outSize, st)
+	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(grad); runtime.KeepAlive(out) })
+}
+
+// pushPullBatch is one library call over C copies of the tensors.
+func (cl *Client) pushPullBatch(ctx context.Context, names []string, grads, outs map[string]*Tensor) error {
+	b := newBatch()
+	for _, name := range names {
+		b.addInput(name, grads[name])
+		b.addOutput(name, outs[name])
+	}
+	return cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
 		C.pserver_client_push_pull(c, b.ins, b.outs, st)
 	}, func(err error) {
 		if err == nil {
 			b.copyOut()
 		}
 	}, b.free)
-	if err != nil {
-		return nil, fmt.Errorf("pserver: push pull %q: %w", names, err)
-	}
-	return outs, nil
 }
 
 // SaveCheckpoint asks every server to write a checkpoint of its shard now.

@@ -148,6 +148,14 @@ func (t *Tensor) mem() (unsafe.Pointer, int) {
 	return nil, 0
 }
 
+// cMem is mem() for a C call: the tensor's own memory, passed for the call
+// only. cgo allows it (the elements hold no Go pointers and the library
+// keeps none after the call); runtime.KeepAlive(t) once the call returns.
+func (t *Tensor) cMem() (unsafe.Pointer, C.size_t) {
+	p, n := t.mem()
+	return p, C.size_t(n)
+}
+
 func slicePtr[T Element](s []T) unsafe.Pointer {
 	if len(s) == 0 {
 		return nil

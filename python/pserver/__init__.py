@@ -25,9 +25,15 @@ from ._errors import (Aborted, AlreadyExists, AlreadyInitialized, Cancelled, Clo
                       InvalidArgument, NotFound, OutOfRange, PermissionDenied,
                       ResourceExhausted, Unauthenticated, Unavailable, Unimplemented,
                       Uninitialized, Unknown, error_from_status)
-from ._core import (DTYPES, CheckpointReader, Client, Etcd, LocalCluster, Server,
-                    param_config_text, read_checkpoint, version)
-from ._tables import Group, KvWorker, Table
+from ._arrays import DTYPES
+from ._calls import version
+from ._checkpoint import CheckpointReader, read_checkpoint
+from ._client import Client
+from ._config import param_config_text
+from ._etcd import Etcd
+from ._server import LocalCluster, Server
+from ._group import Group
+from ._tables import KvWorker, Table
 from ._keys import EtcdKey, EtcdKeys
 
 __version__ = version()

@@ -1,11 +1,10 @@
-"""Tables (sparse embeddings, KV tables with clocks) and worker groups.
+"""Tables: sparse embeddings and KV tables with clocks.
 
 A table maps uint64 keys to rows of ``dim`` float32 or float64 values, spread
 over every server (docs/tables.md). Pulls and pushes take numpy arrays of
 keys; rows come back as an ``(n, dim)`` array in key order. With the ``add``
 optimizer and a consistency model (``"bsp"``, ``"ssp"`` with a staleness),
 a table is a KV table whose workers (:class:`KvWorker`) read at their clock.
-:class:`Group` runs barriers, all-reduce and broadcast through the servers.
 
 Arrays are never converted to another dtype behind your back: float64 rows
 for a float32 table raise :class:`InvalidArgument`, as do int64 keys (pass
@@ -31,15 +30,14 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import capi as _c
-from ._core import _blocking, _Closing, _deadline, _dtype_code, _Handle, _setting
+from ._calls import _blocking, _deadline
+from ._config import _setting
+from ._handles import _Handle, _HandleOwner
 from ._errors import InvalidArgument
 
-__all__ = ["Table", "KvWorker", "Group"]
+__all__ = ["Table", "KvWorker"]
 
 _CONSISTENCY = {"asp": _c.PSERVER_ASP, "bsp": _c.PSERVER_BSP, "ssp": _c.PSERVER_SSP}
-_SCOPES = {"workers": _c.PSERVER_BARRIER_WORKERS, "servers": _c.PSERVER_BARRIER_SERVERS,
-           "all": _c.PSERVER_BARRIER_ALL}
-_OPS = {"sum": _c.PSERVER_REDUCE_SUM, "mean": _c.PSERVER_REDUCE_MEAN}
 _TABLE_DTYPES = {np.dtype(np.float32): _c.PSERVER_FLOAT32,
                  np.dtype(np.float64): _c.PSERVER_FLOAT64}
 _TABLE_NUMPY = {code: dt for dt, code in _TABLE_DTYPES.items()}
@@ -142,7 +140,7 @@ def _create_table(client: Any, name: str, dim: Optional[int], *, dtype: Any,
     return table
 
 
-class Table(_Closing):
+class Table(_HandleOwner):
     """A client's handle on one table on every server. Thread-safe.
 
     Made by :meth:`pserver.Client.create_table`; closed with its client.
@@ -182,10 +180,6 @@ class Table(_Closing):
         """The table's pserver.v1.TableConfig in protobuf text format."""
         with self._h.use() as h:
             return _c.pserver_table_config_text_of(h)[1]
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
 
     def server_of(self, key: int) -> int:
         """The index of the server holding `key`."""
@@ -267,7 +261,7 @@ class Table(_Closing):
         return f"<pserver.Table {self._name!r} dim={self._dim} {self._dtype}{state}>"
 
 
-class KvWorker(_Closing):
+class KvWorker(_HandleOwner):
     """One worker of a table with clocks: reads at its clock (waiting for
     slower workers as the table's consistency says), adds, advances its clock.
 
@@ -358,116 +352,6 @@ class KvWorker(_Closing):
         frees the handle; safe twice."""
         self._h.close()
 
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
-
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"clock {self.current_clock}"
         return f"<pserver.KvWorker {self._id!r} of table {self._table.name!r} {state}>"
-
-
-class Group(_Closing):
-    """This worker's membership of a group of `size` workers, for barriers,
-    all-reduce and broadcast through the servers.
-
-    Every member makes the same sequence of calls: the k-th call of a kind
-    meets the others' k-th call. One thread per Group; its calls are
-    serialized.
-
-    >>> import threading, numpy as np, pserver
-    >>> with pserver.LocalCluster(servers=2) as cluster:
-    ...     client = cluster.client()
-    ...     results = {}
-    ...     def member(rank):
-    ...         with client.group("g", size=2, participant=f"w{rank}") as g:
-    ...             results[rank] = g.all_reduce(np.full(3, rank + 1, np.float32))
-    ...     threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
-    ...     for t in threads: t.start()
-    ...     for t in threads: t.join()
-    ...     print(results[0], results[1])
-    [3. 3. 3.] [3. 3. 3.]
-    """
-
-    def __init__(self, client: Any, ptr: Any, name: str, size: int, participant: str) -> None:
-        self._client = client
-        self._name = name
-        self._size = size
-        self._participant = participant
-        self._h = _Handle(ptr, _c.pserver_group_delete, "group")
-        self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def participant(self) -> str:
-        return self._participant
-
-    def _call(self, fn: Any, *args: Any, timeout: Optional[float]) -> None:
-        with _deadline(timeout), self._client._h.use(), self._lock, self._h.use() as h:
-            _blocking(fn, h, *args)
-
-    def barrier(self, scope: str = "workers", *, timeout: Optional[float] = None) -> None:
-        """Waits for every member ("workers"), every server ("servers") or
-        both ("all"). DeadlineExceeded says how many members arrived."""
-        self._call(_c.pserver_group_barrier, _choice(scope, _SCOPES, "barrier scope"),
-                   timeout=timeout)
-
-    @staticmethod
-    def _array(array: Any, what: str) -> Tuple[np.ndarray, int]:
-        if not isinstance(array, np.ndarray):
-            raise InvalidArgument(f"{what}: expected a numpy array, got {type(array).__name__}")
-        code = _dtype_code(array.dtype, what)
-        if not array.dtype.isnative:
-            raise InvalidArgument(f"{what}: array must be in native byte order")
-        if not array.flags.c_contiguous or not array.flags.writeable:
-            raise InvalidArgument(f"{what}: array must be C-contiguous and writable "
-                                  f"(it is reduced in place)")
-        return array, code
-
-    def all_reduce(self, array: np.ndarray, op: str = "sum", *,
-                   timeout: Optional[float] = None) -> np.ndarray:
-        """Replaces `array` in place by the element-wise "sum" or "mean" over
-        every member's array (same dtype and shape) and returns it."""
-        arr, code = self._array(array, f"all_reduce in group {self._name!r}")
-        self._call(_c.pserver_group_all_reduce, code, arr.shape, arr,
-                   _choice(op, _OPS, "reduce op"), timeout=timeout)
-        return arr
-
-    def broadcast(self, array: np.ndarray, root: bool, *,
-                  timeout: Optional[float] = None) -> np.ndarray:
-        """The root's `array` is copied into every other member's `array` (of
-        the root's dtype and shape), in place; returns it. Exactly one member
-        passes root=True."""
-        arr, code = self._array(array, f"broadcast in group {self._name!r}")
-        self._call(_c.pserver_group_broadcast, code, arr.shape, arr, 1 if root else 0,
-                   timeout=timeout)
-        return arr
-
-    def close(self) -> None:
-        self._h.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
-
-    def __repr__(self) -> str:
-        return (f"<pserver.Group {self._name!r} member {self._participant!r} of "
-                f"{self._size}{' closed' if self.closed else ''}>")
-
-
-def _group(client: Any, name: str, size: int, participant: str) -> Group:
-    if not isinstance(size, (int, np.integer)) or size < 1:
-        raise InvalidArgument(f"a group needs a size of at least 1 member, got {size!r}")
-    with client._h.use() as h:
-        ptr = _c.pserver_group_new(h, str(name), int(size), str(participant))
-    group = Group(client, ptr, str(name), int(size), str(participant))
-    client._adopt(group)
-    return group
-

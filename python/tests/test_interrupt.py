@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 
 import pserver
-from pserver import _core
+from pserver import _calls
 
 
 def _interrupt_soon():
     """Sends SIGINT to this process, as Ctrl-C does, once the main thread has
     handed its next blocking call to the helper thread (waiting at most 30 s):
     KeyboardInterrupt then arrives in the main thread while it waits."""
-    before = _core._calls_started
+    before = _calls._calls_started
 
     def interrupt():
         for _ in range(3000):
-            if _core._calls_started > before:
+            if _calls._calls_started > before:
                 break
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)
