@@ -20,7 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "cc/core/element_type.h"
 #include "cc/core/names.h"
-#include "cc/core/parameter_store.h"
+#include "cc/core/gradient_view.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/message.h"
