@@ -531,4 +531,8 @@ pserver_cancel_t* pserver_py_swap_call_cancel(pserver_cancel_t* cancel) {
 %ignore pserver_etcd_kvs_value;
 %ignore pserver_etcd_kvs_value_size;
 
+/* SWIG does not follow #include: the headers pserver.h includes at its end,
+ * in its order. */
 %include "cc/capi/pserver.h"
+%include "cc/capi/pserver_tables.h"
+%include "cc/capi/pserver_cluster.h"

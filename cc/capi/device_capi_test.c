@@ -13,30 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cc/capi/capi_test_util.h"
 #include "cc/capi/pserver.h"
-
-static int failures = 0;
-
-#define EXPECT(cond)                                                                  \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      fprintf(stderr, "%s:%d: EXPECT failed: %s\n", __FILE__, __LINE__, #cond);      \
-      ++failures;                                                                     \
-    }                                                                                 \
-  } while (0)
-
-#define EXPECT_STATUS(st, code, part)                                                 \
-  do {                                                                                \
-    if (pserver_status_code(st) != (code) ||                                          \
-        strstr(pserver_status_message(st), (part)) == NULL) {                         \
-      fprintf(stderr, "%s:%d: want %s containing \"%s\", got %s: \"%s\"\n", __FILE__, \
-              __LINE__, pserver_code_name(code), (part),                              \
-              pserver_code_name(pserver_status_code(st)), pserver_status_message(st)); \
-      ++failures;                                                                     \
-    }                                                                                 \
-  } while (0)
-
-#define EXPECT_OK(st) EXPECT_STATUS(st, PSERVER_OK, "")
 
 enum { kN = 5000 }; /* 5 blocks of 4 KiB (the last smaller) */
 
@@ -172,10 +150,5 @@ int main(void) {
   pserver_client_options_delete(options);
   pserver_local_cluster_delete(cluster);
   pserver_status_delete(st);
-  if (failures > 0) {
-    fprintf(stderr, "%d failure(s)\n", failures);
-    return 1;
-  }
-  printf("device_capi_test: all passed\n");
-  return 0;
+  return capi_test_report("device_capi_test");
 }

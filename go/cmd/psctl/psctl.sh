@@ -8,7 +8,7 @@ if [ -d "$runfiles/pserver" ]; then root="$runfiles/pserver"; else root="$PWD"; 
 root="$(cd "$root" && pwd)"
 cache="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/pserver-psctl"
 mkdir -p "$cache"
-key="$( (cd "$root" && find go -name '*.go' -o -name go.mod | sort | xargs cat; cat cc/capi/pserver.h;
+key="$( (cd "$root" && find go -name '*.go' -o -name go.mod | sort | xargs cat; cat cc/capi/pserver*.h;
          readlink -f cc/capi/libpserver.so) | sha256sum | cut -c1-16)"
 bin="$cache/psctl-$key"
 if [ ! -x "$bin" ]; then
