@@ -34,11 +34,15 @@ void CallCancellable(const std::function<CancelWait(WaitDone)>& start, WaitDone 
   };
   auto state = std::make_shared<State>();
   CancelWait cancel_wait = start([state, done = std::move(done)](absl::Status status) {
-    Cancellation::Registration registration;  // unregistered outside the lock
     {
+      Cancellation::Registration registration;  // unregistered outside the lock
       absl::MutexLock lock(&state->mu);
       state->completed = true;
       registration = std::move(state->registration);
+      // The lock goes first, then the registration: unregistered before
+      // `done`, since once the caller hears of the completion it may destroy
+      // its Cancellation (the C ABI's pserver_cancel_t). Seen as heap
+      // corruption when a Go worker's Clock completed another's wait.
     }
     done(std::move(status));
   });
