@@ -572,7 +572,7 @@ constexpr double kBindingsCeiling = 0.9;
 absl::Status Bindings(Harness& h) {
   std::vector<uint64_t> sizes = {kMiB, 16 * kMiB, 64 * kMiB};
   if (h.quick()) sizes = {kMiB, 16 * kMiB};
-  const std::vector<std::string> drivers = {"cxx", "python", "go"};
+  std::vector<std::string> drivers = {"cxx", "python", "go"};
   PS_ASSIGN_OR_RETURN(auto procs, StartServers(1));
   PS_ASSIGN_OR_RETURN(auto clients, MakeClients(1, procs->addresses, {}));
   Client& client = *clients[0];
@@ -587,7 +587,11 @@ absl::Status Bindings(Harness& h) {
   }
   PS_RETURN_IF_ERROR(client.FinishInitParams());
   DriverResults all;  // by (driver_op, bytes)
-  for (uint64_t bytes : sizes) {  // the C++ client, in this process
+  // The C++ client, in this process, before the drivers ("cxx") and again
+  // after them ("cxxafter": whether what the servers went through meanwhile
+  // changed their speed).
+  auto measure_cxx = [&](const std::string& driver) -> absl::Status {
+  for (uint64_t bytes : sizes) {
     const std::string name = name_of("cxx", bytes);
     const Tensor grad = Filled(bytes, 0.5f);
     std::vector<Tensor> out(1);
@@ -599,7 +603,7 @@ absl::Status Bindings(Harness& h) {
     };
     const int ops = OpsFor(h, bytes);
     for (const auto& [kind, op] : kinds) {
-      std::vector<double>& values = all[{absl::StrCat("cxx_", kind), bytes}];
+      std::vector<double>& values = all[{absl::StrCat(driver, "_", kind), bytes}];
       for (int i = 0; i < h.options().warmup + h.options().repetitions; ++i) {
         const double begin = NowSeconds();
         for (int j = 0; j < ops; ++j) PS_RETURN_IF_ERROR(op());
@@ -607,6 +611,9 @@ absl::Status Bindings(Harness& h) {
       }
     }
   }
+  return absl::OkStatus();
+  };
+  PS_RETURN_IF_ERROR(measure_cxx("cxx"));
   for (const char* driver : {"python", "go"}) {
     std::vector<std::string> params;
     for (uint64_t bytes : sizes) {
@@ -624,6 +631,8 @@ absl::Status Bindings(Harness& h) {
       all[{absl::StrCat(driver, "_", key.first), key.second}] = std::move(values);
     }
   }
+  PS_RETURN_IF_ERROR(measure_cxx("cxxafter"));
+  drivers.push_back("cxxafter");
   for (uint64_t bytes : sizes) {
     for (const char* kind : {"push", "pull", "pushpull"}) {
       double cxx_median = 0;

@@ -482,11 +482,13 @@ func (cl *Client) Get(ctx context.Context, name string) (*Tensor, error) {
 }
 
 // GetInto reads a parameter into out, which must have its type and number
-// of elements (INVALID_ARGUMENT otherwise, naming what was expected). out
-// is not written when the call fails or its ctx ends first.
+// of elements (INVALID_ARGUMENT otherwise, naming what was expected). The
+// library writes straight into out: a call refused before anything is sent
+// (a wrong type or size, a ctx already ended) leaves it untouched, but one
+// that fails after sending may leave it partly written.
 func (cl *Client) GetInto(ctx context.Context, name string, out *Tensor) error {
 	cname := C.CString(name)
-	p, size := out.cMem() // the library writes it only on success
+	p, size := out.cMem() // written in place by the library
 	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
 		C.pserver_client_get_param(c, cname, C.size_t(len(name)), C.int32_t(out.dtype), p, size, st)
 	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(out) })
