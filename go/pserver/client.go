@@ -605,7 +605,7 @@ func (cl *Client) PushPullInto(ctx context.Context, grads, outs map[string]*Tens
 func (cl *Client) pushPullOne(ctx context.Context, name string, grad, out *Tensor) error {
 	cname := C.CString(name)
 	data, size := grad.cMem()
-	p, outSize := out.cMem() // the library writes it only on success
+	p, outSize := out.cMem() // written in place by the library
 	return cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
 		C.pserver_client_push_pull_one(c, cname, C.size_t(len(name)), C.int32_t(grad.dtype), data, size, p, outSize, st)
 	}, nopErr, func() { C.free(unsafe.Pointer(cname)); runtime.KeepAlive(grad); runtime.KeepAlive(out) })
