@@ -22,6 +22,7 @@
 #include "cc/client/client.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/server.h"
+#include "absl/synchronization/notification.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -220,6 +221,42 @@ class ServiceTest : public ::testing::Test {
 };
 
 // ---- lifecycle --------------------------------------------------------------
+
+// The generic control path: bytes that are not the method's request message
+// are INVALID_ARGUMENT naming the message, counted as rejected, and change
+// nothing; a method the service does not have is UNIMPLEMENTED.
+TEST_F(ServiceTest, MalformedControlRequestIsRefusedAndCounted) {
+  ASSERT_OK(InitParam(Float32Param("w", {1, 2})));
+  ASSERT_OK(FinishInitParams());
+  grpc::GenericStub generic(channel_);
+  auto raw_call = [&](const std::string& method, const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) {
+                        status = std::move(s);
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    return status;
+  };
+  // Field 1 (table, a string) with a length running past the end.
+  const grpc::Status malformed =
+      raw_call("/pserver.v1.ParameterServer/Clock", std::string("\x0a\x7f\x01", 3));
+  EXPECT_EQ(malformed.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(malformed.error_message(), HasSubstr("malformed ClockRequest"));
+  const grpc::Status unknown = raw_call("/pserver.v1.ParameterServer/NoSuchMethod", "");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+
+  ASSERT_OK_AND_ASSIGN(v1::ServerStats stats, GetStats());
+  EXPECT_EQ(stats.requests_rejected(), 1u);
+  EXPECT_THAT(Float32Values("w"), ElementsAre(1, 2));
+}
 
 TEST_F(ServiceTest, ServerListensOnLoopbackWithAPickedPort) {
   EXPECT_GT(server_->port(), 0);
