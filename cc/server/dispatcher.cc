@@ -267,6 +267,7 @@ absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView
 }
 
 absl::Status Dispatcher::Read(absl::Span<const v1::ParamRef> refs, BlockReader reader) {
+  PS_RETURN_IF_ERROR(CheckServing());
   v1::Parameter header;
   for (const v1::ParamRef& ref : refs) {
     header.Clear();

@@ -148,6 +148,7 @@ class Dispatcher {
                   google::protobuf::Message* response, const CallContext& call, Done done);
 
   // ---- bulk data ---------------------------------------------------------
+  // Both are UNAVAILABLE while the server is not serving.
   // Applies a batch of gradients whole or not at all, once per id.
   absl::Status Push(const RequestId& id, absl::Span<const GradientView> grads);
   // Reads `refs` in order into `reader`; stops at the first error.

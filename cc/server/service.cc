@@ -71,6 +71,8 @@ absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& requ
 
 absl::Status GetParams(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                        grpc::ByteBuffer* response, ReplyHold* hold) {
+  // Before parsing, so that a starting server answers UNAVAILABLE whatever
+  // it is sent (Dispatcher::Read checks again, for every face).
   PS_RETURN_IF_ERROR(dispatcher.CheckServing());
   v1::GetParamsRequest parsed;
   grpc::ByteBuffer copy(request);  // shares the slices
