@@ -19,9 +19,12 @@
  *     as str, bytes that are not UTF-8 decoded with surrogateescape.
  *   - cancellation: pserver_py_swap_call_cancel sets, for the calling
  *     thread, a pserver_cancel_t that each call's fresh status carries
- *     (pserver_status_set_cancel); pserver._calls runs blocking calls made on
- *     the main thread in a helper thread with one, and cancels it on
- *     KeyboardInterrupt.
+ *     (pserver_status_set_cancel). pserver._calls gives the main thread's
+ *     blocking calls one made by pserver_py_cancel_new_interruptible: while
+ *     such a call waits, the library runs Python's signal handlers on the
+ *     main thread every 50 ms (pserver_cancel_set_check); one that raises
+ *     (KeyboardInterrupt at Ctrl-C) cancels the call, and
+ *     pserver_py_take_interrupt hands what it raised to pserver._calls.
  *   - per-call timeouts: pserver_py_swap_call_deadline_ns sets, for the
  *     calling thread, a time (time.monotonic_ns()) by which its blocking
  *     calls must end; each call's fresh status then carries the time left
@@ -493,6 +496,9 @@ struct PserverPyEntries {
 %nothread pserver_cancel_delete;
 %nothread pserver_cancel_cancel;
 %nothread pserver_cancel_cancelled;
+%nothread pserver_py_cancel_new_interruptible;
+%nothread pserver_py_take_interrupt;
+%nothread pserver_py_checks;
 
 /* For pserver._calls: sets the calling thread's call deadline (see the
  * conventions above) and returns the previous one. */
@@ -505,6 +511,54 @@ int64_t pserver_py_swap_call_deadline_ns(int64_t deadline_ns) {
 
 /* The calling thread's call deadline (0: none). */
 int64_t pserver_py_call_deadline_ns(void) { return pserver_py_deadline_ns; }
+%}
+
+%{
+/* A cancellation for the main thread's blocking calls: while one waits,
+ * Python's signal handlers run on the main thread every `every_ms`
+ * (PyErr_CheckSignals, the GIL taken for it); the first one that raises
+ * (KeyboardInterrupt at Ctrl-C) cancels the call, and what it raised is
+ * kept for pserver_py_take_interrupt. Other threads run no handlers. */
+static PyObject* pserver_py_interrupt = NULL; /* the exception raised, owned */
+static uint64_t pserver_py_check_count = 0;   /* checks run (tests wait on it) */
+
+static int pserver_py_check_signals(void* arg) {
+  (void)arg;
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  ++pserver_py_check_count;
+  const int raised = PyErr_CheckSignals() != 0;
+  if (raised) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
+    Py_XDECREF(pserver_py_interrupt);
+    pserver_py_interrupt = value;
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+  }
+  PyGILState_Release(gil);
+  return raised;
+}
+%}
+
+%inline %{
+pserver_cancel_t* pserver_py_cancel_new_interruptible(int32_t every_ms) {
+  pserver_cancel_t* const cancel = pserver_cancel_new();
+  pserver_cancel_set_check(cancel, pserver_py_check_signals, NULL, every_ms);
+  return cancel;
+}
+
+/* What a signal handler raised during a call (and forgets it), or None. */
+PyObject* pserver_py_take_interrupt(void) {
+  PyObject* const raised = pserver_py_interrupt != NULL ? pserver_py_interrupt : Py_None;
+  if (pserver_py_interrupt == NULL) Py_INCREF(Py_None);
+  pserver_py_interrupt = NULL;
+  return raised;
+}
+
+/* How many times the check has run: a test waits for a call to be waiting. */
+uint64_t pserver_py_checks(void) { return pserver_py_check_count; }
 
 /* Sets the calling thread's call cancellation (NULL: none); returns the
  * previous one. The caller keeps the handle alive while it is set. */
@@ -515,7 +569,9 @@ pserver_cancel_t* pserver_py_swap_call_cancel(pserver_cancel_t* cancel) {
 }
 %}
 
-/* Python never sees a status handle. */
+/* Python never sees a status handle; the check is set by
+ * pserver_py_cancel_new_interruptible. */
+%ignore pserver_cancel_set_check;
 %ignore pserver_status_new;
 %ignore pserver_status_delete;
 %ignore pserver_status_code;

@@ -20,7 +20,7 @@
 #include "cc/capi/pserver.h"
 
 static void test_version_and_codes(void) {
-  EXPECT(strcmp(pserver_version(), "0.3.0") == 0);
+  EXPECT(strcmp(pserver_version(), "0.4.0") == 0);
   EXPECT(PSERVER_NOT_FOUND == 5 && PSERVER_ALREADY_EXISTS == 6 &&
          PSERVER_FAILED_PRECONDITION == 9 && PSERVER_UNAVAILABLE == 14 &&
          PSERVER_DATA_LOSS == 15);
@@ -745,6 +745,71 @@ static void test_cancel(void) {
   pserver_status_delete(st);
 }
 
+struct check_calls {
+  pthread_t caller;
+  int calls;
+  int on_caller; /* calls made on the thread that made the blocking call */
+  int cancel_at; /* the call that answers 1 */
+};
+
+static int count_and_cancel(void* arg) {
+  struct check_calls* c = arg;
+  ++c->calls;
+  if (pthread_equal(pthread_self(), c->caller)) ++c->on_caller;
+  return c->calls == c->cancel_at;
+}
+
+/* pserver_cancel_set_check: a blocking call runs the check on its own thread
+ * while it waits, and ends CANCELLED the first time the check says so: while
+ * waiting for a reply (a barrier nobody else joins) and between retries (a
+ * server that is down). Nothing else runs it: no other thread is started. */
+static void test_cancel_check(void) {
+  pserver_cancel_set_check(NULL, count_and_cancel, NULL, 1); /* ignored */
+  pserver_status_t* st = pserver_status_new();
+  pserver_local_cluster_t* cluster = pserver_local_cluster_new(1, st);
+  EXPECT_OK(st);
+  char down[128];
+  snprintf(down, sizeof down, "%s", pserver_local_cluster_address(cluster, 0));
+  pserver_client_options_t* opts = pserver_client_options_new();
+  pserver_client_options_add_server(opts, down);
+  pserver_client_options_set_timeout_ms(opts, 60000);
+  pserver_client_t* client = pserver_client_new(opts, st); /* over gRPC */
+  EXPECT_OK(st);
+  pserver_group_t* group = pserver_group_new(client, "c", 2, "alone", st);
+  EXPECT_OK(st);
+
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) pserver_local_cluster_delete(cluster); /* the server is down now */
+    struct check_calls calls = {pthread_self(), 0, 0, 3};
+    pserver_cancel_t* cancel = pserver_cancel_new();
+    pserver_cancel_set_check(cancel, count_and_cancel, &calls, 1);
+    pserver_status_t* call = pserver_status_new();
+    pserver_status_set_cancel(call, cancel);
+    double start = now_seconds();
+    if (round == 0) {
+      pserver_group_barrier(group, PSERVER_BARRIER_WORKERS, call); /* would wait 60 s */
+    } else {
+      pserver_client_finish_init(client, call); /* would retry for 60 s */
+    }
+    EXPECT_STATUS(call, PSERVER_CANCELLED, "cancelled");
+    EXPECT(now_seconds() - start < 30.0);
+    EXPECT(calls.calls == 3 && calls.on_caller == 3); /* not run again once cancelled */
+    EXPECT(pserver_cancel_cancelled(cancel) == 1);
+    /* Removed, the check is not run: a cancelled handle stays cancelled. */
+    pserver_cancel_set_check(cancel, NULL, NULL, 0);
+    pserver_client_finish_init(client, call);
+    EXPECT_STATUS(call, PSERVER_CANCELLED, "cancelled");
+    EXPECT(calls.calls == 3);
+    pserver_status_delete(call);
+    pserver_cancel_delete(cancel);
+  }
+
+  pserver_group_delete(group);
+  pserver_client_delete(client);
+  pserver_client_options_delete(opts);
+  pserver_status_delete(st);
+}
+
 int main(void) {
   test_version_and_codes();
   test_config();
@@ -755,5 +820,6 @@ int main(void) {
   test_status_timeout();
   test_names_with_length();
   test_cancel();
+  test_cancel_check();
   return capi_test_report("capi_test");
 }

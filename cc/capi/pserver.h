@@ -112,10 +112,10 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define PSERVER_VERSION_MAJOR 0
-#define PSERVER_VERSION_MINOR 3
+#define PSERVER_VERSION_MINOR 4
 #define PSERVER_VERSION_PATCH 0
 
-/* "0.3.0": the library's version (which may be newer than this header's).
+/* "0.4.0": the library's version (which may be newer than this header's).
  *
  * ABI changes (convention 7 holds from one minor version to the next
  * except where listed here):
@@ -132,7 +132,8 @@ extern "C" {
  *          sending (a server error, a deadline, a cancellation) may then
  *          leave an output partly written; bad arguments still fail before
  *          anything is sent or written. pserver_client_param_info reads
- *          only a parameter's layout, not its values. Signatures unchanged. */
+ *          only a parameter's layout, not its values. Signatures unchanged.
+ *   0.4.0: added pserver_cancel_set_check; nothing changed. */
 PSERVER_EXPORT const char* pserver_version(void);
 
 /* ----------------------------------------------------------------- status */
@@ -196,6 +197,17 @@ PSERVER_EXPORT void pserver_cancel_delete(pserver_cancel_t* cancel);
 PSERVER_EXPORT void pserver_cancel_cancel(pserver_cancel_t* cancel);
 /* 1 once pserver_cancel_cancel was called (0 for NULL). */
 PSERVER_EXPORT uint8_t pserver_cancel_cancelled(const pserver_cancel_t* cancel);
+/* A check run by the blocking calls given `cancel`, on the calling thread,
+ * while they wait (for replies, or between retries): every `every_ms`
+ * milliseconds (at least 1) until the call ends; the first time `check(arg)`
+ * returns non-zero, `cancel` is cancelled as by pserver_cancel_cancel. For
+ * languages that see an interrupt only on the thread that called (Python
+ * runs its Ctrl-C handler on the main thread only): the call can stay on
+ * that thread and still end at Ctrl-C. NULL `check` removes it. Not
+ * thread-safe: set it while no call given `cancel` runs. NULL `cancel` is
+ * ignored. (0.4.0) */
+PSERVER_EXPORT void pserver_cancel_set_check(pserver_cancel_t* cancel, int (*check)(void* arg),
+                                             void* arg, int32_t every_ms);
 /* The calls given `status` end when `cancel` is cancelled; NULL removes
  * it. Like the timeout, it stays on the status until changed and leaves the
  * code and message alone. A NULL status is ignored. */

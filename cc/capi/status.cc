@@ -1,4 +1,5 @@
 // The C ABI: version, statuses, cancellation, codes, element types, buffers.
+#include <algorithm>
 #include <cstdlib>
 
 #include "cc/capi/internal.h"
@@ -8,7 +9,7 @@ using pserver_capi::NewHandle;
 
 extern "C" {
 
-const char* pserver_version(void) { return "0.3.0"; }
+const char* pserver_version(void) { return "0.4.0"; }
 
 // ------------------------------------------------------------------ status
 
@@ -38,6 +39,17 @@ void pserver_cancel_delete(pserver_cancel_t* cancel) { delete cancel; }
 
 void pserver_cancel_cancel(pserver_cancel_t* cancel) {
   if (cancel != nullptr) cancel->rep->Cancel();
+}
+
+void pserver_cancel_set_check(pserver_cancel_t* cancel, int (*check)(void* arg), void* arg,
+                              int32_t every_ms) {
+  if (cancel == nullptr) return;
+  if (check == nullptr) {
+    cancel->rep->SetCheck(nullptr, absl::InfiniteDuration());
+    return;
+  }
+  cancel->rep->SetCheck([check, arg] { return check(arg) != 0; },
+                        absl::Milliseconds(std::max<int32_t>(every_ms, 1)));
 }
 
 uint8_t pserver_cancel_cancelled(const pserver_cancel_t* cancel) {

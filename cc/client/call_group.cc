@@ -1,6 +1,7 @@
 #include "cc/client/call_group.h"
 
 #include "absl/strings/str_cat.h"
+#include "cc/client/cancellation.h"
 
 namespace pserver {
 
@@ -21,7 +22,7 @@ Transport::Done CallGroup::Add(std::string label) {
 
 absl::Status CallGroup::Wait() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
+  Cancellation::Await(mu_, absl::Condition(
       +[](int* pending) { return *pending == 0; }, &pending_));
   for (size_t i = 0; i < results_.size(); ++i) {
     if (!results_[i].ok()) {
@@ -34,7 +35,7 @@ absl::Status CallGroup::Wait() {
 
 std::vector<absl::Status> CallGroup::WaitAll() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
+  Cancellation::Await(mu_, absl::Condition(
       +[](int* pending) { return *pending == 0; }, &pending_));
   return results_;
 }

@@ -1,5 +1,6 @@
 #include "cc/client/cancellation.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace pserver {
@@ -29,10 +30,39 @@ absl::Status Cancellation::Check() const {
   return cancelled() ? absl::CancelledError("the call was cancelled") : absl::OkStatus();
 }
 
-bool Cancellation::WaitFor(absl::Duration timeout) const {
+bool Cancellation::WaitFor(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&cancelled_), timeout);
+  AwaitChecking(this, mu_, absl::Condition(&cancelled_), timeout);
   return cancelled_;
+}
+
+void Cancellation::SetCheck(std::function<bool()> check, absl::Duration every) {
+  check_ = std::move(check);
+  check_every_ = check_ ? std::max(every, absl::Milliseconds(1)) : absl::InfiniteDuration();
+}
+
+void Cancellation::RunCheck() {
+  if (!cancelled() && check_()) Cancel();
+}
+
+bool Cancellation::Await(absl::Mutex& mu, const absl::Condition& condition,
+                         absl::Duration timeout) {
+  return AwaitChecking(Current(), mu, condition, timeout);
+}
+
+bool Cancellation::AwaitChecking(Cancellation* cancel, absl::Mutex& mu,
+                                 const absl::Condition& condition, absl::Duration timeout) {
+  if (cancel == nullptr || !cancel->check_) return mu.AwaitWithTimeout(condition, timeout);
+  const absl::Time end = absl::Now() + timeout;
+  while (!mu.AwaitWithTimeout(condition, std::min(cancel->check_every_, end - absl::Now()))) {
+    if (absl::Now() >= end) return false;
+    // Unlocked: the check may take its time, and cancelling completes calls
+    // whose callbacks take `mu`.
+    mu.Unlock();
+    cancel->RunCheck();
+    mu.Lock();
+  }
+  return true;
 }
 
 Cancellation::Registration Cancellation::OnCancel(std::function<void()> fn) {

@@ -53,8 +53,26 @@ class Cancellation {
   // CANCELLED "the call was cancelled" once cancelled, else OK.
   absl::Status Check() const;
 
-  // Waits up to `timeout` or until cancelled; returns cancelled().
-  bool WaitFor(absl::Duration timeout) const;
+  // Waits up to `timeout` or until cancelled; returns cancelled(). Runs the
+  // check (SetCheck) while it waits.
+  bool WaitFor(absl::Duration timeout);
+
+  // A check that calls given this Cancellation run on their own thread
+  // while they wait (for replies, or between retries): every `every`, and
+  // the first time it returns true the call is cancelled, as by Cancel().
+  // For bindings whose interrupts can be seen only on the calling thread
+  // (Python runs its Ctrl-C handler on the main thread only), so that a call
+  // need not move to another thread to stay interruptible. Set it before
+  // the calls that use it start; a null `check` removes it.
+  void SetCheck(std::function<bool()> check, absl::Duration every);
+
+  // Waits on `mu` (held) until `condition` holds, like mu.Await. With a
+  // Current() that has a check, waits in slices of its period and runs the
+  // check between them, `mu` released. Returns false if `timeout` passed
+  // first (mu.AwaitWithTimeout's meaning).
+  static bool Await(absl::Mutex& mu, const absl::Condition& condition,
+                    absl::Duration timeout = absl::InfiniteDuration())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Removes its callback when destroyed or reset. A callback already
   // running on another thread may still be running then: it must hold (by
@@ -95,6 +113,15 @@ class Cancellation {
   };
 
  private:
+  // Runs the check unless cancelled already; cancels when it says so.
+  void RunCheck();
+  // Await, running `cancel`'s check (null: none).
+  static bool AwaitChecking(Cancellation* cancel, absl::Mutex& mu,
+                            const absl::Condition& condition, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  std::function<bool()> check_;  // set before the calls: not guarded
+  absl::Duration check_every_ = absl::InfiniteDuration();
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

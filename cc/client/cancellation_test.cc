@@ -56,6 +56,48 @@ TEST(CancellationTest, WaitForEndsWhenCancelled) {
   canceller.join();
 }
 
+TEST(CancellationTest, WaitForRunsTheCheckOnItsThreadUntilItSaysSo) {
+  Cancellation cancel;
+  const std::thread::id caller = std::this_thread::get_id();
+  int checks = 0, elsewhere = 0;
+  cancel.SetCheck(
+      [&] {
+        if (std::this_thread::get_id() != caller) ++elsewhere;
+        return ++checks == 3;
+      },
+      absl::Milliseconds(1));
+  // Would wait a minute without the check.
+  EXPECT_TRUE(cancel.WaitFor(absl::Seconds(60)));
+  EXPECT_EQ(checks, 3);
+  EXPECT_EQ(elsewhere, 0);
+  // Cancelled: the check is not run again.
+  EXPECT_TRUE(cancel.WaitFor(absl::Seconds(60)));
+  EXPECT_EQ(checks, 3);
+}
+
+TEST(CancellationTest, AwaitRunsTheCurrentCheckAndKeepsWaitingForTheCondition) {
+  Cancellation cancel;
+  int checks = 0;
+  cancel.SetCheck([&] { return ++checks == 2; }, absl::Milliseconds(1));
+  absl::Mutex mu;
+  bool done = false;
+  Cancellation::Registration finish = cancel.OnCancel([&] {
+    absl::MutexLock lock(&mu);  // as a call's completion would: Await released mu
+    done = true;
+  });
+  {
+    const Cancellation::Scope scope(&cancel);
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(Cancellation::Await(mu, absl::Condition(&done)));
+  }
+  EXPECT_EQ(checks, 2);
+  EXPECT_TRUE(cancel.cancelled());
+  // Without a current cancellation, a timeout is a plain timed wait.
+  absl::MutexLock lock(&mu);
+  bool never = false;
+  EXPECT_FALSE(Cancellation::Await(mu, absl::Condition(&never), absl::Milliseconds(1)));
+}
+
 TEST(CancellationTest, ScopeInstallsAndRestoresCurrent) {
   Cancellation outer, inner;
   EXPECT_EQ(Cancellation::Current(), nullptr);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/client/cancellation.h"
 #include "absl/time/clock.h"
 
 namespace pserver {
@@ -61,7 +62,7 @@ bool Ticket::done() const {
 
 absl::Status Ticket::Wait(absl::Duration timeout) const {
   absl::MutexLock lock(&state_->mu);
-  const bool done = state_->mu.AwaitWithTimeout(absl::Condition(&state_->done), timeout);
+  const bool done = Cancellation::Await(state_->mu, absl::Condition(&state_->done), timeout);
   if (!done) {
     return absl::DeadlineExceededError(
         absl::StrCat("ticket still running after ", absl::FormatDuration(timeout)));

@@ -1,6 +1,6 @@
 """How every blocking library call is made: the per-call deadline
-(``timeout=``) and, for the main thread, a helper thread so that Ctrl-C
-cancels the call at once (KeyboardInterrupt).
+(``timeout=``) and, for the main thread, a cancellation that Ctrl-C
+triggers (KeyboardInterrupt) while the call waits.
 
 Every call goes through the SWIG module ``pserver.capi``, which releases
 the GIL while the C function runs.
@@ -8,13 +8,10 @@ the GIL while the C function runs.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
-import os
-import queue
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from . import capi as _c
 from ._errors import InvalidArgument
@@ -22,7 +19,7 @@ from ._errors import InvalidArgument
 
 
 def version() -> str:
-    """The version of libpserver.so, e.g. "0.2.0"."""
+    """The version of libpserver.so, e.g. "0.4.0"."""
     return _c.pserver_version()
 
 
@@ -49,42 +46,10 @@ def _deadline(timeout: Optional[float]) -> Iterator[None]:
         _c.pserver_py_swap_call_deadline_ns(previous)
 
 
-# The helper thread that runs the main thread's blocking calls, its queue of
-# calls, and how often the main thread, waiting for one, looks for Ctrl-C.
-_CALL_THREAD = "pserver-call"
-_WAIT_SLICE_S = 0.05
-_calls: Optional["queue.SimpleQueue[Callable[[], None]]"] = None
-_calls_lock = threading.Lock()
-_calls_started = 0  # calls the helper thread has started (tests wait on it)
+# How often a blocking call on the main thread runs Python's signal
+# handlers while it waits (pserver_py_cancel_new_interruptible).
+_CHECK_EVERY_MS = 50
 _cancel: Any = None  # the main thread's next pserver_cancel_t
-
-
-def _serve_calls(calls: "queue.SimpleQueue[Callable[[], None]]") -> None:
-    global _calls_started
-    while True:
-        run = calls.get()
-        _calls_started += 1
-        run()
-
-
-def _call_queue() -> "queue.SimpleQueue[Callable[[], None]]":
-    """The helper thread's queue, starting the thread on first use."""
-    global _calls
-    with _calls_lock:
-        if _calls is None:
-            _calls = queue.SimpleQueue()
-            threading.Thread(target=_serve_calls, args=(_calls,), name=_CALL_THREAD,
-                             daemon=True).start()
-        return _calls
-
-
-def _forget_call_thread() -> None:
-    """In a forked child the helper thread is gone: start a new one on use."""
-    global _calls, _calls_lock
-    _calls, _calls_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_call_thread)
 
 
 def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
@@ -93,61 +58,35 @@ def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
 
     Python runs its SIGINT handler (KeyboardInterrupt) in the main thread
     only, and only between bytecodes: a main thread inside a C call would
-    see Ctrl-C when the call ends, at its deadline. So calls from the main
-    thread run on one helper thread while the main thread waits in short
-    slices. On KeyboardInterrupt the call is cancelled (pserver_cancel_t: its
-    gRPC requests end at once), waited for, and KeyboardInterrupt is raised,
-    chained to what the call raised (pserver.Cancelled). The helper runs the
-    call under this thread's deadline. Other threads call directly: no
-    KeyboardInterrupt is ever raised there.
+    see Ctrl-C when the call ends, at its deadline. So a call from the main
+    thread carries a cancellation whose check runs Python's signal handlers
+    every 50 ms while the call waits, on the main thread itself (no thread
+    hand-off, which would cost two wake-ups per call): at Ctrl-C the handler
+    raises KeyboardInterrupt, the call is cancelled (pserver_cancel_t: its
+    gRPC requests end at once) and returns pserver.Cancelled, and
+    KeyboardInterrupt is raised here, chained to it. Other threads call
+    directly: no KeyboardInterrupt is ever raised there.
     """
     global _cancel
     if threading.current_thread() is not threading.main_thread():
         return fn(*args)
     # One handle serves call after call until one is cancelled (it stays so).
-    cancel = _cancel if _cancel is not None else _c.pserver_cancel_new()
+    cancel = _cancel if _cancel is not None else _c.pserver_py_cancel_new_interruptible(
+        _CHECK_EVERY_MS)
     _cancel = None
-    deadline = _c.pserver_py_call_deadline_ns()
-    outcome: Dict[str, Any] = {}
-    done = _thread.allocate_lock()
-    done.acquire()
-
-    def run() -> None:
-        previous_deadline = _c.pserver_py_swap_call_deadline_ns(deadline)
-        previous_cancel = _c.pserver_py_swap_call_cancel(cancel)
-        try:
-            outcome["value"] = fn(*args)
-        except BaseException as e:  # handed to the caller
-            outcome["error"] = e
-        finally:
-            _c.pserver_py_swap_call_cancel(previous_cancel)
-            _c.pserver_py_swap_call_deadline_ns(previous_deadline)
-            done.release()
-
-    queued = False
+    previous = _c.pserver_py_swap_call_cancel(cancel)
+    error: Optional[BaseException] = None
     try:
-        _call_queue().put(run)
-        queued = True
-        # Short slices: a SIGINT the kernel hands to another thread wakes no
-        # blocked wait; between slices the main thread runs Python's handler.
-        while not done.acquire(timeout=_WAIT_SLICE_S):
-            pass
-    except KeyboardInterrupt as interrupt:
-        # Cancelling is sticky: a call that has not started yet ends at once.
-        _c.pserver_cancel_cancel(cancel)
-        while queued:
-            try:  # promptly now; a second Ctrl-C waits for it too
-                if done.acquire(timeout=_WAIT_SLICE_S):
-                    break
-            except KeyboardInterrupt:
-                pass
-        raise interrupt from outcome.get("error")
+        return fn(*args)
+    except BaseException as e:  # a signal handler's exception is raised in its place
+        error = e
+        raise
     finally:
-        if not queued or "value" in outcome or "error" in outcome:  # the helper is done with it
-            if _c.pserver_cancel_cancelled(cancel):
-                _c.pserver_cancel_delete(cancel)
-            else:
-                _cancel = cancel  # the next call's
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
+        _c.pserver_py_swap_call_cancel(previous)
+        if _c.pserver_cancel_cancelled(cancel):
+            _c.pserver_cancel_delete(cancel)
+        else:
+            _cancel = cancel  # the next call's
+        interrupt = _c.pserver_py_take_interrupt()
+        if interrupt is not None:
+            raise interrupt from error  # pylint: disable=raise-missing-from

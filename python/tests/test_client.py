@@ -210,4 +210,4 @@ def test_server_and_client_over_grpc():
 
 
 def test_version():
-    assert pserver.version() == pserver.__version__ == "0.3.0"
+    assert pserver.version() == pserver.__version__ == "0.4.0"

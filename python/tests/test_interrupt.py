@@ -9,18 +9,19 @@ import numpy as np
 import pytest
 
 import pserver
-from pserver import _calls
+from pserver import capi
 
 
 def _interrupt_soon():
-    """Sends SIGINT to this process, as Ctrl-C does, once the main thread has
-    handed its next blocking call to the helper thread (waiting at most 30 s):
-    KeyboardInterrupt then arrives in the main thread while it waits."""
-    before = _calls._calls_started
+    """Sends SIGINT to this process, as Ctrl-C does, once the main thread's
+    next blocking call is waiting in the library (it has run its check for
+    signals; waiting at most 30 s): KeyboardInterrupt then arrives while it
+    waits."""
+    before = capi.pserver_py_checks()
 
     def interrupt():
         for _ in range(3000):
-            if _calls._calls_started > before:
+            if capi.pserver_py_checks() > before:
                 break
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)
@@ -84,7 +85,7 @@ def test_errors_and_results_still_come_back(client):
         client.get("nope")
 
 
-def test_timeouts_hold_in_the_helper_thread(grpc_client):
+def test_timeouts_hold_on_the_main_thread(grpc_client):
     group = grpc_client.group("g", size=2, participant="alone")
     start = time.monotonic()
     with pytest.raises(pserver.DeadlineExceeded):
@@ -102,10 +103,27 @@ def test_calls_from_other_threads_run_there(client):
     np.testing.assert_array_equal(seen[0], np.ones(2, np.float32))
 
 
-def test_one_helper_thread_serves_the_main_thread(client):
+def test_the_main_thread_calls_in_place(client):
+    # No thread hand-off: the call and its signal checks run on the main
+    # thread, and no helper thread exists.
     client.init("w", np.ones(2, np.float32))
     client.finish_init()
     for _ in range(20):
         client.get("w")
-    helpers = [t for t in threading.enumerate() if t.name == "pserver-call"]
-    assert len(helpers) == 1
+    assert [t.name for t in threading.enumerate() if t.name.startswith("pserver")] == []
+
+
+def test_a_handler_that_does_not_raise_leaves_the_call_running(grpc_client):
+    # Only a handler that raises ends the call: one that just records the
+    # signal lets it go on to its own end (here its 1 s timeout).
+    seen = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        group = grpc_client.group("g", size=2, participant="alone")
+        timer = _interrupt_soon()
+        with pytest.raises(pserver.DeadlineExceeded):
+            group.barrier(timeout=1.0)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen == [signal.SIGINT]
