@@ -39,12 +39,13 @@
 #include "cc/testing/child_process.h"
 #include "cc/testing/run_program.h"
 #include "harness.h"
+#include "hosts_group.h"
 
 ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and repetitions.");
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
-          "checkpoint, memory, scaling, sparse, bindings); empty runs all (bindings only "
+          "checkpoint, memory, scaling, sparse, hosts, bindings); empty runs all (bindings only "
           "without --quick).");
 ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
 
@@ -72,9 +73,13 @@ struct ServerProcesses {
   }
 };
 
+std::string PserverBinary() {
+  const std::string binary = absl::GetFlag(FLAGS_pserver);
+  return binary.empty() ? RunfilesPath("cc/server/pserver", g_argv0) : binary;
+}
+
 absl::StatusOr<std::unique_ptr<ServerProcesses>> StartServers(int n) {
-  std::string binary = absl::GetFlag(FLAGS_pserver);
-  if (binary.empty()) binary = RunfilesPath("cc/server/pserver", g_argv0);
+  const std::string binary = PserverBinary();
   auto servers = std::make_unique<ServerProcesses>();
   for (int i = 0; i < n; ++i) {
     PS_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(binary, {"--port=0", absl::StrCat("--index=", i)}));
@@ -735,6 +740,7 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("memory")) PS_RETURN_IF_ERROR(Memory(h));
   if (wanted("scaling")) PS_RETURN_IF_ERROR(Scaling(h));
   if (wanted("sparse")) PS_RETURN_IF_ERROR(Sparse(h));
+  if (wanted("hosts")) PS_RETURN_IF_ERROR(Hosts(h, PserverBinary(), g_argv0));
   // Builds the Go driver on first use: only when asked for in a quick run.
   if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);

@@ -1,0 +1,146 @@
+#include "hosts_group.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "bindings_driver.h"
+#include "cc/core/status_macros.h"
+#include "cc/testing/child_process.h"
+#include "cc/testing/netns.h"
+
+ABSL_FLAG(int, hosts_rate_mbit, 1000, "hosts group: tc tbf rate of every host's link, Mbit/s.");
+ABSL_FLAG(int, hosts_workers_per_server, 1, "hosts group: workers (hosts) per server.");
+ABSL_FLAG(uint64_t, hosts_bytes, 4 << 20, "hosts group: bytes of each worker's parameter.");
+
+namespace pserver::bench {
+namespace {
+
+constexpr int kMaxServers = 4;
+constexpr int kMaxWorkersPerServer = 4;
+
+// The servers of one configuration, on hosts [0, n); stopped (SIGTERM, then
+// the cluster's SIGKILL) when this goes away.
+struct HostServers {
+  std::vector<ChildProcess*> children;
+  std::vector<std::string> addresses;
+  ~HostServers() {
+    for (ChildProcess* child : children) {
+      kill(child->pid(), SIGTERM);
+      (void)child->WaitForExit(absl::Now() + absl::Seconds(10));
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<HostServers>> StartHostServers(NetnsCluster& cluster, int n,
+                                                              const std::string& binary) {
+  auto servers = std::make_unique<HostServers>();
+  for (int i = 0; i < n; ++i) {
+    PS_ASSIGN_OR_RETURN(ChildProcess * child,
+                        cluster.Spawn(i, binary,
+                                      {absl::StrCat("--host=", cluster.address(i)), "--port=0",
+                                       absl::StrCat("--index=", i)}));
+    servers->children.push_back(child);
+    PS_ASSIGN_OR_RETURN(std::string address,
+                        WaitForPserverAddress(*child, i, absl::Now() + absl::Seconds(20)));
+    servers->addresses.push_back(address);
+  }
+  return servers;
+}
+
+// The aggregate GB/s of each round over `workers` workers on hosts
+// [first_worker, first_worker + workers), started together.
+absl::StatusOr<std::vector<double>> RunRounds(Harness& h, NetnsCluster& cluster,
+                                              const std::string& worker_binary,
+                                              const HostServers& servers, int first_worker,
+                                              int workers, uint64_t bytes) {
+  const std::string server_list = absl::StrCat("--servers=", absl::StrJoin(servers.addresses, ","));
+  std::vector<std::string> params;
+  for (int w = 0; w < workers; ++w) params.push_back(absl::StrCat("hosts_w", w));
+  const std::string bytes_flag = absl::StrCat("--bytes=", bytes);
+  PS_RETURN_IF_ERROR(cluster
+                         .Run(first_worker, worker_binary,
+                              {server_list, "--init",
+                               absl::StrCat("--params=", absl::StrJoin(params, ",")), bytes_flag})
+                         .status());
+  const int rounds = h.options().warmup + h.options().repetitions;
+  const double round_seconds = h.quick() ? 1 : 2;
+  const double start_at = NowSeconds() + (h.quick() ? 3 : 5);
+  std::vector<ChildProcess*> children;
+  for (int w = 0; w < workers; ++w) {
+    PS_ASSIGN_OR_RETURN(ChildProcess * child,
+                        cluster.Spawn(first_worker + w, worker_binary,
+                                      {server_list, absl::StrCat("--params=", params[w]),
+                                       bytes_flag, absl::StrCat("--start_at=", start_at),
+                                       absl::StrCat("--round_seconds=", round_seconds),
+                                       absl::StrCat("--rounds=", rounds)}));
+    children.push_back(child);
+  }
+  const absl::Time deadline =
+      absl::Now() + absl::Seconds(start_at - NowSeconds() + rounds * round_seconds + 60);
+  std::vector<double> aggregate(rounds, 0);
+  for (int w = 0; w < workers; ++w) {
+    PS_ASSIGN_OR_RETURN(DriverResults results,
+                        WaitForDriver(*children[w], absl::StrCat("hosts_worker ", w), deadline));
+    const std::vector<double>& values = results[{"pushpull", bytes}];
+    if (values.size() != static_cast<size_t>(rounds)) {
+      return absl::InternalError(
+          absl::StrCat("hosts_worker ", w, " reported ", values.size(), " of ", rounds, " rounds"));
+    }
+    for (int r = 0; r < rounds; ++r) aggregate[r] += values[r];
+  }
+  return aggregate;
+}
+
+}  // namespace
+
+absl::Status Hosts(Harness& h, const std::string& pserver_binary, const std::string& argv0) {
+  if (absl::Status supported = NetnsSupported(); !supported.ok()) {
+    std::printf("\n== hosts\nskipped: %s\n", std::string(supported.message()).c_str());
+    return absl::OkStatus();
+  }
+  const int per_server = absl::GetFlag(FLAGS_hosts_workers_per_server);
+  const int rate_mbit = absl::GetFlag(FLAGS_hosts_rate_mbit);
+  const uint64_t bytes = absl::GetFlag(FLAGS_hosts_bytes);
+  if (per_server < 1 || per_server > kMaxWorkersPerServer || rate_mbit < 1 || bytes < 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hosts_workers_per_server must be 1 to ", kMaxWorkersPerServer,
+        ", --hosts_rate_mbit at least 1 and --hosts_bytes at least 4"));
+  }
+  NetnsOptions options;
+  options.hosts = kMaxServers * (1 + per_server);
+  options.rate = absl::StrCat(rate_mbit, "mbit");
+  PS_ASSIGN_OR_RETURN(auto cluster, NetnsCluster::Create(options));
+  const std::string worker_binary = RunfilesPath("bench/hosts_worker", argv0);
+  double one_server = 0;
+  for (int servers : {1, 2, 4}) {
+    PS_ASSIGN_OR_RETURN(auto procs, StartHostServers(*cluster, servers, pserver_binary));
+    const int workers = servers * per_server;
+    PS_ASSIGN_OR_RETURN(std::vector<double> rounds,
+                        RunRounds(h, *cluster, worker_binary, *procs, kMaxServers, workers, bytes));
+    Result& r = h.Add("hosts", "pushpull");
+    r.set_payload_bytes(bytes);
+    r.set_servers(servers);
+    r.set_workers(workers);
+    size_t next = 0;
+    PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+      return rounds[next++];  // RunRounds made warmup + repetitions rounds
+    }));
+    if (servers == 1) one_server = r.value().median();
+    r.set_ceiling("linear");
+    r.set_ratio(one_server > 0 ? r.value().median() / (servers * one_server) : 0);
+    auto& extra = *r.mutable_extra();
+    extra["link_mbit"] = rate_mbit;
+    extra["pct_of_linear"] = 100 * r.ratio();
+  }
+  h.PrintGroup("hosts");
+  return absl::OkStatus();
+}
+
+}  // namespace pserver::bench
