@@ -164,6 +164,12 @@ double CpuPerGB::Now() const {
   return total;
 }
 
+void Harness::Skip(const std::string& group, const std::string& reason) {
+  report_.add_skipped(absl::StrCat(group, ": ", reason));
+  std::printf("\n== %s\nskipped: %s\n", group.c_str(), reason.c_str());
+  std::fflush(stdout);
+}
+
 void Harness::PrintGroup(const std::string& group) const {
   std::printf("\n== %s\n", group.c_str());
   std::printf("%-14s %9s %3s %3s %10s %10s %10s %-6s %-12s %6s  %s\n", "name", "payload", "S",

@@ -66,6 +66,10 @@ class Harness {
   // own stream, the iperf3-style stream and iperf3 itself).
   void SetCeilingAlternatives(const std::string& ceiling, std::vector<std::string> alternatives);
 
+  // Records that `group` was not run, and why (the report says so; a
+  // skipped group does not make it incomplete).
+  void Skip(const std::string& group, const std::string& reason);
+
   // Prints the results of `group` as a table.
   void PrintGroup(const std::string& group) const;
 

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -32,11 +33,12 @@ absl::StatusOr<std::string> RunProgram(const std::string& path,
   if (!status.ok()) {
     kill((*child)->pid(), SIGKILL);  // the destructor reaps it
     return absl::DeadlineExceededError(
-        absl::StrCat("'", command, "' did not finish in time; its output: ", (*child)->output()));
+        absl::StrCat("'", command, "' did not finish in time; its output: ",
+                     absl::StripAsciiWhitespace((*child)->output())));
   }
   if (*status != 0) {
     return absl::InternalError(absl::StrCat("'", command, "' ", DescribeWaitStatus(*status),
-                                            ": ", (*child)->output()));
+                                            ": ", absl::StripAsciiWhitespace((*child)->output())));
   }
   return (*child)->out();
 }
