@@ -95,37 +95,37 @@ def groups_in(report):
     return [g for g in GROUPS if g in seen]
 
 
+def markdown_table(header, rows):
+    """A markdown table: `header` and each of `rows` are lists of cells."""
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
 def sparse_table(rows):
     """The sparse group: one row per (op, transport, servers x workers, dim, batch)."""
-    lines = ["| op | transport | servers | workers | dim | keys per op | min | median | max | "
-             "median payload |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    def cells(r):
         v = r["value"]
         transport, op = (("embedded", r["name"][len("embedded_"):]) if r["name"].startswith("embedded_")
                          else ("gRPC", r["name"]))
-        mkeys = lambda x: f"{x / 1e6:.2f}"
-        lines.append(
-            f"| {op} | {transport} | {r.get('servers', 0)} | {r.get('workers', 0)} "
-            f"| {r['extra'].get('dim', 0):.0f} | {r['extra'].get('batch_keys', 0):.0f} "
-            f"| {mkeys(v['min'])} | {mkeys(v['median'])} | {mkeys(v['max'])} "
-            f"| {r['extra'].get('payload_GBps', 0):.3f} GB/s |")
-    return lines
+        return [op, transport, str(r.get("servers", 0)), str(r.get("workers", 0)),
+                f"{r['extra'].get('dim', 0):.0f}", f"{r['extra'].get('batch_keys', 0):.0f}",
+                *(f"{v[k] / 1e6:.2f}" for k in ("min", "median", "max")),
+                f"{r['extra'].get('payload_GBps', 0):.3f} GB/s"]
+    return markdown_table(["op", "transport", "servers", "workers", "dim", "keys per op", "min",
+                           "median", "max", "median payload"], [cells(r) for r in rows])
 
 
 def hosts_table(rows):
     """The hosts group: aggregate push+pull per servers x workers, and % of linear."""
-    lines = ["| servers | workers | payload | link (each host) | min | median | max | % of linear "
-             "| machine CPU busy |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    def cells(r):
         v = r["value"]
-        lines.append(
-            f"| {r.get('servers', 0)} | {r.get('workers', 0)} | {fmt_bytes(r['payload_bytes'])} "
-            f"| {r['extra'].get('link_mbit', 0):.0f} Mbit/s | {v['min']:.3f} | {v['median']:.3f} "
-            f"| {v['max']:.3f} | {100 * r.get('ratio', 0):.0f}% "
-            f"| {100 * r['extra'].get('machine_cpu_busy', 0):.0f}% |")
-    return lines
+        return [str(r.get("servers", 0)), str(r.get("workers", 0)), fmt_bytes(r["payload_bytes"]),
+                f"{r['extra'].get('link_mbit', 0):.0f} Mbit/s",
+                *(f"{v[k]:.3f}" for k in ("min", "median", "max")),
+                f"{100 * r.get('ratio', 0):.0f}%",
+                f"{100 * r['extra'].get('machine_cpu_busy', 0):.0f}%"]
+    return markdown_table(["servers", "workers", "payload", "link (each host)", "min", "median",
+                           "max", "% of linear", "machine CPU busy"], [cells(r) for r in rows])
 
 
 def tables(report, groups=None):
