@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <utility>
@@ -9,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "bindings_driver.h"
@@ -68,9 +70,14 @@ std::pair<double, double> MachineJiffies() {
   return {busy, total};
 }
 
-// The aggregate GB/s of each round over `workers` workers on hosts
-// [first_worker, first_worker + workers), started together.
-absl::StatusOr<std::vector<double>> RunRounds(Harness& h, NetnsCluster& cluster,
+struct Rounds {
+  std::vector<double> aggregate;  // GB/s of each round, all workers
+  double machine_cpu_busy = 0;    // share of all cores busy (by anyone) meanwhile
+};
+
+// The rounds of `workers` workers on hosts [first_worker, first_worker +
+// workers), started together.
+absl::StatusOr<Rounds> RunRounds(Harness& h, NetnsCluster& cluster,
                                               const std::string& worker_binary,
                                               const HostServers& servers, int first_worker,
                                               int workers, uint64_t bytes) {
@@ -91,14 +98,18 @@ absl::StatusOr<std::vector<double>> RunRounds(Harness& h, NetnsCluster& cluster,
     PS_ASSIGN_OR_RETURN(ChildProcess * child,
                         cluster.Spawn(first_worker + w, worker_binary,
                                       {server_list, absl::StrCat("--params=", params[w]),
-                                       bytes_flag, absl::StrCat("--start_at=", start_at),
+                                       bytes_flag, absl::StrFormat("--start_at=%.6f", start_at),
                                        absl::StrCat("--round_seconds=", round_seconds),
                                        absl::StrCat("--rounds=", rounds)}));
     children.push_back(child);
   }
   const absl::Time deadline =
       absl::Now() + absl::Seconds(start_at - NowSeconds() + rounds * round_seconds + 60);
-  std::vector<double> aggregate(rounds, 0);
+  // The machine's load is read over the rounds only (not the start-up).
+  absl::SleepFor(absl::Seconds(std::max(0.0, start_at - NowSeconds())));
+  const auto [busy_before, total_before] = MachineJiffies();
+  Rounds result;
+  result.aggregate.assign(rounds, 0);
   for (int w = 0; w < workers; ++w) {
     PS_ASSIGN_OR_RETURN(DriverResults results,
                         WaitForDriver(*children[w], absl::StrCat("hosts_worker ", w), deadline));
@@ -107,9 +118,13 @@ absl::StatusOr<std::vector<double>> RunRounds(Harness& h, NetnsCluster& cluster,
       return absl::InternalError(
           absl::StrCat("hosts_worker ", w, " reported ", values.size(), " of ", rounds, " rounds"));
     }
-    for (int r = 0; r < rounds; ++r) aggregate[r] += values[r];
+    for (int r = 0; r < rounds; ++r) result.aggregate[r] += values[r];
   }
-  return aggregate;
+  const auto [busy_after, total_after] = MachineJiffies();
+  if (total_after > total_before) {
+    result.machine_cpu_busy = (busy_after - busy_before) / (total_after - total_before);
+  }
+  return result;
 }
 
 }  // namespace
@@ -136,17 +151,15 @@ absl::Status Hosts(Harness& h, const std::string& pserver_binary, const std::str
   for (int servers : {1, 2, 4}) {
     PS_ASSIGN_OR_RETURN(auto procs, StartHostServers(*cluster, servers, pserver_binary));
     const int workers = servers * per_server;
-    const auto [busy_before, total_before] = MachineJiffies();
-    PS_ASSIGN_OR_RETURN(std::vector<double> rounds,
+    PS_ASSIGN_OR_RETURN(Rounds rounds,
                         RunRounds(h, *cluster, worker_binary, *procs, kMaxServers, workers, bytes));
-    const auto [busy_after, total_after] = MachineJiffies();
     Result& r = h.Add("hosts", "pushpull");
     r.set_payload_bytes(bytes);
     r.set_servers(servers);
     r.set_workers(workers);
     size_t next = 0;
     PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
-      return rounds[next++];  // RunRounds made warmup + repetitions rounds
+      return rounds.aggregate[next++];  // RunRounds made warmup + repetitions rounds
     }));
     if (servers == 1) one_server = r.value().median();
     r.set_ceiling("linear");
@@ -155,8 +168,7 @@ absl::Status Hosts(Harness& h, const std::string& pserver_binary, const std::str
     extra["link_mbit"] = rate_mbit;
     // How busy the machine's cores were (by anyone) meanwhile: near 1, the
     // cores, not the links, set the pace.
-    extra["machine_cpu_busy"] =
-        total_after > total_before ? (busy_after - busy_before) / (total_after - total_before) : 0;
+    extra["machine_cpu_busy"] = rounds.machine_cpu_busy;
   }
   h.PrintGroup("hosts");
   return absl::OkStatus();
