@@ -19,7 +19,8 @@
 #include "cc/testing/netns.h"
 
 ABSL_FLAG(int, hosts_rate_mbit, 1000, "hosts group: tc tbf rate of every host's link, Mbit/s.");
-ABSL_FLAG(int, hosts_workers_per_server, 1, "hosts group: workers (hosts) per server.");
+ABSL_FLAG(int, hosts_workers_per_server, 2,
+          "hosts group: workers (hosts) per server; 2 keep every server's link busy.");
 ABSL_FLAG(uint64_t, hosts_bytes, 4 << 20, "hosts group: bytes of each worker's parameter.");
 
 namespace pserver::bench {
