@@ -77,7 +77,8 @@ def check(report):
                 problems.append(f"sparse/{name} missing")
     if "dense" in seen:
         for r in report["results"]:
-            if r["group"] == "dense" and not r["extra"].get(CPU_KEY, 0) > 0:
+            if (r["group"] == "dense" and r["name"] in ("push", "pull", "pushpull")
+                    and not r["extra"].get(CPU_KEY, 0) > 0):
                 problems.append(f"dense/{r['name']} {fmt_bytes(r['payload_bytes'])}: no {CPU_KEY}")
     for r in report["results"]:
         v = r["value"]
