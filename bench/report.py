@@ -244,10 +244,39 @@ def plots(report, out_dir):
         plt.close(fig)
         made.append(path)
 
+    hosts = [r for r in results if r["group"] == "hosts"]
+    if hosts:
+        made.append(hosts_plot(plt, hosts, out_dir))
+
     sparse = [r for r in results if r["group"] == "sparse"]
     if sparse:
         made.append(sparse_plot(plt, sparse, out_dir))
     return made
+
+
+def hosts_plot(plt, rows, out_dir):
+    """Aggregate push+pull against servers, with linear scaling from 1 server."""
+    pts = sorted((r["servers"], r["value"]) for r in rows)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [p[0] for p in pts]
+    ax.errorbar(xs, [p[1]["median"] for p in pts],
+                yerr=[[p[1]["median"] - p[1]["min"] for p in pts],
+                      [p[1]["max"] - p[1]["median"] for p in pts]],
+                marker="o", capsize=3, label="measured")
+    one = [p[1]["median"] for p in pts if p[0] == 1]
+    if one:
+        ax.plot(xs, [one[0] * x for x in xs], "k--", label="linear from 1 server")
+    ax.set_xlabel("servers (each with its own namespace and link)")
+    ax.set_ylabel("GB/s (push+pull, all workers)")
+    ax.set_title(f"hosts, {rows[0]['extra'].get('link_mbit', 0):.0f} Mbit/s tbf links, "
+                 f"{fmt_bytes(rows[0]['payload_bytes'])}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    path = os.path.join(out_dir, "hosts.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def sparse_plot(plt, rows, out_dir):
