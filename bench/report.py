@@ -233,16 +233,9 @@ def plots(report, out_dir):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{workers} worker(s)")
         if "socket" in ceilings:
             ax.axhline(ceilings["socket"]["value"]["median"], linestyle="--", color="r", label="socket ceiling")
-        ax.set_xlabel("servers (processes)")
-        ax.set_ylabel("GB/s (push+pull)")
-        ax.set_title(f"scaling, {fmt_bytes(scaling[0]['payload_bytes'])} push+pull")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        path = os.path.join(out_dir, "scaling.png")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        made.append(path)
+        made.append(finish_plot(plt, fig, ax, os.path.join(out_dir, "scaling.png"),
+                                "servers (processes)", "GB/s (push+pull)",
+                                f"scaling, {fmt_bytes(scaling[0]['payload_bytes'])} push+pull"))
 
     hosts = [r for r in results if r["group"] == "hosts"]
     if hosts:
@@ -266,13 +259,20 @@ def hosts_plot(plt, rows, out_dir):
     one = [p[1]["median"] for p in pts if p[0] == 1]
     if one:
         ax.plot(xs, [one[0] * x for x in xs], "k--", label="linear from 1 server")
-    ax.set_xlabel("servers (each with its own namespace and link)")
-    ax.set_ylabel("GB/s (push+pull, all workers)")
-    ax.set_title(f"hosts, {rows[0]['extra'].get('link_mbit', 0):.0f} Mbit/s tbf links, "
-                 f"{fmt_bytes(rows[0]['payload_bytes'])}")
+    return finish_plot(plt, fig, ax, os.path.join(out_dir, "hosts.png"),
+                       "servers (each with its own namespace and link)",
+                       "GB/s (push+pull, all workers)",
+                       f"hosts, {rows[0]['extra'].get('link_mbit', 0):.0f} Mbit/s tbf links, "
+                       f"{fmt_bytes(rows[0]['payload_bytes'])}")
+
+
+def finish_plot(plt, fig, ax, path, xlabel, ylabel, title):
+    """Labels, grid and legend on `ax`; saves `fig` to `path` and returns it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    path = os.path.join(out_dir, "hosts.png")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
