@@ -12,6 +12,8 @@ PACKAGES=(
   libisal-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the socket ceiling iperf3 measures; network namespaces and tc (cc/testing/netns)
+  iperf3 iproute2
   # python bindings and notebooks
   python3-dev python3-numpy python3-pytest swig jupyter-nbconvert python3-nbclient
   python3-ipykernel python3-matplotlib

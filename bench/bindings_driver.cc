@@ -15,18 +15,28 @@ absl::StatusOr<DriverResults> RunDriver(const std::string& program,
                                         const std::vector<std::string>& args,
                                         absl::Time deadline) {
   PS_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(program, args));
-  absl::StatusOr<int> status = child->WaitForExit(deadline);
+  return WaitForDriver(*child, program, deadline);
+}
+
+absl::StatusOr<DriverResults> WaitForDriver(ChildProcess& child, const std::string& program,
+                                            absl::Time deadline) {
+  absl::StatusOr<int> status = child.WaitForExit(deadline);
   if (!status.ok()) {
-    kill(child->pid(), SIGKILL);
+    kill(child.pid(), SIGKILL);
     return absl::DeadlineExceededError(
-        absl::StrCat(program, " did not finish in time; its output:\n", child->output()));
+        absl::StrCat(program, " did not finish in time; its output:\n", child.output()));
   }
   if (*status != 0) {
     return absl::InternalError(absl::StrCat(program, " ", DescribeWaitStatus(*status),
-                                            "; its output:\n", child->output()));
+                                            "; its output:\n", child.output()));
   }
+  return ParseDriverResults(program, child.out());
+}
+
+absl::StatusOr<DriverResults> ParseDriverResults(const std::string& program,
+                                                 const std::string& out) {
   DriverResults results;
-  for (absl::string_view line : absl::StrSplit(child->out(), '\n', absl::SkipWhitespace())) {
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
     DriverResult r;
     if (!google::protobuf::util::JsonStringToMessage(std::string(line), &r).ok()) {
       return absl::InternalError(

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cc/testing/child_process.h"
 
 namespace pserver::bench {
 
@@ -31,6 +32,16 @@ using DriverResults = std::map<std::pair<std::string, uint64_t>, std::vector<dou
 // parses the JSON lines of its stdout. An error names the program and
 // quotes its output when it fails or prints a line that is not a
 // DriverResult.
+// Waits for a driver already started (e.g. in a network namespace) as
+// RunDriver does, and parses its output; `program` names it in errors.
+absl::StatusOr<DriverResults> WaitForDriver(ChildProcess& child, const std::string& program,
+                                            absl::Time deadline);
+
+// The DriverResults in `out`, one JSON line each; an error names `program`
+// and quotes the first line that is not a DriverResult.
+absl::StatusOr<DriverResults> ParseDriverResults(const std::string& program,
+                                                 const std::string& out);
+
 absl::StatusOr<DriverResults> RunDriver(const std::string& program,
                                         const std::vector<std::string>& args,
                                         absl::Time deadline);

@@ -37,13 +37,15 @@
 #include "cc/server/in_process_transport.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/child_process.h"
+#include "cc/testing/run_program.h"
 #include "harness.h"
+#include "hosts_group.h"
 
 ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and repetitions.");
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
-          "checkpoint, memory, scaling, sparse, bindings); empty runs all (bindings only "
+          "checkpoint, memory, scaling, sparse, hosts, bindings); empty runs all (bindings only "
           "without --quick).");
 ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
 
@@ -53,6 +55,7 @@ namespace {
 constexpr double kGB = 1e9;
 constexpr uint64_t kKiB = 1 << 10;
 constexpr uint64_t kMiB = 1 << 20;
+constexpr int kIperfBufferBytes = 4 << 20;  // socket buffers of the iperf3-style ceiling
 
 std::string g_argv0;
 
@@ -70,9 +73,13 @@ struct ServerProcesses {
   }
 };
 
+std::string PserverBinary() {
+  const std::string binary = absl::GetFlag(FLAGS_pserver);
+  return binary.empty() ? RunfilesPath("cc/server/pserver", g_argv0) : binary;
+}
+
 absl::StatusOr<std::unique_ptr<ServerProcesses>> StartServers(int n) {
-  std::string binary = absl::GetFlag(FLAGS_pserver);
-  if (binary.empty()) binary = RunfilesPath("cc/server/pserver", g_argv0);
+  const std::string binary = PserverBinary();
   auto servers = std::make_unique<ServerProcesses>();
   for (int i = 0; i < n; ++i) {
     PS_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(binary, {"--port=0", absl::StrCat("--index=", i)}));
@@ -143,6 +150,29 @@ absl::Status Ceilings(Harness& h, const std::vector<uint64_t>& sizes) {
       return bps / kGB;
     }));
   }
+  {
+    // As iperf3 measures (the reference): large buffers, 1 MiB
+    // writes, several seconds.
+    Result& r = h.Add("ceiling", "socket_iperf");
+    r.set_payload_bytes(kMiB);
+    PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+      PS_ASSIGN_OR_RETURN(double bps, SocketStreamBandwidthFor(h.quick() ? 1 : 3, kMiB,
+                                                               kIperfBufferBytes));
+      return bps / kGB;
+    }));
+  }
+  if (absl::StatusOr<std::string> iperf3 = FindProgram("iperf3"); iperf3.ok()) {
+    Result& r = h.Add("ceiling", "iperf3");
+    r.set_payload_bytes(kMiB);
+    PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+      PS_ASSIGN_OR_RETURN(double bps, Iperf3Bandwidth(h.quick() ? 1 : 3));
+      return bps / kGB;
+    }));
+  } else {
+    std::printf("ceiling iperf3: skipped (%s)\n", iperf3.status().ToString().c_str());
+  }
+  // Every "% of socket" in the run is judged against the highest of them.
+  h.SetCeilingAlternatives("socket", {"socket_iperf", "iperf3"});
   PS_ASSIGN_OR_RETURN(auto echo, GrpcEcho::Start());
   for (uint64_t bytes : sizes) {
     Result& r = h.Add("ceiling", "grpc_echo");
@@ -178,10 +208,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Client>>> MakeClients(
 }
 
 // Push, pull and push+pull of each size, by `workers` workers, each on its
-// own parameter. Aggregate payload GB/s.
+// own parameter. Aggregate payload GB/s, and extra["cpu_s_per_GB"]: CPU
+// seconds of this process and `server_pids` per GB moved (push+pull moves
+// its payload both ways).
 absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::unique_ptr<Client>>& clients,
                       int servers, const std::vector<uint64_t>& sizes,
-                      const std::string& ceiling) {
+                      const std::string& ceiling, const std::vector<pid_t>& server_pids = {}) {
   const int workers = static_cast<int>(clients.size());
   // Every parameter is initialized before FinishInitParams opens the servers.
   std::vector<std::vector<std::string>> all_names(sizes.size());
@@ -212,11 +244,16 @@ absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::uni
       r.set_payload_bytes(bytes);
       r.set_servers(servers);
       r.set_workers(workers);
+      CpuPerGB cpu(server_pids);
+      const double directions = kind == "pushpull" ? 2 : 1;
       PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
+        cpu.Start();
         PS_ASSIGN_OR_RETURN(double seconds, RunWorkers(workers, ops, op));
+        cpu.Stop(directions * bytes * workers * ops);
         // push+pull moves the payload both ways; count it once, as ps-lite does.
         return static_cast<double>(bytes) * workers * ops / seconds / kGB;
       }));
+      (*r.mutable_extra())["cpu_s_per_GB"] = cpu.SecondsPerGB();
       h.Compare(&r, ceiling);
     }
   }
@@ -231,7 +268,9 @@ absl::Status Dense(Harness& h, const std::vector<uint64_t>& sizes) {
     PS_ASSIGN_OR_RETURN(auto clients, MakeClients(workers, procs->addresses, {}));
     std::vector<uint64_t> these = sizes;
     if (h.quick() && servers > 1) these = {kMiB, 16 * kMiB};
-    PS_RETURN_IF_ERROR(DenseOps(h, "dense", clients, servers, these, "socket"));
+    std::vector<pid_t> pids;
+    for (const auto& child : procs->children) pids.push_back(child->pid());
+    PS_RETURN_IF_ERROR(DenseOps(h, "dense", clients, servers, these, "socket", pids));
   }
   h.PrintGroup("dense");
   return absl::OkStatus();
@@ -701,6 +740,7 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("memory")) PS_RETURN_IF_ERROR(Memory(h));
   if (wanted("scaling")) PS_RETURN_IF_ERROR(Scaling(h));
   if (wanted("sparse")) PS_RETURN_IF_ERROR(Sparse(h));
+  if (wanted("hosts")) PS_RETURN_IF_ERROR(Hosts(h, PserverBinary(), g_argv0));
   // Builds the Go driver on first use: only when asked for in a quick run.
   if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);

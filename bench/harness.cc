@@ -1,5 +1,6 @@
 #include "harness.h"
 
+#include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -11,8 +12,10 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -113,10 +116,58 @@ const Result* Harness::FindCeiling(const std::string& name, uint64_t bytes) cons
 }
 
 void Harness::Compare(Result* result, const std::string& ceiling, double scale) {
-  const Result* c = FindCeiling(ceiling, result->payload_bytes());
-  if (c == nullptr || c->value().median() <= 0) return;
-  result->set_ceiling(ceiling);
-  result->set_ratio(result->value().median() / (c->value().median() * scale));
+  std::vector<std::string> names = {ceiling};
+  if (auto it = alternatives_.find(ceiling); it != alternatives_.end()) {
+    names.insert(names.end(), it->second.begin(), it->second.end());
+  }
+  const Result* best = nullptr;
+  for (const std::string& name : names) {
+    const Result* c = FindCeiling(name, result->payload_bytes());
+    if (c != nullptr && (best == nullptr || c->value().median() > best->value().median())) best = c;
+  }
+  if (best == nullptr || best->value().median() <= 0) return;
+  result->set_ceiling(best->name());
+  result->set_ratio(result->value().median() / (best->value().median() * scale));
+}
+
+void Harness::SetCeilingAlternatives(const std::string& ceiling,
+                                     std::vector<std::string> alternatives) {
+  alternatives_[ceiling] = std::move(alternatives);
+}
+
+double SelfCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream file(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat;
+  std::getline(file, stat);
+  // The command name (field 2) may hold spaces: count fields after its ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  const std::vector<std::string> fields =
+      absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+  // fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+  if (fields.size() < 13) return 0;
+  double utime = 0, stime = 0;
+  if (!absl::SimpleAtod(fields[11], &utime) || !absl::SimpleAtod(fields[12], &stime)) return 0;
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double CpuPerGB::Now() const {
+  double total = SelfCpuSeconds();
+  for (pid_t pid : others_) total += ProcessCpuSeconds(pid);
+  return total;
+}
+
+void Harness::Skip(const std::string& group, const std::string& reason) {
+  report_.add_skipped(absl::StrCat(group, ": ", reason));
+  std::printf("\n== %s\nskipped: %s\n", group.c_str(), reason.c_str());
+  std::fflush(stdout);
 }
 
 void Harness::PrintGroup(const std::string& group) const {

@@ -6,11 +6,14 @@
 //   r.set_payload_bytes(1 << 20);
 //   h.Measure(&r, "GB/s", [&] { ...one repetition...; return bytes / seconds; });
 //   h.Compare(&r, "socket");     // ratio to the ceiling measured as "socket"
+//                                // (or the best of its alternatives)
 //   h.WriteJson("results.json");
 //
 // Not thread-safe; a measured function may use threads of its own.
 #ifndef PSERVER_BENCH_HARNESS_H_
 #define PSERVER_BENCH_HARNESS_H_
+
+#include <sys/types.h>
 
 #include <functional>
 #include <map>
@@ -54,7 +57,18 @@ class Harness {
   // named `ceiling` (group "ceiling") with the same payload size, or the
   // closest one measured. `scale` multiplies the ceiling first (e.g. 3.5 for
   // an optimizer that moves 7 bytes for every 2 that memcpy moves).
+  // With alternatives set for `ceiling`, the highest median among it and
+  // them is used, and result->ceiling names the one used.
   void Compare(Result* result, const std::string& ceiling, double scale = 1.0);
+
+  // Compare(r, `ceiling`) judges against the best of `ceiling` and
+  // `alternatives` measured in this run (e.g. "socket" against the harness's
+  // own stream, the iperf3-style stream and iperf3 itself).
+  void SetCeilingAlternatives(const std::string& ceiling, std::vector<std::string> alternatives);
+
+  // Records that `group` was not run, and why (the report says so; a
+  // skipped group does not make it incomplete).
+  void Skip(const std::string& group, const std::string& reason);
 
   // Prints the results of `group` as a table.
   void PrintGroup(const std::string& group) const;
@@ -66,6 +80,39 @@ class Harness {
 
   HarnessOptions options_;
   Report report_;
+  std::map<std::string, std::vector<std::string>> alternatives_;
+};
+
+// CPU seconds (user + system) used so far by this process, all its threads.
+double SelfCpuSeconds();
+
+// CPU seconds (utime + stime in /proc/<pid>/stat) used so far by process
+// `pid`; 0 when it cannot be read (the process is gone).
+double ProcessCpuSeconds(pid_t pid);
+
+// CPU seconds per GB moved, summed over this process and `others` (e.g. the
+// server processes), over the spans between Start and Stop:
+//
+//   CpuPerGB cpu({server_pid});
+//   cpu.Start(); ...move `bytes`...; cpu.Stop(bytes);
+//   (*r.mutable_extra())["cpu_s_per_GB"] = cpu.SecondsPerGB();
+class CpuPerGB {
+ public:
+  explicit CpuPerGB(std::vector<pid_t> others) : others_(std::move(others)) {}
+  void Start() { started_ = Now(); }
+  void Stop(double bytes_moved) {
+    seconds_ += Now() - started_;
+    bytes_ += bytes_moved;
+  }
+  double SecondsPerGB() const { return bytes_ > 0 ? seconds_ / (bytes_ / 1e9) : 0; }
+
+ private:
+  double Now() const;
+
+  std::vector<pid_t> others_;
+  double started_ = 0;
+  double seconds_ = 0;
+  double bytes_ = 0;
 };
 
 // "4 KiB", "64 MiB".

@@ -7,11 +7,17 @@
 
 --results-md rewrites the part of RESULTS.md between the markers
 <!-- tables:begin --> and <!-- tables:end --> with the tables, and leaves the
-hand-written analysis around them alone. The sparse and bindings groups have
-their own markers (<!-- sparse:begin --> and <!-- sparse:end -->, likewise
-bindings), so a run of one part (`e2e --only=sparse`) updates that part and
-leaves the others as they are: a section is rewritten only when the report
-has results for it.
+hand-written analysis around them alone. The sparse, hosts and bindings
+groups have their own markers (<!-- sparse:begin --> and <!-- sparse:end -->,
+likewise hosts and bindings), so a run of one part (`e2e --only=sparse`)
+updates that part and leaves the others as they are: a section is rewritten
+only when the report has results for it (a group whose markers are missing
+goes to the tables section).
+
+Dense results carry the CPU seconds (client plus servers) per GB moved, shown
+as a column; hosts results their share of linear scaling. A group the run
+skipped (hosts without root) is listed with the reason and does not make the
+report incomplete.
 """
 import argparse
 import json
@@ -19,12 +25,14 @@ import os
 import sys
 
 GROUPS = ["ceiling", "dense", "latency", "optimizer", "embedded", "checkpoint", "memory", "scaling",
-          "sparse", "bindings"]
+          "sparse", "hosts", "bindings"]
 # Groups a --quick run leaves out (bindings builds the Go driver first).
 NOT_QUICK = {"bindings"}
 # Groups with a section of their own in RESULTS.md (<!-- NAME:begin --> ...);
 # the others go to the "tables" section.
-OWN_SECTIONS = ["sparse", "bindings"]
+OWN_SECTIONS = ["sparse", "hosts", "bindings"]
+# Extra values shown as columns of their own, not in the extra column.
+CPU_KEY = "cpu_s_per_GB"
 SPARSE_NAMES = ["pull", "push", "embedded_pull", "embedded_push"]
 
 
@@ -47,18 +55,31 @@ def load(path):
     return report
 
 
+def skipped_groups(report):
+    """{group: why} of the groups the run skipped."""
+    return dict(s.split(": ", 1) if ": " in s else (s, "") for s in report.get("skipped", []))
+
+
 def check(report):
-    """Exit non-zero unless every group is present with sane values."""
+    """Exit non-zero unless every group is present (or skipped, saying why) with sane values."""
     problems = []
     seen = {r["group"] for r in report["results"]}
+    skipped = skipped_groups(report)
+    for group, why in sorted(skipped.items()):
+        print(f"group {group} skipped: {why}")
     for group in GROUPS:
-        if group not in seen and not (report.get("quick") and group in NOT_QUICK):
+        if group not in seen and group not in skipped and not (report.get("quick") and group in NOT_QUICK):
             problems.append(f"group {group} missing")
     sparse_names = {r["name"] for r in report["results"] if r["group"] == "sparse"}
     if "sparse" in seen:
         for name in SPARSE_NAMES:
             if name not in sparse_names:
                 problems.append(f"sparse/{name} missing")
+    if "dense" in seen:
+        for r in report["results"]:
+            if (r["group"] == "dense" and r["name"] in ("push", "pull", "pushpull")
+                    and not r["extra"].get(CPU_KEY, 0) > 0):
+                problems.append(f"dense/{r['name']} {fmt_bytes(r['payload_bytes'])}: no {CPU_KEY}")
     for r in report["results"]:
         v = r["value"]
         if not (v.get("min", 0) > 0 and v["min"] <= v["median"] <= v["max"]):
@@ -75,22 +96,37 @@ def groups_in(report):
     return [g for g in GROUPS if g in seen]
 
 
+def markdown_table(header, rows):
+    """A markdown table: `header` and each of `rows` are lists of cells."""
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
 def sparse_table(rows):
     """The sparse group: one row per (op, transport, servers x workers, dim, batch)."""
-    lines = ["| op | transport | servers | workers | dim | keys per op | min | median | max | "
-             "median payload |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    def cells(r):
         v = r["value"]
         transport, op = (("embedded", r["name"][len("embedded_"):]) if r["name"].startswith("embedded_")
                          else ("gRPC", r["name"]))
-        mkeys = lambda x: f"{x / 1e6:.2f}"
-        lines.append(
-            f"| {op} | {transport} | {r.get('servers', 0)} | {r.get('workers', 0)} "
-            f"| {r['extra'].get('dim', 0):.0f} | {r['extra'].get('batch_keys', 0):.0f} "
-            f"| {mkeys(v['min'])} | {mkeys(v['median'])} | {mkeys(v['max'])} "
-            f"| {r['extra'].get('payload_GBps', 0):.3f} GB/s |")
-    return lines
+        return [op, transport, str(r.get("servers", 0)), str(r.get("workers", 0)),
+                f"{r['extra'].get('dim', 0):.0f}", f"{r['extra'].get('batch_keys', 0):.0f}",
+                *(f"{v[k] / 1e6:.2f}" for k in ("min", "median", "max")),
+                f"{r['extra'].get('payload_GBps', 0):.3f} GB/s"]
+    return markdown_table(["op", "transport", "servers", "workers", "dim", "keys per op", "min",
+                           "median", "max", "median payload"], [cells(r) for r in rows])
+
+
+def hosts_table(rows):
+    """The hosts group: aggregate push+pull per servers x workers, and % of linear."""
+    def cells(r):
+        v = r["value"]
+        return [str(r.get("servers", 0)), str(r.get("workers", 0)), fmt_bytes(r["payload_bytes"]),
+                f"{r['extra'].get('link_mbit', 0):.0f} Mbit/s",
+                *(f"{v[k]:.3f}" for k in ("min", "median", "max")),
+                f"{100 * r.get('ratio', 0):.0f}%",
+                f"{100 * r['extra'].get('machine_cpu_busy', 0):.0f}%"]
+    return markdown_table(["servers", "workers", "payload", "link (each host)", "min", "median",
+                           "max", "% of linear", "machine CPU busy"], [cells(r) for r in rows])
 
 
 def tables(report, groups=None):
@@ -107,19 +143,33 @@ def tables(report, groups=None):
             lines.extend(sparse_table(rows))
             lines.append("")
             continue
+        if group == "hosts":
+            lines.append("### hosts (GB/s push+pull, all workers; every host in its own network "
+                         "namespace, each link limited by tc tbf)")
+            lines.append("")
+            lines.extend(hosts_table(rows))
+            lines.append("")
+            continue
+        cpu = any(CPU_KEY in r["extra"] for r in rows)
         lines.append(f"### {group}")
         lines.append("")
-        lines.append("| name | payload | servers | workers | min | median | max | unit | vs ceiling | extra |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("| name | payload | servers | workers | min | median | max | unit | vs ceiling | "
+                     + ("CPU s/GB | " if cpu else "") + "extra |")
+        lines.append("|---|---|---|---|---|---|---|---|---|" + ("---|" if cpu else "") + "---|")
         for r in rows:
             v = r["value"]
             ratio = f"{100 * r['ratio']:.0f}% of {r['ceiling']}" if r.get("ceiling") else ""
-            extra = ", ".join(f"{k}={val:.1f}" for k, val in sorted(r["extra"].items()))
+            extra = ", ".join(f"{k}={val:.1f}" for k, val in sorted(r["extra"].items()) if k != CPU_KEY)
+            cpu_cell = f"{r['extra'][CPU_KEY]:.2f} | " if CPU_KEY in r["extra"] else ("| " if cpu else "")
             lines.append(
                 f"| {r['name']} | {fmt_bytes(r.get('payload_bytes', 0))} | {r.get('servers', 0) or ''} "
                 f"| {r.get('workers', 0) or ''} | {v['min']:.3f} | {v['median']:.3f} | {v['max']:.3f} "
-                f"| {r['unit']} | {ratio} | {extra} |")
+                f"| {r['unit']} | {ratio} | {cpu_cell}{extra} |")
         lines.append("")
+    for group, why in sorted(skipped_groups(report).items()):
+        if groups is None or group in groups:
+            lines.append(f"### {group}: skipped ({why})")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -183,21 +233,50 @@ def plots(report, out_dir):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{workers} worker(s)")
         if "socket" in ceilings:
             ax.axhline(ceilings["socket"]["value"]["median"], linestyle="--", color="r", label="socket ceiling")
-        ax.set_xlabel("servers (processes)")
-        ax.set_ylabel("GB/s (push+pull)")
-        ax.set_title(f"scaling, {fmt_bytes(scaling[0]['payload_bytes'])} push+pull")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        path = os.path.join(out_dir, "scaling.png")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        made.append(path)
+        made.append(finish_plot(plt, fig, ax, os.path.join(out_dir, "scaling.png"),
+                                "servers (processes)", "GB/s (push+pull)",
+                                f"scaling, {fmt_bytes(scaling[0]['payload_bytes'])} push+pull"))
+
+    hosts = [r for r in results if r["group"] == "hosts"]
+    if hosts:
+        made.append(hosts_plot(plt, hosts, out_dir))
 
     sparse = [r for r in results if r["group"] == "sparse"]
     if sparse:
         made.append(sparse_plot(plt, sparse, out_dir))
     return made
+
+
+def hosts_plot(plt, rows, out_dir):
+    """Aggregate push+pull against servers, with linear scaling from 1 server."""
+    pts = sorted((r["servers"], r["value"]) for r in rows)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [p[0] for p in pts]
+    ax.errorbar(xs, [p[1]["median"] for p in pts],
+                yerr=[[p[1]["median"] - p[1]["min"] for p in pts],
+                      [p[1]["max"] - p[1]["median"] for p in pts]],
+                marker="o", capsize=3, label="measured")
+    one = [p[1]["median"] for p in pts if p[0] == 1]
+    if one:
+        ax.plot(xs, [one[0] * x for x in xs], "k--", label="linear from 1 server")
+    return finish_plot(plt, fig, ax, os.path.join(out_dir, "hosts.png"),
+                       "servers (each with its own namespace and link)",
+                       "GB/s (push+pull, all workers)",
+                       f"hosts, {rows[0]['extra'].get('link_mbit', 0):.0f} Mbit/s tbf links, "
+                       f"{fmt_bytes(rows[0]['payload_bytes'])}")
+
+
+def finish_plot(plt, fig, ax, path, xlabel, ylabel, title):
+    """Labels, grid and legend on `ax`; saves `fig` to `path` and returns it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def sparse_plot(plt, rows, out_dir):
@@ -261,7 +340,9 @@ def main():
         for path in plots(report, args.out):
             print("wrote", path)
         # A partial run (--only) gets its own file, so the full run's stays.
-        complete = all(g in present or (report.get("quick") and g in NOT_QUICK) for g in GROUPS)
+        skipped = skipped_groups(report)
+        complete = all(g in present or g in skipped or (report.get("quick") and g in NOT_QUICK)
+                       for g in GROUPS)
         name = "tables.md" if complete else f"tables_{'_'.join(present)}.md"
         with open(os.path.join(args.out, name), "w") as f:
             f.write(text + "\n")
@@ -270,8 +351,9 @@ def main():
         with open(args.results_md) as f:
             doc = f.read()
         # Each section is rewritten only when this report has results for it.
-        sections = [(g, [g]) for g in OWN_SECTIONS if g in present]
-        rest = [g for g in present if g not in OWN_SECTIONS]
+        own = [g for g in OWN_SECTIONS if g in present and f"<!-- {g}:begin -->" in doc]
+        sections = [(g, [g]) for g in own]
+        rest = [g for g in present if g not in own]
         if rest:
             sections.insert(0, ("tables", rest))
         for section, groups in sections:

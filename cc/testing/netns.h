@@ -1,0 +1,108 @@
+// NetnsCluster: N network namespaces ("hosts") on one machine, each joined to
+// one bridge by a veth pair, each with its own address, optionally with every
+// link rate-limited by `tc tbf`, for tests and benchmarks that need traffic
+// to cross a real (limited) link between processes. Needs CAP_NET_ADMIN and
+// CAP_SYS_ADMIN (root); Create says so (FAILED_PRECONDITION) otherwise, so a
+// caller can skip with the reason.
+//
+//   NetnsOptions options;
+//   options.hosts = 2;
+//   options.rate = "1gbit";  // both directions of every host's link
+//   PS_ASSIGN_OR_RETURN(auto cluster, NetnsCluster::Create(options));
+//   PS_ASSIGN_OR_RETURN(ChildProcess* server,
+//                       cluster->Spawn(0, pserver, {"--host=" + cluster->address(0)}));
+//   cluster->RunIn(1, [&] { /* sockets made here live in host 1 */ });
+//   // ~NetnsCluster kills (by PID) what Spawn started, then deletes the
+//   // namespaces, links and bridge it created (all named prefix()...).
+//
+// Names are unique per cluster ("ps" + 6 random hex digits + a letter), so runs
+// in parallel do not collide; every address lives only inside its
+// namespaces. Every command runs under a deadline. Not thread-safe, except
+// RunIn, which only reads.
+#ifndef PSERVER_CC_TESTING_NETNS_H_
+#define PSERVER_CC_TESTING_NETNS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cc/testing/child_process.h"
+
+namespace pserver {
+
+struct NetnsOptions {
+  int hosts = 2;  // 1 to 64
+  // tc rate of each host's link, in both directions ("1gbit", "100mbit");
+  // empty: not limited.
+  std::string rate;
+  std::string burst = "512kb";   // tbf burst
+  std::string latency = "50ms";  // tbf latency (how long a packet may queue)
+  // Host i gets <subnet>.<i + 1>/24; the addresses exist only inside the
+  // cluster's namespaces.
+  std::string subnet = "10.213.0";
+  // Deadline of each ip/tc command.
+  absl::Duration command_timeout = absl::Seconds(20);
+};
+
+// OK when this process can create network namespaces (CAP_NET_ADMIN and
+// CAP_SYS_ADMIN, `ip` and `tc` found); FAILED_PRECONDITION with the reason.
+absl::Status NetnsSupported();
+
+class NetnsCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<NetnsCluster>> Create(const NetnsOptions& options);
+
+  NetnsCluster(const NetnsCluster&) = delete;
+  NetnsCluster& operator=(const NetnsCluster&) = delete;
+  ~NetnsCluster();
+
+  int size() const { return static_cast<int>(hosts_.size()); }
+  const std::string& prefix() const { return prefix_; }  // of every name created
+  const std::string& bridge() const { return bridge_; }
+  const std::string& name(int host) const { return hosts_[host].netns; }
+  const std::string& address(int host) const { return hosts_[host].address; }
+  // The link's device inside host's namespace, and its peer on the bridge.
+  const std::string& device(int host) const { return hosts_[host].device; }
+  const std::string& bridge_port(int host) const { return hosts_[host].port; }
+
+  // Starts `path args...` inside host's namespace (`ip netns exec`, which
+  // execs: the PID is the program's). Owned by the cluster, killed by the
+  // destructor; the caller may stop it earlier.
+  absl::StatusOr<ChildProcess*> Spawn(int host, const std::string& path,
+                                      const std::vector<std::string>& args);
+
+  // Runs `path args...` to completion inside host's namespace; its stdout.
+  absl::StatusOr<std::string> Run(int host, const std::string& path,
+                                  const std::vector<std::string>& args) const;
+
+  // Runs `fn` on a thread that has entered host's namespace (sockets it
+  // creates belong there), and waits for it.
+  absl::Status RunIn(int host, const std::function<void()>& fn) const;
+
+ private:
+  struct Host {
+    std::string netns, address, device, port;
+  };
+  NetnsCluster() = default;
+
+  absl::Status Build();
+  absl::Status Ip(const std::vector<std::string>& args) const;
+  absl::Status Tc(const std::vector<std::string>& args) const;
+  absl::Status LimitRate(const std::vector<std::string>& netns_args, const std::string& dev) const;
+  absl::Time Deadline() const { return absl::Now() + options_.command_timeout; }
+
+  NetnsOptions options_;
+  std::string ip_, tc_;
+  std::string prefix_, bridge_;
+  std::vector<Host> hosts_;
+  bool bridge_created_ = false;
+  int namespaces_created_ = 0;  // hosts_[0 .. n) have a namespace to delete
+  std::vector<std::unique_ptr<ChildProcess>> children_;
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_TESTING_NETNS_H_
