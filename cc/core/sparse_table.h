@@ -162,6 +162,11 @@ class SparseTable {
   void GroupByShard(absl::Span<const uint64_t> keys, std::vector<uint32_t>& order,
                     std::vector<uint32_t>& starts) const;
 
+  // slots[j] = the slot of keys[positions[j]] in `shard`, kNil for none,
+  // prefetching ahead; the caller holds shard.mu.
+  void FindSlots(Shard& shard, absl::Span<const uint64_t> keys,
+                 absl::Span<const uint32_t> positions, std::vector<uint32_t>& slots) const;
+
   template <typename T>
   absl::Status PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out);
   // Whether ForEachRow creates missing rows: a push does once the key is
@@ -173,6 +178,10 @@ class SparseTable {
   template <typename T, typename OnRow, typename OnPending>
   void ForEachRow(absl::Span<const uint64_t> keys, RowCreation create, OnRow on_row,
                   OnPending on_pending);
+  // INVALID_ARGUMENT naming the key, position and column of the first
+  // non-finite gradient value.
+  template <typename T>
+  absl::Status CheckFinite(absl::Span<const uint64_t> keys, absl::string_view grads) const;
   template <typename T>
   absl::Status PushImpl(absl::Span<const uint64_t> keys, absl::string_view grads);
 
@@ -208,6 +217,7 @@ class SparseTable {
   const uint64_t capacity_;   // 0: none
   const uint32_t admission_count_;
   const absl::Duration ttl_;  // zero: none
+  const bool evicts_;         // a capacity or a TTL: rows keep LRU order
   const size_t num_shards_;
   const size_t pending_limit_per_shard_;
   std::unique_ptr<Shard[]> shards_;
