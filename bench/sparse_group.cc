@@ -11,12 +11,17 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cc/client/table.h"
 #include "cc/core/status_macros.h"
 
 ABSL_FLAG(bool, sparse_grpc, true, "The sparse group measures pserver processes over gRPC.");
 ABSL_FLAG(bool, sparse_embedded, true, "The sparse group measures the in-process cluster.");
+ABSL_FLAG(std::vector<std::string>, sparse_batches, std::vector<std::string>({"1024", "16384"}),
+          "Keys per operation in the sparse group (comma-separated).");
+ABSL_FLAG(std::vector<std::string>, sparse_dims, std::vector<std::string>({"8", "64"}),
+          "Table dims in the sparse group (comma-separated; 8 and 64 have a ceiling).");
 
 namespace pserver::bench {
 namespace {
@@ -73,9 +78,6 @@ int SparseOpsFor(const Harness& h, uint64_t keys) {
   return static_cast<int>(std::clamp<uint64_t>(target / keys, 4, 2000));
 }
 
-// Median keys/s of each ceiling, by (op, dim, batch).
-using Ceilings = std::map<std::tuple<std::string, uint32_t, int>, double>;
-
 void DescribeSparse(Result& r, uint32_t dim, int batch) {
   r.set_payload_bytes(static_cast<uint64_t>(batch) * dim * sizeof(float));
   auto& extra = *r.mutable_extra();
@@ -84,64 +86,98 @@ void DescribeSparse(Result& r, uint32_t dim, int batch) {
   extra["payload_GBps"] = r.value().median() * dim * sizeof(float) / kGB;
 }
 
-// The sparse ceiling at one dim: a 1M-row absl::flat_hash_map of rows held
-// inline, one thread, no locks, no network; pull copies each key's row out,
-// push applies SGD to it (duplicates one after the other).
+// The sparse ceiling: a 1M-row absl::flat_hash_map of rows held inline, one
+// thread, no locks, no network. A pull copies each key's row out; a push
+// applies SGD to it (a repeated key once per listing).
+class SparseCeiling {
+ public:
+  virtual ~SparseCeiling() = default;
+  virtual void Pull(const std::vector<uint64_t>& keys) = 0;
+  virtual void Push(const std::vector<uint64_t>& keys) = 0;
+
+  // keys/s of `ops` operations cycling through `batches`.
+  double Rate(bool push, const std::vector<std::vector<uint64_t>>& batches, int ops) {
+    const double begin = NowSeconds();
+    for (int i = 0; i < ops; ++i) {
+      const std::vector<uint64_t>& keys = batches[i % batches.size()];
+      push ? Push(keys) : Pull(keys);
+    }
+    return static_cast<double>(batches[0].size()) * ops / (NowSeconds() - begin);
+  }
+};
+
 template <uint32_t kDim>
-absl::Status MeasureCeiling(Harness& h, const std::vector<int>& batches, Ceilings& ceilings) {
+class FlatMapCeiling : public SparseCeiling {
+ public:
+  FlatMapCeiling() {
+    rows_.reserve(kSparseKeySpace);
+    for (uint64_t k = 0; k < kSparseKeySpace; ++k) {
+      Row& row = rows_[k];
+      std::fill(row.v, row.v + kDim, 0.001f * static_cast<float>(k % 7));
+    }
+  }
+  void Pull(const std::vector<uint64_t>& keys) override {
+    out_.resize(keys.size() * kDim);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::memcpy(out_.data() + i * kDim, rows_.find(keys[i])->second.v, sizeof(Row));
+    }
+    sink_ = out_[0];  // keeps the gathers
+  }
+  void Push(const std::vector<uint64_t>& keys) override {
+    grads_.resize(keys.size() * kDim, kGradient);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      float* w = rows_.find(keys[i])->second.v;
+      const float* g = grads_.data() + i * kDim;
+      for (uint32_t c = 0; c < kDim; ++c) w[c] -= kLearningRate * g[c];
+    }
+  }
+
+ private:
   struct Row {
     float v[kDim];
   };
-  absl::flat_hash_map<uint64_t, Row> rows;
-  rows.reserve(kSparseKeySpace);
-  for (uint64_t k = 0; k < kSparseKeySpace; ++k) {
-    Row& row = rows[k];
-    std::fill(row.v, row.v + kDim, 0.001f * static_cast<float>(k % 7));
-  }
+  absl::flat_hash_map<uint64_t, Row> rows_;
+  std::vector<float> out_, grads_;
+  volatile float sink_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<SparseCeiling>> MakeCeiling(uint32_t dim) {
+  if (dim == 8) return std::make_unique<FlatMapCeiling<8>>();
+  if (dim == 64) return std::make_unique<FlatMapCeiling<64>>();
+  return absl::InvalidArgumentError(absl::StrCat("no sparse ceiling for dim ", dim));
+}
+
+using Ceilings = std::map<uint32_t, std::unique_ptr<SparseCeiling>>;
+
+// The ceiling_pull and ceiling_push rows at `dim`, one per batch size.
+absl::Status MeasureCeiling(Harness& h, uint32_t dim, SparseCeiling& ceiling,
+                            const std::vector<int>& batches) {
   for (int batch : batches) {
-    const std::vector<std::vector<uint64_t>> keys = WorkerBatches(0, kDim, batch);
-    std::vector<float> out(static_cast<size_t>(batch) * kDim);
-    const std::vector<float> grads(out.size(), kGradient);
-    const int ops = SparseOpsFor(h, batch);
-    const std::vector<std::pair<std::string, std::function<void(const std::vector<uint64_t>&)>>>
-        kinds = {
-            {"pull",
-             [&](const std::vector<uint64_t>& ks) {
-               for (size_t i = 0; i < ks.size(); ++i) {
-                 std::memcpy(out.data() + i * kDim, rows.find(ks[i])->second.v, sizeof(Row));
-               }
-             }},
-            {"push",
-             [&](const std::vector<uint64_t>& ks) {
-               for (size_t i = 0; i < ks.size(); ++i) {
-                 float* w = rows.find(ks[i])->second.v;
-                 const float* g = grads.data() + i * kDim;
-                 for (uint32_t c = 0; c < kDim; ++c) w[c] -= kLearningRate * g[c];
-               }
-             }},
-        };
-    for (const auto& [kind, op] : kinds) {
-      Result& r = h.Add("sparse", "ceiling_" + kind);
+    const std::vector<std::vector<uint64_t>> keys = WorkerBatches(0, dim, batch);
+    for (bool push : {false, true}) {
+      Result& r = h.Add("sparse", push ? "ceiling_push" : "ceiling_pull");
       r.set_servers(0);
       r.set_workers(1);
       PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
-        const double begin = NowSeconds();
-        for (int i = 0; i < ops; ++i) op(keys[i % kBatchesPerWorker]);
-        const double seconds = NowSeconds() - begin;
-        volatile float sink = out[0];  // keeps the gathers
-        (void)sink;
-        return static_cast<double>(batch) * ops / seconds;
+        return ceiling.Rate(push, keys, SparseOpsFor(h, batch));
       }));
-      DescribeSparse(r, kDim, batch);
-      ceilings[{kind, kDim, batch}] = r.value().median();
+      DescribeSparse(r, dim, batch);
     }
   }
   return absl::OkStatus();
 }
 
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 // Pull and push of `batches` keys per operation on a table of each dim, by
 // every client (one worker each) on its own keys. Results are named
-// `prefix` + pull/push; the unit is keys per second over all workers.
+// `prefix` + pull/push; the unit is keys per second over all workers. Each
+// repetition first times the ceiling on worker 0's keys, so that the ratio
+// (the median of the repetitions' ratios) compares moments of equal load.
 absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& prefix,
                        std::vector<std::unique_ptr<Client>>& clients, int servers,
                        const std::vector<uint32_t>& dims, const std::vector<int>& batches,
@@ -155,6 +191,7 @@ absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& pref
       tables.push_back(std::move(t));
     }
     PS_RETURN_IF_ERROR(Populate(tables[0]));
+    SparseCeiling& ceiling = *ceilings.at(dim);
     for (int batch : batches) {
       std::vector<std::vector<std::vector<uint64_t>>> keys;
       std::vector<std::vector<float>> grads, outs;
@@ -178,16 +215,20 @@ absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& pref
         Result& r = h.Add("sparse", prefix + kind);
         r.set_servers(servers);
         r.set_workers(workers);
+        std::vector<double> ratios;
         PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
+          const double ceiling_rate = ceiling.Rate(kind == "push", keys[0], SparseOpsFor(h, batch));
           PS_ASSIGN_OR_RETURN(double seconds, env.run_workers(workers, ops, op));
-          return static_cast<double>(batch) * workers * ops / seconds;
+          const double rate = static_cast<double>(batch) * workers * ops / seconds;
+          ratios.push_back(rate / ceiling_rate);
+          return rate;
         }));
         DescribeSparse(r, dim, batch);
-        auto ceiling = ceilings.find({kind, dim, batch});
-        if (ceiling != ceilings.end() && ceiling->second > 0) {
-          r.set_ceiling("ceiling_" + kind);
-          r.set_ratio(r.value().median() / ceiling->second);
-        }
+        // Without the warm-up repetitions.
+        ratios.erase(ratios.begin(),
+                     ratios.begin() + std::min<size_t>(ratios.size(), h.options().warmup));
+        r.set_ceiling("ceiling_" + kind);
+        r.set_ratio(Median(ratios));
       }
     }
   }
@@ -197,12 +238,26 @@ absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& pref
 }  // namespace
 
 absl::Status SparseGroup(Harness& h, const SparseEnv& env) {
-  const std::vector<uint32_t> dims = {8, 64};
-  const std::vector<int> batches = {1024, 16384};
+  std::vector<uint32_t> dims;
+  std::vector<int> batches;
+  for (const std::string& d : absl::GetFlag(FLAGS_sparse_dims)) {
+    uint32_t dim;
+    if (!absl::SimpleAtoi(d, &dim)) return absl::InvalidArgumentError("bad --sparse_dims: " + d);
+    dims.push_back(dim);
+  }
+  for (const std::string& b : absl::GetFlag(FLAGS_sparse_batches)) {
+    int batch;
+    if (!absl::SimpleAtoi(b, &batch) || batch <= 0) {
+      return absl::InvalidArgumentError("bad --sparse_batches: " + b);
+    }
+    batches.push_back(batch);
+  }
   const std::vector<std::pair<int, int>> configs = {{1, 1}, {2, 2}};
   Ceilings ceilings;
-  PS_RETURN_IF_ERROR(MeasureCeiling<8>(h, batches, ceilings));
-  PS_RETURN_IF_ERROR(MeasureCeiling<64>(h, batches, ceilings));
+  for (uint32_t dim : dims) {
+    PS_ASSIGN_OR_RETURN(ceilings[dim], MakeCeiling(dim));
+    PS_RETURN_IF_ERROR(MeasureCeiling(h, dim, *ceilings[dim], batches));
+  }
   for (bool embedded : {false, true}) {
     if (!absl::GetFlag(embedded ? FLAGS_sparse_embedded : FLAGS_sparse_grpc)) continue;
     for (const auto& [servers, workers] : configs) {

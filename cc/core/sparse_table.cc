@@ -36,7 +36,6 @@ size_t ShardIndex(uint64_t key) { return SplitMix64(key ^ kShardSalt) >> 59; }
 
 struct RowMeta {
   uint64_t key = 0;
-  uint64_t step = 0;     // updates applied to the row
   int64_t touched = 0;   // unix nanos of the last pull or push
   uint32_t prev = kNil;  // LRU list: towards the least recently touched
   uint32_t next = kNil;
@@ -167,7 +166,8 @@ SparseTable::SparseTable(std::string name, v1::TableConfig config, SparseTableOp
       element_size_(ElementSize(config_.element_type())),
       row_bytes_(static_cast<size_t>(dim_) * element_size_),
       state_per_row_(optimizer_.state_per_row(dim_)),
-      slot_bytes_(RoundUp8((static_cast<size_t>(dim_) + state_per_row_) * element_size_)),
+      step_offset_(RoundUp8((static_cast<size_t>(dim_) + state_per_row_) * element_size_)),
+      slot_bytes_(step_offset_ + sizeof(uint64_t)),
       capacity_(config_.eviction().capacity()),
       admission_count_(config_.eviction().admission_count()),
       ttl_(absl::Seconds(config_.eviction().ttl_seconds())),
@@ -189,6 +189,10 @@ SparseTable::Shard& SparseTable::ShardOf(uint64_t key) const {
 char* SparseTable::SlotData(Shard& shard, uint32_t slot) const {
   const size_t mask = (size_t{1} << chunk_shift_) - 1;
   return shard.chunks[slot >> chunk_shift_].get() + (slot & mask) * slot_bytes_;
+}
+
+uint64_t& SparseTable::StepOf(Shard& shard, uint32_t slot) const {
+  return *reinterpret_cast<uint64_t*>(SlotData(shard, slot) + step_offset_);
 }
 
 int64_t SparseTable::NowNanos() const { return absl::ToUnixNanos(options_.now()); }
@@ -258,7 +262,7 @@ uint32_t SparseTable::AllocSlot(Shard& shard, uint64_t key, int64_t now) {
   }
   RowMeta& m = shard.meta[slot];
   m.key = key;
-  m.step = 0;
+  StepOf(shard, slot) = 0;
   shard.index[key] = slot;
   LinkAtTail(shard, slot, now);
   rows_.fetch_add(1, std::memory_order_relaxed);
@@ -389,8 +393,8 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create
     // (with a capacity) and so change slots found before it: then the row of
     // each key is found just before it is used.
     const bool ahead = capacity_ == 0;
-    // A push counts the row's steps; eviction keeps its LRU links and stamp.
-    const bool uses_meta = evicts_ || create == RowCreation::kOnAdmission;
+    // Eviction keeps the row's LRU links and stamp (its steps are in its slot).
+    const bool uses_meta = evicts_;
     if (ahead) FindSlots(shard, keys, absl::MakeConstSpan(order).subspan(begin, end - begin), slots);
     for (uint32_t j = begin; j < end; ++j) {
       const uint32_t i = order[j];
@@ -545,7 +549,7 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
           g = one.data();
         }
         T* row = reinterpret_cast<T*>(SlotData(shard, slot));
-        const uint64_t step = ++shard.meta[slot].step;
+        const uint64_t step = ++StepOf(shard, slot);
         optimizer_.Apply<T>(row, row + dim_, g, dim_, step);
       },
       [](uint32_t) {});  // not admitted yet: the gradient is dropped
@@ -622,7 +626,7 @@ std::string SparseTable::Serialize() const {
       AppendU64(&keys, m.key);
       values.append(row, row_bytes_);
       state.append(row + row_bytes_, state_bytes);
-      AppendU64(&steps, m.step);
+      AppendU64(&steps, StepOf(shard, slot));
       ++rows;
     }
     for (const auto& [key, seq] : shard.pending_order) {
@@ -711,7 +715,8 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Deserialize(absl::stri
     char* row = table->SlotData(shard, slot);
     std::memcpy(row, snap.values().data() + r * table->row_bytes_, table->row_bytes_);
     std::memcpy(row + table->row_bytes_, snap.state().data() + r * state_bytes, state_bytes);
-    shard.meta[slot].step = LoadValue<uint64_t>(snap.steps().data() + r * sizeof(uint64_t));
+    table->StepOf(shard, slot) =
+        LoadValue<uint64_t>(snap.steps().data() + r * sizeof(uint64_t));
   }
   for (uint64_t p = 0; p < pending; ++p) {
     const uint64_t key = LoadValue<uint64_t>(snap.pending_keys().data() + p * sizeof(uint64_t));
