@@ -158,7 +158,9 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
           values.size(), " bytes for ", part.keys.size(), " rows of ", row, " bytes"));
     }
     if (part.positions.empty()) {
-      if (!values.empty()) std::memcpy(out.data() + part.offset * row, values.data(), values.size());
+      if (!values.empty()) {
+        std::memcpy(out.data() + part.offset * row, values.data(), values.size());
+      }
       continue;
     }
     for (size_t j = 0; j < part.positions.size(); ++j) {

@@ -395,7 +395,9 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create
     const bool ahead = capacity_ == 0;
     // Eviction keeps the row's LRU links and stamp (its steps are in its slot).
     const bool uses_meta = evicts_;
-    if (ahead) FindSlots(shard, keys, absl::MakeConstSpan(order).subspan(begin, end - begin), slots);
+    if (ahead) {
+      FindSlots(shard, keys, absl::MakeConstSpan(order).subspan(begin, end - begin), slots);
+    }
     for (uint32_t j = begin; j < end; ++j) {
       const uint32_t i = order[j];
       const uint64_t key = keys[i];
@@ -506,7 +508,9 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
   std::vector<double> sums;
   auto add_row = [&](double* sum, size_t i) {
     const char* g = grads.data() + i * row_bytes_;
-    for (uint32_t c = 0; c < dim_; ++c) sum[c] += static_cast<double>(LoadValue<T>(g + c * sizeof(T)));
+    for (uint32_t c = 0; c < dim_; ++c) {
+      sum[c] += static_cast<double>(LoadValue<T>(g + c * sizeof(T)));
+    }
   };
   if (duplicates) {
     sum_of.assign(n, kNil);
