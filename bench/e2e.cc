@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
-#include <random>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -40,6 +39,7 @@
 #include "cc/testing/run_program.h"
 #include "harness.h"
 #include "hosts_group.h"
+#include "sparse_group.h"
 
 ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and repetitions.");
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
@@ -481,122 +481,26 @@ absl::Status Scaling(Harness& h) {
 
 // ---- sparse tables ---------------------------------------------------------------------
 
-// Keys are drawn uniformly from [0, 2^20): the table holds 1M rows, and a
-// batch of 16384 keys repeats about 0.8% of its keys.
-constexpr uint64_t kSparseKeySpace = uint64_t{1} << 20;
-constexpr int kBatchesPerWorker = 8;  // cycled through, so no two ops in a row repeat
-
-std::vector<std::vector<uint64_t>> UniformKeyBatches(int count, int batch, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<uint64_t> key(0, kSparseKeySpace - 1);
-  std::vector<std::vector<uint64_t>> batches(count, std::vector<uint64_t>(batch));
-  for (auto& b : batches) {
-    for (uint64_t& k : b) k = key(rng);
-  }
-  return batches;
-}
-
-v1::TableConfig SparseConfig(uint32_t dim) {
-  v1::TableConfig config;
-  config.set_dim(dim);
-  config.mutable_initializer()->mutable_uniform()->set_low(-0.01);
-  config.mutable_initializer()->mutable_uniform()->set_high(0.01);
-  config.mutable_optimizer()->mutable_sgd()->set_learning_rate(1e-6);
-  return config;
-}
-
-// Pulls every key of the key space once, so that the timed pulls and pushes
-// read and update rows rather than create them.
-absl::Status Populate(const Table& table) {
-  constexpr uint64_t kChunk = 65536;
-  std::vector<uint64_t> keys(kChunk);
-  std::vector<char> rows(kChunk * table.row_bytes());
-  for (uint64_t start = 0; start < kSparseKeySpace; start += kChunk) {
-    std::iota(keys.begin(), keys.end(), start);
-    PS_RETURN_IF_ERROR(table.Pull(keys, absl::MakeSpan(rows)));
-  }
-  return absl::OkStatus();
-}
-
-// Operations per repetition for `keys` keys per round of all workers.
-int SparseOpsFor(const Harness& h, uint64_t keys) {
-  const uint64_t target = h.quick() ? 256 * 1024 : 2 * 1024 * 1024;
-  return static_cast<int>(std::clamp<uint64_t>(target / keys, 4, 2000));
-}
-
-// Pull and push of `batches` keys per operation on a table of each dim, by
-// every client (one worker each) on its own keys. Results are named
-// `prefix` + pull/push; the unit is keys per second over all workers.
-absl::Status SparseOps(Harness& h, const std::string& prefix,
-                       std::vector<std::unique_ptr<Client>>& clients, int servers,
-                       const std::vector<uint32_t>& dims, const std::vector<int>& batches) {
-  const int workers = static_cast<int>(clients.size());
-  for (uint32_t dim : dims) {
-    const std::string name = absl::StrCat("sparse_d", dim);
-    std::vector<Table> tables;
-    for (auto& c : clients) {  // the first creates it, the others open it
-      PS_ASSIGN_OR_RETURN(Table t, Table::Create(*c, name, SparseConfig(dim)));
-      tables.push_back(std::move(t));
-    }
-    PS_RETURN_IF_ERROR(Populate(tables[0]));
-    for (int batch : batches) {
-      std::vector<std::vector<std::vector<uint64_t>>> keys;
-      std::vector<std::vector<float>> grads, outs;
-      for (int w = 0; w < workers; ++w) {
-        keys.push_back(UniformKeyBatches(kBatchesPerWorker, batch, 1000 * w + dim + batch));
-        grads.emplace_back(static_cast<size_t>(batch) * dim, 1e-3f);
-        outs.emplace_back(static_cast<size_t>(batch) * dim);
-      }
-      std::vector<int> next(workers, 0);
-      auto keys_of = [&](int w) -> const std::vector<uint64_t>& {
-        return keys[w][next[w]++ % kBatchesPerWorker];
-      };
-      const std::vector<std::pair<std::string, std::function<absl::Status(int)>>> kinds = {
-          {"pull",
-           [&](int w) { return tables[w].Pull<float>(keys_of(w), absl::MakeSpan(outs[w])); }},
-          {"push",
-           [&](int w) { return tables[w].Push<float>(keys_of(w), absl::MakeConstSpan(grads[w])); }},
-      };
-      const int ops = SparseOpsFor(h, static_cast<uint64_t>(batch) * workers);
-      for (const auto& [kind, op] : kinds) {
-        Result& r = h.Add("sparse", prefix + kind);
-        r.set_payload_bytes(static_cast<uint64_t>(batch) * dim * sizeof(float));
-        r.set_servers(servers);
-        r.set_workers(workers);
-        PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
-          PS_ASSIGN_OR_RETURN(double seconds, RunWorkers(workers, ops, op));
-          return static_cast<double>(batch) * workers * ops / seconds;
-        }));
-        auto& extra = *r.mutable_extra();
-        extra["dim"] = dim;
-        extra["batch_keys"] = batch;
-        extra["payload_GBps"] = r.value().median() * dim * sizeof(float) / kGB;
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Sparse pull and push in keys/s: real pserver processes over gRPC, then the
-// embedded in-process cluster (results named embedded_pull, embedded_push).
+// The sparse group (bench/sparse_group.cc) on pserver processes over gRPC and
+// on the embedded in-process cluster.
 absl::Status Sparse(Harness& h) {
-  const std::vector<uint32_t> dims = {8, 64};
-  const std::vector<int> batches = {1024, 16384};
-  const std::vector<std::pair<int, int>> configs = {{1, 1}, {2, 2}};
-  for (const auto& [servers, workers] : configs) {
-    PS_ASSIGN_OR_RETURN(auto procs, StartServers(servers));
-    PS_ASSIGN_OR_RETURN(auto clients, MakeClients(workers, procs->addresses, {}));
-    PS_RETURN_IF_ERROR(SparseOps(h, "", clients, servers, dims, batches));
-  }
-  for (const auto& [servers, workers] : configs) {
-    if (h.quick() && servers > 1) continue;
-    PS_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(servers));
-    PS_ASSIGN_OR_RETURN(auto clients,
-                        MakeClients(workers, cluster->addresses(), cluster->dispatchers()));
-    PS_RETURN_IF_ERROR(SparseOps(h, "embedded_", clients, servers, dims, batches));
-  }
-  h.PrintGroup("sparse");
-  return absl::OkStatus();
+  SparseEnv env;
+  env.start = [](int servers, int workers, bool embedded) -> absl::StatusOr<SparseCluster> {
+    SparseCluster cluster;
+    if (embedded) {
+      PS_ASSIGN_OR_RETURN(std::shared_ptr<LocalCluster> local, LocalCluster::Start(servers));
+      PS_ASSIGN_OR_RETURN(cluster.clients,
+                          MakeClients(workers, local->addresses(), local->dispatchers()));
+      cluster.servers = std::move(local);
+    } else {
+      PS_ASSIGN_OR_RETURN(std::shared_ptr<ServerProcesses> procs, StartServers(servers));
+      PS_ASSIGN_OR_RETURN(cluster.clients, MakeClients(workers, procs->addresses, {}));
+      cluster.servers = std::move(procs);
+    }
+    return cluster;
+  };
+  env.run_workers = RunWorkers;
+  return SparseGroup(h, env);
 }
 
 // ---- bindings ---------------------------------------------------------------------

@@ -33,7 +33,7 @@ NOT_QUICK = {"bindings"}
 OWN_SECTIONS = ["sparse", "hosts", "bindings"]
 # Extra values shown as columns of their own, not in the extra column.
 CPU_KEY = "cpu_s_per_GB"
-SPARSE_NAMES = ["pull", "push", "embedded_pull", "embedded_push"]
+SPARSE_NAMES = ["ceiling_pull", "ceiling_push", "pull", "push", "embedded_pull", "embedded_push"]
 
 
 def fmt_bytes(n):
@@ -102,18 +102,27 @@ def markdown_table(header, rows):
             + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
+def sparse_transport(name):
+    """(transport, op) of a sparse result: embedded_pull, ceiling_push, pull, ..."""
+    for prefix, transport in (("embedded_", "embedded"), ("ceiling_", "ceiling")):
+        if name.startswith(prefix):
+            return transport, name[len(prefix):]
+    return "gRPC", name
+
+
 def sparse_table(rows):
     """The sparse group: one row per (op, transport, servers x workers, dim, batch)."""
     def cells(r):
         v = r["value"]
-        transport, op = (("embedded", r["name"][len("embedded_"):]) if r["name"].startswith("embedded_")
-                         else ("gRPC", r["name"]))
+        transport, op = sparse_transport(r["name"])
+        ratio = f"{100 * r['ratio']:.0f}%" if r.get("ceiling") else ""
         return [op, transport, str(r.get("servers", 0)), str(r.get("workers", 0)),
                 f"{r['extra'].get('dim', 0):.0f}", f"{r['extra'].get('batch_keys', 0):.0f}",
                 *(f"{v[k] / 1e6:.2f}" for k in ("min", "median", "max")),
-                f"{r['extra'].get('payload_GBps', 0):.3f} GB/s"]
+                f"{r['extra'].get('payload_GBps', 0):.3f} GB/s", ratio]
     return markdown_table(["op", "transport", "servers", "workers", "dim", "keys per op", "min",
-                           "median", "max", "median payload"], [cells(r) for r in rows])
+                           "median", "max", "median payload", "vs ceiling"],
+                          [cells(r) for r in rows])
 
 
 def hosts_table(rows):
@@ -285,8 +294,9 @@ def sparse_plot(plt, rows, out_dir):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     for ax, op in zip(axes, ("pull", "push")):
         series = sorted({(r["name"], r["servers"], r["workers"]) for r in rows
-                         if r["name"] in (op, f"embedded_{op}")},
-                        key=lambda s: (s[0].startswith("embedded_"), s[1], s[2]))  # gRPC first
+                         if r["name"] in (op, f"embedded_{op}", f"ceiling_{op}")},
+                        key=lambda s: (not s[0].startswith("ceiling_"), s[0].startswith("embedded_"),
+                                       s[1], s[2]))  # the ceiling, then gRPC
         width = 0.8 / max(1, len(series))
         for i, (name, servers, workers) in enumerate(series):
             values = {}
@@ -297,7 +307,7 @@ def sparse_plot(plt, rows, out_dir):
             meds = [values[c]["median"] / 1e6 if c in values else 0 for c in cases]
             err = [[(values[c]["median"] - values[c]["min"]) / 1e6 if c in values else 0 for c in cases],
                    [(values[c]["max"] - values[c]["median"]) / 1e6 if c in values else 0 for c in cases]]
-            transport = "embedded" if name.startswith("embedded_") else "gRPC"
+            transport = sparse_transport(name)[0]
             ax.bar(xs, meds, width, yerr=err, capsize=2, label=f"{transport} {servers}s x {workers}w")
         ax.set_xticks(range(len(cases)))
         ax.set_xticklabels([f"dim {d}\n{b} keys" for d, b in cases])

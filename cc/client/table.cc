@@ -22,12 +22,16 @@ void RecordServerTimes(const std::vector<Response>& responses, TraceRecorder* tr
 }  // namespace
 
 // One request's worth of keys: a run of one server's keys, with the
-// positions in the caller's key list they came from.
+// positions in the caller's key list they came from. A part of one server's
+// whole key list is a contiguous run of the caller's keys: then `keys` views
+// them and `positions` is empty (the positions are offset, offset + 1, ...).
 struct Table::Split {
   struct Part {
     int server = 0;
-    std::vector<uint64_t> keys;
+    absl::Span<const uint64_t> keys;
+    size_t offset = 0;
     std::vector<size_t> positions;
+    std::vector<uint64_t> owned_keys;  // what `keys` views when not the caller's
   };
   std::vector<Part> parts;
 };
@@ -77,25 +81,38 @@ Ticket Table::PushAsync(absl::Span<const uint64_t> keys, absl::string_view grads
 
 absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) const {
   const int n = client_->num_servers();
+  // Requests of about max_request_bytes of rows each.
+  const size_t per_request =
+      std::max<size_t>(1, client_->options().max_request_bytes / std::max<size_t>(1, row_bytes()));
+  Split split;
+  const bool checks_keys = config_.partitioning().kind() == v1::Partitioning::RANGE;
+  if (n == 1) {  // every key goes to server 0, in the caller's order
+    if (checks_keys) {
+      for (uint64_t key : keys) PS_RETURN_IF_ERROR(ServerOf(key).status());
+    }
+    for (size_t begin = 0; begin < keys.size(); begin += per_request) {
+      Split::Part part;
+      part.offset = begin;
+      part.keys = keys.subspan(begin, per_request);
+      split.parts.push_back(std::move(part));
+    }
+    return split;
+  }
   std::vector<std::vector<size_t>> by_server(n);
   for (size_t i = 0; i < keys.size(); ++i) {
     PS_ASSIGN_OR_RETURN(int server, ServerOf(keys[i]));
     by_server[server].push_back(i);
   }
-  // Requests of about max_request_bytes of rows each.
-  const size_t per_request =
-      std::max<size_t>(1, client_->options().max_request_bytes / std::max<size_t>(1, row_bytes()));
-  Split split;
   for (int server = 0; server < n; ++server) {
     const std::vector<size_t>& positions = by_server[server];
     for (size_t begin = 0; begin < positions.size(); begin += per_request) {
       const size_t end = std::min(positions.size(), begin + per_request);
-      Split::Part part;
+      Split::Part& part = split.parts.emplace_back();
       part.server = server;
       part.positions.assign(positions.begin() + begin, positions.begin() + end);
-      part.keys.reserve(part.positions.size());
-      for (size_t p : part.positions) part.keys.push_back(keys[p]);
-      split.parts.push_back(std::move(part));
+      part.owned_keys.reserve(part.positions.size());
+      for (size_t p : part.positions) part.owned_keys.push_back(keys[p]);
+      part.keys = part.owned_keys;  // the buffer stays put when parts move
     }
   }
   return split;
@@ -140,6 +157,12 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
           "table '", name_, "': server ", client_->addresses()[part.server], " returned ",
           values.size(), " bytes for ", part.keys.size(), " rows of ", row, " bytes"));
     }
+    if (part.positions.empty()) {
+      if (!values.empty()) {
+        std::memcpy(out.data() + part.offset * row, values.data(), values.size());
+      }
+      continue;
+    }
     for (size_t j = 0; j < part.positions.size(); ++j) {
       std::memcpy(out.data() + part.positions[j] * row, values.data() + j * row, row);
     }
@@ -172,10 +195,14 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
     request.set_keys(EncodeKeys(part.keys));
     request.set_worker(worker);
     request.set_clock(clock);
-    std::string* values = request.mutable_values();
-    values->resize(part.keys.size() * row);
-    for (size_t j = 0; j < part.positions.size(); ++j) {
-      std::memcpy(values->data() + j * row, grads.data() + part.positions[j] * row, row);
+    if (part.positions.empty()) {
+      request.set_values(grads.data() + part.offset * row, part.keys.size() * row);
+    } else {
+      std::string* values = request.mutable_values();
+      values->resize(part.keys.size() * row);
+      for (size_t j = 0; j < part.positions.size(); ++j) {
+        std::memcpy(values->data() + j * row, grads.data() + part.positions[j] * row, row);
+      }
     }
     // One id per request, the same on every retry: applied once.
     request.set_client_id(client_->client_id());

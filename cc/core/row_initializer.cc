@@ -19,13 +19,6 @@ absl::Status Finite(double value, absl::string_view what, absl::string_view fiel
 
 }  // namespace
 
-uint64_t SplitMix64(uint64_t x) {
-  x += kGolden;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 double HashUniform(uint64_t seed, uint64_t key, uint64_t stream) {
   // The seed is mixed before it meets the key, so that two seeds do not just
   // permute each other's keys (as a plain seed ^ key would).

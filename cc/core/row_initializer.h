@@ -28,8 +28,14 @@
 
 namespace pserver {
 
-// The splitmix64 finalizer: a bijective, well-mixing hash of 64 bits.
-uint64_t SplitMix64(uint64_t x);
+// The splitmix64 finalizer: a bijective, well-mixing hash of 64 bits
+// (inline: sparse tables hash every key with it).
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
 
 // A uniform double in [0, 1) that depends only on (seed, key, stream).
 double HashUniform(uint64_t seed, uint64_t key, uint64_t stream);

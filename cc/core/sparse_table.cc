@@ -24,6 +24,8 @@ constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
 constexpr uint32_t kMaxDim = 1u << 20;
 constexpr size_t kShards = 32;  // a power of two: the top 5 bits of a hash pick one
 constexpr size_t kMaxPending = size_t{1} << 20;
+// How many keys ahead a batch prefetches the index entry and the row of.
+constexpr size_t kLookAhead = 8;
 // Salts the shard hash so that it is independent of the hash that spreads
 // keys over servers (which would otherwise send one server's keys to a few
 // shards).
@@ -34,7 +36,6 @@ size_t ShardIndex(uint64_t key) { return SplitMix64(key ^ kShardSalt) >> 59; }
 
 struct RowMeta {
   uint64_t key = 0;
-  uint64_t step = 0;     // updates applied to the row
   int64_t touched = 0;   // unix nanos of the last pull or push
   uint32_t prev = kNil;  // LRU list: towards the least recently touched
   uint32_t next = kNil;
@@ -55,6 +56,31 @@ T LoadValue(const char* p) {
 
 void AppendU64(std::string* out, uint64_t v) {
   out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// first[i] = the position of the first occurrence of keys[i] (i itself for a
+// key not listed before). Returns whether any key is listed twice. An
+// open-addressing table of positions, at most half full.
+bool FirstOccurrences(absl::Span<const uint64_t> keys, std::vector<uint32_t>& first) {
+  const size_t n = keys.size();
+  first.resize(n);
+  size_t capacity = 16;
+  while (capacity < 2 * n) capacity *= 2;
+  const size_t mask = capacity - 1;
+  std::vector<uint32_t> table(capacity, kNil);
+  bool repeated = false;
+  for (size_t i = 0; i < n; ++i) {
+    size_t h = SplitMix64(keys[i]) & mask;
+    while (table[h] != kNil && keys[table[h]] != keys[i]) h = (h + 1) & mask;
+    if (table[h] == kNil) {
+      table[h] = static_cast<uint32_t>(i);
+      first[i] = static_cast<uint32_t>(i);
+    } else {
+      first[i] = table[h];
+      repeated = true;
+    }
+  }
+  return repeated;
 }
 
 }  // namespace
@@ -140,10 +166,12 @@ SparseTable::SparseTable(std::string name, v1::TableConfig config, SparseTableOp
       element_size_(ElementSize(config_.element_type())),
       row_bytes_(static_cast<size_t>(dim_) * element_size_),
       state_per_row_(optimizer_.state_per_row(dim_)),
-      slot_bytes_(RoundUp8((static_cast<size_t>(dim_) + state_per_row_) * element_size_)),
+      step_offset_(RoundUp8((static_cast<size_t>(dim_) + state_per_row_) * element_size_)),
+      slot_bytes_(step_offset_ + sizeof(uint64_t)),
       capacity_(config_.eviction().capacity()),
       admission_count_(config_.eviction().admission_count()),
       ttl_(absl::Seconds(config_.eviction().ttl_seconds())),
+      evicts_(capacity_ > 0 || ttl_ > absl::ZeroDuration()),
       chunk_shift_(ChunkShift(slot_bytes_)),
       num_shards_(capacity_ > 0 ? 1 : kShards),
       pending_limit_per_shard_(std::max<size_t>(
@@ -161,6 +189,10 @@ SparseTable::Shard& SparseTable::ShardOf(uint64_t key) const {
 char* SparseTable::SlotData(Shard& shard, uint32_t slot) const {
   const size_t mask = (size_t{1} << chunk_shift_) - 1;
   return shard.chunks[slot >> chunk_shift_].get() + (slot & mask) * slot_bytes_;
+}
+
+uint64_t& SparseTable::StepOf(Shard& shard, uint32_t slot) const {
+  return *reinterpret_cast<uint64_t*>(SlotData(shard, slot) + step_offset_);
 }
 
 int64_t SparseTable::NowNanos() const { return absl::ToUnixNanos(options_.now()); }
@@ -197,6 +229,9 @@ void SparseTable::LinkAtTail(Shard& shard, uint32_t slot, int64_t now) {
 }
 
 void SparseTable::Touch(Shard& shard, uint32_t slot, int64_t now) {
+  // Without a capacity or a TTL nothing reads the LRU order or the stamps
+  // (a checkpoint's row order then does not matter): keep creation order.
+  if (!evicts_) return;
   if (shard.tail == slot) {
     RowMeta& m = shard.meta[slot];
     m.touched = std::max(m.touched, now);
@@ -227,7 +262,7 @@ uint32_t SparseTable::AllocSlot(Shard& shard, uint64_t key, int64_t now) {
   }
   RowMeta& m = shard.meta[slot];
   m.key = key;
-  m.step = 0;
+  StepOf(shard, slot) = 0;
   shard.index[key] = slot;
   LinkAtTail(shard, slot, now);
   rows_.fetch_add(1, std::memory_order_relaxed);
@@ -346,19 +381,38 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create
                              OnPending on_pending) {
   const uint64_t call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
   const int64_t now = NowNanos();
-  std::vector<uint32_t> order, starts;
+  std::vector<uint32_t> order, starts, slots;
   GroupByShard(keys, order, starts);
   for (size_t s = 0; s < num_shards_; ++s) {
-    if (starts[s] == starts[s + 1]) continue;
+    const uint32_t begin = starts[s], end = starts[s + 1];
+    if (begin == end) continue;
     Shard& shard = shards_[s];
     absl::MutexLock lock(&shard.mu);
-    for (uint32_t j = starts[s]; j < starts[s + 1]; ++j) {
+    // Two passes so that the memory of later keys is fetched while earlier
+    // ones are handled: the index first, then the rows. A creation may evict
+    // (with a capacity) and so change slots found before it: then the row of
+    // each key is found just before it is used.
+    const bool ahead = capacity_ == 0;
+    // Eviction keeps the row's LRU links and stamp (its steps are in its slot).
+    const bool uses_meta = evicts_;
+    if (ahead) {
+      FindSlots(shard, keys, absl::MakeConstSpan(order).subspan(begin, end - begin), slots);
+    }
+    for (uint32_t j = begin; j < end; ++j) {
       const uint32_t i = order[j];
       const uint64_t key = keys[i];
-      uint32_t slot;
-      auto it = shard.index.find(key);
-      if (it != shard.index.end()) {
+      uint32_t slot = kNil;
+      if (ahead) {
+        slot = slots[j - begin];
+        if (j + kLookAhead < end && slots[j + kLookAhead - begin] != kNil) {
+          const uint32_t later = slots[j + kLookAhead - begin];
+          __builtin_prefetch(SlotData(shard, later));
+          if (uses_meta) __builtin_prefetch(&shard.meta[later]);
+        }
+      } else if (auto it = shard.index.find(key); it != shard.index.end()) {
         slot = it->second;
+      }
+      if (slot != kNil) {
         Touch(shard, slot, now);
       } else if (create == RowCreation::kOnAdmission && Sight(shard, key, call)) {
         slot = CreateRow<T>(shard, key, now);
@@ -369,6 +423,17 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create
       }
       on_row(i, shard, slot);
     }
+  }
+}
+
+void SparseTable::FindSlots(Shard& shard, absl::Span<const uint64_t> keys,
+                            absl::Span<const uint32_t> positions,
+                            std::vector<uint32_t>& slots) const {
+  slots.resize(positions.size());
+  for (size_t j = 0; j < positions.size(); ++j) {
+    if (j + kLookAhead < positions.size()) shard.index.prefetch(keys[positions[j + kLookAhead]]);
+    auto it = shard.index.find(keys[positions[j]]);
+    slots[j] = it == shard.index.end() ? kNil : it->second;
   }
 }
 
@@ -405,60 +470,91 @@ absl::Status SparseTable::Push(absl::Span<const uint64_t> keys, absl::string_vie
 }
 
 template <typename T>
+absl::Status SparseTable::CheckFinite(absl::Span<const uint64_t> keys,
+                                      absl::string_view grads) const {
+  const size_t values = keys.size() * dim_;
+  for (size_t v = 0; v < values; ++v) {
+    const T value = LoadValue<T>(grads.data() + v * sizeof(T));
+    if (ABSL_PREDICT_TRUE(std::isfinite(value))) continue;
+    const size_t i = v / dim_;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", name_, "': gradient for key ", keys[i], " (position ", i,
+        ") has a non-finite value at column ", v % dim_, ": ", static_cast<double>(value),
+        "; nothing was applied"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
 absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string_view grads) {
   // Check and sum everything before touching any row.
+  PS_RETURN_IF_ERROR(CheckFinite<T>(keys, grads));
   const size_t n = keys.size();
-  absl::flat_hash_map<uint64_t, uint32_t> position;  // key -> index into distinct
-  position.reserve(n);
+  std::vector<uint32_t> first;
+  const bool duplicates = FirstOccurrences(keys, first);
+  // The distinct keys in order of first occurrence, and where each is.
   std::vector<uint64_t> distinct;
+  std::vector<uint32_t> position;
   distinct.reserve(n);
-  std::vector<double> sums;
-  sums.reserve(n * dim_);
-  bool duplicates = false;
+  position.reserve(n);
   for (size_t i = 0; i < n; ++i) {
+    if (first[i] != i) continue;
+    distinct.push_back(keys[i]);
+    position.push_back(static_cast<uint32_t>(i));
+  }
+  // Repeated keys only: the sum of their gradients in double, by position of
+  // first occurrence.
+  std::vector<uint32_t> sum_of;  // position -> row of `sums`, kNil: not repeated
+  std::vector<double> sums;
+  auto add_row = [&](double* sum, size_t i) {
     const char* g = grads.data() + i * row_bytes_;
     for (uint32_t c = 0; c < dim_; ++c) {
-      const T v = LoadValue<T>(g + c * sizeof(T));
-      if (!std::isfinite(v)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("table '", name_, "': gradient for key ", keys[i], " (position ", i,
-                         ") has a non-finite value at column ", c, ": ", static_cast<double>(v),
-                         "; nothing was applied"));
-      }
+      sum[c] += static_cast<double>(LoadValue<T>(g + c * sizeof(T)));
     }
-    auto [it, inserted] = position.try_emplace(keys[i], static_cast<uint32_t>(distinct.size()));
-    if (inserted) {
-      distinct.push_back(keys[i]);
-      for (uint32_t c = 0; c < dim_; ++c) {
-        sums.push_back(static_cast<double>(LoadValue<T>(g + c * sizeof(T))));
-      }
-    } else {
-      duplicates = true;
-      double* sum = sums.data() + static_cast<size_t>(it->second) * dim_;
-      for (uint32_t c = 0; c < dim_; ++c) {
-        sum[c] += static_cast<double>(LoadValue<T>(g + c * sizeof(T)));
-      }
-    }
-  }
+  };
   if (duplicates) {
-    for (size_t j = 0; j < distinct.size(); ++j) {
+    sum_of.assign(n, kNil);
+    for (size_t i = 0; i < n; ++i) {
+      if (first[i] == i) continue;
+      uint32_t& row = sum_of[first[i]];
+      if (row == kNil) {
+        row = static_cast<uint32_t>(sums.size() / dim_);
+        sums.resize(sums.size() + dim_, 0.0);
+        add_row(sums.data() + static_cast<size_t>(row) * dim_, first[i]);
+      }
+      add_row(sums.data() + static_cast<size_t>(row) * dim_, i);
+    }
+    for (size_t d = 0; d < distinct.size(); ++d) {
+      const uint32_t row = sum_of[position[d]];
+      if (row == kNil) continue;
       for (uint32_t c = 0; c < dim_; ++c) {
-        if (!std::isfinite(sums[j * dim_ + c])) {
+        if (!std::isfinite(sums[static_cast<size_t>(row) * dim_ + c])) {
           return absl::InvalidArgumentError(
-              absl::StrCat("table '", name_, "': the summed gradient for key ", distinct[j],
+              absl::StrCat("table '", name_, "': the summed gradient for key ", distinct[d],
                            " overflows at column ", c, "; nothing was applied"));
         }
       }
     }
   }
 
+  std::vector<double> one(dim_);  // the gradient of a key listed once, in double
   ForEachRow<T>(
       distinct, RowCreation::kOnAdmission,
       [&](uint32_t d, Shard& shard, uint32_t slot) {
+        const uint32_t i = position[d];
+        const double* g;
+        if (duplicates && sum_of[i] != kNil) {
+          g = sums.data() + static_cast<size_t>(sum_of[i]) * dim_;
+        } else {
+          const char* raw = grads.data() + static_cast<size_t>(i) * row_bytes_;
+          for (uint32_t c = 0; c < dim_; ++c) {
+            one[c] = static_cast<double>(LoadValue<T>(raw + c * sizeof(T)));
+          }
+          g = one.data();
+        }
         T* row = reinterpret_cast<T*>(SlotData(shard, slot));
-        const uint64_t step = ++shard.meta[slot].step;
-        optimizer_.Apply<T>(row, row + dim_, sums.data() + static_cast<size_t>(d) * dim_, dim_,
-                            step);
+        const uint64_t step = ++StepOf(shard, slot);
+        optimizer_.Apply<T>(row, row + dim_, g, dim_, step);
       },
       [](uint32_t) {});  // not admitted yet: the gradient is dropped
   keys_pushed_.fetch_add(n, std::memory_order_relaxed);
@@ -534,7 +630,7 @@ std::string SparseTable::Serialize() const {
       AppendU64(&keys, m.key);
       values.append(row, row_bytes_);
       state.append(row + row_bytes_, state_bytes);
-      AppendU64(&steps, m.step);
+      AppendU64(&steps, StepOf(shard, slot));
       ++rows;
     }
     for (const auto& [key, seq] : shard.pending_order) {
@@ -623,7 +719,8 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Deserialize(absl::stri
     char* row = table->SlotData(shard, slot);
     std::memcpy(row, snap.values().data() + r * table->row_bytes_, table->row_bytes_);
     std::memcpy(row + table->row_bytes_, snap.state().data() + r * state_bytes, state_bytes);
-    shard.meta[slot].step = LoadValue<uint64_t>(snap.steps().data() + r * sizeof(uint64_t));
+    table->StepOf(shard, slot) =
+        LoadValue<uint64_t>(snap.steps().data() + r * sizeof(uint64_t));
   }
   for (uint64_t p = 0; p < pending; ++p) {
     const uint64_t key = LoadValue<uint64_t>(snap.pending_keys().data() + p * sizeof(uint64_t));

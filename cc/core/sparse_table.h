@@ -41,7 +41,7 @@
 // Concurrency and layout: rows live in 32 shards chosen by a hash of the key
 // (independent of the hash that partitions keys over servers), each with its
 // own mutex, index and slab of fixed-size slots (the row's values followed by
-// its optimizer state, contiguous). A table with a capacity uses a single
+// its optimizer state and its step count, contiguous). A table with a capacity uses a single
 // shard, so that LRU order and the capacity bound are exact for the whole
 // table (its calls therefore run one at a time). Each row is read and updated
 // atomically; a Pull or Push over many rows locks one shard at a time and is
@@ -157,10 +157,18 @@ class SparseTable {
   Shard& ShardOf(uint64_t key) const;
   // The bytes of `slot` in `shard` (values, then state); the caller holds shard.mu.
   char* SlotData(Shard& shard, uint32_t slot) const;
+  // The row's step count (updates applied), kept in its slot; the caller
+  // holds shard.mu.
+  uint64_t& StepOf(Shard& shard, uint32_t slot) const;
   int64_t NowNanos() const;
   // Orders positions 0..keys.size()-1 by shard, so each shard is locked once.
   void GroupByShard(absl::Span<const uint64_t> keys, std::vector<uint32_t>& order,
                     std::vector<uint32_t>& starts) const;
+
+  // slots[j] = the slot of keys[positions[j]] in `shard`, kNil for none,
+  // prefetching ahead; the caller holds shard.mu.
+  void FindSlots(Shard& shard, absl::Span<const uint64_t> keys,
+                 absl::Span<const uint32_t> positions, std::vector<uint32_t>& slots) const;
 
   template <typename T>
   absl::Status PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out);
@@ -173,6 +181,10 @@ class SparseTable {
   template <typename T, typename OnRow, typename OnPending>
   void ForEachRow(absl::Span<const uint64_t> keys, RowCreation create, OnRow on_row,
                   OnPending on_pending);
+  // INVALID_ARGUMENT naming the key, position and column of the first
+  // non-finite gradient value.
+  template <typename T>
+  absl::Status CheckFinite(absl::Span<const uint64_t> keys, absl::string_view grads) const;
   template <typename T>
   absl::Status PushImpl(absl::Span<const uint64_t> keys, absl::string_view grads);
 
@@ -203,11 +215,13 @@ class SparseTable {
   const size_t element_size_;
   const size_t row_bytes_;
   const uint32_t state_per_row_;
-  const size_t slot_bytes_;   // values then state, rounded up to 8 bytes
+  const size_t step_offset_;  // values then state, rounded up to 8 bytes
+  const size_t slot_bytes_;   // ... then the row's step count (uint64)
   const size_t chunk_shift_;  // 2^chunk_shift_ slots per storage chunk
   const uint64_t capacity_;   // 0: none
   const uint32_t admission_count_;
   const absl::Duration ttl_;  // zero: none
+  const bool evicts_;         // a capacity or a TTL: rows keep LRU order
   const size_t num_shards_;
   const size_t pending_limit_per_shard_;
   std::unique_ptr<Shard[]> shards_;

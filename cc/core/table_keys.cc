@@ -1,6 +1,8 @@
 #include "cc/core/table_keys.h"
 
+#include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -14,6 +16,20 @@ absl::StatusOr<std::vector<uint64_t>> DecodeKeys(absl::string_view bytes) {
   std::vector<uint64_t> keys(bytes.size() / sizeof(uint64_t));
   if (!keys.empty()) std::memcpy(keys.data(), bytes.data(), bytes.size());
   return keys;
+}
+
+absl::StatusOr<KeysView> KeysView::Of(absl::string_view bytes) {
+  KeysView view;
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint64_t) != 0) {
+    absl::StatusOr<std::vector<uint64_t>> copied = DecodeKeys(bytes);
+    if (!copied.ok()) return copied.status();
+    view.owned_ = *std::move(copied);
+    return view;
+  }
+  if (bytes.size() % sizeof(uint64_t) != 0) return DecodeKeys(bytes).status();
+  view.size_ = bytes.size() / sizeof(uint64_t);
+  view.borrowed_ = view.size_ == 0 ? nullptr : reinterpret_cast<const uint64_t*>(bytes.data());
+  return view;
 }
 
 std::string EncodeKeys(absl::Span<const uint64_t> keys) {

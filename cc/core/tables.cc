@@ -127,11 +127,11 @@ CancelWait Tables::PullAsync(const v1::TablePullRequest& request, v1::TablePullR
   absl::StatusOr<std::shared_ptr<Entry>> found = Find(request.table());
   if (!found.ok()) return fail(found.status());
   std::shared_ptr<Entry> entry = *std::move(found);
-  absl::StatusOr<std::vector<uint64_t>> keys = DecodeKeys(request.keys());
+  absl::StatusOr<KeysView> keys = KeysView::Of(request.keys());  // `request` outlives the read
   if (!keys.ok()) return fail(keys.status());
   const int64_t staleness = StalenessOf(entry->table->config().consistency());
   if (staleness < 0 || request.worker().empty()) {
-    return fail(Read(*entry, request, *keys, response, received));
+    return fail(Read(*entry, request, keys->keys(), response, received));
   }
   CancelWait cancel = entry->clocks.WaitUntilAllAsync(
       request.clock() - staleness, deadline,
@@ -143,7 +143,7 @@ CancelWait Tables::PullAsync(const v1::TablePullRequest& request, v1::TablePullR
                                                         request.clock(), ": ", waited.message())));
           return;
         }
-        done(Read(*entry, request, keys, response, received));
+        done(Read(*entry, request, keys.keys(), response, received));
       });
   // Keeps the entry (and its clocks) alive for the cancel.
   return [entry, cancel = std::move(cancel)] { cancel(); };
@@ -172,7 +172,8 @@ absl::Status Tables::Read(Entry& entry, const v1::TablePullRequest& request,
 absl::Status Tables::Push(const v1::TablePushRequest& request, v1::TablePushResponse* response) {
   const int64_t received = UnixNanos();
   PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(request.table()));
-  PS_ASSIGN_OR_RETURN(std::vector<uint64_t> keys, DecodeKeys(request.keys()));
+  PS_ASSIGN_OR_RETURN(const KeysView view, KeysView::Of(request.keys()));
+  const absl::Span<const uint64_t> keys = view.keys();
   MaybeSweep(*entry);
   bool held = false;
   if (HoldsAdds(*entry) && !request.worker().empty()) {

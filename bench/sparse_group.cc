@@ -1,0 +1,274 @@
+#include "sparse_group.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "cc/client/table.h"
+#include "cc/core/status_macros.h"
+
+ABSL_FLAG(bool, sparse_grpc, true, "The sparse group measures pserver processes over gRPC.");
+ABSL_FLAG(bool, sparse_embedded, true, "The sparse group measures the in-process cluster.");
+ABSL_FLAG(std::vector<std::string>, sparse_batches, std::vector<std::string>({"1024", "16384"}),
+          "Keys per operation in the sparse group (comma-separated).");
+ABSL_FLAG(std::vector<std::string>, sparse_dims, std::vector<std::string>({"8", "64"}),
+          "Table dims in the sparse group (comma-separated; 8 and 64 have a ceiling).");
+
+namespace pserver::bench {
+namespace {
+
+constexpr double kGB = 1e9;
+// Keys are drawn uniformly from [0, 2^20): the table holds 1M rows, and a
+// batch of 16384 keys repeats about 0.8% of its keys.
+constexpr uint64_t kSparseKeySpace = uint64_t{1} << 20;
+constexpr int kBatchesPerWorker = 8;  // cycled through, so no two ops in a row repeat
+constexpr float kLearningRate = 1e-6f;
+constexpr float kGradient = 1e-3f;
+
+std::vector<std::vector<uint64_t>> UniformKeyBatches(int count, int batch, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint64_t> key(0, kSparseKeySpace - 1);
+  std::vector<std::vector<uint64_t>> batches(count, std::vector<uint64_t>(batch));
+  for (auto& b : batches) {
+    for (uint64_t& k : b) k = key(rng);
+  }
+  return batches;
+}
+
+// Worker w's batches of `batch` keys on the table of `dim`.
+std::vector<std::vector<uint64_t>> WorkerBatches(int w, uint32_t dim, int batch) {
+  return UniformKeyBatches(kBatchesPerWorker, batch, 1000 * w + dim + batch);
+}
+
+v1::TableConfig SparseConfig(uint32_t dim) {
+  v1::TableConfig config;
+  config.set_dim(dim);
+  config.mutable_initializer()->mutable_uniform()->set_low(-0.01);
+  config.mutable_initializer()->mutable_uniform()->set_high(0.01);
+  config.mutable_optimizer()->mutable_sgd()->set_learning_rate(kLearningRate);
+  return config;
+}
+
+// Pushes a zero gradient to every key of the key space (a pull creates no
+// row), so that the timed pulls and pushes read and update rows rather than
+// read the initializer or create rows.
+absl::Status Populate(const Table& table) {
+  constexpr uint64_t kChunk = 65536;
+  std::vector<uint64_t> keys(kChunk);
+  const std::vector<char> zeros(kChunk * table.row_bytes(), 0);
+  for (uint64_t start = 0; start < kSparseKeySpace; start += kChunk) {
+    std::iota(keys.begin(), keys.end(), start);
+    PS_RETURN_IF_ERROR(table.Push(keys, absl::string_view(zeros.data(), zeros.size())));
+  }
+  return absl::OkStatus();
+}
+
+// Operations per repetition for `keys` keys per round of all workers.
+int SparseOpsFor(const Harness& h, uint64_t keys) {
+  const uint64_t target = h.quick() ? 256 * 1024 : 2 * 1024 * 1024;
+  return static_cast<int>(std::clamp<uint64_t>(target / keys, 4, 2000));
+}
+
+void DescribeSparse(Result& r, uint32_t dim, int batch) {
+  r.set_payload_bytes(static_cast<uint64_t>(batch) * dim * sizeof(float));
+  auto& extra = *r.mutable_extra();
+  extra["dim"] = dim;
+  extra["batch_keys"] = batch;
+  extra["payload_GBps"] = r.value().median() * dim * sizeof(float) / kGB;
+}
+
+// The sparse ceiling: a 1M-row absl::flat_hash_map of rows held inline, one
+// thread, no locks, no network. A pull copies each key's row out; a push
+// applies SGD to it (a repeated key once per listing).
+class SparseCeiling {
+ public:
+  virtual ~SparseCeiling() = default;
+  virtual void Pull(const std::vector<uint64_t>& keys) = 0;
+  virtual void Push(const std::vector<uint64_t>& keys) = 0;
+
+  // keys/s of `ops` operations cycling through `batches`.
+  double Rate(bool push, const std::vector<std::vector<uint64_t>>& batches, int ops) {
+    const double begin = NowSeconds();
+    for (int i = 0; i < ops; ++i) {
+      const std::vector<uint64_t>& keys = batches[i % batches.size()];
+      push ? Push(keys) : Pull(keys);
+    }
+    return static_cast<double>(batches[0].size()) * ops / (NowSeconds() - begin);
+  }
+};
+
+template <uint32_t kDim>
+class FlatMapCeiling : public SparseCeiling {
+ public:
+  FlatMapCeiling() {
+    rows_.reserve(kSparseKeySpace);
+    for (uint64_t k = 0; k < kSparseKeySpace; ++k) {
+      Row& row = rows_[k];
+      std::fill(row.v, row.v + kDim, 0.001f * static_cast<float>(k % 7));
+    }
+  }
+  void Pull(const std::vector<uint64_t>& keys) override {
+    out_.resize(keys.size() * kDim);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::memcpy(out_.data() + i * kDim, rows_.find(keys[i])->second.v, sizeof(Row));
+    }
+    sink_ = out_[0];  // keeps the gathers
+  }
+  void Push(const std::vector<uint64_t>& keys) override {
+    grads_.resize(keys.size() * kDim, kGradient);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      float* w = rows_.find(keys[i])->second.v;
+      const float* g = grads_.data() + i * kDim;
+      for (uint32_t c = 0; c < kDim; ++c) w[c] -= kLearningRate * g[c];
+    }
+  }
+
+ private:
+  struct Row {
+    float v[kDim];
+  };
+  absl::flat_hash_map<uint64_t, Row> rows_;
+  std::vector<float> out_, grads_;
+  volatile float sink_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<SparseCeiling>> MakeCeiling(uint32_t dim) {
+  if (dim == 8) return std::make_unique<FlatMapCeiling<8>>();
+  if (dim == 64) return std::make_unique<FlatMapCeiling<64>>();
+  return absl::InvalidArgumentError(absl::StrCat("no sparse ceiling for dim ", dim));
+}
+
+using Ceilings = std::map<uint32_t, std::unique_ptr<SparseCeiling>>;
+
+// The ceiling_pull and ceiling_push rows at `dim`, one per batch size.
+absl::Status MeasureCeiling(Harness& h, uint32_t dim, SparseCeiling& ceiling,
+                            const std::vector<int>& batches) {
+  for (int batch : batches) {
+    const std::vector<std::vector<uint64_t>> keys = WorkerBatches(0, dim, batch);
+    for (bool push : {false, true}) {
+      Result& r = h.Add("sparse", push ? "ceiling_push" : "ceiling_pull");
+      r.set_servers(0);
+      r.set_workers(1);
+      PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
+        return ceiling.Rate(push, keys, SparseOpsFor(h, batch));
+      }));
+      DescribeSparse(r, dim, batch);
+    }
+  }
+  return absl::OkStatus();
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Pull and push of `batches` keys per operation on a table of each dim, by
+// every client (one worker each) on its own keys. Results are named
+// `prefix` + pull/push; the unit is keys per second over all workers. Each
+// repetition first times the ceiling on worker 0's keys, so that the ratio
+// (the median of the repetitions' ratios) compares moments of equal load.
+absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& prefix,
+                       std::vector<std::unique_ptr<Client>>& clients, int servers,
+                       const std::vector<uint32_t>& dims, const std::vector<int>& batches,
+                       const Ceilings& ceilings) {
+  const int workers = static_cast<int>(clients.size());
+  for (uint32_t dim : dims) {
+    const std::string name = absl::StrCat("sparse_d", dim);
+    std::vector<Table> tables;
+    for (auto& c : clients) {  // the first creates it, the others open it
+      PS_ASSIGN_OR_RETURN(Table t, Table::Create(*c, name, SparseConfig(dim)));
+      tables.push_back(std::move(t));
+    }
+    PS_RETURN_IF_ERROR(Populate(tables[0]));
+    SparseCeiling& ceiling = *ceilings.at(dim);
+    for (int batch : batches) {
+      std::vector<std::vector<std::vector<uint64_t>>> keys;
+      std::vector<std::vector<float>> grads, outs;
+      for (int w = 0; w < workers; ++w) {
+        keys.push_back(WorkerBatches(w, dim, batch));
+        grads.emplace_back(static_cast<size_t>(batch) * dim, kGradient);
+        outs.emplace_back(static_cast<size_t>(batch) * dim);
+      }
+      std::vector<int> next(workers, 0);
+      auto keys_of = [&](int w) -> const std::vector<uint64_t>& {
+        return keys[w][next[w]++ % kBatchesPerWorker];
+      };
+      const std::vector<std::pair<std::string, std::function<absl::Status(int)>>> kinds = {
+          {"pull",
+           [&](int w) { return tables[w].Pull<float>(keys_of(w), absl::MakeSpan(outs[w])); }},
+          {"push",
+           [&](int w) { return tables[w].Push<float>(keys_of(w), absl::MakeConstSpan(grads[w])); }},
+      };
+      const int ops = SparseOpsFor(h, static_cast<uint64_t>(batch) * workers);
+      for (const auto& [kind, op] : kinds) {
+        Result& r = h.Add("sparse", prefix + kind);
+        r.set_servers(servers);
+        r.set_workers(workers);
+        std::vector<double> ratios;
+        PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
+          const double ceiling_rate = ceiling.Rate(kind == "push", keys[0], SparseOpsFor(h, batch));
+          PS_ASSIGN_OR_RETURN(double seconds, env.run_workers(workers, ops, op));
+          const double rate = static_cast<double>(batch) * workers * ops / seconds;
+          ratios.push_back(rate / ceiling_rate);
+          return rate;
+        }));
+        DescribeSparse(r, dim, batch);
+        // Without the warm-up repetitions.
+        ratios.erase(ratios.begin(),
+                     ratios.begin() + std::min<size_t>(ratios.size(), h.options().warmup));
+        r.set_ceiling("ceiling_" + kind);
+        r.set_ratio(Median(ratios));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SparseGroup(Harness& h, const SparseEnv& env) {
+  std::vector<uint32_t> dims;
+  std::vector<int> batches;
+  for (const std::string& d : absl::GetFlag(FLAGS_sparse_dims)) {
+    uint32_t dim;
+    if (!absl::SimpleAtoi(d, &dim)) return absl::InvalidArgumentError("bad --sparse_dims: " + d);
+    dims.push_back(dim);
+  }
+  for (const std::string& b : absl::GetFlag(FLAGS_sparse_batches)) {
+    int batch;
+    if (!absl::SimpleAtoi(b, &batch) || batch <= 0) {
+      return absl::InvalidArgumentError("bad --sparse_batches: " + b);
+    }
+    batches.push_back(batch);
+  }
+  const std::vector<std::pair<int, int>> configs = {{1, 1}, {2, 2}};
+  Ceilings ceilings;
+  for (uint32_t dim : dims) {
+    PS_ASSIGN_OR_RETURN(ceilings[dim], MakeCeiling(dim));
+    PS_RETURN_IF_ERROR(MeasureCeiling(h, dim, *ceilings[dim], batches));
+  }
+  for (bool embedded : {false, true}) {
+    if (!absl::GetFlag(embedded ? FLAGS_sparse_embedded : FLAGS_sparse_grpc)) continue;
+    for (const auto& [servers, workers] : configs) {
+      if (embedded && h.quick() && servers > 1) continue;
+      PS_ASSIGN_OR_RETURN(SparseCluster cluster, env.start(servers, workers, embedded));
+      PS_RETURN_IF_ERROR(SparseOps(h, env, embedded ? "embedded_" : "", cluster.clients, servers,
+                                   dims, batches, ceilings));
+    }
+  }
+  h.PrintGroup("sparse");
+  return absl::OkStatus();
+}
+
+}  // namespace pserver::bench
