@@ -50,6 +50,7 @@
 
 %{
 #define SWIG_FILE_WITH_INIT
+#include <string.h>
 #include <time.h>
 #include <vector>
 #include "cc/capi/pserver.h"
@@ -452,11 +453,16 @@ struct PserverPyEntries {
 }
 
 /* ---- config text out ---- */
+/* Empty until the call writes it: a call that fails writes nothing (its
+ * status raises right after), and the text is never read uninitialized. */
 %typemap(in, numinputs=0) (char* out, size_t out_size) (char text[8192]) {
+  text[0] = '\0';
   $1 = text; $2 = sizeof(text);
 }
 %typemap(argout) (char* out, size_t out_size) {
-  $result = SWIG_Python_AppendOutput($result, PyUnicode_FromString($1));
+  PyObject* text_out = PyUnicode_DecodeUTF8($1, (Py_ssize_t)strlen($1), "surrogateescape");
+  if (text_out == NULL) SWIG_fail;
+  $result = SWIG_Python_AppendOutput($result, text_out);
 }
 
 /* ---- etcd: values as bytes, prefix reads as [(key, value), ...] ---- */
