@@ -204,6 +204,23 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     return absl::OkStatus();
   }
 
+  // The call `id` a reply answers, taken out; none for an unknown id (or
+  // one that ended meanwhile). A reply may come before its Send has
+  // returned from writing (the server read it all): wait for that.
+  std::optional<Pending> TakeAnswered(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto written = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = pending_.find(id);
+      return it == pending_.end() || !it->second.writing;
+    };
+    mu_.Await(absl::Condition(&written));
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return std::nullopt;
+    std::optional<Pending> call = std::move(it->second);
+    pending_.erase(it);
+    return call;
+  }
+
   void ReadLoop() {
     std::string message;
     grpc::Slice payload;
@@ -215,17 +232,8 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
                          "); retry")));
         return;
       }
-      std::optional<Pending> call;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = pending_.find(reply->call_id);
-        if (it != pending_.end() && !it->second.writing) {
-          call = std::move(it->second);
-          pending_.erase(it);
-        }
-      }
+      std::optional<Pending> call = TakeAnswered(reply->call_id);
       if (!call.has_value()) {
-        // A reply to no call in flight (not yet written, or unknown).
         Break(absl::UnavailableError("bulk channel: the server answered a call not made"));
         return;
       }
