@@ -49,6 +49,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
   void Send(FrameMethod method, absl::Span<const absl::string_view> payload, BlockSink sink,
             absl::Time deadline, Done done, TraceRecorder* trace) {
     uint64_t id = 0;
+    bool watch = false;  // the first deadline to watch is this call's
     {
       absl::MutexLock lock(&mu_);
       if (!broken_) {
@@ -57,6 +58,9 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
         call.sink = std::move(sink);
         call.done = std::move(done);
         call.trace = trace;
+        call.deadline = deadline;
+        watch = deadline < watch_at_;
+        if (watch) watch_at_ = deadline;
       }
     }
     if (id == 0) {
@@ -64,11 +68,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       return;
     }
     std::weak_ptr<Connection> self = weak_from_this();
-    const uint64_t timer = timer_->Schedule(deadline, [self, id] {
-      if (auto c = self.lock()) {
-        c->Finish(id, absl::DeadlineExceededError("deadline exceeded on the bulk channel"), true);
-      }
-    });
+    if (watch) Watch(deadline);
     std::shared_ptr<Cancellation::Registration> cancel;
     if (Cancellation* current = Cancellation::Current(); current != nullptr) {
       cancel = std::make_shared<Cancellation::Registration>(current->OnCancel([self, id] {
@@ -78,10 +78,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     {
       absl::MutexLock lock(&mu_);
       auto it = pending_.find(id);
-      if (it != pending_.end()) {
-        it->second.timer = timer;
-        it->second.cancel = std::move(cancel);
-      }
+      if (it != pending_.end()) it->second.cancel = std::move(cancel);
     }
     uint64_t bytes = 0;
     for (absl::string_view part : payload) bytes += part.size();
@@ -148,7 +145,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     BlockSink sink;
     Done done;
     TraceRecorder* trace = nullptr;
-    uint64_t timer = 0;
+    absl::Time deadline = absl::InfiniteFuture();
     std::shared_ptr<Cancellation::Registration> cancel;
     bool writing = true;                // Send is still writing its request
     std::optional<absl::Status> result; // ended while writing
@@ -173,8 +170,43 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     if (drop) Break(absl::UnavailableError("the bulk channel connection was dropped; retry"));
   }
 
+  // Deadlines: one timer per connection, at the earliest deadline of its
+  // calls (calls usually end long before; most calls schedule nothing).
+  void Watch(absl::Time when) {
+    std::weak_ptr<Connection> self = weak_from_this();
+    timer_->Schedule(when, [self] {
+      if (auto c = self.lock()) c->ExpireDue();
+    });
+  }
+
+  // Fails the calls whose deadline passed (and drops the connection: their
+  // replies would come too late), then watches the next deadline.
+  void ExpireDue() {
+    std::vector<uint64_t> due;
+    absl::Time next = absl::InfiniteFuture();
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      for (const auto& [id, call] : pending_) {
+        if (call.deadline <= now) {
+          due.push_back(id);
+        } else {
+          next = std::min(next, call.deadline);
+        }
+      }
+      watch_at_ = due.empty() ? next : absl::InfiniteFuture();
+    }
+    for (uint64_t id : due) {
+      Finish(id, absl::DeadlineExceededError("deadline exceeded on the bulk channel"), false);
+    }
+    if (!due.empty()) {
+      Break(absl::UnavailableError("the bulk channel connection was dropped; retry"));
+    } else if (next != absl::InfiniteFuture()) {
+      Watch(next);
+    }
+  }
+
   void Report(Pending& call, const absl::Status& status) {
-    timer_->Cancel(call.timer);
     call.cancel.reset();
     call.sink = nullptr;
     Done done = std::move(call.done);
@@ -256,6 +288,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
   absl::Mutex write_mu_;
   mutable absl::Mutex mu_;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time watch_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // the timer's
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
 };
