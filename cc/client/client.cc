@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/client/call_group.h"
+#include "cc/client/channel_transport.h"
 #include "cc/client/grpc_transport.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/core/status_macros.h"
@@ -26,6 +27,20 @@
 
 namespace pserver {
 namespace {
+
+// A transport to `address`: gRPC, wrapped in the bulk channel unless
+// options.bulk_channel is off. A call to a server that cannot be reached
+// fails at once (UNAVAILABLE, with the cause), for RunWithRetries to retry.
+absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const std::string& address,
+                                                        const ClientOptions& options) {
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<GrpcTransport> grpc,
+      GrpcTransport::Create(address, options.channels_per_server, /*wait_for_ready=*/false));
+  if (!options.bulk_channel) return std::unique_ptr<Transport>(std::move(grpc));
+  ChannelTransportOptions channel;
+  channel.connections = options.channels_per_server;
+  return std::unique_ptr<Transport>(std::make_unique<ChannelTransport>(std::move(grpc), channel));
+}
 
 absl::Status CheckOptions(const ClientOptions& options, size_t num_servers) {
   if (num_servers == 0) return absl::InvalidArgumentError("client options name no servers");
@@ -269,8 +284,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // until the call's deadline: a server that comes up meanwhile is reached,
   // and one that never does is reported with why.
   for (size_t i = 0; i < servers.size(); ++i) {
-    absl::StatusOr<std::unique_ptr<GrpcTransport>> transport =
-        GrpcTransport::Create(servers[i], options.channels_per_server, /*wait_for_ready=*/false);
+    absl::StatusOr<std::unique_ptr<Transport>> transport = NewTransport(servers[i], options);
     if (!transport.ok()) {
       return absl::Status(transport.status().code(),
                           absl::StrCat("server ", i, ": ", transport.status().message(),
@@ -342,8 +356,7 @@ void Client::OnServerChanged(int server, const std::string& address) {
   // A new transport even for the same address: a server restarted on the
   // same port is then reached at once, not when the old channel's reconnect
   // backoff ends.
-  absl::StatusOr<std::unique_ptr<GrpcTransport>> transport =
-      GrpcTransport::Create(address, options_.channels_per_server, /*wait_for_ready=*/false);
+  absl::StatusOr<std::unique_ptr<Transport>> transport = NewTransport(address, options_);
   if (!transport.ok()) return;
   std::shared_ptr<Transport> old;
   {

@@ -93,7 +93,12 @@ struct ClientOptions {
   // Deadline of every call.
   absl::Duration timeout = absl::Seconds(30);
   // gRPC channels (TCP connections) per server; calls are spread over them.
+  // Also the bulk channel's connections per server.
   int channels_per_server = 2;
+  // Push, pull and push+pull over the servers' bulk channel (a framed TCP
+  // stream beside gRPC, or a Unix socket on the same host;
+  // cc/client/channel_transport.h) when a server offers one; gRPC otherwise.
+  bool bulk_channel = true;
   // Threads that run the *Async calls (started on the first one).
   int async_threads = 4;
 

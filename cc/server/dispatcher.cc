@@ -154,6 +154,17 @@ void Dispatcher::AddControlMethods() {
         return absl::OkStatus();
       },
       /*needs_serving=*/false);
+  Sync<OpenChannelRequest, OpenChannelResponse>(
+      "OpenChannel",
+      [this](const OpenChannelRequest&, OpenChannelResponse* response) {
+        if (!hooks_.open_channel) {
+          return absl::FailedPreconditionError(
+              "this server has no bulk channel (--bulk_channel=off): use gRPC");
+        }
+        *response = hooks_.open_channel();
+        return absl::OkStatus();
+      },
+      /*needs_serving=*/false);
   Sync<CreateTableRequest, CreateTableResponse>(
       "CreateTable", [this](const CreateTableRequest& request, CreateTableResponse*) {
         return tables_->Create(request);

@@ -59,6 +59,10 @@ struct DispatcherHooks {
   std::function<absl::StatusOr<v1::CheckpointRecord>()> save;
   // ListWorkers: the live trainers. Unset: FAILED_PRECONDITION.
   std::function<absl::StatusOr<std::vector<v1::WorkerInfo>>()> list_workers;
+  // OpenChannel: where this server's bulk channel listens, and its token
+  // (cc/server/bulk_listener.h). Unset: FAILED_PRECONDITION (clients keep
+  // to gRPC).
+  std::function<v1::OpenChannelResponse()> open_channel;
   // Fault injection for tests: every n-th push that is applied is answered
   // UNAVAILABLE, as if its reply had been lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;

@@ -101,6 +101,29 @@ ABSL_FLAG(double, keepalive_seconds, 60,
           "it.");
 ABSL_FLAG(double, keepalive_timeout_seconds, 20,
           "Seconds the server waits for a ping's answer before closing the connection.");
+// "on" or "off" (a bool flag would take true/false).
+struct OnOff {
+  bool on = true;
+};
+bool AbslParseFlag(absl::string_view text, OnOff* out, std::string* error) {
+  if (text == "on" || text == "off") {
+    out->on = text == "on";
+    return true;
+  }
+  *error = "must be 'on' or 'off'";
+  return false;
+}
+std::string AbslUnparseFlag(OnOff value) { return value.on ? "on" : "off"; }
+
+ABSL_FLAG(OnOff, bulk_channel, OnOff{},
+          "on: push, pull and push+pull may also travel over a framed TCP stream (a Unix socket "
+          "for clients on this host) beside gRPC, offered through OpenChannel; off: gRPC only.");
+ABSL_FLAG(bool, bulk_unix_socket, true,
+          "With --bulk_channel=on, also offer an abstract Unix socket to clients on this host "
+          "(same network namespace).");
+ABSL_FLAG(int, max_bulk_connections, 256,
+          "Bulk channel connections served at once; more are refused (those clients use "
+          "gRPC).");
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -195,6 +218,9 @@ pserver::ServerOptions OptionsFromFlags() {
   options.drop_reply_after_apply_every_n = absl::GetFlag(FLAGS_drop_reply_after_apply_every_n);
   options.max_reply_bytes_in_flight = absl::GetFlag(FLAGS_max_reply_bytes_in_flight);
   options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
+  options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
+  options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
+  options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   return options;
 }
 

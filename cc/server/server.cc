@@ -23,6 +23,7 @@
 #include "cc/etcd/keys.h"
 #include "cc/etcd/leased_key.h"
 #include "cc/rpc/grpc_status.h"
+#include "cc/server/bulk_listener.h"
 #include "cc/server/checkpoint_schedule.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/listener.h"
@@ -87,6 +88,10 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
   if (options.reserve_fds < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("reserve_fds must be >= 0, got ", options.reserve_fds));
+  }
+  if (options.max_bulk_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_bulk_connections must be >= 1, got ", options.max_bulk_connections));
   }
   if (options.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError(
@@ -240,6 +245,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.etcd_endpoints.empty()) {
     hooks.list_workers = [raw] { return raw->ListWorkers(); };
   }
+  if (options.bulk_channel) {
+    hooks.open_channel = [raw] { return raw->bulk_listener_->Offer(); };
+  }
   server->dispatcher_ = std::make_unique<Dispatcher>(&server->store_, &server->tables_,
                                                      options.index, std::move(hooks));
   server->service_ = std::make_unique<ParameterServerService>(server->dispatcher_.get());
@@ -259,6 +267,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       server->listener_,
       Listener::Bind(options.host, options.port, options.reserve_fds, options.handshake_timeout));
   server->port_ = server->listener_->port();
+  if (options.bulk_channel) {
+    BulkListenerOptions bulk;
+    bulk.host = options.host;
+    bulk.unix_socket = options.bulk_unix_socket;
+    bulk.max_connections = options.max_bulk_connections;
+    bulk.max_frame_bytes = options.max_message_bytes;
+    PS_ASSIGN_OR_RETURN(server->bulk_listener_,
+                        BulkListener::Start(server->dispatcher_.get(), bulk));
+  }
   grpc::ServerBuilder builder;
   server->service_->RegisterWith(&builder);
   SetTransportLimits(options, options.max_threads > 0 ? options.max_threads : kDefaultMaxThreads,
@@ -672,6 +689,8 @@ void Server::Shutdown(absl::Duration grace) {
   // whole grace: they fail with UNAVAILABLE now, which clients retry.
   tables_.Shutdown();
   if (listener_ != nullptr) listener_->Stop();
+  // Waits for the frames being served: the last checkpoint has their pushes.
+  if (bulk_listener_ != nullptr) bulk_listener_->Stop();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     grpc_server_->Wait();

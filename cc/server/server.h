@@ -45,6 +45,7 @@ namespace pserver {
 class Dispatcher;
 class ParameterServerService;
 class Listener;
+class BulkListener;
 class EtcdClient;
 class LeasedKey;
 
@@ -134,6 +135,15 @@ struct ServerOptions {
   // Fault injection for tests: every n-th applied push is answered
   // UNAVAILABLE as if its reply were lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;
+  // --- the bulk channel beside gRPC (cc/server/bulk_listener.h) ---
+  // Push, pull and push+pull over a framed TCP stream (and, for clients on
+  // this host, an abstract Unix socket), offered through OpenChannel.
+  // Off: OpenChannel is FAILED_PRECONDITION and clients keep to gRPC.
+  bool bulk_channel = true;
+  bool bulk_unix_socket = true;
+  // Bulk channel connections served at once; more are refused
+  // (RESOURCE_EXHAUSTED; the client uses gRPC instead). Must be >= 1.
+  int max_bulk_connections = 256;
 };
 
 // The thread cap when ServerOptions::max_threads is 0.
@@ -161,6 +171,8 @@ class Server {
   // Every operation of this server, as its gRPC service answers it: what an
   // in-process transport calls (cc/server/in_process_transport.h).
   Dispatcher& dispatcher() { return *dispatcher_; }
+  // The bulk channel's listener; null when it is off.
+  BulkListener* bulk_listener() { return bulk_listener_.get(); }
 
   // Writes a checkpoint now, publishes it to etcd (if any), then prunes old
   // ones. FAILED_PRECONDITION without a checkpoint_dir.
@@ -244,6 +256,7 @@ class Server {
   absl::Mutex save_mu_;  // one save at a time
   uint64_t next_sequence_ ABSL_GUARDED_BY(save_mu_) = 1;
 
+  std::unique_ptr<BulkListener> bulk_listener_;  // null: --bulk_channel=off
   std::unique_ptr<EtcdClient> etcd_;
   // /ps/<index_> under a lease, re-registered when the lease is lost.
   std::unique_ptr<LeasedKey> registration_;

@@ -272,6 +272,16 @@ constexpr BulkMethod kBulkHandlers[] = {&GetParams, &SendGrads, &PushPull};
 
 }  // namespace
 
+BulkMethodFn FindBulkMethod(absl::string_view method) {
+  for (int i = 0; i < 3; ++i) {
+    absl::string_view name = kBulkMethods[i];
+    if (absl::ConsumePrefix(&name, Dispatcher::kMethodPrefix) && name == method) {
+      return kBulkHandlers[i];
+    }
+  }
+  return nullptr;
+}
+
 ParameterServerService::BulkService::BulkService(Dispatcher* dispatcher) {
   for (int i = 0; i < 3; ++i) {
     AddMethod(new grpc::internal::RpcServiceMethod(

@@ -29,6 +29,14 @@
 
 namespace pserver {
 
+// The three bulk methods on byte buffers, as the gRPC face runs them, for
+// the bulk channel (bulk_listener.h): `method` is "GetParams", "SendGrads"
+// or "PushPull" (null for any other name). The reply's bytes stay held in
+// `hold` until it is sent.
+using BulkMethodFn = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer& request,
+                                      grpc::ByteBuffer* response, ReplyHold* hold);
+BulkMethodFn FindBulkMethod(absl::string_view method);
+
 class ParameterServerService {
  public:
   // `dispatcher` must outlive the service.

@@ -1,0 +1,465 @@
+#include "cc/client/channel_transport.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "cc/client/cancellation.h"
+#include "cc/core/status_macros.h"
+#include "cc/rpc/byte_stream.h"
+#include "cc/rpc/transport_limits.h"
+#include "cc/rpc/wire.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+
+namespace pserver {
+
+// One connection of the bulk channel: callers write frames (one at a time);
+// a reader thread reads replies and completes their calls by id.
+class ChannelTransport::Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(std::unique_ptr<ByteStream> stream, DeadlineTimer* timer)
+      : stream_(std::move(stream)), timer_(timer) {}
+  ~Connection() { Close(); }
+
+  // Presents `token` and waits for the server's answer, then starts reading.
+  absl::Status Hello(const std::string& token) {
+    char header[kFrameHeaderBytes];
+    EncodeRequestHeader({FrameMethod::kHello, 0, 0, token.size()}, header);
+    PS_RETURN_IF_ERROR(stream_->Write({absl::string_view(header, sizeof(header)), token}));
+    std::string message;
+    grpc::Slice payload;
+    PS_ASSIGN_OR_RETURN(ReplyHeader reply, ReadReply(&message, &payload));
+    if (reply.code != absl::StatusCode::kOk) return absl::Status(reply.code, message);
+    reader_ = std::thread([this] { ReadLoop(); });
+    return absl::OkStatus();
+  }
+
+  bool broken() const {
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+
+  // Sends one call; `done` runs once (on another thread, or here on error).
+  void Send(FrameMethod method, absl::Span<const absl::string_view> payload, BlockSink sink,
+            absl::Time deadline, Done done, TraceRecorder* trace) {
+    uint64_t id = 0;
+    bool watch = false;  // the first deadline to watch is this call's
+    {
+      absl::MutexLock lock(&mu_);
+      if (!broken_) {
+        id = next_id_++;
+        Pending& call = pending_[id];
+        call.sink = std::move(sink);
+        call.done = std::move(done);
+        call.trace = trace;
+        call.deadline = deadline;
+        watch = deadline < watch_at_;
+        if (watch) watch_at_ = deadline;
+      }
+    }
+    if (id == 0) {
+      done(absl::UnavailableError("the bulk channel connection was lost; retry"));
+      return;
+    }
+    std::weak_ptr<Connection> self = weak_from_this();
+    if (watch) Watch(deadline);
+    std::shared_ptr<Cancellation::Registration> cancel;
+    if (Cancellation* current = Cancellation::Current(); current != nullptr) {
+      cancel = std::make_shared<Cancellation::Registration>(current->OnCancel([self, id] {
+        if (auto c = self.lock()) c->Finish(id, absl::CancelledError("the call was cancelled"), true);
+      }));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it != pending_.end()) it->second.cancel = std::move(cancel);
+    }
+    uint64_t bytes = 0;
+    for (absl::string_view part : payload) bytes += part.size();
+    RequestHeader header{method, id, 0, bytes};
+    if (deadline != absl::InfiniteFuture()) {
+      header.timeout_micros = static_cast<uint64_t>(
+          std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
+    }
+    char encoded[kFrameHeaderBytes];
+    EncodeRequestHeader(header, encoded);
+    std::vector<absl::string_view> parts = {absl::string_view(encoded, sizeof(encoded))};
+    parts.insert(parts.end(), payload.begin(), payload.end());
+    absl::Status written;
+    {
+      absl::MutexLock lock(&write_mu_);
+      written = stream_->Write(parts);
+    }
+    if (!written.ok()) Break(absl::UnavailableError(absl::StrCat("bulk channel: ", written.message())));
+    // The request is out: a call that ended meanwhile (deadline, cancel, a
+    // broken connection) reports now, having let go of the caller's memory.
+    std::optional<Pending> ended;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;
+      it->second.writing = false;
+      if (it->second.result.has_value()) {
+        ended = std::move(it->second);
+        pending_.erase(it);
+      }
+    }
+    if (ended.has_value()) Report(*ended, *ended->result);
+  }
+
+  // Ends the connection: every call not done fails with `why`.
+  void Break(const absl::Status& why) {
+    std::vector<Pending> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      broken_ = true;
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second.writing) {  // Send reports it once written
+          if (!it->second.result.has_value()) it->second.result = why;
+          ++it;
+        } else {
+          failed.push_back(std::move(it->second));
+          it = pending_.erase(it);
+        }
+      }
+    }
+    stream_->Shutdown();
+    for (Pending& call : failed) Report(call, why);
+  }
+
+  // Stops the reader; every call still pending fails UNAVAILABLE.
+  void Close() {
+    Break(absl::UnavailableError("the bulk channel connection was closed; retry"));
+    if (reader_.joinable() && reader_.get_id() != std::this_thread::get_id()) reader_.join();
+    if (reader_.joinable()) reader_.detach();
+  }
+
+ private:
+  struct Pending {
+    BlockSink sink;
+    Done done;
+    TraceRecorder* trace = nullptr;
+    absl::Time deadline = absl::InfiniteFuture();
+    std::shared_ptr<Cancellation::Registration> cancel;
+    bool writing = true;                // Send is still writing its request
+    std::optional<absl::Status> result; // ended while writing
+  };
+
+  // Ends call `id` with `status` (a deadline or a cancellation: `drop`
+  // also breaks the connection, whose reply would come too late).
+  void Finish(uint64_t id, const absl::Status& status, bool drop) {
+    std::optional<Pending> ended;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;
+      if (it->second.writing) {
+        if (!it->second.result.has_value()) it->second.result = status;
+      } else {
+        ended = std::move(it->second);
+        pending_.erase(it);
+      }
+    }
+    if (ended.has_value()) Report(*ended, status);
+    if (drop) Break(absl::UnavailableError("the bulk channel connection was dropped; retry"));
+  }
+
+  // Deadlines: one timer per connection, at the earliest deadline of its
+  // calls (calls usually end long before; most calls schedule nothing).
+  void Watch(absl::Time when) {
+    std::weak_ptr<Connection> self = weak_from_this();
+    timer_->Schedule(when, [self] {
+      if (auto c = self.lock()) c->ExpireDue();
+    });
+  }
+
+  // Fails the calls whose deadline passed (and drops the connection: their
+  // replies would come too late), then watches the next deadline.
+  void ExpireDue() {
+    std::vector<uint64_t> due;
+    absl::Time next = absl::InfiniteFuture();
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      for (const auto& [id, call] : pending_) {
+        if (call.deadline <= now) {
+          due.push_back(id);
+        } else {
+          next = std::min(next, call.deadline);
+        }
+      }
+      watch_at_ = due.empty() ? next : absl::InfiniteFuture();
+    }
+    for (uint64_t id : due) {
+      Finish(id, absl::DeadlineExceededError("deadline exceeded on the bulk channel"), false);
+    }
+    if (!due.empty()) {
+      Break(absl::UnavailableError("the bulk channel connection was dropped; retry"));
+    } else if (next != absl::InfiniteFuture()) {
+      Watch(next);
+    }
+  }
+
+  void Report(Pending& call, const absl::Status& status) {
+    call.cancel.reset();
+    call.sink = nullptr;
+    Done done = std::move(call.done);
+    done(status);
+  }
+
+  absl::StatusOr<ReplyHeader> ReadReply(std::string* message, grpc::Slice* payload) {
+    char encoded[kReplyHeaderBytes];
+    PS_RETURN_IF_ERROR(stream_->Read(encoded, sizeof(encoded)));
+    PS_ASSIGN_OR_RETURN(ReplyHeader header, DecodeReplyHeader(encoded, kDefaultMaxMessageBytes));
+    message->resize(header.message_bytes);
+    PS_RETURN_IF_ERROR(stream_->Read(message->data(), message->size()));
+    *payload = grpc::Slice(header.payload_bytes);
+    PS_RETURN_IF_ERROR(stream_->Read(
+        reinterpret_cast<char*>(const_cast<uint8_t*>(payload->begin())), payload->size()));
+    return header;
+  }
+
+  // Hands a reply's blocks to the call's sink.
+  static absl::Status Deliver(const grpc::Slice& payload, const BlockSink& sink) {
+    if (!sink) return absl::OkStatus();
+    ParamsResponse blocks;
+    PS_RETURN_IF_ERROR(DecodeParamsResponse(grpc::ByteBuffer(&payload, 1), &blocks));
+    for (size_t i = 0; i < blocks.headers.size(); ++i) {
+      PS_RETURN_IF_ERROR(sink(blocks.headers[i], blocks.contents[i]));
+    }
+    return absl::OkStatus();
+  }
+
+  // The call `id` a reply answers, taken out; none for an unknown id (or
+  // one that ended meanwhile). A reply may come before its Send has
+  // returned from writing (the server read it all): wait for that.
+  std::optional<Pending> TakeAnswered(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto written = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = pending_.find(id);
+      return it == pending_.end() || !it->second.writing;
+    };
+    mu_.Await(absl::Condition(&written));
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return std::nullopt;
+    std::optional<Pending> call = std::move(it->second);
+    pending_.erase(it);
+    return call;
+  }
+
+  void ReadLoop() {
+    std::string message;
+    grpc::Slice payload;
+    while (true) {
+      absl::StatusOr<ReplyHeader> reply = ReadReply(&message, &payload);
+      if (!reply.ok()) {
+        Break(absl::UnavailableError(
+            absl::StrCat("the bulk channel connection was lost (", reply.status().message(),
+                         "); retry")));
+        return;
+      }
+      std::optional<Pending> call = TakeAnswered(reply->call_id);
+      if (!call.has_value()) {
+        Break(absl::UnavailableError("bulk channel: the server answered a call not made"));
+        return;
+      }
+      if (call->trace != nullptr) {
+        v1::ServerTrace times;
+        times.set_received_unix_nanos(reply->received_unix_nanos);
+        times.set_processed_unix_nanos(reply->processed_unix_nanos);
+        call->trace->Server(times);
+      }
+      absl::Status status(reply->code, message);
+      if (status.ok()) status = Deliver(payload, call->sink);
+      payload = grpc::Slice();
+      Report(*call, status);
+    }
+  }
+
+  const std::unique_ptr<ByteStream> stream_;
+  DeadlineTimer* const timer_;
+  std::thread reader_;
+  absl::Mutex write_mu_;
+  mutable absl::Mutex mu_;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time watch_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // the timer's
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+// The parts of a byte buffer (its slices stay in `slices`).
+std::vector<absl::string_view> Parts(const grpc::ByteBuffer& buffer,
+                                     std::vector<grpc::Slice>* slices) {
+  std::vector<absl::string_view> parts;
+  if (!buffer.Dump(slices).ok()) return parts;
+  for (const grpc::Slice& s : *slices) {
+    parts.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return parts;
+}
+
+}  // namespace
+
+ChannelTransport::ChannelTransport(std::unique_ptr<Transport> grpc, ChannelTransportOptions options)
+    : grpc_(std::move(grpc)), options_(options) {
+  slots_.resize(std::max(1, options_.connections));
+}
+
+ChannelTransport::~ChannelTransport() {
+  std::vector<std::shared_ptr<Connection>> slots;
+  {
+    absl::MutexLock lock(&mu_);
+    slots.swap(slots_);
+  }
+  for (auto& c : slots) {
+    if (c != nullptr) c->Close();
+  }
+}
+
+std::string ChannelTransport::route() const {
+  absl::MutexLock lock(&mu_);
+  return route_;
+}
+
+void ChannelTransport::FallBack(const absl::Status& why) {
+  grpc_until_ = absl::Now() + options_.retry_after;
+  have_offer_ = false;
+  route_ = "grpc";
+  if (logged_) return;
+  logged_ = true;
+  std::fprintf(stderr, "pserver client: bulk calls to %s use gRPC: %s\n", address().c_str(),
+               std::string(why.message()).c_str());
+}
+
+absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::Connect(
+    const v1::OpenChannelResponse& offer, absl::Time deadline) {
+  std::unique_ptr<ByteStream> stream;
+  bool unix_socket = false;
+  if (options_.unix_socket && !offer.unix_socket().empty()) {
+    absl::StatusOr<std::unique_ptr<ByteStream>> local = ConnectAbstractUnix(offer.unix_socket());
+    if (local.ok()) {
+      stream = *std::move(local);
+      unix_socket = true;
+    }
+  }
+  if (stream == nullptr) {
+    const std::string host = TargetHost(address());
+    if (host.empty() || offer.tcp_port() == 0) {
+      return absl::UnavailableError("the bulk channel has no TCP port for this address");
+    }
+    PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
+                                           deadline - absl::Now()));
+  }
+  auto connection = std::make_shared<Connection>(std::move(stream), &timer_);
+  PS_RETURN_IF_ERROR(connection->Hello(offer.token()));
+  over_unix_ = unix_socket;
+  opened_.fetch_add(1);
+  return connection;
+}
+
+absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::Open(
+    absl::Time deadline) {
+  if (have_offer_) {
+    absl::StatusOr<std::shared_ptr<Connection>> again = Connect(offer_, deadline);
+    if (again.ok()) return again;
+    have_offer_ = false;  // a restarted server has a new token and port: ask
+  }
+  v1::OpenChannelRequest request;
+  v1::OpenChannelResponse response;
+  absl::Notification answered;
+  absl::Status status;
+  grpc_->Call("OpenChannel", request, &response, deadline, [&](absl::Status s) {
+    status = std::move(s);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  PS_RETURN_IF_ERROR(status);
+  offer_ = std::move(response);
+  have_offer_ = true;
+  return Connect(offer_, deadline);
+}
+
+std::shared_ptr<ChannelTransport::Connection> ChannelTransport::Pick(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Now() < grpc_until_) return nullptr;
+  std::shared_ptr<Connection>& slot = slots_[next_.fetch_add(1) % slots_.size()];
+  if (slot != nullptr && !slot->broken()) return slot;
+  if (slot != nullptr) {
+    slot->Close();
+    slot = nullptr;
+  }
+  absl::StatusOr<std::shared_ptr<Connection>> opened =
+      Open(std::min(deadline, absl::Now() + options_.connect_timeout));
+  if (!opened.ok()) {
+    // A server gRPC cannot reach either: this call goes to gRPC, which says
+    // why, and the next one tries again. Anything else (the channel off,
+    // full, blocked): gRPC for a while.
+    const bool unreachable = !have_offer_ && (absl::IsUnavailable(opened.status()) ||
+                                              absl::IsDeadlineExceeded(opened.status()));
+    if (!unreachable) FallBack(opened.status());
+    return nullptr;
+  }
+  slot = *std::move(opened);
+  route_ = over_unix_ ? "unix" : "tcp";
+  return slot;
+}
+
+bool ChannelTransport::Send(FrameMethod method, absl::Span<const absl::string_view> payload,
+                            BlockSink sink, absl::Time deadline, Done& done,
+                            TraceRecorder* trace) {
+  std::shared_ptr<Connection> connection = Pick(deadline);
+  if (connection == nullptr) return false;
+  connection->Send(method, payload, std::move(sink), deadline, std::move(done), trace);
+  return true;
+}
+
+void ChannelTransport::Push(const RequestId& id, absl::Span<const GradientView> grads,
+                            absl::Time deadline, Done done, TraceRecorder* trace) {
+  PushPull(id, grads, {}, nullptr, deadline, std::move(done), trace);
+}
+
+void ChannelTransport::PushPull(const RequestId& id, absl::Span<const GradientView> grads,
+                                absl::Span<const v1::ParamRef> refs, BlockSink sink,
+                                absl::Time deadline, Done done, TraceRecorder* trace) {
+  const bool pull = !refs.empty();
+  bool sent = false;
+  {
+    PayloadLease* lease = PayloadLease::Create([] {});
+    std::vector<grpc::Slice> slices;
+    {
+      grpc::ByteBuffer request = EncodePushRequest(grads, refs, lease, id.client, id.sequence);
+      sent = Send(pull ? FrameMethod::kPushPull : FrameMethod::kSendGrads, Parts(request, &slices),
+                  sink, deadline, done, trace);
+    }
+    slices.clear();
+    lease->Release();
+  }
+  if (sent) return;
+  if (pull) {
+    grpc_->PushPull(id, grads, refs, std::move(sink), deadline, std::move(done), trace);
+  } else {
+    grpc_->Push(id, grads, deadline, std::move(done), trace);
+  }
+}
+
+void ChannelTransport::Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink,
+                            absl::Time deadline, Done done, TraceRecorder* trace) {
+  v1::GetParamsRequest request;
+  for (const v1::ParamRef& ref : refs) *request.add_params() = ref;
+  const std::string bytes = request.SerializeAsString();
+  const absl::string_view part = bytes;
+  if (Send(FrameMethod::kGetParams, absl::MakeConstSpan(&part, 1), sink, deadline, done, trace)) {
+    return;
+  }
+  grpc_->Pull(refs, std::move(sink), deadline, std::move(done), trace);
+}
+
+}  // namespace pserver

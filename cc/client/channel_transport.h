@@ -1,0 +1,114 @@
+// ChannelTransport: a Transport that carries push, pull and push+pull over
+// the server's bulk channel (cc/rpc/frame.h: a framed TCP stream, or an
+// abstract Unix socket when the server is on this host) and everything else
+// over the gRPC transport it wraps.
+//
+//   auto grpc = GrpcTransport::Create("10.0.0.2:7000");
+//   auto transport = std::make_unique<ChannelTransport>(*std::move(grpc));
+//   transport->Push(id, grads, deadline, done);   // over the channel
+//
+// The first bulk call asks the server where its channel listens
+// (OpenChannel, through gRPC) and connects, presenting the server's token:
+// first to the Unix socket (reachable only from the same host and network
+// namespace, and the token proves it is the same server), else over TCP to
+// the gRPC host. A server with the channel off, an old server, or a channel
+// that cannot be reached or refuses the connection (full) makes bulk calls
+// fall back to gRPC, silently (logged once), trying the channel again after
+// `retry_after`.
+//
+// Calls: each is a frame with an id on one of `connections` connections;
+// replies are matched by id. A call blocks its caller while its request is
+// written. Deadlines and cancellation fail the call (DEADLINE_EXCEEDED,
+// CANCELLED) and drop its connection; a broken connection fails its calls
+// with UNAVAILABLE, which Client retries (same request id: applied once).
+// The next call reconnects.
+//
+// Thread-safe.
+#ifndef PSERVER_CC_CLIENT_CHANNEL_TRANSPORT_H_
+#define PSERVER_CC_CLIENT_CHANNEL_TRANSPORT_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cc/client/transport.h"
+#include "cc/core/waiters.h"
+#include "cc/rpc/frame.h"
+
+namespace pserver {
+
+struct ChannelTransportOptions {
+  // Connections to the server; calls are spread over them.
+  int connections = 2;
+  // Opening the channel (OpenChannel, connect, token) takes at most this
+  // long (and never past the first call's deadline).
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // Try the server's Unix socket before TCP.
+  bool unix_socket = true;
+  // After the channel could not be opened, bulk calls use gRPC this long.
+  absl::Duration retry_after = absl::Seconds(30);
+};
+
+class ChannelTransport final : public Transport {
+ public:
+  explicit ChannelTransport(std::unique_ptr<Transport> grpc, ChannelTransportOptions options = {});
+  ~ChannelTransport() override;
+
+  const std::string& address() const override { return grpc_->address(); }
+  void Call(absl::string_view method, const google::protobuf::Message& request,
+            google::protobuf::Message* response, absl::Time deadline, Done done) override {
+    grpc_->Call(method, request, response, deadline, std::move(done));
+  }
+  void Push(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
+            Done done, TraceRecorder* trace = nullptr) override;
+  void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
+            TraceRecorder* trace = nullptr) override;
+  void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
+                absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
+                TraceRecorder* trace = nullptr) override;
+
+  // What the last bulk call went over: "unix", "tcp", or "grpc".
+  std::string route() const;
+  // Connections opened so far (a dropped one is reopened on the next call).
+  int connections_opened() const { return opened_.load(); }
+
+  class Connection;
+
+ private:
+  // A connection for the next bulk call; null: use gRPC.
+  std::shared_ptr<Connection> Pick(absl::Time deadline);
+  // Asks the server for its channel (OpenChannel) and connects to it.
+  absl::StatusOr<std::shared_ptr<Connection>> Open(absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const v1::OpenChannelResponse& offer,
+                                                      absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends a bulk call over a connection, or returns false (use gRPC).
+  bool Send(FrameMethod method, absl::Span<const absl::string_view> payload, BlockSink sink,
+            absl::Time deadline, Done& done, TraceRecorder* trace);
+  void FallBack(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::unique_ptr<Transport> grpc_;
+  const ChannelTransportOptions options_;
+  DeadlineTimer timer_;
+  std::atomic<size_t> next_{0};
+  std::atomic<int> opened_{0};
+
+  mutable absl::Mutex mu_;
+  bool have_offer_ ABSL_GUARDED_BY(mu_) = false;
+  v1::OpenChannelResponse offer_ ABSL_GUARDED_BY(mu_);
+  bool over_unix_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time grpc_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool logged_ ABSL_GUARDED_BY(mu_) = false;
+  std::string route_ ABSL_GUARDED_BY(mu_) = "grpc";
+  std::vector<std::shared_ptr<Connection>> slots_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_CLIENT_CHANNEL_TRANSPORT_H_

@@ -1,0 +1,368 @@
+// ChannelTransport against a real server (both routes: Unix socket and TCP)
+// and against a fake channel server that never answers: the same answers as
+// gRPC, exactly once across a dropped connection, deadlines, cancellation, a
+// malformed reply, and the fallback to gRPC. No test depends on timing.
+#include "cc/client/channel_transport.h"
+
+#include <sys/socket.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "cc/client/cancellation.h"
+#include "cc/client/client.h"
+#include "cc/client/grpc_transport.h"
+#include "cc/rpc/byte_stream.h"
+#include "cc/rpc/frame.h"
+#include "cc/server/bulk_listener.h"
+#include "cc/server/server.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::IsOk;
+using ::pserver::testing::StatusCodeIs;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+// What a pull returned: each block's name and bytes.
+struct Pulled {
+  absl::Status status;
+  std::vector<std::pair<std::string, std::string>> blocks;
+};
+
+Pulled PullOver(Transport& t, const std::vector<v1::ParamRef>& refs) {
+  Pulled out;
+  absl::Notification done;
+  t.Pull(
+      refs,
+      [&](const v1::Parameter& header, const Segments& content) {
+        std::string bytes;
+        for (absl::string_view s : content) bytes.append(s.data(), s.size());
+        out.blocks.emplace_back(header.name(), std::move(bytes));
+        return absl::OkStatus();
+      },
+      absl::Now() + kTimeout,
+      [&](absl::Status s) {
+        out.status = std::move(s);
+        done.Notify();
+      });
+  done.WaitForNotification();
+  return out;
+}
+
+absl::Status PushOver(Transport& t, RequestId id, const std::vector<float>& grad,
+                      absl::Time deadline = absl::Now() + kTimeout) {
+  GradientView view;
+  view.name = "w";
+  view.type = v1::FLOAT32;
+  view.content = absl::string_view(reinterpret_cast<const char*>(grad.data()),
+                                   grad.size() * sizeof(float));
+  absl::Notification done;
+  absl::Status status;
+  t.Push(id, absl::MakeConstSpan(&view, 1), deadline, [&](absl::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
+std::vector<v1::ParamRef> Refs(const std::string& name) {
+  std::vector<v1::ParamRef> refs(1);
+  refs[0].set_name(name);
+  return refs;
+}
+
+std::vector<float> Floats(const std::string& bytes) {
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+class ChannelTransportTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { Start(ServerOptions()); }
+
+  void Start(ServerOptions options) {
+    options.bulk_unix_socket = GetParam();
+    auto server = Server::Start(options);
+    ASSERT_THAT(server.status(), IsOk());
+    server_ = *std::move(server);
+    ClientOptions client_options;
+    client_options.servers = {server_->address()};
+    client_options.bulk_channel = false;
+    auto client = Client::Connect(client_options);
+    ASSERT_THAT(client.status(), IsOk());
+    v1::ParameterConfig sgd;
+    sgd.mutable_optimizer()->mutable_sgd();
+    sgd.mutable_learning_rate()->set_learning_rate(1.0);
+    ASSERT_THAT((*client)->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), sgd),
+                IsOk());
+    ASSERT_THAT((*client)->FinishInitParams(), IsOk());
+    grpc_ = MakeGrpc();
+    channel_ = std::make_unique<ChannelTransport>(MakeGrpc());
+  }
+
+  std::unique_ptr<Transport> MakeGrpc() {
+    auto grpc = GrpcTransport::Create(server_->address());
+    EXPECT_THAT(grpc.status(), IsOk());
+    return *std::move(grpc);
+  }
+
+  uint64_t Duplicates() {
+    return server_->dispatcher().duplicates_ignored();
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Transport> grpc_;
+  std::unique_ptr<ChannelTransport> channel_;
+};
+
+TEST_P(ChannelTransportTest, BulkMethodsAnswerAsGrpcDoes) {
+  ASSERT_THAT(PushOver(*channel_, {7, 1}, {1, 1, 1, 1}), IsOk());
+  EXPECT_EQ(channel_->route(), GetParam() ? "unix" : "tcp");
+  Pulled over_channel = PullOver(*channel_, Refs("w"));
+  Pulled over_grpc = PullOver(*grpc_, Refs("w"));
+  ASSERT_THAT(over_channel.status, IsOk());
+  ASSERT_THAT(over_grpc.status, IsOk());
+  EXPECT_EQ(over_channel.blocks, over_grpc.blocks);
+  ASSERT_EQ(over_channel.blocks.size(), 1u);
+  EXPECT_EQ(Floats(over_channel.blocks[0].second), (std::vector<float>{0, 1, 2, 3}));
+
+  // Push+pull: applied, then read, in one round trip.
+  const std::vector<float> grad = {1, 1, 1, 1};
+  GradientView view;
+  view.name = "w";
+  view.type = v1::FLOAT32;
+  view.content = absl::string_view(reinterpret_cast<const char*>(grad.data()), 16);
+  const std::vector<v1::ParamRef> refs = Refs("w");
+  Pulled both;
+  absl::Notification done;
+  channel_->PushPull(
+      {7, 2}, absl::MakeConstSpan(&view, 1), refs,
+      [&](const v1::Parameter& header, const Segments& content) {
+        std::string bytes;
+        for (absl::string_view s : content) bytes.append(s.data(), s.size());
+        both.blocks.emplace_back(header.name(), bytes);
+        return absl::OkStatus();
+      },
+      absl::Now() + kTimeout,
+      [&](absl::Status s) {
+        both.status = s;
+        done.Notify();
+      });
+  done.WaitForNotification();
+  ASSERT_THAT(both.status, IsOk());
+  EXPECT_EQ(both.blocks, PullOver(*grpc_, Refs("w")).blocks);
+  EXPECT_EQ(Floats(both.blocks[0].second), (std::vector<float>{-1, 0, 1, 2}));
+
+  // Errors carry the same code and message.
+  Pulled missing_channel = PullOver(*channel_, Refs("missing"));
+  Pulled missing_grpc = PullOver(*grpc_, Refs("missing"));
+  EXPECT_THAT(missing_channel.status, StatusCodeIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(missing_channel.status, missing_grpc.status);
+  EXPECT_EQ(channel_->connections_opened(), 2);  // one per slot, kept
+}
+
+TEST_P(ChannelTransportTest, ARetriedPushIsAppliedOnceAcrossADroppedConnection) {
+  ASSERT_THAT(PushOver(*channel_, {9, 1}, {1, 1, 1, 1}), IsOk());
+  ASSERT_THAT(PushOver(*channel_, {9, 2}, {1, 1, 1, 1}), IsOk());
+  const int opened = channel_->connections_opened();
+  server_->bulk_listener()->DropConnections();
+  // The same request again, as Client retries an UNAVAILABLE: a call that
+  // meets the dropped connection fails UNAVAILABLE; a later one reconnects.
+  absl::Status status = absl::UnknownError("not sent");
+  for (int attempt = 0; attempt < 100 && !status.ok(); ++attempt) {
+    status = PushOver(*channel_, {9, 2}, {1, 1, 1, 1});
+    if (!status.ok()) EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kUnavailable));
+  }
+  ASSERT_THAT(status, IsOk());
+  EXPECT_GT(channel_->connections_opened(), opened);
+  EXPECT_EQ(Duplicates(), 1u);
+  EXPECT_EQ(Floats(PullOver(*grpc_, Refs("w")).blocks[0].second),
+            (std::vector<float>{-1, 0, 1, 2}));
+}
+
+TEST_P(ChannelTransportTest, ClientRetriesLostRepliesOverTheChannelExactlyOnce) {
+  ServerOptions options;
+  options.drop_reply_after_apply_every_n = 2;  // every 2nd applied push "loses" its reply
+  server_.reset();
+  Start(options);
+  ClientOptions client_options;
+  client_options.servers = {server_->address()};
+  client_options.initial_backoff = absl::Milliseconds(1);
+  auto client = Client::Connect(client_options);
+  ASSERT_THAT(client.status(), IsOk());
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_THAT((*client)->SendGrad("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1})), IsOk());
+  }
+  auto value = (*client)->GetParam("w");
+  ASSERT_THAT(value.status(), IsOk());
+  EXPECT_EQ(Floats(std::string(value->bytes())), (std::vector<float>{-3, -2, -1, 0}));
+  EXPECT_EQ(server_->dispatcher().replies_dropped(), Duplicates());
+  EXPECT_GE(Duplicates(), 1u);
+}
+
+TEST_P(ChannelTransportTest, FallsBackToGrpcWhenTheServerHasItOff) {
+  ServerOptions options;
+  options.bulk_channel = false;
+  server_.reset();
+  Start(options);
+  ASSERT_THAT(PushOver(*channel_, {5, 1}, {1, 1, 1, 1}), IsOk());
+  EXPECT_EQ(channel_->route(), "grpc");
+  EXPECT_EQ(channel_->connections_opened(), 0);
+  Pulled pulled = PullOver(*channel_, Refs("w"));
+  ASSERT_THAT(pulled.status, IsOk());
+  EXPECT_EQ(Floats(pulled.blocks[0].second), (std::vector<float>{0, 1, 2, 3}));
+}
+
+INSTANTIATE_TEST_SUITE_P(UnixAndTcp, ChannelTransportTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Unix" : "Tcp";
+                         });
+
+// ---- against a fake channel server ----
+
+// Offers a fake listener through OpenChannel; its gRPC bulk methods fail.
+class FakeGrpc final : public Transport {
+ public:
+  explicit FakeGrpc(v1::OpenChannelResponse offer) : offer_(std::move(offer)) {}
+  const std::string& address() const override { return address_; }
+  void Call(absl::string_view method, const google::protobuf::Message&,
+            google::protobuf::Message* response, absl::Time, Done done) override {
+    if (method != "OpenChannel") return done(absl::UnimplementedError("fake"));
+    response->CopyFrom(offer_);
+    done(absl::OkStatus());
+  }
+  void Push(const RequestId&, absl::Span<const GradientView>, absl::Time, Done done,
+            TraceRecorder*) override {
+    done(absl::UnimplementedError("fake gRPC push"));
+  }
+  void Pull(absl::Span<const v1::ParamRef>, BlockSink, absl::Time, Done done,
+            TraceRecorder*) override {
+    done(absl::UnimplementedError("fake gRPC pull"));
+  }
+  void PushPull(const RequestId&, absl::Span<const GradientView>, absl::Span<const v1::ParamRef>,
+                BlockSink, absl::Time, Done done, TraceRecorder*) override {
+    done(absl::UnimplementedError("fake gRPC push+pull"));
+  }
+
+ private:
+  const std::string address_ = "127.0.0.1:1";
+  const v1::OpenChannelResponse offer_;
+};
+
+// Accepts one connection, greets it, then reads requests and answers each
+// with `reply` (nothing when empty) until the client closes it.
+class FakeChannelServer {
+ public:
+  explicit FakeChannelServer(std::string reply = "") : reply_(std::move(reply)) {
+    int port = 0;
+    auto fd = ListenTcp("127.0.0.1", &port);
+    EXPECT_THAT(fd.status(), IsOk());
+    listen_fd_ = *fd;
+    offer_.set_tcp_port(port);
+    offer_.set_token(std::string(kChannelTokenBytes, 't'));
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeChannelServer() {
+    shutdown(listen_fd_, SHUT_RDWR);
+    thread_.join();
+    close(listen_fd_);
+  }
+  const v1::OpenChannelResponse& offer() const { return offer_; }
+  // Waits until the client closed (dropped) the connection.
+  void WaitForClose() { closed_.WaitForNotification(); }
+
+ private:
+  void Serve() {
+    const int fd = accept(listen_fd_, nullptr, nullptr);
+    if (fd < 0) return;
+    SocketStream stream(fd);
+    char header[kFrameHeaderBytes];
+    std::string token(kChannelTokenBytes, '\0');
+    if (stream.Read(header, sizeof(header)).ok() && stream.Read(token.data(), token.size()).ok()) {
+      WriteReplyFrame(stream, ReplyHeader{}, absl::OkStatus()).IgnoreError();
+      while (stream.Read(header, sizeof(header)).ok()) {
+        auto request = DecodeRequestHeader(header, kDefaultMaxMessageBytes);
+        if (!request.ok()) break;
+        std::string payload(request->payload_bytes, '\0');
+        if (!stream.Read(payload.data(), payload.size()).ok()) break;
+        if (!reply_.empty()) stream.Write({reply_}).IgnoreError();
+      }
+    }
+    closed_.Notify();
+  }
+
+  const std::string reply_;
+  int listen_fd_ = -1;
+  v1::OpenChannelResponse offer_;
+  std::thread thread_;
+  absl::Notification closed_;
+};
+
+TEST(ChannelTransportFakeTest, ADeadlineFailsTheCallAndDropsTheConnection) {
+  FakeChannelServer fake;
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
+  EXPECT_THAT(PushOver(channel, {1, 1}, {1}, absl::Now() + absl::Milliseconds(200)),
+              StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(channel.route(), "tcp");
+  fake.WaitForClose();
+}
+
+TEST(ChannelTransportFakeTest, CancellingFailsTheCallAndDropsTheConnection) {
+  FakeChannelServer fake;
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
+  Cancellation cancel;
+  absl::Notification sent, done;
+  absl::Status status;
+  std::thread caller([&] {
+    Cancellation::Scope scope(&cancel);
+    const std::vector<float> grad = {1};
+    GradientView view;
+    view.name = "w";
+    view.type = v1::FLOAT32;
+    view.content = absl::string_view(reinterpret_cast<const char*>(grad.data()), 4);
+    channel.Push({1, 1}, absl::MakeConstSpan(&view, 1), absl::InfiniteFuture(),
+                 [&](absl::Status s) {
+                   status = s;
+                   done.Notify();
+                 });
+    sent.Notify();
+  });
+  sent.WaitForNotification();
+  cancel.Cancel();
+  done.WaitForNotification();
+  caller.join();
+  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kCancelled));
+  fake.WaitForClose();
+}
+
+TEST(ChannelTransportFakeTest, AMalformedReplyIsUnavailable) {
+  FakeChannelServer fake(std::string(kReplyHeaderBytes, 'x'));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
+  EXPECT_THAT(PushOver(channel, {1, 1}, {1}), StatusCodeIs(absl::StatusCode::kUnavailable));
+  fake.WaitForClose();
+}
+
+TEST(ChannelTransportFakeTest, AChannelThatCannotBeReachedFallsBackToGrpc) {
+  FakeChannelServer fake;
+  v1::OpenChannelResponse wrong = fake.offer();
+  wrong.set_tcp_port(1);  // nothing listens there
+  ChannelTransport channel(std::make_unique<FakeGrpc>(wrong));
+  EXPECT_THAT(PushOver(channel, {1, 1}, {1}),
+              testing::StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("fake gRPC push")));
+  EXPECT_EQ(channel.route(), "grpc");
+}
+
+}  // namespace
+}  // namespace pserver

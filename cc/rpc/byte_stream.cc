@@ -1,0 +1,212 @@
+#include "cc/rpc/byte_stream.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace pserver {
+namespace {
+
+absl::Status Errno(absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+void NoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// The sockaddr of abstract socket `name`, and its length.
+socklen_t AbstractAddress(const std::string& name, sockaddr_un* address) {
+  std::memset(address, 0, sizeof(*address));
+  address->sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof(address->sun_path) - 1);
+  std::memcpy(address->sun_path + 1, name.data(), n);  // sun_path[0] = 0: abstract
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+void SetSendTimeout(int fd, absl::Duration timeout) {
+  timeval tv = absl::ToTimeval(std::max(timeout, absl::ZeroDuration()));
+  if (timeout > absl::ZeroDuration() && tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+}  // namespace
+
+SocketStream::SocketStream(int fd) : fd_(fd), buffer_(kBufferBytes) {}
+
+SocketStream::~SocketStream() { close(fd_); }
+
+absl::Status SocketStream::Write(absl::Span<const absl::string_view> parts) {
+  std::vector<iovec> iov;
+  iov.reserve(parts.size());
+  for (absl::string_view part : parts) {
+    if (!part.empty()) iov.push_back({const_cast<char*>(part.data()), part.size()});
+  }
+  size_t next = 0;
+  while (next < iov.size()) {
+    msghdr message{};
+    message.msg_iov = &iov[next];
+    message.msg_iovlen = std::min<size_t>(iov.size() - next, IOV_MAX);
+    const ssize_t sent = sendmsg(fd_, &message, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      return Errno("bulk channel write");
+    }
+    size_t left = static_cast<size_t>(sent);
+    while (next < iov.size() && left >= iov[next].iov_len) left -= iov[next++].iov_len;
+    if (left > 0) {
+      iov[next].iov_base = static_cast<char*>(iov[next].iov_base) + left;
+      iov[next].iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SocketStream::Read(char* dest, size_t n) {
+  const size_t buffered = std::min(n, end_ - begin_);
+  std::memcpy(dest, buffer_.data() + begin_, buffered);
+  begin_ += buffered;
+  dest += buffered;
+  n -= buffered;
+  while (n > 0) {
+    // Large reads go straight to `dest`; small ones through the buffer.
+    const bool direct = n >= kBufferBytes / 2;
+    char* into = direct ? dest : buffer_.data();
+    const ssize_t got = recv(fd_, into, direct ? n : kBufferBytes, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return Errno("bulk channel read");
+    }
+    if (got == 0) return absl::UnavailableError("bulk channel closed by the peer");
+    if (direct) {
+      dest += got;
+      n -= static_cast<size_t>(got);
+      continue;
+    }
+    const size_t take = std::min(n, static_cast<size_t>(got));
+    std::memcpy(dest, buffer_.data(), take);
+    dest += take;
+    n -= take;
+    begin_ = take;
+    end_ = static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+void SocketStream::Shutdown() { shutdown(fd_, SHUT_RDWR); }
+
+absl::StatusOr<std::unique_ptr<ByteStream>> ConnectTcp(const std::string& host, int port,
+                                                       absl::Duration timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("bulk channel: cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  absl::Status last = absl::UnavailableError(absl::StrCat("bulk channel: no address for ", host));
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last = Errno("bulk channel socket");
+      continue;
+    }
+    SetSendTimeout(fd, timeout);  // bounds connect()
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      last = Errno(absl::StrCat("bulk channel connect to ", host, ":", port));
+      close(fd);
+      continue;
+    }
+    SetSendTimeout(fd, absl::ZeroDuration());
+    NoDelay(fd);
+    freeaddrinfo(found);
+    return std::unique_ptr<ByteStream>(new SocketStream(fd));
+  }
+  freeaddrinfo(found);
+  return last;
+}
+
+absl::StatusOr<std::unique_ptr<ByteStream>> ConnectAbstractUnix(const std::string& name) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("bulk channel socket");
+  sockaddr_un address;
+  const socklen_t length = AbstractAddress(name, &address);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) {
+    absl::Status status = Errno(absl::StrCat("bulk channel connect to @", name));
+    close(fd);
+    return status;
+  }
+  return std::unique_ptr<ByteStream>(new SocketStream(fd));
+}
+
+absl::StatusOr<int> ListenTcp(const std::string& host, int* port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(*port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("bulk channel: cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  absl::Status status;
+  if (fd < 0) {
+    status = Errno("bulk channel socket");
+  } else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+             bind(fd, found->ai_addr, found->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+    status = Errno(absl::StrCat("bulk channel: cannot listen on ", host, ":", *port));
+  }
+  freeaddrinfo(found);
+  if (!status.ok()) {
+    if (fd >= 0) close(fd);
+    return status;
+  }
+  sockaddr_storage bound{};
+  socklen_t length = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
+  *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return fd;
+}
+
+absl::StatusOr<int> ListenAbstractUnix(const std::string& name) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("bulk channel socket");
+  sockaddr_un address;
+  const socklen_t length = AbstractAddress(name, &address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 || listen(fd, 128) != 0) {
+    absl::Status status = Errno(absl::StrCat("bulk channel: cannot listen on @", name));
+    close(fd);
+    return status;
+  }
+  return fd;
+}
+
+std::string TargetHost(absl::string_view target) {
+  if (absl::StartsWith(target, "unix:")) return "";
+  if (absl::StartsWith(target, "[")) {
+    const size_t close = target.find(']');
+    return close == absl::string_view::npos ? "" : std::string(target.substr(1, close - 1));
+  }
+  const size_t colon = target.rfind(':');
+  return colon == absl::string_view::npos ? "" : std::string(target.substr(0, colon));
+}
+
+}  // namespace pserver

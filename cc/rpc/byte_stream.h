@@ -1,0 +1,83 @@
+// ByteStream: the one small interface the bulk channel (cc/rpc/frame.h) runs
+// on, so that another stream (TLS, a later issue) can wrap or replace the
+// plain socket. SocketStream is a connected TCP or Unix socket.
+//
+//   PS_ASSIGN_OR_RETURN(auto stream, ConnectTcp("10.0.0.2", 7001, absl::Seconds(5)));
+//   PS_RETURN_IF_ERROR(stream->Write({header, payload}));
+//   PS_RETURN_IF_ERROR(stream->Read(reply, sizeof(reply)));
+//
+// Write and Read block. One thread may write while another reads; Shutdown
+// may be called from any thread and makes blocked and later calls fail
+// (UNAVAILABLE).
+#ifndef PSERVER_CC_RPC_BYTE_STREAM_H_
+#define PSERVER_CC_RPC_BYTE_STREAM_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace pserver {
+
+class ByteStream {
+ public:
+  virtual ~ByteStream() = default;
+  // Writes every part, in order. UNAVAILABLE when the stream is broken.
+  virtual absl::Status Write(absl::Span<const absl::string_view> parts) = 0;
+  // Reads exactly `n` bytes. UNAVAILABLE at the end of the stream or when
+  // broken.
+  virtual absl::Status Read(char* dest, size_t n) = 0;
+  // Ends the stream for both directions; blocked calls return.
+  virtual void Shutdown() = 0;
+};
+
+// Owns a connected stream socket; reads go through a small buffer so that a
+// frame's header and a small payload cost one system call.
+class SocketStream final : public ByteStream {
+ public:
+  explicit SocketStream(int fd);
+  ~SocketStream() override;
+  SocketStream(const SocketStream&) = delete;
+  SocketStream& operator=(const SocketStream&) = delete;
+
+  absl::Status Write(absl::Span<const absl::string_view> parts) override;
+  absl::Status Read(char* dest, size_t n) override;
+  void Shutdown() override;
+
+  int fd() const { return fd_; }
+
+ private:
+  static constexpr size_t kBufferBytes = 64 << 10;
+  const int fd_;
+  std::vector<char> buffer_;
+  size_t begin_ = 0;
+  size_t end_ = 0;
+};
+
+// Connects to `host` (name or address) and `port` within `timeout`, with
+// Nagle's delay off. UNAVAILABLE naming the address and the cause.
+absl::StatusOr<std::unique_ptr<ByteStream>> ConnectTcp(const std::string& host, int port,
+                                                       absl::Duration timeout);
+// Connects to the abstract Unix socket `name` (Linux; the name carries no
+// leading NUL). UNAVAILABLE when nothing listens there in this network
+// namespace.
+absl::StatusOr<std::unique_ptr<ByteStream>> ConnectAbstractUnix(const std::string& name);
+
+// Listening sockets (blocking accept); the caller closes the descriptor.
+// `*port` 0 picks a free port and is set to the one bound.
+absl::StatusOr<int> ListenTcp(const std::string& host, int* port);
+absl::StatusOr<int> ListenAbstractUnix(const std::string& name);
+
+// The host part of a gRPC target "host:port" / "[v6]:port"; "" for a Unix
+// target ("unix:...") or one without a port.
+std::string TargetHost(absl::string_view target);
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_RPC_BYTE_STREAM_H_

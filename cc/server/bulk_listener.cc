@@ -1,0 +1,244 @@
+#include "cc/server/bulk_listener.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "cc/core/status_macros.h"
+#include "cc/server/service.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+
+namespace pserver {
+namespace {
+
+std::string RandomBytes(size_t n) {
+  std::string out(n, '\0');
+  size_t filled = 0;
+  while (filled < n) {
+    const ssize_t got = getrandom(out.data() + filled, n - filled, 0);
+    if (got > 0) filled += static_cast<size_t>(got);
+  }
+  return out;
+}
+
+const char* MethodName(FrameMethod method) {
+  switch (method) {
+    case FrameMethod::kGetParams:
+      return "GetParams";
+    case FrameMethod::kSendGrads:
+      return "SendGrads";
+    case FrameMethod::kPushPull:
+      return "PushPull";
+    case FrameMethod::kHello:
+      break;
+  }
+  return "";
+}
+
+void SetReceiveTimeout(int fd, absl::Duration timeout) {
+  timeval tv = absl::ToTimeval(timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+}  // namespace
+
+BulkListener::BulkListener(Dispatcher* dispatcher, const BulkListenerOptions& options)
+    : dispatcher_(dispatcher), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<BulkListener>> BulkListener::Start(
+    Dispatcher* dispatcher, const BulkListenerOptions& options) {
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_bulk_connections must be >= 1, not ", options.max_connections));
+  }
+  std::unique_ptr<BulkListener> listener(new BulkListener(dispatcher, options));
+  int port = options.port;
+  PS_ASSIGN_OR_RETURN(int tcp, ListenTcp(options.host, &port));
+  listener->listen_fds_.push_back(tcp);
+  listener->offer_.set_tcp_port(static_cast<uint32_t>(port));
+  listener->offer_.set_token(RandomBytes(kChannelTokenBytes));
+  listener->offer_.set_max_frame_bytes(options.max_frame_bytes);
+  if (options.unix_socket) {
+    const std::string name =
+        absl::StrCat("pserver-bulk-", getpid(), "-", absl::BytesToHexString(RandomBytes(8)));
+    absl::StatusOr<int> unix_fd = ListenAbstractUnix(name);
+    if (unix_fd.ok()) {  // without it, same-host clients use TCP
+      listener->listen_fds_.push_back(*unix_fd);
+      listener->offer_.set_unix_socket(name);
+    }
+  }
+  for (int fd : listener->listen_fds_) {
+    listener->acceptors_.emplace_back([raw = listener.get(), fd] { raw->AcceptLoop(fd); });
+  }
+  return listener;
+}
+
+BulkListener::~BulkListener() { Stop(); }
+
+void BulkListener::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  for (int fd : listen_fds_) shutdown(fd, SHUT_RDWR);  // wakes accept()
+  for (std::thread& t : acceptors_) t.join();
+  for (int fd : listen_fds_) close(fd);
+  std::list<std::unique_ptr<Connection>> connections;
+  {
+    absl::MutexLock lock(&mu_);
+    connections = std::move(connections_);
+    for (auto& c : connections) c->stream->Shutdown();
+  }
+  for (auto& c : connections) c->thread.join();
+}
+
+void BulkListener::DropConnections() {
+  absl::MutexLock lock(&mu_);
+  for (auto& c : connections_) c->stream->Shutdown();
+}
+
+int BulkListener::connections() const {
+  absl::MutexLock lock(&mu_);
+  int live = 0;
+  for (const auto& c : connections_) live += c->finished.load() ? 0 : 1;
+  return live;
+}
+
+void BulkListener::AcceptLoop(int listen_fd) {
+  while (true) {
+    const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      Admit(fd);
+      continue;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    // Out of descriptors or memory: wait a little for connections to end.
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100));
+    if (stopping_) return;
+  }
+}
+
+void BulkListener::Admit(int fd) {
+  auto stream = std::make_unique<SocketStream>(fd);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // fails harmlessly on Unix
+  absl::MutexLock lock(&mu_);
+  ReapFinished();
+  if (stopping_) return;
+  if (static_cast<int>(connections_.size()) >= options_.max_connections) {
+    refused_.fetch_add(1);
+    // A small frame on a fresh socket does not block.
+    WriteReplyFrame(*stream, ReplyHeader{},
+                    absl::ResourceExhaustedError(absl::StrCat(
+                        "the server serves at most ", options_.max_connections,
+                        " bulk channel connections (--max_bulk_connections)")))
+        .IgnoreError();
+    return;
+  }
+  auto connection = std::make_unique<Connection>();
+  connection->stream = std::move(stream);
+  Connection* raw = connection.get();
+  connection->thread = std::thread([this, raw] {
+    Serve(*raw->stream);
+    raw->stream->Shutdown();  // the peer sees the end now; closed when reaped
+    raw->finished.store(true);
+  });
+  connections_.push_back(std::move(connection));
+}
+
+void BulkListener::ReapFinished() {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if ((*it)->finished.load()) {
+      (*it)->thread.join();
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void BulkListener::Serve(SocketStream& stream) {
+  if (!CheckHello(stream).ok()) return;
+  while (ServeFrame(stream).ok()) {
+  }
+}
+
+absl::Status BulkListener::CheckHello(SocketStream& stream) {
+  SetReceiveTimeout(stream.fd(), options_.hello_timeout);
+  char encoded[kFrameHeaderBytes];
+  PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
+  absl::StatusOr<RequestHeader> header = DecodeRequestHeader(encoded, kChannelTokenBytes);
+  if (!header.ok()) return Malformed(stream, 0, header.status());
+  std::string token(header->payload_bytes, '\0');
+  PS_RETURN_IF_ERROR(stream.Read(token.data(), token.size()));
+  if (header->method != FrameMethod::kHello || token != offer_.token()) {
+    const absl::Status refused = absl::PermissionDeniedError(
+        "bulk channel: the first frame must present this server's token (OpenChannel)");
+    return Malformed(stream, header->call_id, refused);
+  }
+  SetReceiveTimeout(stream.fd(), absl::ZeroDuration());
+  ReplyHeader reply;
+  reply.call_id = header->call_id;
+  return WriteReplyFrame(stream, reply, absl::OkStatus());
+}
+
+absl::Status BulkListener::Malformed(SocketStream& stream, uint64_t call_id,
+                                     const absl::Status& why) {
+  malformed_.fetch_add(1);
+  dispatcher_->CountMalformed();
+  ReplyHeader reply;
+  reply.call_id = call_id;
+  WriteReplyFrame(stream, reply, why).IgnoreError();
+  return why;
+}
+
+absl::Status BulkListener::ServeFrame(SocketStream& stream) {
+  char encoded[kFrameHeaderBytes];
+  PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
+  ReplyHeader reply;
+  const absl::Time received = absl::Now();
+  reply.received_unix_nanos = absl::ToUnixNanos(received);
+  absl::StatusOr<RequestHeader> header = DecodeRequestHeader(encoded, options_.max_frame_bytes);
+  if (!header.ok()) return Malformed(stream, 0, header.status());
+  const BulkMethodFn method = FindBulkMethod(MethodName(header->method));
+  if (method == nullptr) {
+    return Malformed(stream, header->call_id,
+                     absl::InvalidArgumentError("bulk channel: a second hello frame"));
+  }
+  grpc::Slice payload(header->payload_bytes);
+  PS_RETURN_IF_ERROR(
+      stream.Read(reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin())), payload.size()));
+  grpc::ByteBuffer request(&payload, 1);
+  grpc::ByteBuffer response;
+  ReplyHold hold;
+  absl::Status status;
+  if (header->timeout_micros > 0 &&
+      absl::Now() > received + absl::Microseconds(header->timeout_micros)) {
+    status = absl::DeadlineExceededError("the call's deadline passed before it was served");
+  } else {
+    status = method(*dispatcher_, request, &response, &hold);
+  }
+  reply.call_id = header->call_id;
+  reply.processed_unix_nanos = absl::ToUnixNanos(absl::Now());
+  std::vector<grpc::Slice> slices;
+  std::vector<absl::string_view> parts;
+  if (status.ok() && response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      parts.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  return WriteReplyFrame(stream, reply, status, parts);
+}
+
+}  // namespace pserver

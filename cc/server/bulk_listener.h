@@ -1,0 +1,116 @@
+// BulkListener: the server end of the bulk channel (cc/rpc/frame.h), a
+// framed byte stream beside gRPC for GetParams, SendGrads and PushPull.
+//
+//   BulkListenerOptions options;              // host, limits
+//   PS_ASSIGN_OR_RETURN(auto bulk, BulkListener::Start(&dispatcher, options));
+//   v1::OpenChannelResponse offer = bulk->Offer();   // what OpenChannel answers
+//   bulk->Stop();                                    // also done by the destructor
+//
+// It listens on TCP (the gRPC host, a free port) and, for clients on the same
+// host and network namespace, on an abstract Unix socket. A connection must
+// first present the server's random token (kHello); then each request frame
+// runs the same bulk method the gRPC face runs (service.h FindBulkMethod: the
+// serving check, exactly-once ids, counters, reply budget) and is answered
+// with the method's reply bytes and status. One thread per connection serves
+// its frames in order; at most `max_connections` connections are served, a
+// further one is answered RESOURCE_EXHAUSTED and closed. A malformed or
+// oversized frame, or a wrong token, is answered (when its id is known) and
+// closes that connection; it is counted (GetStats requests_rejected, and
+// malformed_frames() here).
+//
+// Thread-safe.
+#ifndef PSERVER_CC_SERVER_BULK_LISTENER_H_
+#define PSERVER_CC_SERVER_BULK_LISTENER_H_
+
+#include <atomic>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cc/rpc/byte_stream.h"
+#include "cc/rpc/frame.h"
+#include "cc/rpc/transport_limits.h"
+#include "cc/server/dispatcher.h"
+#include "pserver/v1/service.pb.h"
+
+namespace pserver {
+
+struct BulkListenerOptions {
+  // Where TCP connections are accepted (the gRPC server's host); port 0: free.
+  std::string host = "127.0.0.1";
+  int port = 0;
+  // Also listen on an abstract Unix socket for same-host clients.
+  bool unix_socket = true;
+  // Connections served at once (--max_bulk_connections); more are refused.
+  int max_connections = 256;
+  // The largest request payload (--max_message_bytes).
+  uint64_t max_frame_bytes = kDefaultMaxMessageBytes;
+  // A connection that has not presented its token by then is closed.
+  absl::Duration hello_timeout = absl::Seconds(10);
+};
+
+class BulkListener {
+ public:
+  // INVALID_ARGUMENT for max_connections < 1; UNAVAILABLE when a socket
+  // cannot be bound. `dispatcher` must outlive the listener.
+  static absl::StatusOr<std::unique_ptr<BulkListener>> Start(Dispatcher* dispatcher,
+                                                             const BulkListenerOptions& options);
+  ~BulkListener();
+  BulkListener(const BulkListener&) = delete;
+  BulkListener& operator=(const BulkListener&) = delete;
+
+  // What OpenChannel answers: the TCP port, the Unix socket, the token.
+  const v1::OpenChannelResponse& Offer() const { return offer_; }
+
+  // Stops accepting, closes every connection and waits for their threads.
+  // Idempotent.
+  void Stop();
+
+  // Closes every connection (as a network failure would); clients reconnect.
+  void DropConnections();
+
+  uint64_t malformed_frames() const { return malformed_.load(); }
+  uint64_t refused_connections() const { return refused_.load(); }
+  int connections() const;
+
+ private:
+  struct Connection {
+    std::unique_ptr<SocketStream> stream;
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+
+  BulkListener(Dispatcher* dispatcher, const BulkListenerOptions& options);
+  void AcceptLoop(int listen_fd);
+  // Takes a new connection, or refuses it when full or stopping.
+  void Admit(int fd);
+  // Joins the threads of finished connections.
+  void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Serve(SocketStream& stream);
+  absl::Status CheckHello(SocketStream& stream);
+  // Reads and answers one request frame; an error closes the connection.
+  absl::Status ServeFrame(SocketStream& stream);
+  // Counts a malformed frame and tells the peer why (best effort).
+  absl::Status Malformed(SocketStream& stream, uint64_t call_id, const absl::Status& why);
+
+  Dispatcher* const dispatcher_;
+  const BulkListenerOptions options_;
+  v1::OpenChannelResponse offer_;
+  std::vector<int> listen_fds_;
+  std::vector<std::thread> acceptors_;
+  std::atomic<uint64_t> malformed_{0};
+  std::atomic<uint64_t> refused_{0};
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_SERVER_BULK_LISTENER_H_
