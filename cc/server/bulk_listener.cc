@@ -7,8 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
@@ -51,7 +53,13 @@ void SetReceiveTimeout(int fd, absl::Duration timeout) {
 }  // namespace
 
 BulkListener::BulkListener(Dispatcher* dispatcher, const BulkListenerOptions& options)
-    : dispatcher_(dispatcher), options_(options) {}
+    : dispatcher_(dispatcher),
+      options_(options),
+      request_budget_(options.max_request_bytes_in_flight,
+                      BudgetNames{"bulk channel request", "bulk channel requests",
+                                  "bytes of bulk channel requests being read or served",
+                                  "--max_bulk_request_bytes_in_flight",
+                                  "send fewer parameters per call"}) {}
 
 absl::StatusOr<std::unique_ptr<BulkListener>> BulkListener::Start(
     Dispatcher* dispatcher, const BulkListenerOptions& options) {
@@ -203,6 +211,16 @@ absl::Status BulkListener::Malformed(SocketStream& stream, uint64_t call_id,
   return why;
 }
 
+absl::Status BulkListener::Discard(SocketStream& stream, uint64_t bytes) {
+  char sink[64 * 1024];
+  while (bytes > 0) {
+    const uint64_t n = std::min<uint64_t>(bytes, sizeof(sink));
+    PS_RETURN_IF_ERROR(stream.Read(sink, n));
+    bytes -= n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BulkListener::ServeFrame(SocketStream& stream) {
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
@@ -216,6 +234,13 @@ absl::Status BulkListener::ServeFrame(SocketStream& stream) {
     return Malformed(stream, header->call_id,
                      absl::InvalidArgumentError("bulk channel: a second hello frame"));
   }
+  reply.call_id = header->call_id;
+  if (absl::Status room = request_budget_.Acquire(header->payload_bytes); !room.ok()) {
+    PS_RETURN_IF_ERROR(Discard(stream, header->payload_bytes));
+    return WriteReplyFrame(stream, reply, room);
+  }
+  const uint64_t held = header->payload_bytes;
+  const absl::Cleanup release = [this, held] { request_budget_.Release(held); };
   grpc::Slice payload(header->payload_bytes);
   PS_RETURN_IF_ERROR(
       stream.Read(reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin())), payload.size()));
@@ -229,7 +254,6 @@ absl::Status BulkListener::ServeFrame(SocketStream& stream) {
   } else {
     status = method(*dispatcher_, request, &response, &hold);
   }
-  reply.call_id = header->call_id;
   reply.processed_unix_nanos = absl::ToUnixNanos(absl::Now());
   std::vector<grpc::Slice> slices;
   std::vector<absl::string_view> parts;

@@ -36,6 +36,7 @@
 #include "cc/rpc/frame.h"
 #include "cc/rpc/transport_limits.h"
 #include "cc/server/dispatcher.h"
+#include "cc/server/reply_budget.h"
 #include "pserver/v1/service.pb.h"
 
 namespace pserver {
@@ -50,6 +51,12 @@ struct BulkListenerOptions {
   int max_connections = 256;
   // The largest request payload (--max_message_bytes).
   uint64_t max_frame_bytes = kDefaultMaxMessageBytes;
+  // Request payload bytes read or being served at once, over all
+  // connections (--max_bulk_request_bytes_in_flight). A frame that does not
+  // fit now is read and dropped and answered UNAVAILABLE ("retry later",
+  // which clients retry); one larger than the whole budget,
+  // RESOURCE_EXHAUSTED. The connection stays open either way.
+  uint64_t max_request_bytes_in_flight = uint64_t{1} << 30;
   // A connection that has not presented its token by then is closed.
   absl::Duration hello_timeout = absl::Seconds(10);
 };
@@ -75,6 +82,8 @@ class BulkListener {
   void DropConnections();
 
   uint64_t malformed_frames() const { return malformed_.load(); }
+  // Request bytes held now (0 once every frame has been served).
+  uint64_t request_bytes_held() const { return request_budget_.held(); }
   uint64_t refused_connections() const { return refused_.load(); }
   int connections() const;
 
@@ -95,6 +104,8 @@ class BulkListener {
   absl::Status CheckHello(SocketStream& stream);
   // Reads and answers one request frame; an error closes the connection.
   absl::Status ServeFrame(SocketStream& stream);
+  // Reads and drops `bytes` of payload, in small pieces.
+  static absl::Status Discard(SocketStream& stream, uint64_t bytes);
   // Counts a malformed frame and tells the peer why (best effort).
   absl::Status Malformed(SocketStream& stream, uint64_t call_id, const absl::Status& why);
 
@@ -105,6 +116,7 @@ class BulkListener {
   std::vector<std::thread> acceptors_;
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> refused_{0};
+  ReplyBudget request_budget_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -103,6 +103,33 @@ TEST(BulkListenerTest, ServesAPullAfterTheToken) {
   EXPECT_EQ(id, 8u);
 }
 
+TEST(BulkListenerTest, ARequestLargerThanTheRequestBudgetIsRefusedAndTheConnectionKept) {
+  ServerOptions options;
+  options.max_bulk_request_bytes_in_flight = 1024;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stream = Greeted(*server);
+  ASSERT_NE(stream, nullptr);
+  // 4 KiB of payload never reaches the dispatcher: read, dropped, answered.
+  v1::GetParamsRequest big;
+  big.add_params()->set_name(std::string(4096, 'n'));
+  ASSERT_THAT(WriteRequest(*stream, FrameMethod::kGetParams, 3, big.SerializeAsString()), IsOk());
+  uint64_t id = 0;
+  EXPECT_THAT(ReadReply(*stream, &id),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("--max_bulk_request_bytes_in_flight=1024")));
+  EXPECT_EQ(id, 3u);
+  EXPECT_EQ(server->bulk_listener()->malformed_frames(), 0u);
+  // The connection is still in step: a small request is served, and every
+  // byte held for it is given back.
+  v1::GetParamsRequest small;
+  small.add_params()->set_name("missing");
+  ASSERT_THAT(WriteRequest(*stream, FrameMethod::kGetParams, 4, small.SerializeAsString()), IsOk());
+  EXPECT_THAT(ReadReply(*stream, &id), StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(id, 4u);
+  EXPECT_EQ(server->bulk_listener()->request_bytes_held(), 0u);
+}
+
 TEST(BulkListenerTest, AWrongTokenIsRefusedAndTheConnectionClosed) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);

@@ -124,6 +124,9 @@ ABSL_FLAG(bool, bulk_unix_socket, true,
 ABSL_FLAG(int, max_bulk_connections, 256,
           "Bulk channel connections served at once; more are refused (those clients use "
           "gRPC).");
+ABSL_FLAG(uint64_t, max_bulk_request_bytes_in_flight, uint64_t{1} << 30,
+          "Bulk channel request bytes read or being served at once, over all connections; a "
+          "request that does not fit waits (UNAVAILABLE, retried by clients).");
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -221,6 +224,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
+  options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);
   return options;
 }
 

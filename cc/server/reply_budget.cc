@@ -8,15 +8,13 @@ absl::Status ReplyBudget::Exhausted(uint64_t bytes) {
   refused_.fetch_add(1, std::memory_order_relaxed);
   if (bytes > limit_) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("a reply of ", bytes,
-                     " bytes is larger than the server's whole budget for replies in "
-                     "flight (--max_reply_bytes_in_flight=",
-                     limit_, "); read fewer blocks per call"));
+        absl::StrCat("a ", names_.one, " of ", bytes, " bytes is larger than the server's whole ",
+                     "budget for ", names_.many, " in flight (", names_.flag, "=", limit_, "); ",
+                     names_.advice));
   }
-  // Transient: the room frees as clients read their replies.
+  // Transient: the room frees as the others are done.
   return absl::UnavailableError(absl::StrCat(
-      "the server holds ", held(), " bytes of replies not yet read by their clients (limit ",
-      limit_, ", --max_reply_bytes_in_flight)",
+      "the server holds ", held(), " ", names_.held, " (limit ", limit_, ", ", names_.flag, ")",
       bytes > 0 ? absl::StrCat("; this one needs ", bytes) : std::string(), "; retry later"));
 }
 

@@ -18,9 +18,18 @@
 
 namespace pserver {
 
+// What a budget's errors call its bytes and its flag (the defaults: replies).
+struct BudgetNames {
+  const char* one = "reply";  // "a reply of N bytes is larger than ..."
+  const char* many = "replies";
+  const char* held = "bytes of replies not yet read by their clients";
+  const char* flag = "--max_reply_bytes_in_flight";
+  const char* advice = "read fewer blocks per call";
+};
+
 class ReplyBudget {
  public:
-  explicit ReplyBudget(uint64_t limit) : limit_(limit) {}
+  explicit ReplyBudget(uint64_t limit, BudgetNames names = {}) : limit_(limit), names_(names) {}
 
   // Takes `bytes` from the budget. When that would hold more than the limit
   // nothing is taken, and the error names the limit, the bytes held and the
@@ -43,6 +52,7 @@ class ReplyBudget {
 
  private:
   const uint64_t limit_;
+  const BudgetNames names_;
   std::atomic<uint64_t> held_{0};
   std::atomic<uint64_t> refused_{0};
 };

@@ -272,6 +272,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     bulk.host = options.host;
     bulk.unix_socket = options.bulk_unix_socket;
     bulk.max_connections = options.max_bulk_connections;
+    bulk.max_request_bytes_in_flight = options.max_bulk_request_bytes_in_flight;
     bulk.max_frame_bytes = options.max_message_bytes;
     PS_ASSIGN_OR_RETURN(server->bulk_listener_,
                         BulkListener::Start(server->dispatcher_.get(), bulk));

@@ -144,6 +144,10 @@ struct ServerOptions {
   // Bulk channel connections served at once; more are refused
   // (RESOURCE_EXHAUSTED; the client uses gRPC instead). Must be >= 1.
   int max_bulk_connections = 256;
+  // Bulk channel request bytes read or being served at once, over all
+  // connections; a frame that does not fit is answered UNAVAILABLE (retried
+  // by clients), one larger than all of it RESOURCE_EXHAUSTED.
+  uint64_t max_bulk_request_bytes_in_flight = uint64_t{1} << 30;
 };
 
 // The thread cap when ServerOptions::max_threads is 0.
