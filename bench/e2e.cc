@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "bindings_driver.h"
 #include "ceilings.h"
+#include "compression_group.h"
 #include "cc/client/client.h"
 #include "cc/client/table.h"
 #include "cc/core/checkpoint.h"
@@ -701,6 +702,7 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("memory")) PS_RETURN_IF_ERROR(Memory(h));
   if (wanted("scaling")) PS_RETURN_IF_ERROR(Scaling(h));
   if (wanted("sparse")) PS_RETURN_IF_ERROR(Sparse(h));
+  if (wanted("compression")) PS_RETURN_IF_ERROR(CompressionGroup(h, g_argv0));
   // Builds the Go driver on first use: only when asked for in a quick run.
   if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);
