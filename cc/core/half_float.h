@@ -38,43 +38,36 @@ PS_HALF_HD uint32_t FloatToBits(float f) {
 }
 
 // IEEE binary16 to float, exact (normals, subnormals, zeros, inf, NaN).
+// Branch-free (each case computed, one selected), so loops vectorize.
 PS_HALF_HD float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1fu) return BitsToFloat(sign | 0x7f800000u | (mant << 13));
-  if (exp == 0) {
-    if (mant == 0) return BitsToFloat(sign);
-    exp = 113;  // 127 - 15 + 1: normalize the subnormal
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    return BitsToFloat(sign | (exp << 23) | ((mant & 0x3ffu) << 13));
-  }
-  return BitsToFloat(sign | ((exp + 112) << 23) | (mant << 13));
+  const uint32_t bits = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  const uint32_t exp = bits & 0x0f800000u;  // the float16 exponent, in place
+  const uint32_t normal = bits + (112u << 23);                             // rebias 15 -> 127
+  const uint32_t special = normal + (112u << 23);                          // inf, NaN: all ones
+  const float subnormal = BitsToFloat(bits + (113u << 23)) - BitsToFloat(113u << 23);  // exact
+  const uint32_t out = exp == 0x0f800000u ? special
+                       : exp == 0         ? FloatToBits(subnormal)
+                                          : normal;
+  return BitsToFloat(out | sign);
 }
 
 PS_HALF_HD float Bfloat16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
 
 // float to IEEE binary16, rounded to nearest even: |f| >= 65520 gives
 // infinity, NaN the quiet NaN 0x7e00 (with f's sign), tiny values subnormals.
+// Branch-free, like HalfToFloat.
 PS_HALF_HD uint16_t FloatToHalf(float f) {
-  uint32_t x = FloatToBits(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  x &= 0x7fffffffu;
-  uint32_t out;
-  if (x >= 0x47800000u) {  // 2^16 and above, inf, NaN
-    out = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  } else if (x < 0x38800000u) {  // below 2^-14: subnormal or zero
-    // Adding 0.5 aligns the 10 mantissa bits at the bottom; the float
-    // addition rounds to nearest even.
-    const float magic = BitsToFloat(126u << 23);
-    out = FloatToBits(BitsToFloat(x) + magic) - (126u << 23);
-  } else {
-    const uint32_t odd = (x >> 13) & 1u;
-    out = (x + 0xc8000fffu + odd) >> 13;  // rebias the exponent (-112 << 23), round
-  }
+  const uint32_t all = FloatToBits(f);
+  const uint32_t sign = (all >> 16) & 0x8000u;
+  const uint32_t x = all & 0x7fffffffu;
+  const uint32_t special = x > 0x7f800000u ? 0x7e00u : 0x7c00u;  // NaN, else inf
+  // Below 2^-14: adding 0.5 aligns the 10 mantissa bits at the bottom, and
+  // the float addition rounds to nearest even.
+  const uint32_t subnormal = FloatToBits(BitsToFloat(x) + BitsToFloat(126u << 23)) - (126u << 23);
+  // Rebias the exponent (-112 << 23) and round to nearest even.
+  const uint32_t normal = (x + 0xc8000fffu + ((x >> 13) & 1u)) >> 13;
+  const uint32_t out = x >= 0x47800000u ? special : x < 0x38800000u ? subnormal : normal;
   return static_cast<uint16_t>(out | sign);
 }
 
