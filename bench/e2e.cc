@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "bindings_driver.h"
 #include "ceilings.h"
+#include "compression_group.h"
 #include "cc/client/client.h"
 #include "cc/client/table.h"
 #include "cc/core/checkpoint.h"
@@ -45,7 +46,7 @@ ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and re
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
-          "checkpoint, memory, scaling, sparse, hosts, bindings); empty runs all (bindings only "
+          "checkpoint, memory, scaling, sparse, hosts, compression, bindings); empty runs all (bindings only "
           "without --quick).");
 ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
 
@@ -645,6 +646,7 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("scaling")) PS_RETURN_IF_ERROR(Scaling(h));
   if (wanted("sparse")) PS_RETURN_IF_ERROR(Sparse(h));
   if (wanted("hosts")) PS_RETURN_IF_ERROR(Hosts(h, PserverBinary(), g_argv0));
+  if (wanted("compression")) PS_RETURN_IF_ERROR(CompressionGroup(h, g_argv0));
   // Builds the Go driver on first use: only when asked for in a quick run.
   if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);

@@ -164,6 +164,9 @@ struct Client::Assembly {
   std::optional<Layout> layout;
   Tensor* dest = nullptr;
   std::vector<uint8_t> received;
+  // The layout was guessed from the gradient (a push-pull of a parameter
+  // this client had not seen): learned from the reply where it compresses.
+  bool guessed = false;
 
   // Makes `dest` fit the layout, keeping its buffer when it already does.
   void Prepare() {
@@ -233,6 +236,14 @@ v1::ParamRef Client::BlockRef(const std::string& name, uint32_t index, uint32_t 
   return ref;
 }
 
+v1::ParamRef Client::PullRef(const std::string& name, const Layout& layout, uint32_t index,
+                             uint32_t count) {
+  v1::ParamRef ref = BlockRef(name, index, count);
+  const ElementType wire = WireValueType(layout.compression);
+  if (layout.type == v1::FLOAT32 && wire != v1::FLOAT32) ref.set_wire_type(wire);
+  return ref;
+}
+
 absl::StatusOr<Client::Layout> Client::LayoutOf(const v1::Parameter& header,
                                                 const std::string& what) {
   PS_RETURN_IF_ERROR(ValidateStorableType(header.element_type(), what));
@@ -240,7 +251,8 @@ absl::StatusOr<Client::Layout> Client::LayoutOf(const v1::Parameter& header,
   PS_ASSIGN_OR_RETURN(int64_t total, NumElements(shape));
   return Layout{header.element_type(),        std::move(shape),
                 static_cast<uint64_t>(total), std::max<uint32_t>(1, header.block().count()),
-                header.clips_by_norm(),       header.non_finite()};
+                header.clips_by_norm(),       header.non_finite(),
+                header.wire_compression()};
 }
 
 absl::Status Client::RunOnEveryServer(const StartCall& start, absl::Time deadline) {
@@ -541,7 +553,8 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
     }
     layouts.push_back(Layout{value.type(), value.shape(), static_cast<uint64_t>(total),
                              static_cast<uint32_t>(blocks.size()),
-                             config.clipping().clip_norm() > 0, config.non_finite()});
+                             config.clipping().clip_norm() > 0, config.non_finite(),
+                             config.wire_compression()});
   }
   std::vector<v1::InitParamResponse> responses(requests.size());
   PS_RETURN_IF_ERROR(RunWithRetries(
@@ -577,7 +590,7 @@ absl::Status Client::SaveCheckpoint(const CallOptions& call) {
 absl::StatusOr<ParamLayout> Client::GetLayout(const std::string& name, const CallOptions& call) {
   const Cancellation::Scope cancel_scope(call.cancel);
   PS_ASSIGN_OR_RETURN(Layout layout, FindOrLearnLayout(name, Deadline(call), call.trace));
-  return ParamLayout{layout.type, layout.shape};
+  return ParamLayout{layout.type, layout.shape, layout.compression};
 }
 
 // ---- the bulk path ------------------------------------------------------------------
@@ -591,19 +604,35 @@ absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header, const 
     RememberLayout(a.name, layout);
     a.layout = std::move(layout);
     a.Prepare();
+  } else if (a.guessed && header.has_wire_compression()) {
+    PS_ASSIGN_OR_RETURN(Layout layout, LayoutOf(header, what));
+    RememberLayout(a.name, std::move(layout));
+    a.guessed = false;
   }
   const Layout& layout = *a.layout;
   const size_t esize = ElementSize(layout.type);
-  const size_t size = SegmentsSize(content);
+  const bool widen = header.content_type() != v1::ELEMENT_TYPE_UNSPECIFIED &&
+                     header.content_type() != layout.type;
+  const size_t size = widen ? SegmentsSize(content) / ElementSize(header.content_type()) * esize
+                            : SegmentsSize(content);
   const uint32_t index = header.block().index();
   if (header.name() != a.name || header.element_type() != layout.type ||
       std::max<uint32_t>(1, header.block().count()) != layout.blocks || index >= layout.blocks ||
       header.block().offset() > layout.elements ||
-      size > (layout.elements - header.block().offset()) * esize) {
+      size > (layout.elements - header.block().offset()) * esize ||
+      (widen && layout.type != v1::FLOAT32)) {
     return absl::DataLossError(
         absl::StrCat(what, ": block ", index, " does not fit the parameter's layout"));
   }
-  CopySegments(content, a.dest->mutable_data() + header.block().offset() * esize);
+  char* dest = a.dest->mutable_data() + header.block().offset() * esize;
+  if (widen) {
+    PS_RETURN_IF_ERROR(WidenPulledBlock(header.content_type(), content,
+                                        layout.elements - header.block().offset(),
+                                        reinterpret_cast<float*>(dest),
+                                        absl::StrCat(what, ": block ", index)));
+  } else {
+    CopySegments(content, dest);
+  }
   a.received[index] = 1;
   return absl::OkStatus();
 }
@@ -710,7 +739,7 @@ absl::Status Client::GetParamsInto(absl::Span<const std::string> names, absl::Sp
     for (uint32_t b = 0; b < layout.blocks; ++b) {
       if (parts[i].received[b]) continue;
       rest.push_back(Item{placement_.ServerOf(names[i], b), std::nullopt,
-                          BlockRef(names[i], b, layout.blocks), i, block_bytes});
+                          PullRef(names[i], layout, b, layout.blocks), i, block_bytes});
     }
   }
   PS_RETURN_IF_ERROR(Run(rest, parts, deadline, call.trace));
@@ -815,6 +844,7 @@ absl::StatusOr<bool> Client::NonFiniteVerdict(const std::string& name, const Lay
 
 absl::StatusOr<std::vector<GradientView>> Client::GradientBlocks(const GradRef& ref,
                                                                  std::vector<int>* servers,
+                                                                 std::deque<std::string>* encoded,
                                                                  absl::Time deadline,
                                                                  TraceRecorder* trace) {
   const NamedTensorView grad{*ref.name, *ref.tensor};
@@ -849,6 +879,12 @@ absl::StatusOr<std::vector<GradientView>> Client::GradientBlocks(const GradRef& 
     views.back().skip_as_non_finite = skip;
     servers->push_back(b.server);
   }
+  if (!skip && layout.has_value() && layout->type == v1::FLOAT32 &&
+      grad.tensor.type() == v1::FLOAT32 && Compresses(layout->compression)) {
+    compressor_.Compress(grad.name, layout->compression, layout->elements,
+                         absl::MakeSpan(views), &norm, encoded);
+    for (GradientView& view : views) view.global_norm = norm;
+  }
   return views;
 }
 
@@ -868,10 +904,11 @@ absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads, absl::Time dea
                                  TraceRecorder* trace) {
   for (const GradRef& grad : grads) PS_RETURN_IF_ERROR(CheckGradient(grad));
   std::vector<Item> items;
+  std::deque<std::string> encoded;  // compressed blocks, sent from here
   for (const GradRef& grad : grads) {
     std::vector<int> servers;
     PS_ASSIGN_OR_RETURN(std::vector<GradientView> views,
-                        GradientBlocks(grad, &servers, deadline, trace));
+                        GradientBlocks(grad, &servers, &encoded, deadline, trace));
     for (size_t b = 0; b < views.size(); ++b) {
       items.push_back(Item{servers[b], views[b], std::nullopt, 0, views[b].content.size()});
     }
@@ -902,11 +939,12 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
   }
   std::vector<Assembly> parts(grads.size());
   std::vector<Item> items;
+  std::deque<std::string> encoded;  // compressed blocks, sent from here
   for (size_t i = 0; i < grads.size(); ++i) {
     PS_RETURN_IF_ERROR(CheckGradient(grads[i]));
     std::vector<int> servers;
     PS_ASSIGN_OR_RETURN(std::vector<GradientView> views,
-                        GradientBlocks(grads[i], &servers, deadline, trace));
+                        GradientBlocks(grads[i], &servers, &encoded, deadline, trace));
     const NamedTensorView grad{*grads[i].name, *grads[i].tensor};
     // The parameter has the gradient's type and shape (or what we know of it).
     Assembly& a = parts[i];
@@ -920,12 +958,14 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
                         static_cast<uint32_t>(views.size()),
                         /*clips_by_norm=*/true,
                         v1::ParameterConfig::REJECT};
+      a.guessed = true;
     }
     a.Prepare();
     for (size_t b = 0; b < views.size(); ++b) {
       items.push_back(
           Item{servers[b], views[b],
-               BlockRef(grad.name, static_cast<uint32_t>(b), static_cast<uint32_t>(views.size())),
+               PullRef(grad.name, *a.layout, static_cast<uint32_t>(b),
+                       static_cast<uint32_t>(views.size())),
                i, 2 * views[b].content.size()});
     }
   }

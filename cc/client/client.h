@@ -52,6 +52,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -71,6 +72,7 @@
 #include "cc/client/placement.h"
 #include "cc/client/ticket.h"
 #include "cc/client/transport.h"
+#include "cc/client/wire_compressor.h"
 #include "cc/core/finite.h"
 #include "cc/core/tensor.h"
 #include "pserver/v1/config.pb.h"
@@ -141,6 +143,8 @@ struct ParamInit {
 struct ParamLayout {
   ElementType type;
   Shape shape;
+  // How its gradients and reads travel (ParameterConfig.wire_compression).
+  v1::WireCompression compression = {};
 };
 
 // Per-call settings: a call ends by min(now + options.timeout, deadline).
@@ -264,6 +268,11 @@ class Client {
   // Gradients this client sent marked to be skipped (a NaN or infinity for
   // a parameter configured with non_finite: SKIP), so far.
   uint64_t non_finite_skipped() const { return non_finite_skipped_.load(); }
+  // The top-k error-feedback residual this client keeps for parameter
+  // `name` (ParameterConfig.wire_compression); empty if none.
+  std::vector<float> wire_residual(const std::string& name) const {
+    return compressor_.Residual(name);
+  }
 
   // --- the client's internal interface ---
   // What the client's own parts (Table, KvWorker, WorkerGroup, DeviceIo in
@@ -320,6 +329,8 @@ class Client {
     // What the servers do with a NaN or infinity: the client checks a batch
     // whole before sending any of it (see "Non-finite gradients" above).
     v1::ParameterConfig::NonFinite non_finite;
+    // How its gradients and reads travel (ParameterConfig.wire_compression).
+    v1::WireCompression compression = {};
   };
   // The parameter's layout, read from its block 0 (on its home server) if
   // this client has not seen it yet.
@@ -395,10 +406,17 @@ class Client {
   // The blocks of a gradient, as views of its memory, after checking it for
   // NaN and infinity (NonFiniteVerdict; learning the parameter's layout
   // first if needed).
+  // Blocks of a parameter configured with wire_compression are encoded,
+  // into buffers kept in *encoded.
   absl::StatusOr<std::vector<GradientView>> GradientBlocks(const GradRef& grad,
                                                            std::vector<int>* servers,
+                                                           std::deque<std::string>* encoded,
                                                            absl::Time deadline,
                                                            TraceRecorder* trace);
+  // A reference to block `index` of `count` of a parameter of `layout`,
+  // asking for its values in the wire type of its compression.
+  static v1::ParamRef PullRef(const std::string& name, const Layout& layout, uint32_t index,
+                              uint32_t count);
   // Packs `items` into one request per server of about max_request_bytes
   // each, runs them all in parallel and places every returned block.
   absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
@@ -419,6 +437,7 @@ class Client {
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> address_changes_{0};
   std::atomic<uint64_t> non_finite_skipped_{0};
+  WireCompressor compressor_;  // top-k residuals
 
   // etcd discovery (null without). Destroyed watcher first, etcd last.
   std::unique_ptr<EtcdClient> etcd_;

@@ -155,13 +155,18 @@ absl::Status ChooseOneof(pb::Message* msg, absl::string_view oneof, absl::string
 
 absl::Status SetParameterSetting(v1::ParameterConfig* config, const std::string& key,
                                  double value) {
-  return SetOnCopy(config, key, value, SettingRules{"config setting"}, [](v1::ParameterConfig* c) {
+  return SetOnCopy(config, key, value, SettingRules{"config setting"}, [&key](v1::ParameterConfig* c) {
     std::vector<pb::Message*> places = {ChosenOptimizer(c->mutable_optimizer()),
                                         c->mutable_learning_rate()};
     if (pb::Message* decay = Chosen(c->mutable_learning_rate(), "decay")) {
       places.push_back(decay);
     }
     places.push_back(c->mutable_clipping());
+    // topk_fraction, topk_count: only then, so that no other setting makes
+    // an empty wire_compression appear in the config.
+    if (v1::WireCompression::descriptor()->FindFieldByName(key) != nullptr) {
+      places.push_back(c->mutable_wire_compression());
+    }
     return places;
   });
 }

@@ -32,7 +32,8 @@ absl::Status ChooseOneof(google::protobuf::Message* msg, absl::string_view oneof
                          absl::string_view name, absl::string_view what);
 
 // Sets `key` ("lr" is learning_rate) in the chosen optimizer (SGD if none),
-// the learning-rate schedule, its decay, or the clipping, in that order.
+// the learning-rate schedule, its decay, or the clipping, in that order; then
+// the wire compression's topk_fraction and topk_count.
 absl::Status SetParameterSetting(v1::ParameterConfig* config, const std::string& key, double value);
 
 // Sets `key` ("lr" is learning_rate) in the chosen row optimizer (SGD if

@@ -50,6 +50,22 @@ TEST(SetParameterSettingTest, FindsTheKeyInOptimizerScheduleDecayAndClipping) {
   EXPECT_EQ(config.clipping().clip_norm(), 2);
 }
 
+TEST(SetParameterSettingTest, WireCompressionSettingsAndText) {
+  v1::ParameterConfig config;
+  ASSERT_THAT(SetParameterSetting(&config, "lr", 0.5), IsOk());
+  EXPECT_FALSE(config.has_wire_compression());  // no other setting makes one
+  ASSERT_THAT(SetParameterSetting(&config, "topk_fraction", 0.01), IsOk());
+  ASSERT_THAT(SetParameterSetting(&config, "topk_count", 100), IsOk());
+  EXPECT_EQ(config.wire_compression().topk_fraction(), 0.01);
+  EXPECT_EQ(config.wire_compression().topk_count(), 100u);
+  v1::ParameterConfig parsed;
+  ASSERT_THAT(ParseConfigText("wire_compression { value_type: BFLOAT16 topk_fraction: 0.1 }",
+                              &parsed),
+              IsOk());
+  EXPECT_EQ(parsed.wire_compression().value_type(), v1::WireCompression::BFLOAT16);
+  EXPECT_EQ(ConfigText(parsed), "wire_compression { value_type: BFLOAT16 topk_fraction: 0.1 }");
+}
+
 TEST(SetParameterSettingTest, NoOptimizerMeansSgd) {
   v1::ParameterConfig config;
   ASSERT_THAT(SetParameterSetting(&config, "momentum", 0.9), IsOk());

@@ -21,6 +21,7 @@ GradientView GradientView::Of(const v1::Gradient& grad) {
   if (grad.has_global_norm()) view.global_norm = grad.global_norm();
   view.content = grad.content();
   view.skip_as_non_finite = grad.skip_as_non_finite();
+  view.indices = grad.indices();
   return view;
 }
 

@@ -32,6 +32,9 @@ struct GradientView {
   // Gradient.skip_as_non_finite): skipped where the parameter skips them,
   // refused where it rejects them.
   bool skip_as_non_finite = false;
+  // Top-k (types.proto Gradient.indices): little-endian uint32 element
+  // indices within the block, one per value of `content`; empty: dense.
+  absl::string_view indices;
 
   static GradientView Of(const v1::Gradient& grad);
 };

@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/compression.h"
 #include "cc/core/finite.h"
 #include "cc/core/names.h"
 #include "cc/core/status_macros.h"
@@ -16,6 +19,53 @@ namespace {
 
 constexpr char kAlreadyInitialized[] = "pserver already initialized";
 constexpr char kZeroSizeRefused[] = "a parameter needs at least one element";
+
+// OK for a usable wire_compression: none, or one on a float32 parameter.
+absl::Status CheckWireCompression(const v1::ParameterConfig& config, ElementType type,
+                                  const std::string& what) {
+  if (!config.has_wire_compression()) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(ValidateWireCompression(config.wire_compression(), what));
+  if (Compresses(config.wire_compression()) && type != v1::FLOAT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": wire_compression needs a float32 parameter; this one is ",
+                     ElementTypeName(type)));
+  }
+  return absl::OkStatus();
+}
+
+// OK if a read of a `type` block may travel as `wire_type` (not the same).
+absl::Status CheckReadWireType(absl::string_view name, const v1::BlockRef& block,
+                               ElementType type, ElementType wire_type) {
+  if (type == v1::FLOAT32 && (wire_type == v1::FLOAT16 || wire_type == v1::BFLOAT16)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "read of ", DescribeBlock(name, block), ": wire_type ", ElementTypeName(wire_type),
+      " is not possible for a ", ElementTypeName(type),
+      " parameter; want float16 or bfloat16 for a float32 one, or unset"));
+}
+
+// `float32_bytes` (a float32 block's values) as `type` values.
+std::string NarrowFloats(ElementType type, absl::string_view float32_bytes) {
+  const size_t n = float32_bytes.size() / sizeof(float);
+  std::string out(n * ElementSize(type), '\0');
+  std::vector<float> aligned;
+  const float* values = reinterpret_cast<const float*>(float32_bytes.data());
+  if (reinterpret_cast<uintptr_t>(values) % alignof(float) != 0) {
+    aligned.resize(n);
+    std::memcpy(aligned.data(), float32_bytes.data(), n * sizeof(float));
+    values = aligned.data();
+  }
+  EncodeFloats(type, values, n, out.data());
+  return out;
+}
+
+// The block element that value `i` of a top-k gradient with `indices` is for.
+size_t TopKIndex(absl::string_view indices, size_t i) {
+  uint32_t index;
+  std::memcpy(&index, indices.data() + i * sizeof(index), sizeof(index));
+  return index;
+}
 constexpr char kNotInitialized[] =
     "pserver not fully initialized: call FinishInitParams (finish_init() in Python, FinishInit "
     "in Go) once every parameter is initialized";
@@ -147,6 +197,7 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
         kAlreadyInitialized, ": FinishInitParams was called before InitParam of ", what)));
   }
   PS_RETURN_IF_ERROR(Reject(ValidateStorableType(param.element_type(), what)));
+  PS_RETURN_IF_ERROR(Reject(CheckWireCompression(config, param.element_type(), what)));
   Shape shape(param.shape().begin(), param.shape().end());
   absl::StatusOr<int64_t> total = NumElements(shape);
   if (!total.ok()) {
@@ -264,9 +315,21 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
   *out->mutable_block() = block->ref;
   out->set_clips_by_norm(block->config.clipping().clip_norm() > 0);
   out->set_non_finite(block->config.non_finite());
+  if (block->config.has_wire_compression()) {
+    *out->mutable_wire_compression() = block->config.wire_compression();
+  }
+  const ElementType wire_type = ref.wire_type();
+  const bool narrow = wire_type != v1::ELEMENT_TYPE_UNSPECIFIED && wire_type != block->type;
+  if (narrow) {
+    PS_RETURN_IF_ERROR(Reject(CheckReadWireType(block->name, block->ref, block->type, wire_type)));
+    out->set_content_type(wire_type);
+  }
   {
     absl::ReaderMutexLock lock(&block->mu);
-    absl::Status status = block->storage->Read(read);
+    absl::Status status = narrow ? block->storage->Read([&](absl::string_view bytes) {
+      read(NarrowFloats(wire_type, bytes));
+    })
+                                 : block->storage->Read(read);
     if (!status.ok()) {
       return Reject(absl::Status(status.code(), absl::StrCat(DescribeBlock(block->name, block->ref),
                                                              ": ", status.message())));
@@ -294,13 +357,25 @@ absl::StatusOr<ParameterStore::Target> ParameterStore::CheckGradient(const Gradi
         BlockCount(grad.block), " at element ", grad.block.offset(),
         ": every client of a cluster must use the same block size"));
   }
-  if (grad.type != block->type) {
+  std::string widened;
+  const bool compressed =
+      !grad.indices.empty() || (grad.type != block->type && IsWireFloatType(grad.type));
+  if (compressed && block->type == v1::FLOAT32) {
+    // Checked whole (type, lengths, indices) before anything is applied.
+    PS_ASSIGN_OR_RETURN(widened, WidenGradient(grad.type, grad.content, grad.indices,
+                                               block->num_elements, what()));
+  } else if (!grad.indices.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), ": top-k indices (compression on the wire) need a float32 "
+                             "parameter; this one is ",
+                     ElementTypeName(block->type)));
+  } else if (grad.type != block->type) {
     return absl::InvalidArgumentError(absl::StrCat(what(), ": element type ",
                                                    ElementTypeName(grad.type), " received, ",
                                                    ElementTypeName(block->type), " expected"));
   }
   const size_t want = static_cast<size_t>(block->num_elements) * ElementSize(block->type);
-  if (grad.content.size() != want) {
+  if (!compressed && grad.content.size() != want) {
     return absl::InvalidArgumentError(
         absl::StrCat(what(), ": ", grad.content.size(), " bytes received, ", want, " expected (",
                      block->num_elements, " ", ElementTypeName(block->type), " values)"));
@@ -332,9 +407,10 @@ absl::StatusOr<ParameterStore::Target> ParameterStore::CheckGradient(const Gradi
   }
   if (std::optional<NonFinite> bad = FindNonFinite(grad.type, grad.content)) {
     if (skip_non_finite) return Target{block, /*skip=*/true};
+    if (!grad.indices.empty()) bad->index = TopKIndex(grad.indices, bad->index);
     return NonFiniteGradientError(name, grad.block, *bad);
   }
-  return Target{block, /*skip=*/false};
+  return Target{block, /*skip=*/false, std::move(widened)};
 }
 
 absl::Status ParameterStore::ApplyGradients(absl::Span<const v1::Gradient* const> grads,
@@ -365,7 +441,10 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads
     }
     {
       absl::MutexLock lock(&block->mu);
-      status = block->storage->Apply(grads[i].content, grads[i].type, grads[i].global_norm);
+      const bool widened = !targets[i].widened.empty();
+      status = block->storage->Apply(widened ? targets[i].widened : grads[i].content,
+                                     widened ? v1::FLOAT32 : grads[i].type,
+                                     grads[i].global_norm);
     }
     if (status.ok()) {
       ++done.applied;

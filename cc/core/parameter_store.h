@@ -191,6 +191,9 @@ class ParameterStore {
   struct Target {
     Block* block = nullptr;
     bool skip = false;
+    // A gradient that arrived compressed (cc/core/compression.h), widened
+    // to the block's float32 values; empty: apply the gradient as it came.
+    std::string widened;
   };
 
   absl::Status InitBlock(v1::Parameter param, const v1::ParameterConfig& config, Source source);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cc/core/half_float.h"
 #include "cc/cuda/kernels.h"
 
 #if defined(__CUDACC__)
@@ -25,37 +26,10 @@ namespace pserver {
 namespace cuda {
 namespace kernels {
 
-PS_CUDA_HD float BitsToFloat(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-#endif
-}
-
-// IEEE binary16 to float, exact (normals, subnormals, zeros, inf, NaN).
-PS_CUDA_HD float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1fu) return BitsToFloat(sign | 0x7f800000u | (mant << 13));
-  if (exp == 0) {
-    if (mant == 0) return BitsToFloat(sign);
-    exp = 113;  // 127 - 15 + 1: normalize the subnormal
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    return BitsToFloat(sign | (exp << 23) | ((mant & 0x3ffu) << 13));
-  }
-  return BitsToFloat(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
-PS_CUDA_HD float Bfloat16ToFloat(uint16_t h) {
-  return BitsToFloat(static_cast<uint32_t>(h) << 16);
-}
+// The one definition of the half-precision conversions (cc/core/half_float.h).
+using ::pserver::half::Bfloat16ToFloat;
+using ::pserver::half::BitsToFloat;
+using ::pserver::half::HalfToFloat;
 
 PS_CUDA_HD float LoadGrad(const void* grad, int grad_type, size_t i) {
   switch (grad_type) {

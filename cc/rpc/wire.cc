@@ -288,6 +288,7 @@ grpc::ByteBuffer EncodePushRequest(absl::Span<const GradientView> grads,
     *header.mutable_block() = g.block;
     if (g.global_norm.has_value()) header.set_global_norm(*g.global_norm);
     header.set_skip_as_non_finite(g.skip_as_non_finite);
+    header.set_indices(g.indices.data(), g.indices.size());  // top-k: small, copied
     PutMessageWithPayload(&pending, kRequestGradientsField, header.SerializeAsString(),
                           kGradientContentField, g.content.size());
     if (g.content.size() <= kInlinePayloadBytes) {
