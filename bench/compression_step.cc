@@ -45,7 +45,11 @@ uint64_t WireBytesPerStep(const v1::WireCompression& compression, uint64_t model
 }
 
 absl::StatusOr<std::vector<std::vector<double>>> MeasureSteps(uint64_t model_bytes, int steps) {
-  PS_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(1));
+  // Bulk data over TCP: the same-host Unix socket of the bulk channel would
+  // pass by the tc tbf limit on the namespace's loopback.
+  ServerOptions server;
+  server.bulk_unix_socket = false;
+  PS_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(1, server));
   ClientOptions options;
   options.servers = cluster->addresses();
   options.block_bytes = kBlockBytes;
