@@ -240,19 +240,24 @@ absl::Status BulkListener::ServeFrame(SocketStream& stream) {
     return WriteReplyFrame(stream, reply, room);
   }
   const uint64_t held = header->payload_bytes;
-  const absl::Cleanup release = [this, held] { request_budget_.Release(held); };
-  grpc::Slice payload(header->payload_bytes);
-  PS_RETURN_IF_ERROR(
-      stream.Read(reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin())), payload.size()));
-  grpc::ByteBuffer request(&payload, 1);
   grpc::ByteBuffer response;
   ReplyHold hold;
   absl::Status status;
-  if (header->timeout_micros > 0 &&
-      absl::Now() > received + absl::Microseconds(header->timeout_micros)) {
-    status = absl::DeadlineExceededError("the call's deadline passed before it was served");
-  } else {
-    status = method(*dispatcher_, request, &response, &hold);
+  {
+    // The request's bytes count against the budget until the method is done
+    // with them (a reply that shares a slice keeps its own reference), and are
+    // given back before the reply is written.
+    const absl::Cleanup release = [this, held] { request_budget_.Release(held); };
+    grpc::Slice payload(header->payload_bytes);
+    PS_RETURN_IF_ERROR(stream.Read(reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin())),
+                                   payload.size()));
+    grpc::ByteBuffer request(&payload, 1);
+    if (header->timeout_micros > 0 &&
+        absl::Now() > received + absl::Microseconds(header->timeout_micros)) {
+      status = absl::DeadlineExceededError("the call's deadline passed before it was served");
+    } else {
+      status = method(*dispatcher_, request, &response, &hold);
+    }
   }
   reply.processed_unix_nanos = absl::ToUnixNanos(absl::Now());
   std::vector<grpc::Slice> slices;
