@@ -74,12 +74,16 @@ absl::Status Rounds(Client& client, const std::string& name, uint64_t bytes) {
   const Tensor grad = Filled(bytes, 0.5f);
   Tensor out;
   PS_RETURN_IF_ERROR(client.PushPull(name, grad, &out));  // connected and warm
+  // A worker ready late (a loaded machine) starts at once: the rounds it
+  // missed count what it moved in them, so the aggregate is a lower bound
+  // then; it says so on stderr rather than failing the run.
   const double late = SteadySeconds() - start_at;
   if (late > 0) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("ready ", late, " s after --start_at; give the workers more time"));
+    std::fprintf(stderr, "hosts_worker: ready %.3f s after --start_at; the first rounds "
+                 "count less\n", late);
+  } else {
+    std::this_thread::sleep_for(std::chrono::duration<double>(-late));
   }
-  std::this_thread::sleep_for(std::chrono::duration<double>(-late));
   std::vector<double> moved(rounds, 0);
   while (true) {
     PS_RETURN_IF_ERROR(client.PushPull(name, grad, &out));
