@@ -362,6 +362,18 @@ static void test_server(void) {
   pserver_server_options_set_port(sopts, 70000);
   EXPECT(pserver_server_new(sopts, st) == NULL);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "");
+  /* Every address without an address to publish: refused, naming the flag. */
+  pserver_server_options_set_port(sopts, 0);
+  pserver_server_options_set_host(sopts, "0.0.0.0");
+  EXPECT(pserver_server_new(sopts, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "advertise_host");
+  pserver_server_options_set_advertise_host(sopts, "127.0.0.1");
+  pserver_server_t* advertised = pserver_server_new(sopts, st);
+  EXPECT_OK(st);
+  if (advertised != NULL) {
+    EXPECT(strncmp(pserver_server_address(advertised), "127.0.0.1:", 10) == 0);
+    pserver_server_delete(advertised);
+  }
   pserver_server_options_delete(sopts);
 
   pserver_client_options_t* none = pserver_client_options_new();

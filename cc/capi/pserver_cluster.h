@@ -33,6 +33,12 @@ PSERVER_EXPORT void pserver_server_options_set_index(pserver_server_options_t* o
                                                      uint32_t index);
 PSERVER_EXPORT void pserver_server_options_set_num_threads(pserver_server_options_t* options,
                                                            int32_t num_threads);
+/* The address other hosts reach the server at (pserver --advertise_host):
+ * what pserver_server_address reports and etcd publishes. Default "" (the
+ * host), which must then not be 0.0.0.0 or ::: pserver_server_new refuses
+ * those with INVALID_ARGUMENT naming this setting. */
+PSERVER_EXPORT void pserver_server_options_set_advertise_host(pserver_server_options_t* options,
+                                                              const char* host);
 
 /* Where the server keeps checkpoints: shard i in <dir>/shard-<i>. With a
  * directory the server loads its shard's newest good checkpoint on start and

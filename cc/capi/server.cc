@@ -39,6 +39,14 @@ void pserver_server_options_set_host(pserver_server_options_t* options, const ch
   }
 }
 
+void pserver_server_options_set_advertise_host(pserver_server_options_t* options,
+                                               const char* host) {
+  try {
+    if (options != nullptr) options->rep.advertise_host = host == nullptr ? "" : host;
+  } catch (...) {
+  }
+}
+
 void pserver_server_options_set_port(pserver_server_options_t* options, int32_t port) {
   if (options != nullptr) options->rep.port = port;
 }

@@ -36,7 +36,14 @@
 #include "cc/rpc/allocator.h"
 #include "cc/server/server.h"
 
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to listen on; 0.0.0.0 or :: (every address) needs --advertise_host.");
+// --- the published address (docs/multihost.md) ---
+ABSL_FLAG(std::string, advertise_host, "",
+          "Address other hosts reach this server at: published in etcd (/ps/<index>) and used "
+          "for the bulk channel's TCP port (as etcd's --advertise-client-urls). Empty: --host, "
+          "which must then be a specific address. An IPv6 address is published as "
+          "[addr]:port.");
 ABSL_FLAG(int, port, 0, "Port to listen on; 0 picks a free one.");
 ABSL_FLAG(uint32_t, index, 0, "This server's shard index.");
 ABSL_FLAG(int, num_threads, 0,
@@ -134,7 +141,7 @@ namespace {
 
 constexpr char kUsage[] =
     "A pserver parameter server.\n"
-    "Usage: pserver [--host=127.0.0.1] [--port=0] [--etcd=host:port --num_servers=N] "
+    "Usage: pserver [--host=127.0.0.1] [--port=0] [--advertise_host=ADDR] [--etcd=host:port --num_servers=N] "
     "[--checkpoint_dir=DIR] ...\n"
     "--help lists pserver's flags, --helpfull also abseil's.";
 
@@ -196,6 +203,7 @@ pserver::ServerOptions OptionsFromFlags() {
   pserver::ServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
+  options.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   options.index = absl::GetFlag(FLAGS_index);
   options.num_threads = absl::GetFlag(FLAGS_num_threads);
   for (absl::string_view endpoint :

@@ -23,6 +23,7 @@
 #include "cc/etcd/keys.h"
 #include "cc/etcd/leased_key.h"
 #include "cc/rpc/grpc_status.h"
+#include "cc/server/advertised_address.h"
 #include "cc/server/bulk_listener.h"
 #include "cc/server/checkpoint_schedule.h"
 #include "cc/server/dispatcher.h"
@@ -196,6 +197,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("num_threads must be >= 0, got ", options.num_threads));
   }
   if (options.host.empty()) return absl::InvalidArgumentError("host is empty");
+  // Refused before binding: a server others cannot find is no use.
+  PS_ASSIGN_OR_RETURN(const std::string advertised_host,
+                      AdvertisedHost(options.host, options.advertise_host));
   if (options.device != "cpu" &&
       !(absl::StartsWith(options.device, "cuda:") && options.device.size() > 5 &&
         options.device.find_first_not_of("0123456789", 5) == std::string::npos)) {
@@ -256,12 +260,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const bool staged = !options.etcd_endpoints.empty() || !options.checkpoint_dir.empty();
   if (staged) server->dispatcher_->SetServing(false);
 
-  // host:port, with an IPv6 host in brackets.
-  const bool ipv6 = options.host.find(':') != std::string::npos;
-  auto host_port = [&](int port) {
-    return ipv6 ? absl::StrCat("[", options.host, "]:", port)
-                : absl::StrCat(options.host, ":", port);
-  };
   // pserver's own listener: gRPC's stops for good at the first EMFILE.
   PS_ASSIGN_OR_RETURN(
       server->listener_,
@@ -289,7 +287,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr) return absl::InternalError("cannot start the gRPC server");
   server->listener_->Start(server->grpc_server_.get());
-  server->address_ = host_port(server->port_);
+  server->address_ = JoinHostPort(advertised_host, server->port_);
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
   if (server->StopRequested()) return StoppedWhileStarting();
   if (!options.checkpoint_dir.empty()) PS_RETURN_IF_ERROR(server->LoadShard());

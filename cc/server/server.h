@@ -52,6 +52,12 @@ class LeasedKey;
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;         // 0: the system picks a free port
+  // --- the address others dial (cc/server/advertised_address.h) ---
+  // What is published in etcd (/ps/<idx>), in checkpoint records and
+  // address(); the bulk channel's TCP port is dialled on it too. Empty:
+  // `host`, which must then not be unspecified (0.0.0.0 or ::): Start refuses
+  // such a server, naming this option. An IPv6 host is written [addr]:port.
+  std::string advertise_host;
   uint32_t index = 0;   // this server's shard index, reported in stats (without etcd)
   // Idle threads kept waiting for calls; 0: two per core, at least 4. More
   // start under load, up to max_threads.
@@ -164,7 +170,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  const std::string& address() const { return address_; }  // host:port
+  // advertise_host (or host):port; [addr]:port for IPv6.
+  const std::string& address() const { return address_; }
   int port() const { return port_; }
   // The shard index: options.index, or the one claimed in etcd.
   uint32_t index() const { return index_; }

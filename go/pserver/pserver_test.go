@@ -3,10 +3,12 @@ package pserver_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -156,6 +158,21 @@ func TestInProcessClientAndServer(t *testing.T) {
 	server.Close()
 	if err := server.SaveCheckpoint(ctx); !errors.Is(err, pserver.ErrClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+func TestServerAdvertiseHost(t *testing.T) {
+	if _, err := pserver.NewServer(&pserver.ServerOptions{Host: "0.0.0.0"}); !errors.Is(err, pserver.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "advertise_host") {
+		t.Fatalf("0.0.0.0 without AdvertiseHost: %v", err)
+	}
+	server, err := pserver.NewServer(&pserver.ServerOptions{Host: "0.0.0.0", AdvertiseHost: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	if want := fmt.Sprintf("127.0.0.1:%d", server.Port()); server.Address() != want {
+		t.Fatalf("address %q, want %q", server.Address(), want)
 	}
 }
 

@@ -16,10 +16,14 @@ import (
 // LocalCluster). The zero value: 127.0.0.1, a free port, index 0, two
 // request threads per core, no checkpoints.
 type ServerOptions struct {
-	Host       string
-	Port       int
-	Index      uint32
-	NumThreads int
+	Host string
+	// AdvertiseHost: the address others reach the server at (pserver
+	// --advertise_host); needed when Host is 0.0.0.0 or ::. Address() is then
+	// AdvertiseHost:port ([addr]:port for IPv6).
+	AdvertiseHost string
+	Port          int
+	Index         uint32
+	NumThreads    int
 	// CheckpointDir: shard i is kept in <dir>/shard-<i>; the server loads
 	// its shard's newest good checkpoint on start and saves one on
 	// SaveCheckpoint and when it stops.
@@ -34,6 +38,11 @@ func (o *ServerOptions) toC() *C.pserver_server_options_t {
 	if o.Host != "" {
 		c := C.CString(o.Host)
 		C.pserver_server_options_set_host(opts, c)
+		C.free(unsafe.Pointer(c))
+	}
+	if o.AdvertiseHost != "" {
+		c := C.CString(o.AdvertiseHost)
+		C.pserver_server_options_set_advertise_host(opts, c)
 		C.free(unsafe.Pointer(c))
 	}
 	C.pserver_server_options_set_port(opts, C.int32_t(o.Port))

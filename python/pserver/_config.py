@@ -103,9 +103,11 @@ def _client_options(timeout: Optional[float], block_bytes: Optional[int],
 
 
 def _server_options(host: str, port: int, index: int, num_threads: int,
-                    checkpoint_dir: Optional[str]) -> ContextManager[Any]:
+                    checkpoint_dir: Optional[str],
+                    advertise_host: Optional[str] = None) -> ContextManager[Any]:
     return _options("server", [
-        ("host", host), ("port", int(port)), ("index", int(index)),
+        ("host", host), ("advertise_host", advertise_host), ("port", int(port)),
+        ("index", int(index)),
         ("num_threads", int(num_threads)),
         ("checkpoint_dir", None if checkpoint_dir is None else str(checkpoint_dir)),
     ])

@@ -23,8 +23,12 @@ class Server(_Closing):
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, index: int = 0,
-                 num_threads: int = 0, checkpoint_dir: Optional[str] = None) -> None:
-        with _server_options(host, port, index, num_threads, checkpoint_dir) as opts:
+                 num_threads: int = 0, checkpoint_dir: Optional[str] = None,
+                 advertise_host: Optional[str] = None) -> None:
+        """`advertise_host`: the address others reach it at (needed with host
+        "0.0.0.0" or "::"); `address` is then advertise_host:port."""
+        with _server_options(host, port, index, num_threads, checkpoint_dir,
+                             advertise_host) as opts:
             ptr = _c.pserver_server_new(opts)
         self._address = _c.pserver_server_address(ptr)
         self._port = _c.pserver_server_port(ptr)

@@ -209,5 +209,17 @@ def test_server_and_client_over_grpc():
         client2.close()
 
 
+def test_server_advertise_host():
+    # Bound to every address, a server must be told which one to publish.
+    with pytest.raises(pserver.InvalidArgument, match="advertise_host"):
+        pserver.Server(host="0.0.0.0")
+    with pserver.Server(host="0.0.0.0", advertise_host="127.0.0.1") as server:
+        assert server.address == f"127.0.0.1:{server.port}"
+        with server.client(timeout=10) as client:
+            client.init("w", np.ones(2, np.float32))
+            client.finish_init()
+            np.testing.assert_array_equal(client.get("w"), [1, 1])
+
+
 def test_version():
     assert pserver.version() == pserver.__version__ == "0.4.0"
