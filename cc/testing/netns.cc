@@ -97,8 +97,10 @@ absl::StatusOr<std::unique_ptr<NetnsCluster>> NetnsCluster::Create(const NetnsOp
   cluster->bridge_ = cluster->prefix_ + "br";
   for (int i = 0; i < options.hosts; ++i) {
     const std::string p = cluster->prefix_;
-    cluster->hosts_.push_back({absl::StrCat(p, "-", i), absl::StrCat(options.subnet, ".", i + 1),
-                               absl::StrCat(p, "n", i), absl::StrCat(p, "h", i)});
+    cluster->hosts_.push_back(
+        {absl::StrCat(p, "-", i), absl::StrCat(options.subnet, ".", i + 1),
+         options.ipv6_prefix.empty() ? "" : absl::StrCat(options.ipv6_prefix, absl::Hex(i + 1)),
+         absl::StrCat(p, "n", i), absl::StrCat(p, "h", i)});
   }
   // On failure the destructor removes whatever was made.
   if (absl::Status built = cluster->Build(); !built.ok()) {
@@ -121,6 +123,10 @@ absl::Status NetnsCluster::Build() {
     PS_RETURN_IF_ERROR(Ip({"link", "set", host.port, "master", bridge_, "up"}));
     PS_RETURN_IF_ERROR(
         Ip({"-n", host.netns, "addr", "add", host.address + "/24", "dev", host.device}));
+    if (!host.address6.empty()) {
+      PS_RETURN_IF_ERROR(Ip({"-n", host.netns, "-6", "addr", "add", host.address6 + "/64", "dev",
+                             host.device, "nodad"}));
+    }
     PS_RETURN_IF_ERROR(Ip({"-n", host.netns, "link", "set", host.device, "up"}));
     PS_RETURN_IF_ERROR(Ip({"-n", host.netns, "link", "set", "lo", "up"}));
     if (!options_.rate.empty()) {
@@ -159,11 +165,21 @@ absl::Status NetnsCluster::LimitRate(const std::vector<std::string>& netns_args,
   return Tc(args);
 }
 
-absl::StatusOr<ChildProcess*> NetnsCluster::Spawn(int host, const std::string& path,
-                                                  const std::vector<std::string>& args) {
+absl::Status NetnsCluster::CheckHost(int host) const {
   if (host < 0 || host >= size()) {
     return absl::InvalidArgumentError(absl::StrCat("no host ", host, " (", size(), " hosts)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status NetnsCluster::SetLinkUp(int host, bool up) {
+  PS_RETURN_IF_ERROR(CheckHost(host));
+  return Ip({"link", "set", bridge_port(host), up ? "up" : "down"});
+}
+
+absl::StatusOr<ChildProcess*> NetnsCluster::Spawn(int host, const std::string& path,
+                                                  const std::vector<std::string>& args) {
+  PS_RETURN_IF_ERROR(CheckHost(host));
   std::vector<std::string> all = {"netns", "exec", name(host), path};
   all.insert(all.end(), args.begin(), args.end());
   auto child = ChildProcess::Spawn(ip_, all);
@@ -174,18 +190,14 @@ absl::StatusOr<ChildProcess*> NetnsCluster::Spawn(int host, const std::string& p
 
 absl::StatusOr<std::string> NetnsCluster::Run(int host, const std::string& path,
                                               const std::vector<std::string>& args) const {
-  if (host < 0 || host >= size()) {
-    return absl::InvalidArgumentError(absl::StrCat("no host ", host, " (", size(), " hosts)"));
-  }
+  PS_RETURN_IF_ERROR(CheckHost(host));
   std::vector<std::string> all = {"netns", "exec", name(host), path};
   all.insert(all.end(), args.begin(), args.end());
   return RunProgram(ip_, all, Deadline());
 }
 
 absl::Status NetnsCluster::RunIn(int host, const std::function<void()>& fn) const {
-  if (host < 0 || host >= size()) {
-    return absl::InvalidArgumentError(absl::StrCat("no host ", host, " (", size(), " hosts)"));
-  }
+  PS_RETURN_IF_ERROR(CheckHost(host));
   absl::Status status;
   std::thread thread([&] {
     const std::string path = absl::StrCat("/var/run/netns/", name(host));

@@ -43,6 +43,10 @@ struct NetnsOptions {
   // Host i gets <subnet>.<i + 1>/24; the addresses exist only inside the
   // cluster's namespaces.
   std::string subnet = "10.213.0";
+  // Also IPv6: host i gets <ipv6_prefix><i + 1>/64 (e.g. "fd00:213::" gives
+  // fd00:213::1), usable at once (no duplicate address detection). Empty:
+  // IPv4 only.
+  std::string ipv6_prefix;
   // Deadline of each ip/tc command.
   absl::Duration command_timeout = absl::Seconds(20);
 };
@@ -64,6 +68,8 @@ class NetnsCluster {
   const std::string& bridge() const { return bridge_; }
   const std::string& name(int host) const { return hosts_[host].netns; }
   const std::string& address(int host) const { return hosts_[host].address; }
+  // Host's IPv6 address; empty without NetnsOptions.ipv6_prefix.
+  const std::string& address6(int host) const { return hosts_[host].address6; }
   // The link's device inside host's namespace, and its peer on the bridge.
   const std::string& device(int host) const { return hosts_[host].device; }
   const std::string& bridge_port(int host) const { return hosts_[host].port; }
@@ -82,13 +88,21 @@ class NetnsCluster {
   // creates belong there), and waits for it.
   absl::Status RunIn(int host, const std::function<void()>& fn) const;
 
+  // Cuts host off (false) or connects it again (true): its port on the
+  // bridge goes down or up. The host keeps its addresses and its processes
+  // run on; while down nothing reaches it or leaves it (its own device has
+  // no carrier), as when a machine's cable is pulled. A TCP connection
+  // survives a cut shorter than its timeouts.
+  absl::Status SetLinkUp(int host, bool up);
+
  private:
   struct Host {
-    std::string netns, address, device, port;
+    std::string netns, address, address6, device, port;
   };
   NetnsCluster() = default;
 
   absl::Status Build();
+  absl::Status CheckHost(int host) const;
   absl::Status Ip(const std::vector<std::string>& args) const;
   absl::Status Tc(const std::vector<std::string>& args) const;
   absl::Status LimitRate(const std::vector<std::string>& netns_args, const std::string& dev) const;

@@ -1,16 +1,19 @@
 #include "cc/testing/netns.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cc/core/status_macros.h"
 #include "cc/testing/run_program.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -44,6 +47,59 @@ sockaddr_in Address(const std::string& ip, uint16_t port) {
   addr.sin_port = htons(port);
   inet_pton(AF_INET, ip.c_str(), &addr.sin_addr);
   return addr;
+}
+
+// A socket address for a numeric IPv4 or IPv6 address.
+sockaddr_storage NumericAddress(const std::string& ip, uint16_t port, socklen_t* length) {
+  sockaddr_storage storage{};
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  *length = 0;
+  if (getaddrinfo(ip.c_str(), absl::StrCat(port).c_str(), &hints, &found) == 0) {
+    std::memcpy(&storage, found->ai_addr, found->ai_addrlen);
+    *length = found->ai_addrlen;
+    freeaddrinfo(found);
+  }
+  return storage;
+}
+
+// A listening socket on ip (any port) inside host; its port in *port.
+int ListenIn(const NetnsCluster& cluster, int host, const std::string& ip, uint16_t* port) {
+  int listener = -1;
+  *port = 0;
+  absl::Status in = cluster.RunIn(host, [&] {
+    socklen_t length = 0;
+    sockaddr_storage addr = NumericAddress(ip, 0, &length);
+    listener = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    BoundWaits(listener);
+    if (bind(listener, reinterpret_cast<sockaddr*>(&addr), length) == 0 &&
+        listen(listener, 4) == 0 &&
+        getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length) == 0) {
+      *port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                               : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    }
+  });
+  return in.ok() ? listener : -1;
+}
+
+// Connects from host to ip:port, waiting at most `wait`; the error if not.
+absl::Status ConnectFrom(const NetnsCluster& cluster, int host, const std::string& ip,
+                         uint16_t port, int wait_seconds) {
+  absl::Status status = absl::InternalError("not run");
+  PS_RETURN_IF_ERROR(cluster.RunIn(host, [&] {
+    socklen_t length = 0;
+    const sockaddr_storage addr = NumericAddress(ip, port, &length);
+    const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    timeval timeout{wait_seconds, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+    status = connect(fd, reinterpret_cast<const sockaddr*>(&addr), length) == 0
+                 ? absl::OkStatus()
+                 : absl::UnavailableError(std::strerror(errno));
+    close(fd);
+  }));
+  return status;
 }
 
 TEST(NetnsClusterTest, RejectsABadHostCount) {
@@ -140,6 +196,45 @@ TEST(NetnsClusterTest, RunsProgramsInsideItsNamespace) {
   EXPECT_EQ(status, 0) << child->output();
   EXPECT_THAT(child->out(), HasSubstr(cluster->address(0) + "/24"));
   EXPECT_THAT(cluster->Run(5, ip, {"addr"}), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(NetnsClusterTest, ALinkTakenDownCutsTheHostOffUntilItIsUp) {
+  SKIP_WITHOUT_NETNS();
+  ASSERT_OK_AND_ASSIGN(auto cluster, NetnsCluster::Create(NetnsOptions()));
+  uint16_t port = 0;
+  const int listener = ListenIn(*cluster, 0, cluster->address(0), &port);
+  ASSERT_GE(listener, 0);
+  ASSERT_NE(port, 0);
+  EXPECT_OK(ConnectFrom(*cluster, 1, cluster->address(0), port, 10));
+  ASSERT_OK(cluster->SetLinkUp(0, false));
+  // Nothing answers: the connect gives up after its bound (1 s).
+  EXPECT_THAT(ConnectFrom(*cluster, 1, cluster->address(0), port, 1),
+              StatusCodeIs(absl::StatusCode::kUnavailable));
+  ASSERT_OK_AND_ASSIGN(const std::string ip, FindProgram("ip"));
+  ASSERT_OK_AND_ASSIGN(std::string inside,
+                       cluster->Run(0, ip, {"-o", "link", "show", cluster->device(0)}));
+  EXPECT_THAT(inside, HasSubstr("NO-CARRIER"));
+  ASSERT_OK(cluster->SetLinkUp(0, true));
+  EXPECT_OK(ConnectFrom(*cluster, 1, cluster->address(0), port, 10));
+  close(listener);
+  EXPECT_THAT(cluster->SetLinkUp(7, true), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(NetnsClusterTest, HostsGetIpv6AddressesWhenAsked) {
+  SKIP_WITHOUT_NETNS();
+  NetnsOptions options;
+  options.ipv6_prefix = "fd00:213::";
+  ASSERT_OK_AND_ASSIGN(auto cluster, NetnsCluster::Create(options));
+  EXPECT_EQ(cluster->address6(0), "fd00:213::1");
+  EXPECT_EQ(cluster->address6(1), "fd00:213::2");
+  uint16_t port = 0;
+  const int listener = ListenIn(*cluster, 1, cluster->address6(1), &port);
+  ASSERT_GE(listener, 0);
+  ASSERT_NE(port, 0) << "cannot listen on " << cluster->address6(1);
+  EXPECT_OK(ConnectFrom(*cluster, 0, cluster->address6(1), port, 10));
+  close(listener);
+  ASSERT_OK_AND_ASSIGN(auto ipv4_only, NetnsCluster::Create(NetnsOptions()));
+  EXPECT_EQ(ipv4_only->address6(0), "");
 }
 
 TEST(NetnsClusterTest, TeardownLeavesNothing) {

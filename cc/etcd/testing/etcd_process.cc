@@ -86,10 +86,27 @@ EtcdProcess::EtcdProcess(EtcdProcessOptions options) : options_(std::move(option
 
 EtcdProcess::~EtcdProcess() { Stop().IgnoreError(); }
 
-std::string EtcdProcess::endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
+namespace {
+// host:port, with an IPv6 host in brackets.
+std::string HostPort(const std::string& host, int port) {
+  return absl::StrContains(host, ':') ? absl::StrCat("[", host, "]:", port)
+                                      : absl::StrCat(host, ":", port);
+}
+}  // namespace
+
+std::string EtcdProcess::endpoint() const { return HostPort(options_.host, client_port_); }
+
+std::string EtcdProcess::peer_url() const {
+  return absl::StrCat("http://", HostPort(options_.host, peer_port_));
+}
 
 absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(EtcdProcessOptions options) {
   static std::atomic<int> started{0};
+  if ((options.client_port == 0) != (options.peer_port == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "EtcdProcessOptions: give both ports or neither (client_port ", options.client_port,
+        ", peer_port ", options.peer_port, ")"));
+  }
   absl::Status status;
   // Another process may take a port between PickPorts and etcd's bind: then
   // etcd exits at once and a second pair of ports is tried.
@@ -99,11 +116,18 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(EtcdProcessOptio
     if (!data_dir.ok()) return data_dir.status();
     etcd->data_dir_ = *data_dir;
     etcd->log_path_ = etcd->data_dir_ + ".log";
-    etcd->cluster_token_ = absl::StrCat("pserver-test-", getpid(), "-", started++);
-    status = PickPorts(&etcd->client_port_, &etcd->peer_port_);
-    if (!status.ok()) return status;
+    etcd->cluster_token_ = options.cluster_token.empty()
+                               ? absl::StrCat("pserver-test-", getpid(), "-", started++)
+                               : options.cluster_token;
+    if (options.client_port == 0) {
+      status = PickPorts(&etcd->client_port_, &etcd->peer_port_);
+      if (!status.ok()) return status;
+    } else {
+      etcd->client_port_ = options.client_port;
+      etcd->peer_port_ = options.peer_port;
+    }
     status = etcd->Spawn();
-    if (status.ok()) status = etcd->WaitServing();
+    if (status.ok() && options.wait_until_serving) status = etcd->WaitServing();
     if (status.ok()) return etcd;
     if (etcd->running() || !absl::StrContains(etcd->LogTail(), "address already in use")) break;
   }
@@ -114,22 +138,26 @@ absl::Status EtcdProcess::Spawn() {
   if (running()) {
     return absl::FailedPreconditionError(absl::StrCat("etcd already running, pid ", pid_));
   }
-  const std::string client_url = absl::StrCat("http://127.0.0.1:", client_port_);
-  const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer_port_);
-  std::vector<std::string> args = {
+  const std::string client_url = absl::StrCat("http://", endpoint());
+  const std::string peer = peer_url();
+  std::vector<std::string> args = options_.exec_prefix;
+  const std::vector<std::string> etcd_args = {
       options_.binary,
       "--name=" + options_.name,
       "--data-dir=" + data_dir_,
       "--listen-client-urls=" + client_url,
       "--advertise-client-urls=" + client_url,
-      "--listen-peer-urls=" + peer_url,
-      "--initial-advertise-peer-urls=" + peer_url,
-      absl::StrCat("--initial-cluster=", options_.name, "=", peer_url),
+      "--listen-peer-urls=" + peer,
+      "--initial-advertise-peer-urls=" + peer,
+      "--initial-cluster=" + (options_.initial_cluster.empty()
+                                  ? absl::StrCat(options_.name, "=", peer)
+                                  : options_.initial_cluster),
       "--initial-cluster-state=new",
       "--initial-cluster-token=" + cluster_token_,
       "--logger=zap",
       "--log-outputs=stderr",
   };
+  args.insert(args.end(), etcd_args.begin(), etcd_args.end());
   // Everything the child needs is prepared before fork: after it, in a
   // multithreaded process, the child may only make async-signal-safe calls.
   std::vector<char*> argv;
@@ -235,7 +263,7 @@ absl::Status EtcdProcess::Restart() {
         absl::StrCat("etcd pid ", pid_, " is still running; Stop or Kill it first"));
   }
   absl::Status status = Spawn();
-  if (status.ok()) status = WaitServing();
+  if (status.ok() && options_.wait_until_serving) status = WaitServing();
   return status;
 }
 

@@ -14,6 +14,21 @@
 // killed if the thread that started it exits first (PR_SET_PDEATHSIG), so a
 // crashed test leaves no server behind: start it from the test's main thread.
 //
+// A member of a multi-member cluster, e.g. in a network namespace
+// (cc/testing/netns.h), is started on a given address and ports, under a
+// command that execs etcd (`ip netns exec <ns>`), without waiting (the
+// cluster serves only once a majority of its members run):
+//
+//   EtcdProcessOptions member;
+//   member.name = "e0";
+//   member.host = cluster->address(0);
+//   member.client_port = 2379;
+//   member.peer_port = 2380;
+//   member.exec_prefix = {ip, "netns", "exec", cluster->name(0)};
+//   member.initial_cluster = "e0=http://10.213.0.1:2380,e1=...,e2=...";
+//   member.cluster_token = "job-1";
+//   member.wait_until_serving = false;
+//
 // Thread safety: not thread-safe; use one EtcdProcess from one thread.
 #ifndef PSERVER_CC_ETCD_TESTING_ETCD_PROCESS_H_
 #define PSERVER_CC_ETCD_TESTING_ETCD_PROCESS_H_
@@ -22,6 +37,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,6 +50,24 @@ struct EtcdProcessOptions {
   // Empty: a new directory under $TEST_TMPDIR (or /tmp outside Bazel).
   std::string data_dir;
   std::string name = "pserver-test";
+  // The address etcd listens on and advertises (client and peer URLs); an
+  // IPv6 address is bracketed in the URLs.
+  std::string host = "127.0.0.1";
+  // 0: free ports of this process's 127.0.0.1 (both or neither must be 0).
+  int client_port = 0;
+  int peer_port = 0;
+  // etcd runs as `exec_prefix... binary args...`; the prefix must exec its
+  // command, so that the PID is etcd's (`ip netns exec <ns>` does).
+  std::vector<std::string> exec_prefix;
+  // --initial-cluster ("name=http://host:peer_port,..."); empty: this member
+  // alone.
+  std::string initial_cluster;
+  // --initial-cluster-token; empty: unique to this process and member.
+  std::string cluster_token;
+  // Start and Restart wait until this member serves (which a member of a
+  // cluster does only with a majority up, and which this process can see
+  // only when it reaches `host`); false: they return once etcd is spawned.
+  bool wait_until_serving = true;
   // How long Start and Restart wait for etcd to serve.
   absl::Duration start_timeout = absl::Seconds(30);
   // How long Stop waits after SIGTERM before SIGKILL.
@@ -48,8 +82,10 @@ class EtcdProcess {
   EtcdProcess& operator=(const EtcdProcess&) = delete;
   ~EtcdProcess();
 
-  // The client endpoint, "127.0.0.1:<client_port>".
+  // The client endpoint, "<host>:<client_port>" ([host] for IPv6).
   std::string endpoint() const;
+  // http://<host>:<peer_port>, for EtcdProcessOptions.initial_cluster.
+  std::string peer_url() const;
   int client_port() const { return client_port_; }
   int peer_port() const { return peer_port_; }
   const std::string& data_dir() const { return data_dir_; }

@@ -1,0 +1,232 @@
+// The trainer and observer of the multi-host tests (tests/multihost_test.cc),
+// run inside a network namespace: a public C++ Client that finds the servers
+// through etcd.
+//
+//   multihost_trainer --etcd=A,B,C --mode=init       # creates w and count
+//   multihost_trainer --etcd=... --mode=train --worker_id=t0 --min_steps=200
+//                     --stop_file=/tmp/stop           # trains until told to stop
+//   multihost_trainer --etcd=... --mode=check         # prints the parameters' state
+//   multihost_trainer --etcd=... --mode=wait_count --count_above=500
+//   multihost_trainer --etcd=... --mode=wait_members --expect_workers=t0
+//                     --expect_servers=0,2            # waits for that membership
+//
+// The model is deterministic: w (kDim floats, several blocks over every
+// server) is trained by SGD towards `target` on the loss |w - target|^2 / 2,
+// so it converges to target whatever the interleaving of the trainers; count
+// gets a gradient of -1 per step (SGD, learning rate 1), so its value is the
+// number of steps applied, which shows that no push was applied twice or
+// lost. Train prints "step <n>" every kReportEvery steps and "done steps=<n>"
+// at the end; check prints "count=<c> uniform=<0|1> maxerr=<e>";
+// wait_members prints "members workers=<ids> servers=<indices>" once etcd
+// shows exactly the expected sets, exit 1 (with what it saw) if it does not
+// within --wait_seconds; wait_count prints "count=<c>" once more than
+// --count_above steps are applied (exit 1 if not within --wait_seconds). Errors: a line on stderr, exit 1.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "cc/client/client.h"
+#include "cc/core/status_macros.h"
+#include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
+
+ABSL_FLAG(std::string, etcd, "", "etcd endpoints host:port,...");
+ABSL_FLAG(std::string, cluster, "multihost", "Cluster name in etcd.");
+ABSL_FLAG(std::string, mode, "train", "init, train, check or wait_members.");
+ABSL_FLAG(std::string, worker_id, "", "train: the trainer's id in /workers/.");
+ABSL_FLAG(double, worker_lease_seconds, 2, "train: the worker registration's lease.");
+ABSL_FLAG(int, min_steps, 100, "train: steps before the stop file is looked at.");
+ABSL_FLAG(int, max_steps, 5000000, "train: steps after which it gives up (exit 1).");
+ABSL_FLAG(std::string, stop_file, "", "train: stop once this file exists (after min_steps).");
+ABSL_FLAG(double, timeout_seconds, 120, "Deadline of each call (retried within it).");
+ABSL_FLAG(std::string, expect_workers, "", "wait_members: worker ids, comma-separated.");
+ABSL_FLAG(std::string, expect_servers, "", "wait_members: server indices, comma-separated.");
+ABSL_FLAG(double, count_above, 0, "wait_count: the count to exceed.");
+ABSL_FLAG(double, wait_seconds, 60, "wait_members, wait_count: how long to wait.");
+
+namespace pserver::multihost {
+namespace {
+
+constexpr int64_t kDim = 3000;        // 12,000 bytes: 3 blocks of kBlockBytes
+constexpr size_t kBlockBytes = 4096;  // every client of the cluster uses it
+constexpr float kTarget = 3.0f;
+constexpr float kLearningRate = 0.25f;
+constexpr int kReportEvery = 100;
+
+std::vector<std::string> Endpoints() {
+  return absl::StrSplit(absl::GetFlag(FLAGS_etcd), ',', absl::SkipEmpty());
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Connect(bool register_worker) {
+  ClientOptions options;
+  options.etcd_endpoints = Endpoints();
+  options.cluster = absl::GetFlag(FLAGS_cluster);
+  options.block_bytes = kBlockBytes;
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
+  options.discovery_timeout = options.timeout;
+  options.register_worker = register_worker;
+  options.worker_id = absl::GetFlag(FLAGS_worker_id);
+  options.worker_lease_ttl = absl::Seconds(absl::GetFlag(FLAGS_worker_lease_seconds));
+  return Client::Connect(options);
+}
+
+Tensor Filled(float value) {
+  return Tensor::FromValues<float>({kDim}, std::vector<float>(kDim, value));
+}
+
+v1::ParameterConfig Sgd(float learning_rate) {
+  v1::ParameterConfig config;
+  config.mutable_optimizer()->mutable_sgd();
+  config.mutable_learning_rate()->set_learning_rate(learning_rate);
+  return config;
+}
+
+absl::Status Init() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(false));
+  PS_RETURN_IF_ERROR(client->InitParam("w", Filled(0.0f), Sgd(kLearningRate)));
+  PS_RETURN_IF_ERROR(client->InitParam("count", Filled(0.0f), Sgd(1.0f)));
+  PS_RETURN_IF_ERROR(client->FinishInitParams());
+  std::printf("initialized\n");
+  return absl::OkStatus();
+}
+
+absl::Status Train() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(true));
+  PS_ASSIGN_OR_RETURN(Tensor w, client->GetParam("w"));
+  Tensor grad = Filled(0.0f);
+  Tensor count = Filled(0.0f);
+  const Tensor minus_one = Filled(-1.0f);
+  const std::string stop_file = absl::GetFlag(FLAGS_stop_file);
+  const int min_steps = absl::GetFlag(FLAGS_min_steps);
+  const int max_steps = absl::GetFlag(FLAGS_max_steps);
+  int steps = 0;
+  while (true) {
+    absl::Span<const float> current = w.values<float>();
+    absl::Span<float> g = grad.mutable_values<float>();
+    for (int64_t i = 0; i < kDim; ++i) g[i] = current[i] - kTarget;
+    PS_RETURN_IF_ERROR(client->PushPull("w", grad, &w));
+    PS_RETURN_IF_ERROR(client->PushPull("count", minus_one, &count));
+    ++steps;
+    if (steps % kReportEvery == 0) {
+      std::printf("step %d\n", steps);
+      std::fflush(stdout);
+    }
+    if (steps >= min_steps && !stop_file.empty() && access(stop_file.c_str(), F_OK) == 0) break;
+    if (steps >= max_steps) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no stop file ", stop_file, " after ", steps, " steps"));
+    }
+  }
+  std::printf("done steps=%d\n", steps);
+  return absl::OkStatus();
+}
+
+absl::Status Check() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(false));
+  PS_ASSIGN_OR_RETURN(Tensor w, client->GetParam("w"));
+  PS_ASSIGN_OR_RETURN(Tensor count, client->GetParam("count"));
+  absl::Span<const float> c = count.values<float>();
+  const bool uniform = std::all_of(c.begin(), c.end(), [&](float v) { return v == c[0]; });
+  float max_error = 0;
+  for (float v : w.values<float>()) max_error = std::max(max_error, std::fabs(v - kTarget));
+  std::printf("count=%.0f uniform=%d maxerr=%g\n", c[0], uniform ? 1 : 0, max_error);
+  return absl::OkStatus();
+}
+
+absl::Status WaitCount() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(false));
+  const double above = absl::GetFlag(FLAGS_count_above);
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_wait_seconds));
+  float seen = 0;
+  while (absl::Now() < deadline) {
+    CallOptions call;
+    call.deadline = deadline;
+    PS_ASSIGN_OR_RETURN(Tensor count, client->GetParam("count", call));
+    seen = count.values<float>()[0];
+    if (seen > above) {
+      std::printf("count=%.0f\n", seen);
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("count stayed at ", seen, " (not above ", above,
+                                                  ") for ", absl::GetFlag(FLAGS_wait_seconds),
+                                                  " s: training stopped"));
+}
+
+// "workers=<ids> servers=<indices>", both sorted.
+absl::StatusOr<std::string> Members(EtcdClient& etcd) {
+  PS_ASSIGN_OR_RETURN(std::vector<KeyValue> workers, etcd.GetPrefix(etcd_keys::WorkersPrefix()));
+  PS_ASSIGN_OR_RETURN(std::vector<KeyValue> servers, etcd.GetPrefix(etcd_keys::ServersPrefix()));
+  std::vector<std::string> ids, indices;
+  for (const KeyValue& kv : workers) {
+    absl::StatusOr<etcd_keys::ParsedKey> key = etcd_keys::Parse(kv.key);
+    if (key.ok()) ids.push_back(key->worker_id);
+  }
+  for (const KeyValue& kv : servers) {
+    absl::StatusOr<uint32_t> index = etcd_keys::ParseServerKey(kv.key);
+    if (index.ok()) indices.push_back(absl::StrCat(*index));
+  }
+  std::sort(ids.begin(), ids.end());
+  std::sort(indices.begin(), indices.end());
+  return absl::StrCat("workers=", absl::StrJoin(ids, ","), " servers=", absl::StrJoin(indices, ","));
+}
+
+absl::Status WaitMembers() {
+  EtcdClientOptions options;
+  options.endpoints = Endpoints();
+  options.prefix = etcd_keys::ClusterPrefix(absl::GetFlag(FLAGS_cluster));
+  options.timeout = absl::Seconds(2);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Connect(options));
+  const std::string expected = absl::StrCat("workers=", absl::GetFlag(FLAGS_expect_workers),
+                                            " servers=", absl::GetFlag(FLAGS_expect_servers));
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_wait_seconds));
+  std::string seen = "nothing read";
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::string> members = Members(*etcd);
+    seen = members.ok() ? *members : members.status().ToString();
+    if (seen == expected) {
+      std::printf("members %s\n", seen.c_str());
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("etcd did not show ", expected, " within ",
+                                                  absl::GetFlag(FLAGS_wait_seconds),
+                                                  " s; last seen: ", seen));
+}
+
+absl::Status Run() {
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (Endpoints().empty()) return absl::InvalidArgumentError("--etcd is required");
+  if (mode == "init") return Init();
+  if (mode == "train") return Train();
+  if (mode == "check") return Check();
+  if (mode == "wait_members") return WaitMembers();
+  if (mode == "wait_count") return WaitCount();
+  return absl::InvalidArgumentError(absl::StrCat("unknown --mode=", mode));
+}
+
+}  // namespace
+}  // namespace pserver::multihost
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = pserver::multihost::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "multihost_trainer: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  std::fflush(stdout);
+  return 0;
+}
