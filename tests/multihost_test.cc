@@ -72,7 +72,8 @@ class MultihostCluster {
     stop_file_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", net_->prefix(), "-stop");
     PS_RETURN_IF_ERROR(StartEtcd(ip));
     // Membership readable (a leader elected) and empty.
-    PS_RETURN_IF_ERROR(Observe({"--mode=wait_members", "--expect_workers=", "--expect_servers="}));
+    PS_RETURN_IF_ERROR(
+        Observe({"--mode=wait_members", "--expect_workers=", "--expect_servers="}).status());
     for (int i = 0; i < 3; ++i) PS_RETURN_IF_ERROR(StartServer(i, ipv6));
     PS_RETURN_IF_ERROR(Observe({"--mode=init"}).status());
     for (int i = 0; i < 2; ++i) {
