@@ -36,7 +36,7 @@ namespace {
 using ::pserver::testing::EtcdProcess;
 using ::pserver::testing::EtcdProcessOptions;
 using ::testing::HasSubstr;
-using ::testing::StartsWith;
+using ::testing::Not;
 
 // Hosts: etcd members, servers, trainers, and one observer that creates the
 // parameters and reads etcd and the servers for the test.
@@ -160,6 +160,16 @@ class MultihostCluster {
     EXPECT_LT(max_error, 1e-3) << "w did not converge to its target";
   }
 
+  // After StopAndCheck: every trainer's bulk calls went over the servers'
+  // bulk channel, whose TCP port they dialled at the advertised address (the
+  // Unix socket is out of reach in another namespace); a client that cannot
+  // reach it says so on stderr and uses gRPC.
+  void ExpectBulkChannelReached() const {
+    for (const ChildProcess* trainer : trainers_) {
+      EXPECT_THAT(trainer->err(), Not(HasSubstr("use gRPC"))) << trainer->err();
+    }
+  }
+
  private:
   absl::Status StartEtcd(const std::string& ip) {
     std::vector<std::string> members, endpoints;
@@ -233,6 +243,7 @@ TEST(MultihostTest, TrainsToConvergenceThroughEtcdDiscovery) {
   ASSERT_OK(cluster.WaitMembers(kTrainerIds, kAllServers));
   ASSERT_OK(cluster.WaitForProgress(200));
   cluster.StopAndCheck();
+  cluster.ExpectBulkChannelReached();
 }
 
 TEST(MultihostTest, ServerHostCutOffAndBackLosesNothing) {
@@ -286,6 +297,7 @@ TEST(MultihostTest, Ipv6ServersAreFoundAtTheirAdvertisedAddresses) {
   }
   ASSERT_OK(cluster.WaitForProgress(200));
   cluster.StopAndCheck();
+  cluster.ExpectBulkChannelReached();
 }
 
 }  // namespace
