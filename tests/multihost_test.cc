@@ -98,9 +98,9 @@ class MultihostCluster {
     args.push_back("--etcd=" + endpoints_);
     absl::StatusOr<std::string> out = net_->Run(kObserver, trainer_, args);
     if (!out.ok()) {
-      return absl::Status(out.status().code(), absl::StrCat("multihost_trainer ",
-                                                            absl::StrJoin(args, " "), ": ",
-                                                            out.status().message()));
+      return absl::Status(out.status().code(),
+                          absl::StrCat("multihost_trainer ", absl::StrJoin(args, " "), ": ",
+                                       out.status().message()));
     }
     return out;
   }
@@ -213,8 +213,8 @@ class MultihostCluster {
 
   static absl::Status WithOutput(const absl::Status& status, const std::string& what,
                                  const ChildProcess& child) {
-    return absl::Status(status.code(), absl::StrCat(what, ": ", status.message(), "; output:\n",
-                                                    child.output()));
+    return absl::Status(status.code(),
+                        absl::StrCat(what, ": ", status.message(), "; output:\n", child.output()));
   }
 
   // Declared first, destroyed last: the namespaces outlive etcd, which the
@@ -226,8 +226,8 @@ class MultihostCluster {
   std::string trainer_, endpoints_, stop_file_;
 };
 
-#define SKIP_WITHOUT_NETNS()                                                    \
-  if (absl::Status supported = NetnsSupported(); !supported.ok()) {             \
+#define SKIP_WITHOUT_NETNS()                                                   \
+  if (absl::Status supported = NetnsSupported(); !supported.ok()) {            \
     GTEST_SKIP() << "network namespaces unavailable: " << supported.message(); \
   }
 

@@ -20,7 +20,8 @@
 // wait_members prints "members workers=<ids> servers=<indices>" once etcd
 // shows exactly the expected sets, exit 1 (with what it saw) if it does not
 // within --wait_seconds; wait_count prints "count=<c>" once more than
-// --count_above steps are applied (exit 1 if not within --wait_seconds). Errors: a line on stderr, exit 1.
+// --count_above steps are applied (exit 1 if not within --wait_seconds). Errors: a line on stderr,
+// exit 1.
 #include <unistd.h>
 
 #include <algorithm>
@@ -179,7 +180,8 @@ absl::StatusOr<std::string> Members(EtcdClient& etcd) {
   }
   std::sort(ids.begin(), ids.end());
   std::sort(indices.begin(), indices.end());
-  return absl::StrCat("workers=", absl::StrJoin(ids, ","), " servers=", absl::StrJoin(indices, ","));
+  return absl::StrCat("workers=", absl::StrJoin(ids, ","),
+                      " servers=", absl::StrJoin(indices, ","));
 }
 
 absl::Status WaitMembers() {

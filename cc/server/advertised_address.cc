@@ -45,13 +45,13 @@ bool IsUnspecifiedHost(absl::string_view host) {
 }
 
 absl::StatusOr<std::string> AdvertisedHost(absl::string_view listen_host,
-                                            absl::string_view advertise_host) {
+                                           absl::string_view advertise_host) {
   if (advertise_host.empty()) {
     if (IsUnspecifiedHost(listen_host)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the server listens on '", listen_host,
-          "' (every address), which other hosts cannot dial and so is not published: ",
-          kSetAdvertiseHost));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the server listens on '", listen_host,
+                       "' (every address), which other hosts cannot dial and so is not published: ",
+                       kSetAdvertiseHost));
     }
     return std::string(listen_host);
   }
@@ -66,8 +66,8 @@ absl::StatusOr<std::string> AdvertisedHost(absl::string_view listen_host,
                      "alone, without a port: the port is the one the server listens on)"));
   }
   if (!ipv6 && !IsHostNameOrIpv4(host)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "advertise_host '", advertise_host, "' is not a host name or an IP address"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("advertise_host '", advertise_host, "' is not a host name or an IP address"));
   }
   if (IsUnspecifiedHost(host)) {
     return absl::InvalidArgumentError(absl::StrCat(

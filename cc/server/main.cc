@@ -141,8 +141,8 @@ namespace {
 
 constexpr char kUsage[] =
     "A pserver parameter server.\n"
-    "Usage: pserver [--host=127.0.0.1] [--port=0] [--advertise_host=ADDR] [--etcd=host:port --num_servers=N] "
-    "[--checkpoint_dir=DIR] ...\n"
+    "Usage: pserver [--host=127.0.0.1] [--port=0] [--advertise_host=ADDR] "
+    "[--etcd=host:port --num_servers=N] [--checkpoint_dir=DIR] ...\n"
     "--help lists pserver's flags, --helpfull also abseil's.";
 
 // pserver's own flags are the ones defined in this file.
