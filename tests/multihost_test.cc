@@ -105,10 +105,13 @@ class MultihostCluster {
     return out;
   }
 
-  // Waits until etcd lists exactly these workers and server indices.
-  absl::Status WaitMembers(const std::string& workers, const std::string& servers) {
+  // Waits until etcd lists exactly these workers and server indices; with
+  // `write`, first writes a key (committed only with a quorum).
+  absl::Status WaitMembers(const std::string& workers, const std::string& servers,
+                           bool write = false) {
     return Observe({"--mode=wait_members", "--expect_workers=" + workers,
-                    "--expect_servers=" + servers, "--wait_seconds=100"})
+                    "--expect_servers=" + servers, "--wait_seconds=100",
+                    write ? "--write_probe=true" : "--write_probe=false"})
         .status();
   }
 
@@ -265,9 +268,9 @@ TEST(MultihostTest, EtcdMemberCutOffKeepsQuorumAndTraining) {
   MultihostCluster cluster;
   ASSERT_OK(cluster.Start(/*ipv6=*/false));
   ASSERT_OK(cluster.net().SetLinkUp(kEtcdHosts[0], false));
-  // Two of three members answer: membership stays readable and complete,
-  // and the trainers keep training.
-  ASSERT_OK(cluster.WaitMembers(kTrainerIds, kAllServers));
+  // Two of three members keep a quorum: a write is committed, membership
+  // stays readable and complete, and the trainers keep training.
+  ASSERT_OK(cluster.WaitMembers(kTrainerIds, kAllServers, /*write=*/true));
   ASSERT_OK(cluster.WaitForProgress(200));
   ASSERT_OK(cluster.net().SetLinkUp(kEtcdHosts[0], true));
   ASSERT_OK(cluster.WaitForProgress(100));

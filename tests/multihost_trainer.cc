@@ -52,6 +52,8 @@ ABSL_FLAG(std::string, stop_file, "", "train: stop once this file exists (after 
 ABSL_FLAG(double, timeout_seconds, 120, "Deadline of each call (retried within it).");
 ABSL_FLAG(std::string, expect_workers, "", "wait_members: worker ids, comma-separated.");
 ABSL_FLAG(std::string, expect_servers, "", "wait_members: server indices, comma-separated.");
+ABSL_FLAG(bool, write_probe, false,
+          "wait_members: first write a key (/probe), which etcd commits only with a quorum.");
 ABSL_FLAG(double, count_above, 0, "wait_count: the count to exceed.");
 ABSL_FLAG(double, wait_seconds, 60, "wait_members, wait_count: how long to wait.");
 
@@ -194,10 +196,16 @@ absl::Status WaitMembers() {
                                             " servers=", absl::GetFlag(FLAGS_expect_servers));
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_wait_seconds));
   std::string seen = "nothing read";
+  bool written = !absl::GetFlag(FLAGS_write_probe);
   while (absl::Now() < deadline) {
+    if (!written) {
+      const absl::Status put = etcd->Put("/probe", absl::FormatTime(absl::Now()));
+      written = put.ok();
+      if (!written) seen = absl::StrCat("writing /probe: ", put.ToString());
+    }
     absl::StatusOr<std::string> members = Members(*etcd);
-    seen = members.ok() ? *members : members.status().ToString();
-    if (seen == expected) {
+    if (written) seen = members.ok() ? *members : members.status().ToString();
+    if (written && seen == expected) {
       std::printf("members %s\n", seen.c_str());
       return absl::OkStatus();
     }

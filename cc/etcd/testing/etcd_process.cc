@@ -103,9 +103,9 @@ std::string EtcdProcess::peer_url() const {
 absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(EtcdProcessOptions options) {
   static std::atomic<int> started{0};
   if ((options.client_port == 0) != (options.peer_port == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "EtcdProcessOptions: give both ports or neither (client_port ", options.client_port,
-        ", peer_port ", options.peer_port, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("EtcdProcessOptions: give both ports or neither (client_port ",
+                     options.client_port, ", peer_port ", options.peer_port, ")"));
   }
   absl::Status status;
   // Another process may take a port between PickPorts and etcd's bind: then
