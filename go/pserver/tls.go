@@ -32,11 +32,7 @@ func (t *TLS) applyToClient(opts *C.pserver_client_options_t) error {
 	if t == nil {
 		return nil
 	}
-	cert, key, ca := C.CString(t.Cert), C.CString(t.Key), C.CString(t.CA)
-	defer C.free(unsafe.Pointer(cert))
-	defer C.free(unsafe.Pointer(key))
-	defer C.free(unsafe.Pointer(ca))
-	if err := cCall(func(st *C.pserver_status_t) {
+	if err := t.call(func(cert, key, ca *C.char, st *C.pserver_status_t) {
 		C.pserver_client_options_set_tls(opts, cert, key, ca, st)
 	}); err != nil {
 		return fmt.Errorf("pserver: client TLS: %w", err)
@@ -54,14 +50,20 @@ func (t *TLS) applyToServer(opts *C.pserver_server_options_t) error {
 	if t == nil {
 		return nil
 	}
-	cert, key, ca := C.CString(t.Cert), C.CString(t.Key), C.CString(t.CA)
-	defer C.free(unsafe.Pointer(cert))
-	defer C.free(unsafe.Pointer(key))
-	defer C.free(unsafe.Pointer(ca))
-	if err := cCall(func(st *C.pserver_status_t) {
+	if err := t.call(func(cert, key, ca *C.char, st *C.pserver_status_t) {
 		C.pserver_server_options_set_tls(opts, cert, key, ca, C.int32_t(t.ReloadSeconds), st)
 	}); err != nil {
 		return fmt.Errorf("pserver: server TLS: %w", err)
 	}
 	return nil
+}
+
+// call runs f with the three file names as C strings (freed after) and
+// returns its status as an error.
+func (t *TLS) call(f func(cert, key, ca *C.char, st *C.pserver_status_t)) error {
+	cert, key, ca := C.CString(t.Cert), C.CString(t.Key), C.CString(t.CA)
+	defer C.free(unsafe.Pointer(cert))
+	defer C.free(unsafe.Pointer(key))
+	defer C.free(unsafe.Pointer(ca))
+	return cCall(func(st *C.pserver_status_t) { f(cert, key, ca, st) })
 }
