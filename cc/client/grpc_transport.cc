@@ -134,10 +134,14 @@ absl::Status CallStatus(const grpc::Status& status, grpc::Channel& channel, bool
   absl::Status out = FromGrpcStatus(status);
   if (out.ok()) return out;
   std::string cause = UnreachableCause(status, channel.GetState(/*try_to_connect=*/false));
-  // A TLS cause (or a plaintext client hung up on) says more than gRPC's words.
+  // A TLS cause says more than gRPC's words; a plaintext client hung up on
+  // is told the server may want TLS.
   if (!cause.empty()) {
     const std::string tls_cause = DescribeTlsFailure(status.error_message(), tls);
-    if (!tls_cause.empty()) cause = absl::StrCat(tls_cause, " (", status.error_message(), ")");
+    if (!tls_cause.empty()) {
+      cause = tls ? absl::StrCat(tls_cause, " (", status.error_message(), ")")
+                  : absl::StrCat(cause, "; ", tls_cause);
+    }
   }
   if (!cause.empty()) out.SetPayload(kUnreachableCausePayload, absl::Cord(cause));
   return out;
