@@ -4,6 +4,8 @@
 // files rotates the server's certificate without a restart.
 #include "cc/security/tls.h"
 
+#include <signal.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "absl/time/time.h"
 #include "cc/client/client.h"
 #include "cc/server/server.h"
+#include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
 #include "cc/testing/test_certs.h"
 #include "grpcpp/create_channel.h"
@@ -246,6 +249,34 @@ TEST_F(TlsTest, ReplacingTheFilesRotatesTheServerCertificateWithoutRestart) {
   EXPECT_THAT(stale->GetStats(), StatusIs(absl::StatusCode::kDeadlineExceeded,
                                           HasSubstr("not signed by this client's CA")));
   EXPECT_OK(before->GetStats().status());
+}
+
+// The pserver binary's --tls_* flags: a missing key stops it at start,
+// naming the file; all three make it serve mutual TLS.
+TEST_F(TlsTest, PserverBinaryTakesTheTlsFlags) {
+  const std::string binary = RunfilesPath("cc/server/pserver");
+  const std::string missing = certs_->dir() + "/missing.key";
+  ASSERT_OK_AND_ASSIGN(auto bad, ChildProcess::Spawn(binary, {"--port=0",
+                                                              "--tls_cert=" + server_files_.cert,
+                                                              "--tls_key=" + missing,
+                                                              "--tls_ca=" + ca_->cert_path()}));
+  ASSERT_OK_AND_ASSIGN(int status, bad->WaitForExit(absl::Now() + absl::Seconds(60)));
+  EXPECT_NE(status, 0);
+  EXPECT_THAT(bad->output(), AllOf(HasSubstr("--tls_key"), HasSubstr(missing)));
+
+  ASSERT_OK_AND_ASSIGN(auto good, ChildProcess::Spawn(binary, {"--port=0",
+                                                               "--tls_cert=" + server_files_.cert,
+                                                               "--tls_key=" + server_files_.key,
+                                                               "--tls_ca=" + ca_->cert_path()}));
+  ASSERT_OK_AND_ASSIGN(std::string address,
+                       WaitForPserverAddress(*good, 0, absl::Now() + absl::Seconds(60)));
+  ClientOptions options;
+  options.servers = {address};
+  options.tls = TlsOf(client_files_, *ca_);
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
+  EXPECT_OK(client->GetStats().status());
+  kill(good->pid(), SIGTERM);
+  EXPECT_OK(good->WaitForExit(absl::Now() + absl::Seconds(30)).status());
 }
 
 }  // namespace
