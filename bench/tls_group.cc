@@ -104,7 +104,7 @@ absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
   std::vector<std::string> common = {
       absl::StrCat("--sizes=", absl::StrJoin(sizes, ",")),
       absl::StrCat("--repetitions=", repetitions),
-      absl::StrCat("--bytes_per_repetition=", h.quick() ? 32 * kMiB : 128 * kMiB)};
+      absl::StrCat("--bytes_per_repetition=", h.quick() ? 16 * kMiB : 128 * kMiB)};
   std::map<std::string, DriverResults> by_mode;
   {
     ServerChild server;
