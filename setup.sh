@@ -10,6 +10,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   # checkpoints: CRC32C (crc32_iscsi) from Intel ISA-L
   libisal-dev
+  # mTLS: certificate checks (libcrypto) and the openssl CLI that makes test certificates
+  libssl-dev openssl
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # the socket ceiling iperf3 measures; network namespaces and tc (cc/testing/netns)

@@ -41,12 +41,13 @@
 #include "harness.h"
 #include "hosts_group.h"
 #include "sparse_group.h"
+#include "tls_group.h"
 
 ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and repetitions.");
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
-          "checkpoint, memory, scaling, sparse, hosts, compression, bindings); empty runs all (bindings only "
+          "checkpoint, memory, scaling, sparse, hosts, compression, tls, bindings); empty runs all (bindings only "
           "without --quick).");
 ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
 
@@ -647,6 +648,7 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("sparse")) PS_RETURN_IF_ERROR(Sparse(h));
   if (wanted("hosts")) PS_RETURN_IF_ERROR(Hosts(h, PserverBinary(), g_argv0));
   if (wanted("compression")) PS_RETURN_IF_ERROR(CompressionGroup(h, g_argv0));
+  if (wanted("tls")) PS_RETURN_IF_ERROR(TlsGroup(h, PserverBinary(), g_argv0));
   // Builds the Go driver on first use: only when asked for in a quick run.
   if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);

@@ -227,6 +227,22 @@ void pserver_client_options_set_discovery_timeout_ms(pserver_client_options_t* o
   if (options != nullptr) options->rep.discovery_timeout = absl::Milliseconds(timeout_ms);
 }
 
+void pserver_client_options_set_tls(pserver_client_options_t* options, const char* cert,
+                                    const char* key, const char* ca, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (options == nullptr) return Null("options");
+    return pserver_capi::SetTls(cert, key, ca, &options->rep.tls);
+  });
+}
+
+void pserver_client_options_set_tls_server_name(pserver_client_options_t* options,
+                                                const char* name) {
+  try {
+    if (options != nullptr) options->rep.tls.server_name = name == nullptr ? "" : name;
+  } catch (...) {
+  }
+}
+
 // ------------------------------------------------------------------ client
 
 pserver_client_t* pserver_client_new(const pserver_client_options_t* options,

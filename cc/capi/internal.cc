@@ -150,6 +150,17 @@ size_t WriteString(absl::string_view s, char* out, size_t out_size) {
   return s.size();
 }
 
+absl::Status SetTls(const char* cert, const char* key, const char* ca, pserver::TlsOptions* tls) {
+  pserver::TlsOptions candidate = *tls;
+  candidate.cert = cert == nullptr ? "" : cert;
+  candidate.key = key == nullptr ? "" : key;
+  candidate.ca = ca == nullptr ? "" : ca;
+  if (!candidate.enabled()) candidate.server_name.clear();
+  PS_RETURN_IF_ERROR(pserver::CheckTlsOptions(candidate));
+  *tls = std::move(candidate);
+  return absl::OkStatus();
+}
+
 std::vector<std::string> SplitEndpoints(const char* endpoints) {
   std::vector<std::string> out;
   if (endpoints == nullptr) return out;

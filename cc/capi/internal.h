@@ -37,6 +37,7 @@
 #include "cc/core/element_type.h"
 #include "cc/core/tensor.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/security/tls.h"
 #include "cc/server/local_cluster.h"
 #include "cc/server/server.h"
 #include "pserver/v1/config.pb.h"
@@ -223,6 +224,10 @@ const char* NameOut(const std::string* name, size_t* name_len);
 size_t WriteString(absl::string_view s, char* out, size_t out_size);
 // "a:1, b:2" -> {"a:1", "b:2"}: endpoints split at commas, blanks dropped.
 std::vector<std::string> SplitEndpoints(const char* endpoints);
+
+// Sets `tls` to the three files (each NULL or "" for none) and checks them
+// (cc/security/tls.h CheckTlsOptions); on an error `tls` is left unchanged.
+absl::Status SetTls(const char* cert, const char* key, const char* ca, pserver::TlsOptions* tls);
 
 // Checks that a caller's buffer of `dtype` and `size` bytes fits a tensor
 // of `type` and `shape`; `what` names it in the error.

@@ -345,6 +345,22 @@ PSERVER_EXPORT void pserver_client_options_set_etcd(pserver_client_options_t* op
 PSERVER_EXPORT void pserver_client_options_set_discovery_timeout_ms(
     pserver_client_options_t* options, int64_t timeout_ms);
 
+/* Mutual TLS (docs/security.md): `cert` and `key` are this client's PEM
+ * certificate and private key, `ca` the PEM CA(s) the servers' certificates
+ * must chain to; all three files, or all three NULL/"" to turn TLS off.
+ * Each server's certificate must also name the host dialled (or the name set
+ * with pserver_client_options_set_tls_server_name). The files are checked
+ * here: INVALID_ARGUMENT (NOT_FOUND for a missing file) naming the file and
+ * what is wrong (unreadable, not PEM, expired, key not the certificate's).
+ * With TLS, bulk data travels over gRPC (the bulk channel is plaintext). */
+PSERVER_EXPORT void pserver_client_options_set_tls(pserver_client_options_t* options,
+                                                   const char* cert, const char* key,
+                                                   const char* ca, pserver_status_t* status);
+/* The name the servers' certificates must carry instead of the host dialled
+ * (NULL or "": the host). Needs TLS (pserver_client_options_set_tls). */
+PSERVER_EXPORT void pserver_client_options_set_tls_server_name(pserver_client_options_t* options,
+                                                               const char* name);
+
 /* A client over gRPC to the options' servers (the options may be deleted
  * afterwards). INVALID_ARGUMENT for no servers, an empty address or a zero
  * setting. Connecting is lazy: an unreachable server shows as UNAVAILABLE or

@@ -46,6 +46,16 @@ PSERVER_EXPORT void pserver_server_options_set_advertise_host(pserver_server_opt
 PSERVER_EXPORT void pserver_server_options_set_checkpoint_dir(pserver_server_options_t* options,
                                                               const char* dir);
 
+/* Mutual TLS: this server's PEM certificate and key, and the PEM CA(s) a
+ * client's certificate must chain to (required of every client); all three,
+ * or all three NULL/"" for plaintext. The files are re-read every
+ * `reload_seconds` (>= 1; 0: 60), so replacing them rotates the certificates
+ * without a restart. Checked here as pserver_client_options_set_tls does. */
+PSERVER_EXPORT void pserver_server_options_set_tls(pserver_server_options_t* options,
+                                                   const char* cert, const char* key,
+                                                   const char* ca, int32_t reload_seconds,
+                                                   pserver_status_t* status);
+
 /* Starts a gRPC server in this process (options may be NULL: the defaults).
  * INVALID_ARGUMENT for a bad port or thread count, UNAVAILABLE when the
  * address cannot be bound. */

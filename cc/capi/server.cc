@@ -67,6 +67,20 @@ void pserver_server_options_set_checkpoint_dir(pserver_server_options_t* options
   }
 }
 
+void pserver_server_options_set_tls(pserver_server_options_t* options, const char* cert,
+                                    const char* key, const char* ca, int32_t reload_seconds,
+                                    pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (options == nullptr) return Null("options");
+    if (reload_seconds < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reload_seconds must be >= 0, got ", reload_seconds));
+    }
+    if (reload_seconds > 0) options->rep.tls.reload_interval = absl::Seconds(reload_seconds);
+    return pserver_capi::SetTls(cert, key, ca, &options->rep.tls);
+  });
+}
+
 void pserver_server_save_checkpoint(pserver_server_t* server, pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (server == nullptr) return Null("server");

@@ -35,8 +35,12 @@ absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const std::string& addre
                                                         const ClientOptions& options) {
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<GrpcTransport> grpc,
-      GrpcTransport::Create(address, options.channels_per_server, /*wait_for_ready=*/false));
-  if (!options.bulk_channel) return std::unique_ptr<Transport>(std::move(grpc));
+      GrpcTransport::Create(address, options.channels_per_server, /*wait_for_ready=*/false,
+                            options.tls));
+  // The bulk channel is plaintext: with TLS every call stays on gRPC.
+  if (!options.bulk_channel || options.tls.enabled()) {
+    return std::unique_ptr<Transport>(std::move(grpc));
+  }
   ChannelTransportOptions channel;
   channel.connections = options.channels_per_server;
   return std::unique_ptr<Transport>(std::make_unique<ChannelTransport>(std::move(grpc), channel));
@@ -44,6 +48,7 @@ absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const std::string& addre
 
 absl::Status CheckOptions(const ClientOptions& options, size_t num_servers) {
   if (num_servers == 0) return absl::InvalidArgumentError("client options name no servers");
+  PS_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
   if (options.block_bytes == 0) return absl::InvalidArgumentError("block_bytes must be > 0");
   if (options.max_request_bytes == 0) {
     return absl::InvalidArgumentError("max_request_bytes must be > 0");

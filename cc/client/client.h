@@ -75,6 +75,7 @@
 #include "cc/client/wire_compressor.h"
 #include "cc/core/finite.h"
 #include "cc/core/tensor.h"
+#include "cc/security/tls.h"
 #include "pserver/v1/config.pb.h"
 #include "pserver/v1/service.pb.h"
 
@@ -123,6 +124,12 @@ struct ClientOptions {
   bool register_worker = true;
   std::string worker_id;
   absl::Duration worker_lease_ttl = absl::Seconds(10);
+
+  // --- TLS (cc/security/tls.h): cert, key and ca, all three or none ---
+  // The client presents tls.cert and verifies each server's certificate
+  // against tls.ca and the host it dials (or tls.server_name). With TLS
+  // bulk data travels over gRPC (the bulk channel is plaintext).
+  TlsOptions tls;
 };
 
 // A named tensor: a gradient to send, or a parameter to initialize. It holds

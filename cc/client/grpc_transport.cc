@@ -130,10 +130,19 @@ std::string AddressProblem(absl::string_view address) {
 // The call's status; when it never reached the server, why (UnreachableCause)
 // rides along as a payload. Runs while the call's context still holds the
 // channel.
-absl::Status CallStatus(const grpc::Status& status, grpc::Channel& channel) {
+absl::Status CallStatus(const grpc::Status& status, grpc::Channel& channel, bool tls) {
   absl::Status out = FromGrpcStatus(status);
   if (out.ok()) return out;
-  const std::string cause = UnreachableCause(status, channel.GetState(/*try_to_connect=*/false));
+  std::string cause = UnreachableCause(status, channel.GetState(/*try_to_connect=*/false));
+  // A TLS cause says more than gRPC's words; a plaintext client hung up on
+  // is told the server may want TLS.
+  if (!cause.empty()) {
+    const std::string tls_cause = DescribeTlsFailure(status.error_message(), tls);
+    if (!tls_cause.empty()) {
+      cause = tls ? absl::StrCat(tls_cause, " (", status.error_message(), ")")
+                  : absl::StrCat(cause, "; ", tls_cause);
+    }
+  }
   if (!cause.empty()) out.SetPayload(kUnreachableCausePayload, absl::Cord(cause));
   return out;
 }
@@ -171,21 +180,27 @@ GrpcTransport::GrpcTransport(std::string address, std::vector<Channel> channels,
 
 absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(const std::string& address,
                                                                      int channels,
-                                                                     bool wait_for_ready) {
+                                                                     bool wait_for_ready,
+                                                                     const TlsOptions& tls) {
   PS_RETURN_IF_ERROR(ValidateServerAddress(address));
+  PS_RETURN_IF_ERROR(CheckTlsOptions(tls));
+  const std::shared_ptr<grpc::ChannelCredentials> credentials = MakeChannelCredentials(tls);
+  grpc::ChannelArguments arguments = DefaultChannelArguments();
+  AddTlsChannelArguments(tls, &arguments);
   if (channels < 1) {
     return absl::InvalidArgumentError("a transport needs at least one channel");
   }
   std::vector<Channel> made;
   for (int i = 0; i < channels; ++i) {
     Channel c;
-    c.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                          DefaultChannelArguments());
+    c.channel = grpc::CreateCustomChannel(address, credentials, arguments);
     c.generic = std::make_unique<grpc::GenericStub>(c.channel);
     made.push_back(std::move(c));
   }
-  return std::unique_ptr<GrpcTransport>(
+  auto transport = std::unique_ptr<GrpcTransport>(
       new GrpcTransport(address, std::move(made), wait_for_ready));
+  transport->tls_ = tls.enabled();
+  return transport;
 }
 
 GrpcTransport::Channel& GrpcTransport::Next() {
@@ -216,8 +231,8 @@ void GrpcTransport::CallRaw(absl::string_view method,
   Channel& channel = Next();
   channel.generic->UnaryCall(
       call->context.get(), call->method, grpc::StubOptions(), &call->request, &call->response,
-      [call, lease, trace, channel = channel.channel.get()](grpc::Status status) {
-        call->status = CallStatus(status, *channel);
+      [call, lease, trace, channel = channel.channel.get(), tls = tls_](grpc::Status status) {
+        call->status = CallStatus(status, *channel, tls);
         if (trace != nullptr) RecordServerTrace(*call->context, *trace);
         if (call->status.ok() && call->receive) call->status = call->receive(call->response);
         // Let go of what gRPC may still reference before reporting: if the

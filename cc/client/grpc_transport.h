@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "cc/client/transport.h"
+#include "cc/security/tls.h"
 #include "grpcpp/generic/generic_stub.h"
 
 namespace pserver {
@@ -41,9 +42,12 @@ class GrpcTransport final : public Transport {
   // server to be reachable; without, a call to an unreachable server fails at
   // once with UNAVAILABLE and the cause (UnreachableCauseOf), which Client's
   // retry loop retries, on the new address when the server moved (etcd).
+  // With `tls` enabled (checked by CheckTlsOptions) the channels speak mutual
+  // TLS (cc/security/tls.h).
   static absl::StatusOr<std::unique_ptr<GrpcTransport>> Create(const std::string& address,
                                                                int channels = 1,
-                                                               bool wait_for_ready = true);
+                                                               bool wait_for_ready = true,
+                                                               const TlsOptions& tls = {});
 
   const std::string& address() const override { return address_; }
 
@@ -80,6 +84,7 @@ class GrpcTransport final : public Transport {
   std::vector<Channel> channels_;
   std::atomic<size_t> next_{0};
   const bool wait_for_ready_;
+  bool tls_ = false;  // its channels speak TLS: failures are described as such
 };
 
 }  // namespace pserver

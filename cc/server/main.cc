@@ -134,6 +134,17 @@ ABSL_FLAG(int, max_bulk_connections, 256,
 ABSL_FLAG(uint64_t, max_bulk_request_bytes_in_flight, uint64_t{1} << 30,
           "Bulk channel request bytes read or being served at once, over all connections; a "
           "request that does not fit waits (UNAVAILABLE, retried by clients).");
+// --- TLS (cc/security/tls.h) ---
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) this server presents; with --tls_key and --tls_ca turns on "
+          "mutual TLS: clients must present a certificate signed by --tls_ca. The bulk channel "
+          "is then off (bulk data goes over TLS gRPC).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate(s) a client's certificate must chain to.");
+ABSL_FLAG(double, tls_reload_seconds, 60,
+          "How often the --tls_* files are re-read; replacing them rotates the certificates "
+          "without a restart (new connections get the new ones).");
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -233,6 +244,10 @@ pserver::ServerOptions OptionsFromFlags() {
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);
+  options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key = absl::GetFlag(FLAGS_tls_key);
+  options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  options.tls.reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_seconds));
   return options;
 }
 

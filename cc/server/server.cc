@@ -146,6 +146,16 @@ void SetTransportLimits(const ServerOptions& options, int max_threads,
 
 absl::Status StoppedWhileStarting() { return absl::CancelledError("stopped while starting"); }
 
+// Mutual TLS on gRPC's own listener; `port` is set once the server starts
+// (0 if it could not listen). A client that connects and says nothing is
+// dropped after handshake_timeout, as pserver's Listener does.
+void AddTlsListeningPort(const ServerOptions& options, const std::string& address, int* port,
+                         grpc::ServerBuilder* builder) {
+  builder->AddListeningPort(address, MakeServerCredentials(options.tls), port);
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                              ArgMillis(options.handshake_timeout));
+}
+
 }  // namespace
 
 Server::Server(const ServerOptions& options, std::optional<int> device)
@@ -231,6 +241,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError("lease_ttl must be at least 1s");
   }
   PS_RETURN_IF_ERROR(CheckTransportLimits(options));
+  PS_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
+  // The bulk channel is plaintext: with TLS, bulk data goes over gRPC.
+  const bool bulk_channel = options.bulk_channel && !options.tls.enabled();
   const int threads = options.num_threads > 0
                           ? options.num_threads
                           : std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
@@ -249,7 +262,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.etcd_endpoints.empty()) {
     hooks.list_workers = [raw] { return raw->ListWorkers(); };
   }
-  if (options.bulk_channel) {
+  if (bulk_channel) {
     hooks.open_channel = [raw] { return raw->bulk_listener_->Offer(); };
   }
   server->dispatcher_ = std::make_unique<Dispatcher>(&server->store_, &server->tables_,
@@ -260,12 +273,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const bool staged = !options.etcd_endpoints.empty() || !options.checkpoint_dir.empty();
   if (staged) server->dispatcher_->SetServing(false);
 
-  // pserver's own listener: gRPC's stops for good at the first EMFILE.
-  PS_ASSIGN_OR_RETURN(
-      server->listener_,
-      Listener::Bind(options.host, options.port, options.reserve_fds, options.handshake_timeout));
-  server->port_ = server->listener_->port();
-  if (options.bulk_channel) {
+  // pserver's own listener: gRPC's stops for good at the first EMFILE. It
+  // hands over plaintext connections only: TLS uses gRPC's (below).
+  if (!options.tls.enabled()) {
+    PS_ASSIGN_OR_RETURN(server->listener_, Listener::Bind(options.host, options.port,
+                                                          options.reserve_fds,
+                                                          options.handshake_timeout));
+    server->port_ = server->listener_->port();
+  }
+  if (bulk_channel) {
     BulkListenerOptions bulk;
     bulk.host = options.host;
     bulk.unix_socket = options.bulk_unix_socket;
@@ -284,9 +300,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, threads);
+  if (options.tls.enabled()) {
+    AddTlsListeningPort(options, JoinHostPort(options.host, options.port), &server->port_, &builder);
+  }
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr) return absl::InternalError("cannot start the gRPC server");
-  server->listener_->Start(server->grpc_server_.get());
+  if (server->listener_ != nullptr) {
+    server->listener_->Start(server->grpc_server_.get());
+  } else if (server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", JoinHostPort(options.host, options.port)));
+  }
   server->address_ = JoinHostPort(advertised_host, server->port_);
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
   if (server->StopRequested()) return StoppedWhileStarting();

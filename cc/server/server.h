@@ -34,6 +34,7 @@
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
 #include "cc/rpc/transport_limits.h"
+#include "cc/security/tls.h"
 #include "pserver/v1/registry.pb.h"
 
 namespace grpc {
@@ -154,6 +155,15 @@ struct ServerOptions {
   // connections; a frame that does not fit is answered UNAVAILABLE (retried
   // by clients), one larger than all of it RESOURCE_EXHAUSTED.
   uint64_t max_bulk_request_bytes_in_flight = uint64_t{1} << 30;
+
+  // --- TLS (cc/security/tls.h): cert, key and ca, all three or none ---
+  // With TLS every client must present a certificate that chains to tls.ca
+  // (mutual TLS); the files are re-read every tls.reload_interval, so
+  // replacing them rotates the certificates without a restart. gRPC's own
+  // listener accepts (pserver's Listener hands over plaintext connections
+  // only; handshake_timeout still applies), and the bulk channel is off:
+  // bulk data travels over gRPC's TLS.
+  TlsOptions tls;
 };
 
 // The thread cap when ServerOptions::max_threads is 0.

@@ -39,6 +39,8 @@ type Options struct {
 	MaxRequestBytes uint64
 	// ChannelsPerServer: gRPC channels to each server (2).
 	ChannelsPerServer int
+	// TLS: mutual TLS to the servers (nil: plaintext).
+	TLS *TLS
 }
 
 func (o *Options) toC() (*C.pserver_client_options_t, error) {
@@ -77,6 +79,10 @@ func (o *Options) toC() (*C.pserver_client_options_t, error) {
 	}
 	if o.ChannelsPerServer > 0 {
 		C.pserver_client_options_set_channels_per_server(opts, C.int32_t(o.ChannelsPerServer))
+	}
+	if err := o.TLS.applyToClient(opts); err != nil {
+		C.pserver_client_options_delete(opts)
+		return nil, err
 	}
 	return opts, nil
 }

@@ -28,6 +28,8 @@ type ServerOptions struct {
 	// its shard's newest good checkpoint on start and saves one on
 	// SaveCheckpoint and when it stops.
 	CheckpointDir string
+	// TLS: mutual TLS only (nil: plaintext).
+	TLS *TLS
 }
 
 func (o *ServerOptions) toC() *C.pserver_server_options_t {
@@ -70,6 +72,11 @@ type Server struct {
 func NewServer(opts *ServerOptions) (*Server, error) {
 	copts := opts.toC()
 	defer C.pserver_server_options_delete(copts)
+	if opts != nil {
+		if err := opts.TLS.applyToServer(copts); err != nil {
+			return nil, err
+		}
+	}
 	var s *C.pserver_server_t
 	if err := cCall(func(st *C.pserver_status_t) { s = C.pserver_server_new(copts, st) }); err != nil {
 		return nil, fmt.Errorf("pserver: new server: %w", err)

@@ -35,11 +35,12 @@ from ._server import LocalCluster, Server
 from ._group import Group
 from ._tables import KvWorker, Table
 from ._keys import EtcdKey, EtcdKeys
+from ._tls import Tls
 
 __version__ = version()
 
 __all__ = [
-    "Client", "Server", "LocalCluster", "CheckpointReader", "read_checkpoint",
+    "Client", "Server", "Tls", "LocalCluster", "CheckpointReader", "read_checkpoint",
     "Etcd", "EtcdKeys", "EtcdKey", "Table", "KvWorker", "Group", "param_config_text", "version", "DTYPES", "error_from_status",
     "Error", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
     "AlreadyInitialized", "AlreadyExists", "PermissionDenied", "ResourceExhausted",

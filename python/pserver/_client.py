@@ -21,6 +21,7 @@ from ._errors import InvalidArgument
 from ._handles import _Handle, _HandleOwner
 from ._group import Group, _group
 from ._tables import Table, _create_table
+from ._tls import Tls, _set_client_tls
 
 
 class Client(_HandleOwner):
@@ -45,13 +46,17 @@ class Client(_HandleOwner):
     waits (up to `discovery_timeout` seconds, default 60) for the cluster's
     desired number of servers to register, follows restarted servers and
     registers this trainer under /pserver/<cluster>/workers/.
+
+    Mutual TLS: ``tls=pserver.Tls(cert="trainer.pem", key="trainer.key",
+    ca="ca.pem")`` (or a dict of the same keys, plus ``server_name``).
     """
 
     def __init__(self, servers: Union[str, Sequence[str], None] = None, *,
                  etcd: Optional[str] = None, cluster: str = "default",
                  timeout: float = 30.0, discovery_timeout: Optional[float] = None,
                  block_bytes: Optional[int] = None, max_request_bytes: Optional[int] = None,
-                 channels_per_server: Optional[int] = None) -> None:
+                 channels_per_server: Optional[int] = None,
+                 tls: Union[None, Tls, Mapping[str, Any]] = None) -> None:
         if etcd is not None and servers is not None:
             raise InvalidArgument("pserver.Client: pass servers=[...] or etcd=..., not both")
         if etcd is None and servers is None:
@@ -67,6 +72,7 @@ class Client(_HandleOwner):
                              channels_per_server) as opts:
             for address in self._servers:
                 _c.pserver_client_options_add_server(opts, str(address))
+            _set_client_tls(opts, tls)
             if etcd is not None:
                 _c.pserver_client_options_set_etcd(opts, str(etcd), str(cluster))
                 if discovery_timeout is not None:

@@ -4,12 +4,13 @@ whose in-process clients skip sockets and serialization."""
 from __future__ import annotations
 
 import weakref
-from typing import Any, List, Optional
+from typing import Any, List, Mapping, Optional, Union
 
 from . import capi as _c
 from ._client import Client
 from ._config import _client_options, _server_options
 from ._handles import _Closing, _Handle
+from ._tls import Tls, _set_server_tls
 
 
 class Server(_Closing):
@@ -20,15 +21,21 @@ class Server(_Closing):
     ...     client = server.client()      # a gRPC client of this server
     ...     print(server.address.startswith("127.0.0.1:"))
     True
+
+    With ``tls=pserver.Tls(cert=, key=, ca=)`` it speaks mutual TLS only:
+    clients must present a certificate from `ca`.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, index: int = 0,
                  num_threads: int = 0, checkpoint_dir: Optional[str] = None,
-                 advertise_host: Optional[str] = None) -> None:
+                 advertise_host: Optional[str] = None,
+                 tls: Union[None, Tls, Mapping[str, Any]] = None) -> None:
         """`advertise_host`: the address others reach it at (needed with host
-        "0.0.0.0" or "::"); `address` is then advertise_host:port."""
+        "0.0.0.0" or "::"); `address` is then advertise_host:port. `tls`: a
+        pserver.Tls (or a dict of its fields) for mutual TLS."""
         with _server_options(host, port, index, num_threads, checkpoint_dir,
                              advertise_host) as opts:
+            _set_server_tls(opts, tls)
             ptr = _c.pserver_server_new(opts)
         self._address = _c.pserver_server_address(ptr)
         self._port = _c.pserver_server_port(ptr)

@@ -25,6 +25,8 @@ _LIBRARIES = {
     "gtest_main": ["gmock", "gtest_main", "gtest"],
     "benchmark": ["benchmark"],
     "isal": ["libisal"],
+    # certificate checks in cc/security (X.509 dates, key matches certificate)
+    "openssl": ["libcrypto"],
 }
 
 def _pkg_config_libs(rctx, modules):

@@ -191,6 +191,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		fs := newFlags("checkpoint save", "checkpoint save -servers A,B [-timeout D]", stdout, stderr)
 		servers := fs.String("servers", "", "server addresses host:port, in index order (required)")
 		timeout := fs.Duration("timeout", time.Minute, "deadline")
+		tls := addTLSFlags(fs)
 		if err := parse(fs, args[1:], stdout); err != nil {
 			return err
 		}
@@ -200,7 +201,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
 		if err != nil {
 			return err
 		}
@@ -274,6 +275,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	ckpt := fs.String("checkpoint", "", "a checkpoint directory (as for checkpoint ls)")
 	servers := fs.String("servers", "", "server addresses host:port in index order; then name the parameters")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline with -servers")
+	tls := addTLSFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -292,7 +294,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	case *servers != "" && *ckpt == "" && fs.NArg() > 0:
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
 		if err != nil {
 			return err
 		}

@@ -45,6 +45,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
 	servers := fs.String("servers", "", "instead of etcd: ask these servers for their stats")
 	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
+	tls := addTLSFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -59,7 +60,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		defer e.Close()
 		return etcdStatus(ctx, e, *cluster, stdout)
 	case *servers != "":
-		return serverStatus(ctx, splitList(*servers), *timeout, stdout)
+		return serverStatus(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()}, stdout)
 	default:
 		fs.Usage()
 		return errUsage
@@ -142,8 +143,8 @@ func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) 
 	return nil
 }
 
-func serverStatus(ctx context.Context, servers []string, timeout time.Duration, stdout io.Writer) error {
-	client, err := pserver.NewClient(ctx, pserver.Options{Servers: servers, Timeout: timeout})
+func serverStatus(ctx context.Context, options pserver.Options, stdout io.Writer) error {
+	client, err := pserver.NewClient(ctx, options)
 	if err != nil {
 		return err
 	}
@@ -155,7 +156,7 @@ func serverStatus(ctx context.Context, servers []string, timeout time.Duration, 
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INDEX\tADDRESS\tINITIALIZED\tBLOCKS\tBYTES\tSTATE BYTES\tGRADIENTS\tGETS\tREJECTED\tUPTIME")
 	for i, s := range stats {
-		fmt.Fprintf(tw, "%d\t%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Index, servers[i], s.Initialized, s.Parameters,
+		fmt.Fprintf(tw, "%d\t%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Index, options.Servers[i], s.Initialized, s.Parameters,
 			s.ParameterBytes, s.OptimizerStateBytes, s.GradientsApplied, s.GetsServed, s.RequestsRejected,
 			s.Uptime.Round(time.Second))
 	}

@@ -1,0 +1,194 @@
+#include "tls_group.h"
+
+#include <signal.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "bindings_driver.h"
+#include "cc/core/status_macros.h"
+#include "cc/testing/child_process.h"
+#include "cc/testing/netns.h"
+#include "cc/testing/test_certs.h"
+
+namespace pserver::bench {
+namespace {
+
+constexpr uint64_t kKiB = 1 << 10;
+constexpr uint64_t kMiB = 1 << 20;
+constexpr char kOps[][9] = {"push", "pull", "pushpull"};
+constexpr char kModes[][11] = {"plain", "plain_grpc", "tls"};
+
+struct Pki {
+  std::unique_ptr<TestCerts> certs;
+  CertFiles server, client;
+  std::string ca;
+};
+
+absl::StatusOr<Pki> MakePki(const std::vector<std::string>& server_ips) {
+  Pki pki;
+  PS_ASSIGN_OR_RETURN(pki.certs, TestCerts::Create());
+  PS_ASSIGN_OR_RETURN(TestCa * ca, pki.certs->AddCa("bench-ca"));
+  pki.ca = ca->cert_path();
+  CertRequest server;
+  server.common_name = "pserver-bench";
+  server.ip_addresses = server_ips;
+  PS_ASSIGN_OR_RETURN(pki.server, ca->Issue("server", server));
+  CertRequest client;
+  client.common_name = "tls-link";
+  PS_ASSIGN_OR_RETURN(pki.client, ca->Issue("client", client));
+  return pki;
+}
+
+std::vector<std::string> TlsFlags(const CertFiles& files, const std::string& ca) {
+  return {absl::StrCat("--tls_cert=", files.cert), absl::StrCat("--tls_key=", files.key),
+          absl::StrCat("--tls_ca=", ca)};
+}
+
+// Where the server and the client run: this host's loopback, or hosts 0 and
+// 1 of a NetnsCluster.
+struct Link {
+  std::string name;
+  NetnsCluster* cluster = nullptr;  // null: loopback
+};
+
+// Stops a pserver (by PID) when it goes out of scope; the cluster's own are
+// also killed with it.
+struct ServerChild {
+  ChildProcess* child = nullptr;
+  std::unique_ptr<ChildProcess> owned;
+  ~ServerChild() {
+    if (child != nullptr) {
+      kill(child->pid(), SIGTERM);
+      (void)child->WaitForExit(absl::Now() + absl::Seconds(10));
+    }
+  }
+};
+
+absl::StatusOr<std::string> StartServer(const Link& link, const std::string& binary,
+                                        const std::vector<std::string>& tls, ServerChild* out) {
+  std::vector<std::string> args = {"--port=0"};
+  if (link.cluster != nullptr) args.push_back(absl::StrCat("--host=", link.cluster->address(0)));
+  args.insert(args.end(), tls.begin(), tls.end());
+  if (link.cluster != nullptr) {
+    PS_ASSIGN_OR_RETURN(out->child, link.cluster->Spawn(0, binary, args));
+  } else {
+    PS_ASSIGN_OR_RETURN(out->owned, ChildProcess::Spawn(binary, args));
+    out->child = out->owned.get();
+  }
+  return WaitForPserverAddress(*out->child, 0, absl::Now() + absl::Seconds(30));
+}
+
+absl::StatusOr<DriverResults> RunLink(const Link& link, const std::string& driver,
+                                      const std::vector<std::string>& args) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(10);
+  if (link.cluster == nullptr) return RunDriver(driver, args, deadline);
+  PS_ASSIGN_OR_RETURN(ChildProcess * child, link.cluster->Spawn(1, driver, args));
+  return WaitForDriver(*child, "tls_link", deadline);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Every mode over `link`: mode -> the link's figures.
+absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
+                         const std::string& pserver_binary, const std::string& driver,
+                         const std::vector<uint64_t>& sizes) {
+  const int repetitions = h.options().warmup + h.options().repetitions;
+  std::vector<std::string> common = {
+      absl::StrCat("--sizes=", absl::StrJoin(sizes, ",")),
+      absl::StrCat("--repetitions=", repetitions),
+      absl::StrCat("--bytes_per_repetition=", h.quick() ? 16 * kMiB : 128 * kMiB)};
+  std::map<std::string, DriverResults> by_mode;
+  {
+    ServerChild server;
+    PS_ASSIGN_OR_RETURN(std::string address, StartServer(link, pserver_binary, {}, &server));
+    for (const bool bulk : {true, false}) {
+      std::vector<std::string> args = common;
+      args.push_back(absl::StrCat("--servers=", address));
+      args.push_back(absl::StrCat("--bulk_channel=", bulk ? "true" : "false"));
+      PS_ASSIGN_OR_RETURN(by_mode[bulk ? "plain" : "plain_grpc"], RunLink(link, driver, args));
+    }
+  }
+  {
+    ServerChild server;
+    PS_ASSIGN_OR_RETURN(std::string address,
+                        StartServer(link, pserver_binary, TlsFlags(pki.server, pki.ca), &server));
+    std::vector<std::string> args = common;
+    args.push_back(absl::StrCat("--servers=", address));
+    for (const std::string& flag : TlsFlags(pki.client, pki.ca)) args.push_back(flag);
+    PS_ASSIGN_OR_RETURN(by_mode["tls"], RunLink(link, driver, args));
+  }
+  for (uint64_t bytes : sizes) {
+    for (const char* op : kOps) {
+      for (const char* mode : kModes) {
+        const std::vector<double>& values = by_mode[mode][{op, bytes}];
+        if (values.size() != static_cast<size_t>(repetitions)) {
+          return absl::InternalError(absl::StrCat("tls_link (", link.name, ", ", mode,
+                                                  ") reported ", values.size(), " of ",
+                                                  repetitions, " values for ", op, " ", bytes));
+        }
+        Result& r = h.Add("tls", absl::StrCat(link.name, "_", mode, "_", op));
+        r.set_payload_bytes(bytes);
+        r.set_servers(1);
+        r.set_workers(1);
+        size_t next = 0;
+        PS_RETURN_IF_ERROR(
+            h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> { return values[next++]; }));
+        if (std::string(mode) == "tls") {
+          const double tls = Median(values);
+          (*r.mutable_extra())["vs_plain"] = tls / Median(by_mode["plain"][{op, bytes}]);
+          (*r.mutable_extra())["vs_plain_grpc"] =
+              tls / Median(by_mode["plain_grpc"][{op, bytes}]);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status TlsGroup(Harness& h, const std::string& pserver_binary, const std::string& argv0) {
+  std::vector<uint64_t> sizes = {4 * kKiB, 1 * kMiB, 16 * kMiB};
+  if (!h.quick()) sizes.push_back(64 * kMiB);
+  const std::string driver = RunfilesPath("bench/tls_link", argv0);
+
+  std::unique_ptr<NetnsCluster> cluster;
+  std::string netns_problem;
+  if (absl::Status supported = NetnsSupported(); supported.ok()) {
+    NetnsOptions options;
+    options.hosts = 2;
+    options.rate = "10gbit";
+    options.burst = "4mb";  // tbf needs at least rate / HZ of burst at 10 Gbit/s
+    absl::StatusOr<std::unique_ptr<NetnsCluster>> made = NetnsCluster::Create(options);
+    if (made.ok()) {
+      cluster = *std::move(made);
+    } else {
+      netns_problem = made.status().ToString();
+    }
+  } else {
+    netns_problem = std::string(supported.message());
+  }
+  std::vector<std::string> server_ips = {"127.0.0.1"};
+  if (cluster != nullptr) server_ips.push_back(cluster->address(0));
+  PS_ASSIGN_OR_RETURN(Pki pki, MakePki(server_ips));
+
+  PS_RETURN_IF_ERROR(MeasureLink(h, Link{"loopback", nullptr}, pki, pserver_binary, driver, sizes));
+  if (cluster != nullptr) {
+    PS_RETURN_IF_ERROR(
+        MeasureLink(h, Link{"10gbit", cluster.get()}, pki, pserver_binary, driver, sizes));
+  } else {
+    std::printf("tls: the 10 Gbit/s NetnsCluster link skipped: %s\n", netns_problem.c_str());
+  }
+  h.PrintGroup("tls");
+  return absl::OkStatus();
+}
+
+}  // namespace pserver::bench

@@ -1,0 +1,283 @@
+// Mutual TLS between Client and Server: a call goes through with
+// certificates from the right CA; each wrong setup is refused with a message
+// that says which; a server with missing files does not start; replacing the
+// files rotates the server's certificate without a restart.
+#include "cc/security/tls.h"
+
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cc/client/client.h"
+#include "cc/server/server.h"
+#include "cc/testing/child_process.h"
+#include "cc/testing/status_matchers.h"
+#include "cc/testing/test_certs.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+TlsOptions TlsOf(const CertFiles& files, const TestCa& ca) {
+  TlsOptions tls;
+  tls.cert = files.cert;
+  tls.key = files.key;
+  tls.ca = ca.cert_path();
+  tls.reload_interval = absl::Seconds(1);
+  return tls;
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(certs_, TestCerts::Create());
+    ASSERT_OK_AND_ASSIGN(ca_, certs_->AddCa("ca"));
+    ASSERT_OK_AND_ASSIGN(other_ca_, certs_->AddCa("other-ca"));
+    CertRequest server;
+    server.common_name = "pserver-0";
+    server.dns_names = {"localhost", "pserver-0.test"};
+    server.ip_addresses = {"127.0.0.1"};
+    ASSERT_OK_AND_ASSIGN(server_files_, ca_->Issue("server", server));
+    CertRequest trainer;
+    trainer.common_name = "trainer-0";
+    ASSERT_OK_AND_ASSIGN(client_files_, ca_->Issue("trainer", trainer));
+  }
+
+  void StartServer(TlsOptions tls) {
+    ServerOptions options;
+    options.tls = std::move(tls);
+    ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
+  }
+  void StartTlsServer() { StartServer(TlsOf(server_files_, *ca_)); }
+
+  std::unique_ptr<Client> ClientWith(TlsOptions tls,
+                                     absl::Duration timeout = absl::Seconds(3)) {
+    ClientOptions options;
+    options.servers = {server_->address()};
+    options.timeout = timeout;
+    options.tls = std::move(tls);
+    auto client = Client::Connect(options);
+    EXPECT_OK(client.status());
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  std::unique_ptr<TestCerts> certs_;
+  TestCa* ca_ = nullptr;
+  TestCa* other_ca_ = nullptr;
+  CertFiles server_files_;
+  CertFiles client_files_;
+  std::unique_ptr<Server> server_;
+};
+
+v1::ParameterConfig Sgd() {
+  v1::ParameterConfig config;
+  config.mutable_optimizer()->mutable_sgd();
+  config.mutable_learning_rate()->set_learning_rate(1.0);
+  return config;
+}
+
+TEST_F(TlsTest, PushAndPullOverMutualTls) {
+  StartTlsServer();
+  std::unique_ptr<Client> client = ClientWith(TlsOf(client_files_, *ca_));
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd()));
+  ASSERT_OK(client->FinishInitParams());
+  ASSERT_OK(client->SendGrad("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1})));
+  ASSERT_OK_AND_ASSIGN(Tensor w, client->GetParam("w"));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
+  Tensor out;
+  ASSERT_OK(client->PushPull("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1}), &out));
+  EXPECT_EQ(out.ToVector<float>(), (std::vector<float>{-1, 0, 1, 2}));
+  // The bulk channel is plaintext: with TLS it is not offered.
+  EXPECT_EQ(server_->bulk_listener(), nullptr);
+}
+
+TEST_F(TlsTest, ServerNameOverrideIsChecked) {
+  StartTlsServer();
+  TlsOptions named = TlsOf(client_files_, *ca_);
+  named.server_name = "pserver-0.test";
+  std::unique_ptr<Client> good = ClientWith(named);
+  ASSERT_NE(good, nullptr);
+  EXPECT_OK(good->GetStats().status());
+  named.server_name = "someone-else.test";
+  std::unique_ptr<Client> wrong = ClientWith(named);
+  ASSERT_NE(wrong, nullptr);
+  EXPECT_THAT(wrong->GetStats(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                          HasSubstr("does not name the host")));
+}
+
+TEST_F(TlsTest, PlaintextClientToTlsServerIsToldTheServerMayRequireTls) {
+  StartTlsServer();
+  std::unique_ptr<Client> client = ClientWith({});
+  ASSERT_NE(client, nullptr);
+  EXPECT_THAT(client->GetStats(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr(server_->address()), HasSubstr("requires TLS"))));
+}
+
+TEST_F(TlsTest, TlsClientToPlaintextServerIsToldTheServerHasNoTls) {
+  StartServer({});
+  std::unique_ptr<Client> client = ClientWith(TlsOf(client_files_, *ca_));
+  ASSERT_NE(client, nullptr);
+  EXPECT_THAT(client->GetStats(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                           HasSubstr("the server does not speak TLS")));
+}
+
+TEST_F(TlsTest, ClientCertificateFromAnotherCaIsRefused) {
+  StartTlsServer();
+  CertRequest request;
+  request.common_name = "intruder";
+  ASSERT_OK_AND_ASSIGN(CertFiles intruder, other_ca_->Issue("intruder", request));
+  std::unique_ptr<Client> client = ClientWith(TlsOf(intruder, *ca_));
+  ASSERT_NE(client, nullptr);
+  EXPECT_THAT(client->GetStats(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("the server refused this client's certificate")));
+}
+
+TEST_F(TlsTest, ServerCertificateFromAnotherCaIsRefusedByTheClient) {
+  StartTlsServer();
+  std::unique_ptr<Client> client = ClientWith(TlsOf(client_files_, *other_ca_));
+  ASSERT_NE(client, nullptr);
+  EXPECT_THAT(client->GetStats(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("the server's certificate is not signed by this client's CA")));
+}
+
+TEST_F(TlsTest, ExpiredClientCertificateIsRefusedAtConnectAndByTheServer) {
+  StartTlsServer();
+  ASSERT_OK_AND_ASSIGN(CertFiles expired, ca_->Issue("expired", CertRequest::Expired("old")));
+  ClientOptions options;
+  options.servers = {server_->address()};
+  options.tls = TlsOf(expired, *ca_);
+  EXPECT_THAT(Client::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(expired.cert), HasSubstr("expired on"))));
+  // A client that does not check its own certificate is refused by the
+  // server's handshake: the channel never gets ready.
+  grpc::ChannelArguments arguments;
+  auto channel = grpc::CreateCustomChannel(server_->address(),
+                                           MakeChannelCredentials(TlsOf(expired, *ca_)),
+                                           arguments);
+  EXPECT_FALSE(channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(2))));
+  auto good = grpc::CreateCustomChannel(server_->address(),
+                                        MakeChannelCredentials(TlsOf(client_files_, *ca_)),
+                                        arguments);
+  EXPECT_TRUE(good->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(30))));
+}
+
+TEST_F(TlsTest, ServerStartFailsNamingTheBadFile) {
+  ServerOptions options;
+  options.tls = TlsOf(server_files_, *ca_);
+  options.tls.key = certs_->dir() + "/no-such.key";
+  EXPECT_THAT(Server::Start(options),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("--tls_key"), HasSubstr("no-such.key"))));
+  ASSERT_OK_AND_ASSIGN(std::string junk, certs_->WriteFile("junk.key", "not a key\n"));
+  options.tls.key = junk;
+  EXPECT_THAT(Server::Start(options), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               AllOf(HasSubstr("--tls_key"), HasSubstr(junk))));
+  options.tls.key = client_files_.key;  // a key, but not the certificate's
+  EXPECT_THAT(Server::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("is not the private key of --tls_cert"),
+                             HasSubstr(client_files_.key))));
+  options.tls.key.clear();
+  EXPECT_THAT(Server::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("together"), HasSubstr("missing: --tls_key"))));
+  options.tls = TlsOf(server_files_, *ca_);
+  options.tls.ca = server_files_.key;
+  EXPECT_THAT(Server::Start(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("--tls_ca"), HasSubstr("holds no PEM CA certificate"))));
+}
+
+TEST_F(TlsTest, ClientWithServerNameButNoTlsIsRefused) {
+  ClientOptions options;
+  options.servers = {"127.0.0.1:7000"};
+  options.tls.server_name = "pserver-0.test";
+  EXPECT_THAT(Client::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("TLS is off")));
+}
+
+// The server's certificate is replaced by one from a second CA while it
+// runs: new connections see the new one (a client trusting only the new CA
+// gets through, one trusting only the old does not), and a client connected
+// before keeps working over its connection.
+TEST_F(TlsTest, ReplacingTheFilesRotatesTheServerCertificateWithoutRestart) {
+  ASSERT_OK_AND_ASSIGN(std::string live_cert, certs_->WriteFile("live.pem", ""));
+  ASSERT_OK_AND_ASSIGN(std::string live_key, certs_->WriteFile("live.key", ""));
+  ASSERT_OK(ReplaceFile(server_files_.cert, live_cert));
+  ASSERT_OK(ReplaceFile(server_files_.key, live_key));
+  StartServer(TlsOf(CertFiles{live_cert, live_key}, *ca_));
+  std::unique_ptr<Client> before = ClientWith(TlsOf(client_files_, *ca_));
+  ASSERT_NE(before, nullptr);
+  ASSERT_OK(before->GetStats().status());
+
+  CertRequest rotated;
+  rotated.common_name = "pserver-0-rotated";
+  rotated.ip_addresses = {"127.0.0.1"};
+  ASSERT_OK_AND_ASSIGN(CertFiles next, other_ca_->Issue("rotated", rotated));
+  ASSERT_OK(ReplaceFile(next.key, live_key));
+  ASSERT_OK(ReplaceFile(next.cert, live_cert));
+
+  // The server re-reads its files every second; each attempt makes a new
+  // client (a new connection) and waits at most 2 s.
+  bool rotated_seen = false;
+  for (int attempt = 0; attempt < 30 && !rotated_seen; ++attempt) {
+    std::unique_ptr<Client> after =
+        ClientWith(TlsOf(client_files_, *other_ca_), absl::Seconds(2));
+    ASSERT_NE(after, nullptr);
+    rotated_seen = after->GetStats().ok();
+  }
+  EXPECT_TRUE(rotated_seen) << "no new connection saw the rotated certificate";
+  std::unique_ptr<Client> stale = ClientWith(TlsOf(client_files_, *ca_), absl::Seconds(2));
+  ASSERT_NE(stale, nullptr);
+  EXPECT_THAT(stale->GetStats(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                          HasSubstr("not signed by this client's CA")));
+  EXPECT_OK(before->GetStats().status());
+}
+
+// The pserver binary's --tls_* flags: a missing key stops it at start,
+// naming the file; all three make it serve mutual TLS.
+TEST_F(TlsTest, PserverBinaryTakesTheTlsFlags) {
+  const std::string binary = RunfilesPath("cc/server/pserver");
+  const std::string missing = certs_->dir() + "/missing.key";
+  ASSERT_OK_AND_ASSIGN(auto bad, ChildProcess::Spawn(binary, {"--port=0",
+                                                              "--tls_cert=" + server_files_.cert,
+                                                              "--tls_key=" + missing,
+                                                              "--tls_ca=" + ca_->cert_path()}));
+  ASSERT_OK_AND_ASSIGN(int status, bad->WaitForExit(absl::Now() + absl::Seconds(60)));
+  EXPECT_NE(status, 0);
+  EXPECT_THAT(bad->output(), AllOf(HasSubstr("--tls_key"), HasSubstr(missing)));
+
+  ASSERT_OK_AND_ASSIGN(auto good, ChildProcess::Spawn(binary, {"--port=0",
+                                                               "--tls_cert=" + server_files_.cert,
+                                                               "--tls_key=" + server_files_.key,
+                                                               "--tls_ca=" + ca_->cert_path()}));
+  ASSERT_OK_AND_ASSIGN(std::string address,
+                       WaitForPserverAddress(*good, 0, absl::Now() + absl::Seconds(60)));
+  ClientOptions options;
+  options.servers = {address};
+  options.tls = TlsOf(client_files_, *ca_);
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
+  EXPECT_OK(client->GetStats().status());
+  kill(good->pid(), SIGTERM);
+  EXPECT_OK(good->WaitForExit(absl::Now() + absl::Seconds(30)).status());
+}
+
+}  // namespace
+}  // namespace pserver

@@ -1,0 +1,69 @@
+package pserver
+
+// #include <stdlib.h>
+// #include "pserver.h"
+// #include "pserver_cluster.h"
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// TLS turns on mutual TLS (docs/security.md): Cert and Key are this side's
+// PEM certificate and private key, CA the PEM CA(s) the peer's certificate
+// must chain to. A client also checks that each server's certificate names
+// the host it dials, or ServerName when set. A server requires every client
+// to present a certificate from CA and re-reads its files every
+// ReloadSeconds (default 60), so replacing them rotates the certificates
+// without a restart. The files are checked when the client or server is
+// made: an error names the file and what is wrong (missing, not PEM,
+// expired, key not the certificate's).
+type TLS struct {
+	Cert, Key, CA string
+	// ServerName: clients only; the name servers' certificates must carry.
+	ServerName string
+	// ReloadSeconds: servers only; how often the files are re-read (>= 1).
+	ReloadSeconds int
+}
+
+// applyToClient sets t (nil: none) on the client options.
+func (t *TLS) applyToClient(opts *C.pserver_client_options_t) error {
+	if t == nil {
+		return nil
+	}
+	if err := t.call(func(cert, key, ca *C.char, st *C.pserver_status_t) {
+		C.pserver_client_options_set_tls(opts, cert, key, ca, st)
+	}); err != nil {
+		return fmt.Errorf("pserver: client TLS: %w", err)
+	}
+	if t.ServerName != "" {
+		name := C.CString(t.ServerName)
+		defer C.free(unsafe.Pointer(name))
+		C.pserver_client_options_set_tls_server_name(opts, name)
+	}
+	return nil
+}
+
+// applyToServer sets t (nil: none) on the server options.
+func (t *TLS) applyToServer(opts *C.pserver_server_options_t) error {
+	if t == nil {
+		return nil
+	}
+	if err := t.call(func(cert, key, ca *C.char, st *C.pserver_status_t) {
+		C.pserver_server_options_set_tls(opts, cert, key, ca, C.int32_t(t.ReloadSeconds), st)
+	}); err != nil {
+		return fmt.Errorf("pserver: server TLS: %w", err)
+	}
+	return nil
+}
+
+// call runs f with the three file names as C strings (freed after) and
+// returns its status as an error.
+func (t *TLS) call(f func(cert, key, ca *C.char, st *C.pserver_status_t)) error {
+	cert, key, ca := C.CString(t.Cert), C.CString(t.Key), C.CString(t.CA)
+	defer C.free(unsafe.Pointer(cert))
+	defer C.free(unsafe.Pointer(key))
+	defer C.free(unsafe.Pointer(ca))
+	return cCall(func(st *C.pserver_status_t) { f(cert, key, ca, st) })
+}
