@@ -57,6 +57,9 @@ struct Credentials {
 // The metadata key and scheme a client presents its token with.
 inline constexpr char kAuthorizationMetadataKey[] = "authorization";
 inline constexpr char kBearerPrefix[] = "Bearer ";
+// The metadata key a client names the server instance etcd gave it with
+// (registry fencing: cc/etcd/keys.h ServerEntry).
+inline constexpr char kInstanceMetadataKey[] = "ps-instance-id";
 
 class Authorizer {
  public:

@@ -75,6 +75,7 @@
 #include "cc/client/wire_compressor.h"
 #include "cc/core/finite.h"
 #include "cc/core/tensor.h"
+#include "cc/etcd/keys.h"
 #include "pserver/v1/config.pb.h"
 #include "pserver/v1/service.pb.h"
 
@@ -123,6 +124,12 @@ struct ClientOptions {
   bool register_worker = true;
   std::string worker_id;
   absl::Duration worker_lease_ttl = absl::Seconds(10);
+
+  // --- security (docs/security.md) ---
+  // A bearer token for servers with roles (--auth_tokens_file), sent as
+  // "authorization: Bearer <token>" with every call and in the bulk
+  // channel's hello; "": none.
+  std::string token;
 };
 
 // A named tensor: a gradient to send, or a parameter to initialize. It holds
@@ -389,7 +396,7 @@ class Client {
   std::shared_ptr<Transport> TransportFor(int server) const;
   // etcd: finds the servers, watches them, registers the trainer.
   absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);
-  void OnServerChanged(int server, const std::string& address);
+  void OnServerChanged(int server, const etcd_keys::ServerEntry& entry);
   // Puts /workers/<worker_id_> = `worker_json` under a lease kept alive,
   // and registered again whenever the lease is lost.
   absl::Status RegisterWorker(std::string worker_json);

@@ -127,6 +127,17 @@ ABSL_FLAG(int, max_bulk_connections, 256,
 ABSL_FLAG(uint64_t, max_bulk_request_bytes_in_flight, uint64_t{1} << 30,
           "Bulk channel request bytes read or being served at once, over all connections; a "
           "request that does not fit waits (UNAVAILABLE, retried by clients).");
+// --- roles and tokens (docs/security.md) ---
+ABSL_FLAG(std::string, job, "",
+          "This server's job: with --auth_tokens_file or --auth_cert_rule, a principal of "
+          "another job is refused.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Bearer tokens this server accepts, lines 'role job token' (role: reader, trainer, "
+          "admin); re-read when the file changes. Clients send 'authorization: Bearer <token>'.");
+ABSL_FLAG(std::string, auth_cert_rule, "",
+          "How a verified client certificate names its role and job, e.g. cn:<role>.<job> or "
+          "san:spiffe://<job>/<role> (needs mTLS).");
+
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -225,6 +236,10 @@ pserver::ServerOptions OptionsFromFlags() {
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);
+  // Roles and tokens.
+  options.job = absl::GetFlag(FLAGS_job);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.auth_cert_rule = absl::GetFlag(FLAGS_auth_cert_rule);
   return options;
 }
 

@@ -48,6 +48,7 @@ class Listener;
 class BulkListener;
 class EtcdClient;
 class LeasedKey;
+class Authorizer;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -148,6 +149,15 @@ struct ServerOptions {
   // connections; a frame that does not fit is answered UNAVAILABLE (retried
   // by clients), one larger than all of it RESOURCE_EXHAUSTED.
   uint64_t max_bulk_request_bytes_in_flight = uint64_t{1} << 30;
+
+  // --- roles (docs/security.md; cc/auth/authorizer.h) ---
+  // With a tokens file or a certificate rule, every call needs a principal
+  // of this job whose role allows the method: UNAUTHENTICATED without
+  // credentials, PERMISSION_DENIED naming role, job and method. All empty:
+  // off, every call allowed.
+  std::string job;
+  std::string auth_tokens_file;  // lines "role job token", re-read on change
+  std::string auth_cert_rule;    // e.g. "cn:<role>.<job>", "san:spiffe://<job>/<role>"
 };
 
 // The thread cap when ServerOptions::max_threads is 0.
@@ -175,6 +185,9 @@ class Server {
   // Every operation of this server, as its gRPC service answers it: what an
   // in-process transport calls (cc/server/in_process_transport.h).
   Dispatcher& dispatcher() { return *dispatcher_; }
+  // Drawn at start (random): published with the address at /ps/<index>;
+  // a call naming another instance is refused (registry fencing).
+  const std::string& instance_id() const { return instance_id_; }
   // The bulk channel's listener; null when it is off.
   BulkListener* bulk_listener() { return bulk_listener_.get(); }
 
@@ -240,6 +253,8 @@ class Server {
   ParameterStore store_;
   Tables tables_;
   std::unique_ptr<Dispatcher> dispatcher_;
+  const std::string instance_id_;
+  std::unique_ptr<Authorizer> auth_;  // roles; disabled when auth is off
   std::unique_ptr<ParameterServerService> service_;  // the gRPC face of dispatcher_
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<Listener> listener_;  // accepts for grpc_server_
