@@ -227,6 +227,13 @@ void pserver_client_options_set_discovery_timeout_ms(pserver_client_options_t* o
   if (options != nullptr) options->rep.discovery_timeout = absl::Milliseconds(timeout_ms);
 }
 
+void pserver_client_options_set_token(pserver_client_options_t* options, const char* token) {
+  try {
+    if (options != nullptr) options->rep.token = token == nullptr ? "" : token;
+  } catch (...) {
+  }
+}
+
 // ------------------------------------------------------------------ client
 
 pserver_client_t* pserver_client_new(const pserver_client_options_t* options,

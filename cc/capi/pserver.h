@@ -344,6 +344,12 @@ PSERVER_EXPORT void pserver_client_options_set_etcd(pserver_client_options_t* op
  * default 60 s). */
 PSERVER_EXPORT void pserver_client_options_set_discovery_timeout_ms(
     pserver_client_options_t* options, int64_t timeout_ms);
+/* A bearer token for servers with roles (--auth_tokens_file;
+ * docs/security.md), sent with every call; NULL or "": none. A server with
+ * roles answers UNAUTHENTICATED without one and PERMISSION_DENIED, naming
+ * role, job and method, to a token whose role may not call a method. */
+PSERVER_EXPORT void pserver_client_options_set_token(pserver_client_options_t* options,
+                                                     const char* token);
 
 /* A client over gRPC to the options' servers (the options may be deleted
  * afterwards). INVALID_ARGUMENT for no servers, an empty address or a zero

@@ -40,6 +40,15 @@ PSERVER_EXPORT void pserver_server_options_set_num_threads(pserver_server_option
 PSERVER_EXPORT void pserver_server_options_set_checkpoint_dir(pserver_server_options_t* options,
                                                               const char* dir);
 
+/* Roles (docs/security.md): the server's job, a bearer tokens file (lines
+ * "role job token"; NULL or "": none) and a client-certificate rule (e.g.
+ * "cn:<role>.<job>"; NULL or "": none). Checked by pserver_server_new
+ * (INVALID_ARGUMENT for a bad rule or no job, NOT_FOUND for a missing
+ * file). Default: no roles, every call allowed. */
+PSERVER_EXPORT void pserver_server_options_set_auth(pserver_server_options_t* options,
+                                                    const char* job, const char* tokens_file,
+                                                    const char* cert_rule);
+
 /* Starts a gRPC server in this process (options may be NULL: the defaults).
  * INVALID_ARGUMENT for a bad port or thread count, UNAVAILABLE when the
  * address cannot be bound. */

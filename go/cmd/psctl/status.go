@@ -7,6 +7,7 @@ import (
 	"io"
 	"sort"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -85,7 +86,8 @@ func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) 
 		case pserver.KeyDesired:
 			desired = kv.value
 		case pserver.KeyServer:
-			servers[key.Index] = kv.value
+			// "host:port instance=<id>" (or a bare "host:port"): the address.
+			servers[key.Index] = strings.SplitN(kv.value, " ", 2)[0]
 		case pserver.KeyCheckpoint:
 			var rec checkpointRecord
 			if json.Unmarshal([]byte(kv.value), &rec) == nil {
