@@ -311,6 +311,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     EtcdClientOptions etcd_options;
     etcd_options.endpoints = options.etcd_endpoints;
     etcd_options.prefix = etcd_keys::ClusterPrefix(options.cluster);
+    etcd_options.tls = options.etcd_tls;
     PS_ASSIGN_OR_RETURN(etcd, EtcdClient::Connect(etcd_options));
     PS_ASSIGN_OR_RETURN(servers, DiscoverServers(*etcd, options.discovery_timeout, &revision));
   }

@@ -75,6 +75,7 @@
 #include "cc/client/wire_compressor.h"
 #include "cc/core/finite.h"
 #include "cc/core/tensor.h"
+#include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
 #include "pserver/v1/config.pb.h"
 #include "pserver/v1/service.pb.h"
@@ -130,6 +131,9 @@ struct ClientOptions {
   // "authorization: Bearer <token>" with every call and in the bulk
   // channel's hello; "": none.
   std::string token;
+  // etcd over TLS with this client's certificate (etcd --client-cert-auth);
+  // unset: plaintext.
+  EtcdTlsOptions etcd_tls;
 };
 
 // A named tensor: a gradient to send, or a parameter to initialize. It holds

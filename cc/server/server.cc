@@ -328,6 +328,7 @@ absl::Status Server::Register() {
   EtcdClientOptions etcd_options;
   etcd_options.endpoints = options_.etcd_endpoints;
   etcd_options.prefix = etcd_keys::ClusterPrefix(options_.cluster);
+  etcd_options.tls = options_.etcd_tls;
   PS_ASSIGN_OR_RETURN(etcd_, EtcdClient::Connect(etcd_options));
   const absl::Time deadline = absl::Now() + options_.register_timeout;
   // etcd may still be starting: retry every call until the deadline.

@@ -33,6 +33,7 @@
 #include "cc/core/checkpoint.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
+#include "cc/etcd/etcd_client.h"
 #include "cc/rpc/transport_limits.h"
 #include "pserver/v1/registry.pb.h"
 
@@ -158,6 +159,9 @@ struct ServerOptions {
   std::string job;
   std::string auth_tokens_file;  // lines "role job token", re-read on change
   std::string auth_cert_rule;    // e.g. "cn:<role>.<job>", "san:spiffe://<job>/<role>"
+  // etcd over TLS with this server's client certificate (--etcd_tls_ca,
+  // --etcd_tls_cert, --etcd_tls_key); unset: plaintext.
+  EtcdTlsOptions etcd_tls;
 };
 
 // The thread cap when ServerOptions::max_threads is 0.
