@@ -234,6 +234,17 @@ void pserver_client_options_set_token(pserver_client_options_t* options, const c
   }
 }
 
+void pserver_client_options_set_etcd_tls(pserver_client_options_t* options, const char* ca,
+                                         const char* cert, const char* key) {
+  try {
+    if (options == nullptr) return;
+    options->rep.etcd_tls.ca = ca == nullptr ? "" : ca;
+    options->rep.etcd_tls.cert = cert == nullptr ? "" : cert;
+    options->rep.etcd_tls.key = key == nullptr ? "" : key;
+  } catch (...) {
+  }
+}
+
 // ------------------------------------------------------------------ client
 
 pserver_client_t* pserver_client_new(const pserver_client_options_t* options,

@@ -350,6 +350,13 @@ PSERVER_EXPORT void pserver_client_options_set_discovery_timeout_ms(
  * role, job and method, to a token whose role may not call a method. */
 PSERVER_EXPORT void pserver_client_options_set_token(pserver_client_options_t* options,
                                                      const char* token);
+/* With etcd: speak to etcd over TLS (etcd --client-cert-auth): `ca` verifies
+ * etcd's certificate, `cert` and `key` are this client's (PEM paths; NULL or
+ * "": none). Files are read by pserver_client_new (NOT_FOUND naming one that
+ * cannot be read). */
+PSERVER_EXPORT void pserver_client_options_set_etcd_tls(pserver_client_options_t* options,
+                                                        const char* ca, const char* cert,
+                                                        const char* key);
 
 /* A client over gRPC to the options' servers (the options may be deleted
  * afterwards). INVALID_ARGUMENT for no servers, an empty address or a zero

@@ -197,6 +197,13 @@ typedef struct pserver_etcd_kvs_t pserver_etcd_kvs_t;
  * timeout. */
 PSERVER_EXPORT pserver_etcd_t* pserver_etcd_new(const char* endpoints, int64_t timeout_ms,
                                                 pserver_status_t* status);
+/* pserver_etcd_new over TLS with a client certificate (etcd
+ * --client-cert-auth): `ca`, `cert`, `key` are PEM paths (NULL or "":
+ * none). NOT_FOUND naming a file that cannot be read, INVALID_ARGUMENT for
+ * a certificate without its key. */
+PSERVER_EXPORT pserver_etcd_t* pserver_etcd_new_tls(const char* endpoints, int64_t timeout_ms,
+                                                    const char* ca, const char* cert,
+                                                    const char* key, pserver_status_t* status);
 PSERVER_EXPORT void pserver_etcd_delete(pserver_etcd_t* etcd);
 /* Reads `key`: *value gets a new buffer of *value_size bytes followed by a
  * NUL (not counted), freed with pserver_buffer_delete. NOT_FOUND when the
