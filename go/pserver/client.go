@@ -39,6 +39,11 @@ type Options struct {
 	MaxRequestBytes uint64
 	// ChannelsPerServer: gRPC channels to each server (2).
 	ChannelsPerServer int
+	// Token is the bearer token sent to servers with roles
+	// (--auth_tokens_file; docs/security.md); "": none.
+	Token string
+	// EtcdTLS, with Etcd: speak to etcd over TLS with a client certificate.
+	EtcdTLS *EtcdTLS
 }
 
 func (o *Options) toC() (*C.pserver_client_options_t, error) {
@@ -78,6 +83,7 @@ func (o *Options) toC() (*C.pserver_client_options_t, error) {
 	if o.ChannelsPerServer > 0 {
 		C.pserver_client_options_set_channels_per_server(opts, C.int32_t(o.ChannelsPerServer))
 	}
+	o.setAuth(opts)
 	return opts, nil
 }
 

@@ -24,6 +24,9 @@ type ServerOptions struct {
 	// its shard's newest good checkpoint on start and saves one on
 	// SaveCheckpoint and when it stops.
 	CheckpointDir string
+	// Roles (docs/security.md): the server's Job, with AuthTokensFile
+	// (lines "role job token") and/or AuthCertRule ("cn:<role>.<job>").
+	Job, AuthTokensFile, AuthCertRule string
 }
 
 func (o *ServerOptions) toC() *C.pserver_server_options_t {
@@ -44,6 +47,7 @@ func (o *ServerOptions) toC() *C.pserver_server_options_t {
 		C.pserver_server_options_set_checkpoint_dir(opts, c)
 		C.free(unsafe.Pointer(c))
 	}
+	o.setAuth(opts)
 	return opts
 }
 

@@ -143,6 +143,7 @@ func cmdDesired(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("desired", "desired -etcd HOST:PORT[,...] [-cluster NAME] N", stdout, stderr)
 	etcdFlag := fs.String("etcd", "", "etcd endpoints host:port[,host:port...] (required)")
 	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
+	auth := addAuthFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -156,7 +157,7 @@ func cmdDesired(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	e, err := newEtcd(splitList(*etcdFlag), 10*time.Second)
+	e, err := newEtcdTLS(splitList(*etcdFlag), 10*time.Second, auth.etcdTLS())
 	if err != nil {
 		return err
 	}
@@ -191,6 +192,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		fs := newFlags("checkpoint save", "checkpoint save -servers A,B [-timeout D]", stdout, stderr)
 		servers := fs.String("servers", "", "server addresses host:port, in index order (required)")
 		timeout := fs.Duration("timeout", time.Minute, "deadline")
+		auth := addAuthFlags(fs)
 		if err := parse(fs, args[1:], stdout); err != nil {
 			return err
 		}
@@ -200,7 +202,11 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		if err != nil {
+			return err
+		}
+		client, err := pserver.NewClient(ctx, opts)
 		if err != nil {
 			return err
 		}
@@ -274,6 +280,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	ckpt := fs.String("checkpoint", "", "a checkpoint directory (as for checkpoint ls)")
 	servers := fs.String("servers", "", "server addresses host:port in index order; then name the parameters")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline with -servers")
+	auth := addAuthFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -292,7 +299,11 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	case *servers != "" && *ckpt == "" && fs.NArg() > 0:
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		if err != nil {
+			return err
+		}
+		client, err := pserver.NewClient(ctx, opts)
 		if err != nil {
 			return err
 		}

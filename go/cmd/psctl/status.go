@@ -46,6 +46,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
 	servers := fs.String("servers", "", "instead of etcd: ask these servers for their stats")
 	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
+	auth := addAuthFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -53,14 +54,18 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	switch {
 	case *etcdFlag != "":
-		e, err := newEtcd(splitList(*etcdFlag), *timeout)
+		e, err := newEtcdTLS(splitList(*etcdFlag), *timeout, auth.etcdTLS())
 		if err != nil {
 			return err
 		}
 		defer e.Close()
 		return etcdStatus(ctx, e, *cluster, stdout)
 	case *servers != "":
-		return serverStatus(ctx, splitList(*servers), *timeout, stdout)
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		if err != nil {
+			return err
+		}
+		return serverStatus(ctx, opts, stdout)
 	default:
 		fs.Usage()
 		return errUsage
@@ -144,8 +149,9 @@ func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) 
 	return nil
 }
 
-func serverStatus(ctx context.Context, servers []string, timeout time.Duration, stdout io.Writer) error {
-	client, err := pserver.NewClient(ctx, pserver.Options{Servers: servers, Timeout: timeout})
+func serverStatus(ctx context.Context, opts pserver.Options, stdout io.Writer) error {
+	servers := opts.Servers
+	client, err := pserver.NewClient(ctx, opts)
 	if err != nil {
 		return err
 	}
