@@ -3,7 +3,7 @@
 // and the server it reached refuses another, so a stale entry pointing at a
 // different live server applies nothing there. An entry that names no
 // instance (written by hand with etcdctl, or by a rogue) is refused by
-// clients.
+// clients with require_instance_id (and used as before without it).
 #include <memory>
 #include <string>
 
@@ -46,8 +46,9 @@ class RegistryFencingTest : public ::testing::Test {
     return server.ok() ? *std::move(server) : nullptr;
   }
 
-  absl::StatusOr<std::unique_ptr<Client>> ConnectA() {
+  absl::StatusOr<std::unique_ptr<Client>> ConnectA(bool require_instance_id = false) {
     ClientOptions options;
+    options.require_instance_id = require_instance_id;
     options.etcd_endpoints = {etcd_->endpoint()};
     options.cluster = "a";
     options.register_worker = false;
@@ -88,8 +89,13 @@ TEST_F(RegistryFencingTest, StaleEntryPointingAtAnotherLiveServerIsRefused) {
 TEST_F(RegistryFencingTest, EntryWithoutInstanceIsRefused) {
   // What `etcdctl put /pserver/a/ps/0 <host:port>` writes.
   ASSERT_OK(registry_->Put(etcd_keys::ServerKey(0), b_->address()));
-  EXPECT_THAT(ConnectA(), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                   HasSubstr("a rogue or hand-written registry entry")));
+  EXPECT_THAT(ConnectA(/*require_instance_id=*/true),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("a rogue or hand-written registry entry")));
+  // Without the option a bare address is used as before (hand registration).
+  ASSERT_OK_AND_ASSIGN(auto client, ConnectA());
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({1}, {1})));
+  EXPECT_GT(b_->store().GetStats().blocks, 0u);
 }
 
 TEST_F(RegistryFencingTest, RogueInstanceIsRefused) {

@@ -234,6 +234,11 @@ void pserver_client_options_set_token(pserver_client_options_t* options, const c
   }
 }
 
+void pserver_client_options_set_require_instance_id(pserver_client_options_t* options,
+                                                    int32_t require) {
+  if (options != nullptr) options->rep.require_instance_id = require != 0;
+}
+
 void pserver_client_options_set_etcd_tls(pserver_client_options_t* options, const char* ca,
                                          const char* cert, const char* key) {
   try {

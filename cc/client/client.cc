@@ -103,12 +103,14 @@ absl::Status GaveUp(const absl::Status& status, const std::string& server, const
                                    ", retried until the deadline)"));
 }
 
-// A registry value a client may use: written by a server, with its
-// instance id. FAILED_PRECONDITION naming the key otherwise (a rogue or
-// hand-written entry: docs/security.md).
-absl::StatusOr<etcd_keys::ServerEntry> FencedEntry(const EtcdClient& etcd, const KeyValue& kv) {
+// A registry value a client may use: one written by a server names its
+// instance; a bare "host:port" only unless `require_instance_id`.
+// FAILED_PRECONDITION naming the key otherwise (a rogue or hand-written
+// entry: docs/security.md).
+absl::StatusOr<etcd_keys::ServerEntry> FencedEntry(const EtcdClient& etcd, const KeyValue& kv,
+                                                   bool require_instance_id) {
   absl::StatusOr<etcd_keys::ServerEntry> entry = etcd_keys::ParseServerValue(kv.value);
-  if (entry.ok() && !entry->instance_id.empty()) return entry;
+  if (entry.ok() && (!entry->instance_id.empty() || !require_instance_id)) return entry;
   return absl::FailedPreconditionError(absl::StrCat(
       "etcd ", etcd.options().prefix, kv.key, " is '", absl::CHexEscape(kv.value),
       "', which names no server instance ('host:port instance=<id>', as a server writes "
@@ -119,6 +121,7 @@ absl::StatusOr<etcd_keys::ServerEntry> FencedEntry(const EtcdClient& etcd, const
 // index order, and the store revision of the listing.
 absl::StatusOr<std::vector<etcd_keys::ServerEntry>> DiscoverServers(EtcdClient& etcd,
                                                                     absl::Duration timeout,
+                                                                    bool require_instance_id,
                                                                     int64_t* revision) {
   const absl::Time deadline = absl::Now() + timeout;
   const std::string where =
@@ -140,7 +143,7 @@ absl::StatusOr<std::vector<etcd_keys::ServerEntry>> DiscoverServers(EtcdClient& 
         for (const KeyValue& kv : *kvs) {
           absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(kv.key);
           if (!i.ok() || *i >= desired) continue;
-          PS_ASSIGN_OR_RETURN(addresses[*i], FencedEntry(etcd, kv));
+          PS_ASSIGN_OR_RETURN(addresses[*i], FencedEntry(etcd, kv, require_instance_id));
         }
         std::vector<uint32_t> missing;
         for (uint32_t i = 0; i < desired; ++i) {
@@ -313,7 +316,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     etcd_options.prefix = etcd_keys::ClusterPrefix(options.cluster);
     etcd_options.tls = options.etcd_tls;
     PS_ASSIGN_OR_RETURN(etcd, EtcdClient::Connect(etcd_options));
-    PS_ASSIGN_OR_RETURN(servers, DiscoverServers(*etcd, options.discovery_timeout, &revision));
+    PS_ASSIGN_OR_RETURN(servers, DiscoverServers(*etcd, options.discovery_timeout,
+                                                        options.require_instance_id, &revision));
   }
   PS_RETURN_IF_ERROR(CheckOptions(options, servers.size()));
   std::vector<std::unique_ptr<Transport>> transports;
@@ -346,8 +350,8 @@ absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {
     if (event.type != WatchEvent::Type::kPut) return;
     absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(event.kv.key);
     if (!i.ok() || *i >= static_cast<uint32_t>(n)) return;
-    // A value that names no instance is not a server's: the old one stays.
-    absl::StatusOr<etcd_keys::ServerEntry> entry = FencedEntry(*etcd, event.kv);
+    // A value that is not a server's entry: the old one stays.
+    absl::StatusOr<etcd_keys::ServerEntry> entry = FencedEntry(*etcd, event.kv, options_.require_instance_id);
     if (!entry.ok()) return;
     OnServerChanged(static_cast<int>(*i), *entry);
   };

@@ -134,6 +134,10 @@ struct ClientOptions {
   // etcd over TLS with this client's certificate (etcd --client-cert-auth);
   // unset: plaintext.
   EtcdTlsOptions etcd_tls;
+  // Registry fencing: refuse a /ps/<idx> entry that names no server
+  // instance (a bare "host:port", as written by hand or by etcdctl).
+  // Entries that name one are always checked, by the server reached.
+  bool require_instance_id = false;
 };
 
 // A named tensor: a gradient to send, or a parameter to initialize. It holds
