@@ -254,7 +254,7 @@ TEST_F(FaultToleranceTest, ServersReRegisterAfterEtcdRestartsAndKeepServing) {
       << a->registrations() << " " << b->registrations();
   for (Server* s : {a.get(), b.get()}) {
     ASSERT_OK_AND_ASSIGN(KeyValue kv, etcd_client_->Get(etcd_keys::ServerKey(s->index())));
-    EXPECT_EQ(kv.value, s->address());
+    EXPECT_EQ(kv.value, etcd_keys::FormatServerValue({s->address(), s->instance_id()}));
     EXPECT_EQ(kv.lease, s->lease()) << "registered under its new lease";
   }
   // The trainer registered again too.

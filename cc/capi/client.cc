@@ -243,6 +243,29 @@ void pserver_client_options_set_tls_server_name(pserver_client_options_t* option
   }
 }
 
+void pserver_client_options_set_token(pserver_client_options_t* options, const char* token) {
+  try {
+    if (options != nullptr) options->rep.token = token == nullptr ? "" : token;
+  } catch (...) {
+  }
+}
+
+void pserver_client_options_set_require_instance_id(pserver_client_options_t* options,
+                                                    int32_t require) {
+  if (options != nullptr) options->rep.require_instance_id = require != 0;
+}
+
+void pserver_client_options_set_etcd_tls(pserver_client_options_t* options, const char* ca,
+                                         const char* cert, const char* key) {
+  try {
+    if (options == nullptr) return;
+    options->rep.etcd_tls.ca = ca == nullptr ? "" : ca;
+    options->rep.etcd_tls.cert = cert == nullptr ? "" : cert;
+    options->rep.etcd_tls.key = key == nullptr ? "" : key;
+  } catch (...) {
+  }
+}
+
 // ------------------------------------------------------------------ client
 
 pserver_client_t* pserver_client_new(const pserver_client_options_t* options,

@@ -26,9 +26,17 @@ extern "C" {
 
 pserver_etcd_t* pserver_etcd_new(const char* endpoints, int64_t timeout_ms,
                                  pserver_status_t* status) {
+  return pserver_etcd_new_tls(endpoints, timeout_ms, nullptr, nullptr, nullptr, status);
+}
+
+pserver_etcd_t* pserver_etcd_new_tls(const char* endpoints, int64_t timeout_ms, const char* ca,
+                                     const char* cert, const char* key, pserver_status_t* status) {
   pserver_etcd_t* out = nullptr;
   Run(status, [&]() -> absl::Status {
     pserver::EtcdClientOptions options;
+    options.tls.ca = ca == nullptr ? "" : ca;
+    options.tls.cert = cert == nullptr ? "" : cert;
+    options.tls.key = key == nullptr ? "" : key;
     options.endpoints = pserver_capi::SplitEndpoints(endpoints);
     if (options.endpoints.empty()) {
       return absl::InvalidArgumentError(

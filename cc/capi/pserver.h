@@ -344,6 +344,24 @@ PSERVER_EXPORT void pserver_client_options_set_etcd(pserver_client_options_t* op
  * default 60 s). */
 PSERVER_EXPORT void pserver_client_options_set_discovery_timeout_ms(
     pserver_client_options_t* options, int64_t timeout_ms);
+/* A bearer token for servers with roles (--auth_tokens_file;
+ * docs/security.md), sent with every call; NULL or "": none. A server with
+ * roles answers UNAUTHENTICATED without one and PERMISSION_DENIED, naming
+ * role, job and method, to a token whose role may not call a method. */
+PSERVER_EXPORT void pserver_client_options_set_token(pserver_client_options_t* options,
+                                                     const char* token);
+/* With etcd: refuse a /ps/<idx> entry that names no server instance (a
+ * bare "host:port", as etcdctl would write it; docs/security.md). Default 0:
+ * such entries are used. */
+PSERVER_EXPORT void pserver_client_options_set_require_instance_id(
+    pserver_client_options_t* options, int32_t require);
+/* With etcd: speak to etcd over TLS (etcd --client-cert-auth): `ca` verifies
+ * etcd's certificate, `cert` and `key` are this client's (PEM paths; NULL or
+ * "": none). Files are read by pserver_client_new (NOT_FOUND naming one that
+ * cannot be read). */
+PSERVER_EXPORT void pserver_client_options_set_etcd_tls(pserver_client_options_t* options,
+                                                        const char* ca, const char* cert,
+                                                        const char* key);
 
 /* Mutual TLS (docs/security.md): `cert` and `key` are this client's PEM
  * certificate and private key, `ca` the PEM CA(s) the servers' certificates

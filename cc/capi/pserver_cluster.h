@@ -56,6 +56,15 @@ PSERVER_EXPORT void pserver_server_options_set_tls(pserver_server_options_t* opt
                                                    const char* ca, int32_t reload_seconds,
                                                    pserver_status_t* status);
 
+/* Roles (docs/security.md): the server's job, a bearer tokens file (lines
+ * "role job token"; NULL or "": none) and a client-certificate rule (e.g.
+ * "cn:<role>.<job>"; NULL or "": none). Checked by pserver_server_new
+ * (INVALID_ARGUMENT for a bad rule or no job, NOT_FOUND for a missing
+ * file). Default: no roles, every call allowed. */
+PSERVER_EXPORT void pserver_server_options_set_auth(pserver_server_options_t* options,
+                                                    const char* job, const char* tokens_file,
+                                                    const char* cert_rule);
+
 /* Starts a gRPC server in this process (options may be NULL: the defaults).
  * INVALID_ARGUMENT for a bad port or thread count, UNAVAILABLE when the
  * address cannot be bound. */
@@ -204,6 +213,13 @@ typedef struct pserver_etcd_kvs_t pserver_etcd_kvs_t;
  * timeout. */
 PSERVER_EXPORT pserver_etcd_t* pserver_etcd_new(const char* endpoints, int64_t timeout_ms,
                                                 pserver_status_t* status);
+/* pserver_etcd_new over TLS with a client certificate (etcd
+ * --client-cert-auth): `ca`, `cert`, `key` are PEM paths (NULL or "":
+ * none). NOT_FOUND naming a file that cannot be read, INVALID_ARGUMENT for
+ * a certificate without its key. */
+PSERVER_EXPORT pserver_etcd_t* pserver_etcd_new_tls(const char* endpoints, int64_t timeout_ms,
+                                                    const char* ca, const char* cert,
+                                                    const char* key, pserver_status_t* status);
 PSERVER_EXPORT void pserver_etcd_delete(pserver_etcd_t* etcd);
 /* Reads `key`: *value gets a new buffer of *value_size bytes followed by a
  * NUL (not counted), freed with pserver_buffer_delete. NOT_FOUND when the

@@ -81,6 +81,17 @@ void pserver_server_options_set_tls(pserver_server_options_t* options, const cha
   });
 }
 
+void pserver_server_options_set_auth(pserver_server_options_t* options, const char* job,
+                                     const char* tokens_file, const char* cert_rule) {
+  try {
+    if (options == nullptr) return;
+    options->rep.job = job == nullptr ? "" : job;
+    options->rep.auth_tokens_file = tokens_file == nullptr ? "" : tokens_file;
+    options->rep.auth_cert_rule = cert_rule == nullptr ? "" : cert_rule;
+  } catch (...) {
+  }
+}
+
 void pserver_server_save_checkpoint(pserver_server_t* server, pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (server == nullptr) return Null("server");

@@ -359,7 +359,7 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
                                            deadline - absl::Now()));
   }
   auto connection = std::make_shared<Connection>(std::move(stream), &timer_);
-  PS_RETURN_IF_ERROR(connection->Hello(offer.token()));
+  PS_RETURN_IF_ERROR(connection->Hello(offer.token() + options_.bearer_token));
   over_unix_ = unix_socket;
   opened_.fetch_add(1);
   return connection;

@@ -52,6 +52,9 @@ struct ChannelTransportOptions {
   bool unix_socket = true;
   // After the channel could not be opened, bulk calls use gRPC this long.
   absl::Duration retry_after = absl::Seconds(30);
+  // Presented in the hello frame after the channel token, to a server with
+  // roles (docs/security.md); "": none.
+  std::string bearer_token;
 };
 
 class ChannelTransport final : public Transport {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/client/call_group.h"
+#include "cc/auth/authorizer.h"
 #include "cc/client/channel_transport.h"
 #include "cc/client/grpc_transport.h"
 #include "cc/rpc/grpc_status.h"
@@ -31,18 +32,27 @@ namespace {
 // A transport to `address`: gRPC, wrapped in the bulk channel unless
 // options.bulk_channel is off. A call to a server that cannot be reached
 // fails at once (UNAVAILABLE, with the cause), for RunWithRetries to retry.
-absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const std::string& address,
+// Every call carries the client's token and the instance etcd named, which
+// the server checks (docs/security.md).
+absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const etcd_keys::ServerEntry& server,
                                                         const ClientOptions& options) {
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<GrpcTransport> grpc,
-      GrpcTransport::Create(address, options.channels_per_server, /*wait_for_ready=*/false,
-                            options.tls));
+      GrpcTransport::Create(server.address, options.channels_per_server,
+                            /*wait_for_ready=*/false, options.tls));
+  GrpcTransport::CallMetadata metadata;
+  if (!options.token.empty()) {
+    metadata.emplace_back(kAuthorizationMetadataKey, absl::StrCat(kBearerPrefix, options.token));
+  }
+  if (!server.instance_id.empty()) metadata.emplace_back(kInstanceMetadataKey, server.instance_id);
+  grpc->SetCallMetadata(std::move(metadata));
   // The bulk channel is plaintext: with TLS every call stays on gRPC.
   if (!options.bulk_channel || options.tls.enabled()) {
     return std::unique_ptr<Transport>(std::move(grpc));
   }
   ChannelTransportOptions channel;
   channel.connections = options.channels_per_server;
+  channel.bearer_token = options.token;
   return std::unique_ptr<Transport>(std::make_unique<ChannelTransport>(std::move(grpc), channel));
 }
 
@@ -98,10 +108,26 @@ absl::Status GaveUp(const absl::Status& status, const std::string& server, const
                                    ", retried until the deadline)"));
 }
 
-// Waits until etcd lists every one of /ps_desired servers; their addresses
-// in index order, and the store revision of the listing.
-absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd, absl::Duration timeout,
-                                                         int64_t* revision) {
+// A registry value a client may use: one written by a server names its
+// instance; a bare "host:port" only unless `require_instance_id`.
+// FAILED_PRECONDITION naming the key otherwise (a rogue or hand-written
+// entry: docs/security.md).
+absl::StatusOr<etcd_keys::ServerEntry> FencedEntry(const EtcdClient& etcd, const KeyValue& kv,
+                                                   bool require_instance_id) {
+  absl::StatusOr<etcd_keys::ServerEntry> entry = etcd_keys::ParseServerValue(kv.value);
+  if (entry.ok() && (!entry->instance_id.empty() || !require_instance_id)) return entry;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "etcd ", etcd.options().prefix, kv.key, " is '", absl::CHexEscape(kv.value),
+      "', which names no server instance ('host:port instance=<id>', as a server writes "
+      "it): a rogue or hand-written registry entry; refused"));
+}
+
+// Waits until etcd lists every one of /ps_desired servers; their entries in
+// index order, and the store revision of the listing.
+absl::StatusOr<std::vector<etcd_keys::ServerEntry>> DiscoverServers(EtcdClient& etcd,
+                                                                    absl::Duration timeout,
+                                                                    bool require_instance_id,
+                                                                    int64_t* revision) {
   const absl::Time deadline = absl::Now() + timeout;
   const std::string where =
       absl::StrCat("etcd ", etcd.options().prefix, etcd_keys::ServersPrefix());
@@ -118,14 +144,15 @@ absl::StatusOr<std::vector<std::string>> DiscoverServers(EtcdClient& etcd, absl:
       absl::StatusOr<std::vector<KeyValue>> kvs =
           etcd.GetPrefix(etcd_keys::ServersPrefix(), revision, deadline);
       if (kvs.ok()) {
-        std::vector<std::string> addresses(desired);
+        std::vector<etcd_keys::ServerEntry> addresses(desired);
         for (const KeyValue& kv : *kvs) {
           absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(kv.key);
-          if (i.ok() && *i < desired) addresses[*i] = kv.value;
+          if (!i.ok() || *i >= desired) continue;
+          PS_ASSIGN_OR_RETURN(addresses[*i], FencedEntry(etcd, kv, require_instance_id));
         }
         std::vector<uint32_t> missing;
         for (uint32_t i = 0; i < desired; ++i) {
-          if (addresses[i].empty()) missing.push_back(i);
+          if (addresses[i].address.empty()) missing.push_back(i);
         }
         if (missing.empty()) return addresses;
         missing_what = absl::StrCat(missing.size(), " of ", desired, " servers missing (index ",
@@ -285,14 +312,17 @@ Client::~Client() {
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   PS_RETURN_IF_ERROR(CheckRequestPayloadSizes(options.block_bytes, options.max_request_bytes));
   std::unique_ptr<EtcdClient> etcd;
-  std::vector<std::string> servers = options.servers;
+  std::vector<etcd_keys::ServerEntry> servers;
+  for (const std::string& address : options.servers) servers.push_back({address, ""});
   int64_t revision = 0;
   if (!options.etcd_endpoints.empty()) {
     EtcdClientOptions etcd_options;
     etcd_options.endpoints = options.etcd_endpoints;
     etcd_options.prefix = etcd_keys::ClusterPrefix(options.cluster);
+    etcd_options.tls = options.etcd_tls;
     PS_ASSIGN_OR_RETURN(etcd, EtcdClient::Connect(etcd_options));
-    PS_ASSIGN_OR_RETURN(servers, DiscoverServers(*etcd, options.discovery_timeout, &revision));
+    PS_ASSIGN_OR_RETURN(servers, DiscoverServers(*etcd, options.discovery_timeout,
+                                                        options.require_instance_id, &revision));
   }
   PS_RETURN_IF_ERROR(CheckOptions(options, servers.size()));
   std::vector<std::unique_ptr<Transport>> transports;
@@ -319,13 +349,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {
   const int n = num_servers();
-  auto on_change = [this, n](const WatchEvent& event) {
+  auto on_change = [this, n, etcd](const WatchEvent& event) {
     // A deleted key (a server gone) changes nothing: calls keep retrying the
     // old address until a new server claims the index.
     if (event.type != WatchEvent::Type::kPut) return;
     absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(event.kv.key);
     if (!i.ok() || *i >= static_cast<uint32_t>(n)) return;
-    OnServerChanged(static_cast<int>(*i), event.kv.value);
+    // A value that is not a server's entry: the old one stays.
+    absl::StatusOr<etcd_keys::ServerEntry> entry = FencedEntry(*etcd, event.kv, options_.require_instance_id);
+    if (!entry.ok()) return;
+    OnServerChanged(static_cast<int>(*i), *entry);
   };
   PS_ASSIGN_OR_RETURN(watcher_,
                       etcd->Watch(etcd_keys::ServersPrefix(), revision + 1, std::move(on_change)));
@@ -369,7 +402,7 @@ int Client::worker_leases_lost() const {
   return worker_registration_ == nullptr ? 0 : worker_registration_->leases_lost();
 }
 
-void Client::OnServerChanged(int server, const std::string& address) {
+void Client::OnServerChanged(int server, const etcd_keys::ServerEntry& address) {
   // A new transport even for the same address: a server restarted on the
   // same port is then reached at once, not when the old channel's reconnect
   // backoff ends.

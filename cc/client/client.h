@@ -76,6 +76,8 @@
 #include "cc/core/finite.h"
 #include "cc/core/tensor.h"
 #include "cc/security/tls.h"
+#include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
 #include "pserver/v1/config.pb.h"
 #include "pserver/v1/service.pb.h"
 
@@ -130,6 +132,19 @@ struct ClientOptions {
   // against tls.ca and the host it dials (or tls.server_name). With TLS
   // bulk data travels over gRPC (the bulk channel is plaintext).
   TlsOptions tls;
+
+  // --- security (docs/security.md) ---
+  // A bearer token for servers with roles (--auth_tokens_file), sent as
+  // "authorization: Bearer <token>" with every call and in the bulk
+  // channel's hello; "": none.
+  std::string token;
+  // etcd over TLS with this client's certificate (etcd --client-cert-auth);
+  // unset: plaintext.
+  EtcdTlsOptions etcd_tls;
+  // Registry fencing: refuse a /ps/<idx> entry that names no server
+  // instance (a bare "host:port", as written by hand or by etcdctl).
+  // Entries that name one are always checked, by the server reached.
+  bool require_instance_id = false;
 };
 
 // A named tensor: a gradient to send, or a parameter to initialize. It holds
@@ -396,7 +411,7 @@ class Client {
   std::shared_ptr<Transport> TransportFor(int server) const;
   // etcd: finds the servers, watches them, registers the trainer.
   absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);
-  void OnServerChanged(int server, const std::string& address);
+  void OnServerChanged(int server, const etcd_keys::ServerEntry& entry);
   // Puts /workers/<worker_id_> = `worker_json` under a lease kept alive,
   // and registered again whenever the lease is lost.
   absl::Status RegisterWorker(std::string worker_json);

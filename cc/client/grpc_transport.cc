@@ -221,6 +221,7 @@ void GrpcTransport::CallRaw(absl::string_view method,
   auto call = std::make_shared<RawCall>();
   call->method = absl::StrCat(kMethodPrefix, method);
   call->context = NewContext(deadline, wait_for_ready_);
+  for (const auto& [key, value] : metadata_) call->context->AddMetadata(key, value);
   call->cancel = CancelWithCall(call->context);
   call->receive = std::move(receive);
   call->done = std::move(done);

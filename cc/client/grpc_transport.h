@@ -13,6 +13,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -51,6 +52,11 @@ class GrpcTransport final : public Transport {
 
   const std::string& address() const override { return address_; }
 
+  // Metadata sent with every call (a bearer token, the instance etcd
+  // named). Set before the first call.
+  using CallMetadata = std::vector<std::pair<std::string, std::string>>;
+  void SetCallMetadata(CallMetadata metadata) { metadata_ = std::move(metadata); }
+
   void Call(absl::string_view method, const google::protobuf::Message& request,
             google::protobuf::Message* response, absl::Time deadline, Done done) override;
   void Push(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
@@ -85,6 +91,7 @@ class GrpcTransport final : public Transport {
   std::atomic<size_t> next_{0};
   const bool wait_for_ready_;
   bool tls_ = false;  // its channels speak TLS: failures are described as such
+  CallMetadata metadata_;
 };
 
 }  // namespace pserver

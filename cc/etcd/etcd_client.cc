@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -12,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -115,12 +118,51 @@ grpc::ChannelArguments ChannelArgumentsForEtcd() {
   return args;
 }
 
+// The whole of a PEM file; NOT_FOUND or INVALID_ARGUMENT naming it.
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("etcd TLS ", what, " file '", path,
+                                            "' cannot be read"));
+  }
+  if (text.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd TLS ", what, " file '", path, "' is not PEM"));
+  }
+  return text.str();
+}
+
+// Credentials for etcd over TLS: its CA, and this client's certificate.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TlsCredentials(
+    const EtcdTlsOptions& tls) {
+  if (tls.cert.empty() != tls.key.empty()) {
+    return absl::InvalidArgumentError(
+        "etcd TLS: give both a client certificate and its key, or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!tls.ca.empty()) {
+    PS_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(tls.ca, "CA"));
+  }
+  if (!tls.cert.empty()) {
+    PS_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(tls.cert, "certificate"));
+    PS_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(tls.key, "key"));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
 // "host:port", or INVALID_ARGUMENT.
-absl::StatusOr<std::string> ParseEndpoint(absl::string_view endpoint) {
+absl::StatusOr<std::string> ParseEndpoint(absl::string_view endpoint, bool tls) {
   std::string address(absl::StripAsciiWhitespace(endpoint));
   if (absl::StartsWith(address, "https://")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("etcd endpoint '", endpoint, "': TLS is not supported"));
+    if (!tls) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoint '", endpoint,
+          "': TLS needs the client's CA, certificate and key (EtcdClientOptions.tls, "
+          "--etcd_tls_ca/--etcd_tls_cert/--etcd_tls_key)"));
+    }
+    address = address.substr(8);
   }
   if (absl::StartsWith(address, "http://")) address = address.substr(7);
   if (!address.empty() && address.back() == '/') address.pop_back();
@@ -164,13 +206,14 @@ std::string Ago(absl::Duration duration) {
 // LeaseKeeper's destructor after joining, or ~EtcdClient), never a gRPC one.
 class Connection {
  public:
-  explicit Connection(EtcdClientOptions options, std::vector<std::string> addresses)
+  Connection(EtcdClientOptions options, std::vector<std::string> addresses,
+             std::shared_ptr<grpc::ChannelCredentials> credentials)
       : options_(std::move(options)) {
     for (std::string& address : addresses) {
       auto endpoint = std::make_unique<Endpoint>();
       endpoint->address = std::move(address);
-      endpoint->channel = grpc::CreateCustomChannel(
-          endpoint->address, grpc::InsecureChannelCredentials(), ChannelArgumentsForEtcd());
+      endpoint->channel =
+          grpc::CreateCustomChannel(endpoint->address, credentials, ChannelArgumentsForEtcd());
       endpoint->kv = pb::KV::NewStub(endpoint->channel);
       endpoint->lease = pb::Lease::NewStub(endpoint->channel);
       endpoint->watch = pb::Watch::NewStub(endpoint->channel);
@@ -516,14 +559,20 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(EtcdClientOption
     return absl::InvalidArgumentError(absl::StrCat("etcd: the timeout must be positive, not ",
                                                    absl::FormatDuration(options.timeout)));
   }
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls.enabled()) {
+    PS_ASSIGN_OR_RETURN(credentials, etcd_internal::TlsCredentials(options.tls));
+  }
   std::vector<std::string> addresses;
   for (const std::string& endpoint : options.endpoints) {
-    absl::StatusOr<std::string> address = etcd_internal::ParseEndpoint(endpoint);
+    absl::StatusOr<std::string> address =
+        etcd_internal::ParseEndpoint(endpoint, options.tls.enabled());
     if (!address.ok()) return address.status();
     addresses.push_back(*std::move(address));
   }
   return std::unique_ptr<EtcdClient>(
-      new EtcdClient(std::make_shared<Connection>(std::move(options), std::move(addresses))));
+      new EtcdClient(std::make_shared<Connection>(std::move(options), std::move(addresses),
+                                                  std::move(credentials))));
 }
 
 const EtcdClientOptions& EtcdClient::options() const { return connection_->options(); }

@@ -55,9 +55,18 @@ namespace etcd_internal {
 class Connection;
 }  // namespace etcd_internal
 
+// TLS to etcd, with a client certificate for etcd's --client-cert-auth
+// (docs/security.md). PEM files, read by EtcdClient::Connect.
+struct EtcdTlsOptions {
+  std::string ca;    // verifies etcd's certificate (--trusted-ca-file's CA)
+  std::string cert;  // this client's certificate; with `key`, or neither
+  std::string key;
+  bool enabled() const { return !ca.empty() || !cert.empty() || !key.empty(); }
+};
+
 struct EtcdClientOptions {
-  // etcd client endpoints as "host:port" ("http://" is accepted and dropped;
-  // TLS is not supported). Calls go to the first that answers.
+  // etcd client endpoints as "host:port" ("http://" is accepted and dropped,
+  // and "https://" with `tls`). Calls go to the first that answers.
   std::vector<std::string> endpoints;
   // Deadline of every call, retries included; also the time Watch and
   // KeepAlive wait to be established.
@@ -65,6 +74,9 @@ struct EtcdClientOptions {
   // Prepended to every key (nothing is inserted between the two) and removed
   // from every key returned, so "/pserver/c1" + "/ps/0" is "/pserver/c1/ps/0".
   std::string prefix;
+  // Set: every endpoint is spoken to over TLS (etcd's certificate must name
+  // the endpoint's host, e.g. an IP SAN 127.0.0.1). Unset: plaintext.
+  EtcdTlsOptions tls;
 };
 
 // One key as etcd stores it. Revisions are etcd's store revisions.

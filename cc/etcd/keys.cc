@@ -2,10 +2,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/random/random.h"
 
 namespace pserver {
 namespace etcd_keys {
@@ -16,6 +18,7 @@ constexpr absl::string_view kDesired = "/ps_desired";
 constexpr absl::string_view kServers = "/ps/";
 constexpr absl::string_view kCheckpoints = "/checkpoints/";
 constexpr absl::string_view kWorkers = "/workers/";
+constexpr absl::string_view kInstance = " instance=";
 
 absl::Status NotOfTheLayout(absl::string_view key, absl::string_view why) {
   return absl::InvalidArgumentError(
@@ -91,6 +94,34 @@ absl::StatusOr<uint32_t> ParseServerKey(absl::string_view key) {
     return NotOfTheLayout(key, absl::StrCat("a server key is ", kServers, "<index>"));
   }
   return IndexOfKey(key, rest);
+}
+
+std::string FormatServerValue(const ServerEntry& entry) {
+  if (entry.instance_id.empty()) return entry.address;
+  return absl::StrCat(entry.address, kInstance, entry.instance_id);
+}
+
+absl::StatusOr<ServerEntry> ParseServerValue(absl::string_view value) {
+  ServerEntry entry;
+  const size_t at = value.find(kInstance);
+  entry.address = std::string(value.substr(0, at));
+  if (at != absl::string_view::npos) {
+    entry.instance_id = std::string(value.substr(at + kInstance.size()));
+  }
+  bool ok = !entry.address.empty() && entry.address.find(' ') == std::string::npos &&
+            (at == absl::string_view::npos || !entry.instance_id.empty());
+  for (char c : entry.instance_id) ok = ok && absl::ascii_isalnum(c);
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server entry '", absl::CHexEscape(value),
+                     "' is not 'host:port instance=<id>' nor 'host:port'"));
+  }
+  return entry;
+}
+
+std::string NewInstanceId() {
+  absl::BitGen gen;
+  return absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(gen), absl::kZeroPad16));
 }
 
 }  // namespace etcd_keys

@@ -4,7 +4,8 @@
 // relative to it:
 //
 //   /ps_desired          the desired server count (decimal)
-//   /ps/<index>          server <index>'s "host:port", under its lease
+//   /ps/<index>          server <index>'s "host:port instance=<id>" (ServerEntry),
+//                        under its lease
 //   /checkpoints/<shard> the newest good checkpoint of a shard (JSON record)
 //   /workers/<id>        a trainer's registration (JSON), under its lease
 //
@@ -68,6 +69,24 @@ absl::StatusOr<uint32_t> ParseIndex(absl::string_view text);
 
 // The index of a server key ("/ps/3" -> 3); INVALID_ARGUMENT for any other key.
 absl::StatusOr<uint32_t> ParseServerKey(absl::string_view key);
+
+// The value of /ps/<index>: where the server listens and the instance id it
+// drew at start (random, per process), "10.0.0.1:7000 instance=9f3a...".
+// A client sends the id with every call and the server refuses a call that
+// names another instance (registry fencing, docs/security.md).
+struct ServerEntry {
+  std::string address;
+  std::string instance_id;  // "": the value had none (not written by a server)
+};
+
+std::string FormatServerValue(const ServerEntry& entry);
+// Either form: "host:port instance=<id>", or a bare "host:port" (the form
+// before instance ids; instance_id is then empty). INVALID_ARGUMENT naming
+// the value when it is neither.
+absl::StatusOr<ServerEntry> ParseServerValue(absl::string_view value);
+
+// A new random instance id: 16 lowercase hex digits.
+std::string NewInstanceId();
 
 }  // namespace etcd_keys
 }  // namespace pserver

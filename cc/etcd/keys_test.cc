@@ -66,6 +66,26 @@ TEST(KeysTest, ParseIndexTakesCanonicalDecimalOnly) {
   }
 }
 
+TEST(KeysTest, ServerValueCarriesTheInstanceId) {
+  const std::string id = NewInstanceId();
+  EXPECT_EQ(id.size(), 16u);
+  EXPECT_NE(id, NewInstanceId());
+  const std::string value = FormatServerValue({"10.0.0.1:7000", id});
+  EXPECT_EQ(value, absl::StrCat("10.0.0.1:7000 instance=", id));
+  ASSERT_OK_AND_ASSIGN(ServerEntry entry, ParseServerValue(value));
+  EXPECT_EQ(entry.address, "10.0.0.1:7000");
+  EXPECT_EQ(entry.instance_id, id);
+  // The form before instance ids.
+  ASSERT_OK_AND_ASSIGN(entry, ParseServerValue("[::1]:7000"));
+  EXPECT_EQ(entry.address, "[::1]:7000");
+  EXPECT_EQ(entry.instance_id, "");
+  for (const char* bad : {"", " instance=ab", "a:1 instance=", "a:1 instance=a b", "a b:1"}) {
+    EXPECT_THAT(ParseServerValue(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                HasSubstr("host:port instance=<id>")))
+        << bad;
+  }
+}
+
 }  // namespace
 }  // namespace etcd_keys
 }  // namespace pserver

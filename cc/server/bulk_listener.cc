@@ -177,23 +177,41 @@ void BulkListener::ReapFinished() {
 }
 
 void BulkListener::Serve(SocketStream& stream) {
-  if (!CheckHello(stream).ok()) return;
-  while (ServeFrame(stream).ok()) {
+  std::optional<Principal> principal;
+  if (!CheckHello(stream, &principal).ok()) return;
+  while (ServeFrame(stream, principal).ok()) {
   }
 }
 
-absl::Status BulkListener::CheckHello(SocketStream& stream) {
+absl::Status BulkListener::CheckHello(SocketStream& stream, std::optional<Principal>* principal) {
   SetReceiveTimeout(stream.fd(), options_.hello_timeout);
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
-  absl::StatusOr<RequestHeader> header = DecodeRequestHeader(encoded, kChannelTokenBytes);
+  const bool auth = options_.auth != nullptr && options_.auth->enabled();
+  // The channel token, then a client's bearer token (ignored when auth is off).
+  absl::StatusOr<RequestHeader> header =
+      DecodeRequestHeader(encoded, kChannelTokenBytes + kMaxTokenBytes);
   if (!header.ok()) return Malformed(stream, 0, header.status());
   std::string token(header->payload_bytes, '\0');
   PS_RETURN_IF_ERROR(stream.Read(token.data(), token.size()));
-  if (header->method != FrameMethod::kHello || token != offer_.token()) {
+  const absl::string_view channel_token = absl::string_view(token).substr(0, kChannelTokenBytes);
+  if (header->method != FrameMethod::kHello ||
+      !ConstantTimeEquals(channel_token, offer_.token())) {
     const absl::Status refused = absl::PermissionDeniedError(
         "bulk channel: the first frame must present this server's token (OpenChannel)");
     return Malformed(stream, header->call_id, refused);
+  }
+  if (auth) {
+    Credentials credentials;
+    credentials.bearer_token = token.substr(kChannelTokenBytes);
+    absl::StatusOr<Principal> who = options_.auth->Authenticate(credentials);
+    if (!who.ok()) {
+      ReplyHeader reply;
+      reply.call_id = header->call_id;
+      WriteReplyFrame(stream, reply, who.status()).IgnoreError();
+      return who.status();
+    }
+    *principal = *std::move(who);
   }
   SetReceiveTimeout(stream.fd(), absl::ZeroDuration());
   ReplyHeader reply;
@@ -221,7 +239,8 @@ absl::Status BulkListener::Discard(SocketStream& stream, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status BulkListener::ServeFrame(SocketStream& stream) {
+absl::Status BulkListener::ServeFrame(SocketStream& stream,
+                                      const std::optional<Principal>& principal) {
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
   ReplyHeader reply;
@@ -235,6 +254,13 @@ absl::Status BulkListener::ServeFrame(SocketStream& stream) {
                      absl::InvalidArgumentError("bulk channel: a second hello frame"));
   }
   reply.call_id = header->call_id;
+  if (principal.has_value()) {
+    if (absl::Status allowed = options_.auth->Authorize(*principal, MethodName(header->method));
+        !allowed.ok()) {
+      PS_RETURN_IF_ERROR(Discard(stream, header->payload_bytes));
+      return WriteReplyFrame(stream, reply, allowed);
+    }
+  }
   if (absl::Status room = request_budget_.Acquire(header->payload_bytes); !room.ok()) {
     PS_RETURN_IF_ERROR(Discard(stream, header->payload_bytes));
     return WriteReplyFrame(stream, reply, room);

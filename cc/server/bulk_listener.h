@@ -25,6 +25,7 @@
 #include <atomic>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cc/auth/authorizer.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/rpc/frame.h"
 #include "cc/rpc/transport_limits.h"
@@ -59,6 +61,13 @@ struct BulkListenerOptions {
   uint64_t max_request_bytes_in_flight = uint64_t{1} << 30;
   // A connection that has not presented its token by then is closed.
   absl::Duration hello_timeout = absl::Seconds(10);
+  // Roles (docs/security.md); null or disabled: off. When on, the hello
+  // frame carries a bearer token after the channel token; its principal is
+  // the connection's, and each frame's method is authorized against it (a
+  // refused frame is answered PERMISSION_DENIED, the connection stays). A
+  // hello without a token the authorizer accepts is refused and closes the
+  // connection (the client keeps to gRPC). Must outlive the listener.
+  const Authorizer* auth = nullptr;
 };
 
 class BulkListener {
@@ -101,9 +110,10 @@ class BulkListener {
   // Joins the threads of finished connections.
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Serve(SocketStream& stream);
-  absl::Status CheckHello(SocketStream& stream);
+  // Checks the hello frame; the connection's principal when auth is on.
+  absl::Status CheckHello(SocketStream& stream, std::optional<Principal>* principal);
   // Reads and answers one request frame; an error closes the connection.
-  absl::Status ServeFrame(SocketStream& stream);
+  absl::Status ServeFrame(SocketStream& stream, const std::optional<Principal>& principal);
   // Reads and drops `bytes` of payload, in small pieces.
   static absl::Status Discard(SocketStream& stream, uint64_t bytes);
   // Counts a malformed frame and tells the peer why (best effort).

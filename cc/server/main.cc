@@ -145,6 +145,23 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(double, tls_reload_seconds, 60,
           "How often the --tls_* files are re-read; replacing them rotates the certificates "
           "without a restart (new connections get the new ones).");
+
+// --- roles and tokens (docs/security.md) ---
+ABSL_FLAG(std::string, job, "",
+          "This server's job: with --auth_tokens_file or --auth_cert_rule, a principal of "
+          "another job is refused.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Bearer tokens this server accepts, lines 'role job token' (role: reader, trainer, "
+          "admin); re-read when the file changes. Clients send 'authorization: Bearer <token>'.");
+ABSL_FLAG(std::string, auth_cert_rule, "",
+          "How a verified client certificate names its role and job, e.g. cn:<role>.<job> or "
+          "san:spiffe://<job>/<role> (needs mTLS).");
+ABSL_FLAG(std::string, etcd_tls_ca, "",
+          "etcd over TLS: the CA (PEM) that signed etcd's certificate.");
+ABSL_FLAG(std::string, etcd_tls_cert, "",
+          "etcd over TLS: this server's client certificate (PEM), for etcd --client-cert-auth.");
+ABSL_FLAG(std::string, etcd_tls_key, "", "etcd over TLS: the key of --etcd_tls_cert (PEM).");
+
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -248,6 +265,13 @@ pserver::ServerOptions OptionsFromFlags() {
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
   options.tls.reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_seconds));
+  // Roles and tokens.
+  options.job = absl::GetFlag(FLAGS_job);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.auth_cert_rule = absl::GetFlag(FLAGS_auth_cert_rule);
+  options.etcd_tls.ca = absl::GetFlag(FLAGS_etcd_tls_ca);
+  options.etcd_tls.cert = absl::GetFlag(FLAGS_etcd_tls_cert);
+  options.etcd_tls.key = absl::GetFlag(FLAGS_etcd_tls_key);
   return options;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "cc/auth/authorizer.h"
 #include "cc/core/status_macros.h"
 #include "cc/cuda/device.h"
 #include "cc/cuda/device_storage.h"
@@ -162,6 +163,7 @@ Server::Server(const ServerOptions& options, std::optional<int> device)
     : options_(options),
       store_(MakeStoreOptions(device)),
       tables_(MakeTablesOptions(options)),
+      instance_id_(etcd_keys::NewInstanceId()),
       index_(options.index),
       num_servers_(options.num_servers) {}
 
@@ -267,7 +269,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->dispatcher_ = std::make_unique<Dispatcher>(&server->store_, &server->tables_,
                                                      options.index, std::move(hooks));
-  server->service_ = std::make_unique<ParameterServerService>(server->dispatcher_.get());
+  AuthOptions auth;
+  auth.job = options.job;
+  auth.tokens_file = options.auth_tokens_file;
+  auth.cert_rule = options.auth_cert_rule;
+  PS_ASSIGN_OR_RETURN(server->auth_, Authorizer::Create(auth));
+  ServiceSecurity security;
+  security.auth = server->auth_.get();
+  security.instance_id = server->instance_id_;
+  server->service_ =
+      std::make_unique<ParameterServerService>(server->dispatcher_.get(), std::move(security));
   // Claiming an index and loading a checkpoint happen while gRPC already
   // listens (the address goes into etcd); calls meanwhile get UNAVAILABLE.
   const bool staged = !options.etcd_endpoints.empty() || !options.checkpoint_dir.empty();
@@ -288,6 +299,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     bulk.max_connections = options.max_bulk_connections;
     bulk.max_request_bytes_in_flight = options.max_bulk_request_bytes_in_flight;
     bulk.max_frame_bytes = options.max_message_bytes;
+    bulk.auth = server->auth_.get();
     PS_ASSIGN_OR_RETURN(server->bulk_listener_,
                         BulkListener::Start(server->dispatcher_.get(), bulk));
   }
@@ -338,6 +350,7 @@ absl::Status Server::Register() {
   EtcdClientOptions etcd_options;
   etcd_options.endpoints = options_.etcd_endpoints;
   etcd_options.prefix = etcd_keys::ClusterPrefix(options_.cluster);
+  etcd_options.tls = options_.etcd_tls;
   PS_ASSIGN_OR_RETURN(etcd_, EtcdClient::Connect(etcd_options));
   const absl::Time deadline = absl::Now() + options_.register_timeout;
   // etcd may still be starting: retry every call until the deadline.
@@ -383,7 +396,7 @@ absl::Status Server::Register() {
   num_servers_ = desired;
 
   LeasedKeyOptions lease_options;
-  lease_options.value = address_;
+  lease_options.value = etcd_keys::FormatServerValue({address_, instance_id_});
   lease_options.ttl = options_.lease_ttl;
   lease_options.ownership = LeasedKeyOptions::Ownership::kExclusive;
   lease_options.log = [this](const std::string& message) { Log(message); };

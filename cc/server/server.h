@@ -33,6 +33,7 @@
 #include "cc/core/checkpoint.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
+#include "cc/etcd/etcd_client.h"
 #include "cc/rpc/transport_limits.h"
 #include "cc/security/tls.h"
 #include "pserver/v1/registry.pb.h"
@@ -49,6 +50,7 @@ class Listener;
 class BulkListener;
 class EtcdClient;
 class LeasedKey;
+class Authorizer;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -164,6 +166,18 @@ struct ServerOptions {
   // only; handshake_timeout still applies), and the bulk channel is off:
   // bulk data travels over gRPC's TLS.
   TlsOptions tls;
+
+  // --- roles (docs/security.md; cc/auth/authorizer.h) ---
+  // With a tokens file or a certificate rule, every call needs a principal
+  // of this job whose role allows the method: UNAUTHENTICATED without
+  // credentials, PERMISSION_DENIED naming role, job and method. All empty:
+  // off, every call allowed.
+  std::string job;
+  std::string auth_tokens_file;  // lines "role job token", re-read on change
+  std::string auth_cert_rule;    // e.g. "cn:<role>.<job>", "san:spiffe://<job>/<role>"
+  // etcd over TLS with this server's client certificate (--etcd_tls_ca,
+  // --etcd_tls_cert, --etcd_tls_key); unset: plaintext.
+  EtcdTlsOptions etcd_tls;
 };
 
 // The thread cap when ServerOptions::max_threads is 0.
@@ -192,6 +206,9 @@ class Server {
   // Every operation of this server, as its gRPC service answers it: what an
   // in-process transport calls (cc/server/in_process_transport.h).
   Dispatcher& dispatcher() { return *dispatcher_; }
+  // Drawn at start (random): published with the address at /ps/<index>;
+  // a call naming another instance is refused (registry fencing).
+  const std::string& instance_id() const { return instance_id_; }
   // The bulk channel's listener; null when it is off.
   BulkListener* bulk_listener() { return bulk_listener_.get(); }
 
@@ -257,6 +274,8 @@ class Server {
   ParameterStore store_;
   Tables tables_;
   std::unique_ptr<Dispatcher> dispatcher_;
+  const std::string instance_id_;
+  std::unique_ptr<Authorizer> auth_;  // roles; disabled when auth is off
   std::unique_ptr<ParameterServerService> service_;  // the gRPC face of dispatcher_
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<Listener> listener_;  // accepts for grpc_server_

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "cc/auth/grpc_credentials.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/rpc/wire.h"
@@ -122,10 +123,12 @@ class BulkReactor final : public grpc::ServerUnaryReactor {
  public:
   // Runs `method` and finishes, telling the client when the call was
   // received and processed (trailing metadata).
-  BulkReactor(Dispatcher& dispatcher, BulkMethod method, grpc::CallbackServerContext* context,
+  BulkReactor(Dispatcher& dispatcher, const ServiceSecurity& security, absl::string_view name,
+              BulkMethod method, grpc::CallbackServerContext* context,
               const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
     const int64_t received = UnixNanos();
-    absl::Status status = method(dispatcher, request, response, &hold_);
+    absl::Status status = AdmitCall(security, *context, name);
+    if (status.ok()) status = method(dispatcher, request, response, &hold_);
     if (!status.ok()) {
       hold_.Reset();
       response->Clear();
@@ -148,8 +151,9 @@ class BulkReactor final : public grpc::ServerUnaryReactor {
 // budget its reply held.
 class CallReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  CallReactor(Dispatcher* dispatcher, grpc::GenericCallbackServerContext* context)
-      : dispatcher_(dispatcher), context_(context) {
+  CallReactor(Dispatcher* dispatcher, const ServiceSecurity* security,
+              grpc::GenericCallbackServerContext* context)
+      : dispatcher_(dispatcher), security_(security), context_(context) {
     StartRead(&request_);
   }
 
@@ -194,6 +198,9 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
   void Control(absl::string_view name) {
     const Dispatcher::Method* method = dispatcher_->FindMethod(name);
     if (method == nullptr) return Unknown();
+    if (absl::Status admitted = AdmitCall(*security_, *context_, name); !admitted.ok()) {
+      return Reply(admitted);
+    }
     request_message_.reset(method->request_prototype->New());
     response_message_.reset(method->response_prototype->New());
     if (!grpc::SerializationTraits<protobuf::Message>::Deserialize(&request_,
@@ -248,6 +255,7 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   Dispatcher* const dispatcher_;
+  const ServiceSecurity* const security_;
   grpc::GenericCallbackServerContext* const context_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
@@ -270,7 +278,32 @@ constexpr const char* kBulkMethods[] = {"/pserver.v1.ParameterServer/GetParams",
                                         "/pserver.v1.ParameterServer/PushPull"};
 constexpr BulkMethod kBulkHandlers[] = {&GetParams, &SendGrads, &PushPull};
 
+// The short name of bulk method i ("GetParams").
+absl::string_view BulkMethodName(int i) {
+  absl::string_view name = kBulkMethods[i];
+  absl::ConsumePrefix(&name, Dispatcher::kMethodPrefix);
+  return name;
+}
+
 }  // namespace
+
+absl::Status AdmitCall(const ServiceSecurity& security, const grpc::ServerContextBase& context,
+                       absl::string_view method) {
+  if (!security.instance_id.empty()) {
+    const auto& metadata = context.client_metadata();
+    auto it = metadata.find(kInstanceMetadataKey);
+    if (it != metadata.end() &&
+        absl::string_view(it->second.data(), it->second.size()) != security.instance_id) {
+      return absl::UnavailableError(absl::StrCat(
+          "this server is instance ", security.instance_id, ", not ",
+          absl::string_view(it->second.data(), it->second.size()),
+          " that etcd named: a stale or rogue registry entry; refused before anything was "
+          "applied"));
+    }
+  }
+  if (security.auth == nullptr || !security.auth->enabled()) return absl::OkStatus();
+  return security.auth->Check(CredentialsOf(context), method);
+}
 
 BulkMethodFn FindBulkMethod(absl::string_view method) {
   for (int i = 0; i < 3; ++i) {
@@ -282,23 +315,25 @@ BulkMethodFn FindBulkMethod(absl::string_view method) {
   return nullptr;
 }
 
-ParameterServerService::BulkService::BulkService(Dispatcher* dispatcher) {
+ParameterServerService::BulkService::BulkService(Dispatcher* dispatcher,
+                                                 const ServiceSecurity* security) {
   for (int i = 0; i < 3; ++i) {
     AddMethod(new grpc::internal::RpcServiceMethod(
         kBulkMethods[i], grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
     MarkMethodRawCallback(
         i, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-               [dispatcher, method = kBulkHandlers[i]](grpc::CallbackServerContext* context,
-                                                       const grpc::ByteBuffer* request,
-                                                       grpc::ByteBuffer* response) {
-                 return new BulkReactor(*dispatcher, method, context, *request, response);
+               [dispatcher, security, name = BulkMethodName(i), method = kBulkHandlers[i]](
+                   grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                   grpc::ByteBuffer* response) {
+                 return new BulkReactor(*dispatcher, *security, name, method, context, *request,
+                                        response);
                }));
   }
 }
 
 grpc::ServerGenericBidiReactor* ParameterServerService::ControlService::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
-  return new CallReactor(dispatcher_, context);
+  return new CallReactor(dispatcher_, security_, context);
 }
 
 void ParameterServerService::RegisterWith(grpc::ServerBuilder* builder) {

@@ -22,6 +22,9 @@
 #ifndef PSERVER_CC_SERVER_SERVICE_H_
 #define PSERVER_CC_SERVER_SERVICE_H_
 
+#include <string>
+
+#include "cc/auth/authorizer.h"
 #include "cc/server/dispatcher.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/impl/service_type.h"
@@ -37,11 +40,25 @@ using BulkMethodFn = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer& reque
                                       grpc::ByteBuffer* response, ReplyHold* hold);
 BulkMethodFn FindBulkMethod(absl::string_view method);
 
+// Who may call (docs/security.md), checked before a call reaches the
+// dispatcher: the caller's role (`auth`, null or disabled: anyone), and the
+// instance a client expects (kInstanceMetadataKey, from etcd): a call that
+// names another instance than `instance_id` is refused UNAVAILABLE.
+struct ServiceSecurity {
+  const Authorizer* auth = nullptr;  // must outlive the service
+  std::string instance_id;           // "": no instance check
+};
+
+// OK when `context`'s caller may call `method` (a short name) here.
+absl::Status AdmitCall(const ServiceSecurity& security, const grpc::ServerContextBase& context,
+                       absl::string_view method);
+
 class ParameterServerService {
  public:
   // `dispatcher` must outlive the service.
-  explicit ParameterServerService(Dispatcher* dispatcher)
-      : bulk_(dispatcher), control_(dispatcher) {}
+  explicit ParameterServerService(Dispatcher* dispatcher, ServiceSecurity security = {})
+      : security_(std::move(security)), bulk_(dispatcher, &security_),
+        control_(dispatcher, &security_) {}
 
   // Registers both parts; the service must outlive the server built.
   void RegisterWith(grpc::ServerBuilder* builder);
@@ -49,18 +66,21 @@ class ParameterServerService {
  private:
   class BulkService final : public grpc::Service {
    public:
-    explicit BulkService(Dispatcher* dispatcher);
+    BulkService(Dispatcher* dispatcher, const ServiceSecurity* security);
   };
   class ControlService final : public grpc::CallbackGenericService {
    public:
-    explicit ControlService(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+    ControlService(Dispatcher* dispatcher, const ServiceSecurity* security)
+        : dispatcher_(dispatcher), security_(security) {}
     grpc::ServerGenericBidiReactor* CreateReactor(
         grpc::GenericCallbackServerContext* context) override;
 
    private:
     Dispatcher* const dispatcher_;
+    const ServiceSecurity* const security_;
   };
 
+  const ServiceSecurity security_;
   BulkService bulk_;
   ControlService control_;
 };

@@ -41,6 +41,11 @@ type Options struct {
 	ChannelsPerServer int
 	// TLS: mutual TLS to the servers (nil: plaintext).
 	TLS *TLS
+	// Token is the bearer token sent to servers with roles
+	// (--auth_tokens_file; docs/security.md); "": none.
+	Token string
+	// EtcdTLS, with Etcd: speak to etcd over TLS with a client certificate.
+	EtcdTLS *EtcdTLS
 }
 
 func (o *Options) toC() (*C.pserver_client_options_t, error) {
@@ -84,6 +89,7 @@ func (o *Options) toC() (*C.pserver_client_options_t, error) {
 		C.pserver_client_options_delete(opts)
 		return nil, err
 	}
+	o.setAuth(opts)
 	return opts, nil
 }
 

@@ -30,6 +30,9 @@ type ServerOptions struct {
 	CheckpointDir string
 	// TLS: mutual TLS only (nil: plaintext).
 	TLS *TLS
+	// Roles (docs/security.md): the server's Job, with AuthTokensFile
+	// (lines "role job token") and/or AuthCertRule ("cn:<role>.<job>").
+	Job, AuthTokensFile, AuthCertRule string
 }
 
 func (o *ServerOptions) toC() *C.pserver_server_options_t {
@@ -55,6 +58,7 @@ func (o *ServerOptions) toC() *C.pserver_server_options_t {
 		C.pserver_server_options_set_checkpoint_dir(opts, c)
 		C.free(unsafe.Pointer(c))
 	}
+	o.setAuth(opts)
 	return opts
 }
 

@@ -18,6 +18,7 @@ from ._arrays import (DTYPES, _NUMPY, ArrayLike, Shape, _as_array, _check_device
 from ._calls import _blocking, _deadline
 from ._config import _client_options, _Config
 from ._errors import InvalidArgument
+from ._etcd import _etcd_tls_files
 from ._handles import _Handle, _HandleOwner
 from ._group import Group, _group
 from ._tables import Table, _create_table
@@ -49,6 +50,11 @@ class Client(_HandleOwner):
 
     Mutual TLS: ``tls=pserver.Tls(cert="trainer.pem", key="trainer.key",
     ca="ca.pem")`` (or a dict of the same keys, plus ``server_name``).
+
+    Roles (docs/security.md): ``token="..."`` is sent as the bearer token to
+    servers started with ``--auth_tokens_file``; etcd over TLS with a client
+    certificate: ``etcd_tls={"ca": ..., "cert": ..., "key": ...}`` (or an
+    object with those attributes).
     """
 
     def __init__(self, servers: Union[str, Sequence[str], None] = None, *,
@@ -56,7 +62,8 @@ class Client(_HandleOwner):
                  timeout: float = 30.0, discovery_timeout: Optional[float] = None,
                  block_bytes: Optional[int] = None, max_request_bytes: Optional[int] = None,
                  channels_per_server: Optional[int] = None,
-                 tls: Union[None, Tls, Mapping[str, Any]] = None) -> None:
+                 tls: Union[None, Tls, Mapping[str, Any]] = None,
+                 token: Optional[str] = None, etcd_tls: Any = None) -> None:
         if etcd is not None and servers is not None:
             raise InvalidArgument("pserver.Client: pass servers=[...] or etcd=..., not both")
         if etcd is None and servers is None:
@@ -73,6 +80,10 @@ class Client(_HandleOwner):
             for address in self._servers:
                 _c.pserver_client_options_add_server(opts, str(address))
             _set_client_tls(opts, tls)
+            if token is not None:
+                _c.pserver_client_options_set_token(opts, str(token))
+            if etcd_tls is not None:
+                _c.pserver_client_options_set_etcd_tls(opts, *_etcd_tls_files(etcd_tls))
             if etcd is not None:
                 _c.pserver_client_options_set_etcd(opts, str(etcd), str(cluster))
                 if discovery_timeout is not None:
@@ -418,3 +429,4 @@ class Client(_HandleOwner):
         with _deadline(timeout), self._h.use() as h:
             _, stats = _blocking(_c.pserver_client_stats, h)
         return stats
+

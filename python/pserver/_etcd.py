@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Sequence, Tuple, Union
 
 from . import capi as _c
 from ._errors import InvalidArgument
@@ -27,13 +27,20 @@ class Etcd(_HandleOwner):
     [('/pserver/demo/ps_desired', b'2')]
     """
 
-    def __init__(self, endpoints: Union[str, Sequence[str]], *, timeout: float = 10.0) -> None:
+    def __init__(self, endpoints: Union[str, Sequence[str]], *, timeout: float = 10.0,
+                 tls: Any = None) -> None:
+        """`tls`: etcd over TLS with a client certificate, a mapping (or an
+        object) with "ca", "cert" and "key" PEM paths."""
         if not isinstance(endpoints, str):
             endpoints = ",".join(endpoints)
         if not timeout > 0:
             raise InvalidArgument(f"timeout must be positive, got {timeout!r}")
         self._endpoints = endpoints
-        ptr = _c.pserver_etcd_new(endpoints, max(1, int(timeout * 1000)))
+        if tls is None:
+            ptr = _c.pserver_etcd_new(endpoints, max(1, int(timeout * 1000)))
+        else:
+            ptr = _c.pserver_etcd_new_tls(endpoints, max(1, int(timeout * 1000)),
+                                          *_etcd_tls_files(tls))
         self._h = _Handle(ptr, _c.pserver_etcd_delete, "etcd client")
 
     def get(self, key: str) -> bytes:
@@ -66,3 +73,16 @@ class Etcd(_HandleOwner):
 
     def __repr__(self) -> str:
         return f"<pserver.Etcd {self._endpoints}{' closed' if self.closed else ''}>"
+
+
+def _etcd_tls_files(tls: Any) -> Tuple[str, str, str]:
+    """(ca, cert, key) of `tls`: a mapping or an object with those names."""
+    if isinstance(tls, Mapping):
+        unknown = set(tls) - {"ca", "cert", "key"}
+        if unknown:
+            raise InvalidArgument(f"etcd_tls: unknown keys {sorted(unknown)} "
+                                  "(ca, cert, key)")
+        values = [tls.get(k) for k in ("ca", "cert", "key")]
+    else:
+        values = [getattr(tls, k, None) for k in ("ca", "cert", "key")]
+    return (str(values[0] or ""), str(values[1] or ""), str(values[2] or ""))

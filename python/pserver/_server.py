@@ -29,13 +29,20 @@ class Server(_Closing):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, index: int = 0,
                  num_threads: int = 0, checkpoint_dir: Optional[str] = None,
                  advertise_host: Optional[str] = None,
-                 tls: Union[None, Tls, Mapping[str, Any]] = None) -> None:
+                 tls: Union[None, Tls, Mapping[str, Any]] = None,
+                 job: Optional[str] = None, auth_tokens_file: Optional[str] = None,
+                 auth_cert_rule: Optional[str] = None) -> None:
         """`advertise_host`: the address others reach it at (needed with host
         "0.0.0.0" or "::"); `address` is then advertise_host:port. `tls`: a
-        pserver.Tls (or a dict of its fields) for mutual TLS."""
+        pserver.Tls (or a dict of its fields) for mutual TLS. Roles
+        (docs/security.md): `job` with `auth_tokens_file` (lines "role job
+        token") and/or `auth_cert_rule` ("cn:<role>.<job>")."""
         with _server_options(host, port, index, num_threads, checkpoint_dir,
                              advertise_host) as opts:
             _set_server_tls(opts, tls)
+            if job or auth_tokens_file or auth_cert_rule:
+                _c.pserver_server_options_set_auth(opts, job or "", auth_tokens_file or "",
+                                                   auth_cert_rule or "")
             ptr = _c.pserver_server_new(opts)
         self._address = _c.pserver_server_address(ptr)
         self._port = _c.pserver_server_port(ptr)

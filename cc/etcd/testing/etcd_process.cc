@@ -138,10 +138,11 @@ absl::Status EtcdProcess::Spawn() {
   if (running()) {
     return absl::FailedPreconditionError(absl::StrCat("etcd already running, pid ", pid_));
   }
-  const std::string client_url = absl::StrCat("http://", endpoint());
+  const bool tls = !options_.tls.server_cert.empty();
+  const std::string client_url = absl::StrCat(tls ? "https" : "http", "://", endpoint());
   const std::string peer = peer_url();
   std::vector<std::string> args = options_.exec_prefix;
-  const std::vector<std::string> etcd_args = {
+  std::vector<std::string> etcd_args = {
       options_.binary,
       "--name=" + options_.name,
       "--data-dir=" + data_dir_,
@@ -157,6 +158,12 @@ absl::Status EtcdProcess::Spawn() {
       "--logger=zap",
       "--log-outputs=stderr",
   };
+  if (tls) {
+    etcd_args.push_back("--client-cert-auth");
+    etcd_args.push_back("--trusted-ca-file=" + options_.tls.ca);
+    etcd_args.push_back("--cert-file=" + options_.tls.server_cert);
+    etcd_args.push_back("--key-file=" + options_.tls.server_key);
+  }
   args.insert(args.end(), etcd_args.begin(), etcd_args.end());
   // Everything the child needs is prepared before fork: after it, in a
   // multithreaded process, the child may only make async-signal-safe calls.
@@ -195,6 +202,19 @@ absl::Status EtcdProcess::Spawn() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A file's contents; "" when it cannot be read (etcd's TLS handshake then
+// fails, and WaitServing reports that).
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
 absl::Status EtcdProcess::WaitServing() {
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   grpc::ChannelArguments args;
@@ -202,7 +222,15 @@ absl::Status EtcdProcess::WaitServing() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-  auto channel = grpc::CreateCustomChannel(endpoint(), grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options_.tls.server_cert.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadWholeFile(options_.tls.ca);
+    ssl.pem_cert_chain = ReadWholeFile(options_.tls.client_cert);
+    ssl.pem_private_key = ReadWholeFile(options_.tls.client_key);
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateCustomChannel(endpoint(), credentials, args);
   auto kv = etcdserverpb::KV::NewStub(channel);
   std::string last_error = "no answer yet";
   while (absl::Now() < deadline) {

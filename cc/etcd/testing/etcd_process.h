@@ -72,6 +72,17 @@ struct EtcdProcessOptions {
   absl::Duration start_timeout = absl::Seconds(30);
   // How long Stop waits after SIGTERM before SIGKILL.
   absl::Duration stop_grace = absl::Seconds(10);
+  // TLS on the client URL with client-certificate auth (etcd
+  // --client-cert-auth --trusted-ca-file --cert-file --key-file): etcd's
+  // certificate and key (naming 127.0.0.1), the CA whose client
+  // certificates it accepts (and that signed its own), and the client
+  // certificate Start's health check presents. Empty server_cert: plaintext.
+  struct Tls {
+    std::string server_cert, server_key;
+    std::string ca;
+    std::string client_cert, client_key;
+  };
+  Tls tls;
 };
 
 class EtcdProcess {

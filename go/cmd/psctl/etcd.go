@@ -15,7 +15,19 @@ type etcd struct{ c *pserver.Etcd }
 
 // newEtcd is a client of endpoints; each call is bounded by timeout.
 func newEtcd(endpoints []string, timeout time.Duration) (*etcd, error) {
-	c, err := pserver.NewEtcd(strings.Join(endpoints, ","), timeout)
+	return newEtcdTLS(endpoints, timeout, nil)
+}
+
+// newEtcdTLS is newEtcd over TLS with a client certificate (tls nil:
+// plaintext).
+func newEtcdTLS(endpoints []string, timeout time.Duration, tls *pserver.EtcdTLS) (*etcd, error) {
+	var c *pserver.Etcd
+	var err error
+	if tls != nil {
+		c, err = pserver.NewEtcdTLS(strings.Join(endpoints, ","), timeout, *tls)
+	} else {
+		c, err = pserver.NewEtcd(strings.Join(endpoints, ","), timeout)
+	}
 	if err != nil {
 		return nil, err
 	}

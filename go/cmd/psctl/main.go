@@ -143,6 +143,7 @@ func cmdDesired(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("desired", "desired -etcd HOST:PORT[,...] [-cluster NAME] N", stdout, stderr)
 	etcdFlag := fs.String("etcd", "", "etcd endpoints host:port[,host:port...] (required)")
 	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
+	auth := addAuthFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -156,7 +157,7 @@ func cmdDesired(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	e, err := newEtcd(splitList(*etcdFlag), 10*time.Second)
+	e, err := newEtcdTLS(splitList(*etcdFlag), 10*time.Second, auth.etcdTLS())
 	if err != nil {
 		return err
 	}
@@ -192,6 +193,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		servers := fs.String("servers", "", "server addresses host:port, in index order (required)")
 		timeout := fs.Duration("timeout", time.Minute, "deadline")
 		tls := addTLSFlags(fs)
+		auth := addAuthFlags(fs)
 		if err := parse(fs, args[1:], stdout); err != nil {
 			return err
 		}
@@ -201,7 +203,11 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		if err != nil {
+			return err
+		}
+		client, err := pserver.NewClient(ctx, opts)
 		if err != nil {
 			return err
 		}
@@ -276,6 +282,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	servers := fs.String("servers", "", "server addresses host:port in index order; then name the parameters")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline with -servers")
 	tls := addTLSFlags(fs)
+	auth := addAuthFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -294,7 +301,11 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	case *servers != "" && *ckpt == "" && fs.NArg() > 0:
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		client, err := pserver.NewClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		if err != nil {
+			return err
+		}
+		client, err := pserver.NewClient(ctx, opts)
 		if err != nil {
 			return err
 		}

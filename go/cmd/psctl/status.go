@@ -7,6 +7,7 @@ import (
 	"io"
 	"sort"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -46,6 +47,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	servers := fs.String("servers", "", "instead of etcd: ask these servers for their stats")
 	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
 	tls := addTLSFlags(fs)
+	auth := addAuthFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -53,14 +55,18 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	switch {
 	case *etcdFlag != "":
-		e, err := newEtcd(splitList(*etcdFlag), *timeout)
+		e, err := newEtcdTLS(splitList(*etcdFlag), *timeout, auth.etcdTLS())
 		if err != nil {
 			return err
 		}
 		defer e.Close()
 		return etcdStatus(ctx, e, *cluster, stdout)
 	case *servers != "":
-		return serverStatus(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()}, stdout)
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		if err != nil {
+			return err
+		}
+		return serverStatus(ctx, opts, stdout)
 	default:
 		fs.Usage()
 		return errUsage
@@ -86,7 +92,8 @@ func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) 
 		case pserver.KeyDesired:
 			desired = kv.value
 		case pserver.KeyServer:
-			servers[key.Index] = kv.value
+			// "host:port instance=<id>" (or a bare "host:port"): the address.
+			servers[key.Index] = strings.SplitN(kv.value, " ", 2)[0]
 		case pserver.KeyCheckpoint:
 			var rec checkpointRecord
 			if json.Unmarshal([]byte(kv.value), &rec) == nil {
