@@ -27,6 +27,11 @@ RowErrorFeedback::RowList::iterator RowErrorFeedback::Touch(uint64_t key) {
   return lru_.begin();
 }
 
+void RowErrorFeedback::Forget(RowList::iterator row) {
+  rows_.erase(row->key);
+  lru_.erase(row);
+}
+
 void RowErrorFeedback::DropOldest() {
   rows_.erase(lru_.back().key);
   lru_.pop_back();
@@ -68,8 +73,11 @@ SelectedRows RowErrorFeedback::AddAndSelect(absl::Span<const uint64_t> keys, con
     RowList::iterator row = touched[t];
     out.keys.push_back(row->key);
     out.values.insert(out.values.end(), row->residual.begin(), row->residual.end());
-    rows_.erase(row->key);
-    lru_.erase(row);
+    Forget(row);
+  }
+  // Rows left at zero hold nothing to send later.
+  for (size_t c = k; c < order.size(); ++c) {
+    if (order[c].first == 0) Forget(touched[order[c].second]);
   }
   while (rows_.size() > max_rows_) DropOldest();
   return out;

@@ -9,8 +9,8 @@
 //
 // Memory is bounded: at most max_rows residual rows (dim floats each, plus
 // about 64 bytes); past it the least recently pushed rows are dropped and
-// their residual is lost (counted in dropped_rows()). A sent row's residual
-// is zero, so it is not kept. Thread-compatible.
+// their residual is lost (counted in dropped_rows()). A row sent or left at
+// zero is not kept. Thread-compatible.
 #ifndef PSERVER_CC_CORE_ROW_ERROR_FEEDBACK_H_
 #define PSERVER_CC_CORE_ROW_ERROR_FEEDBACK_H_
 
@@ -40,7 +40,8 @@ class RowErrorFeedback {
   // grads + i * dim; rows of a repeated key are summed): residual[key] +=
   // row. Then takes the k rows of those keys with the largest L2 norm
   // (ties: the key seen first in `keys`), returns them in the order their
-  // keys were first seen and forgets their residual. Then drops the least
+  // keys were first seen and forgets their residual (and that of rows left
+  // at zero). Then drops the least
   // recently pushed rows beyond max_rows.
   SelectedRows AddAndSelect(absl::Span<const uint64_t> keys, const float* grads, size_t k);
 
@@ -62,6 +63,7 @@ class RowErrorFeedback {
 
   // The row of `key`, created zero if new, moved to the front.
   RowList::iterator Touch(uint64_t key);
+  void Forget(RowList::iterator row);
   void DropOldest();
 
   size_t dim_;
