@@ -11,11 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/compression_step.h"
 #include "cc/core/compression.h"
 #include "cc/core/status_macros.h"
 #include "cc/testing/child_process.h"
 #include "cc/testing/netns.h"
-#include "bench/compression_step.h"
 
 namespace pserver::bench {
 namespace {
@@ -144,10 +144,10 @@ absl::StatusOr<std::string> RunAcrossLink(const std::string& pserver_binary,
   options.rate = kRate;
   options.command_timeout = absl::Seconds(300);  // the driver's whole run
   PS_ASSIGN_OR_RETURN(auto cluster, NetnsCluster::Create(options));
-  PS_ASSIGN_OR_RETURN(ChildProcess * server,
-                      cluster->Spawn(0, pserver_binary,
-                                     {absl::StrCat("--host=", cluster->address(0)), "--port=0",
-                                      "--index=0"}));
+  PS_ASSIGN_OR_RETURN(
+      ChildProcess * server,
+      cluster->Spawn(0, pserver_binary,
+                     {absl::StrCat("--host=", cluster->address(0)), "--port=0", "--index=0"}));
   PS_ASSIGN_OR_RETURN(std::string address,
                       WaitForPserverAddress(*server, 0, absl::Now() + absl::Seconds(20)));
   return cluster->Run(1, driver,
@@ -167,9 +167,8 @@ absl::Status CompressionGroup(Harness& h, const std::string& pserver_binary,
   PS_ASSIGN_OR_RETURN(Steps sparse, MeasureSparseSteps("", rows, steps));
   PS_RETURN_IF_ERROR(AddPlace(h, "loopback", model, rows, dense, sparse));
 
-  const absl::StatusOr<std::string> out =
-      RunAcrossLink(pserver_binary, RunfilesPath("bench/compression_link", argv0), model, rows,
-                    steps);
+  const absl::StatusOr<std::string> out = RunAcrossLink(
+      pserver_binary, RunfilesPath("bench/compression_link", argv0), model, rows, steps);
   if (!out.ok()) {
     std::printf("compression: 1 Gbit/s link skipped (needs CAP_NET_ADMIN and iproute2): %s\n",
                 out.status().ToString().c_str());

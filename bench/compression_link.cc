@@ -37,11 +37,12 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string server = absl::GetFlag(FLAGS_server);
   const int steps = absl::GetFlag(FLAGS_steps);
-  if (!Print("dense", pserver::bench::MeasureSteps(server, absl::GetFlag(FLAGS_model_bytes), steps))) {
+  if (!Print("dense",
+             pserver::bench::MeasureSteps(server, absl::GetFlag(FLAGS_model_bytes), steps))) {
     return 1;
   }
-  return Print("sparse", pserver::bench::MeasureSparseSteps(
-                             server, absl::GetFlag(FLAGS_sparse_rows), steps))
+  return Print("sparse",
+               pserver::bench::MeasureSparseSteps(server, absl::GetFlag(FLAGS_sparse_rows), steps))
              ? 0
              : 1;
 }

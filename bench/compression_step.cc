@@ -109,7 +109,8 @@ absl::StatusOr<Steps> MeasureSteps(const std::string& server, uint64_t model_byt
   PS_RETURN_IF_ERROR(client->FinishInitParams());
   const Tensor grad = Tensor::FromValues<float>({n}, Normal(n));
   Tensor out;
-  return TimeSteps(steps, [&](size_t e) { return client->PushPull(encodings[e].name, grad, &out); });
+  return TimeSteps(steps,
+                   [&](size_t e) { return client->PushPull(encodings[e].name, grad, &out); });
 }
 
 absl::StatusOr<Steps> MeasureSparseSteps(const std::string& server, uint64_t rows, int steps) {

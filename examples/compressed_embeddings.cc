@@ -27,6 +27,7 @@
 #include "cc/core/row_error_feedback.h"
 #include "cc/core/status_macros.h"
 #include "cc/server/local_cluster.h"
+#include "examples/encoding_runs.h"
 #include "examples/example_main.h"
 
 ABSL_FLAG(int, epochs, 6, "Passes over the training set.");
@@ -44,9 +45,9 @@ using pserver::Table;
 using pserver::Tensor;
 namespace v1 = pserver::v1;
 
-constexpr int kFields = 4;     // categorical features per sample
-constexpr int kVocab = 300;    // values per field
-constexpr int kDim = 8;        // embedding width
+constexpr int kFields = 4;   // categorical features per sample
+constexpr int kVocab = 300;  // values per field
+constexpr int kDim = 8;      // embedding width
 constexpr int kClasses = 4;
 constexpr int kWeights = (kDim + 1) * kClasses;  // W (kDim x kClasses), then the bias
 
@@ -105,12 +106,7 @@ void SumRows(const std::vector<float>& rows, int samples, std::vector<float>* h)
   }
 }
 
-struct Run {
-  std::string label;
-  v1::WireCompression compression;
-  double accuracy = 0;
-  uint64_t push_bytes = 0;  // keys and rows the table pushes carried
-};
+using Run = pserver::EncodingRun;
 
 double Accuracy(const Table& table, const std::vector<float>& w, const Samples& test) {
   std::vector<float> rows(test.keys.size() * kDim), h;
@@ -176,7 +172,8 @@ absl::Status Train(const Samples& train, const Samples& test, Run& run) {
           }
           g[kDim * kClasses + c] += d;
         }
-        for (int f = 0; f < kFields; ++f) std::copy_n(dh, kDim, &row_grads[(b * kFields + f) * kDim]);
+        for (int f = 0; f < kFields; ++f)
+          std::copy_n(dh, kDim, &row_grads[(b * kFields + f) * kDim]);
       }
       PS_RETURN_IF_ERROR(table.Push<float>(keys, row_grads));
       Tensor out;
@@ -186,7 +183,7 @@ absl::Status Train(const Samples& train, const Samples& test, Run& run) {
       const size_t sent = pserver::TopKCount(run.compression, 1) > 0
                               ? pserver::TopKCount(run.compression, distinct)
                               : keys.size();
-      run.push_bytes += sent * (sizeof(uint64_t) + row_bytes);
+      run.bytes += sent * (sizeof(uint64_t) + row_bytes);
     }
   }
   run.accuracy = Accuracy(table, w, test);
@@ -209,22 +206,8 @@ absl::Status RunExample() {
   runs[4].label = absl::StrCat("top-k ", fraction, "+f16");
   runs[4].compression.set_topk_fraction(fraction);
   runs[4].compression.set_value_type(v1::WireCompression::FLOAT16);
-  for (Run& run : runs) {
-    PS_RETURN_IF_ERROR(Train(train, test, run));
-    std::printf("%-14s test accuracy %.4f  table push bytes %llu\n", run.label.c_str(),
-                run.accuracy, static_cast<unsigned long long>(run.push_bytes));
-  }
-  const double tolerance = absl::GetFlag(FLAGS_tolerance);
-  for (const Run& run : runs) {
-    if (std::fabs(run.accuracy - runs[0].accuracy) > tolerance) {
-      return absl::InternalError(absl::StrCat(run.label, " accuracy ", run.accuracy,
-                                              " is more than ", tolerance, " from float32's ",
-                                              runs[0].accuracy));
-    }
-  }
-  std::printf("every encoding within %.3f of float32 accuracy %.4f\n", tolerance,
-              runs[0].accuracy);
-  return absl::OkStatus();
+  for (Run& run : runs) PS_RETURN_IF_ERROR(Train(train, test, run));
+  return pserver::ReportRuns(runs, absl::GetFlag(FLAGS_tolerance), "table push bytes");
 }
 
 }  // namespace

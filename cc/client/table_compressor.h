@@ -56,8 +56,8 @@ class TableCompressor {
   // The float32 rows of a pull reply whose values came as `content_type`
   // (unset or FLOAT32: as they are, else widened into *widened). DATA_LOSS
   // naming `what` for another type or a partial value.
-  absl::StatusOr<const std::string*> DecodePull(ElementType content_type,
-                                                const std::string& values, std::string* widened,
+  absl::StatusOr<const std::string*> DecodePull(ElementType content_type, const std::string& values,
+                                                std::string* widened,
                                                 const std::string& what) const;
 
   ElementType wire_type() const { return wire_type_; }  // FLOAT32: as stored

@@ -49,7 +49,7 @@ class RowErrorFeedback {
   static size_t DistinctKeys(absl::Span<const uint64_t> keys);
 
   size_t dim() const { return dim_; }
-  size_t rows() const { return rows_.size(); }           // residual rows kept
+  size_t rows() const { return rows_.size(); }             // residual rows kept
   uint64_t dropped_rows() const { return dropped_rows_; }  // lost to max_rows
   // The residual of `key` (dim floats), or nullptr if none is kept.
   const float* ResidualOf(uint64_t key) const;

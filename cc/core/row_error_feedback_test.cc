@@ -51,7 +51,8 @@ TEST(RowErrorFeedbackTest, SentPlusResidualIsTheSumOfGradients) {
     SelectedRows sent = feedback.AddAndSelect(keys, grads.data(), 2);
     ASSERT_LE(sent.keys.size(), 2u);
     for (size_t r = 0; r < sent.keys.size(); ++r) {
-      for (size_t j = 0; j < dim; ++j) sent_total[sent.keys[r] * dim + j] += sent.values[r * dim + j];
+      for (size_t j = 0; j < dim; ++j)
+        sent_total[sent.keys[r] * dim + j] += sent.values[r * dim + j];
     }
   }
   for (uint64_t key = 0; key < 10; ++key) {
