@@ -647,7 +647,7 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("scaling")) PS_RETURN_IF_ERROR(Scaling(h));
   if (wanted("sparse")) PS_RETURN_IF_ERROR(Sparse(h));
   if (wanted("hosts")) PS_RETURN_IF_ERROR(Hosts(h, PserverBinary(), g_argv0));
-  if (wanted("compression")) PS_RETURN_IF_ERROR(CompressionGroup(h, g_argv0));
+  if (wanted("compression")) PS_RETURN_IF_ERROR(CompressionGroup(h, PserverBinary(), g_argv0));
   if (wanted("tls")) PS_RETURN_IF_ERROR(TlsGroup(h, PserverBinary(), g_argv0));
   // Builds the Go driver on first use: only when asked for in a quick run.
   if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));

@@ -23,6 +23,7 @@
 #include "cc/core/compression.h"
 #include "cc/core/status_macros.h"
 #include "cc/server/local_cluster.h"
+#include "examples/encoding_runs.h"
 #include "examples/example_main.h"
 
 ABSL_FLAG(int, epochs, 10, "Passes over the training set.");
@@ -104,12 +105,7 @@ double Accuracy(const std::vector<float>& w, const Digits& d) {
   return static_cast<double>(right) / d.size();
 }
 
-struct Run {
-  std::string label;
-  v1::WireCompression compression;
-  double accuracy = 0;
-  uint64_t gradient_bytes = 0;  // what the pushes carried
-};
+using Run = pserver::EncodingRun;
 
 // Trains one model (weights and bias in one parameter "w", (kPixels + 1) x
 // kClasses) with `run.compression` and returns its test accuracy.
@@ -123,8 +119,7 @@ absl::Status Train(const Digits& train, const Digits& test, Run& run) {
   config.mutable_learning_rate()->set_learning_rate(absl::GetFlag(FLAGS_lr));
   *config.mutable_wire_compression() = run.compression;
   const pserver::Shape shape = {kPixels + 1, kClasses};
-  PS_RETURN_IF_ERROR(
-      client->InitParam("w", *Tensor::Zeros(v1::FLOAT32, shape), config));
+  PS_RETURN_IF_ERROR(client->InitParam("w", *Tensor::Zeros(v1::FLOAT32, shape), config));
   PS_RETURN_IF_ERROR(client->FinishInitParams());
 
   const int batch = absl::GetFlag(FLAGS_batch);
@@ -150,13 +145,11 @@ absl::Status Train(const Digits& train, const Digits& test, Run& run) {
         }
       }
       Tensor out;
-      PS_RETURN_IF_ERROR(
-          client->PushPull("w", Tensor::FromValues<float>(shape, g), &out));
+      PS_RETURN_IF_ERROR(client->PushPull("w", Tensor::FromValues<float>(shape, g), &out));
       std::copy_n(reinterpret_cast<const float*>(out.data()), w.size(), w.begin());
       const size_t blocks = (w.size() * sizeof(float) + 1023) / 1024;
-      run.gradient_bytes += k_per_block > 0
-                                ? std::min(w.size(), blocks * k_per_block) * (4 + value_bytes)
-                                : w.size() * value_bytes;
+      run.bytes += k_per_block > 0 ? std::min(w.size(), blocks * k_per_block) * (4 + value_bytes)
+                                   : w.size() * value_bytes;
     }
   }
   run.accuracy = Accuracy(w, test);
@@ -175,22 +168,8 @@ absl::Status RunExample() {
   runs[2].compression.set_value_type(v1::WireCompression::BFLOAT16);
   runs[3].label = absl::StrCat("top-k ", absl::GetFlag(FLAGS_topk_fraction));
   runs[3].compression.set_topk_fraction(absl::GetFlag(FLAGS_topk_fraction));
-  for (Run& run : runs) {
-    PS_RETURN_IF_ERROR(Train(train, test, run));
-    std::printf("%-10s test accuracy %.4f  gradient payload bytes %llu\n", run.label.c_str(),
-                run.accuracy, static_cast<unsigned long long>(run.gradient_bytes));
-  }
-  const double tolerance = absl::GetFlag(FLAGS_tolerance);
-  for (const Run& run : runs) {
-    if (run.accuracy < runs[0].accuracy - tolerance) {
-      return absl::InternalError(absl::StrCat(run.label, " accuracy ", run.accuracy,
-                                              " is more than ", tolerance, " below float32's ",
-                                              runs[0].accuracy));
-    }
-  }
-  std::printf("every encoding within %.3f of float32 accuracy %.4f\n", tolerance,
-              runs[0].accuracy);
-  return absl::OkStatus();
+  for (Run& run : runs) PS_RETURN_IF_ERROR(Train(train, test, run));
+  return pserver::ReportRuns(runs, absl::GetFlag(FLAGS_tolerance), "gradient payload bytes");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The C ABI: parameter and table configs, set by name through the proto
 // descriptors (cc/core/config_fields.h).
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "cc/capi/internal.h"
 #include "cc/core/config_fields.h"
 #include "cc/core/status_macros.h"
@@ -130,6 +131,28 @@ void pserver_table_config_set_dtype(pserver_table_config_t* config, int32_t dtyp
           absl::StrCat("a table holds float32 or float64 values, not ", pserver_dtype_name(dtype)));
     }
     config->rep.set_element_type(static_cast<pserver::ElementType>(dtype));
+    return absl::OkStatus();
+  });
+}
+
+void pserver_table_config_set_wire_type(pserver_table_config_t* config, const char* type,
+                                        pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (config == nullptr) return Null("config");
+    if (type == nullptr) return Null("type");
+    const absl::string_view t = type;
+    pserver::v1::WireCompression::ValueType value;
+    if (t == "float16") {
+      value = pserver::v1::WireCompression::FLOAT16;
+    } else if (t == "bfloat16") {
+      value = pserver::v1::WireCompression::BFLOAT16;
+    } else if (t == "float32") {
+      value = pserver::v1::WireCompression::AS_STORED;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown wire type '", t, "'; want float16, bfloat16 or float32 (as stored)"));
+    }
+    config->rep.mutable_wire_compression()->set_value_type(value);
     return absl::OkStatus();
   });
 }

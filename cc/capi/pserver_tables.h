@@ -48,6 +48,15 @@ PSERVER_EXPORT void pserver_table_config_set_dim(pserver_table_config_t* config,
 /* PSERVER_FLOAT32 or PSERVER_FLOAT64. */
 PSERVER_EXPORT void pserver_table_config_set_dtype(pserver_table_config_t* config, int32_t dtype,
                                                    pserver_status_t* status);
+/* How pushed gradient rows and pulled rows of a float32 table travel
+ * (TableConfig.wire_compression): "float16", "bfloat16" or "float32" (as
+ * stored). Top-k with error feedback is the settings "topk_fraction" or
+ * "topk_count" (pserver_table_config_set), with "max_residual_rows" (rows
+ * of residual a trainer keeps per table; 0: 1,048,576). INVALID_ARGUMENT
+ * for another type; a float64 table with either is refused at creation. */
+PSERVER_EXPORT void pserver_table_config_set_wire_type(pserver_table_config_t* config,
+                                                       const char* type,
+                                                       pserver_status_t* status);
 /* How a new row is filled, resetting the initializer's settings (the seed
  * stays): "zeros", "uniform" (settings "low", "high") or "normal" ("mean",
  * "stddev"). */
@@ -73,8 +82,9 @@ PSERVER_EXPORT void pserver_table_config_set_consistency(pserver_table_config_t*
  * chosen optimizer ("learning_rate" or "lr", "beta1", "beta2", "epsilon",
  * "initial_accumulator", "alpha", "beta", "l1", "l2"), the chosen
  * initializer ("low", "high", "mean", "stddev"), then "seed", the eviction
- * ("ttl_seconds", "capacity", "admission_count"), "staleness", "dim" and
- * "chunk_size". Counts take a whole number that fits the field.
+ * ("ttl_seconds", "capacity", "admission_count"), "staleness", "dim",
+ * "chunk_size", then the wire compression's "topk_fraction", "topk_count" and
+ * "max_residual_rows". Counts take a whole number that fits the field.
  * INVALID_ARGUMENT for an unknown name (the message lists the valid ones)
  * or a value that does not fit; a failed set changes nothing. */
 PSERVER_EXPORT void pserver_table_config_set(pserver_table_config_t* config, const char* key,

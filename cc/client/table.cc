@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/client/placement.h"
+#include "cc/core/compression.h"
 #include "cc/core/status_macros.h"
 #include "cc/core/table_keys.h"
 
@@ -41,10 +42,17 @@ Table::Table(Client* client, std::string name, v1::TableConfig config)
   if (config_.element_type() == v1::ELEMENT_TYPE_UNSPECIFIED) {
     config_.set_element_type(v1::FLOAT32);
   }
+  compressor_ = TableCompressor::For(config_);
 }
 
 absl::StatusOr<Table> Table::Create(Client& client, std::string name, const v1::TableConfig& config,
                                     const CallOptions& call) {
+  if (config.has_wire_compression()) {
+    const ElementType type =
+        config.element_type() == v1::ELEMENT_TYPE_UNSPECIFIED ? v1::FLOAT32 : config.element_type();
+    PS_RETURN_IF_ERROR(ValidateWireCompressionFor(
+        config.wire_compression(), type, absl::StrCat("table '", name, "'"), "table"));
+  }
   v1::CreateTableRequest request;
   request.set_name(name);
   *request.mutable_config() = config;
@@ -141,6 +149,7 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
     requests[i].set_keys(EncodeKeys(split.parts[i].keys));
     requests[i].set_worker(worker);
     requests[i].set_clock(clock);
+    if (compressor_ != nullptr) requests[i].set_wire_type(compressor_->wire_type());
   }
   PS_RETURN_IF_ERROR(client_->RunWithRetries(
       split.parts.size(), [&](size_t i) { return split.parts[i].server; },
@@ -149,9 +158,17 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
       },
       client_->Deadline(call), call.trace));
   RecordServerTimes(responses, call.trace);
+  std::string widened;
   for (size_t i = 0; i < split.parts.size(); ++i) {
-    const std::string& values = responses[i].values();
     const Split::Part& part = split.parts[i];
+    const std::string* wire = &responses[i].values();
+    if (compressor_ != nullptr) {
+      PS_ASSIGN_OR_RETURN(wire, compressor_->DecodePull(
+                                    responses[i].content_type(), *wire, &widened,
+                                    absl::StrCat("table '", name_, "': server ",
+                                                 client_->addresses()[part.server])));
+    }
+    const std::string& values = *wire;
     if (values.size() != part.keys.size() * row) {
       return absl::DataLossError(absl::StrCat(
           "table '", name_, "': server ", client_->addresses()[part.server], " returned ",
@@ -179,11 +196,19 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
                            const std::string& worker, int64_t clock,
                            const CallOptions& call) const {
   const Cancellation::Scope cancel_scope(call.cancel);
-  const size_t row = row_bytes();
+  size_t row = row_bytes();
   if (grads.size() != keys.size() * row) {
     return absl::InvalidArgumentError(absl::StrCat("push to table '", name_, "': ", keys.size(),
                                                    " keys need ", keys.size() * row,
                                                    " bytes of values, got ", grads.size()));
+  }
+  // Compressed once per call: retries resend the same bytes.
+  TableCompressor::Encoded encoded;
+  if (compressor_ != nullptr) {
+    encoded = compressor_->EncodePush(keys, grads);
+    keys = encoded.keys;
+    grads = encoded.values;
+    row = compressor_->wire_row_bytes();
   }
   PS_ASSIGN_OR_RETURN(Split split, SplitKeys(keys));
   std::vector<v1::TablePushRequest> requests(split.parts.size());
@@ -195,6 +220,7 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
     request.set_keys(EncodeKeys(part.keys));
     request.set_worker(worker);
     request.set_clock(clock);
+    if (compressor_ != nullptr) request.set_value_type(compressor_->wire_type());
     if (part.positions.empty()) {
       request.set_values(grads.data() + part.offset * row, part.keys.size() * row);
     } else {

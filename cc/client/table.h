@@ -40,6 +40,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "cc/client/client.h"
+#include "cc/client/table_compressor.h"
 #include "cc/core/element_type.h"
 #include "cc/core/status_macros.h"
 #include "pserver/v1/table.pb.h"
@@ -100,6 +101,10 @@ class Table {
         call);
   }
 
+  // Compression on the wire (TableConfig.wire_compression): null if none.
+  // Copies of this Table share it (and its top-k residuals).
+  const TableCompressor* compressor() const { return compressor_.get(); }
+
   // The table's stats on every server, in index order.
   absl::StatusOr<std::vector<v1::TableStats>> Stats(const CallOptions& call = {}) const;
 
@@ -120,6 +125,7 @@ class Table {
   Client* client_;
   std::string name_;
   v1::TableConfig config_;
+  std::shared_ptr<TableCompressor> compressor_;
 };
 
 // One worker of a table with clocks (FlexPS's KVClientTable): joins the

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/status_macros.h"
 
 namespace pserver {
 namespace {
@@ -62,6 +63,20 @@ absl::Status ValidateWireCompression(const v1::WireCompression& config, const st
   return absl::OkStatus();
 }
 
+absl::Status ValidateWireCompressionFor(const v1::WireCompression& config, ElementType type,
+                                        const std::string& what, absl::string_view noun) {
+  PS_RETURN_IF_ERROR(ValidateWireCompression(config, what));
+  if (Compresses(config) && type != v1::FLOAT32) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": wire_compression needs a float32 ",
+                                                   noun, "; this one is ", ElementTypeName(type)));
+  }
+  return absl::OkStatus();
+}
+
+bool CanTravelAs(ElementType stored, ElementType wire) {
+  return stored == v1::FLOAT32 && (wire == v1::FLOAT16 || wire == v1::BFLOAT16);
+}
+
 size_t TopKCount(const v1::WireCompression& config, size_t elements) {
   if (config.topk_count() > 0) {
     return static_cast<size_t>(std::min<uint64_t>(config.topk_count(), elements));
@@ -87,33 +102,101 @@ void DecodeFloats(ElementType type, const char* in, size_t n, float* out) {
   }
 }
 
-SparseGradient ErrorFeedback::AddAndSelect(const float* grad, size_t offset, size_t n, size_t k) {
-  float* r = residual_.data() + offset;
-  for (size_t i = 0; i < n; ++i) r[i] += grad[i];
-  k = std::min(k, n);
-  SparseGradient out;
-  if (k == 0) return out;
+namespace {
+
+// Values sampled to guess a threshold below the k-th largest magnitude.
+constexpr size_t kSamples = 4096;
+
+// A magnitude at most the k-th largest of |r[i] + g[i]| (i < n), guessed
+// from kSamples evenly spaced elements with a margin, or 0 (take all as
+// candidates) when the guess would not save a pass. Not exact: the caller
+// checks that at least k elements reach it.
+float GuessThreshold(const float* r, const float* g, size_t n, size_t k) {
+  if (n < 4 * kSamples || k > n / 8) return 0.0f;
+  std::vector<float> sample(kSamples);
+  const size_t stride = n / kSamples;
+  for (size_t s = 0; s < kSamples; ++s) sample[s] = std::fabs(r[s * stride] + g[s * stride]);
+  // Expect k * kSamples / n samples above the k-th; aim at twice that (and
+  // a few more), so that the candidates hold the top k but rarely many more.
+  const size_t rank = std::min<size_t>(
+      kSamples - 1, 2 * (k * kSamples + n - 1) / n + 16);
+  std::nth_element(sample.begin(), sample.begin() + rank, sample.end(), std::greater<float>());
+  return sample[rank];
+}
+
+// r[i] += g[i] for i < n, and the indices whose |r[i]| >= threshold.
+std::vector<uint32_t> AddAndCollect(float* r, const float* g, size_t n, float threshold,
+                                    size_t expected) {
+  std::vector<uint32_t> candidates;
+  candidates.reserve(expected);
+  for (size_t i = 0; i < n; ++i) {
+    r[i] += g[i];
+    if (std::fabs(r[i]) >= threshold) candidates.push_back(static_cast<uint32_t>(i));
+  }
+  return candidates;
+}
+
+// The k largest |r[i]| of `candidates` (in index order; k <= their count),
+// ties to the lowest index: taken out of r into `out`.
+void TakeTopK(float* r, const std::vector<uint32_t>& candidates, size_t k, SparseGradient* out) {
   // The k-th largest magnitude, then one pass in index order: every value
   // above it, and values equal to it until k are taken.
-  std::vector<float> magnitudes(r, r + n);
-  for (float& m : magnitudes) m = std::fabs(m);
+  std::vector<float> magnitudes(candidates.size());
+  for (size_t c = 0; c < candidates.size(); ++c) magnitudes[c] = std::fabs(r[candidates[c]]);
   std::nth_element(magnitudes.begin(), magnitudes.begin() + (k - 1), magnitudes.end(),
                    std::greater<float>());
   const float threshold = magnitudes[k - 1];
   size_t above = 0;
   for (size_t i = 0; i < k; ++i) above += magnitudes[i] > threshold;
   size_t ties = k - above;
-  out.indices.reserve(k);
-  out.values.reserve(k);
-  for (size_t i = 0; i < n && out.indices.size() < k; ++i) {
+  out->indices.reserve(k);
+  out->values.reserve(k);
+  for (size_t c = 0; c < candidates.size() && out->indices.size() < k; ++c) {
+    const uint32_t i = candidates[c];
     const float m = std::fabs(r[i]);
     const bool take = m > threshold || (m == threshold && ties > 0);
     if (!take) continue;
     if (!(m > threshold)) --ties;
-    out.indices.push_back(static_cast<uint32_t>(i));
-    out.values.push_back(r[i]);
+    out->indices.push_back(i);
+    out->values.push_back(r[i]);
     r[i] = 0.0f;
   }
+}
+
+}  // namespace
+
+std::string NarrowFloats(ElementType type, absl::string_view float32_bytes) {
+  const size_t n = float32_bytes.size() / sizeof(float);
+  std::string out(n * ElementSize(type), '\0');
+  std::vector<float> aligned;
+  const float* values = reinterpret_cast<const float*>(float32_bytes.data());
+  if (reinterpret_cast<uintptr_t>(values) % alignof(float) != 0) {
+    aligned.resize(n);
+    std::memcpy(aligned.data(), float32_bytes.data(), n * sizeof(float));
+    values = aligned.data();
+  }
+  EncodeFloats(type, values, n, out.data());
+  return out;
+}
+
+SparseGradient ErrorFeedback::AddAndSelect(const float* grad, size_t offset, size_t n, size_t k) {
+  float* r = residual_.data() + offset;
+  k = std::min(k, n);
+  SparseGradient out;
+  if (k == 0) {
+    for (size_t i = 0; i < n; ++i) r[i] += grad[i];
+    return out;
+  }
+  // Candidates: the elements at or above a sampled threshold, found in the
+  // pass that adds the gradient. Too few (the guess was above the k-th
+  // largest): every element is one.
+  const float guess = GuessThreshold(r, grad, n, k);
+  std::vector<uint32_t> candidates = AddAndCollect(r, grad, n, guess, 4 * k + 64);
+  if (candidates.size() < k) {
+    candidates.resize(n);
+    for (size_t i = 0; i < n; ++i) candidates[i] = static_cast<uint32_t>(i);
+  }
+  TakeTopK(r, candidates, k, &out);
   return out;
 }
 

@@ -44,6 +44,16 @@ bool Compresses(const v1::WireCompression& config);
 // used: a top-k fraction outside [0, 1] or not finite, an unknown value type.
 absl::Status ValidateWireCompression(const v1::WireCompression& config, const std::string& what);
 
+// ValidateWireCompression, and INVALID_ARGUMENT "<what>: wire_compression
+// needs a float32 <noun>; this one is <type>" for a config that compresses
+// values of another type.
+absl::Status ValidateWireCompressionFor(const v1::WireCompression& config, ElementType type,
+                                        const std::string& what, absl::string_view noun);
+
+// Whether values stored as `stored` may travel as `wire`: FLOAT16 or
+// BFLOAT16 for FLOAT32.
+bool CanTravelAs(ElementType stored, ElementType wire);
+
 // k for a block of `elements` values: topk_count (at most `elements`) if set,
 // else ceil(topk_fraction * elements), at least 1; 0 if top-k is off.
 size_t TopKCount(const v1::WireCompression& config, size_t elements);
@@ -52,6 +62,9 @@ size_t TopKCount(const v1::WireCompression& config, size_t elements);
 // (n * ElementSize(type) bytes, any alignment), and back.
 void EncodeFloats(ElementType type, const float* in, size_t n, char* out);
 void DecodeFloats(ElementType type, const char* in, size_t n, float* out);
+
+// `float32_bytes` (float32 values, any alignment) as `type` values.
+std::string NarrowFloats(ElementType type, absl::string_view float32_bytes);
 
 // What a top-k push carries for one block: element indices within the block
 // and their values (float32, before any narrowing).

@@ -1,6 +1,7 @@
 #include "cc/core/compression.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -160,6 +161,59 @@ TEST(TopKTest, ErrorFeedbackSumsToTheUncompressedGradient) {
   for (size_t i = 0; i < kN; ++i) {
     EXPECT_EQ(sent[i] + feedback.residual()[i], total[i]) << i;
   }
+}
+
+// The sampled threshold (large blocks) takes exactly what a full sort
+// would: the k largest magnitudes, ties to the lowest index, also with many
+// ties and with a distribution the sample misjudges.
+TEST(TopKTest, LargeBlocksSelectExactlyAsAFullSort) {
+  constexpr size_t kN = 1 << 16;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> coarse(-8, 8);
+  for (int pattern = 0; pattern < 3; ++pattern) {
+    std::vector<float> g(kN);
+    for (size_t i = 0; i < kN; ++i) {
+      g[i] = pattern == 0 ? normal(rng) : static_cast<float>(coarse(rng));
+      if (pattern == 2 && i % 4096 != 7) g[i] *= 1e-3f;  // the sample sees only small values
+    }
+    for (size_t k : {size_t{1}, size_t{100}, size_t{655}, size_t{5000}}) {
+      std::vector<uint32_t> order(kN);
+      for (uint32_t i = 0; i < kN; ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        return std::fabs(g[a]) > std::fabs(g[b]);
+      });
+      std::vector<uint32_t> want(order.begin(), order.begin() + k);
+      std::sort(want.begin(), want.end());
+      ErrorFeedback feedback(kN);
+      SparseGradient sent = feedback.AddAndSelect(g.data(), 0, kN, k);
+      EXPECT_EQ(sent.indices, want) << "pattern " << pattern << " k " << k;
+      for (size_t j = 0; j < sent.indices.size(); ++j) {
+        EXPECT_EQ(sent.values[j], g[sent.indices[j]]);
+        EXPECT_EQ(feedback.residual()[sent.indices[j]], 0.0f);
+      }
+    }
+  }
+}
+
+TEST(WireTypeTest, ValidateForTypeAndTravel) {
+  v1::WireCompression c;
+  c.set_value_type(v1::WireCompression::BFLOAT16);
+  EXPECT_THAT(ValidateWireCompressionFor(c, v1::FLOAT32, "table 't'", "table"), IsOk());
+  EXPECT_THAT(ValidateWireCompressionFor(c, v1::FLOAT64, "table 't'", "table"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("table 't': wire_compression needs a float32 table; this one is "
+                                 "float64")));
+  EXPECT_TRUE(CanTravelAs(v1::FLOAT32, v1::FLOAT16));
+  EXPECT_FALSE(CanTravelAs(v1::FLOAT64, v1::FLOAT16));
+  EXPECT_FALSE(CanTravelAs(v1::FLOAT32, v1::INT32));
+  const float values[] = {1.5f, -2.0f};
+  std::string bytes(1 + sizeof(values), '\0');  // unaligned on purpose
+  std::memcpy(bytes.data() + 1, values, sizeof(values));
+  const std::string narrow = NarrowFloats(v1::FLOAT16, absl::string_view(bytes).substr(1));
+  float back[2];
+  DecodeFloats(v1::FLOAT16, narrow.data(), 2, back);
+  EXPECT_THAT(back, ::testing::ElementsAre(1.5f, -2.0f));
 }
 
 std::string Indices(std::vector<uint32_t> v) {

@@ -172,13 +172,17 @@ absl::Status SetParameterSetting(v1::ParameterConfig* config, const std::string&
 }
 
 absl::Status SetTableSetting(v1::TableConfig* config, const std::string& key, double value) {
-  return SetOnCopy(config, key, value, SettingRules{"table setting"}, [](v1::TableConfig* c) {
+  return SetOnCopy(config, key, value, SettingRules{"table setting"}, [&key](v1::TableConfig* c) {
     std::vector<pb::Message*> places = {ChosenOptimizer(c->mutable_optimizer())};
     if (pb::Message* init = Chosen(c->mutable_initializer(), "kind")) places.push_back(init);
     places.push_back(c->mutable_initializer());
     places.push_back(c->mutable_eviction());
     places.push_back(c->mutable_consistency());
     places.push_back(c);
+    // As for parameters: only a wire compression setting makes one appear.
+    if (v1::WireCompression::descriptor()->FindFieldByName(key) != nullptr) {
+      places.push_back(c->mutable_wire_compression());
+    }
     return places;
   });
 }

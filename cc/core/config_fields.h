@@ -38,7 +38,9 @@ absl::Status SetParameterSetting(v1::ParameterConfig* config, const std::string&
 
 // Sets `key` ("lr" is learning_rate) in the chosen row optimizer (SGD if
 // none), the chosen initializer, the initializer, eviction, consistency or
-// the table config itself, in that order; enum fields are not settings.
+// the table config itself, in that order, then the wire compression's
+// topk_fraction, topk_count and max_residual_rows; enum fields are not
+// settings.
 absl::Status SetTableSetting(v1::TableConfig* config, const std::string& key, double value);
 
 // Parses protobuf text format into *out, all or nothing: INVALID_ARGUMENT

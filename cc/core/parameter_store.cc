@@ -24,40 +24,17 @@ constexpr char kZeroSizeRefused[] = "a parameter needs at least one element";
 absl::Status CheckWireCompression(const v1::ParameterConfig& config, ElementType type,
                                   const std::string& what) {
   if (!config.has_wire_compression()) return absl::OkStatus();
-  PS_RETURN_IF_ERROR(ValidateWireCompression(config.wire_compression(), what));
-  if (Compresses(config.wire_compression()) && type != v1::FLOAT32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": wire_compression needs a float32 parameter; this one is ",
-                     ElementTypeName(type)));
-  }
-  return absl::OkStatus();
+  return ValidateWireCompressionFor(config.wire_compression(), type, what, "parameter");
 }
 
 // OK if a read of a `type` block may travel as `wire_type` (not the same).
 absl::Status CheckReadWireType(absl::string_view name, const v1::BlockRef& block,
                                ElementType type, ElementType wire_type) {
-  if (type == v1::FLOAT32 && (wire_type == v1::FLOAT16 || wire_type == v1::BFLOAT16)) {
-    return absl::OkStatus();
-  }
+  if (CanTravelAs(type, wire_type)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "read of ", DescribeBlock(name, block), ": wire_type ", ElementTypeName(wire_type),
       " is not possible for a ", ElementTypeName(type),
       " parameter; want float16 or bfloat16 for a float32 one, or unset"));
-}
-
-// `float32_bytes` (a float32 block's values) as `type` values.
-std::string NarrowFloats(ElementType type, absl::string_view float32_bytes) {
-  const size_t n = float32_bytes.size() / sizeof(float);
-  std::string out(n * ElementSize(type), '\0');
-  std::vector<float> aligned;
-  const float* values = reinterpret_cast<const float*>(float32_bytes.data());
-  if (reinterpret_cast<uintptr_t>(values) % alignof(float) != 0) {
-    aligned.resize(n);
-    std::memcpy(aligned.data(), float32_bytes.data(), n * sizeof(float));
-    values = aligned.data();
-  }
-  EncodeFloats(type, values, n, out.data());
-  return out;
 }
 
 // The block element that value `i` of a top-k gradient with `indices` is for.

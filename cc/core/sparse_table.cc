@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cc/core/compression.h"
 #include "cc/core/status_macros.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -128,6 +129,10 @@ absl::Status ValidateConfig(const std::string& what, const v1::TableConfig& conf
   if (!std::isfinite(ttl) || ttl < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": eviction.ttl_seconds must be finite and >= 0, got ", ttl));
+  }
+  if (config.has_wire_compression()) {
+    PS_RETURN_IF_ERROR(
+        ValidateWireCompressionFor(config.wire_compression(), config.element_type(), what, "table"));
   }
   return absl::OkStatus();
 }

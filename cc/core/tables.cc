@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -9,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "cc/core/names.h"
 #include "cc/core/status_macros.h"
+#include "cc/core/table_wire.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace pserver {
@@ -164,6 +167,7 @@ absl::Status Tables::Read(Entry& entry, const v1::TablePullRequest& request,
     response->clear_values();
     return status;
   }
+  PS_RETURN_IF_ERROR(NarrowPulledValues(*entry.table, request, response));
   response->mutable_trace()->set_received_unix_nanos(received);
   response->mutable_trace()->set_processed_unix_nanos(UnixNanos());
   return absl::OkStatus();
@@ -174,27 +178,31 @@ absl::Status Tables::Push(const v1::TablePushRequest& request, v1::TablePushResp
   PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(request.table()));
   PS_ASSIGN_OR_RETURN(const KeysView view, KeysView::Of(request.keys()));
   const absl::Span<const uint64_t> keys = view.keys();
+  // A compressed push (TableConfig.wire_compression) is widened first.
+  PS_ASSIGN_OR_RETURN(const std::optional<std::string> widened,
+                      WidenPushedValues(*entry->table, request, keys.size()));
+  const std::string& values = widened.has_value() ? *widened : request.values();
   MaybeSweep(*entry);
   bool held = false;
   if (HoldsAdds(*entry) && !request.worker().empty()) {
     // Checked now, since a held-back add is acknowledged before it applies.
     const size_t want = keys.size() * entry->table->row_bytes();
-    if (request.values().size() != want) {
+    if (values.size() != want) {
       return absl::InvalidArgumentError(
           absl::StrCat("push to table '", request.table(), "': ", keys.size(), " keys need ", want,
-                       " bytes of values, got ", request.values().size()));
+                       " bytes of values, got ", values.size()));
     }
     absl::MutexLock lock(&entry->bsp_mu);
     if (request.clock() >= entry->clocks.MinClock()) {
       v1::PendingAdds::Add add;
       add.set_clock(request.clock());
       add.set_keys(request.keys());
-      add.set_values(request.values());
+      add.set_values(values);
       entry->pending[request.clock()].push_back(std::move(add));
       held = true;
     }
   }
-  if (!held) PS_RETURN_IF_ERROR(Apply(*entry, request.table(), keys, request.values()));
+  if (!held) PS_RETURN_IF_ERROR(Apply(*entry, request.table(), keys, values));
   if (response != nullptr) {
     response->mutable_trace()->set_received_unix_nanos(received);
     response->mutable_trace()->set_processed_unix_nanos(UnixNanos());

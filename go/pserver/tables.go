@@ -70,6 +70,12 @@ type TableConfig struct {
 	Staleness   uint32
 	// ChunkSize is the keys per chunk of KvWorker.GetChunk (default 1).
 	ChunkSize uint32
+	// WireType is how pushed gradient rows and pulled rows of a Float32
+	// table travel: "float16", "bfloat16", or "" (as stored). Top-k with
+	// error feedback is the Settings "topk_fraction" or "topk_count" (the
+	// rows of a push with the largest L2 norm; the rest kept per row on
+	// this client), with "max_residual_rows" (default 1,048,576).
+	WireType string
 	// Text, when set, is a pserver.v1.TableConfig in protobuf text format,
 	// read first; the other fields amend it where they are not zero.
 	Text string
@@ -111,6 +117,11 @@ func (tc *TableConfig) toC() (*C.pserver_table_config_t, error) {
 		}
 		if tc.Optimizer != "" {
 			if str(tc.Optimizer, func(c *C.char) { C.pserver_table_config_set_optimizer(cfg, c, st) }); failed() {
+				return
+			}
+		}
+		if tc.WireType != "" {
+			if str(tc.WireType, func(c *C.char) { C.pserver_table_config_set_wire_type(cfg, c, st) }); failed() {
 				return
 			}
 		}

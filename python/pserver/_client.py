@@ -379,6 +379,7 @@ class Client(_HandleOwner):
                      partition: Union[str, Tuple[int, int]] = "hash",
                      consistency: Optional[str] = None, staleness: int = 0,
                      chunk_size: Optional[int] = None, config: Optional[str] = None,
+                     wire_compression: Optional[str] = None,
                      timeout: Optional[float] = None, **settings: Any) -> "Table":
         """Creates table `name` on every server (or opens it, given the same
         config) and returns a :class:`pserver.Table` of `dim` values per row.
@@ -391,7 +392,13 @@ class Client(_HandleOwner):
         ``l1``, ...). Eviction: `ttl_seconds`, `capacity` (rows per server),
         `admission_count`. `partition`: "hash" or a key range ``(begin, end)``.
         `consistency`: "asp" (default), "bsp" or "ssp" with `staleness`.
-        `chunk_size`: keys per chunk for KvWorker.get_chunk. `config` may
+        `chunk_size`: keys per chunk for KvWorker.get_chunk.
+        `wire_compression`: "float16" or "bfloat16" to push gradient rows and
+        pull rows of a float32 table in half precision; the settings
+        ``topk_fraction`` or ``topk_count`` send only the top-k rows of each
+        push (by L2 norm) and keep the rest in a per-row residual on this
+        client (error feedback; at most ``max_residual_rows`` rows, default
+        1,048,576, least recently pushed dropped first). `config` may
         give a pserver.v1.TableConfig in text format, which the other
         arguments then amend.
 
@@ -406,7 +413,7 @@ class Client(_HandleOwner):
         return _create_table(self, name, dim, dtype=dtype, initializer=initializer,
                              optimizer=optimizer, partition=partition, consistency=consistency,
                              staleness=staleness, config=config, timeout=timeout,
-                             settings=settings)
+                             settings=settings, wire_compression=wire_compression)
 
     def group(self, name: str, size: int, participant: str) -> "Group":
         """This worker's membership `participant` (unique in the group) of

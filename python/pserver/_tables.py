@@ -81,7 +81,7 @@ class _TableConfig:
     def __init__(self, dim: Optional[int], dtype: Any, initializer: Optional[str],
                  optimizer: Optional[str], partition: Union[str, Tuple[int, int]],
                  consistency: Optional[str], staleness: int, config: Optional[str],
-                 settings: Dict[str, Any]) -> None:
+                 settings: Dict[str, Any], wire_compression: Optional[str] = None) -> None:
         self.ptr = _c.pserver_table_config_new()
         try:
             if config is not None:
@@ -112,6 +112,8 @@ class _TableConfig:
             if consistency is not None:
                 _c.pserver_table_config_set_consistency(
                     self.ptr, _choice(consistency, _CONSISTENCY, "consistency"), int(staleness))
+            if wire_compression is not None:
+                _c.pserver_table_config_set_wire_type(self.ptr, str(wire_compression).lower())
             for key, value in settings.items():
                 if value is not None:
                     _c.pserver_table_config_set(self.ptr, key, _setting("table", key, value))
@@ -131,9 +133,9 @@ def _create_table(client: Any, name: str, dim: Optional[int], *, dtype: Any,
                   initializer: Optional[str], optimizer: Optional[str],
                   partition: Union[str, Tuple[int, int]], consistency: Optional[str],
                   staleness: int, config: Optional[str], timeout: Optional[float],
-                  settings: Dict[str, Any]) -> "Table":
+                  settings: Dict[str, Any], wire_compression: Optional[str] = None) -> "Table":
     with _TableConfig(dim, dtype, initializer, optimizer, partition, consistency, staleness,
-                      config, settings) as cfg, _deadline(timeout), client._h.use() as h:
+                      config, settings, wire_compression) as cfg, _deadline(timeout), client._h.use() as h:
         ptr = _blocking(_c.pserver_client_create_table, h, str(name), cfg.ptr)
     table = Table(client, ptr)
     client._adopt(table)

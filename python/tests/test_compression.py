@@ -48,3 +48,46 @@ def test_bad_compression_is_invalid_argument(client):
         client.init("f", np.zeros(3, np.float32),
                     config="wire_compression { value_type: FLOAT8 }")
     client.init("f", np.zeros(3, np.float32))  # none of the failures initialized it
+
+
+def _rows(step, rows, dim):
+    return _grad(step, rows * dim).reshape(rows, dim)
+
+
+@pytest.mark.parametrize("wire", ["float16", "bfloat16"])
+def test_table_half_types_train_as_float32(client, wire):
+    client.finish_init()
+    keys = np.array([1, 2, 3, 40, 500, 6000, 3], np.uint64)  # a repeat, both servers
+    plain = client.create_table("plain", 4, optimizer="sgd", lr=1.0)
+    half = client.create_table("half", 4, optimizer="sgd", lr=1.0, wire_compression=wire)
+    assert f"value_type: {wire.upper()}" in half.config
+    for step in range(3):
+        plain.push(keys, _rows(step, len(keys), 4))
+        half.push(keys, _rows(step, len(keys), 4))
+    np.testing.assert_array_equal(half.pull(keys), plain.pull(keys))
+
+
+def test_table_topk_sends_k_rows_and_the_residual_later(client):
+    client.finish_init()
+    keys = np.arange(10, 18, dtype=np.uint64)
+    table = client.create_table("t", 4, optimizer="sgd", lr=1.0, topk_fraction=0.25,
+                                max_residual_rows=100)
+    assert "wire_compression { topk_fraction: 0.25 max_residual_rows: 100 }" in table.config
+    grads = _rows(1, len(keys), 4)
+    table.push(keys, grads)
+    assert np.count_nonzero(np.any(table.pull(keys) != 0, axis=1)) == 2  # 25% of 8 rows
+    for _ in range(3):  # zero gradients send what was kept, two rows a push
+        table.push(keys, np.zeros_like(grads))
+    np.testing.assert_array_equal(table.pull(keys), -grads)
+
+
+def test_table_bad_compression_is_invalid_argument(client):
+    client.finish_init()
+    with pytest.raises(pserver.InvalidArgument, match="unknown wire type 'float8'"):
+        client.create_table("t", 2, wire_compression="float8")
+    with pytest.raises(pserver.InvalidArgument, match="topk_fraction must be in"):
+        client.create_table("t", 2, topk_fraction=2.0)
+    with pytest.raises(pserver.InvalidArgument,
+                       match="wire_compression needs a float32 table; this one is float64"):
+        client.create_table("t", 2, np.float64, wire_compression="bfloat16")
+    assert client.create_table("t", 3).dim == 3  # none of the failures created it
