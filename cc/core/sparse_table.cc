@@ -621,24 +621,28 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
     }
   }
 
-  std::vector<double> one(dim_);  // the gradient of a key listed once, in double
+  // The gradient of a key listed once is read in place when it is aligned
+  // for T (the optimizer computes in double either way), else copied here.
+  const bool aligned = reinterpret_cast<uintptr_t>(grads.data()) % alignof(T) == 0;
+  std::vector<T> one(aligned ? 0 : dim_);
   ForEachRow<T>(
       distinct, RowCreation::kOnAdmission,
       [&](uint32_t d, Shard& shard, uint32_t slot) {
         const uint32_t i = position[d];
-        const double* g;
-        if (duplicates && sum_of[i] != kNil) {
-          g = sums.data() + static_cast<size_t>(sum_of[i]) * dim_;
-        } else {
-          const char* raw = grads.data() + static_cast<size_t>(i) * row_bytes_;
-          for (uint32_t c = 0; c < dim_; ++c) {
-            one[c] = static_cast<double>(LoadValue<T>(raw + c * sizeof(T)));
-          }
-          g = one.data();
-        }
         T* row = reinterpret_cast<T*>(SlotData(shard, slot));
         const uint64_t step = ++StepOf(shard, slot);
-        optimizer_.Apply<T>(row, row + dim_, g, dim_, step);
+        if (duplicates && sum_of[i] != kNil) {
+          optimizer_.Apply<T, double>(row, row + dim_,
+                                      sums.data() + static_cast<size_t>(sum_of[i]) * dim_, dim_,
+                                      step);
+          return;
+        }
+        const char* raw = grads.data() + static_cast<size_t>(i) * row_bytes_;
+        if (!aligned) {
+          std::memcpy(one.data(), raw, row_bytes_);
+          raw = reinterpret_cast<const char*>(one.data());
+        }
+        optimizer_.Apply<T, T>(row, row + dim_, reinterpret_cast<const T*>(raw), dim_, step);
       },
       [](uint32_t) {});  // not admitted yet: the gradient is dropped
   keys_pushed_.fetch_add(n, std::memory_order_relaxed);
