@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cc/client/channel_transport.h"
 #include "cc/client/client.h"
@@ -238,6 +239,18 @@ TEST_P(TableChannelTest, AReadByAWorkerStaysAControlCall) {
       FindBulkMethod("TablePull")(server_->dispatcher(), buffer, &reply, &hold);
   EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(status.message(), HasSubstr("control call"));
+}
+
+TEST_P(TableChannelTest, MalformedBulkBytesAreRefusedByName) {
+  for (const char* method : {"TablePull", "TablePush"}) {
+    const std::string garbage(64, '\xff');
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer buffer(&slice, 1), reply;
+    ReplyHold hold;
+    absl::Status status = FindBulkMethod(method)(server_->dispatcher(), buffer, &reply, &hold);
+    EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kInvalidArgument)) << method;
+    EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("malformed ", method, "Request")));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(ChannelAndGrpc, TableChannelTest, ::testing::Bool(),

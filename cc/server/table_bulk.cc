@@ -27,7 +27,7 @@ absl::Status Parse(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
     return absl::OkStatus();
   }
   dispatcher.CountMalformed();
-  return absl::InvalidArgumentError(absl::StrCat("malformed ", message->GetTypeName()));
+  return absl::InvalidArgumentError(absl::StrCat("malformed ", message->GetDescriptor()->name()));
 }
 
 // Runs control method `name` of the dispatcher; the table methods sent here
