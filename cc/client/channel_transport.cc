@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "cc/client/cancellation.h"
 #include "cc/core/status_macros.h"
@@ -55,6 +57,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       if (!broken_) {
         id = next_id_++;
         Pending& call = pending_[id];
+        call.whole_reply = method == FrameMethod::kTablePull || method == FrameMethod::kTablePush;
         call.sink = std::move(sink);
         call.done = std::move(done);
         call.trace = trace;
@@ -147,6 +150,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     TraceRecorder* trace = nullptr;
     absl::Time deadline = absl::InfiniteFuture();
     std::shared_ptr<Cancellation::Registration> cancel;
+    bool whole_reply = false;  // the sink gets the reply's payload as it is
     bool writing = true;                // Send is still writing its request
     std::optional<absl::Status> result; // ended while writing
   };
@@ -225,9 +229,14 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     return header;
   }
 
-  // Hands a reply's blocks to the call's sink.
-  static absl::Status Deliver(const grpc::Slice& payload, const BlockSink& sink) {
+  // Hands a reply's blocks (or, `whole`, its payload) to the call's sink.
+  static absl::Status Deliver(const grpc::Slice& payload, const BlockSink& sink, bool whole) {
     if (!sink) return absl::OkStatus();
+    if (whole) {
+      return sink(v1::Parameter(), Segments{absl::string_view(
+                                       reinterpret_cast<const char*>(payload.begin()),
+                                       payload.size())});
+    }
     ParamsResponse blocks;
     PS_RETURN_IF_ERROR(DecodeParamsResponse(grpc::ByteBuffer(&payload, 1), &blocks));
     for (size_t i = 0; i < blocks.headers.size(); ++i) {
@@ -276,7 +285,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
         call->trace->Server(times);
       }
       absl::Status status(reply->code, message);
-      if (status.ok()) status = Deliver(payload, call->sink);
+      if (status.ok()) status = Deliver(payload, call->sink, call->whole_reply);
       payload = grpc::Slice();
       Report(*call, status);
     }
@@ -410,6 +419,50 @@ std::shared_ptr<ChannelTransport::Connection> ChannelTransport::Pick(absl::Time 
   slot = *std::move(opened);
   route_ = over_unix_ ? "unix" : "tcp";
   return slot;
+}
+
+namespace {
+
+// The bulk channel method that carries control call `method` with
+// `request`: the table calls, but for a read by a worker (a consistent read
+// may wait for other workers' clocks, which the TablePull control call does
+// without holding a thread); none for any other call.
+std::optional<FrameMethod> TableFrameMethod(absl::string_view method,
+                                            const google::protobuf::Message& request) {
+  if (method == "TablePush" &&
+      request.GetDescriptor() == v1::TablePushRequest::descriptor()) {
+    return FrameMethod::kTablePush;
+  }
+  if (method == "TablePull" && request.GetDescriptor() == v1::TablePullRequest::descriptor() &&
+      static_cast<const v1::TablePullRequest&>(request).worker().empty()) {
+    return FrameMethod::kTablePull;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void ChannelTransport::Call(absl::string_view method, const google::protobuf::Message& request,
+                            google::protobuf::Message* response, absl::Time deadline, Done done) {
+  if (const std::optional<FrameMethod> frame = TableFrameMethod(method, request);
+      frame.has_value()) {
+    const std::string bytes = request.SerializeAsString();  // written before Send returns
+    const absl::string_view part = bytes;
+    BlockSink parse = [response](const v1::Parameter&, const Segments& content) {
+      const std::string joined = content.size() == 1 ? std::string() : absl::StrJoin(content, "");
+      const absl::string_view bytes = content.size() == 1 ? content[0] : joined;
+      if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+          !response->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+        return absl::DataLossError(
+            absl::StrCat("bulk channel: malformed ", response->GetTypeName(), " reply"));
+      }
+      return absl::OkStatus();
+    };
+    if (Send(*frame, absl::MakeConstSpan(&part, 1), std::move(parse), deadline, done, nullptr)) {
+      return;
+    }
+  }
+  grpc_->Call(method, request, response, deadline, std::move(done));
 }
 
 bool ChannelTransport::Send(FrameMethod method, absl::Span<const absl::string_view> payload,

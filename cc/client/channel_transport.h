@@ -63,10 +63,11 @@ class ChannelTransport final : public Transport {
   ~ChannelTransport() override;
 
   const std::string& address() const override { return grpc_->address(); }
+  // TablePull (but a read by a worker, which may wait) and TablePush go over
+  // the channel when it is open (frame.h kTablePull, kTablePush); every other
+  // control call goes over gRPC.
   void Call(absl::string_view method, const google::protobuf::Message& request,
-            google::protobuf::Message* response, absl::Time deadline, Done done) override {
-    grpc_->Call(method, request, response, deadline, std::move(done));
-  }
+            google::protobuf::Message* response, absl::Time deadline, Done done) override;
   void Push(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
             Done done, TraceRecorder* trace = nullptr) override;
   void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,

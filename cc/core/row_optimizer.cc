@@ -112,29 +112,32 @@ void RowOptimizer::InitState(T* state, uint32_t dim) const {
   for (size_t i = 0; i < n; ++i) state[i] = initial;
 }
 
-template <typename T>
-void RowOptimizer::Apply(T* __restrict w, T* __restrict state, const double* __restrict g,
+template <typename T, typename G>
+void RowOptimizer::Apply(T* __restrict w, T* __restrict state, const G* __restrict g,
                          uint32_t dim, uint64_t step) const {
   switch (kind_) {
     case Kind::kSgd: {
       const double lr = lr_;
       for (uint32_t i = 0; i < dim; ++i) {
-        w[i] = static_cast<T>(static_cast<double>(w[i]) - lr * g[i]);
+        const double gi = static_cast<double>(g[i]);
+        w[i] = static_cast<T>(static_cast<double>(w[i]) - lr * gi);
       }
       return;
     }
     case Kind::kAdd:
       for (uint32_t i = 0; i < dim; ++i) {
-        w[i] = static_cast<T>(static_cast<double>(w[i]) + g[i]);
+        const double gi = static_cast<double>(g[i]);
+        w[i] = static_cast<T>(static_cast<double>(w[i]) + gi);
       }
       return;
     case Kind::kAdagrad: {
       const double lr = lr_, eps = epsilon_;
       T* __restrict acc = state;
       for (uint32_t i = 0; i < dim; ++i) {
-        const double a = static_cast<double>(acc[i]) + g[i] * g[i];
+        const double gi = static_cast<double>(g[i]);
+        const double a = static_cast<double>(acc[i]) + gi * gi;
         acc[i] = static_cast<T>(a);
-        w[i] = static_cast<T>(static_cast<double>(w[i]) - lr * g[i] / (std::sqrt(a) + eps));
+        w[i] = static_cast<T>(static_cast<double>(w[i]) - lr * gi / (std::sqrt(a) + eps));
       }
       return;
     }
@@ -146,8 +149,9 @@ void RowOptimizer::Apply(T* __restrict w, T* __restrict state, const double* __r
       T* __restrict m = state;
       T* __restrict v = state + dim;
       for (uint32_t i = 0; i < dim; ++i) {
-        const double mi = b1 * static_cast<double>(m[i]) + (1 - b1) * g[i];
-        const double vi = b2 * static_cast<double>(v[i]) + (1 - b2) * g[i] * g[i];
+        const double gi = static_cast<double>(g[i]);
+        const double mi = b1 * static_cast<double>(m[i]) + (1 - b1) * gi;
+        const double vi = b2 * static_cast<double>(v[i]) + (1 - b2) * gi * gi;
         m[i] = static_cast<T>(mi);
         v[i] = static_cast<T>(vi);
         w[i] = static_cast<T>(static_cast<double>(w[i]) -
@@ -160,10 +164,11 @@ void RowOptimizer::Apply(T* __restrict w, T* __restrict state, const double* __r
       T* __restrict z = state;
       T* __restrict n = state + dim;
       for (uint32_t i = 0; i < dim; ++i) {
+        const double gi = static_cast<double>(g[i]);
         const double n_old = static_cast<double>(n[i]);
-        const double n_new = n_old + g[i] * g[i];
+        const double n_new = n_old + gi * gi;
         const double sigma = (std::sqrt(n_new) - std::sqrt(n_old)) / alpha;
-        const double zi = static_cast<double>(z[i]) + g[i] - sigma * static_cast<double>(w[i]);
+        const double zi = static_cast<double>(z[i]) + gi - sigma * static_cast<double>(w[i]);
         z[i] = static_cast<T>(zi);
         n[i] = static_cast<T>(n_new);
         if (std::abs(zi) <= l1) {
@@ -180,8 +185,11 @@ void RowOptimizer::Apply(T* __restrict w, T* __restrict state, const double* __r
 
 template void RowOptimizer::InitState<float>(float*, uint32_t) const;
 template void RowOptimizer::InitState<double>(double*, uint32_t) const;
-template void RowOptimizer::Apply<float>(float*, float*, const double*, uint32_t, uint64_t) const;
-template void RowOptimizer::Apply<double>(double*, double*, const double*, uint32_t,
-                                          uint64_t) const;
+template void RowOptimizer::Apply<float, double>(float*, float*, const double*, uint32_t,
+                                                 uint64_t) const;
+template void RowOptimizer::Apply<double, double>(double*, double*, const double*, uint32_t,
+                                                  uint64_t) const;
+template void RowOptimizer::Apply<float, float>(float*, float*, const float*, uint32_t,
+                                                uint64_t) const;
 
 }  // namespace pserver

@@ -65,9 +65,10 @@ class RowOptimizer {
 
   // Applies the summed gradient `g` (dim values) to the row `w` (dim values)
   // and its `state`. `step` is the row's step count including this update
-  // (1 for the first). T is float or double.
-  template <typename T>
-  void Apply(T* w, T* state, const double* g, uint32_t dim, uint64_t step) const;
+  // (1 for the first). T is float or double; G (the gradient's type) is
+  // double, or T, read as is (no temporary) and computed in double alike.
+  template <typename T, typename G = double>
+  void Apply(T* w, T* state, const G* g, uint32_t dim, uint64_t step) const;
 
  private:
   RowOptimizer() = default;

@@ -27,16 +27,25 @@ constexpr size_t kShards = 32;  // a power of two: the top 5 bits of a hash pick
 constexpr size_t kMaxPending = size_t{1} << 20;
 // How many keys ahead a batch prefetches the index entry and the row of.
 constexpr size_t kLookAhead = 8;
+// How many keys ahead a lookup prefetches the slot of a key's hash.
+constexpr size_t kFindAhead = 16;
 // Salts the shard hash so that it is independent of the hash that spreads
 // keys over servers (which would otherwise send one server's keys to a few
 // shards).
 constexpr uint64_t kShardSalt = 0x6A09E667F3BCC909ull;
+// Salts the hash that places a key within its shard's row table, so that it
+// is independent of the shard hash and of the servers' hash.
+constexpr uint64_t kSlotSalt = 0xBB67AE8584CAA73Bull;
+// Control bytes of the row table: a full slot holds the low 7 bits of its
+// key's hash.
+constexpr uint8_t kEmpty = 0x80;
+constexpr uint8_t kDeleted = 0xFE;
+constexpr size_t kMinSlots = 16;
 
 // Which of kShards shards holds `key`.
 size_t ShardIndex(uint64_t key) { return SplitMix64(key ^ kShardSalt) >> 59; }
 
 struct RowMeta {
-  uint64_t key = 0;
   int64_t touched = 0;   // unix nanos of the last pull or push
   uint32_t prev = kNil;  // LRU list: towards the least recently touched
   uint32_t next = kNil;
@@ -53,6 +62,18 @@ T LoadValue(const char* p) {
   T v;
   std::memcpy(&v, p, sizeof(T));
   return v;
+}
+
+// Copies a row of `bytes` bytes: small rows in fixed 16-byte moves that the
+// compiler inlines (a call to memcpy per row costs more than the copy).
+inline void CopyRow(char* dest, const char* src, size_t bytes) {
+  if (bytes % 16 != 0 || bytes > 512) {
+    std::memcpy(dest, src, bytes);
+    return;
+  }
+  for (size_t offset = 0; offset < bytes; offset += 16) {
+    std::memcpy(dest + offset, src + offset, 16);
+  }
 }
 
 void AppendU64(std::string* out, uint64_t v) {
@@ -86,15 +107,20 @@ bool FirstOccurrences(absl::Span<const uint64_t> keys, std::vector<uint32_t>& fi
 
 }  // namespace
 
-// One shard of the rows. Slots are fixed-size: a row's dim values followed by
-// its optimizer state, in the element type.
+// One shard of the rows: an open-addressing table (linear probing) whose
+// slots hold the key and its row inline, so that finding a row reads the
+// control byte and then the very cache line the row starts on. A slot is
+// fixed-size: the key, the row's dim values, its optimizer state (in the
+// element type) and its step count. Slots move only when the table is
+// rehashed (growth, or too many deleted slots), which the caller arranges
+// never to happen while it holds slot numbers (ReserveSlots).
 struct alignas(64) SparseTable::Shard {
   absl::Mutex mu;
-  absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // key -> slot
-  std::vector<RowMeta> meta ABSL_GUARDED_BY(mu);                      // per slot
-  // Slots in fixed-size chunks (never moved, so growth copies nothing).
-  std::vector<std::unique_ptr<char[]>> chunks ABSL_GUARDED_BY(mu);
-  std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
+  std::vector<uint8_t> ctrl ABSL_GUARDED_BY(mu);  // per slot: kEmpty, kDeleted or a hash tag
+  std::unique_ptr<char[]> slots ABSL_GUARDED_BY(mu);  // ctrl.size() slots
+  std::vector<RowMeta> meta ABSL_GUARDED_BY(mu);      // per slot
+  size_t used ABSL_GUARDED_BY(mu) = 0;     // full slots
+  size_t deleted ABSL_GUARDED_BY(mu) = 0;  // kDeleted slots
   uint32_t head ABSL_GUARDED_BY(mu) = kNil;  // least recently touched
   uint32_t tail ABSL_GUARDED_BY(mu) = kNil;  // most recently touched
   absl::flat_hash_map<uint64_t, PendingEntry> pending ABSL_GUARDED_BY(mu);
@@ -108,12 +134,10 @@ namespace {
 
 size_t RoundUp8(size_t n) { return (n + 7) & ~size_t{7}; }
 
-// log2 of the slots per chunk: chunks of about 64 KiB, at least one slot.
-size_t ChunkShift(size_t slot_bytes) {
-  size_t shift = 0;
-  while ((slot_bytes << (shift + 1)) <= (size_t{1} << 16)) ++shift;
-  return shift;
-}
+uint64_t SlotHash(uint64_t key) { return SplitMix64(key ^ kSlotSalt); }
+
+// Slots may be full or deleted up to 7/8 of the table.
+bool Fits(size_t slots, size_t taken) { return taken <= slots - slots / 8; }
 
 absl::Status ValidateConfig(const std::string& what, const v1::TableConfig& config) {
   if (config.dim() == 0 || config.dim() > kMaxDim) {
@@ -172,12 +196,11 @@ SparseTable::SparseTable(std::string name, v1::TableConfig config, SparseTableOp
       row_bytes_(static_cast<size_t>(dim_) * element_size_),
       state_per_row_(optimizer_.state_per_row(dim_)),
       step_offset_(RoundUp8((static_cast<size_t>(dim_) + state_per_row_) * element_size_)),
-      slot_bytes_(step_offset_ + sizeof(uint64_t)),
+      slot_bytes_(sizeof(uint64_t) + step_offset_ + sizeof(uint64_t)),
       capacity_(config_.eviction().capacity()),
       admission_count_(config_.eviction().admission_count()),
       ttl_(absl::Seconds(config_.eviction().ttl_seconds())),
       evicts_(capacity_ > 0 || ttl_ > absl::ZeroDuration()),
-      chunk_shift_(ChunkShift(slot_bytes_)),
       num_shards_(capacity_ > 0 ? 1 : kShards),
       pending_limit_per_shard_(std::max<size_t>(
           1, (capacity_ > 0 ? std::min<uint64_t>(capacity_, kMaxPending / 4) * 4 : kMaxPending) /
@@ -192,8 +215,86 @@ SparseTable::Shard& SparseTable::ShardOf(uint64_t key) const {
 }
 
 char* SparseTable::SlotData(Shard& shard, uint32_t slot) const {
-  const size_t mask = (size_t{1} << chunk_shift_) - 1;
-  return shard.chunks[slot >> chunk_shift_].get() + (slot & mask) * slot_bytes_;
+  return shard.slots.get() + static_cast<size_t>(slot) * slot_bytes_ + sizeof(uint64_t);
+}
+
+uint64_t SparseTable::KeyOf(const Shard& shard, uint32_t slot) const {
+  return LoadValue<uint64_t>(shard.slots.get() + static_cast<size_t>(slot) * slot_bytes_);
+}
+
+uint32_t SparseTable::FindSlot(const Shard& shard, uint64_t key) const {
+  if (shard.ctrl.empty()) return kNil;
+  const size_t mask = shard.ctrl.size() - 1;
+  const uint64_t hash = SlotHash(key);
+  const uint8_t tag = hash & 0x7F;
+  for (size_t pos = (hash >> 7) & mask;; pos = (pos + 1) & mask) {
+    const uint8_t c = shard.ctrl[pos];
+    if (c == kEmpty) return kNil;
+    if (c == tag && KeyOf(shard, static_cast<uint32_t>(pos)) == key) {
+      return static_cast<uint32_t>(pos);
+    }
+  }
+}
+
+void SparseTable::PrefetchSlot(const Shard& shard, uint64_t key) const {
+  if (shard.ctrl.empty()) return;
+  const size_t pos = (SlotHash(key) >> 7) & (shard.ctrl.size() - 1);
+  __builtin_prefetch(&shard.ctrl[pos]);
+  __builtin_prefetch(shard.slots.get() + pos * slot_bytes_);
+}
+
+void SparseTable::ReserveSlots(Shard& shard, size_t more) {
+  size_t size = std::max(kMinSlots, shard.ctrl.size());
+  while (!Fits(size, shard.used + more)) size *= 2;
+  // Rehashed when the table must grow, or when deleted slots crowd it.
+  if (size == shard.ctrl.size() && Fits(size, shard.used + shard.deleted + more)) return;
+  Rehash(shard, size);
+}
+
+namespace {
+
+// The free (empty or deleted) slot where `key` goes in `ctrl`, and its
+// control byte.
+uint32_t Place(const std::vector<uint8_t>& ctrl, uint64_t key, uint8_t* tag) {
+  const size_t mask = ctrl.size() - 1;
+  const uint64_t hash = SlotHash(key);
+  *tag = hash & 0x7F;
+  size_t pos = (hash >> 7) & mask;
+  while (ctrl[pos] != kEmpty && ctrl[pos] != kDeleted) pos = (pos + 1) & mask;
+  return static_cast<uint32_t>(pos);
+}
+
+}  // namespace
+
+void SparseTable::Rehash(Shard& shard, size_t size) {
+  std::vector<uint8_t> ctrl(size, kEmpty);
+  std::unique_ptr<char[]> slots(new char[size * slot_bytes_]);
+  std::vector<RowMeta> meta(size);
+  std::vector<uint32_t> moved(shard.ctrl.size(), kNil);  // old slot -> new slot
+  for (size_t old = 0; old < shard.ctrl.size(); ++old) {
+    if (shard.ctrl[old] & 0x80) continue;  // empty or deleted
+    const uint64_t key = KeyOf(shard, static_cast<uint32_t>(old));
+    uint8_t tag;
+    const uint32_t pos = Place(ctrl, key, &tag);
+    ctrl[pos] = tag;
+    std::memcpy(slots.get() + pos * slot_bytes_, shard.slots.get() + old * slot_bytes_,
+                slot_bytes_);
+    meta[pos] = shard.meta[old];
+    moved[old] = pos;
+  }
+  auto relink = [&](uint32_t slot) { return slot == kNil ? kNil : moved[slot]; };
+  for (size_t old = 0; old < moved.size(); ++old) {
+    if (moved[old] == kNil) continue;
+    RowMeta& m = meta[moved[old]];
+    m.prev = relink(m.prev);
+    m.next = relink(m.next);
+  }
+  shard.head = relink(shard.head);
+  shard.tail = relink(shard.tail);
+  shard.ctrl.swap(ctrl);
+  shard.slots.swap(slots);
+  shard.meta.swap(meta);
+  shard.deleted = 0;
 }
 
 uint64_t& SparseTable::StepOf(Shard& shard, uint32_t slot) const {
@@ -248,27 +349,22 @@ void SparseTable::Touch(Shard& shard, uint32_t slot, int64_t now) {
 
 void SparseTable::RemoveRow(Shard& shard, uint32_t slot) {
   Unlink(shard, slot);
-  shard.index.erase(shard.meta[slot].key);
-  shard.free_slots.push_back(slot);
+  shard.ctrl[slot] = kDeleted;
+  --shard.used;
+  ++shard.deleted;
   rows_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 uint32_t SparseTable::AllocSlot(Shard& shard, uint64_t key, int64_t now) {
-  uint32_t slot;
-  if (!shard.free_slots.empty()) {
-    slot = shard.free_slots.back();
-    shard.free_slots.pop_back();
-  } else {
-    slot = static_cast<uint32_t>(shard.meta.size());
-    shard.meta.emplace_back();
-    if ((slot >> chunk_shift_) == shard.chunks.size()) {
-      shard.chunks.emplace_back(new char[slot_bytes_ << chunk_shift_]);
-    }
-  }
-  RowMeta& m = shard.meta[slot];
-  m.key = key;
+  ReserveSlots(shard, 1);  // a no-op when the caller reserved room
+  uint8_t tag;
+  const uint32_t slot = Place(shard.ctrl, key, &tag);
+  if (shard.ctrl[slot] == kDeleted) --shard.deleted;
+  shard.ctrl[slot] = tag;
+  ++shard.used;
+  std::memcpy(shard.slots.get() + static_cast<size_t>(slot) * slot_bytes_, &key, sizeof(key));
+  shard.meta[slot] = RowMeta();
   StepOf(shard, slot) = 0;
-  shard.index[key] = slot;
   LinkAtTail(shard, slot, now);
   rows_.fetch_add(1, std::memory_order_relaxed);
   return slot;
@@ -400,6 +496,9 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create
     const bool ahead = capacity_ == 0;
     // Eviction keeps the row's LRU links and stamp (its steps are in its slot).
     const bool uses_meta = evicts_;
+    // Room for every key first: a creation then never rehashes (moves) the
+    // slots found.
+    if (create == RowCreation::kOnAdmission) ReserveSlots(shard, end - begin);
     if (ahead) {
       FindSlots(shard, keys, absl::MakeConstSpan(order).subspan(begin, end - begin), slots);
     }
@@ -414,8 +513,8 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create
           __builtin_prefetch(SlotData(shard, later));
           if (uses_meta) __builtin_prefetch(&shard.meta[later]);
         }
-      } else if (auto it = shard.index.find(key); it != shard.index.end()) {
-        slot = it->second;
+      } else {
+        slot = FindSlot(shard, key);
       }
       if (slot != kNil) {
         Touch(shard, slot, now);
@@ -434,11 +533,15 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create
 void SparseTable::FindSlots(Shard& shard, absl::Span<const uint64_t> keys,
                             absl::Span<const uint32_t> positions,
                             std::vector<uint32_t>& slots) const {
-  slots.resize(positions.size());
-  for (size_t j = 0; j < positions.size(); ++j) {
-    if (j + kLookAhead < positions.size()) shard.index.prefetch(keys[positions[j + kLookAhead]]);
-    auto it = shard.index.find(keys[positions[j]]);
-    slots[j] = it == shard.index.end() ? kNil : it->second;
+  const size_t n = positions.size();
+  slots.resize(n);
+  // A shard's first keys are fetched together (a call's keys are spread
+  // over every shard, so a shard gets a few dozen of a 1024-key call).
+  const size_t ahead = std::min(n, kFindAhead);
+  for (size_t j = 0; j < ahead; ++j) PrefetchSlot(shard, keys[positions[j]]);
+  for (size_t j = 0; j < n; ++j) {
+    if (j + ahead < n) PrefetchSlot(shard, keys[positions[j + ahead]]);
+    slots[j] = FindSlot(shard, keys[positions[j]]);
   }
 }
 
@@ -448,7 +551,8 @@ absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<c
   ForEachRow<T>(
       keys, RowCreation::kNever,
       [&](uint32_t i, Shard& shard, uint32_t slot) {
-        std::memcpy(out.data() + i * row_bytes_, SlotData(shard, slot), row_bytes_);
+        CopyRow(out.data() + static_cast<size_t>(i) * row_bytes_, SlotData(shard, slot),
+                row_bytes_);
       },
       [&](uint32_t i) { initial.push_back(i); });
   if (!initial.empty()) {
@@ -542,24 +646,28 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
     }
   }
 
-  std::vector<double> one(dim_);  // the gradient of a key listed once, in double
+  // The gradient of a key listed once is read in place when it is aligned
+  // for T (the optimizer computes in double either way), else copied here.
+  const bool aligned = reinterpret_cast<uintptr_t>(grads.data()) % alignof(T) == 0;
+  std::vector<T> one(aligned ? 0 : dim_);
   ForEachRow<T>(
       distinct, RowCreation::kOnAdmission,
       [&](uint32_t d, Shard& shard, uint32_t slot) {
         const uint32_t i = position[d];
-        const double* g;
-        if (duplicates && sum_of[i] != kNil) {
-          g = sums.data() + static_cast<size_t>(sum_of[i]) * dim_;
-        } else {
-          const char* raw = grads.data() + static_cast<size_t>(i) * row_bytes_;
-          for (uint32_t c = 0; c < dim_; ++c) {
-            one[c] = static_cast<double>(LoadValue<T>(raw + c * sizeof(T)));
-          }
-          g = one.data();
-        }
         T* row = reinterpret_cast<T*>(SlotData(shard, slot));
         const uint64_t step = ++StepOf(shard, slot);
-        optimizer_.Apply<T>(row, row + dim_, g, dim_, step);
+        if (duplicates && sum_of[i] != kNil) {
+          optimizer_.Apply<T, double>(row, row + dim_,
+                                      sums.data() + static_cast<size_t>(sum_of[i]) * dim_, dim_,
+                                      step);
+          return;
+        }
+        const char* raw = grads.data() + static_cast<size_t>(i) * row_bytes_;
+        if (!aligned) {
+          std::memcpy(one.data(), raw, row_bytes_);
+          raw = reinterpret_cast<const char*>(one.data());
+        }
+        optimizer_.Apply<T, T>(row, row + dim_, reinterpret_cast<const T*>(raw), dim_, step);
       },
       [](uint32_t) {});  // not admitted yet: the gradient is dropped
   keys_pushed_.fetch_add(n, std::memory_order_relaxed);
@@ -630,9 +738,8 @@ std::string SparseTable::Serialize() const {
     Shard& shard = shards_[s];
     absl::MutexLock lock(&shard.mu);
     for (uint32_t slot = shard.head; slot != kNil; slot = shard.meta[slot].next) {
-      const RowMeta& m = shard.meta[slot];
       const char* row = SlotData(shard, slot);
-      AppendU64(&keys, m.key);
+      AppendU64(&keys, KeyOf(shard, slot));
       values.append(row, row_bytes_);
       state.append(row + row_bytes_, state_bytes);
       AppendU64(&steps, StepOf(shard, slot));
@@ -717,7 +824,7 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Deserialize(absl::stri
     const uint64_t key = LoadValue<uint64_t>(snap.keys().data() + r * sizeof(uint64_t));
     Shard& shard = table->ShardOf(key);
     absl::MutexLock lock(&shard.mu);
-    if (shard.index.contains(key)) {
+    if (table->FindSlot(shard, key) != kNil) {
       return absl::DataLossError(absl::StrCat(what, ": key ", key, " appears twice"));
     }
     const uint32_t slot = table->AllocSlot(shard, key, now);
@@ -737,7 +844,7 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Deserialize(absl::stri
     }
     Shard& shard = table->ShardOf(key);
     absl::MutexLock lock(&shard.mu);
-    if (shard.index.contains(key) || shard.pending.contains(key)) {
+    if (table->FindSlot(shard, key) != kNil || shard.pending.contains(key)) {
       return absl::DataLossError(
           absl::StrCat(what, ": pending key ", key, " appears twice or also has a row"));
     }

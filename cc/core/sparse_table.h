@@ -40,8 +40,10 @@
 //
 // Concurrency and layout: rows live in 32 shards chosen by a hash of the key
 // (independent of the hash that partitions keys over servers), each with its
-// own mutex, index and slab of fixed-size slots (the row's values followed by
-// its optimizer state and its step count, contiguous). A table with a capacity uses a single
+// own mutex and open-addressing table of fixed-size slots holding the key
+// and its row inline (the key, the row's values, its optimizer state and its
+// step count, contiguous), so that a lookup reads one control byte and the
+// row's own cache line. A table with a capacity uses a single
 // shard, so that LRU order and the capacity bound are exact for the whole
 // table (its calls therefore run one at a time). Each row is read and updated
 // atomically; a Pull or Push over many rows locks one shard at a time and is
@@ -157,6 +159,17 @@ class SparseTable {
   Shard& ShardOf(uint64_t key) const;
   // The bytes of `slot` in `shard` (values, then state); the caller holds shard.mu.
   char* SlotData(Shard& shard, uint32_t slot) const;
+  uint64_t KeyOf(const Shard& shard, uint32_t slot) const;
+  // The slot of `key`, kNil for none; the caller holds shard.mu.
+  uint32_t FindSlot(const Shard& shard, uint64_t key) const;
+  // Starts fetching the memory FindSlot(key) reads first.
+  void PrefetchSlot(const Shard& shard, uint64_t key) const;
+  // Makes room for `more` new rows, so that creating them moves no slot
+  // (rehashing, which moves every slot, happens here only).
+  void ReserveSlots(Shard& shard, size_t more);
+  // Moves every row into a table of `slots` slots (a power of two), keeping
+  // the LRU order.
+  void Rehash(Shard& shard, size_t slots);
   // The row's step count (updates applied), kept in its slot; the caller
   // holds shard.mu.
   uint64_t& StepOf(Shard& shard, uint32_t slot) const;
@@ -216,8 +229,7 @@ class SparseTable {
   const size_t row_bytes_;
   const uint32_t state_per_row_;
   const size_t step_offset_;  // values then state, rounded up to 8 bytes
-  const size_t slot_bytes_;   // ... then the row's step count (uint64)
-  const size_t chunk_shift_;  // 2^chunk_shift_ slots per storage chunk
+  const size_t slot_bytes_;   // the key (uint64), then values, state, the step count (uint64)
   const uint64_t capacity_;   // 0: none
   const uint32_t admission_count_;
   const absl::Duration ttl_;  // zero: none

@@ -543,6 +543,65 @@ TEST(SparseTableTest, SerializeRoundTripKeepsRowsStateStepsAndCounters) {
   EXPECT_EQ(table->Stats().SerializeAsString(), restored->Stats().SerializeAsString());
 }
 
+// Rows live inline in open-addressing tables that grow and reuse deleted
+// slots: values, the LRU order and checkpoints survive both.
+TEST(SparseTableTest, RowsAndLruOrderSurviveGrowthAndChurn) {
+  FakeClock clock;
+  auto table =
+      MakeTable("dim: 2 optimizer { add {} } eviction { capacity: 200 }", clock.Options());
+  for (uint64_t round = 0; round < 10; ++round) {
+    std::vector<uint64_t> keys;
+    std::vector<float> values;
+    for (uint64_t k = round * 100; k < round * 100 + 100; ++k) {
+      keys.push_back(k);
+      values.push_back(static_cast<float>(k));
+      values.push_back(-static_cast<float>(k));
+    }
+    ASSERT_OK(Push<float>(*table, keys, values));
+  }
+  EXPECT_EQ(table->Stats().rows(), 200u);
+  EXPECT_EQ(table->Stats().evictions(), 800u);
+  std::vector<uint64_t> older, newer;
+  for (uint64_t k = 800; k < 900; ++k) older.push_back(k);
+  for (uint64_t k = 900; k < 1000; ++k) newer.push_back(k);
+  std::vector<float> pulled = Pull(*table, older);  // LRU: 900..999, then 800..899
+  for (size_t i = 0; i < older.size(); ++i) {
+    ASSERT_EQ(pulled[2 * i], static_cast<float>(older[i]));
+    ASSERT_EQ(pulled[2 * i + 1], -static_cast<float>(older[i]));
+  }
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SparseTable> restored,
+                       SparseTable::Deserialize(table->Serialize(), clock.Options()));
+  for (SparseTable* t : {table.get(), restored.get()}) {
+    std::vector<uint64_t> fresh;
+    for (uint64_t k = 5000; k < 5100; ++k) fresh.push_back(k);
+    ASSERT_OK(Push<float>(*t, fresh, std::vector<float>(200, 1)));  // evicts 900..999
+    EXPECT_EQ(Pull(*t, {900, 999}), std::vector<float>(4, 0));
+    EXPECT_THAT(Pull(*t, {800, 899, 5000}), ElementsAre(800, -800, 899, -899, 1, 1));
+    EXPECT_EQ(t->Stats().rows(), 200u);
+  }
+
+  // Without a capacity: many rows over every shard, pushed in batches with
+  // duplicates, read back whole after a round trip through a checkpoint.
+  auto big = MakeTable("dim: 1 optimizer { add {} }");
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 40000; ++k) keys.push_back(k * 7919);
+  for (size_t begin = 0; begin < keys.size(); begin += 997) {
+    std::vector<uint64_t> batch(keys.begin() + begin,
+                                keys.begin() + std::min(keys.size(), begin + 997));
+    batch.push_back(batch.front());  // listed twice: summed
+    std::vector<float> ones(batch.size(), 1);
+    ASSERT_OK(Push<float>(*big, batch, ones));
+  }
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SparseTable> copy, SparseTable::Deserialize(big->Serialize()));
+  for (SparseTable* t : {big.get(), copy.get()}) {
+    EXPECT_EQ(t->Stats().rows(), keys.size());
+    std::vector<float> rows = Pull(*t, keys);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_EQ(rows[i], i % 997 == 0 ? 2 : 1) << "key " << keys[i];
+    }
+  }
+}
+
 TEST(SparseTableTest, SerializeKeepsLruOrderForCapacity) {
   FakeClock clock;
   const std::string config = "dim: 1 optimizer { add {} } eviction { capacity: 3 }";

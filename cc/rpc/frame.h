@@ -3,9 +3,11 @@
 // very message bytes their raw gRPC methods carry (cc/rpc/wire.h).
 //
 //   request  = header (32 bytes) + payload (SendGradsRequest, GetParamsRequest,
-//              PushPullRequest, or the token for kHello)
-//   reply    = header (48 bytes) + status message + payload (SendGradsResponse
-//              or GetParamsResponse when the status is OK)
+//              PushPullRequest, TablePullRequest, TablePushRequest, or the
+//              token for kHello)
+//   reply    = header (48 bytes) + status message + payload (SendGradsResponse,
+//              GetParamsResponse, TablePullResponse or TablePushResponse when
+//              the status is OK)
 //
 // Every integer is little-endian. Request header: magic "PSB1", method (1
 // byte), 3 zero bytes, call id (8), timeout in microseconds (8; 0: none),
@@ -33,6 +35,10 @@ enum class FrameMethod : uint8_t {
   kGetParams = 2,
   kSendGrads = 3,
   kPushPull = 4,
+  // A sparse table's TablePullRequest / TablePushRequest (service.proto),
+  // answered by its TablePullResponse / TablePushResponse.
+  kTablePull = 5,
+  kTablePush = 6,
 };
 
 inline constexpr size_t kFrameHeaderBytes = 32;

@@ -39,6 +39,10 @@ const char* MethodName(FrameMethod method) {
       return "SendGrads";
     case FrameMethod::kPushPull:
       return "PushPull";
+    case FrameMethod::kTablePull:
+      return "TablePull";
+    case FrameMethod::kTablePush:
+      return "TablePush";
     case FrameMethod::kHello:
       break;
   }

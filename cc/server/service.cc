@@ -15,6 +15,7 @@
 #include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/rpc/wire.h"
+#include "cc/server/table_bulk.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -306,6 +307,10 @@ absl::Status AdmitCall(const ServiceSecurity& security, const grpc::ServerContex
 }
 
 BulkMethodFn FindBulkMethod(absl::string_view method) {
+  // The table calls travel as bulk methods on the bulk channel only (on
+  // gRPC they stay control calls, where a consistent read may wait).
+  if (method == "TablePull") return &TablePullBulk;
+  if (method == "TablePush") return &TablePushBulk;
   for (int i = 0; i < 3; ++i) {
     absl::string_view name = kBulkMethods[i];
     if (absl::ConsumePrefix(&name, Dispatcher::kMethodPrefix) && name == method) {

@@ -32,9 +32,10 @@
 
 namespace pserver {
 
-// The three bulk methods on byte buffers, as the gRPC face runs them, for
-// the bulk channel (bulk_listener.h): `method` is "GetParams", "SendGrads"
-// or "PushPull" (null for any other name). The reply's bytes stay held in
+// The bulk methods on byte buffers, as the gRPC face runs them, for the bulk
+// channel (bulk_listener.h): `method` is "GetParams", "SendGrads",
+// "PushPull", or "TablePull" / "TablePush" (table_bulk.h; the channel only),
+// null for any other name. The reply's bytes stay held in
 // `hold` until it is sent.
 using BulkMethodFn = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer& request,
                                       grpc::ByteBuffer* response, ReplyHold* hold);

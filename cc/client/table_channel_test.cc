@@ -1,0 +1,262 @@
+// Sparse table calls over the bulk channel (frame.h kTablePull, kTablePush)
+// and over gRPC answer alike: values, duplicate keys, the error model (the
+// same code and message for the same bad input), exactly-once pushes when
+// replies are lost, and a consistent read by a worker, which stays a gRPC
+// control call. Parameterized: true runs every test over the channel, false
+// over gRPC. No test depends on timing.
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "cc/client/channel_transport.h"
+#include "cc/client/client.h"
+#include "cc/client/grpc_transport.h"
+#include "cc/client/table.h"
+#include "cc/core/table_keys.h"
+#include "cc/server/server.h"
+#include "cc/server/service.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::IsOk;
+using ::pserver::testing::StatusCodeIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+v1::TableConfig SgdTable(uint32_t dim) {
+  v1::TableConfig config;
+  config.set_dim(dim);
+  config.mutable_optimizer()->mutable_sgd()->set_learning_rate(1.0);
+  return config;
+}
+
+// One control call on `t`, waited for.
+absl::Status CallOver(Transport& t, absl::string_view method,
+                      const google::protobuf::Message& request,
+                      google::protobuf::Message* response) {
+  absl::Notification done;
+  absl::Status status;
+  t.Call(method, request, response, absl::Now() + kTimeout, [&](absl::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
+class TableChannelTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { Start(ServerOptions()); }
+
+  void Start(ServerOptions options) {
+    auto server = Server::Start(options);
+    ASSERT_THAT(server.status(), IsOk());
+    server_ = *std::move(server);
+    client_ = Connect(GetParam());
+    ASSERT_NE(client_, nullptr);
+    ASSERT_THAT(client_->FinishInitParams(), IsOk());
+  }
+
+  std::unique_ptr<Client> Connect(bool bulk_channel) {
+    ClientOptions options;
+    options.servers = {server_->address()};
+    options.bulk_channel = bulk_channel;
+    options.initial_backoff = absl::Milliseconds(1);
+    auto client = Client::Connect(options);
+    EXPECT_THAT(client.status(), IsOk());
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // The transport a test sends raw requests over: the channel, or gRPC.
+  std::unique_ptr<Transport> RawTransport() {
+    auto grpc = GrpcTransport::Create(server_->address());
+    EXPECT_THAT(grpc.status(), IsOk());
+    if (!GetParam()) return *std::move(grpc);
+    return std::make_unique<ChannelTransport>(*std::move(grpc));
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_P(TableChannelTest, PullAndPushAnswerAsTheTableDoes) {
+  auto table = Table::Create(*client_, "emb", SgdTable(2));
+  ASSERT_THAT(table.status(), IsOk());
+  const std::vector<uint64_t> keys = {5, 9, 5, 1ull << 40};
+  // Key 5 twice: its gradients are summed.
+  ASSERT_THAT(table->Push<float>(keys, std::vector<float>{0.5, 1, 0.25, 0, 2, 2, 1, 1}), IsOk());
+  std::vector<float> rows(keys.size() * 2);
+  ASSERT_THAT(table->Pull<float>(keys, absl::MakeSpan(rows)), IsOk());
+  EXPECT_THAT(rows, ElementsAre(-2.5, -3, -0.25, 0, -2.5, -3, -1, -1));
+  // An unknown key reads the initializer's value and creates no row.
+  std::vector<float> fresh(2);
+  ASSERT_THAT(table->Pull<float>(std::vector<uint64_t>{77}, absl::MakeSpan(fresh)), IsOk());
+  EXPECT_THAT(fresh, ElementsAre(0, 0));
+  auto stats = table->Stats();
+  ASSERT_THAT(stats.status(), IsOk());
+  EXPECT_EQ((*stats)[0].rows(), 3u);
+  EXPECT_EQ((*stats)[0].keys_pushed(), 4u);
+  EXPECT_EQ((*stats)[0].keys_pulled(), 5u);
+
+  // The other path reads the same rows.
+  std::unique_ptr<Client> other = Connect(!GetParam());
+  ASSERT_NE(other, nullptr);
+  auto same = Table::Create(*other, "emb", SgdTable(2));
+  ASSERT_THAT(same.status(), IsOk());
+  std::vector<float> again(rows.size());
+  ASSERT_THAT(same->Pull<float>(keys, absl::MakeSpan(again)), IsOk());
+  EXPECT_EQ(again, rows);
+}
+
+TEST_P(TableChannelTest, TableCallsTravelOverTheChannelWhenItIsOpen) {
+  std::unique_ptr<Transport> transport = RawTransport();
+  auto create = v1::CreateTableRequest();
+  create.set_name("emb");
+  *create.mutable_config() = SgdTable(1);
+  v1::CreateTableResponse created;
+  ASSERT_THAT(CallOver(*transport, "CreateTable", create, &created), IsOk());
+  v1::TablePushRequest push;
+  push.set_table("emb");
+  const std::vector<uint64_t> keys = {3};
+  push.set_keys(EncodeKeys(keys));
+  const float grad = 2;
+  push.set_values(&grad, sizeof(grad));
+  v1::TablePushResponse pushed;
+  ASSERT_THAT(CallOver(*transport, "TablePush", push, &pushed), IsOk());
+  v1::TablePullRequest pull;
+  pull.set_table("emb");
+  pull.set_keys(EncodeKeys(keys));
+  v1::TablePullResponse pulled;
+  ASSERT_THAT(CallOver(*transport, "TablePull", pull, &pulled), IsOk());
+  ASSERT_EQ(pulled.values().size(), sizeof(float));
+  float value;
+  std::memcpy(&value, pulled.values().data(), sizeof(value));
+  EXPECT_EQ(value, -2);
+  EXPECT_GT(pulled.trace().processed_unix_nanos(), 0);
+  if (GetParam()) {
+    EXPECT_EQ(static_cast<ChannelTransport&>(*transport).route(), "unix");
+  }
+}
+
+TEST_P(TableChannelTest, BadInputGetsTheSameErrorOnBothPathsAndChangesNothing) {
+  std::unique_ptr<Transport> transport = RawTransport();
+  std::unique_ptr<Transport> grpc = *GrpcTransport::Create(server_->address());
+  auto table = Table::Create(*client_, "emb", SgdTable(2));
+  ASSERT_THAT(table.status(), IsOk());
+
+  // Each bad request: the same status over the transport under test and
+  // over gRPC's control call.
+  auto same_error = [&](absl::string_view method, const google::protobuf::Message& request,
+                        google::protobuf::Message* response, absl::StatusCode code,
+                        absl::string_view says) {
+    absl::Status status = CallOver(*transport, method, request, response);
+    EXPECT_THAT(status, StatusCodeIs(code)) << method;
+    EXPECT_THAT(status.message(), HasSubstr(says));
+    EXPECT_EQ(status, CallOver(*grpc, method, request, response)) << method;
+  };
+  v1::TablePullRequest pull;
+  v1::TablePullResponse pulled;
+  pull.set_table("missing");
+  pull.set_keys(EncodeKeys(std::vector<uint64_t>{1}));
+  same_error("TablePull", pull, &pulled, absl::StatusCode::kNotFound, "no table 'missing'");
+  pull.set_table("emb");
+  pull.set_keys("1234567");  // not whole uint64 keys
+  same_error("TablePull", pull, &pulled, absl::StatusCode::kInvalidArgument, "7");
+
+  v1::TablePushRequest push;
+  v1::TablePushResponse pushed;
+  push.set_table("emb");
+  push.set_keys(EncodeKeys(std::vector<uint64_t>{1, 2}));
+  const std::vector<float> bad = {1, 1, std::numeric_limits<float>::infinity(), 1};
+  push.set_values(bad.data(), bad.size() * sizeof(float));
+  same_error("TablePush", push, &pushed, absl::StatusCode::kInvalidArgument, "non-finite");
+  push.set_values(bad.data(), 3 * sizeof(float));  // 3 values for 2 rows of 2
+  same_error("TablePush", push, &pushed, absl::StatusCode::kInvalidArgument, "bytes");
+  push.set_keys("123");
+  same_error("TablePush", push, &pushed, absl::StatusCode::kInvalidArgument, "3");
+
+  // Nothing was applied.
+  auto stats = table->Stats();
+  ASSERT_THAT(stats.status(), IsOk());
+  EXPECT_EQ((*stats)[0].rows(), 0u);
+}
+
+TEST_P(TableChannelTest, ALostReplyIsRetriedAndThePushAppliedOnce) {
+  ServerOptions options;
+  options.drop_reply_after_apply_every_n = 2;  // every 2nd applied push "loses" its reply
+  server_.reset();
+  Start(options);
+  auto table = Table::Create(*client_, "emb", SgdTable(1));
+  ASSERT_THAT(table.status(), IsOk());
+  const std::vector<uint64_t> keys = {42};
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_THAT(table->Push<float>(keys, std::vector<float>{1}), IsOk());
+  }
+  std::vector<float> row(1);
+  ASSERT_THAT(table->Pull<float>(keys, absl::MakeSpan(row)), IsOk());
+  EXPECT_EQ(row[0], -4);  // 0 - 4 * 1
+  EXPECT_GE(server_->dispatcher().duplicates_ignored(), 1u);
+  EXPECT_EQ(server_->dispatcher().duplicates_ignored(), server_->dispatcher().replies_dropped());
+}
+
+TEST_P(TableChannelTest, AReadByAWorkerStaysAControlCall) {
+  v1::TableConfig config = SgdTable(1);
+  config.mutable_consistency()->set_model(v1::Consistency::SSP);
+  config.mutable_consistency()->set_staleness(0);
+  auto table = Table::Create(*client_, "kv", config);
+  ASSERT_THAT(table.status(), IsOk());
+  auto worker = KvWorker::Join(*table, "w0");
+  ASSERT_THAT(worker.status(), IsOk());
+  const std::vector<uint64_t> keys = {1};
+  ASSERT_THAT((*worker)->Add(keys, absl::string_view("\0\0\0\x40", 4)), IsOk());  // 2.0f
+  std::vector<char> row(sizeof(float));
+  ASSERT_THAT((*worker)->Get(keys, absl::MakeSpan(row)), IsOk());
+  float value;
+  std::memcpy(&value, row.data(), sizeof(value));
+  EXPECT_EQ(value, -2);
+
+  // Sent as a bulk frame, such a read is refused, not left to wait.
+  v1::TablePullRequest request;
+  request.set_table("kv");
+  request.set_keys(EncodeKeys(keys));
+  request.set_worker("w0");
+  const std::string bytes = request.SerializeAsString();
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer buffer(&slice, 1), reply;
+  ReplyHold hold;
+  absl::Status status =
+      FindBulkMethod("TablePull")(server_->dispatcher(), buffer, &reply, &hold);
+  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(status.message(), HasSubstr("control call"));
+}
+
+TEST_P(TableChannelTest, MalformedBulkBytesAreRefusedByName) {
+  for (const char* method : {"TablePull", "TablePush"}) {
+    const std::string garbage(64, '\xff');
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer buffer(&slice, 1), reply;
+    ReplyHold hold;
+    absl::Status status = FindBulkMethod(method)(server_->dispatcher(), buffer, &reply, &hold);
+    EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kInvalidArgument)) << method;
+    EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("malformed ", method, "Request")));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ChannelAndGrpc, TableChannelTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Channel" : "Grpc";
+                         });
+
+}  // namespace
+}  // namespace pserver
