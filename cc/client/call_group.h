@@ -6,9 +6,14 @@
 //
 // Wait returns the first failure in the order the calls were added, its message
 // followed by " (server <label>)". Thread-safe: callbacks may run anywhere.
+//
+// A transport may ask the waiting thread to read its call's reply itself
+// (AddHelper: the bulk channel does, saving the hand-off from a reader
+// thread to the waiter); Wait runs those helpers before it blocks.
 #ifndef PSERVER_CC_CLIENT_CALL_GROUP_H_
 #define PSERVER_CC_CLIENT_CALL_GROUP_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,8 +31,21 @@ class CallGroup {
   // Waits for calls still running, so callbacks never outlive the group.
   ~CallGroup();
 
+  // The completion callback Add returns (a transport finds its group with
+  // Transport::Done::target<CallGroup::Completion>()).
+  struct Completion {
+    CallGroup* group;
+    size_t slot;
+    void operator()(absl::Status status) const;
+  };
+
   // The completion callback for one more call to `label`.
   Transport::Done Add(std::string label);
+
+  // Runs `help` on the thread that waits, before it blocks: `help` must
+  // return once the call it helps is done (it may complete that call and
+  // others). Added by a transport while starting a call of this group.
+  void AddHelper(std::function<void()> help);
 
   // Blocks until every added call has completed.
   absl::Status Wait();
@@ -41,6 +59,10 @@ class CallGroup {
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> labels_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> helpers_ ABSL_GUARDED_BY(mu_);
+
+  // Every call is done, or a helper waits to run.
+  bool DoneOrHelp() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace pserver
