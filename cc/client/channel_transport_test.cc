@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "cc/client/call_group.h"
 #include "cc/client/cancellation.h"
 #include "cc/client/client.h"
 #include "cc/client/grpc_transport.h"
@@ -59,13 +60,18 @@ Pulled PullOver(Transport& t, const std::vector<v1::ParamRef>& refs) {
   return out;
 }
 
-absl::Status PushOver(Transport& t, RequestId id, const std::vector<float>& grad,
-                      absl::Time deadline = absl::Now() + kTimeout) {
+GradientView ViewOf(const std::vector<float>& grad) {
   GradientView view;
   view.name = "w";
   view.type = v1::FLOAT32;
   view.content = absl::string_view(reinterpret_cast<const char*>(grad.data()),
                                    grad.size() * sizeof(float));
+  return view;
+}
+
+absl::Status PushOver(Transport& t, RequestId id, const std::vector<float>& grad,
+                      absl::Time deadline = absl::Now() + kTimeout) {
+  const GradientView view = ViewOf(grad);
   absl::Notification done;
   absl::Status status;
   t.Push(id, absl::MakeConstSpan(&view, 1), deadline, [&](absl::Status s) {
@@ -74,6 +80,16 @@ absl::Status PushOver(Transport& t, RequestId id, const std::vector<float>& grad
   });
   done.WaitForNotification();
   return status;
+}
+
+// As Client waits: in a CallGroup, whose waiting thread reads the reply
+// itself (the other helpers wait on the connection's reader thread).
+absl::Status PushInGroup(Transport& t, RequestId id, const std::vector<float>& grad,
+                         absl::Time deadline = absl::Now() + kTimeout) {
+  const GradientView view = ViewOf(grad);
+  CallGroup group;
+  t.Push(id, absl::MakeConstSpan(&view, 1), deadline, group.Add("s"));
+  return group.Wait();
 }
 
 std::vector<v1::ParamRef> Refs(const std::string& name) {
@@ -190,6 +206,35 @@ TEST_P(ChannelTransportTest, ARetriedPushIsAppliedOnceAcrossADroppedConnection) 
   EXPECT_EQ(Duplicates(), 1u);
   EXPECT_EQ(Floats(PullOver(*grpc_, Refs("w")).blocks[0].second),
             (std::vector<float>{-1, 0, 1, 2}));
+}
+
+TEST_P(ChannelTransportTest, ConcurrentCallersOnOneConnectionAreEachAnsweredOnce) {
+  ChannelTransportOptions one;
+  one.connections = 1;
+  ChannelTransport channel(MakeGrpc(), one);
+  constexpr int kThreads = 4;
+  constexpr int kPushes = 50;
+  std::vector<std::thread> callers;
+  std::vector<absl::Status> failures(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < kPushes && failures[t].ok(); ++i) {
+        // Waiters that read their own reply, and callers the reader thread
+        // answers, interleaved on the one connection; pulls between them.
+        const RequestId id{static_cast<uint64_t>(100 + t), static_cast<uint64_t>(i + 1)};
+        failures[t] = (t + i) % 2 == 0 ? PushInGroup(channel, id, {1, 1, 1, 1})
+                                       : PushOver(channel, id, {1, 1, 1, 1});
+        if (failures[t].ok() && i % 10 == 0) failures[t] = PullOver(channel, Refs("w")).status;
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (const absl::Status& status : failures) EXPECT_THAT(status, IsOk());
+  EXPECT_EQ(channel.connections_opened(), 1);
+  EXPECT_EQ(Duplicates(), 0u);
+  const float n = kThreads * kPushes;
+  EXPECT_EQ(Floats(PullOver(*grpc_, Refs("w")).blocks[0].second),
+            (std::vector<float>{1 - n, 2 - n, 3 - n, 4 - n}));
 }
 
 TEST_P(ChannelTransportTest, ClientRetriesLostRepliesOverTheChannelExactlyOnce) {
@@ -344,6 +389,65 @@ TEST(ChannelTransportFakeTest, CancellingFailsTheCallAndDropsTheConnection) {
   done.WaitForNotification();
   caller.join();
   EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kCancelled));
+  fake.WaitForClose();
+}
+
+// A reply header for call `id` promising `payload_bytes`, then `sent` of them.
+std::string PartialReply(uint64_t id, uint64_t payload_bytes, size_t sent) {
+  ReplyHeader header;
+  header.call_id = id;
+  header.payload_bytes = payload_bytes;
+  std::string out(kReplyHeaderBytes, '\0');
+  EncodeReplyHeader(header, out.data());
+  return out + std::string(sent, 'p');
+}
+
+TEST(ChannelTransportFakeTest, CancellingMidReplyFailsTheCallAndDropsTheConnection) {
+  // The reader thread is inside the reply (its first 10 of 1000 bytes)
+  // when the call is cancelled: the rest is never waited for.
+  FakeChannelServer fake(PartialReply(1, 1000, 10));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
+  Cancellation cancel;
+  absl::Notification done;
+  absl::Status status;
+  const std::vector<float> grad = {1};
+  const GradientView view = ViewOf(grad);
+  {
+    Cancellation::Scope scope(&cancel);
+    channel.Push({1, 1}, absl::MakeConstSpan(&view, 1), absl::InfiniteFuture(),
+                 [&](absl::Status s) {
+                   status = s;
+                   done.Notify();
+                 });
+  }
+  cancel.Cancel();
+  done.WaitForNotification();
+  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kCancelled));
+  fake.WaitForClose();
+}
+
+TEST(ChannelTransportFakeTest, ADeadlineMidReplyEndsAWaiterReadingItsOwnReply) {
+  // The waiter (a CallGroup) reads its own reply and is blocked inside it.
+  FakeChannelServer fake(PartialReply(1, 1000, 10));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
+  EXPECT_THAT(PushInGroup(channel, {1, 1}, {1}, absl::Now() + absl::Milliseconds(200)),
+              StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
+  fake.WaitForClose();
+}
+
+TEST(ChannelTransportFakeTest, AReplyForACallNotMadeIsUnavailable) {
+  FakeChannelServer fake(PartialReply(999, 0, 0));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
+  EXPECT_THAT(PushOver(channel, {1, 1}, {1}),
+              testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("a call not made")));
+  fake.WaitForClose();
+}
+
+TEST(ChannelTransportFakeTest, AReplyForACallNotMadeIsUnavailableToAWaiterReadingIt) {
+  FakeChannelServer fake(PartialReply(999, 0, 0));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
+  EXPECT_THAT(PushInGroup(channel, {1, 1}, {1}),
+              testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("a call not made")));
   fake.WaitForClose();
 }
 
