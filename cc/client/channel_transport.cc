@@ -27,11 +27,17 @@ namespace pserver {
 // (no hand-off: two wake-ups per round trip, the server's and the
 // caller's), and a reader thread reads whenever a call has no such waiter or
 // several calls are in flight (so a caller blocked writing never waits on a
-// reply nobody reads).
+// reply nobody reads). After answering a call with no waiter the reader
+// keeps the turn, waiting in the stream for the next reply as a plain
+// reader would (callers that never wait in a CallGroup pay no wake-up of
+// the reader per call); after answering a waiter's call it gives the turn
+// back.
 class ChannelTransport::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(std::unique_ptr<ByteStream> stream, DeadlineTimer* timer)
-      : stream_(std::move(stream)), timer_(timer) {}
+  // `waiter_reads` counts the replies read by waiting callers.
+  Connection(std::unique_ptr<ByteStream> stream, DeadlineTimer* timer,
+             std::atomic<uint64_t>* waiter_reads)
+      : stream_(std::move(stream)), timer_(timer), waiter_reads_(waiter_reads) {}
   ~Connection() { Close(); }
 
   // Presents `token` and waits for the server's answer, then starts reading.
@@ -276,9 +282,10 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     return Take(it);
   }
 
-  // Reads one reply and completes its call (the read turn held). False
-  // when the connection broke (its calls failed).
-  bool ReadOne() {
+  // Reads one reply and completes its call (the read turn held); `*helped`:
+  // that call had a waiter reading for it. False when the connection broke
+  // (its calls failed).
+  bool ReadOne(bool* helped) {
     absl::StatusOr<ReplyHeader> reply = ReadReply();
     if (!reply.ok()) {
       Break(absl::UnavailableError(absl::StrCat("the bulk channel connection was lost (",
@@ -290,6 +297,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       Break(absl::UnavailableError("bulk channel: the server answered a call not made"));
       return false;
     }
+    *helped = call->helped;
     if (call->trace != nullptr) {
       v1::ServerTrace times;
       times.set_received_unix_nanos(reply->received_unix_nanos);
@@ -304,10 +312,10 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
   }
 
   // Takes the read turn once `may_read` holds (false: `stop` held first),
-  // reads one reply and gives the turn back. False when the connection
-  // broke or `stop` held.
+  // reads one reply and gives the turn back (`*helped` as ReadOne's). False
+  // when the connection broke or `stop` held.
   template <typename MayRead, typename Stop>
-  bool ReadTurn(MayRead may_read, Stop stop) {
+  bool ReadTurn(MayRead may_read, Stop stop, bool* helped) {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -317,32 +325,40 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       if (broken_ || stop()) return false;
       reading_ = true;
     }
-    const bool read = ReadOne();
+    const bool read = ReadOne(helped);
     absl::MutexLock lock(&mu_);
     reading_ = false;
     return read;
   }
 
   // The reader thread: reads while a call has no waiter to read for it, or
-  // several calls are in flight.
+  // several calls are in flight, or the last reply it read was for a call
+  // with no waiter (the next one likely has none either).
   void ReadLoop() {
+    bool helped = false;
     while (ReadTurn(
-        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return unhelped_ > 0 || pending_.size() > 1; },
-        [] { return false; })) {
+        [this, &helped]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !helped || unhelped_ > 0 || pending_.size() > 1;
+        },
+        [] { return false; }, &helped)) {
     }
   }
 
   // A CallGroup's waiter: reads replies until call `id` is over.
   void Help(uint64_t id) {
+    bool helped = false;
     while (ReadTurn([] { return true; },
                     [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                       return pending_.find(id) == pending_.end();
-                    })) {
+                    },
+                    &helped)) {
+      waiter_reads_->fetch_add(1, std::memory_order_relaxed);
     }
   }
 
   const std::unique_ptr<ByteStream> stream_;
   DeadlineTimer* const timer_;
+  std::atomic<uint64_t>* const waiter_reads_;
   std::thread reader_;
   absl::Mutex write_mu_;
   // The read turn's: the reply being read.
@@ -422,7 +438,7 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
                                            deadline - absl::Now()));
   }
-  auto connection = std::make_shared<Connection>(std::move(stream), &timer_);
+  auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &waiter_reads_);
   PS_RETURN_IF_ERROR(connection->Hello(offer.token()));
   over_unix_ = unix_socket;
   opened_.fetch_add(1);

@@ -1,11 +1,14 @@
 // ChannelTransport against a real server (both routes: Unix socket and TCP)
-// and against a fake channel server that never answers: the same answers as
-// gRPC, exactly once across a dropped connection, deadlines, cancellation, a
-// malformed reply, and the fallback to gRPC. No test depends on timing.
+// and against a fake channel server that answers as told: the same answers
+// as gRPC, exactly once across a dropped connection and with concurrent
+// callers on one connection, waiters reading their own replies, deadlines
+// and cancellation (also mid-reply), a malformed reply or one for a call not
+// made, and the fallback to gRPC. No test depends on timing.
 #include "cc/client/channel_transport.h"
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -90,6 +93,12 @@ absl::Status PushInGroup(Transport& t, RequestId id, const std::vector<float>& g
   CallGroup group;
   t.Push(id, absl::MakeConstSpan(&view, 1), deadline, group.Add("s"));
   return group.Wait();
+}
+
+ChannelTransportOptions OneConnection() {
+  ChannelTransportOptions one;
+  one.connections = 1;
+  return one;
 }
 
 std::vector<v1::ParamRef> Refs(const std::string& name) {
@@ -209,9 +218,7 @@ TEST_P(ChannelTransportTest, ARetriedPushIsAppliedOnceAcrossADroppedConnection) 
 }
 
 TEST_P(ChannelTransportTest, ConcurrentCallersOnOneConnectionAreEachAnsweredOnce) {
-  ChannelTransportOptions one;
-  one.connections = 1;
-  ChannelTransport channel(MakeGrpc(), one);
+  ChannelTransport channel(MakeGrpc(), OneConnection());
   constexpr int kThreads = 4;
   constexpr int kPushes = 50;
   std::vector<std::thread> callers;
@@ -235,6 +242,16 @@ TEST_P(ChannelTransportTest, ConcurrentCallersOnOneConnectionAreEachAnsweredOnce
   const float n = kThreads * kPushes;
   EXPECT_EQ(Floats(PullOver(*grpc_, Refs("w")).blocks[0].second),
             (std::vector<float>{1 - n, 2 - n, 3 - n, 4 - n}));
+}
+
+TEST_P(ChannelTransportTest, AWaiterReadsItsOwnReplyAfterTheFirstCall) {
+  ChannelTransport channel(MakeGrpc(), OneConnection());
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_THAT(PushInGroup(channel, {7, i}, {1, 1, 1, 1}), IsOk());
+  // The first reply is the reader thread's (it reads from the start); the
+  // others went to their waiters, with no hand-off.
+  EXPECT_EQ(channel.replies_read_by_waiters(), 2u);
+  ASSERT_THAT(PushOver(channel, {7, 4}, {1, 1, 1, 1}), IsOk());
+  EXPECT_EQ(channel.replies_read_by_waiters(), 2u);
 }
 
 TEST_P(ChannelTransportTest, ClientRetriesLostRepliesOverTheChannelExactlyOnce) {
@@ -307,10 +324,13 @@ class FakeGrpc final : public Transport {
 };
 
 // Accepts one connection, greets it, then reads requests and answers each
-// with `reply` (nothing when empty) until the client closes it.
+// with `reply` (nothing when empty) until the client closes it; given
+// several replies, the n-th request gets the n-th (the last: every later one).
 class FakeChannelServer {
  public:
-  explicit FakeChannelServer(std::string reply = "") : reply_(std::move(reply)) {
+  explicit FakeChannelServer(std::string reply = "")
+      : FakeChannelServer(std::vector<std::string>{std::move(reply)}) {}
+  explicit FakeChannelServer(std::vector<std::string> replies) : replies_(std::move(replies)) {
     int port = 0;
     auto fd = ListenTcp("127.0.0.1", &port);
     EXPECT_THAT(fd.status(), IsOk());
@@ -337,18 +357,19 @@ class FakeChannelServer {
     std::string token(kChannelTokenBytes, '\0');
     if (stream.Read(header, sizeof(header)).ok() && stream.Read(token.data(), token.size()).ok()) {
       WriteReplyFrame(stream, ReplyHeader{}, absl::OkStatus()).IgnoreError();
-      while (stream.Read(header, sizeof(header)).ok()) {
+      for (size_t n = 0; stream.Read(header, sizeof(header)).ok(); ++n) {
         auto request = DecodeRequestHeader(header, kDefaultMaxMessageBytes);
         if (!request.ok()) break;
         std::string payload(request->payload_bytes, '\0');
         if (!stream.Read(payload.data(), payload.size()).ok()) break;
-        if (!reply_.empty()) stream.Write({reply_}).IgnoreError();
+        const std::string& reply = replies_[std::min(n, replies_.size() - 1)];
+        if (!reply.empty()) stream.Write({reply}).IgnoreError();
       }
     }
     closed_.Notify();
   }
 
-  const std::string reply_;
+  const std::vector<std::string> replies_;
   int listen_fd_ = -1;
   v1::OpenChannelResponse offer_;
   std::thread thread_;
@@ -426,29 +447,36 @@ TEST(ChannelTransportFakeTest, CancellingMidReplyFailsTheCallAndDropsTheConnecti
   fake.WaitForClose();
 }
 
-TEST(ChannelTransportFakeTest, ADeadlineMidReplyEndsAWaiterReadingItsOwnReply) {
-  // The waiter (a CallGroup) reads its own reply and is blocked inside it.
-  FakeChannelServer fake(PartialReply(1, 1000, 10));
-  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
-  EXPECT_THAT(PushInGroup(channel, {1, 1}, {1}, absl::Now() + absl::Milliseconds(200)),
-              StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
-  fake.WaitForClose();
+using PushFn = absl::Status (*)(Transport&, RequestId, const std::vector<float>&, absl::Time);
+
+// Both ways a reply is read: by the connection's reader thread (a callback)
+// and by a caller waiting in a CallGroup (after a first call, which the
+// reader thread answers before it leaves the replies to their waiters).
+const std::pair<const char*, PushFn> kReaders[] = {{"the reader thread", &PushOver},
+                                                   {"a waiter", &PushInGroup}};
+
+TEST(ChannelTransportFakeTest, ADeadlineMidReplyFailsTheCallAndDropsTheConnection) {
+  for (const auto& [reader, push] : kReaders) {
+    SCOPED_TRACE(reader);
+    FakeChannelServer fake({PartialReply(1, 0, 0), PartialReply(2, 1000, 10)});
+    ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
+    ASSERT_THAT(push(channel, {1, 1}, {1}, absl::Now() + kTimeout), IsOk());
+    EXPECT_THAT(push(channel, {1, 2}, {1}, absl::Now() + absl::Milliseconds(200)),
+                StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
+    fake.WaitForClose();
+  }
 }
 
 TEST(ChannelTransportFakeTest, AReplyForACallNotMadeIsUnavailable) {
-  FakeChannelServer fake(PartialReply(999, 0, 0));
-  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
-  EXPECT_THAT(PushOver(channel, {1, 1}, {1}),
-              testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("a call not made")));
-  fake.WaitForClose();
-}
-
-TEST(ChannelTransportFakeTest, AReplyForACallNotMadeIsUnavailableToAWaiterReadingIt) {
-  FakeChannelServer fake(PartialReply(999, 0, 0));
-  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
-  EXPECT_THAT(PushInGroup(channel, {1, 1}, {1}),
-              testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("a call not made")));
-  fake.WaitForClose();
+  for (const auto& [reader, push] : kReaders) {
+    SCOPED_TRACE(reader);
+    FakeChannelServer fake({PartialReply(1, 0, 0), PartialReply(999, 0, 0)});
+    ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
+    ASSERT_THAT(push(channel, {1, 1}, {1}, absl::Now() + kTimeout), IsOk());
+    EXPECT_THAT(push(channel, {1, 2}, {1}, absl::Now() + kTimeout),
+                testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("a call not made")));
+    fake.WaitForClose();
+  }
 }
 
 TEST(ChannelTransportFakeTest, AMalformedReplyIsUnavailable) {
