@@ -22,7 +22,7 @@ void CallGroup::Completion::operator()(absl::Status status) const {
   --group->pending_;
 }
 
-void CallGroup::AddHelper(std::function<void()> help) {
+void CallGroup::AddHelper(Helper help) {
   absl::MutexLock lock(&mu_);
   helpers_.push_back(std::move(help));
 }
@@ -43,14 +43,16 @@ absl::Status CallGroup::Wait() {
 
 std::vector<absl::Status> CallGroup::WaitAll() {
   while (true) {
-    std::vector<std::function<void()>> helpers;
+    std::vector<Helper> helpers;
+    bool read = false;
     {
       absl::MutexLock lock(&mu_);
       Cancellation::Await(mu_, absl::Condition(this, &CallGroup::DoneOrHelp));
       if (helpers_.empty()) return results_;
       helpers.swap(helpers_);
+      read = helpers.size() == 1 && pending_ == 1;
     }
-    for (auto& help : helpers) help();
+    for (Helper& help : helpers) help(read);
   }
 }
 

@@ -23,15 +23,16 @@ namespace pserver {
 
 // One connection of the bulk channel: callers write their frames themselves
 // (one at a time). Replies are read by whoever holds the read turn: a caller
-// waiting in a CallGroup for the connection's only call reads its own reply
-// (no hand-off: two wake-ups per round trip, the server's and the
-// caller's), and a reader thread reads whenever a call has no such waiter or
-// several calls are in flight (so a caller blocked writing never waits on a
-// reply nobody reads). After answering a call with no waiter the reader
-// keeps the turn, waiting in the stream for the next reply as a plain
-// reader would (callers that never wait in a CallGroup pay no wake-up of
-// the reader per call); after answering a waiter's call it gives the turn
-// back.
+// waiting in a CallGroup for its one call still running, when that is the
+// connection's only call, reads its own reply (no hand-off: two wake-ups
+// per round trip, the server's and the caller's); a reader thread reads
+// whenever a call has no such waiter or several calls are in flight (so a
+// caller blocked writing never waits on a reply nobody reads, and the
+// replies of a group's calls to several servers are read in parallel).
+// After answering a call with no waiter the reader keeps the turn, waiting
+// in the stream for the next reply as a plain reader would (callers that
+// never wait in a CallGroup pay no wake-up of the reader per call); after
+// answering a waiter's call it gives the turn back.
 class ChannelTransport::Connection : public std::enable_shared_from_this<Connection> {
  public:
   // `waiter_reads` counts the replies read by waiting callers.
@@ -89,8 +90,8 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     }
     std::weak_ptr<Connection> self = weak_from_this();
     if (waiter != nullptr) {
-      waiter->AddHelper([self, id] {
-        if (auto c = self.lock()) c->Help(id);
+      waiter->AddHelper([self, id](bool read) {
+        if (auto c = self.lock()) c->Help(id, read);
       });
     }
     if (watch) Watch(deadline);
@@ -335,7 +336,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
   // several calls are in flight, or the last reply it read was for a call
   // with no waiter (the next one likely has none either).
   void ReadLoop() {
-    bool helped = false;
+    bool helped = true;  // nothing read yet: wait for a call with no waiter
     while (ReadTurn(
         [this, &helped]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return !helped || unhelped_ > 0 || pending_.size() > 1;
@@ -344,8 +345,18 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     }
   }
 
-  // A CallGroup's waiter: reads replies until call `id` is over.
-  void Help(uint64_t id) {
+  // A CallGroup's waiter: reads replies until call `id` is over; or, not
+  // to `read`, leaves the call to the reader thread.
+  void Help(uint64_t id, bool read) {
+    if (!read) {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it != pending_.end() && it->second.helped) {
+        it->second.helped = false;
+        ++unhelped_;
+      }
+      return;
+    }
     bool helped = false;
     while (ReadTurn([] { return true; },
                     [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -244,14 +244,14 @@ TEST_P(ChannelTransportTest, ConcurrentCallersOnOneConnectionAreEachAnsweredOnce
             (std::vector<float>{1 - n, 2 - n, 3 - n, 4 - n}));
 }
 
-TEST_P(ChannelTransportTest, AWaiterReadsItsOwnReplyAfterTheFirstCall) {
+TEST_P(ChannelTransportTest, ALoneWaiterReadsItsOwnReply) {
   ChannelTransport channel(MakeGrpc(), OneConnection());
   for (uint64_t i = 1; i <= 3; ++i) ASSERT_THAT(PushInGroup(channel, {7, i}, {1, 1, 1, 1}), IsOk());
-  // The first reply is the reader thread's (it reads from the start); the
-  // others went to their waiters, with no hand-off.
-  EXPECT_EQ(channel.replies_read_by_waiters(), 2u);
+  // A lone caller waiting in a CallGroup reads its own reply (no hand-off).
+  EXPECT_EQ(channel.replies_read_by_waiters(), 3u);
+  // A call with no waiter is the reader thread's.
   ASSERT_THAT(PushOver(channel, {7, 4}, {1, 1, 1, 1}), IsOk());
-  EXPECT_EQ(channel.replies_read_by_waiters(), 2u);
+  EXPECT_EQ(channel.replies_read_by_waiters(), 3u);
 }
 
 TEST_P(ChannelTransportTest, ClientRetriesLostRepliesOverTheChannelExactlyOnce) {
@@ -347,6 +347,8 @@ class FakeChannelServer {
   const v1::OpenChannelResponse& offer() const { return offer_; }
   // Waits until the client closed (dropped) the connection.
   void WaitForClose() { closed_.WaitForNotification(); }
+  // Waits until the first reply has been written.
+  void WaitForReply() { replied_.WaitForNotification(); }
 
  private:
   void Serve() {
@@ -364,6 +366,7 @@ class FakeChannelServer {
         if (!stream.Read(payload.data(), payload.size()).ok()) break;
         const std::string& reply = replies_[std::min(n, replies_.size() - 1)];
         if (!reply.empty()) stream.Write({reply}).IgnoreError();
+        if (!replied_.HasBeenNotified()) replied_.Notify();
       }
     }
     closed_.Notify();
@@ -374,6 +377,7 @@ class FakeChannelServer {
   v1::OpenChannelResponse offer_;
   std::thread thread_;
   absl::Notification closed_;
+  absl::Notification replied_;
 };
 
 TEST(ChannelTransportFakeTest, ADeadlineFailsTheCallAndDropsTheConnection) {
@@ -424,25 +428,19 @@ std::string PartialReply(uint64_t id, uint64_t payload_bytes, size_t sent) {
 }
 
 TEST(ChannelTransportFakeTest, CancellingMidReplyFailsTheCallAndDropsTheConnection) {
-  // The reader thread is inside the reply (its first 10 of 1000 bytes)
-  // when the call is cancelled: the rest is never waited for.
+  // The first 10 of the reply's 1000 bytes have been sent when the call is
+  // cancelled: the rest is never waited for.
   FakeChannelServer fake(PartialReply(1, 1000, 10));
-  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
   Cancellation cancel;
-  absl::Notification done;
   absl::Status status;
-  const std::vector<float> grad = {1};
-  const GradientView view = ViewOf(grad);
-  {
+  std::thread caller([&] {
     Cancellation::Scope scope(&cancel);
-    channel.Push({1, 1}, absl::MakeConstSpan(&view, 1), absl::InfiniteFuture(),
-                 [&](absl::Status s) {
-                   status = s;
-                   done.Notify();
-                 });
-  }
+    status = PushOver(channel, {1, 1}, {1}, absl::InfiniteFuture());
+  });
+  fake.WaitForReply();
   cancel.Cancel();
-  done.WaitForNotification();
+  caller.join();
   EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kCancelled));
   fake.WaitForClose();
 }
@@ -450,32 +448,35 @@ TEST(ChannelTransportFakeTest, CancellingMidReplyFailsTheCallAndDropsTheConnecti
 using PushFn = absl::Status (*)(Transport&, RequestId, const std::vector<float>&, absl::Time);
 
 // Both ways a reply is read: by the connection's reader thread (a callback)
-// and by a caller waiting in a CallGroup (after a first call, which the
-// reader thread answers before it leaves the replies to their waiters).
+// and by a caller waiting in a CallGroup.
 const std::pair<const char*, PushFn> kReaders[] = {{"the reader thread", &PushOver},
                                                    {"a waiter", &PushInGroup}};
+
+// Pushes twice over a fake server on one connection; the first push is
+// answered OK, the second with `second`. The second's status, once the
+// client has closed the connection.
+absl::Status SecondPush(PushFn push, std::string second, absl::Time deadline) {
+  FakeChannelServer fake({PartialReply(1, 0, 0), std::move(second)});
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
+  EXPECT_THAT(push(channel, {1, 1}, {1}, absl::Now() + kTimeout), IsOk());
+  absl::Status status = push(channel, {1, 2}, {1}, deadline);
+  fake.WaitForClose();
+  return status;
+}
 
 TEST(ChannelTransportFakeTest, ADeadlineMidReplyFailsTheCallAndDropsTheConnection) {
   for (const auto& [reader, push] : kReaders) {
     SCOPED_TRACE(reader);
-    FakeChannelServer fake({PartialReply(1, 0, 0), PartialReply(2, 1000, 10)});
-    ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
-    ASSERT_THAT(push(channel, {1, 1}, {1}, absl::Now() + kTimeout), IsOk());
-    EXPECT_THAT(push(channel, {1, 2}, {1}, absl::Now() + absl::Milliseconds(200)),
+    EXPECT_THAT(SecondPush(push, PartialReply(2, 1000, 10), absl::Now() + absl::Milliseconds(200)),
                 StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
-    fake.WaitForClose();
   }
 }
 
 TEST(ChannelTransportFakeTest, AReplyForACallNotMadeIsUnavailable) {
   for (const auto& [reader, push] : kReaders) {
     SCOPED_TRACE(reader);
-    FakeChannelServer fake({PartialReply(1, 0, 0), PartialReply(999, 0, 0)});
-    ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
-    ASSERT_THAT(push(channel, {1, 1}, {1}, absl::Now() + kTimeout), IsOk());
-    EXPECT_THAT(push(channel, {1, 2}, {1}, absl::Now() + kTimeout),
+    EXPECT_THAT(SecondPush(push, PartialReply(999, 0, 0), absl::Now() + kTimeout),
                 testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("a call not made")));
-    fake.WaitForClose();
   }
 }
 
