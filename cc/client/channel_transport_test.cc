@@ -1,7 +1,8 @@
 // ChannelTransport against a real server (both routes: Unix socket and TCP)
 // and against a fake channel server that answers as told: the same answers
 // as gRPC, exactly once across a dropped connection and with concurrent
-// callers on one connection, waiters reading their own replies, deadlines
+// callers on one connection, waiters reading their own replies (and groups
+// of several calls leaving them to the reader), deadlines
 // and cancellation (also mid-reply), a malformed reply or one for a call not
 // made, and the fallback to gRPC. No test depends on timing.
 #include "cc/client/channel_transport.h"
@@ -252,6 +253,20 @@ TEST_P(ChannelTransportTest, ALoneWaiterReadsItsOwnReply) {
   // A call with no waiter is the reader thread's.
   ASSERT_THAT(PushOver(channel, {7, 4}, {1, 1, 1, 1}), IsOk());
   EXPECT_EQ(channel.replies_read_by_waiters(), 3u);
+}
+
+TEST_P(ChannelTransportTest, AGroupOfSeveralCallsLeavesTheirRepliesToTheReader) {
+  ChannelTransport channel(MakeGrpc(), OneConnection());
+  const std::vector<float> grad = {1, 1, 1, 1};
+  const GradientView view = ViewOf(grad);
+  CallGroup group;
+  for (uint64_t i = 1; i <= 3; ++i) {
+    channel.Push({8, i}, absl::MakeConstSpan(&view, 1), absl::Now() + kTimeout, group.Add("s"));
+  }
+  EXPECT_THAT(group.Wait(), IsOk());
+  EXPECT_EQ(channel.replies_read_by_waiters(), 0u);
+  EXPECT_EQ(Floats(PullOver(*grpc_, Refs("w")).blocks[0].second),
+            (std::vector<float>{-2, -1, 0, 1}));
 }
 
 TEST_P(ChannelTransportTest, ClientRetriesLostRepliesOverTheChannelExactlyOnce) {
