@@ -19,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/barrier.h"
@@ -49,6 +50,9 @@ ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
           "checkpoint, memory, scaling, sparse, hosts, compression, tls, bindings); empty runs all (bindings only "
           "without --quick).");
+ABSL_FLAG(std::vector<std::string>, sizes_kib, {},
+          "Payload sizes in KiB for the ceiling and dense groups (e.g. 1024,4096); default: "
+          "4, 64, 1024, 4096, 16384, 65536.");
 ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
 
 namespace pserver::bench {
@@ -630,6 +634,14 @@ absl::Status Run(int argc, char** argv) {
     return groups.empty() || std::find(groups.begin(), groups.end(), g) != groups.end();
   };
   std::vector<uint64_t> sizes = {4 * kKiB, 64 * kKiB, kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
+  if (const auto kib = absl::GetFlag(FLAGS_sizes_kib); !kib.empty()) {
+    sizes.clear();
+    for (const std::string& k : kib) {
+      uint64_t n = 0;
+      if (!absl::SimpleAtoi(k, &n) || n == 0) return absl::InvalidArgumentError("bad --sizes_kib");
+      sizes.push_back(n * kKiB);
+    }
+  }
   const std::vector<uint64_t> big = {kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
 
   const double begin = NowSeconds();

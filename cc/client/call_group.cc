@@ -13,31 +13,47 @@ Transport::Done CallGroup::Add(std::string label) {
   results_.emplace_back();
   labels_.push_back(std::move(label));
   ++pending_;
-  return [this, slot](absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    results_[slot] = std::move(status);
-    --pending_;
-  };
+  return Completion{this, slot};
 }
 
-absl::Status CallGroup::Wait() {
+void CallGroup::Completion::operator()(absl::Status status) const {
+  absl::MutexLock lock(&group->mu_);
+  group->results_[slot] = std::move(status);
+  --group->pending_;
+}
+
+void CallGroup::AddHelper(Helper help) {
   absl::MutexLock lock(&mu_);
-  Cancellation::Await(mu_, absl::Condition(
-      +[](int* pending) { return *pending == 0; }, &pending_));
-  for (size_t i = 0; i < results_.size(); ++i) {
-    if (!results_[i].ok()) {
-      return absl::Status(results_[i].code(),
-                          absl::StrCat(results_[i].message(), " (server ", labels_[i], ")"));
+  helpers_.push_back(std::move(help));
+}
+
+bool CallGroup::DoneOrHelp() const { return pending_ == 0 || !helpers_.empty(); }
+
+absl::Status CallGroup::Wait() {
+  const std::vector<absl::Status> results = WaitAll();
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].ok()) {
+      return absl::Status(results[i].code(),
+                          absl::StrCat(results[i].message(), " (server ", labels_[i], ")"));
     }
   }
   return absl::OkStatus();
 }
 
 std::vector<absl::Status> CallGroup::WaitAll() {
-  absl::MutexLock lock(&mu_);
-  Cancellation::Await(mu_, absl::Condition(
-      +[](int* pending) { return *pending == 0; }, &pending_));
-  return results_;
+  while (true) {
+    std::vector<Helper> helpers;
+    bool read = false;
+    {
+      absl::MutexLock lock(&mu_);
+      Cancellation::Await(mu_, absl::Condition(this, &CallGroup::DoneOrHelp));
+      if (helpers_.empty()) return results_;
+      helpers.swap(helpers_);
+      read = helpers.size() == 1 && pending_ == 1;
+    }
+    for (Helper& help : helpers) help(read);
+  }
 }
 
 }  // namespace pserver

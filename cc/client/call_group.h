@@ -6,9 +6,16 @@
 //
 // Wait returns the first failure in the order the calls were added, its message
 // followed by " (server <label>)". Thread-safe: callbacks may run anywhere.
+//
+// A transport may ask the waiting thread to read its call's reply itself
+// (AddHelper: the bulk channel does, saving the hand-off from a reader
+// thread to the waiter); Wait runs those helpers before it blocks, when the
+// group's only call still running is theirs (else it lets the transport
+// read the replies, in parallel).
 #ifndef PSERVER_CC_CLIENT_CALL_GROUP_H_
 #define PSERVER_CC_CLIENT_CALL_GROUP_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,8 +33,25 @@ class CallGroup {
   // Waits for calls still running, so callbacks never outlive the group.
   ~CallGroup();
 
+  // The completion callback Add returns (a transport finds its group with
+  // Transport::Done::target<CallGroup::Completion>()).
+  struct Completion {
+    CallGroup* group;
+    size_t slot;
+    void operator()(absl::Status status) const;
+  };
+
   // The completion callback for one more call to `label`.
   Transport::Done Add(std::string label);
+
+  // Called on the thread that waits, before it blocks: with true when the
+  // call it helps is the group's only one still running (it must return
+  // once that call is done, which it may complete itself, and others),
+  // else with false (it must return at once, leaving the call to the
+  // transport).
+  using Helper = std::function<void(bool read)>;
+  // Added by a transport while starting a call of this group.
+  void AddHelper(Helper help);
 
   // Blocks until every added call has completed.
   absl::Status Wait();
@@ -41,6 +65,10 @@ class CallGroup {
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> labels_ ABSL_GUARDED_BY(mu_);
+  std::vector<Helper> helpers_ ABSL_GUARDED_BY(mu_);
+
+  // Every call is done, or a helper waits to run.
+  bool DoneOrHelp() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace pserver

@@ -8,9 +8,11 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "cc/client/call_group.h"
 #include "cc/client/cancellation.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/byte_stream.h"
@@ -21,12 +23,24 @@
 
 namespace pserver {
 
-// One connection of the bulk channel: callers write frames (one at a time);
-// a reader thread reads replies and completes their calls by id.
+// One connection of the bulk channel: callers write their frames themselves
+// (one at a time). Replies are read by whoever holds the read turn: a caller
+// waiting in a CallGroup for its one call still running, when that is the
+// connection's only call, reads its own reply (no hand-off: two wake-ups
+// per round trip, the server's and the caller's); a reader thread reads
+// whenever a call has no such waiter or several calls are in flight (so a
+// caller blocked writing never waits on a reply nobody reads, and the
+// replies of a group's calls to several servers are read in parallel).
+// After answering a call with no waiter the reader keeps the turn, waiting
+// in the stream for the next reply as a plain reader would (callers that
+// never wait in a CallGroup pay no wake-up of the reader per call); after
+// answering a waiter's call it gives the turn back.
 class ChannelTransport::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(std::unique_ptr<ByteStream> stream, DeadlineTimer* timer)
-      : stream_(std::move(stream)), timer_(timer) {}
+  // `waiter_reads` counts the replies read by waiting callers.
+  Connection(std::unique_ptr<ByteStream> stream, DeadlineTimer* timer,
+             std::atomic<uint64_t>* waiter_reads)
+      : stream_(std::move(stream)), timer_(timer), waiter_reads_(waiter_reads) {}
   ~Connection() { Close(); }
 
   // Presents `token` and waits for the server's answer, then starts reading.
@@ -34,10 +48,8 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     char header[kFrameHeaderBytes];
     EncodeRequestHeader({FrameMethod::kHello, 0, 0, token.size()}, header);
     PS_RETURN_IF_ERROR(stream_->Write({absl::string_view(header, sizeof(header)), token}));
-    std::string message;
-    grpc::Slice payload;
-    PS_ASSIGN_OR_RETURN(ReplyHeader reply, ReadReply(&message, &payload));
-    if (reply.code != absl::StatusCode::kOk) return absl::Status(reply.code, message);
+    PS_ASSIGN_OR_RETURN(ReplyHeader reply, ReadReply());
+    if (reply.code != absl::StatusCode::kOk) return absl::Status(reply.code, message_);
     reader_ = std::thread([this] { ReadLoop(); });
     return absl::OkStatus();
   }
@@ -50,6 +62,13 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
   // Sends one call; `done` runs once (on another thread, or here on error).
   void Send(FrameMethod method, absl::Span<const absl::string_view> payload, BlockSink sink,
             absl::Time deadline, Done done, TraceRecorder* trace) {
+    // A call waited for in a CallGroup, with no cancellation to watch while
+    // it waits, may read its own reply on the waiting thread.
+    CallGroup* waiter = nullptr;
+    if (const auto* c = done.target<CallGroup::Completion>();
+        c != nullptr && Cancellation::Current() == nullptr) {
+      waiter = c->group;
+    }
     uint64_t id = 0;
     bool watch = false;  // the first deadline to watch is this call's
     {
@@ -62,6 +81,8 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
         call.done = std::move(done);
         call.trace = trace;
         call.deadline = deadline;
+        call.helped = waiter != nullptr;
+        if (!call.helped) ++unhelped_;
         watch = deadline < watch_at_;
         if (watch) watch_at_ = deadline;
       }
@@ -71,34 +92,22 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       return;
     }
     std::weak_ptr<Connection> self = weak_from_this();
+    if (waiter != nullptr) {
+      waiter->AddHelper([self, id](bool read) {
+        if (auto c = self.lock()) c->Help(id, read);
+      });
+    }
     if (watch) Watch(deadline);
     std::shared_ptr<Cancellation::Registration> cancel;
     if (Cancellation* current = Cancellation::Current(); current != nullptr) {
       cancel = std::make_shared<Cancellation::Registration>(current->OnCancel([self, id] {
         if (auto c = self.lock()) c->Finish(id, absl::CancelledError("the call was cancelled"), true);
       }));
-    }
-    {
       absl::MutexLock lock(&mu_);
       auto it = pending_.find(id);
       if (it != pending_.end()) it->second.cancel = std::move(cancel);
     }
-    uint64_t bytes = 0;
-    for (absl::string_view part : payload) bytes += part.size();
-    RequestHeader header{method, id, 0, bytes};
-    if (deadline != absl::InfiniteFuture()) {
-      header.timeout_micros = static_cast<uint64_t>(
-          std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
-    }
-    char encoded[kFrameHeaderBytes];
-    EncodeRequestHeader(header, encoded);
-    std::vector<absl::string_view> parts = {absl::string_view(encoded, sizeof(encoded))};
-    parts.insert(parts.end(), payload.begin(), payload.end());
-    absl::Status written;
-    {
-      absl::MutexLock lock(&write_mu_);
-      written = stream_->Write(parts);
-    }
+    const absl::Status written = WriteRequest(method, id, deadline, payload);
     if (!written.ok()) Break(absl::UnavailableError(absl::StrCat("bulk channel: ", written.message())));
     // The request is out: a call that ended meanwhile (deadline, cancel, a
     // broken connection) reports now, having let go of the caller's memory.
@@ -108,10 +117,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       auto it = pending_.find(id);
       if (it == pending_.end()) return;
       it->second.writing = false;
-      if (it->second.result.has_value()) {
-        ended = std::move(it->second);
-        pending_.erase(it);
-      }
+      if (it->second.result.has_value()) ended = Take(it);
     }
     if (ended.has_value()) Report(*ended, *ended->result);
   }
@@ -127,8 +133,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
           if (!it->second.result.has_value()) it->second.result = why;
           ++it;
         } else {
-          failed.push_back(std::move(it->second));
-          it = pending_.erase(it);
+          failed.push_back(Take(it++));
         }
       }
     }
@@ -152,8 +157,35 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     std::shared_ptr<Cancellation::Registration> cancel;
     bool whole_reply = false;  // the sink gets the reply's payload as it is
     bool writing = true;                // Send is still writing its request
+    bool helped = false;                // its waiter reads replies (Help)
     std::optional<absl::Status> result; // ended while writing
   };
+
+  // Takes call `it` out of pending_.
+  Pending Take(std::map<uint64_t, Pending>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Pending call = std::move(it->second);
+    if (!call.helped) --unhelped_;
+    pending_.erase(it);
+    return call;
+  }
+
+  // Writes one request frame (callers take turns).
+  absl::Status WriteRequest(FrameMethod method, uint64_t id, absl::Time deadline,
+                            absl::Span<const absl::string_view> payload) {
+    uint64_t bytes = 0;
+    for (absl::string_view part : payload) bytes += part.size();
+    RequestHeader header{method, id, 0, bytes};
+    if (deadline != absl::InfiniteFuture()) {
+      header.timeout_micros = static_cast<uint64_t>(
+          std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
+    }
+    char encoded[kFrameHeaderBytes];
+    EncodeRequestHeader(header, encoded);
+    absl::InlinedVector<absl::string_view, 8> parts = {absl::string_view(encoded, sizeof(encoded))};
+    parts.insert(parts.end(), payload.begin(), payload.end());
+    absl::MutexLock lock(&write_mu_);
+    return stream_->Write(parts);
+  }
 
   // Ends call `id` with `status` (a deadline or a cancellation: `drop`
   // also breaks the connection, whose reply would come too late).
@@ -166,8 +198,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       if (it->second.writing) {
         if (!it->second.result.has_value()) it->second.result = status;
       } else {
-        ended = std::move(it->second);
-        pending_.erase(it);
+        ended = Take(it);
       }
     }
     if (ended.has_value()) Report(*ended, status);
@@ -217,15 +248,16 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     done(status);
   }
 
-  absl::StatusOr<ReplyHeader> ReadReply(std::string* message, grpc::Slice* payload) {
+  // Reads one reply into message_ and payload_ (the read turn's).
+  absl::StatusOr<ReplyHeader> ReadReply() {
     char encoded[kReplyHeaderBytes];
     PS_RETURN_IF_ERROR(stream_->Read(encoded, sizeof(encoded)));
     PS_ASSIGN_OR_RETURN(ReplyHeader header, DecodeReplyHeader(encoded, kDefaultMaxMessageBytes));
-    message->resize(header.message_bytes);
-    PS_RETURN_IF_ERROR(stream_->Read(message->data(), message->size()));
-    *payload = grpc::Slice(header.payload_bytes);
+    message_.resize(header.message_bytes);
+    PS_RETURN_IF_ERROR(stream_->Read(message_.data(), message_.size()));
+    payload_ = grpc::Slice(header.payload_bytes);
     PS_RETURN_IF_ERROR(stream_->Read(
-        reinterpret_cast<char*>(const_cast<uint8_t*>(payload->begin())), payload->size()));
+        reinterpret_cast<char*>(const_cast<uint8_t*>(payload_.begin())), payload_.size()));
     return header;
   }
 
@@ -257,49 +289,108 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     mu_.Await(absl::Condition(&written));
     auto it = pending_.find(id);
     if (it == pending_.end()) return std::nullopt;
-    std::optional<Pending> call = std::move(it->second);
-    pending_.erase(it);
-    return call;
+    return Take(it);
   }
 
+  // Reads one reply and completes its call (the read turn held); `*helped`:
+  // that call had a waiter reading for it. False when the connection broke
+  // (its calls failed).
+  bool ReadOne(bool* helped) {
+    absl::StatusOr<ReplyHeader> reply = ReadReply();
+    if (!reply.ok()) {
+      Break(absl::UnavailableError(absl::StrCat("the bulk channel connection was lost (",
+                                                reply.status().message(), "); retry")));
+      return false;
+    }
+    std::optional<Pending> call = TakeAnswered(reply->call_id);
+    if (!call.has_value()) {
+      Break(absl::UnavailableError("bulk channel: the server answered a call not made"));
+      return false;
+    }
+    *helped = call->helped;
+    if (call->trace != nullptr) {
+      v1::ServerTrace times;
+      times.set_received_unix_nanos(reply->received_unix_nanos);
+      times.set_processed_unix_nanos(reply->processed_unix_nanos);
+      call->trace->Server(times);
+    }
+    absl::Status status(reply->code, message_);
+    if (status.ok()) status = Deliver(payload_, call->sink, call->whole_reply);
+    payload_ = grpc::Slice();
+    Report(*call, status);
+    return true;
+  }
+
+  // Takes the read turn once `may_read` holds (false: `stop` held first),
+  // reads one reply and gives the turn back (`*helped` as ReadOne's). False
+  // when the connection broke or `stop` held.
+  template <typename MayRead, typename Stop>
+  bool ReadTurn(MayRead may_read, Stop stop, bool* helped) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return broken_ || stop() || (!reading_ && may_read());
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (broken_ || stop()) return false;
+      reading_ = true;
+    }
+    const bool read = ReadOne(helped);
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    return read;
+  }
+
+  // The reader thread: reads while a call has no waiter to read for it, or
+  // several calls are in flight, or the last reply it read was for a call
+  // with no waiter (the next one likely has none either).
   void ReadLoop() {
-    std::string message;
-    grpc::Slice payload;
-    while (true) {
-      absl::StatusOr<ReplyHeader> reply = ReadReply(&message, &payload);
-      if (!reply.ok()) {
-        Break(absl::UnavailableError(
-            absl::StrCat("the bulk channel connection was lost (", reply.status().message(),
-                         "); retry")));
-        return;
+    bool helped = true;  // nothing read yet: wait for a call with no waiter
+    while (ReadTurn(
+        [this, &helped]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !helped || unhelped_ > 0 || pending_.size() > 1;
+        },
+        [] { return false; }, &helped)) {
+    }
+  }
+
+  // A CallGroup's waiter: reads replies until call `id` is over; or, not
+  // to `read`, leaves the call to the reader thread.
+  void Help(uint64_t id, bool read) {
+    if (!read) {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it != pending_.end() && it->second.helped) {
+        it->second.helped = false;
+        ++unhelped_;
       }
-      std::optional<Pending> call = TakeAnswered(reply->call_id);
-      if (!call.has_value()) {
-        Break(absl::UnavailableError("bulk channel: the server answered a call not made"));
-        return;
-      }
-      if (call->trace != nullptr) {
-        v1::ServerTrace times;
-        times.set_received_unix_nanos(reply->received_unix_nanos);
-        times.set_processed_unix_nanos(reply->processed_unix_nanos);
-        call->trace->Server(times);
-      }
-      absl::Status status(reply->code, message);
-      if (status.ok()) status = Deliver(payload, call->sink, call->whole_reply);
-      payload = grpc::Slice();
-      Report(*call, status);
+      return;
+    }
+    bool helped = false;
+    while (ReadTurn([] { return true; },
+                    [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                      return pending_.find(id) == pending_.end();
+                    },
+                    &helped)) {
+      waiter_reads_->fetch_add(1, std::memory_order_relaxed);
     }
   }
 
   const std::unique_ptr<ByteStream> stream_;
   DeadlineTimer* const timer_;
+  std::atomic<uint64_t>* const waiter_reads_;
   std::thread reader_;
   absl::Mutex write_mu_;
+  // The read turn's: the reply being read.
+  std::string message_;
+  grpc::Slice payload_;
   mutable absl::Mutex mu_;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;  // someone holds the read turn
   absl::Time watch_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // the timer's
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  int unhelped_ ABSL_GUARDED_BY(mu_) = 0;  // pending calls no waiter reads for
 };
 
 namespace {
@@ -367,7 +458,7 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
                                            deadline - absl::Now()));
   }
-  auto connection = std::make_shared<Connection>(std::move(stream), &timer_);
+  auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &waiter_reads_);
   PS_RETURN_IF_ERROR(connection->Hello(offer.token() + options_.bearer_token));
   over_unix_ = unix_socket;
   opened_.fetch_add(1);

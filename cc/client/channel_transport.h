@@ -18,7 +18,10 @@
 //
 // Calls: each is a frame with an id on one of `connections` connections;
 // replies are matched by id. A call blocks its caller while its request is
-// written. Deadlines and cancellation fail the call (DEADLINE_EXCEEDED,
+// written. A caller that then waits in a CallGroup (as Client's calls do)
+// for its one call, when that is its connection's only call in flight,
+// reads the reply itself; other replies are read by the connection's
+// reader thread. Deadlines and cancellation fail the call (DEADLINE_EXCEEDED,
 // CANCELLED) and drop its connection; a broken connection fails its calls
 // with UNAVAILABLE, which Client retries (same request id: applied once).
 // The next call reconnects.
@@ -80,6 +83,9 @@ class ChannelTransport final : public Transport {
   std::string route() const;
   // Connections opened so far (a dropped one is reopened on the next call).
   int connections_opened() const { return opened_.load(); }
+  // Replies read by the caller waiting for them (in a CallGroup), not
+  // handed over by a connection's reader thread.
+  uint64_t replies_read_by_waiters() const { return waiter_reads_.load(); }
 
   class Connection;
 
@@ -102,6 +108,7 @@ class ChannelTransport final : public Transport {
   DeadlineTimer timer_;
   std::atomic<size_t> next_{0};
   std::atomic<int> opened_{0};
+  std::atomic<uint64_t> waiter_reads_{0};
 
   mutable absl::Mutex mu_;
   bool have_offer_ ABSL_GUARDED_BY(mu_) = false;

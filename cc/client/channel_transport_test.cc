@@ -1,11 +1,15 @@
 // ChannelTransport against a real server (both routes: Unix socket and TCP)
-// and against a fake channel server that never answers: the same answers as
-// gRPC, exactly once across a dropped connection, deadlines, cancellation, a
-// malformed reply, and the fallback to gRPC. No test depends on timing.
+// and against a fake channel server that answers as told: the same answers
+// as gRPC, exactly once across a dropped connection and with concurrent
+// callers on one connection, waiters reading their own replies (and groups
+// of several calls leaving them to the reader), deadlines
+// and cancellation (also mid-reply), a malformed reply or one for a call not
+// made, and the fallback to gRPC. No test depends on timing.
 #include "cc/client/channel_transport.h"
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "cc/client/call_group.h"
 #include "cc/client/cancellation.h"
 #include "cc/client/client.h"
 #include "cc/client/grpc_transport.h"
@@ -59,13 +64,18 @@ Pulled PullOver(Transport& t, const std::vector<v1::ParamRef>& refs) {
   return out;
 }
 
-absl::Status PushOver(Transport& t, RequestId id, const std::vector<float>& grad,
-                      absl::Time deadline = absl::Now() + kTimeout) {
+GradientView ViewOf(const std::vector<float>& grad) {
   GradientView view;
   view.name = "w";
   view.type = v1::FLOAT32;
   view.content = absl::string_view(reinterpret_cast<const char*>(grad.data()),
                                    grad.size() * sizeof(float));
+  return view;
+}
+
+absl::Status PushOver(Transport& t, RequestId id, const std::vector<float>& grad,
+                      absl::Time deadline = absl::Now() + kTimeout) {
+  const GradientView view = ViewOf(grad);
   absl::Notification done;
   absl::Status status;
   t.Push(id, absl::MakeConstSpan(&view, 1), deadline, [&](absl::Status s) {
@@ -74,6 +84,22 @@ absl::Status PushOver(Transport& t, RequestId id, const std::vector<float>& grad
   });
   done.WaitForNotification();
   return status;
+}
+
+// As Client waits: in a CallGroup, whose waiting thread reads the reply
+// itself (the other helpers wait on the connection's reader thread).
+absl::Status PushInGroup(Transport& t, RequestId id, const std::vector<float>& grad,
+                         absl::Time deadline = absl::Now() + kTimeout) {
+  const GradientView view = ViewOf(grad);
+  CallGroup group;
+  t.Push(id, absl::MakeConstSpan(&view, 1), deadline, group.Add("s"));
+  return group.Wait();
+}
+
+ChannelTransportOptions OneConnection() {
+  ChannelTransportOptions one;
+  one.connections = 1;
+  return one;
 }
 
 std::vector<v1::ParamRef> Refs(const std::string& name) {
@@ -192,6 +218,57 @@ TEST_P(ChannelTransportTest, ARetriedPushIsAppliedOnceAcrossADroppedConnection) 
             (std::vector<float>{-1, 0, 1, 2}));
 }
 
+TEST_P(ChannelTransportTest, ConcurrentCallersOnOneConnectionAreEachAnsweredOnce) {
+  ChannelTransport channel(MakeGrpc(), OneConnection());
+  constexpr int kThreads = 4;
+  constexpr int kPushes = 50;
+  std::vector<std::thread> callers;
+  std::vector<absl::Status> failures(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < kPushes && failures[t].ok(); ++i) {
+        // Waiters that read their own reply, and callers the reader thread
+        // answers, interleaved on the one connection; pulls between them.
+        const RequestId id{static_cast<uint64_t>(100 + t), static_cast<uint64_t>(i + 1)};
+        failures[t] = (t + i) % 2 == 0 ? PushInGroup(channel, id, {1, 1, 1, 1})
+                                       : PushOver(channel, id, {1, 1, 1, 1});
+        if (failures[t].ok() && i % 10 == 0) failures[t] = PullOver(channel, Refs("w")).status;
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (const absl::Status& status : failures) EXPECT_THAT(status, IsOk());
+  EXPECT_EQ(channel.connections_opened(), 1);
+  EXPECT_EQ(Duplicates(), 0u);
+  const float n = kThreads * kPushes;
+  EXPECT_EQ(Floats(PullOver(*grpc_, Refs("w")).blocks[0].second),
+            (std::vector<float>{1 - n, 2 - n, 3 - n, 4 - n}));
+}
+
+TEST_P(ChannelTransportTest, ALoneWaiterReadsItsOwnReply) {
+  ChannelTransport channel(MakeGrpc(), OneConnection());
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_THAT(PushInGroup(channel, {7, i}, {1, 1, 1, 1}), IsOk());
+  // A lone caller waiting in a CallGroup reads its own reply (no hand-off).
+  EXPECT_EQ(channel.replies_read_by_waiters(), 3u);
+  // A call with no waiter is the reader thread's.
+  ASSERT_THAT(PushOver(channel, {7, 4}, {1, 1, 1, 1}), IsOk());
+  EXPECT_EQ(channel.replies_read_by_waiters(), 3u);
+}
+
+TEST_P(ChannelTransportTest, AGroupOfSeveralCallsLeavesTheirRepliesToTheReader) {
+  ChannelTransport channel(MakeGrpc(), OneConnection());
+  const std::vector<float> grad = {1, 1, 1, 1};
+  const GradientView view = ViewOf(grad);
+  CallGroup group;
+  for (uint64_t i = 1; i <= 3; ++i) {
+    channel.Push({8, i}, absl::MakeConstSpan(&view, 1), absl::Now() + kTimeout, group.Add("s"));
+  }
+  EXPECT_THAT(group.Wait(), IsOk());
+  EXPECT_EQ(channel.replies_read_by_waiters(), 0u);
+  EXPECT_EQ(Floats(PullOver(*grpc_, Refs("w")).blocks[0].second),
+            (std::vector<float>{-2, -1, 0, 1}));
+}
+
 TEST_P(ChannelTransportTest, ClientRetriesLostRepliesOverTheChannelExactlyOnce) {
   ServerOptions options;
   options.drop_reply_after_apply_every_n = 2;  // every 2nd applied push "loses" its reply
@@ -262,10 +339,13 @@ class FakeGrpc final : public Transport {
 };
 
 // Accepts one connection, greets it, then reads requests and answers each
-// with `reply` (nothing when empty) until the client closes it.
+// with `reply` (nothing when empty) until the client closes it; given
+// several replies, the n-th request gets the n-th (the last: every later one).
 class FakeChannelServer {
  public:
-  explicit FakeChannelServer(std::string reply = "") : reply_(std::move(reply)) {
+  explicit FakeChannelServer(std::string reply = "")
+      : FakeChannelServer(std::vector<std::string>{std::move(reply)}) {}
+  explicit FakeChannelServer(std::vector<std::string> replies) : replies_(std::move(replies)) {
     int port = 0;
     auto fd = ListenTcp("127.0.0.1", &port);
     EXPECT_THAT(fd.status(), IsOk());
@@ -282,6 +362,8 @@ class FakeChannelServer {
   const v1::OpenChannelResponse& offer() const { return offer_; }
   // Waits until the client closed (dropped) the connection.
   void WaitForClose() { closed_.WaitForNotification(); }
+  // Waits until the first reply has been written.
+  void WaitForReply() { replied_.WaitForNotification(); }
 
  private:
   void Serve() {
@@ -292,22 +374,25 @@ class FakeChannelServer {
     std::string token(kChannelTokenBytes, '\0');
     if (stream.Read(header, sizeof(header)).ok() && stream.Read(token.data(), token.size()).ok()) {
       WriteReplyFrame(stream, ReplyHeader{}, absl::OkStatus()).IgnoreError();
-      while (stream.Read(header, sizeof(header)).ok()) {
+      for (size_t n = 0; stream.Read(header, sizeof(header)).ok(); ++n) {
         auto request = DecodeRequestHeader(header, kDefaultMaxMessageBytes);
         if (!request.ok()) break;
         std::string payload(request->payload_bytes, '\0');
         if (!stream.Read(payload.data(), payload.size()).ok()) break;
-        if (!reply_.empty()) stream.Write({reply_}).IgnoreError();
+        const std::string& reply = replies_[std::min(n, replies_.size() - 1)];
+        if (!reply.empty()) stream.Write({reply}).IgnoreError();
+        if (!replied_.HasBeenNotified()) replied_.Notify();
       }
     }
     closed_.Notify();
   }
 
-  const std::string reply_;
+  const std::vector<std::string> replies_;
   int listen_fd_ = -1;
   v1::OpenChannelResponse offer_;
   std::thread thread_;
   absl::Notification closed_;
+  absl::Notification replied_;
 };
 
 TEST(ChannelTransportFakeTest, ADeadlineFailsTheCallAndDropsTheConnection) {
@@ -345,6 +430,69 @@ TEST(ChannelTransportFakeTest, CancellingFailsTheCallAndDropsTheConnection) {
   caller.join();
   EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kCancelled));
   fake.WaitForClose();
+}
+
+// A reply header for call `id` promising `payload_bytes`, then `sent` of them.
+std::string PartialReply(uint64_t id, uint64_t payload_bytes, size_t sent) {
+  ReplyHeader header;
+  header.call_id = id;
+  header.payload_bytes = payload_bytes;
+  std::string out(kReplyHeaderBytes, '\0');
+  EncodeReplyHeader(header, out.data());
+  return out + std::string(sent, 'p');
+}
+
+TEST(ChannelTransportFakeTest, CancellingMidReplyFailsTheCallAndDropsTheConnection) {
+  // The first 10 of the reply's 1000 bytes have been sent when the call is
+  // cancelled: the rest is never waited for.
+  FakeChannelServer fake(PartialReply(1, 1000, 10));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
+  Cancellation cancel;
+  absl::Status status;
+  std::thread caller([&] {
+    Cancellation::Scope scope(&cancel);
+    status = PushOver(channel, {1, 1}, {1}, absl::InfiniteFuture());
+  });
+  fake.WaitForReply();
+  cancel.Cancel();
+  caller.join();
+  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kCancelled));
+  fake.WaitForClose();
+}
+
+using PushFn = absl::Status (*)(Transport&, RequestId, const std::vector<float>&, absl::Time);
+
+// Both ways a reply is read: by the connection's reader thread (a callback)
+// and by a caller waiting in a CallGroup.
+const std::pair<const char*, PushFn> kReaders[] = {{"the reader thread", &PushOver},
+                                                   {"a waiter", &PushInGroup}};
+
+// Pushes twice over a fake server on one connection; the first push is
+// answered OK, the second with `second`. The second's status, once the
+// client has closed the connection.
+absl::Status SecondPush(PushFn push, std::string second, absl::Time deadline) {
+  FakeChannelServer fake({PartialReply(1, 0, 0), std::move(second)});
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
+  EXPECT_THAT(push(channel, {1, 1}, {1}, absl::Now() + kTimeout), IsOk());
+  absl::Status status = push(channel, {1, 2}, {1}, deadline);
+  fake.WaitForClose();
+  return status;
+}
+
+TEST(ChannelTransportFakeTest, ADeadlineMidReplyFailsTheCallAndDropsTheConnection) {
+  for (const auto& [reader, push] : kReaders) {
+    SCOPED_TRACE(reader);
+    EXPECT_THAT(SecondPush(push, PartialReply(2, 1000, 10), absl::Now() + absl::Milliseconds(200)),
+                StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
+  }
+}
+
+TEST(ChannelTransportFakeTest, AReplyForACallNotMadeIsUnavailable) {
+  for (const auto& [reader, push] : kReaders) {
+    SCOPED_TRACE(reader);
+    EXPECT_THAT(SecondPush(push, PartialReply(999, 0, 0), absl::Now() + kTimeout),
+                testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("a call not made")));
+  }
 }
 
 TEST(ChannelTransportFakeTest, AMalformedReplyIsUnavailable) {

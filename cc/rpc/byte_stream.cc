@@ -44,6 +44,12 @@ void SetSendTimeout(int fd, absl::Duration timeout) {
 
 }  // namespace
 
+void SetSocketBuffers(int fd) {
+  const int bytes = kSocketBufferBytes;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+}
+
 SocketStream::SocketStream(int fd) : fd_(fd), buffer_(kBufferBytes) {}
 
 SocketStream::~SocketStream() { close(fd_); }
@@ -125,6 +131,7 @@ absl::StatusOr<std::unique_ptr<ByteStream>> ConnectTcp(const std::string& host, 
       last = Errno("bulk channel socket");
       continue;
     }
+    SetSocketBuffers(fd);
     SetSendTimeout(fd, timeout);  // bounds connect()
     if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
       last = Errno(absl::StrCat("bulk channel connect to ", host, ":", port));
@@ -143,6 +150,7 @@ absl::StatusOr<std::unique_ptr<ByteStream>> ConnectTcp(const std::string& host, 
 absl::StatusOr<std::unique_ptr<ByteStream>> ConnectAbstractUnix(const std::string& name) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("bulk channel socket");
+  SetSocketBuffers(fd);
   sockaddr_un address;
   const socklen_t length = AbstractAddress(name, &address);
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) {
@@ -167,6 +175,7 @@ absl::StatusOr<int> ListenTcp(const std::string& host, int* port) {
   const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   absl::Status status;
+  if (fd >= 0) SetSocketBuffers(fd);  // accepted TCP sockets inherit them
   if (fd < 0) {
     status = Errno("bulk channel socket");
   } else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||

@@ -60,6 +60,16 @@ class SocketStream final : public ByteStream {
   size_t end_ = 0;
 };
 
+// The send and receive buffers asked for on every bulk channel socket
+// (SO_SNDBUF/SO_RCVBUF, best effort: the kernel caps them at
+// net.core.wmem_max/rmem_max). With the 208 KiB default a 1 MiB frame
+// blocks its writer four times, and each time the reader has to be woken to
+// drain it; with 4 MiB a frame of up to a few MiB is one write and one read.
+inline constexpr int kSocketBufferBytes = 4 << 20;
+// Asks for kSocketBufferBytes on `fd` (before connect or listen for TCP, so
+// that the window scale covers it).
+void SetSocketBuffers(int fd);
+
 // Connects to `host` (name or address) and `port` within `timeout`, with
 // Nagle's delay off. UNAVAILABLE naming the address and the cause.
 absl::StatusOr<std::unique_ptr<ByteStream>> ConnectTcp(const std::string& host, int port,

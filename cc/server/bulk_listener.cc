@@ -145,6 +145,7 @@ void BulkListener::Admit(int fd) {
   auto stream = std::make_unique<SocketStream>(fd);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // fails harmlessly on Unix
+  SetSocketBuffers(fd);  // a Unix socket's are not inherited from its listener
   absl::MutexLock lock(&mu_);
   ReapFinished();
   if (stopping_) return;
