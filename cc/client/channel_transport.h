@@ -39,6 +39,7 @@
 #include "cc/client/transport.h"
 #include "cc/core/waiters.h"
 #include "cc/rpc/frame.h"
+#include "cc/security/tls.h"
 
 namespace pserver {
 
@@ -52,6 +53,8 @@ struct ChannelTransportOptions {
   bool unix_socket = true;
   // After the channel could not be opened, bulk calls use gRPC this long.
   absl::Duration retry_after = absl::Seconds(30);
+  // TLS on: connections are mutual TLS over TCP (no Unix socket).
+  TlsOptions tls;
 };
 
 class ChannelTransport final : public Transport {

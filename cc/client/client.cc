@@ -37,12 +37,10 @@ absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const std::string& addre
       std::unique_ptr<GrpcTransport> grpc,
       GrpcTransport::Create(address, options.channels_per_server, /*wait_for_ready=*/false,
                             options.tls));
-  // The bulk channel is plaintext: with TLS every call stays on gRPC.
-  if (!options.bulk_channel || options.tls.enabled()) {
-    return std::unique_ptr<Transport>(std::move(grpc));
-  }
+  if (!options.bulk_channel) return std::unique_ptr<Transport>(std::move(grpc));
   ChannelTransportOptions channel;
   channel.connections = options.channels_per_server;
+  channel.tls = options.tls;  // with TLS the channel is TLS too
   return std::unique_ptr<Transport>(std::make_unique<ChannelTransport>(std::move(grpc), channel));
 }
 

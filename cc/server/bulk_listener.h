@@ -37,6 +37,7 @@
 #include "cc/rpc/transport_limits.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/reply_budget.h"
+#include "cc/security/tls.h"
 #include "pserver/v1/service.pb.h"
 
 namespace pserver {
@@ -59,6 +60,9 @@ struct BulkListenerOptions {
   uint64_t max_request_bytes_in_flight = uint64_t{1} << 30;
   // A connection that has not presented its token by then is closed.
   absl::Duration hello_timeout = absl::Seconds(10);
+  // TLS on: every connection is mutual TLS (TCP only; the TLS handshake
+  // also ends by hello_timeout).
+  TlsOptions tls;
 };
 
 class BulkListener {
@@ -100,14 +104,14 @@ class BulkListener {
   void Admit(int fd);
   // Joins the threads of finished connections.
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Serve(SocketStream& stream);
-  absl::Status CheckHello(SocketStream& stream);
+  void Serve(SocketStream& socket);
+  absl::Status CheckHello(ByteStream& stream, int fd);
   // Reads and answers one request frame; an error closes the connection.
-  absl::Status ServeFrame(SocketStream& stream);
+  absl::Status ServeFrame(ByteStream& stream);
   // Reads and drops `bytes` of payload, in small pieces.
-  static absl::Status Discard(SocketStream& stream, uint64_t bytes);
+  static absl::Status Discard(ByteStream& stream, uint64_t bytes);
   // Counts a malformed frame and tells the peer why (best effort).
-  absl::Status Malformed(SocketStream& stream, uint64_t call_id, const absl::Status& why);
+  absl::Status Malformed(ByteStream& stream, uint64_t call_id, const absl::Status& why);
 
   Dispatcher* const dispatcher_;
   const BulkListenerOptions options_;
