@@ -25,7 +25,7 @@ ABSL_FLAG(std::string, sizes, "4096", "Comma-separated parameter sizes in bytes.
 ABSL_FLAG(int, repetitions, 6, "Repetitions per op and size (warm-up included).");
 ABSL_FLAG(uint64_t, bytes_per_repetition, uint64_t{128} << 20,
           "Parameter bytes moved per repetition (at most 2000 operations).");
-ABSL_FLAG(bool, bulk_channel, true, "Plaintext only: use the servers' bulk channel.");
+ABSL_FLAG(bool, bulk_channel, true, "Use the servers' bulk channel (over TLS with --tls_*).");
 ABSL_FLAG(std::string, tls_cert, "", "This client's PEM certificate (TLS when set).");
 ABSL_FLAG(std::string, tls_key, "", "Its PEM private key.");
 ABSL_FLAG(std::string, tls_ca, "", "The PEM CA the servers' certificates chain to.");

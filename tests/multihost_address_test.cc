@@ -107,7 +107,9 @@ TEST_P(PublishedAddressTest, EtcdHoldsTheAdvertisedAddressAndClientsReachIt) {
   etcd_options.prefix = etcd_keys::ClusterPrefix("advertised");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdClient> registry, EtcdClient::Connect(etcd_options));
   ASSERT_OK_AND_ASSIGN(KeyValue kv, registry->Get(etcd_keys::ServerKey(0)));
-  EXPECT_EQ(kv.value, expected);
+  ASSERT_OK_AND_ASSIGN(etcd_keys::ServerEntry entry, etcd_keys::ParseServerValue(kv.value));
+  EXPECT_EQ(entry.address, expected);
+  EXPECT_FALSE(entry.instance_id.empty()) << kv.value;
 
   ClientOptions client_options;
   client_options.etcd_endpoints = {etcd->endpoint()};

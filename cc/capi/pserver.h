@@ -370,7 +370,7 @@ PSERVER_EXPORT void pserver_client_options_set_etcd_tls(pserver_client_options_t
  * with pserver_client_options_set_tls_server_name). The files are checked
  * here: INVALID_ARGUMENT (NOT_FOUND for a missing file) naming the file and
  * what is wrong (unreadable, not PEM, expired, key not the certificate's).
- * With TLS, bulk data travels over gRPC (the bulk channel is plaintext). */
+ * With TLS, the bulk channel is mutual TLS too (TCP only). */
 PSERVER_EXPORT void pserver_client_options_set_tls(pserver_client_options_t* options,
                                                    const char* cert, const char* key,
                                                    const char* ca, pserver_status_t* status);

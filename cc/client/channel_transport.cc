@@ -18,6 +18,7 @@
 #include "cc/rpc/byte_stream.h"
 #include "cc/rpc/transport_limits.h"
 #include "cc/rpc/wire.h"
+#include "cc/security/tls_byte_stream.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 
@@ -443,7 +444,7 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     const v1::OpenChannelResponse& offer, absl::Time deadline) {
   std::unique_ptr<ByteStream> stream;
   bool unix_socket = false;
-  if (options_.unix_socket && !offer.unix_socket().empty()) {
+  if (options_.unix_socket && !options_.tls.enabled() && !offer.unix_socket().empty()) {
     absl::StatusOr<std::unique_ptr<ByteStream>> local = ConnectAbstractUnix(offer.unix_socket());
     if (local.ok()) {
       stream = *std::move(local);
@@ -457,6 +458,9 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     }
     PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
                                            deadline - absl::Now()));
+    if (options_.tls.enabled()) {
+      PS_ASSIGN_OR_RETURN(stream, StartTlsClient(std::move(stream), options_.tls, host, deadline));
+    }
   }
   auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &waiter_reads_);
   PS_RETURN_IF_ERROR(connection->Hello(offer.token() + options_.bearer_token));

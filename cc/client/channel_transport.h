@@ -42,6 +42,7 @@
 #include "cc/client/transport.h"
 #include "cc/core/waiters.h"
 #include "cc/rpc/frame.h"
+#include "cc/security/tls.h"
 
 namespace pserver {
 
@@ -58,6 +59,8 @@ struct ChannelTransportOptions {
   // Presented in the hello frame after the channel token, to a server with
   // roles (docs/security.md); "": none.
   std::string bearer_token;
+  // TLS on: connections are mutual TLS over TCP (no Unix socket).
+  TlsOptions tls;
 };
 
 class ChannelTransport final : public Transport {

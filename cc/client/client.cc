@@ -46,13 +46,11 @@ absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const etcd_keys::ServerE
   }
   if (!server.instance_id.empty()) metadata.emplace_back(kInstanceMetadataKey, server.instance_id);
   grpc->SetCallMetadata(std::move(metadata));
-  // The bulk channel is plaintext: with TLS every call stays on gRPC.
-  if (!options.bulk_channel || options.tls.enabled()) {
-    return std::unique_ptr<Transport>(std::move(grpc));
-  }
+  if (!options.bulk_channel) return std::unique_ptr<Transport>(std::move(grpc));
   ChannelTransportOptions channel;
   channel.connections = options.channels_per_server;
   channel.bearer_token = options.token;
+  channel.tls = options.tls;  // with TLS the channel is TLS too
   return std::unique_ptr<Transport>(std::make_unique<ChannelTransport>(std::move(grpc), channel));
 }
 

@@ -130,7 +130,7 @@ struct ClientOptions {
   // --- TLS (cc/security/tls.h): cert, key and ca, all three or none ---
   // The client presents tls.cert and verifies each server's certificate
   // against tls.ca and the host it dials (or tls.server_name). With TLS
-  // bulk data travels over gRPC (the bulk channel is plaintext).
+  // the bulk channel is TLS too (TCP; no Unix socket).
   TlsOptions tls;
 
   // --- security (docs/security.md) ---

@@ -1,7 +1,8 @@
 // Mutual TLS between Client and Server: a call goes through with
 // certificates from the right CA; each wrong setup is refused with a message
 // that says which; a server with missing files does not start; replacing the
-// files rotates the server's certificate without a restart.
+// files rotates the server's certificate without a restart; the bulk channel
+// is mutual TLS too, and refuses a certificate from another CA or plaintext.
 #include "cc/security/tls.h"
 
 #include <signal.h>
@@ -13,7 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/synchronization/notification.h"
+#include "cc/client/channel_transport.h"
 #include "cc/client/client.h"
+#include "cc/client/grpc_transport.h"
+#include "cc/rpc/byte_stream.h"
+#include "cc/security/tls_byte_stream.h"
+#include "cc/server/bulk_listener.h"
 #include "cc/server/server.h"
 #include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
@@ -26,6 +33,7 @@
 namespace pserver {
 namespace {
 
+using ::pserver::testing::StatusCodeIs;
 using ::pserver::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -100,8 +108,8 @@ TEST_F(TlsTest, PushAndPullOverMutualTls) {
   Tensor out;
   ASSERT_OK(client->PushPull("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1}), &out));
   EXPECT_EQ(out.ToVector<float>(), (std::vector<float>{-1, 0, 1, 2}));
-  // The bulk channel is plaintext: with TLS it is not offered.
-  EXPECT_EQ(server_->bulk_listener(), nullptr);
+  // With TLS the bulk channel is TLS too (cc/security/tls_channel_test.cc).
+  EXPECT_NE(server_->bulk_listener(), nullptr);
 }
 
 TEST_F(TlsTest, ServerNameOverrideIsChecked) {
@@ -277,6 +285,122 @@ TEST_F(TlsTest, PserverBinaryTakesTheTlsFlags) {
   EXPECT_OK(client->GetStats().status());
   kill(good->pid(), SIGTERM);
   EXPECT_OK(good->WaitForExit(absl::Now() + absl::Seconds(30)).status());
+}
+
+constexpr absl::Duration kChannelTimeout = absl::Seconds(60);
+
+// Pulls "w" over `t`, dropping the data.
+absl::Status PullW(Transport& t) {
+  std::vector<v1::ParamRef> refs(1);
+  refs[0].set_name("w");
+  absl::Notification done;
+  absl::Status status;
+  t.Pull(
+      refs, [](const v1::Parameter&, const Segments&) { return absl::OkStatus(); },
+      absl::Now() + kChannelTimeout, [&](absl::Status s) {
+        status = std::move(s);
+        done.Notify();
+      });
+  done.WaitForNotification();
+  return status;
+}
+
+// The bulk channel over mutual TLS: a TLS client's bulk calls go over the
+// channel (TCP + TLS, no Unix socket) with the right data; a channel client
+// with a certificate from another CA, or one speaking plaintext, is refused
+// by the server's channel (its calls then fall back to gRPC).
+class TlsChannelTest : public TlsTest {
+ protected:
+  void SetUp() override {
+    TlsTest::SetUp();
+    StartTlsServer();
+    ASSERT_NE(server_->bulk_listener(), nullptr);
+    client_ = ClientWith(Good(), kChannelTimeout);
+    ASSERT_NE(client_, nullptr);
+    ASSERT_OK(client_->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd()));
+    big_.resize(1 << 20);  // 4 MiB, several blocks and TLS records
+    for (size_t i = 0; i < big_.size(); ++i) big_[i] = static_cast<float>(i % 1000);
+    ASSERT_OK(client_->InitParam("big", Tensor::FromValues<float>({big_.size()}, big_), Sgd()));
+    ASSERT_OK(client_->FinishInitParams());
+  }
+
+  TlsOptions Good() const { return TlsOf(client_files_, *ca_); }
+
+  // A channel whose gRPC side has good certificates and whose channel side
+  // uses `channel_tls`.
+  std::unique_ptr<ChannelTransport> Channel(TlsOptions channel_tls) {
+    auto grpc = GrpcTransport::Create(server_->address(), 1, false, Good());
+    EXPECT_OK(grpc.status());
+    ChannelTransportOptions options;
+    options.tls = std::move(channel_tls);
+    return std::make_unique<ChannelTransport>(*std::move(grpc), options);
+  }
+
+  std::vector<float> big_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(TlsChannelTest, TlsClientUsesTheChannelOverTcp) {
+  EXPECT_TRUE(server_->bulk_listener()->Offer().unix_socket().empty());
+  std::unique_ptr<ChannelTransport> channel = Channel(Good());
+  ASSERT_OK(PullW(*channel));
+  EXPECT_EQ(channel->route(), "tcp");
+  EXPECT_GE(channel->connections_opened(), 1);
+  // The Client's own bulk calls take the channel too, with the right data.
+  Tensor out;
+  ASSERT_OK(client_->PushPull("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1}), &out));
+  EXPECT_EQ(out.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_GE(server_->bulk_listener()->connections(), 1);
+}
+
+TEST_F(TlsChannelTest, LargeTensorRoundTripsOverTheChannel) {
+  ASSERT_OK_AND_ASSIGN(Tensor got, client_->GetParam("big"));
+  EXPECT_EQ(got.ToVector<float>(), big_);
+  std::vector<float> ones(big_.size(), 1.0f);
+  ASSERT_OK(client_->SendGrad("big", Tensor::FromValues<float>({ones.size()}, ones)));
+  ASSERT_OK_AND_ASSIGN(got, client_->GetParam("big"));
+  for (float& x : big_) x -= 1;
+  EXPECT_EQ(got.ToVector<float>(), big_);
+  EXPECT_GE(server_->bulk_listener()->connections(), 1);
+}
+
+TEST_F(TlsChannelTest, ClientCertificateFromAnotherCaIsRefusedOnTheChannel) {
+  CertRequest request;
+  request.common_name = "intruder";
+  ASSERT_OK_AND_ASSIGN(CertFiles intruder, other_ca_->Issue("intruder", request));
+  TlsOptions bad = TlsOf(intruder, *ca_);  // trusts the server, is not trusted
+  std::unique_ptr<ChannelTransport> channel = Channel(bad);
+  ASSERT_OK(PullW(*channel));  // over gRPC's good certificates
+  EXPECT_EQ(channel->route(), "grpc");
+  EXPECT_EQ(channel->connections_opened(), 0);
+  // At the stream: the handshake or the first read fails.
+  const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
+  ASSERT_OK_AND_ASSIGN(auto tcp, ConnectTcp("127.0.0.1", port, kChannelTimeout));
+  absl::StatusOr<std::unique_ptr<ByteStream>> tls =
+      StartTlsClient(std::move(tcp), bad, "127.0.0.1", absl::Now() + kChannelTimeout);
+  if (tls.ok()) {
+    char byte;
+    ASSERT_OK((*tls)->Write({absl::string_view("x")}));
+    EXPECT_THAT((*tls)->Read(&byte, 1), StatusCodeIs(absl::StatusCode::kUnavailable));
+  }
+}
+
+TEST_F(TlsChannelTest, ServerCertificateFromAnotherCaIsRefusedByTheChannelClient) {
+  CertRequest request;
+  request.common_name = "trainer-1";
+  ASSERT_OK_AND_ASSIGN(CertFiles files, other_ca_->Issue("trainer-1", request));
+  const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
+  ASSERT_OK_AND_ASSIGN(auto tcp, ConnectTcp("127.0.0.1", port, kChannelTimeout));
+  EXPECT_THAT(StartTlsClient(std::move(tcp), TlsOf(files, *other_ca_), "127.0.0.1",
+                             absl::Now() + kChannelTimeout),
+              StatusCodeIs(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(TlsChannelTest, PlaintextChannelClientIsRefused) {
+  std::unique_ptr<ChannelTransport> channel = Channel({});
+  ASSERT_OK(PullW(*channel));
+  EXPECT_EQ(channel->route(), "grpc");
+  EXPECT_EQ(channel->connections_opened(), 0);
 }
 
 }  // namespace

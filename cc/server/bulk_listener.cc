@@ -14,6 +14,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
+#include "cc/security/tls_byte_stream.h"
 #include "cc/server/service.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -181,15 +182,28 @@ void BulkListener::ReapFinished() {
   }
 }
 
-void BulkListener::Serve(SocketStream& stream) {
+void BulkListener::Serve(SocketStream& socket) {
+  // With TLS, frames go through a TLS stream on the same socket (handshake on
+  // this connection's thread); shutting `socket` down ends both.
+  std::unique_ptr<ByteStream> tls;
+  if (options_.tls.enabled()) {
+    const int fd = dup(socket.fd());
+    if (fd < 0) return;
+    absl::StatusOr<std::unique_ptr<ByteStream>> secured =
+        StartTlsServer(fd, options_.tls, absl::Now() + options_.hello_timeout);
+    if (!secured.ok()) return;
+    tls = *std::move(secured);
+  }
+  ByteStream& stream = tls != nullptr ? *tls : socket;
   std::optional<Principal> principal;
-  if (!CheckHello(stream, &principal).ok()) return;
+  if (!CheckHello(stream, socket.fd(), &principal).ok()) return;
   while (ServeFrame(stream, principal).ok()) {
   }
 }
 
-absl::Status BulkListener::CheckHello(SocketStream& stream, std::optional<Principal>* principal) {
-  SetReceiveTimeout(stream.fd(), options_.hello_timeout);
+absl::Status BulkListener::CheckHello(ByteStream& stream, int fd,
+                                      std::optional<Principal>* principal) {
+  SetReceiveTimeout(fd, options_.hello_timeout);
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
   const bool auth = options_.auth != nullptr && options_.auth->enabled();
@@ -218,13 +232,13 @@ absl::Status BulkListener::CheckHello(SocketStream& stream, std::optional<Princi
     }
     *principal = *std::move(who);
   }
-  SetReceiveTimeout(stream.fd(), absl::ZeroDuration());
+  SetReceiveTimeout(fd, absl::ZeroDuration());
   ReplyHeader reply;
   reply.call_id = header->call_id;
   return WriteReplyFrame(stream, reply, absl::OkStatus());
 }
 
-absl::Status BulkListener::Malformed(SocketStream& stream, uint64_t call_id,
+absl::Status BulkListener::Malformed(ByteStream& stream, uint64_t call_id,
                                      const absl::Status& why) {
   malformed_.fetch_add(1);
   dispatcher_->CountMalformed();
@@ -234,7 +248,7 @@ absl::Status BulkListener::Malformed(SocketStream& stream, uint64_t call_id,
   return why;
 }
 
-absl::Status BulkListener::Discard(SocketStream& stream, uint64_t bytes) {
+absl::Status BulkListener::Discard(ByteStream& stream, uint64_t bytes) {
   char sink[64 * 1024];
   while (bytes > 0) {
     const uint64_t n = std::min<uint64_t>(bytes, sizeof(sink));
@@ -244,7 +258,7 @@ absl::Status BulkListener::Discard(SocketStream& stream, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status BulkListener::ServeFrame(SocketStream& stream,
+absl::Status BulkListener::ServeFrame(ByteStream& stream,
                                       const std::optional<Principal>& principal) {
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));

@@ -39,6 +39,7 @@
 #include "cc/rpc/transport_limits.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/reply_budget.h"
+#include "cc/security/tls.h"
 #include "pserver/v1/service.pb.h"
 
 namespace pserver {
@@ -68,6 +69,10 @@ struct BulkListenerOptions {
   // hello without a token the authorizer accepts is refused and closes the
   // connection (the client keeps to gRPC). Must outlive the listener.
   const Authorizer* auth = nullptr;
+
+  // TLS on: every connection is mutual TLS (TCP only; the TLS handshake
+  // also ends by hello_timeout).
+  TlsOptions tls;
 };
 
 class BulkListener {
@@ -109,15 +114,16 @@ class BulkListener {
   void Admit(int fd);
   // Joins the threads of finished connections.
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Serve(SocketStream& stream);
-  // Checks the hello frame; the connection's principal when auth is on.
-  absl::Status CheckHello(SocketStream& stream, std::optional<Principal>* principal);
+  void Serve(SocketStream& socket);
+  // Checks the hello frame on `stream` (`fd`: its socket, for the hello's
+  // receive timeout); the connection's principal when auth is on.
+  absl::Status CheckHello(ByteStream& stream, int fd, std::optional<Principal>* principal);
   // Reads and answers one request frame; an error closes the connection.
-  absl::Status ServeFrame(SocketStream& stream, const std::optional<Principal>& principal);
+  absl::Status ServeFrame(ByteStream& stream, const std::optional<Principal>& principal);
   // Reads and drops `bytes` of payload, in small pieces.
-  static absl::Status Discard(SocketStream& stream, uint64_t bytes);
+  static absl::Status Discard(ByteStream& stream, uint64_t bytes);
   // Counts a malformed frame and tells the peer why (best effort).
-  absl::Status Malformed(SocketStream& stream, uint64_t call_id, const absl::Status& why);
+  absl::Status Malformed(ByteStream& stream, uint64_t call_id, const absl::Status& why);
 
   Dispatcher* const dispatcher_;
   const BulkListenerOptions options_;

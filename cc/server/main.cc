@@ -138,7 +138,7 @@ ABSL_FLAG(uint64_t, max_bulk_request_bytes_in_flight, uint64_t{1} << 30,
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) this server presents; with --tls_key and --tls_ca turns on "
           "mutual TLS: clients must present a certificate signed by --tls_ca. The bulk channel "
-          "is then off (bulk data goes over TLS gRPC).");
+          "is then mutual TLS too (TCP only).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA certificate(s) a client's certificate must chain to.");

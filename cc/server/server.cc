@@ -244,8 +244,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   PS_RETURN_IF_ERROR(CheckTransportLimits(options));
   PS_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
-  // The bulk channel is plaintext: with TLS, bulk data goes over gRPC.
-  const bool bulk_channel = options.bulk_channel && !options.tls.enabled();
+  // With TLS the bulk channel is TLS too (TCP only).
+  const bool bulk_channel = options.bulk_channel;
   const int threads = options.num_threads > 0
                           ? options.num_threads
                           : std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
@@ -295,7 +295,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (bulk_channel) {
     BulkListenerOptions bulk;
     bulk.host = options.host;
-    bulk.unix_socket = options.bulk_unix_socket;
+    bulk.unix_socket = options.bulk_unix_socket && !options.tls.enabled();
+    bulk.tls = options.tls;
     bulk.max_connections = options.max_bulk_connections;
     bulk.max_request_bytes_in_flight = options.max_bulk_request_bytes_in_flight;
     bulk.max_frame_bytes = options.max_message_bytes;

@@ -163,8 +163,9 @@ struct ServerOptions {
   // (mutual TLS); the files are re-read every tls.reload_interval, so
   // replacing them rotates the certificates without a restart. gRPC's own
   // listener accepts (pserver's Listener hands over plaintext connections
-  // only; handshake_timeout still applies), and the bulk channel is off:
-  // bulk data travels over gRPC's TLS.
+  // only; handshake_timeout still applies), and the bulk channel is mutual
+  // TLS too, over TCP only (cc/security/tls_byte_stream.h; files read per
+  // connection).
   TlsOptions tls;
 
   // --- roles (docs/security.md; cc/auth/authorizer.h) ---

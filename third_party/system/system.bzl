@@ -26,7 +26,8 @@ _LIBRARIES = {
     "benchmark": ["benchmark"],
     "isal": ["libisal"],
     # certificate checks in cc/security (X.509 dates, key matches certificate)
-    "openssl": ["libcrypto"],
+    # and TLS on the bulk channel (cc/security/tls_byte_stream)
+    "openssl": ["libssl", "libcrypto"],
 }
 
 def _pkg_config_libs(rctx, modules):

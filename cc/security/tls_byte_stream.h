@@ -1,0 +1,47 @@
+// TLS on the bulk channel: a ByteStream (cc/rpc/byte_stream.h) over OpenSSL
+// wrapping a connected TCP socket, with the same mutual TLS as the gRPC data
+// plane (cc/security/tls.h): TLS 1.3 only, AES-GCM, the server requires a
+// client certificate chaining to its CA, the client checks the server's
+// certificate against its CA and the name dialled (or options.server_name).
+//
+//   PS_ASSIGN_OR_RETURN(auto plain, ConnectTcp(host, port, timeout));
+//   PS_ASSIGN_OR_RETURN(auto stream, StartTlsClient(std::move(plain), tls, host, deadline));
+//
+// The three files are read for every new connection, so replaced files
+// (rotation) take effect on the next connection; connections already made
+// keep their certificates.
+//
+// One thread may write while another reads (each OpenSSL call is made under
+// a lock on a non-blocking socket; waiting happens outside it); Shutdown may
+// be called from any thread. A read waits at most the socket's receive
+// timeout (SO_RCVTIMEO) when one is set, as a plain socket's read does.
+#ifndef PSERVER_CC_SECURITY_TLS_BYTE_STREAM_H_
+#define PSERVER_CC_SECURITY_TLS_BYTE_STREAM_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cc/rpc/byte_stream.h"
+#include "cc/security/tls.h"
+
+namespace pserver {
+
+// Server side of the handshake on accepted socket `fd` (taken over: closed
+// on failure too), finished by `deadline`. UNAVAILABLE naming the cause when
+// the peer presents no certificate, one the CA did not sign, or speaks no
+// TLS. `options` must have passed CheckTlsOptions.
+absl::StatusOr<std::unique_ptr<ByteStream>> StartTlsServer(int fd, const TlsOptions& options,
+                                                           absl::Time deadline);
+
+// Client side over a stream from ConnectTcp (its socket is taken over),
+// checking the server's certificate for options.server_name or else `host`.
+absl::StatusOr<std::unique_ptr<ByteStream>> StartTlsClient(std::unique_ptr<ByteStream> tcp,
+                                                           const TlsOptions& options,
+                                                           const std::string& host,
+                                                           absl::Time deadline);
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_SECURITY_TLS_BYTE_STREAM_H_
