@@ -80,9 +80,9 @@ class MultihostCluster {
     request.common_name = common_name;
     PS_ASSIGN_OR_RETURN(CertFiles files, ca_->Issue(common_name, request));
     return std::vector<std::string>{
-        "--tls_cert=" + files.cert,       "--tls_key=" + files.key,
-        "--tls_ca=" + ca_->cert_path(),   "--etcd_tls_ca=" + ca_->cert_path(),
-        "--etcd_tls_cert=" + files.cert,  "--etcd_tls_key=" + files.key};
+        "--tls_cert=" + files.cert,      "--tls_key=" + files.key,
+        "--tls_ca=" + ca_->cert_path(),  "--etcd_tls_ca=" + ca_->cert_path(),
+        "--etcd_tls_cert=" + files.cert, "--etcd_tls_key=" + files.key};
   }
 
   // ipv6: the servers listen on :: and advertise their IPv6 addresses.
@@ -103,12 +103,12 @@ class MultihostCluster {
     for (int i = 0; i < 3; ++i) PS_RETURN_IF_ERROR(StartServer(i, ipv6));
     PS_RETURN_IF_ERROR(Observe({"--mode=init"}).status());
     for (int i = 0; i < 2; ++i) {
-      PS_ASSIGN_OR_RETURN(trainers_[i],
-                          net_->Spawn(kTrainerHosts[i], trainer_,
-                                      Concat({"--etcd=" + endpoints_,
-                                              absl::StrCat("--worker_id=t", i), "--min_steps=300",
-                                              "--stop_file=" + stop_file_},
-                                             client_args_)));
+      PS_ASSIGN_OR_RETURN(
+          trainers_[i],
+          net_->Spawn(kTrainerHosts[i], trainer_,
+                      Concat({"--etcd=" + endpoints_, absl::StrCat("--worker_id=t", i),
+                              "--min_steps=300", "--stop_file=" + stop_file_},
+                             client_args_)));
     }
     // Both trainers train: each has made its first report.
     for (ChildProcess* trainer : trainers_) {
@@ -252,8 +252,8 @@ class MultihostCluster {
         ChildProcess * server,
         net_->Spawn(host, Absolute("cc/server/pserver"),
                     Concat({ipv6 ? "--host=::" : "--host=0.0.0.0", "--advertise_host=" + advertised,
-                     absl::StrCat("--port=", kServerPort), "--etcd=" + endpoints_,
-                     "--cluster=multihost", "--num_servers=3", "--lease_ttl=2"},
+                            absl::StrCat("--port=", kServerPort), "--etcd=" + endpoints_,
+                            "--cluster=multihost", "--num_servers=3", "--lease_ttl=2"},
                            server_args)));
     absl::StatusOr<std::string> address =
         WaitForPserverAddress(*server, static_cast<uint32_t>(i), absl::Now() + kWait);
@@ -285,7 +285,7 @@ class MultihostCluster {
   // Declared first, destroyed last: the namespaces outlive etcd, which the
   // EtcdProcess destructors stop by PID.
   std::unique_ptr<TestCerts> certs_;  // with Secure()
-  TestCa* ca_ = nullptr;               // owned by certs_
+  TestCa* ca_ = nullptr;              // owned by certs_
   std::vector<std::string> client_args_;
   std::unique_ptr<NetnsCluster> net_;
   std::array<std::unique_ptr<EtcdProcess>, 3> etcd_;

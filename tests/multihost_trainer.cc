@@ -103,7 +103,6 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(bool register_worker) {
   return Client::Connect(options);
 }
 
-
 Tensor Filled(float value) {
   return Tensor::FromValues<float>({kDim}, std::vector<float>(kDim, value));
 }
