@@ -27,6 +27,7 @@
 #include "cc/testing/netns.h"
 #include "cc/testing/run_program.h"
 #include "cc/testing/status_matchers.h"
+#include "cc/testing/test_certs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -57,8 +58,33 @@ std::string Absolute(const std::string& runfile) {
   return std::filesystem::absolute(RunfilesPath(runfile)).string();
 }
 
+constexpr char kJob[] = "job-j";
+
 class MultihostCluster {
  public:
+  // Before Start: everything over mutual TLS with certificates of a test CA
+  // (IP SANs of the hosts' addresses): etcd with --client-cert-auth, servers
+  // of job kJob with roles from the certificates' CN (<role>.<job>), the
+  // trainers and the observer as trainer.<kJob>.
+  absl::Status Secure() {
+    PS_ASSIGN_OR_RETURN(certs_, TestCerts::Create());
+    PS_ASSIGN_OR_RETURN(ca_, certs_->AddCa("ca"));
+    PS_ASSIGN_OR_RETURN(client_args_, ClientCertArgs(absl::StrCat("trainer.", kJob)));
+    return absl::OkStatus();
+  }
+
+  // The trainer flags that present a certificate of `common_name` to the
+  // servers and to etcd.
+  absl::StatusOr<std::vector<std::string>> ClientCertArgs(const std::string& common_name) {
+    CertRequest request;
+    request.common_name = common_name;
+    PS_ASSIGN_OR_RETURN(CertFiles files, ca_->Issue(common_name, request));
+    return std::vector<std::string>{
+        "--tls_cert=" + files.cert,      "--tls_key=" + files.key,
+        "--tls_ca=" + ca_->cert_path(),  "--etcd_tls_ca=" + ca_->cert_path(),
+        "--etcd_tls_cert=" + files.cert, "--etcd_tls_key=" + files.key};
+  }
+
   // ipv6: the servers listen on :: and advertise their IPv6 addresses.
   absl::Status Start(bool ipv6) {
     NetnsOptions options;
@@ -77,10 +103,12 @@ class MultihostCluster {
     for (int i = 0; i < 3; ++i) PS_RETURN_IF_ERROR(StartServer(i, ipv6));
     PS_RETURN_IF_ERROR(Observe({"--mode=init"}).status());
     for (int i = 0; i < 2; ++i) {
-      PS_ASSIGN_OR_RETURN(trainers_[i],
-                          net_->Spawn(kTrainerHosts[i], trainer_,
-                                      {"--etcd=" + endpoints_, absl::StrCat("--worker_id=t", i),
-                                       "--min_steps=300", "--stop_file=" + stop_file_}));
+      PS_ASSIGN_OR_RETURN(
+          trainers_[i],
+          net_->Spawn(kTrainerHosts[i], trainer_,
+                      Concat({"--etcd=" + endpoints_, absl::StrCat("--worker_id=t", i),
+                              "--min_steps=300", "--stop_file=" + stop_file_},
+                             client_args_)));
     }
     // Both trainers train: each has made its first report.
     for (ChildProcess* trainer : trainers_) {
@@ -95,7 +123,14 @@ class MultihostCluster {
 
   // Runs the trainer binary in the observer host with `args`; its stdout.
   absl::StatusOr<std::string> Observe(std::vector<std::string> args) {
+    return ObserveAs(client_args_, std::move(args));
+  }
+
+  // Observe, presenting the credentials of `client_args` (ClientCertArgs).
+  absl::StatusOr<std::string> ObserveAs(const std::vector<std::string>& client_args,
+                                        std::vector<std::string> args) {
     args.push_back("--etcd=" + endpoints_);
+    args.insert(args.end(), client_args.begin(), client_args.end());
     absl::StatusOr<std::string> out = net_->Run(kObserver, trainer_, args);
     if (!out.ok()) {
       return absl::Status(out.status().code(),
@@ -191,6 +226,10 @@ class MultihostCluster {
       member.initial_cluster = absl::StrJoin(members, ",");
       member.cluster_token = net_->prefix();
       member.wait_until_serving = false;
+      if (ca_ != nullptr) {
+        PS_ASSIGN_OR_RETURN(CertFiles files, HostCert(absl::StrCat("etcd", i), i));
+        member.tls = {files.cert, files.key, ca_->cert_path(), files.cert, files.key};
+      }
       PS_ASSIGN_OR_RETURN(etcd_[i], EtcdProcess::Start(member));
     }
     return absl::OkStatus();
@@ -201,17 +240,40 @@ class MultihostCluster {
   absl::Status StartServer(int i, bool ipv6) {
     const int host = kServerHosts[i];
     const std::string advertised = ipv6 ? net_->address6(host) : net_->address(host);
+    std::vector<std::string> server_args;
+    if (ca_ != nullptr) {
+      PS_ASSIGN_OR_RETURN(CertFiles files, HostCert(absl::StrCat("pserver", i), host));
+      server_args = {"--tls_cert=" + files.cert,      "--tls_key=" + files.key,
+                     "--tls_ca=" + ca_->cert_path(),  "--etcd_tls_ca=" + ca_->cert_path(),
+                     "--etcd_tls_cert=" + files.cert, "--etcd_tls_key=" + files.key,
+                     absl::StrCat("--job=", kJob),    "--auth_cert_rule=cn:<role>.<job>"};
+    }
     PS_ASSIGN_OR_RETURN(
         ChildProcess * server,
         net_->Spawn(host, Absolute("cc/server/pserver"),
-                    {ipv6 ? "--host=::" : "--host=0.0.0.0", "--advertise_host=" + advertised,
-                     absl::StrCat("--port=", kServerPort), "--etcd=" + endpoints_,
-                     "--cluster=multihost", "--num_servers=3", "--lease_ttl=2"}));
+                    Concat({ipv6 ? "--host=::" : "--host=0.0.0.0", "--advertise_host=" + advertised,
+                            absl::StrCat("--port=", kServerPort), "--etcd=" + endpoints_,
+                            "--cluster=multihost", "--num_servers=3", "--lease_ttl=2"},
+                           server_args)));
     absl::StatusOr<std::string> address =
         WaitForPserverAddress(*server, static_cast<uint32_t>(i), absl::Now() + kWait);
     if (!address.ok()) return address.status();
     server_addresses_.push_back(*address);
     return absl::OkStatus();
+  }
+
+  // A certificate naming `host`'s address (a server's and etcd's).
+  absl::StatusOr<CertFiles> HostCert(const std::string& name, int host) {
+    CertRequest request;
+    request.common_name = name;
+    request.ip_addresses = {net_->address(host)};
+    return ca_->Issue(name, request);
+  }
+
+  static std::vector<std::string> Concat(std::vector<std::string> a,
+                                         const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
   }
 
   static absl::Status WithOutput(const absl::Status& status, const std::string& what,
@@ -222,6 +284,9 @@ class MultihostCluster {
 
   // Declared first, destroyed last: the namespaces outlive etcd, which the
   // EtcdProcess destructors stop by PID.
+  std::unique_ptr<TestCerts> certs_;  // with Secure()
+  TestCa* ca_ = nullptr;              // owned by certs_
+  std::vector<std::string> client_args_;
   std::unique_ptr<NetnsCluster> net_;
   std::array<std::unique_ptr<EtcdProcess>, 3> etcd_;
   std::array<ChildProcess*, 2> trainers_ = {};  // owned by net_
@@ -301,6 +366,33 @@ TEST(MultihostTest, Ipv6ServersAreFoundAtTheirAdvertisedAddresses) {
   ASSERT_OK(cluster.WaitForProgress(200));
   cluster.StopAndCheck();
   cluster.ExpectBulkChannelReached();
+}
+
+// Everything over mutual TLS, roles from the certificates: the trainers
+// (trainer.<job>) train to convergence; a reader of the job, and a trainer
+// of another job, are refused a push, naming why.
+TEST(MultihostTest, SecuredClusterTrains) {
+  SKIP_WITHOUT_NETNS();
+  MultihostCluster cluster;
+  ASSERT_OK(cluster.Secure());
+  ASSERT_OK(cluster.Start(/*ipv6=*/false));
+  ASSERT_OK(cluster.WaitMembers(kTrainerIds, kAllServers));
+  ASSERT_OK(cluster.WaitForProgress(200));
+
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> reader,
+                       cluster.ClientCertArgs(absl::StrCat("reader.", kJob)));
+  absl::StatusOr<std::string> push = cluster.ObserveAs(reader, {"--mode=push"});
+  EXPECT_FALSE(push.ok());
+  EXPECT_THAT(push.status().message(), HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(push.status().message(), HasSubstr("role reader"));
+
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> other, cluster.ClientCertArgs("trainer.job-k"));
+  push = cluster.ObserveAs(other, {"--mode=push"});
+  EXPECT_FALSE(push.ok());
+  EXPECT_THAT(push.status().message(), HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(push.status().message(), HasSubstr("job-k"));
+
+  cluster.StopAndCheck();
 }
 
 }  // namespace

@@ -43,7 +43,7 @@
 
 ABSL_FLAG(std::string, etcd, "", "etcd endpoints host:port,...");
 ABSL_FLAG(std::string, cluster, "multihost", "Cluster name in etcd.");
-ABSL_FLAG(std::string, mode, "train", "init, train, check or wait_members.");
+ABSL_FLAG(std::string, mode, "train", "init, train, check, wait_members, wait_count or push.");
 ABSL_FLAG(std::string, worker_id, "", "train: the trainer's id in /workers/.");
 ABSL_FLAG(double, worker_lease_seconds, 2, "train: the worker registration's lease.");
 ABSL_FLAG(int, min_steps, 100, "train: steps before the stop file is looked at.");
@@ -56,6 +56,13 @@ ABSL_FLAG(bool, write_probe, false,
           "wait_members: first write a key (/probe), which etcd commits only with a quorum.");
 ABSL_FLAG(double, count_above, 0, "wait_count: the count to exceed.");
 ABSL_FLAG(double, wait_seconds, 60, "wait_members, wait_count: how long to wait.");
+ABSL_FLAG(std::string, tls_cert, "", "This client's certificate (PEM): mTLS to the servers.");
+ABSL_FLAG(std::string, tls_key, "", "Its private key (PEM).");
+ABSL_FLAG(std::string, tls_ca, "", "The CA the servers' certificates chain to (PEM).");
+ABSL_FLAG(std::string, etcd_tls_ca, "", "etcd over TLS: the CA of etcd's certificate.");
+ABSL_FLAG(std::string, etcd_tls_cert, "", "etcd over TLS: this client's certificate.");
+ABSL_FLAG(std::string, etcd_tls_key, "", "etcd over TLS: its private key.");
+ABSL_FLAG(std::string, token, "", "A bearer token for servers with roles.");
 
 namespace pserver::multihost {
 namespace {
@@ -65,6 +72,14 @@ constexpr size_t kBlockBytes = 4096;  // every client of the cluster uses it
 constexpr float kTarget = 3.0f;
 constexpr float kLearningRate = 0.25f;
 constexpr int kReportEvery = 100;
+
+EtcdTlsOptions EtcdTls() {
+  EtcdTlsOptions tls;
+  tls.ca = absl::GetFlag(FLAGS_etcd_tls_ca);
+  tls.cert = absl::GetFlag(FLAGS_etcd_tls_cert);
+  tls.key = absl::GetFlag(FLAGS_etcd_tls_key);
+  return tls;
+}
 
 std::vector<std::string> Endpoints() {
   return absl::StrSplit(absl::GetFlag(FLAGS_etcd), ',', absl::SkipEmpty());
@@ -80,6 +95,11 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(bool register_worker) {
   options.register_worker = register_worker;
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   options.worker_lease_ttl = absl::Seconds(absl::GetFlag(FLAGS_worker_lease_seconds));
+  options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key = absl::GetFlag(FLAGS_tls_key);
+  options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  options.etcd_tls = EtcdTls();
+  options.token = absl::GetFlag(FLAGS_token);
   return Client::Connect(options);
 }
 
@@ -92,6 +112,15 @@ v1::ParameterConfig Sgd(float learning_rate) {
   config.mutable_optimizer()->mutable_sgd();
   config.mutable_learning_rate()->set_learning_rate(learning_rate);
   return config;
+}
+
+// One gradient of "w": OK, or the status the servers answered (printed as
+// "push: <status>" so that a test can read the code and the message).
+absl::Status PushOnce() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(false));
+  const absl::Status status = client->SendGrad("w", Filled(0.0f));
+  std::printf("push: %s\n", status.ToString().c_str());
+  return status;
 }
 
 absl::Status Init() {
@@ -191,6 +220,7 @@ absl::Status WaitMembers() {
   options.endpoints = Endpoints();
   options.prefix = etcd_keys::ClusterPrefix(absl::GetFlag(FLAGS_cluster));
   options.timeout = absl::Seconds(2);
+  options.tls = EtcdTls();
   PS_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Connect(options));
   const std::string expected = absl::StrCat("workers=", absl::GetFlag(FLAGS_expect_workers),
                                             " servers=", absl::GetFlag(FLAGS_expect_servers));
@@ -224,6 +254,7 @@ absl::Status Run() {
   if (mode == "check") return Check();
   if (mode == "wait_members") return WaitMembers();
   if (mode == "wait_count") return WaitCount();
+  if (mode == "push") return PushOnce();
   return absl::InvalidArgumentError(absl::StrCat("unknown --mode=", mode));
 }
 
