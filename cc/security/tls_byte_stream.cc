@@ -6,6 +6,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -96,6 +98,37 @@ absl::Time ReceiveDeadline(int fd) {
   return absl::Now() + absl::DurationFromTimeval(tv);
 }
 
+// Blocks SIGPIPE on this thread while OpenSSL may write to a socket whose
+// peer has closed it (OpenSSL's socket BIO calls write(), not send() with
+// MSG_NOSIGNAL), and consumes a SIGPIPE raised meanwhile: a peer that hangs
+// up must fail the call (EPIPE), not kill the process.
+class ScopedNoSigpipe {
+ public:
+  ScopedNoSigpipe() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
+  }
+  ~ScopedNoSigpipe() {
+    if (!blocked_) return;
+    if (!was_pending_) {
+      const struct timespec zero = {0, 0};
+      sigtimedwait(&pipe_, nullptr, &zero);  // ours, if one was raised
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedNoSigpipe(const ScopedNoSigpipe&) = delete;
+  ScopedNoSigpipe& operator=(const ScopedNoSigpipe&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+  bool was_pending_ = false;
+  bool blocked_ = false;
+};
+
 class TlsStream final : public ByteStream {
  public:
   TlsStream(int fd, CtxPtr ctx, SslPtr ssl)
@@ -113,6 +146,7 @@ class TlsStream final : public ByteStream {
         absl::MutexLock lock(&mu_);
         if (shut_down_) return absl::UnavailableError("bulk channel TLS: stream shut down");
         ERR_clear_error();
+        ScopedNoSigpipe no_sigpipe;
         result = op(ssl_.get());
         error = result > 0 ? SSL_ERROR_NONE : SSL_get_error(ssl_.get(), result);
       }
