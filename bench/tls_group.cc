@@ -21,7 +21,10 @@ namespace {
 constexpr uint64_t kKiB = 1 << 10;
 constexpr uint64_t kMiB = 1 << 20;
 constexpr char kOps[][9] = {"push", "pull", "pushpull"};
-constexpr char kModes[][11] = {"plain", "plain_grpc", "tls"};
+// plain: the bulk channel as a client would get it (a Unix socket on
+// loopback, TCP between hosts); plain_tcp: the bulk channel over TCP, as
+// TLS is (the fair comparison on loopback); plain_grpc: bulk data over gRPC.
+constexpr char kModes[][11] = {"plain", "plain_tcp", "plain_grpc", "tls"};
 
 struct Pki {
   std::unique_ptr<TestCerts> certs;
@@ -106,28 +109,37 @@ absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
       absl::StrCat("--repetitions=", repetitions),
       absl::StrCat("--bytes_per_repetition=", h.quick() ? 16 * kMiB : 128 * kMiB)};
   std::map<std::string, DriverResults> by_mode;
-  {
-    ServerChild server;
-    PS_ASSIGN_OR_RETURN(std::string address, StartServer(link, pserver_binary, {}, &server));
-    for (const bool bulk : {true, false}) {
-      std::vector<std::string> args = common;
-      args.push_back(absl::StrCat("--servers=", address));
-      args.push_back(absl::StrCat("--bulk_channel=", bulk ? "true" : "false"));
-      PS_ASSIGN_OR_RETURN(by_mode[bulk ? "plain" : "plain_grpc"], RunLink(link, driver, args));
-    }
-  }
-  {
+  // Each mode: the server's flags and whether the client uses the bulk channel.
+  struct Mode {
+    const char* name;
+    std::vector<std::string> server_flags;
+    bool bulk;
+  };
+  const std::vector<Mode> modes = {
+      {"plain", {}, true},
+      {"plain_tcp", {"--bulk_unix_socket=false"}, true},
+      {"plain_grpc", {}, false},
+      {"tls", TlsFlags(pki.server, pki.ca), true},
+  };
+  for (const Mode& mode : modes) {
+    if (link.cluster != nullptr && std::string(mode.name) == "plain_tcp") continue;  // = plain
     ServerChild server;
     PS_ASSIGN_OR_RETURN(std::string address,
-                        StartServer(link, pserver_binary, TlsFlags(pki.server, pki.ca), &server));
+                        StartServer(link, pserver_binary, mode.server_flags, &server));
     std::vector<std::string> args = common;
     args.push_back(absl::StrCat("--servers=", address));
-    for (const std::string& flag : TlsFlags(pki.client, pki.ca)) args.push_back(flag);
-    PS_ASSIGN_OR_RETURN(by_mode["tls"], RunLink(link, driver, args));
+    args.push_back(absl::StrCat("--bulk_channel=", mode.bulk ? "true" : "false"));
+    if (std::string(mode.name) == "tls") {
+      for (const std::string& flag : TlsFlags(pki.client, pki.ca)) args.push_back(flag);
+    }
+    PS_ASSIGN_OR_RETURN(by_mode[mode.name], RunLink(link, driver, args));
   }
+  // Between hosts the bulk channel is TCP already: plain_tcp is plain.
+  if (link.cluster != nullptr) by_mode["plain_tcp"] = by_mode["plain"];
   for (uint64_t bytes : sizes) {
     for (const char* op : kOps) {
       for (const char* mode : kModes) {
+        if (link.cluster != nullptr && std::string(mode) == "plain_tcp") continue;
         const std::vector<double>& values = by_mode[mode][{op, bytes}];
         if (values.size() != static_cast<size_t>(repetitions)) {
           return absl::InternalError(absl::StrCat("tls_link (", link.name, ", ", mode,
@@ -144,6 +156,7 @@ absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
         if (std::string(mode) == "tls") {
           const double tls = Median(values);
           (*r.mutable_extra())["vs_plain"] = tls / Median(by_mode["plain"][{op, bytes}]);
+          (*r.mutable_extra())["vs_plain_tcp"] = tls / Median(by_mode["plain_tcp"][{op, bytes}]);
           (*r.mutable_extra())["vs_plain_grpc"] =
               tls / Median(by_mode["plain_grpc"][{op, bytes}]);
         }

@@ -13,8 +13,11 @@
 //
 // One thread may write while another reads (each OpenSSL call is made under
 // a lock on a non-blocking socket; waiting happens outside it); Shutdown may
-// be called from any thread. A read waits at most the socket's receive
-// timeout (SO_RCVTIMEO) when one is set, as a plain socket's read does.
+// be called from any thread. Records are gathered into a 256 KiB buffer and
+// sent when it fills and at the end of each Write. A write to a peer that
+// has hung up fails (UNAVAILABLE); it raises no SIGPIPE. A read waits at
+// most the socket's receive timeout (SO_RCVTIMEO) when one is set, as a
+// plain socket's read does.
 #ifndef PSERVER_CC_SECURITY_TLS_BYTE_STREAM_H_
 #define PSERVER_CC_SECURITY_TLS_BYTE_STREAM_H_
 
