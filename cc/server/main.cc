@@ -30,6 +30,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cc/core/checkpoint.h"
 #include "cc/cuda/device.h"
@@ -291,6 +292,11 @@ int main(int argc, char** argv) {
   }
   absl::ParseCommandLine(argc, argv);
   pserver::KeepFreedMemoryForReuse();  // before any thread starts
+  // Debian builds absl without NDEBUG, which leaves absl::Mutex's deadlock
+  // detection on: every lock taken then updates a process-wide lock graph
+  // under one global spin lock (1.7% of a sparse benchmark's samples, and a
+  // point where every serving thread meets). A debugging aid; off here.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   StopSignals stop_signals;
   pserver::ServerOptions options = OptionsFromFlags();
