@@ -277,8 +277,6 @@ pserver::ServerOptions OptionsFromFlags() {
   return options;
 }
 
-}  // namespace
-
 // Raises the soft descriptor limit to the hard one, as Go's runtime does:
 // each connection takes a descriptor, and with TLS gRPC's own listener
 // accepts, which in gRPC 1.51 stops for good at the first EMFILE
@@ -294,6 +292,8 @@ void RaiseDescriptorLimit() {
                  static_cast<unsigned long long>(limit.rlim_max));
   }
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::FlagsUsageConfig usage_config;
