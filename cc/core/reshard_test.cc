@@ -465,3 +465,54 @@ TEST_F(ReshardTest, RefusesATableThatWouldPassItsCapacityOnOneServer) {
 
 }  // namespace
 }  // namespace pserver
+
+namespace pserver {
+namespace {
+
+// A RANGE-partitioned table's rows go by its own partitioning: M equal
+// ranges of [range_begin, range_end), not the hash.
+TEST(ReshardRangeTest, RowsOfARangeTableGoByItsRanges) {
+  const std::string dir = TestDir();
+  v1::TableConfig config;
+  config.set_dim(1);
+  config.mutable_partitioning()->set_kind(v1::Partitioning::RANGE);
+  config.mutable_partitioning()->set_range_begin(1000);
+  config.mutable_partitioning()->set_range_end(1300);
+  for (uint32_t s = 0; s < 3; ++s) {
+    v1::SparseTableSnapshot t;
+    t.set_name("r");
+    *t.mutable_config() = config;
+    for (uint64_t key = 1000 + 100 * s; key < 1100 + 100 * s; key += 10) {
+      const float value = static_cast<float>(key);
+      const uint64_t steps = 1;
+      t.set_rows(t.rows() + 1);
+      t.mutable_keys()->append(Bytes(&key, 8));
+      t.mutable_values()->append(Bytes(&value, 4));
+      t.mutable_steps()->append(Bytes(&steps, 8));
+    }
+    StoreSnapshot snap;
+    snap.extensions["table/r"] = t.SerializeAsString();
+    CheckpointWriteOptions options;
+    options.num_servers = 3;
+    ASSERT_OK(
+        SaveCheckpoint(snap, absl::StrCat(dir, "/from/shard-", s), s, 1, options).status());
+  }
+  ASSERT_OK(ReshardCheckpoints(dir + "/from", dir + "/to", To(2)).status());
+  uint64_t rows = 0;
+  for (uint32_t s = 0; s < 2; ++s) {
+    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint out,
+                         LoadLatestCheckpoint(absl::StrCat(dir, "/to/shard-", s)));
+    v1::SparseTableSnapshot t;
+    ASSERT_TRUE(t.ParseFromString(out.snapshot.extensions.at("table/r")));
+    for (uint64_t r = 0; r < t.rows(); ++r) {
+      uint64_t key;
+      std::memcpy(&key, t.keys().data() + 8 * r, 8);
+      EXPECT_EQ(key < 1150 ? 0u : 1u, s) << key;  // [1000, 1150) and [1150, 1300)
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 30u);
+}
+
+}  // namespace
+}  // namespace pserver
