@@ -133,7 +133,8 @@ extern "C" {
  *          leave an output partly written; bad arguments still fail before
  *          anything is sent or written. pserver_client_param_info reads
  *          only a parameter's layout, not its values. Signatures unchanged.
- *   0.4.0: added pserver_cancel_set_check; nothing changed. */
+ *   0.4.0: added pserver_cancel_set_check; nothing changed.
+ *   next:  added pserver_checkpoint_reshard; nothing changed. */
 PSERVER_EXPORT const char* pserver_version(void);
 
 /* ----------------------------------------------------------------- status */

@@ -192,6 +192,28 @@ PSERVER_EXPORT void pserver_checkpoint_reader_read_table(const pserver_checkpoin
                                                          void* values, size_t values_size,
                                                          pserver_status_t* status);
 
+/* ------------------------------------------------- offline resharding */
+
+/* Rewrites the checkpoints a cluster of N servers wrote into `from` (its
+ * --checkpoint_dir, holding shard-0 .. shard-<N-1>) as the checkpoints a
+ * cluster of `num_servers` (M, 1 .. 4096) servers loads, into `to` (which
+ * must not exist or be an empty directory): every parameter block, table row
+ * with its optimizer state, and held-back BSP add goes where M servers look
+ * for it; workers' clocks are kept (the lowest where shards disagree);
+ * exactly-once sets are dropped (restart the job's clients). Of each shard
+ * the newest checkpoint that verifies whole is read. Written to a temporary
+ * directory beside `to`, fsynced and renamed: on an error nothing is left
+ * at `to`. Progress lines ("read shard ...", "wrote shard j/M: ... bytes",
+ * "note: ...", a last summary) go to file descriptor `progress_fd`
+ * (negative: none). FAILED_PRECONDITION for a missing shard, checkpoints of
+ * different clusters or server counts, or a `to` that is not empty;
+ * NOT_FOUND when `from` holds no checkpoint; DATA_LOSS when no checkpoint
+ * of a shard verifies; INVALID_ARGUMENT for a bad count or `to` == `from`.
+ * docs/checkpoint-format.md, "Resharding". */
+PSERVER_EXPORT void pserver_checkpoint_reshard(const char* from, const char* to,
+                                               uint32_t num_servers, int32_t progress_fd,
+                                               pserver_status_t* status);
+
 /* --------------------------------------------------- library buffers */
 
 /* Frees a buffer the library allocated (pserver_etcd_get); accepts NULL. */

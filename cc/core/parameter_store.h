@@ -21,7 +21,7 @@
 //
 // Block layouts: a parameter of T elements cut into c blocks has blocks of n
 // elements (the last holds the rest), block i starting at element i * n, with
-// c = ceil(T / n), as cc/client/placement.h cuts them. Init accepts a block
+// c = ceil(T / n), as cc/core/placement.h cuts them. Init accepts a block
 // only in that layout, and only with the type, shape, count and n of the
 // parameter's other blocks on this server, so blocks never overlap.
 //

@@ -6,6 +6,7 @@
 //	psctl checkpoint save -servers A,B                ask every server for a checkpoint now
 //	psctl checkpoint ls DIR                           the checkpoints and parameters at DIR
 //	psctl checkpoint verify DIR                       verify every checksum of every checkpoint
+//	psctl checkpoint reshard -from DIR -to DIR -servers M   rewrite N servers' checkpoints for M
 //	psctl params (-checkpoint DIR | -servers A,B NAME...)   names, types, shapes, sizes
 //
 // Under Bazel: bazel run //go/cmd/psctl -- <command> ...
@@ -34,7 +35,7 @@ Commands:
   local        start N pserver processes (and an etcd with -etcd) on 127.0.0.1; Ctrl-C stops them
   status       servers, desired count, checkpoints and live workers, from etcd (or -servers stats)
   desired      set the desired server count in etcd
-  checkpoint   save | ls | verify checkpoints
+  checkpoint   save | ls | verify | reshard checkpoints
   params       parameter names, types, shapes and sizes (from a checkpoint or running servers)
 
 Run "psctl <command> -help" for a command's flags.
@@ -174,12 +175,15 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 	const synopsis = `checkpoint save -servers A,B [-timeout D]
        psctl checkpoint ls DIR
        psctl checkpoint verify DIR
+       psctl checkpoint reshard -from DIR -to DIR -servers M
 
   save    asks every server to write a checkpoint of its shard now
   ls      lists the checkpoints at DIR (a checkpoint, a server's directory, or
           the --checkpoint_dir of a cluster) and their parameters
   verify  checks every checksum of every checkpoint at DIR (every shard, every
-          one kept), prints each failure and exits 1 if any failed`
+          one kept), prints each failure and exits 1 if any failed
+  reshard rewrites the checkpoints of a stopped cluster (its --checkpoint_dir)
+          for M servers into a new directory; start M servers on it`
 	if len(args) == 0 {
 		fmt.Fprintf(stderr, "Usage: psctl %s\n", synopsis)
 		return errUsage
@@ -241,6 +245,19 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintln(stdout)
 		return printParams(stdout, r.Names(), r.Info)
+	case "reshard":
+		fs := newFlags("checkpoint reshard", "checkpoint reshard -from DIR -to DIR -servers M", stdout, stderr)
+		from := fs.String("from", "", "the stopped cluster's --checkpoint_dir (shard-0 .. shard-<N-1>) (required)")
+		to := fs.String("to", "", "a new or empty directory: the --checkpoint_dir of the M servers (required)")
+		servers := fs.Int("servers", 0, "M, the server count to reshard for, 1 .. 4096 (required)")
+		if err := parse(fs, args[1:], stdout); err != nil {
+			return err
+		}
+		if *from == "" || *to == "" || *servers == 0 || fs.NArg() != 0 {
+			fs.Usage()
+			return errUsage
+		}
+		return pserver.ReshardCheckpoints(absPath(*from), absPath(*to), *servers, stdout)
 	default:
 		fmt.Fprintf(stderr, "psctl checkpoint: unknown subcommand %q\nUsage: psctl %s\n", args[0], synopsis)
 		return errUsage
