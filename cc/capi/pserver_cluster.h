@@ -65,6 +65,28 @@ PSERVER_EXPORT void pserver_server_options_set_auth(pserver_server_options_t* op
                                                     const char* job, const char* tokens_file,
                                                     const char* cert_rule);
 
+/* Registers the server in etcd (pserver --etcd, --cluster, --num_servers):
+ * `endpoints` is "host:port[,host:port...]", `cluster` (NULL or "":
+ * "default") puts its keys under /pserver/<cluster>. pserver_server_new then
+ * claims the lowest free index below /ps_desired (written as `num_servers`
+ * if absent; 0: take what etcd holds, FAILED_PRECONDITION if nothing) and
+ * publishes its address and instance id at /ps/<idx> under a lease, waiting
+ * up to 60 s for etcd and a free index. INVALID_ARGUMENT for no endpoint.
+ * Default: no etcd (the index of pserver_server_options_set_index). */
+PSERVER_EXPORT void pserver_server_options_set_etcd(pserver_server_options_t* options,
+                                                    const char* endpoints, const char* cluster,
+                                                    uint32_t num_servers,
+                                                    pserver_status_t* status);
+/* With etcd: speak to etcd over TLS (etcd --client-cert-auth; pserver
+ * --etcd_tls_ca, --etcd_tls_cert, --etcd_tls_key), as
+ * pserver_client_options_set_etcd_tls: `ca` verifies etcd's certificate,
+ * `cert` and `key` are this server's (PEM paths; NULL or "": none). Files
+ * are read by pserver_server_new (NOT_FOUND naming one that cannot be
+ * read). */
+PSERVER_EXPORT void pserver_server_options_set_etcd_tls(pserver_server_options_t* options,
+                                                        const char* ca, const char* cert,
+                                                        const char* key);
+
 /* Starts a gRPC server in this process (options may be NULL: the defaults).
  * INVALID_ARGUMENT for a bad port or thread count, UNAVAILABLE when the
  * address cannot be bound. */

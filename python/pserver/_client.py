@@ -54,7 +54,10 @@ class Client(_HandleOwner):
     Roles (docs/security.md): ``token="..."`` is sent as the bearer token to
     servers started with ``--auth_tokens_file``; etcd over TLS with a client
     certificate: ``etcd_tls={"ca": ..., "cert": ..., "key": ...}`` (or an
-    object with those attributes).
+    object with those attributes). ``require_instance_id=True`` refuses a
+    /ps/<idx> entry that names no server instance (a bare "host:port", as
+    etcdctl writes it): the constructor raises FailedPrecondition naming the
+    key, and such an entry seen later is ignored.
     """
 
     def __init__(self, servers: Union[str, Sequence[str], None] = None, *,
@@ -63,7 +66,8 @@ class Client(_HandleOwner):
                  block_bytes: Optional[int] = None, max_request_bytes: Optional[int] = None,
                  channels_per_server: Optional[int] = None,
                  tls: Union[None, Tls, Mapping[str, Any]] = None,
-                 token: Optional[str] = None, etcd_tls: Any = None) -> None:
+                 token: Optional[str] = None, etcd_tls: Any = None,
+                 require_instance_id: bool = False) -> None:
         if etcd is not None and servers is not None:
             raise InvalidArgument("pserver.Client: pass servers=[...] or etcd=..., not both")
         if etcd is None and servers is None:
@@ -84,6 +88,8 @@ class Client(_HandleOwner):
                 _c.pserver_client_options_set_token(opts, str(token))
             if etcd_tls is not None:
                 _c.pserver_client_options_set_etcd_tls(opts, *_etcd_tls_files(etcd_tls))
+            _c.pserver_client_options_set_require_instance_id(
+                opts, 1 if require_instance_id else 0)
             if etcd is not None:
                 _c.pserver_client_options_set_etcd(opts, str(etcd), str(cluster))
                 if discovery_timeout is not None:
