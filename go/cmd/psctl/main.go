@@ -144,7 +144,7 @@ func cmdDesired(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("desired", "desired -etcd HOST:PORT[,...] [-cluster NAME] N", stdout, stderr)
 	etcdFlag := fs.String("etcd", "", "etcd endpoints host:port[,host:port...] (required)")
 	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
-	auth := addAuthFlags(fs)
+	auth := addSecurityFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -196,8 +196,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		fs := newFlags("checkpoint save", "checkpoint save -servers A,B [-timeout D]", stdout, stderr)
 		servers := fs.String("servers", "", "server addresses host:port, in index order (required)")
 		timeout := fs.Duration("timeout", time.Minute, "deadline")
-		tls := addTLSFlags(fs)
-		auth := addAuthFlags(fs)
+		auth := addSecurityFlags(fs)
 		if err := parse(fs, args[1:], stdout); err != nil {
 			return err
 		}
@@ -207,7 +206,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
 		if err != nil {
 			return err
 		}
@@ -298,8 +297,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	ckpt := fs.String("checkpoint", "", "a checkpoint directory (as for checkpoint ls)")
 	servers := fs.String("servers", "", "server addresses host:port in index order; then name the parameters")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline with -servers")
-	tls := addTLSFlags(fs)
-	auth := addAuthFlags(fs)
+	auth := addSecurityFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -318,7 +316,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	case *servers != "" && *ckpt == "" && fs.NArg() > 0:
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
 		if err != nil {
 			return err
 		}

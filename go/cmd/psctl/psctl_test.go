@@ -252,6 +252,11 @@ func TestLocalWithEtcd(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "desired servers 2, live 2") {
 		t.Fatalf("status: %d %q %q", code, out, errs)
 	}
+	// The servers' entries name their instances: fine with -require_instance_id.
+	if code, out, errs := psctl(t, "status", "-etcd", endpoint, "-cluster", "t", "-require_instance_id"); code != 0 ||
+		!strings.Contains(out, "live 2") {
+		t.Fatalf("status -require_instance_id: %d %q %q", code, out, errs)
+	}
 	if code, _, errs := psctl(t, "desired", "-etcd", endpoint, "-cluster", "t", "3"); code != 0 {
 		t.Fatalf("desired: %q", errs)
 	}
@@ -287,6 +292,20 @@ func TestLocalWithEtcd(t *testing.T) {
 		strings.Count(out, "/ckpt-") != 2 ||
 		!regexp.MustCompile(`trainer-7\s+box\s+4242\s+2026-11-22 08:32:02Z`).MatchString(out) {
 		t.Fatalf("status after desired 3: %q", out)
+	}
+	// A hand-written entry (what `etcdctl put` writes) is listed, and refused
+	// with -require_instance_id, naming the key.
+	bare := pserver.Keys("t").Server(2)
+	if err := e.put(ctx, bare, "127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ := psctl(t, "status", "-etcd", endpoint, "-cluster", "t"); code != 0 || !strings.Contains(out, "live 3") {
+		t.Fatalf("status with a bare entry: %d %q", code, out)
+	}
+	code, out, errs = psctl(t, "status", "-etcd", endpoint, "-cluster", "t", "-require_instance_id")
+	if code != 1 || !strings.Contains(out, "live 3") ||
+		!strings.Contains(errs, bare+` is "127.0.0.1:1", which names no server instance`) {
+		t.Fatalf("status -require_instance_id with a bare entry: %d %q %q", code, out, errs)
 	}
 }
 
