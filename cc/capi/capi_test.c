@@ -20,7 +20,12 @@
 #include "cc/capi/pserver.h"
 
 static void test_version_and_codes(void) {
-  EXPECT(strcmp(pserver_version(), "0.4.0") == 0);
+  EXPECT(strcmp(pserver_version(), "0.5.0") == 0);
+  /* The header's macros name the same version as the library. */
+  char header_version[32];
+  snprintf(header_version, sizeof header_version, "%d.%d.%d", PSERVER_VERSION_MAJOR,
+           PSERVER_VERSION_MINOR, PSERVER_VERSION_PATCH);
+  EXPECT(strcmp(pserver_version(), header_version) == 0);
   EXPECT(PSERVER_NOT_FOUND == 5 && PSERVER_ALREADY_EXISTS == 6 &&
          PSERVER_FAILED_PRECONDITION == 9 && PSERVER_UNAVAILABLE == 14 &&
          PSERVER_DATA_LOSS == 15);

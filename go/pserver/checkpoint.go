@@ -288,7 +288,7 @@ func (cr *CheckpointReader) Close() error {
 	return nil
 }
 
-// Version is the library's version, "0.1.0".
+// Version is the library's version, e.g. "0.5.0" (pserver.h's PSERVER_VERSION_*).
 func Version() string { return C.GoString(C.pserver_version()) }
 
 // ReshardCheckpoints rewrites the checkpoints a cluster of N servers wrote
