@@ -7,7 +7,9 @@
 
 #include <signal.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "cc/client/channel_transport.h"
 #include "cc/client/client.h"
 #include "cc/client/grpc_transport.h"
+#include "cc/core/status_macros.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/bulk_listener.h"
@@ -88,6 +91,13 @@ class TlsTest : public ::testing::Test {
   CertFiles client_files_;
   std::unique_ptr<Server> server_;
 };
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
 
 v1::ParameterConfig Sgd() {
   v1::ParameterConfig config;
@@ -401,6 +411,80 @@ TEST_F(TlsChannelTest, PlaintextChannelClientIsRefused) {
   ASSERT_OK(PullW(*channel));
   EXPECT_EQ(channel->route(), "grpc");
   EXPECT_EQ(channel->connections_opened(), 0);
+}
+
+// The bulk channel reads the server's files for each new connection: once
+// they are replaced by a certificate from another CA, the next channel
+// connection presents it, with no reload interval and no restart. A channel
+// client trusting only the old CA is then refused at the handshake (and its
+// calls keep to gRPC); one trusting only the new CA connects and carries the
+// calls. (The gRPC side, re-read on a timer, trusts both CAs here, so only
+// the channel's own handshake decides.)
+TEST_F(TlsTest, ReplacingTheFilesRotatesTheChannelCertificateAtTheNextConnection) {
+  ASSERT_OK_AND_ASSIGN(std::string live_cert, certs_->WriteFile("live.pem", ""));
+  ASSERT_OK_AND_ASSIGN(std::string live_key, certs_->WriteFile("live.key", ""));
+  ASSERT_OK(ReplaceFile(server_files_.cert, live_cert));
+  ASSERT_OK(ReplaceFile(server_files_.key, live_key));
+  StartServer(TlsOf(CertFiles{live_cert, live_key}, *ca_));
+  ASSERT_NE(server_->bulk_listener(), nullptr);
+  const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
+  {
+    std::unique_ptr<Client> setup = ClientWith(TlsOf(client_files_, *ca_), kChannelTimeout);
+    ASSERT_NE(setup, nullptr);
+    ASSERT_OK(setup->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd()));
+    ASSERT_OK(setup->FinishInitParams());
+  }
+  ASSERT_OK_AND_ASSIGN(std::string both_cas,
+                       certs_->WriteFile("both-cas.pem", ReadAll(ca_->cert_path()) +
+                                                             ReadAll(other_ca_->cert_path())));
+  TlsOptions trusts_both = TlsOf(client_files_, *ca_);
+  trusts_both.ca = both_cas;
+  const TlsOptions trusts_old = TlsOf(client_files_, *ca_);
+  const TlsOptions trusts_new = TlsOf(client_files_, *other_ca_);
+  // A channel whose OpenChannel goes over gRPC trusting both CAs and whose
+  // own connections use `channel_tls`.
+  auto channel_with = [&](const TlsOptions& channel_tls) {
+    auto grpc = GrpcTransport::Create(server_->address(), 1, false, trusts_both);
+    EXPECT_OK(grpc.status());
+    ChannelTransportOptions options;
+    options.tls = channel_tls;
+    return std::make_unique<ChannelTransport>(*std::move(grpc), options);
+  };
+  // A bare handshake with the channel's listener.
+  auto handshake = [&](const TlsOptions& tls) -> absl::Status {
+    PS_ASSIGN_OR_RETURN(auto tcp, ConnectTcp("127.0.0.1", port, kChannelTimeout));
+    return StartTlsClient(std::move(tcp), tls, "127.0.0.1", absl::Now() + kChannelTimeout)
+        .status();
+  };
+
+  // Before: the old CA's certificate.
+  EXPECT_OK(handshake(trusts_old));
+  EXPECT_THAT(handshake(trusts_new), StatusIs(absl::StatusCode::kUnavailable,
+                                              HasSubstr("certificate verify failed")));
+  std::unique_ptr<ChannelTransport> old_channel = channel_with(trusts_old);
+  ASSERT_OK(PullW(*old_channel));
+  EXPECT_EQ(old_channel->route(), "tcp");
+
+  // Rotate: key first, then the certificate, each by rename.
+  CertRequest rotated;
+  rotated.common_name = "pserver-0-rotated";
+  rotated.ip_addresses = {"127.0.0.1"};
+  ASSERT_OK_AND_ASSIGN(CertFiles next, other_ca_->Issue("rotated", rotated));
+  ASSERT_OK(ReplaceFile(next.key, live_key));
+  ASSERT_OK(ReplaceFile(next.cert, live_cert));
+
+  // After: the very next connection presents the new CA's certificate.
+  EXPECT_OK(handshake(trusts_new));
+  EXPECT_THAT(handshake(trusts_old), StatusIs(absl::StatusCode::kUnavailable,
+                                              HasSubstr("certificate verify failed")));
+  std::unique_ptr<ChannelTransport> new_channel = channel_with(trusts_new);
+  ASSERT_OK(PullW(*new_channel));
+  EXPECT_EQ(new_channel->route(), "tcp");
+  EXPECT_GE(new_channel->connections_opened(), 1);
+  std::unique_ptr<ChannelTransport> stale_channel = channel_with(trusts_old);
+  ASSERT_OK(PullW(*stale_channel));  // over gRPC, which trusts both
+  EXPECT_EQ(stale_channel->route(), "grpc");
+  EXPECT_EQ(stale_channel->connections_opened(), 0);
 }
 
 }  // namespace
