@@ -487,5 +487,121 @@ TEST_F(TlsTest, ReplacingTheFilesRotatesTheChannelCertificateAtTheNextConnection
   EXPECT_EQ(stale_channel->connections_opened(), 0);
 }
 
+// Pushes a gradient of ones to the 4 floats of "w" over `t`.
+absl::Status PushOnesToW(Transport& t, uint64_t sequence) {
+  const std::vector<float> ones(4, 1.0f);
+  GradientView view;
+  view.name = "w";
+  view.type = v1::FLOAT32;
+  view.content = absl::string_view(reinterpret_cast<const char*>(ones.data()),
+                                   ones.size() * sizeof(float));
+  absl::Notification done;
+  absl::Status status;
+  t.Push({77, sequence}, absl::MakeConstSpan(&view, 1), absl::Now() + kChannelTimeout,
+         [&](absl::Status s) {
+           status = std::move(s);
+           done.Notify();
+         });
+  done.WaitForNotification();
+  return status;
+}
+
+// Roles from client certificates on the bulk channel (--auth_cert_rule): a
+// client identified by its certificate alone (no bearer token) gets the
+// channel, its role and job read from the certificate the TLS handshake
+// verified, by the same rule as on gRPC; each frame is authorized against it.
+class TlsCertRoleChannelTest : public TlsTest {
+ protected:
+  void SetUp() override {
+    TlsTest::SetUp();
+    CertRequest request;
+    request.common_name = "trainer.job-a";
+    ASSERT_OK_AND_ASSIGN(trainer_, ca_->Issue("trainer-a", request));
+    request.common_name = "reader.job-a";
+    ASSERT_OK_AND_ASSIGN(reader_, ca_->Issue("reader-a", request));
+    ServerOptions options;
+    options.tls = TlsOf(server_files_, *ca_);
+    options.job = "job-a";
+    options.auth_cert_rule = "cn:<role>.<job>";
+    ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
+    ASSERT_NE(server_->bulk_listener(), nullptr);
+    trainer_client_ = ClientWith(TlsOf(trainer_, *ca_), kChannelTimeout);
+    ASSERT_NE(trainer_client_, nullptr);
+    ASSERT_OK(trainer_client_->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd()));
+    ASSERT_OK(trainer_client_->FinishInitParams());
+  }
+
+  // A channel presenting `who`'s certificate (and no token) on both sides.
+  std::unique_ptr<ChannelTransport> ChannelAs(const CertFiles& who) {
+    auto grpc = GrpcTransport::Create(server_->address(), 1, false, TlsOf(who, *ca_));
+    EXPECT_OK(grpc.status());
+    ChannelTransportOptions options;
+    options.tls = TlsOf(who, *ca_);
+    return std::make_unique<ChannelTransport>(*std::move(grpc), options);
+  }
+
+  CertFiles trainer_, reader_;
+  std::unique_ptr<Client> trainer_client_;
+};
+
+TEST_F(TlsCertRoleChannelTest, CertOnlyTrainerPushesOverTheChannel) {
+  std::unique_ptr<ChannelTransport> channel = ChannelAs(trainer_);
+  ASSERT_OK(PushOnesToW(*channel, 1));
+  EXPECT_EQ(channel->route(), "tcp");
+  EXPECT_GE(channel->connections_opened(), 1);
+  ASSERT_OK_AND_ASSIGN(Tensor w, trainer_client_->GetParam("w"));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
+  // The Client's own pushes take the channel too.
+  ASSERT_OK(trainer_client_->SendGrad("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1})));
+  EXPECT_GE(server_->bulk_listener()->connections(), 1);
+}
+
+TEST_F(TlsCertRoleChannelTest, CertOnlyReaderIsRefusedAPushOnTheChannel) {
+  std::unique_ptr<ChannelTransport> channel = ChannelAs(reader_);
+  ASSERT_OK(PullW(*channel));
+  EXPECT_EQ(channel->route(), "tcp");
+  EXPECT_THAT(PushOnesToW(*channel, 1),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("role reader of job job-a may not SendGrads")));
+  EXPECT_EQ(channel->route(), "tcp");  // refused by the channel, which stays
+  ASSERT_OK_AND_ASSIGN(Tensor w, trainer_client_->GetParam("w"));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{1, 2, 3, 4}));  // nothing applied
+}
+
+// Another job's certificate is refused OpenChannel (on gRPC) already, so it
+// never holds a channel connection; its push is refused naming both jobs.
+TEST_F(TlsCertRoleChannelTest, CertificateOfAnotherJobGetsNoChannel) {
+  CertRequest request;
+  request.common_name = "trainer.job-b";
+  ASSERT_OK_AND_ASSIGN(CertFiles other, ca_->Issue("trainer-b", request));
+  std::unique_ptr<ChannelTransport> channel = ChannelAs(other);
+  EXPECT_THAT(PushOnesToW(*channel, 1),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("of job job-b may not SendGrads on a server of job job-a")));
+  EXPECT_EQ(channel->route(), "grpc");
+  EXPECT_EQ(channel->connections_opened(), 0);
+}
+
+// A SAN rule reads the channel peer's URI subject alternative name (the
+// common name here matches nothing), among DNS and IP names.
+TEST_F(TlsCertRoleChannelTest, SanRuleReadsTheUriOnTheChannel) {
+  ServerOptions options;
+  options.tls = TlsOf(server_files_, *ca_);
+  options.job = "job-a";
+  options.auth_cert_rule = "san:spiffe://<job>/<role>";
+  ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
+  CertRequest request;
+  request.common_name = "not-a-role";
+  request.dns_names = {"reader.test"};
+  request.ip_addresses = {"10.1.2.3"};
+  request.uris = {"spiffe://job-a/reader"};
+  ASSERT_OK_AND_ASSIGN(CertFiles files, ca_->Issue("san-reader", request));
+  std::unique_ptr<ChannelTransport> channel = ChannelAs(files);
+  EXPECT_THAT(PushOnesToW(*channel, 1),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("role reader of job job-a may not SendGrads")));
+  EXPECT_EQ(channel->route(), "tcp");
+}
+
 }  // namespace
 }  // namespace pserver
