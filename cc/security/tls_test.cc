@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/synchronization/notification.h"
+#include "cc/client/call_group.h"
 #include "cc/client/channel_transport.h"
 #include "cc/client/client.h"
 #include "cc/client/grpc_transport.h"
@@ -72,6 +73,25 @@ class TlsTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
   }
   void StartTlsServer() { StartServer(TlsOf(server_files_, *ca_)); }
+  // Starts the server on copies of server_files_ in live_, files a test
+  // replaces (by rename) to rotate the server's certificate.
+  void StartServerOnLiveFiles() {
+    ASSERT_OK_AND_ASSIGN(live_.cert, certs_->WriteFile("live.pem", ""));
+    ASSERT_OK_AND_ASSIGN(live_.key, certs_->WriteFile("live.key", ""));
+    ASSERT_OK(ReplaceFile(server_files_.cert, live_.cert));
+    ASSERT_OK(ReplaceFile(server_files_.key, live_.key));
+    StartServer(TlsOf(live_, *ca_));
+  }
+  // Replaces live_ (by rename, the key first) with a certificate for
+  // 127.0.0.1 from other_ca_.
+  void RotateLiveFilesToOtherCa() {
+    CertRequest rotated;
+    rotated.common_name = "pserver-0-rotated";
+    rotated.ip_addresses = {"127.0.0.1"};
+    ASSERT_OK_AND_ASSIGN(CertFiles next, other_ca_->Issue("rotated", rotated));
+    ASSERT_OK(ReplaceFile(next.key, live_.key));
+    ASSERT_OK(ReplaceFile(next.cert, live_.cert));
+  }
 
   std::unique_ptr<Client> ClientWith(TlsOptions tls,
                                      absl::Duration timeout = absl::Seconds(3)) {
@@ -89,6 +109,7 @@ class TlsTest : public ::testing::Test {
   TestCa* other_ca_ = nullptr;
   CertFiles server_files_;
   CertFiles client_files_;
+  CertFiles live_;
   std::unique_ptr<Server> server_;
 };
 
@@ -236,21 +257,12 @@ TEST_F(TlsTest, ClientWithServerNameButNoTlsIsRefused) {
 // gets through, one trusting only the old does not), and a client connected
 // before keeps working over its connection.
 TEST_F(TlsTest, ReplacingTheFilesRotatesTheServerCertificateWithoutRestart) {
-  ASSERT_OK_AND_ASSIGN(std::string live_cert, certs_->WriteFile("live.pem", ""));
-  ASSERT_OK_AND_ASSIGN(std::string live_key, certs_->WriteFile("live.key", ""));
-  ASSERT_OK(ReplaceFile(server_files_.cert, live_cert));
-  ASSERT_OK(ReplaceFile(server_files_.key, live_key));
-  StartServer(TlsOf(CertFiles{live_cert, live_key}, *ca_));
+  ASSERT_NO_FATAL_FAILURE(StartServerOnLiveFiles());
   std::unique_ptr<Client> before = ClientWith(TlsOf(client_files_, *ca_));
   ASSERT_NE(before, nullptr);
   ASSERT_OK(before->GetStats().status());
 
-  CertRequest rotated;
-  rotated.common_name = "pserver-0-rotated";
-  rotated.ip_addresses = {"127.0.0.1"};
-  ASSERT_OK_AND_ASSIGN(CertFiles next, other_ca_->Issue("rotated", rotated));
-  ASSERT_OK(ReplaceFile(next.key, live_key));
-  ASSERT_OK(ReplaceFile(next.cert, live_cert));
+  ASSERT_NO_FATAL_FAILURE(RotateLiveFilesToOtherCa());
 
   // The server re-reads its files every second; each attempt makes a new
   // client (a new connection) and waits at most 2 s.
@@ -421,11 +433,7 @@ TEST_F(TlsChannelTest, PlaintextChannelClientIsRefused) {
 // calls. (The gRPC side, re-read on a timer, trusts both CAs here, so only
 // the channel's own handshake decides.)
 TEST_F(TlsTest, ReplacingTheFilesRotatesTheChannelCertificateAtTheNextConnection) {
-  ASSERT_OK_AND_ASSIGN(std::string live_cert, certs_->WriteFile("live.pem", ""));
-  ASSERT_OK_AND_ASSIGN(std::string live_key, certs_->WriteFile("live.key", ""));
-  ASSERT_OK(ReplaceFile(server_files_.cert, live_cert));
-  ASSERT_OK(ReplaceFile(server_files_.key, live_key));
-  StartServer(TlsOf(CertFiles{live_cert, live_key}, *ca_));
+  ASSERT_NO_FATAL_FAILURE(StartServerOnLiveFiles());
   ASSERT_NE(server_->bulk_listener(), nullptr);
   const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
   {
@@ -457,30 +465,26 @@ TEST_F(TlsTest, ReplacingTheFilesRotatesTheChannelCertificateAtTheNextConnection
         .status();
   };
 
+  // The certificate the next connection presents is trusted by `trusting`,
+  // refused by `refusing`; a channel trusting it opens a connection.
+  auto expect_presented = [&](const TlsOptions& trusting, const TlsOptions& refusing) {
+    EXPECT_OK(handshake(trusting));
+    EXPECT_THAT(handshake(refusing), StatusIs(absl::StatusCode::kUnavailable,
+                                              HasSubstr("certificate verify failed")));
+    std::unique_ptr<ChannelTransport> channel = channel_with(trusting);
+    ASSERT_OK(PullW(*channel));
+    EXPECT_EQ(channel->route(), "tcp");
+    EXPECT_GE(channel->connections_opened(), 1);
+  };
+
   // Before: the old CA's certificate.
-  EXPECT_OK(handshake(trusts_old));
-  EXPECT_THAT(handshake(trusts_new), StatusIs(absl::StatusCode::kUnavailable,
-                                              HasSubstr("certificate verify failed")));
-  std::unique_ptr<ChannelTransport> old_channel = channel_with(trusts_old);
-  ASSERT_OK(PullW(*old_channel));
-  EXPECT_EQ(old_channel->route(), "tcp");
+  expect_presented(trusts_old, trusts_new);
 
-  // Rotate: key first, then the certificate, each by rename.
-  CertRequest rotated;
-  rotated.common_name = "pserver-0-rotated";
-  rotated.ip_addresses = {"127.0.0.1"};
-  ASSERT_OK_AND_ASSIGN(CertFiles next, other_ca_->Issue("rotated", rotated));
-  ASSERT_OK(ReplaceFile(next.key, live_key));
-  ASSERT_OK(ReplaceFile(next.cert, live_cert));
+  ASSERT_NO_FATAL_FAILURE(RotateLiveFilesToOtherCa());
 
-  // After: the very next connection presents the new CA's certificate.
-  EXPECT_OK(handshake(trusts_new));
-  EXPECT_THAT(handshake(trusts_old), StatusIs(absl::StatusCode::kUnavailable,
-                                              HasSubstr("certificate verify failed")));
-  std::unique_ptr<ChannelTransport> new_channel = channel_with(trusts_new);
-  ASSERT_OK(PullW(*new_channel));
-  EXPECT_EQ(new_channel->route(), "tcp");
-  EXPECT_GE(new_channel->connections_opened(), 1);
+  // After: the very next connection presents the new CA's certificate, and
+  // a channel trusting only the old CA keeps to gRPC.
+  expect_presented(trusts_new, trusts_old);
   std::unique_ptr<ChannelTransport> stale_channel = channel_with(trusts_old);
   ASSERT_OK(PullW(*stale_channel));  // over gRPC, which trusts both
   EXPECT_EQ(stale_channel->route(), "grpc");
@@ -495,15 +499,10 @@ absl::Status PushOnesToW(Transport& t, uint64_t sequence) {
   view.type = v1::FLOAT32;
   view.content = absl::string_view(reinterpret_cast<const char*>(ones.data()),
                                    ones.size() * sizeof(float));
-  absl::Notification done;
-  absl::Status status;
+  CallGroup group;
   t.Push({77, sequence}, absl::MakeConstSpan(&view, 1), absl::Now() + kChannelTimeout,
-         [&](absl::Status s) {
-           status = std::move(s);
-           done.Notify();
-         });
-  done.WaitForNotification();
-  return status;
+         group.Add("w"));
+  return group.Wait();
 }
 
 // Roles from client certificates on the bulk channel (--auth_cert_rule): a

@@ -23,6 +23,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, up to 10 s, then SIGKILL: by PID, never by name."""
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
 class EtcdProcess:
     """``with EtcdProcess(folder) as etcd:`` serves at ``etcd.endpoint``
     ("127.0.0.1:port") once entered (a write answered, at most 30 s).
@@ -82,16 +94,8 @@ class EtcdProcess:
                 time.sleep(0.05)
 
     def stop(self):
-        """SIGTERM, up to 10 s, then SIGKILL: by PID, never by name."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        if self._proc is not None:
+            stop_process(self._proc)
 
     def __exit__(self, *exc):
         self.stop()

@@ -14,7 +14,7 @@ import (
 // with roles, read from a file (not the command line, where other users
 // could see it), etcd's TLS client certificate, and registry fencing.
 type securityFlags struct {
-	cert, key, ca, serverName           *string
+	cert, key, ca, serverName            *string
 	tokenFile, etcdCA, etcdCert, etcdKey *string
 	requireInstanceID                    *bool
 }
