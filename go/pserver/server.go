@@ -38,7 +38,8 @@ type ServerOptions struct {
 	// index below NumServers (written to /ps_desired if absent; 0: what etcd
 	// holds) and publishing address and instance id at /ps/<idx>. NewServer
 	// waits up to 60 s for etcd and a free index. EtcdTLS: etcd over TLS
-	// with this server's client certificate.
+	// with this server's client certificate. NewServer only: a LocalCluster
+	// does not register.
 	Etcd       string
 	Cluster    string
 	NumServers uint32
