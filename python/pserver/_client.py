@@ -250,18 +250,23 @@ class Client(_HandleOwner):
                 _blocking(_c.pserver_client_get_param, h, name, code, arr)
         return arr if out is None else out
 
-    def get_many(self, names: Sequence[str], *,
-                 timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
-        """Several parameters in one round trip per server, by name."""
+    def get_many(self, names: Sequence[str], out: Optional[Mapping[str, Any]] = None, *,
+                 timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Several parameters in one round trip per server, by name. `out`
+        may give what to write each into, by name (numpy arrays, DLPack
+        tensors such as PyTorch CPU tensors, writable buffers; see get)."""
         with _deadline(timeout):
-            return self._get_many(names)
+            return self._get_many(names, out)
 
-    def _get_many(self, names: Sequence[str]) -> Dict[str, np.ndarray]:
-        outs = {name: self._out(name, None) for name in names}
+    def _get_many(self, names: Sequence[str],
+                  out: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        given = {} if out is None else out
+        outs = {name: self._out(name, given.get(name)) for name in names}
         with self._h.use() as h:
             _blocking(_c.pserver_client_get_params_n, h,
                       [(name, code, arr) for name, (arr, code) in outs.items()])
-        return {name: arr for name, (arr, _) in outs.items()}
+        return {name: given[name] if given.get(name) is not None else arr
+                for name, (arr, _) in outs.items()}
 
     # -- gradients -------------------------------------------------------------
 

@@ -5,8 +5,6 @@ there. Every process is started here and stopped by its PID.
 """
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 
@@ -14,30 +12,13 @@ import numpy as np
 import pytest
 
 import pserver
+from processes import PSERVER, free_port as _free_port, stop as _stop
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
-PSERVER = os.environ.get("PSERVER_BINARY", "")
 
 pytestmark = pytest.mark.skipif(
     not (os.access(ETCD, os.X_OK) and os.access(PSERVER, os.X_OK)),
     reason="needs etcd and the pserver binary ($PSERVER_BINARY)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM, up to 10 s, then SIGKILL: by PID, never by name."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
