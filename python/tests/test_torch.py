@@ -78,7 +78,7 @@ def _reference(steps, lr):
 def test_sync_trainers_see_the_same_weights_as_one_process(cluster):
     trainers, steps, lr = 3, 4, 0.5
     x, y = _data()
-    weights, errors = {}, []
+    weights, grads, errors = {}, {}, []
     nets = [_net() for _ in range(trainers)]  # here: torch's global RNG is not per thread
 
     def trainer(rank):
@@ -95,6 +95,7 @@ def test_sync_trainers_see_the_same_weights_as_one_process(cluster):
                     opt.step()
                     seen.append([p.detach().clone() for p in net.parameters()])
                 weights[rank] = seen
+                grads[rank] = [p.grad.clone() for p in net.parameters()]
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -108,6 +109,8 @@ def test_sync_trainers_see_the_same_weights_as_one_process(cluster):
     for k in range(steps):  # step k: the same bytes everywhere
         for r in range(1, trainers):
             assert all(torch.equal(a, b) for a, b in zip(weights[0][k], weights[r][k]))
+    for r in range(1, trainers):  # after step(), p.grad holds the mean gradient
+        assert all(torch.equal(a, b) for a, b in zip(grads[0], grads[r]))
     for got, want in zip(weights[0][-1], _reference(steps, lr)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
@@ -189,6 +192,9 @@ def test_embedding_pulls_rows_and_pushes_their_gradients(client):
     np.testing.assert_array_equal(table.pull([5, 2**40, 9]), [[1, 1], [-1, -1], [-1, -1]])
     with torch.no_grad():  # no gradient, no push
         emb(keys).sum()
+    emb.eval()
+    assert not emb(keys).requires_grad  # in eval mode: no gradient, no push
+    emb.train()
     np.testing.assert_array_equal(table.pull([9]), [[-1, -1]])
     with pytest.raises(pserver.InvalidArgument, match="key -4 at index 1 .of the flattened input. is negative"):
         emb(torch.tensor([1, -4]))
@@ -234,3 +240,44 @@ def test_optimizer_trains_embeddings_with_dense_layers(client):
             losses.append(float(loss))
     assert losses[-1] < 0.5 * losses[0], losses
     assert sum(s["keys_pushed"] for s in table.stats()) >= 30 * 4
+
+
+def test_sync_mode_averages_row_gradients_over_trainers(cluster):
+    """Two trainers with the same batch in sync mode: each pushes half its
+    row gradients, so the rows move as one trainer's full step would."""
+    keys = torch.tensor([[1, 2], [2, 3]])
+    table = cluster.client().create_table("rows", 2, optimizer="sgd", lr=1.0,
+                                          initializer="uniform", low=-1, high=1, seed=3)
+    before = table.pull([1, 2, 3])
+    nets = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        nets.append(torch.nn.Sequential(pserver.torch.EmbeddingBag(table, mode="sum"),
+                                        torch.nn.Linear(2, 1)))
+    # One process, by hand: the rows' gradient for the same loss.
+    rows = torch.from_numpy(before.copy()).requires_grad_()
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(2, 1)
+    linear(torch.nn.functional.embedding_bag(keys - 1, rows, mode="sum")).sum().backward()
+    errors = []
+
+    def trainer(rank):
+        try:
+            with cluster.client() as client, pserver.torch.DistributedOptimizer(
+                    client, nets[rank], mode="sync", rank=rank, world_size=2, lr=0.0,
+                    prefix="rows/", timeout=60) as opt:
+                assert nets[rank][0].grad_scale == 0.5
+                nets[rank](keys).sum().backward()
+                opt.step()
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=trainer, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    np.testing.assert_allclose(table.pull([1, 2, 3]), before - rows.grad.numpy(), rtol=1e-5,
+                               atol=1e-6)
