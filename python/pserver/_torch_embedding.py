@@ -35,6 +35,11 @@ class _TableRows(torch.nn.Module):
         # DistributedOptimizer in sync mode sets 1 / world_size, so the rows
         # get the mean over trainers' batches, as a single process would).
         self.grad_scale = 1.0
+        # Set by a DistributedOptimizer in sync mode: backward keeps the row
+        # gradients and its step() pushes them once every trainer's forward
+        # has pulled (so no trainer's step k reads another's step-k update).
+        self.defer_pushes = False
+        self._deferred: List[Any] = []
         self._pending: List[concurrent.futures.Future] = []
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
@@ -70,15 +75,26 @@ class _TableRows(torch.nn.Module):
         grad = grad.detach()
         if self.grad_scale != 1.0:
             grad = grad * self.grad_scale
+        self._deferred.append((keys, grad.contiguous()))
+        if not self.defer_pushes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Starts the pushes that backward has left (see defer_pushes)."""
+        if not self._deferred:
+            return
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix=f"pserver-push-{self.table.name}")
-        self._pending.append(self._executor.submit(
-            self.table.push, keys, grad.contiguous(), timeout=self.timeout))
+        for keys, grad in self._deferred:
+            self._pending.append(self._executor.submit(
+                self.table.push, keys, grad, timeout=self.timeout))
+        self._deferred = []
 
     def wait(self) -> None:
-        """Waits for the pushes made by backward so far; raises the first
-        that failed."""
+        """Pushes what backward has left and waits for every push so far;
+        raises the first that failed."""
+        self.flush()
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()

@@ -90,6 +90,7 @@ class DistributedOptimizer:
             self._group = client.group(f"{prefix}pserver.torch", world_size, f"rank{rank}")
             for m in self._tables:
                 m.grad_scale = 1.0 / world_size
+                m.defer_pushes = True
         elif mode == "ssp":
             clock = client.create_table(f"{prefix}pserver.torch.clock", 1, optimizer="add",
                                         consistency="ssp", staleness=staleness,
@@ -222,6 +223,8 @@ class DistributedOptimizer:
             self._flushing = False
         if error is not None:
             raise error
+        # In sync mode the dense all-reduces of this step have completed, so
+        # every trainer's forward has pulled its rows: the row pushes go now.
         for m in self._tables:
             m.wait()
         timeout = self._timeout if timeout is None else timeout
@@ -246,6 +249,7 @@ class DistributedOptimizer:
             handle.remove()
         self._hooks = []
         for m in self._tables:
+            m.defer_pushes = False
             m.close()
         for held in (self._worker, self._group):
             if held is not None:
