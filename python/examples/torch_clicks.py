@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 import pserver
 import pserver.torch
-from torch_digits import TRAINERS, batches
+from torch_digits import TRAINERS, arguments, batches, report
 
 FIELDS, CATEGORIES, DIM = 3, 200, 8
 KEYS = FIELDS * CATEGORIES  # field f, category c: key f * CATEGORIES + c
@@ -99,16 +99,7 @@ def trainer(rank: int, args: argparse.Namespace) -> None:
 
 
 def main(argv: List[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--servers", required=True, help="host:port,host:port (index order)")
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=96, help="a multiple of 3")
-    parser.add_argument("--lr", type=float, default=1.0)
-    parser.add_argument("--tolerance", type=float, default=0.01)
-    args = parser.parse_args(argv)
-    if args.batch % TRAINERS:
-        parser.error(f"--batch must be a multiple of {TRAINERS}")
-    torch.set_num_threads(1)
+    args = arguments(__doc__, argv, epochs=6, batch=96, lr=1.0)
     with pserver.Client(args.servers, timeout=60) as client:
         # Reads create no rows: this is where every row will start.
         start = torch.from_numpy(table(client, args.lr).pull(np.arange(KEYS, dtype=np.uint64)))
@@ -121,13 +112,7 @@ def main(argv: List[str]) -> int:
         for name, p in model.mlp.named_parameters():
             client.get("clicks/mlp." + name, out=p.detach())
         distributed = auc(model, x_test, y_test)
-    print(f"one process, torch.optim.SGD: held-out AUC {alone:.4f}")
-    print(f"{TRAINERS} processes through pserver (sync): held-out AUC {distributed:.4f}")
-    if abs(alone - distributed) > args.tolerance:
-        print(f"FAIL: the AUCs differ by more than {args.tolerance}")
-        return 1
-    print(f"within {args.tolerance} of the single-process AUC")
-    return 0
+    return report("held-out AUC", alone, distributed, args.tolerance)
 
 
 if __name__ == "__main__":

@@ -98,26 +98,38 @@ def train_distributed(args: argparse.Namespace) -> float:
     return accuracy(net, x_test, y_test)
 
 
-def main(argv: List[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, argv: List[str], *, epochs: int, batch: int,
+              lr: float) -> argparse.Namespace:
+    """The examples' flags: --servers, --epochs, --batch, --lr, --tolerance."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--servers", required=True, help="host:port,host:port (index order)")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=48, help="a multiple of 3")
-    parser.add_argument("--lr", type=float, default=0.3)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--batch", type=int, default=batch, help=f"a multiple of {TRAINERS}")
+    parser.add_argument("--lr", type=float, default=lr)
     parser.add_argument("--tolerance", type=float, default=0.01)
     args = parser.parse_args(argv)
     if args.batch % TRAINERS:
         parser.error(f"--batch must be a multiple of {TRAINERS}")
     torch.set_num_threads(1)
+    return args
+
+
+def report(metric: str, alone: float, distributed: float, tolerance: float) -> int:
+    """Prints both runs' `metric`; 1 if they differ by more than `tolerance`."""
+    print(f"one process, torch.optim.SGD: {metric} {alone:.4f}")
+    print(f"{TRAINERS} processes through pserver (sync): {metric} {distributed:.4f}")
+    if abs(alone - distributed) > tolerance:
+        print(f"FAIL: the {metric}s differ by more than {tolerance}")
+        return 1
+    print(f"within {tolerance} of the single-process {metric}")
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    args = arguments(__doc__, argv, epochs=8, batch=48, lr=0.3)
     alone = train_alone(args)
     distributed = train_distributed(args)
-    print(f"one process, torch.optim.SGD: test accuracy {alone:.4f}")
-    print(f"{TRAINERS} processes through pserver (sync): test accuracy {distributed:.4f}")
-    if abs(alone - distributed) > args.tolerance:
-        print(f"FAIL: the accuracies differ by more than {args.tolerance}")
-        return 1
-    print(f"within {args.tolerance} of the single-process accuracy")
-    return 0
+    return report("test accuracy", alone, distributed, args.tolerance)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ etcd is started here on free ports and stopped by its PID.
 """
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -13,16 +12,11 @@ import time
 import pytest
 
 import pserver
+from processes import free_port as _free_port, stop
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
 pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK), reason="needs etcd")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +50,7 @@ def etcd_endpoint(tmp_path_factory):
                 time.sleep(0.05)
         yield endpoint
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop(proc)
 
 
 def test_put_get_list_delete(etcd_endpoint):

@@ -1,31 +1,11 @@
 """Tables, KV workers with clocks, and worker groups from Python."""
-import threading
 import time
 
 import numpy as np
 import pytest
 
 import pserver
-
-
-def run_threads(n, body):
-    """Runs body(rank) on n threads; re-raises the first failure."""
-    errors = []
-
-    def wrap(rank):
-        try:
-            body(rank)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=wrap, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-        assert not t.is_alive(), "a worker thread did not finish"
-    if errors:
-        raise errors[0]
+from conftest import run_threads
 
 
 # -- sparse tables ------------------------------------------------------------

@@ -1,12 +1,11 @@
 """pserver.torch: tensors in and out without copies, DistributedOptimizer
 (sync, ssp, asp) and the table-backed Embedding / EmbeddingBag. Skipped
 where PyTorch is absent (CI installs python3-torch, so they run there)."""
-import threading
-
 import numpy as np
 import pytest
 
 import pserver
+from conftest import run_threads
 
 torch = pytest.importorskip("torch", reason="needs PyTorch (python3-torch)")
 import pserver.torch  # noqa: E402  (after the skip)
@@ -78,34 +77,25 @@ def _reference(steps, lr):
 def test_sync_trainers_see_the_same_weights_as_one_process(cluster):
     trainers, steps, lr = 3, 4, 0.5
     x, y = _data()
-    weights, grads, errors = {}, {}, []
+    weights, grads = {}, {}
     nets = [_net() for _ in range(trainers)]  # here: torch's global RNG is not per thread
 
     def trainer(rank):
-        try:
-            net = nets[rank]
-            with cluster.client() as client, pserver.torch.DistributedOptimizer(
-                    client, net, mode="sync", rank=rank, world_size=trainers,
-                    optimizer="sgd", lr=lr, timeout=60) as opt:
-                seen = []
-                for _ in range(steps):
-                    mine = slice(rank * 8, rank * 8 + 8)
-                    opt.zero_grad()
-                    torch.nn.functional.cross_entropy(net(x[mine]), y[mine]).backward()
-                    opt.step()
-                    seen.append([p.detach().clone() for p in net.parameters()])
-                weights[rank] = seen
-                grads[rank] = [p.grad.clone() for p in net.parameters()]
-        except BaseException as e:  # reported below
-            errors.append(e)
+        net = nets[rank]
+        with cluster.client() as client, pserver.torch.DistributedOptimizer(
+                client, net, mode="sync", rank=rank, world_size=trainers,
+                optimizer="sgd", lr=lr, timeout=60) as opt:
+            seen = []
+            for _ in range(steps):
+                mine = slice(rank * 8, rank * 8 + 8)
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(net(x[mine]), y[mine]).backward()
+                opt.step()
+                seen.append([p.detach().clone() for p in net.parameters()])
+            weights[rank] = seen
+            grads[rank] = [p.grad.clone() for p in net.parameters()]
 
-    threads = [threading.Thread(target=trainer, args=(r,)) for r in range(trainers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads)
+    run_threads(trainers, trainer, timeout=120)
     for k in range(steps):  # step k: the same bytes everywhere
         for r in range(1, trainers):
             assert all(torch.equal(a, b) for a, b in zip(weights[0][k], weights[r][k]))
@@ -259,25 +249,14 @@ def test_sync_mode_averages_row_gradients_over_trainers(cluster):
     torch.manual_seed(0)
     linear = torch.nn.Linear(2, 1)
     linear(torch.nn.functional.embedding_bag(keys - 1, rows, mode="sum")).sum().backward()
-    errors = []
-
     def trainer(rank):
-        try:
-            with cluster.client() as client, pserver.torch.DistributedOptimizer(
-                    client, nets[rank], mode="sync", rank=rank, world_size=2, lr=0.0,
-                    prefix="rows/", timeout=60) as opt:
-                assert nets[rank][0].grad_scale == 0.5
-                nets[rank](keys).sum().backward()
-                opt.step()
-        except BaseException as e:  # reported below
-            errors.append(e)
+        with cluster.client() as client, pserver.torch.DistributedOptimizer(
+                client, nets[rank], mode="sync", rank=rank, world_size=2, lr=0.0,
+                prefix="rows/", timeout=60) as opt:
+            assert nets[rank][0].grad_scale == 0.5
+            nets[rank](keys).sum().backward()
+            opt.step()
 
-    threads = [threading.Thread(target=trainer, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads)
+    run_threads(2, trainer, timeout=120)
     np.testing.assert_allclose(table.pull([1, 2, 3]), before - rows.grad.numpy(), rtol=1e-5,
                                atol=1e-6)
