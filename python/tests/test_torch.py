@@ -146,7 +146,7 @@ def test_ssp_waits_for_trainers_more_than_staleness_behind(cluster):
                                                   world_size=2, lr=0.1, timeout=60)
         fast.step()  # clock 1: needs the slow one at clock 0 at least
         with pytest.raises(pserver.DeadlineExceeded, match="rank1"):
-            fast.step(timeout=1.0)  # clock 2: the slow one is still at 0
+            fast.step(timeout=3.0)  # clock 2: the slow one is still at 0
         slow.close()
         fast.close()
 
