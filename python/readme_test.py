@@ -9,6 +9,7 @@ The section "## Using it from PyTorch" must be at most 15 lines, and its
 ```python block print exactly the `...` after "prints" (run where PyTorch is
 installed, as in CI; elsewhere this says it was skipped).
 """
+import importlib.util
 import re
 import subprocess
 import sys
@@ -43,9 +44,7 @@ def torch_example(readme: str) -> None:
     assert lines <= 15, f"the PyTorch section has {lines} lines, more than 15"
     match = re.search(r"```python\n(.*?)```\n\nprints\s+`([^`]*)`", section, re.S)
     assert match is not None, "no ```python block followed by 'prints `...`' in the section"
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         print("README.md's PyTorch example SKIPPED: PyTorch is not installed (python3-torch)")
         return
     run = subprocess.run([sys.executable, "-c", match.group(1)], capture_output=True,

@@ -5,7 +5,7 @@ import signal
 import socket
 import subprocess
 import time
-from typing import List, Tuple
+from typing import List
 
 PSERVER = os.environ.get("PSERVER_BINARY", "")
 
