@@ -107,16 +107,21 @@ class DistributedOptimizer:
         self._closed = False
         self._error: Optional[BaseException] = None
         self._hooks = []
-        for i, (_, p) in enumerate(self._params):
-            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-            handle = accumulator.register_hook(lambda *_, i=i: self._on_grad(i))
-            self._hooks.append((accumulator, handle))
+        with torch.enable_grad():  # the accumulator is reached through a graph
+            for i, (_, p) in enumerate(self._params):
+                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                handle = accumulator.register_hook(lambda *_, i=i: self._on_grad(i))
+                self._hooks.append((accumulator, handle))
         self._thread = threading.Thread(target=self._run, name="pserver-torch-optimizer",
                                         daemon=True)
         self._thread.start()
-        if self._group is not None:
-            self._group.barrier(timeout=timeout)
-        self._pull(timeout)
+        try:  # every trainer starts from the same (the first trainer's) weights
+            if self._group is not None:
+                self._group.barrier(timeout=timeout)
+            self._pull(timeout)
+        except BaseException:
+            self.close()
+            raise
 
     # -- registration and pulls ---------------------------------------------
 

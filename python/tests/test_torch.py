@@ -1,6 +1,8 @@
 """pserver.torch: tensors in and out without copies, DistributedOptimizer
 (sync, ssp, asp) and the table-backed Embedding / EmbeddingBag. Skipped
 where PyTorch is absent (CI installs python3-torch, so they run there)."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -138,6 +140,23 @@ def test_ssp_waits_for_trainers_more_than_staleness_behind(cluster):
             fast.step(timeout=3.0)  # clock 2: the slow one is still at 0
         slow.close()
         fast.close()
+
+
+def test_a_failed_start_leaves_no_hooks(cluster):
+    net = _net()
+    with cluster.client() as client:
+        # A sync group of 2 whose other member never comes: the start times out.
+        with pytest.raises(pserver.DeadlineExceeded, match="1 of 2|arrived"):
+            pserver.torch.DistributedOptimizer(client, net, mode="sync", rank=0, world_size=2,
+                                               lr=0.1, timeout=2.0)
+        # It closed itself: its thread is gone (close() joins it and removes the hooks).
+        assert not [t for t in threading.enumerate() if t.name == "pserver-torch-optimizer"]
+        with torch.no_grad():  # built under no_grad too; the hooks are this one's only
+            opt = pserver.torch.DistributedOptimizer(client, net, mode="asp", lr=0.1)
+        x, y = _data()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+        opt.close()
 
 
 def test_bad_settings_and_misuse_are_clear_errors(client):
