@@ -207,6 +207,7 @@ def _writable_view(out: Any, what: str) -> np.ndarray:
         # numpy marks every DLPack import read-only (DLPack 0.x cannot say);
         # the producer lent us its memory, so write through it in place.
         raw = (ctypes.c_char * arr.nbytes).from_address(arr.ctypes.data)
+        raw.dlpack_view = arr  # keeps the producer's export (and memory) alive
         return np.frombuffer(raw, arr.dtype).reshape(arr.shape)
     try:
         view = memoryview(out)
