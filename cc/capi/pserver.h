@@ -414,7 +414,9 @@ PSERVER_EXPORT size_t pserver_client_server_address(const pserver_client_t* clie
 /* Initializes a parameter from `size` bytes of `dtype` elements in `data`,
  * row-major, of the given shape (ndim dims; ndim 0 is a scalar). `config`
  * may be NULL (plain SGD). The first init of a name wins; later ones get
- * ALREADY_EXISTS "pserver already initialized". */
+ * ALREADY_EXISTS "pserver already initialized: ..." (ending "with the same
+ * type, shape and config" when the earlier init was this one exactly, also
+ * after finish_init; otherwise saying what differs). */
 PSERVER_EXPORT void pserver_client_init_param(pserver_client_t* client, const char* name,
                                               size_t name_len, int32_t dtype, const int64_t* shape,
                                               size_t ndim, const void* data, size_t size,

@@ -200,6 +200,12 @@ class ParameterStore {
   // OK if `layout` agrees with the parameter's blocks already held.
   absl::Status CheckSameLayout(const std::string& what, absl::string_view name,
                                const Layout& layout) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // OK unless block `key` is held; then ALREADY_EXISTS saying whether the
+  // earlier Init had this type, shape and config (ending "with the same
+  // type, shape and config") or what differs.
+  absl::Status HeldBlockError(const Key& key, ElementType type, absl::Span<const int64_t> shape,
+                              const v1::ParameterConfig& config, const std::string& what) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The block a gradient goes to, after checking it against the block.
   absl::StatusOr<Target> CheckGradient(const GradientView& grad);
   Block* Find(absl::string_view name, uint32_t index) const;

@@ -3,36 +3,18 @@ optionally TLS with client-certificate auth (etcd --client-cert-auth), as
 cc/etcd/testing/etcd_process.h does for C++."""
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 
 import pserver
+from processes import free_port, stop as stop_process  # noqa: F401 (re-exported)
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
 
 def have_etcd() -> bool:
     return os.access(ETCD, os.X_OK)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    """SIGTERM, up to 10 s, then SIGKILL: by PID, never by name."""
-    if proc.poll() is not None:
-        return
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 class EtcdProcess:
