@@ -98,8 +98,9 @@ class MultihostCluster {
     stop_file_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", net_->prefix(), "-stop");
     PS_RETURN_IF_ERROR(StartEtcd(ip));
     // Membership readable (a leader elected) and empty.
-    PS_RETURN_IF_ERROR(
-        Observe({"--mode=wait_members", "--expect_workers=", "--expect_servers="}).status());
+    absl::Status members =
+        Observe({"--mode=wait_members", "--expect_workers=", "--expect_servers="}).status();
+    if (!members.ok()) return WithEtcdLogs(members);
     for (int i = 0; i < 3; ++i) PS_RETURN_IF_ERROR(StartServer(i, ipv6));
     PS_RETURN_IF_ERROR(Observe({"--mode=init"}).status());
     for (int i = 0; i < 2; ++i) {
@@ -274,6 +275,15 @@ class MultihostCluster {
                                          const std::vector<std::string>& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
+  }
+
+  // `status` with the end of every etcd member's log.
+  absl::Status WithEtcdLogs(const absl::Status& status) const {
+    std::string logs;
+    for (size_t i = 0; i < etcd_.size(); ++i) {
+      if (etcd_[i] != nullptr) absl::StrAppend(&logs, "\n--- etcd member ", i, ":\n", etcd_[i]->LogTail());
+    }
+    return absl::Status(status.code(), absl::StrCat(status.message(), logs));
   }
 
   static absl::Status WithOutput(const absl::Status& status, const std::string& what,

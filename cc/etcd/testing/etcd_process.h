@@ -102,6 +102,8 @@ class EtcdProcess {
   const std::string& data_dir() const { return data_dir_; }
   // etcd's stdout and stderr (all runs, appended).
   const std::string& log_path() const { return log_path_; }
+  // The log's last 4000 bytes (for failure messages).
+  std::string LogTail() const;
   bool running() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
 
@@ -119,7 +121,6 @@ class EtcdProcess {
   absl::Status Spawn();
   absl::Status WaitServing();
   absl::Status Signal(int signal, absl::Duration wait);
-  std::string LogTail() const;
 
   EtcdProcessOptions options_;
   std::string data_dir_;
