@@ -34,6 +34,7 @@
 #include "cc/core/checkpoint.h"
 #include "cc/cuda/device.h"
 #include "cc/rpc/allocator.h"
+#include "cc/server/advertised_address.h"
 #include "cc/server/server.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -162,6 +163,18 @@ ABSL_FLAG(std::string, etcd_tls_cert, "",
           "etcd over TLS: this server's client certificate (PEM), for etcd --client-cert-auth.");
 ABSL_FLAG(std::string, etcd_tls_key, "", "etcd over TLS: the key of --etcd_tls_cert (PEM).");
 
+// --- Prometheus metrics (docs/operations.md, docs/limits.md) ---
+ABSL_FLAG(int, metrics_port, -1,
+          "Port serving GET /metrics (Prometheus text format); 0 picks a free one; -1: off.");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "Address /metrics listens on; a public one (0.0.0.0, ::) only when asked.");
+ABSL_FLAG(int, metrics_max_connections, 8,
+          "/metrics connections served at once; one more is answered 503 and closed.");
+ABSL_FLAG(uint64_t, metrics_max_request_bytes, 8192,
+          "Bytes of a /metrics request's line and headers; more is answered 431 and closed.");
+ABSL_FLAG(double, metrics_io_timeout_seconds, 10,
+          "Seconds a /metrics client may take to send its request, and to read the reply.");
+
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -272,6 +285,15 @@ pserver::ServerOptions OptionsFromFlags() {
   options.etcd_tls.ca = absl::GetFlag(FLAGS_etcd_tls_ca);
   options.etcd_tls.cert = absl::GetFlag(FLAGS_etcd_tls_cert);
   options.etcd_tls.key = absl::GetFlag(FLAGS_etcd_tls_key);
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    pserver::metrics::MetricsHttpOptions http;
+    http.host = absl::GetFlag(FLAGS_metrics_host);
+    http.port = absl::GetFlag(FLAGS_metrics_port);
+    http.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+    http.max_request_bytes = absl::GetFlag(FLAGS_metrics_max_request_bytes);
+    http.io_timeout = absl::Seconds(absl::GetFlag(FLAGS_metrics_io_timeout_seconds));
+    options.metrics_http = http;
+  }
   return options;
 }
 
@@ -331,6 +353,10 @@ int main(int argc, char** argv) {
   }
   const uint32_t index = (*server)->index();
   std::printf("pserver %u listening on %s\n", index, (*server)->address().c_str());
+  if ((*server)->metrics_port() != 0) {
+    std::printf("pserver %u metrics on http://%s/metrics\n", index,
+                pserver::JoinHostPort(options.metrics_http->host, (*server)->metrics_port()).c_str());
+  }
   std::fflush(stdout);
 
   options.stop->WaitForNotification();
