@@ -19,6 +19,8 @@ PACKAGES=(
   # python bindings and notebooks
   python3-dev python3-numpy python3-pytest swig jupyter-nbconvert python3-nbclient
   python3-ipykernel python3-matplotlib
+  # metrics: promtool checks the exposition format, prometheus scrapes a test cluster
+  prometheus
   # go bindings and coordination
   golang-go golang-etcd-server-dev etcd-server etcd-client
   # etcd's v3 protos import these (gogoproto, google/api annotations)

@@ -3,41 +3,14 @@
 The servers register in etcd (--etcd, --num_servers=2); the client finds them
 there. Every process is started here and stopped by its PID.
 """
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import time
-
 import numpy as np
 import pytest
 
 import pserver
-
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
-PSERVER = os.environ.get("PSERVER_BINARY", "")
+from processes import have_etcd_and_pserver, start_etcd, start_pservers, stop
 
 pytestmark = pytest.mark.skipif(
-    not (os.access(ETCD, os.X_OK) and os.access(PSERVER, os.X_OK)),
-    reason="needs etcd and the pserver binary ($PSERVER_BINARY)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM, up to 10 s, then SIGKILL: by PID, never by name."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    not have_etcd_and_pserver(), reason="needs etcd and the pserver binary ($PSERVER_BINARY)")
 
 
 @pytest.fixture(scope="module")
@@ -46,38 +19,12 @@ def etcd_cluster(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("etcd_cluster")
     procs = []
     try:
-        client, peer = _free_port(), _free_port()
-        curl, purl = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-        with open(tmp_path / "etcd.log", "wb") as log:
-            procs.append(subprocess.Popen(
-                [ETCD, "--name=pytest", f"--data-dir={tmp_path / 'etcd'}",
-                 f"--listen-client-urls={curl}", f"--advertise-client-urls={curl}",
-                 f"--listen-peer-urls={purl}", f"--initial-advertise-peer-urls={purl}",
-                 f"--initial-cluster=pytest={purl}", "--log-level=error"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        endpoint = f"127.0.0.1:{client}"
-        # The servers wait for etcd themselves (--register_timeout).
-        for i in range(2):
-            with open(tmp_path / f"server{i}.log", "wb") as log:
-                procs.append(subprocess.Popen(
-                    [PSERVER, "--host=127.0.0.1", "--port=0", f"--etcd={endpoint}",
-                     "--cluster=py", "--num_servers=2", "--lease_ttl=2",
-                     "--register_timeout=30", "--shutdown_grace_seconds=1"],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        # Wait (at most 30 s) until both servers have registered, so that the
-        # clients meet a serving etcd (a client whose first connection lands
-        # while etcd is still starting up can stall for its whole deadline).
-        logs = [tmp_path / f"server{i}.log" for i in range(2)]
-        deadline = time.monotonic() + 30
-        while not all("listening on" in p.read_text() for p in logs):
-            exited = [p.args[0] for p in procs if p.poll() is not None]
-            assert not exited, f"exited while starting: {exited}"
-            assert time.monotonic() < deadline, [p.read_text() for p in logs]
-            time.sleep(0.05)
+        endpoint = start_etcd(tmp_path, procs)
+        start_pservers(tmp_path, procs, endpoint, "py", 2)
         yield endpoint, "py"
     finally:
         for proc in reversed(procs):  # servers first, etcd last
-            _stop(proc)
+            stop(proc)
 
 
 def test_client_from_etcd(etcd_cluster):
