@@ -35,6 +35,8 @@ def test_client_from_etcd(etcd_cluster):
         assert client.num_servers == 2
         assert all(a.startswith("127.0.0.1:") for a in client.servers)
         assert "etcd" in repr(client)
+        # gRPC health over the network: both registered, loaded and serving.
+        assert client.health() == ["SERVING", "SERVING"]
         client.init("w", np.arange(4, dtype=np.float32), optimizer="sgd", lr=1.0)
         client.finish_init()
         client.send_grad("w", np.ones(4, np.float32))
