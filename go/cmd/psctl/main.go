@@ -2,6 +2,7 @@
 //
 //	psctl local -n 3 [-etcd] [-checkpoint_dir DIR]   start servers (and etcd) until Ctrl-C
 //	psctl status -etcd HOST:PORT [-cluster NAME]      servers, desired count, checkpoints, workers
+//	psctl health (-etcd HOST:PORT | -servers A,B)     every server's gRPC health; exit 1 unless all SERVING
 //	psctl desired -etcd HOST:PORT N                   set the desired server count
 //	psctl checkpoint save -servers A,B                ask every server for a checkpoint now
 //	psctl checkpoint ls DIR                           the checkpoints and parameters at DIR
@@ -33,6 +34,7 @@ Usage: psctl <command> [flags] [args]
 Commands:
   local        start N pserver processes (and an etcd with -etcd) on 127.0.0.1; Ctrl-C stops them
   status       servers, desired count, checkpoints and live workers, from etcd (or -servers stats)
+  health       every server's gRPC health (grpc.health.v1); exit 1 unless all are SERVING
   desired      set the desired server count in etcd
   checkpoint   save | ls | verify checkpoints
   params       parameter names, types, shapes and sizes (from a checkpoint or running servers)
@@ -59,6 +61,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdLocal(args[1:], stdout, stderr)
 	case "status":
 		err = cmdStatus(args[1:], stdout, stderr)
+	case "health":
+		err = cmdHealth(args[1:], stdout, stderr)
 	case "desired":
 		err = cmdDesired(args[1:], stdout, stderr)
 	case "checkpoint":
