@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -29,10 +30,12 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "cc/core/checkpoint.h"
 #include "cc/cuda/device.h"
+#include "cc/log/log.h"
 #include "cc/rpc/allocator.h"
 #include "cc/server/advertised_address.h"
 #include "cc/server/server.h"
@@ -163,6 +166,16 @@ ABSL_FLAG(std::string, etcd_tls_cert, "",
           "etcd over TLS: this server's client certificate (PEM), for etcd --client-cert-auth.");
 ABSL_FLAG(std::string, etcd_tls_key, "", "etcd over TLS: the key of --etcd_tls_cert (PEM).");
 
+// --- the log (cc/log) ---
+ABSL_FLAG(std::string, log_format, "text",
+          "Log lines on stderr: text (time, level, server index, message) or json (one object "
+          "per line: time, level, server, message[, suppressed]).");
+ABSL_FLAG(int, v, 0, "Log verbosity: 0 writes ERROR, WARNING and INFO lines; 1 adds DEBUG.");
+ABSL_FLAG(double, log_repeat_window_seconds, 10,
+          "The same message is written at most --log_repeat_burst times per this many seconds; "
+          "the next one says how many were suppressed.");
+ABSL_FLAG(int, log_repeat_burst, 5, "See --log_repeat_window_seconds.");
+
 // --- Prometheus metrics (docs/operations.md, docs/limits.md) ---
 ABSL_FLAG(int, metrics_port, -1,
           "Port serving GET /metrics (Prometheus text format); 0 picks a free one; -1: off.");
@@ -200,6 +213,10 @@ bool HelpRequested(int argc, char** argv) {
     }
   }
   return false;
+}
+
+void LogError(const std::string& server, const std::string& message) {
+  pserver::log::Default().Log(pserver::log::Level::kError, server, message);
 }
 
 absl::Duration SecondsOrInfinite(double seconds) {
@@ -313,6 +330,20 @@ int main(int argc, char** argv) {
   }
   absl::ParseCommandLine(argc, argv);
   pserver::KeepFreedMemoryForReuse();  // before any thread starts
+  {
+    absl::StatusOr<pserver::log::Format> format =
+        pserver::log::ParseFormat(absl::GetFlag(FLAGS_log_format));
+    if (!format.ok()) {
+      std::fprintf(stderr, "pserver: --log_format: %s\n", format.status().ToString().c_str());
+      return 1;
+    }
+    pserver::log::LogOptions log_options;
+    log_options.format = *format;
+    log_options.verbosity = absl::GetFlag(FLAGS_v);
+    log_options.repeat_window = absl::Seconds(absl::GetFlag(FLAGS_log_repeat_window_seconds));
+    log_options.repeat_burst = std::max(1, absl::GetFlag(FLAGS_log_repeat_burst));
+    pserver::log::SetDefault(std::move(log_options));  // before any thread logs
+  }
 
   StopSignals stop_signals;
   pserver::ServerOptions options = OptionsFromFlags();
@@ -320,16 +351,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<uint32_t> checkpoint_mode =
       pserver::ParseCheckpointFileMode(absl::GetFlag(FLAGS_checkpoint_mode));
   if (!checkpoint_mode.ok()) {
-    std::fprintf(stderr, "pserver: --checkpoint_mode: %s\n",
-                 checkpoint_mode.status().ToString().c_str());
+    LogError("", absl::StrCat("--checkpoint_mode: ", checkpoint_mode.status().ToString()));
     return 1;
   }
   options.checkpoint_file_mode = *checkpoint_mode;
   const std::string device_flag = absl::GetFlag(FLAGS_device);
   absl::StatusOr<pserver::cuda::DeviceChoice> device = pserver::cuda::ChooseDevice(device_flag);
   if (!device.ok()) {
-    std::fprintf(stderr, "pserver: --device=%s: %s\n", device_flag.c_str(),
-                 device.status().ToString().c_str());
+    LogError("", absl::StrCat("--device=", device_flag, ": ", device.status().ToString()));
     return 1;
   }
   options.device = device->name;
@@ -344,10 +373,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<pserver::Server>> server = pserver::Server::Start(options);
   if (!server.ok()) {
     if (options.stop->HasBeenNotified()) {
-      std::fprintf(stderr, "pserver: %s received while starting: stopped before serving (%s)\n",
-                   stop_signals.name(), server.status().ToString().c_str());
+      LogError("", absl::StrCat(stop_signals.name(),
+                                " received while starting: stopped before serving (",
+                                server.status().ToString(), ")"));
     } else {
-      std::fprintf(stderr, "pserver: %s\n", server.status().ToString().c_str());
+      LogError("", server.status().ToString());
     }
     return 1;
   }
@@ -367,8 +397,8 @@ int main(int argc, char** argv) {
   // say so in the exit status, for supervisors and scripts.
   const absl::Status final_save = (*server)->final_save_status();
   if (!final_save.ok()) {
-    std::fprintf(stderr, "pserver %u: stopped, but the final checkpoint failed: %s\n", index,
-                 final_save.ToString().c_str());
+    LogError(absl::StrCat(index),
+             absl::StrCat("stopped, but the final checkpoint failed: ", final_save.ToString()));
     return 1;
   }
   std::printf("pserver %u: stopped\n", index);

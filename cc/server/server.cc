@@ -186,14 +186,9 @@ StoreOptions Server::MakeStoreOptions(std::optional<int> device) {
   return store_options;
 }
 
-void Server::Log(const std::string& message) const {
-  if (etcd_ != nullptr && registrations() == 0) {
-    std::fprintf(stderr, "pserver (no index yet): %s\n", message.c_str());
-    std::fflush(stderr);
-    return;
-  }
-  std::fprintf(stderr, "pserver %u: %s\n", index_, message.c_str());
-  std::fflush(stderr);
+void Server::Log(const std::string& message, log::Level level) const {
+  const bool unregistered = etcd_ != nullptr && registrations() == 0;
+  log::Default().Log(level, unregistered ? "(no index yet)" : absl::StrCat(index_), message);
 }
 
 bool Server::StopRequested() const {
@@ -700,7 +695,10 @@ void Server::CheckpointLoop() {
     }
     started = absl::Now();
     absl::StatusOr<CheckpointInfo> saved = Save();
-    if (!saved.ok()) Log(absl::StrCat("periodic checkpoint failed: ", saved.status().ToString()));
+    if (!saved.ok()) {
+      Log(absl::StrCat("periodic checkpoint failed: ", saved.status().ToString()),
+          log::Level::kWarning);
+    }
     const absl::Time finished = absl::Now();
     if (SaveOverran(started, finished, options_.checkpoint_interval)) {
       Log(absl::StrCat("checkpoint took ", absl::FormatDuration(finished - started),
@@ -749,7 +747,8 @@ void Server::Shutdown(absl::Duration grace) {
   if (loaded_ok_ && !options_.checkpoint_dir.empty() && options_.checkpoint_on_shutdown) {
     absl::StatusOr<CheckpointInfo> saved = Save();
     Log(saved.ok() ? absl::StrCat("saved checkpoint ", saved->path)
-                   : absl::StrCat("final checkpoint failed: ", saved.status().ToString()));
+                   : absl::StrCat("final checkpoint failed: ", saved.status().ToString()),
+        saved.ok() ? log::Level::kInfo : log::Level::kError);
     final_save_status_ = saved.status();
   }
   // Frees the index at once for a replacement.

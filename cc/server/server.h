@@ -34,6 +34,7 @@
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/log/log.h"
 #include "cc/metrics/http_listener.h"
 #include "cc/metrics/metrics.h"
 #include "cc/rpc/transport_limits.h"
@@ -287,7 +288,8 @@ class Server {
   void SweepLoop();
   static constexpr absl::Duration kSweepInterval = absl::Seconds(1);
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
-  void Log(const std::string& message) const;
+  // One line of the process's log (cc/log), naming this server.
+  void Log(const std::string& message, log::Level level = log::Level::kInfo) const;
   // Tells the gRPC health service what Healthy() says now.
   void UpdateHealth();
   EtcdSessionState EtcdState() const;
