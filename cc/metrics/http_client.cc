@@ -10,15 +10,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cc/metrics/poll_deadline.h"
 
 namespace pserver {
 namespace metrics {
 namespace {
-
-int MillisUntil(absl::Time deadline) {
-  const int64_t millis = absl::ToInt64Milliseconds(deadline - absl::Now());
-  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(millis, 1 << 30)));
-}
 
 absl::StatusOr<int> Connect(const std::string& host, int port) {
   addrinfo hints{};
@@ -57,7 +53,7 @@ absl::StatusOr<std::string> HttpExchange(const std::string& host, int port,
   char buffer[4096];
   while (true) {
     pollfd p = {*fd, POLLIN, 0};
-    const int ready = poll(&p, 1, MillisUntil(deadline));
+    const int ready = poll(&p, 1, PollMillisUntil(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) {
       status = absl::DeadlineExceededError(absl::StrCat("no complete reply from ", host, ":", port,

@@ -11,18 +11,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cc/metrics/poll_deadline.h"
 #include "absl/strings/str_split.h"
 #include "cc/rpc/byte_stream.h"
 
 namespace pserver {
 namespace metrics {
 namespace {
-
-// Milliseconds left until `deadline` for poll: at least 0.
-int MillisUntil(absl::Time deadline) {
-  const int64_t millis = absl::ToInt64Milliseconds(deadline - absl::Now());
-  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(millis, 1 << 30)));
-}
 
 std::string Reply(absl::string_view status, absl::string_view body,
                   absl::string_view extra_headers = "") {
@@ -168,7 +163,7 @@ void MetricsHttpListener::Serve(Connection* connection) {
       break;
     }
     pollfd p = {fd, POLLIN, 0};
-    const int ready = poll(&p, 1, MillisUntil(deadline));
+    const int ready = poll(&p, 1, PollMillisUntil(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) {
       timed_out_.fetch_add(1, std::memory_order_relaxed);

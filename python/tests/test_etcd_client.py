@@ -3,8 +3,6 @@
 etcd is started here on free ports and stopped by its PID.
 """
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -13,23 +11,16 @@ import time
 import pytest
 
 import pserver
-
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+from processes import ETCD, free_port, stop
 
 pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK), reason="needs etcd")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def etcd_endpoint(tmp_path_factory):
     """host:port of a fresh etcd, serving (waited for, at most 30 s)."""
     tmp_path = tmp_path_factory.mktemp("etcd_client")
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     curl, purl = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
     with open(tmp_path / "etcd.log", "wb") as log:
         proc = subprocess.Popen(
@@ -56,13 +47,7 @@ def etcd_endpoint(tmp_path_factory):
                 time.sleep(0.05)
         yield endpoint
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop(proc)
 
 
 def test_put_get_list_delete(etcd_endpoint):
@@ -117,7 +102,7 @@ def test_unreachable_and_bad_arguments():
     with pytest.raises(pserver.InvalidArgument):
         pserver.Etcd("127.0.0.1:1", timeout=0)
     # Nothing listens on a freshly freed port: the call ends within its timeout.
-    with pserver.Etcd(f"127.0.0.1:{_free_port()}", timeout=0.3) as etcd:
+    with pserver.Etcd(f"127.0.0.1:{free_port()}", timeout=0.3) as etcd:
         start = time.monotonic()
         with pytest.raises((pserver.Unavailable, pserver.DeadlineExceeded)):
             etcd.get("/x")

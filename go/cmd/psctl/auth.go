@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -43,6 +44,15 @@ func (a *authFlags) etcdTLS() *pserver.EtcdTLS {
 		return nil
 	}
 	return &pserver.EtcdTLS{CA: *a.etcdCA, Cert: *a.etcdCert, Key: *a.etcdKey}
+}
+
+// newClient connects with opts plus these flags' token and etcd TLS.
+func (a *authFlags) newClient(ctx context.Context, opts pserver.Options) (*pserver.Client, error) {
+	opts, err := a.clientOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	return pserver.NewClient(ctx, opts)
 }
 
 // clientOptions adds the token to opts.

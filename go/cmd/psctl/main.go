@@ -207,11 +207,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
-		if err != nil {
-			return err
-		}
-		client, err := pserver.NewClient(ctx, opts)
+		client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
 		if err != nil {
 			return err
 		}
@@ -305,11 +301,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	case *servers != "" && *ckpt == "" && fs.NArg() > 0:
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
-		if err != nil {
-			return err
-		}
-		client, err := pserver.NewClient(ctx, opts)
+		client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
 		if err != nil {
 			return err
 		}
