@@ -67,6 +67,13 @@ TEST(TextFormatTest, WritesFamiliesAndEscapesLabelsAndHelp) {
             "pserver_lag{a=\"\"} 0.25\n");
 }
 
+TEST(TextFormatTest, LabelValuesThatAreNotUtf8BecomeReplacementCharacters) {
+  TextWriter out;
+  // Two stray bytes, then a valid two-byte character (é) that stays.
+  out.Sample("x", {{"worker", std::string("a\xff\xfe\xc3\xa9" "b", 6)}}, uint64_t{1});
+  EXPECT_EQ(out.Take(), "x{worker=\"a\xEF\xBF\xBD\xEF\xBF\xBD\xC3\xA9" "b\"} 1\n");
+}
+
 TEST(TextFormatTest, HistogramIsCumulativeWithInfAndScaledBounds) {
   Histogram histogram({1000000, 2500000});  // 1 ms, 2.5 ms in nanoseconds
   histogram.Observe(500000);

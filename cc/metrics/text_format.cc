@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "cc/core/names.h"
 
 namespace pserver {
 namespace metrics {
@@ -23,7 +24,20 @@ const char* TypeName(Type type) {
 }
 
 // Escapes backslash and newline, and also double quote in label values.
+// Bytes that are not valid UTF-8 (the format allows only UTF-8, and one bad
+// byte would fail the whole scrape) become U+FFFD.
 void AppendEscaped(absl::string_view text, bool quote, std::string* out) {
+  std::string valid;
+  if (FirstInvalidUtf8(text) != text.size()) {
+    while (!text.empty()) {
+      const size_t good = FirstInvalidUtf8(text);
+      valid.append(text.data(), good);
+      if (good == text.size()) break;
+      valid.append("\xEF\xBF\xBD");
+      text.remove_prefix(good + 1);
+    }
+    text = valid;
+  }
   for (char c : text) {
     if (c == '\\') {
       out->append("\\\\");

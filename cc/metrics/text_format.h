@@ -9,8 +9,9 @@
 //   // # TYPE pserver_table_rows gauge
 //   // pserver_table_rows{table="emb"} 42
 //
-// Label values are escaped (backslash, double quote, newline), help text too
-// (backslash, newline); names are the caller's and must be valid
+// Label values are escaped (backslash, double quote, newline; bytes that are
+// not UTF-8 become U+FFFD), help text too (backslash, newline); names are the
+// caller's and must be valid
 // ([a-zA-Z_:][a-zA-Z0-9_:]*, labels without ':'): IsValidName checks one.
 // Not thread-safe.
 #ifndef PSERVER_CC_METRICS_TEXT_FORMAT_H_

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -19,6 +20,9 @@ namespace {
 
 using metrics::TextWriter;
 using metrics::Type;
+
+// Workers per table whose clocks are exported (the slowest): bounds a scrape.
+constexpr size_t kMaxWorkerSeries = 256;
 
 void Gauge(TextWriter& out, const char* name, const char* help, double value,
            const metrics::Labels& labels = {}) {
@@ -64,6 +68,42 @@ void CollectStats(const Dispatcher& dispatcher, TextWriter& out) {
         static_cast<double>(s.checkpoint_sequence()));
 }
 
+// Per worker of each table (BSP/SSP clocks): its clock and how many clocks it
+// is behind the table's fastest worker; the kMaxWorkerSeries slowest only.
+void CollectWorkerClocks(const Tables& tables, TextWriter& out) {
+  struct TableClocks {
+    std::string table;
+    Tables::Clocks slowest;  // ascending clock
+    int64_t fastest = 0;
+  };
+  std::vector<TableClocks> all;
+  for (auto& [table, clocks] : tables.AllWorkerClocks()) {
+    if (clocks.empty()) continue;
+    std::stable_sort(clocks.begin(), clocks.end(),
+                     [](const auto& a, const auto& b) { return a.second < b.second; });
+    const int64_t fastest = clocks.back().second;
+    if (clocks.size() > kMaxWorkerSeries) clocks.resize(kMaxWorkerSeries);
+    all.push_back({table, std::move(clocks), fastest});
+  }
+  out.Family("pserver_table_worker_clock", "A registered worker's clock, by table and worker.",
+             Type::kGauge);
+  for (const TableClocks& t : all) {
+    for (const auto& [worker, clock] : t.slowest) {
+      out.Sample("pserver_table_worker_clock", {{"table", t.table}, {"worker", worker}},
+                 static_cast<int64_t>(clock));
+    }
+  }
+  out.Family("pserver_table_worker_clock_lag",
+             "Clocks a worker is behind the table's fastest worker (SSP/BSP staleness).",
+             Type::kGauge);
+  for (const TableClocks& t : all) {
+    for (const auto& [worker, clock] : t.slowest) {
+      out.Sample("pserver_table_worker_clock_lag", {{"table", t.table}, {"worker", worker}},
+                 static_cast<int64_t>(t.fastest - clock));
+    }
+  }
+}
+
 void CollectTables(const Tables& tables, TextWriter& out) {
   v1::TableStatsResponse response;
   tables.Stats(&response);
@@ -98,6 +138,7 @@ void CollectTables(const Tables& tables, TextWriter& out) {
       out.Sample(family.name, {{"table", t.name()}}, family.value(t));
     }
   }
+  CollectWorkerClocks(tables, out);
   Gauge(out, "pserver_collective_rounds", "Collective rounds open.",
         static_cast<double>(response.collective_rounds()));
   Gauge(out, "pserver_collective_bytes",

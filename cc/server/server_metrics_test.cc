@@ -147,22 +147,55 @@ TEST(ServerMetricsTest, CountsRequestsAndCheckpointsAsTheyHappen) {
   }
 }
 
-TEST(ServerMetricsTest, TablesShowRowsAndKeysPerTable) {
+// Runs control method `method` on `server` and waits for its answer.
+absl::Status CallControl(Server& server, const char* method,
+                         const google::protobuf::Message& request,
+                         google::protobuf::Message* response) {
+  absl::Notification done;
+  absl::Status result;
+  server.dispatcher().Call(method, request, response, {}, [&](absl::Status s) {
+    result = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
+absl::Status Clock(Server& server, const std::string& worker, v1::ClockRequest::Op op) {
+  v1::ClockRequest request;
+  request.set_table("emb");
+  request.set_worker(worker);
+  request.set_op(op);
+  v1::ClockResponse response;
+  return CallControl(server, "Clock", request, &response);
+}
+
+TEST(ServerMetricsTest, TablesShowRowsKeysAndEachWorkersClockLag) {
   ASSERT_OK_AND_ASSIGN(auto server, Server::Start(WithMetrics()));
   v1::CreateTableRequest create;
   create.set_name("emb");
   create.mutable_config()->set_dim(2);
-  absl::Notification created;
-  v1::CreateTableResponse created_response;
-  server->dispatcher().Call("CreateTable", create, &created_response, {},
-                            [&](absl::Status s) {
-                              EXPECT_OK(s);
-                              created.Notify();
-                            });
-  created.WaitForNotification();
+  v1::CreateTableResponse created;
+  ASSERT_OK(CallControl(*server, "CreateTable", create, &created));
+  // w1 ticks three times, w2 once, and a worker whose id is not UTF-8 never.
+  const std::string odd("w\xff", 2);
+  for (const std::string& w : {std::string("w1"), std::string("w2"), odd}) {
+    ASSERT_OK(Clock(*server, w, v1::ClockRequest::JOIN));
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_OK(Clock(*server, "w1", v1::ClockRequest::TICK));
+  ASSERT_OK(Clock(*server, "w2", v1::ClockRequest::TICK));
+
   ASSERT_OK_AND_ASSIGN(std::string page, Scrape(*server));
   EXPECT_EQ(SampleValue(page, "pserver_table_rows{table=\"emb\"}"), 0) << page;
   EXPECT_EQ(SampleValue(page, "pserver_table_keys_pushed_total{table=\"emb\"}"), 0);
+  EXPECT_EQ(SampleValue(page, "pserver_table_workers{table=\"emb\"}"), 3);
+  EXPECT_EQ(SampleValue(page, "pserver_table_min_clock{table=\"emb\"}"), 0);
+  EXPECT_EQ(SampleValue(page, "pserver_table_worker_clock{table=\"emb\",worker=\"w1\"}"), 3);
+  EXPECT_EQ(SampleValue(page, "pserver_table_worker_clock_lag{table=\"emb\",worker=\"w1\"}"), 0);
+  EXPECT_EQ(SampleValue(page, "pserver_table_worker_clock_lag{table=\"emb\",worker=\"w2\"}"), 2);
+  EXPECT_EQ(SampleValue(page, "pserver_table_worker_clock_lag{table=\"emb\",worker=\"w\xEF\xBF\xBD\"}"),
+            3);
+  EXPECT_EQ(SampleValue(page, "pserver_requests_total{method=\"Clock\"}"), 7);
   EXPECT_EQ(SampleValue(page, "pserver_requests_total{method=\"CreateTable\"}"), 1);
 }
 
