@@ -733,6 +733,7 @@ void Server::Shutdown(absl::Duration grace) {
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   if (registration_ != nullptr) registration_->StopReregistering();
   if (sweep_thread_.joinable()) sweep_thread_.join();
+  UpdateHealth();  // after the sweep's last update, which may have raced the one above
   // Calls waiting on clocks or collectives would hold the shutdown for the
   // whole grace: they fail with UNAVAILABLE now, which clients retry.
   tables_.Shutdown();
@@ -760,7 +761,8 @@ void Server::Shutdown(absl::Duration grace) {
 
 EtcdSessionState Server::EtcdState() const {
   EtcdSessionState state;
-  if (registration_ == nullptr) return state;
+  // registration_ is set while starting, before loaded_ok_: read it only after.
+  if (!loaded_ok_ || registration_ == nullptr) return state;
   state.registrations = static_cast<uint64_t>(registration_->registrations());
   state.leases_lost = static_cast<uint64_t>(registration_->leases_lost());
   // Each lost lease is followed by one re-registration once etcd answers.
