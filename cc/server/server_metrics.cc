@@ -56,6 +56,9 @@ void CollectStats(const Dispatcher& dispatcher, TextWriter& out) {
         "Retried pushes acknowledged without applying them again.", s.duplicates_ignored());
   Count(out, "pserver_non_finite_gradients_skipped_total",
         "Gradients with a NaN or infinity skipped (non_finite: SKIP).", s.non_finite_skipped());
+  Count(out, "pserver_non_finite_gradients_refused_total",
+        "Gradients with a NaN or infinity refused (non_finite: REJECT), failing their request.",
+        s.non_finite_refused());
   Gauge(out, "pserver_reply_bytes_in_flight",
         "Bytes of read replies built but not yet sent (--max_reply_bytes_in_flight).",
         static_cast<double>(s.reply_bytes_in_flight()));

@@ -5,6 +5,7 @@
 #include "cc/server/server_metrics.h"
 
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -197,6 +198,42 @@ TEST(ServerMetricsTest, TablesShowRowsKeysAndEachWorkersClockLag) {
             3);
   EXPECT_EQ(SampleValue(page, "pserver_requests_total{method=\"Clock\"}"), 7);
   EXPECT_EQ(SampleValue(page, "pserver_requests_total{method=\"CreateTable\"}"), 1);
+}
+
+// A gradient with a NaN, sent past the client's own check (SendGrad straight
+// to the dispatcher): refused for a REJECT parameter, skipped for a SKIP one.
+TEST(ServerMetricsTest, NonFiniteGradientsRefusedAndSkippedAreCounted) {
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(WithMetrics()));
+  ClientOptions client_options;
+  client_options.servers = {server->address()};
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(client_options));
+  v1::ParameterConfig skip;
+  skip.set_non_finite(v1::ParameterConfig::SKIP);
+  ASSERT_OK(client->InitParam("rejects", Tensor::FromValues<float>({2}, {0, 0})));
+  ASSERT_OK(client->InitParam("skips", Tensor::FromValues<float>({2}, {0, 0}), skip));
+  ASSERT_OK(client->FinishInitParams());
+  const float nan_values[2] = {1, std::numeric_limits<float>::quiet_NaN()};
+  for (const char* name : {"rejects", "skips"}) {
+    v1::SendGradRequest request;
+    request.mutable_gradient()->set_name(name);
+    request.mutable_gradient()->set_element_type(v1::FLOAT32);
+    request.mutable_gradient()->set_content(std::string(
+        reinterpret_cast<const char*>(nan_values), sizeof(nan_values)));
+    v1::SendGradResponse response;
+    const absl::Status status = CallControl(*server, "SendGrad", request, &response);
+    if (std::string(name) == "rejects") {
+      EXPECT_THAT(status, pserver::testing::StatusCodeIs(absl::StatusCode::kInvalidArgument));
+    } else {
+      EXPECT_OK(status);
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(std::string page, Scrape(*server));
+  EXPECT_EQ(SampleValue(page, "pserver_non_finite_gradients_refused_total"), 1) << page;
+  EXPECT_EQ(SampleValue(page, "pserver_non_finite_gradients_skipped_total"), 1);
+  EXPECT_EQ(SampleValue(page, "pserver_requests_total{method=\"SendGrad\"}"), 2);
+  EXPECT_EQ(SampleValue(page, "pserver_request_errors_total{method=\"SendGrad\"}"), 1);
+  ASSERT_OK_AND_ASSIGN(Tensor skipped, client->GetParam("skips"));
+  EXPECT_THAT(skipped.ToVector<float>(), ::testing::ElementsAre(0.0f, 0.0f));
 }
 
 TEST(ServerHealthTest, ServingOnceStartedAndNotServingFromShutdown) {
