@@ -19,6 +19,8 @@ PACKAGES=(
   # python bindings and notebooks
   python3-dev python3-numpy python3-pytest swig jupyter-nbconvert python3-nbclient
   python3-ipykernel python3-matplotlib
+  # pserver.torch and its examples (PyTorch 1.13, CPU; scikit-learn's digits)
+  python3-torch python3-sklearn
   # metrics: promtool checks the exposition format, prometheus scrapes a test cluster
   prometheus
   # go bindings and coordination

@@ -679,6 +679,8 @@ absl::Status Run(int argc, char** argv) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   pserver::KeepFreedMemoryForReuse();  // as pserver does; see cc/rpc/allocator.h
+  // As pserver does: no absl::Mutex deadlock graph (see cc/server/main.cc).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   pserver::bench::g_argv0 = argv[0];
   absl::Status status = pserver::bench::Run(argc, argv);
   if (!status.ok()) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# bazel test //python:pytest: installs the package into a temporary directory
-# with the install script users run, then runs the pytest suite against it.
+# bazel test //python:pytest (and :torch_examples_test): installs the package
+# into a temporary directory with the install script users run, then runs
+# pytest against it on the paths given as arguments (default python/tests).
 set -euo pipefail
 site="$TEST_TMPDIR/site"
 python/install.sh --target "$site" --quiet
@@ -10,4 +11,5 @@ export PSERVER_BINARY="$PWD/cc/server/pserver"  # for tests/test_etcd.py
 # One XML test case per pytest case, for CI's "N passed, N failed" line.
 junit=()
 if [ -n "${XML_OUTPUT_FILE:-}" ]; then junit=(--junitxml="$XML_OUTPUT_FILE"); fi
-exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "${junit[@]}" python/tests "$@"
+if [ $# -eq 0 ]; then set -- python/tests; fi
+exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "${junit[@]}" "$@"

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,6 +36,7 @@
 #include "cc/rpc/grpc_status.h"
 #include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
+#include "cc/testing/test_certs.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -115,9 +117,19 @@ bool ClosedByPeer(int fd, absl::Time deadline) {
   return false;
 }
 
-absl::Status GetStats(const std::string& address, absl::Duration timeout) {
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+// A file's contents ("" when it cannot be read).
+std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+absl::Status GetStats(const std::string& address, absl::Duration timeout,
+                      std::shared_ptr<grpc::ChannelCredentials> credentials =
+                          grpc::InsecureChannelCredentials()) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a new connection each time
+  auto stub =
+      v1::ParameterServer::NewStub(grpc::CreateCustomChannel(address, credentials, args));
   v1::GetStatsRequest request;
   v1::GetStatsResponse response;
   grpc::ClientContext context;
@@ -178,13 +190,16 @@ std::shared_ptr<grpc::Channel> PermissiveChannel(const std::string& address) {
 
 class PserverChild {
  public:
-  // `nofile`: the server's file descriptor limit (0: inherited).
-  void Start(std::vector<std::string> flags, int nofile = 0) {
+  // `nofile`: the server's file descriptor limit, soft and hard (0:
+  // inherited); `nofile_hard`: a higher hard limit (0: the same).
+  void Start(std::vector<std::string> flags, int nofile = 0, int nofile_hard = 0) {
     flags.push_back("--host=127.0.0.1");
     flags.push_back("--port=0");
     if (nofile > 0) {
+      const std::string limit =
+          nofile_hard > 0 ? absl::StrCat(nofile, ":", nofile_hard) : absl::StrCat(nofile);
       flags.insert(flags.begin(),
-                   {absl::StrCat("--nofile=", nofile), RunfilesPath("cc/server/pserver")});
+                   {absl::StrCat("--nofile=", limit), RunfilesPath("cc/server/pserver")});
       ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn("/usr/bin/prlimit", flags));
     } else {
       ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
@@ -488,6 +503,65 @@ TEST(TransportLimitsTest, IdleConnectionsAreClosedSoNewClientsGetIn) {
   }
   EXPECT_LE(fds_now, fds_before) << "the server held " << fds_before << " descriptors before, "
                                  << fds_now << " now";
+  ASSERT_NO_FATAL_FAILURE(server.Stop());
+}
+
+// With TLS gRPC's own listener accepts (gRPC 1.51 can take no TLS connection
+// from pserver's Listener), and it stops accepting for good at the first
+// EMFILE (grpc/grpc#20418). pserver raises its soft descriptor limit to the
+// hard one at start, and closes connections that say nothing within
+// --handshake_timeout_seconds: under a soft limit of 64, more silent
+// connections than that neither lock clients out nor stay open.
+TEST(TransportLimitsTest, TlsServerRaisesItsDescriptorLimitAndClosesSilentConnections) {
+  constexpr int kSoftNofile = 64;
+  constexpr int kHardNofile = 4096;
+  constexpr int kSilentConnections = 100;  // more than the soft limit
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<TestCerts> certs, TestCerts::Create());
+  ASSERT_OK_AND_ASSIGN(TestCa * ca, certs->AddCa("ca"));
+  CertRequest server_request;
+  server_request.common_name = "pserver";
+  server_request.ip_addresses = {"127.0.0.1"};
+  ASSERT_OK_AND_ASSIGN(CertFiles server_files, ca->Issue("server", server_request));
+  CertRequest client_request;
+  client_request.common_name = "trainer";
+  ASSERT_OK_AND_ASSIGN(CertFiles client_files, ca->Issue("client", client_request));
+  PserverChild server;
+  ASSERT_NO_FATAL_FAILURE(server.Start(
+      {"--handshake_timeout_seconds=1", "--tls_cert=" + server_files.cert,
+       "--tls_key=" + server_files.key, "--tls_ca=" + ca->cert_path()},
+      kSoftNofile, kHardNofile));
+  EXPECT_THAT(server.output(), HasSubstr(absl::StrCat("descriptor limit raised from ",
+                                                      kSoftNofile, " to ", kHardNofile)));
+
+  std::vector<int> silent;
+  struct CloseAll {
+    std::vector<int>& fds;
+    ~CloseAll() {
+      for (int fd : fds) close(fd);
+    }
+  } close_all{silent};
+  for (int i = 0; i < kSilentConnections; ++i) {
+    const int fd = SilentConnection(server.port());
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    silent.push_back(fd);
+  }
+
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = ReadFileOrEmpty(ca->cert_path());
+  tls.pem_cert_chain = ReadFileOrEmpty(client_files.cert);
+  tls.pem_private_key = ReadFileOrEmpty(client_files.key);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  absl::Status call = GetStats(server.address(), absl::Seconds(5), grpc::SslCredentials(tls));
+  for (int attempt = 0; !call.ok() && attempt < 60 && absl::Now() < deadline; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(100));
+    call = GetStats(server.address(), absl::Seconds(5), grpc::SslCredentials(tls));
+  }
+  EXPECT_OK(call) << "no TLS client got in\n" << server.output();
+  int closed = 0;
+  for (int fd : silent) {
+    if (ClosedByPeer(fd, deadline)) ++closed;
+  }
+  EXPECT_EQ(closed, kSilentConnections);
   ASSERT_NO_FATAL_FAILURE(server.Stop());
 }
 

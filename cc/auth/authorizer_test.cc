@@ -92,27 +92,42 @@ TEST(TokenFileTest, ConstantTimeEquals) {
   EXPECT_FALSE(ConstantTimeEquals("ab", "abc"));
   EXPECT_FALSE(ConstantTimeEquals("abcd", "abc"));
   EXPECT_FALSE(ConstantTimeEquals("", "abc"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", ""));
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
 }
 
 TEST(TokenFileTest, ReReadsTheFileWhenItChanges) {
   const std::string path = TempPath("tokens_reread");
   WriteFile(path, TokensText());
-  ASSERT_OK_AND_ASSIGN(auto file, TokenFile::Load(path));
+  absl::Time now = absl::FromUnixSeconds(1000);  // a clock of the test's own
+  ASSERT_OK_AND_ASSIGN(auto file, TokenFile::Load(path, [&now] { return now; }));
   ASSERT_OK_AND_ASSIGN(Principal who, file->Find(kTrainerToken));
   EXPECT_EQ(who.role, Role::kTrainer);
   EXPECT_EQ(who.job, "job-a");
   EXPECT_EQ(file->reads(), 1);
 
   WriteFile(path, "admin job-a new-admin-token-0123456789\n");
+  // Within the interval since the last look the file is not looked at: the
+  // tokens read before stay in force, however many calls come.
+  now += kTokenFileCheckInterval - absl::Nanoseconds(1);
+  for (int i = 0; i < 1000; ++i) ASSERT_OK(file->Find(kTrainerToken).status());
+  EXPECT_EQ(file->checks(), 0);
+  EXPECT_EQ(file->reads(), 1);
+
+  // Once it has passed, the next call looks, once, and reads the new file.
+  now += absl::Nanoseconds(1);
   EXPECT_THAT(file->Find(kTrainerToken), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("not one")));
   ASSERT_OK_AND_ASSIGN(who, file->Find("new-admin-token-0123456789"));
   EXPECT_EQ(who.role, Role::kAdmin);
   EXPECT_EQ(file->reads(), 2);
+  EXPECT_EQ(file->checks(), 1);
 
   // A broken file keeps the tokens in force.
   WriteFile(path, "this is not a tokens file\n");
+  now += kTokenFileCheckInterval;
   EXPECT_OK(file->Find("new-admin-token-0123456789").status());
   EXPECT_EQ(file->reads(), 2);
+  EXPECT_EQ(file->checks(), 2);
 }
 
 TEST(TokenFileTest, MissingFileIsNotFound) {

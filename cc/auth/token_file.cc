@@ -1,5 +1,6 @@
 #include "cc/auth/token_file.h"
 
+#include <openssl/crypto.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -38,13 +39,12 @@ std::string TokenProblem(absl::string_view token) {
 }  // namespace
 
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  // Every byte of `b` is looked at, whatever `a` is.
-  unsigned char differ = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < b.size(); ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    differ |= static_cast<unsigned char>(x ^ static_cast<unsigned char>(b[i]));
+  // Every byte of `b` is compared, whatever `a` is.
+  if (a.size() != b.size()) {
+    CRYPTO_memcmp(b.data(), b.data(), b.size());
+    return false;
   }
-  return differ == 0;
+  return CRYPTO_memcmp(a.data(), b.data(), b.size()) == 0;
 }
 
 absl::StatusOr<std::vector<TokenEntry>> ParseTokens(absl::string_view text) {
@@ -74,11 +74,13 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokens(absl::string_view text) {
   return entries;
 }
 
-absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Load(const std::string& path) {
-  std::unique_ptr<TokenFile> file(new TokenFile(path));
+absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Load(const std::string& path,
+                                                          Clock clock) {
+  std::unique_ptr<TokenFile> file(new TokenFile(path, std::move(clock)));
   PS_ASSIGN_OR_RETURN(Signature signature, file->Stat());
   absl::MutexLock lock(&file->mu_);
   PS_RETURN_IF_ERROR(file->Read(signature));
+  file->next_check_ = file->clock_() + kTokenFileCheckInterval;
   return file;
 }
 
@@ -114,6 +116,15 @@ absl::Status TokenFile::Read(const Signature& signature) {
 }
 
 void TokenFile::Refresh() {
+  {
+    // One caller per interval looks at the file; the others go on with the
+    // tokens in force.
+    const absl::Time time = clock_();
+    absl::MutexLock lock(&mu_);
+    if (time < next_check_) return;
+    next_check_ = time + kTokenFileCheckInterval;
+    ++checks_;
+  }
   absl::StatusOr<Signature> now = Stat();
   absl::MutexLock lock(&mu_);
   if (!now.ok()) return;  // gone for a moment (being replaced): keep the tokens
@@ -144,6 +155,11 @@ absl::StatusOr<Principal> TokenFile::Find(absl::string_view token) {
 int TokenFile::reads() const {
   absl::MutexLock lock(&mu_);
   return reads_;
+}
+
+int TokenFile::checks() const {
+  absl::MutexLock lock(&mu_);
+  return checks_;
 }
 
 }  // namespace pserver

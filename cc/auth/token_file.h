@@ -8,19 +8,21 @@
 // Blank lines and lines starting with '#' are skipped. A token is at least
 // kMinTokenBytes printable characters without spaces; tokens are unique.
 // The file is re-read when it changes (its modification time, size or inode:
-// write a new file and rename it over the old one); a changed file that does
-// not parse is logged and the tokens read before stay in force.
+// write a new file and rename it over the old one), looked at no more than
+// once per kTokenFileCheckInterval (not on every call); a changed file that
+// does not parse is logged and the tokens read before stay in force.
 //
 //   PS_ASSIGN_OR_RETURN(auto tokens, TokenFile::Load("/etc/pserver/tokens"));
 //   absl::StatusOr<Principal> who = tokens->Find(presented);
 //
-// Tokens are compared in constant time: each lookup compares the presented
-// token with every token of the file over the same number of bytes.
+// Tokens are compared in constant time (OpenSSL's CRYPTO_memcmp): each
+// lookup compares the presented token with every token of the file.
 //
 // Thread-safe.
 #ifndef PSERVER_CC_AUTH_TOKEN_FILE_H_
 #define PSERVER_CC_AUTH_TOKEN_FILE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,12 +30,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cc/auth/role.h"
 
 namespace pserver {
 
 inline constexpr size_t kMinTokenBytes = 16;
 inline constexpr size_t kMaxTokenBytes = 512;
+// How often, at most, Find looks whether the file changed.
+inline constexpr absl::Duration kTokenFileCheckInterval = absl::Seconds(1);
 
 struct TokenEntry {
   Principal principal;
@@ -49,15 +55,21 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 class TokenFile {
  public:
+  using Clock = std::function<absl::Time()>;
+
   // Reads `path`; NOT_FOUND or INVALID_ARGUMENT naming the file and line.
-  static absl::StatusOr<std::unique_ptr<TokenFile>> Load(const std::string& path);
+  // `clock` times the checks for changes (tests pass their own).
+  static absl::StatusOr<std::unique_ptr<TokenFile>> Load(const std::string& path,
+                                                         Clock clock = absl::Now);
 
   // The principal `token` belongs to (re-reading the file first if it
-  // changed); UNAUTHENTICATED when none.
+  // changed and kTokenFileCheckInterval has passed since the last look);
+  // UNAUTHENTICATED when none.
   absl::StatusOr<Principal> Find(absl::string_view token);
 
-  // Times the file was read (1 after Load), for tests.
+  // Times the file was read (1 after Load) and looked at (stat), for tests.
   int reads() const;
+  int checks() const;
 
  private:
   struct Signature {
@@ -68,17 +80,21 @@ class TokenFile {
       return mtime_nanos == o.mtime_nanos && size == o.size && inode == o.inode;
     }
   };
-  explicit TokenFile(std::string path) : path_(std::move(path)) {}
+  TokenFile(std::string path, Clock clock) : path_(std::move(path)), clock_(std::move(clock)) {}
   absl::StatusOr<Signature> Stat() const;
-  // Re-reads the file if its signature changed.
+  // Re-reads the file if its signature changed, once the interval since
+  // the last look has passed.
   void Refresh();
-  absl::Status Read(const Signature& signature);
+  absl::Status Read(const Signature& signature) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
+  const Clock clock_;
   mutable absl::Mutex mu_;
   Signature signature_ ABSL_GUARDED_BY(mu_);
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int reads_ ABSL_GUARDED_BY(mu_) = 0;
+  int checks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pserver

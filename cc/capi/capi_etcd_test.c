@@ -113,6 +113,19 @@ static void test_etcd(void) {
   pserver_client_options_set_etcd(bad, " , ", "x", st);
   EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "endpoints");
   pserver_client_options_delete(bad);
+  pserver_server_options_t* bad_server = pserver_server_options_new();
+  pserver_server_options_set_etcd(bad_server, " , ", "x", 1, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "etcd endpoints are empty");
+  pserver_server_options_set_etcd(NULL, "127.0.0.1:1", "x", 1, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "options");
+  /* A missing etcd key file is an error naming it, before etcd is dialled. */
+  pserver_server_options_set_etcd(bad_server, "127.0.0.1:1", "x", 1, st);
+  EXPECT_OK(st);
+  pserver_server_options_set_etcd_tls(bad_server, "/no/such/ca.pem", NULL, NULL);
+  EXPECT(pserver_server_new(bad_server, st) == NULL);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "/no/such/ca.pem");
+  pserver_server_options_set_etcd_tls(NULL, NULL, NULL, NULL);
+  pserver_server_options_delete(bad_server);
 
   const char* endpoint = etcd_endpoint;
   pid_t pid = etcd_pid;
@@ -218,6 +231,29 @@ static void test_etcd(void) {
   EXPECT_STATUS(st, PSERVER_DEADLINE_EXCEEDED, "missing");
   pserver_client_options_delete(opts);
   pserver_server_delete(server);
+
+  /* A server that registers itself: /ps_desired written, its address and
+   * instance id at /ps/0, given up when it stops. */
+  pserver_server_options_t* sopts = pserver_server_options_new();
+  pserver_server_options_set_etcd(sopts, endpoint, "capi-reg", 1, st);
+  EXPECT_OK(st);
+  server = pserver_server_new(sopts, st);
+  EXPECT_OK(st);
+  pserver_server_options_delete(sopts);
+  pserver_etcd_get(etcd, "/pserver/capi-reg/ps_desired", &value, &size, st);
+  EXPECT_OK(st);
+  EXPECT(size == 1 && value != NULL && value[0] == '1');
+  pserver_buffer_delete(value);
+  pserver_etcd_get(etcd, "/pserver/capi-reg/ps/0", &value, &size, st);
+  EXPECT_OK(st);
+  addr = server != NULL ? pserver_server_address(server) : "";
+  char want[96];
+  snprintf(want, sizeof want, "%s instance=", addr);
+  EXPECT(value != NULL && size > strlen(want) && strncmp(value, want, strlen(want)) == 0);
+  pserver_buffer_delete(value);
+  pserver_server_delete(server);
+  pserver_etcd_get(etcd, "/pserver/capi-reg/ps/0", &value, &size, st);
+  EXPECT_STATUS(st, PSERVER_NOT_FOUND, "");
   pserver_etcd_delete(etcd);
   stop_etcd(pid);
 

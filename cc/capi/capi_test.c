@@ -20,7 +20,12 @@
 #include "cc/capi/pserver.h"
 
 static void test_version_and_codes(void) {
-  EXPECT(strcmp(pserver_version(), "0.4.0") == 0);
+  EXPECT(strcmp(pserver_version(), "0.5.0") == 0);
+  /* The header's macros name the same version as the library. */
+  char header_version[32];
+  snprintf(header_version, sizeof header_version, "%d.%d.%d", PSERVER_VERSION_MAJOR,
+           PSERVER_VERSION_MINOR, PSERVER_VERSION_PATCH);
+  EXPECT(strcmp(pserver_version(), header_version) == 0);
   EXPECT(PSERVER_NOT_FOUND == 5 && PSERVER_ALREADY_EXISTS == 6 &&
          PSERVER_FAILED_PRECONDITION == 9 && PSERVER_UNAVAILABLE == 14 &&
          PSERVER_DATA_LOSS == 15);
@@ -538,6 +543,26 @@ static void test_checkpoints(void) {
   pserver_checkpoint_reader_read(one, "w", 1, PSERVER_FLOAT64, back, sizeof back, st);
   EXPECT_STATUS(st, PSERVER_DATA_LOSS, "in none of the opened checkpoints");
   pserver_checkpoint_reader_delete(one);
+
+  /* Resharded for 2 servers: the same values from 2 checkpoints. */
+  char two[1100];
+  snprintf(two, sizeof two, "%s-2", dir);
+  pserver_checkpoint_reshard(dir, two, 2, -1, st);
+  EXPECT_OK(st);
+  pserver_checkpoint_reader_t* resharded = pserver_checkpoint_reader_new(two, st);
+  EXPECT_OK(st);
+  EXPECT(pserver_checkpoint_reader_num_checkpoints(resharded) == 2);
+  memset(back, 0, sizeof back);
+  pserver_checkpoint_reader_read(resharded, "w", 1, PSERVER_FLOAT64, back, sizeof back, st);
+  EXPECT_OK(st);
+  EXPECT(memcmp(back, got, sizeof got) == 0);
+  pserver_checkpoint_reader_delete(resharded);
+  pserver_checkpoint_reshard(dir, two, 2, -1, st);
+  EXPECT_STATUS(st, PSERVER_FAILED_PRECONDITION, "is not empty");
+  pserver_checkpoint_reshard(NULL, two, 2, -1, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "from");
+  pserver_checkpoint_reshard(dir, "/nonexistent/pserver/out", 0, -1, st);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "got 0");
 
   /* Damage every data file: reads and verify fail naming the file. */
   int damaged = 0;

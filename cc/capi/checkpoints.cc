@@ -1,7 +1,12 @@
 // The C ABI: the checkpoint reader, forwarding to pserver::CheckpointSet
-// (cc/core/checkpoint_set.h).
+// (cc/core/checkpoint_set.h), and offline resharding (cc/core/reshard.h).
+#include <unistd.h>
+
+#include <cerrno>
+
 #include "absl/types/span.h"
 #include "cc/capi/internal.h"
+#include "cc/core/reshard.h"
 #include "cc/core/status_macros.h"
 
 using pserver_capi::NameBytes;
@@ -21,9 +26,34 @@ const char* NameAt(const std::vector<std::string>* names, size_t i, size_t* name
   return NameOut(names != nullptr && i < names->size() ? &(*names)[i] : nullptr, name_len);
 }
 
+// Writes `line` and a newline to `fd`; best effort (progress only).
+void WriteLine(int fd, const std::string& line) {
+  const std::string out = line + "\n";
+  for (size_t at = 0; at < out.size();) {
+    const ssize_t n = ::write(fd, out.data() + at, out.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    at += static_cast<size_t>(n);
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+void pserver_checkpoint_reshard(const char* from, const char* to, uint32_t num_servers,
+                                int32_t progress_fd, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (from == nullptr) return Null("from");
+    if (to == nullptr) return Null("to");
+    pserver::ReshardOptions options;
+    options.num_servers = num_servers;
+    if (progress_fd >= 0) {
+      options.progress = [progress_fd](const std::string& line) { WriteLine(progress_fd, line); };
+    }
+    return pserver::ReshardCheckpoints(from, to, options).status();
+  });
+}
 
 pserver_checkpoint_reader_t* pserver_checkpoint_reader_new(const char* path,
                                                            pserver_status_t* status) {

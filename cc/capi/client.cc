@@ -211,14 +211,8 @@ void pserver_client_options_set_etcd(pserver_client_options_t* options, const ch
                                      const char* cluster, pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (options == nullptr) return Null("options");
-    std::vector<std::string> list = pserver_capi::SplitEndpoints(endpoints);
-    if (list.empty()) {
-      return absl::InvalidArgumentError(
-          "etcd endpoints are empty (want \"host:port[,host:port...]\")");
-    }
-    options->rep.etcd_endpoints = std::move(list);
-    options->rep.cluster = cluster == nullptr || *cluster == '\0' ? "default" : cluster;
-    return absl::OkStatus();
+    return pserver_capi::SetEtcd(endpoints, cluster, &options->rep.etcd_endpoints,
+                                 &options->rep.cluster);
   });
 }
 
@@ -258,10 +252,7 @@ void pserver_client_options_set_require_instance_id(pserver_client_options_t* op
 void pserver_client_options_set_etcd_tls(pserver_client_options_t* options, const char* ca,
                                          const char* cert, const char* key) {
   try {
-    if (options == nullptr) return;
-    options->rep.etcd_tls.ca = ca == nullptr ? "" : ca;
-    options->rep.etcd_tls.cert = cert == nullptr ? "" : cert;
-    options->rep.etcd_tls.key = key == nullptr ? "" : key;
+    if (options != nullptr) options->rep.etcd_tls = pserver_capi::EtcdTlsOf(ca, cert, key);
   } catch (...) {
   }
 }

@@ -34,9 +34,7 @@ pserver_etcd_t* pserver_etcd_new_tls(const char* endpoints, int64_t timeout_ms, 
   pserver_etcd_t* out = nullptr;
   Run(status, [&]() -> absl::Status {
     pserver::EtcdClientOptions options;
-    options.tls.ca = ca == nullptr ? "" : ca;
-    options.tls.cert = cert == nullptr ? "" : cert;
-    options.tls.key = key == nullptr ? "" : key;
+    options.tls = pserver_capi::EtcdTlsOf(ca, cert, key);
     options.endpoints = pserver_capi::SplitEndpoints(endpoints);
     if (options.endpoints.empty()) {
       return absl::InvalidArgumentError(

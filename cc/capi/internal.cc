@@ -171,6 +171,26 @@ std::vector<std::string> SplitEndpoints(const char* endpoints) {
   return out;
 }
 
+absl::Status SetEtcd(const char* endpoints, const char* cluster,
+                     std::vector<std::string>* endpoints_out, std::string* cluster_out) {
+  std::vector<std::string> list = SplitEndpoints(endpoints);
+  if (list.empty()) {
+    return absl::InvalidArgumentError(
+        "etcd endpoints are empty (want \"host:port[,host:port...]\")");
+  }
+  *endpoints_out = std::move(list);
+  *cluster_out = cluster == nullptr || *cluster == '\0' ? "default" : cluster;
+  return absl::OkStatus();
+}
+
+pserver::EtcdTlsOptions EtcdTlsOf(const char* ca, const char* cert, const char* key) {
+  pserver::EtcdTlsOptions tls;
+  tls.ca = ca == nullptr ? "" : ca;
+  tls.cert = cert == nullptr ? "" : cert;
+  tls.key = key == nullptr ? "" : key;
+  return tls;
+}
+
 namespace {
 
 // Bytes of a tensor of `type` and `shape` (0 for a bad shape).

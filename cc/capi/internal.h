@@ -224,6 +224,12 @@ const char* NameOut(const std::string* name, size_t* name_len);
 size_t WriteString(absl::string_view s, char* out, size_t out_size);
 // "a:1, b:2" -> {"a:1", "b:2"}: endpoints split at commas, blanks dropped.
 std::vector<std::string> SplitEndpoints(const char* endpoints);
+// Sets `endpoints_out` and `cluster_out` (NULL or "": "default") from a
+// caller's etcd endpoints; INVALID_ARGUMENT, changing nothing, for none.
+absl::Status SetEtcd(const char* endpoints, const char* cluster,
+                     std::vector<std::string>* endpoints_out, std::string* cluster_out);
+// etcd over TLS from three PEM paths, each NULL or "" for none.
+pserver::EtcdTlsOptions EtcdTlsOf(const char* ca, const char* cert, const char* key);
 
 // Sets `tls` to the three files (each NULL or "" for none) and checks them
 // (cc/security/tls.h CheckTlsOptions); on an error `tls` is left unchanged.

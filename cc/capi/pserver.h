@@ -112,10 +112,10 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define PSERVER_VERSION_MAJOR 0
-#define PSERVER_VERSION_MINOR 4
+#define PSERVER_VERSION_MINOR 5
 #define PSERVER_VERSION_PATCH 0
 
-/* "0.4.0": the library's version (which may be newer than this header's).
+/* "0.5.0": the library's version (which may be newer than this header's).
  *
  * ABI changes (convention 7 holds from one minor version to the next
  * except where listed here):
@@ -133,7 +133,23 @@ extern "C" {
  *          leave an output partly written; bad arguments still fail before
  *          anything is sent or written. pserver_client_param_info reads
  *          only a parameter's layout, not its values. Signatures unchanged.
- *   0.4.0: added pserver_cancel_set_check; nothing changed. */
+ *   0.4.0: added pserver_cancel_set_check; nothing changed.
+ *   0.5.0: all additive but one change of a value. Added (docs/security.md)
+ *          mutual TLS (pserver_client_options_set_tls,
+ *          _set_tls_server_name, pserver_server_options_set_tls), roles
+ *          (pserver_client_options_set_token, pserver_server_options_set_auth;
+ *          calls to a server with roles may fail PSERVER_UNAUTHENTICATED or
+ *          PSERVER_PERMISSION_DENIED), the advertised address
+ *          (pserver_server_options_set_advertise_host), registry fencing
+ *          (pserver_client_options_set_require_instance_id), etcd over TLS
+ *          (pserver_client_options_set_etcd_tls, pserver_etcd_new_tls,
+ *          pserver_server_options_set_etcd_tls), servers that register in
+ *          etcd (pserver_server_options_set_etcd) and sparse tables' wire
+ *          compression (pserver_table_config_set_wire_type); offline resharding
+ *          of checkpoints (pserver_checkpoint_reshard). Changed: a
+ *          server's /ps/<idx> value, as pserver_etcd_get returns it, is
+ *          "host:port instance=<id>" (a bare "host:port" before); readers
+ *          take the address up to the first space. */
 PSERVER_EXPORT const char* pserver_version(void);
 
 /* ----------------------------------------------------------------- status */
@@ -398,7 +414,9 @@ PSERVER_EXPORT size_t pserver_client_server_address(const pserver_client_t* clie
 /* Initializes a parameter from `size` bytes of `dtype` elements in `data`,
  * row-major, of the given shape (ndim dims; ndim 0 is a scalar). `config`
  * may be NULL (plain SGD). The first init of a name wins; later ones get
- * ALREADY_EXISTS "pserver already initialized". */
+ * ALREADY_EXISTS "pserver already initialized: ..." (ending "with the same
+ * type, shape and config" when the earlier init was this one exactly, also
+ * after finish_init; otherwise saying what differs). */
 PSERVER_EXPORT void pserver_client_init_param(pserver_client_t* client, const char* name,
                                               size_t name_len, int32_t dtype, const int64_t* shape,
                                               size_t ndim, const void* data, size_t size,

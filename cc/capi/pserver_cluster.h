@@ -65,6 +65,28 @@ PSERVER_EXPORT void pserver_server_options_set_auth(pserver_server_options_t* op
                                                     const char* job, const char* tokens_file,
                                                     const char* cert_rule);
 
+/* Registers the server in etcd (pserver --etcd, --cluster, --num_servers):
+ * `endpoints` is "host:port[,host:port...]", `cluster` (NULL or "":
+ * "default") puts its keys under /pserver/<cluster>. pserver_server_new then
+ * claims the lowest free index below /ps_desired (written as `num_servers`
+ * if absent; 0: take what etcd holds, FAILED_PRECONDITION if nothing) and
+ * publishes its address and instance id at /ps/<idx> under a lease, waiting
+ * up to 60 s for etcd and a free index. INVALID_ARGUMENT for no endpoint.
+ * Default: no etcd (the index of pserver_server_options_set_index). */
+PSERVER_EXPORT void pserver_server_options_set_etcd(pserver_server_options_t* options,
+                                                    const char* endpoints, const char* cluster,
+                                                    uint32_t num_servers,
+                                                    pserver_status_t* status);
+/* With etcd: speak to etcd over TLS (etcd --client-cert-auth; pserver
+ * --etcd_tls_ca, --etcd_tls_cert, --etcd_tls_key), as
+ * pserver_client_options_set_etcd_tls: `ca` verifies etcd's certificate,
+ * `cert` and `key` are this server's (PEM paths; NULL or "": none). Files
+ * are read by pserver_server_new (NOT_FOUND naming one that cannot be
+ * read). */
+PSERVER_EXPORT void pserver_server_options_set_etcd_tls(pserver_server_options_t* options,
+                                                        const char* ca, const char* cert,
+                                                        const char* key);
+
 /* Starts a gRPC server in this process (options may be NULL: the defaults).
  * INVALID_ARGUMENT for a bad port or thread count, UNAVAILABLE when the
  * address cannot be bound. */
@@ -191,6 +213,28 @@ PSERVER_EXPORT void pserver_checkpoint_reader_read_table(const pserver_checkpoin
                                                          uint64_t* keys, size_t keys_size,
                                                          void* values, size_t values_size,
                                                          pserver_status_t* status);
+
+/* ------------------------------------------------- offline resharding */
+
+/* Rewrites the checkpoints a cluster of N servers wrote into `from` (its
+ * --checkpoint_dir, holding shard-0 .. shard-<N-1>) as the checkpoints a
+ * cluster of `num_servers` (M, 1 .. 4096) servers loads, into `to` (which
+ * must not exist or be an empty directory): every parameter block, table row
+ * with its optimizer state, and held-back BSP add goes where M servers look
+ * for it; workers' clocks are kept (the lowest where shards disagree);
+ * exactly-once sets are dropped (restart the job's clients). Of each shard
+ * the newest checkpoint that verifies whole is read. Written to a temporary
+ * directory beside `to`, fsynced and renamed: on an error nothing is left
+ * at `to`. Progress lines ("read shard ...", "wrote shard j/M: ... bytes",
+ * "note: ...", a last summary) go to file descriptor `progress_fd`
+ * (negative: none). FAILED_PRECONDITION for a missing shard, checkpoints of
+ * different clusters or server counts, or a `to` that is not empty;
+ * NOT_FOUND when `from` holds no checkpoint; DATA_LOSS when no checkpoint
+ * of a shard verifies; INVALID_ARGUMENT for a bad count or `to` == `from`.
+ * docs/checkpoint-format.md, "Resharding". */
+PSERVER_EXPORT void pserver_checkpoint_reshard(const char* from, const char* to,
+                                               uint32_t num_servers, int32_t progress_fd,
+                                               pserver_status_t* status);
 
 /* --------------------------------------------------- library buffers */
 

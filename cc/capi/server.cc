@@ -92,6 +92,26 @@ void pserver_server_options_set_auth(pserver_server_options_t* options, const ch
   }
 }
 
+void pserver_server_options_set_etcd(pserver_server_options_t* options, const char* endpoints,
+                                     const char* cluster, uint32_t num_servers,
+                                     pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (options == nullptr) return Null("options");
+    PS_RETURN_IF_ERROR(pserver_capi::SetEtcd(endpoints, cluster, &options->rep.etcd_endpoints,
+                                             &options->rep.cluster));
+    options->rep.num_servers = num_servers;
+    return absl::OkStatus();
+  });
+}
+
+void pserver_server_options_set_etcd_tls(pserver_server_options_t* options, const char* ca,
+                                         const char* cert, const char* key) {
+  try {
+    if (options != nullptr) options->rep.etcd_tls = pserver_capi::EtcdTlsOf(ca, cert, key);
+  } catch (...) {
+  }
+}
+
 void pserver_server_save_checkpoint(pserver_server_t* server, pserver_status_t* status) {
   Run(status, [&]() -> absl::Status {
     if (server == nullptr) return Null("server");

@@ -69,7 +69,7 @@
 #include "absl/types/span.h"
 #include "cc/client/cancellation.h"
 #include "cc/client/executor.h"
-#include "cc/client/placement.h"
+#include "cc/core/placement.h"
 #include "cc/client/ticket.h"
 #include "cc/client/transport.h"
 #include "cc/client/wire_compressor.h"

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cc/client/placement.h"
+#include "cc/core/placement.h"
 #include "cc/core/compression.h"
 #include "cc/core/status_macros.h"
 #include "cc/core/table_keys.h"

@@ -574,6 +574,8 @@ absl::Status CheckWritableDirectory(const std::string& dir, uint32_t file_mode) 
   return absl::OkStatus();
 }
 
+absl::Status SyncDirectory(const std::string& dir) { return SyncDir(dir); }
+
 std::string CheckpointDirName(uint64_t sequence) {
   return absl::StrCat(kCheckpointPrefix, SequenceDigits(sequence));
 }

@@ -116,6 +116,10 @@ struct CheckpointWriteOptions {
   uint32_t num_servers = 0;
 };
 
+// fsyncs directory `dir`, so that the entries created or renamed in it are
+// durable. I/O errors as their errno's code, naming `dir`.
+absl::Status SyncDirectory(const std::string& dir);
+
 // "ckpt-00000000000000000042" for sequence 42.
 std::string CheckpointDirName(uint64_t sequence);
 

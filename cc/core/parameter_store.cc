@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "cc/core/compression.h"
 #include "cc/core/finite.h"
 #include "cc/core/names.h"
@@ -18,6 +19,9 @@ namespace pserver {
 namespace {
 
 constexpr char kAlreadyInitialized[] = "pserver already initialized";
+// Ends the ALREADY_EXISTS of an InitParam that repeats an earlier one exactly
+// (Python's `init(exist_ok=True)` accepts that one and no other).
+constexpr char kSameInit[] = "with the same type, shape and config";
 constexpr char kZeroSizeRefused[] = "a parameter needs at least one element";
 
 // OK for a usable wire_compression: none, or one on a float32 parameter.
@@ -161,6 +165,29 @@ absl::Status ParameterStore::CheckSameLayout(const std::string& what, absl::stri
       ": every client of a cluster must use the same block size"));
 }
 
+absl::Status ParameterStore::HeldBlockError(const Key& key, ElementType type,
+                                            absl::Span<const int64_t> shape,
+                                            const v1::ParameterConfig& config,
+                                            const std::string& what) const {
+  auto it = blocks_.find(key);
+  if (it == blocks_.end()) return absl::OkStatus();
+  const Block& held = *it->second;
+  const std::string prefix =
+      absl::StrCat(kAlreadyInitialized, ": ", what, " was initialized by an earlier InitParam ");
+  if (held.type != type || !std::equal(held.shape.begin(), held.shape.end(), shape.begin(),
+                                       shape.end())) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        prefix, "as ", ElementTypeName(held.type), " ", ShapeString(held.shape), ", not ",
+        ElementTypeName(type), " ", ShapeString(shape)));
+  }
+  if (!google::protobuf::util::MessageDifferencer::Equals(held.config, config)) {
+    return absl::AlreadyExistsError(absl::StrCat(prefix, "with another config: {",
+                                                 held.config.ShortDebugString(), "}, not {",
+                                                 config.ShortDebugString(), "}"));
+  }
+  return absl::AlreadyExistsError(absl::StrCat(prefix, kSameInit));
+}
+
 absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterConfig& config,
                                        Source source) {
   if (source == Source::kCaller) {
@@ -169,7 +196,12 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
     return Reject(absl::InvalidArgumentError("parameter name is empty"));
   }
   const std::string what = DescribeBlock(param.name(), param.block());
+  const Key key(param.name(), param.block().index());
   if (initialized()) {
+    absl::ReaderMutexLock lock(&mu_);
+    PS_RETURN_IF_ERROR(Reject(HeldBlockError(
+        key, param.element_type(), Shape(param.shape().begin(), param.shape().end()), config,
+        what)));
     return Reject(absl::AlreadyExistsError(absl::StrCat(
         kAlreadyInitialized, ": FinishInitParams was called before InitParam of ", what)));
   }
@@ -194,7 +226,6 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
   absl::StatusOr<uint64_t> block_elements = CheckLayout(what, *total, elements, param.block());
   if (!block_elements.ok()) return Reject(block_elements.status());
   const Layout layout{param.element_type(), shape, BlockCount(param.block()), *block_elements};
-  const Key key(param.name(), param.block().index());
   {
     // A block initialized before gets ALREADY_EXISTS below, whatever its layout.
     absl::ReaderMutexLock lock(&mu_);
@@ -247,10 +278,8 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
     return Reject(absl::AlreadyExistsError(absl::StrCat(
         kAlreadyInitialized, ": FinishInitParams was called before InitParam of ", what)));
   }
-  if (blocks_.contains(key)) {
-    return Reject(absl::AlreadyExistsError(
-        absl::StrCat(kAlreadyInitialized, ": ", what, " was initialized by an earlier InitParam")));
-  }
+  PS_RETURN_IF_ERROR(
+      Reject(HeldBlockError(key, block->type, block->shape, block->config, what)));
   PS_RETURN_IF_ERROR(Reject(CheckSameLayout(what, block->name, layout)));
   layouts_.try_emplace(block->name, layout);
   blocks_.emplace(key, std::move(block));

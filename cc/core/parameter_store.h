@@ -21,7 +21,7 @@
 //
 // Block layouts: a parameter of T elements cut into c blocks has blocks of n
 // elements (the last holds the rest), block i starting at element i * n, with
-// c = ceil(T / n), as cc/client/placement.h cuts them. Init accepts a block
+// c = ceil(T / n), as cc/core/placement.h cuts them. Init accepts a block
 // only in that layout, and only with the type, shape, count and n of the
 // parameter's other blocks on this server, so blocks never overlap.
 //
@@ -203,6 +203,12 @@ class ParameterStore {
   // OK if `layout` agrees with the parameter's blocks already held.
   absl::Status CheckSameLayout(const std::string& what, absl::string_view name,
                                const Layout& layout) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // OK unless block `key` is held; then ALREADY_EXISTS saying whether the
+  // earlier Init had this type, shape and config (ending "with the same
+  // type, shape and config") or what differs.
+  absl::Status HeldBlockError(const Key& key, ElementType type, absl::Span<const int64_t> shape,
+                              const v1::ParameterConfig& config, const std::string& what) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The block a gradient goes to, after checking it against the block.
   absl::StatusOr<Target> CheckGradient(const GradientView& grad);
   Block* Find(absl::string_view name, uint32_t index) const;

@@ -142,6 +142,27 @@ TEST_F(ParameterStoreTest, FirstInitWins) {
   EXPECT_EQ(store_.GetStats().blocks, 1u);
 }
 
+// A repeated init (a notebook cell run again) is told whether it matches the
+// first one exactly, before and after FinishInit, and changes nothing.
+TEST_F(ParameterStoreTest, RepeatedInitSaysWhetherItMatches) {
+  ASSERT_OK(store_.Init(Param<float>("w", {3}, {1, 2, 3}), SgdLrOne()));
+  for (bool finished : {false, true}) {
+    if (finished) store_.FinishInit();
+    EXPECT_THAT(store_.Init(Param<float>("w", {3}, {7, 8, 9}), SgdLrOne()),
+                StatusIs(absl::StatusCode::kAlreadyExists,
+                         AllOf(StartsWith(kAlreadyInitialized),
+                               HasSubstr("with the same type, shape and config"))));
+    EXPECT_THAT(store_.Init(Param<float>("w", {3}, {1, 2, 3}), Config("optimizer { adam {} }")),
+                StatusIs(absl::StatusCode::kAlreadyExists,
+                         AllOf(HasSubstr("with another config: {"), HasSubstr("adam"))));
+    EXPECT_THAT(store_.Init(Param<double>("w", {3}, {1, 2, 3}), SgdLrOne()),
+                StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("as float32 [3], not float64 [3]")));
+    EXPECT_THAT(store_.Init(Param<float>("w", {1, 3}, {1, 2, 3}), SgdLrOne()),
+                StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("not float32 [1, 3]")));
+  }
+  EXPECT_THAT(Values<float>("w"), ElementsAre(1, 2, 3));
+}
+
 TEST_F(ParameterStoreTest, InitAfterFinishInitIsAlreadyExists) {
   ASSERT_OK(store_.Init(Param<float>("w", {1}, {1}), SgdLrOne()));
   EXPECT_FALSE(store_.initialized());

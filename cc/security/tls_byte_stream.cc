@@ -195,6 +195,43 @@ bool AttachSocket(SSL* ssl, int fd) {
   return true;
 }
 
+// The names of `ssl`'s verified peer certificate (empty without one), in
+// gRPC's form: x509_common_name, and x509_subject_alternative_name for DNS,
+// URI and email names and IP addresses (in text).
+CertNames PeerNames(SSL* ssl) {
+  CertNames names;
+  if (SSL_get_verify_result(ssl) != X509_V_OK) return names;
+  std::unique_ptr<X509, decltype(&X509_free)> cert(SSL_get1_peer_certificate(ssl), X509_free);
+  if (cert == nullptr) return names;
+  X509_NAME* subject = X509_get_subject_name(cert.get());
+  const int cn = X509_NAME_get_index_by_NID(subject, NID_commonName, -1);
+  if (cn >= 0) {
+    const ASN1_STRING* data = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, cn));
+    names.common_name.assign(reinterpret_cast<const char*>(ASN1_STRING_get0_data(data)),
+                             ASN1_STRING_length(data));
+  }
+  auto* sans = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; sans != nullptr && i < sk_GENERAL_NAME_num(sans); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(sans, i);
+    if (name->type == GEN_DNS || name->type == GEN_URI || name->type == GEN_EMAIL) {
+      const ASN1_IA5STRING* text = name->d.ia5;
+      names.alt_names.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(text)),
+                                   ASN1_STRING_length(text));
+    } else if (name->type == GEN_IPADD) {
+      const ASN1_OCTET_STRING* ip = name->d.iPAddress;
+      char text[INET6_ADDRSTRLEN];
+      const int family = ASN1_STRING_length(ip) == 4 ? AF_INET : AF_INET6;
+      if ((ASN1_STRING_length(ip) == 4 || ASN1_STRING_length(ip) == 16) &&
+          inet_ntop(family, ASN1_STRING_get0_data(ip), text, sizeof(text)) != nullptr) {
+        names.alt_names.emplace_back(text);
+      }
+    }
+  }
+  GENERAL_NAMES_free(sans);
+  return names;
+}
+
 class TlsStream final : public ByteStream {
  public:
   TlsStream(int fd, CtxPtr ctx, SslPtr ssl)
@@ -278,6 +315,12 @@ class TlsStream final : public ByteStream {
     return absl::OkStatus();
   }
 
+  // The verified peer certificate's names (PeerNames).
+  CertNames Peer() {
+    absl::MutexLock lock(&mu_);
+    return PeerNames(ssl_.get());
+  }
+
   void Shutdown() override {
     {
       absl::MutexLock lock(&mu_);
@@ -296,7 +339,8 @@ class TlsStream final : public ByteStream {
 
 absl::StatusOr<std::unique_ptr<ByteStream>> Handshake(int fd, const TlsOptions& options,
                                                       const std::string* host,
-                                                      absl::Time deadline) {
+                                                      absl::Time deadline,
+                                                      CertNames* peer = nullptr) {
   const bool server = host == nullptr;
   absl::StatusOr<CtxPtr> ctx = MakeContext(options, server);
   if (!ctx.ok()) {
@@ -327,14 +371,15 @@ absl::StatusOr<std::unique_ptr<ByteStream>> Handshake(int fd, const TlsOptions& 
       stream->Run([server](SSL* s) { return server ? SSL_accept(s) : SSL_connect(s); },
                   server ? "handshake with a client" : "handshake with the server", deadline);
   if (!handshake.ok()) return handshake;
+  if (peer != nullptr) *peer = stream->Peer();
   return std::unique_ptr<ByteStream>(std::move(stream));
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ByteStream>> StartTlsServer(int fd, const TlsOptions& options,
-                                                           absl::Time deadline) {
-  return Handshake(fd, options, nullptr, deadline);
+                                                           absl::Time deadline, CertNames* peer) {
+  return Handshake(fd, options, nullptr, deadline, peer);
 }
 
 absl::StatusOr<std::unique_ptr<ByteStream>> StartTlsClient(std::unique_ptr<ByteStream> tcp,

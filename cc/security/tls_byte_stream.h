@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cc/auth/cert_rule.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/security/tls.h"
 
@@ -34,9 +35,13 @@ namespace pserver {
 // Server side of the handshake on accepted socket `fd` (taken over: closed
 // on failure too), finished by `deadline`. UNAVAILABLE naming the cause when
 // the peer presents no certificate, one the CA did not sign, or speaks no
-// TLS. `options` must have passed CheckTlsOptions.
+// TLS. `options` must have passed CheckTlsOptions. `peer`, when set, gets
+// the verified client certificate's names as gRPC's AuthContext gives them
+// (common name; DNS, URI, email and IP subject alternative names), for the
+// role rule (cc/auth/cert_rule.h).
 absl::StatusOr<std::unique_ptr<ByteStream>> StartTlsServer(int fd, const TlsOptions& options,
-                                                           absl::Time deadline);
+                                                           absl::Time deadline,
+                                                           CertNames* peer = nullptr);
 
 // Client side over a stream from ConnectTcp (its socket is taken over),
 // checking the server's certificate for options.server_name or else `host`.

@@ -7,7 +7,9 @@
 
 #include <signal.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,9 +17,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/synchronization/notification.h"
+#include "cc/client/call_group.h"
 #include "cc/client/channel_transport.h"
 #include "cc/client/client.h"
 #include "cc/client/grpc_transport.h"
+#include "cc/core/status_macros.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/bulk_listener.h"
@@ -69,6 +73,25 @@ class TlsTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
   }
   void StartTlsServer() { StartServer(TlsOf(server_files_, *ca_)); }
+  // Starts the server on copies of server_files_ in live_, files a test
+  // replaces (by rename) to rotate the server's certificate.
+  void StartServerOnLiveFiles() {
+    ASSERT_OK_AND_ASSIGN(live_.cert, certs_->WriteFile("live.pem", ""));
+    ASSERT_OK_AND_ASSIGN(live_.key, certs_->WriteFile("live.key", ""));
+    ASSERT_OK(ReplaceFile(server_files_.cert, live_.cert));
+    ASSERT_OK(ReplaceFile(server_files_.key, live_.key));
+    StartServer(TlsOf(live_, *ca_));
+  }
+  // Replaces live_ (by rename, the key first) with a certificate for
+  // 127.0.0.1 from other_ca_.
+  void RotateLiveFilesToOtherCa() {
+    CertRequest rotated;
+    rotated.common_name = "pserver-0-rotated";
+    rotated.ip_addresses = {"127.0.0.1"};
+    ASSERT_OK_AND_ASSIGN(CertFiles next, other_ca_->Issue("rotated", rotated));
+    ASSERT_OK(ReplaceFile(next.key, live_.key));
+    ASSERT_OK(ReplaceFile(next.cert, live_.cert));
+  }
 
   std::unique_ptr<Client> ClientWith(TlsOptions tls,
                                      absl::Duration timeout = absl::Seconds(3)) {
@@ -86,8 +109,16 @@ class TlsTest : public ::testing::Test {
   TestCa* other_ca_ = nullptr;
   CertFiles server_files_;
   CertFiles client_files_;
+  CertFiles live_;
   std::unique_ptr<Server> server_;
 };
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
 
 v1::ParameterConfig Sgd() {
   v1::ParameterConfig config;
@@ -226,21 +257,12 @@ TEST_F(TlsTest, ClientWithServerNameButNoTlsIsRefused) {
 // gets through, one trusting only the old does not), and a client connected
 // before keeps working over its connection.
 TEST_F(TlsTest, ReplacingTheFilesRotatesTheServerCertificateWithoutRestart) {
-  ASSERT_OK_AND_ASSIGN(std::string live_cert, certs_->WriteFile("live.pem", ""));
-  ASSERT_OK_AND_ASSIGN(std::string live_key, certs_->WriteFile("live.key", ""));
-  ASSERT_OK(ReplaceFile(server_files_.cert, live_cert));
-  ASSERT_OK(ReplaceFile(server_files_.key, live_key));
-  StartServer(TlsOf(CertFiles{live_cert, live_key}, *ca_));
+  ASSERT_NO_FATAL_FAILURE(StartServerOnLiveFiles());
   std::unique_ptr<Client> before = ClientWith(TlsOf(client_files_, *ca_));
   ASSERT_NE(before, nullptr);
   ASSERT_OK(before->GetStats().status());
 
-  CertRequest rotated;
-  rotated.common_name = "pserver-0-rotated";
-  rotated.ip_addresses = {"127.0.0.1"};
-  ASSERT_OK_AND_ASSIGN(CertFiles next, other_ca_->Issue("rotated", rotated));
-  ASSERT_OK(ReplaceFile(next.key, live_key));
-  ASSERT_OK(ReplaceFile(next.cert, live_cert));
+  ASSERT_NO_FATAL_FAILURE(RotateLiveFilesToOtherCa());
 
   // The server re-reads its files every second; each attempt makes a new
   // client (a new connection) and waits at most 2 s.
@@ -401,6 +423,183 @@ TEST_F(TlsChannelTest, PlaintextChannelClientIsRefused) {
   ASSERT_OK(PullW(*channel));
   EXPECT_EQ(channel->route(), "grpc");
   EXPECT_EQ(channel->connections_opened(), 0);
+}
+
+// The bulk channel reads the server's files for each new connection: once
+// they are replaced by a certificate from another CA, the next channel
+// connection presents it, with no reload interval and no restart. A channel
+// client trusting only the old CA is then refused at the handshake (and its
+// calls keep to gRPC); one trusting only the new CA connects and carries the
+// calls. (The gRPC side, re-read on a timer, trusts both CAs here, so only
+// the channel's own handshake decides.)
+TEST_F(TlsTest, ReplacingTheFilesRotatesTheChannelCertificateAtTheNextConnection) {
+  ASSERT_NO_FATAL_FAILURE(StartServerOnLiveFiles());
+  ASSERT_NE(server_->bulk_listener(), nullptr);
+  const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
+  {
+    std::unique_ptr<Client> setup = ClientWith(TlsOf(client_files_, *ca_), kChannelTimeout);
+    ASSERT_NE(setup, nullptr);
+    ASSERT_OK(setup->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd()));
+    ASSERT_OK(setup->FinishInitParams());
+  }
+  ASSERT_OK_AND_ASSIGN(std::string both_cas,
+                       certs_->WriteFile("both-cas.pem", ReadAll(ca_->cert_path()) +
+                                                             ReadAll(other_ca_->cert_path())));
+  TlsOptions trusts_both = TlsOf(client_files_, *ca_);
+  trusts_both.ca = both_cas;
+  const TlsOptions trusts_old = TlsOf(client_files_, *ca_);
+  const TlsOptions trusts_new = TlsOf(client_files_, *other_ca_);
+  // A channel whose OpenChannel goes over gRPC trusting both CAs and whose
+  // own connections use `channel_tls`.
+  auto channel_with = [&](const TlsOptions& channel_tls) {
+    auto grpc = GrpcTransport::Create(server_->address(), 1, false, trusts_both);
+    EXPECT_OK(grpc.status());
+    ChannelTransportOptions options;
+    options.tls = channel_tls;
+    return std::make_unique<ChannelTransport>(*std::move(grpc), options);
+  };
+  // A bare handshake with the channel's listener.
+  auto handshake = [&](const TlsOptions& tls) -> absl::Status {
+    PS_ASSIGN_OR_RETURN(auto tcp, ConnectTcp("127.0.0.1", port, kChannelTimeout));
+    return StartTlsClient(std::move(tcp), tls, "127.0.0.1", absl::Now() + kChannelTimeout)
+        .status();
+  };
+
+  // The certificate the next connection presents is trusted by `trusting`,
+  // refused by `refusing`; a channel trusting it opens a connection.
+  auto expect_presented = [&](const TlsOptions& trusting, const TlsOptions& refusing) {
+    EXPECT_OK(handshake(trusting));
+    EXPECT_THAT(handshake(refusing), StatusIs(absl::StatusCode::kUnavailable,
+                                              HasSubstr("certificate verify failed")));
+    std::unique_ptr<ChannelTransport> channel = channel_with(trusting);
+    ASSERT_OK(PullW(*channel));
+    EXPECT_EQ(channel->route(), "tcp");
+    EXPECT_GE(channel->connections_opened(), 1);
+  };
+
+  // Before: the old CA's certificate.
+  expect_presented(trusts_old, trusts_new);
+
+  ASSERT_NO_FATAL_FAILURE(RotateLiveFilesToOtherCa());
+
+  // After: the very next connection presents the new CA's certificate, and
+  // a channel trusting only the old CA keeps to gRPC.
+  expect_presented(trusts_new, trusts_old);
+  std::unique_ptr<ChannelTransport> stale_channel = channel_with(trusts_old);
+  ASSERT_OK(PullW(*stale_channel));  // over gRPC, which trusts both
+  EXPECT_EQ(stale_channel->route(), "grpc");
+  EXPECT_EQ(stale_channel->connections_opened(), 0);
+}
+
+// Pushes a gradient of ones to the 4 floats of "w" over `t`.
+absl::Status PushOnesToW(Transport& t, uint64_t sequence) {
+  const std::vector<float> ones(4, 1.0f);
+  GradientView view;
+  view.name = "w";
+  view.type = v1::FLOAT32;
+  view.content = absl::string_view(reinterpret_cast<const char*>(ones.data()),
+                                   ones.size() * sizeof(float));
+  CallGroup group;
+  t.Push({77, sequence}, absl::MakeConstSpan(&view, 1), absl::Now() + kChannelTimeout,
+         group.Add("w"));
+  return group.Wait();
+}
+
+// Roles from client certificates on the bulk channel (--auth_cert_rule): a
+// client identified by its certificate alone (no bearer token) gets the
+// channel, its role and job read from the certificate the TLS handshake
+// verified, by the same rule as on gRPC; each frame is authorized against it.
+class TlsCertRoleChannelTest : public TlsTest {
+ protected:
+  void SetUp() override {
+    TlsTest::SetUp();
+    CertRequest request;
+    request.common_name = "trainer.job-a";
+    ASSERT_OK_AND_ASSIGN(trainer_, ca_->Issue("trainer-a", request));
+    request.common_name = "reader.job-a";
+    ASSERT_OK_AND_ASSIGN(reader_, ca_->Issue("reader-a", request));
+    ServerOptions options;
+    options.tls = TlsOf(server_files_, *ca_);
+    options.job = "job-a";
+    options.auth_cert_rule = "cn:<role>.<job>";
+    ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
+    ASSERT_NE(server_->bulk_listener(), nullptr);
+    trainer_client_ = ClientWith(TlsOf(trainer_, *ca_), kChannelTimeout);
+    ASSERT_NE(trainer_client_, nullptr);
+    ASSERT_OK(trainer_client_->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), Sgd()));
+    ASSERT_OK(trainer_client_->FinishInitParams());
+  }
+
+  // A channel presenting `who`'s certificate (and no token) on both sides.
+  std::unique_ptr<ChannelTransport> ChannelAs(const CertFiles& who) {
+    auto grpc = GrpcTransport::Create(server_->address(), 1, false, TlsOf(who, *ca_));
+    EXPECT_OK(grpc.status());
+    ChannelTransportOptions options;
+    options.tls = TlsOf(who, *ca_);
+    return std::make_unique<ChannelTransport>(*std::move(grpc), options);
+  }
+
+  CertFiles trainer_, reader_;
+  std::unique_ptr<Client> trainer_client_;
+};
+
+TEST_F(TlsCertRoleChannelTest, CertOnlyTrainerPushesOverTheChannel) {
+  std::unique_ptr<ChannelTransport> channel = ChannelAs(trainer_);
+  ASSERT_OK(PushOnesToW(*channel, 1));
+  EXPECT_EQ(channel->route(), "tcp");
+  EXPECT_GE(channel->connections_opened(), 1);
+  ASSERT_OK_AND_ASSIGN(Tensor w, trainer_client_->GetParam("w"));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
+  // The Client's own pushes take the channel too.
+  ASSERT_OK(trainer_client_->SendGrad("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1})));
+  EXPECT_GE(server_->bulk_listener()->connections(), 1);
+}
+
+TEST_F(TlsCertRoleChannelTest, CertOnlyReaderIsRefusedAPushOnTheChannel) {
+  std::unique_ptr<ChannelTransport> channel = ChannelAs(reader_);
+  ASSERT_OK(PullW(*channel));
+  EXPECT_EQ(channel->route(), "tcp");
+  EXPECT_THAT(PushOnesToW(*channel, 1),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("role reader of job job-a may not SendGrads")));
+  EXPECT_EQ(channel->route(), "tcp");  // refused by the channel, which stays
+  ASSERT_OK_AND_ASSIGN(Tensor w, trainer_client_->GetParam("w"));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{1, 2, 3, 4}));  // nothing applied
+}
+
+// Another job's certificate is refused OpenChannel (on gRPC) already, so it
+// never holds a channel connection; its push is refused naming both jobs.
+TEST_F(TlsCertRoleChannelTest, CertificateOfAnotherJobGetsNoChannel) {
+  CertRequest request;
+  request.common_name = "trainer.job-b";
+  ASSERT_OK_AND_ASSIGN(CertFiles other, ca_->Issue("trainer-b", request));
+  std::unique_ptr<ChannelTransport> channel = ChannelAs(other);
+  EXPECT_THAT(PushOnesToW(*channel, 1),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("of job job-b may not SendGrads on a server of job job-a")));
+  EXPECT_EQ(channel->route(), "grpc");
+  EXPECT_EQ(channel->connections_opened(), 0);
+}
+
+// A SAN rule reads the channel peer's URI subject alternative name (the
+// common name here matches nothing), among DNS and IP names.
+TEST_F(TlsCertRoleChannelTest, SanRuleReadsTheUriOnTheChannel) {
+  ServerOptions options;
+  options.tls = TlsOf(server_files_, *ca_);
+  options.job = "job-a";
+  options.auth_cert_rule = "san:spiffe://<job>/<role>";
+  ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
+  CertRequest request;
+  request.common_name = "not-a-role";
+  request.dns_names = {"reader.test"};
+  request.ip_addresses = {"10.1.2.3"};
+  request.uris = {"spiffe://job-a/reader"};
+  ASSERT_OK_AND_ASSIGN(CertFiles files, ca_->Issue("san-reader", request));
+  std::unique_ptr<ChannelTransport> channel = ChannelAs(files);
+  EXPECT_THAT(PushOnesToW(*channel, 1),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("role reader of job job-a may not SendGrads")));
+  EXPECT_EQ(channel->route(), "tcp");
 }
 
 }  // namespace

@@ -185,23 +185,28 @@ void BulkListener::ReapFinished() {
 void BulkListener::Serve(SocketStream& socket) {
   // With TLS, frames go through a TLS stream on the same socket (handshake on
   // this connection's thread); shutting `socket` down ends both.
+  // The client's verified certificate names its role, as on gRPC
+  // (--auth_cert_rule), when its hello carries no bearer token.
   std::unique_ptr<ByteStream> tls;
+  std::optional<CertNames> peer;
   if (options_.tls.enabled()) {
     const int fd = dup(socket.fd());
     if (fd < 0) return;
+    peer.emplace();
     absl::StatusOr<std::unique_ptr<ByteStream>> secured =
-        StartTlsServer(fd, options_.tls, absl::Now() + options_.hello_timeout);
+        StartTlsServer(fd, options_.tls, absl::Now() + options_.hello_timeout, &*peer);
     if (!secured.ok()) return;
     tls = *std::move(secured);
   }
   ByteStream& stream = tls != nullptr ? *tls : socket;
   std::optional<Principal> principal;
-  if (!CheckHello(stream, socket.fd(), &principal).ok()) return;
+  if (!CheckHello(stream, socket.fd(), peer, &principal).ok()) return;
   while (ServeFrame(stream, principal).ok()) {
   }
 }
 
 absl::Status BulkListener::CheckHello(ByteStream& stream, int fd,
+                                      const std::optional<CertNames>& peer,
                                       std::optional<Principal>* principal) {
   SetReceiveTimeout(fd, options_.hello_timeout);
   char encoded[kFrameHeaderBytes];
@@ -223,6 +228,7 @@ absl::Status BulkListener::CheckHello(ByteStream& stream, int fd,
   if (auth) {
     Credentials credentials;
     credentials.bearer_token = token.substr(kChannelTokenBytes);
+    credentials.cert = peer;
     absl::StatusOr<Principal> who = options_.auth->Authenticate(credentials);
     if (!who.ok()) {
       ReplyHeader reply;

@@ -63,11 +63,13 @@ struct BulkListenerOptions {
   // A connection that has not presented its token by then is closed.
   absl::Duration hello_timeout = absl::Seconds(10);
   // Roles (docs/security.md); null or disabled: off. When on, the hello
-  // frame carries a bearer token after the channel token; its principal is
-  // the connection's, and each frame's method is authorized against it (a
-  // refused frame is answered PERMISSION_DENIED, the connection stays). A
-  // hello without a token the authorizer accepts is refused and closes the
-  // connection (the client keeps to gRPC). Must outlive the listener.
+  // frame carries a bearer token after the channel token; its principal
+  // (or, without a token, that of the verified TLS client certificate under
+  // the authorizer's cert rule, as on gRPC) is the connection's, and each
+  // frame's method is authorized against it (a refused frame is answered
+  // PERMISSION_DENIED, the connection stays). A hello whose credentials the
+  // authorizer does not accept is refused and closes the connection (the
+  // client keeps to gRPC). Must outlive the listener.
   const Authorizer* auth = nullptr;
 
   // TLS on: every connection is mutual TLS (TCP only; the TLS handshake
@@ -116,8 +118,11 @@ class BulkListener {
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Serve(SocketStream& socket);
   // Checks the hello frame on `stream` (`fd`: its socket, for the hello's
-  // receive timeout); the connection's principal when auth is on.
-  absl::Status CheckHello(ByteStream& stream, int fd, std::optional<Principal>* principal);
+  // receive timeout): the channel token, then a bearer token. With auth on,
+  // the token, or else the TLS peer's verified certificate (`peer`), names
+  // the connection's principal, which every later frame is checked against.
+  absl::Status CheckHello(ByteStream& stream, int fd, const std::optional<CertNames>& peer,
+                          std::optional<Principal>* principal);
   // Reads and answers one request frame; an error closes the connection.
   absl::Status ServeFrame(ByteStream& stream, const std::optional<Principal>& principal);
   // Reads and drops `bytes` of payload, in small pieces.

@@ -15,6 +15,7 @@
 // docs/limits.md describe them.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -32,6 +33,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cc/core/checkpoint.h"
 #include "cc/cuda/device.h"
@@ -314,6 +316,22 @@ pserver::ServerOptions OptionsFromFlags() {
   return options;
 }
 
+// Raises the soft descriptor limit to the hard one, as Go's runtime does:
+// each connection takes a descriptor, and with TLS gRPC's own listener
+// accepts, which in gRPC 1.51 stops for good at the first EMFILE
+// (docs/limits.md). Says so when it changed anything.
+void RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    pserver::log::Default().Log(
+        pserver::log::Level::kInfo, "",
+        absl::StrCat("descriptor limit raised from ", before, " to ", limit.rlim_max));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -344,6 +362,12 @@ int main(int argc, char** argv) {
     log_options.repeat_burst = std::max(1, absl::GetFlag(FLAGS_log_repeat_burst));
     pserver::log::SetDefault(std::move(log_options));  // before any thread logs
   }
+  RaiseDescriptorLimit();
+  // Debian builds absl without NDEBUG, which leaves absl::Mutex's deadlock
+  // detection on: every lock taken then updates a process-wide lock graph
+  // under one global spin lock (1.7% of a sparse benchmark's samples, and a
+  // point where every serving thread meets). A debugging aid; off here.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   StopSignals stop_signals;
   pserver::ServerOptions options = OptionsFromFlags();

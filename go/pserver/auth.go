@@ -18,20 +18,45 @@ type EtcdTLS struct {
 	CA, Cert, Key string
 }
 
-// setAuth applies Options.Token and Options.EtcdTLS to opts.
+// setAuth applies Options.Token, Options.EtcdTLS and
+// Options.RequireInstanceID to opts.
 func (o *Options) setAuth(opts *C.pserver_client_options_t) {
 	if o.Token != "" {
 		ct := C.CString(o.Token)
 		C.pserver_client_options_set_token(opts, ct)
 		C.free(unsafe.Pointer(ct))
 	}
-	if t := o.EtcdTLS; t != nil {
-		ca, cert, key := C.CString(t.CA), C.CString(t.Cert), C.CString(t.Key)
-		C.pserver_client_options_set_etcd_tls(opts, ca, cert, key)
-		C.free(unsafe.Pointer(ca))
-		C.free(unsafe.Pointer(cert))
-		C.free(unsafe.Pointer(key))
+	o.EtcdTLS.apply(func(ca, cert, key *C.char) { C.pserver_client_options_set_etcd_tls(opts, ca, cert, key) })
+	if o.RequireInstanceID {
+		C.pserver_client_options_set_require_instance_id(opts, 1)
 	}
+}
+
+// apply calls set with the three paths as C strings (freed after); nothing
+// for a nil t.
+func (t *EtcdTLS) apply(set func(ca, cert, key *C.char)) {
+	if t == nil {
+		return
+	}
+	ca, cert, key := C.CString(t.CA), C.CString(t.Cert), C.CString(t.Key)
+	set(ca, cert, key)
+	C.free(unsafe.Pointer(ca))
+	C.free(unsafe.Pointer(cert))
+	C.free(unsafe.Pointer(key))
+}
+
+// setEtcd applies ServerOptions.Etcd, Cluster, NumServers and EtcdTLS.
+func (o *ServerOptions) setEtcd(opts *C.pserver_server_options_t) error {
+	o.EtcdTLS.apply(func(ca, cert, key *C.char) { C.pserver_server_options_set_etcd_tls(opts, ca, cert, key) })
+	if o.Etcd == "" {
+		return nil
+	}
+	ce, cc := C.CString(o.Etcd), C.CString(o.Cluster)
+	defer C.free(unsafe.Pointer(ce))
+	defer C.free(unsafe.Pointer(cc))
+	return cCall(func(st *C.pserver_status_t) {
+		C.pserver_server_options_set_etcd(opts, ce, cc, C.uint32_t(o.NumServers), st)
+	})
 }
 
 // setAuth applies the roles of o to opts.

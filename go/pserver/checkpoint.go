@@ -7,6 +7,8 @@ import "C"
 
 import (
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -286,5 +288,55 @@ func (cr *CheckpointReader) Close() error {
 	return nil
 }
 
-// Version is the library's version, "0.1.0".
+// Version is the library's version, e.g. "0.5.0" (pserver.h's PSERVER_VERSION_*).
 func Version() string { return C.GoString(C.pserver_version()) }
+
+// ReshardCheckpoints rewrites the checkpoints a cluster of N servers wrote
+// into from (its --checkpoint_dir, holding shard-0 .. shard-<N-1>) as the
+// checkpoints a cluster of servers (M, 1 .. 4096) servers loads, into to
+// (which must not exist or be an empty directory): every parameter block,
+// table row with its optimizer state, and held-back BSP add goes where M
+// servers look for it; workers' clocks are kept (the lowest where shards
+// disagree); exactly-once sets are dropped, so restart the job's clients.
+// Of each shard the newest checkpoint that verifies whole is read. On an
+// error nothing is left at to. Progress lines go to progress (nil: none).
+// ErrFailedPrecondition for a missing shard, checkpoints of different
+// clusters or server counts, or a to that is not empty; ErrNotFound when
+// from holds no checkpoint; ErrDataLoss when no checkpoint of a shard
+// verifies; ErrInvalidArgument for a bad count or to == from.
+func ReshardCheckpoints(from, to string, servers int, progress io.Writer) error {
+	count := C.uint32_t(0) // out of range: the library names it
+	if servers > 0 && servers <= math.MaxUint32 {
+		count = C.uint32_t(servers)
+	}
+	fd := C.int32_t(-1)
+	var w *os.File
+	var copied chan error
+	if progress != nil {
+		r, pw, err := os.Pipe()
+		if err != nil {
+			return fmt.Errorf("pserver: reshard %q: %w", from, err)
+		}
+		w = pw
+		fd = C.int32_t(w.Fd())
+		copied = make(chan error, 1)
+		go func() {
+			_, err := io.Copy(progress, r)
+			r.Close()
+			copied <- err
+		}()
+	}
+	cfrom := C.CString(from)
+	defer C.free(unsafe.Pointer(cfrom))
+	cto := C.CString(to)
+	defer C.free(unsafe.Pointer(cto))
+	err := cCall(func(st *C.pserver_status_t) { C.pserver_checkpoint_reshard(cfrom, cto, count, fd, st) })
+	if w != nil {
+		w.Close()
+		<-copied
+	}
+	if err != nil {
+		return fmt.Errorf("pserver: reshard %q to %d servers: %w", from, servers, err)
+	}
+	return nil
+}

@@ -46,6 +46,11 @@ type Options struct {
 	Token string
 	// EtcdTLS, with Etcd: speak to etcd over TLS with a client certificate.
 	EtcdTLS *EtcdTLS
+	// RequireInstanceID, with Etcd: refuse a /ps/<idx> entry that names no
+	// server instance (a bare "host:port", as etcdctl writes it): NewClient
+	// fails FAILED_PRECONDITION naming the key, and such an entry seen later
+	// is ignored (docs/security.md, registry fencing).
+	RequireInstanceID bool
 }
 
 func (o *Options) toC() (*C.pserver_client_options_t, error) {

@@ -139,16 +139,19 @@ func TestNewClientFromEtcd(t *testing.T) {
 	}
 	defer srv.Close()
 	// Registered by hand, as a pserver process started with --etcd is.
-	e, err := pserver.NewEtcd(endpoint, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := etcdClient(t, endpoint)
 	keys := pserver.Keys("go")
 	for k, v := range map[string]string{keys.Desired(): "1", keys.Server(0): srv.Address()} {
 		if err := e.Put(ctx, k, []byte(v)); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// Such an entry names no server instance: a client with
+	// RequireInstanceID refuses it, naming the key.
+	_, err = pserver.NewClient(ctx, pserver.Options{Etcd: endpoint, Cluster: "go", Timeout: 5 * time.Second, RequireInstanceID: true})
+	if !errors.Is(err, pserver.ErrFailedPrecondition) || !strings.Contains(err.Error(), keys.Server(0)) ||
+		!strings.Contains(err.Error(), "a rogue or hand-written registry entry") {
+		t.Fatalf("bare entry with RequireInstanceID: %v", err)
 	}
 	cl, err := pserver.NewClient(ctx, pserver.Options{Etcd: endpoint, Cluster: "go", Timeout: 5 * time.Second})
 	if err != nil {
@@ -158,19 +161,7 @@ func TestNewClientFromEtcd(t *testing.T) {
 	if got := cl.Servers(); !reflect.DeepEqual(got, []string{srv.Address()}) || cl.NumServers() != 1 {
 		t.Fatalf("servers %q, want [%s]", got, srv.Address())
 	}
-	if err := cl.Init(ctx, "w", mustTensor(t, []float32{1, 2}, 2), &pserver.ParamConfig{Settings: map[string]float64{"lr": 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cl.FinishInit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := cl.SendGrad(ctx, "w", mustTensor(t, []float32{1, 1}, 2)); err != nil {
-		t.Fatal(err)
-	}
-	w, err := cl.Get(ctx, "w")
-	if err != nil || !reflect.DeepEqual(w.Value(), []float32{0, 1}) {
-		t.Fatalf("get: %v %v", w, err)
-	}
+	trainOne(ctx, t, cl)
 	// The trainer registered itself under /workers/.
 	if kvs, err := e.GetPrefix(ctx, keys.Workers()); err != nil || len(kvs) != 1 {
 		t.Fatalf("workers: %q %v", kvs, err)
@@ -188,6 +179,63 @@ func TestNewClientFromEtcd(t *testing.T) {
 	if _, err := pserver.NewClient(ctx, pserver.Options{Etcd: endpoint, Servers: []string{"127.0.0.1:1"}}); !errors.Is(err, pserver.ErrInvalidArgument) {
 		t.Fatalf("both: %v", err)
 	}
+}
+
+// A Server started with Etcd registers itself (address and instance id at
+// /ps/0), and a client with RequireInstanceID finds and uses it.
+func TestServerRegistersInEtcd(t *testing.T) {
+	endpoint := startEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv, err := pserver.NewServer(&pserver.ServerOptions{Etcd: endpoint, Cluster: "reg", NumServers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	e := etcdClient(t, endpoint)
+	keys := pserver.Keys("reg")
+	if v, err := e.Get(ctx, keys.Server(0)); err != nil || !strings.HasPrefix(string(v), srv.Address()+" instance=") {
+		t.Fatalf("/ps/0 = %q, %v; want %s instance=<id>", v, err, srv.Address())
+	}
+	cl, err := pserver.NewClient(ctx, pserver.Options{Etcd: endpoint, Cluster: "reg", Timeout: 10 * time.Second, RequireInstanceID: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	trainOne(ctx, t, cl)
+	if _, err := pserver.NewServer(&pserver.ServerOptions{Etcd: " , "}); !errors.Is(err, pserver.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "etcd endpoints are empty") {
+		t.Fatalf("no endpoints: %v", err)
+	}
+}
+
+// trainOne inits w = [1, 2], applies gradient [1, 1] with lr 1 and checks
+// that w reads [0, 1].
+func trainOne(ctx context.Context, t *testing.T, cl *pserver.Client) {
+	t.Helper()
+	if err := cl.Init(ctx, "w", mustTensor(t, []float32{1, 2}, 2), &pserver.ParamConfig{Settings: map[string]float64{"lr": 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.FinishInit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.SendGrad(ctx, "w", mustTensor(t, []float32{1, 1}, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := cl.Get(ctx, "w"); err != nil || !reflect.DeepEqual(w.Value(), []float32{0, 1}) {
+		t.Fatalf("get: %v %v", w, err)
+	}
+}
+
+// etcdClient is an etcd client of endpoint, closed when the test ends.
+func etcdClient(t *testing.T, endpoint string) *pserver.Etcd {
+	t.Helper()
+	e, err := pserver.NewEtcd(endpoint, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
 }
 
 // The key layout as the servers write it, with no etcd needed.

@@ -33,6 +33,17 @@ type ServerOptions struct {
 	// Roles (docs/security.md): the server's Job, with AuthTokensFile
 	// (lines "role job token") and/or AuthCertRule ("cn:<role>.<job>").
 	Job, AuthTokensFile, AuthCertRule string
+	// Etcd ("host:port[,host:port...]"): register in etcd as pserver --etcd
+	// does, under /pserver/<Cluster> ("default"), claiming the lowest free
+	// index below NumServers (written to /ps_desired if absent; 0: what etcd
+	// holds) and publishing address and instance id at /ps/<idx>. NewServer
+	// waits up to 60 s for etcd and a free index. EtcdTLS: etcd over TLS
+	// with this server's client certificate. NewServer only: a LocalCluster
+	// does not register.
+	Etcd       string
+	Cluster    string
+	NumServers uint32
+	EtcdTLS    *EtcdTLS
 }
 
 func (o *ServerOptions) toC() *C.pserver_server_options_t {
@@ -79,6 +90,9 @@ func NewServer(opts *ServerOptions) (*Server, error) {
 	if opts != nil {
 		if err := opts.TLS.applyToServer(copts); err != nil {
 			return nil, err
+		}
+		if err := opts.setEtcd(copts); err != nil {
+			return nil, fmt.Errorf("pserver: server etcd: %w", err)
 		}
 	}
 	var s *C.pserver_server_t

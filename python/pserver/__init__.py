@@ -27,7 +27,7 @@ from ._errors import (Aborted, AlreadyExists, AlreadyInitialized, Cancelled, Clo
                       Uninitialized, Unknown, error_from_status)
 from ._arrays import DTYPES
 from ._calls import version
-from ._checkpoint import CheckpointReader, read_checkpoint
+from ._checkpoint import CheckpointReader, read_checkpoint, reshard_checkpoint
 from ._client import Client
 from ._config import param_config_text
 from ._etcd import Etcd
@@ -41,6 +41,7 @@ __version__ = version()
 
 __all__ = [
     "Client", "Server", "Tls", "LocalCluster", "CheckpointReader", "read_checkpoint",
+    "reshard_checkpoint",
     "Etcd", "EtcdKeys", "EtcdKey", "Table", "KvWorker", "Group", "param_config_text", "version", "DTYPES", "error_from_status",
     "Error", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
     "AlreadyInitialized", "AlreadyExists", "PermissionDenied", "ResourceExhausted",

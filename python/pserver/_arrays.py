@@ -2,12 +2,19 @@
 checks on host arrays (dtype, shape, contiguity) and on device memory
 (objects exposing ``__cuda_array_interface__``).
 
+Host inputs may be numpy arrays, anything ``np.asarray`` takes, or any object
+exposing ``__dlpack__`` (a PyTorch CPU tensor, a JAX array...), read without
+a copy. Outputs (``out=``) may be numpy arrays, DLPack tensors or any
+writable buffer (a ``bytearray``, an ``array.array``, a ``memoryview``):
+see :func:`_out_array`.
+
 Arrays are never converted to another dtype behind your back: a float64
 gradient for a float32 parameter raises :class:`InvalidArgument`.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -40,17 +47,41 @@ def _dtype_code(dtype: np.dtype, what: str) -> int:
     return code
 
 
+def _from_dlpack(obj: Any, what: str) -> np.ndarray:
+    """A read-only numpy view of a DLPack host tensor (no copy)."""
+    try:
+        return np.from_dlpack(obj)
+    except (BufferError, RuntimeError, TypeError, ValueError, AttributeError) as e:
+        raise InvalidArgument(
+            f"{what}: cannot read {type(obj).__name__} through DLPack: {e}") from None
+
+
+def _is_dlpack(obj: Any) -> bool:
+    """True for a host object to read through DLPack (not a numpy array)."""
+    return not isinstance(obj, np.ndarray) and hasattr(obj, "__dlpack__")
+
+
+def _host(value: ArrayLike, what: str, dtype: Optional[np.dtype] = None) -> np.ndarray:
+    """`value` as a numpy array: itself, a view of a DLPack tensor, or
+    ``np.asarray(value, dtype)`` for anything else (lists, scalars, buffers)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if _is_dlpack(value):
+        return _from_dlpack(value, what)
+    return np.asarray(value, dtype=dtype)
+
+
 def _as_array(value: ArrayLike, what: str, dtype: Optional[np.dtype] = None) -> np.ndarray:
     """A C-contiguous, native-byte-order array of a supported dtype.
 
     Copies only to make the memory C-contiguous or native-endian; the element
     type is never changed (unless `dtype` asks for it for a non-array input).
     """
-    if isinstance(value, np.ndarray):
-        if dtype is not None and value.dtype != np.dtype(dtype):
+    if isinstance(value, np.ndarray) or _is_dlpack(value):
+        arr = _host(value, what)
+        if dtype is not None and arr.dtype != np.dtype(dtype):
             raise InvalidArgument(
-                f"{what}: array has dtype {value.dtype}, expected {np.dtype(dtype)}")
-        arr = value
+                f"{what}: array has dtype {arr.dtype}, expected {np.dtype(dtype)}")
     else:
         arr = np.asarray(value, dtype=dtype)
     _dtype_code(arr.dtype, what)
@@ -152,6 +183,66 @@ def _check_device(arr: _DeviceArray, dtype: np.dtype, shape: Shape, what: str,
                               f"{tuple(shape)}")
     if writable and arr.readonly:
         raise InvalidArgument(f"{what}: device array is read-only")
+
+
+# Buffer formats read as raw bytes: a bytes-like `out` of exactly the right
+# size is filled with the values whatever their dtype (pserver stores no
+# 8-bit types, so a byte buffer is never a typed one).
+_RAW_BYTE_FORMATS = frozenset("Bbc")
+
+
+def _writable_view(out: Any, what: str) -> np.ndarray:
+    """A numpy array over `out`'s own memory, to write into: `out` itself, a
+    DLPack tensor's memory, or any writable buffer's. Raises InvalidArgument
+    for anything else, read-only or non-contiguous memory."""
+    if isinstance(out, np.ndarray):
+        return out
+    if _is_dlpack(out):
+        arr = _from_dlpack(out, what)
+        if not arr.flags.c_contiguous:
+            raise InvalidArgument(f"{what}: out has strides {arr.strides}, not C-contiguous "
+                                  "(pass x.contiguous() and copy back, or a contiguous tensor)")
+        if arr.nbytes == 0:
+            return np.empty(arr.shape, arr.dtype)
+        # numpy marks every DLPack import read-only (DLPack 0.x cannot say);
+        # the producer lent us its memory, so write through it in place.
+        raw = (ctypes.c_char * arr.nbytes).from_address(arr.ctypes.data)
+        raw.dlpack_view = arr  # keeps the producer's export (and memory) alive
+        return np.frombuffer(raw, arr.dtype).reshape(arr.shape)
+    try:
+        view = memoryview(out)
+    except TypeError:
+        raise InvalidArgument(f"{what}: out must be a numpy array, a DLPack tensor (__dlpack__) "
+                              f"or a writable buffer, not {type(out).__name__}") from None
+    if view.readonly:
+        raise InvalidArgument(f"{what}: out ({type(out).__name__}) is read-only")
+    if not view.c_contiguous:
+        raise InvalidArgument(f"{what}: out ({type(out).__name__}) is not C-contiguous")
+    try:
+        return np.asarray(view)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"{what}: out's buffer format {view.format!r} is not an array "
+                              f"numpy can read: {e}") from None
+
+
+def _out_array(out: Any, dtype: np.dtype, shape: Shape, what: str) -> np.ndarray:
+    """The numpy array to write `out`'s values into: `out` itself if it is a
+    numpy array of that dtype and shape, C-contiguous and writable; for a
+    DLPack tensor or a buffer, a view of its memory (a flat buffer of the
+    right number of elements is reshaped; a byte buffer of the right size is
+    read as `dtype`)."""
+    arr = _writable_view(out, what)
+    if not isinstance(out, np.ndarray):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if arr.dtype.char in _RAW_BYTE_FORMATS and arr.ndim == 1:
+            if arr.nbytes != nbytes:
+                raise InvalidArgument(f"{what}: out has {arr.nbytes} bytes, the values "
+                                      f"{nbytes} ({np.dtype(dtype)}, shape {tuple(shape)})")
+            arr = arr.view(dtype)
+        if arr.ndim == 1 and arr.size == int(np.prod(shape, dtype=np.int64)):
+            arr = arr.reshape(shape)
+    _check_out(arr, dtype, shape, what)
+    return arr
 
 
 def _check_out(out: np.ndarray, dtype: np.dtype, shape: Shape, what: str) -> None:

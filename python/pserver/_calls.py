@@ -19,7 +19,7 @@ from ._errors import InvalidArgument
 
 
 def version() -> str:
-    """The version of libpserver.so, e.g. "0.4.0"."""
+    """The version of libpserver.so, e.g. "0.5.0"."""
     return _c.pserver_version()
 
 

@@ -1,8 +1,9 @@
-"""Reading checkpoints back: CheckpointReader and read_checkpoint."""
+"""Reading checkpoints back (CheckpointReader, read_checkpoint) and
+rewriting them for another server count (reshard_checkpoint)."""
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Tuple
+from typing import IO, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -109,3 +110,28 @@ def read_checkpoint(path: str, *, verify: bool = True) -> Dict[str, np.ndarray]:
         if verify:
             reader.verify()
         return reader.read_all()
+
+
+def reshard_checkpoint(from_dir: str, to_dir: str, servers: int,
+                       progress: Optional[IO] = None) -> None:
+    """Rewrites the checkpoints a stopped cluster of N servers wrote into
+    `from_dir` (its checkpoint_dir: shard-0 .. shard-<N-1>) for `servers`
+    (M, 1 .. 4096) servers, into `to_dir` (new or empty), which M servers
+    then load: every parameter block, table row with its optimizer state and
+    held-back BSP add goes where M servers look for it; exactly-once sets are
+    dropped (restart the job's clients). Progress lines go to `progress` (a
+    file with a fileno(), e.g. sys.stderr; None: none). Raises
+    FailedPrecondition for a missing shard, mixed clusters or server counts
+    or a `to_dir` that is not empty, NotFound when `from_dir` holds no
+    checkpoint, DataLoss when no checkpoint of a shard verifies; nothing is
+    left at `to_dir` then. docs/checkpoint-format.md, "Resharding".
+
+    >>> pserver.reshard_checkpoint("/ckpt/job", "/ckpt/job-5", 5)  # doctest: +SKIP
+    """
+    fd = -1
+    if progress is not None:
+        progress.flush()
+        fd = progress.fileno()
+    if not 1 <= servers <= 0xFFFFFFFF:
+        servers = 0  # out of range: the library names it
+    _c.pserver_checkpoint_reshard(str(from_dir), str(to_dir), servers, fd)

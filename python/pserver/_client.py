@@ -13,11 +13,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import capi as _c
-from ._arrays import (DTYPES, _NUMPY, ArrayLike, Shape, _as_array, _check_device, _check_out,
-                      _device_array, _DeviceArray)
+from ._arrays import (DTYPES, _NUMPY, ArrayLike, Shape, _as_array, _check_device,
+                      _device_array, _DeviceArray, _host, _out_array)
 from ._calls import _blocking, _deadline
 from ._config import _client_options, _Config
-from ._errors import InvalidArgument
+from ._errors import AlreadyInitialized, InvalidArgument
 from ._etcd import _etcd_tls_files
 from ._handles import _Handle, _HandleOwner
 from ._group import Group, _group
@@ -26,6 +26,11 @@ from ._tls import Tls, _set_client_tls
 
 # PSERVER_HEALTH_* (grpc.health.v1 HealthCheckResponse.ServingStatus) by value.
 _HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+# How the servers end the AlreadyInitialized of an init that repeats an
+# earlier one exactly (type, shape and config).
+_SAME_INIT = "with the same type, shape and config"
 
 
 class Client(_HandleOwner):
@@ -57,7 +62,10 @@ class Client(_HandleOwner):
     Roles (docs/security.md): ``token="..."`` is sent as the bearer token to
     servers started with ``--auth_tokens_file``; etcd over TLS with a client
     certificate: ``etcd_tls={"ca": ..., "cert": ..., "key": ...}`` (or an
-    object with those attributes).
+    object with those attributes). ``require_instance_id=True`` refuses a
+    /ps/<idx> entry that names no server instance (a bare "host:port", as
+    etcdctl writes it): the constructor raises FailedPrecondition naming the
+    key, and such an entry seen later is ignored.
     """
 
     def __init__(self, servers: Union[str, Sequence[str], None] = None, *,
@@ -66,7 +74,8 @@ class Client(_HandleOwner):
                  block_bytes: Optional[int] = None, max_request_bytes: Optional[int] = None,
                  channels_per_server: Optional[int] = None,
                  tls: Union[None, Tls, Mapping[str, Any]] = None,
-                 token: Optional[str] = None, etcd_tls: Any = None) -> None:
+                 token: Optional[str] = None, etcd_tls: Any = None,
+                 require_instance_id: bool = False) -> None:
         if etcd is not None and servers is not None:
             raise InvalidArgument("pserver.Client: pass servers=[...] or etcd=..., not both")
         if etcd is None and servers is None:
@@ -87,6 +96,8 @@ class Client(_HandleOwner):
                 _c.pserver_client_options_set_token(opts, str(token))
             if etcd_tls is not None:
                 _c.pserver_client_options_set_etcd_tls(opts, *_etcd_tls_files(etcd_tls))
+            _c.pserver_client_options_set_require_instance_id(
+                opts, 1 if require_instance_id else 0)
             if etcd is not None:
                 _c.pserver_client_options_set_etcd(opts, str(etcd), str(cluster))
                 if discovery_timeout is not None:
@@ -142,7 +153,8 @@ class Client(_HandleOwner):
     def init(self, name: str, value: ArrayLike, *, dtype: Any = None,
              optimizer: Optional[str] = None, schedule: Optional[str] = None,
              config: Union[None, str, Mapping[str, Any]] = None,
-             timeout: Optional[float] = None, **settings: Any) -> None:
+             timeout: Optional[float] = None, exist_ok: bool = False,
+             **settings: Any) -> None:
         """Initializes parameter `name` with `value` and how the server updates it.
 
         `optimizer`: "sgd" (default), "adagrad", "adadelta", "rmsprop", "adam",
@@ -160,15 +172,26 @@ class Client(_HandleOwner):
 
         Raises AlreadyInitialized if `name` was initialized before, and
         InvalidArgument for an unsupported dtype or an unknown setting.
+        `exist_ok=True` (a notebook cell run again against a live cluster,
+        before or after finish_init): a parameter initialized before with the
+        same dtype, shape and config is kept as it is (its values are not
+        reset) and no error is raised; one with another dtype, shape or config
+        still raises AlreadyInitialized saying what differs.
         `timeout` (seconds; every blocking method takes it) bounds this call:
         it ends by then, raising DeadlineExceeded at the latest (None: the
         client's own timeout).
         """
         arr = _as_array(value, f"parameter {name!r}", dtype)
         code = DTYPES[arr.dtype]  # _as_array checked it
-        with _Config(optimizer, schedule, config, settings) as cfg, _deadline(timeout), \
-                self._h.use() as h:
-            _blocking(_c.pserver_client_init_param, h, name, code, arr.shape, arr, cfg.ptr)
+        try:
+            with _Config(optimizer, schedule, config, settings) as cfg, _deadline(timeout), \
+                    self._h.use() as h:
+                _blocking(_c.pserver_client_init_param, h, name, code, arr.shape, arr, cfg.ptr)
+        except AlreadyInitialized as e:
+            # The servers say whether the earlier init was this one exactly
+            # (cc/core/parameter_store.cc, kSameInit).
+            if not (exist_ok and _SAME_INIT in str(e)):
+                raise
         self._layouts[name] = (arr.dtype, tuple(arr.shape))
 
     init_param = init
@@ -197,17 +220,19 @@ class Client(_HandleOwner):
             layout = self._layouts[name] = self.info(name)
         return layout
 
-    def _out(self, name: str, out: Optional[np.ndarray]) -> Tuple[np.ndarray, int]:
+    def _out(self, name: str, out: Any) -> Tuple[np.ndarray, int]:
         dtype, shape = self._layout(name)
         if out is None:
             return np.empty(shape, dtype), DTYPES[dtype]
-        _check_out(out, dtype, shape, f"parameter {name!r}")
-        return out, DTYPES[dtype]
+        return _out_array(out, dtype, shape, f"parameter {name!r}"), DTYPES[dtype]
 
     def get(self, name: str, out: Any = None, *,
             timeout: Optional[float] = None) -> Any:
         """Parameter `name` as a new array (or written into `out`, which must
-        have its dtype and shape and be C-contiguous and writable).
+        have its dtype and shape and be C-contiguous and writable, and is
+        returned). `out` may be a numpy array, a DLPack tensor (a PyTorch CPU
+        tensor: written in place) or any writable buffer (a ``bytearray`` of
+        the parameter's size in bytes, an ``array.array`` of its elements).
 
         `out` may also be device memory: any object exposing
         ``__cuda_array_interface__`` (a CuPy array, a PyTorch CUDA tensor),
@@ -229,31 +254,35 @@ class Client(_HandleOwner):
                     _blocking(_c.pserver_client_get_param_device, h, name, DTYPES[dtype],
                               dev.ptr, dev.nbytes, dev.device)
                 return out
-            out, code = self._out(name, out)
+            arr, code = self._out(name, out)
             with self._h.use() as h:
-                _blocking(_c.pserver_client_get_param, h, name, code, out)
-        return out
+                _blocking(_c.pserver_client_get_param, h, name, code, arr)
+        return arr if out is None else out
 
-    def get_many(self, names: Sequence[str], *,
-                 timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
-        """Several parameters in one round trip per server, by name."""
+    def get_many(self, names: Sequence[str], out: Optional[Mapping[str, Any]] = None, *,
+                 timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Several parameters in one round trip per server, by name. `out`
+        may give what to write each into, by name (numpy arrays, DLPack
+        tensors such as PyTorch CPU tensors, writable buffers; see get)."""
         with _deadline(timeout):
-            return self._get_many(names)
+            return self._get_many(names, out)
 
-    def _get_many(self, names: Sequence[str]) -> Dict[str, np.ndarray]:
-        outs = {name: self._out(name, None) for name in names}
+    def _get_many(self, names: Sequence[str],
+                  out: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        given = {} if out is None else out
+        outs = {name: self._out(name, given.get(name)) for name in names}
         with self._h.use() as h:
             _blocking(_c.pserver_client_get_params_n, h,
                       [(name, code, arr) for name, (arr, code) in outs.items()])
-        return {name: arr for name, (arr, _) in outs.items()}
+        return {name: given[name] if given.get(name) is not None else arr
+                for name, (arr, _) in outs.items()}
 
     # -- gradients -------------------------------------------------------------
 
     def _grad(self, name: str, grad: ArrayLike) -> Tuple[np.ndarray, int]:
         dtype, shape = self._layout(name)
         what = f"gradient for parameter {name!r}"
-        if not isinstance(grad, np.ndarray):
-            grad = np.asarray(grad, dtype=dtype)
+        grad = _host(grad, what, dtype)
         if grad.dtype.newbyteorder("=") != dtype:
             raise InvalidArgument(f"{what}: dtype {grad.dtype} received, {dtype} expected "
                                   f"(convert it yourself: grad.astype(np.{dtype}))")
@@ -360,17 +389,18 @@ class Client(_HandleOwner):
     def _push_pull(self, grads: Mapping[str, ArrayLike],
                    out: Optional[Mapping[str, np.ndarray]]) -> Dict[str, np.ndarray]:
         arrays = [(name, *self._grad(name, g)) for name, g in grads.items()]
-        results: Dict[str, np.ndarray] = {}
+        results: Dict[str, Any] = {}
+        views: Dict[str, np.ndarray] = {}
         for name, arr, _ in arrays:
             target = None if out is None else out.get(name)
             if target is None:
-                target = np.empty_like(arr)
+                target = views[name] = np.empty_like(arr)
             else:
-                _check_out(target, arr.dtype, arr.shape, f"parameter {name!r}")
+                views[name] = _out_array(target, arr.dtype, arr.shape, f"parameter {name!r}")
             results[name] = target
         with self._h.use() as h:
             _blocking(_c.pserver_client_push_pull_n, h,
-                      [(name, code, arr, results[name]) for name, arr, code in arrays])
+                      [(name, code, arr, views[name]) for name, arr, code in arrays])
         return results
 
     # -- tables and groups ------------------------------------------------------

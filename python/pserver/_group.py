@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import capi as _c
-from ._arrays import _dtype_code
+from ._arrays import _dtype_code, _writable_view
 from ._calls import _blocking, _deadline
 from ._errors import InvalidArgument
 from ._handles import _Handle, _HandleOwner
@@ -76,8 +76,9 @@ class Group(_HandleOwner):
 
     @staticmethod
     def _array(array: Any, what: str) -> Tuple[np.ndarray, int]:
-        if not isinstance(array, np.ndarray):
-            raise InvalidArgument(f"{what}: expected a numpy array, got {type(array).__name__}")
+        """A view of `array` (a numpy array, a DLPack tensor or a writable
+        typed buffer) to reduce or broadcast in place, and its dtype code."""
+        array = _writable_view(array, what)
         code = _dtype_code(array.dtype, what)
         if not array.dtype.isnative:
             raise InvalidArgument(f"{what}: array must be in native byte order")
@@ -86,24 +87,26 @@ class Group(_HandleOwner):
                                   f"(it is reduced in place)")
         return array, code
 
-    def all_reduce(self, array: np.ndarray, op: str = "sum", *,
-                   timeout: Optional[float] = None) -> np.ndarray:
+    def all_reduce(self, array: Any, op: str = "sum", *,
+                   timeout: Optional[float] = None) -> Any:
         """Replaces `array` in place by the element-wise "sum" or "mean" over
-        every member's array (same dtype and shape) and returns it."""
+        every member's array (same dtype and shape) and returns it. `array`
+        may be a numpy array, a DLPack tensor (a PyTorch CPU tensor) or a
+        writable typed buffer."""
         arr, code = self._array(array, f"all_reduce in group {self._name!r}")
         self._call(_c.pserver_group_all_reduce, code, arr.shape, arr,
                    _choice(op, _OPS, "reduce op"), timeout=timeout)
-        return arr
+        return array
 
-    def broadcast(self, array: np.ndarray, root: bool, *,
-                  timeout: Optional[float] = None) -> np.ndarray:
+    def broadcast(self, array: Any, root: bool, *,
+                  timeout: Optional[float] = None) -> Any:
         """The root's `array` is copied into every other member's `array` (of
         the root's dtype and shape), in place; returns it. Exactly one member
         passes root=True."""
         arr, code = self._array(array, f"broadcast in group {self._name!r}")
         self._call(_c.pserver_group_broadcast, code, arr.shape, arr, 1 if root else 0,
                    timeout=timeout)
-        return arr
+        return array
 
     def __repr__(self) -> str:
         return (f"<pserver.Group {self._name!r} member {self._participant!r} of "

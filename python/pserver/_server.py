@@ -9,6 +9,8 @@ from typing import Any, List, Mapping, Optional, Union
 from . import capi as _c
 from ._client import Client
 from ._config import _client_options, _server_options
+from ._errors import InvalidArgument
+from ._etcd import _etcd_tls_files
 from ._handles import _Closing, _Handle
 from ._tls import Tls, _set_server_tls
 
@@ -31,15 +33,30 @@ class Server(_Closing):
                  advertise_host: Optional[str] = None,
                  tls: Union[None, Tls, Mapping[str, Any]] = None,
                  job: Optional[str] = None, auth_tokens_file: Optional[str] = None,
-                 auth_cert_rule: Optional[str] = None) -> None:
+                 auth_cert_rule: Optional[str] = None, etcd: Optional[str] = None,
+                 cluster: str = "default", num_servers: int = 0,
+                 etcd_tls: Any = None) -> None:
         """`advertise_host`: the address others reach it at (needed with host
         "0.0.0.0" or "::"); `address` is then advertise_host:port. `tls`: a
         pserver.Tls (or a dict of its fields) for mutual TLS. Roles
         (docs/security.md): `job` with `auth_tokens_file` (lines "role job
-        token") and/or `auth_cert_rule` ("cn:<role>.<job>")."""
+        token") and/or `auth_cert_rule` ("cn:<role>.<job>").
+        `etcd` ("host:port[,...]"): register in etcd as pserver --etcd does,
+        under /pserver/<cluster>, claiming an index below `num_servers`
+        (written to /ps_desired if absent; 0: what etcd holds); `etcd_tls`
+        as for Client (etcd over TLS with this server's certificate)."""
         with _server_options(host, port, index, num_threads, checkpoint_dir,
                              advertise_host) as opts:
             _set_server_tls(opts, tls)
+            if etcd_tls is not None:
+                _c.pserver_server_options_set_etcd_tls(opts, *_etcd_tls_files(etcd_tls))
+            if etcd is not None:
+                if isinstance(num_servers, bool) or not isinstance(num_servers, int) \
+                        or not 0 <= num_servers < 2**32:
+                    raise InvalidArgument(
+                        f"num_servers must be an int in [0, 2**32), got {num_servers!r}")
+                _c.pserver_server_options_set_etcd(opts, str(etcd), str(cluster),
+                                                   int(num_servers))
             if job or auth_tokens_file or auth_cert_rule:
                 _c.pserver_server_options_set_auth(opts, job or "", auth_tokens_file or "",
                                                    auth_cert_rule or "")

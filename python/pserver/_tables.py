@@ -7,8 +7,9 @@ optimizer and a consistency model (``"bsp"``, ``"ssp"`` with a staleness),
 a table is a KV table whose workers (:class:`KvWorker`) read at their clock.
 
 Arrays are never converted to another dtype behind your back: float64 rows
-for a float32 table raise :class:`InvalidArgument`, as do int64 keys (pass
-``np.uint64``; Python lists of ints are converted).
+for a float32 table raise :class:`InvalidArgument`. Keys are uint64, or
+int64 (a PyTorch index tensor) and lists when non-negative: a negative key
+raises InvalidArgument naming it.
 
 >>> import numpy as np, pserver
 >>> with pserver.LocalCluster(servers=2) as cluster:
@@ -30,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import capi as _c
+from ._arrays import _host, _is_dlpack, _out_array
 from ._calls import _blocking, _deadline
 from ._config import _setting
 from ._handles import _Handle, _HandleOwner
@@ -51,13 +53,15 @@ def _choice(value: str, choices: Dict[str, int], what: str) -> int:
 
 
 def _keys(keys: Any, what: str) -> np.ndarray:
-    """A 1-d, C-contiguous uint64 array of keys (lists are converted; arrays
-    of another dtype raise)."""
-    if isinstance(keys, np.ndarray):
-        if keys.dtype.newbyteorder("=") != np.dtype(np.uint64):
-            raise InvalidArgument(f"{what}: keys have dtype {keys.dtype}, expected uint64 "
-                                  f"(convert them yourself: keys.astype(np.uint64))")
-        arr = keys
+    """A 1-d, C-contiguous uint64 array of keys. uint64 arrays are used as
+    they are; signed integer arrays (int64, a PyTorch index tensor through
+    DLPack) and lists are converted when every key is non-negative, and a
+    negative key raises InvalidArgument naming it. Other dtypes raise."""
+    if isinstance(keys, np.ndarray) or _is_dlpack(keys):
+        raw = _host(keys, what)
+        if raw.dtype.kind not in "iu":
+            raise InvalidArgument(f"{what}: keys have dtype {raw.dtype}, expected uint64 or "
+                                  "int64 (non-negative integers)")
     else:
         try:
             raw = np.asarray(keys)
@@ -65,14 +69,20 @@ def _keys(keys: Any, what: str) -> np.ndarray:
             raise InvalidArgument(f"{what}: keys must be non-negative integers: {e}") from None
         if raw.size == 0:
             raw = raw.astype(np.uint64)
-        if raw.dtype.kind not in "iu" or (raw.dtype.kind == "i" and (raw < 0).any()):
+        if raw.dtype.kind not in "iu":
             raise InvalidArgument(f"{what}: keys must be non-negative integers, got {keys!r}")
-        arr = raw.astype(np.uint64, copy=False)
-    if arr.ndim != 1:
-        raise InvalidArgument(f"{what}: keys must be 1-d, got shape {arr.shape}")
-    if not arr.dtype.isnative:
-        arr = arr.astype(np.uint64)
-    return np.ascontiguousarray(arr)
+    if raw.ndim != 1:
+        raise InvalidArgument(f"{what}: keys must be 1-d, got shape {raw.shape}")
+    if raw.dtype.kind == "i":
+        negative = np.flatnonzero(raw < 0)
+        if negative.size:
+            i = int(negative[0])
+            raise InvalidArgument(f"{what}: key {int(raw[i])} at index {i} is negative "
+                                  f"({negative.size} negative keys); keys are non-negative "
+                                  "integers")
+    if raw.dtype.itemsize == 8 and raw.dtype.isnative and raw.flags.c_contiguous:
+        return raw.view(np.uint64)  # int64 or uint64: same bytes, no copy
+    return np.ascontiguousarray(raw, dtype=np.uint64)
 
 
 class _TableConfig:
@@ -188,23 +198,16 @@ class Table(_HandleOwner):
         with self._h.use() as h:
             return int(_c.pserver_table_server_of(h, int(key)))
 
-    def _out(self, out: Optional[np.ndarray], rows: int, what: str) -> np.ndarray:
+    def _out(self, out: Any, rows: int, what: str) -> np.ndarray:
+        """The array to write `rows` rows into: new, or a view of `out` (a
+        numpy array, DLPack tensor or writable buffer; see _arrays._out_array)."""
         shape = (rows, self._dim)
         if out is None:
             return np.empty(shape, self._dtype)
-        if not isinstance(out, np.ndarray):
-            raise InvalidArgument(f"{what}: out must be a numpy array")
-        if out.dtype != self._dtype:
-            raise InvalidArgument(f"{what}: out has dtype {out.dtype}, the table {self._dtype}")
-        if tuple(out.shape) != shape:
-            raise InvalidArgument(f"{what}: out has shape {tuple(out.shape)}, expected {shape}")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise InvalidArgument(f"{what}: out must be C-contiguous and writable")
-        return out
+        return _out_array(out, self._dtype, shape, what)
 
     def _rows(self, values: Any, rows: int, what: str) -> np.ndarray:
-        if not isinstance(values, np.ndarray):
-            values = np.asarray(values, dtype=self._dtype)
+        values = _host(values, what, self._dtype)
         if values.dtype.newbyteorder("=") != self._dtype:
             raise InvalidArgument(f"{what}: dtype {values.dtype} received, the table holds "
                                   f"{self._dtype} (convert it yourself: "
@@ -224,10 +227,10 @@ class Table(_HandleOwner):
         first touch from the table's initializer."""
         what = f"pull from table {self._name!r}"
         k = _keys(keys, what)
-        out = self._out(out, len(k), what)
+        arr = self._out(out, len(k), what)
         with _deadline(timeout), self._client._h.use(), self._h.use() as h:
-            _blocking(_c.pserver_table_pull, h, k, out)
-        return out
+            _blocking(_c.pserver_table_pull, h, k, arr)
+        return arr if out is None else out
 
     def push(self, keys: Any, grads: Any, *, timeout: Optional[float] = None) -> None:
         """Applies `grads` (``(n, dim)``, the table's dtype) to the rows of
@@ -313,9 +316,9 @@ class KvWorker(_HandleOwner):
         DeadlineExceeded names the workers holding it back."""
         what = f"get from table {self._table.name!r}"
         k = _keys(keys, what)
-        out = self._table._out(out, len(k), what)
-        self._call(_c.pserver_kv_worker_get, k, out, timeout=timeout)
-        return out
+        arr = self._table._out(out, len(k), what)
+        self._call(_c.pserver_kv_worker_get, k, arr, timeout=timeout)
+        return arr if out is None else out
 
     def add(self, keys: Any, values: Any, *, timeout: Optional[float] = None) -> None:
         """Adds `values` (``(n, dim)``) to the rows of `keys`, at this clock."""
@@ -330,9 +333,9 @@ class KvWorker(_HandleOwner):
         ``(len(chunk_ids) * chunk_size, dim)`` rows."""
         what = f"get chunks from table {self._table.name!r}"
         ids = _keys(chunk_ids, what)
-        out = self._table._out(out, len(ids) * self._table.chunk_size, what)
-        self._call(_c.pserver_kv_worker_get_chunk, ids, out, timeout=timeout)
-        return out
+        arr = self._table._out(out, len(ids) * self._table.chunk_size, what)
+        self._call(_c.pserver_kv_worker_get_chunk, ids, arr, timeout=timeout)
+        return arr if out is None else out
 
     def add_chunk(self, chunk_ids: Any, values: Any, *, timeout: Optional[float] = None) -> None:
         what = f"add chunks to table {self._table.name!r}"

@@ -1,24 +1,14 @@
-"""etcd and pserver processes for tests, on 127.0.0.1 free ports.
-
-Every process is started with its own log file and stopped by its PID
-(`stop`), never by name.
-"""
+"""Server processes for tests: free ports on 127.0.0.1, pserver processes
+started and stopped by PID (never by name)."""
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 PSERVER = os.environ.get("PSERVER_BINARY", "")
-
-
-def have_etcd_and_pserver() -> bool:
-    return os.access(ETCD, os.X_OK) and os.access(PSERVER, os.X_OK)
 
 
 def free_port() -> int:
@@ -38,51 +28,65 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
-def spawn(args: List[str], log: Path, procs: List[subprocess.Popen]) -> subprocess.Popen:
-    """Starts `args` with stdout and stderr in `log`; appends it to `procs`."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-    procs.append(proc)
-    return proc
+def start_pservers(n: int, folder, procs: List[subprocess.Popen],
+                   timeout: float = 60) -> List[str]:
+    """Starts `n` pserver processes (indices 0 .. n-1, free ports picked by
+    the servers) appending each to `procs` (the caller stops them, also when
+    this raises), and returns their addresses in index order once every one
+    says it is listening (at most `timeout` seconds)."""
+    logs = [os.path.join(str(folder), f"pserver{i}.log") for i in range(n)]
+    for i, path in enumerate(logs):
+        with open(path, "wb") as log:
+            procs.append(subprocess.Popen(
+                [PSERVER, "--host=127.0.0.1", "--port=0", f"--index={i}",
+                 "--shutdown_grace_seconds=1"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+    deadline = time.monotonic() + timeout
+    addresses: List[str] = []
+    while len(addresses) < n:
+        addresses = []
+        for path in logs:
+            with open(path) as f:
+                words = f.read().split()
+            if "listening" in words and words.index("listening") + 2 < len(words):
+                addresses.append(words[words.index("listening") + 2])
+        exited = [p.pid for p in procs[-n:] if p.poll() is not None]
+        assert not exited, f"pserver exited while starting: {exited}"
+        assert time.monotonic() < deadline, "pservers did not start in time"
+        if len(addresses) < n:
+            time.sleep(0.05)
+    return addresses
 
 
-def start_etcd(tmp_path: Path, procs: List[subprocess.Popen]) -> str:
-    """Starts one etcd member; returns its client endpoint host:port."""
-    client, peer = free_port(), free_port()
-    curl, purl = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    spawn([ETCD, "--name=pytest", f"--data-dir={tmp_path / 'etcd'}",
-           f"--listen-client-urls={curl}", f"--advertise-client-urls={curl}",
-           f"--listen-peer-urls={purl}", f"--initial-advertise-peer-urls={purl}",
-           f"--initial-cluster=pytest={purl}", "--log-level=error"],
-          tmp_path / "etcd.log", procs)
-    return f"127.0.0.1:{client}"
-
-
-def start_pservers(tmp_path: Path, procs: List[subprocess.Popen], endpoint: str,
-                   cluster: str, count: int, extra: List[str] = ()) -> List[Path]:
-    """Starts `count` servers registering in etcd `endpoint` and waits (at most
-    30 s) until each printed its "listening on" line; returns their logs."""
-    logs = [tmp_path / f"server{i}.log" for i in range(count)]
-    for log in logs:
+def start_registered_pservers(n: int, folder, procs: List[subprocess.Popen], endpoint: str,
+                              cluster: str, extra: Sequence[str] = (),
+                              timeout: float = 30) -> List[str]:
+    """Starts `n` pserver processes that register in etcd `endpoint` under
+    `cluster` (--num_servers=n), appending each to `procs` (the caller stops
+    them), and waits (at most `timeout` seconds) until each printed its
+    "listening on" line; returns the paths of their logs."""
+    logs = [os.path.join(str(folder), f"server{i}.log") for i in range(n)]
+    for path in logs:
         # The servers wait for etcd themselves (--register_timeout).
-        spawn([PSERVER, "--host=127.0.0.1", "--port=0", f"--etcd={endpoint}",
-               f"--cluster={cluster}", f"--num_servers={count}", "--lease_ttl=2",
-               "--register_timeout=30", "--shutdown_grace_seconds=1", *extra], log, procs)
-    # Waiting here means the clients meet a serving etcd (a client whose first
-    # connection lands while etcd is still starting up can stall for its whole
-    # deadline).
-    deadline = time.monotonic() + 30
-    while not all("listening on" in p.read_text() for p in logs):
-        exited = [p.args[0] for p in procs if p.poll() is not None]
+        with open(path, "wb") as log:
+            procs.append(subprocess.Popen(
+                [PSERVER, "--host=127.0.0.1", "--port=0", f"--etcd={endpoint}",
+                 f"--cluster={cluster}", f"--num_servers={n}", "--lease_ttl=2",
+                 "--register_timeout=30", "--shutdown_grace_seconds=1", *extra],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+    deadline = time.monotonic() + timeout
+    while not all("listening on" in open(p).read() for p in logs):
+        exited = [p.args[0] for p in procs[-n:] if p.poll() is not None]
         assert not exited, f"exited while starting: {exited}"
-        assert time.monotonic() < deadline, [p.read_text() for p in logs]
+        assert time.monotonic() < deadline, [open(p).read() for p in logs]
         time.sleep(0.05)
     return logs
 
 
-def metrics_address(log: Path) -> str:
+def metrics_address(log_path) -> str:
     """host:port from a server's "metrics on http://<host:port>/metrics" line."""
-    found = re.search(r"metrics on http://(\S+)/metrics", log.read_text())
-    assert found, log.read_text()
+    with open(log_path) as f:
+        text = f.read()
+    found = re.search(r"metrics on http://(\S+)/metrics", text)
+    assert found, text
     return found.group(1)

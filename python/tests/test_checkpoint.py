@@ -94,3 +94,24 @@ def test_server_checkpoint_and_single_checkpoint_directory(tmp_path):
     for p in (path, shard, ckpts[0]):  # shards, one server's directory, one checkpoint
         got = pserver.read_checkpoint(p)
         assert got["w"].tobytes() == want.tobytes(), p
+
+
+def test_reshard_checkpoint_serves_the_same_values_on_another_server_count(tmp_path):
+    src, dst = str(tmp_path / "three"), str(tmp_path / "two")
+    values = train_and_save(src)
+    log = tmp_path / "progress.txt"
+    with open(log, "w") as progress:
+        pserver.reshard_checkpoint(src, dst, 2, progress=progress)
+    text = log.read_text()
+    assert "wrote shard 2/2" in text and "resharded 3 servers' checkpoints to 2" in text
+    assert len(glob.glob(os.path.join(dst, "shard-*", "ckpt-*"))) == 2
+    with pserver.LocalCluster(servers=2, checkpoint_dir=dst) as c:
+        cl = c.client(block_bytes=256)
+        for name, v in values.items():
+            assert cl.get(name).tobytes() == v.tobytes(), name
+    # The same output again: refused, nothing changed; a bad count too.
+    with pytest.raises(pserver.FailedPrecondition, match="is not empty"):
+        pserver.reshard_checkpoint(src, dst, 4)
+    with pytest.raises(pserver.InvalidArgument, match="got 0"):
+        pserver.reshard_checkpoint(src, str(tmp_path / "none"), 0)
+    assert not os.path.exists(tmp_path / "none")

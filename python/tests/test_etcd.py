@@ -3,14 +3,20 @@
 The servers register in etcd (--etcd, --num_servers=2); the client finds them
 there. Every process is started here and stopped by its PID.
 """
+import os
+
 import numpy as np
 import pytest
 
 import pserver
-from processes import have_etcd_and_pserver, start_etcd, start_pservers, stop
+from etcd_process import EtcdProcess, have_etcd, stop_process
+from processes import start_registered_pservers
+
+PSERVER = os.environ.get("PSERVER_BINARY", "")
 
 pytestmark = pytest.mark.skipif(
-    not have_etcd_and_pserver(), reason="needs etcd and the pserver binary ($PSERVER_BINARY)")
+    not (have_etcd() and os.access(PSERVER, os.X_OK)),
+    reason="needs etcd and the pserver binary ($PSERVER_BINARY)")
 
 
 @pytest.fixture(scope="module")
@@ -18,13 +24,13 @@ def etcd_cluster(tmp_path_factory):
     """(endpoint, cluster): etcd and 2 pserver processes registered in it."""
     tmp_path = tmp_path_factory.mktemp("etcd_cluster")
     procs = []
-    try:
-        endpoint = start_etcd(tmp_path, procs)
-        start_pservers(tmp_path, procs, endpoint, "py", 2)
-        yield endpoint, "py"
-    finally:
-        for proc in reversed(procs):  # servers first, etcd last
-            stop(proc)
+    with EtcdProcess(tmp_path) as etcd:
+        try:
+            start_registered_pservers(2, tmp_path, procs, etcd.endpoint, "py")
+            yield etcd.endpoint, "py"
+        finally:
+            for proc in procs:  # servers first, etcd (leaving the with) last
+                stop_process(proc)
 
 
 def test_client_from_etcd(etcd_cluster):

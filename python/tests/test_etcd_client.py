@@ -2,52 +2,22 @@
 
 etcd is started here on free ports and stopped by its PID.
 """
-import os
-import socket
-import subprocess
 import threading
 import time
 
 import pytest
 
 import pserver
-from processes import ETCD, free_port, stop
+from etcd_process import EtcdProcess, free_port, have_etcd
 
-pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK), reason="needs etcd")
+pytestmark = pytest.mark.skipif(not have_etcd(), reason="needs etcd")
 
 
 @pytest.fixture(scope="module")
 def etcd_endpoint(tmp_path_factory):
     """host:port of a fresh etcd, serving (waited for, at most 30 s)."""
-    tmp_path = tmp_path_factory.mktemp("etcd_client")
-    client, peer = free_port(), free_port()
-    curl, purl = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    with open(tmp_path / "etcd.log", "wb") as log:
-        proc = subprocess.Popen(
-            [ETCD, "--name=pytest-raw", f"--data-dir={tmp_path / 'etcd'}",
-             f"--listen-client-urls={curl}", f"--advertise-client-urls={curl}",
-             f"--listen-peer-urls={purl}", f"--initial-advertise-peer-urls={purl}",
-             f"--initial-cluster=pytest-raw={purl}", "--log-level=error"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        endpoint = f"127.0.0.1:{client}"
-        deadline = time.monotonic() + 30
-        # Until etcd answers a write. Each try is a new client: a gRPC channel
-        # whose first connection was refused backs off before trying again.
-        while True:
-            assert proc.poll() is None, (tmp_path / "etcd.log").read_text()
-            assert time.monotonic() < deadline, "etcd did not start in 30 s"
-            try:
-                with socket.create_connection(("127.0.0.1", client), timeout=1):
-                    pass
-                with pserver.Etcd(endpoint, timeout=2) as etcd:
-                    etcd.put("/ready", b"1")
-                break
-            except (OSError, pserver.Unavailable, pserver.DeadlineExceeded):
-                time.sleep(0.05)
-        yield endpoint
-    finally:
-        stop(proc)
+    with EtcdProcess(tmp_path_factory.mktemp("etcd_client"), name="pytest-raw") as etcd:
+        yield etcd.endpoint
 
 
 def test_put_get_list_delete(etcd_endpoint):

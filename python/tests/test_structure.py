@@ -2,6 +2,8 @@
 way, and a push, a pull or a push+pull is one call into libpserver."""
 import ast
 import os
+import subprocess
+import sys
 
 import numpy as np
 
@@ -77,3 +79,24 @@ def test_push_pull_and_push_pull_are_one_library_call_each(client, monkeypatch):
         counting.calls.clear()
         op()
         assert len(counting.calls) == 1, counting.calls
+
+
+def _python(code):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_import_pserver_needs_no_torch():
+    # torch made unimportable: `import pserver` works, pserver.torch says why not.
+    run = _python("import sys; sys.modules['torch'] = None\n"
+                  "import pserver; print(pserver.version() != '')\n"
+                  "try:\n    import pserver.torch\n"
+                  "except ImportError as e:\n    print(e)")
+    assert run.returncode == 0, run.stderr
+    printed = run.stdout.splitlines()
+    assert printed[0] == "True"
+    assert "pserver.torch needs PyTorch (Debian: apt-get install python3-torch)" in printed[1]
+    # And where torch is installed, `import pserver` still does not load it.
+    run = _python("import sys, pserver; print([m for m in sys.modules "
+                  "if m == 'torch' or m.startswith(('pserver.torch', 'pserver._torch'))])")
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr

@@ -1,31 +1,11 @@
 """Tables, KV workers with clocks, and worker groups from Python."""
-import threading
 import time
 
 import numpy as np
 import pytest
 
 import pserver
-
-
-def run_threads(n, body):
-    """Runs body(rank) on n threads; re-raises the first failure."""
-    errors = []
-
-    def wrap(rank):
-        try:
-            body(rank)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=wrap, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-        assert not t.is_alive(), "a worker thread did not finish"
-    if errors:
-        raise errors[0]
+from conftest import run_threads
 
 
 # -- sparse tables ------------------------------------------------------------
@@ -88,9 +68,11 @@ def test_bad_arguments_raise(client):
     t = client.create_table("bad", 3)
     keys = np.array([1, 2], np.uint64)
     with pytest.raises(pserver.InvalidArgument, match="expected uint64"):
-        t.pull(np.array([1, 2], np.int64))
+        t.pull(np.array([1, 2], np.float64))
     with pytest.raises(pserver.InvalidArgument, match="non-negative"):
         t.pull([-1])
+    with pytest.raises(pserver.InvalidArgument, match="key -7 at index 1 is negative"):
+        t.push(np.array([1, -7, 2], np.int64), np.ones((3, 3), np.float32))
     with pytest.raises(pserver.InvalidArgument, match="1-d"):
         t.pull(np.zeros((2, 2), np.uint64))
     with pytest.raises(pserver.InvalidArgument, match="float32"):
@@ -317,3 +299,16 @@ def test_tables_in_checkpoints(tmp_path):
         np.testing.assert_array_equal(values, [[2, 3], [4, 5], [0, 1]])
         with pytest.raises(pserver.NotFound, match="nope"):
             reader.read_table("nope")
+
+
+def test_int64_keys_are_the_same_rows_as_uint64(client):
+    t = client.create_table("int64keys", 2, optimizer="sgd", lr=1.0)
+    t.push(np.array([4, 9, 4], np.int64), np.ones((3, 2), np.float32))
+    np.testing.assert_array_equal(t.pull(np.array([4, 9], np.uint64)),
+                                  [[-2, -2], [-1, -1]])
+    np.testing.assert_array_equal(t.pull(np.array([9, 2**62], np.int64)),
+                                  [[-1, -1], [0, 0]])
+    # A rejected push changes nothing.
+    with pytest.raises(pserver.InvalidArgument, match="key -1 at index 0"):
+        t.push(np.array([-1, 4], np.int64), np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(t.pull([4]), [[-2, -2]])

@@ -7,6 +7,7 @@
 //	psctl checkpoint save -servers A,B                ask every server for a checkpoint now
 //	psctl checkpoint ls DIR                           the checkpoints and parameters at DIR
 //	psctl checkpoint verify DIR                       verify every checksum of every checkpoint
+//	psctl checkpoint reshard -from DIR -to DIR -servers M   rewrite N servers' checkpoints for M
 //	psctl params (-checkpoint DIR | -servers A,B NAME...)   names, types, shapes, sizes
 //
 // Under Bazel: bazel run //go/cmd/psctl -- <command> ...
@@ -36,7 +37,7 @@ Commands:
   status       servers, desired count, checkpoints and live workers, from etcd (or -servers stats)
   health       every server's gRPC health (grpc.health.v1); exit 1 unless all are SERVING
   desired      set the desired server count in etcd
-  checkpoint   save | ls | verify checkpoints
+  checkpoint   save | ls | verify | reshard checkpoints
   params       parameter names, types, shapes and sizes (from a checkpoint or running servers)
 
 Run "psctl <command> -help" for a command's flags.
@@ -147,7 +148,7 @@ func cmdDesired(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("desired", "desired -etcd HOST:PORT[,...] [-cluster NAME] N", stdout, stderr)
 	etcdFlag := fs.String("etcd", "", "etcd endpoints host:port[,host:port...] (required)")
 	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
-	auth := addAuthFlags(fs)
+	auth := addSecurityFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -178,12 +179,15 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 	const synopsis = `checkpoint save -servers A,B [-timeout D]
        psctl checkpoint ls DIR
        psctl checkpoint verify DIR
+       psctl checkpoint reshard -from DIR -to DIR -servers M
 
   save    asks every server to write a checkpoint of its shard now
   ls      lists the checkpoints at DIR (a checkpoint, a server's directory, or
           the --checkpoint_dir of a cluster) and their parameters
   verify  checks every checksum of every checkpoint at DIR (every shard, every
-          one kept), prints each failure and exits 1 if any failed`
+          one kept), prints each failure and exits 1 if any failed
+  reshard rewrites the checkpoints of a stopped cluster (its --checkpoint_dir)
+          for M servers into a new directory; start M servers on it`
 	if len(args) == 0 {
 		fmt.Fprintf(stderr, "Usage: psctl %s\n", synopsis)
 		return errUsage
@@ -196,8 +200,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		fs := newFlags("checkpoint save", "checkpoint save -servers A,B [-timeout D]", stdout, stderr)
 		servers := fs.String("servers", "", "server addresses host:port, in index order (required)")
 		timeout := fs.Duration("timeout", time.Minute, "deadline")
-		tls := addTLSFlags(fs)
-		auth := addAuthFlags(fs)
+		auth := addSecurityFlags(fs)
 		if err := parse(fs, args[1:], stdout); err != nil {
 			return err
 		}
@@ -207,7 +210,11 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		if err != nil {
+			return err
+		}
+		client, err := pserver.NewClient(ctx, opts)
 		if err != nil {
 			return err
 		}
@@ -241,6 +248,19 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintln(stdout)
 		return printParams(stdout, r.Names(), r.Info)
+	case "reshard":
+		fs := newFlags("checkpoint reshard", "checkpoint reshard -from DIR -to DIR -servers M", stdout, stderr)
+		from := fs.String("from", "", "the stopped cluster's --checkpoint_dir (shard-0 .. shard-<N-1>) (required)")
+		to := fs.String("to", "", "a new or empty directory: the --checkpoint_dir of the M servers (required)")
+		servers := fs.Int("servers", 0, "M, the server count to reshard for, 1 .. 4096 (required)")
+		if err := parse(fs, args[1:], stdout); err != nil {
+			return err
+		}
+		if *from == "" || *to == "" || *servers == 0 || fs.NArg() != 0 {
+			fs.Usage()
+			return errUsage
+		}
+		return pserver.ReshardCheckpoints(absPath(*from), absPath(*to), *servers, stdout)
 	default:
 		fmt.Fprintf(stderr, "psctl checkpoint: unknown subcommand %q\nUsage: psctl %s\n", args[0], synopsis)
 		return errUsage
@@ -281,8 +301,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	ckpt := fs.String("checkpoint", "", "a checkpoint directory (as for checkpoint ls)")
 	servers := fs.String("servers", "", "server addresses host:port in index order; then name the parameters")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline with -servers")
-	tls := addTLSFlags(fs)
-	auth := addAuthFlags(fs)
+	auth := addSecurityFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -301,7 +320,11 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	case *servers != "" && *ckpt == "" && fs.NArg() > 0:
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
+		if err != nil {
+			return err
+		}
+		client, err := pserver.NewClient(ctx, opts)
 		if err != nil {
 			return err
 		}

@@ -39,7 +39,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"local", "--help"}, {"status", "-help"}, {"health", "-help"}, {"desired", "--help"},
 		{"checkpoint", "--help"}, {"checkpoint", "save", "--help"}, {"checkpoint", "ls", "-h"},
-		{"checkpoint", "verify", "--help"}, {"params", "--help"},
+		{"checkpoint", "verify", "--help"}, {"checkpoint", "reshard", "-h"}, {"params", "--help"},
 	} {
 		code, out, _ := psctl(t, args...)
 		if code != 0 || !strings.Contains(out, "Usage: psctl") && !strings.Contains(out, "Usage: psctl <command>") {
@@ -263,6 +263,11 @@ func TestLocalWithEtcd(t *testing.T) {
 	if code, out, errs := psctl(t, "health", "-etcd", endpoint, "-cluster", "t"); code != 0 || strings.Count(out, " SERVING") != 2 {
 		t.Fatalf("health -etcd: %d %q %q", code, out, errs)
 	}
+	// The servers' entries name their instances: fine with -require_instance_id.
+	if code, out, errs := psctl(t, "status", "-etcd", endpoint, "-cluster", "t", "-require_instance_id"); code != 0 ||
+		!strings.Contains(out, "live 2") {
+		t.Fatalf("status -require_instance_id: %d %q %q", code, out, errs)
+	}
 	if code, _, errs := psctl(t, "desired", "-etcd", endpoint, "-cluster", "t", "3"); code != 0 {
 		t.Fatalf("desired: %q", errs)
 	}
@@ -298,6 +303,20 @@ func TestLocalWithEtcd(t *testing.T) {
 		strings.Count(out, "/ckpt-") != 2 ||
 		!regexp.MustCompile(`trainer-7\s+box\s+4242\s+2026-11-22 08:32:02Z`).MatchString(out) {
 		t.Fatalf("status after desired 3: %q", out)
+	}
+	// A hand-written entry (what `etcdctl put` writes) is listed, and refused
+	// with -require_instance_id, naming the key.
+	bare := pserver.Keys("t").Server(2)
+	if err := e.put(ctx, bare, "127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ := psctl(t, "status", "-etcd", endpoint, "-cluster", "t"); code != 0 || !strings.Contains(out, "live 3") {
+		t.Fatalf("status with a bare entry: %d %q", code, out)
+	}
+	code, out, errs = psctl(t, "status", "-etcd", endpoint, "-cluster", "t", "-require_instance_id")
+	if code != 1 || !strings.Contains(out, "live 3") ||
+		!strings.Contains(errs, bare+` is "127.0.0.1:1", which names no server instance`) {
+		t.Fatalf("status -require_instance_id with a bare entry: %d %q %q", code, out, errs)
 	}
 }
 
@@ -459,5 +478,121 @@ func TestFifoInACheckpointIsRefusedWithoutBlocking(t *testing.T) {
 	code, out = psctlChild(t, "checkpoint", "verify", dir)
 	if code != 1 || !strings.Contains(out, manifest+": is a FIFO") {
 		t.Errorf("verify with a FIFO manifest: %d %q", code, out)
+	}
+}
+
+// checkpoint reshard: a 3-server cluster's checkpoints (a parameter in
+// blocks over every server, an Adam table) rewritten for 2 servers, which
+// then serve the very same values; refusals leave nothing behind.
+func TestCheckpointReshard(t *testing.T) {
+	ctx := context.Background()
+	from := t.TempDir()
+	to := filepath.Join(t.TempDir(), "two")
+	keys := make([]uint64, 50)
+	for i := range keys {
+		keys[i] = uint64(i * 977)
+	}
+	// read returns w and the table's rows from the servers of `cluster`.
+	read := func(cluster *pserver.LocalCluster) ([]byte, []float32) {
+		t.Helper()
+		client, err := pserver.NewClient(ctx, pserver.Options{Servers: cluster.Addresses(), BlockBytes: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		w, err := client.Get(ctx, "w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		table, err := client.CreateTable(ctx, "emb", pserver.TableConfig{Dim: 2, Optimizer: "adam"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer table.Close()
+		rows := make([]float32, len(keys)*2)
+		if err := table.Pull(ctx, keys, rows); err != nil {
+			t.Fatal(err)
+		}
+		return w.Bytes(), rows
+	}
+
+	cluster, err := pserver.NewLocalCluster(3, &pserver.ServerOptions{CheckpointDir: from})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := pserver.NewClient(ctx, pserver.Options{Servers: cluster.Addresses(), BlockBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := make([]float32, 100) // 400 bytes: 7 blocks of 64 bytes over 3 servers
+	for i := range values {
+		values[i] = float32(i) / 3
+	}
+	w, _ := pserver.NewTensor(values, 100)
+	if err := client.Init(ctx, "w", w, &pserver.ParamConfig{Optimizer: "adam"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.FinishInit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.SendGrad(ctx, "w", w); err != nil {
+		t.Fatal(err)
+	}
+	table, err := client.CreateTable(ctx, "emb", pserver.TableConfig{Dim: 2, Optimizer: "adam"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grads := make([]float32, len(keys)*2)
+	for i := range grads {
+		grads[i] = float32(i%7) - 3
+	}
+	if err := table.Push(ctx, keys, grads); err != nil {
+		t.Fatal(err)
+	}
+	table.Close()
+	client.Close()
+	wantW, wantRows := read(cluster)
+	cluster.Close() // writes each shard's final checkpoint
+
+	code, out, errs := psctl(t, "checkpoint", "reshard", "-from", from, "-to", to, "-servers", "2")
+	if code != 0 || !strings.Contains(out, "wrote shard 2/2") ||
+		!strings.Contains(out, "resharded 3 servers' checkpoints to 2") {
+		t.Fatalf("checkpoint reshard: %d %q %q", code, out, errs)
+	}
+	if shards, _ := filepath.Glob(filepath.Join(to, "shard-*", "ckpt-*")); len(shards) != 2 {
+		t.Fatalf("resharded checkpoints: %v", shards)
+	}
+	two, err := pserver.NewLocalCluster(2, &pserver.ServerOptions{CheckpointDir: to})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotW, gotRows := read(two)
+	two.Close()
+	if !bytes.Equal(gotW, wantW) || fmt.Sprint(gotRows) != fmt.Sprint(wantRows) {
+		t.Fatalf("2 servers read w %v rows %v, 3 servers had %v %v", gotW, gotRows, wantW, wantRows)
+	}
+
+	// Refusals: a non-empty output, a missing shard, a bad count.
+	if code, _, errs := psctl(t, "checkpoint", "reshard", "-from", from, "-to", to, "-servers", "4"); code != 1 ||
+		!strings.Contains(errs, "is not empty") {
+		t.Fatalf("reshard into a non-empty directory: %d %q", code, errs)
+	}
+	if err := os.RemoveAll(filepath.Join(from, "shard-2")); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "four")
+	if code, _, errs := psctl(t, "checkpoint", "reshard", "-from", from, "-to", other, "-servers", "4"); code != 1 ||
+		!strings.Contains(errs, "FAILED_PRECONDITION") || !strings.Contains(errs, "shard 2 of 3 is missing") {
+		t.Fatalf("reshard with a shard missing: %d %q", code, errs)
+	}
+	if _, err := os.Stat(other); !os.IsNotExist(err) {
+		t.Fatalf("a failed reshard left %s: %v", other, err)
+	}
+	if code, _, errs := psctl(t, "checkpoint", "reshard", "-from", from, "-to", other, "-servers", "5000"); code != 1 ||
+		!strings.Contains(errs, "INVALID_ARGUMENT") {
+		t.Fatalf("reshard to 5000 servers: %d %q", code, errs)
+	}
+	if code, _, _ := psctl(t, "checkpoint", "reshard", "-from", from, "-to", other); code != 2 {
+		t.Fatalf("reshard without -servers: exit %d, want 2 (usage)", code)
 	}
 }

@@ -46,8 +46,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
 	servers := fs.String("servers", "", "instead of etcd: ask these servers for their stats")
 	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
-	tls := addTLSFlags(fs)
-	auth := addAuthFlags(fs)
+	auth := addSecurityFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -60,9 +59,9 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer e.Close()
-		return etcdStatus(ctx, e, *cluster, stdout)
+		return etcdStatus(ctx, e, *cluster, *auth.requireInstanceID, stdout)
 	case *servers != "":
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout, TLS: tls.options()})
+		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
 		if err != nil {
 			return err
 		}
@@ -73,7 +72,10 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	}
 }
 
-func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) error {
+// etcdStatus prints the cluster's registry. With requireInstanceID a
+// /ps/<idx> entry that names no server instance is an error naming its key
+// (after the listing), as a client with RequireInstanceID would refuse it.
+func etcdStatus(ctx context.Context, e *etcd, cluster string, requireInstanceID bool, stdout io.Writer) error {
 	keys := pserver.Keys(cluster)
 	kvs, err := e.rangePrefix(ctx, keys.Prefix())
 	if err != nil {
@@ -83,6 +85,7 @@ func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) 
 	servers := map[int]string{}
 	checkpoints := map[int]checkpointRecord{}
 	var workers []workerInfo
+	var bare []string
 	for _, kv := range kvs {
 		key, err := keys.Parse(kv.key)
 		if err != nil {
@@ -94,6 +97,9 @@ func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) 
 		case pserver.KeyServer:
 			// "host:port instance=<id>" (or a bare "host:port"): the address.
 			servers[key.Index] = strings.SplitN(kv.value, " ", 2)[0]
+			if !strings.Contains(kv.value, " instance=") {
+				bare = append(bare, fmt.Sprintf("%s is %q", kv.key, kv.value))
+			}
 		case pserver.KeyCheckpoint:
 			var rec checkpointRecord
 			if json.Unmarshal([]byte(kv.value), &rec) == nil {
@@ -147,6 +153,10 @@ func etcdStatus(ctx context.Context, e *etcd, cluster string, stdout io.Writer) 
 		}
 		tw.Flush()
 	}
+	if requireInstanceID && len(bare) > 0 {
+		return fmt.Errorf("etcd %s, which names no server instance ('host:port instance=<id>', as a server writes it): "+
+			"a rogue or hand-written registry entry (-require_instance_id)", strings.Join(bare, ", "))
+	}
 	return nil
 }
 
@@ -157,8 +167,7 @@ func cmdHealth(args []string, stdout, stderr io.Writer) error {
 	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
 	servers := fs.String("servers", "", "instead of etcd: these server addresses, in index order")
 	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
-	tls := addTLSFlags(fs)
-	auth := addAuthFlags(fs)
+	auth := addSecurityFlags(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -168,8 +177,12 @@ func cmdHealth(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Etcd: *etcdFlag,
-		Cluster: *cluster, Timeout: *timeout, TLS: tls.options()})
+	opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Etcd: *etcdFlag,
+		Cluster: *cluster, Timeout: *timeout})
+	if err != nil {
+		return err
+	}
+	client, err := pserver.NewClient(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -9,8 +9,8 @@
 // language, places a name on the same server. Block b of a parameter lives on
 // (home + b) % N. Every client of a cluster must use the same block size.
 // Immutable, so thread-safe.
-#ifndef PSERVER_CC_CLIENT_PLACEMENT_H_
-#define PSERVER_CC_CLIENT_PLACEMENT_H_
+#ifndef PSERVER_CC_CORE_PLACEMENT_H_
+#define PSERVER_CC_CORE_PLACEMENT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -64,4 +64,4 @@ class Placement {
 
 }  // namespace pserver
 
-#endif  // PSERVER_CC_CLIENT_PLACEMENT_H_
+#endif  // PSERVER_CC_CORE_PLACEMENT_H_

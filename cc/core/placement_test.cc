@@ -1,4 +1,4 @@
-#include "cc/client/placement.h"
+#include "cc/core/placement.h"
 
 #include <algorithm>
 #include <cstddef>
