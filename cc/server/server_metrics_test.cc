@@ -52,6 +52,12 @@ absl::StatusOr<std::string> Scrape(const Server& server) {
   return metrics::HttpGet("127.0.0.1", server.metrics_port(), "/metrics", Deadline());
 }
 
+absl::StatusOr<std::unique_ptr<Client>> ConnectTo(const Server& server) {
+  ClientOptions options;
+  options.servers = {server.address()};
+  return Client::Connect(options);
+}
+
 ServerOptions WithMetrics() {
   ServerOptions options;
   options.metrics_http = metrics::MetricsHttpOptions{};
@@ -81,9 +87,7 @@ TEST(ServerMetricsTest, CountsRequestsAndCheckpointsAsTheyHappen) {
   options.checkpoint_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/metrics_checkpoints");
   ASSERT_OK_AND_ASSIGN(auto server, Server::Start(options));
   ASSERT_GT(server->metrics_port(), 0);
-  ClientOptions client_options;
-  client_options.servers = {server->address()};
-  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(client_options));
+  ASSERT_OK_AND_ASSIGN(auto client, ConnectTo(*server));
   ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({4}, {0, 0, 0, 0})));
   ASSERT_OK(client->FinishInitParams());
   const Tensor grad = Tensor::FromValues<float>({4}, {1, 1, 1, 1});
@@ -204,9 +208,7 @@ TEST(ServerMetricsTest, TablesShowRowsKeysAndEachWorkersClockLag) {
 // to the dispatcher): refused for a REJECT parameter, skipped for a SKIP one.
 TEST(ServerMetricsTest, NonFiniteGradientsRefusedAndSkippedAreCounted) {
   ASSERT_OK_AND_ASSIGN(auto server, Server::Start(WithMetrics()));
-  ClientOptions client_options;
-  client_options.servers = {server->address()};
-  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(client_options));
+  ASSERT_OK_AND_ASSIGN(auto client, ConnectTo(*server));
   v1::ParameterConfig skip;
   skip.set_non_finite(v1::ParameterConfig::SKIP);
   ASSERT_OK(client->InitParam("rejects", Tensor::FromValues<float>({2}, {0, 0})));

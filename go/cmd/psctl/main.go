@@ -210,11 +210,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
-		if err != nil {
-			return err
-		}
-		client, err := pserver.NewClient(ctx, opts)
+		client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
 		if err != nil {
 			return err
 		}
@@ -320,11 +316,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	case *servers != "" && *ckpt == "" && fs.NArg() > 0:
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
-		if err != nil {
-			return err
-		}
-		client, err := pserver.NewClient(ctx, opts)
+		client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
 		if err != nil {
 			return err
 		}

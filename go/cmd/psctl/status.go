@@ -177,12 +177,8 @@ func cmdHealth(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Etcd: *etcdFlag,
+	client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Etcd: *etcdFlag,
 		Cluster: *cluster, Timeout: *timeout})
-	if err != nil {
-		return err
-	}
-	client, err := pserver.NewClient(ctx, opts)
 	if err != nil {
 		return err
 	}
