@@ -21,6 +21,8 @@ PACKAGES=(
   python3-ipykernel python3-matplotlib
   # pserver.torch and its examples (PyTorch 1.13, CPU; scikit-learn's digits)
   python3-torch python3-sklearn
+  # metrics: promtool checks the exposition format, prometheus scrapes a test cluster
+  prometheus
   # go bindings and coordination
   golang-go golang-etcd-server-dev etcd-server etcd-client
   # etcd's v3 protos import these (gogoproto, google/api annotations)

@@ -11,13 +11,16 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <regex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
@@ -25,6 +28,8 @@
 #include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 
 namespace pserver {
@@ -39,10 +44,11 @@ constexpr absl::Duration kStopTimeout = absl::Seconds(10);
 // Starts `pserver --port=0 --index=<index>` and waits for its address.
 class PserverProcessTest : public ::testing::Test {
  protected:
-  void StartServer(uint32_t index) {
-    ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
-                                                     {"--host=127.0.0.1", "--port=0",
-                                                      absl::StrCat("--index=", index)}));
+  void StartServer(uint32_t index, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"--host=127.0.0.1", "--port=0",
+                                      absl::StrCat("--index=", index)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), args));
     absl::StatusOr<std::string> address =
         WaitForPserverAddress(*child_, index, absl::Now() + kStartTimeout);
     ASSERT_TRUE(address.ok()) << address.status() << "\nstdout:\n"
@@ -106,6 +112,54 @@ TEST_F(PserverProcessTest, StopsCleanlyOnSigint) {
   ASSERT_NO_FATAL_FAILURE(StartServer(0));
   ASSERT_NO_FATAL_FAILURE(StopServer(SIGINT));
   EXPECT_THAT(child_->out(), HasSubstr("shutting down"));
+}
+
+// Every stderr line: "<UTC time to the microsecond> <LEVEL> pserver <index>: <message>".
+TEST_F(PserverProcessTest, LogLinesHaveTimeLevelAndIndex) {
+  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/text_log");
+  ASSERT_NO_FATAL_FAILURE(StartServer(1, {absl::StrCat("--checkpoint_dir=", dir)}));
+  ASSERT_NO_FATAL_FAILURE(StopServer(SIGTERM));
+  const std::vector<std::string> lines = absl::StrSplit(child_->err(), '\n', absl::SkipEmpty());
+  ASSERT_GE(lines.size(), 2u) << child_->err();
+  const std::regex line(
+      R"(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z (ERROR|WARNING|INFO|DEBUG) pserver( \S+)?: .+$)");
+  for (const std::string& l : lines) EXPECT_TRUE(std::regex_match(l, line)) << l;
+  EXPECT_THAT(child_->err(), HasSubstr("Z INFO pserver 1: no checkpoint in "));
+  EXPECT_THAT(child_->err(), HasSubstr("Z INFO pserver 1: saved checkpoint "));
+}
+
+// --log_format=json: every stderr line is one JSON object (parsed here) with
+// time, level, server and message.
+TEST_F(PserverProcessTest, JsonLogIsOneObjectPerLine) {
+  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/json_log");
+  ASSERT_NO_FATAL_FAILURE(
+      StartServer(1, {absl::StrCat("--checkpoint_dir=", dir), "--log_format=json"}));
+  ASSERT_NO_FATAL_FAILURE(StopServer(SIGTERM));
+  const std::vector<std::string> lines = absl::StrSplit(child_->err(), '\n', absl::SkipEmpty());
+  ASSERT_GE(lines.size(), 2u) << child_->err();
+  bool saw_saved = false;
+  for (const std::string& l : lines) {
+    google::protobuf::Struct object;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(l, &object).ok()) << l;
+    const auto& fields = object.fields();
+    ASSERT_EQ(fields.count("time") + fields.count("level") + fields.count("server") +
+                  fields.count("message"),
+              4u)
+        << l;
+    EXPECT_EQ(fields.at("server").string_value(), "1") << l;
+    EXPECT_EQ(fields.at("level").string_value(), "INFO") << l;
+    saw_saved |= absl::StartsWith(fields.at("message").string_value(), "saved checkpoint ");
+  }
+  EXPECT_TRUE(saw_saved) << child_->err();
+}
+
+TEST_F(PserverProcessTest, UnknownLogFormatExitsWithStatusOne) {
+  ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
+                                                   {"--log_format=xml"}));
+  ASSERT_OK_AND_ASSIGN(int status, child_->WaitForExit(absl::Now() + kStopTimeout));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << DescribeWaitStatus(status);
+  EXPECT_THAT(child_->err(), HasSubstr("--log_format"));
+  EXPECT_THAT(child_->err(), HasSubstr("'text' or 'json'"));
 }
 
 TEST_F(PserverProcessTest, OutOfRangePortExitsWithStatusOne) {

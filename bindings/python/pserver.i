@@ -429,6 +429,21 @@ struct PserverPyEntries {
   $result = SWIG_Python_AppendOutput($result, list);
 }
 
+/* ---- health out: a list of PSERVER_HEALTH_* ints ---- */
+%typemap(in, numinputs=0) (int32_t* health_out, size_t capacity)
+    (std::vector<int32_t> health) {
+  health.resize(4096);
+  $1 = health.data(); $2 = health.size();
+}
+%typemap(argout) (int32_t* health_out, size_t capacity) {
+  size_t n = result < $2 ? result : $2;
+  PyObject* list = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; i < n; ++i) {
+    PyList_SET_ITEM(list, (Py_ssize_t)i, PyLong_FromLong((long)$1[i]));
+  }
+  $result = SWIG_Python_AppendOutput($result, list);
+}
+
 /* ---- table stats out: a list of dicts ---- */
 %typemap(in, numinputs=0) (pserver_table_stats_t* out, size_t capacity, size_t struct_size)
     (std::vector<pserver_table_stats_t> stats) {

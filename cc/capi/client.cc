@@ -434,4 +434,20 @@ size_t pserver_client_stats(pserver_client_t* client, pserver_server_stats_t* ou
   return n;
 }
 
+size_t pserver_client_health(pserver_client_t* client, int32_t* health_out, size_t capacity,
+                             pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  size_t n = 0;
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    if (health_out == nullptr && capacity != 0) return Null("health_out");
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::Client::HealthStatus> health,
+                        client->rep->CheckHealth(call));
+    n = health.size();
+    for (size_t i = 0; i < n && i < capacity; ++i) health_out[i] = static_cast<int32_t>(health[i]);
+    return absl::OkStatus();
+  });
+  return n;
+}
+
 }  // extern "C"

@@ -496,6 +496,21 @@ PSERVER_EXPORT size_t pserver_client_stats(pserver_client_t* client,
                                            pserver_server_stats_t* out, size_t capacity,
                                            size_t struct_size, pserver_status_t* status);
 
+/* gRPC's health check (grpc.health.v1.Health/Check, service ""), as
+ * pserver_client_health reports it. */
+#define PSERVER_HEALTH_UNKNOWN 0
+#define PSERVER_HEALTH_SERVING 1     /* registered, shard loaded, serving */
+#define PSERVER_HEALTH_NOT_SERVING 2 /* starting (no index or shard yet) or draining */
+#define PSERVER_HEALTH_SERVICE_UNKNOWN 3
+
+/* Every server's health, in index order: fills health_out[0 .. min(n,
+ * capacity)) with PSERVER_HEALTH_* where n = pserver_client_num_servers(client);
+ * returns n. A server that cannot be reached within the call's timeout fails
+ * the call (UNAVAILABLE or DEADLINE_EXCEEDED naming it). A local cluster's
+ * client answers from each server's serving state. */
+PSERVER_EXPORT size_t pserver_client_health(pserver_client_t* client, int32_t* health_out,
+                                            size_t capacity, pserver_status_t* status);
+
 /* One call per operation (cc/capi/batch_calls.cc): the batched calls above
  * without building a pserver_batch_t first, for bindings that cross the ABI
  * once per operation. Each is exactly the batched call it names, with the

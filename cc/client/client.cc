@@ -619,6 +619,16 @@ absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions&
   return out;
 }
 
+absl::StatusOr<std::vector<Client::HealthStatus>> Client::CheckHealth(const CallOptions& call) {
+  PS_ASSIGN_OR_RETURN(std::vector<grpc::health::v1::HealthCheckResponse> responses,
+                      CallEveryServer<grpc::health::v1::HealthCheckResponse>(
+                          kHealthCheckMethod, grpc::health::v1::HealthCheckRequest(), call));
+  std::vector<HealthStatus> out;
+  out.reserve(responses.size());
+  for (const auto& response : responses) out.push_back(response.status());
+  return out;
+}
+
 absl::Status Client::SaveCheckpoint(const CallOptions& call) {
   return CallEveryServer<v1::SaveResponse>("Save", v1::SaveRequest(), call).status();
 }

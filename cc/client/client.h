@@ -78,6 +78,7 @@
 #include "cc/security/tls.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
+#include "grpc/health/v1/health.pb.h"
 #include "pserver/v1/config.pb.h"
 #include "pserver/v1/service.pb.h"
 
@@ -234,6 +235,12 @@ class Client {
 
   // One entry per server, in index order.
   absl::StatusOr<std::vector<v1::ServerStats>> GetStats(const CallOptions& call = {});
+  // Every server's answer to gRPC's health check (grpc.health.v1, service
+  // ""), in index order: SERVING once registered, loaded and serving,
+  // NOT_SERVING while starting or draining. An unreachable server is retried
+  // until the deadline, then the call fails naming it.
+  using HealthStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
+  absl::StatusOr<std::vector<HealthStatus>> CheckHealth(const CallOptions& call = {});
 
   // Writes a checkpoint on every server, in parallel (each server's Save RPC:
   // durable, then published to etcd if the server has one). The first

@@ -219,7 +219,9 @@ void GrpcTransport::CallRaw(absl::string_view method,
                             const std::function<grpc::ByteBuffer(PayloadLease*)>& encode,
                             Receive receive, absl::Time deadline, Done done, TraceRecorder* trace) {
   auto call = std::make_shared<RawCall>();
-  call->method = absl::StrCat(kMethodPrefix, method);
+  // A full path ("/grpc.health.v1.Health/Check") names another service.
+  call->method =
+      absl::StartsWith(method, "/") ? std::string(method) : absl::StrCat(kMethodPrefix, method);
   call->context = NewContext(deadline, wait_for_ready_);
   for (const auto& [key, value] : metadata_) call->context->AddMetadata(key, value);
   call->cancel = CancelWithCall(call->context);

@@ -38,6 +38,10 @@
 
 namespace pserver {
 
+// gRPC's health check (grpc.health.v1.Health/Check): what Transport::Call
+// also carries, with grpc.health.v1 HealthCheckRequest/Response.
+inline constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
+
 class Transport {
  public:
   using Done = std::function<void(absl::Status)>;
@@ -53,7 +57,8 @@ class Transport {
   virtual const std::string& address() const = 0;
 
   // A control call: `method` is a method of pserver.v1.ParameterServer
-  // ("GetStats"); `request` and `response` are its message types. Waiting
+  // ("GetStats"), or kHealthCheckMethod; `request` and `response` are its
+  // message types. Waiting
   // calls (Barrier, AllReduce, Broadcast, consistent TablePull) wait on the
   // server for other workers, within `deadline`. UNIMPLEMENTED for a method
   // the server does not have.

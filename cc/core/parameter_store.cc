@@ -401,6 +401,7 @@ absl::StatusOr<ParameterStore::Target> ParameterStore::CheckGradient(const Gradi
   if (grad.skip_as_non_finite) {
     // The client saw a NaN or an infinity somewhere in the whole gradient.
     if (skip_non_finite) return Target{block, /*skip=*/true};
+    non_finite_refused_.fetch_add(1, std::memory_order_relaxed);
     return absl::InvalidArgumentError(
         absl::StrCat(what(),
                      ": the client marked the gradient as holding a NaN or an infinity to be "
@@ -409,11 +410,13 @@ absl::StatusOr<ParameterStore::Target> ParameterStore::CheckGradient(const Gradi
   }
   if (grad.global_norm.has_value() && !std::isfinite(*grad.global_norm)) {
     if (skip_non_finite) return Target{block, /*skip=*/true};
+    non_finite_refused_.fetch_add(1, std::memory_order_relaxed);
     return NonFiniteNormError(name, grad.block, *grad.global_norm);
   }
   if (std::optional<NonFinite> bad = FindNonFinite(grad.type, grad.content)) {
     if (skip_non_finite) return Target{block, /*skip=*/true};
     if (!grad.indices.empty()) bad->index = TopKIndex(grad.indices, bad->index);
+    non_finite_refused_.fetch_add(1, std::memory_order_relaxed);
     return NonFiniteGradientError(name, grad.block, *bad);
   }
   return Target{block, /*skip=*/false, std::move(widened)};
@@ -476,6 +479,7 @@ void ParameterStore::FillStats(v1::ServerStats* out) const {
   out->set_gets_served(stats.gets_served);
   out->set_requests_rejected(stats.requests_rejected);
   out->set_non_finite_skipped(stats.non_finite_skipped);
+  out->set_non_finite_refused(stats.non_finite_refused);
 }
 
 ParameterStore::Stats ParameterStore::GetStats() const {
@@ -485,6 +489,7 @@ ParameterStore::Stats ParameterStore::GetStats() const {
   stats.gets_served = gets_served_.load(std::memory_order_relaxed);
   stats.requests_rejected = rejected_.load(std::memory_order_relaxed);
   stats.non_finite_skipped = non_finite_skipped_.load(std::memory_order_relaxed);
+  stats.non_finite_refused = non_finite_refused_.load(std::memory_order_relaxed);
   absl::ReaderMutexLock lock(&mu_);
   stats.blocks = blocks_.size();
   for (const auto& [key, block] : blocks_) {

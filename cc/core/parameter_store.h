@@ -111,6 +111,9 @@ class ParameterStore {
     uint64_t requests_rejected = 0;
     uint64_t device_blocks = 0;  // blocks whose storage is not host memory
     uint64_t non_finite_skipped = 0;
+    // Gradients with a NaN or infinity refused (non_finite REJECT), each
+    // failing its whole request.
+    uint64_t non_finite_refused = 0;
   };
 
   ParameterStore();
@@ -221,6 +224,7 @@ class ParameterStore {
   std::atomic<uint64_t> gets_served_{0};
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> non_finite_skipped_{0};
+  std::atomic<uint64_t> non_finite_refused_{0};
 };
 
 }  // namespace pserver

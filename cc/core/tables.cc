@@ -273,6 +273,12 @@ void Tables::Stats(v1::TableStatsResponse* response) const {
   response->set_waiting_calls(waiting);
 }
 
+std::vector<std::pair<std::string, Tables::Clocks>> Tables::AllWorkerClocks() const {
+  std::vector<std::pair<std::string, Clocks>> out;
+  for (const auto& [name, entry] : Entries()) out.emplace_back(name, entry->clocks.Workers());
+  return out;
+}
+
 absl::Status Tables::Barrier(const v1::BarrierRequest& request, absl::Time deadline) {
   BlockingWait wait;
   BarrierAsync(request, deadline, wait.Done());

@@ -102,6 +102,10 @@ class Tables {
   absl::Status Push(const v1::TablePushRequest& request, v1::TablePushResponse* response);
   absl::StatusOr<int64_t> Clock(const v1::ClockRequest& request);
   void Stats(v1::TableStatsResponse* response) const;
+  // Every table's registered workers and their clocks (sorted by worker id),
+  // by table name: what the metrics show as clock lag per worker.
+  using Clocks = std::vector<std::pair<std::string, int64_t>>;
+  std::vector<std::pair<std::string, Clocks>> AllWorkerClocks() const;
 
   absl::Status Barrier(const v1::BarrierRequest& request, absl::Time deadline);
   absl::Status AllReduce(const v1::AllReduceRequest& request, v1::AllReduceResponse* response,

@@ -46,6 +46,8 @@ Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, Di
       hooks_(std::move(hooks)),
       reply_budget_(hooks_.max_reply_bytes_in_flight),
       service_(v1::GetStatsRequest::descriptor()->file()->FindServiceByName("ParameterServer")) {
+  push_metrics_ = request_metrics_.Add("Push");
+  read_metrics_ = request_metrics_.Add("Read");
   AddControlMethods();
 }
 
@@ -68,6 +70,7 @@ Dispatcher::Method& Dispatcher::Add(const char* name, bool needs_serving,
   method.request_prototype = factory->GetPrototype(descriptor->input_type());
   method.response_prototype = factory->GetPrototype(descriptor->output_type());
   method.needs_serving = needs_serving;
+  method.metrics = request_metrics_.Add(name);
   return method;
 }
 
@@ -217,6 +220,7 @@ const Dispatcher::Method* Dispatcher::FindMethod(absl::string_view name) const {
 
 CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& request,
                             protobuf::Message* response, const CallContext& call, Done done) {
+  const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
   const Method* method = FindMethod(name);
   absl::Status status;
   if (method == nullptr) {
@@ -232,10 +236,17 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
     status = CheckServing();
   }
   if (!status.ok()) {
+    if (method != nullptr) method->metrics->Finish(status, start);
     done(std::move(status));
     return [] {};
   }
-  return method->run(request, response, call, std::move(done));
+  OpMetrics* const metrics = method->metrics;
+  metrics->received_bytes.Add(request.ByteSizeLong());
+  return method->run(request, response, call,
+                     [metrics, start, response, done = std::move(done)](absl::Status status) {
+                       metrics->Finish(status, start, status.ok() ? response->ByteSizeLong() : 0);
+                       done(std::move(status));
+                     });
 }
 
 absl::Status Dispatcher::CheckServing() const {
@@ -273,18 +284,37 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
 }
 
 absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads) {
-  PS_RETURN_IF_ERROR(CheckServing());
-  return ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
+  const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  uint64_t bytes = 0;
+  for (const GradientView& grad : grads) bytes += grad.content.size() + grad.indices.size();
+  push_metrics_->received_bytes.Add(bytes);
+  absl::Status status = CheckServing();
+  if (status.ok()) {
+    status = ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
+  }
+  push_metrics_->Finish(status, start);
+  return status;
 }
 
 absl::Status Dispatcher::Read(absl::Span<const v1::ParamRef> refs, BlockReader reader) {
+  const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  uint64_t sent = 0;
+  absl::Status status = ReadBlocks(refs, reader, &sent);
+  read_metrics_->Finish(status, start, sent);
+  return status;
+}
+
+absl::Status Dispatcher::ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockReader reader,
+                                    uint64_t* sent) {
   PS_RETURN_IF_ERROR(CheckServing());
   v1::Parameter header;
   for (const v1::ParamRef& ref : refs) {
     header.Clear();
     absl::Status delivered;
-    PS_RETURN_IF_ERROR(store_->Read(
-        ref, &header, [&](absl::string_view bytes) { delivered = reader(header, bytes); }));
+    PS_RETURN_IF_ERROR(store_->Read(ref, &header, [&](absl::string_view bytes) {
+      delivered = reader(header, bytes);
+      *sent += bytes.size();
+    }));
     PS_RETURN_IF_ERROR(delivered);
   }
   return absl::OkStatus();

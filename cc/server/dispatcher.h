@@ -46,6 +46,7 @@
 #include "cc/core/waiters.h"
 #include "cc/server/applied_sequences.h"
 #include "cc/server/reply_budget.h"
+#include "cc/server/request_metrics.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "pserver/v1/registry.pb.h"
@@ -120,6 +121,7 @@ class Dispatcher {
     const google::protobuf::Message* request_prototype = nullptr;
     const google::protobuf::Message* response_prototype = nullptr;
     bool needs_serving = true;
+    OpMetrics* metrics = nullptr;  // counts, bytes and latency of its requests
     std::function<CancelWait(const google::protobuf::Message& request,
                              google::protobuf::Message* response, const CallContext& call,
                              Done done)>
@@ -185,6 +187,10 @@ class Dispatcher {
   void SetCheckpointSequence(uint64_t sequence) { checkpoint_sequence_.store(sequence); }
   // Bytes of replies built but not yet sent (see max_reply_bytes_in_flight).
   const ReplyBudget& reply_budget() const { return reply_budget_; }
+  // What GetStats answers (the counters the metrics export too).
+  void FillStats(v1::ServerStats* out) const;
+  // Per-method counts, bytes and latency of every request answered.
+  const RequestMetrics& request_metrics() const { return request_metrics_; }
 
  private:
   // Adds control method `name` answered by `run` (which returns its status);
@@ -204,9 +210,11 @@ class Dispatcher {
   // client_id 0 is not tracked.
   absl::Status ApplyOnce(uint64_t client_id, uint64_t sequence,
                          absl::FunctionRef<absl::Status()> apply);
+  // Read, adding the content bytes delivered to `sent`.
+  absl::Status ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockReader reader,
+                          uint64_t* sent);
   absl::Status GetParam(const v1::GetParamRequest& request, v1::GetParamResponse* response,
                         ReplyHold* reply);
-  void FillStats(v1::ServerStats* out) const;
 
   ParameterStore* const store_;
   Tables* const tables_;
@@ -221,6 +229,9 @@ class Dispatcher {
   std::atomic<uint64_t> duplicates_{0};
   std::atomic<uint64_t> checkpoint_sequence_{0};
   ReplyBudget reply_budget_;
+  RequestMetrics request_metrics_;  // fixed after construction
+  OpMetrics* push_metrics_ = nullptr;
+  OpMetrics* read_metrics_ = nullptr;
   const google::protobuf::ServiceDescriptor* const service_;
   absl::flat_hash_map<std::string, Method> methods_;  // by short name; fixed after construction
 };

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "cc/client/cancellation.h"
 #include "cc/core/status_macros.h"
+#include "grpc/health/v1/health.pb.h"
 
 namespace pserver {
 namespace {
@@ -81,6 +82,20 @@ InProcessTransport::InProcessTransport(Dispatcher* dispatcher)
 
 void InProcessTransport::Call(absl::string_view method, const google::protobuf::Message& request,
                               google::protobuf::Message* response, absl::Time deadline, Done done) {
+  if (method == kHealthCheckMethod) {
+    // No gRPC health service in process: the dispatcher's serving state is
+    // what a server's health service reports (no etcd, no draining here).
+    auto* health = dynamic_cast<grpc::health::v1::HealthCheckResponse*>(response);
+    if (health == nullptr) {
+      done(absl::InvalidArgumentError("Health/Check answers grpc.health.v1.HealthCheckResponse"));
+      return;
+    }
+    health->set_status(dispatcher_->CheckServing().ok()
+                           ? grpc::health::v1::HealthCheckResponse::SERVING
+                           : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+    done(absl::OkStatus());
+    return;
+  }
   Dispatcher::CallContext call;
   call.deadline = deadline;
   CallCancellable(

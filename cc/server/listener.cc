@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cc/log/log.h"
 #include "grpcpp/server_posix.h"
 
 namespace pserver {
@@ -128,8 +129,7 @@ void Listener::LogRateLimited(const std::string& message) {
   const int64_t now = absl::ToUnixMicros(absl::Now());
   if (now - last_log_micros_ < 10'000'000) return;
   last_log_micros_ = now;
-  std::fprintf(stderr, "pserver: %s\n", message.c_str());
-  std::fflush(stderr);
+  log::Default().Log(log::Level::kWarning, "", message);
 }
 
 void Listener::AcceptLoop(grpc::Server* server) {

@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -30,12 +31,15 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cc/core/checkpoint.h"
 #include "cc/cuda/device.h"
+#include "cc/log/log.h"
 #include "cc/rpc/allocator.h"
+#include "cc/server/advertised_address.h"
 #include "cc/server/server.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -164,6 +168,28 @@ ABSL_FLAG(std::string, etcd_tls_cert, "",
           "etcd over TLS: this server's client certificate (PEM), for etcd --client-cert-auth.");
 ABSL_FLAG(std::string, etcd_tls_key, "", "etcd over TLS: the key of --etcd_tls_cert (PEM).");
 
+// --- the log (cc/log) ---
+ABSL_FLAG(std::string, log_format, "text",
+          "Log lines on stderr: text (time, level, server index, message) or json (one object "
+          "per line: time, level, server, message[, suppressed]).");
+ABSL_FLAG(int, v, 0, "Log verbosity: 0 writes ERROR, WARNING and INFO lines; 1 adds DEBUG.");
+ABSL_FLAG(double, log_repeat_window_seconds, 10,
+          "The same message is written at most --log_repeat_burst times per this many seconds; "
+          "the next one says how many were suppressed.");
+ABSL_FLAG(int, log_repeat_burst, 5, "See --log_repeat_window_seconds.");
+
+// --- Prometheus metrics (docs/operations.md, docs/limits.md) ---
+ABSL_FLAG(int, metrics_port, -1,
+          "Port serving GET /metrics (Prometheus text format); 0 picks a free one; -1: off.");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "Address /metrics listens on; a public one (0.0.0.0, ::) only when asked.");
+ABSL_FLAG(int, metrics_max_connections, 8,
+          "/metrics connections served at once; one more is answered 503 and closed.");
+ABSL_FLAG(uint64_t, metrics_max_request_bytes, 8192,
+          "Bytes of a /metrics request's line and headers; more is answered 431 and closed.");
+ABSL_FLAG(double, metrics_io_timeout_seconds, 10,
+          "Seconds a /metrics client may take to send its request, and to read the reply.");
+
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -189,6 +215,10 @@ bool HelpRequested(int argc, char** argv) {
     }
   }
   return false;
+}
+
+void LogError(const std::string& server, const std::string& message) {
+  pserver::log::Default().Log(pserver::log::Level::kError, server, message);
 }
 
 absl::Duration SecondsOrInfinite(double seconds) {
@@ -274,6 +304,15 @@ pserver::ServerOptions OptionsFromFlags() {
   options.etcd_tls.ca = absl::GetFlag(FLAGS_etcd_tls_ca);
   options.etcd_tls.cert = absl::GetFlag(FLAGS_etcd_tls_cert);
   options.etcd_tls.key = absl::GetFlag(FLAGS_etcd_tls_key);
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    pserver::metrics::MetricsHttpOptions http;
+    http.host = absl::GetFlag(FLAGS_metrics_host);
+    http.port = absl::GetFlag(FLAGS_metrics_port);
+    http.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+    http.max_request_bytes = absl::GetFlag(FLAGS_metrics_max_request_bytes);
+    http.io_timeout = absl::Seconds(absl::GetFlag(FLAGS_metrics_io_timeout_seconds));
+    options.metrics_http = http;
+  }
   return options;
 }
 
@@ -287,9 +326,9 @@ void RaiseDescriptorLimit() {
   const rlim_t before = limit.rlim_cur;
   limit.rlim_cur = limit.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
-    std::fprintf(stderr, "pserver: descriptor limit raised from %llu to %llu\n",
-                 static_cast<unsigned long long>(before),
-                 static_cast<unsigned long long>(limit.rlim_max));
+    pserver::log::Default().Log(
+        pserver::log::Level::kInfo, "",
+        absl::StrCat("descriptor limit raised from ", before, " to ", limit.rlim_max));
   }
 }
 
@@ -309,6 +348,20 @@ int main(int argc, char** argv) {
   }
   absl::ParseCommandLine(argc, argv);
   pserver::KeepFreedMemoryForReuse();  // before any thread starts
+  {
+    absl::StatusOr<pserver::log::Format> format =
+        pserver::log::ParseFormat(absl::GetFlag(FLAGS_log_format));
+    if (!format.ok()) {
+      std::fprintf(stderr, "pserver: --log_format: %s\n", format.status().ToString().c_str());
+      return 1;
+    }
+    pserver::log::LogOptions log_options;
+    log_options.format = *format;
+    log_options.verbosity = absl::GetFlag(FLAGS_v);
+    log_options.repeat_window = absl::Seconds(absl::GetFlag(FLAGS_log_repeat_window_seconds));
+    log_options.repeat_burst = std::max(1, absl::GetFlag(FLAGS_log_repeat_burst));
+    pserver::log::SetDefault(std::move(log_options));  // before any thread logs
+  }
   RaiseDescriptorLimit();
   // Debian builds absl without NDEBUG, which leaves absl::Mutex's deadlock
   // detection on: every lock taken then updates a process-wide lock graph
@@ -322,16 +375,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<uint32_t> checkpoint_mode =
       pserver::ParseCheckpointFileMode(absl::GetFlag(FLAGS_checkpoint_mode));
   if (!checkpoint_mode.ok()) {
-    std::fprintf(stderr, "pserver: --checkpoint_mode: %s\n",
-                 checkpoint_mode.status().ToString().c_str());
+    LogError("", absl::StrCat("--checkpoint_mode: ", checkpoint_mode.status().ToString()));
     return 1;
   }
   options.checkpoint_file_mode = *checkpoint_mode;
   const std::string device_flag = absl::GetFlag(FLAGS_device);
   absl::StatusOr<pserver::cuda::DeviceChoice> device = pserver::cuda::ChooseDevice(device_flag);
   if (!device.ok()) {
-    std::fprintf(stderr, "pserver: --device=%s: %s\n", device_flag.c_str(),
-                 device.status().ToString().c_str());
+    LogError("", absl::StrCat("--device=", device_flag, ": ", device.status().ToString()));
     return 1;
   }
   options.device = device->name;
@@ -346,15 +397,20 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<pserver::Server>> server = pserver::Server::Start(options);
   if (!server.ok()) {
     if (options.stop->HasBeenNotified()) {
-      std::fprintf(stderr, "pserver: %s received while starting: stopped before serving (%s)\n",
-                   stop_signals.name(), server.status().ToString().c_str());
+      LogError("", absl::StrCat(stop_signals.name(),
+                                " received while starting: stopped before serving (",
+                                server.status().ToString(), ")"));
     } else {
-      std::fprintf(stderr, "pserver: %s\n", server.status().ToString().c_str());
+      LogError("", server.status().ToString());
     }
     return 1;
   }
   const uint32_t index = (*server)->index();
   std::printf("pserver %u listening on %s\n", index, (*server)->address().c_str());
+  if ((*server)->metrics_port() != 0) {
+    std::printf("pserver %u metrics on http://%s/metrics\n", index,
+                pserver::JoinHostPort(options.metrics_http->host, (*server)->metrics_port()).c_str());
+  }
   std::fflush(stdout);
 
   options.stop->WaitForNotification();
@@ -365,8 +421,8 @@ int main(int argc, char** argv) {
   // say so in the exit status, for supervisors and scripts.
   const absl::Status final_save = (*server)->final_save_status();
   if (!final_save.ok()) {
-    std::fprintf(stderr, "pserver %u: stopped, but the final checkpoint failed: %s\n", index,
-                 final_save.ToString().c_str());
+    LogError(absl::StrCat(index),
+             absl::StrCat("stopped, but the final checkpoint failed: ", final_save.ToString()));
     return 1;
   }
   std::printf("pserver %u: stopped\n", index);

@@ -33,6 +33,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpc/compression.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
 
 namespace pserver {
 namespace {
@@ -185,14 +186,9 @@ StoreOptions Server::MakeStoreOptions(std::optional<int> device) {
   return store_options;
 }
 
-void Server::Log(const std::string& message) const {
-  if (etcd_ != nullptr && registrations() == 0) {
-    std::fprintf(stderr, "pserver (no index yet): %s\n", message.c_str());
-    std::fflush(stderr);
-    return;
-  }
-  std::fprintf(stderr, "pserver %u: %s\n", index_, message.c_str());
-  std::fflush(stderr);
+void Server::Log(const std::string& message, log::Level level) const {
+  const bool unregistered = etcd_ != nullptr && registrations() == 0;
+  log::Default().Log(level, unregistered ? "(no index yet)" : absl::StrCat(index_), message);
 }
 
 bool Server::StopRequested() const {
@@ -316,8 +312,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.tls.enabled()) {
     AddTlsListeningPort(options, JoinHostPort(options.host, options.port), &server->port_, &builder);
   }
+  grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr) return absl::InternalError("cannot start the gRPC server");
+  server->UpdateHealth();  // NOT_SERVING until registered and loaded
   if (server->listener_ != nullptr) {
     server->listener_->Start(server->grpc_server_.get());
   } else if (server->port_ == 0) {
@@ -325,6 +323,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("cannot listen on ", JoinHostPort(options.host, options.port)));
   }
   server->address_ = JoinHostPort(advertised_host, server->port_);
+  if (options.metrics_http.has_value()) PS_RETURN_IF_ERROR(server->StartMetrics());
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
   if (server->StopRequested()) return StoppedWhileStarting();
   if (!options.checkpoint_dir.empty()) PS_RETURN_IF_ERROR(server->LoadShard());
@@ -335,8 +334,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                              "memory"));
   }
   server->loaded_ok_ = true;
+  if (server->loaded_.has_value()) {
+    server->checkpoint_metrics_.last_success_unix_nanos = absl::ToUnixNanos(server->loaded_->time);
+  }
   server->dispatcher_->SetIndex(server->index_);
   server->dispatcher_->SetServing(true);
+  server->UpdateHealth();
   if (!options.checkpoint_dir.empty() && options.checkpoint_interval > absl::ZeroDuration()) {
     server->checkpoint_thread_ = std::thread([raw] { raw->CheckpointLoop(); });
   }
@@ -648,6 +651,7 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   }
   if (!loaded_ok_) return absl::FailedPreconditionError("the server has not started serving");
   absl::MutexLock save_lock(&save_mu_);
+  CheckpointTimer timer(&checkpoint_metrics_);  // a failure unless it succeeds
   StoreSnapshot snapshot;
   {
     // No push is between applying and recording its id meanwhile.
@@ -677,6 +681,7 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
       PruneCheckpoints(ShardDir(), options_.checkpoint_keep);
   if (!pruned.ok()) Log(absl::StrCat("pruning old checkpoints: ", pruned.status().ToString()));
   dispatcher_->SetCheckpointSequence(sequence);
+  timer.Succeeded();
   return info;
 }
 
@@ -690,7 +695,10 @@ void Server::CheckpointLoop() {
     }
     started = absl::Now();
     absl::StatusOr<CheckpointInfo> saved = Save();
-    if (!saved.ok()) Log(absl::StrCat("periodic checkpoint failed: ", saved.status().ToString()));
+    if (!saved.ok()) {
+      Log(absl::StrCat("periodic checkpoint failed: ", saved.status().ToString()),
+          log::Level::kWarning);
+    }
     const absl::Time finished = absl::Now();
     if (SaveOverran(started, finished, options_.checkpoint_interval)) {
       Log(absl::StrCat("checkpoint took ", absl::FormatDuration(finished - started),
@@ -708,6 +716,7 @@ void Server::SweepLoop() {
       if (loop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), kSweepInterval)) return;
     }
     tables_.EvictExpired();
+    UpdateHealth();  // a lost etcd lease shows within kSweepInterval
   }
 }
 
@@ -715,6 +724,8 @@ void Server::Shutdown(absl::Duration grace) {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  draining_ = true;
+  UpdateHealth();  // NOT_SERVING while draining
   {
     absl::MutexLock loop_lock(&loop_mu_);
     stopping_ = true;
@@ -722,6 +733,7 @@ void Server::Shutdown(absl::Duration grace) {
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
   if (registration_ != nullptr) registration_->StopReregistering();
   if (sweep_thread_.joinable()) sweep_thread_.join();
+  UpdateHealth();  // after the sweep's last update, which may have raced the one above
   // Calls waiting on clocks or collectives would hold the shutdown for the
   // whole grace: they fail with UNAVAILABLE now, which clients retry.
   tables_.Shutdown();
@@ -736,11 +748,56 @@ void Server::Shutdown(absl::Duration grace) {
   if (loaded_ok_ && !options_.checkpoint_dir.empty() && options_.checkpoint_on_shutdown) {
     absl::StatusOr<CheckpointInfo> saved = Save();
     Log(saved.ok() ? absl::StrCat("saved checkpoint ", saved->path)
-                   : absl::StrCat("final checkpoint failed: ", saved.status().ToString()));
+                   : absl::StrCat("final checkpoint failed: ", saved.status().ToString()),
+        saved.ok() ? log::Level::kInfo : log::Level::kError);
     final_save_status_ = saved.status();
   }
   // Frees the index at once for a replacement.
   if (registration_ != nullptr) registration_->Release();
+  if (metrics_http_ != nullptr) metrics_http_->Stop();
+}
+
+// ---- health and metrics -------------------------------------------------------------
+
+EtcdSessionState Server::EtcdState() const {
+  EtcdSessionState state;
+  // registration_ is set while starting, before loaded_ok_: read it only after.
+  if (!loaded_ok_ || registration_ == nullptr) return state;
+  state.registrations = static_cast<uint64_t>(registration_->registrations());
+  state.leases_lost = static_cast<uint64_t>(registration_->leases_lost());
+  // Each lost lease is followed by one re-registration once etcd answers.
+  state.registered = registration_->lease() != 0 && state.registrations > state.leases_lost;
+  return state;
+}
+
+bool Server::Healthy() const {
+  if (draining_ || !dispatcher_->CheckServing().ok()) return false;
+  return options_.etcd_endpoints.empty() || EtcdState().registered;
+}
+
+void Server::UpdateHealth() {
+  if (grpc_server_ == nullptr) return;
+  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  const bool healthy = Healthy();
+  health->SetServingStatus("pserver.v1.ParameterServer", healthy);
+  health->SetServingStatus(healthy);  // every service named so far, and ""
+}
+
+absl::Status Server::StartMetrics() {
+  ServerMetricsSources sources;
+  sources.dispatcher = dispatcher_.get();
+  sources.tables = &tables_;
+  sources.cluster = options_.cluster;
+  sources.healthy = [this] { return Healthy(); };
+  if (!options_.checkpoint_dir.empty()) sources.checkpoints = &checkpoint_metrics_;
+  if (!options_.etcd_endpoints.empty()) sources.etcd = [this] { return EtcdState(); };
+  AddServerCollectors(std::move(sources), &metrics_registry_);
+  PS_ASSIGN_OR_RETURN(metrics_http_, metrics::MetricsHttpListener::Start(
+                                         *options_.metrics_http, [this] {
+                                           return metrics_registry_.Render();
+                                         }));
+  return absl::OkStatus();
 }
 
 absl::Status Server::final_save_status() const {

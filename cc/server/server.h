@@ -34,8 +34,12 @@
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/log/log.h"
+#include "cc/metrics/http_listener.h"
+#include "cc/metrics/metrics.h"
 #include "cc/rpc/transport_limits.h"
 #include "cc/security/tls.h"
+#include "cc/server/server_metrics.h"
 #include "pserver/v1/registry.pb.h"
 
 namespace grpc {
@@ -179,6 +183,11 @@ struct ServerOptions {
   // etcd over TLS with this server's client certificate (--etcd_tls_ca,
   // --etcd_tls_cert, --etcd_tls_key); unset: plaintext.
   EtcdTlsOptions etcd_tls;
+
+  // --- Prometheus metrics (cc/server/server_metrics.h; docs/operations.md) ---
+  // Set: GET /metrics is served on metrics_http->host:port (127.0.0.1 unless
+  // asked), with its limits (docs/limits.md). Unset: off.
+  std::optional<metrics::MetricsHttpOptions> metrics_http;
 };
 
 // The thread cap when ServerOptions::max_threads is 0.
@@ -212,6 +221,16 @@ class Server {
   const std::string& instance_id() const { return instance_id_; }
   // The bulk channel's listener; null when it is off.
   BulkListener* bulk_listener() { return bulk_listener_.get(); }
+  // The port GET /metrics is served on; 0 when metrics are off.
+  int metrics_port() const { return metrics_http_ == nullptr ? 0 : metrics_http_->port(); }
+  // Every metric of this server, as /metrics serves it.
+  const metrics::Registry& metrics_registry() const { return metrics_registry_; }
+  // What the gRPC health service (grpc.health.v1.Health, service "" and
+  // "pserver.v1.ParameterServer") answers: SERVING once registered (with
+  // etcd: while the lease is held), loaded and serving; NOT_SERVING while
+  // starting and from the start of Shutdown. Lease loss is noticed within
+  // kSweepInterval.
+  bool Healthy() const;
 
   // Writes a checkpoint now, publishes it to etcd (if any), then prunes old
   // ones. FAILED_PRECONDITION without a checkpoint_dir.
@@ -269,7 +288,13 @@ class Server {
   void SweepLoop();
   static constexpr absl::Duration kSweepInterval = absl::Seconds(1);
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
-  void Log(const std::string& message) const;
+  // One line of the process's log (cc/log), naming this server.
+  void Log(const std::string& message, log::Level level = log::Level::kInfo) const;
+  // Tells the gRPC health service what Healthy() says now.
+  void UpdateHealth();
+  EtcdSessionState EtcdState() const;
+  // Starts GET /metrics (options.metrics set).
+  absl::Status StartMetrics();
 
   const ServerOptions options_;
   ParameterStore store_;
@@ -306,6 +331,11 @@ class Server {
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread checkpoint_thread_;
   std::thread sweep_thread_;
+
+  std::atomic<bool> draining_{false};  // Shutdown has begun: health says NOT_SERVING
+  CheckpointMetrics checkpoint_metrics_;
+  metrics::Registry metrics_registry_;
+  std::unique_ptr<metrics::MetricsHttpListener> metrics_http_;  // null: metrics off
 };
 
 }  // namespace pserver

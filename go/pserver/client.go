@@ -669,6 +669,43 @@ type ServerStats struct {
 	Uptime              time.Duration
 }
 
+// healthNames are PSERVER_HEALTH_* (grpc.health.v1 ServingStatus) by value.
+var healthNames = map[C.int32_t]string{
+	C.PSERVER_HEALTH_UNKNOWN:         "UNKNOWN",
+	C.PSERVER_HEALTH_SERVING:         "SERVING",
+	C.PSERVER_HEALTH_NOT_SERVING:     "NOT_SERVING",
+	C.PSERVER_HEALTH_SERVICE_UNKNOWN: "SERVICE_UNKNOWN",
+}
+
+// Health is every server's gRPC health (grpc.health.v1), in index order:
+// "SERVING" once registered, loaded and serving, "NOT_SERVING" while starting
+// or draining. An unreachable server fails the call.
+func (cl *Client) Health(ctx context.Context) ([]string, error) {
+	const capacity = 1024
+	buf := cAlloc(4 * capacity)
+	var n C.size_t
+	var health []string
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		n = C.pserver_client_health(c, (*C.int32_t)(buf.p), capacity, st)
+	}, func(err error) {
+		if err != nil {
+			return
+		}
+		for i := 0; i < int(n) && i < capacity; i++ {
+			code := *(*C.int32_t)(unsafe.Add(buf.p, 4*i))
+			name, ok := healthNames[code]
+			if !ok {
+				name = "UNKNOWN"
+			}
+			health = append(health, name)
+		}
+	}, buf.free)
+	if err != nil {
+		return nil, fmt.Errorf("pserver: health: %w", err)
+	}
+	return health, nil
+}
+
 // Stats is every server's stats, in index order.
 func (cl *Client) Stats(ctx context.Context) ([]ServerStats, error) {
 	const capacity = 1024

@@ -24,6 +24,9 @@ from ._group import Group, _group
 from ._tables import Table, _create_table
 from ._tls import Tls, _set_client_tls
 
+# PSERVER_HEALTH_* (grpc.health.v1 HealthCheckResponse.ServingStatus) by value.
+_HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
 
 # How the servers end the AlreadyInitialized of an init that repeats an
 # earlier one exactly (type, shape and config).
@@ -458,6 +461,15 @@ class Client(_HandleOwner):
         `timeout`: seconds this call may take (None: the client's timeout)."""
         with _deadline(timeout), self._h.use() as h:
             _blocking(_c.pserver_client_save_checkpoint, h)
+
+    def health(self, *, timeout: Optional[float] = None) -> List[str]:
+        """Every server's gRPC health (grpc.health.v1), in index order: "SERVING"
+        once registered, loaded and serving; "NOT_SERVING" while starting or
+        draining. An unreachable server raises (Unavailable, DeadlineExceeded).
+        `timeout`: seconds this call may take (None: the client's timeout)."""
+        with _deadline(timeout), self._h.use() as h:
+            _, health = _blocking(_c.pserver_client_health, h)
+        return [_HEALTH_NAMES.get(code, "UNKNOWN") for code in health]
 
     def stats(self, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         """One dict per server: index, initialized, parameters, parameter_bytes,

@@ -1,11 +1,12 @@
 """Server processes for tests: free ports on 127.0.0.1, pserver processes
 started and stopped by PID (never by name)."""
 import os
+import re
 import signal
 import socket
 import subprocess
 import time
-from typing import List
+from typing import List, Sequence
 
 PSERVER = os.environ.get("PSERVER_BINARY", "")
 
@@ -55,3 +56,37 @@ def start_pservers(n: int, folder, procs: List[subprocess.Popen],
         if len(addresses) < n:
             time.sleep(0.05)
     return addresses
+
+
+def start_registered_pservers(n: int, folder, procs: List[subprocess.Popen], endpoint: str,
+                              cluster: str, extra: Sequence[str] = (),
+                              timeout: float = 30) -> List[str]:
+    """Starts `n` pserver processes that register in etcd `endpoint` under
+    `cluster` (--num_servers=n), appending each to `procs` (the caller stops
+    them), and waits (at most `timeout` seconds) until each printed its
+    "listening on" line; returns the paths of their logs."""
+    logs = [os.path.join(str(folder), f"server{i}.log") for i in range(n)]
+    for path in logs:
+        # The servers wait for etcd themselves (--register_timeout).
+        with open(path, "wb") as log:
+            procs.append(subprocess.Popen(
+                [PSERVER, "--host=127.0.0.1", "--port=0", f"--etcd={endpoint}",
+                 f"--cluster={cluster}", f"--num_servers={n}", "--lease_ttl=2",
+                 "--register_timeout=30", "--shutdown_grace_seconds=1", *extra],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+    deadline = time.monotonic() + timeout
+    while not all("listening on" in open(p).read() for p in logs):
+        exited = [p.args[0] for p in procs[-n:] if p.poll() is not None]
+        assert not exited, f"exited while starting: {exited}"
+        assert time.monotonic() < deadline, [open(p).read() for p in logs]
+        time.sleep(0.05)
+    return logs
+
+
+def metrics_address(log_path) -> str:
+    """host:port from a server's "metrics on http://<host:port>/metrics" line."""
+    with open(log_path) as f:
+        text = f.read()
+    found = re.search(r"metrics on http://(\S+)/metrics", text)
+    assert found, text
+    return found.group(1)

@@ -146,6 +146,11 @@ def test_large_parameter_split_into_blocks(cluster):
     assert sum(s["gradients_applied"] for s in stats) >= 2
 
 
+def test_health_of_a_local_cluster(cluster):
+    # In process: each server's serving state (started: SERVING).
+    assert cluster.client().health() == ["SERVING", "SERVING"]
+
+
 def test_adam_from_keyword_arguments(client):
     client.init("w", np.zeros(3, np.float64), optimizer="adam", lr=0.1, beta1=0.5,
                 beta2=0.9, epsilon=1e-12)

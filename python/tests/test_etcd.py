@@ -4,14 +4,13 @@ The servers register in etcd (--etcd, --num_servers=2); the client finds them
 there. Every process is started here and stopped by its PID.
 """
 import os
-import subprocess
-import time
 
 import numpy as np
 import pytest
 
 import pserver
 from etcd_process import EtcdProcess, have_etcd, stop_process
+from processes import start_registered_pservers
 
 PSERVER = os.environ.get("PSERVER_BINARY", "")
 
@@ -27,21 +26,7 @@ def etcd_cluster(tmp_path_factory):
     procs = []
     with EtcdProcess(tmp_path) as etcd:
         try:
-            for i in range(2):
-                with open(tmp_path / f"server{i}.log", "wb") as log:
-                    procs.append(subprocess.Popen(
-                        [PSERVER, "--host=127.0.0.1", "--port=0", f"--etcd={etcd.endpoint}",
-                         "--cluster=py", "--num_servers=2", "--lease_ttl=2",
-                         "--register_timeout=30", "--shutdown_grace_seconds=1"],
-                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-            # Wait (at most 30 s) until both servers have registered.
-            logs = [tmp_path / f"server{i}.log" for i in range(2)]
-            deadline = time.monotonic() + 30
-            while not all("listening on" in p.read_text() for p in logs):
-                exited = [p.args[0] for p in procs if p.poll() is not None]
-                assert not exited, f"exited while starting: {exited}"
-                assert time.monotonic() < deadline, [p.read_text() for p in logs]
-                time.sleep(0.05)
+            start_registered_pservers(2, tmp_path, procs, etcd.endpoint, "py")
             yield etcd.endpoint, "py"
         finally:
             for proc in procs:  # servers first, etcd (leaving the with) last
@@ -56,6 +41,8 @@ def test_client_from_etcd(etcd_cluster):
         assert client.num_servers == 2
         assert all(a.startswith("127.0.0.1:") for a in client.servers)
         assert "etcd" in repr(client)
+        # gRPC health over the network: both registered, loaded and serving.
+        assert client.health() == ["SERVING", "SERVING"]
         client.init("w", np.arange(4, dtype=np.float32), optimizer="sgd", lr=1.0)
         client.finish_init()
         client.send_grad("w", np.ones(4, np.float32))

@@ -2,6 +2,7 @@
 //
 //	psctl local -n 3 [-etcd] [-checkpoint_dir DIR]   start servers (and etcd) until Ctrl-C
 //	psctl status -etcd HOST:PORT [-cluster NAME]      servers, desired count, checkpoints, workers
+//	psctl health (-etcd HOST:PORT | -servers A,B)     every server's gRPC health; exit 1 unless all SERVING
 //	psctl desired -etcd HOST:PORT N                   set the desired server count
 //	psctl checkpoint save -servers A,B                ask every server for a checkpoint now
 //	psctl checkpoint ls DIR                           the checkpoints and parameters at DIR
@@ -34,6 +35,7 @@ Usage: psctl <command> [flags] [args]
 Commands:
   local        start N pserver processes (and an etcd with -etcd) on 127.0.0.1; Ctrl-C stops them
   status       servers, desired count, checkpoints and live workers, from etcd (or -servers stats)
+  health       every server's gRPC health (grpc.health.v1); exit 1 unless all are SERVING
   desired      set the desired server count in etcd
   checkpoint   save | ls | verify | reshard checkpoints
   params       parameter names, types, shapes and sizes (from a checkpoint or running servers)
@@ -60,6 +62,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdLocal(args[1:], stdout, stderr)
 	case "status":
 		err = cmdStatus(args[1:], stdout, stderr)
+	case "health":
+		err = cmdHealth(args[1:], stdout, stderr)
 	case "desired":
 		err = cmdDesired(args[1:], stdout, stderr)
 	case "checkpoint":
@@ -206,11 +210,7 @@ func cmdCheckpoint(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
-		if err != nil {
-			return err
-		}
-		client, err := pserver.NewClient(ctx, opts)
+		client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
 		if err != nil {
 			return err
 		}
@@ -316,11 +316,7 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	case *servers != "" && *ckpt == "" && fs.NArg() > 0:
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
-		if err != nil {
-			return err
-		}
-		client, err := pserver.NewClient(ctx, opts)
+		client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
 		if err != nil {
 			return err
 		}

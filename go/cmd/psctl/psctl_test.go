@@ -37,7 +37,7 @@ func psctl(t *testing.T, args ...string) (int, string, string) {
 
 func TestHelp(t *testing.T) {
 	for _, args := range [][]string{
-		{"--help"}, {"local", "--help"}, {"status", "-help"}, {"desired", "--help"},
+		{"--help"}, {"local", "--help"}, {"status", "-help"}, {"health", "-help"}, {"desired", "--help"},
 		{"checkpoint", "--help"}, {"checkpoint", "save", "--help"}, {"checkpoint", "ls", "-h"},
 		{"checkpoint", "verify", "--help"}, {"checkpoint", "reshard", "-h"}, {"params", "--help"},
 	} {
@@ -101,6 +101,13 @@ func TestCheckpointCommands(t *testing.T) {
 	}
 	if code, out, _ := psctl(t, "status", "-servers", servers); code != 0 || !strings.Contains(out, "true") {
 		t.Fatalf("status -servers: %d %q", code, out)
+	}
+	// gRPC health (grpc.health.v1): both started servers answer SERVING.
+	if code, out, errs := psctl(t, "health", "-servers", servers); code != 0 || strings.Count(out, " SERVING") != 2 {
+		t.Fatalf("health -servers: %d %q %q", code, out, errs)
+	}
+	if code, _, _ := psctl(t, "health"); code != 2 {
+		t.Fatalf("health without -servers or -etcd: exit %d, want 2", code)
 	}
 	if code, _, errs := psctl(t, "checkpoint", "verify", t.TempDir()); code != 1 || !strings.Contains(errs, "NOT_FOUND") {
 		t.Fatalf("verify of an empty directory: %d %q", code, errs)
@@ -251,6 +258,10 @@ func TestLocalWithEtcd(t *testing.T) {
 	code, out, errs := psctl(t, "status", "-etcd", endpoint, "-cluster", "t")
 	if code != 0 || !strings.Contains(out, "desired servers 2, live 2") {
 		t.Fatalf("status: %d %q %q", code, out, errs)
+	}
+	// Registered in etcd and loaded: both SERVING, found through etcd.
+	if code, out, errs := psctl(t, "health", "-etcd", endpoint, "-cluster", "t"); code != 0 || strings.Count(out, " SERVING") != 2 {
+		t.Fatalf("health -etcd: %d %q %q", code, out, errs)
 	}
 	// The servers' entries name their instances: fine with -require_instance_id.
 	if code, out, errs := psctl(t, "status", "-etcd", endpoint, "-cluster", "t", "-require_instance_id"); code != 0 ||

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -59,6 +60,15 @@ func (f *securityFlags) etcdTLS() *pserver.EtcdTLS {
 		return nil
 	}
 	return &pserver.EtcdTLS{CA: *f.etcdCA, Cert: *f.etcdCert, Key: *f.etcdKey}
+}
+
+// newClient connects with opts plus these flags' TLS, token, etcd TLS and fencing.
+func (f *securityFlags) newClient(ctx context.Context, opts pserver.Options) (*pserver.Client, error) {
+	opts, err := f.clientOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	return pserver.NewClient(ctx, opts)
 }
 
 // clientOptions adds TLS, the token, etcd TLS and fencing to opts.

@@ -160,6 +160,56 @@ func etcdStatus(ctx context.Context, e *etcd, cluster string, requireInstanceID 
 	return nil
 }
 
+// cmdHealth prints every server's gRPC health; an error unless all serve.
+func cmdHealth(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("health", "health -etcd HOST:PORT[,...] [-cluster NAME] | -servers A,B", stdout, stderr)
+	etcdFlag := fs.String("etcd", "", "etcd endpoints host:port[,host:port...]: find the servers there")
+	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
+	servers := fs.String("servers", "", "instead of etcd: these server addresses, in index order")
+	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
+	auth := addSecurityFlags(fs)
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if (*etcdFlag == "") == (*servers == "") {
+		fs.Usage()
+		return errUsage
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Etcd: *etcdFlag,
+		Cluster: *cluster, Timeout: *timeout})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	health, err := client.Health(ctx)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INDEX\tADDRESS\tHEALTH")
+	addresses := client.Servers()
+	serving := 0
+	for i, h := range health {
+		address := ""
+		if i < len(addresses) {
+			address = addresses[i]
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", i, address, h)
+		if h == "SERVING" {
+			serving++
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if serving != len(health) {
+		return fmt.Errorf("%d of %d servers are not SERVING", len(health)-serving, len(health))
+	}
+	return nil
+}
+
 func serverStatus(ctx context.Context, options pserver.Options, stdout io.Writer) error {
 	client, err := pserver.NewClient(ctx, options)
 	if err != nil {

@@ -1,0 +1,81 @@
+// What a Server exports on --metrics_port (docs/operations.md lists every
+// name): the dispatcher's per-method request metrics, the counters GetStats
+// and TableStats report (read at scrape time, not counted twice), checkpoint
+// saves, the etcd session and the process.
+//
+//   metrics::Registry registry;
+//   ServerMetricsSources sources;
+//   sources.dispatcher = &dispatcher;
+//   sources.tables = &tables;
+//   AddServerCollectors(sources, &registry);
+//   std::string page = registry.Render();
+//
+// CheckpointMetrics is thread-safe and lock-free; the collectors read their
+// sources under those sources' own locks.
+#ifndef PSERVER_CC_SERVER_SERVER_METRICS_H_
+#define PSERVER_CC_SERVER_SERVER_METRICS_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "cc/core/tables.h"
+#include "cc/metrics/metrics.h"
+#include "cc/server/dispatcher.h"
+
+namespace pserver {
+
+// Checkpoint saves: how many, how many failed, how long they took and when
+// the newest good one was written (or loaded at start).
+struct CheckpointMetrics {
+  metrics::Counter saves;
+  metrics::Counter failures;
+  metrics::Histogram duration{metrics::LatencyBoundsNanos()};
+  std::atomic<int64_t> last_success_unix_nanos{0};  // 0: none yet
+};
+
+// Times one save: a failure unless Succeeded() is called before it is
+// destroyed.
+class CheckpointTimer {
+ public:
+  explicit CheckpointTimer(CheckpointMetrics* metrics)
+      : metrics_(metrics), start_(std::chrono::steady_clock::now()) {}
+  ~CheckpointTimer();
+  CheckpointTimer(const CheckpointTimer&) = delete;
+  CheckpointTimer& operator=(const CheckpointTimer&) = delete;
+  void Succeeded() { succeeded_ = true; }
+
+ private:
+  CheckpointMetrics* const metrics_;
+  const std::chrono::steady_clock::time_point start_;
+  bool succeeded_ = false;
+};
+
+// The etcd session as the metrics show it.
+struct EtcdSessionState {
+  bool registered = false;  // the server's key is held under a live lease now
+  uint64_t registrations = 0;
+  uint64_t leases_lost = 0;
+};
+
+struct ServerMetricsSources {
+  const Dispatcher* dispatcher = nullptr;  // required
+  const Tables* tables = nullptr;          // required
+  const CheckpointMetrics* checkpoints = nullptr;  // null: no checkpoint families
+  std::function<EtcdSessionState()> etcd;         // null: no etcd families
+  std::function<bool()> healthy;                  // what the health service says
+  std::string cluster;
+};
+
+// Adds the server's collectors to `registry`; the sources must outlive it.
+void AddServerCollectors(ServerMetricsSources sources, metrics::Registry* registry);
+
+// process_resident_memory_bytes, process_threads, process_open_fds and
+// process_max_fds, from /proc/self (the names Prometheus's own clients use).
+void CollectProcess(metrics::TextWriter& out);
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_SERVER_SERVER_METRICS_H_
