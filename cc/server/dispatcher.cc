@@ -15,6 +15,9 @@ namespace pserver {
 namespace protobuf = google::protobuf;
 
 const char Dispatcher::kMethodPrefix[] = "/pserver.v1.ParameterServer/";
+const char* const Dispatcher::kWriteMethods[] = {
+    "InitParam", "FinishInitParams", "SendGrad", "Save", "CreateTable", "TablePush",
+    "Clock",     "Barrier",          "AllReduce", "Broadcast", nullptr};
 
 ReplyHold& ReplyHold::operator=(ReplyHold&& other) noexcept {
   if (this != &other) {
@@ -47,6 +50,14 @@ Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, Di
       reply_budget_(hooks_.max_reply_bytes_in_flight),
       service_(v1::GetStatsRequest::descriptor()->file()->FindServiceByName("ParameterServer")) {
   AddControlMethods();
+  for (const char* const* name = kWriteMethods; *name != nullptr; ++name) {
+    auto it = methods_.find(*name);
+    if (it == methods_.end()) {
+      std::fprintf(stderr, "Dispatcher: write method %s has no handler\n", *name);
+      std::abort();  // a build mistake, which every test sees
+    }
+    it->second.writes = true;
+  }
 }
 
 Dispatcher::Method& Dispatcher::Add(const char* name, bool needs_serving,
@@ -231,17 +242,34 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
   } else if (method->needs_serving) {
     status = CheckServing();
   }
+  if (status.ok() && method->writes) status = CheckWrite();
   if (!status.ok()) {
     done(std::move(status));
     return [] {};
+  }
+  if (method->writes && fence_.load(std::memory_order_acquire) != nullptr) {
+    // Checked again once applied, before the success is answered: a server
+    // that lost its index meanwhile acknowledges nothing.
+    done = [this, done = std::move(done)](absl::Status result) {
+      if (result.ok()) result = CheckWrite();
+      done(std::move(result));
+    };
   }
   return method->run(request, response, call, std::move(done));
 }
 
 absl::Status Dispatcher::CheckServing() const {
-  if (serving_.load(std::memory_order_acquire)) return absl::OkStatus();
-  return absl::UnavailableError(
-      "pserver is starting: registering and loading its checkpoint; retry");
+  if (!serving_.load(std::memory_order_acquire)) {
+    return absl::UnavailableError(
+        "pserver is starting: registering and loading its checkpoint; retry");
+  }
+  const Fence* fence = fence_.load(std::memory_order_acquire);
+  return fence == nullptr ? absl::OkStatus() : fence->CheckServing();
+}
+
+absl::Status Dispatcher::CheckWrite() const {
+  Fence* fence = fence_.load(std::memory_order_acquire);
+  return fence == nullptr ? absl::OkStatus() : fence->CheckWrite();
 }
 
 absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
@@ -274,7 +302,10 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
 
 absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads) {
   PS_RETURN_IF_ERROR(CheckServing());
-  return ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
+  PS_RETURN_IF_ERROR(CheckWrite());
+  PS_RETURN_IF_ERROR(
+      ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); }));
+  return CheckWrite();
 }
 
 absl::Status Dispatcher::Read(absl::Span<const v1::ParamRef> refs, BlockReader reader) {

@@ -51,6 +51,7 @@ class BulkListener;
 class EtcdClient;
 class LeasedKey;
 class Authorizer;
+class Fence;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -227,6 +228,12 @@ class Server {
   int registrations() const;
   int leases_lost() const;
   int64_t lease() const;
+  // The shard epoch this server claimed (etcd /shards/<index>); 0 without etcd.
+  uint64_t epoch() const { return epoch_; }
+  // Whether it stepped down (another server claimed its shard while its
+  // lease was not renewed): it then refuses every call but the stats,
+  // publishes no checkpoint and saves none at shutdown.
+  bool stepped_down() const;
 
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
   // then cancels the rest; then saves a last checkpoint (checkpoint_dir and
@@ -269,6 +276,13 @@ class Server {
   void SweepLoop();
   static constexpr absl::Duration kSweepInterval = absl::Seconds(1);
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  // Fencing (cc/server/fence.h): the thread that re-checks etcd while the
+  // lease is unconfirmed, what wakes it, the check of /shards/<index>, and
+  // stepping down (logged, the registration released).
+  void RecheckFenceSoon();
+  void FenceLoop();
+  void CheckShardEpoch();
+  void StepDown(const std::string& reason);
   void Log(const std::string& message) const;
 
   const ServerOptions options_;
@@ -301,10 +315,17 @@ class Server {
   std::unique_ptr<EtcdClient> etcd_;
   // /ps/<index_> under a lease, re-registered when the lease is lost.
   std::unique_ptr<LeasedKey> registration_;
+  // The epoch claimed and /shards/<index_>'s value as this server wrote it
+  // (what a checkpoint publish compares against).
+  uint64_t epoch_ = 0;
+  std::string shard_config_value_;
+  std::unique_ptr<Fence> fence_;  // with etcd only
 
   absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
+  bool fence_recheck_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread checkpoint_thread_;
+  std::thread fence_thread_;
   std::thread sweep_thread_;
 };
 
