@@ -25,6 +25,7 @@
 #include "cc/core/checkpoint.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
+#include "cc/etcd/shard_config.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
@@ -36,6 +37,7 @@
 namespace pserver {
 namespace {
 
+using ::pserver::testing::StatusIs;
 using ::testing::Contains;
 using ::testing::HasSubstr;
 
@@ -290,6 +292,58 @@ TEST_F(FaultToleranceTest, ServersReRegisterAfterEtcdRestartsAndKeepServing) {
   // A new client discovers both.
   ASSERT_OK_AND_ASSIGN(auto late, Client::Connect(EtcdClientOpts()));
   EXPECT_EQ(late->addresses(), client->addresses());
+}
+
+// A checkpoint is published only while etcd /shards/<i> holds the server's
+// epoch: once another claim moved it on (here written by hand while this
+// server's lease still lives, which no etcd-side fence could catch), the
+// publish transaction fails, the files it wrote are deleted and the server
+// steps down.
+TEST_F(FaultToleranceTest, ACheckpointIsPublishedOnlyUnderTheServersEpoch) {
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(EtcdServer()));
+  EXPECT_EQ(server->epoch(), 1u);
+  ASSERT_OK_AND_ASSIGN(KeyValue shard, etcd_client_->Get(etcd_keys::ShardKey(0)));
+  ASSERT_OK_AND_ASSIGN(v1::ShardConfig config, ParseShardConfig(0, shard.value));
+  EXPECT_EQ(config.epoch(), 1u);
+  EXPECT_EQ(config.holder(), server->instance_id());
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(EtcdClientOpts()));
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({2}, {0, 0}), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+  ASSERT_OK(client->SendGrad("w", Tensor::FromValues<float>({2}, {1, 1})));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, server->Save());
+  EXPECT_EQ(first.epoch, 1u);
+  ASSERT_OK_AND_ASSIGN(KeyValue published, etcd_client_->Get(etcd_keys::CheckpointKey(0)));
+  EXPECT_THAT(published.value, HasSubstr("\"epoch\":\"1\""));
+
+  v1::ShardConfig other;
+  other.set_epoch(2);
+  other.set_holder("b0b0b0b0b0b0b0b0");
+  ASSERT_OK(etcd_client_->Put(etcd_keys::ShardKey(0), FormatShardConfig(other)));
+  absl::StatusOr<CheckpointInfo> refused = server->Save();
+  EXPECT_THAT(refused.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                         HasSubstr("no longer holds this server's epoch 1")));
+  EXPECT_TRUE(server->stepped_down());
+  ASSERT_OK_AND_ASSIGN(KeyValue after, etcd_client_->Get(etcd_keys::CheckpointKey(0)));
+  EXPECT_EQ(after.value, published.value) << "nothing published";
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> on_disk,
+                       ListCheckpoints(checkpoint_dir_ + "/shard-0"));
+  ASSERT_EQ(on_disk.size(), 1u) << "the refused checkpoint's files were deleted";
+  EXPECT_EQ(on_disk[0].path, first.path);
+  // Stepped down: nothing more is acknowledged, nor saved at shutdown.
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::SaveResponse saved;
+  const grpc::Status save = stub->Save(&context, v1::SaveRequest(), &saved);
+  EXPECT_EQ(save.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(save.error_message(), HasSubstr("stepped down from shard 0"));
+  client.reset();
+  server->Shutdown();
+  EXPECT_THAT(server->final_save_status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no final checkpoint")));
+  ASSERT_OK_AND_ASSIGN(on_disk, ListCheckpoints(checkpoint_dir_ + "/shard-0"));
+  EXPECT_EQ(on_disk.size(), 1u);
 }
 
 TEST_F(FaultToleranceTest, ClientFollowsAServerRestartedOnTheSamePort) {

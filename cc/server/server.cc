@@ -817,6 +817,7 @@ void Server::CheckpointLoop() {
     }
     started = absl::Now();
     absl::StatusOr<CheckpointInfo> saved = Save();
+    if (stepped_down()) return;  // said so once, when it stepped down
     if (!saved.ok()) Log(absl::StrCat("periodic checkpoint failed: ", saved.status().ToString()));
     const absl::Time finished = absl::Now();
     if (SaveOverran(started, finished, options_.checkpoint_interval)) {
