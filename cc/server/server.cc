@@ -681,6 +681,10 @@ std::optional<LoadedCheckpoint> Server::LoadPublished(uint64_t* published_sequen
     *published_sequence = record.sequence();
     return ignored(absl::StrCat("it failed: ", loaded.status().message()));
   }
+  if (record.epoch() != 0 && loaded->info.epoch != record.epoch()) {
+    return ignored(absl::StrCat("its manifest has epoch ", loaded->info.epoch,
+                                ", the record says ", record.epoch()));
+  }
   if (loaded->info.manifest_crc32c != record.manifest_crc32c() ||
       loaded->info.sequence != record.sequence()) {
     return ignored(absl::StrFormat(
