@@ -124,10 +124,13 @@ ClientOptions Direct(const std::string& address) {
 Tensor Ones() { return Tensor::FromValues<float>({4}, {1, 1, 1, 1}); }
 std::vector<float> Filled(float v) { return std::vector<float>(4, v); }
 
+std::unique_ptr<v1::ParameterServer::Stub> Stub(const std::string& address) {
+  return v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
 // One push straight to `address` over gRPC, no retries.
 grpc::Status RawPush(const std::string& address) {
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   v1::SendGradRequest request;
@@ -137,16 +140,14 @@ grpc::Status RawPush(const std::string& address) {
   grad->set_element_type(v1::FLOAT32);
   grad->set_content(std::string(ones.bytes()));
   v1::SendGradResponse response;
-  return stub->SendGrad(&context, request, &response);
+  return Stub(address)->SendGrad(&context, request, &response);
 }
 
 grpc::Status RawSave(const std::string& address) {
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   v1::SaveResponse response;
-  return stub->Save(&context, v1::SaveRequest(), &response);
+  return Stub(address)->Save(&context, v1::SaveRequest(), &response);
 }
 
 TEST_F(SplitBrainTest, AServerPausedPastItsLeaseStepsDownAndTheReplacementsUpdatesSurvive) {
@@ -215,8 +216,8 @@ TEST_F(SplitBrainTest, AServerPausedPastItsLeaseStepsDownAndTheReplacementsUpdat
   CallOptions soon;
   soon.deadline = absl::Now() + absl::Seconds(3);
   absl::Status pushed = direct->SendGrad("w", Ones(), soon);
-  EXPECT_THAT(pushed, StatusIs(absl::StatusCode::kUnavailable,
-                               HasSubstr("stepped down from shard 0")));
+  EXPECT_THAT(pushed,
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stepped down from shard 0")));
   // Its Save is refused, and the published checkpoint stays B's.
   const grpc::Status save = RawSave(address_a);
   EXPECT_EQ(save.error_code(), grpc::StatusCode::UNAVAILABLE) << save.error_message();
@@ -265,8 +266,8 @@ TEST_F(SplitBrainTest, AMalformedShardConfigIsRefusedWithAClearError) {
       std::unique_ptr<ChildProcess> server,
       ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
                           {"--host=127.0.0.1", "--port=0", "--etcd=" + etcd_->endpoint(),
-                           absl::StrCat("--cluster=", kCluster), "--num_servers=1",
-                           "--lease_ttl=2", "--register_timeout=20"}));
+                           absl::StrCat("--cluster=", kCluster), "--num_servers=1", "--lease_ttl=2",
+                           "--register_timeout=20"}));
   ASSERT_OK_AND_ASSIGN(int status, server->WaitForExit(absl::Now() + kWait));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << DescribeWaitStatus(status);
   EXPECT_THAT(server->err(), HasSubstr("etcd /shards/0 does not hold a shard configuration"));

@@ -66,8 +66,8 @@ absl::Status Fence::Unconfirmed(absl::Duration now) {
   } else {
     why = absl::StrCat("lease for ", key, " not confirmed: etcd granted no renewal yet");
   }
-  return absl::UnavailableError(absl::StrCat(why, "; another server may hold shard ",
-                                             options_.shard, "; retry"));
+  return absl::UnavailableError(
+      absl::StrCat(why, "; another server may hold shard ", options_.shard, "; retry"));
 }
 
 absl::Status Fence::CheckServing() const {

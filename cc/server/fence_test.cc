@@ -39,10 +39,9 @@ class FenceTest : public ::testing::Test {
 
 TEST_F(FenceTest, NoRenewalYetRefusesWritesAndAsksForARecheck) {
   Fence& fence = MakeFence();
-  EXPECT_THAT(fence.CheckWrite(),
-              StatusIs(absl::StatusCode::kUnavailable,
-                       AllOf(HasSubstr("lease for /ps/3 not confirmed"),
-                             HasSubstr("another server may hold shard 3"))));
+  EXPECT_THAT(fence.CheckWrite(), StatusIs(absl::StatusCode::kUnavailable,
+                                           AllOf(HasSubstr("lease for /ps/3 not confirmed"),
+                                                 HasSubstr("another server may hold shard 3"))));
   EXPECT_EQ(rechecks_, 1);
   EXPECT_FALSE(fence.Confirmed());
   EXPECT_OK(fence.CheckServing()) << "reads go on while unconfirmed";
@@ -81,8 +80,8 @@ TEST_F(FenceTest, ALostLeaseConfirmsNothingMore) {
   now_ = absl::Seconds(101.4);
   EXPECT_OK(fence.CheckWrite()) << "what the last renewal proved still holds";
   now_ = absl::Seconds(101.5);
-  EXPECT_THAT(fence.CheckWrite(), StatusIs(absl::StatusCode::kUnavailable,
-                                           HasSubstr("not confirmed for 1.5s")));
+  EXPECT_THAT(fence.CheckWrite(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not confirmed for 1.5s")));
 }
 
 TEST_F(FenceTest, AnOlderRenewalReadLateDoesNotShortenTheBound) {
@@ -93,8 +92,8 @@ TEST_F(FenceTest, AnOlderRenewalReadLateDoesNotShortenTheBound) {
   // suspended machine), and the lease is unconfirmed at once.
   now_ = absl::Seconds(160);
   renewal_ = LeaseRenewal{absl::Seconds(99), absl::Seconds(4)};
-  EXPECT_THAT(fence.CheckWrite(), StatusIs(absl::StatusCode::kUnavailable,
-                                           HasSubstr("not confirmed for 1m")));
+  EXPECT_THAT(fence.CheckWrite(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not confirmed for 1m")));
 }
 
 TEST_F(FenceTest, SteppingDownIsForGoodAndRefusesEverything) {
@@ -104,9 +103,9 @@ TEST_F(FenceTest, SteppingDownIsForGoodAndRefusesEverything) {
   EXPECT_TRUE(fence.StepDown("etcd /shards/3 names epoch 2, held by b"));
   EXPECT_FALSE(fence.StepDown("again")) << "the first reason stays";
   EXPECT_TRUE(fence.stepped_down());
-  const auto stepped = StatusIs(
-      absl::StatusCode::kUnavailable,
-      AllOf(HasSubstr("stepped down from shard 3"), HasSubstr("epoch 2, held by b")));
+  const auto stepped =
+      StatusIs(absl::StatusCode::kUnavailable,
+               AllOf(HasSubstr("stepped down from shard 3"), HasSubstr("epoch 2, held by b")));
   EXPECT_THAT(fence.CheckWrite(), stepped) << "even while the lease would confirm it";
   EXPECT_THAT(fence.CheckServing(), stepped);
   EXPECT_FALSE(fence.Confirmed());
