@@ -90,9 +90,9 @@ absl::StatusOr<ParsedKey> Parse(absl::string_view key) {
     parsed.kind = KeyKind::kWorker;
     parsed.worker_id = std::string(rest);
   } else {
-    return NotOfTheLayout(key, absl::StrCat("expected ", kDesired, ", ", kServers, "<index>, ",
-                                            kCheckpoints, "<shard>, ", kShards, "<shard> or ", kWorkers,
-                                            "<id>"));
+    return NotOfTheLayout(
+        key, absl::StrCat("expected ", kDesired, ", ", kServers, "<index>, ", kCheckpoints,
+                          "<shard>, ", kShards, "<shard> or ", kWorkers, "<id>"));
   }
   return parsed;
 }

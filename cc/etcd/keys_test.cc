@@ -47,8 +47,8 @@ TEST(KeysTest, ParseGivesBackWhatTheLayoutWrote) {
 
 TEST(KeysTest, ParseRefusesKeysOutsideTheLayoutNamingThem) {
   for (const char* key : {"/ps/", "/ps/x", "/ps/-1", "/ps/+1", "/ps/ 1", "/ps/01", "/ps/1/",
-                          "/ps/4294967296", "/checkpoints/", "/checkpoints/0x1", "/shards/", "/shards/01", "/workers/",
-                          "/ps_desired/", "/other", "", "ps/0"}) {
+                          "/ps/4294967296", "/checkpoints/", "/checkpoints/0x1", "/shards/",
+                          "/shards/01", "/workers/", "/ps_desired/", "/other", "", "ps/0"}) {
     EXPECT_THAT(Parse(key), StatusIs(absl::StatusCode::kInvalidArgument,
                                      HasSubstr(absl::StrCat("'", key, "'"))))
         << key;

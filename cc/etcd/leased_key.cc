@@ -104,12 +104,14 @@ absl::Status LeasedKey::Reclaim(const std::string& key, int64_t lease) {
   if (put.succeeded) return absl::OkStatus();
   std::vector<Compare> ours = guard;
   ours.push_back(Compare::ValueEquals(key, options_.value));
-  PS_ASSIGN_OR_RETURN(TxnResult retaken, etcd_->Txn(ours, {TxnOp::Put(key, options_.value, lease)}));
+  PS_ASSIGN_OR_RETURN(TxnResult retaken,
+                      etcd_->Txn(ours, {TxnOp::Put(key, options_.value, lease)}));
   if (!retaken.succeeded) {
     return absl::FailedPreconditionError(
         guard.empty() ? absl::StrCat(key, " is held by another")
-                      : absl::StrCat(key, " is held by another, or the claim's conditions no "
-                                          "longer hold"));
+                      : absl::StrCat(key,
+                                     " is held by another, or the claim's conditions no "
+                                     "longer hold"));
   }
   return absl::OkStatus();
 }

@@ -24,8 +24,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 

@@ -16,7 +16,7 @@ namespace protobuf = google::protobuf;
 
 const char Dispatcher::kMethodPrefix[] = "/pserver.v1.ParameterServer/";
 const char* const Dispatcher::kWriteMethods[] = {
-    "InitParam", "FinishInitParams", "SendGrad", "Save", "CreateTable", "TablePush",
+    "InitParam", "FinishInitParams", "SendGrad",  "Save",      "CreateTable", "TablePush",
     "Clock",     "Barrier",          "AllReduce", "Broadcast", nullptr};
 
 ReplyHold& ReplyHold::operator=(ReplyHold&& other) noexcept {

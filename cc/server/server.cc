@@ -440,10 +440,10 @@ absl::Status Server::Register() {
       absl::StatusOr<ShardClaim> next =
           NextShardClaim(i, current.ok() ? &*current : nullptr, instance_id_, address_);
       if (!next.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            next.status().message(), "; this server does not claim index ", i,
-            " over it: if no server holds shard ", i, ", delete the key (etcdctl del ",
-            etcd_options.prefix, etcd_keys::ShardKey(i), ")"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(next.status().message(), "; this server does not claim index ", i,
+                         " over it: if no server holds shard ", i, ", delete the key (etcdctl del ",
+                         etcd_options.prefix, etcd_keys::ShardKey(i), ")"));
       }
       ClaimGuard guard;
       guard.compares.push_back(next->unchanged);
@@ -524,9 +524,8 @@ void Server::FenceLoop() {
   // Also without a refused write, an unconfirmed server asks etcd every
   // half TTL, so that one whose shard moved on steps down and says so.
   const absl::Duration period = std::max(options_.lease_ttl / 2, absl::Milliseconds(100));
-  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) {
-    return stopping_ || fence_recheck_;
-  };
+  auto woken = [this]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopping_ || fence_recheck_; };
   while (true) {
     {
       absl::MutexLock lock(&loop_mu_);
@@ -546,8 +545,7 @@ void Server::CheckShardEpoch() {
   const std::string key = etcd_keys::ShardKey(index_);
   absl::StatusOr<KeyValue> kv = etcd_->Get(key, absl::Now() + options_.lease_ttl);
   if (absl::IsNotFound(kv.status())) {
-    StepDown(absl::StrCat("etcd ", key, " no longer exists (this server held epoch ", epoch_,
-                          ")"));
+    StepDown(absl::StrCat("etcd ", key, " no longer exists (this server held epoch ", epoch_, ")"));
     return;
   }
   if (!kv.ok()) {
@@ -561,13 +559,12 @@ void Server::CheckShardEpoch() {
     return;
   }
   if (config->holder() == instance_id_ && config->epoch() == epoch_) return;
-  StepDown(absl::StrCat("etcd ", key, " is at epoch ", config->epoch(), ", held by instance ",
-                        config->holder(),
-                        config->holder_address().empty()
-                            ? std::string()
-                            : absl::StrCat(" at ", config->holder_address()),
-                        "; this server (instance ", instance_id_, ") held epoch ", epoch_,
-                        " and its lease was not renewed in time"));
+  StepDown(absl::StrCat(
+      "etcd ", key, " is at epoch ", config->epoch(), ", held by instance ", config->holder(),
+      config->holder_address().empty() ? std::string()
+                                       : absl::StrCat(" at ", config->holder_address()),
+      "; this server (instance ", instance_id_, ") held epoch ", epoch_,
+      " and its lease was not renewed in time"));
 }
 
 void Server::StepDown(const std::string& reason) {
@@ -682,8 +679,8 @@ std::optional<LoadedCheckpoint> Server::LoadPublished(uint64_t* published_sequen
     return ignored(absl::StrCat("it failed: ", loaded.status().message()));
   }
   if (record.epoch() != 0 && loaded->info.epoch != record.epoch()) {
-    return ignored(absl::StrCat("its manifest has epoch ", loaded->info.epoch,
-                                ", the record says ", record.epoch()));
+    return ignored(absl::StrCat("its manifest has epoch ", loaded->info.epoch, ", the record says ",
+                                record.epoch()));
   }
   if (loaded->info.manifest_crc32c != record.manifest_crc32c() ||
       loaded->info.sequence != record.sequence()) {
@@ -786,18 +783,18 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
         etcd_->Txn({Compare::ValueEquals(etcd_keys::ShardKey(index_), shard_config_value_)},
                    {TxnOp::Put(CheckpointKey(index_), json)});
     if (!published.ok()) {
-      return absl::Status(published.status().code(),
-                          absl::StrCat("checkpoint ", info.path,
-                                       " is durable but publishing it failed: ",
-                                       published.status().message()));
+      return absl::Status(
+          published.status().code(),
+          absl::StrCat("checkpoint ", info.path,
+                       " is durable but publishing it failed: ", published.status().message()));
     }
     if (!published->succeeded) {
       std::error_code ec;
       std::filesystem::remove_all(info.path, ec);
       const std::string why =
           absl::StrCat("publishing checkpoint ", info.path, " was refused: etcd ",
-                       etcd_keys::ShardKey(index_), " no longer holds this server's epoch ",
-                       epoch_, " (another server claimed shard ", index_, ")");
+                       etcd_keys::ShardKey(index_), " no longer holds this server's epoch ", epoch_,
+                       " (another server claimed shard ", index_, ")");
       Log(absl::StrCat(why, "; deleted it",
                        ec ? absl::StrCat(" (failed: ", ec.message(), ")") : std::string()));
       StepDown(why);
