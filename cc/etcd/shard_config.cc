@@ -48,6 +48,14 @@ absl::StatusOr<v1::ShardConfig> ParseShardConfig(uint32_t shard, absl::string_vi
     return refused(absl::StrCat("its holder '", absl::CHexEscape(config.holder().substr(0, 80)),
                                 "' is not an instance id (1-64 letters and digits)"));
   }
+  // Logged and sent to clients in step-down messages: printable and short.
+  bool printable = config.holder_address().size() <= 300;
+  for (char c : config.holder_address()) printable = printable && absl::ascii_isgraph(c);
+  if (!printable) {
+    return refused(absl::StrCat("its holder address '",
+                                absl::CHexEscape(config.holder_address().substr(0, 80)),
+                                "' is not a printable host:port"));
+  }
   if (config.replicas_size() > kMaxShardReplicas) {
     return refused(absl::StrCat("it lists ", config.replicas_size(), " replicas, more than ",
                                 kMaxShardReplicas));

@@ -32,8 +32,10 @@ inline constexpr size_t kMaxShardConfigBytes = 64 << 10;
 inline constexpr int kMaxShardReplicas = 64;
 
 // The value of /shards/<shard> (protobuf JSON). INVALID_ARGUMENT naming the
-// key when it is not JSON of a ShardConfig, its epoch is 0, its holder is not
-// 1-64 letters and digits, or it is too long.
+// key when it is not JSON of a ShardConfig, its epoch is 0 or 2^64-1, its
+// holder is not 1-64 letters and digits, its holder address is not printable
+// ASCII of at most 300 bytes, a replica is not an instance id, or it is too
+// long.
 absl::StatusOr<v1::ShardConfig> ParseShardConfig(uint32_t shard, absl::string_view value);
 std::string FormatShardConfig(const v1::ShardConfig& config);
 

@@ -38,6 +38,8 @@ TEST(ShardConfigTest, MalformedValuesAreRefusedNamingTheKeyAndWhy) {
       {"{\"epoch\":\"2\"}", "is not an instance id"},
       {"{\"epoch\":\"2\",\"holder\":\"a b\"}", "is not an instance id"},
       {"{\"epoch\":\"2\",\"holder\":\"ab\",\"replicas\":[\"\"]}", "replica"},
+      {"{\"epoch\":\"2\",\"holder\":\"ab\",\"holderAddress\":\"h:1\\nx\"}",
+       "not a printable host:port"},
       {std::string(kMaxShardConfigBytes + 1, ' '), "more than"},
   };
   for (const auto& c : cases) {

@@ -337,7 +337,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                              "; blocks the device cannot update, sparse and KV tables in host "
                              "memory"));
   }
-  server->loaded_ok_ = true;
   server->dispatcher_->SetIndex(server->index_);
   if (server->registration_ != nullptr) {
     FenceOptions fence;
@@ -348,6 +347,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->dispatcher_->SetFence(server->fence_.get());
     server->fence_thread_ = std::thread([raw] { raw->FenceLoop(); });
   }
+  server->loaded_ok_ = true;  // after the fence: a save may need it
   server->dispatcher_->SetServing(true);
   if (!options.checkpoint_dir.empty() && options.checkpoint_interval > absl::ZeroDuration()) {
     server->checkpoint_thread_ = std::thread([raw] { raw->CheckpointLoop(); });
