@@ -346,6 +346,35 @@ TEST_F(FaultToleranceTest, ACheckpointIsPublishedOnlyUnderTheServersEpoch) {
   EXPECT_EQ(on_disk.size(), 1u);
 }
 
+// etcd lost its data (a fresh etcd): a server claims the shard above the
+// epochs its checkpoints on disk record, so its new checkpoints sort above
+// the old ones for loading and pruning.
+TEST_F(FaultToleranceTest, AClaimAfterEtcdLostItsDataGoesAboveTheEpochsOnDisk) {
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(EtcdServer()));
+  ASSERT_EQ(server->epoch(), 1u);
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(EtcdClientOpts()));
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({2}, {0, 0}), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+  ASSERT_OK(client->SendGrad("w", Tensor::FromValues<float>({2}, {1, 1})));
+  ASSERT_OK(server->Save().status());
+  client.reset();
+  server.reset();  // saves a last checkpoint at epoch 1
+
+  ASSERT_OK(etcd_client_->DeletePrefix("/"));  // every key of the cluster gone
+  ASSERT_OK_AND_ASSIGN(server, Server::Start(EtcdServer()));
+  EXPECT_EQ(server->epoch(), 2u) << "above epoch 1 on disk, not 1 again";
+  ASSERT_TRUE(server->loaded_checkpoint().has_value());
+  EXPECT_EQ(server->loaded_checkpoint()->epoch, 1u);
+  for (int i = 0; i < 3; ++i) ASSERT_OK(server->Save().status());
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> kept,
+                       ListCheckpointsInLoadOrder(checkpoint_dir_ + "/shard-0"));
+  ASSERT_EQ(kept.size(), 3u);
+  for (const CheckpointEntry& entry : kept) EXPECT_EQ(entry.epoch, 2u) << entry.path;
+  ASSERT_OK_AND_ASSIGN(auto reader, Client::Connect(EtcdClientOpts()));
+  ASSERT_OK_AND_ASSIGN(Tensor w, reader->GetParam("w"));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{-1, -1}));
+}
+
 TEST_F(FaultToleranceTest, ClientFollowsAServerRestartedOnTheSamePort) {
   ServerOptions options = EtcdServer();
   auto server = Server::Start(options);

@@ -1,5 +1,6 @@
 #include "cc/etcd/shard_config.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/ascii.h"
@@ -78,7 +79,7 @@ std::string FormatShardConfig(const v1::ShardConfig& config) {
 
 absl::StatusOr<ShardClaim> NextShardClaim(uint32_t shard, const KeyValue* current,
                                           absl::string_view holder,
-                                          absl::string_view holder_address) {
+                                          absl::string_view holder_address, uint64_t floor) {
   const std::string key = etcd_keys::ShardKey(shard);
   uint64_t epoch = 0;
   if (current != nullptr) {
@@ -88,6 +89,11 @@ absl::StatusOr<ShardClaim> NextShardClaim(uint32_t shard, const KeyValue* curren
   if (!IsId(holder)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", absl::CHexEscape(holder), "' is not an instance id"));
+  }
+  epoch = std::max(epoch, floor);
+  if (epoch == std::numeric_limits<uint64_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard, " is at epoch 2^64-1: it cannot be claimed again"));
   }
   ShardClaim claim;
   claim.config.set_epoch(epoch + 1);

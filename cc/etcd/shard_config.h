@@ -47,12 +47,15 @@ struct ShardClaim {
   TxnOp put;               // writes `value`
 };
 
-// The next claim over `current` (null: the key does not exist, epoch 0).
+// The next claim over `current` (null: the key does not exist, epoch 0):
+// epoch max(current's, floor) + 1. `floor` is the highest epoch the claimer
+// knows of otherwise (its checkpoints on disk), so that a claim after etcd
+// lost its data never goes below the epochs already written.
 // INVALID_ARGUMENT when `current` does not parse (ParseShardConfig): a
 // server does not claim over a config it cannot read.
 absl::StatusOr<ShardClaim> NextShardClaim(uint32_t shard, const KeyValue* current,
                                           absl::string_view holder,
-                                          absl::string_view holder_address);
+                                          absl::string_view holder_address, uint64_t floor = 0);
 
 }  // namespace pserver
 

@@ -74,6 +74,12 @@ TEST(ShardConfigTest, AClaimBumpsTheEpochGuardedByTheRevisionRead) {
   EXPECT_EQ(second.config.holder(), "bbbb");
   EXPECT_EQ(second.unchanged.number, 41);
 
+  // Epochs already on disk (etcd lost its data): the claim goes above them.
+  ASSERT_OK_AND_ASSIGN(ShardClaim above, NextShardClaim(2, nullptr, "cccc", "h:3", 9));
+  EXPECT_EQ(above.config.epoch(), 10u);
+  ASSERT_OK_AND_ASSIGN(ShardClaim below, NextShardClaim(2, &current, "cccc", "h:3", 1));
+  EXPECT_EQ(below.config.epoch(), 2u);
+
   current.value = "{broken";
   EXPECT_THAT(NextShardClaim(2, &current, "bbbb", "h:2").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/shards/2")));

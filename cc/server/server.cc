@@ -437,8 +437,8 @@ absl::Status Server::Register() {
       absl::StatusOr<KeyValue> current =
           until_deadline([&] { return etcd_->Get(etcd_keys::ShardKey(i)); });
       if (!current.ok() && !absl::IsNotFound(current.status())) return current.status();
-      absl::StatusOr<ShardClaim> next =
-          NextShardClaim(i, current.ok() ? &*current : nullptr, instance_id_, address_);
+      absl::StatusOr<ShardClaim> next = NextShardClaim(
+          i, current.ok() ? &*current : nullptr, instance_id_, address_, EpochOnDisk(i));
       if (!next.ok()) {
         return absl::FailedPreconditionError(
             absl::StrCat(next.status().message(), "; this server does not claim index ", i,
@@ -515,6 +515,13 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Server::ListWorkers() {
 
 // ---- fencing (docs/replication.md) ----------------------------------------------------
 
+uint64_t Server::EpochOnDisk(uint32_t shard) const {
+  if (options_.checkpoint_dir.empty()) return 0;
+  absl::StatusOr<std::vector<CheckpointEntry>> held =
+      ListCheckpointsInLoadOrder(ShardDir(shard));
+  return held.ok() && !held->empty() ? held->back().epoch : 0;
+}
+
 void Server::RecheckFenceSoon() {
   absl::MutexLock lock(&loop_mu_);
   fence_recheck_ = true;
@@ -579,8 +586,10 @@ void Server::StepDown(const std::string& reason) {
 
 // ---- checkpoints ---------------------------------------------------------------------
 
-std::string Server::ShardDir() const {
-  return absl::StrCat(options_.checkpoint_dir, "/shard-", index_);
+std::string Server::ShardDir() const { return ShardDir(index_); }
+
+std::string Server::ShardDir(uint32_t shard) const {
+  return absl::StrCat(options_.checkpoint_dir, "/shard-", shard);
 }
 
 absl::Status Server::CheckBelongsHere(const CheckpointInfo& info) const {

@@ -269,7 +269,8 @@ class Server {
   // checkpoints of a shard at or beyond the server count, or a shard's newest
   // checkpoint was written by another count (when known).
   absl::Status CheckClusterSize() const;
-  std::string ShardDir() const;
+  std::string ShardDir() const;  // this server's shard's
+  std::string ShardDir(uint32_t shard) const;
   void CheckpointLoop();
   // Evicts expired table rows (Eviction.ttl_seconds) every kSweepInterval,
   // also while no request comes.
@@ -279,6 +280,9 @@ class Server {
   // Fencing (cc/server/fence.h): the thread that re-checks etcd while the
   // lease is unconfirmed, what wakes it, the check of /shards/<index>, and
   // stepping down (logged, the registration released).
+  // The highest epoch of shard `shard`'s checkpoints in checkpoint_dir (0:
+  // none): a claim goes above it even when etcd lost /shards/<shard>.
+  uint64_t EpochOnDisk(uint32_t shard) const;
   void RecheckFenceSoon();
   void FenceLoop();
   void CheckShardEpoch();
