@@ -37,6 +37,7 @@
 namespace pserver {
 namespace {
 
+using ::pserver::testing::StatusCodeIs;
 using ::pserver::testing::StatusIs;
 using ::testing::Contains;
 using ::testing::HasSubstr;
@@ -373,6 +374,22 @@ TEST_F(FaultToleranceTest, AClaimAfterEtcdLostItsDataGoesAboveTheEpochsOnDisk) {
   ASSERT_OK_AND_ASSIGN(auto reader, Client::Connect(EtcdClientOpts()));
   ASSERT_OK_AND_ASSIGN(Tensor w, reader->GetParam("w"));
   EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{-1, -1}));
+}
+
+// Without any write to refuse, a server whose lease ran out re-reads
+// /shards/<i> on its own and steps down when another holder is there.
+TEST_F(FaultToleranceTest, AnIdleServerWhoseShardMovedOnStepsDownByItself) {
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(EtcdServer()));
+  v1::ShardConfig other;
+  other.set_epoch(server->epoch() + 1);
+  other.set_holder("c0c0c0c0c0c0c0c0");
+  ASSERT_OK(etcd_client_->Put(etcd_keys::ShardKey(0), FormatShardConfig(other)));
+  ASSERT_OK(etcd_client_->Revoke(server->lease()));  // as if it had expired
+  ASSERT_TRUE(WaitFor([&] { return server->stepped_down(); }, absl::Seconds(30)));
+  EXPECT_THAT(server->final_save_status(), StatusCodeIs(absl::StatusCode::kOk));
+  server->Shutdown();
+  EXPECT_THAT(server->final_save_status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("epoch 2")));
 }
 
 TEST_F(FaultToleranceTest, ClientFollowsAServerRestartedOnTheSamePort) {
