@@ -244,6 +244,7 @@ TEST_F(CheckpointTrustTest, RecordWhoseCrcOrShardDoesNotMatchIsIgnored) {
        "crc32c"},
       {"shard", [](v1::CheckpointRecord* r) { r->set_shard(5); }, "shard 5"},
       {"cluster", [](v1::CheckpointRecord* r) { r->set_cluster("other"); }, "cluster 'other'"},
+      {"epoch", [](v1::CheckpointRecord* r) { r->set_epoch(r->epoch() + 7); }, "epoch"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -251,6 +252,7 @@ TEST_F(CheckpointTrustTest, RecordWhoseCrcOrShardDoesNotMatchIsIgnored) {
     record.set_path(older.path);  // an older one of our own, so the record matters
     record.set_sequence(older.sequence);
     record.set_manifest_crc32c(older.manifest_crc32c);
+    record.set_epoch(older.epoch);
     record.set_shard(0);
     record.set_cluster("job");
     c.damage(&record);

@@ -25,6 +25,7 @@
 #include "cc/core/checkpoint.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
+#include "cc/etcd/shard_config.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
@@ -36,6 +37,8 @@
 namespace pserver {
 namespace {
 
+using ::pserver::testing::StatusCodeIs;
+using ::pserver::testing::StatusIs;
 using ::testing::Contains;
 using ::testing::HasSubstr;
 
@@ -246,9 +249,27 @@ TEST_F(FaultToleranceTest, ServersReRegisterAfterEtcdRestartsAndKeepServing) {
         return a->leases_lost() >= 1 && b->leases_lost() >= 1 && client->worker_leases_lost() >= 1;
       },
       absl::Seconds(20)));
-  // Serving goes on without etcd.
-  ASSERT_OK(client->SendGrad("a", Tensor::FromValues<float>({2}, {1, 1})));
+  // Reads go on without etcd; writes are refused: a server whose lease is
+  // not confirmed may have lost its index to another (docs/replication.md).
+  ASSERT_OK_AND_ASSIGN(Tensor read, client->GetParam("a"));
+  EXPECT_EQ(read.ToVector<float>(), (std::vector<float>{0, 0}));
+  for (Server* s : {a.get(), b.get()}) {
+    auto direct = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(s->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::SendGradRequest push;
+    push.mutable_gradient()->set_name("a");
+    v1::SendGradResponse pushed;
+    const grpc::Status refused = direct->SendGrad(&context, push, &pushed);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr(absl::StrCat("lease for /ps/", s->index(), " not confirmed")));
+    EXPECT_FALSE(s->stepped_down()) << "etcd unreachable proves nothing: it waits";
+  }
   ASSERT_OK(etcd_->Restart());
+  // Once the leases are renewed again, writes are acknowledged.
+  ASSERT_OK(client->SendGrad("a", Tensor::FromValues<float>({2}, {1, 1})));
   ASSERT_TRUE(WaitFor([&] { return a->registrations() >= 2 && b->registrations() >= 2; },
                       absl::Seconds(20)))
       << a->registrations() << " " << b->registrations();
@@ -272,6 +293,103 @@ TEST_F(FaultToleranceTest, ServersReRegisterAfterEtcdRestartsAndKeepServing) {
   // A new client discovers both.
   ASSERT_OK_AND_ASSIGN(auto late, Client::Connect(EtcdClientOpts()));
   EXPECT_EQ(late->addresses(), client->addresses());
+}
+
+// A checkpoint is published only while etcd /shards/<i> holds the server's
+// epoch: once another claim moved it on (here written by hand while this
+// server's lease still lives, which no etcd-side fence could catch), the
+// publish transaction fails, the files it wrote are deleted and the server
+// steps down.
+TEST_F(FaultToleranceTest, ACheckpointIsPublishedOnlyUnderTheServersEpoch) {
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(EtcdServer()));
+  EXPECT_EQ(server->epoch(), 1u);
+  ASSERT_OK_AND_ASSIGN(KeyValue shard, etcd_client_->Get(etcd_keys::ShardKey(0)));
+  ASSERT_OK_AND_ASSIGN(v1::ShardConfig config, ParseShardConfig(0, shard.value));
+  EXPECT_EQ(config.epoch(), 1u);
+  EXPECT_EQ(config.holder(), server->instance_id());
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(EtcdClientOpts()));
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({2}, {0, 0}), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+  ASSERT_OK(client->SendGrad("w", Tensor::FromValues<float>({2}, {1, 1})));
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo first, server->Save());
+  EXPECT_EQ(first.epoch, 1u);
+  ASSERT_OK_AND_ASSIGN(KeyValue published, etcd_client_->Get(etcd_keys::CheckpointKey(0)));
+  EXPECT_THAT(published.value, HasSubstr("\"epoch\":\"1\""));
+
+  v1::ShardConfig other;
+  other.set_epoch(2);
+  other.set_holder("b0b0b0b0b0b0b0b0");
+  ASSERT_OK(etcd_client_->Put(etcd_keys::ShardKey(0), FormatShardConfig(other)));
+  absl::StatusOr<CheckpointInfo> refused = server->Save();
+  EXPECT_THAT(refused.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                         HasSubstr("no longer holds this server's epoch 1")));
+  EXPECT_TRUE(server->stepped_down());
+  ASSERT_OK_AND_ASSIGN(KeyValue after, etcd_client_->Get(etcd_keys::CheckpointKey(0)));
+  EXPECT_EQ(after.value, published.value) << "nothing published";
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> on_disk,
+                       ListCheckpoints(checkpoint_dir_ + "/shard-0"));
+  ASSERT_EQ(on_disk.size(), 1u) << "the refused checkpoint's files were deleted";
+  EXPECT_EQ(on_disk[0].path, first.path);
+  // Stepped down: nothing more is acknowledged, nor saved at shutdown.
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::SaveResponse saved;
+  const grpc::Status save = stub->Save(&context, v1::SaveRequest(), &saved);
+  EXPECT_EQ(save.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(save.error_message(), HasSubstr("stepped down from shard 0"));
+  client.reset();
+  server->Shutdown();
+  EXPECT_THAT(server->final_save_status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no final checkpoint")));
+  ASSERT_OK_AND_ASSIGN(on_disk, ListCheckpoints(checkpoint_dir_ + "/shard-0"));
+  EXPECT_EQ(on_disk.size(), 1u);
+}
+
+// etcd lost its data (a fresh etcd): a server claims the shard above the
+// epochs its checkpoints on disk record, so its new checkpoints sort above
+// the old ones for loading and pruning.
+TEST_F(FaultToleranceTest, AClaimAfterEtcdLostItsDataGoesAboveTheEpochsOnDisk) {
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(EtcdServer()));
+  ASSERT_EQ(server->epoch(), 1u);
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(EtcdClientOpts()));
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({2}, {0, 0}), Sgd(1)));
+  ASSERT_OK(client->FinishInitParams());
+  ASSERT_OK(client->SendGrad("w", Tensor::FromValues<float>({2}, {1, 1})));
+  ASSERT_OK(server->Save().status());
+  client.reset();
+  server.reset();  // saves a last checkpoint at epoch 1
+
+  ASSERT_OK(etcd_client_->DeletePrefix("/"));  // every key of the cluster gone
+  ASSERT_OK_AND_ASSIGN(server, Server::Start(EtcdServer()));
+  EXPECT_EQ(server->epoch(), 2u) << "above epoch 1 on disk, not 1 again";
+  ASSERT_TRUE(server->loaded_checkpoint().has_value());
+  EXPECT_EQ(server->loaded_checkpoint()->epoch, 1u);
+  for (int i = 0; i < 3; ++i) ASSERT_OK(server->Save().status());
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> kept,
+                       ListCheckpointsInLoadOrder(checkpoint_dir_ + "/shard-0"));
+  ASSERT_EQ(kept.size(), 3u);
+  for (const CheckpointEntry& entry : kept) EXPECT_EQ(entry.epoch, 2u) << entry.path;
+  ASSERT_OK_AND_ASSIGN(auto reader, Client::Connect(EtcdClientOpts()));
+  ASSERT_OK_AND_ASSIGN(Tensor w, reader->GetParam("w"));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{-1, -1}));
+}
+
+// Without any write to refuse, a server whose lease ran out re-reads
+// /shards/<i> on its own and steps down when another holder is there.
+TEST_F(FaultToleranceTest, AnIdleServerWhoseShardMovedOnStepsDownByItself) {
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(EtcdServer()));
+  v1::ShardConfig other;
+  other.set_epoch(server->epoch() + 1);
+  other.set_holder("c0c0c0c0c0c0c0c0");
+  ASSERT_OK(etcd_client_->Put(etcd_keys::ShardKey(0), FormatShardConfig(other)));
+  ASSERT_OK(etcd_client_->Revoke(server->lease()));  // as if it had expired
+  ASSERT_TRUE(WaitFor([&] { return server->stepped_down(); }, absl::Seconds(30)));
+  EXPECT_THAT(server->final_save_status(), StatusCodeIs(absl::StatusCode::kOk));
+  server->Shutdown();
+  EXPECT_THAT(server->final_save_status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("epoch 2")));
 }
 
 TEST_F(FaultToleranceTest, ClientFollowsAServerRestartedOnTheSamePort) {

@@ -284,6 +284,8 @@ static void test_etcd_keys(void) {
       {PSERVER_ETCD_KEY_CHECKPOINT, "0", "/pserver/job/checkpoints/0"},
       {PSERVER_ETCD_KEY_WORKERS, NULL, "/pserver/job/workers/"},
       {PSERVER_ETCD_KEY_WORKER, "trainer-7", "/pserver/job/workers/trainer-7"},
+      {PSERVER_ETCD_KEY_SHARDS, NULL, "/pserver/job/shards/"},
+      {PSERVER_ETCD_KEY_SHARD, "2", "/pserver/job/shards/2"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
     EXPECT(pserver_etcd_key(cases[i].kind, "job", cases[i].arg, key, sizeof key, st) ==
@@ -322,6 +324,9 @@ static void test_etcd_keys(void) {
   EXPECT(pserver_etcd_key_parse("job", "/pserver/job/checkpoints/1", arg, sizeof arg, st) ==
          PSERVER_ETCD_KEY_CHECKPOINT);
   EXPECT(streq(arg, "1"));
+  EXPECT(pserver_etcd_key_parse("job", "/pserver/job/shards/4", arg, sizeof arg, st) ==
+         PSERVER_ETCD_KEY_SHARD);
+  EXPECT(streq(arg, "4"));
   EXPECT(pserver_etcd_key_parse("job", "/pserver/job/workers/w/1", arg, sizeof arg, st) ==
          PSERVER_ETCD_KEY_WORKER);
   EXPECT(streq(arg, "w/1"));

@@ -66,6 +66,12 @@ absl::StatusOr<std::string> KeyOf(int32_t kind, const char* cluster, absl::strin
       return without_arg(keys::CheckpointsPrefix());
     case PSERVER_ETCD_KEY_WORKERS:
       return without_arg(keys::WorkersPrefix());
+    case PSERVER_ETCD_KEY_SHARDS:
+      return without_arg(keys::ShardsPrefix());
+    case PSERVER_ETCD_KEY_SHARD: {
+      PS_ASSIGN_OR_RETURN(uint32_t shard, keys::ParseIndex(arg));
+      return prefix + keys::ShardKey(shard);
+    }
     case PSERVER_ETCD_KEY_SERVER: {
       PS_ASSIGN_OR_RETURN(uint32_t index, keys::ParseIndex(arg));
       return prefix + keys::ServerKey(index);
@@ -101,6 +107,8 @@ absl::StatusOr<std::pair<int32_t, std::string>> KindOf(const char* cluster,
       return std::make_pair(int32_t{PSERVER_ETCD_KEY_CHECKPOINT}, absl::StrCat(parsed.index));
     case keys::KeyKind::kWorker:
       return std::make_pair(int32_t{PSERVER_ETCD_KEY_WORKER}, parsed.worker_id);
+    case keys::KeyKind::kShard:
+      return std::make_pair(int32_t{PSERVER_ETCD_KEY_SHARD}, absl::StrCat(parsed.index));
   }
   return absl::InternalError("unknown key kind");
 }

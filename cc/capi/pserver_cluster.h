@@ -298,6 +298,8 @@ PSERVER_EXPORT size_t pserver_etcd_kvs_value_size(const pserver_etcd_kvs_t* kvs,
  *   ps/<index>          server <index>'s "host:port", under its lease
  *   checkpoints/<shard> the newest good checkpoint of a shard (JSON)
  *   workers/<id>        a trainer's registration (JSON), under its lease
+ *   shards/<shard>      a shard's epoch and holder (JSON), no lease
+ *   shards/<shard>      a shard's epoch and holder (JSON), no lease
  * Indices are canonical decimal ("3", not "03" or "+3"). */
 typedef enum pserver_etcd_key_kind_t {
   PSERVER_ETCD_KEY_CLUSTER = 0,     /* "/pserver/C/", the prefix of them all */
@@ -307,7 +309,9 @@ typedef enum pserver_etcd_key_kind_t {
   PSERVER_ETCD_KEY_CHECKPOINTS = 4, /* "/pserver/C/checkpoints/" */
   PSERVER_ETCD_KEY_CHECKPOINT = 5,  /* "/pserver/C/checkpoints/<arg>" */
   PSERVER_ETCD_KEY_WORKERS = 6,     /* "/pserver/C/workers/" */
-  PSERVER_ETCD_KEY_WORKER = 7       /* "/pserver/C/workers/<arg>" */
+  PSERVER_ETCD_KEY_WORKER = 7,      /* "/pserver/C/workers/<arg>" */
+  PSERVER_ETCD_KEY_SHARDS = 8,      /* "/pserver/C/shards/" */
+  PSERVER_ETCD_KEY_SHARD = 9        /* "/pserver/C/shards/<arg>" */
 } pserver_etcd_key_kind_t;
 
 /* Writes the full key of `kind` (a pserver_etcd_key_kind_t) in `cluster`,

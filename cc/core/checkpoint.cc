@@ -380,6 +380,7 @@ absl::StatusOr<uint32_t> WriteCheckpointFiles(const StoreSnapshot& snapshot,
   manifest.set_initialized(snapshot.initialized);
   manifest.set_cluster(options.cluster);
   manifest.set_num_servers(options.num_servers);
+  manifest.set_epoch(options.epoch);
 
   std::vector<const BlockSnapshot*> blocks;
   for (const BlockSnapshot& block : snapshot.blocks) blocks.push_back(&block);
@@ -635,6 +636,7 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
   info.time = absl::FromUnixMicros(absl::ToUnixMicros(time));
   info.cluster = options.cluster;
   info.num_servers = options.num_servers;
+  info.epoch = options.epoch;
   return info;
 }
 
@@ -662,13 +664,27 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& 
   return entries;
 }
 
+absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpointsInLoadOrder(const std::string& dir) {
+  PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> entries, ListCheckpoints(dir));
+  for (CheckpointEntry& entry : entries) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(entry.path);
+    entry.epoch = reader.ok() ? (*reader)->info().epoch : 0;
+  }
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const CheckpointEntry& a, const CheckpointEntry& b) {
+                     if (a.epoch != b.epoch) return a.epoch < b.epoch;
+                     return a.sequence < b.sequence;
+                   });
+  return entries;
+}
+
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir,
                                                           size_t keep) {
   if (keep == 0) {
     return absl::InvalidArgumentError(
         "PruneCheckpoints keeps at least 1 checkpoint: the published one");
   }
-  PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> entries, ListCheckpoints(dir));
+  PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> entries, ListCheckpointsInLoadOrder(dir));
   std::vector<std::string> removed;
   if (entries.size() <= keep) return removed;
   for (size_t i = 0; i + keep < entries.size(); ++i) {
@@ -757,6 +773,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   reader->info_.time = absl::FromUnixMicros(manifest.create_time_micros());
   reader->info_.cluster = manifest.cluster();
   reader->info_.num_servers = manifest.num_servers();
+  reader->info_.epoch = manifest.epoch();
   return reader;
 }
 
@@ -908,7 +925,7 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& path) {
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir) {
-  PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> entries, ListCheckpoints(dir));
+  PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> entries, ListCheckpointsInLoadOrder(dir));
   if (entries.empty()) {
     return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir));
   }

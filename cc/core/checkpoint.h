@@ -97,6 +97,7 @@ struct CheckpointInfo {
   absl::Time time;               // when it was written
   std::string cluster;           // CheckpointWriteOptions::cluster
   uint32_t num_servers = 0;      // CheckpointWriteOptions::num_servers
+  uint64_t epoch = 0;            // CheckpointWriteOptions::epoch
 };
 
 struct CheckpointWriteOptions {
@@ -114,6 +115,10 @@ struct CheckpointWriteOptions {
   // Recorded in the manifest: the cluster and its server count (0: unknown).
   std::string cluster;
   uint32_t num_servers = 0;
+  // Recorded in the manifest: the shard epoch (etcd /shards/<shard>) of the
+  // server writing it; 0: none. Loading and pruning order by (epoch,
+  // sequence).
+  uint64_t epoch = 0;
 };
 
 // fsyncs directory `dir`, so that the entries created or renamed in it are
@@ -137,6 +142,7 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
 struct CheckpointEntry {
   std::string path;
   uint64_t sequence = 0;
+  uint64_t epoch = 0;  // ListCheckpointsInLoadOrder only: the manifest's (0: none or unreadable)
 };
 
 // The ckpt-<20 digits> directories in `dir`, oldest first, read from their
@@ -144,8 +150,17 @@ struct CheckpointEntry {
 // `dir` does not exist; FAILED_PRECONDITION if it is not a directory.
 absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir);
 
-// Deletes all but the newest `keep` (>= 1) checkpoints in `dir` and returns
-// the paths it deleted. Call it only after the newest one is published.
+// ListCheckpoints, each with the epoch its MANIFEST records, ordered by
+// (epoch, sequence), oldest first: a stale server's checkpoint (an older
+// epoch) comes before every one of the current holder's, whatever its
+// sequence. A checkpoint whose MANIFEST does not open counts as epoch 0.
+// Checkpoints without an epoch (older ones, or no etcd) are epoch 0, so
+// among themselves they keep their sequence order.
+absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpointsInLoadOrder(const std::string& dir);
+
+// Deletes all but the newest `keep` (>= 1) checkpoints in `dir`, newest in
+// ListCheckpointsInLoadOrder's order, and returns the paths it deleted. Call
+// it only after the newest one is published.
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir,
                                                           size_t keep);
 
@@ -205,8 +220,9 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path);
 // Verifies the checkpoint at `path` without keeping its data in memory.
 absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& path);
 
-// Loads the newest checkpoint in `dir` that reads back whole, skipping (and
-// listing in `skipped`) newer ones that fail. NOT_FOUND if `dir` holds no
+// Loads the newest checkpoint in `dir` (ListCheckpointsInLoadOrder: by
+// epoch, then sequence) that reads back whole, skipping (and listing in
+// `skipped`) newer ones that fail. NOT_FOUND if `dir` holds no
 // checkpoint; DATA_LOSS naming each one and its error if none is good.
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir);
 

@@ -59,7 +59,7 @@ absl::Status CheckpointSet::OpenReaders(const std::string& path) {
     readers_.push_back(std::move(reader));
     return absl::OkStatus();
   }
-  PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> entries, ListCheckpoints(path));
+  PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> entries, ListCheckpointsInLoadOrder(path));
   if (!entries.empty()) {
     PS_ASSIGN_OR_RETURN(auto reader, OpenNewest(entries));
     readers_.push_back(std::move(reader));
@@ -67,7 +67,7 @@ absl::Status CheckpointSet::OpenReaders(const std::string& path) {
   }
   PS_ASSIGN_OR_RETURN(std::vector<std::string> subdirs, Subdirectories(path));
   for (const std::string& sub : subdirs) {
-    PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> shard, ListCheckpoints(sub));
+    PS_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> shard, ListCheckpointsInLoadOrder(sub));
     if (shard.empty()) continue;
     PS_ASSIGN_OR_RETURN(auto reader, OpenNewest(shard));
     readers_.push_back(std::move(reader));

@@ -1013,6 +1013,47 @@ TEST(CheckpointDirTest, PruneKeepsTheNewest) {
   EXPECT_THAT(PruneCheckpoints(dir + "/missing", 1), IsOk());
 }
 
+// A stale server (an older epoch) that wrote later sequence numbers than the
+// current holder must not win: loading and pruning order by (epoch,
+// sequence), and checkpoints without an epoch still load.
+TEST(CheckpointDirTest, LoadingAndPruningOrderByEpochThenSequence) {
+  const std::string dir = TestDir();
+  const StoreSnapshot old_server = TrainedSnapshot(1);
+  const StoreSnapshot holder = TrainedSnapshot(2);
+  const StoreSnapshot stale = TrainedSnapshot(3);
+  ASSERT_OK(SaveCheckpoint(old_server, dir, 0, 1).status());  // no epoch
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadLatestCheckpoint(dir));
+  EXPECT_EQ(loaded.info.epoch, 0u);
+  EXPECT_EQ(loaded.info.sequence, 1u);
+
+  CheckpointWriteOptions epoch2;
+  epoch2.epoch = 2;
+  CheckpointWriteOptions epoch1;
+  epoch1.epoch = 1;
+  ASSERT_OK(SaveCheckpoint(holder, dir, 0, 3, epoch2).status());
+  ASSERT_OK(SaveCheckpoint(stale, dir, 0, 7, epoch1).status());  // later, but stale
+  ASSERT_OK(SaveCheckpoint(old_server, dir, 0, 9).status());     // later, no epoch
+
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> order, ListCheckpointsInLoadOrder(dir));
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_EQ(order[0].sequence, 1u);
+  EXPECT_EQ(order[1].sequence, 9u);
+  EXPECT_EQ(order[2].sequence, 7u);
+  EXPECT_EQ(order[2].epoch, 1u);
+  EXPECT_EQ(order[3].sequence, 3u);
+  EXPECT_EQ(order[3].epoch, 2u);
+
+  ASSERT_OK_AND_ASSIGN(loaded, LoadLatestCheckpoint(dir));
+  EXPECT_EQ(loaded.info.sequence, 3u);
+  EXPECT_EQ(loaded.info.epoch, 2u);
+  ExpectSnapshotsEqual(loaded.snapshot, holder);
+
+  // Pruning keeps the holder's, not the stale server's later ones.
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> removed, PruneCheckpoints(dir, 1));
+  EXPECT_EQ(removed.size(), 3u);
+  EXPECT_THAT(Names(dir), ElementsAre("ckpt-00000000000000000003"));
+}
+
 // ---- files that are not regular files -----------------------------------------------
 
 // Runs `read` on another thread. Reading a FIFO used to block in open(2)

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "cc/core/boot_clock.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
@@ -783,12 +784,13 @@ absl::Status EtcdClient::Revoke(int64_t lease) {
 class LeaseKeeper::Impl {
  public:
   Impl(std::shared_ptr<Connection> connection, int64_t lease, absl::Duration ttl,
-       absl::Time renewed_at, LeaseLostCallback on_lost)
+       absl::Time renewed_at, absl::Duration sent_boot, LeaseLostCallback on_lost)
       : connection_(std::move(connection)),
         lease_(lease),
         on_lost_(std::move(on_lost)),
         renewed_at_(renewed_at),
-        ttl_(ttl) {}
+        ttl_(ttl),
+        last_renewal_{sent_boot, ttl} {}
 
   ~Impl() {
     canceller_.Cancel();
@@ -808,6 +810,10 @@ class LeaseKeeper::Impl {
     absl::MutexLock lock(&mu_);
     return status_;
   }
+  LeaseRenewal last_renewal() const {
+    absl::MutexLock lock(&mu_);
+    return last_renewal_;
+  }
 
  private:
   // Renews at a third of the TTL; after a failed renewal, tries again soon
@@ -826,6 +832,7 @@ class LeaseKeeper::Impl {
     while (true) {
       if (!canceller_.SleepFor(next - absl::Now())) return;
       const absl::Time sent = absl::Now();
+      const absl::Duration sent_boot = BootClockNow();
       const absl::Time expires = renewed_at + ttl;
       if (sent >= expires) {
         Lose(absl::Status(last_error.ok() ? absl::StatusCode::kDeadlineExceeded : last_error.code(),
@@ -845,6 +852,7 @@ class LeaseKeeper::Impl {
           absl::MutexLock lock(&mu_);
           renewed_at_ = renewed_at;
           ttl_ = ttl;
+          last_renewal_ = LeaseRenewal{sent_boot, ttl};
         }
         next = sent + ttl / 3;
         continue;
@@ -875,6 +883,7 @@ class LeaseKeeper::Impl {
   mutable absl::Mutex mu_;
   absl::Time renewed_at_ ABSL_GUARDED_BY(mu_);
   absl::Duration ttl_ ABSL_GUARDED_BY(mu_);
+  LeaseRenewal last_renewal_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -882,15 +891,17 @@ LeaseKeeper::LeaseKeeper(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LeaseKeeper::~LeaseKeeper() = default;
 int64_t LeaseKeeper::lease() const { return impl_->lease(); }
 absl::Duration LeaseKeeper::ttl() const { return impl_->ttl(); }
+LeaseRenewal LeaseKeeper::last_renewal() const { return impl_->last_renewal(); }
 absl::Status LeaseKeeper::status() const { return impl_->status(); }
 
 absl::StatusOr<std::unique_ptr<LeaseKeeper>> EtcdClient::KeepAlive(int64_t lease,
                                                                    LeaseLostCallback on_lost) {
   const absl::Time sent = absl::Now();
+  const absl::Duration sent_boot = BootClockNow();
   absl::StatusOr<absl::Duration> ttl = KeepAliveOnce(lease);
   if (!ttl.ok()) return ttl.status();
-  auto impl =
-      std::make_unique<LeaseKeeper::Impl>(connection_, lease, *ttl, sent, std::move(on_lost));
+  auto impl = std::make_unique<LeaseKeeper::Impl>(connection_, lease, *ttl, sent, sent_boot,
+                                                  std::move(on_lost));
   impl->Start();
   return std::unique_ptr<LeaseKeeper>(new LeaseKeeper(std::move(impl)));
 }

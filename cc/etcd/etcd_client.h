@@ -160,6 +160,15 @@ using LeaseLostCallback = std::function<void(const absl::Status& status)>;
 class Watcher;
 class LeaseKeeper;
 
+// A renewal of a lease that etcd granted: when its request was sent, on
+// BootClockNow() (cc/core/boot_clock.h), and the TTL etcd answered. etcd
+// counts the TTL from when it received the request, so the lease lives at
+// least until sent + ttl.
+struct LeaseRenewal {
+  absl::Duration sent;
+  absl::Duration ttl;
+};
+
 class EtcdClient {
  public:
   // Checks the options and sets up one gRPC channel per endpoint. Does not
@@ -277,6 +286,8 @@ class LeaseKeeper {
   int64_t lease() const;
   // The TTL etcd reported at the last renewal.
   absl::Duration ttl() const;
+  // The last renewal etcd granted (KeepAlive's first included).
+  LeaseRenewal last_renewal() const;
   // OK while the lease is kept alive; once lost, why: NOT_FOUND (revoked or
   // expired) or UNAVAILABLE/DEADLINE_EXCEEDED (etcd unreachable until it must
   // have expired).

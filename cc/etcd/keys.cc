@@ -18,6 +18,7 @@ constexpr absl::string_view kDesired = "/ps_desired";
 constexpr absl::string_view kServers = "/ps/";
 constexpr absl::string_view kCheckpoints = "/checkpoints/";
 constexpr absl::string_view kWorkers = "/workers/";
+constexpr absl::string_view kShards = "/shards/";
 constexpr absl::string_view kInstance = " instance=";
 
 absl::Status NotOfTheLayout(absl::string_view key, absl::string_view why) {
@@ -51,6 +52,8 @@ std::string ServersPrefix() { return std::string(kServers); }
 std::string ServerKey(uint32_t index) { return absl::StrCat(kServers, index); }
 std::string CheckpointsPrefix() { return std::string(kCheckpoints); }
 std::string CheckpointKey(uint32_t shard) { return absl::StrCat(kCheckpoints, shard); }
+std::string ShardsPrefix() { return std::string(kShards); }
+std::string ShardKey(uint32_t shard) { return absl::StrCat(kShards, shard); }
 std::string WorkersPrefix() { return std::string(kWorkers); }
 std::string WorkerKey(absl::string_view id) { return absl::StrCat(kWorkers, id); }
 
@@ -77,13 +80,19 @@ absl::StatusOr<ParsedKey> Parse(absl::string_view key) {
     auto index = IndexOfKey(key, rest);
     if (!index.ok()) return index.status();
     parsed.index = *index;
+  } else if (absl::ConsumePrefix(&rest, kShards)) {
+    parsed.kind = KeyKind::kShard;
+    auto index = IndexOfKey(key, rest);
+    if (!index.ok()) return index.status();
+    parsed.index = *index;
   } else if (absl::ConsumePrefix(&rest, kWorkers)) {
     if (rest.empty()) return NotOfTheLayout(key, "the worker id is empty");
     parsed.kind = KeyKind::kWorker;
     parsed.worker_id = std::string(rest);
   } else {
-    return NotOfTheLayout(key, absl::StrCat("expected ", kDesired, ", ", kServers, "<index>, ",
-                                            kCheckpoints, "<shard> or ", kWorkers, "<id>"));
+    return NotOfTheLayout(
+        key, absl::StrCat("expected ", kDesired, ", ", kServers, "<index>, ", kCheckpoints,
+                          "<shard>, ", kShards, "<shard> or ", kWorkers, "<id>"));
   }
   return parsed;
 }

@@ -7,6 +7,8 @@
 //   /ps/<index>          server <index>'s "host:port instance=<id>" (ServerEntry),
 //                        under its lease
 //   /checkpoints/<shard> the newest good checkpoint of a shard (JSON record)
+//   /shards/<shard>      a shard's epoch and holder (ShardConfig JSON, no lease;
+//                        cc/etcd/shard_config.h)
 //   /workers/<id>        a trainer's registration (JSON), under its lease
 //
 //   EtcdClientOptions options;
@@ -41,6 +43,8 @@ std::string ServersPrefix();       // "/ps/"
 std::string ServerKey(uint32_t index);  // "/ps/<index>"
 std::string CheckpointsPrefix();   // "/checkpoints/"
 std::string CheckpointKey(uint32_t shard);  // "/checkpoints/<shard>"
+std::string ShardsPrefix();        // "/shards/"
+std::string ShardKey(uint32_t shard);  // "/shards/<shard>"
 std::string WorkersPrefix();       // "/workers/"
 std::string WorkerKey(absl::string_view id);  // "/workers/<id>"
 
@@ -50,11 +54,12 @@ enum class KeyKind {
   kServer,
   kCheckpoint,
   kWorker,
+  kShard,
 };
 
 struct ParsedKey {
   KeyKind kind = KeyKind::kDesired;
-  uint32_t index = 0;     // kServer: the server index; kCheckpoint: the shard
+  uint32_t index = 0;     // kServer: the server index; kCheckpoint, kShard: the shard
   std::string worker_id;  // kWorker
 };
 

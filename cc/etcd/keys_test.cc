@@ -22,6 +22,8 @@ TEST(KeysTest, Layout) {
   EXPECT_EQ(CheckpointKey(12), "/checkpoints/12");
   EXPECT_EQ(WorkersPrefix(), "/workers/");
   EXPECT_EQ(WorkerKey("trainer-7"), "/workers/trainer-7");
+  EXPECT_EQ(ShardsPrefix(), "/shards/");
+  EXPECT_EQ(ShardKey(3), "/shards/3");
 }
 
 TEST(KeysTest, ParseGivesBackWhatTheLayoutWrote) {
@@ -33,6 +35,9 @@ TEST(KeysTest, ParseGivesBackWhatTheLayoutWrote) {
   ASSERT_OK_AND_ASSIGN(ParsedKey checkpoint, Parse(CheckpointKey(0)));
   EXPECT_EQ(checkpoint.kind, KeyKind::kCheckpoint);
   EXPECT_EQ(checkpoint.index, 0u);
+  ASSERT_OK_AND_ASSIGN(ParsedKey shard, Parse(ShardKey(5)));
+  EXPECT_EQ(shard.kind, KeyKind::kShard);
+  EXPECT_EQ(shard.index, 5u);
   ASSERT_OK_AND_ASSIGN(ParsedKey worker, Parse(WorkerKey("a/b c")));
   EXPECT_EQ(worker.kind, KeyKind::kWorker);
   EXPECT_EQ(worker.worker_id, "a/b c");
@@ -42,8 +47,8 @@ TEST(KeysTest, ParseGivesBackWhatTheLayoutWrote) {
 
 TEST(KeysTest, ParseRefusesKeysOutsideTheLayoutNamingThem) {
   for (const char* key : {"/ps/", "/ps/x", "/ps/-1", "/ps/+1", "/ps/ 1", "/ps/01", "/ps/1/",
-                          "/ps/4294967296", "/checkpoints/", "/checkpoints/0x1", "/workers/",
-                          "/ps_desired/", "/other", "", "ps/0"}) {
+                          "/ps/4294967296", "/checkpoints/", "/checkpoints/0x1", "/shards/",
+                          "/shards/01", "/workers/", "/ps_desired/", "/other", "", "ps/0"}) {
     EXPECT_THAT(Parse(key), StatusIs(absl::StatusCode::kInvalidArgument,
                                      HasSubstr(absl::StrCat("'", key, "'"))))
         << key;

@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<LeaseKeeper>> LeasedKey::NewLease() {
   return keeper;
 }
 
-absl::StatusOr<bool> LeasedKey::Claim(absl::string_view key) {
+absl::StatusOr<bool> LeasedKey::Claim(absl::string_view key, ClaimGuard guard) {
   int64_t lease = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -55,33 +55,63 @@ absl::StatusOr<bool> LeasedKey::Claim(absl::string_view key) {
   }
   if (lease == 0) return absl::FailedPreconditionError("the lease was released");
   bool claimed = true;
-  if (options_.ownership == LeasedKeyOptions::Ownership::kExclusive) {
-    PS_ASSIGN_OR_RETURN(claimed, etcd_->PutIfAbsent(key, options_.value, lease));
+  const bool exclusive = options_.ownership == LeasedKeyOptions::Ownership::kExclusive;
+  if (guard.compares.empty() && guard.ops.empty()) {
+    if (exclusive) {
+      PS_ASSIGN_OR_RETURN(claimed, etcd_->PutIfAbsent(key, options_.value, lease));
+    } else {
+      PS_RETURN_IF_ERROR(etcd_->Put(key, options_.value, lease));
+    }
   } else {
-    PS_RETURN_IF_ERROR(etcd_->Put(key, options_.value, lease));
+    std::vector<Compare> compares = std::move(guard.compares);
+    if (exclusive) compares.push_back(Compare::KeyMissing(key));
+    std::vector<TxnOp> ops = std::move(guard.ops);
+    ops.push_back(TxnOp::Put(key, options_.value, lease));
+    PS_ASSIGN_OR_RETURN(TxnResult result, etcd_->Txn(compares, ops, {TxnOp::Get(key)}));
+    claimed = result.succeeded;
+    if (!claimed && !result.results.empty() && result.results[0].kvs.size() == 1) {
+      // Ours already: a retry of this claim whose first reply was lost.
+      const KeyValue& held = result.results[0].kvs[0];
+      claimed = held.value == options_.value && held.lease == lease;
+    }
   }
   if (!claimed) return false;
   {
     absl::MutexLock lock(&mu_);
     key_ = std::string(key);
+    reclaim_compares_ = std::move(guard.reclaim_compares);
   }
   registrations_.fetch_add(1);
   return true;
 }
 
 absl::Status LeasedKey::Reclaim(const std::string& key, int64_t lease) {
-  if (options_.ownership == LeasedKeyOptions::Ownership::kShared) {
+  std::vector<Compare> guard;
+  {
+    absl::MutexLock lock(&mu_);
+    guard = reclaim_compares_;
+  }
+  if (options_.ownership == LeasedKeyOptions::Ownership::kShared && guard.empty()) {
     return etcd_->Put(key, options_.value, lease);
   }
-  PS_ASSIGN_OR_RETURN(bool claimed, etcd_->PutIfAbsent(key, options_.value, lease));
-  if (claimed) return absl::OkStatus();
-  // Still held: by our own old lease (etcd restarted and restored it), or
-  // by someone else.
+  // Absent, or still held by our own old lease (etcd restarted and restored
+  // it); with the guard's compares too.
+  std::vector<Compare> absent = guard;
+  if (options_.ownership == LeasedKeyOptions::Ownership::kExclusive) {
+    absent.push_back(Compare::KeyMissing(key));
+  }
+  PS_ASSIGN_OR_RETURN(TxnResult put, etcd_->Txn(absent, {TxnOp::Put(key, options_.value, lease)}));
+  if (put.succeeded) return absl::OkStatus();
+  std::vector<Compare> ours = guard;
+  ours.push_back(Compare::ValueEquals(key, options_.value));
   PS_ASSIGN_OR_RETURN(TxnResult retaken,
-                      etcd_->Txn({Compare::ValueEquals(key, options_.value)},
-                                 {TxnOp::Put(key, options_.value, lease)}));
+                      etcd_->Txn(ours, {TxnOp::Put(key, options_.value, lease)}));
   if (!retaken.succeeded) {
-    return absl::FailedPreconditionError(absl::StrCat(key, " is held by another"));
+    return absl::FailedPreconditionError(
+        guard.empty() ? absl::StrCat(key, " is held by another")
+                      : absl::StrCat(key,
+                                     " is held by another, or the claim's conditions no "
+                                     "longer hold"));
   }
   return absl::OkStatus();
 }
@@ -179,6 +209,13 @@ void LeasedKey::Release() {
 std::string LeasedKey::key() const {
   absl::MutexLock lock(&mu_);
   return key_;
+}
+
+std::optional<LeaseRenewal> LeasedKey::LastRenewal() const {
+  absl::MutexLock lock(&mu_);
+  if (key_.empty() || lost_ || lease_ == 0 || keeper_ == nullptr) return std::nullopt;
+  if (!keeper_->status().ok()) return std::nullopt;
+  return keeper_->last_renewal();
 }
 
 int64_t LeasedKey::lease() const {

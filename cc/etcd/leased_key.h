@@ -24,8 +24,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -61,6 +63,20 @@ struct LeasedKeyOptions {
   std::function<void(const std::string& message)> log;
 };
 
+// What else a claim checks and writes, in the same etcd transaction as the
+// key: how a server bumps its shard's epoch as it claims /ps/<i>
+// (cc/etcd/shard_config.h), and keeps a re-registration from retaking an
+// index that another server has held since.
+struct ClaimGuard {
+  std::vector<Compare> compares;  // must all hold for the claim
+  std::vector<TxnOp> ops;         // written with the key
+  // Must all hold for every re-registration after a lost lease (e.g. the
+  // shard's configuration still names this holder); otherwise it fails
+  // with FAILED_PRECONDITION and is retried, as when the key is taken.
+  std::vector<Compare> reclaim_compares;
+  bool empty() const { return compares.empty() && ops.empty() && reclaim_compares.empty(); }
+};
+
 class LeasedKey {
  public:
   // Grants a lease of options.ttl and keeps it alive; no key is held yet.
@@ -75,11 +91,13 @@ class LeasedKey {
   // Release().
   ~LeasedKey();
 
-  // Puts `key` = options.value under the lease, as options.ownership says.
-  // True when the key is now held (registrations() counts it); false when
-  // kExclusive and someone holds it. Once a key is held, it is the one
-  // re-registered; claiming another is FAILED_PRECONDITION.
-  absl::StatusOr<bool> Claim(absl::string_view key);
+  // Puts `key` = options.value under the lease, as options.ownership says,
+  // in one transaction with `guard`'s compares and writes. True when the key
+  // is now held (registrations() counts it); false when kExclusive and
+  // someone holds it, or a compare of the guard failed. Once a key is held,
+  // it is the one re-registered (under guard.reclaim_compares); claiming
+  // another is FAILED_PRECONDITION.
+  absl::StatusOr<bool> Claim(absl::string_view key, ClaimGuard guard = {});
 
   // Starts a background thread that registers the key again under a new
   // lease whenever the lease is lost. Call once, after a successful Claim.
@@ -96,6 +114,12 @@ class LeasedKey {
   // after Release).
   std::string key() const;
   int64_t lease() const;
+  // The last renewal etcd granted of the lease the key is held under;
+  // nullopt before a successful Claim, once that lease is lost (until a
+  // re-registration) and after Release. While the lease lives the key is
+  // held, so until renewal.sent + renewal.ttl nobody else can hold it.
+  std::optional<LeaseRenewal> LastRenewal() const;
+
   // Successful claims: 1 after the first, one more per re-registration.
   int registrations() const { return registrations_.load(); }
   // Leases lost (each noticed by the keep-alive).
@@ -120,6 +144,7 @@ class LeasedKey {
   std::unique_ptr<LeaseKeeper> keeper_ ABSL_GUARDED_BY(mu_);
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   std::string key_ ABSL_GUARDED_BY(mu_);
+  std::vector<Compare> reclaim_compares_ ABSL_GUARDED_BY(mu_);
   bool lost_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> registrations_{0};

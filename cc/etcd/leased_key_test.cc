@@ -3,11 +3,13 @@
 // every wait is on a condition with a deadline.
 #include "cc/etcd/leased_key.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "cc/core/boot_clock.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -174,6 +176,57 @@ TEST_F(LeasedKeyTest, ExclusiveRetakesItsOwnValueButNotAnotherHolders) {
   ASSERT_OK_AND_ASSIGN(kv, other_->Get("/index/0"));
   EXPECT_EQ(kv.value, "10.0.0.1:7000");
   EXPECT_EQ(kv.lease, held->lease());
+}
+
+// A claim with a guard writes the guard's ops in the same transaction, and
+// fails (false) when a guard compare fails; a re-registration retakes the
+// key only while the reclaim compares hold.
+TEST_F(LeasedKeyTest, GuardedClaimsAndReclaims) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<LeasedKey> loser,
+                       LeasedKey::Grant(client_.get(), Options("a", Ownership::kExclusive)));
+  ClaimGuard stale;
+  stale.compares.push_back(Compare::ModRevisionEquals("/epoch", 12345));  // not what etcd has
+  stale.ops.push_back(TxnOp::Put("/epoch", "1"));
+  ASSERT_OK_AND_ASSIGN(bool claimed, loser->Claim("/ps/0", stale));
+  EXPECT_FALSE(claimed);
+  EXPECT_THAT(other_->Get("/ps/0"), StatusCodeIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(other_->Get("/epoch"), StatusCodeIs(absl::StatusCode::kNotFound));
+  EXPECT_FALSE(loser->LastRenewal().has_value()) << "no key held";
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<LeasedKey> held,
+                       LeasedKey::Grant(client_.get(), Options("b", Ownership::kExclusive)));
+  ClaimGuard guard;
+  guard.compares.push_back(Compare::KeyMissing("/epoch"));
+  guard.ops.push_back(TxnOp::Put("/epoch", "1"));
+  guard.reclaim_compares.push_back(Compare::ValueEquals("/epoch", "1"));
+  const absl::Duration before = BootClockNow();
+  ASSERT_OK_AND_ASSIGN(claimed, held->Claim("/ps/0", guard));
+  ASSERT_TRUE(claimed);
+  ASSERT_OK_AND_ASSIGN(KeyValue epoch, other_->Get("/epoch"));
+  EXPECT_EQ(epoch.value, "1");
+  ASSERT_OK_AND_ASSIGN(KeyValue kv, other_->Get("/ps/0"));
+  EXPECT_EQ(kv.lease, held->lease());
+  // The last renewal etcd granted: sent before now, with etcd's TTL.
+  std::optional<LeaseRenewal> renewal = held->LastRenewal();
+  ASSERT_TRUE(renewal.has_value());
+  EXPECT_LE(renewal->sent, BootClockNow());
+  EXPECT_GE(renewal->sent, before - absl::Seconds(60));
+  EXPECT_GE(renewal->ttl, absl::Seconds(5));
+
+  // The shard moved on while the lease was lost: no re-registration.
+  held->KeepRegistered();
+  ASSERT_OK(other_->Put("/epoch", "2"));
+  ASSERT_OK(other_->Revoke(held->lease()));
+  ASSERT_TRUE(WaitFor([&] { return log_.Has("the claim's conditions no longer hold"); }));
+  EXPECT_EQ(held->registrations(), 1);
+  EXPECT_FALSE(held->LastRenewal().has_value()) << "the lease is lost";
+  EXPECT_THAT(other_->Get("/ps/0"), StatusCodeIs(absl::StatusCode::kNotFound));
+  // Back to what it claimed: retaken.
+  ASSERT_OK(other_->Put("/epoch", "1"));
+  ASSERT_TRUE(WaitFor([&] { return held->registrations() >= 2; }));
+  ASSERT_OK_AND_ASSIGN(kv, other_->Get("/ps/0"));
+  EXPECT_EQ(kv.lease, held->lease());
+  EXPECT_TRUE(held->LastRenewal().has_value());
 }
 
 TEST_F(LeasedKeyTest, StopsPromptlyWhileRetrying) {

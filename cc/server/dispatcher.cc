@@ -15,6 +15,9 @@ namespace pserver {
 namespace protobuf = google::protobuf;
 
 const char Dispatcher::kMethodPrefix[] = "/pserver.v1.ParameterServer/";
+const char* const Dispatcher::kWriteMethods[] = {
+    "InitParam", "FinishInitParams", "SendGrad",  "Save",      "CreateTable", "TablePush",
+    "Clock",     "Barrier",          "AllReduce", "Broadcast", nullptr};
 
 ReplyHold& ReplyHold::operator=(ReplyHold&& other) noexcept {
   if (this != &other) {
@@ -49,6 +52,14 @@ Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, Di
   push_metrics_ = request_metrics_.Add("Push");
   read_metrics_ = request_metrics_.Add("Read");
   AddControlMethods();
+  for (const char* const* name = kWriteMethods; *name != nullptr; ++name) {
+    auto it = methods_.find(*name);
+    if (it == methods_.end()) {
+      std::fprintf(stderr, "Dispatcher: write method %s has no handler\n", *name);
+      std::abort();  // a build mistake, which every test sees
+    }
+    it->second.writes = true;
+  }
 }
 
 Dispatcher::Method& Dispatcher::Add(const char* name, bool needs_serving,
@@ -235,6 +246,7 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
   } else if (method->needs_serving) {
     status = CheckServing();
   }
+  if (status.ok() && method->writes) status = CheckWrite();
   if (!status.ok()) {
     if (method != nullptr) method->metrics->Finish(status, start);
     done(std::move(status));
@@ -242,17 +254,33 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
   }
   OpMetrics* const metrics = method->metrics;
   metrics->received_bytes.Add(request.ByteSizeLong());
-  return method->run(request, response, call,
-                     [metrics, start, response, done = std::move(done)](absl::Status status) {
-                       metrics->Finish(status, start, status.ok() ? response->ByteSizeLong() : 0);
-                       done(std::move(status));
-                     });
+  done = [metrics, start, response, done = std::move(done)](absl::Status status) {
+    metrics->Finish(status, start, status.ok() ? response->ByteSizeLong() : 0);
+    done(std::move(status));
+  };
+  if (method->writes && fence_.load(std::memory_order_acquire) != nullptr) {
+    // Checked again once applied, before the success is answered (and
+    // counted): a server that lost its index meanwhile acknowledges nothing.
+    done = [this, done = std::move(done)](absl::Status result) {
+      if (result.ok()) result = CheckWrite();
+      done(std::move(result));
+    };
+  }
+  return method->run(request, response, call, std::move(done));
 }
 
 absl::Status Dispatcher::CheckServing() const {
-  if (serving_.load(std::memory_order_acquire)) return absl::OkStatus();
-  return absl::UnavailableError(
-      "pserver is starting: registering and loading its checkpoint; retry");
+  if (!serving_.load(std::memory_order_acquire)) {
+    return absl::UnavailableError(
+        "pserver is starting: registering and loading its checkpoint; retry");
+  }
+  const Fence* fence = fence_.load(std::memory_order_acquire);
+  return fence == nullptr ? absl::OkStatus() : fence->CheckServing();
+}
+
+absl::Status Dispatcher::CheckWrite() const {
+  Fence* fence = fence_.load(std::memory_order_acquire);
+  return fence == nullptr ? absl::OkStatus() : fence->CheckWrite();
 }
 
 absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
@@ -289,9 +317,11 @@ absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView
   for (const GradientView& grad : grads) bytes += grad.content.size() + grad.indices.size();
   push_metrics_->received_bytes.Add(bytes);
   absl::Status status = CheckServing();
+  if (status.ok()) status = CheckWrite();
   if (status.ok()) {
     status = ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
   }
+  if (status.ok()) status = CheckWrite();  // applied, but acknowledged only if still ours
   push_metrics_->Finish(status, start);
   return status;
 }

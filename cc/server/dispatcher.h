@@ -15,7 +15,9 @@
 // copied into a protobuf message.
 //
 // What every operation shares lives here: the serving check (UNAVAILABLE
-// while a server is still starting), exactly-once pushes (AppliedSequences
+// while a server is still starting, or once it stepped down), the write
+// fence (every write checked before it is applied and again before it is
+// acknowledged, cc/server/fence.h), exactly-once pushes (AppliedSequences
 // under apply_mu), the counters GetStats reports, the reply budget, the
 // Save/ListWorkers hooks, fault injection, and waits that end early when
 // cancelled.
@@ -45,6 +47,7 @@
 #include "cc/core/tables.h"
 #include "cc/core/waiters.h"
 #include "cc/server/applied_sequences.h"
+#include "cc/server/fence.h"
 #include "cc/server/reply_budget.h"
 #include "cc/server/request_metrics.h"
 #include "google/protobuf/descriptor.h"
@@ -122,6 +125,8 @@ class Dispatcher {
     const google::protobuf::Message* response_prototype = nullptr;
     bool needs_serving = true;
     OpMetrics* metrics = nullptr;  // counts, bytes and latency of its requests
+    // Changes the shard's state (kWriteMethods): fenced before and after.
+    bool writes = false;
     std::function<CancelWait(const google::protobuf::Message& request,
                              google::protobuf::Message* response, const CallContext& call,
                              Done done)>
@@ -129,6 +134,10 @@ class Dispatcher {
   };
 
   static constexpr absl::Duration kMaxWait = absl::Minutes(10);
+  // The control methods that change state, fenced (SetFence) before they
+  // run and before their success is answered; with the bulk pushes
+  // (Push: SendGrads, PushPull).
+  static const char* const kWriteMethods[];
   // "/pserver.v1.ParameterServer/": the prefix of every gRPC method path.
   static const char kMethodPrefix[];
 
@@ -155,7 +164,8 @@ class Dispatcher {
 
   // ---- bulk data ---------------------------------------------------------
   // Both are UNAVAILABLE while the server is not serving.
-  // Applies a batch of gradients whole or not at all, once per id.
+  // Applies a batch of gradients whole or not at all, once per id; fenced
+  // before and after (a duplicate's acknowledgement too).
   absl::Status Push(const RequestId& id, absl::Span<const GradientView> grads);
   // Reads `refs` in order into `reader`; stops at the first error.
   absl::Status Read(absl::Span<const v1::ParamRef> refs, BlockReader reader);
@@ -175,6 +185,12 @@ class Dispatcher {
   void SetServing(bool serving) { serving_.store(serving, std::memory_order_release); }
   absl::Status CheckServing() const;
   void SetIndex(uint32_t index) { index_.store(index, std::memory_order_relaxed); }
+  // From now on writes must pass `fence` (not owned; outlives the
+  // dispatcher), and nothing is served once it stepped down. Null: none
+  // (no etcd: nothing else can hold the shard).
+  void SetFence(Fence* fence) { fence_.store(fence, std::memory_order_release); }
+  // OK without a fence; the fence's verdict otherwise.
+  absl::Status CheckWrite() const;
   uint32_t index() const { return index_.load(std::memory_order_relaxed); }
 
   // Pushes with a request id (client_id, sequence) are applied at most once.
@@ -222,6 +238,7 @@ class Dispatcher {
   const DispatcherHooks hooks_;
   const absl::Time started_ = absl::Now();
   std::atomic<bool> serving_{true};
+  std::atomic<Fence*> fence_{nullptr};
   AppliedSequences applied_;
   absl::Mutex apply_mu_;
   std::atomic<uint64_t> pushes_applied_{0};

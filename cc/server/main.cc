@@ -9,7 +9,8 @@
 // Prints "pserver <index> listening on <host:port>" once it serves (with
 // --etcd, after claiming its index and loading its checkpoint), and stops
 // cleanly (exit 0) on SIGINT or SIGTERM, saving a last checkpoint first when
-// it has a --checkpoint_dir (exit 1 if that save fails). A signal while
+// it has a --checkpoint_dir (exit 1 if that save fails, and 1 without a save
+// when it stepped down from its shard: docs/replication.md). A signal while
 // starting (waiting for etcd or a free index) stops it there, exit 1, with a
 // line saying so. --help lists pserver's flags; docs/operations.md and
 // docs/limits.md describe them.

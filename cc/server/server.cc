@@ -23,11 +23,13 @@
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
 #include "cc/etcd/leased_key.h"
+#include "cc/etcd/shard_config.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/advertised_address.h"
 #include "cc/server/bulk_listener.h"
 #include "cc/server/checkpoint_schedule.h"
 #include "cc/server/dispatcher.h"
+#include "cc/server/fence.h"
 #include "cc/server/listener.h"
 #include "cc/server/service.h"
 #include "google/protobuf/util/json_util.h"
@@ -49,6 +51,7 @@ v1::CheckpointRecord RecordOf(const CheckpointInfo& info, const std::string& add
   record.set_time_micros(absl::ToUnixMicros(info.time));
   record.set_server_address(address);
   record.set_cluster(info.cluster);
+  record.set_epoch(info.epoch);
   return record;
 }
 
@@ -338,6 +341,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->checkpoint_metrics_.last_success_unix_nanos = absl::ToUnixNanos(server->loaded_->time);
   }
   server->dispatcher_->SetIndex(server->index_);
+  if (server->registration_ != nullptr) {
+    FenceOptions fence;
+    fence.shard = server->index_;
+    fence.renewal = [raw] { return raw->registration_->LastRenewal(); };
+    fence.on_unconfirmed = [raw] { raw->RecheckFenceSoon(); };
+    server->fence_ = std::make_unique<Fence>(std::move(fence));
+    server->dispatcher_->SetFence(server->fence_.get());
+    server->fence_thread_ = std::thread([raw] { raw->FenceLoop(); });
+  }
+  server->loaded_ok_ = true;  // after the fence: a save may need it
   server->dispatcher_->SetServing(true);
   server->UpdateHealth();
   if (!options.checkpoint_dir.empty() && options.checkpoint_interval > absl::ZeroDuration()) {
@@ -422,12 +435,35 @@ absl::Status Server::Register() {
     for (uint32_t i = 0; i < desired; ++i) {
       if (used[i]) continue;
       const std::string key = etcd_keys::ServerKey(i);
-      absl::StatusOr<bool> claimed = until_deadline([&] { return registration_->Claim(key); });
+      // The claim bumps the shard's epoch in the same transaction, guarded
+      // by the configuration read here (a race with another claim fails it;
+      // the next round reads again).
+      absl::StatusOr<KeyValue> current =
+          until_deadline([&] { return etcd_->Get(etcd_keys::ShardKey(i)); });
+      if (!current.ok() && !absl::IsNotFound(current.status())) return current.status();
+      absl::StatusOr<ShardClaim> next = NextShardClaim(
+          i, current.ok() ? &*current : nullptr, instance_id_, address_, EpochOnDisk(i));
+      if (!next.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(next.status().message(), "; this server does not claim index ", i,
+                         " over it: if no server holds shard ", i, ", delete the key (etcdctl del ",
+                         etcd_options.prefix, etcd_keys::ShardKey(i), ")"));
+      }
+      ClaimGuard guard;
+      guard.compares.push_back(next->unchanged);
+      guard.ops.push_back(next->put);
+      // A re-registration after a lost lease retakes the index only if no
+      // one has claimed the shard since.
+      guard.reclaim_compares.push_back(Compare::ValueEquals(etcd_keys::ShardKey(i), next->value));
+      absl::StatusOr<bool> claimed =
+          until_deadline([&] { return registration_->Claim(key, guard); });
       PS_RETURN_IF_ERROR(claimed.status());
       if (*claimed) {
         index_ = i;
+        epoch_ = next->config.epoch();
+        shard_config_value_ = next->value;
         Log(absl::StrCat("claimed index ", i, " of ", desired, " at ", etcd_options.prefix, key,
-                         " (lease ", registration_->lease(), ")"));
+                         " (lease ", registration_->lease(), ", epoch ", epoch_, ")"));
         return absl::OkStatus();
       }
     }
@@ -462,6 +498,8 @@ int Server::leases_lost() const {
   return registration_ == nullptr ? 0 : registration_->leases_lost();
 }
 
+bool Server::stepped_down() const { return fence_ != nullptr && fence_->stepped_down(); }
+
 int64_t Server::lease() const { return registration_ == nullptr ? 0 : registration_->lease(); }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> Server::ListWorkers() {
@@ -479,10 +517,84 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Server::ListWorkers() {
   return workers;
 }
 
+// ---- fencing (docs/replication.md) ----------------------------------------------------
+
+uint64_t Server::EpochOnDisk(uint32_t shard) const {
+  if (options_.checkpoint_dir.empty()) return 0;
+  absl::StatusOr<std::vector<CheckpointEntry>> held =
+      ListCheckpointsInLoadOrder(ShardDir(shard));
+  return held.ok() && !held->empty() ? held->back().epoch : 0;
+}
+
+void Server::RecheckFenceSoon() {
+  absl::MutexLock lock(&loop_mu_);
+  fence_recheck_ = true;
+}
+
+void Server::FenceLoop() {
+  // Also without a refused write, an unconfirmed server asks etcd every
+  // half TTL, so that one whose shard moved on steps down and says so.
+  const absl::Duration period = std::max(options_.lease_ttl / 2, absl::Milliseconds(100));
+  auto woken = [this]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopping_ || fence_recheck_; };
+  while (true) {
+    {
+      absl::MutexLock lock(&loop_mu_);
+      loop_mu_.AwaitWithTimeout(absl::Condition(&woken), period);
+      if (stopping_) return;
+      fence_recheck_ = false;
+    }
+    if (fence_->stepped_down()) return;
+    if (!fence_->Confirmed()) CheckShardEpoch();
+    // At most one etcd read per 100 ms however many writes are refused.
+    absl::MutexLock lock(&loop_mu_);
+    if (loop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) return;
+  }
+}
+
+void Server::CheckShardEpoch() {
+  const std::string key = etcd_keys::ShardKey(index_);
+  absl::StatusOr<KeyValue> kv = etcd_->Get(key, absl::Now() + options_.lease_ttl);
+  if (absl::IsNotFound(kv.status())) {
+    StepDown(absl::StrCat("etcd ", key, " no longer exists (this server held epoch ", epoch_, ")"));
+    return;
+  }
+  if (!kv.ok()) {
+    // etcd unreachable: nothing is known; writes stay refused until a
+    // renewal is granted.
+    return;
+  }
+  absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(index_, kv->value);
+  if (!config.ok()) {
+    StepDown(std::string(config.status().message()));
+    return;
+  }
+  if (config->holder() == instance_id_ && config->epoch() == epoch_) return;
+  StepDown(absl::StrCat(
+      "etcd ", key, " is at epoch ", config->epoch(), ", held by instance ", config->holder(),
+      config->holder_address().empty() ? std::string()
+                                       : absl::StrCat(" at ", config->holder_address()),
+      "; this server (instance ", instance_id_, ") held epoch ", epoch_,
+      " and its lease was not renewed in time"));
+}
+
+void Server::StepDown(const std::string& reason) {
+  if (!fence_->StepDown(reason)) return;
+  Log(absl::StrCat("stepping down: ", reason,
+                   "; refusing every call but GetStats, publishing no checkpoint and saving "
+                   "none at shutdown; stop this process (a restarted server claims a free "
+                   "index)"),
+      log::Level::kWarning);
+  // Stops trying to retake /ps/<i> and gives the lease up.
+  if (registration_ != nullptr) registration_->Release();
+}
+
 // ---- checkpoints ---------------------------------------------------------------------
 
-std::string Server::ShardDir() const {
-  return absl::StrCat(options_.checkpoint_dir, "/shard-", index_);
+std::string Server::ShardDir() const { return ShardDir(index_); }
+
+std::string Server::ShardDir(uint32_t shard) const {
+  return absl::StrCat(options_.checkpoint_dir, "/shard-", shard);
 }
 
 absl::Status Server::CheckBelongsHere(const CheckpointInfo& info) const {
@@ -580,6 +692,10 @@ std::optional<LoadedCheckpoint> Server::LoadPublished(uint64_t* published_sequen
     *published_sequence = record.sequence();
     return ignored(absl::StrCat("it failed: ", loaded.status().message()));
   }
+  if (record.epoch() != 0 && loaded->info.epoch != record.epoch()) {
+    return ignored(absl::StrCat("its manifest has epoch ", loaded->info.epoch, ", the record says ",
+                                record.epoch()));
+  }
   if (loaded->info.manifest_crc32c != record.manifest_crc32c() ||
       loaded->info.sequence != record.sequence()) {
     return ignored(absl::StrFormat(
@@ -650,6 +766,12 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
     return absl::FailedPreconditionError("this server has no checkpoint directory");
   }
   if (!loaded_ok_) return absl::FailedPreconditionError("the server has not started serving");
+  if (fence_ != nullptr) {
+    // Unconfirmed: ask etcd first, so that a server that lost its shard
+    // writes nothing into a directory its successor may share.
+    if (!fence_->Confirmed()) CheckShardEpoch();
+    PS_RETURN_IF_ERROR(fence_->CheckServing());
+  }
   absl::MutexLock save_lock(&save_mu_);
   CheckpointTimer timer(&checkpoint_metrics_);  // a failure unless it succeeds
   StoreSnapshot snapshot;
@@ -665,16 +787,33 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   write_options.file_mode = options_.checkpoint_file_mode;
   write_options.cluster = options_.cluster;
   write_options.num_servers = num_servers_;
+  write_options.epoch = epoch_;
   PS_ASSIGN_OR_RETURN(CheckpointInfo info,
                       SaveCheckpoint(snapshot, ShardDir(), index_, sequence, write_options));
   // Published only now that it is durable; pruned only after that.
+  // Published only while /shards/<i> still holds this server's epoch.
   if (etcd_ != nullptr) {
     PS_ASSIGN_OR_RETURN(std::string json, ToJson(RecordOf(info, address_)));
-    absl::Status published = etcd_->Put(CheckpointKey(index_), json);
+    absl::StatusOr<TxnResult> published =
+        etcd_->Txn({Compare::ValueEquals(etcd_keys::ShardKey(index_), shard_config_value_)},
+                   {TxnOp::Put(CheckpointKey(index_), json)});
     if (!published.ok()) {
-      return absl::Status(published.code(), absl::StrCat("checkpoint ", info.path,
-                                                         " is durable but publishing it failed: ",
-                                                         published.message()));
+      return absl::Status(
+          published.status().code(),
+          absl::StrCat("checkpoint ", info.path,
+                       " is durable but publishing it failed: ", published.status().message()));
+    }
+    if (!published->succeeded) {
+      std::error_code ec;
+      std::filesystem::remove_all(info.path, ec);
+      const std::string why =
+          absl::StrCat("publishing checkpoint ", info.path, " was refused: etcd ",
+                       etcd_keys::ShardKey(index_), " no longer holds this server's epoch ", epoch_,
+                       " (another server claimed shard ", index_, ")");
+      Log(absl::StrCat(why, "; deleted it",
+                       ec ? absl::StrCat(" (failed: ", ec.message(), ")") : std::string()));
+      StepDown(why);
+      return fence_->CheckServing();
     }
   }
   absl::StatusOr<std::vector<std::string>> pruned =
@@ -695,6 +834,7 @@ void Server::CheckpointLoop() {
     }
     started = absl::Now();
     absl::StatusOr<CheckpointInfo> saved = Save();
+    if (stepped_down()) return;  // said so once, when it stepped down
     if (!saved.ok()) {
       Log(absl::StrCat("periodic checkpoint failed: ", saved.status().ToString()),
           log::Level::kWarning);
@@ -731,6 +871,7 @@ void Server::Shutdown(absl::Duration grace) {
     stopping_ = true;
   }
   if (checkpoint_thread_.joinable()) checkpoint_thread_.join();
+  if (fence_thread_.joinable()) fence_thread_.join();
   if (registration_ != nullptr) registration_->StopReregistering();
   if (sweep_thread_.joinable()) sweep_thread_.join();
   UpdateHealth();  // after the sweep's last update, which may have raced the one above
@@ -745,7 +886,14 @@ void Server::Shutdown(absl::Duration grace) {
     grpc_server_->Wait();
   }
   // Every call has finished: the last checkpoint has every applied push.
-  if (loaded_ok_ && !options_.checkpoint_dir.empty() && options_.checkpoint_on_shutdown) {
+  if (fence_ != nullptr && fence_->stepped_down() && !options_.checkpoint_dir.empty() &&
+      options_.checkpoint_on_shutdown) {
+    // Its state is not the shard's any more: saving it could only lose the
+    // successor's updates.
+    final_save_status_ = absl::FailedPreconditionError(
+        absl::StrCat(fence_->step_down_message(), ": no final checkpoint"));
+    Log(absl::StrCat("stepped down: no final checkpoint (", fence_->step_down_message(), ")"));
+  } else if (loaded_ok_ && !options_.checkpoint_dir.empty() && options_.checkpoint_on_shutdown) {
     absl::StatusOr<CheckpointInfo> saved = Save();
     Log(saved.ok() ? absl::StrCat("saved checkpoint ", saved->path)
                    : absl::StrCat("final checkpoint failed: ", saved.status().ToString()),

@@ -55,6 +55,7 @@ class BulkListener;
 class EtcdClient;
 class LeasedKey;
 class Authorizer;
+class Fence;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -246,6 +247,12 @@ class Server {
   int registrations() const;
   int leases_lost() const;
   int64_t lease() const;
+  // The shard epoch this server claimed (etcd /shards/<index>); 0 without etcd.
+  uint64_t epoch() const { return epoch_; }
+  // Whether it stepped down (another server claimed its shard while its
+  // lease was not renewed): it then refuses every call but the stats,
+  // publishes no checkpoint and saves none at shutdown.
+  bool stepped_down() const;
 
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
   // then cancels the rest; then saves a last checkpoint (checkpoint_dir and
@@ -281,7 +288,8 @@ class Server {
   // checkpoints of a shard at or beyond the server count, or a shard's newest
   // checkpoint was written by another count (when known).
   absl::Status CheckClusterSize() const;
-  std::string ShardDir() const;
+  std::string ShardDir() const;  // this server's shard's
+  std::string ShardDir(uint32_t shard) const;
   void CheckpointLoop();
   // Evicts expired table rows (Eviction.ttl_seconds) every kSweepInterval,
   // also while no request comes.
@@ -295,6 +303,16 @@ class Server {
   EtcdSessionState EtcdState() const;
   // Starts GET /metrics (options.metrics set).
   absl::Status StartMetrics();
+  // Fencing (cc/server/fence.h): the thread that re-checks etcd while the
+  // lease is unconfirmed, what wakes it, the check of /shards/<index>, and
+  // stepping down (logged, the registration released).
+  // The highest epoch of shard `shard`'s checkpoints in checkpoint_dir (0:
+  // none): a claim goes above it even when etcd lost /shards/<shard>.
+  uint64_t EpochOnDisk(uint32_t shard) const;
+  void RecheckFenceSoon();
+  void FenceLoop();
+  void CheckShardEpoch();
+  void StepDown(const std::string& reason);
 
   const ServerOptions options_;
   ParameterStore store_;
@@ -326,10 +344,17 @@ class Server {
   std::unique_ptr<EtcdClient> etcd_;
   // /ps/<index_> under a lease, re-registered when the lease is lost.
   std::unique_ptr<LeasedKey> registration_;
+  // The epoch claimed and /shards/<index_>'s value as this server wrote it
+  // (what a checkpoint publish compares against).
+  uint64_t epoch_ = 0;
+  std::string shard_config_value_;
+  std::unique_ptr<Fence> fence_;  // with etcd only
 
   absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
+  bool fence_recheck_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread checkpoint_thread_;
+  std::thread fence_thread_;
   std::thread sweep_thread_;
 
   std::atomic<bool> draining_{false};  // Shutdown has begun: health says NOT_SERVING

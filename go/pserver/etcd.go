@@ -168,10 +168,11 @@ const (
 	KeyServer     KeyKind = C.PSERVER_ETCD_KEY_SERVER     // a server's address, under its lease
 	KeyCheckpoint KeyKind = C.PSERVER_ETCD_KEY_CHECKPOINT // a shard's newest good checkpoint (JSON)
 	KeyWorker     KeyKind = C.PSERVER_ETCD_KEY_WORKER     // a trainer's registration (JSON)
+	KeyShard      KeyKind = C.PSERVER_ETCD_KEY_SHARD      // a shard's epoch and holder (JSON, no lease)
 )
 
-// EtcdKey is a parsed key: its kind, the index of a server or checkpoint
-// key, the id of a worker key.
+// EtcdKey is a parsed key: its kind, the index of a server, checkpoint or
+// shard key, the id of a worker key.
 type EtcdKey struct {
 	Kind     KeyKind
 	Index    int
@@ -200,6 +201,14 @@ func (k EtcdKeys) Checkpoint(shard uint32) string {
 	return k.fixed(C.PSERVER_ETCD_KEY_CHECKPOINT, strconv.FormatUint(uint64(shard), 10))
 }
 
+// Shards is the prefix of the shard configurations.
+func (k EtcdKeys) Shards() string { return k.fixed(C.PSERVER_ETCD_KEY_SHARDS) }
+
+// Shard is the key of shard's epoch and holder (docs/replication.md).
+func (k EtcdKeys) Shard(shard uint32) string {
+	return k.fixed(C.PSERVER_ETCD_KEY_SHARD, strconv.FormatUint(uint64(shard), 10))
+}
+
 // Workers is the prefix of the trainer registrations.
 func (k EtcdKeys) Workers() string { return k.fixed(C.PSERVER_ETCD_KEY_WORKERS) }
 
@@ -225,7 +234,7 @@ func (k EtcdKeys) Parse(key string) (EtcdKey, error) {
 	parsed := EtcdKey{Kind: KeyKind(kind)}
 	text := C.GoString((*C.char)(unsafe.Pointer(&arg[0])))
 	switch parsed.Kind {
-	case KeyServer, KeyCheckpoint:
+	case KeyServer, KeyCheckpoint, KeyShard:
 		index, err := strconv.ParseUint(text, 10, 32)
 		if err != nil {
 			return EtcdKey{}, invalidArgument("pserver: etcd key %q: index %q: %v", key, text, err)

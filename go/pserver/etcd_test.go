@@ -252,6 +252,8 @@ func TestEtcdKeyLayout(t *testing.T) {
 		keys.Server(3):      "/pserver/job/ps/3",
 		keys.Checkpoints():  "/pserver/job/checkpoints/",
 		keys.Checkpoint(12): "/pserver/job/checkpoints/12",
+		keys.Shards():       "/pserver/job/shards/",
+		keys.Shard(4):       "/pserver/job/shards/4",
 		keys.Workers():      "/pserver/job/workers/",
 		worker:              "/pserver/job/workers/trainer-7",
 	} {
@@ -266,6 +268,7 @@ func TestEtcdKeyLayout(t *testing.T) {
 		keys.Desired():     {Kind: pserver.KeyDesired},
 		keys.Server(7):     {Kind: pserver.KeyServer, Index: 7},
 		keys.Checkpoint(0): {Kind: pserver.KeyCheckpoint},
+		keys.Shard(9):      {Kind: pserver.KeyShard, Index: 9},
 		worker:             {Kind: pserver.KeyWorker, WorkerID: "trainer-7"},
 	} {
 		if got, err := keys.Parse(key); err != nil || got != want {

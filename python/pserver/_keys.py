@@ -25,12 +25,14 @@ _KINDS = {
     _c.PSERVER_ETCD_KEY_SERVER: "server",
     _c.PSERVER_ETCD_KEY_CHECKPOINT: "checkpoint",
     _c.PSERVER_ETCD_KEY_WORKER: "worker",
+    _c.PSERVER_ETCD_KEY_SHARD: "shard",
 }
 
 
 class EtcdKey(NamedTuple):
-    """A parsed key: its kind ("desired", "server", "checkpoint" or "worker"),
-    the index of a server or checkpoint key, the id of a worker key."""
+    """A parsed key: its kind ("desired", "server", "checkpoint", "shard" or
+    "worker"), the index of a server, checkpoint or shard key, the id of a
+    worker key."""
 
     kind: str
     index: int = 0
@@ -83,6 +85,15 @@ class EtcdKeys:
         return self._key(_c.PSERVER_ETCD_KEY_CHECKPOINT, _index_text(shard))
 
     @property
+    def shards(self) -> str:
+        """The prefix of the shard configurations."""
+        return self._key(_c.PSERVER_ETCD_KEY_SHARDS)
+
+    def shard(self, shard: int) -> str:
+        """The key of shard ``shard``'s epoch and holder (JSON, no lease)."""
+        return self._key(_c.PSERVER_ETCD_KEY_SHARD, _index_text(shard))
+
+    @property
     def workers(self) -> str:
         """The prefix of the trainer registrations."""
         return self._key(_c.PSERVER_ETCD_KEY_WORKERS)
@@ -95,7 +106,7 @@ class EtcdKeys:
         """The kind and argument of ``key``, a full key of this cluster."""
         kind, arg = _c.pserver_etcd_key_parse(self.cluster, str(key))
         kind = _KINDS[kind]
-        if kind in ("server", "checkpoint"):
+        if kind in ("server", "checkpoint", "shard"):
             return EtcdKey(kind, index=int(arg))
         return EtcdKey(kind, worker_id=arg)
 

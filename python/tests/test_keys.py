@@ -21,6 +21,8 @@ def test_layout():
     assert keys.server(3) == "/pserver/job/ps/3"
     assert keys.checkpoints == "/pserver/job/checkpoints/"
     assert keys.checkpoint(0) == "/pserver/job/checkpoints/0"
+    assert keys.shards == "/pserver/job/shards/"
+    assert keys.shard(2) == "/pserver/job/shards/2"
     assert keys.workers == "/pserver/job/workers/"
     assert keys.worker("trainer-7") == "/pserver/job/workers/trainer-7"
     assert pserver.EtcdKeys().desired == "/pserver/default/ps_desired"
@@ -32,6 +34,7 @@ def test_parse_gives_back_what_the_layout_wrote():
     assert keys.parse(keys.server(12)) == pserver.EtcdKey("server", index=12)
     assert keys.parse(keys.checkpoint(4294967295)) == pserver.EtcdKey("checkpoint",
                                                                      index=4294967295)
+    assert keys.parse(keys.shard(5)) == pserver.EtcdKey("shard", index=5)
     assert keys.parse(keys.worker("w/1")) == pserver.EtcdKey("worker", worker_id="w/1")
 
 

@@ -1,0 +1,62 @@
+// A shard's configuration in etcd (/shards/<i>, a v1::ShardConfig in
+// protobuf JSON, no lease): its epoch and holder. It changes only in etcd
+// transactions: a server claiming index i writes epoch + 1 in the same
+// transaction as its claim of /ps/<i>, guarded by the mod_revision it read,
+// so two claims cannot both bump from the same epoch (docs/replication.md).
+//
+//   absl::StatusOr<KeyValue> current = etcd->Get(etcd_keys::ShardKey(i));
+//   PS_ASSIGN_OR_RETURN(ShardClaim claim,
+//                       NextShardClaim(i, current.ok() ? &*current : nullptr, id, address));
+//   // claim.compare and claim.put go into the transaction that claims /ps/<i>.
+//
+// etcd's contents are untrusted: a value that is not a well-formed config
+// is INVALID_ARGUMENT naming the key and what is wrong, never a crash.
+//
+// Thread safety: plain functions of their arguments.
+#ifndef PSERVER_CC_ETCD_SHARD_CONFIG_H_
+#define PSERVER_CC_ETCD_SHARD_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "cc/etcd/etcd_client.h"
+#include "pserver/v1/registry.pb.h"
+
+namespace pserver {
+
+// The largest /shards/<i> value read; a longer one is refused unparsed.
+inline constexpr size_t kMaxShardConfigBytes = 64 << 10;
+// The most replicas a config may list.
+inline constexpr int kMaxShardReplicas = 64;
+
+// The value of /shards/<shard> (protobuf JSON). INVALID_ARGUMENT naming the
+// key when it is not JSON of a ShardConfig, its epoch is 0 or 2^64-1, its
+// holder is not 1-64 letters and digits, its holder address is not printable
+// ASCII of at most 300 bytes, a replica is not an instance id, or it is too
+// long.
+absl::StatusOr<v1::ShardConfig> ParseShardConfig(uint32_t shard, absl::string_view value);
+std::string FormatShardConfig(const v1::ShardConfig& config);
+
+// The writes of a claim of shard `shard` by `holder`.
+struct ShardClaim {
+  v1::ShardConfig config;  // the new one: epoch one above the current
+  std::string value;       // FormatShardConfig(config)
+  Compare unchanged;       // /shards/<shard> is still what was read
+  TxnOp put;               // writes `value`
+};
+
+// The next claim over `current` (null: the key does not exist, epoch 0):
+// epoch max(current's, floor) + 1. `floor` is the highest epoch the claimer
+// knows of otherwise (its checkpoints on disk), so that a claim after etcd
+// lost its data never goes below the epochs already written.
+// INVALID_ARGUMENT when `current` does not parse (ParseShardConfig): a
+// server does not claim over a config it cannot read.
+absl::StatusOr<ShardClaim> NextShardClaim(uint32_t shard, const KeyValue* current,
+                                          absl::string_view holder,
+                                          absl::string_view holder_address, uint64_t floor = 0);
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_ETCD_SHARD_CONFIG_H_
