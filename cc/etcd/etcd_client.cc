@@ -259,6 +259,26 @@ class Connection {
     }
   }
 
+  // Waits until `until` or until a channel is connected, on the channels
+  // themselves rather than asleep: waiting on a channel is what drives its
+  // connection attempt. gRPC 1.51's synchronous calls that fail fast (a
+  // channel in TRANSIENT_FAILURE) leave no thread polling a connect in
+  // progress, so a client whose first connection was refused (etcd not yet
+  // up, or restarting) timed out every later attempt and never reached the
+  // etcd that came up. False if `canceller` was cancelled.
+  bool AwaitConnection(absl::Time until, Canceller* canceller) {
+    constexpr absl::Duration kSlice = absl::Milliseconds(50);  // how soon a cancel is seen
+    for (size_t i = 0;; ++i) {
+      if (canceller != nullptr && canceller->cancelled()) return false;
+      const absl::Time now = absl::Now();
+      if (now >= until) return true;
+      const std::shared_ptr<grpc::Channel>& channel = endpoints_[i % endpoints_.size()]->channel;
+      if (channel->WaitForConnected(absl::ToChronoTime(std::min(until, now + kSlice)))) {
+        return canceller == nullptr || !canceller->cancelled();
+      }
+    }
+  }
+
   // Runs `attempt` on the endpoints in turn, from the one that answered last,
   // until one answers with anything but UNAVAILABLE or `deadline` passes;
   // after a round in which none answered it backs off briefly (etcd may be
@@ -294,16 +314,12 @@ class Connection {
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) break;
       const absl::Duration pause = std::min(backoff, left);
-      if (canceller != nullptr) {
-        if (!canceller->SleepFor(pause)) {
-          return Error(absl::StatusCode::kCancelled, op, what, endpoints_[last_index]->address,
-                       "cancelled");
-        }
-      } else {
-        absl::SleepFor(pause);
+      ResetBackoff();
+      if (!AwaitConnection(absl::Now() + pause, canceller)) {
+        return Error(absl::StatusCode::kCancelled, op, what, endpoints_[last_index]->address,
+                     "cancelled");
       }
       backoff = std::min(backoff * 2, absl::Milliseconds(500));
-      ResetBackoff();
     }
     const std::string& address = endpoints_[last_index]->address;
     if (answered_by != nullptr) *answered_by = address;

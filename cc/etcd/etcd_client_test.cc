@@ -27,6 +27,7 @@ namespace pserver {
 namespace {
 
 using ::pserver::testing::EtcdProcess;
+using ::pserver::testing::EtcdProcessOptions;
 using ::pserver::testing::StatusCodeIs;
 using ::pserver::testing::StatusIs;
 using ::testing::AllOf;
@@ -473,6 +474,34 @@ TEST_F(EtcdClientTest, SameClientWorksAfterEtcdRestartsAndWatchResumes) {
   ASSERT_TRUE(log.WaitForCount(3)) << ::testing::PrintToString(log.Summary());
   EXPECT_THAT(log.Summary(), ElementsAre("PUT /r/a=1", "PUT /r/during=x", "PUT /r/b=2"));
   EXPECT_OK(watcher->status());
+}
+
+// A client made before its etcd is up (its first connection refused) reaches
+// it once it serves. gRPC 1.51's fail-fast calls left nothing polling the
+// client's reconnection attempts, so such a client timed out every attempt
+// for as long as it lived, while a new client got in at once.
+TEST_F(EtcdClientTest, ClientMadeBeforeEtcdStartsReachesItOnceItServes) {
+  EtcdProcessOptions later;
+  later.name = "later";
+  later.client_port = UnusedPort();
+  later.peer_port = UnusedPort();
+  // Not waited for by EtcdProcess: its own client's polling would drive this
+  // process's other connections too, and hide the bug.
+  later.wait_until_serving = false;
+  ASSERT_GT(later.client_port, 0);
+  ASSERT_GT(later.peer_port, 0);
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<EtcdClient> early,
+      Connect({absl::StrCat("127.0.0.1:", later.client_port)}, absl::Seconds(2)));
+  EXPECT_THAT(early->Get("/x"), StatusCodeIs(absl::StatusCode::kUnavailable));
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdProcess> etcd, EtcdProcess::Start(later));
+  // Each call may take its 2 s; a bounded number of them, 60 s in all on a
+  // loaded machine (etcd itself serves within a second or two).
+  absl::Status put = early->Put("/x", "1");
+  for (int attempt = 0; attempt < 30 && !put.ok(); ++attempt) put = early->Put("/x", "1");
+  EXPECT_OK(put);
+  EXPECT_OK(etcd->Stop());
 }
 
 TEST_F(EtcdClientTest, UnreachableEndpointFailsWithinTimeout) {
