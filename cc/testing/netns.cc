@@ -141,7 +141,11 @@ absl::Status NetnsCluster::Build() {
 NetnsCluster::~NetnsCluster() {
   children_.clear();  // each kills (SIGKILL) and reaps its process
   for (int i = namespaces_created_ - 1; i >= 0; --i) {
-    // Deleting the namespace deletes the veth pair with it.
+    // The veth pair first, by its bridge end: deleting a namespace deletes
+    // the pair too, but in the kernel's own time (a work queue), so its
+    // bridge end could still be listed after `netns del` returned.
+    // (Fails harmlessly when Build stopped before making the pair.)
+    (void)Ip({"link", "del", hosts_[i].port});
     (void)Ip({"netns", "del", hosts_[i].netns});
   }
   if (bridge_created_) (void)Ip({"link", "del", bridge_});
