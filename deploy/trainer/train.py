@@ -18,7 +18,6 @@ import os
 import sys
 
 import numpy as np
-import pserver
 
 DIM = 16
 
@@ -48,6 +47,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    import pserver  # after parsing: --help works without the package
     tls = None
     if args.tls_cert or args.tls_key or args.tls_ca:
         tls = pserver.Tls(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
