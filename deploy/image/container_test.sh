@@ -4,7 +4,8 @@
 # etcd, 3 servers (configured by PSERVER_* environment variables) and the
 # Python trainer, each in a container of the image on the host's loopback
 # (--network=host, free 127.0.0.1 ports), checks `psctl health` (from the
-# image) sees 3 SERVING servers, that training lowers the loss, and that the
+# image) sees 3 SERVING servers, so does the probe script pserver-health in
+# each server's container, that training lowers the loss, and that the
 # servers stop cleanly (exit 0) on `podman stop` (SIGTERM).
 # Skips, saying why, without root, podman or mmdebstrap, or where podman
 # cannot run a container here (the first error is printed).
@@ -65,7 +66,8 @@ for s in socks:
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
-read -r client_port peer_port <<< "$(free_ports 2)"
+read -r client_port peer_port port0 port1 port2 <<< "$(free_ports 5)"
+server_ports=("$port0" "$port1" "$port2")
 etcd="127.0.0.1:$client_port"
 cluster="container-test"
 
@@ -90,11 +92,11 @@ say "etcd healthy at $etcd"
 # The servers: configuration from the environment only (no flags).
 for s in 0 1 2; do
   start "server$s" -e PSERVER_ETCD="$etcd" -e PSERVER_CLUSTER="$cluster" \
-    -e PSERVER_NUM_SERVERS=3 -e PSERVER_HOST=127.0.0.1 -e PSERVER_PORT=0 "$image"
+    -e PSERVER_NUM_SERVERS=3 -e PSERVER_HOST=127.0.0.1 -e PSERVER_PORT="${server_ports[s]}" "$image"
 done
 for s in 0 1 2; do
   for i in $(seq 1 240); do
-    podman logs "server$s-$$" 2>/dev/null | grep -q "listening on 127.0.0.1:" && break
+    podman logs "server$s-$$" 2>/dev/null | grep -q "listening on 127.0.0.1:${server_ports[s]}$" && break
     [ "$i" -lt 240 ] || fail "server$s did not start: $(podman logs "server$s-$$" 2>&1 | tail -5)"
     sleep 0.5
   done
@@ -112,6 +114,13 @@ for i in $(seq 1 60); do
 done
 [ "$(grep -c ' SERVING$' <<< "$health")" -eq 3 ] || fail "want 3 SERVING servers: $health"
 say "psctl health: 3 SERVING"
+# The Kubernetes probe script, inside each server's container.
+for s in 0 1 2; do
+  out="$(timeout 60 podman exec "server$s-$$" /opt/pserver/bin/pserver-health 2>&1)" ||
+    fail "pserver-health in server$s: $out"
+  grep -q " SERVING$" <<< "$out" || fail "pserver-health in server$s: $out"
+done
+say "pserver-health: SERVING in each server's container"
 
 trained="$(timeout 300 podman run --rm "${run_opts[@]}" -e PSERVER_ETCD="$etcd" \
   -e PSERVER_CLUSTER="$cluster" --entrypoint python3 "$image" \
