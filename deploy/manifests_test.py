@@ -163,12 +163,12 @@ class ChartTest(unittest.TestCase):
         env = env_of(c)
         for var in env:
             if var.startswith("PSERVER_"):
-                self.assertIn(var[len("PSERVER_"):].lower(), self.flags,
-                              f"{var}: pserver has no flag --{var[8:].lower()}")
+                self.assertTrue(var[len("PSERVER_"):].lower() in self.flags,
+                                f"{var}: pserver has no flag --{var[8:].lower()}")
         for arg in c.get("command", []) + c.get("args", []):
             m = re.match(r"--([a-z0-9_]+)", arg)
             if m:
-                self.assertIn(m.group(1), self.flags, arg)
+                self.assertTrue(m.group(1) in self.flags, f"{arg}: pserver has no such flag")
         # Stable names: <pod>.<headless service>.<namespace>.svc, from the downward API.
         self.assertEqual(value(env, "PSERVER_ADVERTISE_HOST"),
                          f"$(POD_NAME).{service['metadata']['name']}.$(POD_NAMESPACE).svc")
