@@ -9,6 +9,8 @@
 // A value that does not parse is an error naming the variable and its flag;
 // an environment variable with the prefix that names no flag is reported
 // (it may be a client's, e.g. PSERVER_TRACE) and otherwise ignored.
+// Not thread-safe: it sets flags, so call it from main before other threads
+// read them (as absl::ParseCommandLine).
 #ifndef PSERVER_CC_SERVER_ENV_FLAGS_H_
 #define PSERVER_CC_SERVER_ENV_FLAGS_H_
 
