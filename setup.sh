@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian package pserver needs to build and test, offline-friendly.
 # Idempotent: packages already present are skipped; safe to run again.
+#   ./setup.sh               # what builds and tests need (CI)
+#   ./setup.sh --containers  # also mmdebstrap, podman and runc: the container image
+#                            # (deploy/image/build.sh) and //deploy/image:container_test
 set -euo pipefail
 
 PACKAGES=(
@@ -27,7 +30,18 @@ PACKAGES=(
   golang-go golang-etcd-server-dev etcd-server etcd-client
   # etcd's v3 protos import these (gogoproto, google/api annotations)
   golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
+  # deploy: //deploy:manifests_test reads the Kubernetes manifests
+  python3-yaml
 )
+# Opt-in (slow to install, not needed by CI): the container image. runc
+# beside podman's crun, which refuses hosts with cgroups v1 and v2 mixed.
+CONTAINER_PACKAGES=(mmdebstrap podman runc)
+for arg in "$@"; do
+  case "$arg" in
+    --containers) PACKAGES+=("${CONTAINER_PACKAGES[@]}") ;;
+    *) echo "setup.sh: unknown argument $arg (--containers)" >&2; exit 2 ;;
+  esac
+done
 
 say() { printf '[setup] %s\n' "$*"; }
 

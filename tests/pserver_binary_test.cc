@@ -13,6 +13,8 @@
 #include <memory>
 #include <regex>
 #include <string>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -174,6 +176,59 @@ TEST_F(PserverProcessTest, OutOfRangePortExitsWithStatusOne) {
   EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening")));
 }
 
+// Sets environment variables for the children this test spawns (they inherit
+// the environment) and removes them again.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(std::initializer_list<std::pair<std::string, std::string>> variables)
+      : variables_(variables) {
+    for (const auto& [name, value] : variables_) setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnvironment() {
+    for (const auto& [name, value] : variables_) unsetenv(name.c_str());
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> variables_;
+};
+
+TEST_F(PserverProcessTest, FlagsComeFromPserverEnvironmentVariables) {
+  ScopedEnvironment env(
+      {{"PSERVER_INDEX", "5"}, {"PSERVER_HOST", "127.0.0.1"}, {"PSERVER_PORT", "0"},
+       {"PSERVER_LOG_FORMAT", "json"}, {"PSERVER_NUM_THREDS", "4"}});
+  ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), {}));
+  absl::StatusOr<std::string> address =
+      WaitForPserverAddress(*child_, 5, absl::Now() + kStartTimeout);
+  ASSERT_TRUE(address.ok()) << address.status() << "\noutput:\n" << child_->output();
+  // --log_format=json from the environment: the warning about the misspelt
+  // variable is a JSON object naming it.
+  EXPECT_THAT(child_->err(), HasSubstr("{\""));
+  EXPECT_THAT(child_->err(), HasSubstr("PSERVER_NUM_THREDS names no pserver flag"));
+  ASSERT_NO_FATAL_FAILURE(StopServer(SIGTERM));
+  EXPECT_THAT(child_->out(), HasSubstr("pserver 5: stopped"));
+}
+
+TEST_F(PserverProcessTest, AFlagOnTheCommandLineWinsOverTheEnvironment) {
+  ScopedEnvironment env({{"PSERVER_INDEX", "5"}});
+  ASSERT_NO_FATAL_FAILURE(StartServer(6));  // --index=6
+  ASSERT_NO_FATAL_FAILURE(StopServer(SIGTERM));
+  EXPECT_THAT(child_->out(), HasSubstr("pserver 6: stopped"));
+}
+
+TEST_F(PserverProcessTest, ABadEnvironmentValueExitsWithStatusOneNamingIt) {
+  ScopedEnvironment env({{"PSERVER_PORT", "seven"}});
+  ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), {}));
+  ASSERT_OK_AND_ASSIGN(int status, child_->WaitForExit(absl::Now() + kStopTimeout));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1)
+      << DescribeWaitStatus(status) << "\noutput:\n"
+      << child_->output();
+  EXPECT_THAT(child_->err(), HasSubstr("PSERVER_PORT='seven'"));
+  EXPECT_THAT(child_->err(), HasSubstr("--port"));
+  EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening")));
+}
+
 TEST(PserverHelpTest, HelpListsPserversOwnFlagsAndExitsZero) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> child,
                        ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), {"--help"}));
@@ -188,6 +243,7 @@ TEST(PserverHelpTest, HelpListsPserversOwnFlagsAndExitsZero) {
   }
   EXPECT_THAT(child->output(), ::testing::Not(HasSubstr("No flags matched")));
   EXPECT_THAT(child->out(), ::testing::Not(HasSubstr("--flagfile")));  // absl's: --helpfull
+  EXPECT_THAT(child->out(), HasSubstr("PSERVER_<FLAG>"));
 }
 
 // A TCP socket on a free loopback port that accepts connections into its

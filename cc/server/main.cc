@@ -13,10 +13,13 @@
 // when it stepped down from its shard: docs/replication.md). A signal while
 // starting (waiting for etcd or a free index) stops it there, exit 1, with a
 // line saying so. --help lists pserver's flags; docs/operations.md and
-// docs/limits.md describe them.
+// docs/limits.md describe them. Every flag can also come from the
+// environment as PSERVER_<FLAG IN UPPER CASE> (PSERVER_ETCD for --etcd); a
+// flag on the command line wins (docs/deploy.md).
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -41,6 +44,7 @@
 #include "cc/log/log.h"
 #include "cc/rpc/allocator.h"
 #include "cc/server/advertised_address.h"
+#include "cc/server/env_flags.h"
 #include "cc/server/server.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -200,6 +204,8 @@ constexpr char kUsage[] =
     "A pserver parameter server.\n"
     "Usage: pserver [--host=127.0.0.1] [--port=0] [--advertise_host=ADDR] "
     "[--etcd=host:port --num_servers=N] [--checkpoint_dir=DIR] ...\n"
+    "Every flag can also be set by the environment variable PSERVER_<FLAG> (upper case: "
+    "PSERVER_CHECKPOINT_DIR for --checkpoint_dir); a flag given here wins.\n"
     "--help lists pserver's flags, --helpfull also abseil's.";
 
 // pserver's own flags are the ones defined in this file.
@@ -347,6 +353,15 @@ int main(int argc, char** argv) {
                                     absl::flags_internal::HelpFormat::kHumanReadable, kUsage);
     return 0;
   }
+  // The environment first, so that the command line, parsed next, wins.
+  absl::StatusOr<pserver::EnvFlagsApplied> from_environment =
+      pserver::ApplyFlagsFromEnvironment("PSERVER_", environ, [](const absl::CommandLineFlag& flag) {
+        return IsPserverFlagFile(flag.Filename());
+      });
+  if (!from_environment.ok()) {
+    std::fprintf(stderr, "pserver: %s\n", std::string(from_environment.status().message()).c_str());
+    return 1;
+  }
   absl::ParseCommandLine(argc, argv);
   pserver::KeepFreedMemoryForReuse();  // before any thread starts
   {
@@ -362,6 +377,12 @@ int main(int argc, char** argv) {
     log_options.repeat_window = absl::Seconds(absl::GetFlag(FLAGS_log_repeat_window_seconds));
     log_options.repeat_burst = std::max(1, absl::GetFlag(FLAGS_log_repeat_burst));
     pserver::log::SetDefault(std::move(log_options));  // before any thread logs
+  }
+  for (const std::string& variable : from_environment->unknown) {
+    pserver::log::Default().Log(
+        pserver::log::Level::kWarning, "",
+        absl::StrCat("environment variable ", variable,
+                     " names no pserver flag (see --help): ignored"));
   }
   RaiseDescriptorLimit();
   // Debian builds absl without NDEBUG, which leaves absl::Mutex's deadlock
