@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <thread>
 
@@ -378,7 +379,15 @@ int main(int argc, char** argv) {
     log_options.repeat_burst = std::max(1, absl::GetFlag(FLAGS_log_repeat_burst));
     pserver::log::SetDefault(std::move(log_options));  // before any thread logs
   }
+  // Variables clients and test helpers read (PSERVER_TRACE: a client's trace
+  // file; PSERVER_BINARY: where tests find this binary): not flags, not
+  // worth a warning when a server inherits them.
+  constexpr absl::string_view kClientVariables[] = {"PSERVER_TRACE", "PSERVER_BINARY"};
   for (const std::string& variable : from_environment->unknown) {
+    if (std::find(std::begin(kClientVariables), std::end(kClientVariables), variable) !=
+        std::end(kClientVariables)) {
+      continue;
+    }
     pserver::log::Default().Log(
         pserver::log::Level::kWarning, "",
         absl::StrCat("environment variable ", variable,
