@@ -251,7 +251,7 @@ pserver_requests_total{method="Push"} 10 1700000000000
 	if _, ok := quantile(page, page, "pserver_request_duration_seconds", 0.99); ok {
 		t.Error("a quantile of nothing counted")
 	}
-	for _, bad := range []string{"x{a=\"1\" 2", "x y", "{a=\"1\"} 2", "x{a} 1"} {
+	for _, bad := range []string{"x{a=\"1\" 2", "x y", "{a=\"1\"} 2", "x{a} 1", "x " + strings.Repeat("1", 2<<20)} {
 		if _, err := parseMetrics(strings.NewReader(bad)); err == nil {
 			t.Errorf("parsed %q", bad)
 		}
