@@ -163,6 +163,16 @@ func (v *view) degraded() bool {
 	return false
 }
 
+// registry reads the cluster's keys from -etcd.
+func (t *target) registry(ctx context.Context) (*registry, error) {
+	e, err := newEtcdTLS(splitList(*t.etcd), *t.timeout, t.auth.etcdTLS())
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	return readRegistry(ctx, e, *t.cluster)
+}
+
 // resolve finds the cluster's servers (from etcd or -servers) and asks each
 // for its stats and health; one that does not answer is a row, not an error.
 func (t *target) resolve(ctx context.Context) (*view, error) {
@@ -171,12 +181,7 @@ func (t *target) resolve(ctx context.Context) (*view, error) {
 		sortServers(rows)
 		return &view{Source: "servers", Servers: rows}, nil
 	}
-	e, err := newEtcdTLS(splitList(*t.etcd), *t.timeout, t.auth.etcdTLS())
-	if err != nil {
-		return nil, err
-	}
-	defer e.Close()
-	reg, err := readRegistry(ctx, e, *t.cluster)
+	reg, err := t.registry(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -558,12 +558,7 @@ func publishedNames(ctx context.Context, t *target) ([]string, error) {
 		return nil, usageError("name the parameters: servers have no call that lists names " +
 			"(with -etcd psctl reads them from the cluster's published checkpoints; or -checkpoint DIR)")
 	}
-	e, err := newEtcdTLS(splitList(*t.etcd), *t.timeout, t.auth.etcdTLS())
-	if err != nil {
-		return nil, err
-	}
-	defer e.Close()
-	reg, err := readRegistry(ctx, e, *t.cluster)
+	reg, err := t.registry(ctx)
 	if err != nil {
 		return nil, err
 	}

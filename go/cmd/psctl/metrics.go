@@ -218,16 +218,30 @@ func quantile(prev, cur *metricsPage, name string, q float64) (float64, bool) {
 
 // tableMetrics is one sparse table on one server, from its metrics page.
 type tableMetrics struct {
-	Name        string  `json:"name"`
-	Server      int     `json:"server"`
+	Name   string `json:"name"`
+	Server int    `json:"server"`
+	tableCounts
+	Workers  float64 `json:"workers"`
+	MinClock float64 `json:"min_clock"`
+}
+
+// tableCounts are what a table holds and has served, on one server or summed.
+type tableCounts struct {
 	Rows        float64 `json:"rows"`
 	Bytes       float64 `json:"bytes"`
 	Evictions   float64 `json:"evictions"`
 	PendingKeys float64 `json:"pending_keys"`
 	KeysPulled  float64 `json:"keys_pulled"`
 	KeysPushed  float64 `json:"keys_pushed"`
-	Workers     float64 `json:"workers"`
-	MinClock    float64 `json:"min_clock"`
+}
+
+func (c *tableCounts) add(o tableCounts) {
+	c.Rows += o.Rows
+	c.Bytes += o.Bytes
+	c.Evictions += o.Evictions
+	c.PendingKeys += o.PendingKeys
+	c.KeysPulled += o.KeysPulled
+	c.KeysPushed += o.KeysPushed
 }
 
 // tables is every table on the page.

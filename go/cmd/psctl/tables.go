@@ -10,14 +10,9 @@ import (
 
 // tableJSON is a table over all servers (psctl tables -o json).
 type tableJSON struct {
-	Name        string         `json:"name"`
-	Rows        float64        `json:"rows"`
-	Bytes       float64        `json:"bytes"`
-	Evictions   float64        `json:"evictions"`
-	PendingKeys float64        `json:"pending_keys"`
-	KeysPulled  float64        `json:"keys_pulled"`
-	KeysPushed  float64        `json:"keys_pushed"`
-	Servers     []tableMetrics `json:"servers"`
+	Name string `json:"name"`
+	tableCounts
+	Servers []tableMetrics `json:"servers"`
 }
 
 func cmdTables(args []string, stdout, stderr io.Writer) error {
@@ -50,12 +45,7 @@ func cmdTables(args []string, stdout, stderr io.Writer) error {
 				agg = &tableJSON{Name: t.Name}
 				byName[t.Name] = agg
 			}
-			agg.Rows += t.Rows
-			agg.Bytes += t.Bytes
-			agg.Evictions += t.Evictions
-			agg.PendingKeys += t.PendingKeys
-			agg.KeysPulled += t.KeysPulled
-			agg.KeysPushed += t.KeysPushed
+			agg.add(t.tableCounts)
 			agg.Servers = append(agg.Servers, t)
 		}
 	}
