@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -102,6 +103,14 @@ func (s *server) ok() bool { return s.Health == "SERVING" }
 // probe asks the server at address for its stats and health.
 func probe(ctx context.Context, t *target, address string) server {
 	row := server{Index: -1, Address: address, Health: healthUnreachable}
+	// A refused connection is known at once; the client would retry it
+	// until the deadline.
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", address)
+	if err != nil {
+		row.Error = err.Error()
+		return row
+	}
+	conn.Close()
 	opts, err := t.auth.clientOptions(pserver.Options{Servers: []string{address}, Timeout: *t.timeout})
 	if err != nil {
 		row.Error = err.Error()

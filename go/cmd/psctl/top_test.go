@@ -42,7 +42,9 @@ func startTop(t *testing.T, args ...string) *topProcess {
 	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
+	old := stdin
 	stdin = inR
+	t.Cleanup(func() { stdin = old })
 	p := &topProcess{refresh: inW, frames: bufio.NewScanner(outR), code: make(chan int, 1), errs: &strings.Builder{}}
 	p.frames.Buffer(make([]byte, 1<<16), 1<<20)
 	go func() {
