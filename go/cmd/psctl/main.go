@@ -381,23 +381,16 @@ Examples:
 		verb := args[0]
 		fs := newFlags("checkpoint "+verb, "checkpoint "+verb+" DIR [-o table|json]", stdout, stderr)
 		out := addOutput(fs)
-		// DIR may come before the flags.
-		rest := args[1:]
-		var dir string
-		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-			dir, rest = rest[0], rest[1:]
-		}
-		if err := parse(fs, rest, stdout); err != nil {
+		if err := parse(fs, args[1:], stdout); err != nil {
 			return err
 		}
 		if err := out.check(); err != nil {
 			return err
 		}
-		if dir == "" && fs.NArg() == 1 {
-			dir = fs.Arg(0)
-		} else if fs.NArg() != 0 || dir == "" {
+		if fs.NArg() != 1 {
 			return usageError("give one checkpoint directory")
 		}
+		dir := fs.Arg(0)
 		if verb == "verify" {
 			return verifyCheckpoints(absPath(dir), stdout, out)
 		}

@@ -90,7 +90,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 				row.Checkpoint = &checkpointJSON{rec.Path, rec.Sequence, micros(rec.TimeMicros)}
 			}
 		}
-		if s.Index >= 0 && s.Health != healthDown && (v.Reg != nil || s.Health != healthUnreachable) {
+		if s.Index >= 0 { // answered (-servers); with etcd, replaced below
 			st.Live++
 		}
 		st.Servers = append(st.Servers, row)
