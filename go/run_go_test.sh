@@ -8,6 +8,7 @@ source go/go_env.sh
 pserver_go_env "$root" "$TEST_TMPDIR"
 export TMPDIR="$TEST_TMPDIR"
 export PSCTL_PSERVER="$root/cc/server/pserver"
+export PSCTL_README="$root/README.md"
 cd "$GO_MODULE_COPY"
 rc=0
 /usr/bin/go test -trimpath -count=1 -timeout 240s -json ./... "$@" > "$TEST_TMPDIR/go_test.json" || rc=$?

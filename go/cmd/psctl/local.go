@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -137,12 +138,27 @@ func findPserver(flagValue string) (string, error) {
 	return p, nil
 }
 
-var listening = regexp.MustCompile(`^pserver (\d+) listening on (\S+)`)
+var (
+	listening   = regexp.MustCompile(`^pserver (\d+) listening on (\S+)`)
+	metricsLine = regexp.MustCompile(`^pserver (\d+) metrics on http://(\S+)/metrics`)
+)
+
+// localJSON is psctl local -o json: one line once every process is up.
+type localJSON struct {
+	Etcd    string         `json:"etcd,omitempty"`
+	Cluster string         `json:"cluster,omitempty"`
+	Servers []string       `json:"servers"`
+	Metrics []string       `json:"metrics,omitempty"`
+	Pids    map[string]int `json:"pids"`
+}
 
 func cmdLocal(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("local", "local [-n N] [-etcd] [-checkpoint_dir DIR] [-cluster NAME]", stdout, stderr)
+	fs := newFlags("local", "local [-n N] [-start_etcd | -etcd HOST:PORT] [-checkpoint_dir DIR] [-cluster NAME] [-o table|json]", stdout, stderr)
 	n := fs.Int("n", 2, "number of pserver processes")
-	withEtcd := fs.Bool("etcd", false, "also start an etcd (Debian's etcd on PATH) and register the servers in it")
+	startEtcd := fs.Bool("start_etcd", false, "also start an etcd (Debian's etcd on PATH) and register the servers in it")
+	etcdFlag := fs.String("etcd", "", "register the servers in this etcd (host:port[,...]), already running")
+	metrics := fs.Bool("metrics", true, "the servers serve Prometheus metrics on free 127.0.0.1 ports (--metrics_port=0), printed as `metrics <i> <host:port>`")
+	out := addOutput(fs)
 	etcdBin := fs.String("etcd_binary", "etcd", "the etcd binary")
 	ckptDir := fs.String("checkpoint_dir", "", "the servers' --checkpoint_dir (shard i in DIR/shard-<i>)")
 	ckptInterval := fs.Float64("checkpoint_interval", 0, "the servers' --checkpoint_interval in seconds; 0: none")
@@ -153,9 +169,14 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	if *n < 1 || fs.NArg() != 0 {
-		fs.Usage()
-		return errUsage
+	if strings.HasPrefix(*etcdFlag, "-") || *etcdFlag == "true" {
+		return usageError("-etcd takes endpoints HOST:PORT (as in every command); -start_etcd starts an etcd")
+	}
+	if err := firstError(out.check(), conflict(fs, "start_etcd", "etcd"), noArgs(fs)); err != nil {
+		return err
+	}
+	if *n < 1 || *n > maxDesired {
+		return usageError("-n must be from 1 to %d, got %d", maxDesired, *n)
 	}
 	bin, err := findPserver(*pserverBin)
 	if err != nil {
@@ -192,7 +213,11 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 		serverArgs = append(serverArgs, "--checkpoint_dir="+absPath(*ckptDir),
 			"--checkpoint_interval="+strconv.FormatFloat(*ckptInterval, 'g', -1, 64))
 	}
-	if *withEtcd {
+	if *metrics {
+		serverArgs = append(serverArgs, "--metrics_port=0")
+	}
+	endpoint := *etcdFlag
+	if *startEtcd {
 		client, err := freePort()
 		if err != nil {
 			return err
@@ -222,17 +247,21 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		children = append(children, e)
-		endpoint := fmt.Sprintf("127.0.0.1:%d", client)
+		endpoint = fmt.Sprintf("127.0.0.1:%d", client)
 		if err := waitServing(ctx, endpoint, e, signals); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "etcd %s pid %d\n", endpoint, e.cmd.Process.Pid)
+		if !out.json() {
+			fmt.Fprintf(stdout, "etcd %s pid %d\n", endpoint, e.cmd.Process.Pid)
+		}
+	}
+	if endpoint != "" {
 		serverArgs = append(serverArgs, "--etcd="+endpoint, "--cluster="+*cluster, "--num_servers="+strconv.Itoa(*n))
 	}
 	lines := make(chan string, 4**n)
 	for i := 0; i < *n; i++ {
 		a := append([]string(nil), serverArgs...)
-		if !*withEtcd {
+		if endpoint == "" {
 			// The count goes into checkpoints: a later start with another -n is refused.
 			a = append(a, "--index="+strconv.Itoa(i), "--num_servers="+strconv.Itoa(*n))
 		}
@@ -243,12 +272,17 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 		children = append(children, c)
 	}
 	addrs := map[int]string{}
-	for len(addrs) < *n {
+	metricsAddrs := map[int]string{}
+	for len(addrs) < *n || (*metrics && len(metricsAddrs) < *n) {
 		select {
 		case line := <-lines:
 			if m := listening.FindStringSubmatch(line); m != nil {
 				i, _ := strconv.Atoi(m[1])
 				addrs[i] = m[2]
+			}
+			if m := metricsLine.FindStringSubmatch(line); m != nil {
+				i, _ := strconv.Atoi(m[1])
+				metricsAddrs[i] = m[2]
 			}
 		case <-ctx.Done():
 			return fmt.Errorf("only %d of %d servers up after %v", len(addrs), *n, *startTimeout)
@@ -258,15 +292,37 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("a process exited while starting (see its log above)")
 		}
 	}
-	for i := 0; i < *n; i++ {
-		fmt.Fprintf(stdout, "server %d %s\n", i, addrs[i])
+	if out.json() {
+		j := localJSON{Etcd: endpoint, Pids: map[string]int{}}
+		if endpoint != "" {
+			j.Cluster = *cluster
+		}
+		for i := 0; i < *n; i++ {
+			j.Servers = append(j.Servers, addrs[i])
+			if *metrics {
+				j.Metrics = append(j.Metrics, metricsAddrs[i])
+			}
+		}
+		for _, c := range children {
+			j.Pids[c.name] = c.cmd.Process.Pid
+		}
+		if err := writeJSON(stdout, j); err != nil {
+			return err
+		}
+	} else {
+		for i := 0; i < *n; i++ {
+			fmt.Fprintf(stdout, "server %d %s\n", i, addrs[i])
+		}
+		for i := 0; *metrics && i < *n; i++ {
+			fmt.Fprintf(stdout, "metrics %d %s\n", i, metricsAddrs[i])
+		}
+		fmt.Fprintf(stdout, "pids")
+		for _, c := range children {
+			fmt.Fprintf(stdout, " %s=%d", c.name, c.cmd.Process.Pid)
+		}
+		fmt.Fprintln(stdout)
+		fmt.Fprintln(stdout, "ready; Ctrl-C stops everything")
 	}
-	fmt.Fprintf(stdout, "pids")
-	for _, c := range children {
-		fmt.Fprintf(stdout, " %s=%d", c.name, c.cmd.Process.Pid)
-	}
-	fmt.Fprintln(stdout)
-	fmt.Fprintln(stdout, "ready; Ctrl-C stops everything")
 	if f, ok := stdout.(*os.File); ok {
 		f.Sync()
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -40,6 +41,7 @@ func TestHelp(t *testing.T) {
 		{"--help"}, {"local", "--help"}, {"status", "-help"}, {"health", "-help"}, {"desired", "--help"},
 		{"checkpoint", "--help"}, {"checkpoint", "save", "--help"}, {"checkpoint", "ls", "-h"},
 		{"checkpoint", "verify", "--help"}, {"checkpoint", "reshard", "-h"}, {"params", "--help"},
+		{"top", "-h"}, {"tables", "--help"}, {"help", "status"}, {"help", "top"},
 	} {
 		code, out, _ := psctl(t, args...)
 		if code != 0 || !strings.Contains(out, "Usage: psctl") && !strings.Contains(out, "Usage: psctl <command>") {
@@ -77,7 +79,9 @@ func TestCheckpointCommands(t *testing.T) {
 	if err := client.FinishInit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	servers := strings.Join(cluster.Addresses(), ",")
+	// In any order: psctl asks each server its index.
+	a := cluster.Addresses()
+	servers := a[1] + "," + a[0]
 	if code, out, errs := psctl(t, "checkpoint", "save", "-servers", servers); code != 0 || !strings.Contains(out, "2 servers") {
 		t.Fatalf("checkpoint save: %d %q %q", code, out, errs)
 	}
@@ -109,8 +113,103 @@ func TestCheckpointCommands(t *testing.T) {
 	if code, _, _ := psctl(t, "health"); code != 2 {
 		t.Fatalf("health without -servers or -etcd: exit %d, want 2", code)
 	}
+	code, out, _ = psctl(t, "status", "-servers", servers, "-o", "json")
+	var st statusJSON
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Source != "servers" || st.Live != 2 || len(st.Servers) != 2 ||
+		st.Servers[0].Index != 0 || st.Servers[0].Address != a[0] || st.Servers[1].Address != a[1] ||
+		!st.Servers[0].Initialized || st.Servers[0].ParameterBlocks+st.Servers[1].ParameterBlocks != 2 {
+		t.Fatalf("status -o json: %d %q", code, out)
+	}
+	// A server that is not there is a row, not a failure; the exit code says degraded.
+	dead := deadAddress(t)
+	code, out, errs = psctl(t, "status", "-servers", dead+","+servers, "-timeout", "30s")
+	if code != 3 || !strings.Contains(out, "servers: 2 of 3 answer") || !regexp.MustCompile(`(?m)^0\s+`+a[0]+`\s+SERVING\s+true`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^-1\s+`+dead+`\s+UNREACHABLE`).MatchString(out) {
+		t.Fatalf("status with a dead server: %d %q %q", code, out, errs)
+	}
+	code, out, _ = psctl(t, "health", "-servers", servers+","+dead, "-o", "json", "-timeout", "30s")
+	var h healthJSON
+	if code != 3 || json.Unmarshal([]byte(out), &h) != nil || len(h.Servers) != 3 || h.Servers[1].Health != "SERVING" ||
+		h.Servers[2].Health != "UNREACHABLE" || !strings.Contains(h.Servers[2].Error, "connection refused") {
+		t.Fatalf("health -o json with a dead server: %d %q", code, out)
+	}
+	// Commands that need every server refuse an incomplete cluster, naming what is missing.
+	if code, _, errs := psctl(t, "params", "-servers", a[1], "layer/w"); code != 1 || !strings.Contains(errs, "index 0 is missing") {
+		t.Fatalf("params with server 0 missing: %d %q", code, errs)
+	}
+	code, out, _ = psctl(t, "params", "-servers", servers, "layer/w", "step", "-o", "json")
+	var params struct {
+		Parameters []paramJSON `json:"parameters"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &params) != nil || fmt.Sprint(params.Parameters) != "[{layer/w float32 [3 4] 12 48} {step int64 [1] 1 8}]" {
+		t.Fatalf("params -o json: %d %q", code, out)
+	}
+	if code, _, errs := psctl(t, "params", "-servers", servers); code != 2 || !strings.Contains(errs, "name the parameters") {
+		t.Fatalf("params -servers without names: %d %q", code, errs)
+	}
+	code, out, _ = psctl(t, "checkpoint", "ls", dir, "-o", "json")
+	var ls struct {
+		Checkpoints []string    `json:"checkpoints"`
+		Parameters  []paramJSON `json:"parameters"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &ls) != nil || len(ls.Checkpoints) != 2 || len(ls.Parameters) != 2 {
+		t.Fatalf("checkpoint ls -o json: %d %q", code, out)
+	}
+	code, out, _ = psctl(t, "checkpoint", "verify", "-o", "json", dir)
+	var v verifyJSON
+	if code != 0 || json.Unmarshal([]byte(out), &v) != nil || !v.OK || len(v.Checkpoints) != 2 || v.Parameters != 2 {
+		t.Fatalf("checkpoint verify -o json: %d %q", code, out)
+	}
 	if code, _, errs := psctl(t, "checkpoint", "verify", t.TempDir()); code != 1 || !strings.Contains(errs, "NOT_FOUND") {
 		t.Fatalf("verify of an empty directory: %d %q", code, errs)
+	}
+}
+
+// deadAddress is a 127.0.0.1 port nothing listens on.
+func deadAddress(t *testing.T) string {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+// Usage errors: exit 2, a message naming what is wrong, nothing done.
+func TestUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "-etcd", "127.0.0.1:1", "-servers", "127.0.0.1:2"}, "conflicting flags -etcd and -servers"},
+		{[]string{"top", "-etcd", "127.0.0.1:1", "-servers", "127.0.0.1:2"}, "conflicting flags -etcd and -servers"},
+		{[]string{"params", "-checkpoint", "/tmp", "-servers", "127.0.0.1:2"}, "conflicting flags -checkpoint and -servers"},
+		{[]string{"params", "-checkpoint", "/tmp", "-etcd", "127.0.0.1:2"}, "conflicting flags -checkpoint and -etcd"},
+		{[]string{"desired", "-etcd", "127.0.0.1:1", "-yes", "-dry_run", "3"}, "conflicting flags -yes and -dry_run"},
+		{[]string{"local", "-start_etcd", "-etcd", "127.0.0.1:1"}, "conflicting flags -start_etcd and -etcd"},
+		{[]string{"local", "-n", "2", "-etcd", "-cluster", "x"}, "-etcd takes endpoints"},
+		{[]string{"desired", "-servers", "127.0.0.1:1", "3"}, "give -etcd"},
+		{[]string{"desired", "-etcd", "127.0.0.1:1", "0"}, "N must be a whole number from 1 to 4096"},
+		{[]string{"status", "-servers", "127.0.0.1:1", "-o", "yaml"}, `-o "yaml"`},
+		{[]string{"status", "-servers", "127.0.0.1:1", "extra"}, `unexpected argument "extra"`},
+		{[]string{"status", "-bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"tables"}, "give -metrics"},
+		{[]string{"top", "-servers", "127.0.0.1:1", "-n", "-1"}, "-n must be 0 or more"},
+		{[]string{"help", "frobnicate"}, `unknown command "frobnicate"`},
+	} {
+		code, out, errs := psctl(t, c.args...)
+		if code != 2 || !strings.Contains(errs, c.want) || out != "" {
+			t.Errorf("psctl %q: exit %d, stdout %q, stderr %q; want 2 and %q", c.args, code, out, errs, c.want)
+		}
+	}
+	// help CMD and CMD -h: the same text, with examples.
+	_, viaHelp, _ := psctl(t, "help", "top")
+	_, viaFlag, _ := psctl(t, "top", "-h")
+	if viaHelp != viaFlag || !strings.Contains(viaHelp, "Examples:\n  psctl top -etcd") || !strings.Contains(viaHelp, "-interval") {
+		t.Errorf("help top %q, top -h %q", viaHelp, viaFlag)
+	}
+	if _, out, _ := psctl(t, "help"); !strings.Contains(out, "tables") || !strings.Contains(out, "3 degraded") {
+		t.Errorf("help: %q", out)
 	}
 }
 
@@ -132,6 +231,8 @@ func startLocal(t *testing.T, args ...string) (*exec.Cmd, []string) {
 	cmd := exec.Command(os.Args[0], append([]string{"local"}, args...)...)
 	cmd.Env = append(os.Environ(), "PSCTL_TEST_MAIN=1", "PSCTL_PSERVER="+pserverBinary(t))
 	cmd.Stderr = os.Stderr
+	// Stopped (and stops its servers) should this test binary die first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +345,7 @@ func TestLocalWithEtcd(t *testing.T) {
 	if _, err := exec.LookPath("etcd"); err != nil {
 		t.Skip("no etcd on PATH")
 	}
-	cmd, lines := startLocal(t, "-n", "2", "-etcd", "-cluster", "t", "-checkpoint_dir", t.TempDir())
+	cmd, lines := startLocal(t, "-n", "2", "-start_etcd", "-cluster", "t", "-checkpoint_dir", t.TempDir())
 	defer stopLocal(t, cmd, lines)
 	endpoint := ""
 	for _, line := range lines {
@@ -268,18 +369,56 @@ func TestLocalWithEtcd(t *testing.T) {
 		!strings.Contains(out, "live 2") {
 		t.Fatalf("status -require_instance_id: %d %q %q", code, out, errs)
 	}
-	if code, _, errs := psctl(t, "desired", "-etcd", endpoint, "-cluster", "t", "3"); code != 0 {
-		t.Fatalf("desired: %q", errs)
-	}
-	// A checkpoint is published at /checkpoints/<idx> once durable.
 	var servers []string
 	for _, line := range lines {
 		if f := strings.Fields(line); len(f) == 3 && f[0] == "server" {
 			servers = append(servers, f[2])
 		}
 	}
-	if code, _, errs := psctl(t, "checkpoint", "save", "-servers", strings.Join(servers, ",")); code != 0 {
-		t.Fatalf("checkpoint save: %q", errs)
+	// A parameter, then a checkpoint through etcd discovery: published at
+	// /checkpoints/<idx> once durable, and params -etcd lists its names.
+	ctx0, cancel0 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel0()
+	trainer, err := pserver.NewClient(ctx0, pserver.Options{Servers: servers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := pserver.NewTensor(make([]float32, 6), 2, 3)
+	if err := trainer.Init(ctx0, "layer/w", w, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := trainer.FinishInit(ctx0); err != nil {
+		t.Fatal(err)
+	}
+	trainer.Close()
+	if code, out, errs := psctl(t, "checkpoint", "save", "-etcd", endpoint, "-cluster", "t"); code != 0 || !strings.Contains(out, "2 servers") {
+		t.Fatalf("checkpoint save -etcd: %d %q %q", code, out, errs)
+	}
+	code, out, errs = psctl(t, "params", "-etcd", endpoint, "-cluster", "t", "-o", "json")
+	var params struct {
+		Parameters []paramJSON `json:"parameters"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &params) != nil || len(params.Parameters) != 1 ||
+		fmt.Sprint(params.Parameters[0]) != "{layer/w float32 [2 3] 6 24}" {
+		t.Fatalf("params -etcd (names from the published checkpoints): %d %q %q", code, out, errs)
+	}
+
+	// desired: says what it does; off a terminal it needs -yes and changes
+	// nothing without it.
+	code, out, errs = psctl(t, "desired", "-etcd", endpoint, "-cluster", "t", "3")
+	if code != 2 || !strings.Contains(errs, "pass -yes") || !strings.Contains(out, "2 -> 3") ||
+		!strings.Contains(out, "start 1 more") || !strings.Contains(out, "placement is fixed while a job runs") {
+		t.Fatalf("desired without -yes: %d %q %q", code, out, errs)
+	}
+	if code, out, _ := psctl(t, "status", "-etcd", endpoint, "-cluster", "t"); code != 0 || !strings.Contains(out, "desired servers 2,") {
+		t.Fatalf("desired without -yes changed the count: %d %q", code, out)
+	}
+	if code, out, errs := psctl(t, "desired", "-etcd", endpoint, "-cluster", "t", "-dry_run", "3"); code != 0 || !strings.Contains(out, "2 -> 3") ||
+		strings.Contains(out, "= 3") {
+		t.Fatalf("desired -dry_run: %d %q %q", code, out, errs)
+	}
+	if code, _, errs := psctl(t, "desired", "-etcd", endpoint, "-cluster", "t", "-yes", "3"); code != 0 {
+		t.Fatalf("desired -yes: %q", errs)
 	}
 	// A trainer's registration, as the C++ client writes it (WorkerInfo as
 	// protobuf JSON, int64 fields as strings).
@@ -298,11 +437,24 @@ func TestLocalWithEtcd(t *testing.T) {
 		`{"id":"trainer-7","host":"box","pid":"4242","startTimeMicros":"1795336322451475"}`); err != nil {
 		t.Fatal(err)
 	}
+	// Index 2 is down: listed as a row, and the exit code says degraded.
 	code, out, _ = psctl(t, "status", "-etcd", endpoint, "-cluster", "t")
-	if code != 0 || !strings.Contains(out, "desired servers 3, live 2, workers 1") || !strings.Contains(out, "(down)") ||
+	if code != 3 || !strings.Contains(out, "desired servers 3, live 2, workers 1") ||
+		!regexp.MustCompile(`(?m)^2\s+\(down\)\s+DOWN`).MatchString(out) ||
 		strings.Count(out, "/ckpt-") != 2 ||
 		!regexp.MustCompile(`trainer-7\s+box\s+4242\s+2026-11-22 08:32:02Z`).MatchString(out) {
-		t.Fatalf("status after desired 3: %q", out)
+		t.Fatalf("status after desired 3: %d %q", code, out)
+	}
+	code, out, _ = psctl(t, "status", "-etcd", endpoint, "-cluster", "t", "-o", "json")
+	var st statusJSON
+	if code != 3 || json.Unmarshal([]byte(out), &st) != nil || st.Desired != "3" || st.Live != 2 || !st.Degraded ||
+		len(st.Servers) != 3 || st.Servers[2].Health != "DOWN" || st.Servers[0].Health != "SERVING" ||
+		st.Servers[1].Checkpoint == nil || len(st.Workers) != 1 || st.Workers[0].Pid != "4242" {
+		t.Fatalf("status -o json after desired 3: %d %q", code, out)
+	}
+	if code, out, _ := psctl(t, "health", "-etcd", endpoint, "-cluster", "t"); code != 3 || strings.Count(out, " SERVING") != 2 ||
+		!strings.Contains(out, "DOWN") {
+		t.Fatalf("health with index 2 down: %d %q", code, out)
 	}
 	// A hand-written entry (what `etcdctl put` writes) is listed, and refused
 	// with -require_instance_id, naming the key.
@@ -310,7 +462,9 @@ func TestLocalWithEtcd(t *testing.T) {
 	if err := e.put(ctx, bare, "127.0.0.1:1"); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, _ := psctl(t, "status", "-etcd", endpoint, "-cluster", "t"); code != 0 || !strings.Contains(out, "live 3") {
+	// Nothing listens there: UNREACHABLE, the others still listed.
+	if code, out, _ := psctl(t, "status", "-etcd", endpoint, "-cluster", "t"); code != 3 || !strings.Contains(out, "live 3") ||
+		!regexp.MustCompile(`(?m)^2\s+127\.0\.0\.1:1\s+UNREACHABLE`).MatchString(out) || strings.Count(out, " SERVING ") != 2 {
 		t.Fatalf("status with a bare entry: %d %q", code, out)
 	}
 	code, out, errs = psctl(t, "status", "-etcd", endpoint, "-cluster", "t", "-require_instance_id")
@@ -594,5 +748,117 @@ func TestCheckpointReshard(t *testing.T) {
 	}
 	if code, _, _ := psctl(t, "checkpoint", "reshard", "-from", from, "-to", other); code != 2 {
 		t.Fatalf("reshard without -servers: exit %d, want 2 (usage)", code)
+	}
+}
+
+// README.md's psctl block, run as written against the cluster its first
+// line starts: PORT is that etcd's port, M0,M1 its servers' metrics pages,
+// /tmp/ps a temporary directory; top gets -n 1 (it runs until Ctrl-C) and
+// desired, off a terminal, must refuse without -yes. Skipped where the test
+// has no README (PSCTL_README, set by //go:go_test).
+func TestReadmePsctlBlock(t *testing.T) {
+	readme := os.Getenv("PSCTL_README")
+	if readme == "" {
+		t.Skip("PSCTL_README not set")
+	}
+	if _, err := exec.LookPath("etcd"); err != nil {
+		t.Skip("no etcd on PATH")
+	}
+	data, err := os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	start := strings.Index(text, "**psctl**")
+	if start < 0 {
+		t.Fatal("README.md has no **psctl** block")
+	}
+	block := text[start:]
+	block = block[strings.Index(block, "```sh\n")+6:]
+	block = block[:strings.Index(block, "```")]
+	var commands [][]string
+	for _, line := range strings.Split(strings.TrimSpace(block), "\n") {
+		if i := strings.Index(line, "#"); i >= 0 {
+			line = line[:i]
+		}
+		const prefix = "bazel run //go/cmd/psctl -- "
+		if !strings.HasPrefix(line, prefix) {
+			t.Fatalf("README.md psctl line %q does not start with %q", line, prefix)
+		}
+		commands = append(commands, strings.Fields(strings.TrimPrefix(line, prefix)))
+	}
+	if len(commands) < 8 || commands[0][0] != "local" {
+		t.Fatalf("README.md's psctl block: %q", commands)
+	}
+	dir := t.TempDir()
+	subst := func(args []string, etcdPort string, metrics []string) []string {
+		out := make([]string, len(args))
+		for i, a := range args {
+			a = strings.ReplaceAll(a, "/tmp/ps", dir)
+			a = strings.ReplaceAll(a, "PORT", etcdPort)
+			a = strings.ReplaceAll(a, "M0,M1", strings.Join(metrics, ","))
+			out[i] = a
+		}
+		return out
+	}
+	cmd, lines := startLocal(t, subst(commands[0][1:], "", nil)...)
+	defer stopLocal(t, cmd, lines)
+	endpoint := ""
+	var metrics []string
+	for _, line := range lines {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "etcd" {
+			endpoint = f[1]
+		}
+		if len(f) == 3 && f[0] == "metrics" {
+			metrics = append(metrics, f[2])
+		}
+	}
+	if endpoint == "" || len(metrics) != 3 {
+		t.Fatalf("etcd and 3 metrics pages in %q", lines)
+	}
+	port := endpoint[strings.LastIndex(endpoint, ":")+1:]
+	// Something to list: a parameter and a table.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client, err := pserver.NewClient(ctx, pserver.Options{Etcd: endpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	w, _ := pserver.NewTensor(make([]float32, 4), 4)
+	if err := client.Init(ctx, "w", w, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.FinishInit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	table, err := client.CreateTable(ctx, "emb", pserver.TableConfig{Dim: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer table.Close()
+	if err := table.Push(ctx, []uint64{1, 2, 3}, make([]float32, 6)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range commands[1:] {
+		args := subst(c, port, metrics)
+		want := 0
+		switch args[0] {
+		case "top":
+			args = append(args, "-n", "1", "-interval", "1ms")
+		case "desired":
+			want = 2
+		}
+		code, out, errs := psctl(t, args...)
+		if code != want || (want == 0 && out == "") {
+			t.Errorf("README.md's psctl %q: exit %d (want %d), %q %q", args, code, want, out, errs)
+		}
+		if args[0] == "tables" && !regexp.MustCompile(`(?m)^emb\s+\d+\s+3\s`).MatchString(out) {
+			t.Errorf("README.md's psctl tables: %q", out)
+		}
+		if args[0] == "desired" && !strings.Contains(errs, "-yes") {
+			t.Errorf("README.md's psctl desired: %q", errs)
+		}
 	}
 }

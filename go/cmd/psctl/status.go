@@ -2,16 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
 	"strconv"
-	"strings"
-	"text/tabwriter"
 	"time"
-
-	"pserver/pserver"
 )
 
 // checkpointRecord is pserver.v1.CheckpointRecord as protobuf JSON.
@@ -40,192 +34,226 @@ func micros(s string) string {
 	return time.UnixMicro(us).UTC().Format("2006-01-02 15:04:05Z")
 }
 
+// checkpointJSON is a server's newest published checkpoint (etcd /checkpoints/<idx>).
+type checkpointJSON struct {
+	Path     string `json:"path"`
+	Sequence string `json:"sequence"`
+	Written  string `json:"written"`
+}
+
+// statusServer is a row of psctl status.
+type statusServer struct {
+	server
+	Checkpoint *checkpointJSON `json:"checkpoint,omitempty"`
+}
+
+// workerJSON is a live trainer (etcd /workers/<id>).
+type workerJSON struct {
+	ID      string `json:"id"`
+	Host    string `json:"host"`
+	Pid     string `json:"pid"`
+	Started string `json:"started"`
+}
+
+// statusJSON is psctl status -o json.
+type statusJSON struct {
+	Source   string         `json:"source"` // "etcd" or "servers"
+	Cluster  string         `json:"cluster,omitempty"`
+	Desired  string         `json:"desired,omitempty"` // /ps_desired as stored
+	Live     int            `json:"live"`              // servers registered (etcd) or answering (-servers)
+	Degraded bool           `json:"degraded"`
+	Servers  []statusServer `json:"servers"`
+	Workers  []workerJSON   `json:"workers"`
+}
+
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("status", "status -etcd HOST:PORT[,...] [-cluster NAME] | -servers A,B", stdout, stderr)
-	etcdFlag := fs.String("etcd", "", "etcd endpoints host:port[,host:port...]")
-	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
-	servers := fs.String("servers", "", "instead of etcd: ask these servers for their stats")
-	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
-	auth := addSecurityFlags(fs)
+	fs := newFlags("status", "status (-etcd HOST:PORT[,...] [-cluster NAME] | -servers A,B) [-o table|wide|json]", stdout, stderr)
+	t := addTarget(fs, false)
+	out := addOutput(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	switch {
-	case *etcdFlag != "":
-		e, err := newEtcdTLS(splitList(*etcdFlag), *timeout, auth.etcdTLS())
-		if err != nil {
-			return err
-		}
-		defer e.Close()
-		return etcdStatus(ctx, e, *cluster, *auth.requireInstanceID, stdout)
-	case *servers != "":
-		opts, err := auth.clientOptions(pserver.Options{Servers: splitList(*servers), Timeout: *timeout})
-		if err != nil {
-			return err
-		}
-		return serverStatus(ctx, opts, stdout)
-	default:
-		fs.Usage()
-		return errUsage
+	if err := firstError(out.check(), t.check(), noArgs(fs)); err != nil {
+		return err
 	}
-}
-
-// etcdStatus prints the cluster's registry. With requireInstanceID a
-// /ps/<idx> entry that names no server instance is an error naming its key
-// (after the listing), as a client with RequireInstanceID would refuse it.
-func etcdStatus(ctx context.Context, e *etcd, cluster string, requireInstanceID bool, stdout io.Writer) error {
-	keys := pserver.Keys(cluster)
-	kvs, err := e.rangePrefix(ctx, keys.Prefix())
+	ctx, cancel := context.WithTimeout(context.Background(), *t.timeout)
+	defer cancel()
+	v, err := t.resolve(ctx)
 	if err != nil {
 		return err
 	}
-	desired := "(unset)"
-	servers := map[int]string{}
-	checkpoints := map[int]checkpointRecord{}
-	var workers []workerInfo
-	var bare []string
-	for _, kv := range kvs {
-		key, err := keys.Parse(kv.key)
-		if err != nil {
-			continue // not of the layout: not pserver's
-		}
-		switch key.Kind {
-		case pserver.KeyDesired:
-			desired = kv.value
-		case pserver.KeyServer:
-			// "host:port instance=<id>" (or a bare "host:port"): the address.
-			servers[key.Index] = strings.SplitN(kv.value, " ", 2)[0]
-			if !strings.Contains(kv.value, " instance=") {
-				bare = append(bare, fmt.Sprintf("%s is %q", kv.key, kv.value))
-			}
-		case pserver.KeyCheckpoint:
-			var rec checkpointRecord
-			if json.Unmarshal([]byte(kv.value), &rec) == nil {
-				checkpoints[key.Index] = rec
-			}
-		case pserver.KeyWorker:
-			var w workerInfo
-			if json.Unmarshal([]byte(kv.value), &w) == nil {
-				workers = append(workers, w)
+	st := statusJSON{Source: v.Source, Degraded: v.degraded(), Workers: []workerJSON{}}
+	for _, s := range v.Servers {
+		row := statusServer{server: s}
+		if v.Reg != nil {
+			if rec, ok := v.Reg.Checkpoints[s.Index]; ok {
+				row.Checkpoint = &checkpointJSON{rec.Path, rec.Sequence, micros(rec.TimeMicros)}
 			}
 		}
-	}
-	fmt.Fprintf(stdout, "cluster %q: desired servers %s, live %d, workers %d\n\n", cluster, desired, len(servers), len(workers))
-	n, _ := strconv.Atoi(desired)
-	indexes := map[int]bool{}
-	for i := 0; i < n; i++ {
-		indexes[i] = true
-	}
-	for i := range servers {
-		indexes[i] = true
-	}
-	for i := range checkpoints {
-		indexes[i] = true
-	}
-	var order []int
-	for i := range indexes {
-		order = append(order, i)
-	}
-	sort.Ints(order)
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INDEX\tADDRESS\tCHECKPOINT\tSEQUENCE\tWRITTEN")
-	for _, i := range order {
-		addr, ok := servers[i]
-		if !ok {
-			addr = "(down)"
+		if s.Index >= 0 { // answered (-servers); with etcd, replaced below
+			st.Live++
 		}
-		rec, ok := checkpoints[i]
-		path, seq, when := "-", "-", "-"
-		if ok {
-			path, seq, when = rec.Path, rec.Sequence, micros(rec.TimeMicros)
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", i, addr, path, seq, when)
+		st.Servers = append(st.Servers, row)
 	}
-	tw.Flush()
-	if len(workers) > 0 {
+	if v.Reg != nil {
+		st.Cluster, st.Desired = *t.cluster, v.Reg.DesiredRaw
+		st.Live = len(v.Reg.Servers)
+		// Checkpoints of indexes past the servers listed (a shrunk cluster).
+		for i, rec := range v.Reg.Checkpoints {
+			if i >= len(st.Servers) {
+				st.Servers = append(st.Servers, statusServer{server: server{Index: i, Health: healthDown},
+					Checkpoint: &checkpointJSON{rec.Path, rec.Sequence, micros(rec.TimeMicros)}})
+			}
+		}
+		for _, w := range v.Reg.Workers {
+			st.Workers = append(st.Workers, workerJSON{w.ID, w.Host, w.Pid, micros(w.StartTimeMicros)})
+		}
+	}
+	if err := printStatus(stdout, out, &st); err != nil {
+		return err
+	}
+	if v.Reg != nil && *t.auth.requireInstanceID && len(v.Reg.Bare) > 0 {
+		return bareError(v.Reg.Bare)
+	}
+	if st.Degraded {
+		return errDegraded
+	}
+	return nil
+}
+
+func printStatus(stdout io.Writer, out *output, st *statusJSON) error {
+	if out.json() {
+		return writeJSON(stdout, st)
+	}
+	if st.Source == "etcd" {
+		desired := st.Desired
+		if desired == "" {
+			desired = "(unset)"
+		}
+		fmt.Fprintf(stdout, "cluster %q: desired servers %s, live %d, workers %d\n\n", st.Cluster, desired, st.Live, len(st.Workers))
+	} else {
+		fmt.Fprintf(stdout, "servers: %d of %d answer\n\n", st.Live, len(st.Servers))
+	}
+	header := []string{"INDEX", "ADDRESS", "HEALTH", "INITIALIZED", "BLOCKS", "BYTES", "GRADIENTS", "GETS", "UPTIME"}
+	if st.Source == "etcd" {
+		header = append(header, "CHECKPOINT", "SEQUENCE")
+	}
+	if out.wide() {
+		header = append(header, "STATE BYTES", "REJECTED", "WRITTEN", "INSTANCE", "ERROR")
+	}
+	tw := newTable(stdout, header...)
+	for _, s := range st.Servers {
+		address := s.Address
+		if address == "" {
+			address = "(down)"
+		}
+		cells := []interface{}{s.Index, address, s.Health}
+		if s.ServerStatsJSON != nil {
+			cells = append(cells, s.Initialized, s.ParameterBlocks, s.ParameterBytes, s.GradientsApplied, s.GetsServed,
+				(time.Duration(s.UptimeSeconds) * time.Second).String())
+		} else {
+			cells = append(cells, "-", "-", "-", "-", "-", "-")
+		}
+		ck := &checkpointJSON{"-", "-", "-"}
+		if s.Checkpoint != nil {
+			ck = s.Checkpoint
+		}
+		if st.Source == "etcd" {
+			cells = append(cells, ck.Path, ck.Sequence)
+		}
+		if out.wide() {
+			if s.ServerStatsJSON != nil {
+				cells = append(cells, s.OptimizerStateBytes, s.RequestsRejected)
+			} else {
+				cells = append(cells, "-", "-")
+			}
+			cells = append(cells, ck.Written, orEmpty(s.Instance), orEmpty(s.Error))
+		}
+		tw.row(cells...)
+	}
+	tw.flush()
+	if len(st.Workers) > 0 {
 		fmt.Fprintln(stdout)
-		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "WORKER\tHOST\tPID\tSTARTED")
-		for _, w := range workers {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", w.ID, w.Host, w.Pid, micros(w.StartTimeMicros))
+		tw = newTable(stdout, "WORKER", "HOST", "PID", "STARTED")
+		for _, w := range st.Workers {
+			tw.row(w.ID, w.Host, w.Pid, w.Started)
 		}
-		tw.Flush()
+		tw.flush()
 	}
-	if requireInstanceID && len(bare) > 0 {
-		return fmt.Errorf("etcd %s, which names no server instance ('host:port instance=<id>', as a server writes it): "+
-			"a rogue or hand-written registry entry (-require_instance_id)", strings.Join(bare, ", "))
+	if !out.wide() {
+		sep := "\n"
+		for _, s := range st.Servers {
+			if s.Error != "" && s.Health != healthDown {
+				fmt.Fprintf(stdout, "%sserver %d %s: %s\n", sep, s.Index, orEmpty(s.Address), s.Error)
+				sep = ""
+			}
+		}
 	}
 	return nil
 }
 
-// cmdHealth prints every server's gRPC health; an error unless all serve.
+// healthJSON is psctl health -o json.
+type healthJSON struct {
+	Servers []healthRow `json:"servers"`
+}
+
+type healthRow struct {
+	Index   int    `json:"index"`
+	Address string `json:"address"`
+	Health  string `json:"health"`
+	Error   string `json:"error,omitempty"`
+}
+
+// cmdHealth prints every server's gRPC health; degraded unless all serve.
 func cmdHealth(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("health", "health -etcd HOST:PORT[,...] [-cluster NAME] | -servers A,B", stdout, stderr)
-	etcdFlag := fs.String("etcd", "", "etcd endpoints host:port[,host:port...]: find the servers there")
-	cluster := fs.String("cluster", "default", "cluster name: keys live under /pserver/<cluster>")
-	servers := fs.String("servers", "", "instead of etcd: these server addresses, in index order")
-	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
-	auth := addSecurityFlags(fs)
+	fs := newFlags("health", "health (-etcd HOST:PORT[,...] [-cluster NAME] | -servers A,B) [-o table|wide|json]", stdout, stderr)
+	t := addTarget(fs, false)
+	out := addOutput(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	if (*etcdFlag == "") == (*servers == "") {
-		fs.Usage()
-		return errUsage
+	if err := firstError(out.check(), t.check(), noArgs(fs)); err != nil {
+		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), *t.timeout)
 	defer cancel()
-	client, err := auth.newClient(ctx, pserver.Options{Servers: splitList(*servers), Etcd: *etcdFlag,
-		Cluster: *cluster, Timeout: *timeout})
+	v, err := t.resolve(ctx)
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	health, err := client.Health(ctx)
+	h := healthJSON{Servers: []healthRow{}}
+	for _, s := range v.Servers {
+		h.Servers = append(h.Servers, healthRow{s.Index, s.Address, s.Health, s.Error})
+	}
+	if out.json() {
+		err = writeJSON(stdout, h)
+	} else {
+		header := []string{"INDEX", "ADDRESS", "HEALTH"}
+		if out.wide() {
+			header = append(header, "ERROR")
+		}
+		tw := newTable(stdout, header...)
+		for _, r := range h.Servers {
+			cells := []interface{}{r.Index, orEmpty(r.Address), r.Health}
+			if out.wide() {
+				cells = append(cells, orEmpty(r.Error))
+			}
+			tw.row(cells...)
+		}
+		err = tw.flush()
+	}
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INDEX\tADDRESS\tHEALTH")
-	addresses := client.Servers()
-	serving := 0
-	for i, h := range health {
-		address := ""
-		if i < len(addresses) {
-			address = addresses[i]
+	if v.degraded() {
+		bad := 0
+		for _, s := range v.Servers {
+			if !s.ok() {
+				bad++
+			}
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\n", i, address, h)
-		if h == "SERVING" {
-			serving++
-		}
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if serving != len(health) {
-		return fmt.Errorf("%d of %d servers are not SERVING", len(health)-serving, len(health))
+		fmt.Fprintf(stderr, "psctl health: %d of %d servers are not SERVING\n", bad, len(v.Servers))
+		return errDegraded
 	}
 	return nil
-}
-
-func serverStatus(ctx context.Context, options pserver.Options, stdout io.Writer) error {
-	client, err := pserver.NewClient(ctx, options)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	stats, err := client.Stats(ctx)
-	if err != nil {
-		return err
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INDEX\tADDRESS\tINITIALIZED\tBLOCKS\tBYTES\tSTATE BYTES\tGRADIENTS\tGETS\tREJECTED\tUPTIME")
-	for i, s := range stats {
-		fmt.Fprintf(tw, "%d\t%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Index, options.Servers[i], s.Initialized, s.Parameters,
-			s.ParameterBytes, s.OptimizerStateBytes, s.GradientsApplied, s.GetsServed, s.RequestsRejected,
-			s.Uptime.Round(time.Second))
-	}
-	return tw.Flush()
 }
