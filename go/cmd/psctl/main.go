@@ -25,7 +25,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 const usage = `psctl: run and inspect pserver clusters.

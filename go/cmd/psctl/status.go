@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // checkpointRecord is pserver.v1.CheckpointRecord as protobuf JSON.

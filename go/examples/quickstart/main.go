@@ -10,7 +10,7 @@ import (
 	"errors"
 	"fmt"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 func main() {
