@@ -66,17 +66,18 @@ mkdir -p "$app"
 want="$(/usr/bin/python3 go/readme_example.py README.md go/examples/quickstart/main.go "$app/main.go")"
 # README's go.mod for a program that requires the module: the ```text block
 # under "## Using it from Go" that starts with `module`; its replace names a
-# prefix's share/pserver/go, here this test's prefix.
-/usr/bin/python3 - README.md "$prefix" "$app/go.mod" <<'PY'
+# prefix's share/pserver/go, here this test's prefix; it requires pserver.h's version.
+/usr/bin/python3 - README.md "$prefix" "$app/go.mod" "$version" <<'PY'
 import re, sys
-readme, prefix, out = sys.argv[1:]
+readme, prefix, out, version = sys.argv[1:]
 text = open(readme, encoding="utf-8").read()
 section = text[text.index("## Using it from Go"):]
 section = section[:section.index("\n## ", 1)]
 match = re.search(r"```text\n(module .*?)```", section, re.S)
 assert match, "README.md: no ```text block starting with `module` under 'Using it from Go'"
 gomod = match.group(1)
-assert "require github.com/pserver-project/pserver/go v" in gomod, gomod
+assert f"require github.com/pserver-project/pserver/go v{version}\n" in gomod, \
+    f"README.md's go.mod should require v{version} (pserver.h's version): {gomod}"
 gomod, n = re.subn(r"(replace github.com/pserver-project/pserver/go => )\S+/share/pserver/go\n",
                    lambda m: m.group(1) + prefix + "/share/pserver/go\n", gomod)
 assert n == 1, "README.md's go.mod has no replace to <prefix>/share/pserver/go"

@@ -2,9 +2,10 @@
 # bazel test //python:wheel_venv_test: installs the wheel (//python:wheel) as
 # users do, with pip and nothing downloaded (--no-index), and runs README.md's
 # Python examples against it from a directory outside the repository:
-#  1. into a fresh venv made with `python3 -m venv --system-site-packages`
-#     (numpy, and torch where installed, come from Debian's dist-packages:
-#     pip cannot download them here);
+#  1. into a fresh venv, with README's commands as written
+#     (`/usr/bin/python3 -m venv --system-site-packages ~/venv && ~/venv/bin/pip
+#     install --no-index ...`; numpy, and torch where installed, come from
+#     Debian's dist-packages: pip cannot download them here);
 #  2. with `pip install --user` into a temporary HOME's user site, for
 #     Debian's /usr/bin/python3 (Debian 12 marks its Python externally
 #     managed, so pip asks for --break-system-packages even with --user).
@@ -43,16 +44,32 @@ print(f"pserver {dist.version} from {os.path.dirname(where)}; requires {dist.req
 PY
 }
 
-echo "== venv"
-/usr/bin/python3 -m venv --system-site-packages "$tmp/venv"
-"$tmp/venv/bin/pip" install --no-index "$wheel"
-check_installed "$tmp/venv/bin/python" "$tmp/venv"
+echo "== venv: README's commands as written"
+# The ```sh block that starts with `bazel build //python:wheel` (Bazel built
+# the wheel already: that line is left out), run with ~ a temporary folder
+# from a folder whose bazel-bin/python/wheel is the wheel's.
+mkdir -p "$tmp/ws/bazel-bin/python"
+ln -s "$repo/python/wheel" "$tmp/ws/bazel-bin/python/wheel"
+commands="$(/usr/bin/python3 - "$readme" <<'PY'
+import re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+match = re.search(r"```sh\n(bazel build //python:wheel.*?)```", text, re.S)
+assert match, "README.md: no ```sh block starting with `bazel build //python:wheel`"
+lines = [l for l in match.group(1).splitlines() if not l.startswith("bazel ")]
+assert any("venv" in l for l in lines), lines
+print("\n".join(lines))
+PY
+)"
+echo "$commands"
+(cd "$tmp/ws" && bash -euo pipefail -c "$commands")
+venv="$HOME/venv"
+check_installed "$venv/bin/python" "$venv"
 # pip check: nothing about pserver (Debian's own packages may report theirs).
-if "$tmp/venv/bin/pip" check 2>&1 | grep -i '^pserver'; then exit 1; fi
-"$tmp/venv/bin/python" "$repo/python/readme_test.py" "$readme"
+if "$venv/bin/pip" check 2>&1 | grep -i '^pserver'; then exit 1; fi
+"$venv/bin/python" "$repo/python/readme_test.py" "$readme"
 # pip uninstall removes every file it put there (RECORD is complete).
-"$tmp/venv/bin/pip" uninstall -y pserver
-if "$tmp/venv/bin/python" -c 'import pserver' 2>/dev/null; then
+"$venv/bin/pip" uninstall -y pserver
+if "$venv/bin/python" -c 'import pserver' 2>/dev/null; then
   echo "pserver still importable after pip uninstall"; exit 1
 fi
 
