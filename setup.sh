@@ -22,6 +22,8 @@ PACKAGES=(
   # python bindings and notebooks
   python3-dev python3-numpy python3-pytest swig jupyter-nbconvert python3-nbclient
   python3-ipykernel python3-matplotlib
+  # the wheel (//python:wheel) installed by pip into a venv and a user site
+  python3-pip python3-venv
   # pserver.torch and its examples (PyTorch 1.13, CPU; scikit-learn's digits)
   python3-torch python3-sklearn
   # metrics: promtool checks the exposition format, prometheus scrapes a test cluster

@@ -1,3 +1,3 @@
-module pserver
+module github.com/pserver-project/pserver/go
 
 go 1.19

@@ -37,8 +37,9 @@ fi
 case "$target" in /*) ;; *) target="${BUILD_WORKING_DIRECTORY:-$PWD}/$target" ;; esac
 dest="$target/pserver"
 mkdir -p "$dest"
-rm -f "$dest"/*.py "$dest"/*.so
-install -m 0644 "$root"/python/pserver/*.py "$root/bindings/python/capi.py" "$dest/"
+rm -f "$dest"/*.py "$dest"/*.so "$dest/py.typed"
+install -m 0644 "$root"/python/pserver/*.py "$root/python/pserver/py.typed" \
+  "$root/bindings/python/capi.py" "$dest/"
 install -m 0755 "$root/bindings/python/_capi.so" "$root/cc/capi/libpserver.so" "$dest/"
 
 # Check it from a neutral directory, as a user would.

@@ -8,6 +8,9 @@ message.
 The section "## Using it from PyTorch" must be at most 15 lines, and its
 ```python block print exactly the `...` after "prints" (run where PyTorch is
 installed, as in CI; elsewhere this says it was skipped).
+
+Usage: readme_test.py [README.md]; the examples run with this interpreter
+(//python:wheel_venv_test runs it with a venv's).
 """
 import importlib.util
 import re
@@ -16,7 +19,8 @@ import sys
 
 
 def main() -> None:
-    readme = open("README.md", encoding="utf-8").read()
+    # The README's path: README.md in the working directory unless given.
+    readme = open(sys.argv[1] if len(sys.argv) > 1 else "README.md", encoding="utf-8").read()
     section = readme[readme.index("## Using it from Python"):]
     match = re.search(r"```python\n(.*?)```\n(.*?)\n\n", section, re.S)
     assert match is not None, "no ```python block under '## Using it from Python'"

@@ -28,7 +28,7 @@ import (
 	"strings"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 type result struct {

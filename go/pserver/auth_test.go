@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // Roles from Go (docs/security.md): a trainer and a reader token, and no

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // startSignal is a ctx that tells when a call has begun: the library call

@@ -21,9 +21,6 @@
 // finds the servers instead of Options.Servers; Etcd is a small etcd client
 // (get, get prefix, put, delete) for tools such as psctl.
 //
-// Build with CGO_CFLAGS=-I<dir of pserver.h> and
-// CGO_LDFLAGS="-L<dir of libpserver.so> -Wl,-rpath,<dir>".
-//
 // Errors are *Error{Code, Msg}, matched with errors.Is against ErrNotFound,
 // ErrInvalidArgument, ErrAlreadyInitialized, ...; every handle has a Close
 // that waits for calls in flight and may be called twice, after which
@@ -36,7 +33,13 @@
 // library call itself (pserver_cancel_t), which ends promptly; the method
 // returns once it has, with CANCELLED (errors.Is context.Canceled) or
 // DEADLINE_EXCEEDED. No library call is left running behind a method.
+//
+// Building: cgo finds pserver.h and libpserver.so through pkg-config
+// (pserver.pc, installed by `bazel run //:install -- --prefix DIR` into
+// DIR/lib/pkgconfig: set PKG_CONFIG_PATH to it when DIR is not a system
+// prefix). Bazel's targets write a pserver.pc over their own build output
+// (go/go_env.sh).
 package pserver
 
-// #cgo LDFLAGS: -lpserver
+// #cgo pkg-config: pserver
 import "C"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 func mustTensor[T pserver.Element](t *testing.T, v []T, shape ...int64) *pserver.Tensor {

@@ -6,7 +6,7 @@ import (
 	"reflect"
 	"testing"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // PushPullInto writes the updated parameters into the caller's tensors, for

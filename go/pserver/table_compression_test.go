@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // A table's compression on the wire from Go: WireType and the top-k

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 func mustTable(t *testing.T, client *pserver.Client, name string, cfg pserver.TableConfig) *pserver.Table {

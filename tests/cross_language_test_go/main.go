@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 func dump(params map[string]*pserver.Tensor, out string) error {

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"sync"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // Health values psctl reports besides grpc.health.v1's.

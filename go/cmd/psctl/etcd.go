@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // etcd is psctl's view of etcd: the C ABI's etcd client (pserver.Etcd), the

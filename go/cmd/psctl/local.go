@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // child is a process psctl started; stopped by its PID.

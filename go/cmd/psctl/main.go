@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // command is one psctl command.

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // The test binary doubles as psctl when PSCTL_TEST_MAIN is set, so `local`

@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // securityFlags are the flags of every command that reaches servers or etcd

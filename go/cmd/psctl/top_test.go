@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 // localAddresses is the server and metrics addresses `psctl local` printed.

@@ -2,7 +2,7 @@
 // The body of main is the README's code block, line for line
 // (//go:readme_test runs the README's block and checks that they match).
 //
-//	cd go && go run ./examples/quickstart   (with CGO_CFLAGS/CGO_LDFLAGS as in the README)
+//	cd go && go run ./examples/quickstart   (with PKG_CONFIG_PATH as in the README)
 package main
 
 import (
@@ -10,7 +10,7 @@ import (
 	"errors"
 	"fmt"
 
-	"pserver/pserver"
+	"github.com/pserver-project/pserver/go/pserver"
 )
 
 func main() {
