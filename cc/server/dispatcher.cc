@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cc/core/status_macros.h"
+#include "cc/server/state_checksum.h"
 
 namespace pserver {
 
@@ -143,8 +144,13 @@ void Dispatcher::AddControlMethods() {
       });
   Sync<GetStatsRequest, GetStatsResponse>(
       "GetStats",
-      [this](const GetStatsRequest&, GetStatsResponse* response) {
+      [this](const GetStatsRequest& request, GetStatsResponse* response) {
         FillStats(response->mutable_stats());
+        if (request.state_checksum()) {
+          PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, Snapshot());
+          PS_ASSIGN_OR_RETURN(uint32_t checksum, ShardStateChecksum(snapshot));
+          response->mutable_stats()->set_state_checksum(checksum);
+        }
         return absl::OkStatus();
       },
       /*needs_serving=*/false);
@@ -361,6 +367,15 @@ absl::Status Dispatcher::GetParam(const v1::GetParamRequest& request,
   if (status.ok()) status = HoldReply(response->ByteSizeLong(), reply);
   if (!status.ok()) response->Clear();
   return status;
+}
+
+absl::StatusOr<StoreSnapshot> Dispatcher::Snapshot() {
+  // No push is between applying and recording its id meanwhile.
+  absl::WriterMutexLock lock(&apply_mu_);
+  PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, store_->TakeSnapshot());
+  snapshot.extensions[AppliedSequences::kExtensionName] = applied_.Serialize();
+  tables_->SaveTo(&snapshot.extensions);
+  return snapshot;
 }
 
 void Dispatcher::FillStats(v1::ServerStats* out) const {

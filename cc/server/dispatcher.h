@@ -193,6 +193,11 @@ class Dispatcher {
   absl::Status CheckWrite() const;
   uint32_t index() const { return index_.load(std::memory_order_relaxed); }
 
+  // The shard's whole state as a checkpoint holds it (docs/checkpoint-format.md):
+  // the store's blocks, the applied request ids and the tables (rows,
+  // clocks, held-back adds) as extensions, taken with apply_mu() held
+  // exclusively so that the store and the applied ids agree.
+  absl::StatusOr<StoreSnapshot> Snapshot();
   // Pushes with a request id (client_id, sequence) are applied at most once.
   AppliedSequences& applied() { return applied_; }
   // Held shared while a push is applied and its id recorded; a checkpoint
