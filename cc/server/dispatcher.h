@@ -162,6 +162,18 @@ class Dispatcher {
   CancelWait Call(absl::string_view name, const google::protobuf::Message& request,
                   google::protobuf::Message* response, const CallContext& call, Done done);
 
+  // The control writes a backup applies from their request bytes
+  // (ApplyWrite), null-terminated: kWriteMethods but Save and the
+  // collectives (Barrier, AllReduce, Broadcast: their rounds are no shard
+  // state).
+  static const char* const kReplicatedMethods[];
+  // Applies control write `name` (one of kReplicatedMethods) from its
+  // request's serialized bytes through Call, the very path a client's call
+  // takes, and returns its answer: a backup applying what its primary
+  // shipped (cc/server/backup_log.h) ends bit-identical. INVALID_ARGUMENT for
+  // another method or bytes that do not parse.
+  absl::Status ApplyWrite(absl::string_view name, absl::string_view request);
+
   // ---- bulk data ---------------------------------------------------------
   // Both are UNAVAILABLE while the server is not serving.
   // Applies a batch of gradients whole or not at all, once per id; fenced

@@ -1,0 +1,155 @@
+// A backup that applies what its primary shipped ends bit-identical: writes
+// applied on a primary dispatcher are delivered as (epoch, LSN, method,
+// request bytes) to a backup's BackupLog out of order and twice, applied
+// there through Dispatcher::ApplyWrite, and the two shards' state checksums
+// agree. No thread and no timing: held writes are delivered with a deadline
+// already past, then the first LSN drains them.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cc/core/parameter_store.h"
+#include "cc/core/tables.h"
+#include "cc/server/backup_log.h"
+#include "cc/server/dispatcher.h"
+#include "cc/server/state_checksum.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string Bytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+std::string Keys(const std::vector<uint64_t>& keys) {
+  return std::string(reinterpret_cast<const char*>(keys.data()), keys.size() * sizeof(uint64_t));
+}
+
+struct Shard {
+  ParameterStore store;
+  Tables tables;
+  Dispatcher dispatcher{&store, &tables, /*index=*/0};
+
+  uint32_t Checksum() {
+    absl::StatusOr<StoreSnapshot> snapshot = dispatcher.Snapshot();
+    EXPECT_OK(snapshot.status());
+    if (!snapshot.ok()) return 0;
+    absl::StatusOr<uint32_t> crc = ShardStateChecksum(*snapshot);
+    EXPECT_OK(crc.status());
+    return crc.ok() ? *crc : 0;
+  }
+};
+
+// A training run's writes, as a primary receives them.
+std::vector<std::pair<std::string, std::string>> Writes() {
+  std::vector<std::pair<std::string, std::string>> writes;
+  v1::InitParamRequest init;
+  init.mutable_parameter()->set_name("w");
+  init.mutable_parameter()->set_element_type(v1::FLOAT32);
+  init.mutable_parameter()->add_shape(3);
+  init.mutable_parameter()->set_content(Bytes({1, 2, 3}));
+  init.mutable_config()->mutable_optimizer()->mutable_adam();
+  writes.emplace_back("InitParam", init.SerializeAsString());
+  writes.emplace_back("FinishInitParams", v1::FinishInitParamsRequest().SerializeAsString());
+  for (int step = 1; step <= 4; ++step) {
+    v1::SendGradRequest grad;
+    grad.mutable_gradient()->set_name("w");
+    grad.mutable_gradient()->set_element_type(v1::FLOAT32);
+    grad.mutable_gradient()->set_content(Bytes({0.5f * step, -1.0f, 3.0f / step}));
+    writes.emplace_back("SendGrad", grad.SerializeAsString());
+  }
+  v1::CreateTableRequest table;
+  table.set_name("emb");
+  table.mutable_config()->set_dim(2);
+  table.mutable_config()->mutable_optimizer()->mutable_adam();
+  writes.emplace_back("CreateTable", table.SerializeAsString());
+  v1::CreateTableRequest bsp;
+  bsp.set_name("bsp");
+  bsp.mutable_config()->set_dim(2);
+  bsp.mutable_config()->mutable_consistency()->set_model(v1::Consistency::BSP);
+  writes.emplace_back("CreateTable", bsp.SerializeAsString());
+  for (uint64_t k = 0; k < 8; ++k) {
+    v1::TablePushRequest push;
+    push.set_table(k % 2 == 0 ? "emb" : "bsp");
+    push.set_keys(Keys({k, 100 + k}));
+    push.set_values(Bytes({1.0f * k, 2, 3, -1.0f * k}));
+    if (k % 2 == 1) {
+      push.set_worker("w0");  // held back under BSP
+      push.set_client_id(9);
+      push.set_sequence(k);
+    }
+    writes.emplace_back("TablePush", push.SerializeAsString());
+  }
+  return writes;
+}
+
+TEST(ReplicatedWriteTest, ABackupApplyingShippedWritesOutOfOrderEndsBitIdentical) {
+  Shard primary, backup;
+  BackupLog log(/*epoch=*/1, /*applied_lsn=*/0, {}, [&](const BackupLog::Write& w) {
+    return backup.dispatcher.ApplyWrite(w.method, w.request);
+  });
+  const auto writes = Writes();
+  std::vector<BackupLog::Write> shipped;
+  for (const auto& [method, request] : writes) {
+    ASSERT_OK(primary.dispatcher.ApplyWrite(method, request)) << method;
+    shipped.push_back({1, shipped.size() + 1, method, request});
+  }
+  // Last LSN first: each is held (its deadline already past) ...
+  for (size_t i = shipped.size(); i-- > 1;) {
+    EXPECT_THAT(log.Deliver(shipped[i], absl::Now()),
+                StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("waiting for LSN 1")));
+  }
+  EXPECT_EQ(log.held_writes(), shipped.size() - 1);
+  EXPECT_NE(primary.Checksum(), backup.Checksum());  // nothing applied yet
+  // ... until LSN 1 drains them all, in order.
+  ASSERT_OK(log.Deliver(shipped[0], absl::Now() + absl::Seconds(60)));
+  EXPECT_EQ(log.applied_lsn(), shipped.size());
+  EXPECT_EQ(primary.Checksum(), backup.Checksum());
+
+  // Every write retried (a primary resending after a lost ack): acknowledged,
+  // applied once.
+  for (const BackupLog::Write& w : shipped) ASSERT_OK(log.Deliver(w, absl::Now()));
+  EXPECT_EQ(primary.Checksum(), backup.Checksum());
+
+  // Order matters: the same writes with two pushes swapped (Adam) differ,
+  // which is why a backup applies in LSN order.
+  Shard swapped;
+  auto reordered = writes;
+  std::swap(reordered[4], reordered[5]);  // the third and fourth SendGrad
+  for (const auto& [method, request] : reordered) {
+    ASSERT_OK(swapped.dispatcher.ApplyWrite(method, request));
+  }
+  EXPECT_NE(primary.Checksum(), swapped.Checksum());
+
+  // A write the backup alone applied shows.
+  ASSERT_OK(backup.dispatcher.ApplyWrite(writes[2].first, writes[2].second));
+  EXPECT_NE(primary.Checksum(), backup.Checksum());
+}
+
+TEST(ReplicatedWriteTest, OnlyShardWritesAreApplied) {
+  Shard shard;
+  for (const char* method : {"Save", "Barrier", "AllReduce", "Broadcast", "GetParam", "Nope"}) {
+    EXPECT_THAT(shard.dispatcher.ApplyWrite(method, ""),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("is not a replicated write (InitParam, FinishInitParams")))
+        << method;
+  }
+  EXPECT_THAT(shard.dispatcher.ApplyWrite("SendGrad", "\xff\xff\xff"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("replicated SendGrad: malformed SendGradRequest")));
+  // A write the shard refuses is refused as it would be for a client.
+  v1::SendGradRequest grad;
+  grad.mutable_gradient()->set_name("missing");
+  EXPECT_FALSE(shard.dispatcher.ApplyWrite("SendGrad", grad.SerializeAsString()).ok());
+}
+
+}  // namespace
+}  // namespace pserver
