@@ -5,16 +5,20 @@
 // agree. No thread and no timing: held writes are delivered with a deadline
 // already past, then the first LSN drains them.
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
 #include "cc/server/backup_log.h"
 #include "cc/server/dispatcher.h"
+#include "cc/server/primary_log.h"
 #include "cc/server/state_checksum.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -149,6 +153,131 @@ TEST(ReplicatedWriteTest, OnlyShardWritesAreApplied) {
   v1::SendGradRequest grad;
   grad.mutable_gradient()->set_name("missing");
   EXPECT_FALSE(shard.dispatcher.ApplyWrite("SendGrad", grad.SerializeAsString()).ok());
+}
+
+// A primary and two backups in one process: PrimaryLog ships to each
+// backup's BackupLog, which applies through its own dispatcher.
+class ReplicaSet {
+ public:
+  explicit ReplicaSet(PrimaryLog::Options options = {}) {
+    for (int i = 0; i < 2; ++i) {
+      backups_.push_back(std::make_unique<Shard>());
+      Shard* shard = backups_.back().get();
+      logs_.push_back(std::make_unique<BackupLog>(
+          1, 0, BackupLog::Options{}, [shard](const BackupLog::Write& w) {
+            return shard->dispatcher.ApplyWrite(w.method, w.request);
+          }));
+    }
+    primary_log_ = std::make_unique<PrimaryLog>(
+        1, 0, logs_.size(), options, [this](size_t backup, const BackupLog::Write& w) {
+          return logs_[backup]->Deliver(w, absl::Now() + absl::Seconds(60));
+        });
+  }
+
+  absl::Status Write(const std::string& method, const std::string& request) {
+    return primary_log_->Write(method, request,
+                               [&] { return primary_.dispatcher.ApplyWrite(method, request); });
+  }
+
+  Shard& primary() { return primary_; }
+  Shard& backup(size_t i) { return *backups_[i]; }
+  BackupLog& backup_log(size_t i) { return *logs_[i]; }
+  PrimaryLog& primary_log() { return *primary_log_; }
+
+ private:
+  Shard primary_;
+  std::vector<std::unique_ptr<Shard>> backups_;
+  std::vector<std::unique_ptr<BackupLog>> logs_;
+  std::unique_ptr<PrimaryLog> primary_log_;
+};
+
+std::string SgdGrad(float value) {
+  v1::SendGradRequest grad;
+  grad.mutable_gradient()->set_name("w");
+  grad.mutable_gradient()->set_element_type(v1::FLOAT32);
+  grad.mutable_gradient()->set_content(Bytes({value, -value, 1}));
+  return grad.SerializeAsString();
+}
+
+TEST(ReplicatedWriteTest, ConcurrentWritersThroughThePrimaryLeaveEveryReplicaIdentical) {
+  ReplicaSet set;
+  const auto writes = Writes();  // InitParam ... (Adam: order-sensitive)
+  for (const auto& [method, request] : writes) ASSERT_OK(set.Write(method, request));
+  constexpr int kThreads = 4, kPerThread = 25;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread && results[t].ok(); ++i) {
+        results[t] = set.Write("SendGrad", SgdGrad(static_cast<float>(t * 100 + i)));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& r : results) EXPECT_OK(r);
+  const uint64_t total = writes.size() + kThreads * kPerThread;
+  EXPECT_EQ(set.primary_log().last_lsn(), total);
+  EXPECT_EQ(set.primary_log().in_flight_writes(), 0u);
+  EXPECT_EQ(set.backup_log(0).applied_lsn(), total);
+  EXPECT_EQ(set.backup_log(1).applied_lsn(), total);
+  const uint32_t crc = set.primary().Checksum();
+  EXPECT_EQ(set.backup(0).Checksum(), crc);
+  EXPECT_EQ(set.backup(1).Checksum(), crc);
+}
+
+TEST(ReplicatedWriteTest, AWriteThePrimaryRefusesTakesNoLsnAndIsShippedNowhere) {
+  ReplicaSet set;
+  v1::SendGradRequest missing;
+  missing.mutable_gradient()->set_name("missing");
+  EXPECT_FALSE(set.Write("SendGrad", missing.SerializeAsString()).ok());
+  EXPECT_EQ(set.primary_log().last_lsn(), 0u);
+  EXPECT_EQ(set.backup_log(0).applied_lsn(), 0u);
+}
+
+TEST(ReplicatedWriteTest, AStalePrimaryIsToldSoAndItsWriteIsNotAcknowledged) {
+  ReplicaSet set;
+  const auto writes = Writes();
+  ASSERT_OK(set.Write(writes[0].first, writes[0].second));
+  set.backup_log(0).SetEpoch(2);  // another replica took over
+  absl::Status refused = set.Write(writes[1].first, writes[1].second);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("backup 0 did not acknowledge LSN 2 (FinishInitParams) "
+                                          "of epoch 1: replicated write LSN 2 is of epoch 1, "
+                                          "older than this replica's epoch 2")));
+  // The other backup still got it: it holds no gap.
+  EXPECT_EQ(set.backup_log(1).applied_lsn(), 2u);
+}
+
+TEST(ReplicatedWriteTest, WritesInFlightAreBoundedAndARefusedOneIsNotApplied) {
+  absl::Notification release;
+  absl::Notification sending;
+  PrimaryLog::Options options;
+  options.max_in_flight_writes = 1;
+  PrimaryLog log(1, 0, 1, options, [&](size_t, const BackupLog::Write&) {
+    sending.Notify();
+    release.WaitForNotification();
+    return absl::OkStatus();
+  });
+  absl::Status first;
+  std::thread writer([&] { first = log.Write("SendGrad", "a", [] { return absl::OkStatus(); }); });
+  sending.WaitForNotification();
+  EXPECT_EQ(log.in_flight_writes(), 1u);
+  EXPECT_EQ(log.in_flight_bytes(), 9u);
+  bool applied = false;
+  EXPECT_THAT(log.Write("SendGrad", "b",
+                        [&] {
+                          applied = true;
+                          return absl::OkStatus();
+                        }),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("primary has 1 writes (9 bytes) not yet acknowledged by every "
+                                 "backup, at its bound of 1 writes")));
+  EXPECT_FALSE(applied);
+  release.Notify();
+  writer.join();
+  EXPECT_OK(first);
+  EXPECT_EQ(log.in_flight_writes(), 0u);
+  EXPECT_EQ(log.last_lsn(), 1u);
 }
 
 }  // namespace
