@@ -83,6 +83,18 @@ void BackupLog::Drain() {
       break;
     }
     ++applied_;
+    const uint64_t bytes = Bytes(write);
+    if (bytes <= options_.max_retained_bytes) {
+      retained_bytes_ += bytes;
+      retained_.push_back(std::move(write));
+    } else {  // larger than all the room: nothing before it can follow it
+      retained_.clear();
+      retained_bytes_ = 0;
+    }
+    while (retained_bytes_ > options_.max_retained_bytes) {
+      retained_bytes_ -= Bytes(retained_.front());
+      retained_.pop_front();
+    }
   }
   applying_ = false;
   changed_.SignalAll();
@@ -99,6 +111,22 @@ void BackupLog::SetEpoch(uint64_t epoch) {
   // afterwards applied_lsn() is final for the old epoch.
   mu_.Await(absl::Condition(
       +[](bool* applying) { return !*applying; }, &applying_));
+}
+
+absl::StatusOr<std::vector<BackupLog::Write>> BackupLog::AppliedSince(uint64_t lsn) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Write> out;
+  if (lsn >= applied_) return out;
+  if (retained_.empty() || retained_.front().lsn > lsn + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this replica no longer retains LSN ", lsn + 1, " (it keeps ",
+        retained_.empty() ? std::string("none") : absl::StrCat("LSNs from ", retained_.front().lsn),
+        ", max_retained_bytes ", options_.max_retained_bytes, "): rebuild the successor"));
+  }
+  for (const Write& w : retained_) {
+    if (w.lsn > lsn) out.push_back(w);
+  }
+  return out;
 }
 
 uint64_t BackupLog::epoch() const {

@@ -21,11 +21,14 @@
 #define PSERVER_CC_SERVER_BACKUP_LOG_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -44,6 +47,10 @@ class BackupLog {
     // request). Each must be >= 1.
     uint64_t max_held_writes = 1024;
     uint64_t max_held_bytes = uint64_t{256} << 20;
+    // Bytes of applied writes kept for AppliedSince (a takeover at R=3
+    // bringing the successor to the most advanced backup); the oldest go
+    // first. 0: none kept.
+    uint64_t max_retained_bytes = uint64_t{64} << 20;
   };
   // Applies one write; an error means this replica no longer matches the
   // primary (the primary applied it): the log breaks for good.
@@ -74,6 +81,12 @@ class BackupLog {
   // epoch. An older `epoch` is ignored.
   void SetEpoch(uint64_t epoch);
 
+  // The applied writes after `lsn`, in LSN order (empty when `lsn` is at or
+  // past applied_lsn()): what a successor taking over lacks and this backup
+  // got from the old primary. FAILED_PRECONDITION when the oldest of them is
+  // no longer retained (the successor must then be rebuilt from a replica).
+  absl::StatusOr<std::vector<Write>> AppliedSince(uint64_t lsn) const;
+
   uint64_t epoch() const;
   uint64_t applied_lsn() const;
   uint64_t held_writes() const;
@@ -95,6 +108,8 @@ class BackupLog {
   uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool applying_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  std::deque<Write> retained_ ABSL_GUARDED_BY(mu_);  // the last applied, in LSN order
+  uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pserver

@@ -192,5 +192,29 @@ TEST(BackupLogTest, BadWritesAreRefused) {
   EXPECT_THAT(applied.lsns(), ::testing::IsEmpty());
 }
 
+TEST(BackupLogTest, AppliedWritesAreRetainedForASuccessorWithinTheirBound) {
+  Applied applied;
+  BackupLog::Options options;
+  options.max_retained_bytes = 30;  // three writes of 10 bytes ("SendGrads" + 1 digit)
+  BackupLog log(1, 0, options, applied.Fn());
+  for (uint64_t lsn = 1; lsn <= 5; ++lsn) ASSERT_OK(log.Deliver(W(1, lsn), absl::Now() + kLong));
+  ASSERT_OK_AND_ASSIGN(std::vector<BackupLog::Write> since, log.AppliedSince(3));
+  ASSERT_EQ(since.size(), 2u);
+  EXPECT_EQ(since[0].lsn, 4u);
+  EXPECT_EQ(since[1].lsn, 5u);
+  EXPECT_EQ(since[1].request, "5");
+  ASSERT_OK_AND_ASSIGN(since, log.AppliedSince(2));
+  EXPECT_EQ(since.size(), 3u);
+  ASSERT_OK_AND_ASSIGN(since, log.AppliedSince(5));
+  EXPECT_TRUE(since.empty());
+  EXPECT_THAT(log.AppliedSince(1).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("no longer retains LSN 2 (it keeps LSNs from 3")));
+  BackupLog none(1, 0, BackupLog::Options{1024, 1 << 20, 0}, applied.Fn());
+  ASSERT_OK(none.Deliver(W(1, 1), absl::Now() + kLong));
+  EXPECT_THAT(none.AppliedSince(0).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("it keeps none")));
+}
+
 }  // namespace
 }  // namespace pserver

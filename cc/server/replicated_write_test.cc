@@ -280,5 +280,62 @@ TEST(ReplicatedWriteTest, WritesInFlightAreBoundedAndARefusedOneIsNotApplied) {
   EXPECT_EQ(log.last_lsn(), 1u);
 }
 
+// R=3: the old primary shipped its last write to one backup only (not
+// acknowledged). The successor takes the writes it lacks from the other
+// backup before the new epoch writes anything; afterwards the two agree,
+// and the old primary's writes are refused.
+TEST(ReplicatedWriteTest, ATakeoverFirstBringsTheSuccessorToTheMostAdvancedBackup) {
+  Shard old_primary, successor, other;
+  auto log_of = [](Shard* shard) {
+    return std::make_unique<BackupLog>(1, 0, BackupLog::Options{},
+                                       [shard](const BackupLog::Write& w) {
+                                         return shard->dispatcher.ApplyWrite(w.method, w.request);
+                                       });
+  };
+  std::unique_ptr<BackupLog> successor_log = log_of(&successor), other_log = log_of(&other);
+  bool successor_unreachable = false;
+  PrimaryLog old_log(1, 0, 2, {}, [&](size_t backup, const BackupLog::Write& w) {
+    if (backup == 0 && successor_unreachable) return absl::UnavailableError("connection reset");
+    return (backup == 0 ? *successor_log : *other_log).Deliver(w, absl::Now() + absl::Seconds(60));
+  });
+  auto write = [](PrimaryLog& log, Shard& shard, const std::string& method,
+                  const std::string& request) {
+    return log.Write(method, request,
+                     [&] { return shard.dispatcher.ApplyWrite(method, request); });
+  };
+  const auto writes = Writes();
+  for (size_t i = 0; i + 1 < writes.size(); ++i) {
+    ASSERT_OK(write(old_log, old_primary, writes[i].first, writes[i].second));
+  }
+  successor_unreachable = true;
+  EXPECT_THAT(write(old_log, old_primary, writes.back().first, writes.back().second),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connection reset")));
+  ASSERT_EQ(other_log->applied_lsn(), successor_log->applied_lsn() + 1);
+
+  // The takeover: what the other backup has beyond the successor, then the
+  // new epoch on both.
+  ASSERT_OK_AND_ASSIGN(std::vector<BackupLog::Write> missing,
+                       other_log->AppliedSince(successor_log->applied_lsn()));
+  ASSERT_EQ(missing.size(), 1u);
+  for (const BackupLog::Write& w : missing) {
+    ASSERT_OK(successor_log->Deliver(w, absl::Now() + absl::Seconds(60)));
+  }
+  successor_log->SetEpoch(2);
+  other_log->SetEpoch(2);
+  PrimaryLog new_log(2, successor_log->applied_lsn(), 1, {},
+                     [&](size_t, const BackupLog::Write& w) {
+                       return other_log->Deliver(w, absl::Now() + absl::Seconds(60));
+                     });
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK(write(new_log, successor, "SendGrad", SgdGrad(static_cast<float>(i))));
+  }
+  EXPECT_EQ(successor.Checksum(), other.Checksum());
+  EXPECT_EQ(other_log->applied_lsn(), writes.size() + 5);
+  // The old primary, still running, gets no acknowledgement.
+  successor_unreachable = false;
+  EXPECT_THAT(write(old_log, old_primary, "SendGrad", SgdGrad(7)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("older than")));
+}
+
 }  // namespace
 }  // namespace pserver
