@@ -324,6 +324,13 @@ absl::Status AdmitCall(const ServiceSecurity& security, const grpc::ServerContex
   return security.auth->Check(CredentialsOf(context), method);
 }
 
+absl::Status ApplyReplicatedPush(Dispatcher& dispatcher, absl::string_view request) {
+  grpc::Slice slice(request.data(), request.size());  // a copy the decoded views point into
+  grpc::ByteBuffer buffer(&slice, 1);
+  PushRequest push;
+  return DecodeAndApply(dispatcher, buffer, &push);
+}
+
 BulkMethodFn FindBulkMethod(absl::string_view method) {
   // The table calls travel as bulk methods on the bulk channel only (on
   // gRPC they stay control calls, where a consistent read may wait).
