@@ -95,6 +95,23 @@ TEST_P(AuthTest, AdminMaySave) {
                                                 HasSubstr("checkpoint")));
 }
 
+TEST_P(AuthTest, OnlyAnAdminGetsAStateChecksum) {
+  v1::GetStatsRequest request;
+  request.set_state_checksum(true);
+  ASSERT_OK_AND_ASSIGN(auto reader, Connect(kReader));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ServerStats> plain, reader->GetStats());
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_FALSE(plain[0].has_state_checksum());
+  EXPECT_THAT(reader->GetStats(request),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("GetStats with state_checksum needs the role that may Save: "
+                                 "role reader of job job-a may not Save")));
+  ASSERT_OK_AND_ASSIGN(auto admin, Connect(kAdmin));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ServerStats> stats, admin->GetStats(request));
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_TRUE(stats[0].has_state_checksum());
+}
+
 TEST_P(AuthTest, AnotherJobIsRefused) {
   ASSERT_OK_AND_ASSIGN(auto other, Connect(kTrainerB));
   EXPECT_THAT(other->GetParam("w"),

@@ -610,9 +610,13 @@ absl::Status Client::FinishInitParams(const CallOptions& call) {
 }
 
 absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const CallOptions& call) {
-  PS_ASSIGN_OR_RETURN(
-      std::vector<v1::GetStatsResponse> responses,
-      CallEveryServer<v1::GetStatsResponse>("GetStats", v1::GetStatsRequest(), call));
+  return GetStats(v1::GetStatsRequest(), call);
+}
+
+absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const v1::GetStatsRequest& request,
+                                                              const CallOptions& call) {
+  PS_ASSIGN_OR_RETURN(std::vector<v1::GetStatsResponse> responses,
+                      CallEveryServer<v1::GetStatsResponse>("GetStats", request, call));
   std::vector<v1::ServerStats> out;
   out.reserve(responses.size());
   for (auto& response : responses) out.push_back(std::move(*response.mutable_stats()));

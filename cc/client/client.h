@@ -235,6 +235,10 @@ class Client {
 
   // One entry per server, in index order.
   absl::StatusOr<std::vector<v1::ServerStats>> GetStats(const CallOptions& call = {});
+  // The same with `request`'s options (state_checksum: each server also
+  // reports a checksum of its shard's whole state).
+  absl::StatusOr<std::vector<v1::ServerStats>> GetStats(const v1::GetStatsRequest& request,
+                                                        const CallOptions& call = {});
   // Every server's answer to gRPC's health check (grpc.health.v1, service
   // ""), in index order: SERVING once registered, loaded and serving,
   // NOT_SERVING while starting or draining. An unreachable server is retried

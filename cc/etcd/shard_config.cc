@@ -61,10 +61,19 @@ absl::StatusOr<v1::ShardConfig> ParseShardConfig(uint32_t shard, absl::string_vi
     return refused(absl::StrCat("it lists ", config.replicas_size(), " replicas, more than ",
                                 kMaxShardReplicas));
   }
-  for (const std::string& replica : config.replicas()) {
+  for (int i = 0; i < config.replicas_size(); ++i) {
+    const std::string& replica = config.replicas(i);
     if (!IsId(replica)) {
       return refused(absl::StrCat("replica '", absl::CHexEscape(replica.substr(0, 80)),
                                   "' is not an instance id"));
+    }
+    if (replica == config.holder()) {
+      return refused(absl::StrCat("it lists its holder ", replica, " among its replicas"));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (config.replicas(j) == replica) {
+        return refused(absl::StrCat("it lists replica ", replica, " twice"));
+      }
     }
   }
   return config;
@@ -77,10 +86,110 @@ std::string FormatShardConfig(const v1::ShardConfig& config) {
   return json;
 }
 
+namespace {
+
+// `next` (its epoch already set) as the writes of a change over `current`
+// (null: absent).
+ShardClaim Change(uint32_t shard, const KeyValue* current, v1::ShardConfig next) {
+  const std::string key = etcd_keys::ShardKey(shard);
+  ShardClaim claim;
+  claim.config = std::move(next);
+  claim.value = FormatShardConfig(claim.config);
+  claim.unchanged = Compare::ModRevisionEquals(key, current == nullptr ? 0 : current->mod_revision);
+  claim.put = TxnOp::Put(key, claim.value);
+  return claim;
+}
+
+// The current config and the next epoch; INVALID_ARGUMENT when the value
+// does not parse (ParseShardConfig refuses 2^64-1, so +1 cannot wrap).
+absl::StatusOr<v1::ShardConfig> Bumped(uint32_t shard, const KeyValue& current) {
+  PS_ASSIGN_OR_RETURN(v1::ShardConfig config, ParseShardConfig(shard, current.value));
+  config.set_epoch(config.epoch() + 1);
+  return config;
+}
+
+// `config`'s replicas without `id`; false if it was not listed.
+bool RemoveReplica(v1::ShardConfig* config, absl::string_view id) {
+  auto* replicas = config->mutable_replicas();
+  auto it = std::find(replicas->begin(), replicas->end(), id);
+  if (it == replicas->end()) return false;
+  replicas->erase(it);
+  return true;
+}
+
+absl::Status CheckReplicaCount(uint32_t shard, uint32_t num_servers, uint32_t replicas) {
+  if (num_servers == 0 || shard >= num_servers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("index ", shard, " is not below the server count ", num_servers));
+  }
+  if (replicas == 0 || replicas > num_servers ||
+      replicas > static_cast<uint32_t>(kMaxShardReplicas) + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replicas=", replicas, " must be between 1 and the server count ",
+                     num_servers, " (at most ", kMaxShardReplicas + 1, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// shard, shard + step, shard + 2 * step, ... (mod num_servers): R of them.
+std::vector<uint32_t> Walk(uint32_t start, uint32_t num_servers, uint32_t replicas, bool forward) {
+  std::vector<uint32_t> out;
+  out.reserve(replicas);
+  for (uint32_t k = 0; k < replicas; ++k) {
+    const uint64_t n = num_servers;
+    out.push_back(static_cast<uint32_t>(forward ? (start + k) % n : (start + n - k) % n));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint32_t>> InitialReplicaIndices(uint32_t shard, uint32_t num_servers,
+                                                            uint32_t replicas) {
+  PS_RETURN_IF_ERROR(CheckReplicaCount(shard, num_servers, replicas));
+  return Walk(shard, num_servers, replicas, /*forward=*/true);
+}
+
+absl::StatusOr<std::vector<uint32_t>> ShardsStartingOn(uint32_t index, uint32_t num_servers,
+                                                       uint32_t replicas) {
+  PS_RETURN_IF_ERROR(CheckReplicaCount(index, num_servers, replicas));
+  return Walk(index, num_servers, replicas, /*forward=*/false);
+}
+
+absl::StatusOr<ShardClaim> NextTakeover(uint32_t shard, const KeyValue& current,
+                                        absl::string_view successor,
+                                        absl::string_view successor_address) {
+  PS_ASSIGN_OR_RETURN(v1::ShardConfig next, Bumped(shard, current));
+  if (!RemoveReplica(&next, successor)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("etcd ", etcd_keys::ShardKey(shard), " at epoch ", next.epoch() - 1,
+                     " does not list ", successor, " as a replica: it cannot take over"));
+  }
+  next.set_holder(std::string(successor));
+  next.set_holder_address(std::string(successor_address));
+  return Change(shard, &current, std::move(next));
+}
+
+absl::StatusOr<ShardClaim> NextWithoutReplica(uint32_t shard, const KeyValue& current,
+                                              absl::string_view holder,
+                                              absl::string_view backup) {
+  PS_ASSIGN_OR_RETURN(v1::ShardConfig next, Bumped(shard, current));
+  const std::string key = etcd_keys::ShardKey(shard);
+  if (next.holder() != holder) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("etcd ", key, " at epoch ", next.epoch() - 1, " is held by ", next.holder(),
+                     ", not ", holder, ": only the holder drops a replica"));
+  }
+  if (!RemoveReplica(&next, backup)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "etcd ", key, " at epoch ", next.epoch() - 1, " does not list replica ", backup));
+  }
+  return Change(shard, &current, std::move(next));
+}
+
 absl::StatusOr<ShardClaim> NextShardClaim(uint32_t shard, const KeyValue* current,
                                           absl::string_view holder,
                                           absl::string_view holder_address, uint64_t floor) {
-  const std::string key = etcd_keys::ShardKey(shard);
   uint64_t epoch = 0;
   if (current != nullptr) {
     PS_ASSIGN_OR_RETURN(v1::ShardConfig old, ParseShardConfig(shard, current->value));
@@ -95,14 +204,11 @@ absl::StatusOr<ShardClaim> NextShardClaim(uint32_t shard, const KeyValue* curren
     return absl::InvalidArgumentError(
         absl::StrCat("shard ", shard, " is at epoch 2^64-1: it cannot be claimed again"));
   }
-  ShardClaim claim;
-  claim.config.set_epoch(epoch + 1);
-  claim.config.set_holder(std::string(holder));
-  claim.config.set_holder_address(std::string(holder_address));
-  claim.value = FormatShardConfig(claim.config);
-  claim.unchanged = Compare::ModRevisionEquals(key, current == nullptr ? 0 : current->mod_revision);
-  claim.put = TxnOp::Put(key, claim.value);
-  return claim;
+  v1::ShardConfig next;
+  next.set_epoch(epoch + 1);
+  next.set_holder(std::string(holder));
+  next.set_holder_address(std::string(holder_address));
+  return Change(shard, current, std::move(next));
 }
 
 }  // namespace pserver

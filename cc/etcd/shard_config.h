@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -56,6 +57,41 @@ struct ShardClaim {
 absl::StatusOr<ShardClaim> NextShardClaim(uint32_t shard, const KeyValue* current,
                                           absl::string_view holder,
                                           absl::string_view holder_address, uint64_t floor = 0);
+
+// ---- replica sets (issue 15; docs/replication.md) -------------------------
+// With --replicas=R a shard lives on R servers: its holder (the primary) and
+// ShardConfig.replicas, the backups' instance ids in takeover order (the
+// holder is never among them; empty at R=1). Every change below is a new
+// config one epoch up, written in a transaction guarded by the mod_revision
+// read, so two changes cannot both be made from the same epoch.
+
+// The server indices that start with a copy of shard `shard`:
+// shard, shard+1, ..., shard+R-1 (mod num_servers), the primary first.
+// INVALID_ARGUMENT unless 1 <= replicas <= num_servers and shard < num_servers.
+absl::StatusOr<std::vector<uint32_t>> InitialReplicaIndices(uint32_t shard, uint32_t num_servers,
+                                                            uint32_t replicas);
+// The shards server `index` starts with a copy of (the inverse of
+// InitialReplicaIndices): index, index-1, ..., index-R+1 (mod num_servers),
+// its own shard first. The same errors.
+absl::StatusOr<std::vector<uint32_t>> ShardsStartingOn(uint32_t index, uint32_t num_servers,
+                                                       uint32_t replicas);
+
+// A backup taking over from a holder that failed: `successor`, which must
+// be listed in current's replicas, becomes holder at `successor_address`;
+// the old holder leaves the set; the other backups keep their order.
+// FAILED_PRECONDITION naming the key when `successor` is not a backup of
+// the current config (only a replica holds the shard's state);
+// INVALID_ARGUMENT when `current` does not parse.
+absl::StatusOr<ShardClaim> NextTakeover(uint32_t shard, const KeyValue& current,
+                                        absl::string_view successor,
+                                        absl::string_view successor_address);
+// The holder dropping a backup it cannot reach (before it acknowledges
+// anything more without it): the same holder, `backup` out of the set.
+// FAILED_PRECONDITION when `holder` is not current's holder (a stale
+// primary changes nothing) or `backup` is not listed.
+absl::StatusOr<ShardClaim> NextWithoutReplica(uint32_t shard, const KeyValue& current,
+                                              absl::string_view holder,
+                                              absl::string_view backup);
 
 }  // namespace pserver
 

@@ -1,6 +1,10 @@
 #include "cc/etcd/shard_config.h"
 
+#include <algorithm>
 #include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -38,6 +42,10 @@ TEST(ShardConfigTest, MalformedValuesAreRefusedNamingTheKeyAndWhy) {
       {"{\"epoch\":\"2\"}", "is not an instance id"},
       {"{\"epoch\":\"2\",\"holder\":\"a b\"}", "is not an instance id"},
       {"{\"epoch\":\"2\",\"holder\":\"ab\",\"replicas\":[\"\"]}", "replica"},
+      {"{\"epoch\":\"2\",\"holder\":\"ab\",\"replicas\":[\"cd\",\"ab\"]}",
+       "lists its holder ab among its replicas"},
+      {"{\"epoch\":\"2\",\"holder\":\"ab\",\"replicas\":[\"cd\",\"cd\"]}",
+       "lists replica cd twice"},
       {"{\"epoch\":\"2\",\"holder\":\"ab\",\"holderAddress\":\"h:1\\nx\"}",
        "not a printable host:port"},
       {std::string(kMaxShardConfigBytes + 1, ' '), "more than"},
@@ -83,6 +91,105 @@ TEST(ShardConfigTest, AClaimBumpsTheEpochGuardedByTheRevisionRead) {
   current.value = "{broken";
   EXPECT_THAT(NextShardClaim(2, &current, "bbbb", "h:2").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/shards/2")));
+}
+
+using ::testing::ElementsAre;
+
+KeyValue Current(uint32_t shard, uint64_t epoch, const std::string& holder,
+                 std::vector<std::string> replicas, int64_t mod_revision) {
+  v1::ShardConfig config;
+  config.set_epoch(epoch);
+  config.set_holder(holder);
+  config.set_holder_address("h:0");
+  for (std::string& r : replicas) config.add_replicas(std::move(r));
+  KeyValue kv;
+  kv.key = absl::StrCat("/shards/", shard);
+  kv.value = FormatShardConfig(config);
+  kv.mod_revision = mod_revision;
+  return kv;
+}
+
+TEST(ShardConfigTest, InitialReplicaSetsWrapAroundAndInvertEachOther) {
+  EXPECT_THAT(*InitialReplicaIndices(0, 3, 2), ElementsAre(0, 1));
+  EXPECT_THAT(*InitialReplicaIndices(2, 3, 2), ElementsAre(2, 0));
+  EXPECT_THAT(*InitialReplicaIndices(1, 3, 3), ElementsAre(1, 2, 0));
+  EXPECT_THAT(*InitialReplicaIndices(4, 5, 1), ElementsAre(4));
+  EXPECT_THAT(*ShardsStartingOn(0, 3, 2), ElementsAre(0, 2));
+  EXPECT_THAT(*ShardsStartingOn(1, 3, 3), ElementsAre(1, 0, 2));
+  // Every (shard, server) pair appears in both views or in neither.
+  for (uint32_t n = 1; n <= 5; ++n) {
+    for (uint32_t r = 1; r <= n; ++r) {
+      for (uint32_t shard = 0; shard < n; ++shard) {
+        ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> servers, InitialReplicaIndices(shard, n, r));
+        EXPECT_EQ(servers.size(), r);
+        EXPECT_EQ(servers[0], shard);
+        for (uint32_t server : servers) {
+          ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> shards, ShardsStartingOn(server, n, r));
+          EXPECT_NE(std::find(shards.begin(), shards.end(), shard), shards.end())
+              << "n=" << n << " r=" << r << " shard=" << shard << " server=" << server;
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardConfigTest, ReplicaCountsOutsideOneToTheServerCountAreRefused) {
+  EXPECT_THAT(InitialReplicaIndices(0, 3, 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--replicas=0")));
+  EXPECT_THAT(InitialReplicaIndices(0, 3, 4).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("server count 3")));
+  EXPECT_THAT(ShardsStartingOn(3, 3, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("index 3")));
+  EXPECT_THAT(InitialReplicaIndices(0, 0, 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+TEST(ShardConfigTest, ATakeoverBumpsTheEpochAndDropsTheOldHolder) {
+  const KeyValue current = Current(1, 4, "aaaa", {"bbbb", "cccc"}, 17);
+  ASSERT_OK_AND_ASSIGN(ShardClaim takeover, NextTakeover(1, current, "bbbb", "h:2"));
+  EXPECT_EQ(takeover.config.epoch(), 5u);
+  EXPECT_EQ(takeover.config.holder(), "bbbb");
+  EXPECT_EQ(takeover.config.holder_address(), "h:2");
+  EXPECT_THAT(takeover.config.replicas(), ElementsAre("cccc"));
+  EXPECT_EQ(takeover.unchanged.key, "/shards/1");
+  EXPECT_EQ(takeover.unchanged.number, 17);
+  EXPECT_EQ(takeover.put.value, takeover.value);
+  ASSERT_OK_AND_ASSIGN(v1::ShardConfig written, ParseShardConfig(1, takeover.value));
+  EXPECT_EQ(written.holder(), "bbbb");
+
+  // The last backup may take over too; the old holder is never kept.
+  ASSERT_OK_AND_ASSIGN(ShardClaim last, NextTakeover(1, current, "cccc", "h:3"));
+  EXPECT_THAT(last.config.replicas(), ElementsAre("bbbb"));
+}
+
+TEST(ShardConfigTest, OnlyAListedBackupTakesOver) {
+  const KeyValue current = Current(1, 4, "aaaa", {"bbbb"}, 17);
+  EXPECT_THAT(NextTakeover(1, current, "dddd", "h:4").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("/shards/1 at epoch 4 does not list dddd as a replica")));
+  EXPECT_THAT(NextTakeover(1, current, "aaaa", "h:1").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+  KeyValue broken = current;
+  broken.value = "{";
+  EXPECT_THAT(NextTakeover(1, broken, "bbbb", "h:2").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/shards/1")));
+}
+
+TEST(ShardConfigTest, TheHolderDropsAnUnreachableBackup) {
+  const KeyValue current = Current(0, 2, "aaaa", {"bbbb", "cccc"}, 9);
+  ASSERT_OK_AND_ASSIGN(ShardClaim dropped, NextWithoutReplica(0, current, "aaaa", "bbbb"));
+  EXPECT_EQ(dropped.config.epoch(), 3u);
+  EXPECT_EQ(dropped.config.holder(), "aaaa");
+  EXPECT_THAT(dropped.config.replicas(), ElementsAre("cccc"));
+  EXPECT_EQ(dropped.unchanged.number, 9);
+
+  // A stale primary (not the holder any more) changes nothing.
+  EXPECT_THAT(NextWithoutReplica(0, current, "bbbb", "cccc").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("held by aaaa, not bbbb: only the holder drops a replica")));
+  EXPECT_THAT(NextWithoutReplica(0, current, "aaaa", "dddd").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("does not list replica dddd")));
 }
 
 }  // namespace

@@ -3,12 +3,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <limits>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "cc/core/status_macros.h"
+#include "cc/server/state_checksum.h"
 
 namespace pserver {
 
@@ -18,6 +24,9 @@ const char Dispatcher::kMethodPrefix[] = "/pserver.v1.ParameterServer/";
 const char* const Dispatcher::kWriteMethods[] = {
     "InitParam", "FinishInitParams", "SendGrad",  "Save",      "CreateTable", "TablePush",
     "Clock",     "Barrier",          "AllReduce", "Broadcast", nullptr};
+
+const char* const Dispatcher::kReplicatedMethods[] = {
+    "InitParam", "FinishInitParams", "SendGrad", "CreateTable", "TablePush", "Clock", nullptr};
 
 ReplyHold& ReplyHold::operator=(ReplyHold&& other) noexcept {
   if (this != &other) {
@@ -143,8 +152,13 @@ void Dispatcher::AddControlMethods() {
       });
   Sync<GetStatsRequest, GetStatsResponse>(
       "GetStats",
-      [this](const GetStatsRequest&, GetStatsResponse* response) {
+      [this](const GetStatsRequest& request, GetStatsResponse* response) {
         FillStats(response->mutable_stats());
+        if (request.state_checksum()) {
+          PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, Snapshot());
+          PS_ASSIGN_OR_RETURN(uint32_t checksum, ShardStateChecksum(snapshot));
+          response->mutable_stats()->set_state_checksum(checksum);
+        }
         return absl::OkStatus();
       },
       /*needs_serving=*/false);
@@ -269,6 +283,33 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
   return method->run(request, response, call, std::move(done));
 }
 
+absl::Status Dispatcher::ApplyWrite(absl::string_view name, absl::string_view request_bytes) {
+  bool replicated = false;
+  for (const char* const* m = kReplicatedMethods; *m != nullptr; ++m) replicated |= name == *m;
+  const Method* method = replicated ? FindMethod(name) : nullptr;
+  if (method == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name, "' is not a replicated write (", absl::StrJoin(
+            absl::MakeConstSpan(kReplicatedMethods, std::size(kReplicatedMethods) - 1), ", "),
+                     ")"));
+  }
+  std::unique_ptr<protobuf::Message> request(method->request_prototype->New());
+  std::unique_ptr<protobuf::Message> response(method->response_prototype->New());
+  if (request_bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !request->ParseFromArray(request_bytes.data(), static_cast<int>(request_bytes.size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicated ", name, ": malformed ", request->GetDescriptor()->name()));
+  }
+  absl::Notification answered;
+  absl::Status result;
+  Call(name, *request, response.get(), {}, [&](absl::Status status) {
+    result = std::move(status);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return result;
+}
+
 absl::Status Dispatcher::CheckServing() const {
   if (!serving_.load(std::memory_order_acquire)) {
     return absl::UnavailableError(
@@ -361,6 +402,15 @@ absl::Status Dispatcher::GetParam(const v1::GetParamRequest& request,
   if (status.ok()) status = HoldReply(response->ByteSizeLong(), reply);
   if (!status.ok()) response->Clear();
   return status;
+}
+
+absl::StatusOr<StoreSnapshot> Dispatcher::Snapshot() {
+  // No push is between applying and recording its id meanwhile.
+  absl::WriterMutexLock lock(&apply_mu_);
+  PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, store_->TakeSnapshot());
+  snapshot.extensions[AppliedSequences::kExtensionName] = applied_.Serialize();
+  tables_->SaveTo(&snapshot.extensions);
+  return snapshot;
 }
 
 void Dispatcher::FillStats(v1::ServerStats* out) const {

@@ -162,6 +162,18 @@ class Dispatcher {
   CancelWait Call(absl::string_view name, const google::protobuf::Message& request,
                   google::protobuf::Message* response, const CallContext& call, Done done);
 
+  // The control writes a backup applies from their request bytes
+  // (ApplyWrite), null-terminated: kWriteMethods but Save and the
+  // collectives (Barrier, AllReduce, Broadcast: their rounds are no shard
+  // state).
+  static const char* const kReplicatedMethods[];
+  // Applies control write `name` (one of kReplicatedMethods) from its
+  // request's serialized bytes through Call, the very path a client's call
+  // takes, and returns its answer: a backup applying what its primary
+  // shipped (cc/server/backup_log.h) ends bit-identical. INVALID_ARGUMENT for
+  // another method or bytes that do not parse.
+  absl::Status ApplyWrite(absl::string_view name, absl::string_view request);
+
   // ---- bulk data ---------------------------------------------------------
   // Both are UNAVAILABLE while the server is not serving.
   // Applies a batch of gradients whole or not at all, once per id; fenced
@@ -193,6 +205,11 @@ class Dispatcher {
   absl::Status CheckWrite() const;
   uint32_t index() const { return index_.load(std::memory_order_relaxed); }
 
+  // The shard's whole state as a checkpoint holds it (docs/checkpoint-format.md):
+  // the store's blocks, the applied request ids and the tables (rows,
+  // clocks, held-back adds) as extensions, taken with apply_mu() held
+  // exclusively so that the store and the applied ids agree.
+  absl::StatusOr<StoreSnapshot> Snapshot();
   // Pushes with a request id (client_id, sequence) are applied at most once.
   AppliedSequences& applied() { return applied_; }
   // Held shared while a push is applied and its id recorded; a checkpoint

@@ -774,14 +774,7 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   }
   absl::MutexLock save_lock(&save_mu_);
   CheckpointTimer timer(&checkpoint_metrics_);  // a failure unless it succeeds
-  StoreSnapshot snapshot;
-  {
-    // No push is between applying and recording its id meanwhile.
-    absl::WriterMutexLock lock(&dispatcher_->apply_mu());
-    PS_ASSIGN_OR_RETURN(snapshot, store_.TakeSnapshot());
-    snapshot.extensions[AppliedSequences::kExtensionName] = dispatcher_->applied().Serialize();
-    tables_.SaveTo(&snapshot.extensions);
-  }
+  PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, dispatcher_->Snapshot());
   const uint64_t sequence = next_sequence_++;
   CheckpointWriteOptions write_options;
   write_options.file_mode = options_.checkpoint_file_mode;

@@ -211,6 +211,9 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
       return Reply(absl::InvalidArgumentError(
           absl::StrCat("malformed ", method->descriptor->input_type()->name())));
     }
+    if (absl::Status admitted = AdmitStateChecksum(name, *request_message_); !admitted.ok()) {
+      return Reply(admitted);
+    }
     Dispatcher::CallContext call;
     call.deadline = WaitDeadline(*context_);
     call.reply = &hold_;
@@ -231,6 +234,21 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     } else if (cancel_now) {
       cancel();
     }
+  }
+
+  // A state checksum (GetStatsRequest.state_checksum) holds every push of
+  // the shard while the state is copied, as a checkpoint does: only a caller
+  // that may Save may ask for one.
+  absl::Status AdmitStateChecksum(absl::string_view name, const protobuf::Message& request) {
+    if (name != "GetStats" ||
+        !static_cast<const v1::GetStatsRequest&>(request).state_checksum()) {
+      return absl::OkStatus();
+    }
+    absl::Status admitted = AdmitCall(*security_, *context_, "Save");
+    if (admitted.ok()) return admitted;
+    return absl::Status(admitted.code(),
+                        absl::StrCat("GetStats with state_checksum needs the role that may Save: ",
+                                     admitted.message()));
   }
 
   void Complete(absl::Status status) {
@@ -304,6 +322,13 @@ absl::Status AdmitCall(const ServiceSecurity& security, const grpc::ServerContex
   }
   if (security.auth == nullptr || !security.auth->enabled()) return absl::OkStatus();
   return security.auth->Check(CredentialsOf(context), method);
+}
+
+absl::Status ApplyReplicatedPush(Dispatcher& dispatcher, absl::string_view request) {
+  grpc::Slice slice(request.data(), request.size());  // a copy the decoded views point into
+  grpc::ByteBuffer buffer(&slice, 1);
+  PushRequest push;
+  return DecodeAndApply(dispatcher, buffer, &push);
 }
 
 BulkMethodFn FindBulkMethod(absl::string_view method) {

@@ -41,6 +41,12 @@ using BulkMethodFn = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer& reque
                                       grpc::ByteBuffer* response, ReplyHold* hold);
 BulkMethodFn FindBulkMethod(absl::string_view method);
 
+// A bulk push a primary shipped (docs/replication.md): `request` is a
+// SendGradsRequest's bytes (or PushPullRequest's, whose reads are ignored),
+// decoded and applied exactly as SendGrads applies it, once per request id.
+// INVALID_ARGUMENT for bytes that are not a push request.
+absl::Status ApplyReplicatedPush(Dispatcher& dispatcher, absl::string_view request);
+
 // Who may call (docs/security.md), checked before a call reaches the
 // dispatcher: the caller's role (`auth`, null or disabled: anyone), and the
 // instance a client expects (kInstanceMetadataKey, from etcd): a call that

@@ -1,0 +1,117 @@
+// BackupLog: the backup side of one shard's ordered log shipping (issue 15,
+// docs/replication.md). The primary numbers every write of a shard with a
+// log sequence number (LSN) and ships (epoch, LSN, method, request bytes) to
+// each backup; calls may arrive in any order and be retried. BackupLog
+// applies each write exactly once, strictly in LSN order, so that replicas
+// stay bit-identical; a write from an epoch older than the one the backup
+// knows is refused, so a stale primary never gets an acknowledgement.
+//
+//   BackupLog log(/*epoch=*/3, /*applied_lsn=*/0, {}, [&](const Write& w) {
+//     return dispatcher.Apply(w.method, w.request);   // the very same path
+//   });
+//   absl::Status acked = log.Deliver({3, 1, "SendGrads", bytes}, deadline);
+//
+// Bounded: writes held while an earlier LSN is missing are limited in count
+// and bytes (Options); past either a new write is UNAVAILABLE ("retry"),
+// except the next LSN, which is applied at once and drains the rest.
+//
+// Thread-safe; writes are applied on the thread of the Deliver that
+// completed a run of consecutive LSNs, one at a time.
+#ifndef PSERVER_CC_SERVER_BACKUP_LOG_H_
+#define PSERVER_CC_SERVER_BACKUP_LOG_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace pserver {
+
+class BackupLog {
+ public:
+  struct Write {
+    uint64_t epoch = 0;
+    uint64_t lsn = 0;     // >= 1, consecutive across epochs
+    std::string method;   // e.g. "SendGrads"
+    std::string request;  // the request's own bytes
+  };
+  struct Options {
+    // Writes held waiting for an earlier LSN, and their bytes (method and
+    // request). Each must be >= 1.
+    uint64_t max_held_writes = 1024;
+    uint64_t max_held_bytes = uint64_t{256} << 20;
+    // Bytes of applied writes kept for AppliedSince (a takeover at R=3
+    // bringing the successor to the most advanced backup); the oldest go
+    // first. 0: none kept.
+    uint64_t max_retained_bytes = uint64_t{64} << 20;
+  };
+  // Applies one write; an error means this replica no longer matches the
+  // primary (the primary applied it): the log breaks for good.
+  using Apply = std::function<absl::Status(const Write& write)>;
+
+  // `applied_lsn`: the last LSN already in the state (0: none).
+  BackupLog(uint64_t epoch, uint64_t applied_lsn, Options options, Apply apply);
+  BackupLog(const BackupLog&) = delete;
+  BackupLog& operator=(const BackupLog&) = delete;
+
+  // Returns once `write` is applied (OK; at once for an LSN applied before:
+  // a retry is acknowledged, never applied twice), or:
+  // - FAILED_PRECONDITION: its epoch is older than this backup's (a stale
+  //   primary), or it was held and dropped by a newer epoch;
+  // - UNAVAILABLE: its epoch is newer than this backup knows (the caller
+  //   learns the new configuration, SetEpoch, and the primary retries), or
+  //   the held writes are at their bound;
+  // - DEADLINE_EXCEEDED: an earlier LSN did not arrive by `deadline` (the
+  //   write stays held; a retry waits for it again);
+  // - DATA_LOSS: applying a write failed (this one or an earlier one): the
+  //   replica must be rebuilt (rejoin);
+  // - INVALID_ARGUMENT: LSN 0, or another write already held under its LSN.
+  absl::Status Deliver(Write write, absl::Time deadline);
+
+  // A new configuration: writes of older epochs are refused from now on and
+  // those held are dropped (their Deliver calls fail). Returns once a write
+  // being applied is done, so that applied_lsn() is then final for the old
+  // epoch. An older `epoch` is ignored.
+  void SetEpoch(uint64_t epoch);
+
+  // The applied writes after `lsn`, in LSN order (empty when `lsn` is at or
+  // past applied_lsn()): what a successor taking over lacks and this backup
+  // got from the old primary. FAILED_PRECONDITION when the oldest of them is
+  // no longer retained (the successor must then be rebuilt from a replica).
+  absl::StatusOr<std::vector<Write>> AppliedSince(uint64_t lsn) const;
+
+  uint64_t epoch() const;
+  uint64_t applied_lsn() const;
+  uint64_t held_writes() const;
+  uint64_t held_bytes() const;
+
+ private:
+  static uint64_t Bytes(const Write& write) { return write.method.size() + write.request.size(); }
+  // Applies held writes while the next LSN is there; called with mu_ held
+  // and applying_ false, returns with mu_ held.
+  void Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  const Apply apply_;
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;  // applied_, held_, broken_ or epoch_ changed
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_);
+  uint64_t applied_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Write> held_ ABSL_GUARDED_BY(mu_);  // by LSN, all > applied_
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool applying_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  std::deque<Write> retained_ ABSL_GUARDED_BY(mu_);  // the last applied, in LSN order
+  uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_SERVER_BACKUP_LOG_H_

@@ -1,0 +1,86 @@
+// PrimaryLog: the primary side of one shard's ordered log shipping (issue
+// 15, docs/replication.md). Each write is applied here and numbered with
+// the next log sequence number (LSN) under the shard's order lock, so that
+// the LSN order is the order this replica applied them in; then, outside the
+// lock, it is sent as (epoch, LSN, method, request bytes) to every backup,
+// whose BackupLog (cc/server/backup_log.h) applies it in LSN order. Write
+// returns OK only once every backup acknowledged that LSN.
+//
+//   PrimaryLog log(epoch, /*last_lsn=*/0, /*backups=*/2, {}, send);
+//   absl::Status acked = log.Write("SendGrad", bytes, [&] {
+//     return dispatcher.ApplyWrite("SendGrad", bytes);
+//   });
+//
+// Bounded: writes numbered but not yet acknowledged by every backup are
+// limited in count and bytes (Options); past either a write is refused with
+// UNAVAILABLE before it is applied.
+//
+// Thread-safe; writes from many threads are applied one at a time and
+// shipped concurrently.
+#ifndef PSERVER_CC_SERVER_PRIMARY_LOG_H_
+#define PSERVER_CC_SERVER_PRIMARY_LOG_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "cc/server/backup_log.h"
+
+namespace pserver {
+
+class PrimaryLog {
+ public:
+  // Delivers `write` to backup `backup` (0-based) and returns its answer
+  // (BackupLog::Deliver's, or the transport's error).
+  using Send = std::function<absl::Status(size_t backup, const BackupLog::Write& write)>;
+  struct Options {
+    // Writes numbered and not yet acknowledged by every backup, and their
+    // bytes (method and request). Each must be >= 1.
+    uint64_t max_in_flight_writes = 1024;
+    uint64_t max_in_flight_bytes = uint64_t{256} << 20;
+  };
+
+  // `last_lsn`: the last LSN already in this replica's state (0: none).
+  PrimaryLog(uint64_t epoch, uint64_t last_lsn, size_t backups, Options options, Send send);
+  PrimaryLog(const PrimaryLog&) = delete;
+  PrimaryLog& operator=(const PrimaryLog&) = delete;
+
+  // Runs `apply` (this replica's copy of the write) under the order lock;
+  // if it succeeds the write takes the next LSN and is sent to every
+  // backup; OK once all of them acknowledged it. Errors:
+  // - `apply`'s own: the write took no LSN and was sent nowhere;
+  // - UNAVAILABLE before applying: writes in flight are at their bound;
+  // - a backup's refusal or the transport's error (the first, when several
+  //   failed; every backup is sent the write regardless), prefixed with the
+  //   backup and LSN. The write is then applied here and numbered but not
+  //   acknowledged: the caller must not answer OK before the configuration
+  //   drops that backup (a backup's FAILED_PRECONDITION means a newer epoch
+  //   exists: this primary is stale and must step down).
+  absl::Status Write(absl::string_view method, std::string request,
+                     absl::FunctionRef<absl::Status()> apply);
+
+  uint64_t epoch() const { return epoch_; }
+  uint64_t last_lsn() const;
+  uint64_t in_flight_writes() const;
+  uint64_t in_flight_bytes() const;
+
+ private:
+  const uint64_t epoch_;
+  const size_t backups_;
+  const Options options_;
+  const Send send_;
+  absl::Mutex order_mu_;  // held while a write is applied and numbered
+  mutable absl::Mutex mu_;
+  uint64_t last_lsn_ ABSL_GUARDED_BY(mu_);
+  uint64_t in_flight_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_SERVER_PRIMARY_LOG_H_
