@@ -10,8 +10,9 @@
 //   PS_RETURN_IF_ERROR(client->SendGrad("w", Tensor::FromValues<float>({2}, {.1f, -.2f})));
 //   PS_ASSIGN_OR_RETURN(Tensor w, client->GetParam("w"));
 //
-// Placement: a parameter lives on fnv1a64(name) % N; one larger than
-// `block_bytes` is cut into blocks spread over all servers and put back
+// Placement (cc/core/placement.h, derived from N: jump consistent hashing):
+// a parameter lives on the server of its block 0; one larger than
+// `block_bytes` is cut into blocks spread over the servers and put back
 // together on Get. Calls to different servers go out in parallel, and every
 // call has a deadline: `timeout` from its start, or the CallOptions
 // deadline passed to it when that is earlier. A batch is checked against the

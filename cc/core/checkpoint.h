@@ -98,6 +98,9 @@ struct CheckpointInfo {
   std::string cluster;           // CheckpointWriteOptions::cluster
   uint32_t num_servers = 0;      // CheckpointWriteOptions::num_servers
   uint64_t epoch = 0;            // CheckpointWriteOptions::epoch
+  // The placement the checkpoint was written for: the manifest's, or for one
+  // written before placements were recorded, MODULO over num_servers.
+  v1::Placement placement;
 };
 
 struct CheckpointWriteOptions {
@@ -119,6 +122,9 @@ struct CheckpointWriteOptions {
   // server writing it; 0: none. Loading and pruning order by (epoch,
   // sequence).
   uint64_t epoch = 0;
+  // Recorded in the manifest: the placement the shard's data is laid out
+  // for. Its num_servers is set to num_servers; its kind is JUMP unless set.
+  v1::Placement placement;
 };
 
 // fsyncs directory `dir`, so that the entries created or renamed in it are

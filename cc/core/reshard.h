@@ -60,20 +60,28 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "cc/core/checkpoint.h"
+#include "cc/core/placement.h"
 
 namespace pserver {
 
 // The most servers a reshard writes for.
-inline constexpr uint32_t kMaxReshardServers = 4096;
+inline constexpr uint32_t kMaxReshardServers = kMaxPlacementServers;
 
 struct ReshardOptions {
-  // M: the server count to write for, 1 .. kMaxReshardServers.
+  // M: the server count to write for, 1 .. kMaxReshardServers. The output is
+  // laid out by Placement(M) (JUMP) and its manifests record that placement.
   uint32_t num_servers = 0;
+  // When set, of each shard only checkpoints written for a placement that
+  // MapsLike this one are read (the newest of them that verifies), and a
+  // shard with none is taken as absent: how a server picks one generation
+  // out of a directory that holds several. Unset: the newest of each shard.
+  std::optional<v1::Placement> from_placement;
   // Permission bits of the files written (as CheckpointWriteOptions).
   uint32_t file_mode = kDefaultCheckpointFileMode;
   // Called with one line of progress at a time (shards read and verified,
@@ -98,6 +106,32 @@ struct ReshardResult {
 
 absl::StatusOr<ReshardResult> ReshardCheckpoints(const std::string& from, const std::string& to,
                                                  const ReshardOptions& options);
+
+// Output shard `shard` (< options.num_servers) of the same reshard, in memory
+// and written nowhere: what a server of a cluster of M loads at start from
+// N servers' checkpoints. result.written stays empty; result.sequence is the
+// one a checkpoint of it should get. Errors as ReshardCheckpoints.
+struct ReshardedShard {
+  StoreSnapshot snapshot;
+  ReshardResult result;
+};
+absl::StatusOr<ReshardedShard> ReshardShard(const std::string& from, uint32_t shard,
+                                            const ReshardOptions& options);
+
+// Whether data laid out for placement `a` is where placement `b` looks for
+// it: the same kind and server count, where a count of 0 (unknown: a
+// server without --num_servers, or an old manifest) matches any, and with
+// one server every kind is the same.
+bool MapsLike(const v1::Placement& a, const v1::Placement& b);
+
+// What a server of shard `shard` with placement `current`, started on
+// cluster checkpoint directory `dir`, must reshard from: the placement of
+// the newest checkpoint (by sequence, manifests read, not verified) under any
+// shard-<k> of `dir` that does not MapsLike `current`, when it is newer than
+// every checkpoint of shard-<shard> that does. nullopt: load as usual.
+absl::StatusOr<std::optional<v1::Placement>> PlacementToReshardFrom(const std::string& dir,
+                                                                   uint32_t shard,
+                                                                   const v1::Placement& current);
 
 }  // namespace pserver
 

@@ -170,7 +170,7 @@ class ReshardTest : public ::testing::Test {
   }
 
   static uint32_t Server(uint64_t key, uint32_t n) {
-    absl::StatusOr<int> s = KeyServer(key, v1::Partitioning(), static_cast<int>(n));
+    absl::StatusOr<int> s = KeyServer(key, v1::Partitioning(), Placement(static_cast<int>(n), 1));
     EXPECT_TRUE(s.ok());
     return static_cast<uint32_t>(*s);
   }
@@ -233,7 +233,7 @@ TEST_F(ReshardTest, EveryBlockRowAndAddGoesWhereMServersLookForIt) {
     std::vector<LoadedCheckpoint> out = Load(to, m);
     ASSERT_EQ(out.size(), m);
 
-    // Dense blocks: each exactly once, on (home + b) % m, bytes and state intact.
+    // Dense blocks: each exactly once, on Placement(m)'s server, bytes and state intact.
     const Placement placement(static_cast<int>(m), 1);
     size_t found = 0;
     for (uint32_t s = 0; s < m; ++s) {
