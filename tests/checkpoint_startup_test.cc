@@ -24,12 +24,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
 #include "cc/core/checkpoint.h"
+#include "cc/core/placement.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
@@ -314,7 +316,9 @@ std::vector<CheckpointInfo> SaveThreeShards(const std::string& dir) {
   return saved;
 }
 
-TEST(ServerCountTest, CheckpointOfThreeServersRefusesTwoOrFourNamingBothCounts) {
+// Each of the three saved its own "w": no model three servers could have
+// written, so two or four cannot reshard it, and say why, changing nothing.
+TEST(ServerCountTest, InconsistentCheckpointsOfThreeServersFailTwoOrFourChangingNothing) {
   const std::string dir = TestDir();
   const std::vector<CheckpointInfo> saved = SaveThreeShards(dir);
   ASSERT_EQ(saved.size(), 3u);
@@ -328,9 +332,10 @@ TEST(ServerCountTest, CheckpointOfThreeServersRefusesTwoOrFourNamingBothCounts) 
       options.num_servers = count;
       options.checkpoint_dir = dir;
       EXPECT_THAT(Server::Start(options),
-                  StatusIs(absl::StatusCode::kFailedPrecondition,
-                           AllOf(HasSubstr("written by 3 servers"),
-                                 HasSubstr(absl::StrCat("this cluster has ", count)))));
+                  StatusIs(absl::StatusCode::kDataLoss,
+                           AllOf(HasSubstr("resharding the checkpoints in " + dir),
+                                 HasSubstr(absl::StrCat(" for shard ", index, " of ", count)),
+                                 HasSubstr("is in two checkpoints"))));
     }
   }
   EXPECT_EQ(FilesUnder(dir), before) << "the old checkpoint is untouched";
@@ -363,24 +368,118 @@ TEST(ServerCountTest, ShardBeyondTheCountIsRefusedEvenWithoutARecordedCount) {
   EXPECT_THAT(Server::Start(options),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("shard 2"), HasSubstr("at least 3 servers"),
+                             HasSubstr("did not record its count"),
                              HasSubstr("this cluster has 2"))));
   EXPECT_EQ(FilesUnder(dir), before);
 }
 
-TEST(ServerCountTest, LocalClusterRecordsItsSizeAndRefusesAnother) {
+// A cluster of another size reshards at start: each server writes its share
+// as a checkpoint of the new placement beside the old ones; pruning keeps
+// the newest of those (servers of the new size still starting need it).
+TEST(ServerCountTest, LocalClusterRecordsItsPlacementAndAnotherSizeReshardsAtStart) {
   ServerOptions base;
   base.checkpoint_dir = TestDir();
+  base.checkpoint_keep = 1;  // only what pruning spares stays
   {
     ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(3, base));
     ASSERT_OK_AND_ASSIGN(CheckpointInfo saved, cluster->server(0).Save());
     EXPECT_EQ(saved.num_servers, 3u);
+    EXPECT_EQ(saved.placement.num_servers(), 3u);
+    EXPECT_EQ(saved.placement.kind(), v1::Placement::JUMP);
   }  // each saves a last checkpoint
   const auto before = FilesUnder(base.checkpoint_dir);
-  EXPECT_THAT(LocalCluster::Start(2, base),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("written by 3 servers"), HasSubstr("this cluster has 2"))));
-  EXPECT_EQ(FilesUnder(base.checkpoint_dir), before);
-  EXPECT_OK(LocalCluster::Start(3, base).status());
+  std::vector<CheckpointInfo> newest_of_three;
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint newest,
+                         LoadLatestCheckpoint(absl::StrCat(base.checkpoint_dir, "/shard-", k)));
+    newest_of_three.push_back(newest.info);
+  }
+  for (int count : {2, 3, 2}) {
+    SCOPED_TRACE(count);
+    {
+      ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(count, base));
+      for (int i = 0; i < count; ++i) {
+        ASSERT_TRUE(cluster->server(i).loaded_checkpoint().has_value());
+        EXPECT_EQ(cluster->server(i).loaded_checkpoint()->num_servers,
+                  static_cast<uint32_t>(count));
+        EXPECT_EQ(cluster->server(i).loaded_checkpoint()->placement.num_servers(),
+                  static_cast<uint32_t>(count));
+      }
+    }  // each saves a last checkpoint and prunes
+    if (newest_of_three.empty()) continue;
+    const auto after = FilesUnder(base.checkpoint_dir);
+    for (const CheckpointInfo& old : newest_of_three) {
+      for (const auto& [path, bytes] : before) {
+        if (!absl::StartsWith(path, old.path + "/")) continue;
+        auto it = after.find(path);
+        ASSERT_NE(it, after.end()) << path << " is gone";
+        EXPECT_EQ(it->second, bytes) << path << " changed";
+      }
+    }
+    newest_of_three.clear();  // 3 servers again: theirs are the current ones
+  }
+}
+
+// Checkpoints of the placement before versioned placements (MODULO: block b
+// of "w" on (fnv1a64("w") + b) % 3): three servers of today's placement
+// (JUMP) reshard them at start and serve "w" exactly.
+TEST(ServerCountTest, ModuloPlacedCheckpointsLoadIntoTheSameCount) {
+  constexpr int kServers = 3;
+  constexpr uint32_t kBlockFloats = 4;
+  constexpr uint32_t kBlocks = 9;
+  ServerOptions base;
+  base.checkpoint_dir = TestDir();
+  v1::Placement modulo;
+  modulo.set_kind(v1::Placement::MODULO);
+  modulo.set_num_servers(kServers);
+  ASSERT_OK_AND_ASSIGN(Placement old_placement,
+                       Placement::FromSpec(modulo, kBlockFloats * sizeof(float)));
+  std::vector<StoreSnapshot> shards(kServers);
+  std::vector<float> w(kBlocks * kBlockFloats);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * i - 3;
+  for (const BlockSpec& spec : old_placement.Blocks("w", w.size(), sizeof(float))) {
+    BlockSnapshot block;
+    block.name = "w";
+    block.type = v1::FLOAT32;
+    block.shape = {static_cast<int64_t>(w.size())};
+    block.block.set_index(spec.index);
+    block.block.set_count(spec.count);
+    block.block.set_offset(spec.offset);
+    *block.config.mutable_optimizer() = Sgd(1).optimizer();
+    block.content.assign(reinterpret_cast<const char*>(w.data() + spec.offset),
+                         spec.elements * sizeof(float));
+    shards[spec.server].blocks.push_back(std::move(block));
+  }
+  for (int k = 0; k < kServers; ++k) {
+    shards[k].initialized = true;
+    CheckpointWriteOptions write;
+    write.num_servers = kServers;
+    write.placement = modulo;
+    ASSERT_OK(SaveCheckpoint(shards[k], absl::StrCat(base.checkpoint_dir, "/shard-", k), k, 7,
+                             write)
+                  .status());
+  }
+  // The two placements disagree on some block, or this would prove nothing.
+  const Placement new_placement(kServers, kBlockFloats * sizeof(float));
+  int differ = 0;
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    differ += old_placement.ServerOf("w", b) != new_placement.ServerOf("w", b);
+  }
+  ASSERT_GT(differ, 0);
+
+  ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(kServers, base));
+  for (int k = 0; k < kServers; ++k) {
+    ASSERT_TRUE(cluster->server(k).loaded_checkpoint().has_value());
+    EXPECT_EQ(cluster->server(k).loaded_checkpoint()->placement.kind(), v1::Placement::JUMP);
+    EXPECT_EQ(cluster->server(k).loaded_checkpoint()->sequence, 8u);
+  }
+  ClientOptions options;
+  options.servers = cluster->addresses();
+  options.block_bytes = kBlockFloats * sizeof(float);
+  options.timeout = absl::Seconds(20);
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
+  ASSERT_OK_AND_ASSIGN(Tensor got, client->GetParam("w"));
+  EXPECT_EQ(got.ToVector<float>(), w);
 }
 
 // ---- the checkpoint directory (items 14, 15) ---------------------------------------------

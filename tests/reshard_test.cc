@@ -5,7 +5,9 @@
 // on them read back every value bit for bit, and a further round of training
 // gives exactly what the 3-server cluster restarted from its own
 // checkpoints gives (so optimizer state, steps, clocks and held-back adds
-// came along). Over gRPC and in-process clients.
+// came along). The same for clusters of 2 and 5 started directly on the 3
+// servers' directory, which reshard at start (Server::ReshardAtStart). Over
+// gRPC and in-process clients.
 #include "cc/core/reshard.h"
 
 #include <cstdint>
@@ -28,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kServers = 3;
@@ -235,6 +238,7 @@ TEST_P(ReshardClusterTest, ThreeServersCheckpointsServeTwoAndFiveServersExactly)
 
   for (uint32_t m : {2u, 5u}) {
     SCOPED_TRACE(absl::StrCat(m, " servers"));
+    // Offline: psctl checkpoint reshard's way.
     const std::string to = absl::StrCat(dir_, "/to-", m);
     ReshardOptions options;
     options.num_servers = m;
@@ -243,21 +247,48 @@ TEST_P(ReshardClusterTest, ThreeServersCheckpointsServeTwoAndFiveServersExactly)
     EXPECT_EQ(result.table_rows, EmbKeys().size() + 0 /* kv rows: none yet */);
     const State resharded = StartAndContinue(static_cast<int>(m), to, saved);
     EXPECT_TRUE(resharded == reference);
+
+    // At start: m servers on (a copy of) the 3 servers' directory.
+    const std::string direct = absl::StrCat(dir_, "/direct-", m);
+    fs::copy(dir_ + "/from", direct, fs::copy_options::recursive);
+    const State at_start = StartAndContinue(static_cast<int>(m), direct, saved);
+    EXPECT_TRUE(at_start == reference);
+    // Each server wrote its share as a checkpoint for m servers.
+    for (uint32_t k = 0; k < m; ++k) {
+      ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> held,
+                           ListCheckpoints(absl::StrCat(direct, "/shard-", k)));
+      ASSERT_FALSE(held.empty()) << "shard " << k;
+      ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(held.back().path));
+      EXPECT_EQ(reader->info().num_servers, m);
+      EXPECT_EQ(reader->info().placement.num_servers(), m);
+    }
+    // Started again, they load those rather than resharding again.
+    ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> before,
+                         ListCheckpoints(absl::StrCat(direct, "/shard-0")));
+    const State again = StartAndContinue(static_cast<int>(m), direct, saved);
+    EXPECT_TRUE(again == reference);
+    ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> after,
+                         ListCheckpoints(absl::StrCat(direct, "/shard-0")));
+    EXPECT_EQ(after.size(), before.size());
   }
 }
 
-// The servers still refuse a checkpoint of another count: resharding is the way.
-TEST_P(ReshardClusterTest, ServersRefuseAnotherCountAndReshardingWritesNothingOnError) {
+// A shard missing: the servers of another count refuse to start, naming it,
+// and offline resharding writes nothing.
+TEST_P(ReshardClusterTest, AMissingShardFailsStartAndReshardingWritesNothing) {
   ASSERT_NO_FATAL_FAILURE(TrainAndCheckpoint());
-  EXPECT_THAT(LocalCluster::Start(2, Options(dir_ + "/from")).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("written by 3 servers")));
-  // Shard 1 gone: refused, nothing written.
   fs::rename(dir_ + "/from/shard-1", dir_ + "/shard-1-away");
+  EXPECT_THAT(LocalCluster::Start(2, Options(dir_ + "/from")).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("resharding the checkpoints in"),
+                             HasSubstr("shard 1 of 3 is missing"))));
   ReshardOptions options;
   options.num_servers = 2;
   EXPECT_THAT(ReshardCheckpoints(dir_ + "/from", dir_ + "/to", options).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("shard 1 of 3 is missing")));
   EXPECT_FALSE(fs::exists(dir_ + "/to"));
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> held, ListCheckpoints(dir_ + "/from/shard-0"));
+  EXPECT_EQ(held.size(), 1u) << "nothing written for 2 servers";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ReshardClusterTest,

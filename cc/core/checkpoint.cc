@@ -692,8 +692,8 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpointsInLoadOrder(const st
   return entries;
 }
 
-absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir,
-                                                          size_t keep) {
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir, size_t keep,
+                                                          const std::vector<std::string>& spare) {
   if (keep == 0) {
     return absl::InvalidArgumentError(
         "PruneCheckpoints keeps at least 1 checkpoint: the published one");
@@ -702,6 +702,7 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir
   std::vector<std::string> removed;
   if (entries.size() <= keep) return removed;
   for (size_t i = 0; i + keep < entries.size(); ++i) {
+    if (std::find(spare.begin(), spare.end(), entries[i].path) != spare.end()) continue;
     // Renamed first, so that it vanishes from listings at once; a crash in
     // remove_all leaves a .tmp-ckpt-* directory the next save removes.
     const std::string doomed = JoinPath(

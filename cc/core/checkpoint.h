@@ -166,9 +166,11 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpointsInLoadOrder(const st
 
 // Deletes all but the newest `keep` (>= 1) checkpoints in `dir`, newest in
 // ListCheckpointsInLoadOrder's order, and returns the paths it deleted. Call
-// it only after the newest one is published.
-absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir,
-                                                          size_t keep);
+// it only after the newest one is published. Checkpoints whose path is in
+// `spare` are never deleted (a server keeps the newest of the previous
+// placement, which servers of the new one still starting reshard from).
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(
+    const std::string& dir, size_t keep, const std::vector<std::string>& spare = {});
 
 // Reads one checkpoint. Open reads and checks the manifest only; data is
 // read, and its chunks verified, when asked for.

@@ -103,8 +103,9 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> NewestGood(
                                           " verifies: ", absl::StrJoin(failures, "; ")));
 }
 
-// The shard-<k> directories of `from` that hold checkpoints, by k.
-absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> ListShards(
+}  // namespace
+
+absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> ListShardCheckpoints(
     const std::string& from) {
   std::error_code ec;
   if (!fs::is_directory(from, ec)) {
@@ -125,11 +126,13 @@ absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> ListShards(
   return shards;
 }
 
+namespace {
+
 // The chosen checkpoint of every shard 0..N-1 of `from`, checked to be one
 // cluster's.
 absl::StatusOr<std::vector<Input>> OpenInputs(const std::string& from, ReshardResult* result,
                                               const ReshardOptions& options) {
-  PS_ASSIGN_OR_RETURN(auto shards, ListShards(from));
+  PS_ASSIGN_OR_RETURN(auto shards, ListShardCheckpoints(from));
   if (shards.empty()) {
     return absl::NotFoundError(absl::StrCat("no checkpoint in ", from,
                                             ": no shard-<k> directory holding ckpt-* directories"));
@@ -663,7 +666,7 @@ absl::StatusOr<std::optional<v1::Placement>> PlacementToReshardFrom(
     const std::string& dir, uint32_t shard, const v1::Placement& current) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::nullopt;
-  PS_ASSIGN_OR_RETURN(auto shards, ListShards(dir));
+  PS_ASSIGN_OR_RETURN(auto shards, ListShardCheckpoints(dir));
   uint64_t own_current = 0;  // the newest of `shard` that maps like `current`
   std::optional<CheckpointInfo> other;  // the newest anywhere that does not
   for (const auto& [k, held] : shards) {

@@ -60,6 +60,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -117,6 +118,12 @@ struct ReshardedShard {
 };
 absl::StatusOr<ReshardedShard> ReshardShard(const std::string& from, uint32_t shard,
                                             const ReshardOptions& options);
+
+// The shard-<k> directories of cluster checkpoint directory `from` that hold
+// checkpoints, by k, each's oldest first (ListCheckpoints). NOT_FOUND when
+// `from` is not a directory.
+absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> ListShardCheckpoints(
+    const std::string& from);
 
 // Whether data laid out for placement `a` is where placement `b` looks for
 // it: the same kind and server count, where a count of 0 (unknown: a
