@@ -19,16 +19,19 @@
 // Output: `to` (which must not exist or be an empty directory) gets
 // shard-0 .. shard-<M-1>, each holding one checkpoint in the same format,
 // numbered one above the newest input checkpoint, of the same cluster, with
-// num_servers = M. Everything is written under a temporary sibling
+// num_servers = M and placement JUMP over M. Everything is written under a temporary sibling
 // directory (".<name of to>.tmp-reshard-<random>"), fsynced and renamed to
 // `to` at the end: on any error nothing is left under `to`.
 //
 // What happens to per-server state:
 //   - dense blocks keep their cutting (index, count, offset: the client's
 //     block size does not depend on the server count) and move to
-//     (fnv1a64(name) + index) % M, with config, optimizer slots and steps;
+//     Placement(M).ServerOf(name, index), with config, optimizer slots and
+//     steps, whatever placement the input was laid out by (MODULO for
+//     checkpoints from before placements were recorded, JUMP since);
 //   - table rows, their optimizer state and step counts, and keys waiting
-//     for admission move to KeyServer(key, partitioning, M); a table is on
+//     for admission move to KeyServer(key, partitioning, Placement(M)); a
+//     table is on
 //     every output shard (also one that gets no rows). The counters
 //     evictions, keys_pulled and keys_pushed are summed onto shard 0, so the
 //     cluster's totals are kept;
