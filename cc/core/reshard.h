@@ -31,8 +31,8 @@
 //     checkpoints from before placements were recorded, JUMP since);
 //   - table rows, their optimizer state and step counts, and keys waiting
 //     for admission move to KeyServer(key, partitioning, Placement(M)); a
-//     table is on
-//     every output shard (also one that gets no rows). The counters
+//     table is on every output shard (also one that gets no rows). The
+//     counters
 //     evictions, keys_pulled and keys_pushed are summed onto shard 0, so the
 //     cluster's totals are kept;
 //   - worker clocks ("clocks/<table>") are the same on every output shard:
