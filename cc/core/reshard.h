@@ -32,9 +32,8 @@
 //   - table rows, their optimizer state and step counts, and keys waiting
 //     for admission move to KeyServer(key, partitioning, Placement(M)); a
 //     table is on every output shard (also one that gets no rows). The
-//     counters
-//     evictions, keys_pulled and keys_pushed are summed onto shard 0, so the
-//     cluster's totals are kept;
+//     counters evictions, keys_pulled and keys_pushed are summed onto shard
+//     0, so the cluster's totals are kept;
 //   - worker clocks ("clocks/<table>") are the same on every output shard:
 //     each worker found on any input shard, at the lowest clock any input
 //     shard records for it (a lower clock only makes consistent reads wait,
