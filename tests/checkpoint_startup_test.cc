@@ -35,6 +35,7 @@
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
+#include "cc/etcd/placement_record.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/local_cluster.h"
 #include "cc/server/server.h"
@@ -169,6 +170,61 @@ class CheckpointTrustTest : public ::testing::Test {
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
 };
+
+// etcd /placement: written by the server, read by the client at connect and
+// watched, recorded in the manifests; a malformed value fails both, naming
+// the key, and stays as it was.
+TEST_F(CheckpointTrustTest, PlacementIsKeptInEtcdReadByClientsAndRecordedInCheckpoints) {
+  const std::string dir = TestDir();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo saved, SaveW(EtcdServer(dir), {1, 2}));
+  EXPECT_EQ(saved.placement.version(), 1u);
+  EXPECT_EQ(saved.placement.kind(), v1::Placement::JUMP);
+  EXPECT_EQ(saved.placement.num_servers(), 1u);
+  ASSERT_OK_AND_ASSIGN(KeyValue kv, etcd_client_->Get(etcd_keys::PlacementKey()));
+  ASSERT_OK_AND_ASSIGN(v1::Placement held, ParsePlacementRecord(kv.value));
+  EXPECT_EQ(held.version(), 1u);
+
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(EtcdServer(dir)));
+  ClientOptions options;
+  options.etcd_endpoints = {etcd_->endpoint()};
+  options.cluster = "job";
+  options.discovery_timeout = absl::Seconds(20);
+  options.timeout = absl::Seconds(20);
+  {
+    ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
+    EXPECT_EQ(client->placement().version(), 1u);
+    EXPECT_EQ(client->placement().kind(), v1::Placement::JUMP);
+    EXPECT_EQ(client->etcd_placement_version(), 1u);
+    // A newer version is seen (and not yet acted on).
+    v1::Placement next = held;
+    next.set_version(2);
+    ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(next)));
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (int i = 0; i < 3000 && client->etcd_placement_version() != 2 && absl::Now() < deadline;
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(client->etcd_placement_version(), 2u);
+    EXPECT_EQ(client->placement().version(), 1u);
+  }
+  // Another count than etcd lists: the client refuses, saying why.
+  ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(),
+                              R"({"version":"3","kind":"JUMP","numServers":2})"));
+  EXPECT_THAT(Client::Connect(options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("/placement is for 2 servers"), HasSubstr("lists 1"))));
+  // Malformed: clients and servers refuse it; it stays.
+  ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(), "{oops"));
+  EXPECT_THAT(Client::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("etcd /placement does not hold a placement")));
+  server.reset();
+  EXPECT_THAT(Server::Start(EtcdServer(dir)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("etcd /placement does not hold a placement")));
+  ASSERT_OK_AND_ASSIGN(kv, etcd_client_->Get(etcd_keys::PlacementKey()));
+  EXPECT_EQ(kv.value, "{oops");
+}
 
 TEST_F(CheckpointTrustTest, RecordNamesTheClusterAndItsOwnCheckpoint) {
   const std::string dir = TestDir();

@@ -26,6 +26,7 @@
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
 #include "cc/etcd/leased_key.h"
+#include "cc/etcd/placement_record.h"
 #include "cc/etcd/shard_config.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/advertised_address.h"
@@ -413,6 +414,12 @@ absl::Status Server::Register() {
         " (or without it), or change the desired count first (psctl desired)"));
   }
   num_servers_ = desired;
+  // The placement for this count: written by the first server to get here,
+  // read back by the others. A malformed value fails start and stays.
+  absl::StatusOr<v1::Placement> placement =
+      until_deadline([&] { return EnsurePlacement(*etcd_, desired); });
+  PS_RETURN_IF_ERROR(placement.status());
+  placement_version_ = placement->version();
 
   LeasedKeyOptions lease_options;
   lease_options.value = etcd_keys::FormatServerValue({address_, instance_id_});
@@ -620,6 +627,7 @@ v1::Placement Server::CurrentPlacement() const {
   v1::Placement placement;
   placement.set_kind(v1::Placement::JUMP);
   placement.set_num_servers(num_servers_);
+  placement.set_version(placement_version_);
   return placement;
 }
 

@@ -284,7 +284,8 @@ class Server {
   // FAILED_PRECONDITION unless `info` is this shard's, of this cluster, and
   // laid out for this cluster's placement (MapsLike, cc/core/reshard.h).
   absl::Status CheckBelongsHere(const CheckpointInfo& info) const;
-  // The placement derived from the server count (JUMP; count 0: unknown).
+  // The placement derived from the server count (JUMP; count 0: unknown),
+  // with etcd /placement's version when there is etcd.
   v1::Placement CurrentPlacement() const;
   // FAILED_PRECONDITION, naming the shard, if <checkpoint_dir> holds
   // checkpoints of a shard at or beyond the server count that this server's
@@ -341,6 +342,8 @@ class Server {
   // The cluster's server count: /ps_desired with etcd, else
   // options.num_servers (0: unknown).
   uint32_t num_servers_ = 0;
+  // etcd /placement's version (Register); 0 without etcd (derived from N).
+  uint64_t placement_version_ = 0;
   mutable absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
   absl::Status final_save_status_ ABSL_GUARDED_BY(shutdown_mu_);
