@@ -477,10 +477,15 @@ TEST(ServerCountTest, LocalClusterRecordsItsPlacementAndAnotherSizeReshardsAtSta
 }
 
 // Checkpoints of the placement before versioned placements (MODULO: block b
-// of "w" on (fnv1a64("w") + b) % 3): three servers of today's placement
-// (JUMP) reshard them at start and serve "w" exactly.
-TEST(ServerCountTest, ModuloPlacedCheckpointsLoadIntoTheSameCount) {
+// of "w" on (fnv1a64("w") + b) % 3), written by `recorded` servers (0:
+// servers that knew no count, started with --index alone); three servers of
+// today's placement, with the count or (for 0) without, reshard them at
+// start and serve "w" exactly.
+class ModuloCheckpointTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(ModuloCheckpointTest, ModuloPlacedCheckpointsLoadIntoTheSameCount) {
   constexpr int kServers = 3;
+  const uint32_t recorded = GetParam();
   constexpr uint32_t kBlockFloats = 4;
   constexpr uint32_t kBlocks = 9;
   ServerOptions base;
@@ -509,8 +514,9 @@ TEST(ServerCountTest, ModuloPlacedCheckpointsLoadIntoTheSameCount) {
   for (int k = 0; k < kServers; ++k) {
     shards[k].initialized = true;
     CheckpointWriteOptions write;
-    write.num_servers = kServers;
+    write.num_servers = recorded;
     write.placement = modulo;
+    write.placement.set_version(1);  // kept as MODULO with a count of 0 too
     ASSERT_OK(SaveCheckpoint(shards[k], absl::StrCat(base.checkpoint_dir, "/shard-", k), k, 7,
                              write)
                   .status());
@@ -523,20 +529,28 @@ TEST(ServerCountTest, ModuloPlacedCheckpointsLoadIntoTheSameCount) {
   }
   ASSERT_GT(differ, 0);
 
-  ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(kServers, base));
-  for (int k = 0; k < kServers; ++k) {
-    ASSERT_TRUE(cluster->server(k).loaded_checkpoint().has_value());
-    EXPECT_EQ(cluster->server(k).loaded_checkpoint()->placement.kind(), v1::Placement::JUMP);
-    EXPECT_EQ(cluster->server(k).loaded_checkpoint()->sequence, 8u);
-  }
+  std::vector<std::unique_ptr<Server>> servers;
   ClientOptions options;
-  options.servers = cluster->addresses();
+  for (int k = 0; k < kServers; ++k) {
+    ServerOptions one = base;
+    one.index = k;
+    one.num_servers = recorded;
+    ASSERT_OK_AND_ASSIGN(auto server, Server::Start(one));
+    ASSERT_TRUE(server->loaded_checkpoint().has_value());
+    EXPECT_EQ(server->loaded_checkpoint()->placement.kind(), v1::Placement::JUMP);
+    EXPECT_EQ(server->loaded_checkpoint()->placement.num_servers(), 3u);
+    EXPECT_EQ(server->loaded_checkpoint()->sequence, 8u);
+    options.servers.push_back(server->address());
+    servers.push_back(std::move(server));
+  }
   options.block_bytes = kBlockFloats * sizeof(float);
   options.timeout = absl::Seconds(20);
   ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
   ASSERT_OK_AND_ASSIGN(Tensor got, client->GetParam("w"));
   EXPECT_EQ(got.ToVector<float>(), w);
 }
+
+INSTANTIATE_TEST_SUITE_P(Recorded, ModuloCheckpointTest, ::testing::Values(3u, 0u));
 
 // ---- the checkpoint directory (items 14, 15) ---------------------------------------------
 

@@ -681,13 +681,15 @@ absl::StatusOr<std::optional<LoadedCheckpoint>> Server::ReshardAtStart() {
   ReshardOptions reshard;
   reshard.from_placement = *from;
   reshard.file_mode = options_.checkpoint_file_mode;
-  // Without a known count (no etcd, no --num_servers) the count stays.
+  // Without a known count (no etcd, no --num_servers) the count stays: the
+  // manifests', or when they record none, as many as there are shards.
   reshard.num_servers = num_servers_ != 0 ? num_servers_ : from->num_servers();
+  if (reshard.num_servers == 0) {
+    PS_ASSIGN_OR_RETURN(auto shards, ListShardCheckpoints(options_.checkpoint_dir));
+    if (!shards.empty()) reshard.num_servers = shards.rbegin()->first + 1;
+  }
   absl::StatusOr<ReshardedShard> resharded =
-      reshard.num_servers == 0
-          ? absl::FailedPreconditionError(
-                "the server count is unknown on both sides: start with --num_servers")
-          : ReshardShard(options_.checkpoint_dir, index_, reshard);
+      ReshardShard(options_.checkpoint_dir, index_, reshard);
   if (!resharded.ok()) {
     return absl::Status(resharded.status().code(),
                         absl::StrCat("resharding the checkpoints in ", options_.checkpoint_dir,
