@@ -24,15 +24,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
 #include "cc/core/checkpoint.h"
+#include "cc/core/placement.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
+#include "cc/etcd/placement_record.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/local_cluster.h"
 #include "cc/server/server.h"
@@ -167,6 +170,61 @@ class CheckpointTrustTest : public ::testing::Test {
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
 };
+
+// etcd /placement: written by the server, read by the client at connect and
+// watched, recorded in the manifests; a malformed value fails both, naming
+// the key, and stays as it was.
+TEST_F(CheckpointTrustTest, PlacementIsKeptInEtcdReadByClientsAndRecordedInCheckpoints) {
+  const std::string dir = TestDir();
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo saved, SaveW(EtcdServer(dir), {1, 2}));
+  EXPECT_EQ(saved.placement.version(), 1u);
+  EXPECT_EQ(saved.placement.kind(), v1::Placement::JUMP);
+  EXPECT_EQ(saved.placement.num_servers(), 1u);
+  ASSERT_OK_AND_ASSIGN(KeyValue kv, etcd_client_->Get(etcd_keys::PlacementKey()));
+  ASSERT_OK_AND_ASSIGN(v1::Placement held, ParsePlacementRecord(kv.value));
+  EXPECT_EQ(held.version(), 1u);
+
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(EtcdServer(dir)));
+  ClientOptions options;
+  options.etcd_endpoints = {etcd_->endpoint()};
+  options.cluster = "job";
+  options.discovery_timeout = absl::Seconds(20);
+  options.timeout = absl::Seconds(20);
+  {
+    ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
+    EXPECT_EQ(client->placement().version(), 1u);
+    EXPECT_EQ(client->placement().kind(), v1::Placement::JUMP);
+    EXPECT_EQ(client->etcd_placement_version(), 1u);
+    // A newer version is seen (and not yet acted on).
+    v1::Placement next = held;
+    next.set_version(2);
+    ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(next)));
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (int i = 0; i < 3000 && client->etcd_placement_version() != 2 && absl::Now() < deadline;
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(client->etcd_placement_version(), 2u);
+    EXPECT_EQ(client->placement().version(), 1u);
+  }
+  // Another count than etcd lists: the client refuses, saying why.
+  ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(),
+                              R"({"version":"3","kind":"JUMP","numServers":2})"));
+  EXPECT_THAT(Client::Connect(options),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("/placement is for 2 servers"), HasSubstr("lists 1"))));
+  // Malformed: clients and servers refuse it; it stays.
+  ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(), "{oops"));
+  EXPECT_THAT(Client::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("etcd /placement does not hold a placement")));
+  server.reset();
+  EXPECT_THAT(Server::Start(EtcdServer(dir)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("etcd /placement does not hold a placement")));
+  ASSERT_OK_AND_ASSIGN(kv, etcd_client_->Get(etcd_keys::PlacementKey()));
+  EXPECT_EQ(kv.value, "{oops");
+}
 
 TEST_F(CheckpointTrustTest, RecordNamesTheClusterAndItsOwnCheckpoint) {
   const std::string dir = TestDir();
@@ -314,7 +372,9 @@ std::vector<CheckpointInfo> SaveThreeShards(const std::string& dir) {
   return saved;
 }
 
-TEST(ServerCountTest, CheckpointOfThreeServersRefusesTwoOrFourNamingBothCounts) {
+// Each of the three saved its own "w": no model three servers could have
+// written, so two or four cannot reshard it, and say why, changing nothing.
+TEST(ServerCountTest, InconsistentCheckpointsOfThreeServersFailTwoOrFourChangingNothing) {
   const std::string dir = TestDir();
   const std::vector<CheckpointInfo> saved = SaveThreeShards(dir);
   ASSERT_EQ(saved.size(), 3u);
@@ -328,9 +388,10 @@ TEST(ServerCountTest, CheckpointOfThreeServersRefusesTwoOrFourNamingBothCounts) 
       options.num_servers = count;
       options.checkpoint_dir = dir;
       EXPECT_THAT(Server::Start(options),
-                  StatusIs(absl::StatusCode::kFailedPrecondition,
-                           AllOf(HasSubstr("written by 3 servers"),
-                                 HasSubstr(absl::StrCat("this cluster has ", count)))));
+                  StatusIs(absl::StatusCode::kDataLoss,
+                           AllOf(HasSubstr("resharding the checkpoints in " + dir),
+                                 HasSubstr(absl::StrCat(" for shard ", index, " of ", count)),
+                                 HasSubstr("is in two checkpoints"))));
     }
   }
   EXPECT_EQ(FilesUnder(dir), before) << "the old checkpoint is untouched";
@@ -363,25 +424,133 @@ TEST(ServerCountTest, ShardBeyondTheCountIsRefusedEvenWithoutARecordedCount) {
   EXPECT_THAT(Server::Start(options),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("shard 2"), HasSubstr("at least 3 servers"),
+                             HasSubstr("did not record its count"),
                              HasSubstr("this cluster has 2"))));
   EXPECT_EQ(FilesUnder(dir), before);
 }
 
-TEST(ServerCountTest, LocalClusterRecordsItsSizeAndRefusesAnother) {
+// A cluster of another size reshards at start: each server writes its share
+// as a checkpoint of the new placement beside the old ones; pruning keeps
+// the newest of those (servers of the new size still starting need it).
+TEST(ServerCountTest, LocalClusterRecordsItsPlacementAndAnotherSizeReshardsAtStart) {
   ServerOptions base;
   base.checkpoint_dir = TestDir();
+  base.checkpoint_keep = 1;  // only what pruning spares stays
   {
     ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(3, base));
     ASSERT_OK_AND_ASSIGN(CheckpointInfo saved, cluster->server(0).Save());
     EXPECT_EQ(saved.num_servers, 3u);
+    EXPECT_EQ(saved.placement.num_servers(), 3u);
+    EXPECT_EQ(saved.placement.kind(), v1::Placement::JUMP);
   }  // each saves a last checkpoint
   const auto before = FilesUnder(base.checkpoint_dir);
-  EXPECT_THAT(LocalCluster::Start(2, base),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("written by 3 servers"), HasSubstr("this cluster has 2"))));
-  EXPECT_EQ(FilesUnder(base.checkpoint_dir), before);
-  EXPECT_OK(LocalCluster::Start(3, base).status());
+  std::vector<CheckpointInfo> newest_of_three;
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint newest,
+                         LoadLatestCheckpoint(absl::StrCat(base.checkpoint_dir, "/shard-", k)));
+    newest_of_three.push_back(newest.info);
+  }
+  for (int count : {2, 3, 2}) {
+    SCOPED_TRACE(count);
+    {
+      ASSERT_OK_AND_ASSIGN(auto cluster, LocalCluster::Start(count, base));
+      for (int i = 0; i < count; ++i) {
+        ASSERT_TRUE(cluster->server(i).loaded_checkpoint().has_value());
+        EXPECT_EQ(cluster->server(i).loaded_checkpoint()->num_servers,
+                  static_cast<uint32_t>(count));
+        EXPECT_EQ(cluster->server(i).loaded_checkpoint()->placement.num_servers(),
+                  static_cast<uint32_t>(count));
+      }
+    }  // each saves a last checkpoint and prunes
+    if (newest_of_three.empty()) continue;
+    const auto after = FilesUnder(base.checkpoint_dir);
+    for (const CheckpointInfo& old : newest_of_three) {
+      for (const auto& [path, bytes] : before) {
+        if (!absl::StartsWith(path, old.path + "/")) continue;
+        auto it = after.find(path);
+        ASSERT_NE(it, after.end()) << path << " is gone";
+        EXPECT_EQ(it->second, bytes) << path << " changed";
+      }
+    }
+    newest_of_three.clear();  // 3 servers again: theirs are the current ones
+  }
 }
+
+// Checkpoints of the placement before versioned placements (MODULO: block b
+// of "w" on (fnv1a64("w") + b) % 3), written by `recorded` servers (0:
+// servers that knew no count, started with --index alone); three servers of
+// today's placement, with the count or (for 0) without, reshard them at
+// start and serve "w" exactly.
+class ModuloCheckpointTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(ModuloCheckpointTest, ModuloPlacedCheckpointsLoadIntoTheSameCount) {
+  constexpr int kServers = 3;
+  const uint32_t recorded = GetParam();
+  constexpr uint32_t kBlockFloats = 4;
+  constexpr uint32_t kBlocks = 9;
+  ServerOptions base;
+  base.checkpoint_dir = TestDir();
+  v1::Placement modulo;
+  modulo.set_kind(v1::Placement::MODULO);
+  modulo.set_num_servers(kServers);
+  ASSERT_OK_AND_ASSIGN(Placement old_placement,
+                       Placement::FromSpec(modulo, kBlockFloats * sizeof(float)));
+  std::vector<StoreSnapshot> shards(kServers);
+  std::vector<float> w(kBlocks * kBlockFloats);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * i - 3;
+  for (const BlockSpec& spec : old_placement.Blocks("w", w.size(), sizeof(float))) {
+    BlockSnapshot block;
+    block.name = "w";
+    block.type = v1::FLOAT32;
+    block.shape = {static_cast<int64_t>(w.size())};
+    block.block.set_index(spec.index);
+    block.block.set_count(spec.count);
+    block.block.set_offset(spec.offset);
+    *block.config.mutable_optimizer() = Sgd(1).optimizer();
+    block.content.assign(reinterpret_cast<const char*>(w.data() + spec.offset),
+                         spec.elements * sizeof(float));
+    shards[spec.server].blocks.push_back(std::move(block));
+  }
+  for (int k = 0; k < kServers; ++k) {
+    shards[k].initialized = true;
+    CheckpointWriteOptions write;
+    write.num_servers = recorded;
+    write.placement = modulo;
+    write.placement.set_version(1);  // kept as MODULO with a count of 0 too
+    ASSERT_OK(SaveCheckpoint(shards[k], absl::StrCat(base.checkpoint_dir, "/shard-", k), k, 7,
+                             write)
+                  .status());
+  }
+  // The two placements disagree on some block, or this would prove nothing.
+  const Placement new_placement(kServers, kBlockFloats * sizeof(float));
+  int differ = 0;
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    differ += old_placement.ServerOf("w", b) != new_placement.ServerOf("w", b);
+  }
+  ASSERT_GT(differ, 0);
+
+  std::vector<std::unique_ptr<Server>> servers;
+  ClientOptions options;
+  for (int k = 0; k < kServers; ++k) {
+    ServerOptions one = base;
+    one.index = k;
+    one.num_servers = recorded;
+    ASSERT_OK_AND_ASSIGN(auto server, Server::Start(one));
+    ASSERT_TRUE(server->loaded_checkpoint().has_value());
+    EXPECT_EQ(server->loaded_checkpoint()->placement.kind(), v1::Placement::JUMP);
+    EXPECT_EQ(server->loaded_checkpoint()->placement.num_servers(), 3u);
+    EXPECT_EQ(server->loaded_checkpoint()->sequence, 8u);
+    options.servers.push_back(server->address());
+    servers.push_back(std::move(server));
+  }
+  options.block_bytes = kBlockFloats * sizeof(float);
+  options.timeout = absl::Seconds(20);
+  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
+  ASSERT_OK_AND_ASSIGN(Tensor got, client->GetParam("w"));
+  EXPECT_EQ(got.ToVector<float>(), w);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recorded, ModuloCheckpointTest, ::testing::Values(3u, 0u));
 
 // ---- the checkpoint directory (items 14, 15) ---------------------------------------------
 

@@ -5,10 +5,17 @@
 // on them read back every value bit for bit, and a further round of training
 // gives exactly what the 3-server cluster restarted from its own
 // checkpoints gives (so optimizer state, steps, clocks and held-back adds
-// came along). Over gRPC and in-process clients.
+// came along). The same for clusters of 2 and 5 started directly on the 3
+// servers' directory, which reshard at start (Server::ReshardAtStart). Over
+// gRPC and in-process clients.
 #include "cc/core/reshard.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <numeric>
@@ -18,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/client/table.h"
+#include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,6 +36,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kServers = 3;
@@ -113,34 +122,40 @@ class ReshardClusterTest : public ClusterTest {
     StartCluster(kServers, Options(dir_ + "/from"));
     auto client = NewClient();
     ASSERT_NE(client, nullptr);
+    ASSERT_NO_FATAL_FAILURE(TrainFresh(*client));
+    ASSERT_OK(client->SaveCheckpoint());
+    client.reset();
+    cluster_.reset();
+  }
+
+  // Gives 3 servers a fresh model through `client` and trains it: dense
+  // parameters, the sparse table, and two KV workers whose adds are held
+  // back (the workers are let go without leaving).
+  void TrainFresh(Client& client) {
     std::vector<float> w(kW), c(kC);
     std::iota(w.begin(), w.end(), 0.5f);
     std::iota(c.begin(), c.end(), -3.0f);
-    ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({kW}, w), Optimizer("adam", 0.01)));
-    ASSERT_OK(client->InitParam("b", Tensor::FromValues<double>({3}, {1, 2, 3}),
-                                Optimizer("momentum", 0.1)));
-    ASSERT_OK(client->InitParam("c", Tensor::FromValues<float>({kC}, c),
-                                Optimizer("adagrad", 0.1)));
-    ASSERT_OK(client->FinishInitParams());
+    ASSERT_OK(client.InitParam("w", Tensor::FromValues<float>({kW}, w), Optimizer("adam", 0.01)));
+    ASSERT_OK(client.InitParam("b", Tensor::FromValues<double>({3}, {1, 2, 3}),
+                               Optimizer("momentum", 0.1)));
+    ASSERT_OK(client.InitParam("c", Tensor::FromValues<float>({kC}, c),
+                               Optimizer("adagrad", 0.1)));
+    ASSERT_OK(client.FinishInitParams());
     std::set<int> servers;
-    for (const BlockSpec& b : client->placement().Blocks("w", kW, sizeof(float))) {
+    for (const BlockSpec& b : client.placement().Blocks("w", kW, sizeof(float))) {
       servers.insert(b.server);
     }
     ASSERT_EQ(servers.size(), static_cast<size_t>(kServers));  // w loads every server
-    for (int round = 0; round < 3; ++round) ASSERT_OK(Push(*client, round));
+    for (int round = 0; round < 3; ++round) ASSERT_OK(Push(client, round));
 
-    ASSERT_OK_AND_ASSIGN(Table kv, Table::Create(*client, "kv", KvConfig()));
+    ASSERT_OK_AND_ASSIGN(Table kv, Table::Create(client, "kv", KvConfig()));
     ASSERT_OK_AND_ASSIGN(auto w0, KvWorker::Join(kv, "w0"));
     ASSERT_OK_AND_ASSIGN(auto w1, KvWorker::Join(kv, "w1"));
     ASSERT_OK(w0->Add<double>(std::vector<uint64_t>{5}, std::vector<double>{2.5}));
     ASSERT_OK(w1->Add<double>(std::vector<uint64_t>{7}, std::vector<double>{1.25}));
     ASSERT_OK(w0->Clock());  // both adds held until w1 passes clock 0
-
-    ASSERT_OK(client->SaveCheckpoint());
     w0.release();  // their servers go away; no Leave
     w1.release();
-    client.reset();
-    cluster_.reset();
   }
 
   // One round of training: every parameter and the sparse table.
@@ -169,14 +184,23 @@ class ReshardClusterTest : public ClusterTest {
     auto client = NewClient();
     EXPECT_NE(client, nullptr);
     if (client == nullptr) return {};
-    absl::StatusOr<State> restored = Read(*client);
+    State after = CheckAndContinue(*client, servers, saved);
+    client.reset();
+    cluster_.reset();
+    return after;
+  }
+
+  // What `client`'s `servers` servers hold, checked against `saved`; then
+  // trains on and returns what that gives.
+  State CheckAndContinue(Client& client, int servers, const State& saved) {
+    absl::StatusOr<State> restored = Read(client);
     EXPECT_OK(restored.status());
     if (!restored.ok()) return {};
     EXPECT_TRUE(restored->params == saved.params) << servers << " servers";
     EXPECT_EQ(restored->emb, saved.emb) << servers << " servers";
 
     // Clocks came along: both workers at their clocks, the adds held back.
-    absl::StatusOr<Table> kv = Table::Create(*client, "kv", KvConfig());
+    absl::StatusOr<Table> kv = Table::Create(client, "kv", KvConfig());
     EXPECT_OK(kv.status());
     if (!kv.ok()) return {};
     absl::StatusOr<std::vector<v1::TableStats>> stats = kv->Stats();
@@ -194,9 +218,9 @@ class ReshardClusterTest : public ClusterTest {
 
     // Train on: the same round everywhere; w1 rejoins and ticks, releasing
     // the held-back adds.
-    EXPECT_OK(Push(*client, 3));
-    EXPECT_OK(Push(*client, 4));
-    absl::StatusOr<State> after = Read(*client);
+    EXPECT_OK(Push(client, 3));
+    EXPECT_OK(Push(client, 4));
+    absl::StatusOr<State> after = Read(client);
     EXPECT_OK(after.status());
     if (!after.ok()) return {};
     EXPECT_FALSE(after->params == saved.params);
@@ -210,8 +234,6 @@ class ReshardClusterTest : public ClusterTest {
       EXPECT_OK((*w1)->Get<double>(std::vector<uint64_t>{5, 7}, absl::MakeSpan(after->kv)));
       (*w1).release();  // no Leave: the cluster goes away next
     }
-    client.reset();
-    cluster_.reset();
     return *after;
   }
 
@@ -235,6 +257,7 @@ TEST_P(ReshardClusterTest, ThreeServersCheckpointsServeTwoAndFiveServersExactly)
 
   for (uint32_t m : {2u, 5u}) {
     SCOPED_TRACE(absl::StrCat(m, " servers"));
+    // Offline: psctl checkpoint reshard's way.
     const std::string to = absl::StrCat(dir_, "/to-", m);
     ReshardOptions options;
     options.num_servers = m;
@@ -243,21 +266,141 @@ TEST_P(ReshardClusterTest, ThreeServersCheckpointsServeTwoAndFiveServersExactly)
     EXPECT_EQ(result.table_rows, EmbKeys().size() + 0 /* kv rows: none yet */);
     const State resharded = StartAndContinue(static_cast<int>(m), to, saved);
     EXPECT_TRUE(resharded == reference);
+
+    // At start: m servers on (a copy of) the 3 servers' directory.
+    const std::string direct = absl::StrCat(dir_, "/direct-", m);
+    fs::copy(dir_ + "/from", direct, fs::copy_options::recursive);
+    const State at_start = StartAndContinue(static_cast<int>(m), direct, saved);
+    EXPECT_TRUE(at_start == reference);
+    // Each server wrote its share as a checkpoint for m servers.
+    for (uint32_t k = 0; k < m; ++k) {
+      ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> held,
+                           ListCheckpoints(absl::StrCat(direct, "/shard-", k)));
+      ASSERT_FALSE(held.empty()) << "shard " << k;
+      ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(held.back().path));
+      EXPECT_EQ(reader->info().num_servers, m);
+      EXPECT_EQ(reader->info().placement.num_servers(), m);
+    }
+    // Started again, they load those rather than resharding again.
+    ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> before,
+                         ListCheckpoints(absl::StrCat(direct, "/shard-0")));
+    const State again = StartAndContinue(static_cast<int>(m), direct, saved);
+    EXPECT_TRUE(again == reference);
+    ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> after,
+                         ListCheckpoints(absl::StrCat(direct, "/shard-0")));
+    EXPECT_EQ(after.size(), before.size());
   }
 }
 
-// The servers still refuse a checkpoint of another count: resharding is the way.
-TEST_P(ReshardClusterTest, ServersRefuseAnotherCountAndReshardingWritesNothingOnError) {
+// A shard missing: the servers of another count refuse to start, naming it,
+// and offline resharding writes nothing.
+TEST_P(ReshardClusterTest, AMissingShardFailsStartAndReshardingWritesNothing) {
   ASSERT_NO_FATAL_FAILURE(TrainAndCheckpoint());
-  EXPECT_THAT(LocalCluster::Start(2, Options(dir_ + "/from")).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("written by 3 servers")));
-  // Shard 1 gone: refused, nothing written.
   fs::rename(dir_ + "/from/shard-1", dir_ + "/shard-1-away");
+  EXPECT_THAT(LocalCluster::Start(2, Options(dir_ + "/from")).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("resharding the checkpoints in"),
+                             HasSubstr("shard 1 of 3 is missing"))));
   ReshardOptions options;
   options.num_servers = 2;
   EXPECT_THAT(ReshardCheckpoints(dir_ + "/from", dir_ + "/to", options).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("shard 1 of 3 is missing")));
   EXPECT_FALSE(fs::exists(dir_ + "/to"));
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointEntry> held, ListCheckpoints(dir_ + "/from/shard-0"));
+  EXPECT_EQ(held.size(), 1u) << "nothing written for 2 servers";
+}
+
+// Real pserver processes (--index, --num_servers, no etcd): 3 train and save
+// on SIGTERM; 2 and 5 started on copies of their directory reshard at start,
+// serve the same values and train on exactly as 3 restarted servers do.
+class Processes {
+ public:
+  // Starts `n` servers on `dir`; their addresses in `addresses()`.
+  absl::Status Start(int n, const std::string& dir) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    for (int i = 0; i < n; ++i) {
+      PS_ASSIGN_OR_RETURN(
+          auto child,
+          ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
+                              {"--port=0", absl::StrCat("--index=", i),
+                               absl::StrCat("--num_servers=", n),
+                               absl::StrCat("--checkpoint_dir=", dir)}));
+      absl::StatusOr<std::string> address =
+          WaitForPserverAddress(*child, static_cast<uint32_t>(i), deadline);
+      if (!address.ok()) {
+        return absl::Status(address.status().code(),
+                            absl::StrCat(address.status().message(), "\n", child->output()));
+      }
+      addresses_.push_back(*address);
+      children_.push_back(std::move(child));
+    }
+    return absl::OkStatus();
+  }
+  const std::vector<std::string>& addresses() const { return addresses_; }
+
+  // SIGTERM to each (each saves a last checkpoint) and a clean exit.
+  absl::Status Stop() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    for (auto& child : children_) {
+      if (kill(child->pid(), SIGTERM) != 0) return absl::InternalError(std::strerror(errno));
+    }
+    for (auto& child : children_) {
+      PS_ASSIGN_OR_RETURN(int status, child->WaitForExit(deadline));
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        return absl::InternalError(
+            absl::StrCat("pserver ", DescribeWaitStatus(status), ":\n", child->output()));
+      }
+    }
+    children_.clear();
+    addresses_.clear();
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::unique_ptr<ChildProcess>> children_;  // killed by their destructors
+  std::vector<std::string> addresses_;
+};
+
+TEST_P(ReshardClusterTest, RealServerProcessesOfTwoAndFiveLoadThreeServersCheckpoints) {
+  if (GetParam() != Via::kGrpc) GTEST_SKIP() << "processes are reached over gRPC";
+  options_.block_bytes = 4096;
+  options_.timeout = absl::Seconds(20);
+  const std::string from = dir_ + "/processes-3";
+  {
+    Processes three;
+    ASSERT_OK(three.Start(kServers, from));
+    options_.servers = three.addresses();
+    ASSERT_OK_AND_ASSIGN(auto client, Connect());
+    ASSERT_NO_FATAL_FAILURE(TrainFresh(*client));
+    client.reset();
+    ASSERT_OK(three.Stop());
+  }
+  auto run = [&](int n, const State* saved, State* read) -> State {
+    const std::string dir = absl::StrCat(dir_, "/processes-", n, "-from-3");
+    fs::copy(from, dir, fs::copy_options::recursive);
+    Processes servers;
+    EXPECT_OK(servers.Start(n, dir));
+    options_.servers = servers.addresses();
+    absl::StatusOr<std::unique_ptr<Client>> client = Connect();
+    EXPECT_OK(client.status());
+    if (!client.ok()) return {};
+    if (read != nullptr) {
+      absl::StatusOr<State> state = Read(**client);
+      EXPECT_OK(state.status());
+      if (state.ok()) *read = *state;
+    }
+    State after = CheckAndContinue(**client, n, saved != nullptr ? *saved : *read);
+    client->reset();
+    EXPECT_OK(servers.Stop());
+    return after;
+  };
+  State saved;
+  const State reference = run(kServers, nullptr, &saved);
+  EXPECT_EQ(reference.kv, (std::vector<double>{2.5, 1.25}));
+  for (int m : {2, 5}) {
+    SCOPED_TRACE(absl::StrCat(m, " server processes"));
+    EXPECT_TRUE(run(m, &saved, nullptr) == reference);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ReshardClusterTest,

@@ -22,6 +22,7 @@
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
 #include "cc/etcd/leased_key.h"
+#include "cc/etcd/placement_record.h"
 #include "cc/rpc/grpc_status.h"
 #include "google/protobuf/util/json_util.h"
 #include "pserver/v1/registry.pb.h"
@@ -311,6 +312,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   PS_RETURN_IF_ERROR(CheckRequestPayloadSizes(options.block_bytes, options.max_request_bytes));
   std::unique_ptr<EtcdClient> etcd;
   std::vector<etcd_keys::ServerEntry> servers;
+  std::optional<v1::Placement> placement;  // etcd's; none: derived from N
   for (const std::string& address : options.servers) servers.push_back({address, ""});
   int64_t revision = 0;
   if (!options.etcd_endpoints.empty()) {
@@ -321,6 +323,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     PS_ASSIGN_OR_RETURN(etcd, EtcdClient::Connect(etcd_options));
     PS_ASSIGN_OR_RETURN(servers, DiscoverServers(*etcd, options.discovery_timeout,
                                                         options.require_instance_id, &revision));
+    PS_ASSIGN_OR_RETURN(placement, ReadPlacementFor(*etcd, servers.size(),
+                                                    absl::Now() + options.discovery_timeout));
   }
   PS_RETURN_IF_ERROR(CheckOptions(options, servers.size()));
   std::vector<std::unique_ptr<Transport>> transports;
@@ -338,11 +342,40 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     transports.push_back(*std::move(transport));
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Create(options, std::move(transports)));
+  if (placement.has_value()) {
+    PS_ASSIGN_OR_RETURN(client->placement_, Placement::FromSpec(*placement, options.block_bytes));
+    client->etcd_placement_version_.store(placement->version());
+  }
   if (etcd != nullptr) {
+    PS_RETURN_IF_ERROR(client->WatchPlacement(etcd.get(), revision));
     client->etcd_ = std::move(etcd);
     PS_RETURN_IF_ERROR(client->StartDiscovery(client->etcd_.get(), revision));
   }
   return client;
+}
+
+absl::StatusOr<std::optional<v1::Placement>> Client::ReadPlacementFor(EtcdClient& etcd,
+                                                                      size_t num_servers,
+                                                                      absl::Time deadline) {
+  PS_ASSIGN_OR_RETURN(std::optional<v1::Placement> placement, ReadPlacement(etcd, deadline));
+  if (placement.has_value() && placement->num_servers() != num_servers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "etcd ", etcd.options().prefix, etcd_keys::PlacementKey(), " is for ",
+        placement->num_servers(), " servers (version ", placement->version(), "), etcd lists ",
+        num_servers, ": servers of another count have not all registered yet"));
+  }
+  return placement;
+}
+
+absl::Status Client::WatchPlacement(EtcdClient* etcd, int64_t revision) {
+  auto on_change = [this](const WatchEvent& event) {
+    if (event.type != WatchEvent::Type::kPut || event.kv.key != etcd_keys::PlacementKey()) return;
+    absl::StatusOr<v1::Placement> placement = ParsePlacementRecord(event.kv.value);
+    if (placement.ok()) etcd_placement_version_.store(placement->version());
+  };
+  PS_ASSIGN_OR_RETURN(placement_watcher_,
+                      etcd->Watch(etcd_keys::PlacementKey(), revision + 1, std::move(on_change)));
+  return absl::OkStatus();
 }
 
 absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {

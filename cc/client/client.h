@@ -10,8 +10,9 @@
 //   PS_RETURN_IF_ERROR(client->SendGrad("w", Tensor::FromValues<float>({2}, {.1f, -.2f})));
 //   PS_ASSIGN_OR_RETURN(Tensor w, client->GetParam("w"));
 //
-// Placement: a parameter lives on fnv1a64(name) % N; one larger than
-// `block_bytes` is cut into blocks spread over all servers and put back
+// Placement (cc/core/placement.h, derived from N: jump consistent hashing):
+// a parameter lives on the server of its block 0; one larger than
+// `block_bytes` is cut into blocks spread over the servers and put back
 // together on Get. Calls to different servers go out in parallel, and every
 // call has a deadline: `timeout` from its start, or the CallOptions
 // deadline passed to it when that is earlier. A batch is checked against the
@@ -283,7 +284,14 @@ class Client {
                   const CallOptions& call = {});
 
   int num_servers() const { return placement_.num_servers(); }
+  // How names and keys map to servers: etcd /placement's (read at connect)
+  // or, without etcd, derived from N (JUMP, version 0).
   const Placement& placement() const { return placement_; }
+  // The newest /placement version etcd has shown this client (watched; 0:
+  // none). Requests are not redirected by a newer one yet (live moves are
+  // not built): a larger value than placement().version() means the servers
+  // are being changed and this client should be restarted.
+  uint64_t etcd_placement_version() const { return etcd_placement_version_.load(); }
   // This client's random id in push request ids.
   uint64_t client_id() const { return client_id_; }
   // The current address of every server, in index order.
@@ -422,6 +430,13 @@ class Client {
   std::shared_ptr<Transport> TransportFor(int server) const;
   // etcd: finds the servers, watches them, registers the trainer.
   absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);
+  // etcd /placement at connect (nullopt: none there); FAILED_PRECONDITION
+  // when it is for another count than the `num_servers` discovered.
+  static absl::StatusOr<std::optional<v1::Placement>> ReadPlacementFor(EtcdClient& etcd,
+                                                                       size_t num_servers,
+                                                                       absl::Time deadline);
+  // Keeps etcd_placement_version_ up to date from `revision` on.
+  absl::Status WatchPlacement(EtcdClient* etcd, int64_t revision);
   void OnServerChanged(int server, const etcd_keys::ServerEntry& entry);
   // Puts /workers/<worker_id_> = `worker_json` under a lease kept alive,
   // and registered again whenever the lease is lost.
@@ -461,7 +476,8 @@ class Client {
                           const std::string& from);
 
   const ClientOptions options_;
-  const Placement placement_;
+  Placement placement_;  // set before Connect returns, then constant
+  std::atomic<uint64_t> etcd_placement_version_{0};
   mutable absl::Mutex transports_mu_;
   // Replaced when a server moves; calls in flight hold their own reference.
   std::vector<std::shared_ptr<Transport>> transports_ ABSL_GUARDED_BY(transports_mu_);
@@ -477,6 +493,7 @@ class Client {
   std::string worker_id_;
   std::unique_ptr<LeasedKey> worker_registration_;  // /workers/<worker_id_>
   std::unique_ptr<Watcher> watcher_;
+  std::unique_ptr<Watcher> placement_watcher_;
 
   mutable absl::Mutex layouts_mu_;
   absl::flat_hash_map<std::string, Layout> layouts_ ABSL_GUARDED_BY(layouts_mu_);

@@ -64,7 +64,7 @@ absl::StatusOr<Table> Table::Create(Client& client, std::string name, const v1::
 size_t Table::row_bytes() const { return config_.dim() * ElementSize(element_type()); }
 
 absl::StatusOr<int> Table::ServerOf(uint64_t key) const {
-  return KeyServer(key, config_.partitioning(), client_->num_servers());
+  return KeyServer(key, config_.partitioning(), client_->placement());
 }
 
 absl::Status Table::CheckType(ElementType type) const {

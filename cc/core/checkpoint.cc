@@ -177,6 +177,18 @@ absl::Status MakeDirectories(const std::string& dir, mode_t mode) {
   return not_a_directory();
 }
 
+// The placement a manifest records: the options', with the server count
+// and, unless set, kind JUMP (every writer lays data out by cc/core/placement).
+v1::Placement WrittenPlacement(const CheckpointWriteOptions& options) {
+  v1::Placement placement = options.placement;
+  if (placement.num_servers() == 0 && placement.kind() == v1::Placement::MODULO &&
+      placement.version() == 0) {
+    placement.set_kind(v1::Placement::JUMP);
+  }
+  placement.set_num_servers(options.num_servers);
+  return placement;
+}
+
 }  // namespace
 
 absl::Status CheckCheckpointFileMode(uint32_t mode) {
@@ -381,6 +393,7 @@ absl::StatusOr<uint32_t> WriteCheckpointFiles(const StoreSnapshot& snapshot,
   manifest.set_cluster(options.cluster);
   manifest.set_num_servers(options.num_servers);
   manifest.set_epoch(options.epoch);
+  *manifest.mutable_placement() = WrittenPlacement(options);
 
   std::vector<const BlockSnapshot*> blocks;
   for (const BlockSnapshot& block : snapshot.blocks) blocks.push_back(&block);
@@ -637,6 +650,7 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
   info.cluster = options.cluster;
   info.num_servers = options.num_servers;
   info.epoch = options.epoch;
+  info.placement = WrittenPlacement(options);
   return info;
 }
 
@@ -678,8 +692,8 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpointsInLoadOrder(const st
   return entries;
 }
 
-absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir,
-                                                          size_t keep) {
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir, size_t keep,
+                                                          const std::vector<std::string>& spare) {
   if (keep == 0) {
     return absl::InvalidArgumentError(
         "PruneCheckpoints keeps at least 1 checkpoint: the published one");
@@ -688,6 +702,7 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir
   std::vector<std::string> removed;
   if (entries.size() <= keep) return removed;
   for (size_t i = 0; i + keep < entries.size(); ++i) {
+    if (std::find(spare.begin(), spare.end(), entries[i].path) != spare.end()) continue;
     // Renamed first, so that it vanishes from listings at once; a crash in
     // remove_all leaves a .tmp-ckpt-* directory the next save removes.
     const std::string doomed = JoinPath(
@@ -774,6 +789,12 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   reader->info_.cluster = manifest.cluster();
   reader->info_.num_servers = manifest.num_servers();
   reader->info_.epoch = manifest.epoch();
+  if (manifest.has_placement()) {
+    reader->info_.placement = manifest.placement();
+  } else {  // written before placements were recorded
+    reader->info_.placement.set_kind(v1::Placement::MODULO);
+    reader->info_.placement.set_num_servers(manifest.num_servers());
+  }
   return reader;
 }
 

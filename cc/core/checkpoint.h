@@ -98,6 +98,9 @@ struct CheckpointInfo {
   std::string cluster;           // CheckpointWriteOptions::cluster
   uint32_t num_servers = 0;      // CheckpointWriteOptions::num_servers
   uint64_t epoch = 0;            // CheckpointWriteOptions::epoch
+  // The placement the checkpoint was written for: the manifest's, or for one
+  // written before placements were recorded, MODULO over num_servers.
+  v1::Placement placement;
 };
 
 struct CheckpointWriteOptions {
@@ -119,6 +122,9 @@ struct CheckpointWriteOptions {
   // server writing it; 0: none. Loading and pruning order by (epoch,
   // sequence).
   uint64_t epoch = 0;
+  // Recorded in the manifest: the placement the shard's data is laid out
+  // for. Its num_servers is set to num_servers; its kind is JUMP unless set.
+  v1::Placement placement;
 };
 
 // fsyncs directory `dir`, so that the entries created or renamed in it are
@@ -160,9 +166,11 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpointsInLoadOrder(const st
 
 // Deletes all but the newest `keep` (>= 1) checkpoints in `dir`, newest in
 // ListCheckpointsInLoadOrder's order, and returns the paths it deleted. Call
-// it only after the newest one is published.
-absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& dir,
-                                                          size_t keep);
+// it only after the newest one is published. Checkpoints whose path is in
+// `spare` are never deleted (a server keeps the newest of the previous
+// placement, which servers of the new one still starting reshard from).
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(
+    const std::string& dir, size_t keep, const std::vector<std::string>& spare = {});
 
 // Reads one checkpoint. Open reads and checks the manifest only; data is
 // read, and its chunks verified, when asked for.

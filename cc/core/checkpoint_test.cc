@@ -1013,6 +1013,40 @@ TEST(CheckpointDirTest, PruneKeepsTheNewest) {
   EXPECT_THAT(PruneCheckpoints(dir + "/missing", 1), IsOk());
 }
 
+TEST(CheckpointDirTest, PruneNeverDeletesASparedCheckpoint) {
+  const std::string dir = TestDir();
+  const StoreSnapshot snapshot = TrainedSnapshot(1);
+  for (uint64_t seq : {1, 2, 3, 4}) ASSERT_OK(SaveCheckpoint(snapshot, dir, 0, seq).status());
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> removed,
+                       PruneCheckpoints(dir, 1, {dir + "/ckpt-00000000000000000002"}));
+  EXPECT_THAT(removed, ElementsAre(dir + "/ckpt-00000000000000000001",
+                                   dir + "/ckpt-00000000000000000003"));
+  EXPECT_THAT(Names(dir),
+              ElementsAre("ckpt-00000000000000000002", "ckpt-00000000000000000004"));
+}
+
+// Manifests record the placement; one written without (before placements
+// were recorded) reads as MODULO over its server count.
+TEST(CheckpointManifestTest, RecordsThePlacement) {
+  const std::string dir = TestDir();
+  const StoreSnapshot snapshot = TrainedSnapshot(1);
+  CheckpointWriteOptions options;
+  options.num_servers = 3;
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveCheckpoint(snapshot, dir, 0, 1, options));
+  EXPECT_EQ(info.placement.kind(), v1::Placement::JUMP);
+  EXPECT_EQ(info.placement.num_servers(), 3u);
+  options.placement.set_kind(v1::Placement::MODULO);
+  options.placement.set_version(7);
+  ASSERT_OK(SaveCheckpoint(snapshot, dir, 0, 2, options).status());
+  ASSERT_OK_AND_ASSIGN(auto jump, CheckpointReader::Open(dir + "/ckpt-00000000000000000001"));
+  EXPECT_EQ(jump->info().placement.kind(), v1::Placement::JUMP);
+  EXPECT_EQ(jump->manifest().placement().num_servers(), 3u);
+  ASSERT_OK_AND_ASSIGN(auto modulo, CheckpointReader::Open(dir + "/ckpt-00000000000000000002"));
+  EXPECT_EQ(modulo->info().placement.kind(), v1::Placement::MODULO);
+  EXPECT_EQ(modulo->info().placement.version(), 7u);
+  EXPECT_EQ(modulo->info().placement.num_servers(), 3u);
+}
+
 // A stale server (an older epoch) that wrote later sequence numbers than the
 // current holder must not win: loading and pruning order by (epoch,
 // sequence), and checkpoints without an epoch still load.

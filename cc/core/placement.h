@@ -1,14 +1,32 @@
-// Placement: which server holds a parameter, and how a large parameter is cut
-// into blocks spread over all servers.
+// Placement: which server holds a parameter's blocks and a table's keys.
 //
-//   Placement placement(/*num_servers=*/3, /*block_bytes=*/1 << 20);
-//   int home = placement.HomeServer("w");          // fnv1a64("w") % 3
+//   Placement placement(/*num_servers=*/3, /*block_bytes=*/1 << 20);  // JUMP
+//   int home = placement.HomeServer("w");          // = ServerOf("w", 0)
 //   for (const BlockSpec& b : placement.Blocks("w", n, 4)) { ... b.server ... }
+//   absl::StatusOr<int> s = KeyServer(key, table_config.partitioning(), placement);
 //
-// The hash is FNV-1a 64 over the name's bytes, so every client, in any
-// language, places a name on the same server. Block b of a parameter lives on
-// (home + b) % N. Every client of a cluster must use the same block size.
-// Immutable, so thread-safe.
+// A placement is a value: a kind, a version and the server count
+// (v1::Placement, proto/pserver/v1/checkpoint.proto). The client, the servers
+// (loading a checkpoint of another placement) and the resharder all map
+// through these functions, so they agree by construction.
+//
+// JUMP (the default): block b of a parameter lives on
+// JumpConsistentHash(Mix64(fnv1a64(name) + b), N), a HASH-partitioned table
+// key on JumpConsistentHash(Mix64(key), N). Going from N to N+1 servers moves
+// exactly the blocks and keys that land on the new server, 1/(N+1) of them in
+// expectation, and N -> N-1 moves only the last server's (docs/elastic.md
+// has the measured fractions). The hash is FNV-1a 64 over the name's bytes,
+// so every client, in any language, places a name the same way.
+//
+// MODULO: the placement before versioned placements (checkpoints whose
+// manifest records none): fnv1a64(name) % N, block b on (home + b) % N, a key
+// on Mix64(key) % N. Kept so that their checkpoints can be mapped.
+//
+// RANGE-partitioned tables are cut into N equal contiguous ranges under
+// either kind (the user chose the ranges).
+//
+// Every client of a cluster must use the same block size. Immutable, so
+// thread-safe.
 #ifndef PSERVER_CC_CORE_PLACEMENT_H_
 #define PSERVER_CC_CORE_PLACEMENT_H_
 
@@ -16,19 +34,31 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "pserver/v1/checkpoint.pb.h"
 #include "pserver/v1/table.pb.h"
 
 namespace pserver {
 
+// The most servers a placement maps to.
+inline constexpr uint32_t kMaxPlacementServers = 4096;
+
 uint64_t Fnv1a64(absl::string_view bytes);
 
-// The server (0 .. num_servers-1) holding table key `key`. HASH: a
-// splitmix64 mix of the key modulo N, so sequential keys spread evenly.
-// RANGE: [range_begin, range_end) (range_end 0: 2^64) cut into N equal
-// contiguous ranges; INVALID_ARGUMENT for a key outside it.
-absl::StatusOr<int> KeyServer(uint64_t key, const v1::Partitioning& partitioning, int num_servers);
+// splitmix64's finalizer: a bijection that spreads sequential inputs.
+uint64_t Mix64(uint64_t x);
+
+// Lamping & Veach's jump consistent hash: a bucket in [0, num_buckets)
+// (num_buckets >= 1); growing num_buckets by one moves a key only to the new
+// bucket.
+int JumpConsistentHash(uint64_t key, int num_buckets);
+
+// OK when `spec` is one a Placement can be built from: a known kind and
+// 1 <= num_servers <= kMaxPlacementServers. INVALID_ARGUMENT naming the field
+// otherwise.
+absl::Status CheckPlacementSpec(const v1::Placement& spec);
 
 struct BlockSpec {
   uint32_t index = 0;
@@ -40,14 +70,23 @@ struct BlockSpec {
 
 class Placement {
  public:
-  // num_servers >= 1 and block_bytes >= 1 (the client checks its options).
+  // The placement a cluster of `num_servers` derives without etcd: JUMP,
+  // version 0. num_servers >= 1 and block_bytes >= 1 (the client checks its
+  // options; smaller values are raised to 1).
   Placement(int num_servers, size_t block_bytes);
+  // `spec` must pass CheckPlacementSpec.
+  static absl::StatusOr<Placement> FromSpec(const v1::Placement& spec, size_t block_bytes);
 
   int num_servers() const { return num_servers_; }
   size_t block_bytes() const { return block_bytes_; }
+  v1::Placement::Kind kind() const { return kind_; }
+  uint64_t version() const { return version_; }
+  v1::Placement spec() const;
 
   int HomeServer(absl::string_view name) const;
   int ServerOf(absl::string_view name, uint32_t block) const;
+  // A HASH-partitioned table key's server (see KeyServer for both kinds).
+  int HashKeyServer(uint64_t key) const;
 
   // Elements per block for values of `element_size` bytes (at least 1).
   uint64_t BlockElements(size_t element_size) const;
@@ -58,9 +97,23 @@ class Placement {
                                 size_t element_size) const;
 
  private:
+  Placement(int num_servers, size_t block_bytes, v1::Placement::Kind kind, uint64_t version);
+
   int num_servers_;
   size_t block_bytes_;
+  v1::Placement::Kind kind_;
+  uint64_t version_;
 };
+
+// The server (0 .. N-1) holding table key `key`. HASH: the placement's
+// HashKeyServer. RANGE: [range_begin, range_end) (range_end 0: 2^64) cut into
+// N equal contiguous ranges; INVALID_ARGUMENT for a key outside it.
+absl::StatusOr<int> KeyServer(uint64_t key, const v1::Partitioning& partitioning,
+                              const Placement& placement);
+
+// True when a and b map every block and key the same way (same kind and
+// count; the version does not matter; one server is one server).
+bool SameMapping(const v1::Placement& a, const v1::Placement& b);
 
 }  // namespace pserver
 

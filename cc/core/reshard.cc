@@ -76,14 +76,18 @@ struct Input {
   std::unique_ptr<CheckpointReader> reader;
 };
 
-// The newest checkpoint of `dir` that verifies whole; the newer ones that do
-// not go into `notes`.
+// The newest checkpoint of `dir` that verifies whole (of those written for a
+// placement that MapsLike `only`, when set); the newer ones that do not
+// verify go into `notes`. NOT_FOUND when `only` leaves none.
 absl::StatusOr<std::unique_ptr<CheckpointReader>> NewestGood(
     const std::string& dir, const std::vector<CheckpointEntry>& entries,
-    std::vector<std::string>* notes) {
+    const std::optional<v1::Placement>& only, std::vector<std::string>* notes) {
   std::vector<std::string> failures;
   for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
     absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(it->path);
+    if (reader.ok() && only.has_value() && !MapsLike((*reader)->info().placement, *only)) {
+      continue;  // another generation's
+    }
     absl::Status status = reader.status();
     if (status.ok()) status = (*reader)->Verify();
     if (status.ok()) {
@@ -92,14 +96,17 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> NewestGood(
     }
     failures.push_back(absl::StrCat(it->path, ": ", status.message()));
   }
+  if (failures.empty()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint of the placement looked for in ", dir));
+  }
   return absl::DataLossError(absl::StrCat("no checkpoint in ", dir,
                                           " verifies: ", absl::StrJoin(failures, "; ")));
 }
 
-// The chosen checkpoint of every shard 0..N-1 of `from`, checked to be one
-// cluster's.
-absl::StatusOr<std::vector<Input>> OpenInputs(const std::string& from, ReshardResult* result,
-                                              const ReshardOptions& options) {
+}  // namespace
+
+absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> ListShardCheckpoints(
+    const std::string& from) {
   std::error_code ec;
   if (!fs::is_directory(from, ec)) {
     return absl::NotFoundError(absl::StrCat("checkpoint directory ", from, " does not exist"));
@@ -116,15 +123,28 @@ absl::StatusOr<std::vector<Input>> OpenInputs(const std::string& from, ReshardRe
     if (!held.empty()) shards[shard] = std::move(held);
   }
   if (ec) return absl::InternalError(absl::StrCat("cannot list ", from, ": ", ec.message()));
+  return shards;
+}
+
+namespace {
+
+// The chosen checkpoint of every shard 0..N-1 of `from`, checked to be one
+// cluster's.
+absl::StatusOr<std::vector<Input>> OpenInputs(const std::string& from, ReshardResult* result,
+                                              const ReshardOptions& options) {
+  PS_ASSIGN_OR_RETURN(auto shards, ListShardCheckpoints(from));
   if (shards.empty()) {
     return absl::NotFoundError(absl::StrCat("no checkpoint in ", from,
                                             ": no shard-<k> directory holding ckpt-* directories"));
   }
   std::vector<Input> inputs;
-  for (auto& [shard, held] : shards) {
+  for (const auto& [shard, held] : shards) {
     const std::string dir = ShardDirOf(from, shard);
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                        NewestGood(dir, held, &result->notes));
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> newest =
+        NewestGood(dir, held, options.from_placement, &result->notes);
+    if (absl::IsNotFound(newest.status())) continue;  // none of this generation
+    PS_RETURN_IF_ERROR(newest.status());
+    std::unique_ptr<CheckpointReader> reader = *std::move(newest);
     const CheckpointInfo info = reader->info();
     if (info.shard != shard) {
       return absl::DataLossError(absl::StrCat("checkpoint ", info.path, " belongs to shard ",
@@ -135,6 +155,12 @@ absl::StatusOr<std::vector<Input>> OpenInputs(const std::string& from, ReshardRe
                                     info.sequence, ", every checksum verified)"));
     }
     inputs.push_back(Input{shard, std::move(reader)});
+  }
+  if (inputs.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint in ", from, " of placement ",
+                     options.from_placement.has_value() ? options.from_placement->ShortDebugString()
+                                                        : std::string("(any)")));
   }
   // One cluster, one server count.
   const CheckpointInfo first = inputs[0].reader->info();
@@ -188,15 +214,14 @@ using BlockRef = std::pair<const CheckpointReader*, int>;
 // Checks every parameter is whole (each block once, consistent type, shape
 // and block count) and returns, per output shard, the blocks it gets.
 absl::StatusOr<std::vector<std::vector<BlockRef>>> PlanBlocks(const std::vector<Input>& inputs,
-                                                              uint32_t m) {
+                                                              const Placement& placement) {
   struct Seen {
     v1::CheckpointParameter first;  // without data
     std::string where;
     std::set<uint32_t> blocks;
   };
   std::map<std::string, Seen> params;
-  const Placement placement(static_cast<int>(m), 1);
-  std::vector<std::vector<BlockRef>> plan(m);
+  std::vector<std::vector<BlockRef>> plan(placement.num_servers());
   for (const Input& in : inputs) {
     const auto& list = in.reader->manifest().parameters();
     for (int i = 0; i < list.size(); ++i) {
@@ -370,11 +395,11 @@ uint64_t KeyAt(const std::string& bytes, size_t i) {
 // Appends the rows and pending keys of `in` that output shard `shard` of `m`
 // holds to `out`, which was started from the first part (config, layout).
 absl::Status AppendRows(const v1::SparseTableSnapshot& in, const std::string& what,
-                        const RowLayout& layout, uint32_t shard, uint32_t m,
+                        const RowLayout& layout, uint32_t shard, const Placement& placement,
                         v1::SparseTableSnapshot* out) {
   const v1::Partitioning& partitioning = in.config().partitioning();
   auto owned = [&](uint64_t key) -> absl::StatusOr<bool> {
-    absl::StatusOr<int> server = KeyServer(key, partitioning, static_cast<int>(m));
+    absl::StatusOr<int> server = KeyServer(key, partitioning, placement);
     if (!server.ok()) return absl::DataLossError(absl::StrCat(what, ": ", server.status().message()));
     return static_cast<uint32_t>(*server) == shard;
   };
@@ -401,8 +426,9 @@ absl::Status AppendRows(const v1::SparseTableSnapshot& in, const std::string& wh
 // Output shard `shard`'s part of table `name`: "table/<name>" and, when there
 // are any, "pending/<name>", into `extensions`. Returns the rows.
 absl::StatusOr<uint64_t> ReshardTable(const std::string& name, const TableParts& parts,
-                                      uint32_t shard, uint32_t m,
+                                      uint32_t shard, const Placement& placement,
                                       std::map<std::string, std::string>* extensions) {
+  const uint32_t m = static_cast<uint32_t>(placement.num_servers());
   v1::SparseTableSnapshot out;
   RowLayout layout;
   std::string first_path;
@@ -421,7 +447,7 @@ absl::StatusOr<uint64_t> ReshardTable(const std::string& name, const TableParts&
       return absl::DataLossError(absl::StrCat("checkpoints ", first_path, " and ", reader->path(),
                                               " disagree on table '", name, "''s config"));
     }
-    PS_RETURN_IF_ERROR(AppendRows(in, what, layout, shard, m, &out));
+    PS_RETURN_IF_ERROR(AppendRows(in, what, layout, shard, placement, &out));
     if (shard == 0) {  // the cluster's totals, kept on one server
       out.set_evictions(out.evictions() + in.evictions());
       out.set_keys_pulled(out.keys_pulled() + in.keys_pulled());
@@ -455,8 +481,7 @@ absl::StatusOr<uint64_t> ReshardTable(const std::string& name, const TableParts&
       mine.set_clock(add.clock());
       for (size_t k = 0; k < n; ++k) {
         PS_ASSIGN_OR_RETURN(
-            int server, KeyServer(KeyAt(add.keys(), k), out.config().partitioning(),
-                                  static_cast<int>(m)));
+            int server, KeyServer(KeyAt(add.keys(), k), out.config().partitioning(), placement));
         if (static_cast<uint32_t>(server) != shard) continue;
         mine.mutable_keys()->append(add.keys(), k * 8, 8);
         mine.mutable_values()->append(add.values(), k * layout.row_bytes, layout.row_bytes);
@@ -490,58 +515,84 @@ std::string RandomHex() {
   return absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen));
 }
 
+// What every output shard is made of.
+struct Plan {
+  Placement placement;
+  std::vector<std::vector<BlockRef>> blocks;  // per output shard
+  std::map<std::string, TableParts> tables;
+  bool initialized = false;
+};
+
+absl::StatusOr<Plan> MakePlan(const std::vector<Input>& inputs, const ReshardOptions& options,
+                              ReshardResult* result) {
+  Plan plan{Placement(static_cast<int>(options.num_servers), 1), {}, {}, false};
+  PS_ASSIGN_OR_RETURN(plan.blocks, PlanBlocks(inputs, plan.placement));
+  PS_ASSIGN_OR_RETURN(plan.tables, PlanTables(inputs, &result->notes));
+  for (const Input& in : inputs) plan.initialized |= in.reader->manifest().initialized();
+  return plan;
+}
+
+// Output shard `shard`'s store; adds its blocks, rows and bytes to `result`.
+absl::StatusOr<StoreSnapshot> BuildShard(const Plan& plan, uint32_t shard,
+                                         ReshardResult* result, uint64_t* rows) {
+  StoreSnapshot snapshot;
+  snapshot.initialized = plan.initialized;
+  for (const auto& [reader, index] : plan.blocks[shard]) {
+    PS_ASSIGN_OR_RETURN(BlockSnapshot block, reader->ReadBlock(index));
+    snapshot.blocks.push_back(std::move(block));
+  }
+  *rows = 0;
+  for (const auto& [name, parts] : plan.tables) {
+    PS_ASSIGN_OR_RETURN(uint64_t table_rows,
+                        ReshardTable(name, parts, shard, plan.placement, &snapshot.extensions));
+    *rows += table_rows;
+  }
+  result->blocks += snapshot.blocks.size();
+  result->table_rows += *rows;
+  result->bytes += DataBytes(snapshot);
+  return snapshot;
+}
+
 // Writes every output shard's checkpoint under `tmp`.
 absl::Status WriteShards(const std::vector<Input>& inputs, const std::string& tmp,
                          const ReshardOptions& options, ReshardResult* result) {
   const uint32_t m = options.num_servers;
-  PS_ASSIGN_OR_RETURN(std::vector<std::vector<BlockRef>> blocks, PlanBlocks(inputs, m));
-  PS_ASSIGN_OR_RETURN(auto tables, PlanTables(inputs, &result->notes));
-  bool initialized = false;
-  for (const Input& in : inputs) initialized |= in.reader->manifest().initialized();
-
+  PS_ASSIGN_OR_RETURN(Plan plan, MakePlan(inputs, options, result));
   CheckpointWriteOptions write;
   write.file_mode = options.file_mode;
   write.cluster = result->cluster;
   write.num_servers = m;
+  write.placement = plan.placement.spec();
   for (uint32_t shard = 0; shard < m; ++shard) {
-    StoreSnapshot snapshot;
-    snapshot.initialized = initialized;
-    for (const auto& [reader, index] : blocks[shard]) {
-      PS_ASSIGN_OR_RETURN(BlockSnapshot block, reader->ReadBlock(index));
-      snapshot.blocks.push_back(std::move(block));
-    }
     uint64_t rows = 0;
-    for (const auto& [name, parts] : tables) {
-      PS_ASSIGN_OR_RETURN(uint64_t table_rows,
-                          ReshardTable(name, parts, shard, m, &snapshot.extensions));
-      rows += table_rows;
-    }
+    PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, BuildShard(plan, shard, result, &rows));
     PS_ASSIGN_OR_RETURN(CheckpointInfo info, SaveCheckpoint(snapshot, ShardDirOf(tmp, shard),
                                                             shard, result->sequence, write));
-    const uint64_t bytes = DataBytes(snapshot);
-    result->blocks += snapshot.blocks.size();
-    result->table_rows += rows;
-    result->bytes += bytes;
     result->written.push_back(std::move(info));
     if (options.progress) {
       options.progress(absl::StrCat("wrote shard ", shard + 1, "/", m, ": ",
                                     snapshot.blocks.size(), " blocks, ", rows, " table rows, ",
-                                    bytes, " bytes (", result->bytes, " bytes so far)"));
+                                    DataBytes(snapshot), " bytes (", result->bytes,
+                                    " bytes so far)"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckOptions(const ReshardOptions& options) {
+  if (options.num_servers < 1 || options.num_servers > kMaxReshardServers) {
+    return absl::InvalidArgumentError(absl::StrCat("the server count to reshard to must be in [1, ",
+                                                   kMaxReshardServers, "], got ",
+                                                   options.num_servers));
+  }
+  return CheckCheckpointFileMode(options.file_mode);
 }
 
 }  // namespace
 
 absl::StatusOr<ReshardResult> ReshardCheckpoints(const std::string& from, const std::string& to_in,
                                                  const ReshardOptions& options) {
-  if (options.num_servers < 1 || options.num_servers > kMaxReshardServers) {
-    return absl::InvalidArgumentError(absl::StrCat("the server count to reshard to must be in [1, ",
-                                                   kMaxReshardServers, "], got ",
-                                                   options.num_servers));
-  }
-  PS_RETURN_IF_ERROR(CheckCheckpointFileMode(options.file_mode));
+  PS_RETURN_IF_ERROR(CheckOptions(options));
   if (from.empty() || to_in.empty()) {
     return absl::InvalidArgumentError("the input and output directories must be named");
   }
@@ -585,6 +636,53 @@ absl::StatusOr<ReshardResult> ReshardCheckpoints(const std::string& from, const 
                                   " bytes, sequence ", result.sequence));
   }
   return result;
+}
+
+absl::StatusOr<ReshardedShard> ReshardShard(const std::string& from, uint32_t shard,
+                                            const ReshardOptions& options) {
+  PS_RETURN_IF_ERROR(CheckOptions(options));
+  if (shard >= options.num_servers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard, " is not one of ", options.num_servers, " servers"));
+  }
+  ReshardedShard out;
+  out.result.to_servers = options.num_servers;
+  PS_ASSIGN_OR_RETURN(std::vector<Input> inputs, OpenInputs(from, &out.result, options));
+  PS_ASSIGN_OR_RETURN(Plan plan, MakePlan(inputs, options, &out.result));
+  uint64_t rows = 0;
+  PS_ASSIGN_OR_RETURN(out.snapshot, BuildShard(plan, shard, &out.result, &rows));
+  return out;
+}
+
+bool MapsLike(const v1::Placement& a, const v1::Placement& b) {
+  if (a.num_servers() != 0 && b.num_servers() != 0 && a.num_servers() != b.num_servers()) {
+    return false;
+  }
+  return a.kind() == b.kind() || (a.num_servers() == 1 && b.num_servers() <= 1) ||
+         (b.num_servers() == 1 && a.num_servers() <= 1);
+}
+
+absl::StatusOr<std::optional<v1::Placement>> PlacementToReshardFrom(
+    const std::string& dir, uint32_t shard, const v1::Placement& current) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return std::nullopt;
+  PS_ASSIGN_OR_RETURN(auto shards, ListShardCheckpoints(dir));
+  uint64_t own_current = 0;  // the newest of `shard` that maps like `current`
+  std::optional<CheckpointInfo> other;  // the newest anywhere that does not
+  for (const auto& [k, held] : shards) {
+    for (const CheckpointEntry& entry : held) {
+      absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(entry.path);
+      if (!reader.ok()) continue;  // a damaged one is the loader's business
+      const CheckpointInfo& info = (*reader)->info();
+      if (MapsLike(info.placement, current)) {
+        if (k == shard) own_current = std::max(own_current, info.sequence);
+      } else if (!other.has_value() || info.sequence > other->sequence) {
+        other = info;
+      }
+    }
+  }
+  if (!other.has_value() || other->sequence <= own_current) return std::nullopt;
+  return other->placement;
 }
 
 }  // namespace pserver

@@ -19,19 +19,21 @@
 // Output: `to` (which must not exist or be an empty directory) gets
 // shard-0 .. shard-<M-1>, each holding one checkpoint in the same format,
 // numbered one above the newest input checkpoint, of the same cluster, with
-// num_servers = M. Everything is written under a temporary sibling
+// num_servers = M and placement JUMP over M. Everything is written under a temporary sibling
 // directory (".<name of to>.tmp-reshard-<random>"), fsynced and renamed to
 // `to` at the end: on any error nothing is left under `to`.
 //
 // What happens to per-server state:
 //   - dense blocks keep their cutting (index, count, offset: the client's
 //     block size does not depend on the server count) and move to
-//     (fnv1a64(name) + index) % M, with config, optimizer slots and steps;
+//     Placement(M).ServerOf(name, index), with config, optimizer slots and
+//     steps, whatever placement the input was laid out by (MODULO for
+//     checkpoints from before placements were recorded, JUMP since);
 //   - table rows, their optimizer state and step counts, and keys waiting
-//     for admission move to KeyServer(key, partitioning, M); a table is on
-//     every output shard (also one that gets no rows). The counters
-//     evictions, keys_pulled and keys_pushed are summed onto shard 0, so the
-//     cluster's totals are kept;
+//     for admission move to KeyServer(key, partitioning, Placement(M)); a
+//     table is on every output shard (also one that gets no rows). The
+//     counters evictions, keys_pulled and keys_pushed are summed onto shard
+//     0, so the cluster's totals are kept;
 //   - worker clocks ("clocks/<table>") are the same on every output shard:
 //     each worker found on any input shard, at the lowest clock any input
 //     shard records for it (a lower clock only makes consistent reads wait,
@@ -60,20 +62,29 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "cc/core/checkpoint.h"
+#include "cc/core/placement.h"
 
 namespace pserver {
 
 // The most servers a reshard writes for.
-inline constexpr uint32_t kMaxReshardServers = 4096;
+inline constexpr uint32_t kMaxReshardServers = kMaxPlacementServers;
 
 struct ReshardOptions {
-  // M: the server count to write for, 1 .. kMaxReshardServers.
+  // M: the server count to write for, 1 .. kMaxReshardServers. The output is
+  // laid out by Placement(M) (JUMP) and its manifests record that placement.
   uint32_t num_servers = 0;
+  // When set, of each shard only checkpoints written for a placement that
+  // MapsLike this one are read (the newest of them that verifies), and a
+  // shard with none is taken as absent: how a server picks one generation
+  // out of a directory that holds several. Unset: the newest of each shard.
+  std::optional<v1::Placement> from_placement;
   // Permission bits of the files written (as CheckpointWriteOptions).
   uint32_t file_mode = kDefaultCheckpointFileMode;
   // Called with one line of progress at a time (shards read and verified,
@@ -98,6 +109,38 @@ struct ReshardResult {
 
 absl::StatusOr<ReshardResult> ReshardCheckpoints(const std::string& from, const std::string& to,
                                                  const ReshardOptions& options);
+
+// Output shard `shard` (< options.num_servers) of the same reshard, in memory
+// and written nowhere: what a server of a cluster of M loads at start from
+// N servers' checkpoints. result.written stays empty; result.sequence is the
+// one a checkpoint of it should get. Errors as ReshardCheckpoints.
+struct ReshardedShard {
+  StoreSnapshot snapshot;
+  ReshardResult result;
+};
+absl::StatusOr<ReshardedShard> ReshardShard(const std::string& from, uint32_t shard,
+                                            const ReshardOptions& options);
+
+// The shard-<k> directories of cluster checkpoint directory `from` that hold
+// checkpoints, by k, each's oldest first (ListCheckpoints). NOT_FOUND when
+// `from` is not a directory.
+absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> ListShardCheckpoints(
+    const std::string& from);
+
+// Whether data laid out for placement `a` is where placement `b` looks for
+// it: the same kind and server count, where a count of 0 (unknown: a
+// server without --num_servers, or an old manifest) matches any, and with
+// one server every kind is the same.
+bool MapsLike(const v1::Placement& a, const v1::Placement& b);
+
+// What a server of shard `shard` with placement `current`, started on
+// cluster checkpoint directory `dir`, must reshard from: the placement of
+// the newest checkpoint (by sequence, manifests read, not verified) under any
+// shard-<k> of `dir` that does not MapsLike `current`, when it is newer than
+// every checkpoint of shard-<shard> that does. nullopt: load as usual.
+absl::StatusOr<std::optional<v1::Placement>> PlacementToReshardFrom(const std::string& dir,
+                                                                   uint32_t shard,
+                                                                   const v1::Placement& current);
 
 }  // namespace pserver
 

@@ -33,6 +33,10 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+MATCHER(IsOkAndHoldsNothing, "is OK and holds nullopt") {
+  return arg.ok() && !arg->has_value();
+}
+
 // A fresh, empty directory for one test under $TEST_TMPDIR.
 std::string TestDir() {
   const char* root = std::getenv("TEST_TMPDIR");
@@ -170,7 +174,7 @@ class ReshardTest : public ::testing::Test {
   }
 
   static uint32_t Server(uint64_t key, uint32_t n) {
-    absl::StatusOr<int> s = KeyServer(key, v1::Partitioning(), static_cast<int>(n));
+    absl::StatusOr<int> s = KeyServer(key, v1::Partitioning(), Placement(static_cast<int>(n), 1));
     EXPECT_TRUE(s.ok());
     return static_cast<uint32_t>(*s);
   }
@@ -233,7 +237,7 @@ TEST_F(ReshardTest, EveryBlockRowAndAddGoesWhereMServersLookForIt) {
     std::vector<LoadedCheckpoint> out = Load(to, m);
     ASSERT_EQ(out.size(), m);
 
-    // Dense blocks: each exactly once, on (home + b) % m, bytes and state intact.
+    // Dense blocks: each exactly once, on Placement(m)'s server, bytes and state intact.
     const Placement placement(static_cast<int>(m), 1);
     size_t found = 0;
     for (uint32_t s = 0; s < m; ++s) {
@@ -471,6 +475,100 @@ namespace {
 
 // A RANGE-partitioned table's rows go by its own partitioning: M equal
 // ranges of [range_begin, range_end), not the hash.
+v1::Placement Spec(v1::Placement::Kind kind, uint32_t n) {
+  v1::Placement spec;
+  spec.set_kind(kind);
+  spec.set_num_servers(n);
+  return spec;
+}
+
+// What a server loads at start is exactly what the offline reshard writes
+// for its shard.
+TEST_F(ReshardTest, ReshardShardIsWhatReshardCheckpointsWritesForThatShard) {
+  for (uint32_t m : {2u, 5u}) {
+    SCOPED_TRACE(m);
+    const std::string to = absl::StrCat(dir_, "/to-", m);
+    ASSERT_OK_AND_ASSIGN(ReshardResult written, Reshard(m, to));
+    std::vector<LoadedCheckpoint> out = Load(to, m);
+    ASSERT_EQ(out.size(), m);
+    for (uint32_t k = 0; k < m; ++k) {
+      ASSERT_OK_AND_ASSIGN(ReshardedShard shard, ReshardShard(from_, k, To(m)));
+      EXPECT_EQ(shard.result.from_servers, kIn);
+      EXPECT_EQ(shard.result.sequence, written.sequence);
+      EXPECT_TRUE(shard.result.written.empty());
+      // (index -> content and slots), in whatever order each lists them.
+      auto by_index = [](const StoreSnapshot& snapshot) {
+        std::map<uint32_t, std::pair<std::string, std::map<std::string, std::string>>> blocks;
+        for (const BlockSnapshot& b : snapshot.blocks) {
+          blocks[b.block.index()] = {b.content, {b.optimizer.slots.begin(), b.optimizer.slots.end()}};
+        }
+        return blocks;
+      };
+      EXPECT_EQ(shard.snapshot.blocks.size(), out[k].snapshot.blocks.size());
+      EXPECT_EQ(by_index(shard.snapshot), by_index(out[k].snapshot));
+      EXPECT_EQ(shard.snapshot.extensions, out[k].snapshot.extensions);
+      EXPECT_EQ(out[k].info.placement.kind(), v1::Placement::JUMP);
+      EXPECT_EQ(out[k].info.placement.num_servers(), m);
+    }
+  }
+  EXPECT_THAT(ReshardShard(from_, 2, To(2)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shard 2 is not one of 2")));
+}
+
+TEST(MapsLikeTest, CountsAndKindsAndUnknownCounts) {
+  EXPECT_TRUE(MapsLike(Spec(v1::Placement::JUMP, 3), Spec(v1::Placement::JUMP, 3)));
+  EXPECT_FALSE(MapsLike(Spec(v1::Placement::JUMP, 3), Spec(v1::Placement::JUMP, 2)));
+  EXPECT_FALSE(MapsLike(Spec(v1::Placement::MODULO, 3), Spec(v1::Placement::JUMP, 3)));
+  EXPECT_TRUE(MapsLike(Spec(v1::Placement::MODULO, 1), Spec(v1::Placement::JUMP, 1)));
+  EXPECT_TRUE(MapsLike(Spec(v1::Placement::JUMP, 0), Spec(v1::Placement::JUMP, 4)));
+  EXPECT_FALSE(MapsLike(Spec(v1::Placement::MODULO, 0), Spec(v1::Placement::JUMP, 4)));
+}
+
+// A directory holding two generations: the 3 servers' (sequences 40..42)
+// and a newer one of 2 servers on shard 0 (sequence 100).
+TEST_F(ReshardTest, ServersFindTheGenerationToReshardFromAndReadOnlyIt) {
+  const v1::Placement three = Spec(v1::Placement::JUMP, 3);
+  const v1::Placement two = Spec(v1::Placement::JUMP, 2);
+  EXPECT_THAT(PlacementToReshardFrom(from_, 0, three), IsOkAndHoldsNothing());
+  ASSERT_OK_AND_ASSIGN(auto found, PlacementToReshardFrom(from_, 0, two));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->num_servers(), 3u);
+  // Same count, the old kind: resharded too.
+  ASSERT_OK_AND_ASSIGN(found, PlacementToReshardFrom(from_, 1, Spec(v1::Placement::MODULO, 3)));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->kind(), v1::Placement::JUMP);
+  // No directory: nothing to reshard.
+  EXPECT_THAT(PlacementToReshardFrom(dir_ + "/none", 0, two), IsOkAndHoldsNothing());
+
+  StoreSnapshot empty;
+  empty.initialized = true;
+  Write(empty, 0, 100, "job", 2);
+  // Shard 0 of 2 has its own newer one; shard 1 of 2 still reshards from 3.
+  EXPECT_THAT(PlacementToReshardFrom(from_, 0, two), IsOkAndHoldsNothing());
+  ASSERT_OK_AND_ASSIGN(found, PlacementToReshardFrom(from_, 1, two));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->num_servers(), 3u);
+  // For 5 servers, the newest other generation is the 2 servers'.
+  ASSERT_OK_AND_ASSIGN(found, PlacementToReshardFrom(from_, 0, Spec(v1::Placement::JUMP, 5)));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->num_servers(), 2u);
+
+  // All generations at once: refused; the 3 servers' alone: read.
+  EXPECT_THAT(ReshardShard(from_, 1, To(2)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("checkpoints of different server counts")));
+  ReshardOptions options = To(2);
+  options.from_placement = three;
+  ASSERT_OK_AND_ASSIGN(ReshardedShard shard, ReshardShard(from_, 1, options));
+  EXPECT_EQ(shard.result.from_servers, 3u);
+  EXPECT_THAT(shard.result.inputs, Not(Contains(HasSubstr("ckpt-00000000000000000100"))));
+  EXPECT_EQ(shard.result.sequence, 43u);
+  // A generation nobody wrote: NOT_FOUND naming it.
+  options.from_placement = Spec(v1::Placement::MODULO, 7);
+  EXPECT_THAT(ReshardShard(from_, 1, options).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("num_servers: 7")));
+}
+
 TEST(ReshardRangeTest, RowsOfARangeTableGoByItsRanges) {
   const std::string dir = TestDir();
   v1::TableConfig config;

@@ -56,6 +56,7 @@ std::string ShardsPrefix() { return std::string(kShards); }
 std::string ShardKey(uint32_t shard) { return absl::StrCat(kShards, shard); }
 std::string WorkersPrefix() { return std::string(kWorkers); }
 std::string WorkerKey(absl::string_view id) { return absl::StrCat(kWorkers, id); }
+std::string PlacementKey() { return "/placement"; }
 
 absl::StatusOr<uint32_t> ParseIndex(absl::string_view text) {
   uint32_t index = 0;

@@ -10,6 +10,8 @@
 //   /shards/<shard>      a shard's epoch and holder (ShardConfig JSON, no lease;
 //                        cc/etcd/shard_config.h)
 //   /workers/<id>        a trainer's registration (JSON), under its lease
+//   /placement           the placement: kind, server count, version (JSON of
+//                        v1::Placement, no lease; cc/etcd/placement_record.h)
 //
 //   EtcdClientOptions options;
 //   options.prefix = etcd_keys::ClusterPrefix("demo");   // "/pserver/demo"
@@ -47,6 +49,7 @@ std::string ShardsPrefix();        // "/shards/"
 std::string ShardKey(uint32_t shard);  // "/shards/<shard>"
 std::string WorkersPrefix();       // "/workers/"
 std::string WorkerKey(absl::string_view id);  // "/workers/<id>"
+std::string PlacementKey();        // "/placement" (not a KeyKind: Parse refuses it)
 
 // What a relative key names.
 enum class KeyKind {

@@ -15,14 +15,18 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "cc/auth/authorizer.h"
+#include "cc/core/placement.h"
+#include "cc/core/reshard.h"
 #include "cc/core/status_macros.h"
 #include "cc/cuda/device.h"
 #include "cc/cuda/device_storage.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
 #include "cc/etcd/leased_key.h"
+#include "cc/etcd/placement_record.h"
 #include "cc/etcd/shard_config.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/advertised_address.h"
@@ -62,16 +66,15 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
-// Until the server count can change (a later issue), a checkpoint is loaded
-// only by as many servers as wrote it.
-constexpr char kServerCountCannotChange[] =
-    "changing the server count of a checkpointed cluster is not supported yet: start as many "
-    "servers as wrote it, or use another --checkpoint_dir";
-
-absl::Status ServerCountMismatch(const std::string& path, uint32_t written, uint32_t now) {
-  return absl::FailedPreconditionError(absl::StrCat("checkpoint ", path, " was written by ",
-                                                    written, " servers, this cluster has ", now,
-                                                    "; ", kServerCountCannotChange));
+// A shard's own checkpoint of another placement: servers reshard only from
+// the newest generation (Server::ReshardAtStart), so an older one is not
+// loaded in place of a newer one that failed.
+absl::Status PlacementMismatch(const CheckpointInfo& info, const v1::Placement& now) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", info.path, " was written by ", info.num_servers, " servers (placement ",
+      v1::Placement::Kind_Name(info.placement.kind()), "), this cluster has ",
+      now.num_servers(), " (", v1::Placement::Kind_Name(now.kind()),
+      "): a server reshards only from the newest checkpoints of another placement"));
 }
 
 absl::Status FromJson(const std::string& json, google::protobuf::Message* message) {
@@ -411,6 +414,12 @@ absl::Status Server::Register() {
         " (or without it), or change the desired count first (psctl desired)"));
   }
   num_servers_ = desired;
+  // The placement for this count: written by the first server to get here,
+  // read back by the others. A malformed value fails start and stays.
+  absl::StatusOr<v1::Placement> placement =
+      until_deadline([&] { return EnsurePlacement(*etcd_, desired); });
+  PS_RETURN_IF_ERROR(placement.status());
+  placement_version_ = placement->version();
 
   LeasedKeyOptions lease_options;
   lease_options.value = etcd_keys::FormatServerValue({address_, instance_id_});
@@ -608,42 +617,111 @@ absl::Status Server::CheckBelongsHere(const CheckpointInfo& info) const {
                      "', this server is in cluster '", options_.cluster,
                      "' (give this job its own --checkpoint_dir, or its old --cluster)"));
   }
-  if (info.num_servers != 0 && num_servers_ != 0 && info.num_servers != num_servers_) {
-    return ServerCountMismatch(info.path, info.num_servers, num_servers_);
+  if (!MapsLike(info.placement, CurrentPlacement())) {
+    return PlacementMismatch(info, CurrentPlacement());
   }
   return absl::OkStatus();
 }
 
-absl::Status Server::CheckClusterSize() const {
+v1::Placement Server::CurrentPlacement() const {
+  v1::Placement placement;
+  placement.set_kind(v1::Placement::JUMP);
+  placement.set_num_servers(num_servers_);
+  placement.set_version(placement_version_);
+  return placement;
+}
+
+CheckpointWriteOptions Server::WriteOptions() const {
+  CheckpointWriteOptions write_options;
+  write_options.file_mode = options_.checkpoint_file_mode;
+  write_options.cluster = options_.cluster;
+  write_options.num_servers = num_servers_;
+  write_options.epoch = epoch_;
+  write_options.placement = CurrentPlacement();
+  return write_options;
+}
+
+absl::Status Server::CheckNoShardBeyondTheCount() const {
   if (num_servers_ == 0) return absl::OkStatus();
-  // shard-<k> directories that hold checkpoints, by k.
-  std::map<uint32_t, std::vector<CheckpointEntry>> shards;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(options_.checkpoint_dir, ec)) {
-    absl::string_view name = entry.path().filename().native();
-    uint32_t shard = 0;
-    if (!absl::ConsumePrefix(&name, "shard-") || !absl::SimpleAtoi(name, &shard)) continue;
-    absl::StatusOr<std::vector<CheckpointEntry>> held = ListCheckpoints(entry.path().string());
-    if (held.ok() && !held->empty()) shards[shard] = *std::move(held);
-  }
-  for (const auto& [shard, held] : shards) {
-    if (shard >= num_servers_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint directory ", options_.checkpoint_dir, " holds checkpoints of shard ", shard,
-          " (", held.back().path, "), written by a cluster of at least ", shard + 1,
-          " servers; this cluster has ", num_servers_, "; ", kServerCountCannotChange));
-    }
+  absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> shards =
+      ListShardCheckpoints(options_.checkpoint_dir);
+  if (!shards.ok()) return absl::OkStatus();  // nothing there yet
+  for (const auto& [shard, held] : *shards) {
+    if (shard < num_servers_) continue;
     // A damaged manifest is the loader's business (it falls back).
     absl::StatusOr<std::unique_ptr<CheckpointReader>> newest =
         CheckpointReader::Open(held.back().path);
-    if (newest.ok()) {
-      const uint32_t written = (*newest)->info().num_servers;
-      if (written != 0 && written != num_servers_) {
-        return ServerCountMismatch(held.back().path, written, num_servers_);
-      }
-    }
+    if (!newest.ok() || !MapsLike((*newest)->info().placement, CurrentPlacement())) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint directory ", options_.checkpoint_dir, " holds checkpoints of shard ", shard,
+        " (", held.back().path, "), written by a cluster of at least ", shard + 1,
+        " servers that did not record its count; this cluster has ", num_servers_,
+        ": start as many servers as wrote them, with --num_servers, to record it"));
   }
   return absl::OkStatus();
+}
+
+std::vector<std::string> Server::NewestOfAnotherPlacement() const {
+  absl::StatusOr<std::vector<CheckpointEntry>> held = ListCheckpoints(ShardDir());
+  if (!held.ok()) return {};
+  for (auto it = held->rbegin(); it != held->rend(); ++it) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(it->path);
+    if (reader.ok() && !MapsLike((*reader)->info().placement, CurrentPlacement())) {
+      return {it->path};
+    }
+  }
+  return {};
+}
+
+absl::StatusOr<std::optional<LoadedCheckpoint>> Server::ReshardAtStart() {
+  PS_ASSIGN_OR_RETURN(
+      std::optional<v1::Placement> from,
+      PlacementToReshardFrom(options_.checkpoint_dir, index_, CurrentPlacement()));
+  if (!from.has_value()) return std::nullopt;
+  ReshardOptions reshard;
+  reshard.from_placement = *from;
+  reshard.file_mode = options_.checkpoint_file_mode;
+  // Without a known count (no etcd, no --num_servers) the count stays: the
+  // manifests', or when they record none, as many as there are shards.
+  reshard.num_servers = num_servers_ != 0 ? num_servers_ : from->num_servers();
+  if (reshard.num_servers == 0) {
+    PS_ASSIGN_OR_RETURN(auto shards, ListShardCheckpoints(options_.checkpoint_dir));
+    if (!shards.empty()) reshard.num_servers = shards.rbegin()->first + 1;
+  }
+  absl::StatusOr<ReshardedShard> resharded =
+      ReshardShard(options_.checkpoint_dir, index_, reshard);
+  if (!resharded.ok()) {
+    return absl::Status(resharded.status().code(),
+                        absl::StrCat("resharding the checkpoints in ", options_.checkpoint_dir,
+                                     " (placement ", from->ShortDebugString(), ") for shard ",
+                                     index_, " of ", reshard.num_servers, ": ",
+                                     resharded.status().message()));
+  }
+  if (!resharded->result.cluster.empty() && resharded->result.cluster != options_.cluster) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoints in ", options_.checkpoint_dir, " belong to cluster '",
+        resharded->result.cluster, "', this server is in cluster '", options_.cluster,
+        "' (give this job its own --checkpoint_dir, or its old --cluster)"));
+  }
+  for (const std::string& note : resharded->result.notes) {
+    load_messages_.push_back(absl::StrCat("reshard: ", note));
+  }
+  // Written at once as this shard's checkpoint of the new placement, so a
+  // restart loads it rather than resharding again.
+  CheckpointWriteOptions write_options = WriteOptions();
+  write_options.num_servers = reshard.num_servers;
+  write_options.placement.set_num_servers(reshard.num_servers);
+  LoadedCheckpoint loaded;
+  PS_ASSIGN_OR_RETURN(loaded.info, SaveCheckpoint(resharded->snapshot, ShardDir(), index_,
+                                                  resharded->result.sequence, write_options));
+  load_messages_.push_back(absl::StrCat(
+      "resharded ", resharded->result.from_servers, " servers' checkpoints (",
+      absl::StrJoin(resharded->result.inputs, ", "), ") for shard ", index_, " of ",
+      reshard.num_servers, ": ", resharded->result.blocks, " blocks, ",
+      resharded->result.table_rows, " table rows, ", resharded->result.bytes, " bytes, saved as ",
+      loaded.info.path));
+  loaded.snapshot = std::move(resharded->snapshot);
+  return loaded;
 }
 
 std::optional<LoadedCheckpoint> Server::LoadPublished(uint64_t* published_sequence) {
@@ -714,10 +792,15 @@ absl::Status Server::LoadShard() {
   const std::string dir = ShardDir();
   // An unusable directory is found now, not at the first save.
   PS_RETURN_IF_ERROR(CheckWritableDirectory(dir, options_.checkpoint_file_mode));
-  PS_RETURN_IF_ERROR(CheckClusterSize());
-  std::optional<LoadedCheckpoint> loaded;
   uint64_t published_sequence = 0;
-  if (etcd_ != nullptr) loaded = LoadPublished(&published_sequence);
+  absl::StatusOr<std::optional<LoadedCheckpoint>> resharded = ReshardAtStart();
+  if (!resharded.ok()) {
+    for (const std::string& m : load_messages_) Log(m);
+    return resharded.status();
+  }
+  std::optional<LoadedCheckpoint> loaded = *std::move(resharded);
+  if (!loaded.has_value()) PS_RETURN_IF_ERROR(CheckNoShardBeyondTheCount());
+  if (!loaded.has_value() && etcd_ != nullptr) loaded = LoadPublished(&published_sequence);
   if (!loaded.has_value()) {
     absl::StatusOr<LoadedCheckpoint> latest = LoadLatestCheckpoint(dir);
     if (latest.ok()) {
@@ -776,13 +859,8 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   CheckpointTimer timer(&checkpoint_metrics_);  // a failure unless it succeeds
   PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, dispatcher_->Snapshot());
   const uint64_t sequence = next_sequence_++;
-  CheckpointWriteOptions write_options;
-  write_options.file_mode = options_.checkpoint_file_mode;
-  write_options.cluster = options_.cluster;
-  write_options.num_servers = num_servers_;
-  write_options.epoch = epoch_;
   PS_ASSIGN_OR_RETURN(CheckpointInfo info,
-                      SaveCheckpoint(snapshot, ShardDir(), index_, sequence, write_options));
+                      SaveCheckpoint(snapshot, ShardDir(), index_, sequence, WriteOptions()));
   // Published only now that it is durable; pruned only after that.
   // Published only while /shards/<i> still holds this server's epoch.
   if (etcd_ != nullptr) {
@@ -810,7 +888,7 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
     }
   }
   absl::StatusOr<std::vector<std::string>> pruned =
-      PruneCheckpoints(ShardDir(), options_.checkpoint_keep);
+      PruneCheckpoints(ShardDir(), options_.checkpoint_keep, NewestOfAnotherPlacement());
   if (!pruned.ok()) Log(absl::StrCat("pruning old checkpoints: ", pruned.status().ToString()));
   dispatcher_->SetCheckpointSequence(sequence);
   timer.Succeeded();

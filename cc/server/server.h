@@ -282,12 +282,25 @@ class Server {
   // why not is added to load_messages_.
   std::optional<LoadedCheckpoint> LoadPublished(uint64_t* published_sequence);
   // FAILED_PRECONDITION unless `info` is this shard's, of this cluster, and
-  // written by as many servers as there are now (where both are known).
+  // laid out for this cluster's placement (MapsLike, cc/core/reshard.h).
   absl::Status CheckBelongsHere(const CheckpointInfo& info) const;
-  // FAILED_PRECONDITION, naming both counts, if <checkpoint_dir> holds
-  // checkpoints of a shard at or beyond the server count, or a shard's newest
-  // checkpoint was written by another count (when known).
-  absl::Status CheckClusterSize() const;
+  // The placement derived from the server count (JUMP; count 0: unknown),
+  // with etcd /placement's version when there is etcd.
+  v1::Placement CurrentPlacement() const;
+  // FAILED_PRECONDITION, naming the shard, if <checkpoint_dir> holds
+  // checkpoints of a shard at or beyond the server count that this server's
+  // placement would take as its own generation (their count not recorded).
+  absl::Status CheckNoShardBeyondTheCount() const;
+  // The newest checkpoint in ShardDir() of another placement, if any: kept
+  // by pruning for servers of this placement that have yet to reshard.
+  std::vector<std::string> NewestOfAnotherPlacement() const;
+  // How this server writes its checkpoints.
+  CheckpointWriteOptions WriteOptions() const;
+  // When <checkpoint_dir> holds a newer generation of checkpoints of another
+  // placement (server count or kind) than this shard's own
+  // (PlacementToReshardFrom): this shard's part of them (ReshardShard),
+  // saved at once as its checkpoint. nullopt: load as usual.
+  absl::StatusOr<std::optional<LoadedCheckpoint>> ReshardAtStart();
   std::string ShardDir() const;  // this server's shard's
   std::string ShardDir(uint32_t shard) const;
   void CheckpointLoop();
@@ -329,6 +342,8 @@ class Server {
   // The cluster's server count: /ps_desired with etcd, else
   // options.num_servers (0: unknown).
   uint32_t num_servers_ = 0;
+  // etcd /placement's version (Register); 0 without etcd (derived from N).
+  uint64_t placement_version_ = 0;
   mutable absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
   absl::Status final_save_status_ ABSL_GUARDED_BY(shutdown_mu_);

@@ -1,0 +1,93 @@
+#include "cc/etcd/placement_record.h"
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "cc/core/placement.h"
+#include "cc/core/status_macros.h"
+#include "cc/etcd/keys.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace pserver {
+
+absl::StatusOr<v1::Placement> ParsePlacementRecord(absl::string_view value) {
+  auto refused = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd ", etcd_keys::PlacementKey(), " does not hold a placement: ", why,
+        " (fix or delete the key: docs/operations.md)"));
+  };
+  if (value.size() > kMaxPlacementRecordBytes) {
+    return refused(
+        absl::StrCat("it is ", value.size(), " bytes, more than ", kMaxPlacementRecordBytes));
+  }
+  v1::Placement placement;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;  // written by a later release: still readable
+  auto parsed =
+      google::protobuf::util::JsonStringToMessage(std::string(value), &placement, options);
+  if (!parsed.ok()) {
+    return refused(absl::StrCat("'", absl::CHexEscape(value.substr(0, 200)),
+                                "' is not Placement JSON (", std::string(parsed.message()), ")"));
+  }
+  if (placement.version() == 0) return refused("its version is 0 (versions start at 1)");
+  // An unknown kind name parses as the default, MODULO, which etcd never
+  // holds: servers write JUMP.
+  if (placement.kind() != v1::Placement::JUMP) {
+    return refused("its kind is not JUMP (the only kind kept in etcd; MODULO, or one this "
+                   "release does not know)");
+  }
+  if (absl::Status valid = CheckPlacementSpec(placement); !valid.ok()) {
+    return refused(valid.message());
+  }
+  return placement;
+}
+
+std::string FormatPlacementRecord(const v1::Placement& placement) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(placement, &json, options);
+  return json;
+}
+
+absl::StatusOr<std::optional<v1::Placement>> ReadPlacement(EtcdClient& etcd,
+                                                           absl::Time deadline) {
+  absl::StatusOr<KeyValue> kv = etcd.Get(etcd_keys::PlacementKey(), deadline);
+  if (absl::IsNotFound(kv.status())) return std::nullopt;
+  PS_RETURN_IF_ERROR(kv.status());
+  PS_ASSIGN_OR_RETURN(v1::Placement placement, ParsePlacementRecord(kv->value));
+  return placement;
+}
+
+absl::StatusOr<v1::Placement> EnsurePlacement(EtcdClient& etcd, uint32_t num_servers,
+                                              absl::Time deadline) {
+  const std::string key = etcd_keys::PlacementKey();
+  v1::Placement want;
+  want.set_kind(v1::Placement::JUMP);
+  want.set_num_servers(num_servers);
+  want.set_version(1);
+  PS_RETURN_IF_ERROR(CheckPlacementSpec(want));
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    absl::StatusOr<KeyValue> kv = etcd.Get(key, deadline);
+    int64_t read_revision = 0;  // 0: missing
+    if (kv.ok()) {
+      PS_ASSIGN_OR_RETURN(v1::Placement held, ParsePlacementRecord(kv->value));
+      if (held.kind() == want.kind() && held.num_servers() == num_servers) return held;
+      if (held.version() == UINT64_MAX) {
+        return absl::InvalidArgumentError(absl::StrCat("etcd ", key, "'s version is 2^64-1"));
+      }
+      want.set_version(held.version() + 1);
+      read_revision = kv->mod_revision;
+    } else if (!absl::IsNotFound(kv.status())) {
+      return kv.status();
+    }
+    const Compare guard = read_revision == 0 ? Compare::KeyMissing(key)
+                                             : Compare::ModRevisionEquals(key, read_revision);
+    PS_ASSIGN_OR_RETURN(TxnResult result,
+                        etcd.Txn({guard}, {TxnOp::Put(key, FormatPlacementRecord(want))}));
+    if (result.succeeded) return want;
+    // Someone else wrote it meanwhile: read theirs.
+  }
+  return absl::AbortedError(absl::StrCat("etcd ", key, " kept changing: 16 tries"));
+}
+
+}  // namespace pserver
