@@ -1,0 +1,208 @@
+#include "cc/trace/trace.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace pserver {
+namespace trace {
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string JsonString(absl::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+Args& Args::Add(absl::string_view key, int64_t value) {
+  absl::StrAppend(&body_, body_.empty() ? "" : ",", JsonString(key), ":", value);
+  return *this;
+}
+
+Args& Args::Add(absl::string_view key, absl::string_view value) {
+  absl::StrAppend(&body_, body_.empty() ? "" : ",", JsonString(key), ":", JsonString(value));
+  return *this;
+}
+
+Args& Args::AddHex(absl::string_view key, uint64_t value) {
+  return Add(key, absl::StrCat(absl::Hex(value)));
+}
+
+Recorder::Recorder(const RecorderOptions& options)
+    : options_(options),
+      pid_(getpid()),
+      start_monotonic_us_(NowMicros()),
+      start_unix_us_(absl::ToUnixMicros(absl::Now())) {}
+
+absl::StatusOr<std::unique_ptr<Recorder>> Recorder::Open(const RecorderOptions& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("trace: no file named");
+  if (options.max_events == 0) {
+    return absl::InvalidArgumentError("trace: max_events must be at least 1");
+  }
+  std::FILE* file = std::fopen(options.path.c_str(), "w");
+  if (file == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trace: cannot create ", options.path, ": ", std::strerror(errno)));
+  }
+  std::fclose(file);
+  return std::unique_ptr<Recorder>(new Recorder(options));
+}
+
+Recorder::~Recorder() {
+  if (absl::Status status = Flush(); !status.ok()) {
+    std::fprintf(stderr, "%s\n", status.ToString().c_str());
+  }
+}
+
+void Recorder::Complete(absl::string_view name, const char* category, int64_t start_us,
+                        int64_t end_us, uint32_t tid, std::string args_json) {
+  Event event{std::string(name), category, start_us,
+              end_us > start_us ? end_us - start_us : 0, tid, std::move(args_json)};
+  absl::MutexLock lock(&mu_);
+  ++recorded_;
+  if (ring_.size() < options_.max_events) {
+    ring_.push_back(std::move(event));
+    return;
+  }
+  ring_[next_] = std::move(event);  // the old event is freed under the lock: short strings
+  next_ = (next_ + 1) % ring_.size();
+}
+
+uint32_t Recorder::ThreadTrack() {
+  thread_local const uint32_t tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  return tid;
+}
+
+void Recorder::NameTrack(uint32_t tid, absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  track_names_.emplace(tid, std::string(name));
+}
+
+int64_t Recorder::MonotonicMicrosOf(absl::Time wall) const {
+  return absl::ToUnixMicros(wall) - start_unix_us_ + start_monotonic_us_;
+}
+
+uint64_t Recorder::recorded() const {
+  absl::MutexLock lock(&mu_);
+  return recorded_;
+}
+
+uint64_t Recorder::dropped() const {
+  absl::MutexLock lock(&mu_);
+  return recorded_ - ring_.size();
+}
+
+std::string Recorder::ToJson() const {
+  std::vector<Event> events;
+  std::map<uint32_t, std::string> tracks;
+  uint64_t dropped = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    events.reserve(ring_.size());
+    for (size_t i = 0; i < ring_.size(); ++i) events.push_back(ring_[(next_ + i) % ring_.size()]);
+    tracks = track_names_;
+    dropped = recorded_ - ring_.size();
+  }
+  std::string out = "{\"traceEvents\":[\n";
+  absl::StrAppend(&out, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":", pid_,
+                  ",\"tid\":0,\"args\":{\"name\":", JsonString(options_.process_name), "}}");
+  for (const auto& [tid, name] : tracks) {
+    absl::StrAppend(&out, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":", pid_,
+                    ",\"tid\":", tid, ",\"args\":{\"name\":", JsonString(name), "}}");
+  }
+  for (const Event& e : events) {
+    absl::StrAppend(&out, ",\n{\"ph\":\"X\",\"name\":", JsonString(e.name),
+                    ",\"cat\":", JsonString(e.category), ",\"ts\":", e.start_us,
+                    ",\"dur\":", e.duration_us, ",\"pid\":", pid_, ",\"tid\":", e.tid);
+    if (!e.args_json.empty()) absl::StrAppend(&out, ",\"args\":", e.args_json);
+    out += "}";
+  }
+  absl::StrAppend(&out, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock\":\"CLOCK_MONOTONIC\"",
+                  ",\"process_name\":", JsonString(options_.process_name), ",\"pid\":", pid_,
+                  ",\"start_monotonic_us\":", start_monotonic_us_,
+                  ",\"start_unix_us\":", start_unix_us_, ",\"max_events\":", options_.max_events,
+                  ",\"dropped_events\":", dropped, "}}\n");
+  return out;
+}
+
+absl::Status Recorder::Flush() {
+  absl::MutexLock lock(&flush_mu_);
+  const std::string json = ToJson();
+  const std::string temporary = options_.path + ".tmp";
+  std::FILE* file = std::fopen(temporary.c_str(), "w");
+  if (file == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("trace: cannot write ", temporary, ": ", std::strerror(errno)));
+  }
+  const bool written = std::fwrite(json.data(), 1, json.size(), file) == json.size();
+  const bool closed = std::fclose(file) == 0;
+  if (!written || !closed || std::rename(temporary.c_str(), options_.path.c_str()) != 0) {
+    const std::string error = std::strerror(errno);
+    std::remove(temporary.c_str());
+    return absl::InternalError(absl::StrCat("trace: cannot write ", options_.path, ": ", error));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Recorder>> OpenFromPathOrEnvironment(absl::string_view path,
+                                                                    const char* variable,
+                                                                    std::string process_name,
+                                                                    size_t max_events) {
+  RecorderOptions options;
+  options.path = std::string(path);
+  options.process_name = std::move(process_name);
+  if (max_events != 0) options.max_events = max_events;
+  if (options.path.empty()) {
+    const char* named = std::getenv(variable);
+    if (named == nullptr || *named == '\0') return nullptr;
+    options.path = named;
+    const std::string max_variable = absl::StrCat(variable, "_MAX_EVENTS");
+    if (const char* max = std::getenv(max_variable.c_str()); max != nullptr && *max != '\0') {
+      uint64_t n = 0;
+      if (!absl::SimpleAtoi(max, &n) || n == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(max_variable, "='", max, "' is not a positive integer"));
+      }
+      options.max_events = n;
+    }
+  }
+  return Recorder::Open(options);
+}
+
+}  // namespace trace
+}  // namespace pserver
