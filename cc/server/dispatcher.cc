@@ -258,6 +258,7 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
     metrics->Finish(status, start, status.ok() ? response->ByteSizeLong() : 0);
     done(std::move(status));
   };
+  if (trace::Recorder* recorder = trace(); recorder != nullptr) done = TraceCall(recorder, *method, request, std::move(done));
   if (method->writes && fence_.load(std::memory_order_acquire) != nullptr) {
     // Checked again once applied, before the success is answered (and
     // counted): a server that lost its index meanwhile acknowledges nothing.
@@ -267,6 +268,24 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
     };
   }
   return method->run(request, response, call, std::move(done));
+}
+
+Dispatcher::Done Dispatcher::TraceCall(trace::Recorder* recorder, const Method& method,
+                                       const protobuf::Message& request, Done done) {
+  // A waiting call (Barrier, a consistent TablePull) ends on another
+  // thread: its span is drawn on the thread that began it.
+  trace::Args args;
+  if (const auto* push = dynamic_cast<const v1::TablePushRequest*>(&request)) {
+    args.Add("table", push->table()).AddHex("client_id", push->client_id());
+    args.Add("sequence", push->sequence());
+  }
+  return [recorder, name = method.descriptor->name(), args = std::move(args),
+          start = trace::NowMicros(), tid = trace::Recorder::ThreadTrack(),
+          done = std::move(done)](absl::Status status) mutable {
+    args.Add("status", absl::StatusCodeToString(status.code()));
+    recorder->Complete(name, "server", start, trace::NowMicros(), tid, args.json());
+    done(std::move(status));
+  };
 }
 
 absl::Status Dispatcher::CheckServing() const {
@@ -313,6 +332,7 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
 
 absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads) {
   const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "apply push", "server");
   uint64_t bytes = 0;
   for (const GradientView& grad : grads) bytes += grad.content.size() + grad.indices.size();
   push_metrics_->received_bytes.Add(bytes);
@@ -323,13 +343,23 @@ absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView
   }
   if (status.ok()) status = CheckWrite();  // applied, but acknowledged only if still ours
   push_metrics_->Finish(status, start);
+  if (span.active()) {
+    span.set_args(trace::Args()
+                      .AddHex("client_id", id.client)
+                      .Add("sequence", id.sequence)
+                      .Add("grads", grads.size())
+                      .Add("status", absl::StatusCodeToString(status.code()))
+                      .json());
+  }
   return status;
 }
 
 absl::Status Dispatcher::Read(absl::Span<const v1::ParamRef> refs, BlockReader reader) {
   const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "read", "server");
   uint64_t sent = 0;
   absl::Status status = ReadBlocks(refs, reader, &sent);
+  if (span.active()) span.set_args(trace::Args().Add("blocks", refs.size()).Add("bytes", sent).json());
   read_metrics_->Finish(status, start, sent);
   return status;
 }

@@ -268,6 +268,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->dispatcher_ = std::make_unique<Dispatcher>(&server->store_, &server->tables_,
                                                      options.index, std::move(hooks));
+  if (!options.trace_file.empty()) {
+    trace::RecorderOptions trace;
+    trace.path = options.trace_file;
+    trace.max_events = options.trace_max_events;
+    // With etcd the index is claimed later: the file's pid tells servers apart.
+    trace.process_name = options.etcd_endpoints.empty()
+                             ? absl::StrCat("pserver server ", options.index)
+                             : "pserver server";
+    PS_ASSIGN_OR_RETURN(server->trace_, trace::Recorder::Open(trace));
+    server->dispatcher_->SetTrace(server->trace_.get());
+  }
   AuthOptions auth;
   auth.job = options.job;
   auth.tokens_file = options.auth_tokens_file;
@@ -903,6 +914,12 @@ void Server::Shutdown(absl::Duration grace) {
   // Frees the index at once for a replacement.
   if (registration_ != nullptr) registration_->Release();
   if (metrics_http_ != nullptr) metrics_http_->Stop();
+  if (trace_ != nullptr) {
+    const absl::Status written = trace_->Flush();
+    Log(written.ok() ? absl::StrCat("wrote trace ", trace_->path(), " (", trace_->recorded() - trace_->dropped(), " events, ", trace_->dropped(), " dropped)")
+                     : written.ToString(),
+        written.ok() ? log::Level::kInfo : log::Level::kError);
+  }
 }
 
 // ---- health and metrics -------------------------------------------------------------

@@ -131,6 +131,35 @@ class Recorder {
   absl::Mutex flush_mu_;  // one Flush at a time
 };
 
+// Records [construction, destruction] on the calling thread's track; does
+// nothing when `recorder` is null (tracing off costs a pointer test).
+//
+//   trace::Span span(recorder, "apply", "server");
+//   if (span.active()) span.set_args(trace::Args().Add("grads", n).json());
+class Span {
+ public:
+  Span(Recorder* recorder, const char* name, const char* category)
+      : recorder_(recorder), name_(name), category_(category),
+        start_us_(recorder == nullptr ? 0 : NowMicros()) {}
+  ~Span() {
+    if (recorder_ != nullptr) {
+      recorder_->Complete(name_, category_, start_us_, NowMicros(), Recorder::ThreadTrack(),
+                          std::move(args_));
+    }
+  }
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+  bool active() const { return recorder_ != nullptr; }
+  void set_args(std::string json) { args_ = std::move(json); }
+
+ private:
+  Recorder* const recorder_;
+  const char* const name_;
+  const char* const category_;
+  const int64_t start_us_;
+  std::string args_;
+};
+
 // The recorder that `path` asks for, or that the environment variable
 // `variable` (e.g. "PSERVER_TRACE") names when `path` is empty; null when
 // neither names a file. `variable`_MAX_EVENTS, when set, is max_events

@@ -179,6 +179,31 @@ TEST(TraceTest, WallClockMapsOntoTheMonotonicTimeLine) {
   EXPECT_EQ(recorder->MonotonicMicrosOf(wall + absl::Seconds(1)), mapped + 1000000);
 }
 
+TEST(TraceTest, SpanRecordsOnlyWithARecorder) {
+  { Span off(nullptr, "nothing", "t"); EXPECT_FALSE(off.active()); }
+  RecorderOptions options;
+  options.path = TempPath("span.json");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Recorder> recorder, Recorder::Open(options));
+  const int64_t before = NowMicros();
+  {
+    Span outer(recorder.get(), "outer", "t");
+    Span inner(recorder.get(), "inner", "t");
+    inner.set_args(Args().Add("n", 3).json());
+  }
+  ASSERT_OK(recorder->Flush());
+  const std::vector<google::protobuf::Struct> spans = Spans(Parse(ReadFile(options.path)));
+  ASSERT_EQ(spans.size(), 2u);  // inner ends first
+  const auto& inner = spans[0].fields();
+  const auto& outer = spans[1].fields();
+  EXPECT_EQ(inner.at("name").string_value(), "inner");
+  EXPECT_EQ(inner.at("args").struct_value().fields().at("n").number_value(), 3);
+  EXPECT_GE(outer.at("ts").number_value(), before);
+  EXPECT_LE(outer.at("ts").number_value(), inner.at("ts").number_value());
+  EXPECT_GE(outer.at("ts").number_value() + outer.at("dur").number_value(),
+            inner.at("ts").number_value() + inner.at("dur").number_value());
+  EXPECT_EQ(outer.at("tid").number_value(), inner.at("tid").number_value());
+}
+
 }  // namespace
 }  // namespace trace
 }  // namespace pserver
