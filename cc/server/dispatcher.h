@@ -190,6 +190,7 @@ class Dispatcher {
   // dispatcher), and nothing is served once it stepped down. Null: none
   // (no etcd: nothing else can hold the shard).
   void SetFence(Fence* fence) { fence_.store(fence, std::memory_order_release); }
+  Fence* fence() const { return fence_.load(std::memory_order_acquire); }  // null: none
   // From now on every request's stages are recorded in `recorder` (not
   // owned; outlives the dispatcher's calls; null: off), and so are the bulk
   // listener's (--trace_file, cc/trace).

@@ -472,6 +472,7 @@ absl::Status Server::Register() {
       if (*claimed) {
         index_ = i;
         epoch_ = next->config.epoch();
+        shard_epoch_.store(epoch_, std::memory_order_relaxed);  // for the metrics
         shard_config_value_ = next->value;
         Log(absl::StrCat("claimed index ", i, " of ", desired, " at ", etcd_options.prefix, key,
                          " (lease ", registration_->lease(), ", epoch ", epoch_, ")"));
@@ -956,7 +957,19 @@ absl::Status Server::StartMetrics() {
   sources.cluster = options_.cluster;
   sources.healthy = [this] { return Healthy(); };
   if (!options_.checkpoint_dir.empty()) sources.checkpoints = &checkpoint_metrics_;
-  if (!options_.etcd_endpoints.empty()) sources.etcd = [this] { return EtcdState(); };
+  if (!options_.etcd_endpoints.empty()) {
+    sources.etcd = [this] { return EtcdState(); };
+    sources.shard = [this] {
+      ShardState shard;
+      shard.epoch = shard_epoch_.load(std::memory_order_relaxed);
+      if (Fence* fence = dispatcher_->fence(); fence != nullptr) {
+        shard.fenced = true;
+        shard.confirmed = fence->Confirmed();
+        shard.stepped_down = fence->stepped_down();
+      }
+      return shard;
+    };
+  }
   AddServerCollectors(std::move(sources), &metrics_registry_);
   PS_ASSIGN_OR_RETURN(metrics_http_, metrics::MetricsHttpListener::Start(
                                          *options_.metrics_http, [this] {

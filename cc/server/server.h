@@ -358,6 +358,7 @@ class Server {
   // The epoch claimed and /shards/<index_>'s value as this server wrote it
   // (what a checkpoint publish compares against).
   uint64_t epoch_ = 0;
+  std::atomic<uint64_t> shard_epoch_{0};  // epoch_, for the metrics thread
   std::string shard_config_value_;
   std::unique_ptr<Fence> fence_;  // with etcd only
 
