@@ -1,5 +1,6 @@
 #include "cc/client/client_trace.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +16,8 @@ thread_local ClientTrace::Call* current_call = nullptr;
 ClientTrace::ClientTrace(std::unique_ptr<trace::Recorder> recorder, int num_servers)
     : recorder_(std::move(recorder)) {
   for (int i = 0; i < num_servers; ++i) {
-    recorder_->NameTrack(kServerTrackBase + i, absl::StrCat("-> server ", i));
+    servers_.push_back(std::make_unique<trace::Lanes>(kServerTrackBase + i * kLanes,
+                                                      absl::StrCat("-> server ", i), kLanes));
   }
 }
 
@@ -30,11 +32,12 @@ ClientTrace::Call::Call(ClientTrace* trace, const char* op, absl::Time queued) {
   id_ = trace->next_call_.fetch_add(1, std::memory_order_relaxed);
   start_us_ = trace::NowMicros();
   if (queued != absl::InfinitePast()) {
-    const int64_t queued_us = trace->recorder_->MonotonicMicrosOf(queued);
+    // On tracks of its own: the thread that runs the call may have been
+    // running another one meanwhile.
+    const int64_t queued_us = std::min(start_us_, trace->recorder_->MonotonicMicrosOf(queued));
     trace->recorder_->Complete("queued", "client", queued_us, start_us_,
-                               trace::Recorder::ThreadTrack(),
+                               trace->queue_.Place(*trace->recorder_, queued_us, start_us_),
                                trace::Args().Add("call", id_).json());
-    start_us_ = std::min(start_us_, queued_us);
   }
   current_call = this;
 }
@@ -64,8 +67,9 @@ Transport::Done ClientTrace::Request(int server, absl::string_view address, int 
   return [this, op = std::move(op), server, args = std::move(args), start = trace::NowMicros(),
           done = std::move(done)](absl::Status status) mutable {
     args.Add("status", absl::StatusCodeToString(status.code()));
-    recorder_->Complete(op, "request", start, trace::NowMicros(), kServerTrackBase + server,
-                        args.json());
+    const int64_t end = trace::NowMicros();
+    recorder_->Complete(op, "request", start, end,
+                        servers_.at(server)->Place(*recorder_, start, end), args.json());
     done(std::move(status));
   };
 }

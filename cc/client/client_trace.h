@@ -1,10 +1,12 @@
 // ClientTrace: what a Client records when asked to trace
 // (ClientOptions::trace_file, or the PSERVER_TRACE environment variable):
 // each call (SendGrads, GetParams, PushPull, InitParams, table ops, ...) as a
-// span on the calling thread's track, from when it was issued (an async
-// ticket: when it was queued, with a "queued" span until a thread took it)
-// to when it was done; and each request of it as a span on its server's
-// track ("-> server 0", ...) from sending to the reply, with the call's id,
+// span on the track of the thread that runs it, until it is done (an async
+// ticket's call also has a "queued" span, from when it was queued until a
+// thread took it, on the "queued" tracks); and each request of it as a span
+// on its server's tracks ("-> server 0", and "-> server 0 #2", ... for
+// requests in flight at once: trace::Lanes) from sending to the reply, with
+// the call's id,
 // the attempt, the status and what the request carried (its push request id,
 // blocks and parameter names). Written as Chrome trace JSON (cc/trace).
 //
@@ -21,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -32,8 +35,11 @@ namespace pserver {
 
 class ClientTrace {
  public:
-  // Request spans go to track kServerTrackBase + server index.
+  // Request spans to server i go to tracks kServerTrackBase + i * kLanes
+  // and up; "queued" spans to kQueueTrackBase and up.
+  static constexpr uint32_t kLanes = 64;
   static constexpr uint32_t kServerTrackBase = 1u << 30;
+  static constexpr uint32_t kQueueTrackBase = kServerTrackBase - kLanes;
 
   ClientTrace(std::unique_ptr<trace::Recorder> recorder, int num_servers);
 
@@ -71,6 +77,8 @@ class ClientTrace {
 
  private:
   const std::unique_ptr<trace::Recorder> recorder_;
+  std::vector<std::unique_ptr<trace::Lanes>> servers_;  // per server index
+  trace::Lanes queue_{kQueueTrackBase, "queued", kLanes};
   std::atomic<uint64_t> next_call_{1};
 };
 

@@ -258,7 +258,11 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
     metrics->Finish(status, start, status.ok() ? response->ByteSizeLong() : 0);
     done(std::move(status));
   };
-  if (trace::Recorder* recorder = trace(); recorder != nullptr) done = TraceCall(recorder, *method, request, std::move(done));
+  std::shared_ptr<std::atomic<bool>> returned;  // set once run() returned: traced calls only
+  if (trace::Recorder* recorder = trace(); recorder != nullptr) {
+    returned = std::make_shared<std::atomic<bool>>(false);
+    done = TraceCall(recorder, *method, request, returned, std::move(done));
+  }
   if (method->writes && fence_.load(std::memory_order_acquire) != nullptr) {
     // Checked again once applied, before the success is answered (and
     // counted): a server that lost its index meanwhile acknowledges nothing.
@@ -267,23 +271,31 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
       done(std::move(result));
     };
   }
-  return method->run(request, response, call, std::move(done));
+  CancelWait cancel = method->run(request, response, call, std::move(done));
+  if (returned != nullptr) returned->store(true, std::memory_order_release);
+  return cancel;
 }
 
 Dispatcher::Done Dispatcher::TraceCall(trace::Recorder* recorder, const Method& method,
-                                       const protobuf::Message& request, Done done) {
-  // A waiting call (Barrier, a consistent TablePull) ends on another
-  // thread: its span is drawn on the thread that began it.
+                                       const protobuf::Message& request,
+                                       std::shared_ptr<std::atomic<bool>> returned, Done done) {
+  // A call that waits (Barrier, a consistent TablePull) ends later, maybe on
+  // another thread, while its first thread serves others: its span goes to
+  // the "waiting calls" lanes.
   trace::Args args;
   if (const auto* push = dynamic_cast<const v1::TablePushRequest*>(&request)) {
     args.Add("table", push->table()).AddHex("client_id", push->client_id());
     args.Add("sequence", push->sequence());
   }
-  return [recorder, name = method.descriptor->name(), args = std::move(args),
+  return [this, recorder, name = method.descriptor->name(), args = std::move(args),
           start = trace::NowMicros(), tid = trace::Recorder::ThreadTrack(),
-          done = std::move(done)](absl::Status status) mutable {
+          returned = std::move(returned), done = std::move(done)](absl::Status status) mutable {
     args.Add("status", absl::StatusCodeToString(status.code()));
-    recorder->Complete(name, "server", start, trace::NowMicros(), tid, args.json());
+    const int64_t end = trace::NowMicros();
+    const bool waited = returned->load(std::memory_order_acquire);
+    if (waited) args.Add("waited", 1);
+    recorder->Complete(name, "server", start, end,
+                       waited ? waiting_lanes_.Place(*recorder, start, end) : tid, args.json());
     done(std::move(status));
   };
 }

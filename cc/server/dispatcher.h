@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -231,9 +232,12 @@ class Dispatcher {
 
   // Runs `apply` unless the push (client_id, sequence) was applied before;
   // client_id 0 is not tracked.
-  // `done`, wrapped to record the call's span (from now until it is called).
-  static Done TraceCall(trace::Recorder* recorder, const Method& method,
-                        const google::protobuf::Message& request, Done done);
+  // `done`, wrapped to record the call's span (from now until it is
+  // called): on this thread's track when it is called before `*returned`
+  // is set (the call did not wait), else on the "waiting calls" lanes.
+  Done TraceCall(trace::Recorder* recorder, const Method& method,
+                 const google::protobuf::Message& request,
+                 std::shared_ptr<std::atomic<bool>> returned, Done done);
   absl::Status ApplyOnce(uint64_t client_id, uint64_t sequence,
                          absl::FunctionRef<absl::Status()> apply);
   // Read, adding the content bytes delivered to `sent`.
@@ -250,6 +254,7 @@ class Dispatcher {
   std::atomic<bool> serving_{true};
   std::atomic<Fence*> fence_{nullptr};
   std::atomic<trace::Recorder*> trace_{nullptr};
+  trace::Lanes waiting_lanes_{uint32_t{1} << 30, "waiting calls"};
   AppliedSequences applied_;
   absl::Mutex apply_mu_;
   std::atomic<uint64_t> pushes_applied_{0};

@@ -100,6 +100,21 @@ std::vector<Span> Named(const TraceFile& file, const std::string& name,
   return out;
 }
 
+// Spans of one track either nest or are apart (a viewer draws nothing
+// else right); with `disjoint`, they never overlap at all.
+void ExpectTracksNest(const TraceFile& file, bool disjoint) {
+  for (size_t a = 0; a < file.spans.size(); ++a) {
+    for (size_t b = a + 1; b < file.spans.size(); ++b) {
+      const Span& x = file.spans[a];
+      const Span& y = file.spans[b];
+      if (x.tid != y.tid) continue;
+      const bool apart = x.end <= y.start || y.end <= x.start;
+      const bool nested = x.Within(y) || y.Within(x);
+      EXPECT_TRUE(apart || (!disjoint && nested)) << x.Describe() << " / " << y.Describe();
+    }
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Server>> StartServer(uint32_t index, const std::string& trace,
                                                     size_t max_events = size_t{1} << 18) {
   ServerOptions options;
@@ -120,7 +135,8 @@ TEST(TraceTest, WorkerAndServersTraceAKnownSequenceOfCalls) {
     servers.push_back(std::move(server));
   }
   options.trace_file = client_file;
-  options.block_bytes = 64;  // "big" (128 floats) is cut into 8 blocks over both servers
+  options.block_bytes = 64;  // "big" (128 floats) is cut into 8 blocks over both servers,
+  options.max_request_bytes = 64;  // each sent alone: 4 requests to a server at once
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(options));
   const uint64_t client_id = client->client_id();
 
@@ -163,12 +179,16 @@ TEST(TraceTest, WorkerAndServersTraceAKnownSequenceOfCalls) {
     EXPECT_GE(call_names.count(name), 1u) << name;
   }
   EXPECT_EQ(call_names.count("SendGrads"), 2u);  // blocking and async
-  // The async call waited in the queue first, on the thread that ran it.
+  // The async call waited in the queue first.
   const std::vector<Span> queued = Named(worker, "queued");
   ASSERT_EQ(queued.size(), 1u);
   const Span& async_call = calls.at(queued[0].args.at("call"));
   EXPECT_EQ(async_call.name, "SendGrads");
-  EXPECT_TRUE(queued[0].Within(async_call)) << queued[0].Describe() << " / " << async_call.Describe();
+  EXPECT_LE(queued[0].start, queued[0].end);
+  EXPECT_LE(queued[0].end, async_call.start) << queued[0].Describe() << " / " << async_call.Describe();
+  // No two spans of one worker track overlap (requests in flight at once
+  // take lanes of their server's tracks).
+  ExpectTracksNest(worker, /*disjoint=*/true);
 
   // Every request lies within its call; pushes are found by their request id.
   std::map<std::pair<std::string, std::string>, Span> pushes;  // (server, sequence) -> request
@@ -180,14 +200,23 @@ TEST(TraceTest, WorkerAndServersTraceAKnownSequenceOfCalls) {
     const Span& call = calls.at(s.args.at("call"));
     EXPECT_EQ(s.name, call.name);
     EXPECT_TRUE(s.Within(call)) << s.Describe() << " / " << call.Describe();
-    EXPECT_EQ(s.tid, ClientTrace::kServerTrackBase + std::stod(s.args.at("server")));
+    const double lanes = ClientTrace::kServerTrackBase +
+                         ClientTrace::kLanes * std::stod(s.args.at("server"));
+    EXPECT_GE(s.tid, lanes);
+    EXPECT_LT(s.tid, lanes + ClientTrace::kLanes);
     EXPECT_EQ(s.args.at("status"), "OK");
     if (s.args.count("sequence")) {
       EXPECT_EQ(s.args.at("client_id"), absl::StrCat(absl::Hex(client_id)));
       pushes[{s.args.at("server"), s.args.at("sequence")}] = s;
     }
   }
-  EXPECT_GE(requests, 12);
+  EXPECT_GE(requests, 20);
+  // Some server got several requests at once, on lanes of its own.
+  std::set<double> tracks;
+  for (const Span& s : worker.spans) {
+    if (s.category == "request") tracks.insert(s.tid);
+  }
+  EXPECT_GT(tracks.size(), 2u);
 
   for (int i = 0; i < 2; ++i) {
     SCOPED_TRACE(absl::StrCat("server ", i));
@@ -219,6 +248,7 @@ TEST(TraceTest, WorkerAndServersTraceAKnownSequenceOfCalls) {
     EXPECT_FALSE(Named(server, "read").empty());
     EXPECT_FALSE(Named(server, "write reply").empty());
     EXPECT_FALSE(Named(server, "InitParam").empty());
+    ExpectTracksNest(server, /*disjoint=*/false);
   }
 }
 

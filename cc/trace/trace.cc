@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -177,6 +178,25 @@ absl::Status Recorder::Flush() {
     return absl::InternalError(absl::StrCat("trace: cannot write ", options_.path, ": ", error));
   }
   return absl::OkStatus();
+}
+
+uint32_t Lanes::Place(Recorder& recorder, int64_t start_us, int64_t end_us) {
+  size_t lane = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    while (lane < last_end_.size() && last_end_[lane] > start_us) ++lane;
+    if (lane == last_end_.size()) {
+      if (last_end_.size() < max_lanes_) {
+        last_end_.push_back(end_us);
+        recorder.NameTrack(base_ + static_cast<uint32_t>(lane),
+                           lane == 0 ? name_ : absl::StrCat(name_, " #", lane + 1));
+        return base_ + static_cast<uint32_t>(lane);
+      }
+      lane = std::min_element(last_end_.begin(), last_end_.end()) - last_end_.begin();
+    }
+    last_end_[lane] = std::max(last_end_[lane], end_us);
+  }
+  return base_ + static_cast<uint32_t>(lane);
 }
 
 absl::StatusOr<std::unique_ptr<Recorder>> OpenFromPathOrEnvironment(absl::string_view path,

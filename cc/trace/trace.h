@@ -160,6 +160,27 @@ class Span {
   std::string args_;
 };
 
+// Tracks for spans that may overlap (requests in flight at once, calls that
+// wait): each span goes to the lowest lane whose spans all ended by its
+// start, so the spans of one lane never overlap and a viewer draws
+// concurrent ones side by side. Lanes are tracks base, base + 1, ...,
+// named "<name>", "<name> #2", ...; past `max_lanes` a span shares the lane
+// that frees first (and may overlap there). Thread-safe.
+class Lanes {
+ public:
+  Lanes(uint32_t base, std::string name, uint32_t max_lanes = 64)
+      : base_(base), name_(std::move(name)), max_lanes_(max_lanes < 1 ? 1 : max_lanes) {}
+  // The track for a span [start_us, end_us]; names a new lane in `recorder`.
+  uint32_t Place(Recorder& recorder, int64_t start_us, int64_t end_us);
+
+ private:
+  const uint32_t base_;
+  const std::string name_;
+  const uint32_t max_lanes_;
+  absl::Mutex mu_;
+  std::vector<int64_t> last_end_ ABSL_GUARDED_BY(mu_);  // per lane
+};
+
 // The recorder that `path` asks for, or that the environment variable
 // `variable` (e.g. "PSERVER_TRACE") names when `path` is empty; null when
 // neither names a file. `variable`_MAX_EVENTS, when set, is max_events

@@ -179,6 +179,22 @@ TEST(TraceTest, WallClockMapsOntoTheMonotonicTimeLine) {
   EXPECT_EQ(recorder->MonotonicMicrosOf(wall + absl::Seconds(1)), mapped + 1000000);
 }
 
+TEST(TraceTest, LanesKeepOverlappingSpansApart) {
+  RecorderOptions options;
+  options.path = TempPath("lanes.json");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Recorder> recorder, Recorder::Open(options));
+  Lanes lanes(100, "-> server 0", /*max_lanes=*/2);
+  EXPECT_EQ(lanes.Place(*recorder, 10, 20), 100u);
+  EXPECT_EQ(lanes.Place(*recorder, 15, 30), 101u);  // overlaps the first: a second lane
+  EXPECT_EQ(lanes.Place(*recorder, 20, 25), 100u);  // the first lane is free from 20
+  // Past max_lanes: the lane that frees first (100 at 25, 101 at 30).
+  EXPECT_EQ(lanes.Place(*recorder, 21, 40), 100u);
+  ASSERT_OK(recorder->Flush());
+  const std::string json = ReadFile(options.path);
+  EXPECT_THAT(json, HasSubstr("\"-> server 0\""));
+  EXPECT_THAT(json, HasSubstr("\"-> server 0 #2\""));
+}
+
 TEST(TraceTest, SpanRecordsOnlyWithARecorder) {
   { Span off(nullptr, "nothing", "t"); EXPECT_FALSE(off.active()); }
   RecorderOptions options;
