@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "cc/client/client.h"
 #include "cc/client/client_trace.h"
 #include "cc/client/table.h"
@@ -250,6 +251,40 @@ TEST(TraceTest, WorkerAndServersTraceAKnownSequenceOfCalls) {
     EXPECT_FALSE(Named(server, "InitParam").empty());
     ExpectTracksNest(server, /*disjoint=*/false);
   }
+}
+
+TEST(TraceTest, ACallThatWaitedGoesToTheWaitingLanes) {
+  const std::string path = TempPath("barrier.json");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, StartServer(0, path));
+  v1::BarrierRequest first, second;
+  first.set_name("b");
+  first.set_generation(1);
+  first.set_size(2);
+  first.set_participant("a");
+  second = first;
+  second.set_participant("b");
+  v1::BarrierResponse first_response, second_response;
+  absl::Notification first_done, second_done;
+  server->dispatcher().Call("Barrier", first, &first_response, {},
+                            [&](absl::Status s) { EXPECT_OK(s); first_done.Notify(); });
+  EXPECT_FALSE(first_done.HasBeenNotified());  // it waits for the second
+  server->dispatcher().Call("Barrier", second, &second_response, {},
+                            [&](absl::Status s) { EXPECT_OK(s); second_done.Notify(); });
+  ASSERT_TRUE(first_done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(second_done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  server->Shutdown();
+  const std::vector<Span> barriers = Named(Load(path), "Barrier");
+  ASSERT_EQ(barriers.size(), 2u);
+  int waited = 0;
+  for (const Span& b : barriers) {
+    if (b.args.count("waited")) {
+      ++waited;
+      EXPECT_EQ(b.tid, 1u << 30) << b.Describe();  // the first "waiting calls" lane
+    } else {
+      EXPECT_LT(b.tid, 1u << 30) << b.Describe();  // its thread's track
+    }
+  }
+  EXPECT_EQ(waited, 1);
 }
 
 TEST(TraceTest, ServerKeepsTheNewestEventsUpToItsCap) {
