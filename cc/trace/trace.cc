@@ -25,27 +25,69 @@ int64_t NowMicros() {
       .count();
 }
 
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
-        } else {
-          out += c;
-        }
-    }
+namespace {
+
+// The length of the well-formed UTF-8 sequence at text[i] (lead byte >=
+// 0x80), or 0 when it is not one (as Python's and Perfetto's decoders judge).
+size_t Utf8Length(absl::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  size_t n = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    n = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    n = 3;
+    if (lead == 0xE0) low = 0xA0;   // no overlong forms
+    if (lead == 0xED) high = 0x9F;  // no surrogates
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    n = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;  // nothing past U+10FFFF
+  } else {
+    return 0;
   }
+  if (i + n > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string JsonString(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 2);
+  out += '"';
+  size_t plain = 0;  // start of the run of characters copied as they are
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+      ++i;
+      continue;
+    }
+    if (c >= 0x80) {
+      if (const size_t n = Utf8Length(text, i); n > 0) {
+        i += n;
+        continue;
+      }
+    }
+    out.append(text.data() + plain, i - plain);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c >= 0x80) {
+      out += "\\ufffd";  // a byte that is not UTF-8: names may be any bytes
+    } else {
+      absl::StrAppendFormat(&out, "\\u%04x", c);
+    }
+    plain = ++i;
+  }
+  out.append(text.data() + plain, text.size() - plain);
   out += '"';
   return out;
 }

@@ -84,6 +84,20 @@ TEST(TraceTest, WritesParsableChromeTraceWithEventsInOrder) {
   EXPECT_THAT(json, HasSubstr("worker \\\"0\\\""));
 }
 
+TEST(TraceTest, JsonStringsAreValidJsonForAnyBytes) {
+  EXPECT_EQ(JsonString("plain"), "\"plain\"");
+  EXPECT_EQ(JsonString("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
+  EXPECT_EQ(JsonString("caf\xc3\xa9 \xe2\x82\xac"), "\"caf\xc3\xa9 \xe2\x82\xac\"");  // UTF-8 kept
+  // Bytes that are not UTF-8 (a lone continuation, a cut sequence, an
+  // overlong form, a surrogate) become U+FFFD.
+  EXPECT_EQ(JsonString("\x80x\xc3"), "\"\\ufffdx\\ufffd\"");
+  EXPECT_EQ(JsonString("\xc0\xaf\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\\ufffd\\ufffd\"");
+  // Whatever the bytes, the result parses.
+  std::string all;
+  for (int c = 0; c < 256; ++c) all += static_cast<char>(c);
+  Parse(absl::StrCat("{\"k\":", JsonString(all), "}"));
+}
+
 TEST(TraceTest, RingKeepsTheNewestMaxEvents) {
   RecorderOptions options;
   options.path = TempPath("ring.json");
