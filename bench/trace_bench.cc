@@ -21,6 +21,7 @@
 
 ABSL_FLAG(int, calls, 20000, "SendGrad calls per measurement.");
 ABSL_FLAG(int, rounds, 3, "Measurements per setting (alternating off and on).");
+ABSL_FLAG(std::string, trace, "both", "off, on or both (alternating): which settings to measure.");
 
 namespace pserver {
 namespace {
@@ -79,6 +80,8 @@ int Main() {
   const std::string file = absl::StrCat(dir, "/trace_bench_client.json");
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (const bool on : {false, true}) {
+      const std::string which = absl::GetFlag(FLAGS_trace);
+      if (which != "both" && which != (on ? "on" : "off")) continue;
       absl::StatusOr<double> us = MicrosPerCall((*server)->address(), on ? file : "", calls);
       if (!us.ok()) return Fail(us.status());
       std::printf("SendGrad 4 KiB, trace %-3s: %.1f us per call\n", on ? "on" : "off", *us);
