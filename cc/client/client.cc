@@ -462,7 +462,7 @@ std::vector<std::string> Client::addresses() const {
 
 absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
                                     const StartCall& start, absl::Time deadline,
-                                    TraceRecorder* trace) {
+                                    TraceRecorder* trace, const DescribeRequest& describe) {
   Cancellation* const cancel = Cancellation::Current();
   if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
   if (n > 0 && absl::Now() >= deadline) {
@@ -492,7 +492,16 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
       for (size_t i : pending) {
         used.push_back(TransportFor(server_of(i)));
         if (trace != nullptr) trace->Sent();
-        start(i, *used.back(), attempt_deadline, group.Add(used.back()->address()));
+        Transport::Done done = group.Add(used.back()->address());
+        if (trace_ != nullptr) {
+          done = trace_->Request(
+              server_of(i), used.back()->address(), attempts,
+              [&](trace::Args& args) {
+                if (describe) describe(i, args);
+              },
+              std::move(done));
+        }
+        start(i, *used.back(), attempt_deadline, std::move(done));
       }
       results = group.WaitAll();
     }
@@ -539,7 +548,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   for (const auto& transport : transports) {
     if (transport == nullptr) return absl::InvalidArgumentError("a transport is null");
   }
-  return std::unique_ptr<Client>(new Client(options, std::move(transports)));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<trace::Recorder> recorder,
+                      trace::OpenFromPathOrEnvironment(options.trace_file, "PSERVER_TRACE",
+                                                       "pserver client", options.trace_max_events));
+  const int servers = static_cast<int>(transports.size());
+  std::unique_ptr<Client> client(new Client(options, std::move(transports)));
+  if (recorder != nullptr) client->trace_ = std::make_unique<ClientTrace>(std::move(recorder), servers);
+  return client;
 }
 
 std::optional<ParamLayout> Client::KnownLayout(const std::string& name) const {
@@ -585,6 +600,7 @@ absl::Status Client::InitParams(absl::Span<const ParamInit> params, const CallOp
 }
 
 absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time deadline) {
+  const ClientTrace::Call span(trace_.get(), "InitParams");
   std::vector<v1::InitParamRequest> requests;
   std::vector<int> servers;
   std::vector<Layout> layouts;
@@ -720,6 +736,23 @@ absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header, const 
   return absl::OkStatus();
 }
 
+// A request's blocks in its trace span: its push request id, how many
+// gradient and read blocks it carries, and their names (the first few).
+void Client::DescribeExchange(const Exchange& x, const RequestId& id, trace::Args& args) {
+  constexpr size_t kMaxNames = 8;
+  if (id.sequence != 0) args.AddHex("client_id", id.client).Add("sequence", id.sequence);
+  args.Add("grads", x.grads.size()).Add("reads", x.refs.size());
+  std::string names;
+  size_t named = 0;
+  auto name = [&](absl::string_view param, uint32_t block) {
+    if (named++ < kMaxNames) absl::StrAppend(&names, names.empty() ? "" : " ", param, "#", block);
+  };
+  for (const GradientView& grad : x.grads) name(grad.name, grad.block.index());
+  for (const v1::ParamRef& ref : x.refs) name(ref.name(), ref.block().index());
+  if (named > kMaxNames) absl::StrAppend(&names, " +", named - kMaxNames, " more");
+  args.Add("blocks", names);
+}
+
 absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
                          absl::Time deadline, TraceRecorder* trace) {
   if (items.empty()) return absl::OkStatus();
@@ -775,7 +808,7 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
           t.PushPull(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done), trace);
         }
       },
-      deadline, trace);
+      deadline, trace, [&](size_t i, trace::Args& args) { DescribeExchange(exchanges[i], ids[i], args); });
 }
 
 absl::StatusOr<Tensor> Client::GetParam(const std::string& name, const CallOptions& call) {
@@ -792,6 +825,7 @@ absl::StatusOr<std::vector<Tensor>> Client::GetParams(absl::Span<const std::stri
 
 absl::Status Client::GetParamsInto(absl::Span<const std::string> names, absl::Span<Tensor> outs,
                                    const CallOptions& call) {
+  const ClientTrace::Call span(trace_.get(), "GetParams");
   const Cancellation::Scope cancel_scope(call.cancel);
   const absl::Time deadline = Deadline(call);  // one for both rounds
   if (outs.size() != names.size()) {
@@ -985,6 +1019,7 @@ absl::Status Client::SendGrads(absl::Span<const NamedTensor> grads, const CallOp
 
 absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads, absl::Time deadline,
                                  TraceRecorder* trace) {
+  const ClientTrace::Call span(trace_.get(), "SendGrads");
   for (const GradRef& grad : grads) PS_RETURN_IF_ERROR(CheckGradient(grad));
   std::vector<Item> items;
   std::deque<std::string> encoded;  // compressed blocks, sent from here
@@ -1016,6 +1051,7 @@ absl::Status Client::PushPull(const std::string& name, const Tensor& grad, Tenso
 
 absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tensor> outs,
                                 absl::Time deadline, TraceRecorder* trace) {
+  const ClientTrace::Call span(trace_.get(), "PushPull");
   if (outs.size() != grads.size()) {
     return absl::InvalidArgumentError(absl::StrCat("PushPull: ", grads.size(), " gradients but ",
                                                    outs.size(), " output tensors"));
@@ -1056,6 +1092,10 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
   return CheckComplete(parts);
 }
 
+absl::Status Client::FlushTrace() {
+  return trace_ == nullptr ? absl::OkStatus() : trace_->recorder().Flush();
+}
+
 Ticket Client::RunAsync(std::function<absl::Status(const CallOptions&)> call_fn,
                         const CallOptions& call) {
   Ticket ticket;
@@ -1064,7 +1104,8 @@ Ticket Client::RunAsync(std::function<absl::Status(const CallOptions&)> call_fn,
   options.trace = &ticket.recorder();
   absl::call_once(executor_once_,
                   [this] { executor_ = std::make_unique<Executor>(options_.async_threads); });
-  executor_->Schedule([ticket, options, call_fn = std::move(call_fn)] {
+  executor_->Schedule([this, ticket, options, call_fn = std::move(call_fn)] {
+    const ClientTrace::Call span(trace_.get(), nullptr, ticket.trace().queued);
     const Cancellation::Scope cancel_scope(options.cancel);
     absl::Status status = call_fn(options);
     ticket.recorder().Replied();

@@ -69,6 +69,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cc/client/cancellation.h"
+#include "cc/client/client_trace.h"
 #include "cc/client/executor.h"
 #include "cc/core/placement.h"
 #include "cc/client/ticket.h"
@@ -147,6 +148,15 @@ struct ClientOptions {
   // instance (a bare "host:port", as written by hand or by etcdctl).
   // Entries that name one are always checked, by the server reached.
   bool require_instance_id = false;
+
+  // --- tracing (cc/client/client_trace.h, docs/operations.md "Traces") ---
+  // Writes every call and request of this client as Chrome trace /
+  // Perfetto JSON to this file on FlushTrace and when the client is
+  // destroyed. "": the PSERVER_TRACE environment variable's file, if set.
+  std::string trace_file;
+  // Events held in memory (the newest; older ones are dropped and counted).
+  // 0: PSERVER_TRACE_MAX_EVENTS if set, else 262144.
+  size_t trace_max_events = 0;
 };
 
 // A named tensor: a gradient to send, or a parameter to initialize. It holds
@@ -283,6 +293,12 @@ class Client {
   Ticket RunAsync(std::function<absl::Status(const CallOptions&)> call_fn,
                   const CallOptions& call = {});
 
+  // Writes the trace recorded so far (ClientOptions::trace_file); OK and
+  // nothing written when not tracing.
+  absl::Status FlushTrace();
+  // The client's trace (null when not tracing): Table's calls record into it.
+  ClientTrace* trace() const { return trace_.get(); }
+
   int num_servers() const { return placement_.num_servers(); }
   // How names and keys map to servers: etcd /placement's (read at connect)
   // or, without etcd, derived from N (JUMP, version 0).
@@ -328,10 +344,14 @@ class Client {
   // passed is DEADLINE_EXCEEDED, and nothing is sent.
   using StartCall =
       std::function<void(size_t i, Transport& transport, absl::Time deadline, Transport::Done)>;
-  // Each request started is reported to `trace` (if any) as sent.
+  // Each request started is reported to `trace` (if any) as sent; when the
+  // client traces, `describe` (if given) adds what request i carries to its
+  // span.
+  using DescribeRequest = std::function<void(size_t i, trace::Args& args)>;
   absl::Status RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
                               const StartCall& start, absl::Time deadline,
-                              TraceRecorder* trace = nullptr);
+                              TraceRecorder* trace = nullptr,
+                              const DescribeRequest& describe = nullptr);
   // RunWithRetries with one call per server: i is the server's index.
   absl::Status RunOnEveryServer(const StartCall& start, absl::Time deadline);
   // Control call `method` (transport.h) with the same `request` to every
@@ -340,6 +360,7 @@ class Client {
   absl::StatusOr<std::vector<Response>> CallEveryServer(absl::string_view method,
                                                         const google::protobuf::Message& request,
                                                         const CallOptions& call) {
+    const ClientTrace::Call span(trace_.get(), method);
     const Cancellation::Scope cancel_scope(call.cancel);
     std::vector<Response> responses(num_servers());
     absl::Status status = RunOnEveryServer(
@@ -469,6 +490,7 @@ class Client {
   // each, runs them all in parallel and places every returned block.
   absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
                    absl::Time deadline, TraceRecorder* trace);
+  static void DescribeExchange(const Exchange& x, const RequestId& id, trace::Args& args);
   // DATA_LOSS naming the first parameter some of whose blocks never came.
   static absl::Status CheckComplete(const std::vector<Assembly>& assemblies);
   // Copies one returned block into its parameter's output.
@@ -476,6 +498,8 @@ class Client {
                           const std::string& from);
 
   const ClientOptions options_;
+  // Destroyed last (written then), after every call and transport is done.
+  std::unique_ptr<ClientTrace> trace_;
   Placement placement_;  // set before Connect returns, then constant
   std::atomic<uint64_t> etcd_placement_version_{0};
   mutable absl::Mutex transports_mu_;

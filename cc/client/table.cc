@@ -134,6 +134,7 @@ absl::Status Table::Pull(absl::Span<const uint64_t> keys, absl::Span<char> out,
 absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out,
                            const std::string& worker, int64_t clock,
                            const CallOptions& call) const {
+  const ClientTrace::Call span(client_->trace(), "TablePull");
   const Cancellation::Scope cancel_scope(call.cancel);
   const size_t row = row_bytes();
   if (out.size() != keys.size() * row) {
@@ -156,7 +157,9 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         t.Call("TablePull", requests[i], &responses[i], deadline, std::move(done));
       },
-      client_->Deadline(call), call.trace));
+      client_->Deadline(call), call.trace, [&](size_t i, trace::Args& args) {
+        args.Add("table", name_).Add("keys", split.parts[i].keys.size());
+      }));
   RecordServerTimes(responses, call.trace);
   std::string widened;
   for (size_t i = 0; i < split.parts.size(); ++i) {
@@ -195,6 +198,7 @@ absl::Status Table::Push(absl::Span<const uint64_t> keys, absl::string_view grad
 absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view grads,
                            const std::string& worker, int64_t clock,
                            const CallOptions& call) const {
+  const ClientTrace::Call span(client_->trace(), "TablePush");
   const Cancellation::Scope cancel_scope(call.cancel);
   size_t row = row_bytes();
   if (grads.size() != keys.size() * row) {
@@ -239,7 +243,10 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         t.Call("TablePush", requests[i], &responses[i], deadline, std::move(done));
       },
-      client_->Deadline(call), call.trace));
+      client_->Deadline(call), call.trace, [&](size_t i, trace::Args& args) {
+        args.Add("table", name_).Add("keys", split.parts[i].keys.size());
+        args.AddHex("client_id", requests[i].client_id()).Add("sequence", requests[i].sequence());
+      }));
   RecordServerTimes(responses, call.trace);
   return absl::OkStatus();
 }

@@ -452,6 +452,8 @@ absl::StatusOr<uint64_t> ReshardTable(const std::string& name, const TableParts&
       out.set_evictions(out.evictions() + in.evictions());
       out.set_keys_pulled(out.keys_pulled() + in.keys_pulled());
       out.set_keys_pushed(out.keys_pushed() + in.keys_pushed());
+      out.set_admissions(out.admissions() + in.admissions());
+      out.set_admission_refusals(out.admission_refusals() + in.admission_refusals());
     }
   }
   const uint64_t capacity = out.config().eviction().capacity();

@@ -417,14 +417,20 @@ bool SparseTable::Sight(Shard& shard, uint64_t key, uint64_t call) {
   auto it = shard.pending.find(key);
   if (it == shard.pending.end()) {
     AddPending(shard, key, 1, call);
+    admission_refusals_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
   PendingEntry& e = it->second;
-  if (e.last_call == call) return false;  // this call has sighted it already
+  if (e.last_call == call || ++e.count < admission_count_) {
+    // Not this call's first sighting of the key, or short of admission.
+    e.last_call = call;
+    admission_refusals_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   e.last_call = call;
-  if (++e.count < admission_count_) return false;
   shard.pending.erase(it);
   pending_.fetch_sub(1, std::memory_order_relaxed);
+  admissions_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -712,6 +718,8 @@ v1::TableStats SparseTable::Stats() const {
   stats.set_rows(rows);
   stats.set_bytes(rows * (static_cast<uint64_t>(dim_) + state_per_row_) * element_size_);
   stats.set_evictions(evictions_.load(std::memory_order_relaxed));
+  stats.set_admissions(admissions_.load(std::memory_order_relaxed));
+  stats.set_admission_refusals(admission_refusals_.load(std::memory_order_relaxed));
   stats.set_pending_keys(pending_.load(std::memory_order_relaxed));
   stats.set_keys_pulled(keys_pulled_.load(std::memory_order_relaxed));
   stats.set_keys_pushed(keys_pushed_.load(std::memory_order_relaxed));
@@ -761,6 +769,8 @@ std::string SparseTable::Serialize() const {
   snap.set_pending_keys(std::move(pending_keys));
   snap.set_pending_counts(std::move(pending_counts));
   snap.set_evictions(evictions_.load(std::memory_order_relaxed));
+  snap.set_admissions(admissions_.load(std::memory_order_relaxed));
+  snap.set_admission_refusals(admission_refusals_.load(std::memory_order_relaxed));
   snap.set_keys_pulled(keys_pulled_.load(std::memory_order_relaxed));
   snap.set_keys_pushed(keys_pushed_.load(std::memory_order_relaxed));
   return snap.SerializeAsString();
@@ -851,6 +861,8 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Deserialize(absl::stri
     table->AddPending(shard, key, count, /*call=*/0);
   }
   table->evictions_.store(snap.evictions(), std::memory_order_relaxed);
+  table->admissions_.store(snap.admissions(), std::memory_order_relaxed);
+  table->admission_refusals_.store(snap.admission_refusals(), std::memory_order_relaxed);
   table->keys_pulled_.store(snap.keys_pulled(), std::memory_order_relaxed);
   table->keys_pushed_.store(snap.keys_pushed(), std::memory_order_relaxed);
   return table;

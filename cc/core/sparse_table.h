@@ -134,7 +134,8 @@ class SparseTable {
 
   // name, rows, bytes (values + optimizer state of held rows), evictions,
   // pending_keys, keys_pulled, keys_pushed (keys as listed in accepted
-  // calls, duplicates included). Leaves min_clock/workers unset.
+  // calls, duplicates included), admissions and admission_refusals (a push's
+  // sighting of a key short of admission). Leaves min_clock/workers unset.
   v1::TableStats Stats() const;
 
   // Checkpoint payload: a serialized v1::SparseTableSnapshot of every row
@@ -241,6 +242,8 @@ class SparseTable {
   std::atomic<uint64_t> rows_{0};
   std::atomic<uint64_t> pending_{0};
   std::atomic<uint64_t> evictions_{0};
+  std::atomic<uint64_t> admissions_{0};
+  std::atomic<uint64_t> admission_refusals_{0};
   std::atomic<uint64_t> keys_pulled_{0};
   std::atomic<uint64_t> keys_pushed_{0};
   std::atomic<uint64_t> calls_{0};

@@ -411,6 +411,8 @@ TEST(SparseTableTest, AdmissionWaitsForNSightings) {
   EXPECT_EQ(stats.rows(), 0u);
   EXPECT_EQ(stats.pending_keys(), 1u);
   EXPECT_EQ(stats.bytes(), 0u);
+  EXPECT_EQ(stats.admissions(), 0u);
+  EXPECT_EQ(stats.admission_refusals(), 1u);  // the push's gradient; a read refuses nothing
   ASSERT_OK(Push<float>(*table, {42, 42}, {1, 1, 2, 2}));  // sighting 3: admitted, applied
   std::vector<float> row = Pull(*table, {42});
   EXPECT_FLOAT_EQ(row[0], initial[0] + 3);
@@ -419,6 +421,12 @@ TEST(SparseTableTest, AdmissionWaitsForNSightings) {
   EXPECT_EQ(stats.rows(), 1u);
   EXPECT_EQ(stats.pending_keys(), 0u);
   EXPECT_EQ(stats.bytes(), 8u);
+  EXPECT_EQ(stats.admissions(), 1u);
+  EXPECT_EQ(stats.admission_refusals(), 1u);
+  ASSERT_OK(Push<float>(*table, {42, 7}, {1, 1, 1, 1}));  // 42 has a row; 7 is refused
+  stats = table->Stats();
+  EXPECT_EQ(stats.admissions(), 1u);
+  EXPECT_EQ(stats.admission_refusals(), 2u);
 }
 
 TEST(SparseTableTest, PullsOfUnknownKeysCreateNoRowsAndReadTheInitialValue) {
@@ -461,6 +469,8 @@ TEST(SparseTableTest, ReadsCountSightingsButOnlyAPushAdmits) {
   EXPECT_THAT(Pull(*table, {5}), ElementsAre(2));
   EXPECT_EQ(table->Stats().rows(), 1u);
   EXPECT_EQ(table->Stats().pending_keys(), 0u);
+  EXPECT_EQ(table->Stats().admissions(), 1u);
+  EXPECT_EQ(table->Stats().admission_refusals(), 0u);
 }
 
 TEST(SparseTableTest, PendingKeysAreBoundedDroppingTheOldest) {

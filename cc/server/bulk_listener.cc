@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -16,6 +17,7 @@
 #include "cc/core/status_macros.h"
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/service.h"
+#include "cc/trace/trace.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 
@@ -268,6 +270,10 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
                                       const std::optional<Principal>& principal) {
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
+  // Stages: the frame (header read to reply written), receiving its payload
+  // (and decoding it), applying it (the dispatcher's spans), writing the reply.
+  trace::Span frame(dispatcher_->trace(), "bulk frame", "server");
+  std::optional<trace::Span> stage(std::in_place, dispatcher_->trace(), "receive", "server");
   ReplyHeader reply;
   const absl::Time received = absl::Now();
   reply.received_unix_nanos = absl::ToUnixNanos(received);
@@ -303,6 +309,7 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
     PS_RETURN_IF_ERROR(stream.Read(reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin())),
                                    payload.size()));
     grpc::ByteBuffer request(&payload, 1);
+    stage.reset();
     if (header->timeout_micros > 0 &&
         absl::Now() > received + absl::Microseconds(header->timeout_micros)) {
       status = absl::DeadlineExceededError("the call's deadline passed before it was served");
@@ -311,6 +318,15 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
     }
   }
   reply.processed_unix_nanos = absl::ToUnixNanos(absl::Now());
+  if (frame.active()) {
+    frame.set_args(trace::Args()
+                       .Add("method", MethodName(header->method))
+                       .Add("call_id", header->call_id)
+                       .Add("bytes", held)
+                       .Add("status", absl::StatusCodeToString(status.code()))
+                       .json());
+  }
+  stage.emplace(dispatcher_->trace(), "write reply", "server");
   std::vector<grpc::Slice> slices;
   std::vector<absl::string_view> parts;
   if (status.ok() && response.Dump(&slices).ok()) {

@@ -272,6 +272,11 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
     metrics->Finish(status, start, status.ok() ? response->ByteSizeLong() : 0);
     done(std::move(status));
   };
+  std::shared_ptr<std::atomic<bool>> returned;  // set once run() returned: traced calls only
+  if (trace::Recorder* recorder = trace(); recorder != nullptr) {
+    returned = std::make_shared<std::atomic<bool>>(false);
+    done = TraceCall(recorder, *method, request, returned, std::move(done));
+  }
   if (method->writes && fence_.load(std::memory_order_acquire) != nullptr) {
     // Checked again once applied, before the success is answered (and
     // counted): a server that lost its index meanwhile acknowledges nothing.
@@ -280,7 +285,33 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
       done(std::move(result));
     };
   }
-  return method->run(request, response, call, std::move(done));
+  CancelWait cancel = method->run(request, response, call, std::move(done));
+  if (returned != nullptr) returned->store(true, std::memory_order_release);
+  return cancel;
+}
+
+Dispatcher::Done Dispatcher::TraceCall(trace::Recorder* recorder, const Method& method,
+                                       const protobuf::Message& request,
+                                       std::shared_ptr<std::atomic<bool>> returned, Done done) {
+  // A call that waits (Barrier, a consistent TablePull) ends later, maybe on
+  // another thread, while its first thread serves others: its span goes to
+  // the "waiting calls" lanes.
+  trace::Args args;
+  if (const auto* push = dynamic_cast<const v1::TablePushRequest*>(&request)) {
+    args.Add("table", push->table()).AddHex("client_id", push->client_id());
+    args.Add("sequence", push->sequence());
+  }
+  return [this, recorder, name = method.descriptor->name(), args = std::move(args),
+          start = trace::NowMicros(), tid = trace::Recorder::ThreadTrack(),
+          returned = std::move(returned), done = std::move(done)](absl::Status status) mutable {
+    args.Add("status", absl::StatusCodeToString(status.code()));
+    const int64_t end = trace::NowMicros();
+    const bool waited = returned->load(std::memory_order_acquire);
+    if (waited) args.Add("waited", 1);
+    recorder->Complete(name, "server", start, end,
+                       waited ? waiting_lanes_.Place(*recorder, start, end) : tid, args.json());
+    done(std::move(status));
+  };
 }
 
 absl::Status Dispatcher::ApplyWrite(absl::string_view name, absl::string_view request_bytes) {
@@ -354,6 +385,7 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
 
 absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads) {
   const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "apply push", "server");
   uint64_t bytes = 0;
   for (const GradientView& grad : grads) bytes += grad.content.size() + grad.indices.size();
   push_metrics_->received_bytes.Add(bytes);
@@ -364,13 +396,23 @@ absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView
   }
   if (status.ok()) status = CheckWrite();  // applied, but acknowledged only if still ours
   push_metrics_->Finish(status, start);
+  if (span.active()) {
+    span.set_args(trace::Args()
+                      .AddHex("client_id", id.client)
+                      .Add("sequence", id.sequence)
+                      .Add("grads", grads.size())
+                      .Add("status", absl::StatusCodeToString(status.code()))
+                      .json());
+  }
   return status;
 }
 
 absl::Status Dispatcher::Read(absl::Span<const v1::ParamRef> refs, BlockReader reader) {
   const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "read", "server");
   uint64_t sent = 0;
   absl::Status status = ReadBlocks(refs, reader, &sent);
+  if (span.active()) span.set_args(trace::Args().Add("blocks", refs.size()).Add("bytes", sent).json());
   read_metrics_->Finish(status, start, sent);
   return status;
 }

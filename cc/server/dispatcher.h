@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,7 @@
 #include "cc/server/fence.h"
 #include "cc/server/reply_budget.h"
 #include "cc/server/request_metrics.h"
+#include "cc/trace/trace.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "pserver/v1/registry.pb.h"
@@ -201,6 +203,12 @@ class Dispatcher {
   // dispatcher), and nothing is served once it stepped down. Null: none
   // (no etcd: nothing else can hold the shard).
   void SetFence(Fence* fence) { fence_.store(fence, std::memory_order_release); }
+  Fence* fence() const { return fence_.load(std::memory_order_acquire); }  // null: none
+  // From now on every request's stages are recorded in `recorder` (not
+  // owned; outlives the dispatcher's calls; null: off), and so are the bulk
+  // listener's (--trace_file, cc/trace).
+  void SetTrace(trace::Recorder* recorder) { trace_.store(recorder, std::memory_order_release); }
+  trace::Recorder* trace() const { return trace_.load(std::memory_order_acquire); }
   // OK without a fence; the fence's verdict otherwise.
   absl::Status CheckWrite() const;
   uint32_t index() const { return index_.load(std::memory_order_relaxed); }
@@ -241,6 +249,12 @@ class Dispatcher {
 
   // Runs `apply` unless the push (client_id, sequence) was applied before;
   // client_id 0 is not tracked.
+  // `done`, wrapped to record the call's span (from now until it is
+  // called): on this thread's track when it is called before `*returned`
+  // is set (the call did not wait), else on the "waiting calls" lanes.
+  Done TraceCall(trace::Recorder* recorder, const Method& method,
+                 const google::protobuf::Message& request,
+                 std::shared_ptr<std::atomic<bool>> returned, Done done);
   absl::Status ApplyOnce(uint64_t client_id, uint64_t sequence,
                          absl::FunctionRef<absl::Status()> apply);
   // Read, adding the content bytes delivered to `sent`.
@@ -256,6 +270,8 @@ class Dispatcher {
   const absl::Time started_ = absl::Now();
   std::atomic<bool> serving_{true};
   std::atomic<Fence*> fence_{nullptr};
+  std::atomic<trace::Recorder*> trace_{nullptr};
+  trace::Lanes waiting_lanes_{uint32_t{1} << 30, "waiting calls"};
   AppliedSequences applied_;
   absl::Mutex apply_mu_;
   std::atomic<uint64_t> pushes_applied_{0};

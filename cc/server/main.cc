@@ -196,6 +196,13 @@ ABSL_FLAG(uint64_t, metrics_max_request_bytes, 8192,
 ABSL_FLAG(double, metrics_io_timeout_seconds, 10,
           "Seconds a /metrics client may take to send its request, and to read the reply.");
 
+// --- traces (docs/operations.md "Traces") ---
+ABSL_FLAG(std::string, trace_file, "",
+          "Write every request's stages as Chrome trace / Perfetto JSON to this file at "
+          "shutdown; empty: off.");
+ABSL_FLAG(uint64_t, trace_max_events, uint64_t{1} << 18,
+          "Trace events kept in memory (the newest; older ones are dropped); at least 1.");
+
 ABSL_FLAG(uint64_t, drop_reply_after_apply_every_n, 0,
           "Testing only: answer every n-th applied push UNAVAILABLE as if its reply were lost.");
 
@@ -321,6 +328,8 @@ pserver::ServerOptions OptionsFromFlags() {
     http.io_timeout = absl::Seconds(absl::GetFlag(FLAGS_metrics_io_timeout_seconds));
     options.metrics_http = http;
   }
+  options.trace_file = absl::GetFlag(FLAGS_trace_file);
+  options.trace_max_events = absl::GetFlag(FLAGS_trace_max_events);
   return options;
 }
 

@@ -271,6 +271,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->dispatcher_ = std::make_unique<Dispatcher>(&server->store_, &server->tables_,
                                                      options.index, std::move(hooks));
+  if (!options.trace_file.empty()) {
+    trace::RecorderOptions trace;
+    trace.path = options.trace_file;
+    trace.max_events = options.trace_max_events;
+    // With etcd the index is claimed later: the file's pid tells servers apart.
+    trace.process_name = options.etcd_endpoints.empty()
+                             ? absl::StrCat("pserver server ", options.index)
+                             : "pserver server";
+    PS_ASSIGN_OR_RETURN(server->trace_, trace::Recorder::Open(trace));
+    server->dispatcher_->SetTrace(server->trace_.get());
+  }
   AuthOptions auth;
   auth.job = options.job;
   auth.tokens_file = options.auth_tokens_file;
@@ -470,6 +481,7 @@ absl::Status Server::Register() {
       if (*claimed) {
         index_ = i;
         epoch_ = next->config.epoch();
+        shard_epoch_.store(epoch_, std::memory_order_relaxed);  // for the metrics
         shard_config_value_ = next->value;
         Log(absl::StrCat("claimed index ", i, " of ", desired, " at ", etcd_options.prefix, key,
                          " (lease ", registration_->lease(), ", epoch ", epoch_, ")"));
@@ -974,6 +986,12 @@ void Server::Shutdown(absl::Duration grace) {
   // Frees the index at once for a replacement.
   if (registration_ != nullptr) registration_->Release();
   if (metrics_http_ != nullptr) metrics_http_->Stop();
+  if (trace_ != nullptr) {
+    const absl::Status written = trace_->Flush();
+    Log(written.ok() ? absl::StrCat("wrote trace ", trace_->path(), " (", trace_->recorded() - trace_->dropped(), " events, ", trace_->dropped(), " dropped)")
+                     : written.ToString(),
+        written.ok() ? log::Level::kInfo : log::Level::kError);
+  }
 }
 
 // ---- health and metrics -------------------------------------------------------------
@@ -1010,7 +1028,19 @@ absl::Status Server::StartMetrics() {
   sources.cluster = options_.cluster;
   sources.healthy = [this] { return Healthy(); };
   if (!options_.checkpoint_dir.empty()) sources.checkpoints = &checkpoint_metrics_;
-  if (!options_.etcd_endpoints.empty()) sources.etcd = [this] { return EtcdState(); };
+  if (!options_.etcd_endpoints.empty()) {
+    sources.etcd = [this] { return EtcdState(); };
+    sources.shard = [this] {
+      ShardState shard;
+      shard.epoch = shard_epoch_.load(std::memory_order_relaxed);
+      if (Fence* fence = dispatcher_->fence(); fence != nullptr) {
+        shard.fenced = true;
+        shard.confirmed = fence->Confirmed();
+        shard.stepped_down = fence->stepped_down();
+      }
+      return shard;
+    };
+  }
   AddServerCollectors(std::move(sources), &metrics_registry_);
   PS_ASSIGN_OR_RETURN(metrics_http_, metrics::MetricsHttpListener::Start(
                                          *options_.metrics_http, [this] {

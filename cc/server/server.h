@@ -40,6 +40,7 @@
 #include "cc/rpc/transport_limits.h"
 #include "cc/security/tls.h"
 #include "cc/server/server_metrics.h"
+#include "cc/trace/trace.h"
 #include "pserver/v1/registry.pb.h"
 
 namespace grpc {
@@ -189,6 +190,13 @@ struct ServerOptions {
   // Set: GET /metrics is served on metrics_http->host:port (127.0.0.1 unless
   // asked), with its limits (docs/limits.md). Unset: off.
   std::optional<metrics::MetricsHttpOptions> metrics_http;
+
+  // --- traces (cc/trace; docs/operations.md "Traces") ---
+  // Set: every request's stages (bulk frame, receive, apply, read, write
+  // reply; control calls) are written as Chrome trace JSON to this file at
+  // Shutdown. The newest trace_max_events are kept in memory (>= 1).
+  std::string trace_file;
+  size_t trace_max_events = size_t{1} << 18;
 };
 
 // The thread cap when ServerOptions::max_threads is 0.
@@ -328,6 +336,9 @@ class Server {
   void StepDown(const std::string& reason);
 
   const ServerOptions options_;
+  // Outlives every part that records into it (declared first); written at
+  // Shutdown.
+  std::unique_ptr<trace::Recorder> trace_;
   ParameterStore store_;
   Tables tables_;
   std::unique_ptr<Dispatcher> dispatcher_;
@@ -362,6 +373,7 @@ class Server {
   // The epoch claimed and /shards/<index_>'s value as this server wrote it
   // (what a checkpoint publish compares against).
   uint64_t epoch_ = 0;
+  std::atomic<uint64_t> shard_epoch_{0};  // epoch_, for the metrics thread
   std::string shard_config_value_;
   std::unique_ptr<Fence> fence_;  // with etcd only
 

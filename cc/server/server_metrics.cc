@@ -24,7 +24,7 @@ using metrics::Type;
 // Workers per table whose clocks are exported (the slowest): bounds a scrape.
 constexpr size_t kMaxWorkerSeries = 256;
 
-void Gauge(TextWriter& out, const char* name, const char* help, double value,
+void Gauge(TextWriter& out, absl::string_view name, const char* help, double value,
            const metrics::Labels& labels = {}) {
   out.Family(name, help, Type::kGauge);
   out.Sample(name, labels, value);
@@ -124,6 +124,13 @@ void CollectTables(const Tables& tables, TextWriter& out) {
        [](const v1::TableStats& t) { return static_cast<double>(t.pending_keys()); }},
       {"pserver_table_evictions_total", "Rows evicted (TTL and capacity), by table.",
        Type::kCounter, [](const v1::TableStats& t) { return static_cast<double>(t.evictions()); }},
+      {"pserver_table_admissions_total",
+       "Keys admitted (given a row on their admission_count-th sighting), by table.",
+       Type::kCounter,
+       [](const v1::TableStats& t) { return static_cast<double>(t.admissions()); }},
+      {"pserver_table_admission_refusals_total",
+       "Pushed keys whose gradient was dropped: not admitted yet, by table.", Type::kCounter,
+       [](const v1::TableStats& t) { return static_cast<double>(t.admission_refusals()); }},
       {"pserver_table_keys_pulled_total", "Keys pulled, by table (rate(): keys/s).",
        Type::kCounter,
        [](const v1::TableStats& t) { return static_cast<double>(t.keys_pulled()); }},
@@ -211,18 +218,39 @@ CheckpointTimer::~CheckpointTimer() {
   }
 }
 
+namespace {
+
+void CollectShard(const ShardState& shard, TextWriter& out) {
+  Gauge(out, "pserver_shard_epoch",
+        "The epoch of this server's claim on its shard (/shards/<index>); 0: not claimed yet.",
+        static_cast<double>(shard.epoch));
+  if (shard.fenced) {
+    Gauge(out, "pserver_fence_confirmed",
+          "1 while the lease confirms this server's index: writes are acknowledged.",
+          shard.confirmed ? 1 : 0);
+    Gauge(out, "pserver_fence_stepped_down",
+          "1 once this server stepped down for good (another server holds its shard).",
+          shard.stepped_down ? 1 : 0);
+  }
+}
+
+}  // namespace
+
 void CollectProcess(TextWriter& out) {
   std::ifstream file("/proc/self/status");
   const std::string status((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   const std::string text = absl::StrCat("\n", status);
   const int64_t rss_kb = ProcStatusField(text, "VmRSS");
   const int64_t threads = ProcStatusField(text, "Threads");
-  if (rss_kb >= 0) {
-    Gauge(out, "process_resident_memory_bytes", "Resident memory size in bytes.",
-          static_cast<double>(rss_kb) * 1024);
-  }
-  if (threads >= 0) {
-    Gauge(out, "process_threads", "Threads of the process.", static_cast<double>(threads));
+  for (const char* prefix : {"", "pserver_"}) {
+    if (rss_kb >= 0) {
+      Gauge(out, absl::StrCat(prefix, "process_resident_memory_bytes"),
+            "Resident memory size in bytes.", static_cast<double>(rss_kb) * 1024);
+    }
+    if (threads >= 0) {
+      Gauge(out, absl::StrCat(prefix, "process_threads"), "Threads of the process.",
+            static_cast<double>(threads));
+    }
   }
   if (DIR* dir = opendir("/proc/self/fd"); dir != nullptr) {
     int64_t fds = 0;
@@ -256,6 +284,7 @@ void AddServerCollectors(ServerMetricsSources sources, metrics::Registry* regist
     CollectTables(*s.tables, out);
     if (s.checkpoints != nullptr) CollectCheckpoints(*s.checkpoints, out);
     if (s.etcd) CollectEtcd(s.etcd(), out);
+    if (s.shard) CollectShard(s.shard(), out);
     CollectProcess(out);
   });
 }

@@ -60,11 +60,20 @@ struct EtcdSessionState {
   uint64_t leases_lost = 0;
 };
 
+// The shard this server holds, as the metrics show it (with etcd).
+struct ShardState {
+  uint64_t epoch = 0;          // of the claim on /shards/<index>; 0: not claimed yet
+  bool fenced = false;         // a write fence is in force (after the claim)
+  bool confirmed = false;      // the fence confirms the index now (writes are acknowledged)
+  bool stepped_down = false;   // for good (another server took the shard)
+};
+
 struct ServerMetricsSources {
   const Dispatcher* dispatcher = nullptr;  // required
   const Tables* tables = nullptr;          // required
   const CheckpointMetrics* checkpoints = nullptr;  // null: no checkpoint families
   std::function<EtcdSessionState()> etcd;         // null: no etcd families
+  std::function<ShardState()> shard;              // null: no epoch or fence families
   std::function<bool()> healthy;                  // what the health service says
   std::string cluster;
 };
@@ -73,7 +82,9 @@ struct ServerMetricsSources {
 void AddServerCollectors(ServerMetricsSources sources, metrics::Registry* registry);
 
 // process_resident_memory_bytes, process_threads, process_open_fds and
-// process_max_fds, from /proc/self (the names Prometheus's own clients use).
+// process_max_fds, from /proc/self (the names Prometheus's own clients use),
+// and the first two again as pserver_process_resident_memory_bytes and
+// pserver_process_threads (every family of the server under pserver_).
 void CollectProcess(metrics::TextWriter& out);
 
 }  // namespace pserver

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cc/client/client.h"
+#include "cc/core/table_keys.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/metrics/http_client.h"
 #include "cc/server/server.h"
@@ -131,8 +132,17 @@ TEST(ServerMetricsTest, CountsRequestsAndCheckpointsAsTheyHappen) {
   ASSERT_TRUE(rss && threads) << page;
   EXPECT_GT(*rss, 1 << 20);
   EXPECT_GT(*threads, 1);
-  // No etcd: no etcd families.
+  // The same under pserver_ names.
+  const std::optional<double> pserver_rss =
+      SampleValue(page, "pserver_process_resident_memory_bytes");
+  const std::optional<double> pserver_threads = SampleValue(page, "pserver_process_threads");
+  ASSERT_TRUE(pserver_rss && pserver_threads) << page;
+  EXPECT_GT(*pserver_rss, 1 << 20);
+  EXPECT_GT(*pserver_threads, 1);
+  // No etcd: no etcd, epoch or fence families.
   EXPECT_EQ(page.find("pserver_etcd_"), std::string::npos);
+  EXPECT_EQ(page.find("pserver_shard_epoch"), std::string::npos);
+  EXPECT_EQ(page.find("pserver_fence_"), std::string::npos);
 
   // More pushes show at the next scrape.
   ASSERT_OK(client->SendGrad("w", grad));
@@ -202,6 +212,32 @@ TEST(ServerMetricsTest, TablesShowRowsKeysAndEachWorkersClockLag) {
             3);
   EXPECT_EQ(SampleValue(page, "pserver_requests_total{method=\"Clock\"}"), 7);
   EXPECT_EQ(SampleValue(page, "pserver_requests_total{method=\"CreateTable\"}"), 1);
+  EXPECT_EQ(SampleValue(page, "pserver_table_admissions_total{table=\"emb\"}"), 0);
+  EXPECT_EQ(SampleValue(page, "pserver_table_admission_refusals_total{table=\"emb\"}"), 0);
+}
+
+TEST(ServerMetricsTest, AdmissionsAndRefusalsAreCountedPerTable) {
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(WithMetrics()));
+  v1::CreateTableRequest create;
+  create.set_name("adm");
+  create.mutable_config()->set_dim(1);
+  create.mutable_config()->mutable_eviction()->set_admission_count(2);
+  v1::CreateTableResponse created;
+  ASSERT_OK(CallControl(*server, "CreateTable", create, &created));
+  // Keys 1 and 2 are sighted (their gradients dropped), then 1 is admitted.
+  for (const std::vector<uint64_t>& keys : {std::vector<uint64_t>{1, 2}, std::vector<uint64_t>{1}}) {
+    v1::TablePushRequest push;
+    push.set_table("adm");
+    push.set_keys(EncodeKeys(keys));
+    push.set_values(std::string(keys.size() * sizeof(float), '\0'));
+    v1::TablePushResponse pushed;
+    ASSERT_OK(CallControl(*server, "TablePush", push, &pushed));
+  }
+  ASSERT_OK_AND_ASSIGN(std::string page, Scrape(*server));
+  EXPECT_EQ(SampleValue(page, "pserver_table_admissions_total{table=\"adm\"}"), 1) << page;
+  EXPECT_EQ(SampleValue(page, "pserver_table_admission_refusals_total{table=\"adm\"}"), 2);
+  EXPECT_EQ(SampleValue(page, "pserver_table_rows{table=\"adm\"}"), 1);
+  EXPECT_EQ(SampleValue(page, "pserver_table_pending_keys{table=\"adm\"}"), 1);
 }
 
 // A gradient with a NaN, sent past the client's own check (SendGrad straight
@@ -281,6 +317,11 @@ TEST(ServerHealthTest, NotServingWhileWaitingForAnEtcdIndex) {
   ASSERT_OK_AND_ASSIGN(std::string page, Scrape(*first));
   EXPECT_EQ(SampleValue(page, "pserver_etcd_registered"), 1) << page;
   EXPECT_EQ(SampleValue(page, "pserver_etcd_registrations_total"), 1);
+  const std::optional<double> first_epoch = SampleValue(page, "pserver_shard_epoch");
+  ASSERT_TRUE(first_epoch.has_value()) << page;
+  EXPECT_GE(*first_epoch, 1);
+  EXPECT_EQ(SampleValue(page, "pserver_fence_confirmed"), 1);
+  EXPECT_EQ(SampleValue(page, "pserver_fence_stepped_down"), 0);
 
   // The second finds the only index taken and waits; meanwhile its gRPC port
   // answers NOT_SERVING. Its port is fixed so the test can reach it.
@@ -309,6 +350,11 @@ TEST(ServerHealthTest, NotServingWhileWaitingForAnEtcdIndex) {
   starter.join();
   ASSERT_OK(second);
   EXPECT_EQ(CheckHealth(second_address), HealthCheckResponse::SERVING);
+  // Its claim on the shard is a newer epoch.
+  ASSERT_OK_AND_ASSIGN(page, Scrape(**second));
+  const std::optional<double> second_epoch = SampleValue(page, "pserver_shard_epoch");
+  ASSERT_TRUE(second_epoch.has_value()) << page;
+  EXPECT_GT(*second_epoch, *first_epoch);
 }
 
 }  // namespace

@@ -29,17 +29,18 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def start_pservers(n: int, folder, procs: List[subprocess.Popen],
-                   timeout: float = 60) -> List[str]:
+                   timeout: float = 60, extra=lambda i: ()) -> List[str]:
     """Starts `n` pserver processes (indices 0 .. n-1, free ports picked by
-    the servers) appending each to `procs` (the caller stops them, also when
-    this raises), and returns their addresses in index order once every one
-    says it is listening (at most `timeout` seconds)."""
+    the servers, with the flags `extra(i)`) appending each to `procs` (the
+    caller stops them, also when this raises), and returns their addresses
+    in index order once every one says it is listening (at most `timeout`
+    seconds)."""
     logs = [os.path.join(str(folder), f"pserver{i}.log") for i in range(n)]
     for i, path in enumerate(logs):
         with open(path, "wb") as log:
             procs.append(subprocess.Popen(
                 [PSERVER, "--host=127.0.0.1", "--port=0", f"--index={i}",
-                 "--shutdown_grace_seconds=1"],
+                 "--shutdown_grace_seconds=1", *extra(i)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     deadline = time.monotonic() + timeout
     addresses: List[str] = []
