@@ -391,7 +391,8 @@ int main(int argc, char** argv) {
   // Variables clients and test helpers read (PSERVER_TRACE: a client's trace
   // file; PSERVER_BINARY: where tests find this binary): not flags, not
   // worth a warning when a server inherits them.
-  constexpr absl::string_view kClientVariables[] = {"PSERVER_TRACE", "PSERVER_BINARY"};
+  constexpr absl::string_view kClientVariables[] = {"PSERVER_TRACE", "PSERVER_TRACE_MAX_EVENTS",
+                                                    "PSERVER_BINARY"};
   for (const std::string& variable : from_environment->unknown) {
     if (std::find(std::begin(kClientVariables), std::end(kClientVariables), variable) !=
         std::end(kClientVariables)) {
