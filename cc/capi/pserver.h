@@ -112,7 +112,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define PSERVER_VERSION_MAJOR 0
-#define PSERVER_VERSION_MINOR 5
+#define PSERVER_VERSION_MINOR 6
 #define PSERVER_VERSION_PATCH 0
 
 /* "0.5.0": the library's version (which may be newer than this header's).
@@ -149,7 +149,10 @@ extern "C" {
  *          of checkpoints (pserver_checkpoint_reshard). Changed: a
  *          server's /ps/<idx> value, as pserver_etcd_get returns it, is
  *          "host:port instance=<id>" (a bare "host:port" before); readers
- *          take the address up to the first space. */
+ *          take the address up to the first space.
+ *   0.6.0: additive. A server with a metrics page appends
+ *          " metrics=host:port" to its /ps/<idx> value; added
+ *          pserver_etcd_server_value_parse, which reads every form. */
 PSERVER_EXPORT const char* pserver_version(void);
 
 /* ----------------------------------------------------------------- status */
