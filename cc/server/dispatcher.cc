@@ -162,6 +162,19 @@ void Dispatcher::AddControlMethods() {
         return absl::OkStatus();
       },
       /*needs_serving=*/false);
+  Sync<ListParamsRequest, ListParamsResponse>(
+      "ListParams", [this](const ListParamsRequest& request, ListParamsResponse* response) {
+        const uint32_t max = request.max_entries() == 0
+                                 ? kMaxListParamsEntries
+                                 : std::min(request.max_entries(), kMaxListParamsEntries);
+        for (v1::ParamListing& p : store_->List(request.page_token(), max)) {
+          *response->add_params() = std::move(p);
+        }
+        if (static_cast<uint32_t>(response->params_size()) == max) {
+          response->set_next_page_token(response->params(max - 1).name());
+        }
+        return absl::OkStatus();
+      });
   Sync<SaveRequest, SaveResponse>("Save", [this](const SaveRequest&, SaveResponse* response) {
     if (!hooks_.save) {
       return absl::FailedPreconditionError(

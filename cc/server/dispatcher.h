@@ -58,6 +58,10 @@
 namespace pserver {
 
 // What a Server adds beyond the store; every field optional.
+// The most parameters one ListParams reply lists (ListParamsRequest.max_entries
+// is capped to it; docs/limits.md).
+inline constexpr uint32_t kMaxListParamsEntries = 1000;
+
 struct DispatcherHooks {
   // Save: writes (and publishes) a checkpoint. Unset: FAILED_PRECONDITION.
   std::function<absl::StatusOr<v1::CheckpointRecord>()> save;
