@@ -19,6 +19,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"GetParamInfo", Role::kReader},   {"GetStats", Role::kReader},
     {"ListWorkers", Role::kReader},    {"TablePull", Role::kReader},
     {"TableStats", Role::kReader},     {"OpenChannel", Role::kReader},
+    {"ListParams", Role::kReader},
     {"InitParam", Role::kTrainer},     {"FinishInitParams", Role::kTrainer},
     {"SendGrad", Role::kTrainer},      {"SendGrads", Role::kTrainer},
     {"PushPull", Role::kTrainer},      {"CreateTable", Role::kTrainer},

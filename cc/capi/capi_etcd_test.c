@@ -267,6 +267,40 @@ static void test_etcd(void) {
   pserver_status_delete(st);
 }
 
+/* A server's /ps/<index> value: its address, instance id and metrics page. */
+static void test_etcd_server_value(void) {
+  pserver_status_t* st = pserver_status_new();
+  char address[64], instance[64], metrics[64];
+  EXPECT(pserver_etcd_server_value_parse("10.0.0.1:7000 instance=00ff metrics=10.0.0.1:9100",
+                                         address, sizeof address, instance, sizeof instance,
+                                         metrics, sizeof metrics, st) == 0);
+  EXPECT_OK(st);
+  EXPECT(streq(address, "10.0.0.1:7000"));
+  EXPECT(streq(instance, "00ff"));
+  EXPECT(streq(metrics, "10.0.0.1:9100"));
+  /* Older forms: the missing fields are "". */
+  EXPECT(pserver_etcd_server_value_parse("h:1 instance=ab", address, sizeof address, instance,
+                                         sizeof instance, metrics, sizeof metrics, st) == 0);
+  EXPECT(streq(address, "h:1") && streq(instance, "ab") && streq(metrics, ""));
+  EXPECT(pserver_etcd_server_value_parse("h:1", address, sizeof address, instance,
+                                         sizeof instance, metrics, sizeof metrics, st) == 0);
+  EXPECT(streq(address, "h:1") && streq(instance, "") && streq(metrics, ""));
+  /* Malformed, or a buffer too small: INVALID_ARGUMENT, nothing written. */
+  strcpy(address, "unchanged");
+  EXPECT(pserver_etcd_server_value_parse("h:1 instance=ab metrics=h:0", address, sizeof address,
+                                         instance, sizeof instance, metrics, sizeof metrics,
+                                         st) == -1);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "metrics= is not host:port");
+  EXPECT(pserver_etcd_server_value_parse("h:1 instance=ab", address, 3, instance,
+                                         sizeof instance, metrics, sizeof metrics, st) == -1);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "too small");
+  EXPECT(pserver_etcd_server_value_parse(NULL, address, sizeof address, instance,
+                                         sizeof instance, metrics, sizeof metrics, st) == -1);
+  EXPECT_STATUS(st, PSERVER_INVALID_ARGUMENT, "value is NULL");
+  EXPECT(streq(address, "unchanged"));
+  pserver_status_delete(st);
+}
+
 /* The etcd key layout: built and parsed by the library, needing no etcd. */
 static void test_etcd_keys(void) {
   pserver_status_t* st = pserver_status_new();
@@ -351,6 +385,7 @@ int main(void) {
   const char* tmp = getenv("TEST_TMPDIR");
   etcd_pid = start_etcd(tmp != NULL ? tmp : "/tmp", etcd_endpoint, sizeof etcd_endpoint);
   test_etcd_keys();
+  test_etcd_server_value();
   test_etcd();
   return capi_test_report("capi_etcd_test");
 }

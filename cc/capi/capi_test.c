@@ -20,7 +20,7 @@
 #include "cc/capi/pserver.h"
 
 static void test_version_and_codes(void) {
-  EXPECT(strcmp(pserver_version(), "0.5.0") == 0);
+  EXPECT(strcmp(pserver_version(), "0.6.0") == 0);
   /* The header's macros name the same version as the library. */
   char header_version[32];
   snprintf(header_version, sizeof header_version, "%d.%d.%d", PSERVER_VERSION_MAJOR,
@@ -271,6 +271,30 @@ static void exercise_client(pserver_client_t* client) {
   EXPECT(params >= 2); /* blocks held */
   EXPECT(pserver_client_stats(client, NULL, 0, sizeof stats[0], st) == n);
   EXPECT_OK(st);
+
+  /* The cluster's parameters, each once, in name order. */
+  pserver_param_list_t* list = pserver_client_list_params(client, st);
+  EXPECT_OK(st);
+  EXPECT(pserver_param_list_size(list) == 2);
+  size_t name_len = 0;
+  EXPECT(strncmp(pserver_param_list_name(list, 0, &name_len), "counts", 6) == 0 && name_len == 6);
+  EXPECT(strncmp(pserver_param_list_name(list, 1, &name_len), "w", 1) == 0 && name_len == 1);
+  EXPECT(pserver_param_list_name(list, 2, &name_len) == NULL && name_len == 0);
+  int32_t l_dtype = -1;
+  int64_t l_dims[4] = {0};
+  size_t l_ndim = 0;
+  uint32_t held = 0, count = 0;
+  const char* optimizer = NULL;
+  pserver_param_list_info(list, 1, &l_dtype, l_dims, 4, &l_ndim, &held, &count, &optimizer, st);
+  EXPECT_OK(st);
+  EXPECT(l_dtype == PSERVER_FLOAT32 && l_ndim == 2 && l_dims[0] == 2 && l_dims[1] == 3);
+  EXPECT(held == count && count >= 1 && strcmp(optimizer, "sgd") == 0);
+  pserver_param_list_info(list, 0, &l_dtype, NULL, 0, &l_ndim, NULL, NULL, &optimizer, st);
+  EXPECT(l_dtype == PSERVER_INT64 && l_ndim == 1 && strcmp(optimizer, "add") == 0);
+  pserver_param_list_info(list, 2, &l_dtype, NULL, 0, NULL, NULL, NULL, NULL, st);
+  EXPECT_STATUS(st, PSERVER_OUT_OF_RANGE, "entry 2 of a list of 2");
+  pserver_param_list_delete(list);
+  pserver_param_list_delete(NULL);
 
   pserver_batch_delete(bad);
   pserver_batch_delete(outs);

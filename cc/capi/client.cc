@@ -434,6 +434,53 @@ size_t pserver_client_stats(pserver_client_t* client, pserver_server_stats_t* ou
   return n;
 }
 
+pserver_param_list_t* pserver_client_list_params(pserver_client_t* client,
+                                                 pserver_status_t* status) {
+  const pserver::CallOptions call = CallOf(status);
+  pserver_param_list_t* list = nullptr;
+  Run(status, [&]() -> absl::Status {
+    PS_RETURN_IF_ERROR(Alive(client));
+    PS_ASSIGN_OR_RETURN(std::vector<pserver::v1::ParamListing> params,
+                        client->rep->ListParams(call));
+    list = new pserver_param_list_t{std::move(params)};
+    return absl::OkStatus();
+  });
+  return list;
+}
+
+size_t pserver_param_list_size(const pserver_param_list_t* list) {
+  return list == nullptr ? 0 : list->rep.size();
+}
+
+const char* pserver_param_list_name(const pserver_param_list_t* list, size_t i,
+                                    size_t* name_len) {
+  const bool in_range = list != nullptr && i < list->rep.size();
+  return pserver_capi::NameOut(in_range ? &list->rep[i].name() : nullptr, name_len);
+}
+
+void pserver_param_list_info(const pserver_param_list_t* list, size_t i, int32_t* dtype,
+                             int64_t* shape, size_t shape_capacity, size_t* ndim,
+                             uint32_t* blocks_held, uint32_t* block_count,
+                             const char** optimizer, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (list == nullptr) return pserver_capi::Null("list");
+    if (i >= list->rep.size()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("entry ", i, " of a list of ", list->rep.size(), " parameters"));
+    }
+    const pserver::v1::ParamListing& p = list->rep[i];
+    if (dtype != nullptr) *dtype = static_cast<int32_t>(p.type());
+    pserver_capi::WriteShape(pserver::Shape(p.shape().begin(), p.shape().end()), shape,
+                             shape_capacity, ndim);
+    if (blocks_held != nullptr) *blocks_held = p.blocks_held();
+    if (block_count != nullptr) *block_count = p.block_count();
+    if (optimizer != nullptr) *optimizer = p.optimizer().c_str();
+    return absl::OkStatus();
+  });
+}
+
+void pserver_param_list_delete(pserver_param_list_t* list) { delete list; }
+
 size_t pserver_client_health(pserver_client_t* client, int32_t* health_out, size_t capacity,
                              pserver_status_t* status) {
   const pserver::CallOptions call = CallOf(status);

@@ -148,6 +148,10 @@ struct pserver_local_cluster_t {
   std::shared_ptr<pserver_capi::ClusterState> state;
 };
 
+struct pserver_param_list_t {
+  std::vector<pserver::v1::ParamListing> rep;
+};
+
 struct pserver_checkpoint_reader_t {
   std::unique_ptr<pserver::CheckpointSet> rep;
 };

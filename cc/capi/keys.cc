@@ -144,3 +144,26 @@ int32_t pserver_etcd_key_parse(const char* cluster, const char* key, char* out, 
     return parsed.first;
   });
 }
+
+int32_t pserver_etcd_server_value_parse(const char* value, char* address, size_t address_size,
+                                        char* instance, size_t instance_size, char* metrics,
+                                        size_t metrics_size, pserver_status_t* status) {
+  return Run(status, int32_t{-1}, [&]() -> absl::StatusOr<int32_t> {
+    PS_RETURN_IF_ERROR(CheckString(value, "value"));
+    PS_ASSIGN_OR_RETURN(keys::ServerEntry entry, keys::ParseServerValue(value));
+    const std::pair<const std::string*, std::pair<char*, size_t>> fields[] = {
+        {&entry.address, {address, address_size}},
+        {&entry.instance_id, {instance, instance_size}},
+        {&entry.metrics_address, {metrics, metrics_size}},
+    };
+    for (const auto& [text, out] : fields) {
+      if (out.first == nullptr || out.second <= text->size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a buffer of ", out.first == nullptr ? 0 : out.second,
+                         " bytes is too small for '", *text, "' of server entry '", value, "'"));
+      }
+    }
+    for (const auto& [text, out] : fields) WriteTruncated(*text, out.first, out.second);
+    return 0;
+  });
+}

@@ -112,7 +112,7 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define PSERVER_VERSION_MAJOR 0
-#define PSERVER_VERSION_MINOR 5
+#define PSERVER_VERSION_MINOR 6
 #define PSERVER_VERSION_PATCH 0
 
 /* "0.5.0": the library's version (which may be newer than this header's).
@@ -149,7 +149,11 @@ extern "C" {
  *          of checkpoints (pserver_checkpoint_reshard). Changed: a
  *          server's /ps/<idx> value, as pserver_etcd_get returns it, is
  *          "host:port instance=<id>" (a bare "host:port" before); readers
- *          take the address up to the first space. */
+ *          take the address up to the first space.
+ *   0.6.0: additive. A server with a metrics page appends
+ *          " metrics=host:port" to its /ps/<idx> value; added
+ *          pserver_etcd_server_value_parse, which reads every form; and
+ *          pserver_client_list_params with pserver_param_list_*. */
 PSERVER_EXPORT const char* pserver_version(void);
 
 /* ----------------------------------------------------------------- status */
@@ -495,6 +499,31 @@ typedef struct pserver_server_stats_t {
 PSERVER_EXPORT size_t pserver_client_stats(pserver_client_t* client,
                                            pserver_server_stats_t* out, size_t capacity,
                                            size_t struct_size, pserver_status_t* status);
+
+/* The parameters of the cluster, each once, in name order (the ListParams
+ * RPC: every server is read a page of at most 1000 names at a time): a list
+ * read with pserver_param_list_* and freed with pserver_param_list_delete;
+ * NULL (status set) on failure. A parameter split into blocks over several
+ * servers is one entry, its blocks held summed over them. */
+typedef struct pserver_param_list_t pserver_param_list_t;
+PSERVER_EXPORT pserver_param_list_t* pserver_client_list_params(pserver_client_t* client,
+                                                                pserver_status_t* status);
+PSERVER_EXPORT size_t pserver_param_list_size(const pserver_param_list_t* list);
+/* Entry i's name, `*name_len` bytes (name_len may be NULL); NULL (and 0)
+ * when i is out of range or list is NULL. */
+PSERVER_EXPORT const char* pserver_param_list_name(const pserver_param_list_t* list, size_t i,
+                                                   size_t* name_len);
+/* Entry i's element type (PSERVER_FLOAT32, ...), shape (as
+ * pserver_client_param_info: the first shape_capacity dims, *ndim the
+ * rank), blocks held over all servers, blocks it is split into, and its
+ * optimizer kind ("sgd", "adam", ...: NUL-terminated, valid while the list
+ * lives). Any output may be NULL. OUT_OF_RANGE for i past the end. */
+PSERVER_EXPORT void pserver_param_list_info(const pserver_param_list_t* list, size_t i,
+                                            int32_t* dtype, int64_t* shape,
+                                            size_t shape_capacity, size_t* ndim,
+                                            uint32_t* blocks_held, uint32_t* block_count,
+                                            const char** optimizer, pserver_status_t* status);
+PSERVER_EXPORT void pserver_param_list_delete(pserver_param_list_t* list);
 
 /* gRPC's health check (grpc.health.v1.Health/Check, service ""), as
  * pserver_client_health reports it. */

@@ -299,7 +299,6 @@ PSERVER_EXPORT size_t pserver_etcd_kvs_value_size(const pserver_etcd_kvs_t* kvs,
  *   checkpoints/<shard> the newest good checkpoint of a shard (JSON)
  *   workers/<id>        a trainer's registration (JSON), under its lease
  *   shards/<shard>      a shard's epoch and holder (JSON), no lease
- *   shards/<shard>      a shard's epoch and holder (JSON), no lease
  * Indices are canonical decimal ("3", not "03" or "+3"). */
 typedef enum pserver_etcd_key_kind_t {
   PSERVER_ETCD_KEY_CLUSTER = 0,     /* "/pserver/C/", the prefix of them all */
@@ -330,6 +329,18 @@ PSERVER_EXPORT size_t pserver_etcd_key(int32_t kind, const char* cluster, const 
  * key outside the layout or the cluster, or an `out` too small. */
 PSERVER_EXPORT int32_t pserver_etcd_key_parse(const char* cluster, const char* key, char* out,
                                               size_t out_size, pserver_status_t* status);
+/* The fields of a server's /ps/<index> value, "host:port instance=<id>",
+ * that followed by " metrics=host:port" (a server with a metrics page), or a
+ * bare "host:port", each written NUL-terminated ("" for a field the value
+ * lacks) into a buffer of `*_size` bytes (strlen(value) + 1 always
+ * suffices). Returns 0. INVALID_ARGUMENT (returning -1, writing nothing),
+ * naming the value and what is wrong, for any other value (etcd's contents
+ * are not trusted) or a NULL or too small buffer. */
+PSERVER_EXPORT int32_t pserver_etcd_server_value_parse(const char* value, char* address,
+                                                       size_t address_size, char* instance,
+                                                       size_t instance_size, char* metrics,
+                                                       size_t metrics_size,
+                                                       pserver_status_t* status);
 
 /* ------------------------------------------------------ device memory */
 

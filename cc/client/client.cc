@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -669,6 +670,48 @@ absl::StatusOr<std::vector<v1::ServerStats>> Client::GetStats(const v1::GetStats
   std::vector<v1::ServerStats> out;
   out.reserve(responses.size());
   for (auto& response : responses) out.push_back(std::move(*response.mutable_stats()));
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::ParamListing>> Client::ListParams(const CallOptions& call) {
+  const Cancellation::Scope cancel_scope(call.cancel);
+  const absl::Time deadline = Deadline(call);
+  const size_t n = num_servers();
+  std::vector<std::string> tokens(n);
+  std::vector<bool> more(n, true);
+  std::map<std::string, v1::ParamListing> merged;
+  // Every round reads one page from each server with more; each page's
+  // token is after the one before, so the rounds end.
+  while (std::find(more.begin(), more.end(), true) != more.end()) {
+    std::vector<v1::ListParamsResponse> pages(n);
+    PS_RETURN_IF_ERROR(RunOnEveryServer(
+        [&](size_t i, Transport& t, absl::Time call_deadline, Transport::Done done) {
+          pages[i].Clear();
+          if (!more[i]) return done(absl::OkStatus());
+          v1::ListParamsRequest request;
+          request.set_page_token(tokens[i]);
+          t.Call("ListParams", request, &pages[i], call_deadline, std::move(done));
+        },
+        deadline));
+    for (size_t i = 0; i < n; ++i) {
+      if (!more[i]) continue;
+      for (v1::ParamListing& p : *pages[i].mutable_params()) {
+        auto [it, added] = merged.try_emplace(p.name(), p);
+        if (!added) it->second.set_blocks_held(it->second.blocks_held() + p.blocks_held());
+      }
+      const std::string& next = pages[i].next_page_token();
+      if (!next.empty() && next <= tokens[i]) {
+        return absl::DataLossError(absl::StrCat("server ", i, " answered ListParams page token '",
+                                                absl::CHexEscape(next), "' after '",
+                                                absl::CHexEscape(tokens[i]), "': not in order"));
+      }
+      more[i] = !next.empty();
+      tokens[i] = next;
+    }
+  }
+  std::vector<v1::ParamListing> out;
+  out.reserve(merged.size());
+  for (auto& [name, p] : merged) out.push_back(std::move(p));
   return out;
 }
 

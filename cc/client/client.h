@@ -244,6 +244,13 @@ class Client {
   absl::Status PushPull(const std::string& name, const Tensor& grad, Tensor* out,
                         const CallOptions& call = {});
 
+  // Every parameter of the cluster, in name order, each once: a parameter
+  // split into blocks over several servers is merged (blocks_held summed over
+  // them). Each server is read a page at a time (ListParams, at most 1000
+  // names a reply); the whole list is held here. DATA_LOSS for a server that
+  // answers pages out of order (which would never end).
+  absl::StatusOr<std::vector<v1::ParamListing>> ListParams(const CallOptions& call = {});
+
   // One entry per server, in index order.
   absl::StatusOr<std::vector<v1::ServerStats>> GetStats(const CallOptions& call = {});
   // The same with `request`'s options (state_checksum: each server also

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -284,6 +286,43 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
   layouts_.try_emplace(block->name, layout);
   blocks_.emplace(key, std::move(block));
   return absl::OkStatus();
+}
+
+std::vector<v1::ParamListing> ParameterStore::List(absl::string_view after,
+                                                   size_t max_entries) const {
+  std::vector<v1::ParamListing> out;
+  if (max_entries == 0) return out;
+  absl::ReaderMutexLock lock(&mu_);
+  // The max_entries smallest names after `after`, kept in a bounded set.
+  std::set<absl::string_view> names;
+  for (const auto& [name, layout] : layouts_) {
+    if (name <= after) continue;
+    if (names.size() == max_entries) {
+      if (name >= *names.rbegin()) continue;
+      names.erase(std::prev(names.end()));
+    }
+    names.insert(name);
+  }
+  for (absl::string_view name : names) {
+    const Layout& layout = layouts_.find(name)->second;
+    v1::ParamListing& listing = out.emplace_back();
+    listing.set_name(std::string(name));
+    listing.set_type(layout.type);
+    *listing.mutable_shape() = {layout.shape.begin(), layout.shape.end()};
+    listing.set_block_count(layout.count);
+    for (uint32_t i = 0; i < layout.count; ++i) {
+      auto it = blocks_.find(Key(std::string(name), i));
+      if (it == blocks_.end()) continue;
+      listing.set_blocks_held(listing.blocks_held() + 1);
+      if (listing.optimizer().empty()) {
+        const v1::OptimizerConfig& optimizer = it->second->config.optimizer();
+        const google::protobuf::FieldDescriptor* kind =
+            optimizer.GetDescriptor()->FindFieldByNumber(optimizer.kind_case());
+        listing.set_optimizer(kind == nullptr ? "sgd" : kind->name());
+      }
+    }
+  }
+  return out;
 }
 
 void ParameterStore::FinishInit() {

@@ -150,6 +150,12 @@ class ParameterStore {
   absl::Status ApplyGradients(absl::Span<const v1::Gradient* const> grads,
                               ApplyResult* result = nullptr);
 
+  // The parameters held here named after `after` (in byte order), at most
+  // `max_entries` of them, in name order: name, type, whole shape, blocks
+  // held here, block count, optimizer kind. Memory and time are bounded by
+  // max_entries and the number held, not by a reply of everything.
+  std::vector<v1::ParamListing> List(absl::string_view after, size_t max_entries) const;
+
   Stats GetStats() const;
   // The stats as the protocol reports them (index and uptime left unset).
   void FillStats(v1::ServerStats* out) const;

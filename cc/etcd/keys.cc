@@ -1,11 +1,15 @@
 #include "cc/etcd/keys.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/random/random.h"
 
@@ -20,6 +24,7 @@ constexpr absl::string_view kCheckpoints = "/checkpoints/";
 constexpr absl::string_view kWorkers = "/workers/";
 constexpr absl::string_view kShards = "/shards/";
 constexpr absl::string_view kInstance = " instance=";
+constexpr absl::string_view kMetrics = " metrics=";
 
 absl::Status NotOfTheLayout(absl::string_view key, absl::string_view why) {
   return absl::InvalidArgumentError(
@@ -107,24 +112,60 @@ absl::StatusOr<uint32_t> ParseServerKey(absl::string_view key) {
 }
 
 std::string FormatServerValue(const ServerEntry& entry) {
-  if (entry.instance_id.empty()) return entry.address;
-  return absl::StrCat(entry.address, kInstance, entry.instance_id);
+  std::string value = entry.address;
+  if (!entry.instance_id.empty()) absl::StrAppend(&value, kInstance, entry.instance_id);
+  if (!entry.metrics_address.empty()) absl::StrAppend(&value, kMetrics, entry.metrics_address);
+  return value;
 }
+
+namespace {
+
+// "host:port" or "[v6]:port": a host of no space, '=' or control character
+// and a port in 1..65535 in canonical decimal.
+bool IsHostPort(absl::string_view text) {
+  const size_t colon = text.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) return false;
+  absl::string_view host = text.substr(0, colon);
+  const absl::string_view port = text.substr(colon + 1);
+  if (absl::ConsumePrefix(&host, "[") != absl::ConsumeSuffix(&host, "]")) return false;
+  if (host.empty()) return false;
+  for (char c : host) {
+    if (!absl::ascii_isgraph(c) || c == '=' || c == '[' || c == ']') return false;
+  }
+  uint32_t number = 0;
+  return !port.empty() && port[0] != '0' && port.size() <= 5 &&
+         std::all_of(port.begin(), port.end(), absl::ascii_isdigit) &&
+         absl::SimpleAtoi(port, &number) && number <= 65535;
+}
+
+}  // namespace
 
 absl::StatusOr<ServerEntry> ParseServerValue(absl::string_view value) {
   ServerEntry entry;
-  const size_t at = value.find(kInstance);
-  entry.address = std::string(value.substr(0, at));
-  if (at != absl::string_view::npos) {
-    entry.instance_id = std::string(value.substr(at + kInstance.size()));
-  }
-  bool ok = !entry.address.empty() && entry.address.find(' ') == std::string::npos &&
-            (at == absl::string_view::npos || !entry.instance_id.empty());
-  for (char c : entry.instance_id) ok = ok && absl::ascii_isalnum(c);
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("server entry '", absl::CHexEscape(value),
-                     "' is not 'host:port instance=<id>' nor 'host:port'"));
+  const auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "server entry '", absl::CHexEscape(value), "' is not 'host:port instance=<id>' ",
+        "(optionally followed by ' metrics=host:port') nor 'host:port': ", why));
+  };
+  const std::vector<absl::string_view> fields = absl::StrSplit(value, ' ');
+  if (fields.size() > 3) return refuse("more than three fields");
+  entry.address = std::string(fields[0]);
+  if (entry.address.empty()) return refuse("no address");
+  for (size_t i = 1; i < fields.size(); ++i) {
+    absl::string_view field = fields[i];
+    if (i == 1 && absl::ConsumePrefix(&field, kInstance.substr(1))) {
+      if (field.empty()) return refuse("an empty instance id");
+      if (!std::all_of(field.begin(), field.end(), absl::ascii_isalnum)) {
+        return refuse("an instance id is letters and digits");
+      }
+      entry.instance_id = std::string(field);
+    } else if (i == fields.size() - 1 && !entry.instance_id.empty() &&
+               absl::ConsumePrefix(&field, kMetrics.substr(1))) {
+      if (!IsHostPort(field)) return refuse("metrics= is not host:port");
+      entry.metrics_address = std::string(field);
+    } else {
+      return refuse(absl::StrCat("unexpected field '", absl::CHexEscape(fields[i]), "'"));
+    }
   }
   return entry;
 }

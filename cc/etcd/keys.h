@@ -4,8 +4,8 @@
 // relative to it:
 //
 //   /ps_desired          the desired server count (decimal)
-//   /ps/<index>          server <index>'s "host:port instance=<id>" (ServerEntry),
-//                        under its lease
+//   /ps/<index>          server <index>'s "host:port instance=<id>[ metrics=host:port]"
+//                        (ServerEntry), under its lease
 //   /checkpoints/<shard> the newest good checkpoint of a shard (JSON record)
 //   /shards/<shard>      a shard's epoch and holder (ShardConfig JSON, no lease;
 //                        cc/etcd/shard_config.h)
@@ -82,15 +82,22 @@ absl::StatusOr<uint32_t> ParseServerKey(absl::string_view key);
 // drew at start (random, per process), "10.0.0.1:7000 instance=9f3a...".
 // A client sends the id with every call and the server refuses a call that
 // names another instance (registry fencing, docs/security.md).
+// A server started with --metrics_port adds where its /metrics page listens,
+// "10.0.0.1:7000 instance=9f3a... metrics=10.0.0.1:9100", for psctl top.
 struct ServerEntry {
   std::string address;
   std::string instance_id;  // "": the value had none (not written by a server)
+  std::string metrics_address;  // "": no metrics page (or not published)
 };
 
 std::string FormatServerValue(const ServerEntry& entry);
-// Either form: "host:port instance=<id>", or a bare "host:port" (the form
-// before instance ids; instance_id is then empty). INVALID_ARGUMENT naming
-// the value when it is neither.
+// "host:port instance=<id>", that followed by " metrics=host:port", or a bare
+// "host:port" (the form before instance ids; instance_id is then empty).
+// Fields are separated by one space, in that order, each at most once.
+// INVALID_ARGUMENT naming the value and what is wrong for anything else
+// (etcd's contents are not trusted): an empty or non-alphanumeric id, a
+// metrics address that is not host:port with a port in 1..65535, a metrics
+// address without an instance id, an unknown or repeated field.
 absl::StatusOr<ServerEntry> ParseServerValue(absl::string_view value);
 
 // A new random instance id: 16 lowercase hex digits.

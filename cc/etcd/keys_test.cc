@@ -1,5 +1,7 @@
 #include "cc/etcd/keys.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -88,6 +90,45 @@ TEST(KeysTest, ServerValueCarriesTheInstanceId) {
     EXPECT_THAT(ParseServerValue(bad), StatusIs(absl::StatusCode::kInvalidArgument,
                                                 HasSubstr("host:port instance=<id>")))
         << bad;
+  }
+}
+
+TEST(KeysTest, ServerValueCarriesTheMetricsAddress) {
+  const ServerEntry written{"10.0.0.1:7000", "00ff00ff00ff00ff", "10.0.0.1:9100"};
+  const std::string value = FormatServerValue(written);
+  EXPECT_EQ(value, "10.0.0.1:7000 instance=00ff00ff00ff00ff metrics=10.0.0.1:9100");
+  ASSERT_OK_AND_ASSIGN(ServerEntry entry, ParseServerValue(value));
+  EXPECT_EQ(entry.address, written.address);
+  EXPECT_EQ(entry.instance_id, written.instance_id);
+  EXPECT_EQ(entry.metrics_address, written.metrics_address);
+  ASSERT_OK_AND_ASSIGN(entry, ParseServerValue("[fd00::7]:7000 instance=ab metrics=[fd00::7]:1"));
+  EXPECT_EQ(entry.metrics_address, "[fd00::7]:1");
+  // A value without it (an older server, or no --metrics_port) stays valid.
+  ASSERT_OK_AND_ASSIGN(entry, ParseServerValue("10.0.0.1:7000 instance=ab"));
+  EXPECT_EQ(entry.metrics_address, "");
+  EXPECT_EQ(FormatServerValue(entry), "10.0.0.1:7000 instance=ab");
+  const std::pair<const char*, const char*> bad[] = {
+      {"a:1 instance=ab metrics=", "metrics= is not host:port"},
+      {"a:1 instance=ab metrics=h", "metrics= is not host:port"},
+      {"a:1 instance=ab metrics=h:0", "metrics= is not host:port"},
+      {"a:1 instance=ab metrics=h:65536", "metrics= is not host:port"},
+      {"a:1 instance=ab metrics=h:09", "metrics= is not host:port"},
+      {"a:1 instance=ab metrics=:9", "metrics= is not host:port"},
+      {"a:1 instance=ab metrics=[::1:9", "metrics= is not host:port"},
+      {"a:1 instance=ab metrics=h=x:9", "metrics= is not host:port"},
+      {"a:1 instance=ab metrics=h\x01:9", "metrics= is not host:port"},
+      {"a:1 metrics=h:9", "unexpected field 'metrics=h:9'"},
+      {"a:1 metrics=h:9 instance=ab", "unexpected field 'metrics=h:9'"},
+      {"a:1 instance=ab metrics=h:9 metrics=h:9", "more than three fields"},
+      {"a:1 instance=ab instance=cd", "unexpected field 'instance=cd'"},
+      {"a:1 instance=ab color=red", "unexpected field 'color=red'"},
+      {"a:1  instance=ab", "unexpected field ''"},
+      {"a:1 instance=ab metrics=h:9 ", "more than three fields"},
+  };
+  for (const auto& [value, why] : bad) {
+    EXPECT_THAT(ParseServerValue(value),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(why)))
+        << value;
   }
 }
 

@@ -162,6 +162,19 @@ void Dispatcher::AddControlMethods() {
         return absl::OkStatus();
       },
       /*needs_serving=*/false);
+  Sync<ListParamsRequest, ListParamsResponse>(
+      "ListParams", [this](const ListParamsRequest& request, ListParamsResponse* response) {
+        const uint32_t max = request.max_entries() == 0
+                                 ? kMaxListParamsEntries
+                                 : std::min(request.max_entries(), kMaxListParamsEntries);
+        for (v1::ParamListing& p : store_->List(request.page_token(), max)) {
+          *response->add_params() = std::move(p);
+        }
+        if (static_cast<uint32_t>(response->params_size()) == max) {
+          response->set_next_page_token(response->params(max - 1).name());
+        }
+        return absl::OkStatus();
+      });
   Sync<SaveRequest, SaveResponse>("Save", [this](const SaveRequest&, SaveResponse* response) {
     if (!hooks_.save) {
       return absl::FailedPreconditionError(
@@ -464,6 +477,13 @@ void Dispatcher::FillStats(v1::ServerStats* out) const {
   out->set_checkpoint_sequence(checkpoint_sequence_.load(std::memory_order_relaxed));
   out->set_reply_bytes_in_flight(reply_budget_.held());
   out->set_reads_refused_for_memory(reply_budget_.refused());
+  absl::MutexLock lock(&metrics_address_mu_);
+  out->set_metrics_address(metrics_address_);
+}
+
+void Dispatcher::SetMetricsAddress(std::string address) {
+  absl::MutexLock lock(&metrics_address_mu_);
+  metrics_address_ = std::move(address);
 }
 
 }  // namespace pserver

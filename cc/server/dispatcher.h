@@ -60,6 +60,10 @@
 namespace pserver {
 
 // What a Server adds beyond the store; every field optional.
+// The most parameters one ListParams reply lists (ListParamsRequest.max_entries
+// is capped to it; docs/limits.md).
+inline constexpr uint32_t kMaxListParamsEntries = 1000;
+
 struct DispatcherHooks {
   // Save: writes (and publishes) a checkpoint. Unset: FAILED_PRECONDITION.
   std::function<absl::StatusOr<v1::CheckpointRecord>()> save;
@@ -212,6 +216,9 @@ class Dispatcher {
   // OK without a fence; the fence's verdict otherwise.
   absl::Status CheckWrite() const;
   uint32_t index() const { return index_.load(std::memory_order_relaxed); }
+  // Where this server's /metrics page listens (host:port), for GetStats;
+  // "": none.
+  void SetMetricsAddress(std::string address) ABSL_LOCKS_EXCLUDED(metrics_address_mu_);
 
   // The shard's whole state as a checkpoint holds it (docs/checkpoint-format.md):
   // the store's blocks, the applied request ids and the tables (rows,
@@ -279,6 +286,8 @@ class Dispatcher {
   std::atomic<uint64_t> duplicates_{0};
   std::atomic<uint64_t> checkpoint_sequence_{0};
   ReplyBudget reply_budget_;
+  mutable absl::Mutex metrics_address_mu_;
+  std::string metrics_address_ ABSL_GUARDED_BY(metrics_address_mu_);
   RequestMetrics request_metrics_;  // fixed after construction
   OpMetrics* push_metrics_ = nullptr;
   OpMetrics* read_metrics_ = nullptr;

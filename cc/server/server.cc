@@ -214,6 +214,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // Refused before binding: a server others cannot find is no use.
   PS_ASSIGN_OR_RETURN(const std::string advertised_host,
                       AdvertisedHost(options.host, options.advertise_host));
+  // /metrics on every address is published at the advertised host.
+  std::string metrics_host;
+  if (options.metrics_http.has_value()) {
+    const std::string& listen = options.metrics_http->host;
+    absl::StatusOr<std::string> host =
+        AdvertisedHost(listen, IsUnspecifiedHost(listen) ? advertised_host : listen);
+    if (!host.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_host '", listen, "': ", host.status().message()));
+    }
+    metrics_host = *std::move(host);
+  }
   if (options.device != "cpu" &&
       !(absl::StartsWith(options.device, "cuda:") && options.device.size() > 5 &&
         options.device.find_first_not_of("0123456789", 5) == std::string::npos)) {
@@ -340,7 +352,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("cannot listen on ", JoinHostPort(options.host, options.port)));
   }
   server->address_ = JoinHostPort(advertised_host, server->port_);
-  if (options.metrics_http.has_value()) PS_RETURN_IF_ERROR(server->StartMetrics());
+  if (options.metrics_http.has_value()) {
+    PS_RETURN_IF_ERROR(server->StartMetrics());
+    server->metrics_address_ = JoinHostPort(metrics_host, server->metrics_port());
+    server->dispatcher_->SetMetricsAddress(server->metrics_address_);
+  }
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
   if (server->StopRequested()) return StoppedWhileStarting();
   if (!options.checkpoint_dir.empty()) PS_RETURN_IF_ERROR(server->LoadShard());
@@ -433,7 +449,7 @@ absl::Status Server::Register() {
   placement_version_ = placement->version();
 
   LeasedKeyOptions lease_options;
-  lease_options.value = etcd_keys::FormatServerValue({address_, instance_id_});
+  lease_options.value = etcd_keys::FormatServerValue({address_, instance_id_, metrics_address_});
   lease_options.ttl = options_.lease_ttl;
   lease_options.ownership = LeasedKeyOptions::Ownership::kExclusive;
   lease_options.log = [this](const std::string& message) { Log(message); };

@@ -348,6 +348,7 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<Listener> listener_;  // accepts for grpc_server_
   std::string address_;
+  std::string metrics_address_;  // published in /ps/<index> and GetStats; "": none
   int port_ = 0;
   uint32_t index_ = 0;
   // The cluster's server count: /ps_desired with etcd, else

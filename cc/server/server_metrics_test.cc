@@ -83,6 +83,28 @@ TEST(ServerMetricsTest, MetricsAreOffUnlessAsked) {
   EXPECT_EQ(server->metrics_port(), 0);
 }
 
+TEST(ServerMetricsTest, GetStatsNamesTheMetricsAddress) {
+  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(WithMetrics()));
+  ASSERT_OK_AND_ASSIGN(auto client, ConnectTo(*server));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ServerStats> stats, client->GetStats());
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].metrics_address(), absl::StrCat("127.0.0.1:", server->metrics_port()));
+
+  ASSERT_OK_AND_ASSIGN(auto plain, Server::Start(ServerOptions()));
+  ASSERT_OK_AND_ASSIGN(auto plain_client, ConnectTo(*plain));
+  ASSERT_OK_AND_ASSIGN(stats, plain_client->GetStats());
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].metrics_address(), "");
+}
+
+TEST(ServerMetricsTest, AMetricsHostNoClientCouldDialIsRefusedAtStart) {
+  ServerOptions options = WithMetrics();
+  options.metrics_http->host = "a b";
+  EXPECT_THAT(Server::Start(options),
+              pserver::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                         ::testing::HasSubstr("--metrics_host 'a b'")));
+}
+
 TEST(ServerMetricsTest, CountsRequestsAndCheckpointsAsTheyHappen) {
   ServerOptions options = WithMetrics();
   options.checkpoint_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/metrics_checkpoints");

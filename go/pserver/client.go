@@ -706,6 +706,64 @@ func (cl *Client) Health(ctx context.Context) ([]string, error) {
 	return health, nil
 }
 
+// ParamListing is one parameter of the cluster as the live servers list it.
+type ParamListing struct {
+	Name       string
+	DType      DType
+	Shape      []int64
+	BlocksHeld uint32 // over all servers
+	BlockCount uint32 // blocks it is split into
+	Optimizer  string // "sgd", "adam", ...
+}
+
+// ListParams is every parameter of the cluster, in name order, each once
+// (pserver_client_list_params: each server is read a page of at most 1000
+// names at a time).
+func (cl *Client) ListParams(ctx context.Context) ([]ParamListing, error) {
+	var list *C.pserver_param_list_t
+	var out []ParamListing
+	var listErr error
+	err := cl.run(ctx, func(c *C.pserver_client_t, st *C.pserver_status_t) {
+		list = C.pserver_client_list_params(c, st)
+	}, func(err error) {
+		if err != nil || list == nil {
+			return
+		}
+		out, listErr = paramListings(list)
+	}, func() { C.pserver_param_list_delete(list) })
+	if err == nil {
+		err = listErr
+	}
+	return out, err
+}
+
+func paramListings(list *C.pserver_param_list_t) ([]ParamListing, error) {
+	n := int(C.pserver_param_list_size(list))
+	out := make([]ParamListing, 0, n)
+	for i := C.size_t(0); i < C.size_t(n); i++ {
+		var nameLen C.size_t
+		name := C.pserver_param_list_name(list, i, &nameLen)
+		p := ParamListing{Name: C.GoStringN(name, C.int(nameLen))}
+		var err error
+		p.DType, p.Shape, err = paramInfo(func(d *C.int32_t, s *C.int64_t, capacity C.size_t, nd *C.size_t, st *C.pserver_status_t) {
+			C.pserver_param_list_info(list, i, d, s, capacity, nd, nil, nil, nil, st)
+		})
+		if err != nil {
+			return nil, err
+		}
+		var held, count C.uint32_t
+		var optimizer *C.char
+		if err := cCall(func(st *C.pserver_status_t) {
+			C.pserver_param_list_info(list, i, nil, nil, 0, nil, &held, &count, &optimizer, st)
+		}); err != nil {
+			return nil, err
+		}
+		p.BlocksHeld, p.BlockCount, p.Optimizer = uint32(held), uint32(count), C.GoString(optimizer)
+		out = append(out, p)
+	}
+	return out, nil
+}
+
 // Stats is every server's stats, in index order.
 func (cl *Client) Stats(ctx context.Context) ([]ServerStats, error) {
 	const capacity = 1024

@@ -246,6 +246,36 @@ func (k EtcdKeys) Parse(key string) (EtcdKey, error) {
 	return parsed, nil
 }
 
+// ServerEntry is a server's /ps/<index> value: where it listens, the
+// instance id it drew at start ("" in a bare "host:port" entry) and where its
+// /metrics page listens ("" without one).
+type ServerEntry struct {
+	Address        string
+	InstanceID     string
+	MetricsAddress string
+}
+
+// ParseServerValue reads a /ps/<index> value ("host:port instance=<id>",
+// optionally followed by " metrics=host:port", or a bare "host:port");
+// ErrInvalidArgument, naming the value and what is wrong, for any other.
+func ParseServerValue(value string) (ServerEntry, error) {
+	cv := C.CString(value)
+	defer C.free(unsafe.Pointer(cv))
+	bufs := [3][]byte{}
+	for i := range bufs {
+		bufs[i] = make([]byte, len(value)+1)
+	}
+	ptr := func(i int) *C.char { return (*C.char)(unsafe.Pointer(&bufs[i][0])) }
+	size := C.size_t(len(value) + 1)
+	err := cCall(func(st *C.pserver_status_t) {
+		C.pserver_etcd_server_value_parse(cv, ptr(0), size, ptr(1), size, ptr(2), size, st)
+	})
+	if err != nil {
+		return ServerEntry{}, fmt.Errorf("pserver: etcd: %w", err)
+	}
+	return ServerEntry{C.GoString(ptr(0)), C.GoString(ptr(1)), C.GoString(ptr(2))}, nil
+}
+
 // fixed is a key that cannot be refused (a known kind, a valid argument).
 func (k EtcdKeys) fixed(kind C.int32_t, arg ...string) string {
 	key, err := k.key(kind, strings.Join(arg, ""))

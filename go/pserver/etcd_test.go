@@ -281,3 +281,22 @@ func TestEtcdKeyLayout(t *testing.T) {
 		}
 	}
 }
+
+func TestParseServerValue(t *testing.T) {
+	for value, want := range map[string]pserver.ServerEntry{
+		"10.0.0.1:7000 instance=00ff metrics=10.0.0.1:9100": {"10.0.0.1:7000", "00ff", "10.0.0.1:9100"},
+		"10.0.0.1:7000 instance=00ff":                       {"10.0.0.1:7000", "00ff", ""},
+		"[::1]:7000":                                        {"[::1]:7000", "", ""},
+	} {
+		got, err := pserver.ParseServerValue(value)
+		if err != nil || got != want {
+			t.Errorf("ParseServerValue(%q) = %+v, %v; want %+v", value, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "h:1 metrics=h:2", "h:1 instance=ab metrics=h", "h:1 instance=ab x=y"} {
+		if _, err := pserver.ParseServerValue(bad); !errors.Is(err, pserver.ErrInvalidArgument) ||
+			!strings.Contains(err.Error(), "host:port instance=<id>") {
+			t.Errorf("ParseServerValue(%q): %v, want INVALID_ARGUMENT naming the form", bad, err)
+		}
+	}
+}

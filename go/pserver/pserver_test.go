@@ -41,8 +41,8 @@ func newCluster(t *testing.T, n int, opts *pserver.ServerOptions) (*pserver.Loca
 }
 
 func TestVersion(t *testing.T) {
-	if v := pserver.Version(); v != "0.5.0" {
-		t.Fatalf("version %q, want 0.5.0", v)
+	if v := pserver.Version(); v != "0.6.0" {
+		t.Fatalf("version %q, want 0.6.0", v)
 	}
 }
 
@@ -109,6 +109,21 @@ func TestHappyPath(t *testing.T) {
 	stats, err := client.Stats(ctx)
 	if err != nil || len(stats) != 2 || !stats[0].Initialized || stats[1].Index != 1 {
 		t.Fatalf("Stats = %+v %v", stats, err)
+	}
+	// The live servers' parameters, each once, in name order.
+	params, err := client.ListParams(ctx)
+	if err != nil || len(params) != 4 {
+		t.Fatalf("ListParams = %+v %v", params, err)
+	}
+	want := pserver.ParamListing{Name: "w", DType: pserver.Float32, Shape: []int64{2, 3}, Optimizer: "sgd"}
+	listedW := params[3]
+	if params[0].Name != "c" || params[1].Name != "d" || params[2].Name != "u" || params[0].Optimizer != "add" ||
+		params[2].DType != pserver.Uint32 || listedW.BlocksHeld != listedW.BlockCount || listedW.BlockCount < 1 {
+		t.Fatalf("ListParams = %+v", params)
+	}
+	listedW.BlocksHeld, listedW.BlockCount = 0, 0
+	if !reflect.DeepEqual(listedW, want) {
+		t.Fatalf("ListParams w = %+v, want %+v", listedW, want)
 	}
 }
 

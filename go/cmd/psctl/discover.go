@@ -26,6 +26,8 @@ type registry struct {
 	Servers     map[int]string // /ps/<idx>: address
 	Instances   map[int]string // /ps/<idx>: instance id ("" for a bare entry)
 	Bare        []string       // `key is "value"` of entries that name no instance
+	Metrics     map[int]string // /ps/<idx>: the metrics page's address, when published
+	Malformed   map[int]string // /ps/<idx>: why its value was refused
 	Checkpoints map[int]checkpointRecord
 	Workers     []workerInfo
 }
@@ -36,7 +38,8 @@ func readRegistry(ctx context.Context, e *etcd, cluster string) (*registry, erro
 	if err != nil {
 		return nil, err
 	}
-	r := &registry{Servers: map[int]string{}, Instances: map[int]string{}, Checkpoints: map[int]checkpointRecord{}}
+	r := &registry{Servers: map[int]string{}, Instances: map[int]string{}, Metrics: map[int]string{},
+		Malformed: map[int]string{}, Checkpoints: map[int]checkpointRecord{}}
 	for _, kv := range kvs {
 		key, err := keys.Parse(kv.key)
 		if err != nil {
@@ -47,13 +50,20 @@ func readRegistry(ctx context.Context, e *etcd, cluster string) (*registry, erro
 			r.DesiredRaw = kv.value
 			r.Desired, _ = strconv.Atoi(kv.value)
 		case pserver.KeyServer:
-			// "host:port instance=<id>" (or a bare "host:port").
-			parts := strings.SplitN(kv.value, " ", 2)
-			r.Servers[key.Index] = parts[0]
-			if len(parts) == 2 && strings.HasPrefix(parts[1], "instance=") {
-				r.Instances[key.Index] = strings.TrimPrefix(parts[1], "instance=")
+			// "host:port instance=<id>[ metrics=host:port]" (or a bare "host:port").
+			entry, err := pserver.ParseServerValue(kv.value)
+			if err != nil {
+				r.Malformed[key.Index] = fmt.Sprintf("etcd %s: %v", kv.key, err)
+				continue
+			}
+			r.Servers[key.Index] = entry.Address
+			if entry.InstanceID != "" {
+				r.Instances[key.Index] = entry.InstanceID
 			} else {
 				r.Bare = append(r.Bare, fmt.Sprintf("%s is %q", kv.key, kv.value))
+			}
+			if entry.MetricsAddress != "" {
+				r.Metrics[key.Index] = entry.MetricsAddress
 			}
 		case pserver.KeyCheckpoint:
 			var rec checkpointRecord
@@ -99,6 +109,20 @@ type server struct {
 }
 
 func (s *server) ok() bool { return s.Health == "SERVING" }
+
+// metricsAddresses is every published metrics page, in index order.
+func (r *registry) metricsAddresses() []string {
+	indexes := make([]int, 0, len(r.Metrics))
+	for i := range r.Metrics {
+		indexes = append(indexes, i)
+	}
+	sort.Ints(indexes)
+	out := make([]string, 0, len(indexes))
+	for _, i := range indexes {
+		out = append(out, r.Metrics[i])
+	}
+	return out
+}
 
 // probe asks the server at address for its stats and health.
 func probe(ctx context.Context, t *target, address string) server {
@@ -200,6 +224,11 @@ func (t *target) resolve(ctx context.Context) (*view, error) {
 			n = i + 1
 		}
 	}
+	for i := range reg.Malformed {
+		if i+1 > n {
+			n = i + 1
+		}
+	}
 	var addresses []string
 	var indexes []int
 	for i := 0; i < n; i++ {
@@ -212,7 +241,11 @@ func (t *target) resolve(ctx context.Context) (*view, error) {
 	rows := make([]server, 0, n)
 	for i := 0; i < n; i++ {
 		if _, ok := reg.Servers[i]; !ok {
-			rows = append(rows, server{Index: i, Health: healthDown, Error: "no server registered at this index"})
+			why := "no server registered at this index"
+			if m, bad := reg.Malformed[i]; bad {
+				why = m
+			}
+			rows = append(rows, server{Index: i, Health: healthDown, Error: why})
 		}
 	}
 	for j, row := range probed {

@@ -524,57 +524,32 @@ func cmdParams(args []string, stdout, stderr io.Writer) error {
 	if err := t.check(); err != nil {
 		return usageError("give -checkpoint DIR, -etcd HOST:PORT or -servers A,B")
 	}
-	names := fs.Args()
 	ctx, cancel := context.WithTimeout(context.Background(), *t.timeout)
 	defer cancel()
-	if len(names) == 0 {
-		var err error
-		if names, err = publishedNames(ctx, t); err != nil {
-			return err
-		}
-	}
 	client, err := t.client(ctx)
 	if err != nil {
 		return err
 	}
 	defer client.Close()
-	return printParams(stdout, out, names, func(name string) (pserver.DType, []int64, error) {
-		return client.Info(ctx, name)
-	})
-}
-
-// publishedNames is the parameter names of the cluster's newest published
-// checkpoints (etcd /checkpoints/<idx>), read where they are when this
-// machine can (the servers have no call that lists names).
-func publishedNames(ctx context.Context, t *target) ([]string, error) {
-	if *t.etcd == "" {
-		return nil, usageError("name the parameters: servers have no call that lists names " +
-			"(with -etcd psctl reads them from the cluster's published checkpoints; or -checkpoint DIR)")
+	if names := fs.Args(); len(names) > 0 {
+		return printParams(stdout, out, names, func(name string) (pserver.DType, []int64, error) {
+			return client.Info(ctx, name)
+		})
 	}
-	reg, err := t.registry(ctx)
+	// No names: every parameter the live servers hold (ListParams).
+	listed, err := client.ListParams(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	seen := map[string]bool{}
-	var names []string
-	for _, rec := range reg.Checkpoints {
-		r, err := pserver.OpenCheckpoint(rec.Path)
-		if err != nil {
-			return nil, fmt.Errorf("the published checkpoint of server %d: %w (name the parameters instead)", rec.Shard, err)
-		}
-		for _, n := range r.Names() {
-			if !seen[n] {
-				seen[n] = true
-				names = append(names, n)
-			}
-		}
-		r.Close()
+	names := make([]string, 0, len(listed))
+	byName := make(map[string]pserver.ParamListing, len(listed))
+	for _, p := range listed {
+		names = append(names, p.Name)
+		byName[p.Name] = p
 	}
-	if len(reg.Checkpoints) == 0 {
-		return nil, fmt.Errorf("cluster %q has published no checkpoint to read names from: name the parameters", *t.cluster)
-	}
-	sort.Strings(names)
-	return names, nil
+	return printParams(stdout, out, names, func(name string) (pserver.DType, []int64, error) {
+		return byName[name].DType, byName[name].Shape, nil
+	})
 }
 
 // paramJSON is a parameter as psctl params -o json prints it.

@@ -144,8 +144,10 @@ func TestCheckpointCommands(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &params) != nil || fmt.Sprint(params.Parameters) != "[{layer/w float32 [3 4] 12 48} {step int64 [1] 1 8}]" {
 		t.Fatalf("params -o json: %d %q", code, out)
 	}
-	if code, _, errs := psctl(t, "params", "-servers", servers); code != 2 || !strings.Contains(errs, "name the parameters") {
-		t.Fatalf("params -servers without names: %d %q", code, errs)
+	// Without names: every parameter the live servers hold, in name order.
+	code, out, errs = psctl(t, "params", "-servers", servers, "-o", "json")
+	if code != 0 || json.Unmarshal([]byte(out), &params) != nil || fmt.Sprint(params.Parameters) != "[{layer/w float32 [3 4] 12 48} {step int64 [1] 1 8}]" {
+		t.Fatalf("params -servers without names (ListParams): %d %q %q", code, out, errs)
 	}
 	code, out, _ = psctl(t, "checkpoint", "ls", dir, "-o", "json")
 	var ls struct {
@@ -193,7 +195,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"status", "-servers", "127.0.0.1:1", "-o", "yaml"}, `-o "yaml"`},
 		{[]string{"status", "-servers", "127.0.0.1:1", "extra"}, `unexpected argument "extra"`},
 		{[]string{"status", "-bogus"}, "flag provided but not defined: -bogus"},
-		{[]string{"tables"}, "give -metrics"},
+		{[]string{"tables"}, "give -etcd HOST:PORT"},
 		{[]string{"top", "-servers", "127.0.0.1:1", "-n", "-1"}, "-n must be 0 or more"},
 		{[]string{"help", "frobnicate"}, `unknown command "frobnicate"`},
 	} {
@@ -375,6 +377,19 @@ func TestLocalWithEtcd(t *testing.T) {
 			servers = append(servers, f[2])
 		}
 	}
+	// top -etcd without -metrics: the pages the servers published in their
+	// /ps/<idx> values (metrics=host:port), each matched to its server.
+	_, metrics := localAddresses(t, lines)
+	code, out, errs = psctl(t, "top", "-etcd", endpoint, "-cluster", "t", "-n", "1", "-interval", "1ms", "-o", "json")
+	var f topFrame
+	if code != 0 || json.Unmarshal([]byte(out), &f) != nil || len(f.Servers) != 2 || len(metrics) != 2 {
+		t.Fatalf("top -etcd without -metrics: %d %q %q (metrics %q)", code, out, errs, metrics)
+	}
+	for i, r := range f.Servers {
+		if r.Index != i || r.MetricsAddress != metrics[i] || r.RequestsTotal == nil || r.TableRows == nil {
+			t.Fatalf("top -etcd row %d: %+v, want metrics page %s", i, r, metrics[i])
+		}
+	}
 	// A parameter, then a checkpoint through etcd discovery: published at
 	// /checkpoints/<idx> once durable, and params -etcd lists its names.
 	ctx0, cancel0 := context.WithTimeout(context.Background(), 30*time.Second)
@@ -471,6 +486,19 @@ func TestLocalWithEtcd(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "live 3") ||
 		!strings.Contains(errs, bare+` is "127.0.0.1:1", which names no server instance`) {
 		t.Fatalf("status -require_instance_id with a bare entry: %d %q %q", code, out, errs)
+	}
+	// A malformed entry (etcd's contents are not trusted): refused, the index
+	// shown DOWN with why, the others still listed.
+	if err := e.put(ctx, bare, "127.0.0.1:1 instance=ab metrics=nowhere"); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = psctl(t, "status", "-etcd", endpoint, "-cluster", "t", "-o", "json")
+	var malformed statusJSON
+	if code != 3 || json.Unmarshal([]byte(out), &malformed) != nil || len(malformed.Servers) != 3 ||
+		malformed.Servers[2].Health != "DOWN" || !strings.Contains(malformed.Servers[2].Error, bare) ||
+		!strings.Contains(malformed.Servers[2].Error, "metrics= is not host:port") ||
+		malformed.Servers[0].Health != "SERVING" || malformed.Servers[1].Health != "SERVING" {
+		t.Fatalf("status with a malformed entry: %d %q", code, out)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"time"
 )
 
 // tableJSON is a table over all servers (psctl tables -o json).
@@ -16,9 +15,8 @@ type tableJSON struct {
 }
 
 func cmdTables(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("tables", "tables -metrics A,B [-o table|wide|json]", stdout, stderr)
-	metrics := fs.String("metrics", "", "the servers' metrics addresses host:port,... (--metrics_port), in any order (required)")
-	timeout := fs.Duration("timeout", 10*time.Second, "deadline")
+	fs := newFlags("tables", "tables (-etcd HOST:PORT [-cluster NAME] | -metrics A,B) [-o table|wide|json]", stdout, stderr)
+	t := addTarget(fs, true)
 	out := addOutput(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
@@ -26,12 +24,24 @@ func cmdTables(args []string, stdout, stderr io.Writer) error {
 	if err := out.check(); err != nil {
 		return err
 	}
-	if *metrics == "" || fs.NArg() != 0 {
-		return usageError("tables reads the servers' metrics pages: give -metrics HOST:PORT,... (pserver --metrics_port)")
+	if (*t.metrics == "" && *t.etcd == "") || *t.servers != "" || fs.NArg() != 0 {
+		return usageError("tables reads the servers' metrics pages: give -etcd HOST:PORT (the pages the servers " +
+			"published there) or -metrics HOST:PORT,... (pserver --metrics_port)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), *t.timeout)
 	defer cancel()
-	pages, errs := fetchAllMetrics(ctx, splitList(*metrics))
+	metrics := splitList(*t.metrics)
+	if len(metrics) == 0 {
+		reg, err := t.registry(ctx)
+		if err != nil {
+			return err
+		}
+		if metrics = reg.metricsAddresses(); len(metrics) == 0 {
+			return fmt.Errorf("no server in etcd cluster %q publishes a metrics page (pserver --metrics_port): "+
+				"give -metrics HOST:PORT,...", *t.cluster)
+		}
+	}
+	pages, errs := fetchAllMetrics(ctx, metrics)
 	var failed []error
 	byName := map[string]*tableJSON{}
 	for i, p := range pages {

@@ -13,7 +13,8 @@ import (
 
 // topRow is one server in one refresh of psctl top (-o json: stable names,
 // docs/operations.md). Rates are over the refresh's interval; a field from
-// the metrics page is null without -metrics for that server.
+// the metrics page is null for a server whose page psctl does not know
+// (-metrics, or with -etcd the metrics= its /ps/<idx> value publishes).
 type topRow struct {
 	Index             int      `json:"index"`
 	Address           string   `json:"address"`
@@ -60,6 +61,9 @@ func takeSample(t *target, metrics []string) (*topSample, error) {
 		return nil, err
 	}
 	s := &topSample{at: time.Now(), view: v, pages: map[int]*metricsPage{}}
+	if len(metrics) == 0 && v.Reg != nil {
+		metrics = v.Reg.metricsAddresses() // as the servers published them
+	}
 	pages, errs := fetchAllMetrics(ctx, metrics)
 	for i, p := range pages {
 		if errs[i] != nil {
