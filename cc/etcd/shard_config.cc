@@ -187,6 +187,33 @@ absl::StatusOr<ShardClaim> NextWithoutReplica(uint32_t shard, const KeyValue& cu
   return Change(shard, &current, std::move(next));
 }
 
+absl::StatusOr<ShardClaim> NextWithReplica(uint32_t shard, const KeyValue& current,
+                                           absl::string_view holder, absl::string_view backup) {
+  PS_ASSIGN_OR_RETURN(v1::ShardConfig next, Bumped(shard, current));
+  const std::string key = etcd_keys::ShardKey(shard);
+  if (next.holder() != holder) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("etcd ", key, " at epoch ", next.epoch() - 1, " is held by ", next.holder(),
+                     ", not ", holder, ": only the holder adds a replica"));
+  }
+  if (!IsId(backup) || backup == holder) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", absl::CHexEscape(backup), "' is not an instance id of a backup of ", key));
+  }
+  for (const std::string& replica : next.replicas()) {
+    if (replica == backup) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd ", key, " at epoch ", next.epoch() - 1, " already lists replica ", backup));
+    }
+  }
+  if (next.replicas_size() >= kMaxShardReplicas) {
+    return absl::FailedPreconditionError(absl::StrCat("etcd ", key, " already lists ",
+                                                      kMaxShardReplicas, " replicas"));
+  }
+  next.add_replicas(std::string(backup));
+  return Change(shard, &current, std::move(next));
+}
+
 absl::StatusOr<ShardClaim> NextShardClaim(uint32_t shard, const KeyValue* current,
                                           absl::string_view holder,
                                           absl::string_view holder_address, uint64_t floor) {
