@@ -45,12 +45,15 @@ constexpr char kCluster[] = "replication";
 constexpr int kServers = 2;
 constexpr int kParams = 8;
 constexpr int kWidth = 16;
-constexpr int kSteps = 120;
+constexpr int kSteps = 200;
+constexpr int kKills = 4;
 
 std::string Param(int p) { return absl::StrCat("w", p); }
 
 // The integer gradient of parameter p at step s, element e (1..5).
-float Gradient(int step, int p, int e) { return static_cast<float>((step * 7 + p * 3 + e) % 5 + 1); }
+float Gradient(int step, int p, int e) {
+  return static_cast<float>((step * 7 + p * 3 + e) % 5 + 1);
+}
 
 Tensor GradientTensor(int step, int p) {
   std::vector<float> values(kWidth);
@@ -69,9 +72,13 @@ class ReplicationTest : public ::testing::Test {
   }
 
   std::vector<std::string> Flags() const {
-    return {"--host=127.0.0.1", "--port=0", "--etcd=" + etcd_->endpoint(),
-            absl::StrCat("--cluster=", kCluster), absl::StrCat("--num_servers=", kServers),
-            "--lease_ttl=2", "--register_timeout=60"};
+    return {"--host=127.0.0.1",
+            "--port=0",
+            "--etcd=" + etcd_->endpoint(),
+            absl::StrCat("--cluster=", kCluster),
+            absl::StrCat("--num_servers=", kServers),
+            "--lease_ttl=2",
+            "--register_timeout=60"};
   }
 
   // Server `index` (they claim indices in start order), accepting standbys.
@@ -161,7 +168,8 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
   sgd.mutable_optimizer()->mutable_sgd();
   sgd.mutable_learning_rate()->set_learning_rate(1.0);
   for (int p = 0; p < kParams; ++p) {
-    ASSERT_OK(trainer->InitParam(Param(p), Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 0)), sgd));
+    ASSERT_OK(trainer->InitParam(
+        Param(p), Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 0)), sgd));
   }
   ASSERT_OK(trainer->FinishInitParams());
 
@@ -171,8 +179,6 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     standbys.push_back(StartStandby(i));
     ASSERT_NE(standbys.back(), nullptr);
   }
-  std::vector<std::string> standby_instances;
-  for (uint32_t i = 0; i < kServers; ++i) standby_instances.push_back(Config(i).replicas(0));
 
   // Training: even steps push every parameter in one SendGrads (bulk), odd
   // steps one SendGrad per parameter (control).
@@ -190,7 +196,8 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
         }
       }
       if (!training.ok()) {
-        training = absl::Status(training.code(), absl::StrCat("step ", step, ": ", training.message()));
+        training =
+            absl::Status(training.code(), absl::StrCat("step ", step, ": ", training.message()));
         return;
       }
       steps_done.store(step + 1);
@@ -206,37 +213,47 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     EXPECT_EQ(primary, backup) << "shard " << i;
   }
 
-  // The rest runs in a thread; each primary is killed at a seeded random step.
+  // The rest runs in a thread. kKills times, the current primary of shard
+  // k % kServers is killed at a seeded random step; its standby takes over,
+  // and a new standby attaches to it while training goes on.
   const unsigned seed = static_cast<unsigned>(absl::ToUnixNanos(absl::Now()));
   std::printf("kill points seeded with %u\n", seed);
   std::mt19937 random(seed);
+  std::vector<std::unique_ptr<ChildProcess>> holders = std::move(primaries);
   std::thread trainer_thread([&] { train(10, kSteps); });
   int kill_after = 10;
-  for (uint32_t i = 0; i < kServers; ++i) {
-    kill_after += 5 + static_cast<int>(random() % 40);
+  for (int k = 0; k < kKills; ++k) {
+    const uint32_t i = k % kServers;
+    kill_after += 3 + static_cast<int>(random() % 20);
     bool reached = false;
     for (int wait = 0; wait < 9000 && !reached; ++wait) {
       reached = steps_done.load() >= kill_after || steps_done.load() >= kSteps;
       if (!reached) absl::SleepFor(absl::Milliseconds(10));
     }
     ASSERT_TRUE(reached) << "training stalled at step " << steps_done.load();
+    const std::string successor = Config(i).replicas(0);
     std::printf("kill -9 of shard %u's primary after step %d\n", i, steps_done.load());
-    ASSERT_EQ(kill(primaries[i]->pid(), SIGKILL), 0) << std::strerror(errno);
-    ASSERT_OK_AND_ASSIGN(int status, primaries[i]->WaitForExit(absl::Now() + kWait));
+    ASSERT_EQ(kill(holders[i]->pid(), SIGKILL), 0) << std::strerror(errno);
+    ASSERT_OK_AND_ASSIGN(int status, holders[i]->WaitForExit(absl::Now() + kWait));
     EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+    // Its standby takes the shard over, one epoch up, the old primary out.
+    bool took_over = false;
+    for (int wait = 0; wait < 4500 && !took_over; ++wait) {
+      took_over = Config(i).holder() == successor;
+      if (!took_over) absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(took_over) << "shard " << i
+                           << "'s standby did not take over: " << standbys[i]->output();
+    holders[i] = std::move(standbys[i]);
+    standbys[i] = StartStandby(i);
+    ASSERT_NE(standbys[i], nullptr);
   }
   trainer_thread.join();
   ASSERT_OK(training);
   ASSERT_EQ(steps_done.load(), kSteps);
 
-  // Each standby took its shard over, one epoch up, with no backup left.
-  for (uint32_t i = 0; i < kServers; ++i) {
-    const v1::ShardConfig config = Config(i);
-    EXPECT_EQ(config.holder(), standby_instances[i]) << "shard " << i;
-    EXPECT_EQ(config.replicas_size(), 0) << "shard " << i;
-  }
-
-  // Exact to the bit: 0 - sum of every acknowledged gradient.
+  // Exact to the bit: 0 - sum of every acknowledged gradient; and each
+  // shard's primary and its newest standby hold one state.
   for (int p = 0; p < kParams; ++p) {
     std::vector<float> expected(kWidth, 0);
     for (int step = 0; step < kSteps; ++step) {
@@ -245,13 +262,25 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     ASSERT_OK_AND_ASSIGN(Tensor got, trainer->GetParam(Param(p)));
     EXPECT_EQ(got.ToVector<float>(), expected) << Param(p);
   }
+  for (uint32_t i = 0; i < kServers; ++i) {
+    EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
+              StateChecksum(AddressAt(etcd_keys::StandbyKey(i))))
+        << "shard " << i;
+  }
 
   trainer.reset();
+  // Standbys first (a primary's shutdown would promote them), then the
+  // primaries, cleanly: each a promoted standby.
   for (std::unique_ptr<ChildProcess>& standby : standbys) {
-    ASSERT_EQ(kill(standby->pid(), SIGTERM), 0);
+    ASSERT_EQ(kill(standby->pid(), SIGKILL), 0);
     ASSERT_OK_AND_ASSIGN(int status, standby->WaitForExit(absl::Now() + kWait));
+    EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+  }
+  for (std::unique_ptr<ChildProcess>& holder : holders) {
+    ASSERT_EQ(kill(holder->pid(), SIGTERM), 0);
+    ASSERT_OK_AND_ASSIGN(int status, holder->WaitForExit(absl::Now() + kWait));
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << DescribeWaitStatus(status) << standby->err();
+        << DescribeWaitStatus(status) << holder->err();
   }
 }
 

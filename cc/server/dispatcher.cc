@@ -350,7 +350,8 @@ absl::Status Dispatcher::ApplyWrite(absl::string_view name, absl::string_view re
   // The method's own handler, past the serving check and the fence (the
   // primary checked both): every replicated write is synchronous.
   absl::Status result;
-  method->run(*request, response.get(), {}, [&](absl::Status status) { result = std::move(status); });
+  method->run(*request, response.get(), {},
+              [&](absl::Status status) { result = std::move(status); });
   return result;
 }
 

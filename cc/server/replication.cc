@@ -66,9 +66,9 @@ absl::StatusOr<std::vector<v1::SnapshotFile>> SnapshotToFiles(
   std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(info.path, ec)) {
     if (!entry.is_regular_file()) {
-      return absl::InternalError(
-          absl::StrCat("checkpoint ", info.path, " holds ", entry.path().string(),
-                       ", not a plain file: it cannot be shipped"));
+      return absl::InternalError(absl::StrCat("checkpoint ", info.path, " holds ",
+                                              entry.path().string(),
+                                              ", not a plain file: it cannot be shipped"));
     }
     std::ifstream in(entry.path(), std::ios::binary);
     std::ostringstream content;
@@ -89,9 +89,9 @@ absl::StatusOr<LoadedCheckpoint> LoadSnapshotFiles(
   std::set<std::string> names;
   for (const v1::SnapshotFile& file : files) {
     if (!IsPlainName(file.name()) || !names.insert(file.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a shard copy names file '", absl::CHexEscape(file.name()),
-          "': not a plain file name, or given twice"));
+      return absl::InvalidArgumentError(absl::StrCat("a shard copy names file '",
+                                                     absl::CHexEscape(file.name()),
+                                                     "': not a plain file name, or given twice"));
     }
   }
   PS_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make());
@@ -140,8 +140,8 @@ absl::Status PrimaryReplication::Write(absl::string_view method,
     failed = log_.get();
   }
   if (absl::IsFailedPrecondition(shipped)) {
-    const std::string why = absl::StrCat("a backup of shard ", options_.shard,
-                                         " refused a write: ", shipped.message());
+    const std::string why =
+        absl::StrCat("a backup of shard ", options_.shard, " refused a write: ", shipped.message());
     if (options_.step_down) options_.step_down(why);
     return absl::UnavailableError(absl::StrCat(why, "; not acknowledged; retry"));
   }
@@ -156,9 +156,8 @@ absl::Status PrimaryReplication::DropBackup(const absl::Status& failure) {
   const std::string key = etcd_keys::ShardKey(options_.shard);
   auto refused = [&](absl::string_view why) {
     return absl::UnavailableError(absl::StrCat("backup ", backup_id_, " at ", backup_address_,
-                                               " did not acknowledge a write (",
-                                               failure.message(), ") and ", why,
-                                               "; not acknowledged; retry"));
+                                               " did not acknowledge a write (", failure.message(),
+                                               ") and ", why, "; not acknowledged; retry"));
   };
   absl::StatusOr<KeyValue> current = options_.etcd->Get(key);
   if (!current.ok()) {
@@ -173,9 +172,9 @@ absl::Status PrimaryReplication::DropBackup(const absl::Status& failure) {
   if (!written->succeeded) return refused(absl::StrCat("etcd ", key, " changed meanwhile"));
   options_.config->Set(next->config.epoch(), next->value);
   if (options_.log) {
-    options_.log(absl::StrCat("dropped backup ", backup_id_, " at ", backup_address_,
-                              " of shard ", options_.shard, " (", failure.message(),
-                              "): epoch ", next->config.epoch(), ", no backup"));
+    options_.log(absl::StrCat("dropped backup ", backup_id_, " at ", backup_address_, " of shard ",
+                              options_.shard, " (", failure.message(), "): epoch ",
+                              next->config.epoch(), ", no backup"));
   }
   last_lsn_ = log_->last_lsn();
   log_.reset();
@@ -210,8 +209,8 @@ absl::Status PrimaryReplication::Send(const BackupLog::Write& write) {
 absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
     const v1::AttachStandbyRequest& request) {
   if (request.shard() != options_.shard) {
-    return absl::InvalidArgumentError(absl::StrCat("this server holds shard ", options_.shard,
-                                                   ", not ", request.shard()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("this server holds shard ", options_.shard, ", not ", request.shard()));
   }
   if (request.address().empty() || request.address().size() > 300) {
     return absl::InvalidArgumentError("a standby's address must be 1-300 bytes");
@@ -225,8 +224,9 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
   }
   const std::string key = etcd_keys::ShardKey(options_.shard);
   PS_ASSIGN_OR_RETURN(KeyValue current, options_.etcd->Get(key));
-  PS_ASSIGN_OR_RETURN(ShardClaim next, NextWithReplica(options_.shard, current,
-                                                       options_.instance_id, request.instance_id()));
+  PS_ASSIGN_OR_RETURN(
+      ShardClaim next,
+      NextWithReplica(options_.shard, current, options_.instance_id, request.instance_id()));
   PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, options_.dispatcher->Snapshot());
   CheckpointWriteOptions write_options = options_.write_options;
   write_options.epoch = next.config.epoch();
@@ -264,11 +264,12 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
 
 void BackupReplication::Attached(uint32_t shard, uint64_t epoch, uint64_t last_lsn) {
   shard_ = shard;
-  log_ = std::make_unique<BackupLog>(
-      epoch, last_lsn, BackupLog::Options{}, [this](const BackupLog::Write& write) {
-        if (write.method == "SendGrads") return ApplyReplicatedPush(*dispatcher_, write.request);
-        return dispatcher_->ApplyWrite(write.method, write.request);
-      });
+  log_ = std::make_unique<BackupLog>(epoch, last_lsn, BackupLog::Options{},
+                                     [this](const BackupLog::Write& write) {
+                                       if (write.method == "SendGrads")
+                                         return ApplyReplicatedPush(*dispatcher_, write.request);
+                                       return dispatcher_->ApplyWrite(write.method, write.request);
+                                     });
   attached_.Notify();
 }
 

@@ -76,10 +76,10 @@ absl::StatusOr<LoadedCheckpoint> LoadSnapshotFiles(
 
 struct PrimaryReplicationOptions {
   uint32_t shard = 0;
-  std::string instance_id;        // this server's (the holder)
-  EtcdClient* etcd = nullptr;     // must outlive it
-  ShardConfigCell* config = nullptr;  // must outlive it
-  Dispatcher* dispatcher = nullptr;   // must outlive it (its Snapshot)
+  std::string instance_id;               // this server's (the holder)
+  EtcdClient* etcd = nullptr;            // must outlive it
+  ShardConfigCell* config = nullptr;     // must outlive it
+  Dispatcher* dispatcher = nullptr;      // must outlive it (its Snapshot)
   CheckpointWriteOptions write_options;  // how the copy is written
   // How long one write may take to reach the backup, retries of
   // UNAVAILABLE included; then the backup is dropped.
@@ -112,7 +112,7 @@ class PrimaryReplication : public WriteShipper {
   // Shared by every write (for its whole apply and shipping), exclusive for
   // a change of backups: a copy is taken with no write half done.
   mutable absl::Mutex mu_;
-  uint64_t last_lsn_ ABSL_GUARDED_BY(mu_);  // while there is no log
+  uint64_t last_lsn_ ABSL_GUARDED_BY(mu_);                // while there is no log
   std::unique_ptr<PrimaryLog> log_ ABSL_GUARDED_BY(mu_);  // null: no backup
   std::string backup_id_ ABSL_GUARDED_BY(mu_);
   std::string backup_address_ ABSL_GUARDED_BY(mu_);

@@ -243,8 +243,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError("lease_ttl must be at least 1s");
   }
   PS_RETURN_IF_ERROR(CheckTransportLimits(options));
-  if (options.standby && options.etcd_endpoints.empty()) {
-    return absl::InvalidArgumentError("a standby (--standby) needs etcd (--etcd)");
+  if ((options.standby || options.accept_standbys) && options.etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.standby ? "a standby (--standby)" : "--accept_standbys", " needs etcd (--etcd)"));
   }
   if ((options.standby || options.accept_standbys) &&
       (options.tls.enabled() || !options.auth_tokens_file.empty() ||
@@ -281,6 +282,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     // Set once serving (AttachStandby needs it): a standby's once it took over.
     hooks.attach_standby = [raw](const v1::AttachStandbyRequest& request)
         -> absl::StatusOr<v1::AttachStandbyResponse> {
+      if (raw->primary_replication_ == nullptr) {
+        return absl::UnavailableError("this server does not hold a shard yet; retry");
+      }
       return raw->primary_replication_->Attach(request);
     };
   }
