@@ -114,6 +114,32 @@ class ReplicationTest : public ::testing::Test {
     return *std::move(child);
   }
 
+  // A trainer following /ps/<i>, retrying with the same request ids; the
+  // parameters initialised to 0 (SGD, learning rate 1).
+  std::unique_ptr<Client> ConnectAndInit() {
+    ClientOptions options;
+    options.etcd_endpoints = {etcd_->endpoint()};
+    options.cluster = kCluster;
+    options.timeout = kWait;
+    options.discovery_timeout = kWait;
+    options.initial_backoff = absl::Milliseconds(10);
+    options.attempt_timeout = absl::Seconds(5);
+    absl::StatusOr<std::unique_ptr<Client>> trainer = Client::Connect(options);
+    EXPECT_OK(trainer);
+    if (!trainer.ok()) return nullptr;
+    v1::ParameterConfig sgd;
+    sgd.mutable_optimizer()->mutable_sgd();
+    sgd.mutable_learning_rate()->set_learning_rate(1.0);
+    for (int p = 0; p < kParams; ++p) {
+      absl::Status init = (*trainer)->InitParam(
+          Param(p), Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 0)), sgd);
+      EXPECT_OK(init);
+      if (!init.ok()) return nullptr;
+    }
+    EXPECT_OK((*trainer)->FinishInitParams());
+    return *std::move(trainer);
+  }
+
   v1::ShardConfig Config(uint32_t shard) {
     absl::StatusOr<KeyValue> kv = etcd_client_->Get(etcd_keys::ShardKey(shard));
     if (!kv.ok()) return {};
@@ -136,6 +162,42 @@ class ReplicationTest : public ::testing::Test {
   std::unique_ptr<EtcdClient> etcd_client_;
 };
 
+// Steps [from, to): even steps push every parameter in one SendGrads (bulk),
+// odd steps one SendGrad per parameter (control). `done` counts the steps
+// acknowledged.
+absl::Status Train(Client& trainer, int from, int to, std::atomic<int>* done) {
+  for (int step = from; step < to; ++step) {
+    absl::Status status;
+    if (step % 2 == 0) {
+      std::vector<NamedTensor> grads;
+      for (int p = 0; p < kParams; ++p) grads.push_back({Param(p), GradientTensor(step, p)});
+      status = trainer.SendGrads(grads);
+    } else {
+      for (int p = 0; p < kParams && status.ok(); ++p) {
+        status = trainer.SendGrad(Param(p), GradientTensor(step, p));
+      }
+    }
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("step ", step, ": ", status.message()));
+    }
+    done->store(step + 1);
+  }
+  return absl::OkStatus();
+}
+
+// Every parameter is 0 minus the sum of the gradients of `steps` steps, to the bit.
+void ExpectTrained(Client& trainer, int steps) {
+  for (int p = 0; p < kParams; ++p) {
+    std::vector<float> expected(kWidth, 0);
+    for (int step = 0; step < steps; ++step) {
+      for (int e = 0; e < kWidth; ++e) expected[e] -= Gradient(step, p, e);
+    }
+    absl::StatusOr<Tensor> got = trainer.GetParam(Param(p));
+    ASSERT_OK(got.status());
+    EXPECT_EQ(got->ToVector<float>(), expected) << Param(p);
+  }
+}
+
 uint32_t StateChecksum(const std::string& address) {
   auto stub = v1::ParameterServer::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -156,22 +218,8 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     primaries.push_back(StartPrimary(i));
     ASSERT_NE(primaries.back(), nullptr);
   }
-  ClientOptions options;
-  options.etcd_endpoints = {etcd_->endpoint()};
-  options.cluster = kCluster;
-  options.timeout = kWait;
-  options.discovery_timeout = kWait;
-  options.initial_backoff = absl::Milliseconds(10);
-  options.attempt_timeout = absl::Seconds(5);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> trainer, Client::Connect(options));
-  v1::ParameterConfig sgd;
-  sgd.mutable_optimizer()->mutable_sgd();
-  sgd.mutable_learning_rate()->set_learning_rate(1.0);
-  for (int p = 0; p < kParams; ++p) {
-    ASSERT_OK(trainer->InitParam(
-        Param(p), Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 0)), sgd));
-  }
-  ASSERT_OK(trainer->FinishInitParams());
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
 
   // One standby per shard; each primary's writes now reach its backup first.
   std::vector<std::unique_ptr<ChildProcess>> standbys;
@@ -180,29 +228,9 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     ASSERT_NE(standbys.back(), nullptr);
   }
 
-  // Training: even steps push every parameter in one SendGrads (bulk), odd
-  // steps one SendGrad per parameter (control).
   std::atomic<int> steps_done{0};
   absl::Status training;
-  auto train = [&](int from, int to) {
-    for (int step = from; step < to; ++step) {
-      if (step % 2 == 0) {
-        std::vector<NamedTensor> grads;
-        for (int p = 0; p < kParams; ++p) grads.push_back({Param(p), GradientTensor(step, p)});
-        training = trainer->SendGrads(grads);
-      } else {
-        for (int p = 0; p < kParams && training.ok(); ++p) {
-          training = trainer->SendGrad(Param(p), GradientTensor(step, p));
-        }
-      }
-      if (!training.ok()) {
-        training =
-            absl::Status(training.code(), absl::StrCat("step ", step, ": ", training.message()));
-        return;
-      }
-      steps_done.store(step + 1);
-    }
-  };
+  auto train = [&](int from, int to) { training = Train(*trainer, from, to, &steps_done); };
 
   // A few steps, then the replicas compare equal, shard by shard.
   train(0, 10);
@@ -254,14 +282,7 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
 
   // Exact to the bit: 0 - sum of every acknowledged gradient; and each
   // shard's primary and its newest standby hold one state.
-  for (int p = 0; p < kParams; ++p) {
-    std::vector<float> expected(kWidth, 0);
-    for (int step = 0; step < kSteps; ++step) {
-      for (int e = 0; e < kWidth; ++e) expected[e] -= Gradient(step, p, e);
-    }
-    ASSERT_OK_AND_ASSIGN(Tensor got, trainer->GetParam(Param(p)));
-    EXPECT_EQ(got.ToVector<float>(), expected) << Param(p);
-  }
+  ExpectTrained(*trainer, kSteps);
   for (uint32_t i = 0; i < kServers; ++i) {
     EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
               StateChecksum(AddressAt(etcd_keys::StandbyKey(i))))
@@ -282,6 +303,44 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << DescribeWaitStatus(status) << holder->err();
   }
+}
+
+// The other side: a backup killed mid-training. The primary's next write is
+// not acknowledged by it; the primary drops it from /shards/<i> (epoch + 1)
+// before acknowledging that write, and training goes on without a backup.
+TEST_F(ReplicationTest, APrimaryDropsAKilledStandbyBeforeAcknowledging) {
+  std::vector<std::unique_ptr<ChildProcess>> primaries;
+  for (uint32_t i = 0; i < kServers; ++i) {
+    primaries.push_back(StartPrimary(i));
+    ASSERT_NE(primaries.back(), nullptr);
+  }
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+  std::unique_ptr<ChildProcess> standby = StartStandby(0);
+  ASSERT_NE(standby, nullptr);
+  const v1::ShardConfig attached = Config(0);
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+
+  ASSERT_EQ(kill(standby->pid(), SIGKILL), 0) << std::strerror(errno);
+  ASSERT_OK_AND_ASSIGN(int status, standby->WaitForExit(absl::Now() + kWait));
+  EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+  ASSERT_OK(Train(*trainer, 6, 12, &steps_done));
+
+  const v1::ShardConfig dropped = Config(0);
+  EXPECT_EQ(dropped.holder(), attached.holder());
+  EXPECT_EQ(dropped.replicas_size(), 0);
+  EXPECT_EQ(dropped.epoch(), attached.epoch() + 1);
+  ExpectTrained(*trainer, 12);
+
+  trainer.reset();
+  for (std::unique_ptr<ChildProcess>& primary : primaries) {
+    ASSERT_EQ(kill(primary->pid(), SIGTERM), 0);
+    ASSERT_OK_AND_ASSIGN(int exit_status, primary->WaitForExit(absl::Now() + kWait));
+    EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0)
+        << DescribeWaitStatus(exit_status) << primary->err();
+  }
+  EXPECT_THAT(primaries[0]->err(), ::testing::HasSubstr("dropped backup"));
 }
 
 }  // namespace
