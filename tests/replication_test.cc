@@ -96,6 +96,17 @@ class ReplicationTest : public ::testing::Test {
     return *std::move(child);
   }
 
+  // kServers servers, index i the i-th; fewer when one failed to start.
+  std::vector<std::unique_ptr<ChildProcess>> StartPrimaries() {
+    std::vector<std::unique_ptr<ChildProcess>> primaries;
+    for (uint32_t i = 0; i < kServers; ++i) {
+      std::unique_ptr<ChildProcess> primary = StartPrimary(i);
+      if (primary == nullptr) break;
+      primaries.push_back(std::move(primary));
+    }
+    return primaries;
+  }
+
   // A standby; returns once /shards/<shard> lists it (shards fill in order).
   std::unique_ptr<ChildProcess> StartStandby(uint32_t shard) {
     std::vector<std::string> flags = Flags();
@@ -213,11 +224,8 @@ uint32_t StateChecksum(const std::string& address) {
 }
 
 TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) {
-  std::vector<std::unique_ptr<ChildProcess>> primaries;
-  for (uint32_t i = 0; i < kServers; ++i) {
-    primaries.push_back(StartPrimary(i));
-    ASSERT_NE(primaries.back(), nullptr);
-  }
+  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
+  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
   std::unique_ptr<Client> trainer = ConnectAndInit();
   ASSERT_NE(trainer, nullptr);
 
@@ -309,11 +317,8 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
 // not acknowledged by it; the primary drops it from /shards/<i> (epoch + 1)
 // before acknowledging that write, and training goes on without a backup.
 TEST_F(ReplicationTest, APrimaryDropsAKilledStandbyBeforeAcknowledging) {
-  std::vector<std::unique_ptr<ChildProcess>> primaries;
-  for (uint32_t i = 0; i < kServers; ++i) {
-    primaries.push_back(StartPrimary(i));
-    ASSERT_NE(primaries.back(), nullptr);
-  }
+  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
+  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
   std::unique_ptr<Client> trainer = ConnectAndInit();
   ASSERT_NE(trainer, nullptr);
   std::unique_ptr<ChildProcess> standby = StartStandby(0);
