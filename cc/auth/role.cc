@@ -26,6 +26,9 @@ constexpr MethodRole kMethodRoles[] = {
     {"TablePush", Role::kTrainer},     {"Clock", Role::kTrainer},
     {"Barrier", Role::kTrainer},       {"AllReduce", Role::kTrainer},
     {"Broadcast", Role::kTrainer},     {"Save", Role::kAdmin},
+    // Replication between servers (docs/replication.md): servers call these
+    // with admin credentials.
+    {"AttachStandby", Role::kAdmin},   {"Replicate", Role::kAdmin},
 };
 
 constexpr std::pair<Role, absl::string_view> kRoleNames[] = {

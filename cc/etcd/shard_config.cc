@@ -170,20 +170,54 @@ absl::StatusOr<ShardClaim> NextTakeover(uint32_t shard, const KeyValue& current,
   return Change(shard, &current, std::move(next));
 }
 
+namespace {
+
+// FAILED_PRECONDITION unless `holder` holds `next` (one epoch up from the
+// config read): only the holder `verb`s ("adds", "drops") a replica.
+absl::Status CheckHolder(const std::string& key, const v1::ShardConfig& next,
+                         absl::string_view holder, absl::string_view verb) {
+  if (next.holder() == holder) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("etcd ", key, " at epoch ", next.epoch() - 1,
+                                                    " is held by ", next.holder(), ", not ",
+                                                    holder, ": only the holder ", verb,
+                                                    " a replica"));
+}
+
+}  // namespace
+
 absl::StatusOr<ShardClaim> NextWithoutReplica(uint32_t shard, const KeyValue& current,
                                               absl::string_view holder,
                                               absl::string_view backup) {
   PS_ASSIGN_OR_RETURN(v1::ShardConfig next, Bumped(shard, current));
   const std::string key = etcd_keys::ShardKey(shard);
-  if (next.holder() != holder) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("etcd ", key, " at epoch ", next.epoch() - 1, " is held by ", next.holder(),
-                     ", not ", holder, ": only the holder drops a replica"));
-  }
+  PS_RETURN_IF_ERROR(CheckHolder(key, next, holder, "drops"));
   if (!RemoveReplica(&next, backup)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "etcd ", key, " at epoch ", next.epoch() - 1, " does not list replica ", backup));
   }
+  return Change(shard, &current, std::move(next));
+}
+
+absl::StatusOr<ShardClaim> NextWithReplica(uint32_t shard, const KeyValue& current,
+                                           absl::string_view holder, absl::string_view backup) {
+  PS_ASSIGN_OR_RETURN(v1::ShardConfig next, Bumped(shard, current));
+  const std::string key = etcd_keys::ShardKey(shard);
+  PS_RETURN_IF_ERROR(CheckHolder(key, next, holder, "adds"));
+  if (!IsId(backup) || backup == holder) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", absl::CHexEscape(backup), "' is not an instance id of a backup of ", key));
+  }
+  for (const std::string& replica : next.replicas()) {
+    if (replica == backup) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd ", key, " at epoch ", next.epoch() - 1, " already lists replica ", backup));
+    }
+  }
+  if (next.replicas_size() >= kMaxShardReplicas) {
+    return absl::FailedPreconditionError(absl::StrCat("etcd ", key, " already lists ",
+                                                      kMaxShardReplicas, " replicas"));
+  }
+  next.add_replicas(std::string(backup));
   return Change(shard, &current, std::move(next));
 }
 

@@ -92,6 +92,13 @@ absl::StatusOr<ShardClaim> NextTakeover(uint32_t shard, const KeyValue& current,
 absl::StatusOr<ShardClaim> NextWithoutReplica(uint32_t shard, const KeyValue& current,
                                               absl::string_view holder,
                                               absl::string_view backup);
+// The holder adding a backup that has copied its state (a standby attaching,
+// docs/replication.md): the same holder, `backup` last in the set.
+// FAILED_PRECONDITION when `holder` is not current's holder or `backup` is
+// already listed (or 64 are); INVALID_ARGUMENT when `backup` is not an
+// instance id or is the holder.
+absl::StatusOr<ShardClaim> NextWithReplica(uint32_t shard, const KeyValue& current,
+                                           absl::string_view holder, absl::string_view backup);
 
 }  // namespace pserver
 

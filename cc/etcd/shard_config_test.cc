@@ -192,5 +192,24 @@ TEST(ShardConfigTest, TheHolderDropsAnUnreachableBackup) {
                        HasSubstr("does not list replica dddd")));
 }
 
+TEST(ShardConfigTest, TheHolderAddsAnAttachedStandbyLast) {
+  const KeyValue current = Current(0, 2, "aaaa", {"bbbb"}, 9);
+  ASSERT_OK_AND_ASSIGN(ShardClaim added, NextWithReplica(0, current, "aaaa", "cccc"));
+  EXPECT_EQ(added.config.epoch(), 3u);
+  EXPECT_EQ(added.config.holder(), "aaaa");
+  EXPECT_THAT(added.config.replicas(), ElementsAre("bbbb", "cccc"));
+  EXPECT_EQ(added.unchanged.number, 9);
+
+  EXPECT_THAT(NextWithReplica(0, current, "bbbb", "cccc").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("held by aaaa, not bbbb: only the holder adds a replica")));
+  EXPECT_THAT(NextWithReplica(0, current, "aaaa", "bbbb").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already lists replica bbbb")));
+  EXPECT_THAT(NextWithReplica(0, current, "aaaa", "aaaa").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is not an instance id")));
+  EXPECT_THAT(NextWithReplica(0, current, "aaaa", "no/id").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is not an instance id")));
+}
+
 }  // namespace
 }  // namespace pserver

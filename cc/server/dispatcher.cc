@@ -69,6 +69,9 @@ Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, Di
     }
     it->second.writes = true;
   }
+  for (const char* const* name = kReplicatedMethods; *name != nullptr; ++name) {
+    methods_.at(*name).replicated = true;
+  }
 }
 
 Dispatcher::Method& Dispatcher::Add(const char* name, bool needs_serving,
@@ -206,6 +209,26 @@ void Dispatcher::AddControlMethods() {
         return absl::OkStatus();
       },
       /*needs_serving=*/false);
+  Sync<AttachStandbyRequest, AttachStandbyResponse>(
+      "AttachStandby",
+      [this](const AttachStandbyRequest& request, AttachStandbyResponse* response) {
+        if (!hooks_.attach_standby) {
+          return absl::FailedPreconditionError(
+              "this server takes no standby (start it with --accept_standbys)");
+        }
+        PS_RETURN_IF_ERROR(CheckWrite());
+        PS_ASSIGN_OR_RETURN(*response, hooks_.attach_standby(request));
+        return absl::OkStatus();
+      });
+  Sync<ReplicateRequest, ReplicateResponse>(
+      "Replicate",
+      [this](const ReplicateRequest& request, ReplicateResponse*) {
+        if (!hooks_.replicate) {
+          return absl::FailedPreconditionError("this server is no backup (not a --standby)");
+        }
+        return hooks_.replicate(request);
+      },
+      /*needs_serving=*/false);
   Sync<CreateTableRequest, CreateTableResponse>(
       "CreateTable", [this](const CreateTableRequest& request, CreateTableResponse*) {
         return tables_->Create(request);
@@ -298,6 +321,19 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
       done(std::move(result));
     };
   }
+  WriteShipper* const shipper = shipper_.load(std::memory_order_acquire);
+  if (method->replicated && shipper != nullptr) {
+    // Every control write is synchronous (Sync): `run` answers before it returns.
+    absl::Status result = shipper->Write(
+        method->descriptor->name(), [&] { return request.SerializeAsString(); },
+        [&] {
+          absl::Status applied;
+          method->run(request, response, call, [&](absl::Status s) { applied = std::move(s); });
+          return applied;
+        });
+    done(std::move(result));  // synchronous: a traced span is not "waited"
+    return [] {};
+  }
   CancelWait cancel = method->run(request, response, call, std::move(done));
   if (returned != nullptr) returned->store(true, std::memory_order_release);
   return cancel;
@@ -327,6 +363,17 @@ Dispatcher::Done Dispatcher::TraceCall(trace::Recorder* recorder, const Method& 
   };
 }
 
+absl::Status Dispatcher::Ship(absl::string_view method, absl::FunctionRef<std::string()> request,
+                              absl::FunctionRef<absl::Status()> apply) {
+  WriteShipper* const shipper = shipper_.load(std::memory_order_acquire);
+  return shipper == nullptr ? apply() : shipper->Write(method, request, apply);
+}
+
+absl::Status Dispatcher::PushReplicated(const RequestId& id,
+                                        absl::Span<const GradientView> grads) {
+  return ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
+}
+
 absl::Status Dispatcher::ApplyWrite(absl::string_view name, absl::string_view request_bytes) {
   bool replicated = false;
   for (const char* const* m = kReplicatedMethods; *m != nullptr; ++m) replicated |= name == *m;
@@ -344,13 +391,11 @@ absl::Status Dispatcher::ApplyWrite(absl::string_view name, absl::string_view re
     return absl::InvalidArgumentError(
         absl::StrCat("replicated ", name, ": malformed ", request->GetDescriptor()->name()));
   }
-  absl::Notification answered;
+  // The method's own handler, past the serving check and the fence (the
+  // primary checked both): every replicated write is synchronous.
   absl::Status result;
-  Call(name, *request, response.get(), {}, [&](absl::Status status) {
-    result = std::move(status);
-    answered.Notify();
-  });
-  answered.WaitForNotification();
+  method->run(*request, response.get(), {},
+              [&](absl::Status status) { result = std::move(status); });
   return result;
 }
 

@@ -59,6 +59,19 @@
 
 namespace pserver {
 
+// The primary's write path when its shard may have backups
+// (docs/replication.md; cc/server/replication.h). Not set (R=1, the
+// default): writes are applied as they come.
+class WriteShipper {
+ public:
+  virtual ~WriteShipper() = default;
+  // Runs `apply` (this replica's copy of write `method`) and, when the shard
+  // has backups, ships the write's bytes (`request`, called only then) to
+  // each; OK once every live replica holds it.
+  virtual absl::Status Write(absl::string_view method, absl::FunctionRef<std::string()> request,
+                             absl::FunctionRef<absl::Status()> apply) = 0;
+};
+
 // What a Server adds beyond the store; every field optional.
 // The most parameters one ListParams reply lists (ListParamsRequest.max_entries
 // is capped to it; docs/limits.md).
@@ -73,6 +86,13 @@ struct DispatcherHooks {
   // (cc/server/bulk_listener.h). Unset: FAILED_PRECONDITION (clients keep
   // to gRPC).
   std::function<v1::OpenChannelResponse()> open_channel;
+  // Replication (docs/replication.md): AttachStandby on a primary,
+  // Replicate on a backup. Unset: FAILED_PRECONDITION. Replicate is served
+  // while not serving (a standby serves no client but applies its
+  // primary's writes).
+  std::function<absl::StatusOr<v1::AttachStandbyResponse>(const v1::AttachStandbyRequest&)>
+      attach_standby;
+  std::function<absl::Status(const v1::ReplicateRequest&)> replicate;
   // Fault injection for tests: every n-th push that is applied is answered
   // UNAVAILABLE, as if its reply had been lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;
@@ -133,6 +153,8 @@ class Dispatcher {
     OpMetrics* metrics = nullptr;  // counts, bytes and latency of its requests
     // Changes the shard's state (kWriteMethods): fenced before and after.
     bool writes = false;
+    // One of kReplicatedMethods: shipped to backups (SetShipper).
+    bool replicated = false;
     std::function<CancelWait(const google::protobuf::Message& request,
                              google::protobuf::Message* response, const CallContext& call,
                              Done done)>
@@ -176,9 +198,22 @@ class Dispatcher {
   // Applies control write `name` (one of kReplicatedMethods) from its
   // request's serialized bytes through Call, the very path a client's call
   // takes, and returns its answer: a backup applying what its primary
-  // shipped (cc/server/backup_log.h) ends bit-identical. INVALID_ARGUMENT for
-  // another method or bytes that do not parse.
+  // shipped (cc/server/backup_log.h) ends bit-identical. Applied whether or
+  // not the dispatcher is serving and past no fence: a backup's writes come
+  // from its primary, which checked them. INVALID_ARGUMENT for another
+  // method or bytes that do not parse.
   absl::Status ApplyWrite(absl::string_view name, absl::string_view request);
+  // A shipped bulk push (ApplyReplicatedPush): applied once per id, whether
+  // or not serving, past no fence.
+  absl::Status PushReplicated(const RequestId& id, absl::Span<const GradientView> grads);
+
+  // From now on every replicated write (kReplicatedMethods and the bulk
+  // pushes) goes through `shipper` (not owned; outlives the dispatcher).
+  // Null (the default): applied as they come.
+  void SetShipper(WriteShipper* shipper) { shipper_.store(shipper, std::memory_order_release); }
+  // Runs `apply` through the shipper when one is set, else alone.
+  absl::Status Ship(absl::string_view method, absl::FunctionRef<std::string()> request,
+                    absl::FunctionRef<absl::Status()> apply);
 
   // ---- bulk data ---------------------------------------------------------
   // Both are UNAVAILABLE while the server is not serving.
@@ -279,6 +314,7 @@ class Dispatcher {
   std::atomic<Fence*> fence_{nullptr};
   std::atomic<trace::Recorder*> trace_{nullptr};
   trace::Lanes waiting_lanes_{uint32_t{1} << 30, "waiting calls"};
+  std::atomic<WriteShipper*> shipper_{nullptr};
   AppliedSequences applied_;
   absl::Mutex apply_mu_;
   std::atomic<uint64_t> pushes_applied_{0};

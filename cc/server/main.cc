@@ -134,6 +134,13 @@ bool AbslParseFlag(absl::string_view text, OnOff* out, std::string* error) {
 }
 std::string AbslUnparseFlag(OnOff value) { return value.on ? "on" : "off"; }
 
+ABSL_FLAG(bool, standby, false,
+          "Start as a standby (needs --etcd): claim no index, copy a shard whose primary has no "
+          "backup, apply its writes, serve no client; take the shard over when its primary's "
+          "/ps/<i> is gone (docs/replication.md). Not with TLS or roles yet.");
+ABSL_FLAG(bool, accept_standbys, false,
+          "Let a standby attach to this server's shard: once one did, a write is acknowledged "
+          "only after the standby has it (docs/replication.md). Not with TLS or roles yet.");
 ABSL_FLAG(OnOff, bulk_channel, OnOff{},
           "on: push, pull and push+pull may also travel over a framed TCP stream (a Unix socket "
           "for clients on this host) beside gRPC, offered through OpenChannel; off: gRPC only.");
@@ -305,6 +312,8 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_reply_bytes_in_flight = absl::GetFlag(FLAGS_max_reply_bytes_in_flight);
   options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
+  options.standby = absl::GetFlag(FLAGS_standby);
+  options.accept_standbys = absl::GetFlag(FLAGS_accept_standbys);
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);

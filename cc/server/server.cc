@@ -35,6 +35,7 @@
 #include "cc/server/dispatcher.h"
 #include "cc/server/fence.h"
 #include "cc/server/listener.h"
+#include "cc/server/replication.h"
 #include "cc/server/service.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/compression.h"
@@ -257,6 +258,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError("lease_ttl must be at least 1s");
   }
   PS_RETURN_IF_ERROR(CheckTransportLimits(options));
+  if ((options.standby || options.accept_standbys) && options.etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.standby ? "a standby (--standby)" : "--accept_standbys", " needs etcd (--etcd)"));
+  }
+  if ((options.standby || options.accept_standbys) &&
+      (options.tls.enabled() || !options.auth_tokens_file.empty() ||
+       !options.auth_cert_rule.empty())) {
+    return absl::InvalidArgumentError(
+        "--standby and --accept_standbys do not work with TLS or roles yet (servers would "
+        "replicate in plaintext without credentials); see docs/replication.md");
+  }
   PS_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
   // With TLS the bulk channel is TLS too (TCP only).
   const bool bulk_channel = options.bulk_channel;
@@ -281,6 +293,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (bulk_channel) {
     hooks.open_channel = [raw] { return raw->bulk_listener_->Offer(); };
   }
+  if (options.accept_standbys || options.standby) {
+    // Set once serving (AttachStandby needs it): a standby's once it took over.
+    hooks.attach_standby = [raw](const v1::AttachStandbyRequest& request)
+        -> absl::StatusOr<v1::AttachStandbyResponse> {
+      if (raw->primary_replication_ == nullptr) {
+        return absl::UnavailableError("this server does not hold a shard yet; retry");
+      }
+      return raw->primary_replication_->Attach(request);
+    };
+  }
+  if (options.standby) {
+    hooks.replicate = [raw](const v1::ReplicateRequest& request) {
+      return raw->backup_replication_->Replicate(request);
+    };
+  }
   server->dispatcher_ = std::make_unique<Dispatcher>(&server->store_, &server->tables_,
                                                      options.index, std::move(hooks));
   if (!options.trace_file.empty()) {
@@ -293,6 +320,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                              : "pserver server";
     PS_ASSIGN_OR_RETURN(server->trace_, trace::Recorder::Open(trace));
     server->dispatcher_->SetTrace(server->trace_.get());
+  }
+  if (options.standby) {
+    server->backup_replication_ = std::make_unique<BackupReplication>(server->dispatcher_.get());
   }
   AuthOptions auth;
   auth.job = options.job;
@@ -359,7 +389,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (!options.etcd_endpoints.empty()) PS_RETURN_IF_ERROR(server->Register());
   if (server->StopRequested()) return StoppedWhileStarting();
-  if (!options.checkpoint_dir.empty()) PS_RETURN_IF_ERROR(server->LoadShard());
+  if (!options.checkpoint_dir.empty()) {
+    if (options.standby) {
+      // Its state is the copy it took over, not a checkpoint on disk.
+      PS_RETURN_IF_ERROR(
+          CheckWritableDirectory(server->ShardDir(), options.checkpoint_file_mode));
+      server->SetNextSequence(0);
+    } else {
+      PS_RETURN_IF_ERROR(server->LoadShard());
+    }
+  }
   if (server->StopRequested()) return StoppedWhileStarting();
   if (device.has_value()) {
     server->Log(absl::StrCat("dense shards live on ", device_description,
@@ -379,6 +418,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->fence_ = std::make_unique<Fence>(std::move(fence));
     server->dispatcher_->SetFence(server->fence_.get());
     server->fence_thread_ = std::thread([raw] { raw->FenceLoop(); });
+  }
+  if (options.accept_standbys && server->registration_ != nullptr) {
+    PrimaryReplicationOptions replication;
+    replication.shard = server->index_;
+    replication.instance_id = server->instance_id_;
+    replication.etcd = server->etcd_.get();
+    replication.config = &server->config_;
+    replication.dispatcher = server->dispatcher_.get();
+    replication.write_options = server->WriteOptions();  // cluster, count, placement
+    replication.step_down = [raw](const std::string& why) { raw->StepDown(why); };
+    replication.log = [raw](const std::string& line) { raw->Log(line); };
+    server->primary_replication_ = std::make_unique<PrimaryReplication>(
+        std::move(replication), server->backup_replication_ == nullptr
+                                    ? 0
+                                    : server->backup_replication_->applied_lsn());
+    server->dispatcher_->SetShipper(server->primary_replication_.get());
   }
   server->loaded_ok_ = true;  // after the fence: a save may need it
   server->dispatcher_->SetServing(true);
@@ -456,6 +511,7 @@ absl::Status Server::Register() {
   PS_ASSIGN_OR_RETURN(registration_, until_deadline([&] {
                         return LeasedKey::Grant(etcd_.get(), lease_options);
                       }));
+  if (options_.standby) return RunStandby(desired, deadline, until_deadline);
   // The lowest free index; when all are taken (a killed server's lease has
   // not expired yet), look again until one frees up.
   bool waiting_logged = false;
@@ -479,6 +535,19 @@ absl::Status Server::Register() {
       if (!current.ok() && !absl::IsNotFound(current.status())) return current.status();
       absl::StatusOr<ShardClaim> next = NextShardClaim(
           i, current.ok() ? &*current : nullptr, instance_id_, address_, EpochOnDisk(i));
+      if (next.ok() && current.ok()) {
+        absl::StatusOr<v1::ShardConfig> old = ParseShardConfig(i, current->value);
+        if (old.ok() && old->replicas_size() > 0) {
+          // Its backup holds the newer state and takes it over (a claim
+          // here would load a checkpoint and lose what the backup has).
+          if (!waiting_logged) {
+            Log(absl::StrCat("index ", i, " is free but etcd ", etcd_keys::ShardKey(i),
+                             " lists backup ", old->replicas(0),
+                             ", which takes it over; not claiming it"));
+          }
+          continue;
+        }
+      }
       if (!next.ok()) {
         return absl::FailedPreconditionError(
             absl::StrCat(next.status().message(), "; this server does not claim index ", i,
@@ -496,11 +565,9 @@ absl::Status Server::Register() {
       PS_RETURN_IF_ERROR(claimed.status());
       if (*claimed) {
         index_ = i;
-        epoch_ = next->config.epoch();
-        shard_epoch_.store(epoch_, std::memory_order_relaxed);  // for the metrics
-        shard_config_value_ = next->value;
+        config_.Set(next->config.epoch(), next->value);
         Log(absl::StrCat("claimed index ", i, " of ", desired, " at ", etcd_options.prefix, key,
-                         " (lease ", registration_->lease(), ", epoch ", epoch_, ")"));
+                         " (lease ", registration_->lease(), ", epoch ", epoch(), ")"));
         return absl::OkStatus();
       }
     }
@@ -517,6 +584,127 @@ absl::Status Server::Register() {
     }
     PauseUnlessStopped(absl::Milliseconds(50));
   }
+}
+
+// ---- standby (docs/replication.md) ---------------------------------------------------
+
+template <typename Retry>
+absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& retry) {
+  LeasedKeyOptions standby_options;
+  standby_options.value = etcd_keys::FormatServerValue({address_, instance_id_});
+  standby_options.ttl = options_.lease_ttl;
+  standby_options.ownership = LeasedKeyOptions::Ownership::kExclusive;
+  bool waiting_logged = false;
+  bool attached = false;
+  // 1. A shard whose primary serves and has no backup: hold /standby/<i>, copy it.
+  while (true) {
+    if (StopRequested()) return StoppedWhileStarting();
+    for (uint32_t i = 0; i < desired && !attached; ++i) {
+      absl::StatusOr<KeyValue> primary = etcd_->Get(etcd_keys::ServerKey(i));
+      absl::StatusOr<KeyValue> shard = etcd_->Get(etcd_keys::ShardKey(i));
+      if (!primary.ok() || !shard.ok()) continue;
+      absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(i, shard->value);
+      if (!config.ok() || config->replicas_size() > 0) continue;
+      if (standby_key_ == nullptr) {
+        PS_ASSIGN_OR_RETURN(standby_key_,
+                            retry([&] { return LeasedKey::Grant(etcd_.get(), standby_options); }));
+      }
+      absl::StatusOr<bool> held = standby_key_->Claim(etcd_keys::StandbyKey(i));
+      if (!held.ok() || !*held) continue;
+      absl::Status copied = AttachTo(i, primary->value);
+      if (copied.ok()) {
+        attached = true;
+        break;
+      }
+      Log(absl::StrCat("attaching to shard ", i, " failed: ", copied.ToString()),
+          log::Level::kWarning);
+      standby_key_->Release();  // another standby may try; this one draws a new lease
+      standby_key_.reset();
+      if (!absl::IsUnavailable(copied) && !absl::IsFailedPrecondition(copied) &&
+          !absl::IsDeadlineExceeded(copied)) {
+        return copied;
+      }
+    }
+    if (attached) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no shard of ", desired, " had a serving primary without a backup for ",
+          absl::FormatDuration(options_.register_timeout), ": this standby attached to none"));
+    }
+    if (!waiting_logged) {
+      Log(absl::StrCat("standby: every shard of ", desired,
+                       " has a backup or no primary; waiting"));
+      waiting_logged = true;
+    }
+    PauseUnlessStopped(absl::Milliseconds(50));
+  }
+  // 2. Serve the primary's writes until /ps/<i> is gone, then take over.
+  standby_key_->KeepRegistered();
+  const std::string key = etcd_keys::ServerKey(index_);
+  while (true) {
+    if (StopRequested()) return StoppedWhileStarting();
+    absl::StatusOr<KeyValue> primary = etcd_->Get(key);
+    if (absl::IsNotFound(primary.status())) {
+      PS_ASSIGN_OR_RETURN(bool took_over, TakeOver(index_));
+      if (took_over) return absl::OkStatus();
+    }
+    PauseUnlessStopped(absl::Milliseconds(20));
+  }
+}
+
+absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
+  PS_ASSIGN_OR_RETURN(etcd_keys::ServerEntry entry, etcd_keys::ParseServerValue(primary));
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(-1);
+  auto stub = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
+      entry.address, grpc::InsecureChannelCredentials(), arguments));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
+  context.AddMetadata(std::string(kInstanceMetadataKey), entry.instance_id);
+  v1::AttachStandbyRequest request;
+  request.set_shard(shard);
+  request.set_instance_id(instance_id_);
+  request.set_address(address_);
+  v1::AttachStandbyResponse response;
+  PS_RETURN_IF_ERROR(FromGrpcStatus(stub->AttachStandby(&context, request, &response)));
+  PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(response.files()));
+  if (loaded.info.shard != shard) {
+    return absl::DataLossError(absl::StrCat("the copy of shard ", shard, " from ", entry.address,
+                                            " is of shard ", loaded.info.shard));
+  }
+  PS_RETURN_IF_ERROR(Restore(loaded));
+  backup_replication_->Attached(shard, response.epoch(), response.last_lsn());
+  index_ = shard;  // named in the log from now on
+  Log(absl::StrCat("standby: copied shard ", shard, " from its primary ", entry.address,
+                   " (instance ", entry.instance_id, ") at LSN ", response.last_lsn(),
+                   ", epoch ", response.epoch(), "; applying its writes, serving no client "
+                   "until it is gone"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Server::TakeOver(uint32_t shard) {
+  const std::string key = etcd_keys::ShardKey(shard);
+  PS_ASSIGN_OR_RETURN(KeyValue current, etcd_->Get(key));
+  absl::StatusOr<ShardClaim> next = NextTakeover(shard, current, instance_id_, address_);
+  if (!next.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("standby of shard ", shard, " cannot take over: ", next.status().message(),
+                     " (its primary dropped it); stop this process"));
+  }
+  // The old primary's writes are refused from now on (it is stale).
+  backup_replication_->SetEpoch(next->config.epoch());
+  ClaimGuard guard;
+  guard.compares.push_back(next->unchanged);
+  guard.ops.push_back(next->put);
+  guard.reclaim_compares.push_back(Compare::ValueEquals(key, next->value));
+  PS_ASSIGN_OR_RETURN(bool claimed, registration_->Claim(etcd_keys::ServerKey(shard), guard));
+  if (!claimed) return false;
+  config_.Set(next->config.epoch(), next->value);
+  standby_key_->Release();
+  Log(absl::StrCat("took over shard ", shard, " at epoch ", next->config.epoch(), ", LSN ",
+                   backup_replication_->applied_lsn(), " (its primary's /ps/", shard,
+                   " is gone); serving"));
+  return true;
 }
 
 void Server::PauseUnlessStopped(absl::Duration pause) const {
@@ -593,7 +781,7 @@ void Server::CheckShardEpoch() {
   const std::string key = etcd_keys::ShardKey(index_);
   absl::StatusOr<KeyValue> kv = etcd_->Get(key, absl::Now() + options_.lease_ttl);
   if (absl::IsNotFound(kv.status())) {
-    StepDown(absl::StrCat("etcd ", key, " no longer exists (this server held epoch ", epoch_, ")"));
+    StepDown(absl::StrCat("etcd ", key, " no longer exists (this server held epoch ", epoch(), ")"));
     return;
   }
   if (!kv.ok()) {
@@ -606,12 +794,12 @@ void Server::CheckShardEpoch() {
     StepDown(std::string(config.status().message()));
     return;
   }
-  if (config->holder() == instance_id_ && config->epoch() == epoch_) return;
+  if (config->holder() == instance_id_ && config->epoch() == epoch()) return;
   StepDown(absl::StrCat(
       "etcd ", key, " is at epoch ", config->epoch(), ", held by instance ", config->holder(),
       config->holder_address().empty() ? std::string()
                                        : absl::StrCat(" at ", config->holder_address()),
-      "; this server (instance ", instance_id_, ") held epoch ", epoch_,
+      "; this server (instance ", instance_id_, ") held epoch ", epoch(),
       " and its lease was not renewed in time"));
 }
 
@@ -664,7 +852,7 @@ CheckpointWriteOptions Server::WriteOptions() const {
   write_options.file_mode = options_.checkpoint_file_mode;
   write_options.cluster = options_.cluster;
   write_options.num_servers = num_servers_;
-  write_options.epoch = epoch_;
+  write_options.epoch = epoch();
   write_options.placement = CurrentPlacement();
   return write_options;
 }
@@ -851,25 +1039,33 @@ absl::Status Server::LoadShard() {
       for (const std::string& m : load_messages_) Log(m);
       return mine;
     }
-    auto ext = loaded->snapshot.extensions.find(AppliedSequences::kExtensionName);
-    if (ext != loaded->snapshot.extensions.end()) {
-      PS_RETURN_IF_ERROR(dispatcher_->applied().Restore(ext->second));
-    }
-    PS_RETURN_IF_ERROR(tables_.RestoreFrom(loaded->snapshot.extensions));
-    PS_RETURN_IF_ERROR(store_.Restore(std::move(loaded->snapshot)));
+    PS_RETURN_IF_ERROR(Restore(*loaded));
     load_messages_.push_back(absl::StrCat("loaded checkpoint ", loaded->info.path, " (sequence ",
                                           loaded->info.sequence, ")"));
     loaded_ = loaded->info;
     dispatcher_->SetCheckpointSequence(loaded->info.sequence);
   }
   for (const std::string& m : load_messages_) Log(m);
+  SetNextSequence(std::max<uint64_t>(published_sequence, loaded_ ? loaded_->sequence : 0));
+  return absl::OkStatus();
+}
+
+void Server::SetNextSequence(uint64_t at_least) {
   // New checkpoints get numbers above every one there is.
-  uint64_t next = std::max<uint64_t>(published_sequence, loaded_ ? loaded_->sequence : 0) + 1;
-  absl::StatusOr<std::vector<CheckpointEntry>> listed = ListCheckpoints(dir);
+  uint64_t next = at_least + 1;
+  absl::StatusOr<std::vector<CheckpointEntry>> listed = ListCheckpoints(ShardDir());
   if (listed.ok() && !listed->empty()) next = std::max(next, listed->back().sequence + 1);
   absl::MutexLock lock(&save_mu_);
   next_sequence_ = next;
-  return absl::OkStatus();
+}
+
+absl::Status Server::Restore(LoadedCheckpoint& loaded) {
+  auto ext = loaded.snapshot.extensions.find(AppliedSequences::kExtensionName);
+  if (ext != loaded.snapshot.extensions.end()) {
+    PS_RETURN_IF_ERROR(dispatcher_->applied().Restore(ext->second));
+  }
+  PS_RETURN_IF_ERROR(tables_.RestoreFrom(loaded.snapshot.extensions));
+  return store_.Restore(std::move(loaded.snapshot));
 }
 
 absl::StatusOr<CheckpointInfo> Server::Save() {
@@ -894,7 +1090,7 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   if (etcd_ != nullptr) {
     PS_ASSIGN_OR_RETURN(std::string json, ToJson(RecordOf(info, address_)));
     absl::StatusOr<TxnResult> published =
-        etcd_->Txn({Compare::ValueEquals(etcd_keys::ShardKey(index_), shard_config_value_)},
+        etcd_->Txn({Compare::ValueEquals(etcd_keys::ShardKey(index_), config_.value())},
                    {TxnOp::Put(CheckpointKey(index_), json)});
     if (!published.ok()) {
       return absl::Status(
@@ -907,7 +1103,7 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
       std::filesystem::remove_all(info.path, ec);
       const std::string why =
           absl::StrCat("publishing checkpoint ", info.path, " was refused: etcd ",
-                       etcd_keys::ShardKey(index_), " no longer holds this server's epoch ", epoch_,
+                       etcd_keys::ShardKey(index_), " no longer holds this server's epoch ", epoch(),
                        " (another server claimed shard ", index_, ")");
       Log(absl::StrCat(why, "; deleted it",
                        ec ? absl::StrCat(" (failed: ", ec.message(), ")") : std::string()));
@@ -1048,7 +1244,7 @@ absl::Status Server::StartMetrics() {
     sources.etcd = [this] { return EtcdState(); };
     sources.shard = [this] {
       ShardState shard;
-      shard.epoch = shard_epoch_.load(std::memory_order_relaxed);
+      shard.epoch = epoch();
       if (Fence* fence = dispatcher_->fence(); fence != nullptr) {
         shard.fenced = true;
         shard.confirmed = fence->Confirmed();

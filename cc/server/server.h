@@ -39,6 +39,7 @@
 #include "cc/metrics/metrics.h"
 #include "cc/rpc/transport_limits.h"
 #include "cc/security/tls.h"
+#include "cc/server/replication.h"
 #include "cc/server/server_metrics.h"
 #include "cc/trace/trace.h"
 #include "pserver/v1/registry.pb.h"
@@ -115,6 +116,21 @@ struct ServerOptions {
   // How long Start waits for a free index (all taken: a killed server's
   // lease has not expired yet) and for etcd.
   absl::Duration register_timeout = absl::Seconds(60);
+
+  // --- replication, the standby model (docs/replication.md) ---
+  // A standby (--standby, needs etcd): claims no index; it holds
+  // /standby/<i> of a shard whose primary has no backup, copies that shard
+  // from its primary (AttachStandby), applies the primary's writes
+  // (Replicate), and serves no client until /ps/<i> is gone: then it takes
+  // the shard over (epoch + 1) and serves as its primary. Start returns only
+  // then (or CANCELLED when options.stop is notified).
+  bool standby = false;
+  // A primary that lets a standby attach (--accept_standbys): its writes go
+  // through the replication path (cc/server/replication.h) and, once a
+  // standby attached, are acknowledged only after the standby has them.
+  // Off (the default): writes are applied as before. Not with TLS or roles
+  // yet (Start refuses the combination).
+  bool accept_standbys = false;
 
   // --- checkpoints (empty dir: none) ---
   // Shard i lives in <checkpoint_dir>/shard-<i>. Start creates that
@@ -256,7 +272,7 @@ class Server {
   int leases_lost() const;
   int64_t lease() const;
   // The shard epoch this server claimed (etcd /shards/<index>); 0 without etcd.
-  uint64_t epoch() const { return epoch_; }
+  uint64_t epoch() const { return config_.epoch(); }
   // Whether it stepped down (another server claimed its shard while its
   // lease was not renewed): it then refuses every call but the stats,
   // publishes no checkpoint and saves none at shutdown.
@@ -285,6 +301,22 @@ class Server {
   void PauseUnlessStopped(absl::Duration pause) const;
   // Loads the shard's checkpoint into the store.
   absl::Status LoadShard();
+  // Puts a loaded checkpoint's state into the store, tables and applied ids.
+  absl::Status Restore(LoadedCheckpoint& loaded);
+  // New checkpoints get sequence numbers above `at_least` and every one in
+  // ShardDir().
+  void SetNextSequence(uint64_t at_least);
+  // A standby (options.standby), after Register granted the lease: attaches
+  // to a shard without a backup, then waits to take it over. `retry` runs
+  // an etcd call until the deadline, as Register does.
+  template <typename Retry>
+  absl::Status RunStandby(uint32_t desired, absl::Time deadline, Retry& retry);
+  // Copies shard `shard` from its primary at `primary` and starts applying
+  // its writes.
+  absl::Status AttachTo(uint32_t shard, const std::string& primary);
+  // The shard's primary is gone: NextTakeover and /ps/<shard>. False when
+  // the claim lost a race (read again).
+  absl::StatusOr<bool> TakeOver(uint32_t shard);
   // The published record's checkpoint, if etcd has one this server may trust
   // (inside ShardDir(), naming this shard and cluster, its CRC matching);
   // why not is added to load_messages_.
@@ -373,9 +405,11 @@ class Server {
   std::unique_ptr<LeasedKey> registration_;
   // The epoch claimed and /shards/<index_>'s value as this server wrote it
   // (what a checkpoint publish compares against).
-  uint64_t epoch_ = 0;
-  std::atomic<uint64_t> shard_epoch_{0};  // epoch_, for the metrics thread
-  std::string shard_config_value_;
+  ShardConfigCell config_;
+  // Replication (options.accept_standbys / options.standby).
+  std::unique_ptr<PrimaryReplication> primary_replication_;
+  std::unique_ptr<BackupReplication> backup_replication_;  // a standby's, set before gRPC starts
+  std::unique_ptr<LeasedKey> standby_key_;  // /standby/<i> while a standby
   std::unique_ptr<Fence> fence_;  // with etcd only
 
   absl::Mutex loop_mu_;

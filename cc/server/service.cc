@@ -61,6 +61,17 @@ absl::Status ReadParams(Dispatcher& dispatcher, absl::Span<const v1::ParamRef> r
   return absl::OkStatus();
 }
 
+// A byte buffer's bytes, copied into one string.
+std::string BufferBytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (!buffer.Dump(&slices).ok()) return bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return bytes;
+}
+
 // Decodes a SendGrads/PushPull request and applies it (once).
 absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                             PushRequest* push) {
@@ -68,7 +79,12 @@ absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& requ
     dispatcher.CountMalformed();
     return status;
   }
-  return dispatcher.Push(RequestId{push->client_id, push->sequence}, push->grads);
+  const RequestId id{push->client_id, push->sequence};
+  // With backups the request's bytes are shipped (docs/replication.md); a
+  // PushPull's reads are ignored by the backup.
+  return dispatcher.Ship(
+      "SendGrads", [&] { return BufferBytes(request); },
+      [&] { return dispatcher.Push(id, push->grads); });
 }
 
 absl::Status GetParams(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
@@ -328,7 +344,8 @@ absl::Status ApplyReplicatedPush(Dispatcher& dispatcher, absl::string_view reque
   grpc::Slice slice(request.data(), request.size());  // a copy the decoded views point into
   grpc::ByteBuffer buffer(&slice, 1);
   PushRequest push;
-  return DecodeAndApply(dispatcher, buffer, &push);
+  if (absl::Status status = DecodePushRequest(buffer, &push); !status.ok()) return status;
+  return dispatcher.PushReplicated(RequestId{push.client_id, push.sequence}, push.grads);
 }
 
 BulkMethodFn FindBulkMethod(absl::string_view method) {

@@ -1,0 +1,145 @@
+// Replication on the standby model (issue 15, docs/replication.md): the
+// pieces of cc/server/{primary_log,backup_log}.h wired to a server.
+//
+// - PrimaryReplication: a primary's write path (Dispatcher::SetShipper).
+//   With no backup a write is applied as it comes. AttachStandby copies the
+//   shard (writes held meanwhile, as Save holds them), adds the standby to
+//   /shards/<i>.replicas (epoch + 1) and from then on every write goes
+//   through a PrimaryLog whose backup is that standby, over the Replicate
+//   RPC. A backup that does not acknowledge is dropped from /shards/<i> by
+//   transaction before the write is acknowledged; a primary that cannot
+//   drop it (etcd unreachable) acknowledges nothing; a backup that answers
+//   FAILED_PRECONDITION (it knows a newer epoch) makes the primary step down.
+// - BackupReplication: a standby's side: the copy it loaded and a BackupLog
+//   applying the primary's writes in LSN order.
+// - SnapshotToFiles / LoadSnapshotFiles: a shard's state as the files of
+//   one checkpoint (docs/checkpoint-format.md), as AttachStandby carries it.
+//
+// Thread-safe.
+#ifndef PSERVER_CC_SERVER_REPLICATION_H_
+#define PSERVER_CC_SERVER_REPLICATION_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "cc/core/checkpoint.h"
+#include "cc/core/parameter_store.h"
+#include "cc/etcd/etcd_client.h"
+#include "cc/server/backup_log.h"
+#include "cc/server/dispatcher.h"
+#include "cc/server/primary_log.h"
+#include "pserver/v1/service.grpc.pb.h"
+
+namespace pserver {
+
+// The shard configuration this server last wrote to /shards/<i> (epoch and
+// value): what a checkpoint publish and a configuration change compare
+// against. Changes when a standby attaches or a backup is dropped.
+class ShardConfigCell {
+ public:
+  void Set(uint64_t epoch, std::string value) {
+    absl::MutexLock lock(&mu_);
+    epoch_ = epoch;
+    value_ = std::move(value);
+  }
+  uint64_t epoch() const {
+    absl::MutexLock lock(&mu_);
+    return epoch_;
+  }
+  std::string value() const {
+    absl::MutexLock lock(&mu_);
+    return value_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string value_ ABSL_GUARDED_BY(mu_);
+};
+
+// The files of one checkpoint of `snapshot` (written to a temporary
+// directory, read back, removed).
+absl::StatusOr<std::vector<v1::SnapshotFile>> SnapshotToFiles(
+    const StoreSnapshot& snapshot, uint32_t shard, const CheckpointWriteOptions& options);
+// Loads the checkpoint `files` hold (verified as any checkpoint is).
+// INVALID_ARGUMENT for a file name that is not a plain name (empty, ".",
+// "..", a '/' or a NUL) or given twice.
+absl::StatusOr<LoadedCheckpoint> LoadSnapshotFiles(
+    const google::protobuf::RepeatedPtrField<v1::SnapshotFile>& files);
+
+struct PrimaryReplicationOptions {
+  uint32_t shard = 0;
+  std::string instance_id;               // this server's (the holder)
+  EtcdClient* etcd = nullptr;            // must outlive it
+  ShardConfigCell* config = nullptr;     // must outlive it
+  Dispatcher* dispatcher = nullptr;      // must outlive it (its Snapshot)
+  CheckpointWriteOptions write_options;  // how the copy is written
+  // How long one write may take to reach the backup, retries of
+  // UNAVAILABLE included; then the backup is dropped.
+  absl::Duration replicate_timeout = absl::Seconds(10);
+  // A backup knows a newer epoch: this primary must step down.
+  std::function<void(const std::string& why)> step_down;
+  std::function<void(const std::string& line)> log;
+};
+
+class PrimaryReplication : public WriteShipper {
+ public:
+  // `last_lsn`: the last LSN in this replica's state (a promoted backup's).
+  PrimaryReplication(PrimaryReplicationOptions options, uint64_t last_lsn);
+  ~PrimaryReplication() override;
+
+  absl::Status Write(absl::string_view method, absl::FunctionRef<std::string()> request,
+                     absl::FunctionRef<absl::Status()> apply) override;
+  // A standby asking for a copy (the AttachStandby RPC). FAILED_PRECONDITION
+  // when the shard has a backup already or etcd's config changed.
+  absl::StatusOr<v1::AttachStandbyResponse> Attach(const v1::AttachStandbyRequest& request);
+  // The backup's instance id; "" when none.
+  std::string backup() const;
+
+ private:
+  absl::Status Send(const BackupLog::Write& write);
+  // Takes the backup out of /shards/<i> after it failed `failure`.
+  absl::Status DropBackup(const absl::Status& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const PrimaryReplicationOptions options_;
+  // Shared by every write (for its whole apply and shipping), exclusive for
+  // a change of backups: a copy is taken with no write half done.
+  mutable absl::Mutex mu_;
+  uint64_t last_lsn_ ABSL_GUARDED_BY(mu_);                // while there is no log
+  std::unique_ptr<PrimaryLog> log_ ABSL_GUARDED_BY(mu_);  // null: no backup
+  std::string backup_id_ ABSL_GUARDED_BY(mu_);
+  std::string backup_address_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<v1::ParameterServer::Stub> stub_ ABSL_GUARDED_BY(mu_);
+};
+
+class BackupReplication {
+ public:
+  explicit BackupReplication(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+  // The copy of shard `shard` at epoch `epoch` up to `last_lsn` is loaded:
+  // writes are applied from now on. Called once.
+  void Attached(uint32_t shard, uint64_t epoch, uint64_t last_lsn);
+  // The Replicate RPC: returns once the write is applied (BackupLog::Deliver).
+  // UNAVAILABLE while no copy is loaded yet (for up to `wait`).
+  absl::Status Replicate(const v1::ReplicateRequest& request,
+                         absl::Duration wait = absl::Seconds(10));
+  // Taking over: the old primary's writes are refused from now on.
+  void SetEpoch(uint64_t epoch);
+  uint64_t applied_lsn() const;
+
+ private:
+  Dispatcher* const dispatcher_;
+  absl::Notification attached_;
+  uint32_t shard_ = 0;              // set before attached_ is notified
+  std::unique_ptr<BackupLog> log_;  // set before attached_ is notified
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_SERVER_REPLICATION_H_
