@@ -11,6 +11,7 @@
 // min/median/max over the repetitions, after warm-up.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
@@ -54,6 +55,12 @@ ABSL_FLAG(std::vector<std::string>, sizes_kib, {},
           "Payload sizes in KiB for the ceiling and dense groups (e.g. 1024,4096); default: "
           "4, 64, 1024, 4096, 16384, 65536.");
 ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
+ABSL_FLAG(std::vector<std::string>, dense_kinds, {},
+          "Operations of the dense group (push, pull, pushpull); default: all three. One "
+          "kind alone suits `perf stat` of a run.");
+ABSL_FLAG(std::vector<std::string>, dense_configs, {},
+          "Servers x workers of the dense group (e.g. 1x1,2x2); default: 1x1, 1x2, 2x1, 2x2 "
+          "(1x1 and 2x2 with --quick).");
 
 namespace pserver::bench {
 namespace {
@@ -245,7 +252,9 @@ absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::uni
          }},
         {"pushpull", [&](int w) { return clients[w]->PushPull(names[w], grads[w], &outs[w]); }},
     };
+    const std::vector<std::string> only = absl::GetFlag(FLAGS_dense_kinds);
     for (const auto& [kind, op] : kinds) {
+      if (!only.empty() && std::find(only.begin(), only.end(), kind) == only.end()) continue;
       Result& r = h.Add(group, kind);
       r.set_payload_bytes(bytes);
       r.set_servers(servers);
@@ -269,6 +278,18 @@ absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::uni
 absl::Status Dense(Harness& h, const std::vector<uint64_t>& sizes) {
   std::vector<std::pair<int, int>> configs = {{1, 1}, {1, 2}, {2, 1}, {2, 2}};
   if (h.quick()) configs = {{1, 1}, {2, 2}};
+  if (const std::vector<std::string> wanted = absl::GetFlag(FLAGS_dense_configs); !wanted.empty()) {
+    configs.clear();
+    for (const std::string& config : wanted) {
+      int servers = 0, workers = 0;
+      if (std::sscanf(config.c_str(), "%dx%d", &servers, &workers) != 2 || servers < 1 ||
+          workers < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--dense_configs: '", config, "' is not SERVERSxWORKERS, e.g. 1x1"));
+      }
+      configs.emplace_back(servers, workers);
+    }
+  }
   for (const auto& [servers, workers] : configs) {
     PS_ASSIGN_OR_RETURN(auto procs, StartServers(servers));
     PS_ASSIGN_OR_RETURN(auto clients, MakeClients(workers, procs->addresses, {}));

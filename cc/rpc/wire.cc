@@ -29,6 +29,15 @@ constexpr int kRequestSequenceField = 4;   // SendGradsRequest/PushPullRequest.s
 // separate slice costs more than copying so little.
 constexpr size_t kInlinePayloadBytes = 16 << 10;
 
+// A Gradient field that types.proto never declares: padding the encoder puts
+// in a gradient's header so that the content starts a multiple of
+// kContentAlignment bytes into the message. A reader holding the whole message
+// in one buffer aligned as malloc aligns (a bulk channel frame) then applies
+// the content in place instead of copying it to aligned memory first. Every
+// protobuf parser skips it as an unknown field.
+constexpr int kGradientPaddingField = 2047;
+constexpr size_t kContentAlignment = 16;
+
 void PutVarint(std::string* out, uint64_t v) {
   while (v >= 0x80) {
     out->push_back(static_cast<char>(v | 0x80));
@@ -61,6 +70,33 @@ void PutMessageWithPayload(std::string* out, int field, const std::string& heade
   out->append(header);
   PutVarint(out, payload_key);
   PutVarint(out, payload_size);
+}
+
+// The padding field to add to a gradient's `header_size` header bytes so that
+// its content (`payload_size` bytes) starts at a multiple of kContentAlignment
+// when the gradient field begins `offset` bytes into the message; empty when
+// none is needed or none fits.
+std::string ContentPadding(size_t offset, int field, size_t header_size, int payload_field,
+                           size_t payload_size) {
+  const uint64_t payload_key = (static_cast<uint64_t>(payload_field) << 3) | kLengthDelimited;
+  const uint64_t padding_key = (uint64_t{kGradientPaddingField} << 3) | kLengthDelimited;
+  const size_t payload_prefix = VarintSize(payload_key) + VarintSize(payload_size);
+  // Each padding byte more moves the content by one, so some fill of under
+  // 2 * kContentAlignment bytes lines it up.
+  for (size_t fill = 0; fill < 2 * kContentAlignment; ++fill) {
+    const size_t padding = fill == 0 ? 0 : VarintSize(padding_key) + VarintSize(fill - 1) + fill - 1;
+    const size_t total = header_size + padding + payload_prefix + payload_size;
+    const size_t content_at = offset + VarintSize((static_cast<uint64_t>(field) << 3) | kLengthDelimited) +
+                              VarintSize(total) + header_size + padding + payload_prefix;
+    if (content_at % kContentAlignment != 0) continue;
+    if (fill == 0) return "";
+    std::string out;
+    PutVarint(&out, padding_key);
+    PutVarint(&out, fill - 1);
+    out.append(fill - 1, '\0');
+    return out;
+  }
+  return "";
 }
 
 absl::string_view View(const grpc::Slice& slice) {
@@ -267,8 +303,10 @@ grpc::ByteBuffer EncodePushRequest(absl::Span<const GradientView> grads,
                                    uint64_t client_id, uint64_t sequence) {
   std::vector<grpc::Slice> slices;
   std::string pending;
+  size_t flushed = 0;  // bytes of the message in `slices`
   auto flush = [&] {
     if (!pending.empty()) slices.emplace_back(pending.data(), pending.size());
+    flushed += pending.size();
     pending.clear();
   };
   // proto3 leaves zero scalars out; protobuf accepts fields in any order.
@@ -289,13 +327,19 @@ grpc::ByteBuffer EncodePushRequest(absl::Span<const GradientView> grads,
     if (g.global_norm.has_value()) header.set_global_norm(*g.global_norm);
     header.set_skip_as_non_finite(g.skip_as_non_finite);
     header.set_indices(g.indices.data(), g.indices.size());  // top-k: small, copied
-    PutMessageWithPayload(&pending, kRequestGradientsField, header.SerializeAsString(),
-                          kGradientContentField, g.content.size());
+    std::string header_bytes = header.SerializeAsString();
+    if (!g.content.empty()) {
+      header_bytes += ContentPadding(flushed + pending.size(), kRequestGradientsField,
+                                     header_bytes.size(), kGradientContentField, g.content.size());
+    }
+    PutMessageWithPayload(&pending, kRequestGradientsField, header_bytes, kGradientContentField,
+                          g.content.size());
     if (g.content.size() <= kInlinePayloadBytes) {
       pending.append(g.content.data(), g.content.size());
     } else {
       flush();
       slices.push_back(lease->Borrow(g.content));
+      flushed += g.content.size();
     }
   }
   for (const v1::ParamRef& ref : refs) {

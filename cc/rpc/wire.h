@@ -59,7 +59,10 @@ class PayloadLease {
 };
 
 // SendGradsRequest (refs empty) or PushPullRequest: the gradients' contents
-// are borrowed through `lease` and must stay valid until it fires.
+// are borrowed through `lease` and must stay valid until it fires. Each
+// content starts a multiple of 16 bytes into the message (a gradient's header
+// carries a few bytes of padding in a field protobuf skips, wire.cc), so a
+// reader holding the message in one malloc'd buffer decodes it without a copy.
 // `client_id` and `sequence` (0: unset) identify the request for exactly-once
 // application (service.proto).
 grpc::ByteBuffer EncodePushRequest(absl::Span<const GradientView> grads,

@@ -534,6 +534,42 @@ TEST(EncodePushRequestTest, RoundTripKeepsLargeContentInPlace) {
   EXPECT_EQ(released.calls, 1);
 }
 
+// A message read whole into one buffer (as a bulk channel frame is) decodes
+// with every content in place, whatever the names, request ids and sizes put
+// before it: each content starts a multiple of 16 bytes into the message.
+TEST(EncodePushRequestTest, ContentsAlignedInAWholeMessage) {
+  const std::vector<v1::Gradient> sample = SampleGradients();
+  for (uint64_t sequence : {uint64_t{0}, uint64_t{1}, uint64_t{127}, uint64_t{128},
+                            uint64_t{16384}, uint64_t{1} << 40}) {
+    for (size_t name_length = 0; name_length < 20; ++name_length) {
+      SCOPED_TRACE(absl::StrCat("sequence ", sequence, ", name length ", name_length));
+      std::vector<v1::Gradient> grads = sample;
+      for (v1::Gradient& g : grads) g.set_name(std::string(name_length, 'n'));
+      Counter released;
+      PayloadLease* lease = PayloadLease::Create(released.Callback());
+      const std::string bytes =
+          Flatten(EncodePushRequest(ViewsOf(grads), SampleRefs(), lease, 7, sequence));
+      lease->Release();
+      v1::PushPullRequest parsed;
+      ASSERT_TRUE(parsed.ParseFromString(bytes)) << "the padding is a field protobuf skips";
+      ASSERT_EQ(parsed.gradients_size(), static_cast<int>(grads.size()));
+      for (size_t i = 0; i < grads.size(); ++i) ExpectParsedMatches(grads[i], parsed.gradients(i));
+
+      const grpc::ByteBuffer whole = Pieces(bytes, {kWhole});  // one slice, malloc-aligned
+      PushRequest decoded;
+      ASSERT_OK(DecodePushRequest(whole, &decoded));
+      ASSERT_EQ(decoded.grads.size(), grads.size());
+      EXPECT_TRUE(decoded.scratch.empty()) << "a content was copied to align it";
+      const char* begin = reinterpret_cast<const char*>(decoded.slices.at(0).begin());
+      for (size_t i = 0; i < grads.size(); ++i) {
+        ExpectViewMatches(grads[i], decoded.grads[i]);
+        if (grads[i].content().empty()) continue;
+        EXPECT_EQ((decoded.grads[i].content.data() - begin) % 16, 0) << "gradient " << i;
+      }
+    }
+  }
+}
+
 // ---- decoding protobuf's bytes, cut into slices of every shape ------------------------
 
 struct Split {
