@@ -55,6 +55,9 @@ ABSL_FLAG(std::vector<std::string>, sizes_kib, {},
           "Payload sizes in KiB for the ceiling and dense groups (e.g. 1024,4096); default: "
           "4, 64, 1024, 4096, 16384, 65536.");
 ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfiles.");
+ABSL_FLAG(std::vector<std::string>, server_flags, {},
+          "Extra flags for every pserver process the groups start, comma-separated "
+          "(e.g. --server_flags=--device=cuda:0 serves dense shards from a GPU).");
 ABSL_FLAG(std::vector<std::string>, dense_kinds, {},
           "Operations of the dense group (push, pull, pushpull); default: all three. One "
           "kind alone suits `perf stat` of a run.");
@@ -95,7 +98,9 @@ absl::StatusOr<std::unique_ptr<ServerProcesses>> StartServers(int n) {
   const std::string binary = PserverBinary();
   auto servers = std::make_unique<ServerProcesses>();
   for (int i = 0; i < n; ++i) {
-    PS_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(binary, {"--port=0", absl::StrCat("--index=", i)}));
+    std::vector<std::string> args = {"--port=0", absl::StrCat("--index=", i)};
+    for (const std::string& flag : absl::GetFlag(FLAGS_server_flags)) args.push_back(flag);
+    PS_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(binary, args));
     PS_ASSIGN_OR_RETURN(std::string address,
                         WaitForPserverAddress(*child, i, absl::Now() + absl::Seconds(20)));
     servers->addresses.push_back(address);

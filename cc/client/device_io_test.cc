@@ -599,11 +599,15 @@ class CudaRoundTripTest : public ::testing::Test {
 TEST_F(CudaRoundTripTest, DeviceToServerToDeviceIsExact) {
   SKIP_WITHOUT_CUDA_DEVICE();
   // 3 floats (one block), and 40 MiB (40 blocks, 10 chunks).
-  for (size_t n : {size_t{3}, size_t{10} << 20}) {
+  const std::vector<size_t> sizes = {size_t{3}, size_t{10} << 20};
+  for (size_t n : sizes) {
+    ASSERT_OK(client_->InitParam(absl::StrCat("w", n),
+                                 Tensor::FromValues<float>({int64_t(n)}, Ramp(n, 1.f)), Sgd(1.0)));
+  }
+  ASSERT_OK(client_->FinishInitParams());
+  for (size_t n : sizes) {
     const std::string name = absl::StrCat("w", n);
     const std::vector<float> w0 = Ramp(n, 1.f), g = Ramp(n, -0.25f);
-    ASSERT_OK(client_->InitParam(name, Tensor::FromValues<float>({int64_t(n)}, w0), Sgd(1.0)));
-    ASSERT_OK(client_->FinishInitParams());
     ASSERT_OK_AND_ASSIGN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Allocate(0, n * 4));
     ASSERT_OK_AND_ASSIGN(auto io, DeviceIo::ForCuda(client_.get(), 0));
     ASSERT_OK(io->GetParam(name, d.data(), n * 4));
