@@ -126,8 +126,9 @@ class ReplicationTest : public ::testing::Test {
   }
 
   // A trainer following /ps/<i>, retrying with the same request ids; the
-  // parameters initialised to 0 (SGD, learning rate 1).
-  std::unique_ptr<Client> ConnectAndInit() {
+  // parameters initialised to 0 (SGD, learning rate 1), and `big` more,
+  // "big<k>", of `big_floats` zeros each.
+  std::unique_ptr<Client> ConnectAndInit(int big = 0, int big_floats = 0) {
     ClientOptions options;
     options.etcd_endpoints = {etcd_->endpoint()};
     options.cluster = kCluster;
@@ -144,6 +145,13 @@ class ReplicationTest : public ::testing::Test {
     for (int p = 0; p < kParams; ++p) {
       absl::Status init = (*trainer)->InitParam(
           Param(p), Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 0)), sgd);
+      EXPECT_OK(init);
+      if (!init.ok()) return nullptr;
+    }
+    for (int k = 0; k < big; ++k) {
+      absl::Status init = (*trainer)->InitParam(
+          absl::StrCat("big", k),
+          Tensor::FromValues<float>({big_floats}, std::vector<float>(big_floats, 0)), sgd);
       EXPECT_OK(init);
       if (!init.ok()) return nullptr;
     }
@@ -346,6 +354,35 @@ TEST_F(ReplicationTest, APrimaryDropsAKilledStandbyBeforeAcknowledging) {
         << DescribeWaitStatus(exit_status) << primary->err();
   }
   EXPECT_THAT(primaries[0]->err(), ::testing::HasSubstr("dropped backup"));
+}
+
+// A standby bounds the copy it accepts from the primary etcd names
+// (--max_standby_copy_bytes): a larger copy fails the attach, saying so, and
+// the shard stays without a replica.
+TEST_F(ReplicationTest, AStandbyRefusesACopyLargerThanItsBound) {
+  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
+  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
+  // 8 parameters of 64 KiB beside the small ones: each shard holds some
+  // (placement is deterministic), so each shard's copy is past the 4 KiB bound.
+  std::unique_ptr<Client> trainer = ConnectAndInit(8, 1 << 14);
+  ASSERT_NE(trainer, nullptr);
+  std::vector<std::string> flags = Flags();
+  flags.push_back("--standby");
+  flags.push_back("--max_standby_copy_bytes=4096");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> standby,
+                       ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
+  ASSERT_OK_AND_ASSIGN(int status, standby->WaitForExit(absl::Now() + kWait));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << DescribeWaitStatus(status);
+  EXPECT_THAT(standby->err(), ::testing::HasSubstr("--max_standby_copy_bytes=4096"));
+  EXPECT_THAT(standby->err(), ::testing::HasSubstr("nothing loaded"));
+  // The primary listed the standby when it sent the copy; the first write
+  // the standby cannot take drops it again, and the primaries serve on.
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 2, &steps_done));
+  ExpectTrained(*trainer, 2);
+  for (uint32_t shard = 0; shard < kServers; ++shard) {
+    EXPECT_EQ(Config(shard).replicas_size(), 0) << "shard " << shard;
+  }
 }
 
 }  // namespace

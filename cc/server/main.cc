@@ -138,6 +138,10 @@ ABSL_FLAG(bool, standby, false,
           "Start as a standby (needs --etcd): claim no index, copy a shard whose primary has no "
           "backup, apply its writes, serve no client; take the shard over when its primary's "
           "/ps/<i> is gone (docs/replication.md). Not with TLS or roles yet.");
+ABSL_FLAG(uint64_t, max_standby_copy_bytes, uint64_t{1} << 30,
+          "A standby's bound on the copy of the shard it receives from the primary named in "
+          "etcd (one message: at most 2147483647); a larger copy fails the attach with "
+          "RESOURCE_EXHAUSTED, nothing loaded.");
 ABSL_FLAG(bool, accept_standbys, false,
           "Let a standby attach to this server's shard: once one did, a write is acknowledged "
           "only after the standby has it (docs/replication.md). Not with TLS or roles yet.");
@@ -313,6 +317,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
   options.standby = absl::GetFlag(FLAGS_standby);
+  options.max_standby_copy_bytes = absl::GetFlag(FLAGS_max_standby_copy_bytes);
   options.accept_standbys = absl::GetFlag(FLAGS_accept_standbys);
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);

@@ -91,6 +91,12 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes must be in [1024, 2^31-1], got ", options.max_message_bytes));
   }
+  if (options.max_standby_copy_bytes < 1024 ||
+      options.max_standby_copy_bytes > (size_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_standby_copy_bytes must be in [1024, 2^31-1], got ",
+                     options.max_standby_copy_bytes));
+  }
   if (options.max_threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_threads must be >= 0, got ", options.max_threads));
@@ -655,7 +661,7 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
 absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
   PS_ASSIGN_OR_RETURN(etcd_keys::ServerEntry entry, etcd_keys::ParseServerValue(primary));
   grpc::ChannelArguments arguments;
-  arguments.SetMaxReceiveMessageSize(-1);
+  arguments.SetMaxReceiveMessageSize(static_cast<int>(options_.max_standby_copy_bytes));
   auto stub = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
       entry.address, grpc::InsecureChannelCredentials(), arguments));
   grpc::ClientContext context;
@@ -666,7 +672,16 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
   request.set_instance_id(instance_id_);
   request.set_address(address_);
   v1::AttachStandbyResponse response;
-  PS_RETURN_IF_ERROR(FromGrpcStatus(stub->AttachStandby(&context, request, &response)));
+  if (absl::Status copied = FromGrpcStatus(stub->AttachStandby(&context, request, &response));
+      !copied.ok()) {
+    if (absl::IsResourceExhausted(copied)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the copy of shard ", shard, " from its primary ", entry.address,
+          " is larger than --max_standby_copy_bytes=", options_.max_standby_copy_bytes,
+          " (", copied.message(), "); nothing loaded"));
+    }
+    return copied;
+  }
   PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(response.files()));
   if (loaded.info.shard != shard) {
     return absl::DataLossError(absl::StrCat("the copy of shard ", shard, " from ", entry.address,

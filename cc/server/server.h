@@ -125,6 +125,11 @@ struct ServerOptions {
   // the shard over (epoch + 1) and serves as its primary. Start returns only
   // then (or CANCELLED when options.stop is notified).
   bool standby = false;
+  // The largest copy a standby accepts from the primary named in etcd
+  // (--max_standby_copy_bytes): a bigger one fails the attach with
+  // RESOURCE_EXHAUSTED naming the flag, nothing loaded. The copy travels in
+  // one gRPC message, so at most 2^31-1.
+  size_t max_standby_copy_bytes = size_t{1} << 30;
   // A primary that lets a standby attach (--accept_standbys): its writes go
   // through the replication path (cc/server/replication.h) and, once a
   // standby attached, are acknowledged only after the standby has them.
