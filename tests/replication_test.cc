@@ -45,8 +45,8 @@ constexpr char kCluster[] = "replication";
 constexpr int kServers = 2;
 constexpr int kParams = 8;
 constexpr int kWidth = 16;
-constexpr int kSteps = 200;
-constexpr int kKills = 4;
+constexpr int kSteps = 500;
+constexpr int kKills = 20;
 
 std::string Param(int p) { return absl::StrCat("w", p); }
 
@@ -77,7 +77,7 @@ class ReplicationTest : public ::testing::Test {
             "--etcd=" + etcd_->endpoint(),
             absl::StrCat("--cluster=", kCluster),
             absl::StrCat("--num_servers=", kServers),
-            "--lease_ttl=2",
+            absl::StrCat("--lease_ttl=", lease_ttl_s_),
             "--register_timeout=60"};
   }
 
@@ -179,13 +179,20 @@ class ReplicationTest : public ::testing::Test {
 
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
+  int lease_ttl_s_ = 2;  // the servers' --lease_ttl
 };
 
 // Steps [from, to): even steps push every parameter in one SendGrads (bulk),
 // odd steps one SendGrad per parameter (control). `done` counts the steps
-// acknowledged.
-absl::Status Train(Client& trainer, int from, int to, std::atomic<int>* done) {
+// acknowledged. With `allowed`, step s waits (up to kWait) until s < *allowed:
+// the test paces training so that each kill lands while it runs.
+absl::Status Train(Client& trainer, int from, int to, std::atomic<int>* done,
+                   const std::atomic<int>* allowed = nullptr) {
   for (int step = from; step < to; ++step) {
+    for (int wait = 0; allowed != nullptr && step >= allowed->load(); ++wait) {
+      if (wait >= 9000) return absl::DeadlineExceededError(absl::StrCat("step ", step, " never allowed"));
+      absl::SleepFor(absl::Milliseconds(10));
+    }
     absl::Status status;
     if (step % 2 == 0) {
       std::vector<NamedTensor> grads;
@@ -264,11 +271,25 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
   std::printf("kill points seeded with %u\n", seed);
   std::mt19937 random(seed);
   std::vector<std::unique_ptr<ChildProcess>> holders = std::move(primaries);
-  std::thread trainer_thread([&] { train(10, kSteps); });
+  // Training may run at most kLead steps past the next kill point, so every
+  // kill lands while steps are in flight.
+  constexpr int kLead = 4;
+  std::atomic<int> allowed{10};
+  std::thread trainer_thread(
+      [&] { training = Train(*trainer, 10, kSteps, &steps_done, &allowed); });
+  struct JoinOnExit {  // also when an assertion below returns early
+    std::atomic<int>& allowed;
+    std::thread& thread;
+    ~JoinOnExit() {
+      allowed.store(kSteps);
+      if (thread.joinable()) thread.join();
+    }
+  } join_on_exit{allowed, trainer_thread};
   int kill_after = 10;
   for (int k = 0; k < kKills; ++k) {
     const uint32_t i = k % kServers;
-    kill_after += 3 + static_cast<int>(random() % 20);
+    kill_after += 3 + static_cast<int>(random() % 18);
+    allowed.store(kill_after + kLead);
     bool reached = false;
     for (int wait = 0; wait < 9000 && !reached; ++wait) {
       reached = steps_done.load() >= kill_after || steps_done.load() >= kSteps;
@@ -292,6 +313,7 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     standbys[i] = StartStandby(i);
     ASSERT_NE(standbys[i], nullptr);
   }
+  allowed.store(kSteps);
   trainer_thread.join();
   ASSERT_OK(training);
   ASSERT_EQ(steps_done.load(), kSteps);
@@ -383,6 +405,48 @@ TEST_F(ReplicationTest, AStandbyRefusesACopyLargerThanItsBound) {
   for (uint32_t shard = 0; shard < kServers; ++shard) {
     EXPECT_EQ(Config(shard).replicas_size(), 0) << "shard " << shard;
   }
+}
+
+// A primary killed on a live host: its port refuses connections, and its
+// standby takes over at once instead of waiting for the lease. With a lease
+// of 120 s and a trainer that gives up after 90 s, only that path can let
+// training go on.
+TEST_F(ReplicationTest, AKilledPrimaryIsTakenOverBeforeItsLeaseExpires) {
+  lease_ttl_s_ = 120;
+  static_assert(kWait < absl::Seconds(120), "the trainer must give up before the lease ends");
+  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
+  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+  std::unique_ptr<ChildProcess> standby = StartStandby(0);
+  ASSERT_NE(standby, nullptr);
+  const v1::ShardConfig attached = Config(0);
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 5, &steps_done));
+
+  ASSERT_EQ(kill(primaries[0]->pid(), SIGKILL), 0) << std::strerror(errno);
+  const absl::Time killed = absl::Now();
+  ASSERT_OK_AND_ASSIGN(int status, primaries[0]->WaitForExit(absl::Now() + kWait));
+  EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+  ASSERT_OK(Train(*trainer, 5, 6, &steps_done)) << standby->output();
+  // Informational (no assertion depends on it): kill -> next completed step.
+  std::printf("kill -9 -> next completed step: %.3f s\n",
+              absl::ToDoubleSeconds(absl::Now() - killed));
+  ASSERT_OK(Train(*trainer, 6, 10, &steps_done));
+  ExpectTrained(*trainer, 10);
+
+  const v1::ShardConfig took_over = Config(0);
+  EXPECT_EQ(took_over.holder(), attached.replicas(0));
+  EXPECT_GT(took_over.epoch(), attached.epoch());
+
+  trainer.reset();
+  for (std::unique_ptr<ChildProcess>* server : {&standby, &primaries[1]}) {
+    ASSERT_EQ(kill((*server)->pid(), SIGTERM), 0);
+    ASSERT_OK_AND_ASSIGN(int exit_status, (*server)->WaitForExit(absl::Now() + kWait));
+    EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0)
+        << DescribeWaitStatus(exit_status) << (*server)->err();
+  }
+  EXPECT_THAT(standby->err(), ::testing::HasSubstr("refuses connections"));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace pserver {
@@ -113,8 +114,14 @@ absl::Status SocketStream::Read(char* dest, size_t n) {
 
 void SocketStream::Shutdown() { shutdown(fd_, SHUT_RDWR); }
 
-absl::StatusOr<std::unique_ptr<ByteStream>> ConnectTcp(const std::string& host, int port,
-                                                       absl::Duration timeout) {
+namespace {
+
+// A connected TCP socket to `host`:`port` (each resolved address in turn),
+// connect() bounded by `timeout`. On failure `*refused` says whether every
+// address answered ECONNREFUSED (nothing listens there).
+absl::StatusOr<int> DialTcp(const std::string& host, int port, absl::Duration timeout,
+                            bool* refused) {
+  *refused = false;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -125,26 +132,58 @@ absl::StatusOr<std::unique_ptr<ByteStream>> ConnectTcp(const std::string& host, 
         absl::StrCat("bulk channel: cannot resolve '", host, "': ", gai_strerror(rc)));
   }
   absl::Status last = absl::UnavailableError(absl::StrCat("bulk channel: no address for ", host));
+  bool all_refused = true;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       last = Errno("bulk channel socket");
+      all_refused = false;
       continue;
     }
     SetSocketBuffers(fd);
     SetSendTimeout(fd, timeout);  // bounds connect()
     if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      all_refused = all_refused && errno == ECONNREFUSED;
       last = Errno(absl::StrCat("bulk channel connect to ", host, ":", port));
       close(fd);
       continue;
     }
     SetSendTimeout(fd, absl::ZeroDuration());
-    NoDelay(fd);
     freeaddrinfo(found);
-    return std::unique_ptr<ByteStream>(new SocketStream(fd));
+    return fd;
   }
   freeaddrinfo(found);
+  *refused = all_refused;
   return last;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ByteStream>> ConnectTcp(const std::string& host, int port,
+                                                       absl::Duration timeout) {
+  bool refused = false;
+  absl::StatusOr<int> fd = DialTcp(host, port, timeout, &refused);
+  if (!fd.ok()) return fd.status();
+  NoDelay(*fd);
+  return std::unique_ptr<ByteStream>(new SocketStream(*fd));
+}
+
+absl::StatusOr<bool> TcpConnectionRefused(absl::string_view target, absl::Duration timeout) {
+  const std::string host = TargetHost(target);
+  const size_t colon = target.rfind(':');
+  int port = 0;
+  if (host.empty() || colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(target.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", target, "' is not a TCP address host:port or [v6]:port"));
+  }
+  bool refused = false;
+  absl::StatusOr<int> fd = DialTcp(host, port, timeout, &refused);
+  if (fd.ok()) {
+    close(*fd);
+    return false;
+  }
+  return refused;
 }
 
 absl::StatusOr<std::unique_ptr<ByteStream>> ConnectAbstractUnix(const std::string& name) {

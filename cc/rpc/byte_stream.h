@@ -74,6 +74,13 @@ void SetSocketBuffers(int fd);
 // Nagle's delay off. UNAVAILABLE naming the address and the cause.
 absl::StatusOr<std::unique_ptr<ByteStream>> ConnectTcp(const std::string& host, int port,
                                                        absl::Duration timeout);
+// Whether a TCP connection to gRPC target `target` ("host:port",
+// "[v6]:port") is refused now: every address of the host answered that
+// nothing listens on that port (a process that died on a live host). false
+// when a connection opens (it is closed at once) or fails otherwise (a
+// timeout after `timeout`: a silent host proves nothing). INVALID_ARGUMENT
+// for a target that is not host:port; UNAVAILABLE when the name does not resolve.
+absl::StatusOr<bool> TcpConnectionRefused(absl::string_view target, absl::Duration timeout);
 // Connects to the abstract Unix socket `name` (Linux; the name carries no
 // leading NUL). UNAVAILABLE when nothing listens there in this network
 // namespace.

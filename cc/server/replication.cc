@@ -15,6 +15,7 @@
 #include "cc/core/status_macros.h"
 #include "cc/etcd/keys.h"
 #include "cc/etcd/shard_config.h"
+#include "cc/rpc/byte_stream.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/service.h"
 #include "grpcpp/grpcpp.h"
@@ -192,8 +193,9 @@ absl::Status PrimaryReplication::Send(const BackupLog::Write& write) {
   request.set_method(write.method);
   request.set_request(write.request);
   const absl::Time deadline = absl::Now() + options_.replicate_timeout;
-  // Shipping holds mu_ shared: stub_ stays.
+  // Shipping holds mu_ shared: stub_ and backup_address_ stay.
   v1::ParameterServer::Stub* const stub = stub_.get();
+  const std::string& address = backup_address_;
   absl::Status status;
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext context;
@@ -201,6 +203,13 @@ absl::Status PrimaryReplication::Send(const BackupLog::Write& write) {
     v1::ReplicateResponse response;
     status = FromGrpcStatus(stub->Replicate(&context, request, &response));
     if (!absl::IsUnavailable(status) || absl::Now() >= deadline || attempt >= 1000) break;
+    // A backup whose address refuses connections is gone (its process
+    // died): no use retrying until the timeout, drop it now.
+    if (absl::StatusOr<bool> refused = TcpConnectionRefused(address, absl::Seconds(1));
+        refused.ok() && *refused) {
+      return absl::UnavailableError(absl::StrCat("backup at ", address,
+                                                 " refuses connections: ", status.message()));
+    }
     absl::SleepFor(absl::Milliseconds(10));
   }
   return status;
@@ -297,6 +306,18 @@ void BackupReplication::SetEpoch(uint64_t epoch) {
 
 uint64_t BackupReplication::applied_lsn() const {
   return attached_.HasBeenNotified() ? log_->applied_lsn() : 0;
+}
+
+bool PrimaryProbe::Refuses(const KeyValue& entry) {
+  absl::StatusOr<etcd_keys::ServerEntry> server = etcd_keys::ParseServerValue(entry.value);
+  if (!server.ok()) return false;
+  if (channel_ == nullptr || server->address != address_) {
+    address_ = server->address;
+    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  }
+  if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) return false;
+  absl::StatusOr<bool> refused = TcpConnectionRefused(address_, absl::Seconds(1));
+  return refused.ok() && *refused;
 }
 
 }  // namespace pserver

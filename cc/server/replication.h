@@ -119,6 +119,23 @@ class PrimaryReplication : public WriteShipper {
   std::unique_ptr<v1::ParameterServer::Stub> stub_ ABSL_GUARDED_BY(mu_);
 };
 
+// A standby's test of whether its primary is evidently gone: its gRPC
+// channel to the primary is not connected and a fresh TCP dial to the address
+// in /ps/<i> is refused (nothing listens there: the process died on a live
+// host). A silent host (no answer) is not evidence; the lease decides then.
+// Not thread-safe.
+class PrimaryProbe {
+ public:
+  // `entry`: /ps/<i> as read.
+  bool Refuses(const KeyValue& entry);
+  // The address the last Refuses looked at.
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
 class BackupReplication {
  public:
   explicit BackupReplication(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}

@@ -644,15 +644,60 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
     }
     PauseUnlessStopped(absl::Milliseconds(50));
   }
-  // 2. Serve the primary's writes until /ps/<i> is gone, then take over.
+  // 2. Serve the primary's writes until it is gone, then take over: when
+  // /ps/<i> disappears (its lease expired, or it shut down), or at once when
+  // the primary's address refuses connections (its process died on a live
+  // host: no need to wait for the lease).
   standby_key_->KeepRegistered();
   const std::string key = etcd_keys::ServerKey(index_);
-  while (true) {
+  // /ps/<i> is read when a watch on it fires (and every second besides, in
+  // case the watch broke); the primary's channel is looked at every 20 ms,
+  // which costs no system call while it is connected.
+  absl::Mutex watch_mu;
+  bool changed = true;
+  absl::StatusOr<std::unique_ptr<Watcher>> watcher =
+      etcd_->Watch(key, 0, [&watch_mu, &changed](const WatchEvent&) {
+        absl::MutexLock lock(&watch_mu);
+        changed = true;
+      });
+  if (!watcher.ok()) {
+    Log(absl::StrCat("standby: cannot watch ", key, " (", watcher.status().ToString(),
+                     "); reading it every 20 ms instead"),
+        log::Level::kWarning);
+  }
+  PrimaryProbe probe;
+  absl::Time next_read = absl::InfinitePast();
+  absl::StatusOr<KeyValue> primary = absl::UnavailableError("not read yet");
+  for (;;) {
     if (StopRequested()) return StoppedWhileStarting();
-    absl::StatusOr<KeyValue> primary = etcd_->Get(key);
+    bool read = !watcher.ok() || absl::Now() >= next_read;
+    {
+      absl::MutexLock lock(&watch_mu);
+      read = read || changed;
+      changed = false;
+    }
+    if (read) {
+      primary = etcd_->Get(key);
+      next_read = absl::Now() + absl::Seconds(1);
+    }
     if (absl::IsNotFound(primary.status())) {
       PS_ASSIGN_OR_RETURN(bool took_over, TakeOver(index_));
       if (took_over) return absl::OkStatus();
+      next_read = absl::InfinitePast();
+    } else if (primary.ok() && probe.Refuses(*primary)) {
+      // Its /ps/<i> as read (same revision) goes, then the usual takeover.
+      // Should the primary be alive after all, it is fenced: this standby
+      // refuses its writes from the new epoch on, and it cannot drop it.
+      Log(absl::StrCat("standby: the primary of shard ", index_, " at ", probe.address(),
+                       " refuses connections (its process is gone): taking over now, "
+                       "without waiting for its lease"));
+      absl::StatusOr<TxnResult> removed = etcd_->Txn(
+          {Compare::ModRevisionEquals(key, primary->mod_revision)}, {TxnOp::Delete(key)}, {});
+      if (removed.ok()) {
+        PS_ASSIGN_OR_RETURN(bool took_over, TakeOver(index_));
+        if (took_over) return absl::OkStatus();
+      }
+      next_read = absl::InfinitePast();
     }
     PauseUnlessStopped(absl::Milliseconds(20));
   }
