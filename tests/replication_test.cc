@@ -38,12 +38,15 @@
 #include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/service.grpc.pb.h"
 
 namespace pserver {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(90);
 constexpr char kCluster[] = "replication";
@@ -229,6 +232,16 @@ class ReplicationTest : public ::testing::Test {
       EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
           << DescribeWaitStatus(status) << holder->err();
     }
+  }
+
+  v1::CheckpointRecord PublishedCheckpoint(uint32_t shard) {
+    absl::StatusOr<KeyValue> kv = etcd_client_->Get(etcd_keys::CheckpointKey(shard));
+    v1::CheckpointRecord record;
+    if (kv.ok()) {
+      EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(kv->value, &record).ok())
+          << kv->value;
+    }
+    return record;
   }
 
   std::unique_ptr<testing::EtcdProcess> etcd_;
@@ -616,6 +629,122 @@ TEST_F(ReplicationTest, AdamAndBspTablesContinueExactlyAcrossKillsOfEachPrimary)
   reference.Close();
   killed.Close();
   StopAll(standbys, holders);
+}
+
+// ---- A primary paused past its lease (SIGSTOP) --------------------------------
+
+std::unique_ptr<v1::ParameterServer::Stub> StubAt(const std::string& address) {
+  return v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+// The parameters `address` holds blocks of (ListParams, one page).
+std::vector<std::string> ParamsAt(const std::string& address) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::ListParamsResponse response;
+  const grpc::Status status = StubAt(address)->ListParams(&context, {}, &response);
+  EXPECT_TRUE(status.ok()) << address << ": " << status.error_message();
+  std::vector<std::string> names;
+  for (const v1::ParamListing& p : response.params()) {
+    if (p.blocks_held() > 0) names.push_back(p.name());
+  }
+  return names;
+}
+
+// One push of 1000s to `param` straight to `address` over gRPC, no retries:
+// a client still holding that address.
+grpc::Status RawPush(const std::string& address, const std::string& param) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::SendGradRequest request;
+  v1::Gradient* grad = request.mutable_gradient();
+  grad->set_name(param);
+  grad->set_element_type(v1::FLOAT32);
+  grad->set_content(std::string(
+      Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 1000)).bytes()));
+  v1::SendGradResponse response;
+  return StubAt(address)->SendGrad(&context, request, &response);
+}
+
+TEST_F(ReplicationTest, APrimaryPausedPastItsLeaseAcknowledgesNothingOnceItsStandbyTookOver) {
+  checkpoints_ = true;
+  std::vector<std::unique_ptr<ChildProcess>> holders = StartPrimaries();
+  ASSERT_EQ(holders.size(), static_cast<size_t>(kServers));
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+  std::unique_ptr<ChildProcess> standby = StartStandby(0);
+  ASSERT_NE(standby, nullptr);
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 10, &steps_done));
+
+  const v1::ShardConfig before = Config(0);
+  const std::string old_address = AddressAt(etcd_keys::ServerKey(0));
+  const std::vector<std::string> held = ParamsAt(old_address);
+  ASSERT_FALSE(held.empty());
+
+  // Paused past its lease while training goes on: the standby takes over
+  // (etcd names it) and the trainer's steps complete against it.
+  ASSERT_EQ(kill(holders[0]->pid(), SIGSTOP), 0) << std::strerror(errno);
+  absl::Status training;
+  std::thread trainer_thread([&] { training = Train(*trainer, 10, kSteps, &steps_done); });
+  AwaitTakeover(0, before.replicas(0), *standby);
+  bool went_on = false;
+  for (int wait = 0; wait < 9000 && !went_on; ++wait) {
+    went_on = steps_done.load() >= kSteps / 2;
+    if (!went_on) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(went_on) << "training stalled at step " << steps_done.load();
+  const v1::ShardConfig after = Config(0);
+  EXPECT_EQ(after.epoch(), before.epoch() + 1);
+  const std::string new_address = AddressAt(etcd_keys::ServerKey(0));
+  EXPECT_NE(new_address, old_address);
+
+  // Resumed: a client still holding the old address has every push refused
+  // (never OK) until the old primary steps down, and after.
+  ASSERT_EQ(kill(holders[0]->pid(), SIGCONT), 0) << std::strerror(errno);
+  grpc::Status refused;
+  for (int i = 0; i < 1200; ++i) {
+    refused = RawPush(old_address, held[0]);
+    ASSERT_FALSE(refused.ok()) << "the paused primary acknowledged a push after the takeover";
+    if (refused.error_message().find("stepped down") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("stepped down from shard 0"));
+  EXPECT_FALSE(RawPush(old_address, held[0]).ok());
+
+  trainer_thread.join();
+  ASSERT_OK(training);
+  // Nothing acknowledged is lost, and none of the refused pushes counts.
+  ExpectTrained(*trainer, kSteps);
+
+  // Checkpoints: the new primary publishes at the new epoch; the old one
+  // publishes none (its SIGTERM saves no final checkpoint) and logs why it
+  // stepped down.
+  bool published = false;
+  for (int wait = 0; wait < 3000 && !published; ++wait) {
+    published = PublishedCheckpoint(0).epoch() == after.epoch();
+    if (!published) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(published) << "the new primary published no checkpoint: " << standby->output();
+  ASSERT_EQ(kill(holders[0]->pid(), SIGTERM), 0);
+  ASSERT_OK_AND_ASSIGN(int status, holders[0]->WaitForExit(absl::Now() + kWait));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << DescribeWaitStatus(status);
+  // Why: etcd names the new holder, or (a write in flight when it paused)
+  // the promoted standby refused it as of an older epoch; either names the
+  // new epoch.
+  EXPECT_THAT(holders[0]->err(), ::testing::ContainsRegex(absl::StrCat(
+                                     "stepping down: [^\n]*epoch ", after.epoch())));
+  EXPECT_THAT(holders[0]->err(), HasSubstr("no final checkpoint"));
+  const v1::CheckpointRecord last = PublishedCheckpoint(0);
+  EXPECT_EQ(last.epoch(), after.epoch());
+  EXPECT_EQ(last.server_address(), new_address);
+
+  trainer.reset();
+  holders[0] = std::move(standby);
+  std::vector<std::unique_ptr<ChildProcess>> no_standbys;
+  StopAll(no_standbys, holders);
 }
 
 }  // namespace
