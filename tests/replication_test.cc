@@ -69,6 +69,9 @@ Tensor GradientTensor(int step, int p) {
   return Tensor::FromValues<float>({kWidth}, values);
 }
 
+// The state checksum a server at `address` reports (GetStats).
+uint32_t StateChecksum(const std::string& address);
+
 class ReplicationTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -188,6 +191,15 @@ class ReplicationTest : public ::testing::Test {
     absl::StatusOr<etcd_keys::ServerEntry> entry = etcd_keys::ParseServerValue(kv->value);
     EXPECT_OK(entry);
     return entry.ok() ? entry->address : "";
+  }
+
+  // Each shard's primary and its standby hold one state (equal checksums).
+  void ExpectStandbysHoldTheirPrimariesState() {
+    for (uint32_t i = 0; i < kServers; ++i) {
+      EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
+                StateChecksum(AddressAt(etcd_keys::StandbyKey(i))))
+          << "shard " << i;
+    }
   }
 
   // kill -9 of shard i's primary (holders[i]): its standby (standbys[i])
@@ -320,11 +332,7 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
   // A few steps, then the replicas compare equal, shard by shard.
   train(0, 10);
   ASSERT_OK(training);
-  for (uint32_t i = 0; i < kServers; ++i) {
-    const uint32_t primary = StateChecksum(AddressAt(etcd_keys::ServerKey(i)));
-    const uint32_t backup = StateChecksum(AddressAt(etcd_keys::StandbyKey(i)));
-    EXPECT_EQ(primary, backup) << "shard " << i;
-  }
+  ExpectStandbysHoldTheirPrimariesState();
 
   // The rest runs in a thread. kKills times, the current primary of shard
   // k % kServers is killed at a seeded random step; its standby takes over,
@@ -355,11 +363,7 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
   // Exact to the bit: 0 - sum of every acknowledged gradient; and each
   // shard's primary and its newest standby hold one state.
   ExpectTrained(*trainer, kSteps);
-  for (uint32_t i = 0; i < kServers; ++i) {
-    EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
-              StateChecksum(AddressAt(etcd_keys::StandbyKey(i))))
-        << "shard " << i;
-  }
+  ExpectStandbysHoldTheirPrimariesState();
 
   trainer.reset();
   StopAll(standbys, holders);  // the holders: each a promoted standby, stopped cleanly
@@ -566,11 +570,7 @@ TEST_F(ReplicationTest, AdamAndBspTablesContinueExactlyAcrossKillsOfEachPrimary)
 
   // Before any kill: each primary's state (rows, Adam moments and steps,
   // clocks, held-back adds, applied request ids) equals its standby's.
-  for (uint32_t i = 0; i < kServers; ++i) {
-    EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
-              StateChecksum(AddressAt(etcd_keys::StandbyKey(i))))
-        << "shard " << i;
-  }
+  ExpectStandbysHoldTheirPrimariesState();
 
   // The same training on fresh tables, each shard's primary killed once at
   // a seeded random step.
@@ -621,11 +621,7 @@ TEST_F(ReplicationTest, AdamAndBspTablesContinueExactlyAcrossKillsOfEachPrimary)
     EXPECT_EQ(s.workers(), static_cast<uint32_t>(kWorkers));
   }
   // The new standbys copied the promoted primaries' state and kept up.
-  for (uint32_t i = 0; i < kServers; ++i) {
-    EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
-              StateChecksum(AddressAt(etcd_keys::StandbyKey(i))))
-        << "shard " << i;
-  }
+  ExpectStandbysHoldTheirPrimariesState();
   reference.Close();
   killed.Close();
   StopAll(standbys, holders);
