@@ -10,11 +10,15 @@
 // bounded in count and time; every process is stopped by its PID.
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -25,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
+#include "cc/client/table.h"
 #include "cc/core/tensor.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
@@ -33,12 +38,15 @@
 #include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/service.grpc.pb.h"
 
 namespace pserver {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(90);
 constexpr char kCluster[] = "replication";
@@ -61,6 +69,9 @@ Tensor GradientTensor(int step, int p) {
   return Tensor::FromValues<float>({kWidth}, values);
 }
 
+// The state checksum a server at `address` reports (GetStats).
+uint32_t StateChecksum(const std::string& address);
+
 class ReplicationTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -71,14 +82,21 @@ class ReplicationTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(etcd_client_, EtcdClient::Connect(options));
   }
 
-  std::vector<std::string> Flags() const {
-    return {"--host=127.0.0.1",
-            "--port=0",
-            "--etcd=" + etcd_->endpoint(),
-            absl::StrCat("--cluster=", kCluster),
-            absl::StrCat("--num_servers=", kServers),
-            absl::StrCat("--lease_ttl=", lease_ttl_s_),
-            "--register_timeout=60"};
+  std::vector<std::string> Flags() {
+    std::vector<std::string> flags = {"--host=127.0.0.1",
+                                      "--port=0",
+                                      "--etcd=" + etcd_->endpoint(),
+                                      absl::StrCat("--cluster=", kCluster),
+                                      absl::StrCat("--num_servers=", kServers),
+                                      absl::StrCat("--lease_ttl=", lease_ttl_s_),
+                                      "--register_timeout=60"};
+    if (checkpoints_) {  // a directory per process, saved every 0.5 s
+      const char* tmp = std::getenv("TEST_TMPDIR");
+      flags.push_back(absl::StrCat("--checkpoint_dir=", tmp != nullptr ? tmp : "/tmp", "/ckpt-",
+                                   getpid(), "-", processes_++));
+      flags.push_back("--checkpoint_interval=0.5");
+    }
+    return flags;
   }
 
   // Server `index` (they claim indices in start order), accepting standbys.
@@ -125,10 +143,8 @@ class ReplicationTest : public ::testing::Test {
     return *std::move(child);
   }
 
-  // A trainer following /ps/<i>, retrying with the same request ids; the
-  // parameters initialised to 0 (SGD, learning rate 1), and `big` more,
-  // "big<k>", of `big_floats` zeros each.
-  std::unique_ptr<Client> ConnectAndInit(int big = 0, int big_floats = 0) {
+  // A client following /ps/<i>, retrying with the same request ids.
+  std::unique_ptr<Client> Connect() {
     ClientOptions options;
     options.etcd_endpoints = {etcd_->endpoint()};
     options.cluster = kCluster;
@@ -136,27 +152,34 @@ class ReplicationTest : public ::testing::Test {
     options.discovery_timeout = kWait;
     options.initial_backoff = absl::Milliseconds(10);
     options.attempt_timeout = absl::Seconds(5);
-    absl::StatusOr<std::unique_ptr<Client>> trainer = Client::Connect(options);
-    EXPECT_OK(trainer);
-    if (!trainer.ok()) return nullptr;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    EXPECT_OK(client);
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // A trainer (Connect) with the parameters initialised to 0 (SGD, learning
+  // rate 1), and `big` more, "big<k>", of `big_floats` zeros each.
+  std::unique_ptr<Client> ConnectAndInit(int big = 0, int big_floats = 0) {
+    std::unique_ptr<Client> trainer = Connect();
+    if (trainer == nullptr) return nullptr;
     v1::ParameterConfig sgd;
     sgd.mutable_optimizer()->mutable_sgd();
     sgd.mutable_learning_rate()->set_learning_rate(1.0);
     for (int p = 0; p < kParams; ++p) {
-      absl::Status init = (*trainer)->InitParam(
+      absl::Status init = trainer->InitParam(
           Param(p), Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 0)), sgd);
       EXPECT_OK(init);
       if (!init.ok()) return nullptr;
     }
     for (int k = 0; k < big; ++k) {
-      absl::Status init = (*trainer)->InitParam(
+      absl::Status init = trainer->InitParam(
           absl::StrCat("big", k),
           Tensor::FromValues<float>({big_floats}, std::vector<float>(big_floats, 0)), sgd);
       EXPECT_OK(init);
       if (!init.ok()) return nullptr;
     }
-    EXPECT_OK((*trainer)->FinishInitParams());
-    return *std::move(trainer);
+    EXPECT_OK(trainer->FinishInitParams());
+    return trainer;
   }
 
   v1::ShardConfig Config(uint32_t shard) {
@@ -177,9 +200,74 @@ class ReplicationTest : public ::testing::Test {
     return entry.ok() ? entry->address : "";
   }
 
+  // Each shard's primary and its standby hold one state (equal checksums).
+  void ExpectStandbysHoldTheirPrimariesState() {
+    for (uint32_t i = 0; i < kServers; ++i) {
+      EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
+                StateChecksum(AddressAt(etcd_keys::StandbyKey(i))))
+          << "shard " << i;
+    }
+  }
+
+  // kill -9 of shard i's primary (holders[i]): its standby (standbys[i])
+  // takes the shard over, one epoch up, and becomes holders[i]; a new
+  // standby attaches to it.
+  void FailOver(uint32_t i, std::vector<std::unique_ptr<ChildProcess>>& holders,
+                std::vector<std::unique_ptr<ChildProcess>>& standbys) {
+    const v1::ShardConfig before = Config(i);
+    ASSERT_EQ(before.replicas_size(), 1) << "shard " << i << " has no standby";
+    const std::string successor = before.replicas(0);
+    ASSERT_EQ(kill(holders[i]->pid(), SIGKILL), 0) << std::strerror(errno);
+    ASSERT_OK_AND_ASSIGN(int status, holders[i]->WaitForExit(absl::Now() + kWait));
+    EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+    AwaitTakeover(i, successor, *standbys[i]);
+    holders[i] = std::move(standbys[i]);
+    standbys[i] = StartStandby(i);
+    ASSERT_NE(standbys[i], nullptr);
+  }
+
+  // Until /shards/<i> names `successor` as holder (bounded).
+  void AwaitTakeover(uint32_t i, const std::string& successor, const ChildProcess& standby) {
+    bool took_over = false;
+    for (int wait = 0; wait < 4500 && !took_over; ++wait) {
+      took_over = Config(i).holder() == successor;
+      if (!took_over) absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(took_over) << "shard " << i << "'s standby did not take over: " << standby.output();
+  }
+
+  // Standbys first (a primary's shutdown would promote them), by kill -9;
+  // then the holders, by SIGTERM, each expected to exit cleanly.
+  void StopAll(std::vector<std::unique_ptr<ChildProcess>>& standbys,
+               std::vector<std::unique_ptr<ChildProcess>>& holders) {
+    for (std::unique_ptr<ChildProcess>& standby : standbys) {
+      ASSERT_EQ(kill(standby->pid(), SIGKILL), 0);
+      ASSERT_OK_AND_ASSIGN(int status, standby->WaitForExit(absl::Now() + kWait));
+      EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+    }
+    for (std::unique_ptr<ChildProcess>& holder : holders) {
+      ASSERT_EQ(kill(holder->pid(), SIGTERM), 0);
+      ASSERT_OK_AND_ASSIGN(int status, holder->WaitForExit(absl::Now() + kWait));
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << DescribeWaitStatus(status) << holder->err();
+    }
+  }
+
+  v1::CheckpointRecord PublishedCheckpoint(uint32_t shard) {
+    absl::StatusOr<KeyValue> kv = etcd_client_->Get(etcd_keys::CheckpointKey(shard));
+    v1::CheckpointRecord record;
+    if (kv.ok()) {
+      EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(kv->value, &record).ok())
+          << kv->value;
+    }
+    return record;
+  }
+
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
   int lease_ttl_s_ = 2;  // the servers' --lease_ttl
+  bool checkpoints_ = false;
+  int processes_ = 0;
 };
 
 // Steps [from, to): even steps push every parameter in one SendGrads (bulk),
@@ -258,11 +346,7 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
   // A few steps, then the replicas compare equal, shard by shard.
   train(0, 10);
   ASSERT_OK(training);
-  for (uint32_t i = 0; i < kServers; ++i) {
-    const uint32_t primary = StateChecksum(AddressAt(etcd_keys::ServerKey(i)));
-    const uint32_t backup = StateChecksum(AddressAt(etcd_keys::StandbyKey(i)));
-    EXPECT_EQ(primary, backup) << "shard " << i;
-  }
+  ExpectStandbysHoldTheirPrimariesState();
 
   // The rest runs in a thread. kKills times, the current primary of shard
   // k % kServers is killed at a seeded random step; its standby takes over,
@@ -296,22 +380,9 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
       if (!reached) absl::SleepFor(absl::Milliseconds(10));
     }
     ASSERT_TRUE(reached) << "training stalled at step " << steps_done.load();
-    const std::string successor = Config(i).replicas(0);
     std::printf("kill -9 of shard %u's primary after step %d\n", i, steps_done.load());
-    ASSERT_EQ(kill(holders[i]->pid(), SIGKILL), 0) << std::strerror(errno);
-    ASSERT_OK_AND_ASSIGN(int status, holders[i]->WaitForExit(absl::Now() + kWait));
-    EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
-    // Its standby takes the shard over, one epoch up, the old primary out.
-    bool took_over = false;
-    for (int wait = 0; wait < 4500 && !took_over; ++wait) {
-      took_over = Config(i).holder() == successor;
-      if (!took_over) absl::SleepFor(absl::Milliseconds(20));
-    }
-    ASSERT_TRUE(took_over) << "shard " << i
-                           << "'s standby did not take over: " << standbys[i]->output();
-    holders[i] = std::move(standbys[i]);
-    standbys[i] = StartStandby(i);
-    ASSERT_NE(standbys[i], nullptr);
+    FailOver(i, holders, standbys);
+    if (HasFatalFailure()) break;
   }
   allowed.store(kSteps);
   trainer_thread.join();
@@ -321,26 +392,10 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
   // Exact to the bit: 0 - sum of every acknowledged gradient; and each
   // shard's primary and its newest standby hold one state.
   ExpectTrained(*trainer, kSteps);
-  for (uint32_t i = 0; i < kServers; ++i) {
-    EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
-              StateChecksum(AddressAt(etcd_keys::StandbyKey(i))))
-        << "shard " << i;
-  }
+  ExpectStandbysHoldTheirPrimariesState();
 
   trainer.reset();
-  // Standbys first (a primary's shutdown would promote them), then the
-  // primaries, cleanly: each a promoted standby.
-  for (std::unique_ptr<ChildProcess>& standby : standbys) {
-    ASSERT_EQ(kill(standby->pid(), SIGKILL), 0);
-    ASSERT_OK_AND_ASSIGN(int status, standby->WaitForExit(absl::Now() + kWait));
-    EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
-  }
-  for (std::unique_ptr<ChildProcess>& holder : holders) {
-    ASSERT_EQ(kill(holder->pid(), SIGTERM), 0);
-    ASSERT_OK_AND_ASSIGN(int status, holder->WaitForExit(absl::Now() + kWait));
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << DescribeWaitStatus(status) << holder->err();
-  }
+  StopAll(standbys, holders);  // the holders: each a promoted standby, stopped cleanly
 }
 
 // The other side: a backup killed mid-training. The primary's next write is
@@ -447,6 +502,344 @@ TEST_F(ReplicationTest, AKilledPrimaryIsTakenOverBeforeItsLeaseExpires) {
         << DescribeWaitStatus(exit_status) << (*server)->err();
   }
   EXPECT_THAT(standby->err(), ::testing::HasSubstr("refuses connections"));
+
+// ---- Tables across a failover ---------------------------------------------
+
+constexpr int kWorkers = 2;
+constexpr int kTableSteps = 40;
+constexpr int kDim = 4;
+constexpr int kTableKeys = 8;
+
+// A sparse table trained by Adam (order-sensitive) from a seeded uniform
+// initializer.
+v1::TableConfig AdamTable() {
+  v1::TableConfig config;
+  config.set_dim(kDim);
+  config.mutable_initializer()->mutable_uniform()->set_low(-0.5);
+  config.mutable_initializer()->mutable_uniform()->set_high(0.5);
+  config.mutable_initializer()->set_seed(7);
+  config.mutable_optimizer()->mutable_adam()->set_learning_rate(0.01);
+  return config;
+}
+
+// A KV table of adds under BSP: an add is held back until every worker has
+// passed the clock it was made at.
+v1::TableConfig BspTable() {
+  v1::TableConfig config;
+  config.set_dim(kDim);
+  config.mutable_optimizer()->mutable_add();
+  config.mutable_consistency()->set_model(v1::Consistency::BSP);
+  return config;
+}
+
+// Worker w's rows of the Adam table (disjoint per worker: each row's pushes
+// come in one order), and the KV keys every worker adds to.
+std::vector<uint64_t> AdamKeys(int w) {
+  std::vector<uint64_t> keys;
+  for (int k = 0; k < kTableKeys; ++k) keys.push_back(1000 * (w + 1) + 37 * k);
+  return keys;
+}
+std::vector<uint64_t> KvKeys() {
+  std::vector<uint64_t> keys;
+  for (int k = 0; k < kTableKeys; ++k) keys.push_back(k);
+  return keys;
+}
+
+// Integers: every sum of adds is exact in float32.
+float KvAdd(int step, int w, int k, int c) {
+  return static_cast<float>((step * 3 + w * 5 + k + c) % 7 + 1);
+}
+float AdamGrad(int step, int w, int k, int c) {
+  return static_cast<float>((step + 2 * w + 3 * k + c) % 9 - 4) * 0.125f;
+}
+
+// The KV value of key k, column c, once the adds of clocks [0, clock) applied.
+float KvExpected(int clock, int k, int c) {
+  float sum = 0;
+  for (int step = 0; step < clock; ++step) {
+    for (int w = 0; w < kWorkers; ++w) sum += KvAdd(step, w, k, c);
+  }
+  return sum;
+}
+
+// Worker w's steps [from, to) on tables `adam` and `kv` (its KvWorker):
+// a BSP read that must see exactly the adds of earlier clocks, an add, a
+// pull and an Adam push of its own rows, a clock tick. `done` counts steps.
+absl::Status TrainTables(const Table& adam, KvWorker& kv, int w, int from, int to,
+                         std::atomic<int>* done) {
+  const std::vector<uint64_t> kv_keys = KvKeys(), adam_keys = AdamKeys(w);
+  std::vector<float> rows(kTableKeys * kDim), values(kTableKeys * kDim);
+  for (int step = from; step < to; ++step) {
+    auto failed = [&](const absl::Status& status) {
+      return absl::Status(status.code(),
+                          absl::StrCat("worker ", w, " step ", step, ": ", status.message()));
+    };
+    if (kv.clock() != step) {
+      return absl::InternalError(absl::StrCat("worker ", w, " at clock ", kv.clock(),
+                                              " before step ", step));
+    }
+    if (absl::Status s = kv.Get<float>(kv_keys, absl::MakeSpan(rows)); !s.ok()) return failed(s);
+    for (int k = 0; k < kTableKeys; ++k) {
+      for (int c = 0; c < kDim; ++c) {
+        if (rows[k * kDim + c] != KvExpected(step, k, c)) {
+          return absl::InternalError(absl::StrCat(
+              "worker ", w, " step ", step, ": BSP read of key ", k, " column ", c, " is ",
+              rows[k * kDim + c], ", not the adds of clocks before it, ", KvExpected(step, k, c)));
+        }
+        values[k * kDim + c] = KvAdd(step, w, k, c);
+      }
+    }
+    if (absl::Status s = kv.Add<float>(kv_keys, values); !s.ok()) return failed(s);
+    if (absl::Status s = adam.Pull<float>(adam_keys, absl::MakeSpan(rows)); !s.ok()) {
+      return failed(s);
+    }
+    for (int k = 0; k < kTableKeys; ++k) {
+      for (int c = 0; c < kDim; ++c) values[k * kDim + c] = AdamGrad(step, w, k, c);
+    }
+    if (absl::Status s = adam.Push<float>(adam_keys, values); !s.ok()) return failed(s);
+    if (absl::Status s = kv.Clock(); !s.ok()) return failed(s);
+    done->store(step + 1);
+  }
+  return absl::OkStatus();
+}
+
+// The tables of one run (names prefixed), a client and a KvWorker per worker.
+struct TableRun {
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<Table> adam;
+  std::vector<std::unique_ptr<KvWorker>> kv;
+  std::atomic<int> done[kWorkers] = {};
+  absl::Status results[kWorkers];
+
+  int Done() const { return std::min(done[0].load(), done[1].load()); }
+  // The workers leave their tables while the servers still run.
+  void Close() {
+    kv.clear();
+    adam.clear();
+    clients.clear();
+  }
+};
+
+// Two workers train `run`'s tables for kTableSteps steps in threads;
+// `between` runs on this thread meanwhile (the kills).
+void TrainInThreads(TableRun& run, const std::function<void()>& between) {
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&run, w] {
+      run.results[w] = TrainTables(run.adam[w], *run.kv[w], w, 0, kTableSteps, &run.done[w]);
+      if (!run.results[w].ok()) run.done[w].store(kTableSteps);  // nobody waits on it
+    });
+  }
+  between();
+  for (std::thread& t : workers) t.join();
+}
+
+std::vector<float> PullRows(const Table& table, const std::vector<uint64_t>& keys) {
+  std::vector<float> rows(keys.size() * kDim);
+  EXPECT_OK(table.Pull<float>(keys, absl::MakeSpan(rows))) << table.name();
+  return rows;
+}
+
+TEST_F(ReplicationTest, AdamAndBspTablesContinueExactlyAcrossKillsOfEachPrimary) {
+  std::vector<std::unique_ptr<ChildProcess>> holders = StartPrimaries();
+  ASSERT_EQ(holders.size(), static_cast<size_t>(kServers));
+  std::vector<std::unique_ptr<ChildProcess>> standbys;
+  for (uint32_t i = 0; i < kServers; ++i) {
+    standbys.push_back(StartStandby(i));
+    ASSERT_NE(standbys.back(), nullptr);
+  }
+  // Each run's tables; the first run has no kill: it is the reference.
+  auto open = [&](TableRun& run, const std::string& prefix) {
+    for (int w = 0; w < kWorkers; ++w) {
+      run.clients.push_back(Connect());
+      ASSERT_NE(run.clients.back(), nullptr);
+      ASSERT_OK_AND_ASSIGN(Table adam, Table::Create(*run.clients[w], prefix + "adam", AdamTable()));
+      ASSERT_OK_AND_ASSIGN(Table kv, Table::Create(*run.clients[w], prefix + "kv", BspTable()));
+      run.adam.push_back(adam);
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvWorker> worker,
+                           KvWorker::Join(kv, absl::StrCat("worker-", w)));
+      run.kv.push_back(std::move(worker));
+    }
+  };
+  TableRun reference;
+  open(reference, "ref_");
+  ASSERT_FALSE(HasFatalFailure());
+  TrainInThreads(reference, [] {});
+  for (const absl::Status& result : reference.results) ASSERT_OK(result);
+
+  // Before any kill: each primary's state (rows, Adam moments and steps,
+  // clocks, held-back adds, applied request ids) equals its standby's.
+  ExpectStandbysHoldTheirPrimariesState();
+
+  // The same training on fresh tables, each shard's primary killed once at
+  // a seeded random step.
+  TableRun killed;
+  open(killed, "");
+  ASSERT_FALSE(HasFatalFailure());
+  const unsigned seed = static_cast<unsigned>(absl::ToUnixNanos(absl::Now()));
+  std::printf("kill points seeded with %u\n", seed);
+  std::mt19937 random(seed);
+  TrainInThreads(killed, [&] {
+    int kill_after = 0;
+    for (uint32_t i = 0; i < kServers; ++i) {
+      kill_after += 3 + static_cast<int>(random() % 12);
+      bool reached = false;
+      for (int wait = 0; wait < 9000 && !reached; ++wait) {
+        reached = killed.Done() >= kill_after;
+        if (!reached) absl::SleepFor(absl::Milliseconds(10));
+      }
+      ASSERT_TRUE(reached) << "training stalled at step " << killed.Done();
+      std::printf("kill -9 of shard %u's primary after step %d\n", i, killed.Done());
+      FailOver(i, holders, standbys);
+      if (HasFatalFailure()) return;
+    }
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  for (const absl::Status& result : killed.results) ASSERT_OK(result);
+
+  // Rows and their optimizer state continued exactly: every Adam row equals
+  // the reference run's to the bit (a lost or doubled push, or a lost
+  // moment, would change it); the KV rows hold every add once.
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(PullRows(killed.adam[w], AdamKeys(w)), PullRows(reference.adam[w], AdamKeys(w)))
+        << "worker " << w;
+    EXPECT_NE(PullRows(killed.adam[w], AdamKeys(w)),
+              PullRows(reference.adam[w], AdamKeys(1 - w)));  // the rows differ per worker
+  }
+  std::vector<float> kv_expected;
+  for (int k = 0; k < kTableKeys; ++k) {
+    for (int c = 0; c < kDim; ++c) kv_expected.push_back(KvExpected(kTableSteps, k, c));
+  }
+  EXPECT_EQ(PullRows(killed.kv[0]->table(), KvKeys()), kv_expected);
+  // Clocks continued: every worker at kTableSteps on every shard.
+  for (int w = 0; w < kWorkers; ++w) EXPECT_EQ(killed.kv[w]->clock(), kTableSteps);
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::TableStats> stats, killed.kv[0]->table().Stats());
+  ASSERT_EQ(stats.size(), static_cast<size_t>(kServers));
+  for (const v1::TableStats& s : stats) {
+    EXPECT_EQ(s.min_clock(), kTableSteps);
+    EXPECT_EQ(s.workers(), static_cast<uint32_t>(kWorkers));
+  }
+  // The new standbys copied the promoted primaries' state and kept up.
+  ExpectStandbysHoldTheirPrimariesState();
+  reference.Close();
+  killed.Close();
+  StopAll(standbys, holders);
+}
+
+// ---- A primary paused past its lease (SIGSTOP) --------------------------------
+
+std::unique_ptr<v1::ParameterServer::Stub> StubAt(const std::string& address) {
+  return v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+// The parameters `address` holds blocks of (ListParams, one page).
+std::vector<std::string> ParamsAt(const std::string& address) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::ListParamsResponse response;
+  const grpc::Status status = StubAt(address)->ListParams(&context, {}, &response);
+  EXPECT_TRUE(status.ok()) << address << ": " << status.error_message();
+  std::vector<std::string> names;
+  for (const v1::ParamListing& p : response.params()) {
+    if (p.blocks_held() > 0) names.push_back(p.name());
+  }
+  return names;
+}
+
+// One push of 1000s to `param` straight to `address` over gRPC, no retries:
+// a client still holding that address.
+grpc::Status RawPush(const std::string& address, const std::string& param) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::SendGradRequest request;
+  v1::Gradient* grad = request.mutable_gradient();
+  grad->set_name(param);
+  grad->set_element_type(v1::FLOAT32);
+  grad->set_content(std::string(
+      Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 1000)).bytes()));
+  v1::SendGradResponse response;
+  return StubAt(address)->SendGrad(&context, request, &response);
+}
+
+TEST_F(ReplicationTest, APrimaryPausedPastItsLeaseAcknowledgesNothingOnceItsStandbyTookOver) {
+  checkpoints_ = true;
+  std::vector<std::unique_ptr<ChildProcess>> holders = StartPrimaries();
+  ASSERT_EQ(holders.size(), static_cast<size_t>(kServers));
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+  std::unique_ptr<ChildProcess> standby = StartStandby(0);
+  ASSERT_NE(standby, nullptr);
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 10, &steps_done));
+
+  const v1::ShardConfig before = Config(0);
+  const std::string old_address = AddressAt(etcd_keys::ServerKey(0));
+  const std::vector<std::string> held = ParamsAt(old_address);
+  ASSERT_FALSE(held.empty());
+
+  // Paused past its lease while training goes on: the standby takes over
+  // (etcd names it) and the trainer's steps complete against it.
+  ASSERT_EQ(kill(holders[0]->pid(), SIGSTOP), 0) << std::strerror(errno);
+  absl::Status training;
+  std::thread trainer_thread([&] { training = Train(*trainer, 10, kSteps, &steps_done); });
+  AwaitTakeover(0, before.replicas(0), *standby);
+  bool went_on = false;
+  for (int wait = 0; wait < 9000 && !went_on; ++wait) {
+    went_on = steps_done.load() >= kSteps / 2;
+    if (!went_on) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(went_on) << "training stalled at step " << steps_done.load();
+  const v1::ShardConfig after = Config(0);
+  EXPECT_EQ(after.epoch(), before.epoch() + 1);
+  const std::string new_address = AddressAt(etcd_keys::ServerKey(0));
+  EXPECT_NE(new_address, old_address);
+
+  // Resumed: a client still holding the old address has every push refused
+  // (never OK) until the old primary steps down, and after.
+  ASSERT_EQ(kill(holders[0]->pid(), SIGCONT), 0) << std::strerror(errno);
+  grpc::Status refused;
+  for (int i = 0; i < 1200; ++i) {
+    refused = RawPush(old_address, held[0]);
+    ASSERT_FALSE(refused.ok()) << "the paused primary acknowledged a push after the takeover";
+    if (refused.error_message().find("stepped down") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("stepped down from shard 0"));
+  EXPECT_FALSE(RawPush(old_address, held[0]).ok());
+
+  trainer_thread.join();
+  ASSERT_OK(training);
+  // Nothing acknowledged is lost, and none of the refused pushes counts.
+  ExpectTrained(*trainer, kSteps);
+
+  // Checkpoints: the new primary publishes at the new epoch; the old one
+  // publishes none (its SIGTERM saves no final checkpoint) and logs why it
+  // stepped down.
+  bool published = false;
+  for (int wait = 0; wait < 3000 && !published; ++wait) {
+    published = PublishedCheckpoint(0).epoch() == after.epoch();
+    if (!published) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(published) << "the new primary published no checkpoint: " << standby->output();
+  ASSERT_EQ(kill(holders[0]->pid(), SIGTERM), 0);
+  ASSERT_OK_AND_ASSIGN(int status, holders[0]->WaitForExit(absl::Now() + kWait));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << DescribeWaitStatus(status);
+  // Why: etcd names the new holder, or (a write in flight when it paused)
+  // the promoted standby refused it as of an older epoch; either names the
+  // new epoch.
+  EXPECT_THAT(holders[0]->err(), ::testing::ContainsRegex(absl::StrCat(
+                                     "stepping down: [^\n]*epoch ", after.epoch())));
+  EXPECT_THAT(holders[0]->err(), HasSubstr("no final checkpoint"));
+  const v1::CheckpointRecord last = PublishedCheckpoint(0);
+  EXPECT_EQ(last.epoch(), after.epoch());
+  EXPECT_EQ(last.server_address(), new_address);
+
+  trainer.reset();
+  holders[0] = std::move(standby);
+  std::vector<std::unique_ptr<ChildProcess>> no_standbys;
+  StopAll(no_standbys, holders);
 }
 
 }  // namespace

@@ -231,6 +231,9 @@ void Dispatcher::AddControlMethods() {
       /*needs_serving=*/false);
   Sync<CreateTableRequest, CreateTableResponse>(
       "CreateTable", [this](const CreateTableRequest& request, CreateTableResponse*) {
+        if (shipper_.load(std::memory_order_acquire) != nullptr) {
+          PS_RETURN_IF_ERROR(CheckReplicable(request));
+        }
         return tables_->Create(request);
       });
   Wait<TablePullRequest, TablePullResponse>(
@@ -397,6 +400,23 @@ absl::Status Dispatcher::ApplyWrite(absl::string_view name, absl::string_view re
   method->run(*request, response.get(), {},
               [&](absl::Status status) { result = std::move(status); });
   return result;
+}
+
+absl::Status Dispatcher::CheckReplicable(const v1::CreateTableRequest& request) {
+  // Only writes are shipped, in the primary's order; a table's rows and
+  // optimizer state, its clocks and held-back adds change only by writes.
+  // Eviction and admission are the exception: a pull touches a row (its LRU
+  // place, its TTL stamp) or counts a sighting, and TTL eviction runs on each
+  // server's own clock, so a standby's table would drift from the primary's.
+  const v1::Eviction& eviction = request.config().eviction();
+  if (eviction.ttl_seconds() == 0 && eviction.capacity() == 0 && eviction.admission_count() <= 1) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "table '", request.name(), "': eviction (ttl_seconds ", eviction.ttl_seconds(),
+      ", capacity ", eviction.capacity(), ", admission_count ", eviction.admission_count(),
+      ") is not replicated: its pulls and the server's clock change rows a standby does not "
+      "see; on a server with --accept_standbys create tables without eviction"));
 }
 
 absl::Status Dispatcher::CheckServing() const {

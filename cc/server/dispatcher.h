@@ -250,6 +250,9 @@ class Dispatcher {
   trace::Recorder* trace() const { return trace_.load(std::memory_order_acquire); }
   // OK without a fence; the fence's verdict otherwise.
   absl::Status CheckWrite() const;
+  // FAILED_PRECONDITION for a table whose state changes off the write path
+  // (eviction, admission): a replicating server (a shipper set) refuses it.
+  static absl::Status CheckReplicable(const v1::CreateTableRequest& request);
   uint32_t index() const { return index_.load(std::memory_order_relaxed); }
   // Where this server's /metrics page listens (host:port), for GetStats;
   // "": none.

@@ -337,5 +337,82 @@ TEST(ReplicatedWriteTest, ATakeoverFirstBringsTheSuccessorToTheMostAdvancedBacku
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("older than")));
 }
 
+// Reads change no replicated state: pulls of an Adam table and of a BSP
+// table's keys (with and without rows) on the primary between
+// its writes leave every backup with the primary's checksum.
+TEST(ReplicatedWriteTest, PullsOnThePrimaryLeaveTheBackupsIdentical) {
+  ReplicaSet set;
+  const uint32_t before = set.primary().Checksum();
+  for (const auto& [method, request] : Writes()) {
+    ASSERT_OK(set.Write(method, request)) << method;
+    for (const char* table : {"emb", "bsp"}) {
+      v1::TablePullRequest pull;
+      pull.set_table(table);
+      pull.set_keys(Keys({0, 1, 2, 100, 7777}));
+      v1::TablePullResponse pulled;
+      const absl::Status status =
+          set.primary().tables.Pull(pull, &pulled, absl::Now() + absl::Seconds(60));
+      if (!status.ok()) {
+        EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << table << ": " << status;
+      }
+    }
+  }
+  const uint32_t crc = set.primary().Checksum();
+  EXPECT_NE(crc, before);
+  EXPECT_EQ(set.backup(0).Checksum(), crc);
+  EXPECT_EQ(set.backup(1).Checksum(), crc);
+}
+
+// A shipper that applies each write and ships nothing: the dispatcher of a
+// server with --accept_standbys before a standby attached.
+class ApplyingShipper : public WriteShipper {
+ public:
+  absl::Status Write(absl::string_view, absl::FunctionRef<std::string()>,
+                     absl::FunctionRef<absl::Status()> apply) override {
+    return apply();
+  }
+};
+
+absl::Status CreateTable(Dispatcher& dispatcher, const std::string& name,
+                         const v1::Eviction& eviction) {
+  v1::CreateTableRequest request;
+  request.set_name(name);
+  request.mutable_config()->set_dim(2);
+  *request.mutable_config()->mutable_eviction() = eviction;
+  v1::CreateTableResponse response;
+  absl::Status result = absl::InternalError("not answered");
+  dispatcher.Call("CreateTable", request, &response, {},
+                  [&](absl::Status status) { result = std::move(status); });
+  return result;
+}
+
+// Eviction and admission change rows on reads and on the server's own clock,
+// which a standby does not see: a replicating server refuses such a table,
+// naming why, and creates nothing; without a shipper it is created.
+TEST(ReplicatedWriteTest, AReplicatingServerRefusesTablesWhosePullsChangeRows) {
+  Shard replicating;
+  ApplyingShipper shipper;
+  replicating.dispatcher.SetShipper(&shipper);
+  v1::Eviction ttl, capacity, admission;
+  ttl.set_ttl_seconds(5);
+  capacity.set_capacity(100);
+  admission.set_admission_count(3);
+  for (const v1::Eviction& eviction : {ttl, capacity, admission}) {
+    EXPECT_THAT(CreateTable(replicating.dispatcher, "evicting", eviction),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("table 'evicting': eviction (ttl_seconds")))
+        << eviction.ShortDebugString();
+  }
+  v1::TableStatsResponse stats;
+  replicating.tables.Stats(&stats);
+  EXPECT_EQ(stats.tables_size(), 0);
+  v1::Eviction admit_at_once;
+  admit_at_once.set_admission_count(1);  // every key admitted: no state off the write path
+  EXPECT_OK(CreateTable(replicating.dispatcher, "plain", admit_at_once));
+
+  Shard alone;  // R=1: unchanged
+  EXPECT_OK(CreateTable(alone.dispatcher, "evicting", ttl));
+}
+
 }  // namespace
 }  // namespace pserver
