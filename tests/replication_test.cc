@@ -502,6 +502,7 @@ TEST_F(ReplicationTest, AKilledPrimaryIsTakenOverBeforeItsLeaseExpires) {
         << DescribeWaitStatus(exit_status) << (*server)->err();
   }
   EXPECT_THAT(standby->err(), ::testing::HasSubstr("refuses connections"));
+}
 
 // ---- Tables across a failover ---------------------------------------------
 
