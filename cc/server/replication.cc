@@ -12,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
@@ -225,13 +226,34 @@ absl::Status PrimaryReplication::DropBackups(
   return absl::OkStatus();
 }
 
+std::shared_ptr<const v1::ReplicateRequest> PrimaryReplication::Encoded(
+    const BackupLog::Write& write, size_t backups) {
+  absl::MutexLock lock(&encoded_mu_);
+  Encoding& encoding = encoded_[write.lsn];
+  if (encoding.request == nullptr) {
+    auto request = std::make_shared<v1::ReplicateRequest>();
+    request->set_shard(options_.shard);
+    request->set_epoch(write.epoch);
+    request->set_lsn(write.lsn);
+    request->set_method(write.method);
+    request->set_request(write.request);
+    encoding.request = std::move(request);
+    encoding.sends_left = backups;
+  }
+  return encoding.request;
+}
+
+void PrimaryReplication::Release(uint64_t lsn) {
+  absl::MutexLock lock(&encoded_mu_);
+  auto it = encoded_.find(lsn);
+  if (it != encoded_.end() && --it->second.sends_left == 0) encoded_.erase(it);
+}
+
 absl::Status PrimaryReplication::Send(const Backup& backup, const BackupLog::Write& write) {
-  v1::ReplicateRequest request;
-  request.set_shard(options_.shard);
-  request.set_epoch(write.epoch);
-  request.set_lsn(write.lsn);
-  request.set_method(write.method);
-  request.set_request(write.request);
+  // Shipping holds mu_ shared: backups_ stays.
+  const std::shared_ptr<const v1::ReplicateRequest> shared = Encoded(write, backups_.size());
+  absl::Cleanup release = [&] { Release(write.lsn); };
+  const v1::ReplicateRequest& request = *shared;
   const absl::Time deadline = absl::Now() + options_.replicate_timeout;
   absl::Status status;
   for (int attempt = 0;; ++attempt) {

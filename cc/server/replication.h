@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -122,6 +123,12 @@ class PrimaryReplication : public WriteShipper {
     std::unique_ptr<v1::ParameterServer::Stub> stub;
   };
   absl::Status Send(const Backup& backup, const BackupLog::Write& write);
+  // The Replicate request of `write`, built once (one copy of its bytes) and
+  // shared by every backup's send and retries; the last of the `backups`
+  // sends releases it.
+  std::shared_ptr<const v1::ReplicateRequest> Encoded(const BackupLog::Write& write,
+                                                      size_t backups);
+  void Release(uint64_t lsn);
   // Takes the backups `failed` names (id, its failure) out of /shards/<i>,
   // those still attached; OK when none is left to drop.
   absl::Status DropBackups(const std::vector<std::pair<std::string, absl::Status>>& failed)
@@ -137,6 +144,12 @@ class PrimaryReplication : public WriteShipper {
   uint64_t last_lsn_ ABSL_GUARDED_BY(mu_);                // while there is no log
   std::unique_ptr<PrimaryLog> log_ ABSL_GUARDED_BY(mu_);  // null: no backup
   std::vector<Backup> backups_ ABSL_GUARDED_BY(mu_);     // log_'s, in its order
+  struct Encoding {
+    std::shared_ptr<const v1::ReplicateRequest> request;
+    size_t sends_left = 0;
+  };
+  absl::Mutex encoded_mu_;
+  std::map<uint64_t, Encoding> encoded_ ABSL_GUARDED_BY(encoded_mu_);  // by LSN
 };
 
 // A standby's test of whether its primary is evidently gone: its gRPC
