@@ -84,9 +84,11 @@ class ReplicationTest : public ::testing::Test {
   }
 
   // Server `index` (they claim indices in start order), accepting standbys.
-  std::unique_ptr<ChildProcess> StartPrimary(uint32_t index) {
+  std::unique_ptr<ChildProcess> StartPrimary(uint32_t index,
+                                             const std::vector<std::string>& extra = {}) {
     std::vector<std::string> flags = Flags();
     flags.push_back("--accept_standbys");
+    flags.insert(flags.end(), extra.begin(), extra.end());
     absl::StatusOr<std::unique_ptr<ChildProcess>> child =
         ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags);
     EXPECT_OK(child);
@@ -99,10 +101,11 @@ class ReplicationTest : public ::testing::Test {
   }
 
   // kServers servers, index i the i-th; fewer when one failed to start.
-  std::vector<std::unique_ptr<ChildProcess>> StartPrimaries() {
+  std::vector<std::unique_ptr<ChildProcess>> StartPrimaries(
+      const std::vector<std::string>& extra = {}) {
     std::vector<std::unique_ptr<ChildProcess>> primaries;
     for (uint32_t i = 0; i < kServers; ++i) {
-      std::unique_ptr<ChildProcess> primary = StartPrimary(i);
+      std::unique_ptr<ChildProcess> primary = StartPrimary(i, extra);
       if (primary == nullptr) break;
       primaries.push_back(std::move(primary));
     }
@@ -125,6 +128,24 @@ class ReplicationTest : public ::testing::Test {
       if (!listed) absl::SleepFor(absl::Milliseconds(20));
     }
     EXPECT_TRUE(listed) << "no standby attached to shard " << shard << ": " << (*child)->output();
+    return *std::move(child);
+  }
+
+  // A standby with `flag` that attaches nowhere: returned once it exited
+  // (with an error, as expected); null when it could not start.
+  std::unique_ptr<ChildProcess> FailedStandby(const std::string& flag) {
+    std::vector<std::string> flags = Flags();
+    flags.push_back("--standby");
+    flags.push_back(flag);
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+        ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags);
+    EXPECT_OK(child);
+    if (!child.ok()) return nullptr;
+    absl::StatusOr<int> status = (*child)->WaitForExit(absl::Now() + kWait);
+    EXPECT_OK(status);
+    if (status.ok()) {
+      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0) << DescribeWaitStatus(*status);
+    }
     return *std::move(child);
   }
 
@@ -223,6 +244,45 @@ absl::Status Train(Client& trainer, int from, int to, std::atomic<int>* done,
   return absl::OkStatus();
 }
 
+// Steps [from, to) in a thread of their own, paced: training runs at most
+// kLead steps past the next kill point, so every kill lands while steps are
+// in flight. Joined (and let run to the end) when it goes.
+class PacedTraining {
+ public:
+  static constexpr int kLead = 4;
+  PacedTraining(Client& trainer, int from, int to, std::atomic<int>& done)
+      : to_(to), done_(done), allowed_(from) {
+    thread_ = std::thread([this, &trainer, from] {
+      status_ = Train(trainer, from, to_, &done_, &allowed_);
+    });
+  }
+  ~PacedTraining() { Finish().IgnoreError(); }
+
+  // Lets training run to `step` (and kLead past it) and waits until it got
+  // there or to its end; false when it stalled.
+  bool RunTo(int step) {
+    allowed_.store(step + kLead);
+    for (int wait = 0; wait < 9000; ++wait) {
+      if (done_.load() >= step || done_.load() >= to_) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+  // Lets it run to the end; its outcome.
+  absl::Status Finish() {
+    allowed_.store(to_);
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+
+ private:
+  const int to_;
+  std::atomic<int>& done_;
+  std::atomic<int> allowed_;
+  absl::Status status_;
+  std::thread thread_;
+};
+
 // Every parameter is 0 minus the sum of the gradients of `steps` steps, to the bit.
 void ExpectTrained(Client& trainer, int steps) {
   for (int p = 0; p < kParams; ++p) {
@@ -283,31 +343,12 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
   std::printf("kill points seeded with %u\n", seed);
   std::mt19937 random(seed);
   std::vector<std::unique_ptr<ChildProcess>> holders = std::move(primaries);
-  // Training may run at most kLead steps past the next kill point, so every
-  // kill lands while steps are in flight.
-  constexpr int kLead = 4;
-  std::atomic<int> allowed{10};
-  std::thread trainer_thread(
-      [&] { training = Train(*trainer, 10, kSteps, &steps_done, &allowed); });
-  struct JoinOnExit {  // also when an assertion below returns early
-    std::atomic<int>& allowed;
-    std::thread& thread;
-    ~JoinOnExit() {
-      allowed.store(kSteps);
-      if (thread.joinable()) thread.join();
-    }
-  } join_on_exit{allowed, trainer_thread};
+  PacedTraining paced(*trainer, 10, kSteps, steps_done);
   int kill_after = 10;
   for (int k = 0; k < kKills; ++k) {
     const uint32_t i = k % kServers;
     kill_after += 3 + static_cast<int>(random() % 18);
-    allowed.store(kill_after + kLead);
-    bool reached = false;
-    for (int wait = 0; wait < 9000 && !reached; ++wait) {
-      reached = steps_done.load() >= kill_after || steps_done.load() >= kSteps;
-      if (!reached) absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_TRUE(reached) << "training stalled at step " << steps_done.load();
+    ASSERT_TRUE(paced.RunTo(kill_after)) << "training stalled at step " << steps_done.load();
     const std::string successor = Config(i).replicas(0);
     std::printf("kill -9 of shard %u's primary after step %d\n", i, steps_done.load());
     ASSERT_EQ(kill(holders[i]->pid(), SIGKILL), 0) << std::strerror(errno);
@@ -325,9 +366,7 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     standbys[i] = StartStandby(i);
     ASSERT_NE(standbys[i], nullptr);
   }
-  allowed.store(kSteps);
-  trainer_thread.join();
-  ASSERT_OK(training);
+  ASSERT_OK(paced.Finish());
   ASSERT_EQ(steps_done.load(), kSteps);
 
   // Exact to the bit: 0 - sum of every acknowledged gradient; and each
@@ -400,13 +439,8 @@ TEST_F(ReplicationTest, AStandbyRefusesACopyLargerThanItsBound) {
   // (placement is deterministic), so each shard's copy is past the 4 KiB bound.
   std::unique_ptr<Client> trainer = ConnectAndInit(8, 1 << 14);
   ASSERT_NE(trainer, nullptr);
-  std::vector<std::string> flags = Flags();
-  flags.push_back("--standby");
-  flags.push_back("--max_standby_copy_bytes=4096");
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> standby,
-                       ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
-  ASSERT_OK_AND_ASSIGN(int status, standby->WaitForExit(absl::Now() + kWait));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << DescribeWaitStatus(status);
+  std::unique_ptr<ChildProcess> standby = FailedStandby("--max_standby_copy_bytes=4096");
+  ASSERT_NE(standby, nullptr);
   EXPECT_THAT(standby->err(), ::testing::HasSubstr("--max_standby_copy_bytes=4096"));
   EXPECT_THAT(standby->err(), ::testing::HasSubstr("nothing loaded"));
   // The primary listed the standby when it sent the copy; the first write
@@ -516,31 +550,13 @@ TEST_F(ReplicationTest, ThreeReplicasSurviveTwoProcessesKilledAtOnce) {
   const unsigned seed = static_cast<unsigned>(absl::ToUnixNanos(absl::Now()));
   std::printf("R=3 kill points seeded with %u\n", seed);
   std::mt19937 random(seed);
-  constexpr int kLead = 4;
   constexpr int kStepsR3 = 200;
-  absl::Status training;
-  std::atomic<int> allowed{10};
-  std::thread trainer_thread(
-      [&] { training = Train(*trainer, 10, kStepsR3, &steps_done, &allowed); });
-  struct JoinOnExit {
-    std::atomic<int>& allowed;
-    std::thread& thread;
-    ~JoinOnExit() {
-      allowed.store(kSteps);
-      if (thread.joinable()) thread.join();
-    }
-  } join_on_exit{allowed, trainer_thread};
+  PacedTraining paced(*trainer, 10, kStepsR3, steps_done);
   int kill_after = 10;
   for (int k = 0; k < kKillsR3; ++k) {
     const uint32_t i = k % kServers;
     kill_after += 3 + static_cast<int>(random() % 18);
-    allowed.store(kill_after + kLead);
-    bool reached = false;
-    for (int wait = 0; wait < 9000 && !reached; ++wait) {
-      reached = steps_done.load() >= kill_after;
-      if (!reached) absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_TRUE(reached) << "training stalled at step " << steps_done.load();
+    ASSERT_TRUE(paced.RunTo(kill_after)) << "training stalled at step " << steps_done.load();
     const v1::ShardConfig before = Config(i);
     ASSERT_EQ(before.replicas_size(), 2) << "shard " << i;
     std::vector<std::string> victims = {before.holder()};
@@ -576,9 +592,7 @@ TEST_F(ReplicationTest, ThreeReplicasSurviveTwoProcessesKilledAtOnce) {
       ASSERT_TRUE(add_standby(i, replicas));
     }
   }
-  allowed.store(kStepsR3);
-  trainer_thread.join();
-  ASSERT_OK(training);
+  ASSERT_OK(paced.Finish());
   ASSERT_EQ(steps_done.load(), kStepsR3);
   ExpectTrained(*trainer, kStepsR3);
   expect_replicas_equal();
@@ -606,16 +620,8 @@ TEST_F(ReplicationTest, ThreeReplicasSurviveTwoProcessesKilledAtOnce) {
 // primary refuses, naming the flag, and a standby with no shard left to
 // attach to gives up at its --register_timeout.
 TEST_F(ReplicationTest, APrimaryRefusesAStandbyPastMaxStandbys) {
-  std::vector<std::unique_ptr<ChildProcess>> primaries;
-  for (uint32_t i = 0; i < kServers; ++i) {
-    std::vector<std::string> flags = Flags();
-    flags.push_back("--accept_standbys");
-    flags.push_back("--max_standbys=1");
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> child,
-                         ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
-    ASSERT_OK(WaitForPserverAddress(*child, i, absl::Now() + kWait).status()) << child->output();
-    primaries.push_back(std::move(child));
-  }
+  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries({"--max_standbys=1"});
+  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
   std::unique_ptr<Client> trainer = ConnectAndInit();
   ASSERT_NE(trainer, nullptr);
   std::vector<std::unique_ptr<ChildProcess>> standbys;
@@ -623,13 +629,8 @@ TEST_F(ReplicationTest, APrimaryRefusesAStandbyPastMaxStandbys) {
     standbys.push_back(StartStandby(i));
     ASSERT_NE(standbys.back(), nullptr);
   }
-  std::vector<std::string> flags = Flags();
-  flags.push_back("--standby");
-  flags.push_back("--register_timeout=3");
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> extra,
-                       ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
-  ASSERT_OK_AND_ASSIGN(int status, extra->WaitForExit(absl::Now() + kWait));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << DescribeWaitStatus(status);
+  std::unique_ptr<ChildProcess> extra = FailedStandby("--register_timeout=3");
+  ASSERT_NE(extra, nullptr);
   EXPECT_THAT(extra->err(), ::testing::HasSubstr("the most --max_standbys=1 allows"));
   EXPECT_THAT(extra->err(), ::testing::HasSubstr("attached to none"));
   for (uint32_t i = 0; i < kServers; ++i) EXPECT_EQ(Config(i).replicas_size(), 1) << i;
