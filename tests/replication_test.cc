@@ -18,7 +18,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -100,9 +102,11 @@ class ReplicationTest : public ::testing::Test {
   }
 
   // Server `index` (they claim indices in start order), accepting standbys.
-  std::unique_ptr<ChildProcess> StartPrimary(uint32_t index) {
+  std::unique_ptr<ChildProcess> StartPrimary(uint32_t index,
+                                             const std::vector<std::string>& extra = {}) {
     std::vector<std::string> flags = Flags();
     flags.push_back("--accept_standbys");
+    flags.insert(flags.end(), extra.begin(), extra.end());
     absl::StatusOr<std::unique_ptr<ChildProcess>> child =
         ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags);
     EXPECT_OK(child);
@@ -115,18 +119,20 @@ class ReplicationTest : public ::testing::Test {
   }
 
   // kServers servers, index i the i-th; fewer when one failed to start.
-  std::vector<std::unique_ptr<ChildProcess>> StartPrimaries() {
+  std::vector<std::unique_ptr<ChildProcess>> StartPrimaries(
+      const std::vector<std::string>& extra = {}) {
     std::vector<std::unique_ptr<ChildProcess>> primaries;
     for (uint32_t i = 0; i < kServers; ++i) {
-      std::unique_ptr<ChildProcess> primary = StartPrimary(i);
+      std::unique_ptr<ChildProcess> primary = StartPrimary(i, extra);
       if (primary == nullptr) break;
       primaries.push_back(std::move(primary));
     }
     return primaries;
   }
 
-  // A standby; returns once /shards/<shard> lists it (shards fill in order).
-  std::unique_ptr<ChildProcess> StartStandby(uint32_t shard) {
+  // A standby; returns once /shards/<shard> lists `replicas` backups (a
+  // standby attaches to the shard with the fewest first).
+  std::unique_ptr<ChildProcess> StartStandby(uint32_t shard, int replicas = 1) {
     std::vector<std::string> flags = Flags();
     flags.push_back("--standby");
     flags.push_back("--accept_standbys");
@@ -136,10 +142,28 @@ class ReplicationTest : public ::testing::Test {
     if (!child.ok()) return nullptr;
     bool listed = false;
     for (int i = 0; i < 4500 && !listed; ++i) {
-      listed = Config(shard).replicas_size() == 1;
+      listed = Config(shard).replicas_size() == replicas;
       if (!listed) absl::SleepFor(absl::Milliseconds(20));
     }
     EXPECT_TRUE(listed) << "no standby attached to shard " << shard << ": " << (*child)->output();
+    return *std::move(child);
+  }
+
+  // A standby with `flag` that attaches nowhere: returned once it exited
+  // (with an error, as expected); null when it could not start.
+  std::unique_ptr<ChildProcess> FailedStandby(const std::string& flag) {
+    std::vector<std::string> flags = Flags();
+    flags.push_back("--standby");
+    flags.push_back(flag);
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+        ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags);
+    EXPECT_OK(child);
+    if (!child.ok()) return nullptr;
+    absl::StatusOr<int> status = (*child)->WaitForExit(absl::Now() + kWait);
+    EXPECT_OK(status);
+    if (status.ok()) {
+      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0) << DescribeWaitStatus(*status);
+    }
     return *std::move(child);
   }
 
@@ -190,7 +214,16 @@ class ReplicationTest : public ::testing::Test {
     return config.ok() ? *config : v1::ShardConfig();
   }
 
-  // The address in etcd key `key` (a /ps/<i> or /standby/<i> value).
+  // The address of shard i's first backup (its /standby/<i>/<instance>).
+  std::string StandbyAddress(uint32_t shard) {
+    const v1::ShardConfig config = Config(shard);
+    EXPECT_GT(config.replicas_size(), 0) << "shard " << shard;
+    return config.replicas_size() > 0
+               ? AddressAt(etcd_keys::StandbyKey(shard, config.replicas(0)))
+               : "";
+  }
+
+  // The address in etcd key `key` (a /ps/<i> or /standby/<i>/<instance> value).
   std::string AddressAt(const std::string& key) {
     absl::StatusOr<KeyValue> kv = etcd_client_->Get(key);
     EXPECT_OK(kv) << key;
@@ -204,7 +237,7 @@ class ReplicationTest : public ::testing::Test {
   void ExpectStandbysHoldTheirPrimariesState() {
     for (uint32_t i = 0; i < kServers; ++i) {
       EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
-                StateChecksum(AddressAt(etcd_keys::StandbyKey(i))))
+                StateChecksum(StandbyAddress(i)))
           << "shard " << i;
     }
   }
@@ -299,6 +332,45 @@ absl::Status Train(Client& trainer, int from, int to, std::atomic<int>* done,
   return absl::OkStatus();
 }
 
+// Steps [from, to) in a thread of their own, paced: training runs at most
+// kLead steps past the next kill point, so every kill lands while steps are
+// in flight. Joined (and let run to the end) when it goes.
+class PacedTraining {
+ public:
+  static constexpr int kLead = 4;
+  PacedTraining(Client& trainer, int from, int to, std::atomic<int>& done)
+      : to_(to), done_(done), allowed_(from) {
+    thread_ = std::thread([this, &trainer, from] {
+      status_ = Train(trainer, from, to_, &done_, &allowed_);
+    });
+  }
+  ~PacedTraining() { Finish().IgnoreError(); }
+
+  // Lets training run to `step` (and kLead past it) and waits until it got
+  // there or to its end; false when it stalled.
+  bool RunTo(int step) {
+    allowed_.store(step + kLead);
+    for (int wait = 0; wait < 9000; ++wait) {
+      if (done_.load() >= step || done_.load() >= to_) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+  // Lets it run to the end; its outcome.
+  absl::Status Finish() {
+    allowed_.store(to_);
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+
+ private:
+  const int to_;
+  std::atomic<int>& done_;
+  std::atomic<int> allowed_;
+  absl::Status status_;
+  std::thread thread_;
+};
+
 // Every parameter is 0 minus the sum of the gradients of `steps` steps, to the bit.
 void ExpectTrained(Client& trainer, int steps) {
   for (int p = 0; p < kParams; ++p) {
@@ -355,38 +427,17 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
   std::printf("kill points seeded with %u\n", seed);
   std::mt19937 random(seed);
   std::vector<std::unique_ptr<ChildProcess>> holders = std::move(primaries);
-  // Training may run at most kLead steps past the next kill point, so every
-  // kill lands while steps are in flight.
-  constexpr int kLead = 4;
-  std::atomic<int> allowed{10};
-  std::thread trainer_thread(
-      [&] { training = Train(*trainer, 10, kSteps, &steps_done, &allowed); });
-  struct JoinOnExit {  // also when an assertion below returns early
-    std::atomic<int>& allowed;
-    std::thread& thread;
-    ~JoinOnExit() {
-      allowed.store(kSteps);
-      if (thread.joinable()) thread.join();
-    }
-  } join_on_exit{allowed, trainer_thread};
+  PacedTraining paced(*trainer, 10, kSteps, steps_done);
   int kill_after = 10;
   for (int k = 0; k < kKills; ++k) {
     const uint32_t i = k % kServers;
     kill_after += 3 + static_cast<int>(random() % 18);
-    allowed.store(kill_after + kLead);
-    bool reached = false;
-    for (int wait = 0; wait < 9000 && !reached; ++wait) {
-      reached = steps_done.load() >= kill_after || steps_done.load() >= kSteps;
-      if (!reached) absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_TRUE(reached) << "training stalled at step " << steps_done.load();
+    ASSERT_TRUE(paced.RunTo(kill_after)) << "training stalled at step " << steps_done.load();
     std::printf("kill -9 of shard %u's primary after step %d\n", i, steps_done.load());
     FailOver(i, holders, standbys);
     if (HasFatalFailure()) break;
   }
-  allowed.store(kSteps);
-  trainer_thread.join();
-  ASSERT_OK(training);
+  ASSERT_OK(paced.Finish());
   ASSERT_EQ(steps_done.load(), kSteps);
 
   // Exact to the bit: 0 - sum of every acknowledged gradient; and each
@@ -443,13 +494,8 @@ TEST_F(ReplicationTest, AStandbyRefusesACopyLargerThanItsBound) {
   // (placement is deterministic), so each shard's copy is past the 4 KiB bound.
   std::unique_ptr<Client> trainer = ConnectAndInit(8, 1 << 14);
   ASSERT_NE(trainer, nullptr);
-  std::vector<std::string> flags = Flags();
-  flags.push_back("--standby");
-  flags.push_back("--max_standby_copy_bytes=4096");
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> standby,
-                       ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags));
-  ASSERT_OK_AND_ASSIGN(int status, standby->WaitForExit(absl::Now() + kWait));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << DescribeWaitStatus(status);
+  std::unique_ptr<ChildProcess> standby = FailedStandby("--max_standby_copy_bytes=4096");
+  ASSERT_NE(standby, nullptr);
   EXPECT_THAT(standby->err(), ::testing::HasSubstr("--max_standby_copy_bytes=4096"));
   EXPECT_THAT(standby->err(), ::testing::HasSubstr("nothing loaded"));
   // The primary listed the standby when it sent the copy; the first write
@@ -841,6 +887,154 @@ TEST_F(ReplicationTest, APrimaryPausedPastItsLeaseAcknowledgesNothingOnceItsStan
   holders[0] = std::move(standby);
   std::vector<std::unique_ptr<ChildProcess>> no_standbys;
   StopAll(no_standbys, holders);
+}
+
+// R=3: two primaries with two standbys each (--max_standbys=2, the
+// default). kKillsR3 times, at seeded random steps while training runs,
+// shard k % 2 loses its primary: in kills 0-1, 4-5 together with one of its
+// standbys chosen at random (two processes killed at once; the other
+// standby takes over alone), in kills 2-3, 6-7 the primary only (one
+// standby takes over, the other sees /shards/<i> drop it and copies the new
+// primary anew). Fresh standbys
+// bring the shard back to two backups. Training completes exact to the bit;
+// every replica of each shard has its primary's checksum.
+TEST_F(ReplicationTest, ThreeReplicasSurviveTwoProcessesKilledAtOnce) {
+  constexpr int kKillsR3 = 8;
+  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
+  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+  // Every process by its instance id.
+  std::map<std::string, std::unique_ptr<ChildProcess>> processes;
+  for (uint32_t i = 0; i < kServers; ++i) processes[Config(i).holder()] = std::move(primaries[i]);
+  auto add_standby = [&](uint32_t shard, int replicas) {
+    std::unique_ptr<ChildProcess> standby = StartStandby(shard, replicas);
+    if (standby == nullptr) return false;
+    // The one backup listed that is no known process.
+    std::string id;
+    const v1::ShardConfig config = Config(shard);
+    for (const std::string& replica : config.replicas()) {
+      if (processes.count(replica) == 0) id = replica;
+    }
+    EXPECT_FALSE(id.empty()) << standby->output();
+    if (id.empty()) return false;
+    processes[id] = std::move(standby);
+    return true;
+  };
+  for (int replicas = 1; replicas <= 2; ++replicas) {
+    for (uint32_t i = 0; i < kServers; ++i) ASSERT_TRUE(add_standby(i, replicas));
+  }
+  // Every replica of shard i has its primary's state.
+  auto expect_replicas_equal = [&] {
+    for (uint32_t i = 0; i < kServers; ++i) {
+      const v1::ShardConfig config = Config(i);
+      EXPECT_EQ(config.replicas_size(), 2) << "shard " << i;
+      const uint32_t primary = StateChecksum(AddressAt(etcd_keys::ServerKey(i)));
+      for (const std::string& replica : config.replicas()) {
+        EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::StandbyKey(i, replica))), primary)
+            << "shard " << i << ", backup " << replica;
+      }
+    }
+  };
+
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 10, &steps_done));
+  expect_replicas_equal();
+
+  const unsigned seed = static_cast<unsigned>(absl::ToUnixNanos(absl::Now()));
+  std::printf("R=3 kill points seeded with %u\n", seed);
+  std::mt19937 random(seed);
+  constexpr int kStepsR3 = 200;
+  PacedTraining paced(*trainer, 10, kStepsR3, steps_done);
+  int kill_after = 10;
+  for (int k = 0; k < kKillsR3; ++k) {
+    const uint32_t i = k % kServers;
+    kill_after += 3 + static_cast<int>(random() % 18);
+    ASSERT_TRUE(paced.RunTo(kill_after)) << "training stalled at step " << steps_done.load();
+    const v1::ShardConfig before = Config(i);
+    ASSERT_EQ(before.replicas_size(), 2) << "shard " << i;
+    std::vector<std::string> victims = {before.holder()};
+    std::vector<std::string> survivors(before.replicas().begin(), before.replicas().end());
+    if ((k / kServers) % 2 == 0) {
+      const size_t which = random() % 2;
+      victims.push_back(survivors[which]);
+      survivors.erase(survivors.begin() + static_cast<std::ptrdiff_t>(which));
+    }
+    std::printf("kill -9 of shard %u's primary%s after step %d\n", i,
+                victims.size() > 1 ? " and one standby" : "", steps_done.load());
+    for (const std::string& victim : victims) {
+      ASSERT_TRUE(processes.count(victim)) << victim;
+      ASSERT_EQ(kill(processes[victim]->pid(), SIGKILL), 0) << std::strerror(errno);
+    }
+    for (const std::string& victim : victims) {
+      ASSERT_OK_AND_ASSIGN(int status, processes[victim]->WaitForExit(absl::Now() + kWait));
+      EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+      processes.erase(victim);
+    }
+    // One surviving standby takes the shard over; a live one that did not
+    // copies it anew, so the shard has every survivor back.
+    bool settled = false;
+    for (int wait = 0; wait < 4500 && !settled; ++wait) {
+      const v1::ShardConfig now = Config(i);
+      settled = std::count(survivors.begin(), survivors.end(), now.holder()) == 1 &&
+                now.replicas_size() == static_cast<int>(survivors.size()) - 1;
+      if (!settled) absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(settled) << "shard " << i << " did not settle on its survivors: "
+                         << FormatShardConfig(Config(i));
+    for (int replicas = static_cast<int>(survivors.size()); replicas <= 2; ++replicas) {
+      ASSERT_TRUE(add_standby(i, replicas));
+    }
+  }
+  ASSERT_OK(paced.Finish());
+  ASSERT_EQ(steps_done.load(), kStepsR3);
+  ExpectTrained(*trainer, kStepsR3);
+  expect_replicas_equal();
+
+  trainer.reset();
+  // Backups first (killed: a primary's shutdown would promote them), then
+  // the primaries, cleanly.
+  std::vector<std::string> holders;
+  for (uint32_t i = 0; i < kServers; ++i) holders.push_back(Config(i).holder());
+  for (auto& [id, process] : processes) {
+    if (std::count(holders.begin(), holders.end(), id) > 0) continue;
+    ASSERT_EQ(kill(process->pid(), SIGKILL), 0);
+    EXPECT_OK(process->WaitForExit(absl::Now() + kWait).status());
+  }
+  for (const std::string& id : holders) {
+    ASSERT_TRUE(processes.count(id)) << id;
+    ASSERT_EQ(kill(processes[id]->pid(), SIGTERM), 0);
+    ASSERT_OK_AND_ASSIGN(int status, processes[id]->WaitForExit(absl::Now() + kWait));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << DescribeWaitStatus(status) << processes[id]->err();
+  }
+}
+
+// --max_standbys bounds the standbys attached to one primary: past it the
+// primary refuses, naming the flag, and a standby with no shard left to
+// attach to gives up at its --register_timeout.
+TEST_F(ReplicationTest, APrimaryRefusesAStandbyPastMaxStandbys) {
+  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries({"--max_standbys=1"});
+  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+  std::vector<std::unique_ptr<ChildProcess>> standbys;
+  for (uint32_t i = 0; i < kServers; ++i) {
+    standbys.push_back(StartStandby(i));
+    ASSERT_NE(standbys.back(), nullptr);
+  }
+  std::unique_ptr<ChildProcess> extra = FailedStandby("--register_timeout=3");
+  ASSERT_NE(extra, nullptr);
+  EXPECT_THAT(extra->err(), ::testing::HasSubstr("the most --max_standbys=1 allows"));
+  EXPECT_THAT(extra->err(), ::testing::HasSubstr("attached to none"));
+  for (uint32_t i = 0; i < kServers; ++i) EXPECT_EQ(Config(i).replicas_size(), 1) << i;
+  // The shards serve on with their one backup each.
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 4, &steps_done));
+  ExpectTrained(*trainer, 4);
+  for (uint32_t i = 0; i < kServers; ++i) {
+    EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))), StateChecksum(StandbyAddress(i)));
+  }
 }
 
 }  // namespace

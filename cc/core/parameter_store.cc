@@ -585,7 +585,7 @@ absl::StatusOr<StoreSnapshot> ParameterStore::TakeSnapshot() const {
   return snapshot;
 }
 
-absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
+absl::Status ParameterStore::Restore(StoreSnapshot snapshot, bool replace) {
   auto not_empty = [] {
     return absl::FailedPreconditionError(
         "restore needs an empty store: it already holds parameters or was opened by "
@@ -593,7 +593,7 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
   };
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (!blocks_.empty() || initialized()) return Reject(not_empty());
+    if (!replace && (!blocks_.empty() || initialized())) return Reject(not_empty());
   }
   // Built aside with the ordinary Init checks, then moved in whole.
   ParameterStore staging(options_);
@@ -621,11 +621,11 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot) {
     }
   }
   absl::MutexLock lock(&mu_);
-  if (!blocks_.empty() || initialized()) return Reject(not_empty());
+  if (!replace && (!blocks_.empty() || initialized())) return Reject(not_empty());
   absl::MutexLock staging_lock(&staging.mu_);
   blocks_ = std::move(staging.blocks_);
   layouts_ = std::move(staging.layouts_);
-  if (snapshot.initialized) initialized_.store(true, std::memory_order_release);
+  initialized_.store(snapshot.initialized, std::memory_order_release);
   return absl::OkStatus();
 }
 

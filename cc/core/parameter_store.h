@@ -178,7 +178,9 @@ class ParameterStore {
   // does not fit its config. `extensions` are ignored here. Unlike Init, it
   // takes names and values as the store once held them: a value that became
   // infinite through finite updates does not make a checkpoint unloadable.
-  absl::Status Restore(StoreSnapshot snapshot);
+  // With `replace`, the store need not be empty: its blocks are replaced
+  // whole by the snapshot's (a standby loading a fresh copy of its shard).
+  absl::Status Restore(StoreSnapshot snapshot, bool replace = false);
 
   // Counts a request rejected before it reached the store (for Stats).
   void CountRejected() { rejected_.fetch_add(1, std::memory_order_relaxed); }

@@ -366,7 +366,8 @@ void Tables::SaveTo(std::map<std::string, std::string>* extensions) const {
   }
 }
 
-absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& extensions) {
+absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& extensions,
+                                 bool replace) {
   absl::flat_hash_map<std::string, std::shared_ptr<Entry>> restored;
   for (const auto& [key, bytes] : extensions) {
     if (!absl::StartsWith(key, kTablePrefix)) continue;
@@ -402,7 +403,7 @@ absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& exten
     restored.emplace(name, std::move(entry));
   }
   absl::MutexLock lock(&mu_);
-  if (!tables_.empty()) {
+  if (!replace && !tables_.empty()) {
     return absl::FailedPreconditionError("tables can only be restored into a server without any");
   }
   tables_ = std::move(restored);

@@ -133,7 +133,10 @@ class Tables {
   // Recreates the tables and clocks found in `extensions` (others are
   // ignored). FAILED_PRECONDITION if a table already exists; DATA_LOSS or
   // INVALID_ARGUMENT naming the extension that does not decode. All or nothing.
-  absl::Status RestoreFrom(const std::map<std::string, std::string>& extensions);
+  // With `replace`, the tables held are replaced whole instead (a standby
+  // loading a fresh copy of its shard).
+  absl::Status RestoreFrom(const std::map<std::string, std::string>& extensions,
+                           bool replace = false);
 
   // Wakes every waiting pull and collective with UNAVAILABLE.
   void Shutdown();

@@ -59,7 +59,10 @@ std::string CheckpointsPrefix() { return std::string(kCheckpoints); }
 std::string CheckpointKey(uint32_t shard) { return absl::StrCat(kCheckpoints, shard); }
 std::string ShardsPrefix() { return std::string(kShards); }
 std::string ShardKey(uint32_t shard) { return absl::StrCat(kShards, shard); }
-std::string StandbyKey(uint32_t shard) { return absl::StrCat("/standby/", shard); }
+std::string StandbyKey(uint32_t shard, absl::string_view instance_id) {
+  return absl::StrCat(StandbyPrefix(shard), instance_id);
+}
+std::string StandbyPrefix(uint32_t shard) { return absl::StrCat("/standby/", shard, "/"); }
 std::string WorkersPrefix() { return std::string(kWorkers); }
 std::string WorkerKey(absl::string_view id) { return absl::StrCat(kWorkers, id); }
 std::string PlacementKey() { return "/placement"; }

@@ -47,7 +47,9 @@ std::string CheckpointsPrefix();   // "/checkpoints/"
 std::string CheckpointKey(uint32_t shard);  // "/checkpoints/<shard>"
 std::string ShardsPrefix();        // "/shards/"
 std::string ShardKey(uint32_t shard);  // "/shards/<shard>"
-std::string StandbyKey(uint32_t shard);  // "/standby/<shard>": its standby (leased)
+// "/standby/<shard>/<instance>": a standby of shard <shard> (leased; one key per standby).
+std::string StandbyKey(uint32_t shard, absl::string_view instance_id);
+std::string StandbyPrefix(uint32_t shard);  // "/standby/<shard>/"
 std::string WorkersPrefix();       // "/workers/"
 std::string WorkerKey(absl::string_view id);  // "/workers/<id>"
 std::string PlacementKey();        // "/placement" (not a KeyKind: Parse refuses it)

@@ -158,13 +158,15 @@ absl::StatusOr<std::vector<uint32_t>> ShardsStartingOn(uint32_t index, uint32_t 
 
 absl::StatusOr<ShardClaim> NextTakeover(uint32_t shard, const KeyValue& current,
                                         absl::string_view successor,
-                                        absl::string_view successor_address) {
+                                        absl::string_view successor_address,
+                                        bool drop_other_backups) {
   PS_ASSIGN_OR_RETURN(v1::ShardConfig next, Bumped(shard, current));
   if (!RemoveReplica(&next, successor)) {
     return absl::FailedPreconditionError(
         absl::StrCat("etcd ", etcd_keys::ShardKey(shard), " at epoch ", next.epoch() - 1,
                      " does not list ", successor, " as a replica: it cannot take over"));
   }
+  if (drop_other_backups) next.clear_replicas();
   next.set_holder(std::string(successor));
   next.set_holder_address(std::string(successor_address));
   return Change(shard, &current, std::move(next));
@@ -185,17 +187,25 @@ absl::Status CheckHolder(const std::string& key, const v1::ShardConfig& next,
 
 }  // namespace
 
-absl::StatusOr<ShardClaim> NextWithoutReplica(uint32_t shard, const KeyValue& current,
-                                              absl::string_view holder,
-                                              absl::string_view backup) {
+absl::StatusOr<ShardClaim> NextWithoutReplicas(uint32_t shard, const KeyValue& current,
+                                               absl::string_view holder,
+                                               const std::vector<std::string>& backups) {
   PS_ASSIGN_OR_RETURN(v1::ShardConfig next, Bumped(shard, current));
   const std::string key = etcd_keys::ShardKey(shard);
   PS_RETURN_IF_ERROR(CheckHolder(key, next, holder, "drops"));
-  if (!RemoveReplica(&next, backup)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "etcd ", key, " at epoch ", next.epoch() - 1, " does not list replica ", backup));
+  for (const std::string& backup : backups) {
+    if (!RemoveReplica(&next, backup)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd ", key, " at epoch ", next.epoch() - 1, " does not list replica ", backup));
+    }
   }
   return Change(shard, &current, std::move(next));
+}
+
+absl::StatusOr<ShardClaim> NextWithoutReplica(uint32_t shard, const KeyValue& current,
+                                              absl::string_view holder,
+                                              absl::string_view backup) {
+  return NextWithoutReplicas(shard, current, holder, {std::string(backup)});
 }
 
 absl::StatusOr<ShardClaim> NextWithReplica(uint32_t shard, const KeyValue& current,

@@ -78,13 +78,18 @@ absl::StatusOr<std::vector<uint32_t>> ShardsStartingOn(uint32_t index, uint32_t 
 
 // A backup taking over from a holder that failed: `successor`, which must
 // be listed in current's replicas, becomes holder at `successor_address`;
-// the old holder leaves the set; the other backups keep their order.
+// the old holder leaves the set; the other backups keep their order, or,
+// with `drop_other_backups`, leave the set too (they copy the successor's
+// state anew: one may hold a write the old primary shipped to it and not
+// to the successor, never acknowledged, which the successor's log would
+// number differently).
 // FAILED_PRECONDITION naming the key when `successor` is not a backup of
 // the current config (only a replica holds the shard's state);
 // INVALID_ARGUMENT when `current` does not parse.
 absl::StatusOr<ShardClaim> NextTakeover(uint32_t shard, const KeyValue& current,
                                         absl::string_view successor,
-                                        absl::string_view successor_address);
+                                        absl::string_view successor_address,
+                                        bool drop_other_backups = false);
 // The holder dropping a backup it cannot reach (before it acknowledges
 // anything more without it): the same holder, `backup` out of the set.
 // FAILED_PRECONDITION when `holder` is not current's holder (a stale
@@ -92,6 +97,10 @@ absl::StatusOr<ShardClaim> NextTakeover(uint32_t shard, const KeyValue& current,
 absl::StatusOr<ShardClaim> NextWithoutReplica(uint32_t shard, const KeyValue& current,
                                               absl::string_view holder,
                                               absl::string_view backup);
+// The same for several backups at once (one epoch up): each must be listed.
+absl::StatusOr<ShardClaim> NextWithoutReplicas(uint32_t shard, const KeyValue& current,
+                                               absl::string_view holder,
+                                               const std::vector<std::string>& backups);
 // The holder adding a backup that has copied its state (a standby attaching,
 // docs/replication.md): the same holder, `backup` last in the set.
 // FAILED_PRECONDITION when `holder` is not current's holder or `backup` is

@@ -160,6 +160,13 @@ TEST(ShardConfigTest, ATakeoverBumpsTheEpochAndDropsTheOldHolder) {
   // The last backup may take over too; the old holder is never kept.
   ASSERT_OK_AND_ASSIGN(ShardClaim last, NextTakeover(1, current, "cccc", "h:3"));
   EXPECT_THAT(last.config.replicas(), ElementsAre("bbbb"));
+
+  // A successor that drops the other backups (they copy its state anew).
+  ASSERT_OK_AND_ASSIGN(ShardClaim alone,
+                       NextTakeover(1, current, "bbbb", "h:2", /*drop_other_backups=*/true));
+  EXPECT_EQ(alone.config.epoch(), 5u);
+  EXPECT_EQ(alone.config.holder(), "bbbb");
+  EXPECT_TRUE(alone.config.replicas().empty());
 }
 
 TEST(ShardConfigTest, OnlyAListedBackupTakesOver) {
@@ -188,6 +195,14 @@ TEST(ShardConfigTest, TheHolderDropsAnUnreachableBackup) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("held by aaaa, not bbbb: only the holder drops a replica")));
   EXPECT_THAT(NextWithoutReplica(0, current, "aaaa", "dddd").status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("does not list replica dddd")));
+
+  // Two at once: one epoch up, neither left.
+  ASSERT_OK_AND_ASSIGN(ShardClaim both, NextWithoutReplicas(0, current, "aaaa", {"cccc", "bbbb"}));
+  EXPECT_EQ(both.config.epoch(), 3u);
+  EXPECT_TRUE(both.config.replicas().empty());
+  EXPECT_THAT(NextWithoutReplicas(0, current, "aaaa", {"bbbb", "dddd"}).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("does not list replica dddd")));
 }

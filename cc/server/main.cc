@@ -145,6 +145,10 @@ ABSL_FLAG(uint64_t, max_standby_copy_bytes, uint64_t{1} << 30,
 ABSL_FLAG(bool, accept_standbys, false,
           "Let a standby attach to this server's shard: once one did, a write is acknowledged "
           "only after the standby has it (docs/replication.md). Not with TLS or roles yet.");
+ABSL_FLAG(uint64_t, max_standbys, 2,
+          "The most standbys attached to this server's shard at once (1-64; with "
+          "--accept_standbys): one more is refused with FAILED_PRECONDITION naming this flag "
+          "and attaches to another shard. Every write waits for each attached standby.");
 ABSL_FLAG(OnOff, bulk_channel, OnOff{},
           "on: push, pull and push+pull may also travel over a framed TCP stream (a Unix socket "
           "for clients on this host) beside gRPC, offered through OpenChannel; off: gRPC only.");
@@ -319,6 +323,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.standby = absl::GetFlag(FLAGS_standby);
   options.max_standby_copy_bytes = absl::GetFlag(FLAGS_max_standby_copy_bytes);
   options.accept_standbys = absl::GetFlag(FLAGS_accept_standbys);
+  options.max_standbys = absl::GetFlag(FLAGS_max_standbys);
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);

@@ -1,10 +1,24 @@
 #include "cc/server/primary_log.h"
 
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace pserver {
+
+std::vector<absl::Status> SendToEach(size_t count,
+                                     absl::FunctionRef<absl::Status(size_t)> send) {
+  std::vector<absl::Status> answers(count);
+  std::vector<std::thread> others;
+  others.reserve(count > 0 ? count - 1 : 0);
+  for (size_t i = 1; i < count; ++i) {
+    others.emplace_back([&answers, &send, i] { answers[i] = send(i); });
+  }
+  if (count > 0) answers[0] = send(0);
+  for (std::thread& other : others) other.join();
+  return answers;
+}
 
 PrimaryLog::PrimaryLog(uint64_t epoch, uint64_t last_lsn, size_t backups, Options options,
                        Send send)
@@ -15,7 +29,9 @@ PrimaryLog::PrimaryLog(uint64_t epoch, uint64_t last_lsn, size_t backups, Option
       last_lsn_(last_lsn) {}
 
 absl::Status PrimaryLog::Write(absl::string_view method, std::string request,
-                               absl::FunctionRef<absl::Status()> apply) {
+                               absl::FunctionRef<absl::Status()> apply,
+                               std::vector<absl::Status>* acks) {
+  if (acks != nullptr) acks->clear();
   const uint64_t bytes = method.size() + request.size();
   BackupLog::Write write;
   {
@@ -37,11 +53,13 @@ absl::Status PrimaryLog::Write(absl::string_view method, std::string request,
     ++in_flight_writes_;
     in_flight_bytes_ += bytes;
   }
-  absl::Status result;
   // Every backup gets it, whatever another answered: a backup missing an
   // LSN would hold every later one.
-  for (size_t backup = 0; backup < backups_; ++backup) {
-    absl::Status acked = send_(backup, write);
+  std::vector<absl::Status> answers =
+      SendToEach(backups_, [&](size_t backup) { return send_(backup, write); });
+  absl::Status result;
+  for (size_t backup = 0; backup < answers.size(); ++backup) {
+    const absl::Status& acked = answers[backup];
     if (!acked.ok() && result.ok()) {
       result = absl::Status(acked.code(),
                             absl::StrCat("backup ", backup, " did not acknowledge LSN ", write.lsn,
@@ -49,6 +67,7 @@ absl::Status PrimaryLog::Write(absl::string_view method, std::string request,
                                          acked.message()));
     }
   }
+  if (acks != nullptr) *acks = std::move(answers);
   absl::MutexLock lock(&mu_);
   --in_flight_writes_;
   in_flight_bytes_ -= bytes;

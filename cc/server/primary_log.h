@@ -2,9 +2,11 @@
 // 15, docs/replication.md). Each write is applied here and numbered with
 // the next log sequence number (LSN) under the shard's order lock, so that
 // the LSN order is the order this replica applied them in; then, outside the
-// lock, it is sent as (epoch, LSN, method, request bytes) to every backup,
-// whose BackupLog (cc/server/backup_log.h) applies it in LSN order. Write
-// returns OK only once every backup acknowledged that LSN.
+// lock, it is sent as (epoch, LSN, method, request bytes) to every backup at
+// once (one thread per backup beyond the first: a slow backup delays a write
+// by its own time, not by the sum), whose BackupLog (cc/server/backup_log.h)
+// applies it in LSN order. Write returns OK only once every backup
+// acknowledged that LSN; the caller learns which backups did not.
 //
 //   PrimaryLog log(epoch, /*last_lsn=*/0, /*backups=*/2, {}, send);
 //   absl::Status acked = log.Write("SendGrad", bytes, [&] {
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -32,6 +35,11 @@
 #include "cc/server/backup_log.h"
 
 namespace pserver {
+
+// Calls send(0), ..., send(count - 1) at once (send(0) on the calling
+// thread, each other on a thread of its own) and returns their answers in
+// order once all returned.
+std::vector<absl::Status> SendToEach(size_t count, absl::FunctionRef<absl::Status(size_t)> send);
 
 class PrimaryLog {
  public:
@@ -61,8 +69,11 @@ class PrimaryLog {
   //   acknowledged: the caller must not answer OK before the configuration
   //   drops that backup (a backup's FAILED_PRECONDITION means a newer epoch
   //   exists: this primary is stale and must step down).
+  // `acks`, when given, receives each backup's own answer (one per backup,
+  // in order; empty when the write was not sent).
   absl::Status Write(absl::string_view method, std::string request,
-                     absl::FunctionRef<absl::Status()> apply);
+                     absl::FunctionRef<absl::Status()> apply,
+                     std::vector<absl::Status>* acks = nullptr);
 
   uint64_t epoch() const { return epoch_; }
   uint64_t last_lsn() const;

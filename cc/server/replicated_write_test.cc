@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -246,6 +247,57 @@ TEST(ReplicatedWriteTest, AStalePrimaryIsToldSoAndItsWriteIsNotAcknowledged) {
                                           "older than this replica's epoch 2")));
   // The other backup still got it: it holds no gap.
   EXPECT_EQ(set.backup_log(1).applied_lsn(), 2u);
+}
+
+// Every backup is sent a write at once: each fake backup answers only once
+// all three were called, which a one-after-another send never reaches (it
+// would wait for the first forever; the wait is bounded and then fails).
+TEST(ReplicatedWriteTest, AWriteIsSentToEveryBackupAtOnce) {
+  constexpr size_t kBackups = 3;
+  absl::Mutex mu;
+  size_t entered = 0;
+  PrimaryLog log(1, 0, kBackups, {}, [&](size_t, const BackupLog::Write&) {
+    absl::MutexLock lock(&mu);
+    ++entered;
+    auto all = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return entered == kBackups; };
+    if (!mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(60))) {
+      return absl::DeadlineExceededError("the other backups were not sent the write meanwhile");
+    }
+    return absl::OkStatus();
+  });
+  std::vector<absl::Status> acks;
+  EXPECT_OK(log.Write("SendGrad", "a", [] { return absl::OkStatus(); }, &acks));
+  ASSERT_EQ(acks.size(), kBackups);
+  for (const absl::Status& ack : acks) EXPECT_OK(ack);
+}
+
+// Each backup's own answer comes back, so the caller drops exactly the
+// backups that failed (PrimaryReplication drops them from /shards/<i>
+// before acknowledging); the others still got the write.
+TEST(ReplicatedWriteTest, EachBackupsAnswerIsReportedAndTheOthersStillGetTheWrite) {
+  std::vector<uint64_t> got(3, 0);
+  absl::Mutex mu;
+  PrimaryLog log(1, 0, 3, {}, [&](size_t backup, const BackupLog::Write& w) {
+    if (backup == 1) return absl::UnavailableError("backup at 127.0.0.1:1 refuses connections");
+    absl::MutexLock lock(&mu);
+    got[backup] = w.lsn;
+    return absl::OkStatus();
+  });
+  std::vector<absl::Status> acks;
+  EXPECT_THAT(log.Write("SendGrad", "a", [] { return absl::OkStatus(); }, &acks),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("backup 1 did not acknowledge LSN 1 (SendGrad) of epoch 1: "
+                                 "backup at 127.0.0.1:1 refuses connections")));
+  ASSERT_EQ(acks.size(), 3u);
+  EXPECT_OK(acks[0]);
+  EXPECT_THAT(acks[1], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("refuses")));
+  EXPECT_OK(acks[2]);
+  EXPECT_EQ(got, (std::vector<uint64_t>{1, 0, 1}));
+  // A write refused here is sent nowhere and reports no answers.
+  EXPECT_FALSE(
+      log.Write("SendGrad", "b", [] { return absl::InvalidArgumentError("no"); }, &acks).ok());
+  EXPECT_TRUE(acks.empty());
+  EXPECT_EQ(log.last_lsn(), 1u);
 }
 
 TEST(ReplicatedWriteTest, WritesInFlightAreBoundedAndARefusedOneIsNotApplied) {

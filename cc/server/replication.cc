@@ -2,14 +2,17 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
@@ -112,102 +115,158 @@ absl::StatusOr<LoadedCheckpoint> LoadSnapshotFiles(
 // ---- primary ------------------------------------------------------------------------
 
 PrimaryReplication::PrimaryReplication(PrimaryReplicationOptions options, uint64_t last_lsn)
-    : options_(std::move(options)), last_lsn_(last_lsn) {}
+    : options_(std::move(options)), term_(options_.config->epoch()), last_lsn_(last_lsn) {}
 
 PrimaryReplication::~PrimaryReplication() = default;
 
-std::string PrimaryReplication::backup() const {
+std::vector<std::string> PrimaryReplication::backups() const {
   absl::ReaderMutexLock lock(&mu_);
-  return backup_id_;
+  std::vector<std::string> ids;
+  for (const Backup& backup : backups_) ids.push_back(backup.id);
+  return ids;
 }
 
 absl::Status PrimaryReplication::Write(absl::string_view method,
                                        absl::FunctionRef<std::string()> request,
                                        absl::FunctionRef<absl::Status()> apply) {
   absl::Status shipped;
-  const PrimaryLog* failed = nullptr;
+  std::vector<std::pair<std::string, absl::Status>> failed;
+  bool stale = false;
   {
     absl::ReaderMutexLock lock(&mu_);
     if (log_ == nullptr) return apply();
     bool applied_ok = false;
-    shipped = log_->Write(method, request(), [&] {
-      absl::Status applied = apply();
-      applied_ok = applied.ok();
-      return applied;
-    });
-    // Acknowledged by the backup; or not applied here (the write's own
+    std::vector<absl::Status> acks;
+    shipped = log_->Write(
+        method, request(),
+        [&] {
+          absl::Status applied = apply();
+          applied_ok = applied.ok();
+          return applied;
+        },
+        &acks);
+    // Acknowledged by every backup; or not applied here (the write's own
     // error, or writes in flight at their bound): sent nowhere.
     if (shipped.ok() || !applied_ok) return shipped;
-    failed = log_.get();
+    for (size_t i = 0; i < acks.size() && i < backups_.size(); ++i) {
+      if (acks[i].ok()) continue;
+      stale = stale || absl::IsFailedPrecondition(acks[i]);
+      failed.emplace_back(backups_[i].id, acks[i]);
+    }
   }
-  if (absl::IsFailedPrecondition(shipped)) {
+  if (stale) {
     const std::string why =
         absl::StrCat("a backup of shard ", options_.shard, " refused a write: ", shipped.message());
     if (options_.step_down) options_.step_down(why);
     return absl::UnavailableError(absl::StrCat(why, "; not acknowledged; retry"));
   }
   absl::MutexLock lock(&mu_);
-  // Another write may have dropped it already.
-  if (log_.get() == failed) PS_RETURN_IF_ERROR(DropBackup(shipped));
-  // Applied here, and the configuration lists no replica that lacks it.
+  // Another write may have dropped some of them already.
+  PS_RETURN_IF_ERROR(DropBackups(failed));
+  // Applied here and on every backup the configuration still lists.
   return absl::OkStatus();
 }
 
-absl::Status PrimaryReplication::DropBackup(const absl::Status& failure) {
+void PrimaryReplication::RebuildLog() {
+  const uint64_t last = log_ != nullptr ? log_->last_lsn() : last_lsn_;
+  last_lsn_ = last;
+  if (backups_.empty()) {
+    log_.reset();
+    return;
+  }
+  log_ = std::make_unique<PrimaryLog>(
+      term_, last, backups_.size(), PrimaryLog::Options{},
+      [this](size_t backup, const BackupLog::Write& write) {
+        // Shipping holds mu_ shared: backups_ stays.
+        return Send(backups_[backup], write);
+      });
+}
+
+absl::Status PrimaryReplication::DropBackups(
+    const std::vector<std::pair<std::string, absl::Status>>& failed) {
+  std::vector<std::string> ids;
+  std::string what;
+  for (const auto& [id, failure] : failed) {
+    for (const Backup& backup : backups_) {
+      if (backup.id != id) continue;
+      ids.push_back(id);
+      absl::StrAppend(&what, what.empty() ? "" : "; ", "backup ", id, " at ", backup.address,
+                      ": ", failure.message());
+    }
+  }
+  if (ids.empty()) return absl::OkStatus();
   const std::string key = etcd_keys::ShardKey(options_.shard);
   auto refused = [&](absl::string_view why) {
-    return absl::UnavailableError(absl::StrCat("backup ", backup_id_, " at ", backup_address_,
-                                               " did not acknowledge a write (", failure.message(),
-                                               ") and ", why, "; not acknowledged; retry"));
+    return absl::UnavailableError(absl::StrCat("a write was not acknowledged (", what, ") and ",
+                                               why, "; not acknowledged; retry"));
   };
   absl::StatusOr<KeyValue> current = options_.etcd->Get(key);
   if (!current.ok()) {
     return refused(absl::StrCat("etcd ", key, " cannot be read: ", current.status().message()));
   }
   absl::StatusOr<ShardClaim> next =
-      NextWithoutReplica(options_.shard, *current, options_.instance_id, backup_id_);
+      NextWithoutReplicas(options_.shard, *current, options_.instance_id, ids);
   if (!next.ok()) return refused(next.status().message());
   absl::StatusOr<TxnResult> written = options_.etcd->Txn(
       {next->unchanged, Compare::ValueEquals(key, options_.config->value())}, {next->put});
   if (!written.ok()) return refused(absl::StrCat("etcd failed: ", written.status().message()));
   if (!written->succeeded) return refused(absl::StrCat("etcd ", key, " changed meanwhile"));
   options_.config->Set(next->config.epoch(), next->value);
-  if (options_.log) {
-    options_.log(absl::StrCat("dropped backup ", backup_id_, " at ", backup_address_, " of shard ",
-                              options_.shard, " (", failure.message(), "): epoch ",
-                              next->config.epoch(), ", no backup"));
+  std::vector<Backup> kept;
+  for (Backup& backup : backups_) {
+    if (std::find(ids.begin(), ids.end(), backup.id) == ids.end()) kept.push_back(std::move(backup));
   }
-  last_lsn_ = log_->last_lsn();
-  log_.reset();
-  stub_.reset();
-  backup_id_.clear();
-  backup_address_.clear();
+  backups_ = std::move(kept);
+  RebuildLog();
+  if (options_.log) {
+    options_.log(absl::StrCat("dropped backup(s) of shard ", options_.shard, " before "
+                              "acknowledging a write they did not (", what, "): epoch ",
+                              next->config.epoch(), ", ", backups_.size(), " backup(s) left"));
+  }
   return absl::OkStatus();
 }
 
-absl::Status PrimaryReplication::Send(const BackupLog::Write& write) {
-  v1::ReplicateRequest request;
-  request.set_shard(options_.shard);
-  request.set_epoch(write.epoch);
-  request.set_lsn(write.lsn);
-  request.set_method(write.method);
-  request.set_request(write.request);
+std::shared_ptr<const v1::ReplicateRequest> PrimaryReplication::Encoded(
+    const BackupLog::Write& write, size_t backups) {
+  absl::MutexLock lock(&encoded_mu_);
+  Encoding& encoding = encoded_[write.lsn];
+  if (encoding.request == nullptr) {
+    auto request = std::make_shared<v1::ReplicateRequest>();
+    request->set_shard(options_.shard);
+    request->set_epoch(write.epoch);
+    request->set_lsn(write.lsn);
+    request->set_method(write.method);
+    request->set_request(write.request);
+    encoding.request = std::move(request);
+    encoding.sends_left = backups;
+  }
+  return encoding.request;
+}
+
+void PrimaryReplication::Release(uint64_t lsn) {
+  absl::MutexLock lock(&encoded_mu_);
+  auto it = encoded_.find(lsn);
+  if (it != encoded_.end() && --it->second.sends_left == 0) encoded_.erase(it);
+}
+
+absl::Status PrimaryReplication::Send(const Backup& backup, const BackupLog::Write& write) {
+  // Shipping holds mu_ shared: backups_ stays.
+  const std::shared_ptr<const v1::ReplicateRequest> shared = Encoded(write, backups_.size());
+  absl::Cleanup release = [&] { Release(write.lsn); };
+  const v1::ReplicateRequest& request = *shared;
   const absl::Time deadline = absl::Now() + options_.replicate_timeout;
-  // Shipping holds mu_ shared: stub_ and backup_address_ stay.
-  v1::ParameterServer::Stub* const stub = stub_.get();
-  const std::string& address = backup_address_;
   absl::Status status;
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
     v1::ReplicateResponse response;
-    status = FromGrpcStatus(stub->Replicate(&context, request, &response));
+    status = FromGrpcStatus(backup.stub->Replicate(&context, request, &response));
     if (!absl::IsUnavailable(status) || absl::Now() >= deadline || attempt >= 1000) break;
     // A backup whose address refuses connections is gone (its process
     // died): no use retrying until the timeout, drop it now.
-    if (absl::StatusOr<bool> refused = TcpConnectionRefused(address, absl::Seconds(1));
+    if (absl::StatusOr<bool> refused = TcpConnectionRefused(backup.address, absl::Seconds(1));
         refused.ok() && *refused) {
-      return absl::UnavailableError(absl::StrCat("backup at ", address,
+      return absl::UnavailableError(absl::StrCat("backup at ", backup.address,
                                                  " refuses connections: ", status.message()));
     }
     absl::SleepFor(absl::Milliseconds(10));
@@ -226,10 +285,10 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
   }
   // Writes wait here until the copy is taken and the configuration written.
   absl::MutexLock lock(&mu_);
-  if (log_ != nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard, " already has backup ", backup_id_,
-                     "; a standby attaches to a shard without one"));
+  if (backups_.size() >= options_.max_standbys) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard, " has ", backups_.size(), " backups, the most --max_standbys=",
+        options_.max_standbys, " allows; attach to another shard"));
   }
   const std::string key = etcd_keys::ShardKey(options_.shard);
   PS_ASSIGN_OR_RETURN(KeyValue current, options_.etcd->Get(key));
@@ -250,20 +309,20 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
         absl::StrCat("etcd ", key, " changed while the standby attached; try again"));
   }
   options_.config->Set(next.config.epoch(), next.value);
-  backup_id_ = request.instance_id();
-  backup_address_ = request.address();
-  stub_ = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(backup_address_, grpc::InsecureChannelCredentials()));
-  log_ = std::make_unique<PrimaryLog>(
-      next.config.epoch(), last_lsn_, /*backups=*/1, PrimaryLog::Options{},
-      [this](size_t, const BackupLog::Write& write) { return Send(write); });
+  Backup& backup = backups_.emplace_back();
+  backup.id = request.instance_id();
+  backup.address = request.address();
+  backup.stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(backup.address, grpc::InsecureChannelCredentials()));
+  RebuildLog();
   if (options_.log) {
-    options_.log(absl::StrCat("standby ", backup_id_, " at ", backup_address_,
-                              " attached as backup of shard ", options_.shard, " at LSN ",
-                              last_lsn_, ": epoch ", next.config.epoch()));
+    options_.log(absl::StrCat("standby ", backup.id, " at ", backup.address,
+                              " attached as backup ", backups_.size(), " of shard ",
+                              options_.shard, " at LSN ", last_lsn_, ": epoch ",
+                              next.config.epoch(), ", term ", term_));
   }
   v1::AttachStandbyResponse response;
-  response.set_epoch(next.config.epoch());
+  response.set_epoch(term_);
   response.set_last_lsn(last_lsn_);
   for (v1::SnapshotFile& file : files) *response.add_files() = std::move(file);
   return response;
@@ -272,40 +331,75 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
 // ---- backup -------------------------------------------------------------------------
 
 void BackupReplication::Attached(uint32_t shard, uint64_t epoch, uint64_t last_lsn) {
+  auto log = std::make_shared<BackupLog>(epoch, last_lsn, BackupLog::Options{},
+                                         [this](const BackupLog::Write& write) {
+                                           if (write.method == "SendGrads")
+                                             return ApplyReplicatedPush(*dispatcher_,
+                                                                        write.request);
+                                           return dispatcher_->ApplyWrite(write.method,
+                                                                          write.request);
+                                         });
+  absl::MutexLock lock(&mu_);
   shard_ = shard;
-  log_ = std::make_unique<BackupLog>(epoch, last_lsn, BackupLog::Options{},
-                                     [this](const BackupLog::Write& write) {
-                                       if (write.method == "SendGrads")
-                                         return ApplyReplicatedPush(*dispatcher_, write.request);
-                                       return dispatcher_->ApplyWrite(write.method, write.request);
-                                     });
-  attached_.Notify();
+  log_ = std::move(log);
+}
+
+void BackupReplication::Detach() {
+  std::shared_ptr<BackupLog> old;
+  {
+    absl::MutexLock lock(&mu_);
+    old = std::move(log_);
+  }
+  // Every write of the old log is refused from now on; one being applied
+  // finishes first.
+  if (old != nullptr) old->SetEpoch(std::numeric_limits<uint64_t>::max());
+}
+
+std::shared_ptr<BackupLog> BackupReplication::log() const {
+  absl::MutexLock lock(&mu_);
+  return log_;
 }
 
 absl::Status BackupReplication::Replicate(const v1::ReplicateRequest& request,
                                           absl::Duration wait) {
-  if (!attached_.WaitForNotificationWithTimeout(wait)) {
-    return absl::UnavailableError(
-        absl::StrCat("the copy of shard ", request.shard(), " is not loaded yet; retry"));
+  std::shared_ptr<BackupLog> log;
+  uint32_t shard = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto loaded = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return log_ != nullptr; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&loaded), wait)) {
+      return absl::UnavailableError(
+          absl::StrCat("the copy of shard ", request.shard(), " is not loaded yet; retry"));
+    }
+    log = log_;
+    shard = shard_;
   }
-  if (request.shard() != shard_) {
+  if (request.shard() != shard) {
     return absl::InvalidArgumentError(
-        absl::StrCat("this server is a backup of shard ", shard_, ", not ", request.shard()));
+        absl::StrCat("this server is a backup of shard ", shard, ", not ", request.shard()));
   }
   BackupLog::Write write;
   write.epoch = request.epoch();
   write.lsn = request.lsn();
   write.method = request.method();
   write.request = request.request();
-  return log_->Deliver(std::move(write), absl::Now() + wait);
+  absl::Status delivered = log->Deliver(std::move(write), absl::Now() + wait);
+  // Refused by a log this backup detached from (it is loading a fresh copy):
+  // the primary retries once the copy is loaded.
+  if (!delivered.ok() && this->log() != log) {
+    return absl::UnavailableError(absl::StrCat(
+        "this backup is loading a fresh copy of shard ", shard, "; retry"));
+  }
+  return delivered;
 }
 
 void BackupReplication::SetEpoch(uint64_t epoch) {
-  if (attached_.HasBeenNotified()) log_->SetEpoch(epoch);
+  if (std::shared_ptr<BackupLog> current = log(); current != nullptr) current->SetEpoch(epoch);
 }
 
 uint64_t BackupReplication::applied_lsn() const {
-  return attached_.HasBeenNotified() ? log_->applied_lsn() : 0;
+  std::shared_ptr<BackupLog> current = log();
+  return current != nullptr ? current->applied_lsn() : 0;
 }
 
 bool PrimaryProbe::Refuses(const KeyValue& entry) {

@@ -5,11 +5,16 @@
 //   With no backup a write is applied as it comes. AttachStandby copies the
 //   shard (writes held meanwhile, as Save holds them), adds the standby to
 //   /shards/<i>.replicas (epoch + 1) and from then on every write goes
-//   through a PrimaryLog whose backup is that standby, over the Replicate
-//   RPC. A backup that does not acknowledge is dropped from /shards/<i> by
+//   through a PrimaryLog whose backups are the attached standbys (at most
+//   max_standbys), sent to all at once over the Replicate RPC. The backups
+//   that do not acknowledge a write are dropped from /shards/<i> by one
 //   transaction before the write is acknowledged; a primary that cannot
-//   drop it (etcd unreachable) acknowledges nothing; a backup that answers
+//   drop them (etcd unreachable) acknowledges nothing; a backup that answers
 //   FAILED_PRECONDITION (it knows a newer epoch) makes the primary step down.
+//   Writes carry the epoch this primary started serving at (its term): a
+//   change of backups it makes itself bumps /shards/<i> but not the term,
+//   so the backups attached earlier go on accepting its writes, while a
+//   successor's term is above it and fences it.
 // - BackupReplication: a standby's side: the copy it loaded and a BackupLog
 //   applying the primary's writes in LSN order.
 // - SnapshotToFiles / LoadSnapshotFiles: a shard's state as the files of
@@ -21,8 +26,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -84,6 +92,9 @@ struct PrimaryReplicationOptions {
   // How long one write may take to reach the backup, retries of
   // UNAVAILABLE included; then the backup is dropped.
   absl::Duration replicate_timeout = absl::Seconds(10);
+  // The most standbys attached at once (--max_standbys, >= 1): one more is
+  // refused with FAILED_PRECONDITION naming the flag.
+  size_t max_standbys = 2;
   // A backup knows a newer epoch: this primary must step down.
   std::function<void(const std::string& why)> step_down;
   std::function<void(const std::string& line)> log;
@@ -92,31 +103,53 @@ struct PrimaryReplicationOptions {
 class PrimaryReplication : public WriteShipper {
  public:
   // `last_lsn`: the last LSN in this replica's state (a promoted backup's).
+  // The term is options.config's epoch now.
   PrimaryReplication(PrimaryReplicationOptions options, uint64_t last_lsn);
   ~PrimaryReplication() override;
 
   absl::Status Write(absl::string_view method, absl::FunctionRef<std::string()> request,
                      absl::FunctionRef<absl::Status()> apply) override;
   // A standby asking for a copy (the AttachStandby RPC). FAILED_PRECONDITION
-  // when the shard has a backup already or etcd's config changed.
+  // when the shard has max_standbys backups already, lists this standby
+  // already, or etcd's config changed.
   absl::StatusOr<v1::AttachStandbyResponse> Attach(const v1::AttachStandbyRequest& request);
-  // The backup's instance id; "" when none.
-  std::string backup() const;
+  // The backups' instance ids, in attach order; empty when none.
+  std::vector<std::string> backups() const;
 
  private:
-  absl::Status Send(const BackupLog::Write& write);
-  // Takes the backup out of /shards/<i> after it failed `failure`.
-  absl::Status DropBackup(const absl::Status& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Backup {
+    std::string id;
+    std::string address;
+    std::unique_ptr<v1::ParameterServer::Stub> stub;
+  };
+  absl::Status Send(const Backup& backup, const BackupLog::Write& write);
+  // The Replicate request of `write`, built once (one copy of its bytes) and
+  // shared by every backup's send and retries; the last of the `backups`
+  // sends releases it.
+  std::shared_ptr<const v1::ReplicateRequest> Encoded(const BackupLog::Write& write,
+                                                      size_t backups);
+  void Release(uint64_t lsn);
+  // Takes the backups `failed` names (id, its failure) out of /shards/<i>,
+  // those still attached; OK when none is left to drop.
+  absl::Status DropBackups(const std::vector<std::pair<std::string, absl::Status>>& failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A PrimaryLog over backups_ (null when there is none) from the last LSN.
+  void RebuildLog() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PrimaryReplicationOptions options_;
+  const uint64_t term_;  // the epoch this primary's writes carry
   // Shared by every write (for its whole apply and shipping), exclusive for
   // a change of backups: a copy is taken with no write half done.
   mutable absl::Mutex mu_;
   uint64_t last_lsn_ ABSL_GUARDED_BY(mu_);                // while there is no log
   std::unique_ptr<PrimaryLog> log_ ABSL_GUARDED_BY(mu_);  // null: no backup
-  std::string backup_id_ ABSL_GUARDED_BY(mu_);
-  std::string backup_address_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<v1::ParameterServer::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  std::vector<Backup> backups_ ABSL_GUARDED_BY(mu_);     // log_'s, in its order
+  struct Encoding {
+    std::shared_ptr<const v1::ReplicateRequest> request;
+    size_t sends_left = 0;
+  };
+  absl::Mutex encoded_mu_;
+  std::map<uint64_t, Encoding> encoded_ ABSL_GUARDED_BY(encoded_mu_);  // by LSN
 };
 
 // A standby's test of whether its primary is evidently gone: its gRPC
@@ -139,11 +172,16 @@ class PrimaryProbe {
 class BackupReplication {
  public:
   explicit BackupReplication(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
-  // The copy of shard `shard` at epoch `epoch` up to `last_lsn` is loaded:
-  // writes are applied from now on. Called once.
+  // The copy of shard `shard` whose writes carry epoch `epoch`, up to
+  // `last_lsn`, is loaded: writes are applied from now on. Called again
+  // after Detach, for a fresh copy.
   void Attached(uint32_t shard, uint64_t epoch, uint64_t last_lsn);
+  // Stops applying (before a fresh copy replaces the state): writes are
+  // refused, those of the old log first, and a write being applied is done
+  // when this returns; Replicate answers UNAVAILABLE until Attached.
+  void Detach();
   // The Replicate RPC: returns once the write is applied (BackupLog::Deliver).
-  // UNAVAILABLE while no copy is loaded yet (for up to `wait`).
+  // UNAVAILABLE while no copy is loaded (for up to `wait`).
   absl::Status Replicate(const v1::ReplicateRequest& request,
                          absl::Duration wait = absl::Seconds(10));
   // Taking over: the old primary's writes are refused from now on.
@@ -151,10 +189,12 @@ class BackupReplication {
   uint64_t applied_lsn() const;
 
  private:
+  std::shared_ptr<BackupLog> log() const;
+
   Dispatcher* const dispatcher_;
-  absl::Notification attached_;
-  uint32_t shard_ = 0;              // set before attached_ is notified
-  std::unique_ptr<BackupLog> log_;  // set before attached_ is notified
+  mutable absl::Mutex mu_;
+  uint32_t shard_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<BackupLog> log_ ABSL_GUARDED_BY(mu_);  // null: no copy loaded
 };
 
 }  // namespace pserver

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
 #include "cc/server/dispatcher.h"
@@ -114,6 +115,16 @@ TEST(ReplicationFilesTest, StartRefusesAStandbyWithoutEtcdAndReplicationWithRole
   roles.auth_tokens_file = "/nonexistent/tokens";
   EXPECT_THAT(Server::Start(roles).status(), StatusIs(absl::StatusCode::kInvalidArgument,
                                                       HasSubstr("not work with TLS or roles")));
+}
+
+TEST(ReplicationFilesTest, StartRefusesMaxStandbysOutsideItsRange) {
+  for (size_t bad : {size_t{0}, size_t{65}}) {
+    ServerOptions primary;
+    primary.max_standbys = bad;
+    EXPECT_THAT(Server::Start(primary).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("max_standbys must be in [1, 64], got ", bad))));
+  }
 }
 
 }  // namespace

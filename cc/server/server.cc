@@ -97,6 +97,11 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
         absl::StrCat("max_standby_copy_bytes must be in [1024, 2^31-1], got ",
                      options.max_standby_copy_bytes));
   }
+  if (options.max_standbys < 1 || options.max_standbys > kMaxShardReplicas) {
+    return absl::InvalidArgumentError(absl::StrCat("max_standbys must be in [1, ",
+                                                   kMaxShardReplicas, "], got ",
+                                                   options.max_standbys));
+  }
   if (options.max_threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_threads must be >= 0, got ", options.max_threads));
@@ -433,6 +438,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     replication.config = &server->config_;
     replication.dispatcher = server->dispatcher_.get();
     replication.write_options = server->WriteOptions();  // cluster, count, placement
+    replication.max_standbys = options.max_standbys;
     replication.step_down = [raw](const std::string& why) { raw->StepDown(why); };
     replication.log = [raw](const std::string& line) { raw->Log(line); };
     server->primary_replication_ = std::make_unique<PrimaryReplication>(
@@ -600,59 +606,87 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
   standby_options.value = etcd_keys::FormatServerValue({address_, instance_id_});
   standby_options.ttl = options_.lease_ttl;
   standby_options.ownership = LeasedKeyOptions::Ownership::kExclusive;
+  for (int round = 0;; ++round) {
+    if (round > 0) {
+      // A fresh copy replaces the state: the old one's writes stop first.
+      backup_replication_->Detach();
+      if (standby_key_ != nullptr) standby_key_->Release();
+      standby_key_.reset();
+      deadline = absl::Now() + options_.register_timeout;
+    }
+    PS_RETURN_IF_ERROR(AttachToAShard(desired, deadline, retry, standby_options));
+    PS_ASSIGN_OR_RETURN(bool took_over, FollowPrimary());
+    if (took_over) return absl::OkStatus();
+  }
+}
+
+template <typename Retry>
+absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry& retry,
+                                    const LeasedKeyOptions& standby_options) {
   bool waiting_logged = false;
-  bool attached = false;
-  // 1. A shard whose primary serves and has no backup: hold /standby/<i>, copy it.
+  // A shard whose primary serves, the fewest backups first: hold
+  // /standby/<i>/<instance>, copy it.
   while (true) {
     if (StopRequested()) return StoppedWhileStarting();
-    for (uint32_t i = 0; i < desired && !attached; ++i) {
+    std::vector<std::pair<int, uint32_t>> candidates;  // (backups, shard)
+    std::vector<std::string> primaries(desired);
+    for (uint32_t i = 0; i < desired; ++i) {
       absl::StatusOr<KeyValue> primary = etcd_->Get(etcd_keys::ServerKey(i));
       absl::StatusOr<KeyValue> shard = etcd_->Get(etcd_keys::ShardKey(i));
       if (!primary.ok() || !shard.ok()) continue;
       absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(i, shard->value);
-      if (!config.ok() || config->replicas_size() > 0) continue;
+      if (!config.ok() || config->replicas_size() >= kMaxShardReplicas) continue;
+      primaries[i] = primary->value;
+      candidates.emplace_back(config->replicas_size(), i);
+    }
+    std::stable_sort(candidates.begin(), candidates.end());
+    for (const auto& [backups, i] : candidates) {
       if (standby_key_ == nullptr) {
         PS_ASSIGN_OR_RETURN(standby_key_,
                             retry([&] { return LeasedKey::Grant(etcd_.get(), standby_options); }));
       }
-      absl::StatusOr<bool> held = standby_key_->Claim(etcd_keys::StandbyKey(i));
+      absl::StatusOr<bool> held = standby_key_->Claim(etcd_keys::StandbyKey(i, instance_id_));
       if (!held.ok() || !*held) continue;
-      absl::Status copied = AttachTo(i, primary->value);
+      absl::Status copied = AttachTo(i, primaries[i]);
       if (copied.ok()) {
-        attached = true;
-        break;
+        standby_key_->KeepRegistered();
+        return absl::OkStatus();
       }
       Log(absl::StrCat("attaching to shard ", i, " failed: ", copied.ToString()),
           log::Level::kWarning);
-      standby_key_->Release();  // another standby may try; this one draws a new lease
+      standby_key_->Release();  // this one draws a new lease
       standby_key_.reset();
       if (!absl::IsUnavailable(copied) && !absl::IsFailedPrecondition(copied) &&
           !absl::IsDeadlineExceeded(copied)) {
         return copied;
       }
     }
-    if (attached) break;
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "no shard of ", desired, " had a serving primary without a backup for ",
+          "no shard of ", desired, " had a serving primary that took another standby for ",
           absl::FormatDuration(options_.register_timeout), ": this standby attached to none"));
     }
     if (!waiting_logged) {
-      Log(absl::StrCat("standby: every shard of ", desired,
-                       " has a backup or no primary; waiting"));
+      Log(absl::StrCat("standby: no shard of ", desired,
+                       " has a primary that takes another standby; waiting"));
       waiting_logged = true;
     }
     PauseUnlessStopped(absl::Milliseconds(50));
   }
-  // 2. Serve the primary's writes until it is gone, then take over: when
+}
+
+absl::StatusOr<bool> Server::FollowPrimary() {
+  // Serve the primary's writes until it is gone, then take over: when
   // /ps/<i> disappears (its lease expired, or it shut down), or at once when
   // the primary's address refuses connections (its process died on a live
-  // host: no need to wait for the lease).
-  standby_key_->KeepRegistered();
+  // host: no need to wait for the lease). False when /shards/<i> no longer
+  // lists this standby: copy a shard anew.
   const std::string key = etcd_keys::ServerKey(index_);
+  const std::string shard_key = etcd_keys::ShardKey(index_);
   // /ps/<i> is read when a watch on it fires (and every second besides, in
-  // case the watch broke); the primary's channel is looked at every 20 ms,
-  // which costs no system call while it is connected.
+  // case the watch broke, and to see /shards/<i> drop this standby); the
+  // primary's channel is looked at every 20 ms, which costs no system call
+  // while it is connected.
   absl::Mutex watch_mu;
   bool changed = true;
   absl::StatusOr<std::unique_ptr<Watcher>> watcher =
@@ -665,6 +699,28 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
                      "); reading it every 20 ms instead"),
         log::Level::kWarning);
   }
+  // Not listed as holder or backup: dropped, or another backup took over.
+  auto unlisted = [&]() -> bool {
+    absl::StatusOr<KeyValue> shard = etcd_->Get(shard_key);
+    if (!shard.ok()) return false;
+    absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(index_, shard->value);
+    if (!config.ok() || config->holder() == instance_id_) return false;
+    for (const std::string& replica : config->replicas()) {
+      if (replica == instance_id_) return false;
+    }
+    Log(absl::StrCat("standby: etcd ", shard_key, " at epoch ", config->epoch(), " (holder ",
+                     config->holder(), ") no longer lists this standby; copying a shard anew"));
+    return true;
+  };
+  // A takeover attempt: true when it took over; false to go on watching.
+  auto take_over = [&]() -> absl::StatusOr<bool> {
+    absl::StatusOr<bool> took_over = TakeOver(index_);
+    if (absl::IsFailedPrecondition(took_over.status())) {
+      Log(std::string(took_over.status().message()));
+      return false;
+    }
+    return took_over;
+  };
   PrimaryProbe probe;
   absl::Time next_read = absl::InfinitePast();
   absl::StatusOr<KeyValue> primary = absl::UnavailableError("not read yet");
@@ -677,12 +733,13 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
       changed = false;
     }
     if (read) {
+      if (unlisted()) return false;
       primary = etcd_->Get(key);
       next_read = absl::Now() + absl::Seconds(1);
     }
     if (absl::IsNotFound(primary.status())) {
-      PS_ASSIGN_OR_RETURN(bool took_over, TakeOver(index_));
-      if (took_over) return absl::OkStatus();
+      PS_ASSIGN_OR_RETURN(bool took_over, take_over());
+      if (took_over) return true;
       next_read = absl::InfinitePast();
     } else if (primary.ok() && probe.Refuses(*primary)) {
       // Its /ps/<i> as read (same revision) goes, then the usual takeover.
@@ -694,8 +751,8 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
       absl::StatusOr<TxnResult> removed = etcd_->Txn(
           {Compare::ModRevisionEquals(key, primary->mod_revision)}, {TxnOp::Delete(key)}, {});
       if (removed.ok()) {
-        PS_ASSIGN_OR_RETURN(bool took_over, TakeOver(index_));
-        if (took_over) return absl::OkStatus();
+        PS_ASSIGN_OR_RETURN(bool took_over, take_over());
+        if (took_over) return true;
       }
       next_read = absl::InfinitePast();
     }
@@ -732,7 +789,7 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
     return absl::DataLossError(absl::StrCat("the copy of shard ", shard, " from ", entry.address,
                                             " is of shard ", loaded.info.shard));
   }
-  PS_RETURN_IF_ERROR(Restore(loaded));
+  PS_RETURN_IF_ERROR(Restore(loaded, /*replace=*/true));
   backup_replication_->Attached(shard, response.epoch(), response.last_lsn());
   index_ = shard;  // named in the log from now on
   Log(absl::StrCat("standby: copied shard ", shard, " from its primary ", entry.address,
@@ -745,11 +802,15 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
 absl::StatusOr<bool> Server::TakeOver(uint32_t shard) {
   const std::string key = etcd_keys::ShardKey(shard);
   PS_ASSIGN_OR_RETURN(KeyValue current, etcd_->Get(key));
-  absl::StatusOr<ShardClaim> next = NextTakeover(shard, current, instance_id_, address_);
+  // The other backups leave the set: one of them may hold a write the old
+  // primary shipped to it and not here (never acknowledged), which this
+  // server's log would number differently. They copy this state anew.
+  absl::StatusOr<ShardClaim> next = NextTakeover(shard, current, instance_id_, address_,
+                                                 /*drop_other_backups=*/true);
   if (!next.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("standby of shard ", shard, " cannot take over: ", next.status().message(),
-                     " (its primary dropped it); stop this process"));
+                     " (its primary dropped it, or another backup took over)"));
   }
   // The old primary's writes are refused from now on (it is stale).
   backup_replication_->SetEpoch(next->config.epoch());
@@ -1119,13 +1180,13 @@ void Server::SetNextSequence(uint64_t at_least) {
   next_sequence_ = next;
 }
 
-absl::Status Server::Restore(LoadedCheckpoint& loaded) {
+absl::Status Server::Restore(LoadedCheckpoint& loaded, bool replace) {
   auto ext = loaded.snapshot.extensions.find(AppliedSequences::kExtensionName);
   if (ext != loaded.snapshot.extensions.end()) {
     PS_RETURN_IF_ERROR(dispatcher_->applied().Restore(ext->second));
   }
-  PS_RETURN_IF_ERROR(tables_.RestoreFrom(loaded.snapshot.extensions));
-  return store_.Restore(std::move(loaded.snapshot));
+  PS_RETURN_IF_ERROR(tables_.RestoreFrom(loaded.snapshot.extensions, replace));
+  return store_.Restore(std::move(loaded.snapshot), replace);
 }
 
 absl::StatusOr<CheckpointInfo> Server::Save() {

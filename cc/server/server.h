@@ -34,6 +34,7 @@
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/etcd/leased_key.h"
 #include "cc/log/log.h"
 #include "cc/metrics/http_listener.h"
 #include "cc/metrics/metrics.h"
@@ -136,6 +137,11 @@ struct ServerOptions {
   // Off (the default): writes are applied as before. Not with TLS or roles
   // yet (Start refuses the combination).
   bool accept_standbys = false;
+  // The most standbys attached to this server's shard at once
+  // (--max_standbys, 1-64): one more is refused with FAILED_PRECONDITION
+  // naming the flag (each holds a copy's worth of the primary's time and a
+  // connection, and every write waits for each).
+  size_t max_standbys = 2;
 
   // --- checkpoints (empty dir: none) ---
   // Shard i lives in <checkpoint_dir>/shard-<i>. Start creates that
@@ -306,21 +312,34 @@ class Server {
   void PauseUnlessStopped(absl::Duration pause) const;
   // Loads the shard's checkpoint into the store.
   absl::Status LoadShard();
-  // Puts a loaded checkpoint's state into the store, tables and applied ids.
-  absl::Status Restore(LoadedCheckpoint& loaded);
+  // Puts a loaded checkpoint's state into the store, tables and applied ids
+  // (`replace`: over the state held, as a standby's fresh copy does).
+  absl::Status Restore(LoadedCheckpoint& loaded, bool replace = false);
   // New checkpoints get sequence numbers above `at_least` and every one in
   // ShardDir().
   void SetNextSequence(uint64_t at_least);
   // A standby (options.standby), after Register granted the lease: attaches
-  // to a shard without a backup, then waits to take it over. `retry` runs
-  // an etcd call until the deadline, as Register does.
+  // to a shard (the fewest backups first; its primary refuses past
+  // --max_standbys), then waits to take it over. A standby that /shards/<i>
+  // stops listing (its primary dropped it, or another backup took over and
+  // dropped the rest) copies a shard anew. `retry` runs an etcd call until
+  // the deadline, as Register does.
   template <typename Retry>
   absl::Status RunStandby(uint32_t desired, absl::Time deadline, Retry& retry);
+  // RunStandby's steps: attach to a shard (holding standby_key_), then
+  // follow its primary: true once this standby took over, false when it is
+  // no longer listed (copy anew).
+  template <typename Retry>
+  absl::Status AttachToAShard(uint32_t desired, absl::Time deadline, Retry& retry,
+                              const LeasedKeyOptions& standby_options);
+  absl::StatusOr<bool> FollowPrimary();
   // Copies shard `shard` from its primary at `primary` and starts applying
   // its writes.
   absl::Status AttachTo(uint32_t shard, const std::string& primary);
-  // The shard's primary is gone: NextTakeover and /ps/<shard>. False when
-  // the claim lost a race (read again).
+  // The shard's primary is gone: NextTakeover (the other backups leave the
+  // set: they copy this server's state anew) and /ps/<shard>. False when
+  // the claim lost a race (read again); FAILED_PRECONDITION when
+  // /shards/<shard> does not list this standby (copy anew).
   absl::StatusOr<bool> TakeOver(uint32_t shard);
   // The published record's checkpoint, if etcd has one this server may trust
   // (inside ShardDir(), naming this shard and cluster, its CRC matching);
@@ -414,7 +433,7 @@ class Server {
   // Replication (options.accept_standbys / options.standby).
   std::unique_ptr<PrimaryReplication> primary_replication_;
   std::unique_ptr<BackupReplication> backup_replication_;  // a standby's, set before gRPC starts
-  std::unique_ptr<LeasedKey> standby_key_;  // /standby/<i> while a standby
+  std::unique_ptr<LeasedKey> standby_key_;  // /standby/<i>/<instance> while a standby
   std::unique_ptr<Fence> fence_;  // with etcd only
 
   absl::Mutex loop_mu_;
