@@ -449,6 +449,12 @@ absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView
   push_metrics_->received_bytes.Add(bytes);
   absl::Status status = CheckServing();
   if (status.ok()) status = CheckWrite();
+  if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+      gate != nullptr) {
+    for (size_t i = 0; i < grads.size() && status.ok(); ++i) {
+      status = gate->CheckBlock(grads[i].name, grads[i].block);
+    }
+  }
   if (status.ok()) {
     status = ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
   }
@@ -478,6 +484,10 @@ absl::Status Dispatcher::Read(absl::Span<const v1::ParamRef> refs, BlockReader r
 absl::Status Dispatcher::ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockReader reader,
                                     uint64_t* sent) {
   PS_RETURN_IF_ERROR(CheckServing());
+  if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+      gate != nullptr) {
+    for (const v1::ParamRef& ref : refs) PS_RETURN_IF_ERROR(gate->CheckBlock(ref.name(), ref.block()));
+  }
   v1::Parameter header;
   for (const v1::ParamRef& ref : refs) {
     header.Clear();
