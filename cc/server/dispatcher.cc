@@ -431,7 +431,11 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
     }
   }
   absl::Status status = apply();
-  if (tracked) applied_.Finish(client_id, sequence);
+  if (tracked && PlacementMovedVersion(status).has_value()) {
+    applied_.Abandon(client_id, sequence);  // nothing applied; re-sent elsewhere
+  } else if (tracked) {
+    applied_.Finish(client_id, sequence);
+  }
   const uint64_t every = hooks_.drop_reply_after_apply_every_n;
   if (status.ok() && every > 0 &&
       (pushes_applied_.fetch_add(1, std::memory_order_relaxed) + 1) % every == 0) {
@@ -449,14 +453,20 @@ absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView
   push_metrics_->received_bytes.Add(bytes);
   absl::Status status = CheckServing();
   if (status.ok()) status = CheckWrite();
-  if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
-      gate != nullptr) {
-    for (size_t i = 0; i < grads.size() && status.ok(); ++i) {
-      status = gate->CheckBlock(grads[i].name, grads[i].block);
-    }
-  }
   if (status.ok()) {
-    status = ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
+    // Owned blocks are checked only for a new id: a duplicate of a push
+    // applied before its blocks moved away is acknowledged, not redirected
+    // (the client would apply it again elsewhere); a refused one is
+    // abandoned, not used up (ApplyOnce).
+    status = ApplyOnce(id.client, id.sequence, [&] {
+      if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+          gate != nullptr) {
+        for (const GradientView& grad : grads) {
+          PS_RETURN_IF_ERROR(gate->CheckBlock(grad.name, grad.block));
+        }
+      }
+      return store_->ApplyGradients(grads);
+    });
   }
   if (status.ok()) status = CheckWrite();  // applied, but acknowledged only if still ours
   push_metrics_->Finish(status, start);

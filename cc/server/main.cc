@@ -141,6 +141,11 @@ ABSL_FLAG(bool, standby, false,
 ABSL_FLAG(bool, accept_standbys, false,
           "Let a standby attach to this server's shard: once one did, a write is acknowledged "
           "only after the standby has it (docs/replication.md). Not with TLS or roles yet.");
+ABSL_FLAG(bool, placement_redirects, false,
+          "Check every dense block of a push or read against etcd's /placement (watched): a "
+          "block this server does not own under the newest version is refused with "
+          "'placement moved' (FAILED_PRECONDITION), nothing applied (docs/elastic.md; needs "
+          "--etcd). A slice of live moves: off by default.");
 ABSL_FLAG(OnOff, bulk_channel, OnOff{},
           "on: push, pull and push+pull may also travel over a framed TCP stream (a Unix socket "
           "for clients on this host) beside gRPC, offered through OpenChannel; off: gRPC only.");
@@ -314,6 +319,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
   options.standby = absl::GetFlag(FLAGS_standby);
   options.accept_standbys = absl::GetFlag(FLAGS_accept_standbys);
+  options.placement_redirects = absl::GetFlag(FLAGS_placement_redirects);
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);
