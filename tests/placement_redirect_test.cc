@@ -28,21 +28,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-Placement Jump(int servers) {
-  v1::Placement spec;
-  spec.set_kind(v1::Placement::JUMP);
-  spec.set_num_servers(servers);
-  spec.set_version(1);
-  absl::StatusOr<Placement> placement = Placement::FromSpec(spec, 1 << 20);
-  EXPECT_OK(placement.status());
-  return *placement;
-}
-
 // The first name (one block) on `from` of 2 servers and on `to` of 3.
 std::string NameMoving(int from, int to) {
   for (int i = 0; i < 10000; ++i) {
     const std::string name = absl::StrCat("p", i);
-    if (Jump(2).ServerOf(name, 0) == from && Jump(3).ServerOf(name, 0) == to) return name;
+    if (Placement::Jump(2, 1).ServerOf(name, 0) == from &&
+        Placement::Jump(3, 1).ServerOf(name, 0) == to)
+      return name;
   }
   ADD_FAILURE() << "no name from " << from << " to " << to;
   return "";

@@ -75,6 +75,10 @@ class Placement {
   // version 0. num_servers >= 1 and block_bytes >= 1 (the client checks its
   // options; smaller values are raised to 1).
   Placement(int num_servers, size_t block_bytes);
+  // JUMP over `num_servers` (>= 1) at `version`, as etcd would hold it.
+  static Placement Jump(int num_servers, uint64_t version, size_t block_bytes = 1 << 20) {
+    return Placement(num_servers, block_bytes, v1::Placement::JUMP, version);
+  }
   // `spec` must pass CheckPlacementSpec.
   static absl::StatusOr<Placement> FromSpec(const v1::Placement& spec, size_t block_bytes);
 

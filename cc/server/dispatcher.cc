@@ -496,7 +496,8 @@ absl::Status Dispatcher::ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockRe
   PS_RETURN_IF_ERROR(CheckServing());
   if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
       gate != nullptr) {
-    for (const v1::ParamRef& ref : refs) PS_RETURN_IF_ERROR(gate->CheckBlock(ref.name(), ref.block()));
+    for (const v1::ParamRef& ref : refs)
+      PS_RETURN_IF_ERROR(gate->CheckBlock(ref.name(), ref.block()));
   }
   v1::Parameter header;
   for (const v1::ParamRef& ref : refs) {

@@ -25,21 +25,13 @@ std::string Floats(std::vector<float> values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
 }
 
-Placement Jump(int servers, uint64_t version) {
-  v1::Placement spec;
-  spec.set_kind(v1::Placement::JUMP);
-  spec.set_num_servers(servers);
-  spec.set_version(version);
-  absl::StatusOr<Placement> placement = Placement::FromSpec(spec, 1 << 20);
-  EXPECT_OK(placement.status());
-  return *placement;
-}
-
 // A name whose block 0 is on server 0 of 2 and on server 2 of 3.
 std::string MovingName() {
   for (int i = 0; i < 10000; ++i) {
     const std::string name = "w" + std::to_string(i);
-    if (Jump(2, 1).ServerOf(name, 0) == 0 && Jump(3, 2).ServerOf(name, 0) == 2) return name;
+    if (Placement::Jump(2, 1).ServerOf(name, 0) == 0 &&
+        Placement::Jump(3, 2).ServerOf(name, 0) == 2)
+      return name;
   }
   ADD_FAILURE() << "no name moves from server 0 to server 2";
   return "";
@@ -75,8 +67,8 @@ class DispatcherPlacementTest : public ::testing::Test {
     v1::ParamRef ref;
     ref.set_name(name_);
     std::vector<float> values;
-    absl::Status status =
-        dispatcher_.Read(absl::MakeConstSpan(&ref, 1), [&](const v1::Parameter&, absl::string_view bytes) {
+    absl::Status status = dispatcher_.Read(
+        absl::MakeConstSpan(&ref, 1), [&](const v1::Parameter&, absl::string_view bytes) {
           values.resize(bytes.size() / sizeof(float));
           std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
           return absl::OkStatus();
@@ -89,7 +81,7 @@ class DispatcherPlacementTest : public ::testing::Test {
   ParameterStore store_;
   Tables tables_{TablesOptions()};
   Dispatcher dispatcher_{&store_, &tables_, 0};
-  PlacementGate gate_{0, Jump(2, 1)};
+  PlacementGate gate_{0, Placement::Jump(2, 1)};
 };
 
 TEST_F(DispatcherPlacementTest, OwnedBlocksAreServedMovedOnesRedirectedWithNothingApplied) {
@@ -97,7 +89,7 @@ TEST_F(DispatcherPlacementTest, OwnedBlocksAreServedMovedOnesRedirectedWithNothi
   ASSERT_OK_AND_ASSIGN(std::vector<float> w, Read());
   EXPECT_EQ(w, (std::vector<float>{1, 2}));
 
-  gate_.Set(Jump(3, 2));  // the block is server 2's now
+  gate_.Set(Placement::Jump(3, 2));  // the block is server 2's now
   absl::Status moved = Push(2);
   EXPECT_EQ(PlacementMovedVersion(moved), std::optional<uint64_t>(2)) << moved;
   EXPECT_EQ(PlacementMovedVersion(Read().status()), std::optional<uint64_t>(2));
@@ -107,7 +99,7 @@ TEST_F(DispatcherPlacementTest, OwnedBlocksAreServedMovedOnesRedirectedWithNothi
   // The refused push 2 was not used up: its retry is redirected again...
   EXPECT_EQ(PlacementMovedVersion(Push(2)), std::optional<uint64_t>(2));
 
-  gate_.Set(Jump(2, 3));  // ... and applied once the block is ours again.
+  gate_.Set(Placement::Jump(2, 3));  // ... and applied once the block is ours again.
   ASSERT_OK(Push(2));
   EXPECT_OK(Push(2));  // now a duplicate
   ASSERT_OK_AND_ASSIGN(w, Read());

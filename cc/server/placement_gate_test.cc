@@ -16,16 +16,6 @@ namespace {
 using ::pserver::testing::StatusIs;
 using ::testing::HasSubstr;
 
-Placement Jump(int servers, uint64_t version) {
-  v1::Placement spec;
-  spec.set_kind(v1::Placement::JUMP);
-  spec.set_num_servers(servers);
-  spec.set_version(version);
-  absl::StatusOr<Placement> placement = Placement::FromSpec(spec, 1 << 20);
-  EXPECT_OK(placement.status());
-  return *placement;
-}
-
 v1::BlockRef Block(uint32_t index, uint32_t count) {
   v1::BlockRef block;
   block.set_index(index);
@@ -35,8 +25,9 @@ v1::BlockRef Block(uint32_t index, uint32_t count) {
 
 TEST(PlacementMovedTest, VersionIsReadBackOnlyFromItsOwnStatus) {
   absl::Status moved = PlacementMoved(7, "parameter 'w'", 2, 0);
-  EXPECT_THAT(moved, StatusIs(absl::StatusCode::kFailedPrecondition,
-                              HasSubstr("parameter 'w' is on server 2 under it, not on this server 0")));
+  EXPECT_THAT(moved,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("parameter 'w' is on server 2 under it, not on this server 0")));
   EXPECT_EQ(PlacementMovedVersion(moved), std::optional<uint64_t>(7));
   EXPECT_EQ(PlacementMovedVersion(absl::FailedPreconditionError("placement moved: version x: y")),
             std::nullopt);
@@ -46,8 +37,8 @@ TEST(PlacementMovedTest, VersionIsReadBackOnlyFromItsOwnStatus) {
 }
 
 TEST(PlacementGateTest, OwnsExactlyThePlacementsBlocksAndFollowsNewerVersions) {
-  const Placement two = Jump(2, 1);
-  const Placement three = Jump(3, 2);
+  const Placement two = Placement::Jump(2, 1);
+  const Placement three = Placement::Jump(3, 2);
   PlacementGate gate0(0, two);
   PlacementGate gate1(1, two);
   int moved_to_new = 0;

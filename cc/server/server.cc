@@ -1270,7 +1270,8 @@ absl::Status Server::final_save_status() const {
 
 absl::Status Server::StartPlacementGate() {
   if (etcd_ == nullptr) {
-    return absl::InvalidArgumentError("--placement_redirects needs --etcd (the placement lives there)");
+    return absl::InvalidArgumentError(
+        "--placement_redirects needs --etcd (the placement lives there)");
   }
   PS_ASSIGN_OR_RETURN(Placement placement, Placement::FromSpec(CurrentPlacement(), 1));
   placement_gate_ = std::make_unique<PlacementGate>(static_cast<int>(index_), placement);
@@ -1281,14 +1282,14 @@ absl::Status Server::StartPlacementGate() {
     absl::StatusOr<Placement> next = Placement::FromSpec(*spec, 1);
     if (next.ok()) gate->Set(*next);
   };
-  PS_ASSIGN_OR_RETURN(placement_watcher_,
-                      etcd_->Watch(etcd_keys::PlacementKey(), /*start_revision=*/0,
-                                   [follow](const WatchEvent& event) {
-                                     if (event.type == WatchEvent::Type::kPut &&
-                                         event.kv.key == etcd_keys::PlacementKey()) {
-                                       follow(event.kv.value);
-                                     }
-                                   }));
+  PS_ASSIGN_OR_RETURN(
+      placement_watcher_,
+      etcd_->Watch(
+          etcd_keys::PlacementKey(), /*start_revision=*/0, [follow](const WatchEvent& event) {
+            if (event.type == WatchEvent::Type::kPut && event.kv.key == etcd_keys::PlacementKey()) {
+              follow(event.kv.value);
+            }
+          }));
   // What changed before the watch started (older versions are ignored).
   absl::StatusOr<KeyValue> now = etcd_->Get(etcd_keys::PlacementKey());
   if (now.ok()) follow(now->value);
