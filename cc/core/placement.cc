@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 
 namespace pserver {
@@ -138,6 +141,25 @@ absl::StatusOr<int> KeyServer(uint64_t key, const v1::Partitioning& partitioning
     return static_cast<int>((key - begin) / width);
   }
   return placement.HashKeyServer(key);
+}
+
+absl::Status PlacementMoved(uint64_t version, absl::string_view what, int owner, int self) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      kPlacementMovedPrefix, version, ": ", what, " is on server ", owner,
+      " under it, not on this server ", self,
+      "; nothing of the request was applied; re-read /placement and re-route"));
+}
+
+std::optional<uint64_t> PlacementMovedVersion(const absl::Status& status) {
+  if (!absl::IsFailedPrecondition(status)) return std::nullopt;
+  absl::string_view message = status.message();
+  if (!absl::ConsumePrefix(&message, kPlacementMovedPrefix)) return std::nullopt;
+  const size_t end = message.find(':');
+  uint64_t version = 0;
+  if (end == absl::string_view::npos || !absl::SimpleAtoi(message.substr(0, end), &version)) {
+    return std::nullopt;
+  }
+  return version;
 }
 
 }  // namespace pserver

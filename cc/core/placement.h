@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -74,6 +75,10 @@ class Placement {
   // version 0. num_servers >= 1 and block_bytes >= 1 (the client checks its
   // options; smaller values are raised to 1).
   Placement(int num_servers, size_t block_bytes);
+  // JUMP over `num_servers` (>= 1) at `version`, as etcd would hold it.
+  static Placement Jump(int num_servers, uint64_t version, size_t block_bytes = 1 << 20) {
+    return Placement(num_servers, block_bytes, v1::Placement::JUMP, version);
+  }
   // `spec` must pass CheckPlacementSpec.
   static absl::StatusOr<Placement> FromSpec(const v1::Placement& spec, size_t block_bytes);
 
@@ -114,6 +119,18 @@ absl::StatusOr<int> KeyServer(uint64_t key, const v1::Partitioning& partitioning
 // True when a and b map every block and key the same way (same kind and
 // count; the version does not matter; one server is one server).
 bool SameMapping(const v1::Placement& a, const v1::Placement& b);
+
+// The answer of a server that does not own a block under its current
+// placement (live moves, docs/elastic.md): FAILED_PRECONDITION whose message
+// starts with kPlacementMovedPrefix and the version, so that it survives
+// every transport (gRPC, bulk channel, in-process) as plain code + text:
+// "placement moved: version 3: parameter 'w' block 2 of 4 is on server 2
+// under it, not on this server 0; nothing of the request was applied;
+// re-read /placement and re-route".
+inline constexpr char kPlacementMovedPrefix[] = "placement moved: version ";
+absl::Status PlacementMoved(uint64_t version, absl::string_view what, int owner, int self);
+// The version a PlacementMoved status names; nullopt for any other status.
+std::optional<uint64_t> PlacementMovedVersion(const absl::Status& status);
 
 }  // namespace pserver
 

@@ -10,9 +10,10 @@
 // EnsurePlacement writes {version 1, JUMP, desired} when the key is missing,
 // and {version + 1, JUMP, desired} when it holds another count or kind, each
 // in a transaction guarded by what it read, so concurrent servers agree on
-// one value (the first write wins; the others read it back). Requests are
-// not yet redirected by it (live moves are not built): a server records its
-// version in the checkpoints it writes.
+// one value (the first write wins; the others read it back). A server
+// records its version in the checkpoints it writes, and with
+// --placement_redirects refuses blocks it no longer owns under the newest
+// one (cc/server/placement_gate.h); clients do not re-route by it yet.
 //
 // etcd's contents are untrusted: a value that is not a well-formed placement
 // is INVALID_ARGUMENT naming the key and what is wrong, and nothing is

@@ -15,6 +15,12 @@ AppliedSequences::Outcome AppliedSequences::Begin(uint64_t client, uint64_t sequ
   return kNew;
 }
 
+void AppliedSequences::Abandon(uint64_t client, uint64_t sequence) {
+  absl::MutexLock lock(&mu_);
+  auto it = clients_.find(client);
+  if (it != clients_.end()) it->second.in_progress.erase(sequence);
+}
+
 void AppliedSequences::Finish(uint64_t client, uint64_t sequence) {
   absl::MutexLock lock(&mu_);
   Client& c = clients_[client];

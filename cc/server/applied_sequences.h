@@ -46,6 +46,12 @@ class AppliedSequences {
   // Marks a request that Begin returned kNew for as applied (also when the
   // store refused it: its sequence number is used up either way).
   void Finish(uint64_t client, uint64_t sequence);
+  // Ends a request that Begin returned kNew for as not applied and not used
+  // up: its retry is new again. For a push refused before anything was
+  // applied because its blocks moved (PlacementMoved): the client re-sends
+  // them elsewhere, and a retry that still reaches this server must not be
+  // acknowledged as applied. The gap it leaves is closed by the bound.
+  void Abandon(uint64_t client, uint64_t sequence);
 
   // The state as a serialized v1::AppliedSequences (requests in progress are
   // not included). Callers wanting it consistent with the store stop

@@ -22,6 +22,17 @@ TEST(AppliedSequencesTest, EachSequenceIsNewOnce) {
   EXPECT_EQ(applied.Begin(8, 1), AppliedSequences::kNew);
 }
 
+TEST(AppliedSequencesTest, AnAbandonedSequenceIsNewAgain) {
+  AppliedSequences applied;
+  EXPECT_EQ(applied.Begin(7, 1), AppliedSequences::kNew);
+  applied.Abandon(7, 1);
+  EXPECT_EQ(applied.Begin(7, 1), AppliedSequences::kNew);
+  applied.Finish(7, 1);
+  EXPECT_EQ(applied.Begin(7, 1), AppliedSequences::kApplied);
+  applied.Abandon(9, 1);  // an unknown client: nothing to do
+  EXPECT_EQ(applied.num_clients(), 1u);
+}
+
 TEST(AppliedSequencesTest, OutOfOrderCompletionAdvancesTheLowWaterMark) {
   AppliedSequences applied;
   for (uint64_t s : {3, 1, 4, 2}) ASSERT_EQ(applied.Begin(1, s), AppliedSequences::kNew);

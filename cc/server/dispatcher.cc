@@ -451,7 +451,11 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
     }
   }
   absl::Status status = apply();
-  if (tracked) applied_.Finish(client_id, sequence);
+  if (tracked && PlacementMovedVersion(status).has_value()) {
+    applied_.Abandon(client_id, sequence);  // nothing applied; re-sent elsewhere
+  } else if (tracked) {
+    applied_.Finish(client_id, sequence);
+  }
   const uint64_t every = hooks_.drop_reply_after_apply_every_n;
   if (status.ok() && every > 0 &&
       (pushes_applied_.fetch_add(1, std::memory_order_relaxed) + 1) % every == 0) {
@@ -470,7 +474,19 @@ absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView
   absl::Status status = CheckServing();
   if (status.ok()) status = CheckWrite();
   if (status.ok()) {
-    status = ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
+    // Owned blocks are checked only for a new id: a duplicate of a push
+    // applied before its blocks moved away is acknowledged, not redirected
+    // (the client would apply it again elsewhere); a refused one is
+    // abandoned, not used up (ApplyOnce).
+    status = ApplyOnce(id.client, id.sequence, [&] {
+      if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+          gate != nullptr) {
+        for (const GradientView& grad : grads) {
+          PS_RETURN_IF_ERROR(gate->CheckBlock(grad.name, grad.block));
+        }
+      }
+      return store_->ApplyGradients(grads);
+    });
   }
   if (status.ok()) status = CheckWrite();  // applied, but acknowledged only if still ours
   push_metrics_->Finish(status, start);
@@ -498,6 +514,11 @@ absl::Status Dispatcher::Read(absl::Span<const v1::ParamRef> refs, BlockReader r
 absl::Status Dispatcher::ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockReader reader,
                                     uint64_t* sent) {
   PS_RETURN_IF_ERROR(CheckServing());
+  if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+      gate != nullptr) {
+    for (const v1::ParamRef& ref : refs)
+      PS_RETURN_IF_ERROR(gate->CheckBlock(ref.name(), ref.block()));
+  }
   v1::Parameter header;
   for (const v1::ParamRef& ref : refs) {
     header.Clear();

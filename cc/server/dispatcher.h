@@ -49,6 +49,7 @@
 #include "cc/core/waiters.h"
 #include "cc/server/applied_sequences.h"
 #include "cc/server/fence.h"
+#include "cc/server/placement_gate.h"
 #include "cc/server/reply_budget.h"
 #include "cc/server/request_metrics.h"
 #include "cc/trace/trace.h"
@@ -243,6 +244,12 @@ class Dispatcher {
   // (no etcd: nothing else can hold the shard).
   void SetFence(Fence* fence) { fence_.store(fence, std::memory_order_release); }
   Fence* fence() const { return fence_.load(std::memory_order_acquire); }  // null: none
+  // From now on every block of a bulk push or read must be this server's
+  // under `gate` (not owned; outlives the dispatcher): PlacementMoved
+  // otherwise, nothing applied. Null (the default): not checked.
+  void SetPlacementGate(const PlacementGate* gate) {
+    placement_gate_.store(gate, std::memory_order_release);
+  }
   // From now on every request's stages are recorded in `recorder` (not
   // owned; outlives the dispatcher's calls; null: off), and so are the bulk
   // listener's (--trace_file, cc/trace).
@@ -315,6 +322,7 @@ class Dispatcher {
   const absl::Time started_ = absl::Now();
   std::atomic<bool> serving_{true};
   std::atomic<Fence*> fence_{nullptr};
+  std::atomic<const PlacementGate*> placement_gate_{nullptr};
   std::atomic<trace::Recorder*> trace_{nullptr};
   trace::Lanes waiting_lanes_{uint32_t{1} << 30, "waiting calls"};
   std::atomic<WriteShipper*> shipper_{nullptr};

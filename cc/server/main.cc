@@ -149,6 +149,11 @@ ABSL_FLAG(uint64_t, max_standbys, 2,
           "The most standbys attached to this server's shard at once (1-64; with "
           "--accept_standbys): one more is refused with FAILED_PRECONDITION naming this flag "
           "and attaches to another shard. Every write waits for each attached standby.");
+ABSL_FLAG(bool, placement_redirects, false,
+          "Check every dense block of a push or read against etcd's /placement (watched): a "
+          "block this server does not own under the newest version is refused with "
+          "'placement moved' (FAILED_PRECONDITION), nothing applied (docs/elastic.md; needs "
+          "--etcd). A slice of live moves: off by default.");
 ABSL_FLAG(OnOff, bulk_channel, OnOff{},
           "on: push, pull and push+pull may also travel over a framed TCP stream (a Unix socket "
           "for clients on this host) beside gRPC, offered through OpenChannel; off: gRPC only.");
@@ -324,6 +329,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_standby_copy_bytes = absl::GetFlag(FLAGS_max_standby_copy_bytes);
   options.accept_standbys = absl::GetFlag(FLAGS_accept_standbys);
   options.max_standbys = absl::GetFlag(FLAGS_max_standbys);
+  options.placement_redirects = absl::GetFlag(FLAGS_placement_redirects);
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);

@@ -27,6 +27,7 @@
 #include "cc/etcd/keys.h"
 #include "cc/etcd/leased_key.h"
 #include "cc/etcd/placement_record.h"
+#include "cc/server/placement_gate.h"
 #include "cc/etcd/shard_config.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/advertised_address.h"
@@ -430,6 +431,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->dispatcher_->SetFence(server->fence_.get());
     server->fence_thread_ = std::thread([raw] { raw->FenceLoop(); });
   }
+  if (options.placement_redirects) PS_RETURN_IF_ERROR(server->StartPlacementGate());
   if (options.accept_standbys && server->registration_ != nullptr) {
     PrimaryReplicationOptions replication;
     replication.shard = server->index_;
@@ -1385,6 +1387,37 @@ absl::Status Server::StartMetrics() {
 absl::Status Server::final_save_status() const {
   absl::MutexLock lock(&shutdown_mu_);
   return final_save_status_;
+}
+
+absl::Status Server::StartPlacementGate() {
+  if (etcd_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "--placement_redirects needs --etcd (the placement lives there)");
+  }
+  PS_ASSIGN_OR_RETURN(Placement placement, Placement::FromSpec(CurrentPlacement(), 1));
+  placement_gate_ = std::make_unique<PlacementGate>(static_cast<int>(index_), placement);
+  PlacementGate* gate = placement_gate_.get();
+  auto follow = [gate](absl::string_view value) {
+    absl::StatusOr<v1::Placement> spec = ParsePlacementRecord(value);
+    if (!spec.ok()) return;  // a malformed value: the last good one stays
+    absl::StatusOr<Placement> next = Placement::FromSpec(*spec, 1);
+    if (next.ok()) gate->Set(*next);
+  };
+  PS_ASSIGN_OR_RETURN(
+      placement_watcher_,
+      etcd_->Watch(
+          etcd_keys::PlacementKey(), /*start_revision=*/0, [follow](const WatchEvent& event) {
+            if (event.type == WatchEvent::Type::kPut && event.kv.key == etcd_keys::PlacementKey()) {
+              follow(event.kv.value);
+            }
+          }));
+  // What changed before the watch started (older versions are ignored).
+  absl::StatusOr<KeyValue> now = etcd_->Get(etcd_keys::PlacementKey());
+  if (now.ok()) follow(now->value);
+  dispatcher_->SetPlacementGate(gate);
+  Log(absl::StrCat("placement redirects on: blocks checked against placement version ",
+                   gate->version()));
+  return absl::OkStatus();
 }
 
 Server::~Server() { Shutdown(); }

@@ -59,6 +59,7 @@ class EtcdClient;
 class LeasedKey;
 class Authorizer;
 class Fence;
+class PlacementGate;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -142,6 +143,14 @@ struct ServerOptions {
   // naming the flag (each holds a copy's worth of the primary's time and a
   // connection, and every write waits for each).
   size_t max_standbys = 2;
+
+  // --- live moves (docs/elastic.md; needs etcd) ---
+  // Check every dense block of a bulk push or read against etcd's
+  // /placement, which the server watches: a block it does not own under
+  // the newest version is answered with PlacementMoved (FAILED_PRECONDITION
+  // naming the version and the owner), nothing applied. Off (the default):
+  // blocks are not checked. Only a slice of live moves (docs/elastic.md).
+  bool placement_redirects = false;
 
   // --- checkpoints (empty dir: none) ---
   // Shard i lives in <checkpoint_dir>/shard-<i>. Start creates that
@@ -387,6 +396,8 @@ class Server {
   // none): a claim goes above it even when etcd lost /shards/<shard>.
   uint64_t EpochOnDisk(uint32_t shard) const;
   void RecheckFenceSoon();
+  // options.placement_redirects: the gate at etcd's /placement, kept there.
+  absl::Status StartPlacementGate();
   void FenceLoop();
   void CheckShardEpoch();
   void StepDown(const std::string& reason);
@@ -435,6 +446,10 @@ class Server {
   std::unique_ptr<BackupReplication> backup_replication_;  // a standby's, set before gRPC starts
   std::unique_ptr<LeasedKey> standby_key_;  // /standby/<i>/<instance> while a standby
   std::unique_ptr<Fence> fence_;  // with etcd only
+  // options.placement_redirects: the gate and the /placement watch that
+  // keeps it current (destroyed first).
+  std::unique_ptr<PlacementGate> placement_gate_;
+  std::unique_ptr<Watcher> placement_watcher_;
 
   absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
