@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -60,28 +59,15 @@ bool IsPlainName(const std::string& name) {
 
 absl::StatusOr<std::vector<v1::SnapshotFile>> SnapshotToFiles(
     const StoreSnapshot& snapshot, uint32_t shard, const CheckpointWriteOptions& options) {
-  PS_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make());
-  PS_ASSIGN_OR_RETURN(CheckpointInfo info,
-                      SaveCheckpoint(snapshot, dir.path(), shard, /*sequence=*/1, options));
+  PS_ASSIGN_OR_RETURN(std::vector<CheckpointFile> written,
+                      CheckpointToMemory(snapshot, shard, /*sequence=*/1, options));
   std::vector<v1::SnapshotFile> files;
-  std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(info.path, ec)) {
-    if (!entry.is_regular_file()) {
-      return absl::InternalError(absl::StrCat("checkpoint ", info.path, " holds ",
-                                              entry.path().string(),
-                                              ", not a plain file: it cannot be shipped"));
-    }
-    std::ifstream in(entry.path(), std::ios::binary);
-    std::ostringstream content;
-    content << in.rdbuf();
-    if (!in.good() && !in.eof()) {
-      return absl::InternalError(absl::StrCat("cannot read ", entry.path().string()));
-    }
+  files.reserve(written.size());
+  for (CheckpointFile& written_file : written) {
     v1::SnapshotFile& file = files.emplace_back();
-    file.set_name(entry.path().filename().string());
-    file.set_content(std::move(content).str());
+    file.set_name(std::move(written_file.name));
+    file.set_content(std::move(written_file.content));
   }
-  if (ec) return absl::InternalError(absl::StrCat("cannot list ", info.path, ": ", ec.message()));
   return files;
 }
 

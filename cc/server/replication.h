@@ -64,8 +64,8 @@ class ShardConfigCell {
   std::string value_ ABSL_GUARDED_BY(mu_);
 };
 
-// The files of one checkpoint of `snapshot` (written to a temporary
-// directory, read back, removed).
+// The files of one checkpoint of `snapshot`, produced in memory
+// (CheckpointToMemory: nothing is written to disk).
 absl::StatusOr<std::vector<v1::SnapshotFile>> SnapshotToFiles(
     const StoreSnapshot& snapshot, uint32_t shard, const CheckpointWriteOptions& options);
 // Loads the checkpoint `files` hold (verified as any checkpoint is).
