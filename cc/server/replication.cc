@@ -107,6 +107,11 @@ std::string PrimaryReplication::backup() const {
   return backup_id_;
 }
 
+uint64_t PrimaryReplication::last_lsn() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return log_ != nullptr ? log_->last_lsn() : last_lsn_;
+}
+
 absl::Status PrimaryReplication::Write(absl::string_view method,
                                        absl::FunctionRef<std::string()> request,
                                        absl::FunctionRef<absl::Status()> apply) {
@@ -164,6 +169,7 @@ absl::Status PrimaryReplication::DropBackup(const absl::Status& failure) {
                               next->config.epoch(), ", no backup"));
   }
   last_lsn_ = log_->last_lsn();
+  dropped_.fetch_add(1, std::memory_order_relaxed);
   log_.reset();
   stub_.reset();
   backup_id_.clear();

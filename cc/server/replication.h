@@ -19,6 +19,7 @@
 #ifndef PSERVER_CC_SERVER_REPLICATION_H_
 #define PSERVER_CC_SERVER_REPLICATION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -102,6 +103,10 @@ class PrimaryReplication : public WriteShipper {
   absl::StatusOr<v1::AttachStandbyResponse> Attach(const v1::AttachStandbyRequest& request);
   // The backup's instance id; "" when none.
   std::string backup() const;
+  // The LSN of the last write numbered (the last in this replica's state).
+  uint64_t last_lsn() const;
+  // How many backups were dropped (not acknowledging a write) so far.
+  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
 
  private:
   absl::Status Send(const BackupLog::Write& write);
@@ -117,6 +122,7 @@ class PrimaryReplication : public WriteShipper {
   std::string backup_id_ ABSL_GUARDED_BY(mu_);
   std::string backup_address_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<v1::ParameterServer::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> dropped_{0};
 };
 
 // A standby's test of whether its primary is evidently gone: its gRPC

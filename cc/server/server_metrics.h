@@ -68,6 +68,17 @@ struct ShardState {
   bool stepped_down = false;   // for good (another server took the shard)
 };
 
+// Replication on the standby model (docs/replication.md), as the metrics
+// show it.
+struct ReplicationState {
+  bool primary = false;      // --accept_standbys and serving its shard
+  uint64_t backups = 0;      // live backups of its shard
+  uint64_t last_lsn = 0;     // the last write it numbered
+  uint64_t dropped = 0;      // backups dropped so far
+  bool standby = false;      // started as --standby
+  uint64_t applied_lsn = 0;  // the last of its primary's writes applied here
+};
+
 struct ServerMetricsSources {
   const Dispatcher* dispatcher = nullptr;  // required
   const Tables* tables = nullptr;          // required
@@ -75,6 +86,7 @@ struct ServerMetricsSources {
   std::function<EtcdSessionState()> etcd;         // null: no etcd families
   std::function<ShardState()> shard;              // null: no epoch or fence families
   std::function<bool()> healthy;                  // what the health service says
+  std::function<ReplicationState()> replication;  // null: no replication families
   std::string cluster;
 };
 
