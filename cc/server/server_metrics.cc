@@ -264,15 +264,12 @@ void CollectProcess(TextWriter& out) {
   const std::string text = absl::StrCat("\n", status);
   const int64_t rss_kb = ProcStatusField(text, "VmRSS");
   const int64_t threads = ProcStatusField(text, "Threads");
-  for (const char* prefix : {"", "pserver_"}) {
-    if (rss_kb >= 0) {
-      Gauge(out, absl::StrCat(prefix, "process_resident_memory_bytes"),
-            "Resident memory size in bytes.", static_cast<double>(rss_kb) * 1024);
-    }
-    if (threads >= 0) {
-      Gauge(out, absl::StrCat(prefix, "process_threads"), "Threads of the process.",
-            static_cast<double>(threads));
-    }
+  if (rss_kb >= 0) {
+    Gauge(out, "process_resident_memory_bytes", "Resident memory size in bytes.",
+          static_cast<double>(rss_kb) * 1024);
+  }
+  if (threads >= 0) {
+    Gauge(out, "process_threads", "Threads of the process.", static_cast<double>(threads));
   }
   if (DIR* dir = opendir("/proc/self/fd"); dir != nullptr) {
     int64_t fds = 0;

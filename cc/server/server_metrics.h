@@ -94,9 +94,8 @@ struct ServerMetricsSources {
 void AddServerCollectors(ServerMetricsSources sources, metrics::Registry* registry);
 
 // process_resident_memory_bytes, process_threads, process_open_fds and
-// process_max_fds, from /proc/self (the names Prometheus's own clients use),
-// and the first two again as pserver_process_resident_memory_bytes and
-// pserver_process_threads (every family of the server under pserver_).
+// process_max_fds, from /proc/self: the standard names Prometheus's own
+// client libraries export (not prefixed, so dashboards for any process work).
 void CollectProcess(metrics::TextWriter& out);
 
 }  // namespace pserver
