@@ -8,6 +8,8 @@ python/install.sh --target "$site" --quiet
 export PYTHONPATH="$site"
 export MPLBACKEND=Agg
 export PSERVER_BINARY="$PWD/cc/server/pserver"  # for tests/test_etcd.py
+# The one test certificate generator (cc/testing/test_certs.h), for tls_certs.py.
+export PSERVER_TEST_CERT_TOOL="$PWD/cc/testing/test_cert_tool"
 # One XML test case per pytest case, for CI's "N passed, N failed" line.
 junit=()
 if [ -n "${XML_OUTPUT_FILE:-}" ]; then junit=(--junitxml="$XML_OUTPUT_FILE"); fi

@@ -27,7 +27,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
@@ -37,6 +40,7 @@
 #include "cc/etcd/keys.h"
 #include "cc/etcd/shard_config.h"
 #include "cc/etcd/testing/etcd_process.h"
+#include "cc/metrics/http_client.h"
 #include "cc/testing/child_process.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -98,6 +102,7 @@ class ReplicationTest : public ::testing::Test {
                                    getpid(), "-", processes_++));
       flags.push_back("--checkpoint_interval=0.5");
     }
+    flags.insert(flags.end(), extra_flags_.begin(), extra_flags_.end());
     return flags;
   }
 
@@ -301,6 +306,7 @@ class ReplicationTest : public ::testing::Test {
   int lease_ttl_s_ = 2;  // the servers' --lease_ttl
   bool checkpoints_ = false;
   int processes_ = 0;
+  std::vector<std::string> extra_flags_;  // every process's, after Flags()'s
 };
 
 // Steps [from, to): even steps push every parameter in one SendGrads (bulk),
@@ -384,6 +390,54 @@ void ExpectTrained(Client& trainer, int steps) {
   }
 }
 
+// kill -9 of `child`, its exit reaped.
+void KillNine(ChildProcess& child) {
+  ASSERT_EQ(kill(child.pid(), SIGKILL), 0) << std::strerror(errno);
+  ASSERT_OK_AND_ASSIGN(int status, child.WaitForExit(absl::Now() + kWait));
+  EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+}
+
+// SIGTERM to each server; each exits 0.
+void StopCleanly(std::vector<std::unique_ptr<ChildProcess>>& servers) {
+  for (std::unique_ptr<ChildProcess>& server : servers) {
+    ASSERT_EQ(kill(server->pid(), SIGTERM), 0);
+    ASSERT_OK_AND_ASSIGN(int exit_status, server->WaitForExit(absl::Now() + kWait));
+    EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0)
+        << DescribeWaitStatus(exit_status) << server->err();
+  }
+}
+
+v1::ServerStats Stats(const std::string& address) {
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::GetStatsResponse response;
+  const grpc::Status status = stub->GetStats(&context, v1::GetStatsRequest(), &response);
+  EXPECT_TRUE(status.ok()) << address << ": " << status.error_message();
+  return response.stats();
+}
+
+// The value of the unlabelled sample `name` on the metrics page of the
+// server at `address` (gRPC); -1 when the page or the sample is missing.
+double MetricAt(const std::string& address, const std::string& name) {
+  const std::string metrics = Stats(address).metrics_address();
+  const size_t colon = metrics.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(metrics.substr(colon + 1), &port)) {
+    ADD_FAILURE() << address << " publishes no metrics address: '" << metrics << "'";
+    return -1;
+  }
+  absl::StatusOr<std::string> page = metrics::HttpGet(metrics.substr(0, colon), port, "/metrics",
+                                                      absl::Now() + absl::Seconds(30));
+  if (!page.ok()) return -1;
+  for (absl::string_view line : absl::StrSplit(*page, '\n')) {
+    double value = 0;
+    if (absl::ConsumePrefix(&line, name + " ") && absl::SimpleAtod(line, &value)) return value;
+  }
+  return -1;
+}
+
 uint32_t StateChecksum(const std::string& address) {
   auto stub = v1::ParameterServer::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -463,9 +517,7 @@ TEST_F(ReplicationTest, APrimaryDropsAKilledStandbyBeforeAcknowledging) {
   std::atomic<int> steps_done{0};
   ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
 
-  ASSERT_EQ(kill(standby->pid(), SIGKILL), 0) << std::strerror(errno);
-  ASSERT_OK_AND_ASSIGN(int status, standby->WaitForExit(absl::Now() + kWait));
-  EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+  KillNine(*standby);
   ASSERT_OK(Train(*trainer, 6, 12, &steps_done));
 
   const v1::ShardConfig dropped = Config(0);
@@ -475,13 +527,49 @@ TEST_F(ReplicationTest, APrimaryDropsAKilledStandbyBeforeAcknowledging) {
   ExpectTrained(*trainer, 12);
 
   trainer.reset();
-  for (std::unique_ptr<ChildProcess>& primary : primaries) {
-    ASSERT_EQ(kill(primary->pid(), SIGTERM), 0);
-    ASSERT_OK_AND_ASSIGN(int exit_status, primary->WaitForExit(absl::Now() + kWait));
-    EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0)
-        << DescribeWaitStatus(exit_status) << primary->err();
-  }
+  StopCleanly(primaries);
   EXPECT_THAT(primaries[0]->err(), ::testing::HasSubstr("dropped backup"));
+}
+
+// Replication health: a primary reports its live backups and last LSN, a
+// standby the LSN it applied; once the primary dropped its killed backup
+// it counts the drop, has no backup, and GetStats says it is degraded.
+TEST_F(ReplicationTest, APrimaryWhoseBackupWasDroppedReportsItselfDegraded) {
+  extra_flags_ = {"--metrics_port=0"};
+  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
+  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+  std::unique_ptr<ChildProcess> standby = StartStandby(0);
+  ASSERT_NE(standby, nullptr);
+  const std::string primary = AddressAt(etcd_keys::ServerKey(0));
+  const std::string backup = AddressAt(etcd_keys::StandbyKey(0));
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+
+  // Every write acknowledged was applied on the standby: the LSNs agree.
+  const double last_lsn = MetricAt(primary, "pserver_replication_last_lsn");
+  EXPECT_GT(last_lsn, 0);
+  EXPECT_EQ(MetricAt(backup, "pserver_backup_applied_lsn"), last_lsn);
+  EXPECT_EQ(MetricAt(primary, "pserver_replication_backups"), 1);
+  EXPECT_EQ(MetricAt(primary, "pserver_replication_dropped_total"), 0);
+  EXPECT_EQ(MetricAt(primary, "pserver_replication_degraded"), 0);
+  EXPECT_EQ(Stats(primary).degraded(), "");
+
+  KillNine(*standby);
+  // The first write after the kill is acknowledged only once it was dropped.
+  ASSERT_OK(Train(*trainer, 6, 8, &steps_done));
+  EXPECT_EQ(Stats(primary).degraded(), "shard 0 has no backup");
+  EXPECT_EQ(MetricAt(primary, "pserver_replication_backups"), 0);
+  EXPECT_EQ(MetricAt(primary, "pserver_replication_dropped_total"), 1);
+  EXPECT_EQ(MetricAt(primary, "pserver_replication_degraded"), 1);
+  EXPECT_GT(MetricAt(primary, "pserver_replication_last_lsn"), last_lsn);
+  // Shard 1 never had a backup: not degraded.
+  EXPECT_EQ(Stats(AddressAt(etcd_keys::ServerKey(1))).degraded(), "");
+  ExpectTrained(*trainer, 8);
+
+  trainer.reset();
+  StopCleanly(primaries);
 }
 
 // A standby bounds the copy it accepts from the primary etcd names

@@ -308,19 +308,73 @@ void RemoveTempDirs(const std::string& dir) {
 
 // ---- writing --------------------------------------------------------------------
 
-// Appends items to data-00000.bin, data-00001.bin, ... in one directory.
+// Where a checkpoint's files go: a directory on disk (SaveCheckpoint) or
+// memory (CheckpointToMemory). One file is open at a time.
+class FileSink {
+ public:
+  virtual ~FileSink() = default;
+  // Starts a new file `name`.
+  virtual absl::Status Create(const std::string& name) = 0;
+  virtual absl::Status Append(absl::string_view data) = 0;
+  // The current file is complete (durable, on disk).
+  virtual absl::Status Close() = 0;
+  // Every file is complete (their names durable, on disk).
+  virtual absl::Status Finish() = 0;
+};
+
+class DiskSink : public FileSink {
+ public:
+  DiskSink(std::string dir, uint32_t file_mode) : dir_(std::move(dir)), file_mode_(file_mode) {}
+  absl::Status Create(const std::string& name) override {
+    path_ = JoinPath(dir_, name);
+    PS_ASSIGN_OR_RETURN(fd_, CreateFile(path_, file_mode_));
+    return absl::OkStatus();
+  }
+  absl::Status Append(absl::string_view data) override { return WriteAll(fd_.get(), data, path_); }
+  absl::Status Close() override {
+    PS_RETURN_IF_ERROR(Sync(fd_.get(), path_));
+    return fd_.Close(path_);
+  }
+  absl::Status Finish() override { return SyncDir(dir_); }
+
+ private:
+  const std::string dir_;
+  const uint32_t file_mode_;
+  Fd fd_;
+  std::string path_;
+};
+
+class MemorySink : public FileSink {
+ public:
+  absl::Status Create(const std::string& name) override {
+    files_.push_back({name, ""});
+    return absl::OkStatus();
+  }
+  absl::Status Append(absl::string_view data) override {
+    files_.back().content.append(data.data(), data.size());
+    return absl::OkStatus();
+  }
+  absl::Status Close() override { return absl::OkStatus(); }
+  absl::Status Finish() override { return absl::OkStatus(); }
+  std::vector<CheckpointFile> Take() { return std::move(files_); }
+
+ private:
+  std::vector<CheckpointFile> files_;
+};
+
+// Appends items to data-00000.bin, data-00001.bin, ... in one sink.
 class DataWriter {
  public:
-  DataWriter(std::string dir, const CheckpointWriteOptions& options)
-      : dir_(std::move(dir)), options_(options) {}
+  DataWriter(FileSink* sink, const CheckpointWriteOptions& options)
+      : sink_(sink), options_(options) {}
 
   absl::StatusOr<v1::DataRef> Append(absl::string_view data) {
     const uint64_t max = options_.max_data_file_bytes;
-    if (!fd_.valid() || (size_ > 0 && (size_ >= max || data.size() > max - size_))) {
+    if (!open_ || (size_ > 0 && (size_ >= max || data.size() > max - size_))) {
       PS_RETURN_IF_ERROR(CloseCurrent());
       name_ = absl::StrFormat("data-%05d.bin", files_.size());
-      path_ = JoinPath(dir_, name_);
-      PS_ASSIGN_OR_RETURN(fd_, CreateFile(path_, options_.file_mode));
+      PS_RETURN_IF_ERROR(sink_->Create(name_));
+      open_ = true;
       size_ = 0;
     }
     v1::DataRef ref;
@@ -331,7 +385,7 @@ class DataWriter {
     for (size_t at = 0; at < data.size(); at += options_.chunk_size) {
       ref.add_chunk_crc32c(Crc32c(data.substr(at, options_.chunk_size)));
     }
-    PS_RETURN_IF_ERROR(WriteAll(fd_.get(), data, path_));
+    PS_RETURN_IF_ERROR(sink_->Append(data));
     size_ += data.size();
     return ref;
   }
@@ -345,19 +399,19 @@ class DataWriter {
 
  private:
   absl::Status CloseCurrent() {
-    if (!fd_.valid()) return absl::OkStatus();
-    PS_RETURN_IF_ERROR(Sync(fd_.get(), path_));
-    PS_RETURN_IF_ERROR(fd_.Close(path_));
+    if (!open_) return absl::OkStatus();
+    PS_RETURN_IF_ERROR(sink_->Close());
+    open_ = false;
     v1::DataFile& file = files_.emplace_back();
     file.set_name(name_);
     file.set_length(size_);
     return absl::OkStatus();
   }
 
-  const std::string dir_;
+  FileSink* const sink_;
   const CheckpointWriteOptions options_;
-  Fd fd_;
-  std::string name_, path_;
+  bool open_ = false;
+  std::string name_;
   uint64_t size_ = 0;
   std::vector<v1::DataFile> files_;
 };
@@ -379,9 +433,9 @@ absl::Status CheckSnapshot(const StoreSnapshot& snapshot) {
   return absl::OkStatus();
 }
 
-// Writes the data files and MANIFEST of a checkpoint into `tmp`, all durable.
+// Writes the data files and MANIFEST of a checkpoint into `sink`, all durable.
 absl::StatusOr<uint32_t> WriteCheckpointFiles(const StoreSnapshot& snapshot,
-                                              const std::string& tmp, uint32_t shard,
+                                              FileSink& sink, uint32_t shard,
                                               uint64_t sequence, absl::Time time,
                                               const CheckpointWriteOptions& options) {
   v1::CheckpointManifest manifest;
@@ -402,7 +456,7 @@ absl::StatusOr<uint32_t> WriteCheckpointFiles(const StoreSnapshot& snapshot,
     return a->block.index() < b->block.index();
   });
 
-  DataWriter data(tmp, options);
+  DataWriter data(&sink, options);
   for (const BlockSnapshot* block : blocks) {
     v1::CheckpointParameter* param = manifest.add_parameters();
     param->set_name(block->name);
@@ -445,12 +499,10 @@ absl::StatusOr<uint32_t> WriteCheckpointFiles(const StoreSnapshot& snapshot,
   PutLe32(framed.data() + 12, crc);
   framed += body;
 
-  const std::string manifest_path = JoinPath(tmp, kManifestFileName);
-  PS_ASSIGN_OR_RETURN(Fd fd, CreateFile(manifest_path, options.file_mode));
-  PS_RETURN_IF_ERROR(WriteAll(fd.get(), framed, manifest_path));
-  PS_RETURN_IF_ERROR(Sync(fd.get(), manifest_path));
-  PS_RETURN_IF_ERROR(fd.Close(manifest_path));
-  PS_RETURN_IF_ERROR(SyncDir(tmp));
+  PS_RETURN_IF_ERROR(sink.Create(kManifestFileName));
+  PS_RETURN_IF_ERROR(sink.Append(framed));
+  PS_RETURN_IF_ERROR(sink.Close());
+  PS_RETURN_IF_ERROR(sink.Finish());
   return crc;
 }
 
@@ -594,11 +646,10 @@ std::string CheckpointDirName(uint64_t sequence) {
   return absl::StrCat(kCheckpointPrefix, SequenceDigits(sequence));
 }
 
-absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
-                                              const std::string& dir, uint32_t shard,
-                                              uint64_t sequence,
-                                              const CheckpointWriteOptions& options) {
-  if (dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
+namespace {
+
+absl::Status CheckWriteArguments(const StoreSnapshot& snapshot,
+                                 const CheckpointWriteOptions& options) {
   if (options.chunk_size == 0 || options.chunk_size > kCheckpointMaxChunkSize) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint chunk_size must be in [1, ", kCheckpointMaxChunkSize, "], got ",
@@ -608,7 +659,32 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
     return absl::InvalidArgumentError("checkpoint max_data_file_bytes must be > 0");
   }
   PS_RETURN_IF_ERROR(CheckCheckpointFileMode(options.file_mode));
-  PS_RETURN_IF_ERROR(CheckSnapshot(snapshot));
+  return CheckSnapshot(snapshot);
+}
+
+absl::Time WriteTime(const CheckpointWriteOptions& options) {
+  return options.time == absl::InfinitePast() ? absl::Now() : options.time;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<CheckpointFile>> CheckpointToMemory(
+    const StoreSnapshot& snapshot, uint32_t shard, uint64_t sequence,
+    const CheckpointWriteOptions& options) {
+  PS_RETURN_IF_ERROR(CheckWriteArguments(snapshot, options));
+  MemorySink sink;
+  PS_RETURN_IF_ERROR(
+      WriteCheckpointFiles(snapshot, sink, shard, sequence, WriteTime(options), options)
+          .status());
+  return sink.Take();
+}
+
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
+                                              const std::string& dir, uint32_t shard,
+                                              uint64_t sequence,
+                                              const CheckpointWriteOptions& options) {
+  if (dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
+  PS_RETURN_IF_ERROR(CheckWriteArguments(snapshot, options));
   const mode_t dir_mode = CheckpointDirMode(options.file_mode);
 
   std::error_code ec;
@@ -628,10 +704,10 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
     if (*created) break;
     if (attempt == 10) return IoError(EEXIST, "cannot create", tmp);
   }
-  const absl::Time time =
-      options.time == absl::InfinitePast() ? absl::Now() : options.time;
+  const absl::Time time = WriteTime(options);
+  DiskSink sink(tmp, options.file_mode);
   absl::StatusOr<uint32_t> crc =
-      WriteCheckpointFiles(snapshot, tmp, shard, sequence, time, options);
+      WriteCheckpointFiles(snapshot, sink, shard, sequence, time, options);
   if (crc.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0) {
     crc = IoError(errno, absl::StrCat("cannot rename ", tmp, " to"), final_path);
   }

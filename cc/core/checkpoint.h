@@ -145,6 +145,21 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const StoreSnapshot& snapshot,
                                               uint64_t sequence,
                                               const CheckpointWriteOptions& options = {});
 
+// One file of a checkpoint held in memory: its name in the checkpoint
+// directory and its bytes.
+struct CheckpointFile {
+  std::string name;
+  std::string content;
+};
+
+// The files SaveCheckpoint would write into <dir>/ckpt-<sequence>, byte for
+// byte (given the same options.time), produced in memory: nothing touches
+// the disk. Data files first, in order, then MANIFEST. INVALID_ARGUMENT as
+// SaveCheckpoint.
+absl::StatusOr<std::vector<CheckpointFile>> CheckpointToMemory(
+    const StoreSnapshot& snapshot, uint32_t shard, uint64_t sequence,
+    const CheckpointWriteOptions& options = {});
+
 struct CheckpointEntry {
   std::string path;
   uint64_t sequence = 0;

@@ -692,6 +692,32 @@ TEST(CheckpointTest, SmallChunksAndSeveralDataFiles) {
   EXPECT_OK(VerifyCheckpoint(info.path).status());
 }
 
+TEST(CheckpointTest, InMemoryFilesAreTheBytesSaveWrites) {
+  const std::string dir = TestDir();
+  const StoreSnapshot snapshot = TrainedSnapshot(3);
+  CheckpointWriteOptions options;
+  options.chunk_size = 7;
+  options.max_data_file_bytes = 100;  // several data files
+  options.time = absl::FromUnixSeconds(1700000000);
+  options.epoch = 5;
+  ASSERT_OK_AND_ASSIGN(CheckpointInfo info, SaveCheckpoint(snapshot, dir, 2, 9, options));
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointFile> files,
+                       CheckpointToMemory(snapshot, 2, 9, options));
+  std::vector<std::string> on_disk;
+  for (const fs::directory_entry& entry : fs::directory_iterator(info.path)) {
+    on_disk.push_back(entry.path().filename().string());
+  }
+  ASSERT_EQ(files.size(), on_disk.size());
+  EXPECT_GT(files.size(), 4u);
+  EXPECT_EQ(files.back().name, "MANIFEST");
+  for (const CheckpointFile& file : files) {
+    EXPECT_EQ(file.content, ReadFile(info.path + "/" + file.name)) << file.name;
+  }
+  options.chunk_size = 0;
+  EXPECT_THAT(CheckpointToMemory(snapshot, 2, 9, options).status(),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(CheckpointTest, ReaderReadsOneParameter) {
   const std::string dir = TestDir();
   const StoreSnapshot snapshot = TrainedSnapshot(2);

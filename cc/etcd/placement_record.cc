@@ -1,11 +1,10 @@
 #include "cc/etcd/placement_record.h"
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/placement.h"
 #include "cc/core/status_macros.h"
+#include "cc/etcd/json_record.h"
 #include "cc/etcd/keys.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace pserver {
 
@@ -15,18 +14,10 @@ absl::StatusOr<v1::Placement> ParsePlacementRecord(absl::string_view value) {
         "etcd ", etcd_keys::PlacementKey(), " does not hold a placement: ", why,
         " (fix or delete the key: docs/operations.md)"));
   };
-  if (value.size() > kMaxPlacementRecordBytes) {
-    return refused(
-        absl::StrCat("it is ", value.size(), " bytes, more than ", kMaxPlacementRecordBytes));
-  }
   v1::Placement placement;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;  // written by a later release: still readable
-  auto parsed =
-      google::protobuf::util::JsonStringToMessage(std::string(value), &placement, options);
-  if (!parsed.ok()) {
-    return refused(absl::StrCat("'", absl::CHexEscape(value.substr(0, 200)),
-                                "' is not Placement JSON (", std::string(parsed.message()), ")"));
+  if (std::string why = ParseJsonRecord(value, kMaxPlacementRecordBytes, &placement);
+      !why.empty()) {
+    return refused(why);
   }
   if (placement.version() == 0) return refused("its version is 0 (versions start at 1)");
   // An unknown kind name parses as the default, MODULO, which etcd never
@@ -42,11 +33,7 @@ absl::StatusOr<v1::Placement> ParsePlacementRecord(absl::string_view value) {
 }
 
 std::string FormatPlacementRecord(const v1::Placement& placement) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(placement, &json, options);
-  return json;
+  return FormatJsonRecord(placement, /*print_defaults=*/true);
 }
 
 absl::StatusOr<std::optional<v1::Placement>> ReadPlacement(EtcdClient& etcd,

@@ -7,8 +7,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
+#include "cc/etcd/json_record.h"
 #include "cc/etcd/keys.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace pserver {
 namespace {
@@ -29,17 +29,9 @@ absl::StatusOr<v1::ShardConfig> ParseShardConfig(uint32_t shard, absl::string_vi
     return absl::InvalidArgumentError(
         absl::StrCat("etcd ", key, " does not hold a shard configuration: ", why));
   };
-  if (value.size() > kMaxShardConfigBytes) {
-    return refused(
-        absl::StrCat("it is ", value.size(), " bytes, more than ", kMaxShardConfigBytes));
-  }
   v1::ShardConfig config;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;  // written by a later release: still readable
-  auto parsed = google::protobuf::util::JsonStringToMessage(std::string(value), &config, options);
-  if (!parsed.ok()) {
-    return refused(absl::StrCat("'", absl::CHexEscape(value.substr(0, 200)),
-                                "' is not ShardConfig JSON (", std::string(parsed.message()), ")"));
+  if (std::string why = ParseJsonRecord(value, kMaxShardConfigBytes, &config); !why.empty()) {
+    return refused(why);
   }
   if (config.epoch() == 0) return refused("its epoch is 0 (epochs start at 1)");
   if (config.epoch() == std::numeric_limits<uint64_t>::max()) {
@@ -80,10 +72,7 @@ absl::StatusOr<v1::ShardConfig> ParseShardConfig(uint32_t shard, absl::string_vi
 }
 
 std::string FormatShardConfig(const v1::ShardConfig& config) {
-  std::string json;
-  // A ShardConfig always converts (no Any, no maps of odd keys).
-  (void)google::protobuf::util::MessageToJsonString(config, &json);
-  return json;
+  return FormatJsonRecord(config, /*print_defaults=*/false);
 }
 
 namespace {

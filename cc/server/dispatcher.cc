@@ -563,6 +563,7 @@ void Dispatcher::FillStats(v1::ServerStats* out) const {
   out->set_checkpoint_sequence(checkpoint_sequence_.load(std::memory_order_relaxed));
   out->set_reply_bytes_in_flight(reply_budget_.held());
   out->set_reads_refused_for_memory(reply_budget_.refused());
+  if (hooks_.degraded) out->set_degraded(hooks_.degraded());
   absl::MutexLock lock(&metrics_address_mu_);
   out->set_metrics_address(metrics_address_);
 }

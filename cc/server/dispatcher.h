@@ -94,6 +94,8 @@ struct DispatcherHooks {
   std::function<absl::StatusOr<v1::AttachStandbyResponse>(const v1::AttachStandbyRequest&)>
       attach_standby;
   std::function<absl::Status(const v1::ReplicateRequest&)> replicate;
+  // GetStats' `degraded`: why the server is degraded ("": it is not). Unset: "".
+  std::function<std::string()> degraded;
   // Fault injection for tests: every n-th push that is applied is answered
   // UNAVAILABLE, as if its reply had been lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;

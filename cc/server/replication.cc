@@ -9,7 +9,6 @@
 #include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -63,28 +62,15 @@ bool IsPlainName(const std::string& name) {
 
 absl::StatusOr<std::vector<v1::SnapshotFile>> SnapshotToFiles(
     const StoreSnapshot& snapshot, uint32_t shard, const CheckpointWriteOptions& options) {
-  PS_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make());
-  PS_ASSIGN_OR_RETURN(CheckpointInfo info,
-                      SaveCheckpoint(snapshot, dir.path(), shard, /*sequence=*/1, options));
+  PS_ASSIGN_OR_RETURN(std::vector<CheckpointFile> written,
+                      CheckpointToMemory(snapshot, shard, /*sequence=*/1, options));
   std::vector<v1::SnapshotFile> files;
-  std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(info.path, ec)) {
-    if (!entry.is_regular_file()) {
-      return absl::InternalError(absl::StrCat("checkpoint ", info.path, " holds ",
-                                              entry.path().string(),
-                                              ", not a plain file: it cannot be shipped"));
-    }
-    std::ifstream in(entry.path(), std::ios::binary);
-    std::ostringstream content;
-    content << in.rdbuf();
-    if (!in.good() && !in.eof()) {
-      return absl::InternalError(absl::StrCat("cannot read ", entry.path().string()));
-    }
+  files.reserve(written.size());
+  for (CheckpointFile& written_file : written) {
     v1::SnapshotFile& file = files.emplace_back();
-    file.set_name(entry.path().filename().string());
-    file.set_content(std::move(content).str());
+    file.set_name(std::move(written_file.name));
+    file.set_content(std::move(written_file.content));
   }
-  if (ec) return absl::InternalError(absl::StrCat("cannot list ", info.path, ": ", ec.message()));
   return files;
 }
 
@@ -124,6 +110,11 @@ std::vector<std::string> PrimaryReplication::backups() const {
   std::vector<std::string> ids;
   for (const Backup& backup : backups_) ids.push_back(backup.id);
   return ids;
+}
+
+uint64_t PrimaryReplication::last_lsn() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return log_ != nullptr ? log_->last_lsn() : last_lsn_;
 }
 
 absl::Status PrimaryReplication::Write(absl::string_view method,
@@ -223,6 +214,7 @@ absl::Status PrimaryReplication::DropBackups(
                               "acknowledging a write they did not (", what, "): epoch ",
                               next->config.epoch(), ", ", backups_.size(), " backup(s) left"));
   }
+  dropped_.fetch_add(ids.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 #ifndef PSERVER_CC_SERVER_REPLICATION_H_
 #define PSERVER_CC_SERVER_REPLICATION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -72,8 +73,8 @@ class ShardConfigCell {
   std::string value_ ABSL_GUARDED_BY(mu_);
 };
 
-// The files of one checkpoint of `snapshot` (written to a temporary
-// directory, read back, removed).
+// The files of one checkpoint of `snapshot`, produced in memory
+// (CheckpointToMemory: nothing is written to disk).
 absl::StatusOr<std::vector<v1::SnapshotFile>> SnapshotToFiles(
     const StoreSnapshot& snapshot, uint32_t shard, const CheckpointWriteOptions& options);
 // Loads the checkpoint `files` hold (verified as any checkpoint is).
@@ -115,6 +116,10 @@ class PrimaryReplication : public WriteShipper {
   absl::StatusOr<v1::AttachStandbyResponse> Attach(const v1::AttachStandbyRequest& request);
   // The backups' instance ids, in attach order; empty when none.
   std::vector<std::string> backups() const;
+  // The LSN of the last write numbered (the last in this replica's state).
+  uint64_t last_lsn() const;
+  // How many backups were dropped (not acknowledging a write) so far.
+  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
 
  private:
   struct Backup {
@@ -150,6 +155,7 @@ class PrimaryReplication : public WriteShipper {
   };
   absl::Mutex encoded_mu_;
   std::map<uint64_t, Encoding> encoded_ ABSL_GUARDED_BY(encoded_mu_);  // by LSN
+  std::atomic<uint64_t> dropped_{0};
 };
 
 // A standby's test of whether its primary is evidently gone: its gRPC

@@ -1,6 +1,9 @@
 // The shard copy a standby attaches with (cc/server/replication.h): a
 // snapshot as one checkpoint's files and back, file names from the wire
 // checked, and the server options replication refuses.
+#include <stdlib.h>
+
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -62,6 +65,27 @@ TEST(ReplicationFilesTest, ASnapshotTravelsAsCheckpointFilesWithItsChecksum) {
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadSnapshotFiles(wire));
   EXPECT_EQ(loaded.info.shard, 3u);
   EXPECT_EQ(loaded.info.epoch, 4u);
+  ASSERT_OK_AND_ASSIGN(uint32_t after, ShardStateChecksum(loaded.snapshot));
+  EXPECT_EQ(after, before);
+}
+
+TEST(ReplicationFilesTest, TheCopyIsMadeInMemoryWithoutATemporaryDirectory) {
+  Shard shard;
+  const StoreSnapshot snapshot = TrainedSnapshot(shard);
+  // No temporary directory can be made: the copy must not need one.
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old != nullptr ? old : "";
+  ASSERT_EQ(setenv("TMPDIR", "/nonexistent/pserver-no-such-dir", 1), 0);
+  absl::StatusOr<std::vector<v1::SnapshotFile>> files = SnapshotToFiles(snapshot, 0, {});
+  if (old != nullptr) {
+    setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    unsetenv("TMPDIR");
+  }
+  ASSERT_OK(files.status());
+  google::protobuf::RepeatedPtrField<v1::SnapshotFile> wire(files->begin(), files->end());
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadSnapshotFiles(wire));
+  ASSERT_OK_AND_ASSIGN(uint32_t before, ShardStateChecksum(snapshot));
   ASSERT_OK_AND_ASSIGN(uint32_t after, ShardStateChecksum(loaded.snapshot));
   EXPECT_EQ(after, before);
 }

@@ -314,6 +314,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       }
       return raw->primary_replication_->Attach(request);
     };
+    hooks.degraded = [raw] { return raw->Degraded(); };
   }
   if (options.standby) {
     hooks.replicate = [raw](const v1::ReplicateRequest& request) {
@@ -448,6 +449,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                     ? 0
                                     : server->backup_replication_->applied_lsn());
     server->dispatcher_->SetShipper(server->primary_replication_.get());
+    server->primary_replication_set_ = true;
   }
   server->loaded_ok_ = true;  // after the fence: a save may need it
   server->dispatcher_->SetServing(true);
@@ -1342,6 +1344,27 @@ EtcdSessionState Server::EtcdState() const {
   return state;
 }
 
+ReplicationState Server::Replication() const {
+  ReplicationState state;
+  state.standby = options_.standby;
+  if (backup_replication_ != nullptr) state.applied_lsn = backup_replication_->applied_lsn();
+  if (primary_replication_set_) {
+    state.primary = true;
+    state.backups = primary_replication_->backups().size();
+    state.last_lsn = primary_replication_->last_lsn();
+    state.dropped = primary_replication_->dropped();
+  }
+  return state;
+}
+
+std::string Server::Degraded() const {
+  if (!primary_replication_set_ || primary_replication_->dropped() == 0 ||
+      !primary_replication_->backups().empty()) {
+    return "";
+  }
+  return absl::StrCat("shard ", index_, " has no backup");
+}
+
 bool Server::Healthy() const {
   if (draining_ || !dispatcher_->CheckServing().ok()) return false;
   return options_.etcd_endpoints.empty() || EtcdState().registered;
@@ -1363,6 +1386,9 @@ absl::Status Server::StartMetrics() {
   sources.cluster = options_.cluster;
   sources.healthy = [this] { return Healthy(); };
   if (!options_.checkpoint_dir.empty()) sources.checkpoints = &checkpoint_metrics_;
+  if (options_.accept_standbys || options_.standby) {
+    sources.replication = [this] { return Replication(); };
+  }
   if (!options_.etcd_endpoints.empty()) {
     sources.etcd = [this] { return EtcdState(); };
     sources.shard = [this] {

@@ -387,6 +387,11 @@ class Server {
   // Tells the gRPC health service what Healthy() says now.
   void UpdateHealth();
   EtcdSessionState EtcdState() const;
+  // Replication as the metrics show it; Degraded: GetStats' `degraded`
+  // ("shard <i> has no backup" once a primary dropped its backup and none
+  // attached since; "" otherwise).
+  ReplicationState Replication() const;
+  std::string Degraded() const;
   // Starts GET /metrics (options.metrics set).
   absl::Status StartMetrics();
   // Fencing (cc/server/fence.h): the thread that re-checks etcd while the
@@ -443,6 +448,7 @@ class Server {
   ShardConfigCell config_;
   // Replication (options.accept_standbys / options.standby).
   std::unique_ptr<PrimaryReplication> primary_replication_;
+  std::atomic<bool> primary_replication_set_{false};  // primary_replication_ may be read
   std::unique_ptr<BackupReplication> backup_replication_;  // a standby's, set before gRPC starts
   std::unique_ptr<LeasedKey> standby_key_;  // /standby/<i>/<instance> while a standby
   std::unique_ptr<Fence> fence_;  // with etcd only

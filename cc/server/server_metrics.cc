@@ -234,6 +234,28 @@ void CollectShard(const ShardState& shard, TextWriter& out) {
   }
 }
 
+void CollectReplication(const ReplicationState& r, TextWriter& out) {
+  if (r.primary) {
+    Gauge(out, "pserver_replication_backups",
+          "Live backups of this primary's shard (0 after a backup was dropped).",
+          static_cast<double>(r.backups));
+    Gauge(out, "pserver_replication_last_lsn",
+          "LSN of the last write this primary numbered (shipped to its backups).",
+          static_cast<double>(r.last_lsn));
+    Count(out, "pserver_replication_dropped_total",
+          "Backups this primary dropped from /shards/<i> for not acknowledging a write.",
+          r.dropped);
+    Gauge(out, "pserver_replication_degraded",
+          "1 while this primary has no backup after dropping one (GetStats' degraded).",
+          r.dropped > 0 && r.backups == 0 ? 1 : 0);
+  }
+  if (r.standby) {
+    Gauge(out, "pserver_backup_applied_lsn",
+          "LSN of the last of its primary's writes this standby applied.",
+          static_cast<double>(r.applied_lsn));
+  }
+}
+
 }  // namespace
 
 void CollectProcess(TextWriter& out) {
@@ -242,15 +264,12 @@ void CollectProcess(TextWriter& out) {
   const std::string text = absl::StrCat("\n", status);
   const int64_t rss_kb = ProcStatusField(text, "VmRSS");
   const int64_t threads = ProcStatusField(text, "Threads");
-  for (const char* prefix : {"", "pserver_"}) {
-    if (rss_kb >= 0) {
-      Gauge(out, absl::StrCat(prefix, "process_resident_memory_bytes"),
-            "Resident memory size in bytes.", static_cast<double>(rss_kb) * 1024);
-    }
-    if (threads >= 0) {
-      Gauge(out, absl::StrCat(prefix, "process_threads"), "Threads of the process.",
-            static_cast<double>(threads));
-    }
+  if (rss_kb >= 0) {
+    Gauge(out, "process_resident_memory_bytes", "Resident memory size in bytes.",
+          static_cast<double>(rss_kb) * 1024);
+  }
+  if (threads >= 0) {
+    Gauge(out, "process_threads", "Threads of the process.", static_cast<double>(threads));
   }
   if (DIR* dir = opendir("/proc/self/fd"); dir != nullptr) {
     int64_t fds = 0;
@@ -285,6 +304,7 @@ void AddServerCollectors(ServerMetricsSources sources, metrics::Registry* regist
     if (s.checkpoints != nullptr) CollectCheckpoints(*s.checkpoints, out);
     if (s.etcd) CollectEtcd(s.etcd(), out);
     if (s.shard) CollectShard(s.shard(), out);
+    if (s.replication) CollectReplication(s.replication(), out);
     CollectProcess(out);
   });
 }

@@ -68,6 +68,17 @@ struct ShardState {
   bool stepped_down = false;   // for good (another server took the shard)
 };
 
+// Replication on the standby model (docs/replication.md), as the metrics
+// show it.
+struct ReplicationState {
+  bool primary = false;      // --accept_standbys and serving its shard
+  uint64_t backups = 0;      // live backups of its shard
+  uint64_t last_lsn = 0;     // the last write it numbered
+  uint64_t dropped = 0;      // backups dropped so far
+  bool standby = false;      // started as --standby
+  uint64_t applied_lsn = 0;  // the last of its primary's writes applied here
+};
+
 struct ServerMetricsSources {
   const Dispatcher* dispatcher = nullptr;  // required
   const Tables* tables = nullptr;          // required
@@ -75,6 +86,7 @@ struct ServerMetricsSources {
   std::function<EtcdSessionState()> etcd;         // null: no etcd families
   std::function<ShardState()> shard;              // null: no epoch or fence families
   std::function<bool()> healthy;                  // what the health service says
+  std::function<ReplicationState()> replication;  // null: no replication families
   std::string cluster;
 };
 
@@ -82,9 +94,8 @@ struct ServerMetricsSources {
 void AddServerCollectors(ServerMetricsSources sources, metrics::Registry* registry);
 
 // process_resident_memory_bytes, process_threads, process_open_fds and
-// process_max_fds, from /proc/self (the names Prometheus's own clients use),
-// and the first two again as pserver_process_resident_memory_bytes and
-// pserver_process_threads (every family of the server under pserver_).
+// process_max_fds, from /proc/self: the standard names Prometheus's own
+// client libraries export (not prefixed, so dashboards for any process work).
 void CollectProcess(metrics::TextWriter& out);
 
 }  // namespace pserver

@@ -137,9 +137,31 @@ absl::StatusOr<std::unique_ptr<TestCerts>> TestCerts::Create() {
   return std::unique_ptr<TestCerts>(new TestCerts(pattern, openssl));
 }
 
+absl::StatusOr<std::unique_ptr<TestCerts>> TestCerts::InDirectory(const std::string& dir) {
+  PS_ASSIGN_OR_RETURN(std::string openssl, FindProgram("openssl"));
+  std::error_code error;
+  if (!std::filesystem::is_directory(dir, error)) {
+    return absl::NotFoundError(absl::StrCat(dir, " is not a directory"));
+  }
+  return std::unique_ptr<TestCerts>(new TestCerts(dir, openssl, /*owned=*/false));
+}
+
 TestCerts::~TestCerts() {
   std::error_code ignored;
-  std::filesystem::remove_all(dir_, ignored);
+  if (owned_) std::filesystem::remove_all(dir_, ignored);
+}
+
+absl::StatusOr<TestCa*> TestCerts::FindCa(const std::string& name) {
+  for (const std::unique_ptr<TestCa>& ca : cas_) {
+    if (ca->name() == name) return ca.get();
+  }
+  const std::string dir = absl::StrCat(dir_, "/", name);
+  std::error_code error;
+  if (!IsPlainName(name) || !std::filesystem::is_regular_file(dir + "/ca.cnf", error)) {
+    return absl::NotFoundError(absl::StrCat("no CA '", name, "' in ", dir_));
+  }
+  cas_.push_back(std::unique_ptr<TestCa>(new TestCa(dir, name, openssl_)));
+  return cas_.back().get();
 }
 
 absl::StatusOr<TestCa*> TestCerts::AddCa(const std::string& name, absl::Duration valid_for) {

@@ -79,6 +79,9 @@ class TestCerts {
  public:
   // Makes the directory; NOT_FOUND when `openssl` is not installed.
   static absl::StatusOr<std::unique_ptr<TestCerts>> Create();
+  // Works in `dir`, an existing directory that is kept when this object
+  // goes (the test_cert_tool binary, which Python tests call).
+  static absl::StatusOr<std::unique_ptr<TestCerts>> InDirectory(const std::string& dir);
   ~TestCerts();  // removes the directory and everything in it
   TestCerts(const TestCerts&) = delete;
   TestCerts& operator=(const TestCerts&) = delete;
@@ -91,15 +94,21 @@ class TestCerts {
   absl::StatusOr<TestCa*> AddCa(const std::string& name,
                                 absl::Duration valid_for = absl::Hours(48));
 
+  // The CA `name` that AddCa made in dir() earlier (by this object or
+  // another). NOT_FOUND when there is none.
+  absl::StatusOr<TestCa*> FindCa(const std::string& name);
+
   // Writes `contents` to <dir>/<name> and returns its path (e.g. a file that
   // is not a key, for error tests).
   absl::StatusOr<std::string> WriteFile(const std::string& name, const std::string& contents);
 
  private:
-  TestCerts(std::string dir, std::string openssl) : dir_(std::move(dir)), openssl_(std::move(openssl)) {}
+  TestCerts(std::string dir, std::string openssl, bool owned = true)
+      : dir_(std::move(dir)), openssl_(std::move(openssl)), owned_(owned) {}
 
   std::string dir_;
   std::string openssl_;
+  bool owned_;  // removed by the destructor
   std::vector<std::unique_ptr<TestCa>> cas_;
 };
 

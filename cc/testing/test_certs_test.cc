@@ -99,5 +99,30 @@ TEST(TestCertsTest, DirectoryIsRemovedWithTheObject) {
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
+// What test_cert_tool (and so the Python tests) does: a CA made by one
+// object is found and used by another working in the same directory, which
+// keeps the directory when it goes.
+TEST(TestCertsTest, ACaInAKeptDirectoryIsFoundAgain) {
+  ASSERT_OK_AND_ASSIGN(auto owner, TestCerts::Create());
+  std::string cert_path;
+  {
+    ASSERT_OK_AND_ASSIGN(auto first, TestCerts::InDirectory(owner->dir()));
+    ASSERT_OK_AND_ASSIGN(TestCa * ca, first->AddCa("ca"));
+    cert_path = ca->cert_path();
+  }
+  EXPECT_TRUE(std::filesystem::exists(cert_path));
+  ASSERT_OK_AND_ASSIGN(auto second, TestCerts::InDirectory(owner->dir()));
+  ASSERT_OK_AND_ASSIGN(TestCa * found, second->FindCa("ca"));
+  EXPECT_EQ(found->cert_path(), cert_path);
+  CertRequest request;
+  request.common_name = "trainer-0";
+  ASSERT_OK_AND_ASSIGN(CertFiles files, found->Issue("trainer", request));
+  EXPECT_OK(Openssl({"verify", "-CAfile", cert_path, files.cert}));
+  EXPECT_THAT(second->FindCa("nope").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no CA 'nope'")));
+  EXPECT_THAT(TestCerts::InDirectory(owner->dir() + "/missing").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("is not a directory")));
+}
+
 }  // namespace
 }  // namespace pserver

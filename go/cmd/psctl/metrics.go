@@ -153,6 +153,16 @@ func (p *metricsPage) max(name string) (float64, bool) {
 	return best, found
 }
 
+// degraded is why the server of shard `index` is degraded, from its
+// replication health (pserver_replication_degraded, docs/replication.md);
+// "": not degraded.
+func (p *metricsPage) degraded(index int) string {
+	if v, ok := p.max("pserver_replication_degraded"); ok && v > 0 {
+		return fmt.Sprintf("shard %d has no backup", index)
+	}
+	return ""
+}
+
 // index is the server's index from pserver_server_info (false: none).
 func (p *metricsPage) index() (int, bool) {
 	for _, m := range p.samples {

@@ -45,6 +45,9 @@ type checkpointJSON struct {
 type statusServer struct {
 	server
 	Checkpoint *checkpointJSON `json:"checkpoint,omitempty"`
+	// Why the server is degraded though serving (from its metrics page, with
+	// etcd): e.g. "shard 0 has no backup".
+	Degraded string `json:"degraded,omitempty"`
 }
 
 // workerJSON is a live trainer (etcd /workers/<id>).
@@ -103,6 +106,19 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 			if i >= len(st.Servers) {
 				st.Servers = append(st.Servers, statusServer{server: server{Index: i, Health: healthDown},
 					Checkpoint: &checkpointJSON{rec.Path, rec.Sequence, micros(rec.TimeMicros)}})
+			}
+		}
+		pages, _ := fetchAllMetrics(ctx, v.Reg.metricsAddresses())
+		for _, p := range pages {
+			index, ok := -1, false
+			if p != nil {
+				index, ok = p.index()
+			}
+			for i := range st.Servers {
+				if ok && st.Servers[i].Index == index {
+					st.Servers[i].Degraded = p.degraded(index)
+					st.Degraded = st.Degraded || st.Servers[i].Degraded != ""
+				}
 			}
 		}
 		for _, w := range v.Reg.Workers {
@@ -180,6 +196,7 @@ func printStatus(stdout io.Writer, out *output, st *statusJSON) error {
 		}
 		tw.flush()
 	}
+	printDegraded(stdout, st.Servers, func(s statusServer) (int, string) { return s.Index, s.Degraded })
 	if !out.wide() {
 		sep := "\n"
 		for _, s := range st.Servers {

@@ -34,7 +34,8 @@ type topRow struct {
 	OutGBPerSecond    *float64 `json:"out_gb_per_second"`
 	P99Seconds        *float64 `json:"p99_seconds"` // upper bound of the bucket; null: no request in the interval
 	TableRows         *float64 `json:"table_rows"`
-	ClockLagMax       *float64 `json:"clock_lag_max"` // the most clocks any worker is behind, over tables
+	ClockLagMax       *float64 `json:"clock_lag_max"`      // the most clocks any worker is behind, over tables
+	Degraded          string   `json:"degraded,omitempty"` // e.g. "shard 0 has no backup" (from the metrics page)
 }
 
 // topFrame is one refresh.
@@ -120,6 +121,7 @@ func frame(prev, cur *topSample, refresh int) topFrame {
 		if p := cur.pages[s.Index]; p != nil && s.Index >= 0 {
 			old := prev.pages[s.Index]
 			row.MetricsAddress = p.address
+			row.Degraded = p.degraded(s.Index)
 			row.RequestsTotal = some(p.sum("pserver_requests_total"))
 			row.ReceivedBytes = some(p.sum("pserver_request_received_bytes_total"))
 			row.SentBytes = some(p.sum("pserver_request_sent_bytes_total"))
@@ -146,7 +148,7 @@ func frame(prev, cur *topSample, refresh int) topFrame {
 
 func (f *topFrame) degraded() bool {
 	for _, r := range f.Servers {
-		if r.Health != "SERVING" {
+		if r.Health != "SERVING" || r.Degraded != "" {
 			return true
 		}
 	}
@@ -261,7 +263,20 @@ func printTop(stdout io.Writer, out *output, f *topFrame, clear bool) error {
 		}
 		t.row(cells...)
 	}
-	return t.flush()
+	if err := t.flush(); err != nil {
+		return err
+	}
+	printDegraded(stdout, f.Servers, func(r topRow) (int, string) { return r.Index, r.Degraded })
+	return nil
+}
+
+// printDegraded lists the rows whose server says it is degraded.
+func printDegraded[R any](stdout io.Writer, rows []R, reason func(R) (int, string)) {
+	for _, r := range rows {
+		if index, why := reason(r); why != "" {
+			fmt.Fprintf(stdout, "server %d degraded: %s\n", index, why)
+		}
+	}
 }
 
 func orEmpty(s string) string {

@@ -227,6 +227,35 @@ func TestTop(t *testing.T) {
 	}
 }
 
+func TestDegradedReplicationFromTheMetricsPage(t *testing.T) {
+	for _, c := range []struct {
+		page, want string
+	}{
+		{"pserver_server_info{index=\"2\"} 1\npserver_replication_degraded 1\n", "shard 2 has no backup"},
+		{"pserver_server_info{index=\"2\"} 1\npserver_replication_degraded 0\n", ""},
+		{"pserver_server_info{index=\"2\"} 1\n", ""}, // no --accept_standbys
+	} {
+		page, err := parseMetrics(strings.NewReader(c.page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := page.degraded(2); got != c.want {
+			t.Errorf("%q: degraded %q, want %q", c.page, got, c.want)
+		}
+		f := topFrame{Servers: []topRow{{Index: 2, Health: "SERVING", Degraded: page.degraded(2)}}}
+		if f.degraded() != (c.want != "") {
+			t.Errorf("%q: frame degraded %v", c.page, f.degraded())
+		}
+		var out strings.Builder
+		if err := printTop(&out, &output{format: new(string)}, &f, false); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out.String(), "degraded: "+c.want) != (c.want != "") {
+			t.Errorf("%q: table %q", c.page, out.String())
+		}
+	}
+}
+
 func TestParseMetrics(t *testing.T) {
 	page, err := parseMetrics(strings.NewReader(`# HELP x y
 pserver_server_info{index="1",cluster="a \"b\"\\c"} 1
