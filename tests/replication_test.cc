@@ -45,8 +45,8 @@ constexpr char kCluster[] = "replication";
 constexpr int kServers = 2;
 constexpr int kParams = 8;
 constexpr int kWidth = 16;
-constexpr int kSteps = 200;
-constexpr int kKills = 4;
+constexpr int kSteps = 260;
+constexpr int kKills = 20;
 
 std::string Param(int p) { return absl::StrCat("w", p); }
 
@@ -71,13 +71,15 @@ class ReplicationTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(etcd_client_, EtcdClient::Connect(options));
   }
 
+  // --lease_ttl=2 unless told: a takeover after a kill -9 needs no lease
+  // expiry (the standby sees the connection break and the dial refused).
   std::vector<std::string> Flags() const {
     return {"--host=127.0.0.1",
             "--port=0",
             "--etcd=" + etcd_->endpoint(),
             absl::StrCat("--cluster=", kCluster),
             absl::StrCat("--num_servers=", kServers),
-            "--lease_ttl=2",
+            absl::StrCat("--lease_ttl=", lease_ttl_seconds_),
             "--register_timeout=60"};
   }
 
@@ -169,6 +171,17 @@ class ReplicationTest : public ::testing::Test {
     return entry.ok() ? entry->address : "";
   }
 
+  // Waits for shard `shard`'s holder to be `successor`.
+  bool AwaitHolder(uint32_t shard, const std::string& successor) {
+    bool took_over = false;
+    for (int wait = 0; wait < 2000 && !took_over; ++wait) {
+      took_over = Config(shard).holder() == successor;
+      if (!took_over) absl::SleepFor(absl::Milliseconds(20));
+    }
+    return took_over;
+  }
+
+  int lease_ttl_seconds_ = 2;
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
 };
@@ -260,7 +273,7 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
   int kill_after = 10;
   for (int k = 0; k < kKills; ++k) {
     const uint32_t i = k % kServers;
-    kill_after += 3 + static_cast<int>(random() % 20);
+    kill_after += 2 + static_cast<int>(random() % 10);
     bool reached = false;
     for (int wait = 0; wait < 9000 && !reached; ++wait) {
       reached = steps_done.load() >= kill_after || steps_done.load() >= kSteps;
@@ -273,12 +286,7 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     ASSERT_OK_AND_ASSIGN(int status, holders[i]->WaitForExit(absl::Now() + kWait));
     EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
     // Its standby takes the shard over, one epoch up, the old primary out.
-    bool took_over = false;
-    for (int wait = 0; wait < 4500 && !took_over; ++wait) {
-      took_over = Config(i).holder() == successor;
-      if (!took_over) absl::SleepFor(absl::Milliseconds(20));
-    }
-    ASSERT_TRUE(took_over) << "shard " << i
+    ASSERT_TRUE(AwaitHolder(i, successor)) << "shard " << i
                            << "'s standby did not take over: " << standbys[i]->output();
     holders[i] = std::move(standbys[i]);
     standbys[i] = StartStandby(i);
@@ -311,6 +319,57 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << DescribeWaitStatus(status) << holder->err();
   }
+}
+
+// A kill -9 is evident: the standby's connection to its primary breaks and a
+// fresh dial is refused, so it takes over without waiting for the lease. With
+// --lease_ttl=60 the killed primary's lease outlives the wait below (40 s
+// from the kill), so only that path can complete the takeover; /ps/0 names
+// the standby at once (replaced by revision, now under the standby's lease),
+// and training goes on, exact to the bit.
+TEST_F(ReplicationTest, AKilledPrimaryIsTakenOverWithoutWaitingForItsLease) {
+  lease_ttl_seconds_ = 60;
+  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
+  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+  std::unique_ptr<ChildProcess> standby = StartStandby(0);
+  ASSERT_NE(standby, nullptr);
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+  const v1::ShardConfig attached = Config(0);
+  ASSERT_OK_AND_ASSIGN(KeyValue old_entry, etcd_client_->Get(etcd_keys::ServerKey(0)));
+
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(primaries[0]->pid(), SIGKILL), 0) << std::strerror(errno);
+  ASSERT_OK_AND_ASSIGN(int status, primaries[0]->WaitForExit(absl::Now() + kWait));
+  EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+  bool took_over = false;
+  while (!took_over && absl::Now() < killed + absl::Seconds(40)) {
+    took_over = Config(0).holder() == attached.replicas(0);
+    if (!took_over) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(took_over) << standby->output();
+  const v1::ShardConfig taken = Config(0);
+  EXPECT_EQ(taken.epoch(), attached.epoch() + 1);
+  EXPECT_EQ(taken.replicas_size(), 0);
+  ASSERT_OK_AND_ASSIGN(KeyValue new_entry, etcd_client_->Get(etcd_keys::ServerKey(0)));
+  EXPECT_NE(new_entry.lease, old_entry.lease);
+  ASSERT_OK_AND_ASSIGN(etcd_keys::ServerEntry entry, etcd_keys::ParseServerValue(new_entry.value));
+  EXPECT_EQ(entry.instance_id, attached.replicas(0));
+
+  ASSERT_OK(Train(*trainer, 6, 12, &steps_done));
+  ExpectTrained(*trainer, 12);
+
+  trainer.reset();
+  ASSERT_EQ(kill(primaries[1]->pid(), SIGTERM), 0);
+  ASSERT_EQ(kill(standby->pid(), SIGTERM), 0);
+  for (ChildProcess* process : {primaries[1].get(), standby.get()}) {
+    ASSERT_OK_AND_ASSIGN(int exit_status, process->WaitForExit(absl::Now() + kWait));
+    EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0)
+        << DescribeWaitStatus(exit_status) << process->err();
+  }
+  EXPECT_THAT(standby->err(), ::testing::HasSubstr("without waiting for its lease"));
 }
 
 // The other side: a backup killed mid-training. The primary's next write is

@@ -64,7 +64,7 @@ absl::StatusOr<bool> LeasedKey::Claim(absl::string_view key, ClaimGuard guard) {
     }
   } else {
     std::vector<Compare> compares = std::move(guard.compares);
-    if (exclusive) compares.push_back(Compare::KeyMissing(key));
+    if (exclusive && !guard.replace_held) compares.push_back(Compare::KeyMissing(key));
     std::vector<TxnOp> ops = std::move(guard.ops);
     ops.push_back(TxnOp::Put(key, options_.value, lease));
     PS_ASSIGN_OR_RETURN(TxnResult result, etcd_->Txn(compares, ops, {TxnOp::Get(key)}));

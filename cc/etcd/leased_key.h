@@ -74,6 +74,11 @@ struct ClaimGuard {
   // shard's configuration still names this holder); otherwise it fails
   // with FAILED_PRECONDITION and is retried, as when the key is taken.
   std::vector<Compare> reclaim_compares;
+  // kExclusive only: the claim may overwrite a key that is still held (its
+  // holder proven gone; the compares must then pin the key's revision so
+  // that only the holder read is replaced). The key moves to this lease:
+  // the old lease's renewals cannot bring the old value back.
+  bool replace_held = false;
   bool empty() const { return compares.empty() && ops.empty() && reclaim_compares.empty(); }
 };
 

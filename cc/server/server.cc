@@ -3,10 +3,12 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -35,6 +37,7 @@
 #include "cc/server/dispatcher.h"
 #include "cc/server/fence.h"
 #include "cc/server/listener.h"
+#include "cc/server/primary_watch.h"
 #include "cc/server/replication.h"
 #include "cc/server/service.h"
 #include "google/protobuf/util/json_util.h"
@@ -638,17 +641,58 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
     }
     PauseUnlessStopped(absl::Milliseconds(50));
   }
-  // 2. Serve the primary's writes until /ps/<i> is gone, then take over.
+  // 2. Serve the primary's writes until it is gone, then take over: at once
+  // when the failure is evident (its connection broke and a fresh dial is
+  // refused), else when /ps/<i> goes (its lease expired, or it shut down).
   standby_key_->KeepRegistered();
+  return AwaitTakeover(retry);
+}
+
+template <typename Retry>
+absl::Status Server::AwaitTakeover(Retry& retry) {
   const std::string key = etcd_keys::ServerKey(index_);
+  std::atomic<bool> changed{true};  // read /ps/<i> first
+  int64_t revision = 0;
+  PS_ASSIGN_OR_RETURN(std::vector<KeyValue> held,
+                      retry([&] { return etcd_->GetPrefix(key, &revision); }));
+  // The prefix also matches /ps/<i>0...: only the key itself counts.
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Watcher> watcher,
+                      retry([&] {
+                        return etcd_->Watch(key, revision + 1, [&](const WatchEvent& event) {
+                          if (event.kv.key == key) changed.store(true);
+                        });
+                      }));
+  std::optional<KeyValue> primary;
+  std::unique_ptr<PrimaryWatch> connection;
   while (true) {
     if (StopRequested()) return StoppedWhileStarting();
-    absl::StatusOr<KeyValue> primary = etcd_->Get(key);
-    if (absl::IsNotFound(primary.status())) {
-      PS_ASSIGN_OR_RETURN(bool took_over, TakeOver(index_));
-      if (took_over) return absl::OkStatus();
+    if (changed.exchange(false) || !watcher->status().ok()) {
+      absl::StatusOr<KeyValue> read = etcd_->Get(key);
+      if (absl::IsNotFound(read.status())) {
+        PS_ASSIGN_OR_RETURN(bool took_over, TakeOver(index_, nullptr));
+        if (took_over) return absl::OkStatus();
+        changed.store(true);
+      } else if (read.ok() && (!primary.has_value() || read->value != primary->value)) {
+        absl::StatusOr<etcd_keys::ServerEntry> entry = etcd_keys::ParseServerValue(read->value);
+        connection = entry.ok() ? std::make_unique<PrimaryWatch>(entry->address) : nullptr;
+        primary = *read;
+      } else if (read.ok()) {
+        primary = *read;  // the same holder (a re-registration): its new revision
+      } else {
+        changed.store(true);  // etcd unreachable: read again
+      }
     }
-    PauseUnlessStopped(absl::Milliseconds(20));
+    if (connection == nullptr) {
+      PauseUnlessStopped(absl::Milliseconds(20));
+      continue;
+    }
+    if (connection->Gone(absl::Milliseconds(20))) {
+      Log(absl::StrCat("standby: the connection to shard ", index_, "'s primary broke and a fresh "
+                       "dial to it was refused; taking over without waiting for its lease"));
+      PS_ASSIGN_OR_RETURN(bool took_over, TakeOver(index_, &*primary));
+      if (took_over) return absl::OkStatus();
+      changed.store(true);  // /ps/<i> or /shards/<i> changed meanwhile: read again
+    }
   }
 }
 
@@ -682,7 +726,7 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> Server::TakeOver(uint32_t shard) {
+absl::StatusOr<bool> Server::TakeOver(uint32_t shard, const KeyValue* held) {
   const std::string key = etcd_keys::ShardKey(shard);
   PS_ASSIGN_OR_RETURN(KeyValue current, etcd_->Get(key));
   absl::StatusOr<ShardClaim> next = NextTakeover(shard, current, instance_id_, address_);
@@ -696,14 +740,23 @@ absl::StatusOr<bool> Server::TakeOver(uint32_t shard) {
   ClaimGuard guard;
   guard.compares.push_back(next->unchanged);
   guard.ops.push_back(next->put);
+  if (held != nullptr) {
+    // The primary's /ps/<i> is replaced, but only the entry that was read
+    // (its lease still lives; the key moves to this server's lease).
+    guard.compares.push_back(
+        Compare::ModRevisionEquals(etcd_keys::ServerKey(shard), held->mod_revision));
+    guard.replace_held = true;
+  }
   guard.reclaim_compares.push_back(Compare::ValueEquals(key, next->value));
   PS_ASSIGN_OR_RETURN(bool claimed, registration_->Claim(etcd_keys::ServerKey(shard), guard));
   if (!claimed) return false;
   config_.Set(next->config.epoch(), next->value);
   standby_key_->Release();
   Log(absl::StrCat("took over shard ", shard, " at epoch ", next->config.epoch(), ", LSN ",
-                   backup_replication_->applied_lsn(), " (its primary's /ps/", shard,
-                   " is gone); serving"));
+                   backup_replication_->applied_lsn(), " (",
+                   held != nullptr ? "its primary is evidently gone, its lease not yet expired"
+                                   : absl::StrCat("its primary's /ps/", shard, " is gone"),
+                   "); serving"));
   return true;
 }
 

@@ -314,9 +314,15 @@ class Server {
   // Copies shard `shard` from its primary at `primary` and starts applying
   // its writes.
   absl::Status AttachTo(uint32_t shard, const std::string& primary);
-  // The shard's primary is gone: NextTakeover and /ps/<shard>. False when
-  // the claim lost a race (read again).
-  absl::StatusOr<bool> TakeOver(uint32_t shard);
+  // After attaching: waits on /ps/<index_> (an etcd watch) and on the
+  // primary's connection (PrimaryWatch) until TakeOver succeeds.
+  template <typename Retry>
+  absl::Status AwaitTakeover(Retry& retry);
+  // The shard's primary is gone: NextTakeover and /ps/<shard> in one
+  // transaction. `held` null: /ps/<shard> must be absent (its lease
+  // expired); else the primary's entry as read, replaced only if unchanged
+  // (its failure was evident). False when the claim lost a race (read again).
+  absl::StatusOr<bool> TakeOver(uint32_t shard, const KeyValue* held);
   // The published record's checkpoint, if etcd has one this server may trust
   // (inside ShardDir(), naming this shard and cluster, its CRC matching);
   // why not is added to load_messages_.
