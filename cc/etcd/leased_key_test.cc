@@ -229,6 +229,45 @@ TEST_F(LeasedKeyTest, GuardedClaimsAndReclaims) {
   EXPECT_TRUE(held->LastRenewal().has_value());
 }
 
+// A standby taking over from a primary evidently gone: the key, still held
+// under the old lease, is replaced only at the revision read; it then lives
+// under the new lease, and the old lease's end (or renewals) leaves it be.
+TEST_F(LeasedKeyTest, AClaimReplacesAHeldKeyOnlyAtTheRevisionRead) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<LeasedKey> old_holder,
+                       LeasedKey::Grant(client_.get(), Options("old", Ownership::kExclusive)));
+  ASSERT_OK_AND_ASSIGN(bool claimed, old_holder->Claim("/ps/0"));
+  ASSERT_TRUE(claimed);
+  ASSERT_OK_AND_ASSIGN(KeyValue read, other_->Get("/ps/0"));
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<LeasedKey> successor,
+                       LeasedKey::Grant(client_.get(), Options("new", Ownership::kExclusive)));
+  ClaimGuard stale;
+  stale.compares.push_back(Compare::ModRevisionEquals("/ps/0", read.mod_revision + 1));
+  stale.replace_held = true;
+  ASSERT_OK_AND_ASSIGN(claimed, successor->Claim("/ps/0", stale));
+  EXPECT_FALSE(claimed) << "another revision than the one read";
+  ClaimGuard unguarded;  // without replace_held the key must be absent
+  unguarded.compares.push_back(Compare::ModRevisionEquals("/ps/0", read.mod_revision));
+  ASSERT_OK_AND_ASSIGN(claimed, successor->Claim("/ps/0", unguarded));
+  EXPECT_FALSE(claimed);
+  ASSERT_OK_AND_ASSIGN(KeyValue still, other_->Get("/ps/0"));
+  EXPECT_EQ(still.value, "old");
+
+  ClaimGuard guard;
+  guard.compares.push_back(Compare::ModRevisionEquals("/ps/0", read.mod_revision));
+  guard.replace_held = true;
+  ASSERT_OK_AND_ASSIGN(claimed, successor->Claim("/ps/0", guard));
+  ASSERT_TRUE(claimed);
+  ASSERT_OK_AND_ASSIGN(KeyValue replaced, other_->Get("/ps/0"));
+  EXPECT_EQ(replaced.value, "new");
+  EXPECT_EQ(replaced.lease, successor->lease());
+  // The old holder's lease ends: the key is no longer under it.
+  old_holder->Release();
+  ASSERT_OK_AND_ASSIGN(KeyValue after, other_->Get("/ps/0"));
+  EXPECT_EQ(after.value, "new");
+  EXPECT_EQ(after.lease, successor->lease());
+}
+
 TEST_F(LeasedKeyTest, StopsPromptlyWhileRetrying) {
   LeasedKeyOptions options = Options("v", Ownership::kExclusive);
   // A Release that waited out this pause would run into the test's timeout.
