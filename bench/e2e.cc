@@ -42,6 +42,7 @@
 #include "cc/testing/run_program.h"
 #include "harness.h"
 #include "hosts_group.h"
+#include "replication_group.h"
 #include "sparse_group.h"
 #include "tls_group.h"
 
@@ -58,6 +59,9 @@ ABSL_FLAG(std::string, pserver, "", "The pserver binary; default: from the runfi
 ABSL_FLAG(std::vector<std::string>, dense_kinds, {},
           "Operations of the dense group (push, pull, pushpull); default: all three. One "
           "kind alone suits `perf stat` of a run.");
+ABSL_FLAG(int, failover_kills, 20,
+          "Kills (kill -9 of a primary) the replication group times failover over (--quick: at "
+          "most 5).");
 ABSL_FLAG(std::vector<std::string>, dense_configs, {},
           "Servers x workers of the dense group (e.g. 1x1,2x2); default: 1x1, 1x2, 2x1, 2x2 "
           "(1x1 and 2x2 with --quick).");
@@ -224,9 +228,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Client>>> MakeClients(
 // own parameter. Aggregate payload GB/s, and extra["cpu_s_per_GB"]: CPU
 // seconds of this process and `server_pids` per GB moved (push+pull moves
 // its payload both ways).
+// Results are named `prefix` + the op.
 absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::unique_ptr<Client>>& clients,
                       int servers, const std::vector<uint64_t>& sizes,
-                      const std::string& ceiling, const std::vector<pid_t>& server_pids = {}) {
+                      const std::string& ceiling, const std::vector<pid_t>& server_pids = {},
+                      const std::string& prefix = "") {
   const int workers = static_cast<int>(clients.size());
   // Every parameter is initialized before FinishInitParams opens the servers.
   std::vector<std::vector<std::string>> all_names(sizes.size());
@@ -255,7 +261,7 @@ absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::uni
     const std::vector<std::string> only = absl::GetFlag(FLAGS_dense_kinds);
     for (const auto& [kind, op] : kinds) {
       if (!only.empty() && std::find(only.begin(), only.end(), kind) == only.end()) continue;
-      Result& r = h.Add(group, kind);
+      Result& r = h.Add(group, prefix + kind);
       r.set_payload_bytes(bytes);
       r.set_servers(servers);
       r.set_workers(workers);
@@ -682,6 +688,17 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("hosts")) PS_RETURN_IF_ERROR(Hosts(h, PserverBinary(), g_argv0));
   if (wanted("compression")) PS_RETURN_IF_ERROR(CompressionGroup(h, PserverBinary(), g_argv0));
   if (wanted("tls")) PS_RETURN_IF_ERROR(TlsGroup(h, PserverBinary(), g_argv0));
+  if (wanted("replication")) {
+    ReplicationGroupOptions replication;
+    replication.pserver_binary = PserverBinary();
+    replication.failover_kills = absl::GetFlag(FLAGS_failover_kills);
+    PS_RETURN_IF_ERROR(ReplicationGroup(
+        h, replication,
+        [&](const std::string& prefix, std::vector<std::unique_ptr<Client>>& clients, int servers,
+            const std::vector<uint64_t>& these, const std::vector<pid_t>& pids) {
+          return DenseOps(h, "replication", clients, servers, these, "socket", pids, prefix);
+        }));
+  }
   // Builds the Go driver on first use: only when asked for in a quick run.
   if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);
