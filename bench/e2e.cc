@@ -41,6 +41,7 @@
 #include "cc/testing/child_process.h"
 #include "cc/testing/run_program.h"
 #include "harness.h"
+#include "params.h"
 #include "hosts_group.h"
 #include "replication_group.h"
 #include "sparse_group.h"
@@ -127,18 +128,6 @@ absl::StatusOr<double> RunWorkers(int workers, int ops,
   const double seconds = NowSeconds() - begin;
   for (const auto& r : results) PS_RETURN_IF_ERROR(r);
   return seconds;
-}
-
-v1::ParameterConfig Sgd() {
-  v1::ParameterConfig config;
-  config.mutable_optimizer()->mutable_sgd();
-  config.mutable_learning_rate()->set_learning_rate(1e-9);
-  return config;
-}
-
-Tensor Filled(uint64_t bytes, float value) {
-  const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
-  return Tensor::FromValues<float>({n}, std::vector<float>(n, value));
 }
 
 // Operations per repetition for a payload: enough bytes to time well.
@@ -329,15 +318,7 @@ absl::Status Latency(Harness& h) {
     r.set_servers(1);
     r.set_workers(1);
     std::vector<double> all;
-    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&]() -> absl::StatusOr<double> {
-      const double begin = NowSeconds();
-      for (int i = 0; i < ops; ++i) {
-        const double t = NowSeconds();
-        PS_RETURN_IF_ERROR(op());
-        all.push_back((NowSeconds() - t) * 1e6);
-      }
-      return ops / (NowSeconds() - begin);
-    }));
+    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&] { return TimeOps(ops, op, &all); }));
     std::sort(all.begin(), all.end());
     (*r.mutable_extra())["p50_us"] = all[all.size() / 2];
     (*r.mutable_extra())["p99_us"] = all[all.size() * 99 / 100];

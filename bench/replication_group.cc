@@ -19,6 +19,7 @@
 #include "cc/etcd/shard_config.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/testing/child_process.h"
+#include "params.h"
 
 namespace pserver::bench {
 namespace {
@@ -27,18 +28,6 @@ constexpr uint64_t kKiB = 1 << 10;
 constexpr uint64_t kMiB = 1 << 20;
 constexpr char kCluster[] = "bench";
 constexpr absl::Duration kWait = absl::Seconds(60);
-
-v1::ParameterConfig Sgd() {
-  v1::ParameterConfig config;
-  config.mutable_optimizer()->mutable_sgd();
-  config.mutable_learning_rate()->set_learning_rate(1e-9);
-  return config;
-}
-
-Tensor Filled(uint64_t bytes, float value) {
-  const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
-  return Tensor::FromValues<float>({n}, std::vector<float>(n, value));
-}
 
 // `servers` pserver processes registered in a fresh etcd, with one standby
 // each when `standbys`. Every process is killed (by PID) when this goes.
@@ -173,15 +162,7 @@ absl::Status Latency4K(Harness& h, const std::string& prefix, Client& client) {
     r.set_servers(1);
     r.set_workers(1);
     std::vector<double> all;
-    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&]() -> absl::StatusOr<double> {
-      const double begin = NowSeconds();
-      for (int i = 0; i < ops; ++i) {
-        const double t = NowSeconds();
-        PS_RETURN_IF_ERROR(op());
-        all.push_back((NowSeconds() - t) * 1e6);
-      }
-      return ops / (NowSeconds() - begin);
-    }));
+    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&] { return TimeOps(ops, op, &all); }));
     (*r.mutable_extra())["p50_us"] = Percentile(all, 50);
     (*r.mutable_extra())["p99_us"] = Percentile(all, 99);
   }

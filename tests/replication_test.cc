@@ -171,6 +171,18 @@ class ReplicationTest : public ::testing::Test {
     return entry.ok() ? entry->address : "";
   }
 
+  // kServers primaries, a trainer, and a standby of shard 0.
+  void StartWithAStandbyOfShard0(std::vector<std::unique_ptr<ChildProcess>>* primaries,
+                                 std::unique_ptr<Client>* trainer,
+                                 std::unique_ptr<ChildProcess>* standby) {
+    *primaries = StartPrimaries();
+    ASSERT_EQ(primaries->size(), static_cast<size_t>(kServers));
+    *trainer = ConnectAndInit();
+    ASSERT_NE(*trainer, nullptr);
+    *standby = StartStandby(0);
+    ASSERT_NE(*standby, nullptr);
+  }
+
   // Waits for shard `shard`'s holder to be `successor`.
   bool AwaitHolder(uint32_t shard, const std::string& successor) {
     bool took_over = false;
@@ -329,12 +341,10 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
 // and training goes on, exact to the bit.
 TEST_F(ReplicationTest, AKilledPrimaryIsTakenOverWithoutWaitingForItsLease) {
   lease_ttl_seconds_ = 60;
-  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
-  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
-  std::unique_ptr<Client> trainer = ConnectAndInit();
-  ASSERT_NE(trainer, nullptr);
-  std::unique_ptr<ChildProcess> standby = StartStandby(0);
-  ASSERT_NE(standby, nullptr);
+  std::vector<std::unique_ptr<ChildProcess>> primaries;
+  std::unique_ptr<Client> trainer;
+  std::unique_ptr<ChildProcess> standby;
+  ASSERT_NO_FATAL_FAILURE(StartWithAStandbyOfShard0(&primaries, &trainer, &standby));
   std::atomic<int> steps_done{0};
   ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
   const v1::ShardConfig attached = Config(0);
@@ -376,12 +386,10 @@ TEST_F(ReplicationTest, AKilledPrimaryIsTakenOverWithoutWaitingForItsLease) {
 // not acknowledged by it; the primary drops it from /shards/<i> (epoch + 1)
 // before acknowledging that write, and training goes on without a backup.
 TEST_F(ReplicationTest, APrimaryDropsAKilledStandbyBeforeAcknowledging) {
-  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
-  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
-  std::unique_ptr<Client> trainer = ConnectAndInit();
-  ASSERT_NE(trainer, nullptr);
-  std::unique_ptr<ChildProcess> standby = StartStandby(0);
-  ASSERT_NE(standby, nullptr);
+  std::vector<std::unique_ptr<ChildProcess>> primaries;
+  std::unique_ptr<Client> trainer;
+  std::unique_ptr<ChildProcess> standby;
+  ASSERT_NO_FATAL_FAILURE(StartWithAStandbyOfShard0(&primaries, &trainer, &standby));
   const v1::ShardConfig attached = Config(0);
   std::atomic<int> steps_done{0};
   ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
