@@ -483,6 +483,8 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
   absl::flat_hash_map<std::string, std::string> unreachable;
   while (true) {
     ++attempts;
+    // A server that moved after this round was sent is retried at once.
+    const uint64_t changes = address_changes_.load();
     const absl::Time attempt_deadline = attempt_timeout > absl::ZeroDuration()
                                             ? std::min(deadline, absl::Now() + attempt_timeout)
                                             : deadline;
@@ -532,7 +534,6 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
     if (absl::Now() + sleep >= deadline) {
       return GaveUp(retry_error, retry_address, unreachable[retry_address], attempts, true);
     }
-    const uint64_t changes = address_changes_.load();
     if (WaitToRetry(sleep, changes, cancel)) return cancel->Check();
     // A server moved (a standby took its shard over): the next wait starts
     // short again, and the retry goes to the new address at once.
