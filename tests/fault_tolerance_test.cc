@@ -12,7 +12,6 @@
 #include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -28,7 +27,6 @@
 #include "cc/etcd/keys.h"
 #include "cc/etcd/shard_config.h"
 #include "cc/etcd/testing/etcd_process.h"
-#include "cc/etcd/testing/fake_endpoints.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -416,49 +414,6 @@ TEST_F(FaultToleranceTest, ClientFollowsAServerRestartedOnTheSamePort) {
   ASSERT_OK(client->SendGrad("w", Tensor::FromValues<float>({2}, {1, 1})));
   ASSERT_OK_AND_ASSIGN(Tensor w, client->GetParam("w"));
   EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{-2, -2}));
-}
-
-// A retry does not sit out its backoff once the watch moved the server: with
-// a 10-minute backoff, a push sent to an address that never answers (a
-// silent listener in /ps/0) is retried as soon as /ps/0 names the server
-// again, and succeeds long before the backoff would have ended. (Had the
-// address changed before the push was sent, it reaches the server at once.)
-TEST_F(FaultToleranceTest, ARetryGoesToAMovedServerWithoutWaitingOutItsBackoff) {
-  ASSERT_OK_AND_ASSIGN(auto server, Server::Start(EtcdServer()));
-  ClientOptions options = EtcdClientOpts();
-  options.timeout = absl::Minutes(60);
-  options.initial_backoff = absl::Minutes(10);
-  options.max_backoff = absl::Minutes(10);
-  options.attempt_timeout = absl::Seconds(1);
-  ASSERT_OK_AND_ASSIGN(auto client, Client::Connect(options));
-  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({2}, {0, 0}), Sgd(1)));
-  ASSERT_OK(client->FinishInitParams());
-
-  testing::SilentListener silent;
-  ASSERT_NE(silent.port(), 0);
-  ASSERT_OK_AND_ASSIGN(KeyValue real, etcd_client_->Get(etcd_keys::ServerKey(0)));
-  ASSERT_OK_AND_ASSIGN(etcd_keys::ServerEntry entry, etcd_keys::ParseServerValue(real.value));
-  entry.address = silent.address();
-  ASSERT_OK(etcd_client_->Put(etcd_keys::ServerKey(0), etcd_keys::FormatServerValue(entry)));
-  ASSERT_TRUE(WaitFor([&] { return client->address_changes() >= 1; }, absl::Seconds(30)));
-
-  Cancellation cancel;
-  CallOptions call;
-  call.cancel = &cancel;
-  absl::Status pushed;
-  absl::Notification done;
-  std::thread push([&] {
-    pushed = client->SendGrad("w", Tensor::FromValues<float>({2}, {1, 1}), call);
-    done.Notify();
-  });
-  ASSERT_OK(etcd_client_->Put(etcd_keys::ServerKey(0), real.value));
-  const bool finished = done.WaitForNotificationWithTimeout(absl::Seconds(60));
-  if (!finished) cancel.Cancel();  // ends the wait, so the thread can be joined
-  push.join();
-  ASSERT_TRUE(finished) << "the retry waited out its 10-minute backoff";
-  ASSERT_OK(pushed);
-  ASSERT_OK_AND_ASSIGN(Tensor w, client->GetParam("w"));
-  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{-1, -1}));
 }
 
 TEST_F(FaultToleranceTest, DiscoveryNamesTheMissingServers) {
