@@ -41,7 +41,9 @@
 #include "cc/testing/child_process.h"
 #include "cc/testing/run_program.h"
 #include "harness.h"
+#include "params.h"
 #include "hosts_group.h"
+#include "replication_group.h"
 #include "sparse_group.h"
 #include "tls_group.h"
 
@@ -61,6 +63,9 @@ ABSL_FLAG(std::vector<std::string>, server_flags, {},
 ABSL_FLAG(std::vector<std::string>, dense_kinds, {},
           "Operations of the dense group (push, pull, pushpull); default: all three. One "
           "kind alone suits `perf stat` of a run.");
+ABSL_FLAG(int, failover_kills, 20,
+          "Kills (kill -9 of a primary) the replication group times failover over (--quick: at "
+          "most 5).");
 ABSL_FLAG(std::vector<std::string>, dense_configs, {},
           "Servers x workers of the dense group (e.g. 1x1,2x2); default: 1x1, 1x2, 2x1, 2x2 "
           "(1x1 and 2x2 with --quick).");
@@ -128,18 +133,6 @@ absl::StatusOr<double> RunWorkers(int workers, int ops,
   const double seconds = NowSeconds() - begin;
   for (const auto& r : results) PS_RETURN_IF_ERROR(r);
   return seconds;
-}
-
-v1::ParameterConfig Sgd() {
-  v1::ParameterConfig config;
-  config.mutable_optimizer()->mutable_sgd();
-  config.mutable_learning_rate()->set_learning_rate(1e-9);
-  return config;
-}
-
-Tensor Filled(uint64_t bytes, float value) {
-  const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
-  return Tensor::FromValues<float>({n}, std::vector<float>(n, value));
 }
 
 // Operations per repetition for a payload: enough bytes to time well.
@@ -229,9 +222,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Client>>> MakeClients(
 // own parameter. Aggregate payload GB/s, and extra["cpu_s_per_GB"]: CPU
 // seconds of this process and `server_pids` per GB moved (push+pull moves
 // its payload both ways).
+// Results are named `prefix` + the op.
 absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::unique_ptr<Client>>& clients,
                       int servers, const std::vector<uint64_t>& sizes,
-                      const std::string& ceiling, const std::vector<pid_t>& server_pids = {}) {
+                      const std::string& ceiling, const std::vector<pid_t>& server_pids = {},
+                      const std::string& prefix = "") {
   const int workers = static_cast<int>(clients.size());
   // Every parameter is initialized before FinishInitParams opens the servers.
   std::vector<std::vector<std::string>> all_names(sizes.size());
@@ -260,7 +255,7 @@ absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::uni
     const std::vector<std::string> only = absl::GetFlag(FLAGS_dense_kinds);
     for (const auto& [kind, op] : kinds) {
       if (!only.empty() && std::find(only.begin(), only.end(), kind) == only.end()) continue;
-      Result& r = h.Add(group, kind);
+      Result& r = h.Add(group, prefix + kind);
       r.set_payload_bytes(bytes);
       r.set_servers(servers);
       r.set_workers(workers);
@@ -328,15 +323,7 @@ absl::Status Latency(Harness& h) {
     r.set_servers(1);
     r.set_workers(1);
     std::vector<double> all;
-    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&]() -> absl::StatusOr<double> {
-      const double begin = NowSeconds();
-      for (int i = 0; i < ops; ++i) {
-        const double t = NowSeconds();
-        PS_RETURN_IF_ERROR(op());
-        all.push_back((NowSeconds() - t) * 1e6);
-      }
-      return ops / (NowSeconds() - begin);
-    }));
+    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&] { return TimeOps(ops, op, &all); }));
     std::sort(all.begin(), all.end());
     (*r.mutable_extra())["p50_us"] = all[all.size() / 2];
     (*r.mutable_extra())["p99_us"] = all[all.size() * 99 / 100];
@@ -687,6 +674,17 @@ absl::Status Run(int argc, char** argv) {
   if (wanted("hosts")) PS_RETURN_IF_ERROR(Hosts(h, PserverBinary(), g_argv0));
   if (wanted("compression")) PS_RETURN_IF_ERROR(CompressionGroup(h, PserverBinary(), g_argv0));
   if (wanted("tls")) PS_RETURN_IF_ERROR(TlsGroup(h, PserverBinary(), g_argv0));
+  if (wanted("replication")) {
+    ReplicationGroupOptions replication;
+    replication.pserver_binary = PserverBinary();
+    replication.failover_kills = absl::GetFlag(FLAGS_failover_kills);
+    PS_RETURN_IF_ERROR(ReplicationGroup(
+        h, replication,
+        [&](const std::string& prefix, std::vector<std::unique_ptr<Client>>& clients, int servers,
+            const std::vector<uint64_t>& these, const std::vector<pid_t>& pids) {
+          return DenseOps(h, "replication", clients, servers, these, "socket", pids, prefix);
+        }));
+  }
   // Builds the Go driver on first use: only when asked for in a quick run.
   if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);

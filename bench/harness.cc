@@ -58,6 +58,18 @@ Stats Summarize(std::vector<double> values) {
   return stats;
 }
 
+absl::StatusOr<double> TimeOps(int ops, const std::function<absl::Status()>& op,
+                               std::vector<double>* micros) {
+  const double begin = NowSeconds();
+  for (int i = 0; i < ops; ++i) {
+    const double t = NowSeconds();
+    absl::Status status = op();
+    if (!status.ok()) return status;
+    micros->push_back((NowSeconds() - t) * 1e6);
+  }
+  return ops / (NowSeconds() - begin);
+}
+
 std::string FormatBytes(uint64_t bytes) {
   if (bytes >= (1ull << 30) && bytes % (1ull << 30) == 0) return absl::StrCat(bytes >> 30, " GiB");
   if (bytes >= (1ull << 20) && bytes % (1ull << 20) == 0) return absl::StrCat(bytes >> 20, " MiB");

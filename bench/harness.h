@@ -83,6 +83,12 @@ class Harness {
   std::map<std::string, std::vector<std::string>> alternatives_;
 };
 
+// One repetition for Harness::Measure of `ops` calls of `op`, one after
+// another: returns ops/s and appends each call's time, in microseconds, to
+// `micros`; the first error ends it.
+absl::StatusOr<double> TimeOps(int ops, const std::function<absl::Status()>& op,
+                               std::vector<double>* micros);
+
 // CPU seconds (user + system) used so far by this process, all its threads.
 double SelfCpuSeconds();
 

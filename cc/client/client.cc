@@ -445,8 +445,8 @@ void Client::OnServerChanged(int server, const etcd_keys::ServerEntry& address) 
     absl::MutexLock lock(&transports_mu_);
     old = std::move(transports_[server]);
     transports_[server] = *std::move(transport);
+    address_changes_.fetch_add(1);  // under the lock: WaitToRetry waits on it
   }
-  address_changes_.fetch_add(1);
 }
 
 std::shared_ptr<Transport> Client::TransportFor(int server) const {
@@ -483,6 +483,8 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
   absl::flat_hash_map<std::string, std::string> unreachable;
   while (true) {
     ++attempts;
+    // A server that moved after this round was sent is retried at once.
+    const uint64_t changes = address_changes_.load();
     const absl::Time attempt_deadline = attempt_timeout > absl::ZeroDuration()
                                             ? std::min(deadline, absl::Now() + attempt_timeout)
                                             : deadline;
@@ -532,15 +534,31 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
     if (absl::Now() + sleep >= deadline) {
       return GaveUp(retry_error, retry_address, unreachable[retry_address], attempts, true);
     }
-    if (cancel == nullptr) {
-      absl::SleepFor(sleep);
-    } else if (cancel->WaitFor(sleep)) {
-      return cancel->Check();
-    }
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    if (WaitToRetry(sleep, changes, cancel)) return cancel->Check();
+    // A server moved (a standby took its shard over): the next wait starts
+    // short again, and the retry goes to the new address at once.
+    backoff = address_changes_.load() != changes ? options_.initial_backoff
+                                                 : std::min(backoff * 2, options_.max_backoff);
     retries_.fetch_add(retry.size());
     pending = std::move(retry);
   }
+}
+
+bool Client::WaitToRetry(absl::Duration sleep, uint64_t changes, Cancellation* cancel) const {
+  const absl::Time until = absl::Now() + sleep;
+  auto moved = [this, changes] { return address_changes_.load() != changes; };
+  if (cancel == nullptr) {
+    absl::MutexLock lock(&transports_mu_);
+    transports_mu_.AwaitWithDeadline(absl::Condition(&moved), until);
+    return false;
+  }
+  // Cancellable: in slices, so that an address change ends the wait too.
+  while (!moved()) {
+    const absl::Duration left = until - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    if (cancel->WaitFor(std::min(left, kMovedCheckInterval))) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(

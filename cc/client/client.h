@@ -116,6 +116,9 @@ struct ClientOptions {
   // (with etcd_endpoints: 10 s, so that a server that hangs is given up on).
   absl::Duration attempt_timeout = absl::ZeroDuration();
   // Backoff between attempts: doubles from initial to max, with +-50% jitter.
+  // With etcd_endpoints, a wait ends as soon as the watch moves a server to a
+  // new address (a standby took its shard over), and the backoff starts
+  // again from initial.
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(1);
 
@@ -359,6 +362,11 @@ class Client {
                               const StartCall& start, absl::Time deadline,
                               TraceRecorder* trace = nullptr,
                               const DescribeRequest& describe = nullptr);
+  // Sleeps `sleep` before a retry, or less once address_changes() is no
+  // longer `changes` (the etcd watch moved a server: retry there now). True
+  // when `cancel` (may be null) was cancelled meanwhile.
+  bool WaitToRetry(absl::Duration sleep, uint64_t changes, Cancellation* cancel) const;
+  static constexpr absl::Duration kMovedCheckInterval = absl::Milliseconds(10);
   // RunWithRetries with one call per server: i is the server's index.
   absl::Status RunOnEveryServer(const StartCall& start, absl::Time deadline);
   // Control call `method` (transport.h) with the same `request` to every

@@ -1,0 +1,307 @@
+#include "replication_group.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "cc/core/status_macros.h"
+#include "cc/core/tensor.h"
+#include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
+#include "cc/etcd/shard_config.h"
+#include "cc/etcd/testing/etcd_process.h"
+#include "cc/testing/child_process.h"
+#include "params.h"
+
+namespace pserver::bench {
+namespace {
+
+constexpr uint64_t kKiB = 1 << 10;
+constexpr uint64_t kMiB = 1 << 20;
+constexpr char kCluster[] = "bench";
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+// `servers` pserver processes registered in a fresh etcd, with one standby
+// each when `standbys`. Every process is killed (by PID) when this goes.
+class Cluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(const std::string& binary, int servers,
+                                                        bool standbys) {
+    std::unique_ptr<Cluster> cluster(new Cluster(binary, servers, standbys));
+    PS_ASSIGN_OR_RETURN(cluster->etcd_, testing::EtcdProcess::Start());
+    EtcdClientOptions options;
+    options.endpoints = {cluster->etcd_->endpoint()};
+    options.prefix = etcd_keys::ClusterPrefix(kCluster);
+    PS_ASSIGN_OR_RETURN(cluster->etcd_client_, EtcdClient::Connect(options));
+    for (int i = 0; i < servers; ++i) {
+      std::vector<std::string> flags = cluster->Flags();
+      PS_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> child, ChildProcess::Spawn(binary, flags));
+      PS_ASSIGN_OR_RETURN(std::string address,
+                          WaitForPserverAddress(*child, i, absl::Now() + kWait));
+      cluster->processes_[address] = std::move(child);
+    }
+    if (standbys) {
+      for (int i = 0; i < servers; ++i) PS_RETURN_IF_ERROR(cluster->AddStandby(i));
+    }
+    return cluster;
+  }
+
+  absl::StatusOr<std::unique_ptr<Client>> Connect() const {
+    ClientOptions options;
+    options.etcd_endpoints = {etcd_->endpoint()};
+    options.cluster = kCluster;
+    options.timeout = absl::Seconds(120);
+    return Client::Connect(options);
+  }
+
+  // Starts a standby and waits until /shards/<shard> lists it (the only
+  // shard without one).
+  absl::Status AddStandby(uint32_t shard) {
+    std::vector<std::string> flags = Flags();
+    flags.push_back("--standby");
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> child, ChildProcess::Spawn(binary_, flags));
+    const absl::Time deadline = absl::Now() + kWait;
+    while (Replicas(shard) != 1) {
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("no standby attached to shard ", shard, ": ", child->output()));
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    PS_ASSIGN_OR_RETURN(std::string address, AddressAt(etcd_keys::StandbyKey(shard)));
+    processes_[address] = std::move(child);
+    return absl::OkStatus();
+  }
+
+  // kill -9 of shard `shard`'s primary; returns once it is reaped.
+  absl::Status KillPrimary(uint32_t shard) {
+    PS_ASSIGN_OR_RETURN(std::string address, AddressAt(etcd_keys::ServerKey(shard)));
+    auto it = processes_.find(address);
+    if (it == processes_.end()) {
+      return absl::NotFoundError(absl::StrCat("no process of this run serves ", address));
+    }
+    if (kill(it->second->pid(), SIGKILL) != 0) return absl::InternalError("kill failed");
+    PS_RETURN_IF_ERROR(it->second->WaitForExit(absl::Now() + kWait).status());
+    processes_.erase(it);
+    return absl::OkStatus();
+  }
+
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> out;
+    for (const auto& [address, child] : processes_) out.push_back(child->pid());
+    return out;
+  }
+
+ private:
+  Cluster(std::string binary, int servers, bool standbys)
+      : binary_(std::move(binary)), servers_(servers), standbys_(standbys) {}
+
+  std::vector<std::string> Flags() const {
+    std::vector<std::string> flags = {"--host=127.0.0.1",
+                                      "--port=0",
+                                      "--etcd=" + etcd_->endpoint(),
+                                      absl::StrCat("--cluster=", kCluster),
+                                      absl::StrCat("--num_servers=", servers_),
+                                      "--lease_ttl=2",
+                                      "--register_timeout=60"};
+    if (standbys_) flags.push_back("--accept_standbys");
+    return flags;
+  }
+
+  int Replicas(uint32_t shard) const {
+    absl::StatusOr<KeyValue> kv = etcd_client_->Get(etcd_keys::ShardKey(shard));
+    if (!kv.ok()) return -1;
+    absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(shard, kv->value);
+    return config.ok() ? config->replicas_size() : -1;
+  }
+
+  absl::StatusOr<std::string> AddressAt(const std::string& key) const {
+    PS_ASSIGN_OR_RETURN(KeyValue kv, etcd_client_->Get(key));
+    PS_ASSIGN_OR_RETURN(etcd_keys::ServerEntry entry, etcd_keys::ParseServerValue(kv.value));
+    return entry.address;
+  }
+
+  std::string binary_;
+  int servers_;
+  bool standbys_;
+  std::unique_ptr<testing::EtcdProcess> etcd_;
+  std::unique_ptr<EtcdClient> etcd_client_;
+  std::map<std::string, std::unique_ptr<ChildProcess>> processes_;  // by address
+};
+
+double Percentile(std::vector<double> values, int percent) {
+  std::sort(values.begin(), values.end());
+  return values[std::min(values.size() - 1, values.size() * percent / 100)];
+}
+
+constexpr char kSmall[] = "small";
+
+// 4 KiB push and pull of parameter kSmall (initialised), one at a time:
+// ops/s, extra p50_us and p99_us.
+absl::Status Latency4K(Harness& h, const std::string& prefix, Client& client) {
+  const std::string name = kSmall;
+  const Tensor grad = Filled(4 * kKiB, 0.5f);
+  std::vector<Tensor> out(1);
+  const std::vector<std::pair<std::string, std::function<absl::Status()>>> kinds = {
+      {"push", [&] { return client.SendGrad(name, grad); }},
+      {"pull",
+       [&] { return client.GetParamsInto(absl::MakeConstSpan(&name, 1), absl::MakeSpan(out)); }},
+  };
+  const int ops = h.quick() ? 500 : 5000;
+  for (const auto& [kind, op] : kinds) {
+    Result& r = h.Add("replication", absl::StrCat(prefix, "latency_", kind));
+    r.set_payload_bytes(4 * kKiB);
+    r.set_servers(1);
+    r.set_workers(1);
+    std::vector<double> all;
+    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&] { return TimeOps(ops, op, &all); }));
+    (*r.mutable_extra())["p50_us"] = Percentile(all, 50);
+    (*r.mutable_extra())["p99_us"] = Percentile(all, 99);
+  }
+  return absl::OkStatus();
+}
+
+// Steps of 8 x 1M float32 (SendGrads of the whole model) in a thread; the
+// time each step completed.
+class Trainer {
+ public:
+  static constexpr int kParams = 8;
+  static constexpr uint64_t kParamBytes = 4 * kMiB;  // 1M float32
+
+  explicit Trainer(Client& client) : client_(client) {
+    for (int p = 0; p < kParams; ++p) {
+      grads_.push_back({absl::StrCat("model", p), Filled(kParamBytes, 0.5f)});
+    }
+  }
+  ~Trainer() { Stop().IgnoreError(); }
+
+  absl::Status Init() {
+    for (const NamedTensor& g : grads_) {
+      PS_RETURN_IF_ERROR(client_.InitParam(g.name, Filled(kParamBytes, 1.0f), Sgd()));
+    }
+    PS_RETURN_IF_ERROR(client_.FinishInitParams());
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        absl::Status step = client_.SendGrads(grads_);
+        absl::MutexLock lock(&mu_);
+        if (!step.ok()) {
+          status_ = step;
+          return;
+        }
+        completed_.push_back(NowSeconds());
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  // Waits until a step completes after time `after` (NowSeconds) and at
+  // least `steps` have completed in all; returns that step's end.
+  absl::StatusOr<double> AwaitStep(double after, size_t steps) {
+    const absl::Time deadline = absl::Now() + kWait;
+    absl::MutexLock lock(&mu_);
+    auto done = [&] {
+      return !status_.ok() || (completed_.size() >= steps && completed_.back() > after);
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+      return absl::DeadlineExceededError("training made no step for 60 s");
+    }
+    PS_RETURN_IF_ERROR(status_);
+    for (double t : completed_) {
+      if (t > after) return t;
+    }
+    return completed_.back();
+  }
+
+  size_t steps() {
+    absl::MutexLock lock(&mu_);
+    return completed_.size();
+  }
+
+  absl::Status Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  Client& client_;
+  std::vector<NamedTensor> grads_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  std::vector<double> completed_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status Failover(Harness& h, const ReplicationGroupOptions& options) {
+  constexpr int kServers = 3;
+  const int kills = h.quick() ? std::min(options.failover_kills, 5) : options.failover_kills;
+  if (kills < 1) return absl::InvalidArgumentError("--failover_kills must be at least 1");
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster,
+                      Cluster::Start(options.pserver_binary, kServers, /*standbys=*/true));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, cluster->Connect());
+  Trainer trainer(*client);
+  PS_RETURN_IF_ERROR(trainer.Init());
+  std::mt19937 random(12345);
+  std::vector<double> seconds;
+  for (int k = 0; k < kills; ++k) {
+    // A few steps between kills, at a seeded random count.
+    PS_RETURN_IF_ERROR(
+        trainer.AwaitStep(0, trainer.steps() + 2 + random() % 4).status());
+    const double killed = NowSeconds();
+    PS_RETURN_IF_ERROR(cluster->KillPrimary(k % kServers));
+    PS_ASSIGN_OR_RETURN(double next, trainer.AwaitStep(killed, 1));
+    seconds.push_back(next - killed);
+    PS_RETURN_IF_ERROR(cluster->AddStandby(k % kServers));
+  }
+  PS_RETURN_IF_ERROR(trainer.Stop());
+  Result& r = h.Add("replication", "failover");
+  r.set_payload_bytes(Trainer::kParams * Trainer::kParamBytes);
+  r.set_servers(kServers);
+  r.set_workers(1);
+  r.set_unit("s");
+  r.set_repetitions(static_cast<uint32_t>(seconds.size()));
+  *r.mutable_value() = Summarize(seconds);
+  (*r.mutable_extra())["kills"] = static_cast<double>(seconds.size());
+  (*r.mutable_extra())["p50_s"] = Percentile(seconds, 50);
+  (*r.mutable_extra())["p99_s"] = Percentile(seconds, 99);
+  (*r.mutable_extra())["max_s"] = Summarize(seconds).max();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options,
+                              const DenseRunner& dense) {
+  std::vector<uint64_t> sizes = {kMiB, 16 * kMiB};
+  if (!h.quick()) sizes.push_back(64 * kMiB);
+  for (int replicas : {1, 2}) {
+    const std::string prefix = absl::StrCat("r", replicas, "_");
+    for (int servers : {1, 3}) {
+      PS_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster,
+                          Cluster::Start(options.pserver_binary, servers, replicas == 2));
+      std::vector<std::unique_ptr<Client>> clients;
+      PS_ASSIGN_OR_RETURN(clients.emplace_back(), cluster->Connect());
+      // Initialised before the dense run's FinishInitParams, measured after.
+      if (servers == 1) {
+        PS_RETURN_IF_ERROR(clients[0]->InitParam(kSmall, Filled(4 * kKiB, 1.0f), Sgd()));
+      }
+      PS_RETURN_IF_ERROR(dense(prefix, clients, servers, sizes, cluster->pids()));
+      if (servers == 1) PS_RETURN_IF_ERROR(Latency4K(h, prefix, *clients[0]));
+    }
+  }
+  PS_RETURN_IF_ERROR(Failover(h, options));
+  h.PrintGroup("replication");
+  return absl::OkStatus();
+}
+
+}  // namespace pserver::bench

@@ -1,0 +1,46 @@
+// bench:e2e's replication group (docs/replication.md, the standby model):
+// what a standby per shard costs, and how long a failover takes.
+//   r1_* / r2_*   push, pull and push+pull of 1, 16 and 64 MiB (--quick: up to
+//                 16 MiB), 1 server x 1 worker and 3 servers x 1 worker,
+//                 without standbys (R=1) and with one per server (R=2); all
+//                 servers discover each other through a real etcd
+//   r1_latency_* / r2_latency_*   4 KiB push and pull, ops/s with p50/p99
+//   failover      kill -9 of a primary -> the next training step completed,
+//                 in seconds (min/median/max, extra p50/p99), over
+//                 --failover_kills kills (--quick: at most 5), 3 servers,
+//                 R=2, a model of 8 x 1M float32 pushed whole every step;
+//                 a new standby attaches after each takeover
+#ifndef PSERVER_BENCH_REPLICATION_GROUP_H_
+#define PSERVER_BENCH_REPLICATION_GROUP_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cc/client/client.h"
+#include "harness.h"
+
+namespace pserver::bench {
+
+// Measures push, pull and push+pull of `sizes` with `clients` on `servers`
+// servers (the dense group's measurement, bench/e2e.cc), results named
+// `prefix` + op in group "replication"; `pids` are the server processes.
+using DenseRunner = std::function<absl::Status(
+    const std::string& prefix, std::vector<std::unique_ptr<Client>>& clients, int servers,
+    const std::vector<uint64_t>& sizes, const std::vector<pid_t>& pids)>;
+
+struct ReplicationGroupOptions {
+  std::string pserver_binary;
+  int failover_kills = 20;
+};
+
+absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options,
+                              const DenseRunner& dense);
+
+}  // namespace pserver::bench
+
+#endif  // PSERVER_BENCH_REPLICATION_GROUP_H_
