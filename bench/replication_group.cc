@@ -76,7 +76,9 @@ class Cluster {
       }
       absl::SleepFor(absl::Milliseconds(10));
     }
-    PS_ASSIGN_OR_RETURN(std::string address, AddressAt(etcd_keys::StandbyKey(shard)));
+    PS_ASSIGN_OR_RETURN(v1::ShardConfig config, Config(shard));
+    PS_ASSIGN_OR_RETURN(std::string address,
+                        AddressAt(etcd_keys::StandbyKey(shard, config.replicas(0))));
     processes_[address] = std::move(child);
     return absl::OkStatus();
   }
@@ -116,10 +118,12 @@ class Cluster {
     return flags;
   }
 
+  absl::StatusOr<v1::ShardConfig> Config(uint32_t shard) const {
+    PS_ASSIGN_OR_RETURN(KeyValue kv, etcd_client_->Get(etcd_keys::ShardKey(shard)));
+    return ParseShardConfig(shard, kv.value);
+  }
   int Replicas(uint32_t shard) const {
-    absl::StatusOr<KeyValue> kv = etcd_client_->Get(etcd_keys::ShardKey(shard));
-    if (!kv.ok()) return -1;
-    absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(shard, kv->value);
+    absl::StatusOr<v1::ShardConfig> config = Config(shard);
     return config.ok() ? config->replicas_size() : -1;
   }
 

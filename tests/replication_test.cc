@@ -172,6 +172,30 @@ class ReplicationTest : public ::testing::Test {
     return *std::move(child);
   }
 
+  // What most tests start from: kServers primaries (index i the i-th), a
+  // trainer with the parameters at 0 (ConnectAndInit(big, big_floats)) and,
+  // with `standby_of_shard0`, one standby attached to shard 0. A member is
+  // null (or primaries short) when it failed to start, with the failure
+  // reported.
+  struct Started {
+    std::vector<std::unique_ptr<ChildProcess>> primaries;
+    std::unique_ptr<Client> trainer;
+    std::unique_ptr<ChildProcess> standby;
+    bool ok(bool standby_of_shard0) const {
+      return primaries.size() == kServers && trainer != nullptr &&
+             (!standby_of_shard0 || standby != nullptr);
+    }
+  };
+  Started StartTraining(bool standby_of_shard0, int big = 0, int big_floats = 0) {
+    Started started;
+    started.primaries = StartPrimaries();
+    EXPECT_EQ(started.primaries.size(), static_cast<size_t>(kServers));
+    if (started.primaries.size() != kServers) return started;
+    started.trainer = ConnectAndInit(big, big_floats);
+    if (started.trainer != nullptr && standby_of_shard0) started.standby = StartStandby(0);
+    return started;
+  }
+
   // A client following /ps/<i>, retrying with the same request ids.
   std::unique_ptr<Client> Connect() {
     ClientOptions options;
@@ -507,12 +531,9 @@ TEST_F(ReplicationTest, KillingEachPrimaryMidTrainingLosesNoAcknowledgedUpdate) 
 // not acknowledged by it; the primary drops it from /shards/<i> (epoch + 1)
 // before acknowledging that write, and training goes on without a backup.
 TEST_F(ReplicationTest, APrimaryDropsAKilledStandbyBeforeAcknowledging) {
-  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
-  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
-  std::unique_ptr<Client> trainer = ConnectAndInit();
-  ASSERT_NE(trainer, nullptr);
-  std::unique_ptr<ChildProcess> standby = StartStandby(0);
-  ASSERT_NE(standby, nullptr);
+  Started started = StartTraining(/*standby_of_shard0=*/true);
+  ASSERT_TRUE(started.ok(true));
+  auto& [primaries, trainer, standby] = started;
   const v1::ShardConfig attached = Config(0);
   std::atomic<int> steps_done{0};
   ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
@@ -536,14 +557,11 @@ TEST_F(ReplicationTest, APrimaryDropsAKilledStandbyBeforeAcknowledging) {
 // it counts the drop, has no backup, and GetStats says it is degraded.
 TEST_F(ReplicationTest, APrimaryWhoseBackupWasDroppedReportsItselfDegraded) {
   extra_flags_ = {"--metrics_port=0"};
-  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
-  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
-  std::unique_ptr<Client> trainer = ConnectAndInit();
-  ASSERT_NE(trainer, nullptr);
-  std::unique_ptr<ChildProcess> standby = StartStandby(0);
-  ASSERT_NE(standby, nullptr);
+  Started started = StartTraining(/*standby_of_shard0=*/true);
+  ASSERT_TRUE(started.ok(true));
+  auto& [primaries, trainer, standby] = started;
   const std::string primary = AddressAt(etcd_keys::ServerKey(0));
-  const std::string backup = AddressAt(etcd_keys::StandbyKey(0));
+  const std::string backup = StandbyAddress(0);
   std::atomic<int> steps_done{0};
   ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
 
@@ -576,12 +594,11 @@ TEST_F(ReplicationTest, APrimaryWhoseBackupWasDroppedReportsItselfDegraded) {
 // (--max_standby_copy_bytes): a larger copy fails the attach, saying so, and
 // the shard stays without a replica.
 TEST_F(ReplicationTest, AStandbyRefusesACopyLargerThanItsBound) {
-  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
-  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
   // 8 parameters of 64 KiB beside the small ones: each shard holds some
   // (placement is deterministic), so each shard's copy is past the 4 KiB bound.
-  std::unique_ptr<Client> trainer = ConnectAndInit(8, 1 << 14);
-  ASSERT_NE(trainer, nullptr);
+  Started started = StartTraining(/*standby_of_shard0=*/false, 8, 1 << 14);
+  ASSERT_TRUE(started.ok(false));
+  auto& [primaries, trainer, unused_standby] = started;
   std::unique_ptr<ChildProcess> standby = FailedStandby("--max_standby_copy_bytes=4096");
   ASSERT_NE(standby, nullptr);
   EXPECT_THAT(standby->err(), ::testing::HasSubstr("--max_standby_copy_bytes=4096"));
@@ -603,12 +620,9 @@ TEST_F(ReplicationTest, AStandbyRefusesACopyLargerThanItsBound) {
 TEST_F(ReplicationTest, AKilledPrimaryIsTakenOverBeforeItsLeaseExpires) {
   lease_ttl_s_ = 120;
   static_assert(kWait < absl::Seconds(120), "the trainer must give up before the lease ends");
-  std::vector<std::unique_ptr<ChildProcess>> primaries = StartPrimaries();
-  ASSERT_EQ(primaries.size(), static_cast<size_t>(kServers));
-  std::unique_ptr<Client> trainer = ConnectAndInit();
-  ASSERT_NE(trainer, nullptr);
-  std::unique_ptr<ChildProcess> standby = StartStandby(0);
-  ASSERT_NE(standby, nullptr);
+  Started started = StartTraining(/*standby_of_shard0=*/true);
+  ASSERT_TRUE(started.ok(true));
+  auto& [primaries, trainer, standby] = started;
   const v1::ShardConfig attached = Config(0);
   std::atomic<int> steps_done{0};
   ASSERT_OK(Train(*trainer, 0, 5, &steps_done));
