@@ -55,12 +55,14 @@ bool Cancellation::AwaitChecking(Cancellation* cancel, absl::Mutex& mu,
   if (cancel == nullptr || !cancel->check_) return mu.AwaitWithTimeout(condition, timeout);
   const absl::Time end = absl::Now() + timeout;
   while (!mu.AwaitWithTimeout(condition, std::min(cancel->check_every_, end - absl::Now()))) {
-    if (absl::Now() >= end) return false;
     // Unlocked: the check may take its time, and cancelling completes calls
-    // whose callbacks take `mu`.
+    // whose callbacks take `mu`. It runs also when the wait ends by its
+    // timeout, so that a caller waiting in slices shorter than check_every_
+    // (Client's retry wait) still has it run once per slice.
     mu.Unlock();
     cancel->RunCheck();
     mu.Lock();
+    if (absl::Now() >= end) return condition.Eval();
   }
   return true;
 }

@@ -75,6 +75,19 @@ TEST(CancellationTest, WaitForRunsTheCheckOnItsThreadUntilItSaysSo) {
   EXPECT_EQ(checks, 3);
 }
 
+// A caller that waits in slices shorter than the check's period (the
+// client's retry wait, 10 ms at a time) still has the check run: once at the
+// end of every slice. Here the period is an hour, so only that end can run it.
+TEST(CancellationTest, AWaitShorterThanTheCheckPeriodStillRunsTheCheck) {
+  Cancellation cancel;
+  int checks = 0;
+  cancel.SetCheck([&] { return ++checks == 2; }, absl::Hours(1));
+  EXPECT_FALSE(cancel.WaitFor(absl::Milliseconds(1)));
+  EXPECT_EQ(checks, 1);
+  EXPECT_TRUE(cancel.WaitFor(absl::Milliseconds(1)));
+  EXPECT_EQ(checks, 2);
+}
+
 TEST(CancellationTest, AwaitRunsTheCurrentCheckAndKeepsWaitingForTheCondition) {
   Cancellation cancel;
   int checks = 0;
