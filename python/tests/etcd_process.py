@@ -17,6 +17,10 @@ def have_etcd() -> bool:
     return os.access(ETCD, os.X_OK)
 
 
+class _PortTaken(Exception):
+    """etcd exited because one of its ports was taken meanwhile."""
+
+
 class EtcdProcess:
     """``with EtcdProcess(folder) as etcd:`` serves at ``etcd.endpoint``
     ("127.0.0.1:port") once entered (a write answered, at most 30 s).
@@ -32,11 +36,27 @@ class EtcdProcess:
         self._proc = None
         self.endpoint = ""
 
+    # A free port can be taken by another process between free_port() and
+    # etcd's bind (tests run in parallel): etcd then exits "address already
+    # in use", and it is started again on new ports, at most this many times.
+    _BIND_TRIES = 5
+
     def __enter__(self):
+        for attempt in range(self._BIND_TRIES):
+            try:
+                self._start()
+                return self
+            except _PortTaken:
+                if attempt == self._BIND_TRIES - 1:
+                    raise AssertionError(open(self._log).read())
+
+    def _start(self):
         client, peer = free_port(), free_port()
         scheme = "https" if self._tls else "http"
         curl, purl = f"{scheme}://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-        args = [ETCD, f"--name={self._name}", f"--data-dir={os.path.join(self._folder, 'etcd')}",
+        data_dir = os.path.join(self._folder, "etcd")
+        shutil.rmtree(data_dir, ignore_errors=True)  # a failed try's
+        args = [ETCD, f"--name={self._name}", f"--data-dir={data_dir}",
                 f"--listen-client-urls={curl}", f"--advertise-client-urls={curl}",
                 f"--listen-peer-urls={purl}", f"--initial-advertise-peer-urls={purl}",
                 f"--initial-cluster={self._name}={purl}", "--log-level=error"]
@@ -54,7 +74,6 @@ class EtcdProcess:
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _wait_serving(self, port):
         deadline = time.monotonic() + 30
@@ -62,7 +81,10 @@ class EtcdProcess:
         # refused backs off before trying again.
         while True:
             if self._proc.poll() is not None:
-                raise AssertionError(open(self._log).read())
+                log = open(self._log).read()
+                if "address already in use" in log:
+                    raise _PortTaken()
+                raise AssertionError(log)
             if time.monotonic() > deadline:
                 raise AssertionError("etcd did not serve in 30 s: " + open(self._log).read())
             try:

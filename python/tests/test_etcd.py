@@ -4,10 +4,12 @@ The servers register in etcd (--etcd, --num_servers=2); the client finds them
 there. Every process is started here and stopped by its PID.
 """
 import os
+import socket
 
 import numpy as np
 import pytest
 
+import etcd_process
 import pserver
 from etcd_process import EtcdProcess, have_etcd, stop_process
 from processes import start_registered_pservers
@@ -58,3 +60,23 @@ def test_client_from_etcd_gives_up_in_time(etcd_cluster):
     # Nobody registers for cluster "empty": discovery ends at its deadline.
     with pytest.raises((pserver.DeadlineExceeded, pserver.Unavailable)):
         pserver.Client(etcd=endpoint, cluster="empty", discovery_timeout=0.3)
+
+
+@pytest.mark.skipif(not etcd_process.have_etcd(), reason="etcd is not installed")
+def test_etcd_process_starts_again_when_its_port_was_taken(tmp_path, monkeypatch):
+    """The helper's free port can be taken before etcd binds it (tests run in
+    parallel): the first port handed out here is held by a listening socket,
+    etcd exits "address already in use", and the helper retries on new ports."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    ports = [held.getsockname()[1]]
+    real = etcd_process.free_port
+    monkeypatch.setattr(etcd_process, "free_port", lambda: ports.pop() if ports else real())
+    try:
+        with etcd_process.EtcdProcess(tmp_path) as etcd:
+            assert etcd.endpoint != f"127.0.0.1:{held.getsockname()[1]}"
+            with pserver.Etcd(etcd.endpoint, timeout=10) as client:
+                client.put("/k", b"v")
+    finally:
+        held.close()
