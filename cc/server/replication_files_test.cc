@@ -151,5 +151,16 @@ TEST(ReplicationFilesTest, StartRefusesMaxStandbysOutsideItsRange) {
   }
 }
 
+TEST(ReplicationFilesTest, StartRefusesMaxStandbyCopyBytesOutsideItsRange) {
+  for (size_t bad : {size_t{0}, size_t{1023}, size_t{1} << 31}) {
+    ServerOptions standby;
+    standby.max_standby_copy_bytes = bad;
+    EXPECT_THAT(Server::Start(standby).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("max_standby_copy_bytes must be in [1024, 2^31-1], "
+                                                "got ", bad))));
+  }
+}
+
 }  // namespace
 }  // namespace pserver
