@@ -42,7 +42,9 @@
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/metrics/http_client.h"
 #include "cc/testing/child_process.h"
+#include "cc/security/tls.h"
 #include "cc/testing/status_matchers.h"
+#include "cc/testing/test_certs.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -75,8 +77,16 @@ Tensor GradientTensor(int step, int p) {
   return Tensor::FromValues<float>({kWidth}, values);
 }
 
-// The state checksum a server at `address` reports (GetStats).
-uint32_t StateChecksum(const std::string& address);
+// Who a test's own calls present: TLS (plaintext when off) and a bearer
+// token ("" for none).
+struct Caller {
+  TlsOptions tls;
+  std::string token;
+};
+
+// The state checksum a server at `address` reports (GetStats; on a cluster
+// with roles the caller must be an admin).
+uint32_t StateChecksum(const std::string& address, const Caller& caller = {});
 
 class ReplicationTest : public ::testing::Test {
  protected:
@@ -205,6 +215,8 @@ class ReplicationTest : public ::testing::Test {
     options.discovery_timeout = kWait;
     options.initial_backoff = absl::Milliseconds(10);
     options.attempt_timeout = absl::Seconds(5);
+    options.tls = client_tls_;
+    options.token = client_token_;
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
     EXPECT_OK(client);
     return client.ok() ? *std::move(client) : nullptr;
@@ -265,8 +277,8 @@ class ReplicationTest : public ::testing::Test {
   // Each shard's primary and its standby hold one state (equal checksums).
   void ExpectStandbysHoldTheirPrimariesState() {
     for (uint32_t i = 0; i < kServers; ++i) {
-      EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))),
-                StateChecksum(StandbyAddress(i)))
+      EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i)), admin_),
+                StateChecksum(StandbyAddress(i), admin_))
           << "shard " << i;
     }
   }
@@ -331,6 +343,9 @@ class ReplicationTest : public ::testing::Test {
   bool checkpoints_ = false;
   int processes_ = 0;
   std::vector<std::string> extra_flags_;  // every process's, after Flags()'s
+  TlsOptions client_tls_;                  // the trainers' (Connect)
+  std::string client_token_;               // the trainers' bearer token
+  Caller admin_;                           // what checksums present
 };
 
 // Steps [from, to): even steps push every parameter in one SendGrads (bulk),
@@ -431,9 +446,17 @@ void StopCleanly(std::vector<std::unique_ptr<ChildProcess>>& servers) {
   }
 }
 
+// A stub for the server at `address`, with `tls` (plaintext when off).
+std::unique_ptr<v1::ParameterServer::Stub> Stub(const std::string& address,
+                                                const TlsOptions& tls = {}) {
+  grpc::ChannelArguments arguments;
+  AddTlsChannelArguments(tls, &arguments);
+  return v1::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(address, MakeChannelCredentials(tls), arguments));
+}
+
 v1::ServerStats Stats(const std::string& address) {
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = Stub(address);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   v1::GetStatsResponse response;
@@ -462,10 +485,10 @@ double MetricAt(const std::string& address, const std::string& name) {
   return -1;
 }
 
-uint32_t StateChecksum(const std::string& address) {
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+uint32_t StateChecksum(const std::string& address, const Caller& caller) {
+  auto stub = Stub(address, caller.tls);
   grpc::ClientContext context;
+  if (!caller.token.empty()) context.AddMetadata("authorization", "Bearer " + caller.token);
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   v1::GetStatsRequest request;
   request.set_state_checksum(true);
@@ -1137,6 +1160,131 @@ TEST_F(ReplicationTest, APrimaryRefusesAStandbyPastMaxStandbys) {
   for (uint32_t i = 0; i < kServers; ++i) {
     EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(i))), StateChecksum(StandbyAddress(i)));
   }
+}
+
+// A file under the test's temporary directory holding `text`.
+std::string WriteTestFile(const std::string& name, const std::string& text) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path =
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name, "-", getpid());
+  FILE* file = std::fopen(path.c_str(), "w");
+  EXPECT_NE(file, nullptr) << path;
+  if (file != nullptr) {
+    std::fputs(text.c_str(), file);
+    std::fclose(file);
+  }
+  return path;
+}
+
+// Replication on a secured cluster (docs/security.md): mutual TLS, roles
+// from certificates. Each server's certificate names it admin of the job
+// (cn:<role>.<job>), so a standby attaching and a primary replicating
+// present it and are allowed; the trainer's names it trainer, which may
+// train but neither replicate nor attach.
+TEST_F(ReplicationTest, ReplicasOnAClusterWithMutualTlsAndCertificateRolesSurviveKills) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<TestCerts> certs, TestCerts::Create());
+  ASSERT_OK_AND_ASSIGN(TestCa * ca, certs->AddCa("ca"));
+  CertRequest server;
+  server.common_name = "admin.job-a";
+  server.ip_addresses = {"127.0.0.1"};
+  ASSERT_OK_AND_ASSIGN(CertFiles server_files, ca->Issue("server", server));
+  CertRequest trainer_request;
+  trainer_request.common_name = "trainer.job-a";
+  ASSERT_OK_AND_ASSIGN(CertFiles trainer_files, ca->Issue("trainer", trainer_request));
+  extra_flags_ = {"--tls_cert=" + server_files.cert, "--tls_key=" + server_files.key,
+                  "--tls_ca=" + ca->cert_path(), "--job=job-a",
+                  "--auth_cert_rule=cn:<role>.<job>"};
+  client_tls_.cert = trainer_files.cert;
+  client_tls_.key = trainer_files.key;
+  client_tls_.ca = ca->cert_path();
+  admin_.tls = {.cert = server_files.cert, .key = server_files.key, .ca = ca->cert_path()};
+
+  Started started = StartTraining(/*standby_of_shard0=*/false);
+  ASSERT_TRUE(started.ok(false));
+  std::vector<std::unique_ptr<ChildProcess>> standbys;
+  for (uint32_t i = 0; i < kServers; ++i) {
+    standbys.push_back(StartStandby(i));
+    ASSERT_NE(standbys.back(), nullptr);
+  }
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*started.trainer, 0, 6, &steps_done));
+  ExpectStandbysHoldTheirPrimariesState();
+
+  // The trainer's certificate may not replicate to a standby nor attach
+  // as one: PERMISSION_DENIED naming its role and the method.
+  {
+    grpc::ClientContext context;
+    v1::ReplicateResponse response;
+    const grpc::Status replicate =
+        Stub(StandbyAddress(0), client_tls_)
+            ->Replicate(&context, v1::ReplicateRequest(), &response);
+    EXPECT_EQ(replicate.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(replicate.error_message(), HasSubstr("trainer"));
+    EXPECT_THAT(replicate.error_message(), HasSubstr("Replicate"));
+  }
+  {
+    grpc::ClientContext context;
+    v1::AttachStandbyRequest request;
+    request.set_shard(0);
+    v1::AttachStandbyResponse response;
+    const grpc::Status attach = Stub(AddressAt(etcd_keys::ServerKey(0)), client_tls_)
+                                    ->AttachStandby(&context, request, &response);
+    EXPECT_EQ(attach.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(attach.error_message(), HasSubstr("AttachStandby"));
+  }
+
+  // Each primary killed once mid-training: its standby takes over (over
+  // TLS), a new one attaches, and training ends exact to the bit.
+  std::vector<std::unique_ptr<ChildProcess>> holders = std::move(started.primaries);
+  PacedTraining paced(*started.trainer, 6, 40, steps_done);
+  for (uint32_t i = 0; i < kServers; ++i) {
+    ASSERT_TRUE(paced.RunTo(10 + 10 * static_cast<int>(i)))
+        << "training stalled at step " << steps_done.load();
+    FailOver(i, holders, standbys);
+    if (HasFatalFailure()) break;
+  }
+  ASSERT_OK(paced.Finish());
+  ExpectTrained(*started.trainer, 40);
+  ExpectStandbysHoldTheirPrimariesState();
+  started.trainer.reset();
+  StopAll(standbys, holders);
+}
+
+// Roles from bearer tokens (no client certificates): the servers present
+// --peer_token_file, an admin's token, to each other. A standby whose token
+// is a trainer's is refused by the primary, naming the role, and exits.
+TEST_F(ReplicationTest, ReplicasWithTokenRolesPresentThePeerTokenAndSurviveAKill) {
+  const std::string admin = "admin-token-0123456789abcdef";
+  const std::string trainer = "trainer-token-0123456789abcdef";
+  const std::string tokens = WriteTestFile(
+      "tokens", absl::StrCat("admin job-a ", admin, "\ntrainer job-a ", trainer, "\n"));
+  extra_flags_ = {"--job=job-a", "--auth_tokens_file=" + tokens,
+                  "--peer_token_file=" + WriteTestFile("admin-token", admin)};
+  client_token_ = trainer;
+  admin_.token = admin;
+
+  Started started = StartTraining(/*standby_of_shard0=*/true);
+  ASSERT_TRUE(started.ok(true));
+  std::unique_ptr<ChildProcess> refused =
+      FailedStandby("--peer_token_file=" + WriteTestFile("trainer-token", trainer));
+  ASSERT_NE(refused, nullptr);
+  EXPECT_THAT(refused->err(), HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(refused->err(), HasSubstr("trainer"));
+  EXPECT_EQ(Config(0).replicas_size(), 1);
+
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*started.trainer, 0, 6, &steps_done));
+  EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(0)), admin_),
+            StateChecksum(StandbyAddress(0), admin_));
+  std::vector<std::unique_ptr<ChildProcess>> holders = std::move(started.primaries);
+  std::vector<std::unique_ptr<ChildProcess>> standbys;
+  standbys.push_back(std::move(started.standby));
+  FailOver(0, holders, standbys);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_OK(Train(*started.trainer, 6, 12, &steps_done));
+  ExpectTrained(*started.trainer, 12);
+  started.trainer.reset();
+  StopAll(standbys, holders);
 }
 
 }  // namespace

@@ -24,7 +24,8 @@ absl::Status BadLine(int line, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", why));
 }
 
-// "" when `token` may be a token; what is wrong otherwise.
+}  // namespace
+
 std::string TokenProblem(absl::string_view token) {
   if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes) {
     return absl::StrCat("a token has ", kMinTokenBytes, " to ", kMaxTokenBytes,
@@ -35,8 +36,6 @@ std::string TokenProblem(absl::string_view token) {
   }
   return "";
 }
-
-}  // namespace
 
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   // Every byte of `b` is compared, whatever `a` is.

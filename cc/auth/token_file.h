@@ -50,6 +50,10 @@ struct TokenEntry {
 // what is wrong with it (role, token length, a repeated token).
 absl::StatusOr<std::vector<TokenEntry>> ParseTokens(absl::string_view text);
 
+// "" when `token` may be a token (kMinTokenBytes to kMaxTokenBytes printable
+// characters, no spaces); what is wrong with it otherwise.
+std::string TokenProblem(absl::string_view token);
+
 // Whether `a` equals `b`, in time that depends only on `b`'s length.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 

@@ -137,14 +137,15 @@ std::string AbslUnparseFlag(OnOff value) { return value.on ? "on" : "off"; }
 ABSL_FLAG(bool, standby, false,
           "Start as a standby (needs --etcd): claim no index, copy a shard whose primary has no "
           "backup, apply its writes, serve no client; take the shard over when its primary's "
-          "/ps/<i> is gone (docs/replication.md). Not with TLS or roles yet.");
+          "/ps/<i> is gone (docs/replication.md). With TLS and roles it presents its own "
+          "certificate or --peer_token_file to the primary.");
 ABSL_FLAG(uint64_t, max_standby_copy_bytes, uint64_t{1} << 30,
           "A standby's bound on the copy of the shard it receives from the primary named in "
           "etcd (one message: at most 2147483647); a larger copy fails the attach with "
           "RESOURCE_EXHAUSTED, nothing loaded.");
 ABSL_FLAG(bool, accept_standbys, false,
           "Let a standby attach to this server's shard: once one did, a write is acknowledged "
-          "only after the standby has it (docs/replication.md). Not with TLS or roles yet.");
+          "only after the standby has it (docs/replication.md).");
 ABSL_FLAG(uint64_t, max_standbys, 2,
           "The most standbys attached to this server's shard at once (1-64; with "
           "--accept_standbys): one more is refused with FAILED_PRECONDITION naming this flag "
@@ -188,6 +189,11 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
 ABSL_FLAG(std::string, auth_cert_rule, "",
           "How a verified client certificate names its role and job, e.g. cn:<role>.<job> or "
           "san:spiffe://<job>/<role> (needs mTLS).");
+ABSL_FLAG(std::string, peer_token_file, "",
+          "A file holding the bearer token (of an admin of --job) this server presents when it "
+          "dials another server to replicate (--standby, --accept_standbys); with TLS it also "
+          "presents its own certificate (--tls_cert). Needed when roles come from "
+          "--auth_tokens_file only.");
 ABSL_FLAG(std::string, etcd_tls_ca, "",
           "etcd over TLS: the CA (PEM) that signed etcd's certificate.");
 ABSL_FLAG(std::string, etcd_tls_cert, "",
@@ -341,6 +347,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.job = absl::GetFlag(FLAGS_job);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   options.auth_cert_rule = absl::GetFlag(FLAGS_auth_cert_rule);
+  options.peer_token_file = absl::GetFlag(FLAGS_peer_token_file);
   options.etcd_tls.ca = absl::GetFlag(FLAGS_etcd_tls_ca);
   options.etcd_tls.cert = absl::GetFlag(FLAGS_etcd_tls_cert);
   options.etcd_tls.key = absl::GetFlag(FLAGS_etcd_tls_key);

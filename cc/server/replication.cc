@@ -251,6 +251,7 @@ absl::Status PrimaryReplication::Send(const Backup& backup, const BackupLog::Wri
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    AddPeerMetadata(options_.peer, &context);
     v1::ReplicateResponse response;
     status = FromGrpcStatus(backup.stub->Replicate(&context, request, &response));
     if (!absl::IsUnavailable(status) || absl::Now() >= deadline || attempt >= 1000) break;
@@ -304,8 +305,7 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
   Backup& backup = backups_.emplace_back();
   backup.id = request.instance_id();
   backup.address = request.address();
-  backup.stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(backup.address, grpc::InsecureChannelCredentials()));
+  backup.stub = v1::ParameterServer::NewStub(PeerChannel(backup.address, options_.peer));
   RebuildLog();
   if (options_.log) {
     options_.log(absl::StrCat("standby ", backup.id, " at ", backup.address,
@@ -399,7 +399,7 @@ bool PrimaryProbe::Refuses(const KeyValue& entry) {
   if (!server.ok()) return false;
   if (channel_ == nullptr || server->address != address_) {
     address_ = server->address;
-    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    channel_ = PeerChannel(address_, peer_);
   }
   if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) return false;
   absl::StatusOr<bool> refused = TcpConnectionRefused(address_, absl::Seconds(1));

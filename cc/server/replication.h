@@ -43,6 +43,7 @@
 #include "cc/etcd/etcd_client.h"
 #include "cc/server/backup_log.h"
 #include "cc/server/dispatcher.h"
+#include "cc/server/peer_channel.h"
 #include "cc/server/primary_log.h"
 #include "pserver/v1/service.grpc.pb.h"
 
@@ -90,6 +91,8 @@ struct PrimaryReplicationOptions {
   ShardConfigCell* config = nullptr;     // must outlive it
   Dispatcher* dispatcher = nullptr;      // must outlive it (its Snapshot)
   CheckpointWriteOptions write_options;  // how the copy is written
+  // How this server dials its backups (TLS, token).
+  PeerCredentials peer;
   // How long one write may take to reach the backup, retries of
   // UNAVAILABLE included; then the backup is dropped.
   absl::Duration replicate_timeout = absl::Seconds(10);
@@ -165,12 +168,14 @@ class PrimaryReplication : public WriteShipper {
 // Not thread-safe.
 class PrimaryProbe {
  public:
+  explicit PrimaryProbe(PeerCredentials peer) : peer_(std::move(peer)) {}
   // `entry`: /ps/<i> as read.
   bool Refuses(const KeyValue& entry);
   // The address the last Refuses looked at.
   const std::string& address() const { return address_; }
 
  private:
+  PeerCredentials peer_;
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
 };

@@ -123,7 +123,7 @@ TEST(ReplicationFilesTest, ADamagedCopyIsAnErrorNotACrash) {
   EXPECT_FALSE(LoadSnapshotFiles({}).ok());
 }
 
-TEST(ReplicationFilesTest, StartRefusesAStandbyWithoutEtcdAndReplicationWithRoles) {
+TEST(ReplicationFilesTest, StartRefusesAStandbyWithoutEtcdAndTokenRolesWithoutAPeerToken) {
   ServerOptions standby;
   standby.standby = true;
   EXPECT_THAT(Server::Start(standby).status(),
@@ -137,8 +137,13 @@ TEST(ReplicationFilesTest, StartRefusesAStandbyWithoutEtcdAndReplicationWithRole
   roles.accept_standbys = true;
   roles.job = "job";
   roles.auth_tokens_file = "/nonexistent/tokens";
-  EXPECT_THAT(Server::Start(roles).status(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                      HasSubstr("not work with TLS or roles")));
+  EXPECT_THAT(Server::Start(roles).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("need --peer_token_file")));
+  ServerOptions unreadable = roles;
+  unreadable.peer_token_file = "/nonexistent/peer_token";
+  EXPECT_THAT(Server::Start(unreadable).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("--peer_token_file /nonexistent/peer_token")));
 }
 
 TEST(ReplicationFilesTest, StartRefusesMaxStandbysOutsideItsRange) {

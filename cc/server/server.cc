@@ -274,12 +274,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError(absl::StrCat(
         options.standby ? "a standby (--standby)" : "--accept_standbys", " needs etcd (--etcd)"));
   }
-  if ((options.standby || options.accept_standbys) &&
-      (options.tls.enabled() || !options.auth_tokens_file.empty() ||
-       !options.auth_cert_rule.empty())) {
+  PeerCredentials peer;
+  peer.tls = options.tls;
+  if (!options.peer_token_file.empty()) {
+    PS_ASSIGN_OR_RETURN(peer.token, ReadPeerToken(options.peer_token_file));
+  }
+  if ((options.standby || options.accept_standbys) && !options.auth_tokens_file.empty() &&
+      options.auth_cert_rule.empty() && peer.token.empty()) {
     return absl::InvalidArgumentError(
-        "--standby and --accept_standbys do not work with TLS or roles yet (servers would "
-        "replicate in plaintext without credentials); see docs/replication.md");
+        "--standby and --accept_standbys with --auth_tokens_file need --peer_token_file: the "
+        "token (of an admin of this job) this server presents to the other servers when it "
+        "replicates (or set --auth_cert_rule, so its TLS certificate names its role)");
   }
   PS_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
   // With TLS the bulk channel is TLS too (TCP only).
@@ -290,6 +295,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   std::unique_ptr<Server> server(new Server(options, device));
   Server* const raw = server.get();
+  server->peer_ = std::move(peer);
   DispatcherHooks hooks;
   hooks.drop_reply_after_apply_every_n = options.drop_reply_after_apply_every_n;
   hooks.max_reply_bytes_in_flight = options.max_reply_bytes_in_flight;
@@ -442,6 +448,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     replication.dispatcher = server->dispatcher_.get();
     replication.write_options = server->WriteOptions();  // cluster, count, placement
     replication.max_standbys = options.max_standbys;
+    replication.peer = server->peer_;
     replication.step_down = [raw](const std::string& why) { raw->StepDown(why); };
     replication.log = [raw](const std::string& line) { raw->Log(line); };
     server->primary_replication_ = std::make_unique<PrimaryReplication>(
@@ -725,7 +732,7 @@ absl::StatusOr<bool> Server::FollowPrimary() {
     }
     return took_over;
   };
-  PrimaryProbe probe;
+  PrimaryProbe probe(peer_);
   absl::Time next_read = absl::InfinitePast();
   absl::StatusOr<KeyValue> primary = absl::UnavailableError("not read yet");
   for (;;) {
@@ -768,10 +775,10 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
   PS_ASSIGN_OR_RETURN(etcd_keys::ServerEntry entry, etcd_keys::ParseServerValue(primary));
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(static_cast<int>(options_.max_standby_copy_bytes));
-  auto stub = v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
-      entry.address, grpc::InsecureChannelCredentials(), arguments));
+  auto stub = v1::ParameterServer::NewStub(PeerChannel(entry.address, peer_, arguments));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
+  AddPeerMetadata(peer_, &context);
   context.AddMetadata(std::string(kInstanceMetadataKey), entry.instance_id);
   v1::AttachStandbyRequest request;
   request.set_shard(shard);

@@ -40,6 +40,7 @@
 #include "cc/metrics/metrics.h"
 #include "cc/rpc/transport_limits.h"
 #include "cc/security/tls.h"
+#include "cc/server/peer_channel.h"
 #include "cc/server/replication.h"
 #include "cc/server/server_metrics.h"
 #include "cc/trace/trace.h"
@@ -135,8 +136,8 @@ struct ServerOptions {
   // A primary that lets a standby attach (--accept_standbys): its writes go
   // through the replication path (cc/server/replication.h) and, once a
   // standby attached, are acknowledged only after the standby has them.
-  // Off (the default): writes are applied as before. Not with TLS or roles
-  // yet (Start refuses the combination).
+  // Off (the default): writes are applied as before. With TLS and roles the
+  // servers dial each other with their own credentials (peer_token_file).
   bool accept_standbys = false;
   // The most standbys attached to this server's shard at once
   // (--max_standbys, 1-64): one more is refused with FAILED_PRECONDITION
@@ -218,6 +219,13 @@ struct ServerOptions {
   std::string job;
   std::string auth_tokens_file;  // lines "role job token", re-read on change
   std::string auth_cert_rule;    // e.g. "cn:<role>.<job>", "san:spiffe://<job>/<role>"
+  // What this server presents when it dials another server of the cluster
+  // (a standby its primary, a primary its backups; cc/server/peer_channel.h):
+  // its own TLS certificate (tls above) and, when set, the bearer token in
+  // this file. Peers authorize it like any caller: AttachStandby and
+  // Replicate need the admin role of this job. Needed with --standby or
+  // --accept_standbys when roles come from auth_tokens_file only.
+  std::string peer_token_file;
   // etcd over TLS with this server's client certificate (--etcd_tls_ca,
   // --etcd_tls_cert, --etcd_tls_key); unset: plaintext.
   EtcdTlsOptions etcd_tls;
@@ -416,6 +424,7 @@ class Server {
   std::unique_ptr<Dispatcher> dispatcher_;
   const std::string instance_id_;
   std::unique_ptr<Authorizer> auth_;  // roles; disabled when auth is off
+  PeerCredentials peer_;              // how it dials other servers (set in Start)
   std::unique_ptr<ParameterServerService> service_;  // the gRPC face of dispatcher_
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<Listener> listener_;  // accepts for grpc_server_
