@@ -264,10 +264,11 @@ class ReplicationTest : public ::testing::Test {
                : "";
   }
 
-  // The address in etcd key `key` (a /ps/<i> or /standby/<i>/<instance> value).
-  std::string AddressAt(const std::string& key) {
+  // The address in etcd key `key` (a /ps/<i> or /standby/<i>/<instance>
+  // value); "" when absent, a test failure unless `may_be_absent`.
+  std::string AddressAt(const std::string& key, bool may_be_absent = false) {
     absl::StatusOr<KeyValue> kv = etcd_client_->Get(key);
-    EXPECT_OK(kv) << key;
+    if (!may_be_absent) EXPECT_OK(kv) << key;
     if (!kv.ok()) return "";
     absl::StatusOr<etcd_keys::ServerEntry> entry = etcd_keys::ParseServerValue(kv->value);
     EXPECT_OK(entry);
@@ -1285,6 +1286,75 @@ TEST_F(ReplicationTest, ReplicasWithTokenRolesPresentThePeerTokenAndSurviveAKill
   ExpectTrained(*started.trainer, 12);
   started.trainer.reset();
   StopAll(standbys, holders);
+}
+
+// Whether the server at `address` answers GetStats within a few seconds.
+bool Answers(const std::string& address) {
+  if (address.empty()) return false;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+  v1::GetStatsResponse response;
+  return Stub(address)->GetStats(&context, v1::GetStatsRequest(), &response).ok();
+}
+
+// --replicas=2: every process serves its own shard and runs a standby slot
+// that backs up another process's shard. Whole processes are killed (each
+// takes its primaries and its backups with it); a replacement process
+// (--standby --replicas=2: two standby slots) backs up what is left, and
+// training ends exact to the bit. A slot never backs up a shard of its own
+// process: if one did, killing that process would lose the shard and the
+// training would stop.
+TEST_F(ReplicationTest, ReplicasInTheServingProcessesSurviveKillsOfWholeProcesses) {
+  std::vector<std::unique_ptr<ChildProcess>> processes = StartPrimaries({"--replicas=2"});
+  ASSERT_EQ(processes.size(), static_cast<size_t>(kServers));
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+
+  // Every shard served and backed up by a live process (bounded wait).
+  auto await_backed_up = [&](const std::string& when) {
+    bool backed_up = false;
+    for (int wait = 0; wait < 900 && !backed_up; ++wait) {
+      backed_up = true;
+      for (uint32_t i = 0; i < kServers && backed_up; ++i) {
+        const v1::ShardConfig config = Config(i);
+        // Keys come and go during a takeover: absent ones just mean "not yet".
+        backed_up = config.replicas_size() == 1 &&
+                    Answers(AddressAt(etcd_keys::ServerKey(i), /*may_be_absent=*/true)) &&
+                    Answers(AddressAt(etcd_keys::StandbyKey(i, config.replicas(0)),
+                                      /*may_be_absent=*/true));
+      }
+      if (!backed_up) absl::SleepFor(absl::Milliseconds(100));
+    }
+    std::string outputs;
+    for (const auto& process : processes) outputs += process->err();
+    ASSERT_TRUE(backed_up) << when << ": a shard has no live backup:\n" << outputs;
+  };
+  await_backed_up("at start");
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+  ExpectStandbysHoldTheirPrimariesState();
+
+  constexpr int kProcessKills = 4;
+  PacedTraining paced(*trainer, 6, 120, steps_done);
+  for (int k = 0; k < kProcessKills; ++k) {
+    ASSERT_TRUE(paced.RunTo(10 + 20 * k)) << "training stalled at step " << steps_done.load();
+    std::printf("kill -9 of process %d (pid %d) after step %d\n", k, processes[k]->pid(),
+                steps_done.load());
+    KillNine(*processes[k]);
+    std::vector<std::string> flags = Flags();
+    flags.insert(flags.end(), {"--standby", "--replicas=2"});
+    absl::StatusOr<std::unique_ptr<ChildProcess>> replacement =
+        ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags);
+    ASSERT_OK(replacement);
+    processes.push_back(*std::move(replacement));
+    await_backed_up(absl::StrCat("after kill ", k + 1));
+    if (HasFatalFailure()) break;
+  }
+  ASSERT_OK(paced.Finish());
+  ExpectTrained(*trainer, 120);
+  ExpectStandbysHoldTheirPrimariesState();
+  trainer.reset();
+  for (size_t p = kProcessKills; p < processes.size(); ++p) KillNine(*processes[p]);
 }
 
 }  // namespace

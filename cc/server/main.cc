@@ -27,6 +27,7 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -47,6 +48,7 @@
 #include "cc/server/advertised_address.h"
 #include "cc/server/env_flags.h"
 #include "cc/server/server.h"
+#include "cc/server/standby_slots.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address to listen on; 0.0.0.0 or :: (every address) needs --advertise_host.");
@@ -146,6 +148,12 @@ ABSL_FLAG(uint64_t, max_standby_copy_bytes, uint64_t{1} << 30,
 ABSL_FLAG(bool, accept_standbys, false,
           "Let a standby attach to this server's shard: once one did, a write is acknowledged "
           "only after the standby has it (docs/replication.md).");
+ABSL_FLAG(int, replicas, 1,
+          "Copies of every shard (1-65; needs --etcd): besides its own server this process "
+          "runs replicas-1 standby slots, each on a port of its own, that back up other "
+          "processes' shards (never one this process holds or backs up) and take them over "
+          "when their primary dies; its own server accepts standbys. Start at least 'replicas' "
+          "processes, so that every shard finds its backups (docs/replication.md).");
 ABSL_FLAG(uint64_t, max_standbys, 2,
           "The most standbys attached to this server's shard at once (1-64; with "
           "--accept_standbys): one more is refused with FAILED_PRECONDITION naming this flag "
@@ -335,6 +343,10 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_standby_copy_bytes = absl::GetFlag(FLAGS_max_standby_copy_bytes);
   options.accept_standbys = absl::GetFlag(FLAGS_accept_standbys);
   options.max_standbys = absl::GetFlag(FLAGS_max_standbys);
+  if (absl::GetFlag(FLAGS_replicas) > 1) {
+    options.accept_standbys = true;
+    options.process_slots = std::make_shared<pserver::ProcessSlots>();
+  }
   options.placement_redirects = absl::GetFlag(FLAGS_placement_redirects);
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
@@ -467,6 +479,29 @@ int main(int argc, char** argv) {
                              : "");
     std::fflush(stdout);
   }
+  const int replicas = absl::GetFlag(FLAGS_replicas);
+  if (replicas < 1 || replicas > 65) {
+    LogError("", absl::StrCat("--replicas must be in [1, 65], got ", replicas));
+    return 1;
+  }
+  if (replicas > 1 && options.etcd_endpoints.empty()) {
+    LogError("", "--replicas > 1 needs etcd (--etcd): the backups find their shards there");
+    return 1;
+  }
+  // Started first: with --standby the process's own server waits in Start
+  // too, until it takes a shard over.
+  std::optional<pserver::StandbySlots> slots;
+  if (replicas > 1) {
+    slots.emplace(
+        options, replicas - 1,
+        [](const pserver::Server& slot) {
+          std::printf("pserver %u listening on %s (a standby slot of this process took shard %u "
+                      "over)\n",
+                      slot.index(), slot.address().c_str(), slot.index());
+          std::fflush(stdout);
+        },
+        [](const std::string& line) { LogError("", line); });
+  }
   absl::StatusOr<std::unique_ptr<pserver::Server>> server = pserver::Server::Start(options);
   if (!server.ok()) {
     if (options.stop->HasBeenNotified()) {
@@ -492,7 +527,12 @@ int main(int argc, char** argv) {
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
   // A last checkpoint that failed loses every update since the one before:
   // say so in the exit status, for supervisors and scripts.
-  const absl::Status final_save = (*server)->final_save_status();
+  absl::Status final_save = (*server)->final_save_status();
+  if (slots.has_value()) {
+    absl::Status slots_saved =
+        slots->Stop(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
+    if (final_save.ok()) final_save = slots_saved;
+  }
   if (!final_save.ok()) {
     LogError(absl::StrCat(index),
              absl::StrCat("stopped, but the final checkpoint failed: ", final_save.ToString()));

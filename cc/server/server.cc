@@ -185,7 +185,9 @@ Server::Server(const ServerOptions& options, std::optional<int> device)
       tables_(MakeTablesOptions(options)),
       instance_id_(etcd_keys::NewInstanceId()),
       index_(options.index),
-      num_servers_(options.num_servers) {}
+      num_servers_(options.num_servers) {
+  if (options_.process_slots != nullptr) options_.process_slots->Add(instance_id_);
+}
 
 TablesOptions Server::MakeTablesOptions(const ServerOptions& options) {
   TablesOptions tables_options;
@@ -639,6 +641,12 @@ absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry
   // /standby/<i>/<instance>, copy it.
   while (true) {
     if (StopRequested()) return StoppedWhileStarting();
+    // The slots of one process (--replicas) choose and attach one at a
+    // time, and never to a shard the process holds or backs up already.
+    std::optional<absl::MutexLock> one_slot_at_a_time;
+    if (options_.process_slots != nullptr) {
+      one_slot_at_a_time.emplace(&options_.process_slots->attach_mu());
+    }
     std::vector<std::pair<int, uint32_t>> candidates;  // (backups, shard)
     std::vector<std::string> primaries(desired);
     for (uint32_t i = 0; i < desired; ++i) {
@@ -647,6 +655,10 @@ absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry
       if (!primary.ok() || !shard.ok()) continue;
       absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(i, shard->value);
       if (!config.ok() || config->replicas_size() >= kMaxShardReplicas) continue;
+      if (options_.process_slots != nullptr &&
+          options_.process_slots->HoldsAnyOf(config->holder(), config->replicas(), instance_id_)) {
+        continue;
+      }
       primaries[i] = primary->value;
       candidates.emplace_back(config->replicas_size(), i);
     }
@@ -682,6 +694,7 @@ absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry
                        " has a primary that takes another standby; waiting"));
       waiting_logged = true;
     }
+    one_slot_at_a_time.reset();
     PauseUnlessStopped(absl::Milliseconds(50));
   }
 }
@@ -1453,6 +1466,9 @@ absl::Status Server::StartPlacementGate() {
   return absl::OkStatus();
 }
 
-Server::~Server() { Shutdown(); }
+Server::~Server() {
+  Shutdown();
+  if (options_.process_slots != nullptr) options_.process_slots->Remove(instance_id_);
+}
 
 }  // namespace pserver

@@ -41,6 +41,7 @@
 #include "cc/rpc/transport_limits.h"
 #include "cc/security/tls.h"
 #include "cc/server/peer_channel.h"
+#include "cc/server/process_slots.h"
 #include "cc/server/replication.h"
 #include "cc/server/server_metrics.h"
 #include "cc/trace/trace.h"
@@ -128,6 +129,9 @@ struct ServerOptions {
   // the shard over (epoch + 1) and serves as its primary. Start returns only
   // then (or CANCELLED when options.stop is notified).
   bool standby = false;
+  // The other servers of this process (--replicas, cc/server/process_slots.h):
+  // a standby attaches to no shard one of them holds or backs up. Null: none.
+  std::shared_ptr<ProcessSlots> process_slots;
   // The largest copy a standby accepts from the primary named in etcd
   // (--max_standby_copy_bytes): a bigger one fails the attach with
   // RESOURCE_EXHAUSTED naming the flag, nothing loaded. The copy travels in

@@ -1,0 +1,64 @@
+// The servers one process hosts with --replicas=R (docs/replication.md):
+// one serving slot and R-1 standby slots, each a Server with its own port,
+// lease and instance id. A standby slot must not back up a shard this
+// process already holds or backs up (a process that dies takes all its
+// slots with it), so the slots register their instance ids here, and a
+// standby slot looks for its shard and attaches while holding the attach
+// lock, so that two slots of one process never attach to one shard at once.
+//
+//   auto slots = std::make_shared<ProcessSlots>();
+//   options.process_slots = slots;            // every Server of the process
+//   ...
+//   if (slots->HoldsAnyOf(config.holder(), config.replicas(), me)) continue;
+//
+// Thread-safe.
+#ifndef PSERVER_CC_SERVER_PROCESS_SLOTS_H_
+#define PSERVER_CC_SERVER_PROCESS_SLOTS_H_
+
+#include <set>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "google/protobuf/repeated_ptr_field.h"
+
+namespace pserver {
+
+class ProcessSlots {
+ public:
+  void Add(const std::string& instance_id) {
+    absl::MutexLock lock(&mu_);
+    instances_.insert(instance_id);
+  }
+  void Remove(const std::string& instance_id) {
+    absl::MutexLock lock(&mu_);
+    instances_.erase(instance_id);
+  }
+  // Whether `holder` or one of `replicas` is a slot of this process other
+  // than `self`.
+  bool HoldsAnyOf(absl::string_view holder,
+                  const google::protobuf::RepeatedPtrField<std::string>& replicas,
+                  absl::string_view self) const {
+    absl::MutexLock lock(&mu_);
+    auto other = [&](absl::string_view id) {
+      return id != self && instances_.count(std::string(id)) > 0;
+    };
+    if (other(holder)) return true;
+    for (const std::string& replica : replicas) {
+      if (other(replica)) return true;
+    }
+    return false;
+  }
+  // Held by a standby slot from choosing a shard until attached to it.
+  absl::Mutex& attach_mu() { return attach_mu_; }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::set<std::string> instances_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex attach_mu_;
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_SERVER_PROCESS_SLOTS_H_
