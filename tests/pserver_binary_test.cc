@@ -176,6 +176,22 @@ TEST_F(PserverProcessTest, OutOfRangePortExitsWithStatusOne) {
   EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening")));
 }
 
+TEST_F(PserverProcessTest, ReplicasOutOfRangeOrWithoutEtcdExitWithStatusOne) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--replicas=0", "--replicas must be in [1, 65], got 0"},
+      {"--replicas=66", "--replicas must be in [1, 65], got 66"},
+      {"--replicas=2", "--replicas > 1 needs etcd (--etcd)"},
+  };
+  for (const auto& [flag, message] : cases) {
+    ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), {flag}));
+    ASSERT_OK_AND_ASSIGN(int status, child_->WaitForExit(absl::Now() + kStopTimeout));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << flag << ": "
+                                                               << DescribeWaitStatus(status);
+    EXPECT_THAT(child_->err(), HasSubstr(message)) << flag;
+    EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening"))) << flag;
+  }
+}
+
 // Sets environment variables for the children this test spawns (they inherit
 // the environment) and removes them again.
 class ScopedEnvironment {
