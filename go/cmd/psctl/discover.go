@@ -29,7 +29,16 @@ type registry struct {
 	Metrics     map[int]string // /ps/<idx>: the metrics page's address, when published
 	Malformed   map[int]string // /ps/<idx>: why its value was refused
 	Checkpoints map[int]checkpointRecord
-	Workers     []workerInfo
+	// /shards/<idx>: how many backups (standbys) the shard's configuration
+	// lists (docs/replication.md); absent when the shard has no configuration.
+	Backups map[int]int
+	Workers []workerInfo
+}
+
+// shardConfig is pserver.v1.ShardConfig as protobuf JSON (the fields psctl reads).
+type shardConfig struct {
+	Holder   string   `json:"holder"`
+	Replicas []string `json:"replicas"`
 }
 
 func readRegistry(ctx context.Context, e *etcd, cluster string) (*registry, error) {
@@ -39,7 +48,7 @@ func readRegistry(ctx context.Context, e *etcd, cluster string) (*registry, erro
 		return nil, err
 	}
 	r := &registry{Servers: map[int]string{}, Instances: map[int]string{}, Metrics: map[int]string{},
-		Malformed: map[int]string{}, Checkpoints: map[int]checkpointRecord{}}
+		Malformed: map[int]string{}, Checkpoints: map[int]checkpointRecord{}, Backups: map[int]int{}}
 	for _, kv := range kvs {
 		key, err := keys.Parse(kv.key)
 		if err != nil {
@@ -69,6 +78,11 @@ func readRegistry(ctx context.Context, e *etcd, cluster string) (*registry, erro
 			var rec checkpointRecord
 			if json.Unmarshal([]byte(kv.value), &rec) == nil {
 				r.Checkpoints[key.Index] = rec
+			}
+		case pserver.KeyShard:
+			var config shardConfig
+			if json.Unmarshal([]byte(kv.value), &config) == nil {
+				r.Backups[key.Index] = len(config.Replicas)
 			}
 		case pserver.KeyWorker:
 			var w workerInfo

@@ -153,8 +153,9 @@ type localJSON struct {
 }
 
 func cmdLocal(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("local", "local [-n N] [-start_etcd | -etcd HOST:PORT] [-checkpoint_dir DIR] [-cluster NAME] [-o table|json]", stdout, stderr)
+	fs := newFlags("local", "local [-n N] [-replicas R] [-start_etcd | -etcd HOST:PORT] [-checkpoint_dir DIR] [-cluster NAME] [-o table|json]", stdout, stderr)
 	n := fs.Int("n", 2, "number of pserver processes")
+	replicas := fs.Int("replicas", 1, "copies of every shard (the servers' --replicas; needs etcd): each process also runs R-1 standby slots backing up other processes' shards (docs/replication.md)")
 	startEtcd := fs.Bool("start_etcd", false, "also start an etcd (Debian's etcd on PATH) and register the servers in it")
 	etcdFlag := fs.String("etcd", "", "register the servers in this etcd (host:port[,...]), already running")
 	metrics := fs.Bool("metrics", true, "the servers serve Prometheus metrics on free 127.0.0.1 ports (--metrics_port=0), printed as `metrics <i> <host:port>`")
@@ -177,6 +178,12 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 	}
 	if *n < 1 || *n > maxDesired {
 		return usageError("-n must be from 1 to %d, got %d", maxDesired, *n)
+	}
+	if *replicas < 1 || *replicas > *n {
+		return usageError("-replicas must be from 1 to -n (%d): each copy of a shard lives in another process, got %d", *n, *replicas)
+	}
+	if *replicas > 1 && !*startEtcd && *etcdFlag == "" {
+		return usageError("-replicas %d needs etcd (-start_etcd or -etcd): the backups find their shards there", *replicas)
 	}
 	bin, err := findPserver(*pserverBin)
 	if err != nil {
@@ -257,6 +264,9 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 	}
 	if endpoint != "" {
 		serverArgs = append(serverArgs, "--etcd="+endpoint, "--cluster="+*cluster, "--num_servers="+strconv.Itoa(*n))
+		if *replicas > 1 {
+			serverArgs = append(serverArgs, "--replicas="+strconv.Itoa(*replicas))
+		}
 	}
 	lines := make(chan string, 4**n)
 	for i := 0; i < *n; i++ {

@@ -556,6 +556,52 @@ func flipByte(t *testing.T, path string) {
 	}
 }
 
+// psctl local -replicas 2: every process backs up the other's shard
+// (the servers' --replicas), and status shows each shard's backups.
+func TestLocalWithReplicas(t *testing.T) {
+	if _, err := exec.LookPath("etcd"); err != nil {
+		t.Skip("no etcd on PATH")
+	}
+	if code, _, errs := psctl(t, "local", "-n", "2", "-replicas", "3", "-start_etcd"); code != 2 || !strings.Contains(errs, "-replicas must be from 1 to -n (2)") {
+		t.Fatalf("local -replicas 3 with -n 2: %d %q", code, errs)
+	}
+	if code, _, errs := psctl(t, "local", "-n", "2", "-replicas", "2"); code != 2 || !strings.Contains(errs, "needs etcd") {
+		t.Fatalf("local -replicas 2 without etcd: %d %q", code, errs)
+	}
+	cmd, lines := startLocal(t, "-n", "2", "-replicas", "2", "-start_etcd", "-cluster", "r")
+	defer stopLocal(t, cmd, lines)
+	endpoint := ""
+	for _, line := range lines {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "etcd" {
+			endpoint = f[1]
+		}
+	}
+	if endpoint == "" {
+		t.Fatalf("no etcd in %q", lines)
+	}
+	// The standby slots attach once both primaries serve: wait for it (bounded).
+	var st statusJSON
+	backedUp := false
+	for try := 0; try < 600 && !backedUp; try++ {
+		code, out, _ := psctl(t, "status", "-etcd", endpoint, "-cluster", "r", "-o", "json")
+		st = statusJSON{}
+		backedUp = code == 0 && json.Unmarshal([]byte(out), &st) == nil && len(st.Servers) == 2
+		for _, s := range st.Servers {
+			backedUp = backedUp && s.Backups != nil && *s.Backups == 1
+		}
+		if !backedUp {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if !backedUp {
+		t.Fatalf("every shard never had one backup: %+v", st)
+	}
+	code, out, errs := psctl(t, "status", "-etcd", endpoint, "-cluster", "r")
+	if code != 0 || !regexp.MustCompile(`(?m)^0\s+\S+\s+SERVING.*\s1\s+-\s+-\s*$`).MatchString(out) {
+		t.Fatalf("status table with backups: %d %q %q", code, out, errs)
+	}
+}
+
 func TestVerifyChecksEveryCheckpointAndFailsOnAny(t *testing.T) {
 	dir := savedCheckpoints(t, 2)
 	all := checkpointsOf(t, dir)

@@ -48,6 +48,9 @@ type statusServer struct {
 	// Why the server is degraded though serving (from its metrics page, with
 	// etcd): e.g. "shard 0 has no backup".
 	Degraded string `json:"degraded,omitempty"`
+	// Backups of the shard its configuration lists (etcd /shards/<idx>; with
+	// etcd only; absent: no configuration).
+	Backups *int `json:"backups,omitempty"`
 }
 
 // workerJSON is a live trainer (etcd /workers/<id>).
@@ -91,6 +94,9 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		if v.Reg != nil {
 			if rec, ok := v.Reg.Checkpoints[s.Index]; ok {
 				row.Checkpoint = &checkpointJSON{rec.Path, rec.Sequence, micros(rec.TimeMicros)}
+			}
+			if backups, ok := v.Reg.Backups[s.Index]; ok {
+				row.Backups = &backups
 			}
 		}
 		if s.Index >= 0 { // answered (-servers); with etcd, replaced below
@@ -152,7 +158,7 @@ func printStatus(stdout io.Writer, out *output, st *statusJSON) error {
 	}
 	header := []string{"INDEX", "ADDRESS", "HEALTH", "INITIALIZED", "BLOCKS", "BYTES", "GRADIENTS", "GETS", "UPTIME"}
 	if st.Source == "etcd" {
-		header = append(header, "CHECKPOINT", "SEQUENCE")
+		header = append(header, "BACKUPS", "CHECKPOINT", "SEQUENCE")
 	}
 	if out.wide() {
 		header = append(header, "STATE BYTES", "REJECTED", "WRITTEN", "INSTANCE", "ERROR")
@@ -175,7 +181,11 @@ func printStatus(stdout io.Writer, out *output, st *statusJSON) error {
 			ck = s.Checkpoint
 		}
 		if st.Source == "etcd" {
-			cells = append(cells, ck.Path, ck.Sequence)
+			backups := "-"
+			if s.Backups != nil {
+				backups = strconv.Itoa(*s.Backups)
+			}
+			cells = append(cells, backups, ck.Path, ck.Sequence)
 		}
 		if out.wide() {
 			if s.ServerStatsJSON != nil {
