@@ -4,7 +4,8 @@
 // process already holds or backs up (a process that dies takes all its
 // slots with it), so the slots register their instance ids here, and a
 // standby slot looks for its shard and attaches while holding the attach
-// lock, so that two slots of one process never attach to one shard at once.
+// lock, and record the shard they copied (a joining standby is not in
+// /shards/<i> yet), so that two slots of one process never back up one shard.
 //
 //   auto slots = std::make_shared<ProcessSlots>();
 //   options.process_slots = slots;            // every Server of the process
@@ -15,6 +16,8 @@
 #ifndef PSERVER_CC_SERVER_PROCESS_SLOTS_H_
 #define PSERVER_CC_SERVER_PROCESS_SLOTS_H_
 
+#include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 
@@ -34,6 +37,25 @@ class ProcessSlots {
   void Remove(const std::string& instance_id) {
     absl::MutexLock lock(&mu_);
     instances_.erase(instance_id);
+    attached_.erase(instance_id);
+  }
+  // A standby slot copied shard `shard` (it may not be listed in
+  // /shards/<shard> yet: it is joining), or left it (Detached).
+  void Attached(const std::string& instance_id, uint32_t shard) {
+    absl::MutexLock lock(&mu_);
+    attached_[instance_id] = shard;
+  }
+  void Detached(const std::string& instance_id) {
+    absl::MutexLock lock(&mu_);
+    attached_.erase(instance_id);
+  }
+  // Whether a slot other than `self` copied shard `shard`.
+  bool AnotherAttachedTo(uint32_t shard, absl::string_view self) const {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, attached] : attached_) {
+      if (attached == shard && id != self) return true;
+    }
+    return false;
   }
   // Whether `holder` or one of `replicas` is a slot of this process other
   // than `self`.
@@ -56,6 +78,7 @@ class ProcessSlots {
  private:
   mutable absl::Mutex mu_;
   std::set<std::string> instances_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t> attached_ ABSL_GUARDED_BY(mu_);  // slot -> shard it copied
   absl::Mutex attach_mu_;
 };
 

@@ -27,5 +27,21 @@ TEST(ProcessSlotsTest, AShardHeldOrBackedUpByAnotherSlotOfTheProcessIsOurs) {
   EXPECT_FALSE(slots.HoldsAnyOf("own", Replicas({}), "slot-1"));
 }
 
+TEST(ProcessSlotsTest, AShardAnotherSlotCopiedIsTakenUntilItLeaves) {
+  ProcessSlots slots;
+  slots.Add("slot-1");
+  slots.Add("slot-2");
+  // slot-1 copied shard 3 and is joining (not in /shards/3 yet).
+  slots.Attached("slot-1", 3);
+  EXPECT_TRUE(slots.AnotherAttachedTo(3, "slot-2"));
+  EXPECT_FALSE(slots.AnotherAttachedTo(3, "slot-1"));  // itself
+  EXPECT_FALSE(slots.AnotherAttachedTo(4, "slot-2"));
+  slots.Detached("slot-1");
+  EXPECT_FALSE(slots.AnotherAttachedTo(3, "slot-2"));
+  slots.Attached("slot-1", 3);
+  slots.Remove("slot-1");  // a slot that left the process
+  EXPECT_FALSE(slots.AnotherAttachedTo(3, "slot-2"));
+}
+
 }  // namespace
 }  // namespace pserver

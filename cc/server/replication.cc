@@ -103,7 +103,15 @@ absl::StatusOr<LoadedCheckpoint> LoadSnapshotFiles(
 PrimaryReplication::PrimaryReplication(PrimaryReplicationOptions options, uint64_t last_lsn)
     : options_(std::move(options)), term_(options_.config->epoch()), last_lsn_(last_lsn) {}
 
-PrimaryReplication::~PrimaryReplication() = default;
+PrimaryReplication::~PrimaryReplication() {
+  stopping_.store(true);
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&threads_mu_);
+    threads.swap(threads_);
+  }
+  for (std::thread& thread : threads) thread.join();
+}
 
 std::vector<std::string> PrimaryReplication::backups() const {
   absl::ReaderMutexLock lock(&mu_);
@@ -161,15 +169,16 @@ absl::Status PrimaryReplication::Write(absl::string_view method,
 void PrimaryReplication::RebuildLog() {
   const uint64_t last = log_ != nullptr ? log_->last_lsn() : last_lsn_;
   last_lsn_ = last;
-  if (backups_.empty()) {
+  if (backups_.empty() && joiners_.empty()) {
     log_.reset();
     return;
   }
   log_ = std::make_unique<PrimaryLog>(
-      term_, last, backups_.size(), PrimaryLog::Options{},
-      [this](size_t backup, const BackupLog::Write& write) {
-        // Shipping holds mu_ shared: backups_ stays.
-        return Send(backups_[backup], write);
+      term_, last, backups_.size() + joiners_.size(), PrimaryLog::Options{},
+      [this](size_t backup, const BackupLog::Write& write) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        // Shipping holds mu_ shared: backups_ and joiners_ stay.
+        if (backup < backups_.size()) return Send(backups_[backup], write);
+        return Enqueue(*joiners_[backup - backups_.size()], write);
       });
 }
 
@@ -242,11 +251,35 @@ void PrimaryReplication::Release(uint64_t lsn) {
 }
 
 absl::Status PrimaryReplication::Send(const Backup& backup, const BackupLog::Write& write) {
-  // Shipping holds mu_ shared: backups_ stays.
-  const std::shared_ptr<const v1::ReplicateRequest> shared = Encoded(write, backups_.size());
+  // Shipping holds mu_ shared: backups_ and joiners_ stay.
+  const std::shared_ptr<const v1::ReplicateRequest> shared =
+      Encoded(write, backups_.size() + joiners_.size());
   absl::Cleanup release = [&] { Release(write.lsn); };
-  const v1::ReplicateRequest& request = *shared;
-  const absl::Time deadline = absl::Now() + options_.replicate_timeout;
+  return Deliver(backup, *shared, absl::Now() + options_.replicate_timeout);
+}
+
+absl::Status PrimaryReplication::Enqueue(Joiner& joiner, const BackupLog::Write& write) {
+  std::shared_ptr<const v1::ReplicateRequest> request =
+      Encoded(write, backups_.size() + joiners_.size());
+  Release(write.lsn);  // the queue holds its own reference
+  const uint64_t bytes = request->request().size() + request->method().size();
+  absl::MutexLock lock(&joiner.mu);
+  if (!joiner.failed.empty()) return absl::OkStatus();
+  if (joiner.queued_bytes + bytes > options_.max_joining_bytes) {
+    joiner.failed = absl::StrCat("the writes made since its copy passed ",
+                                 options_.max_joining_bytes, " bytes before it caught up");
+    joiner.queue.clear();
+    joiner.queued_bytes = 0;
+    return absl::OkStatus();
+  }
+  joiner.queued_bytes += bytes;
+  joiner.queue.emplace(write.lsn, std::move(request));
+  return absl::OkStatus();
+}
+
+absl::Status PrimaryReplication::Deliver(const Backup& backup,
+                                         const v1::ReplicateRequest& request,
+                                         absl::Time deadline) {
   absl::Status status;
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext context;
@@ -276,48 +309,172 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
   if (request.address().empty() || request.address().size() > 300) {
     return absl::InvalidArgumentError("a standby's address must be 1-300 bytes");
   }
-  // Writes wait here until the copy is taken and the configuration written.
-  absl::MutexLock lock(&mu_);
-  if (backups_.size() >= options_.max_standbys) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.shard, " has ", backups_.size(), " backups, the most --max_standbys=",
-        options_.max_standbys, " allows; attach to another shard"));
+  // Writes wait here only while the state is copied in memory.
+  StoreSnapshot snapshot;
+  std::shared_ptr<Joiner> joiner = std::make_shared<Joiner>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (backups_.size() + joiners_.size() >= options_.max_standbys) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", options_.shard, " has ", backups_.size(), " backups and ", joiners_.size(),
+          " joining, the most --max_standbys=", options_.max_standbys,
+          " allows; attach to another shard"));
+    }
+    for (const Backup& backup : backups_) {
+      if (backup.id == request.instance_id()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("standby ", request.instance_id(), " is a backup of shard ",
+                         options_.shard, " already"));
+      }
+    }
+    for (const std::shared_ptr<Joiner>& other : joiners_) {
+      if (other->backup.id == request.instance_id()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "standby ", request.instance_id(), " is joining shard ", options_.shard, " already"));
+      }
+    }
+    // This server may add it (the holder, the standby not listed): checked
+    // now, so that a copy is not sent for nothing; written once it caught up.
+    const std::string key = etcd_keys::ShardKey(options_.shard);
+    PS_ASSIGN_OR_RETURN(KeyValue current, options_.etcd->Get(key));
+    PS_RETURN_IF_ERROR(
+        NextWithReplica(options_.shard, current, options_.instance_id, request.instance_id())
+            .status());
+    PS_ASSIGN_OR_RETURN(snapshot, options_.dispatcher->Snapshot());
+    joiner->from_lsn = log_ != nullptr ? log_->last_lsn() : last_lsn_;
+    joiner->backup.id = request.instance_id();
+    joiner->backup.address = request.address();
+    joiner->backup.stub =
+        v1::ParameterServer::NewStub(PeerChannel(joiner->backup.address, options_.peer));
+    joiners_.push_back(joiner);
+    RebuildLog();
   }
+  // Writes go on: the ones after from_lsn queue for the joiner.
+  CheckpointWriteOptions write_options = options_.write_options;
+  write_options.epoch = options_.config->epoch();
+  absl::StatusOr<std::vector<v1::SnapshotFile>> files =
+      SnapshotToFiles(snapshot, options_.shard, write_options);
+  if (!files.ok()) {
+    absl::MutexLock lock(&mu_);
+    RemoveJoiner(joiner);
+    return files.status();
+  }
+  if (options_.log) {
+    options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address,
+                              " joining shard ", options_.shard, " at LSN ", joiner->from_lsn,
+                              ": its copy is sent; the writes made since are queued for it, "
+                              "and it is listed once it holds them all"));
+  }
+  {
+    absl::MutexLock lock(&threads_mu_);
+    threads_.emplace_back([this, joiner] { CatchUp(joiner); });
+  }
+  v1::AttachStandbyResponse response;
+  response.set_epoch(term_);
+  response.set_last_lsn(joiner->from_lsn);
+  for (v1::SnapshotFile& file : *files) *response.add_files() = std::move(file);
+  return response;
+}
+
+void PrimaryReplication::CatchUp(std::shared_ptr<Joiner> joiner) {
+  uint64_t next = joiner->from_lsn + 1;
+  uint64_t sent = 0;
+  std::string why;
+  for (;;) {
+    if (stopping_.load()) return;
+    std::shared_ptr<const v1::ReplicateRequest> request;
+    {
+      absl::MutexLock lock(&joiner->mu);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(joiner->mu) {
+        return !joiner->failed.empty() || joiner->queue.count(next) > 0 || stopping_.load();
+      };
+      // At most 20 ms at a time: an empty queue may mean caught up.
+      joiner->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
+      if (stopping_.load()) return;
+      if (!joiner->failed.empty()) {
+        why = joiner->failed;
+        break;
+      }
+      auto it = joiner->queue.find(next);
+      if (it != joiner->queue.end()) {
+        request = std::move(it->second);
+        joiner->queued_bytes -= request->request().size() + request->method().size();
+        joiner->queue.erase(it);
+      }
+    }
+    if (request != nullptr) {
+      // The first write waits for the standby to load its copy.
+      const absl::Time deadline =
+          absl::Now() + (sent == 0 ? options_.join_timeout : options_.replicate_timeout);
+      absl::Status delivered = Deliver(joiner->backup, *request, deadline);
+      if (!delivered.ok()) {
+        why = absl::StrCat("write ", next, " was not delivered: ", delivered.ToString());
+        break;
+      }
+      ++next;
+      ++sent;
+      continue;
+    }
+    // Nothing queued at `next`: with writes held, is every write numbered
+    // delivered? Then list it, in that one hold.
+    absl::MutexLock lock(&mu_);
+    const uint64_t last = log_ != nullptr ? log_->last_lsn() : last_lsn_;
+    if (last != next - 1) continue;  // more were numbered: send them first
+    if (absl::Status listed = List(joiner); !listed.ok()) {
+      why = std::string(listed.message());
+      RemoveJoiner(joiner);
+      if (options_.log) {
+        options_.log(absl::StrCat("standby ", joiner->backup.id, " of shard ", options_.shard,
+                                  " caught up but was not listed: ", why));
+      }
+      return;
+    }
+    joined_.fetch_add(1, std::memory_order_relaxed);
+    caught_up_writes_.fetch_add(sent, std::memory_order_relaxed);
+    if (options_.log) {
+      options_.log(absl::StrCat("standby ", backups_.back().id, " at ", backups_.back().address,
+                                " caught up on ", sent, " writes made during its copy and is "
+                                "listed as backup ", backups_.size(), " of shard ",
+                                options_.shard, " at LSN ", last, ": epoch ",
+                                options_.config->epoch(), ", term ", term_));
+    }
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  RemoveJoiner(joiner);
+  if (options_.log) {
+    options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address,
+                              " did not catch up on shard ", options_.shard, " (", why,
+                              "); let go unlisted: it copies the shard again"));
+  }
+}
+
+absl::Status PrimaryReplication::List(const std::shared_ptr<Joiner>& joiner) {
   const std::string key = etcd_keys::ShardKey(options_.shard);
   PS_ASSIGN_OR_RETURN(KeyValue current, options_.etcd->Get(key));
   PS_ASSIGN_OR_RETURN(
       ShardClaim next,
-      NextWithReplica(options_.shard, current, options_.instance_id, request.instance_id()));
-  PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, options_.dispatcher->Snapshot());
-  CheckpointWriteOptions write_options = options_.write_options;
-  write_options.epoch = next.config.epoch();
-  PS_ASSIGN_OR_RETURN(std::vector<v1::SnapshotFile> files,
-                      SnapshotToFiles(snapshot, options_.shard, write_options));
+      NextWithReplica(options_.shard, current, options_.instance_id, joiner->backup.id));
   PS_ASSIGN_OR_RETURN(
       TxnResult written,
       options_.etcd->Txn({next.unchanged, Compare::ValueEquals(key, options_.config->value())},
                          {next.put}));
   if (!written.succeeded) {
     return absl::FailedPreconditionError(
-        absl::StrCat("etcd ", key, " changed while the standby attached; try again"));
+        absl::StrCat("etcd ", key, " changed while the standby joined; it copies again"));
   }
   options_.config->Set(next.config.epoch(), next.value);
-  Backup& backup = backups_.emplace_back();
-  backup.id = request.instance_id();
-  backup.address = request.address();
-  backup.stub = v1::ParameterServer::NewStub(PeerChannel(backup.address, options_.peer));
+  backups_.push_back(std::move(joiner->backup));
+  joiners_.erase(std::find(joiners_.begin(), joiners_.end(), joiner));
   RebuildLog();
-  if (options_.log) {
-    options_.log(absl::StrCat("standby ", backup.id, " at ", backup.address,
-                              " attached as backup ", backups_.size(), " of shard ",
-                              options_.shard, " at LSN ", last_lsn_, ": epoch ",
-                              next.config.epoch(), ", term ", term_));
-  }
-  v1::AttachStandbyResponse response;
-  response.set_epoch(term_);
-  response.set_last_lsn(last_lsn_);
-  for (v1::SnapshotFile& file : files) *response.add_files() = std::move(file);
-  return response;
+  return absl::OkStatus();
+}
+
+void PrimaryReplication::RemoveJoiner(const std::shared_ptr<Joiner>& joiner) {
+  auto it = std::find(joiners_.begin(), joiners_.end(), joiner);
+  if (it == joiners_.end()) return;
+  joiners_.erase(it);
+  RebuildLog();
 }
 
 // ---- backup -------------------------------------------------------------------------

@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -99,6 +100,12 @@ struct PrimaryReplicationOptions {
   // The most standbys attached at once (--max_standbys, >= 1): one more is
   // refused with FAILED_PRECONDITION naming the flag.
   size_t max_standbys = 2;
+  // A joining standby's queue of writes made since its copy (bytes): past
+  // it the standby is let go, unlisted, and copies again later.
+  uint64_t max_joining_bytes = uint64_t{256} << 20;
+  // How long a joining standby may take to load its copy and apply the
+  // first queued write.
+  absl::Duration join_timeout = absl::Minutes(2);
   // A backup knows a newer epoch: this primary must step down.
   std::function<void(const std::string& why)> step_down;
   std::function<void(const std::string& line)> log;
@@ -113,9 +120,17 @@ class PrimaryReplication : public WriteShipper {
 
   absl::Status Write(absl::string_view method, absl::FunctionRef<std::string()> request,
                      absl::FunctionRef<absl::Status()> apply) override;
-  // A standby asking for a copy (the AttachStandby RPC). FAILED_PRECONDITION
-  // when the shard has max_standbys backups already, lists this standby
-  // already, or etcd's config changed.
+  // A standby asking for a copy (the AttachStandby RPC). Writes are held
+  // only while the shard's state is copied in memory (Dispatcher::Snapshot);
+  // the copy is then encoded and answered while writes go on, and the
+  // standby *joins*: the writes numbered after its copy are queued for it
+  // and sent by a thread of its own, without the clients waiting for it;
+  // once it holds every write numbered, it is added to /shards/<i>.replicas
+  // (epoch + 1, writes held for that transaction) and is a backup like the
+  // others. One that does not catch up (its queue past
+  // max_joining_bytes, a write not delivered in time) is let go, unlisted.
+  // FAILED_PRECONDITION when the shard has max_standbys backups and joining
+  // standbys already.
   absl::StatusOr<v1::AttachStandbyResponse> Attach(const v1::AttachStandbyRequest& request);
   // The backups' instance ids, in attach order; empty when none.
   std::vector<std::string> backups() const;
@@ -123,6 +138,10 @@ class PrimaryReplication : public WriteShipper {
   uint64_t last_lsn() const;
   // How many backups were dropped (not acknowledging a write) so far.
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  // Standbys joined (listed after catching up) so far, and the writes they
+  // caught up on in all: what their copies missed.
+  uint64_t joined() const { return joined_.load(std::memory_order_relaxed); }
+  uint64_t caught_up_writes() const { return caught_up_writes_.load(std::memory_order_relaxed); }
 
  private:
   struct Backup {
@@ -130,7 +149,30 @@ class PrimaryReplication : public WriteShipper {
     std::string address;
     std::unique_ptr<v1::ParameterServer::Stub> stub;
   };
-  absl::Status Send(const Backup& backup, const BackupLog::Write& write);
+  // A standby that copied the shard and is catching up (Attach): the
+  // writes numbered after its copy, in LSN order, for its thread to send.
+  struct Joiner {
+    Backup backup;
+    uint64_t from_lsn = 0;  // the copy's last LSN
+    absl::Mutex mu;
+    std::map<uint64_t, std::shared_ptr<const v1::ReplicateRequest>> queue ABSL_GUARDED_BY(mu);
+    uint64_t queued_bytes ABSL_GUARDED_BY(mu) = 0;
+    std::string failed ABSL_GUARDED_BY(mu);  // why it fell behind; "": it did not
+  };
+  absl::Status Send(const Backup& backup, const BackupLog::Write& write)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // One Replicate call to `backup`, UNAVAILABLE retried until `deadline`
+  // (a backup whose address refuses connections fails at once).
+  absl::Status Deliver(const Backup& backup, const v1::ReplicateRequest& request,
+                       absl::Time deadline);
+  // Queues `write` for a joining standby (never fails the write).
+  absl::Status Enqueue(Joiner& joiner, const BackupLog::Write& write)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A joiner's thread: sends its queue in LSN order, then lists it.
+  void CatchUp(std::shared_ptr<Joiner> joiner);
+  // Adds a caught-up joiner to /shards/<i>.replicas and to backups_.
+  absl::Status List(const std::shared_ptr<Joiner>& joiner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveJoiner(const std::shared_ptr<Joiner>& joiner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The Replicate request of `write`, built once (one copy of its bytes) and
   // shared by every backup's send and retries; the last of the `backups`
   // sends releases it.
@@ -141,7 +183,8 @@ class PrimaryReplication : public WriteShipper {
   // those still attached; OK when none is left to drop.
   absl::Status DropBackups(const std::vector<std::pair<std::string, absl::Status>>& failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A PrimaryLog over backups_ (null when there is none) from the last LSN.
+  // A PrimaryLog over backups_ and then joiners_ (null when there is
+  // neither) from the last LSN.
   void RebuildLog() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PrimaryReplicationOptions options_;
@@ -152,6 +195,12 @@ class PrimaryReplication : public WriteShipper {
   uint64_t last_lsn_ ABSL_GUARDED_BY(mu_);                // while there is no log
   std::unique_ptr<PrimaryLog> log_ ABSL_GUARDED_BY(mu_);  // null: no backup
   std::vector<Backup> backups_ ABSL_GUARDED_BY(mu_);     // log_'s, in its order
+  std::vector<std::shared_ptr<Joiner>> joiners_ ABSL_GUARDED_BY(mu_);  // log_'s, after backups_
+  std::atomic<bool> stopping_{false};
+  absl::Mutex threads_mu_;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(threads_mu_);  // the joiners'
+  std::atomic<uint64_t> joined_{0};
+  std::atomic<uint64_t> caught_up_writes_{0};
   struct Encoding {
     std::shared_ptr<const v1::ReplicateRequest> request;
     size_t sends_left = 0;

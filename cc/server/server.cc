@@ -623,6 +623,7 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
     if (round > 0) {
       // A fresh copy replaces the state: the old one's writes stop first.
       backup_replication_->Detach();
+      if (options_.process_slots != nullptr) options_.process_slots->Detached(instance_id_);
       if (standby_key_ != nullptr) standby_key_->Release();
       standby_key_.reset();
       deadline = absl::Now() + options_.register_timeout;
@@ -656,7 +657,8 @@ absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry
       absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(i, shard->value);
       if (!config.ok() || config->replicas_size() >= kMaxShardReplicas) continue;
       if (options_.process_slots != nullptr &&
-          options_.process_slots->HoldsAnyOf(config->holder(), config->replicas(), instance_id_)) {
+          (options_.process_slots->HoldsAnyOf(config->holder(), config->replicas(), instance_id_) ||
+           options_.process_slots->AnotherAttachedTo(i, instance_id_))) {
         continue;
       }
       primaries[i] = primary->value;
@@ -723,24 +725,52 @@ absl::StatusOr<bool> Server::FollowPrimary() {
                      "); reading it every 20 ms instead"),
         log::Level::kWarning);
   }
-  // Not listed as holder or backup: dropped, or another backup took over.
+  // A fresh standby is listed only once it caught up on the writes made
+  // during its copy (PrimaryReplication::Attach): until then not being
+  // listed is expected, for at most kJoinTimeout.
+  constexpr absl::Duration kJoinTimeout = absl::Minutes(3);
+  const absl::Time join_deadline = absl::Now() + kJoinTimeout;
+  bool listed_once = false;
+  // Not listed as holder or backup: dropped, or another backup took over
+  // (or, never listed, let go while joining).
   auto unlisted = [&]() -> bool {
     absl::StatusOr<KeyValue> shard = etcd_->Get(shard_key);
     if (!shard.ok()) return false;
     absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(index_, shard->value);
-    if (!config.ok() || config->holder() == instance_id_) return false;
-    for (const std::string& replica : config->replicas()) {
-      if (replica == instance_id_) return false;
+    if (!config.ok()) return false;
+    bool listed = config->holder() == instance_id_;
+    for (const std::string& replica : config->replicas()) listed = listed || replica == instance_id_;
+    if (listed) {
+      listed_once = true;
+      return false;
+    }
+    if (!listed_once) {
+      // Its primary gone (another holds the shard) before it was listed:
+      // nothing it holds is promised; copy the new holder's state.
+      if (config->holder() != copied_from_instance_) {
+        Log(absl::StrCat("standby: etcd ", shard_key, " at epoch ", config->epoch(),
+                         " names holder ", config->holder(), ", not the primary this standby "
+                         "was joining; copying a shard anew"));
+        return true;
+      }
+      if (absl::Now() < join_deadline) return false;
+      Log(absl::StrCat("standby: etcd ", shard_key, " did not list this standby within ",
+                       absl::FormatDuration(kJoinTimeout), " of its copy; copying a shard anew"));
+      return true;
     }
     Log(absl::StrCat("standby: etcd ", shard_key, " at epoch ", config->epoch(), " (holder ",
                      config->holder(), ") no longer lists this standby; copying a shard anew"));
     return true;
   };
   // A takeover attempt: true when it took over; false to go on watching.
+  // A standby still joining (never listed) cannot take over: it copies the
+  // shard again from whoever serves it next.
+  bool recopy = false;
   auto take_over = [&]() -> absl::StatusOr<bool> {
     absl::StatusOr<bool> took_over = TakeOver(index_);
     if (absl::IsFailedPrecondition(took_over.status())) {
       Log(std::string(took_over.status().message()));
+      recopy = !listed_once;
       return false;
     }
     return took_over;
@@ -764,8 +794,11 @@ absl::StatusOr<bool> Server::FollowPrimary() {
     if (absl::IsNotFound(primary.status())) {
       PS_ASSIGN_OR_RETURN(bool took_over, take_over());
       if (took_over) return true;
+      if (recopy) return false;
       next_read = absl::InfinitePast();
-    } else if (primary.ok() && probe.Refuses(*primary)) {
+    } else if (listed_once && primary.ok() && probe.Refuses(*primary)) {
+      // (A standby still joining holds no promise: it does not act on a
+      // refusal; it copies again once the shard is served by another.)
       // Its /ps/<i> as read (same revision) goes, then the usual takeover.
       // Should the primary be alive after all, it is fenced: this standby
       // refuses its writes from the new epoch on, and it cannot drop it.
@@ -815,6 +848,8 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
   }
   PS_RETURN_IF_ERROR(Restore(loaded, /*replace=*/true));
   backup_replication_->Attached(shard, response.epoch(), response.last_lsn());
+  copied_from_instance_ = entry.instance_id;
+  if (options_.process_slots != nullptr) options_.process_slots->Attached(instance_id_, shard);
   index_ = shard;  // named in the log from now on
   Log(absl::StrCat("standby: copied shard ", shard, " from its primary ", entry.address,
                    " (instance ", entry.instance_id, ") at LSN ", response.last_lsn(),
@@ -1373,6 +1408,8 @@ ReplicationState Server::Replication() const {
     state.backups = primary_replication_->backups().size();
     state.last_lsn = primary_replication_->last_lsn();
     state.dropped = primary_replication_->dropped();
+    state.joined = primary_replication_->joined();
+    state.caught_up = primary_replication_->caught_up_writes();
   }
   return state;
 }

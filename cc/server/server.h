@@ -464,6 +464,9 @@ class Server {
   std::atomic<bool> primary_replication_set_{false};  // primary_replication_ may be read
   std::unique_ptr<BackupReplication> backup_replication_;  // a standby's, set before gRPC starts
   std::unique_ptr<LeasedKey> standby_key_;  // /standby/<i>/<instance> while a standby
+  // A standby: the instance of the primary it copied its shard from (a
+  // holder other than it, before this standby was listed: copy anew).
+  std::string copied_from_instance_;
   std::unique_ptr<Fence> fence_;  // with etcd only
   // options.placement_redirects: the gate and the /placement watch that
   // keeps it current (destroyed first).

@@ -245,6 +245,12 @@ void CollectReplication(const ReplicationState& r, TextWriter& out) {
     Count(out, "pserver_replication_dropped_total",
           "Backups this primary dropped from /shards/<i> for not acknowledging a write.",
           r.dropped);
+    Count(out, "pserver_replication_joined_total",
+          "Standbys listed as backups once they caught up on the writes made during their copy.",
+          r.joined);
+    Count(out, "pserver_replication_caught_up_writes_total",
+          "Writes joining standbys caught up on (made while their copy was taken and sent).",
+          r.caught_up);
     Gauge(out, "pserver_replication_degraded",
           "1 while this primary has no backup after dropping one (GetStats' degraded).",
           r.dropped > 0 && r.backups == 0 ? 1 : 0);
