@@ -928,7 +928,10 @@ void Server::CheckShardEpoch() {
     StepDown(std::string(config.status().message()));
     return;
   }
-  if (config->holder() == instance_id_ && config->epoch() == epoch()) return;
+  // Named as holder: at this server's epoch, or at a later one that its own
+  // change wrote (a standby attached, a backup dropped: etcd moves first,
+  // config_ just after), which another server could not have.
+  if (config->holder() == instance_id_ && config->epoch() >= epoch()) return;
   StepDown(absl::StrCat(
       "etcd ", key, " is at epoch ", config->epoch(), ", held by instance ", config->holder(),
       config->holder_address().empty() ? std::string()
