@@ -22,7 +22,8 @@
 //   multihost_trainer --etcd=... --mode=ledger_values --param=a  # "values v0 v1 ..."
 //   multihost_trainer --mode=raw_push --address=H:P --param=a  # one gRPC SendGrad
 //   multihost_trainer --etcd=... --mode=shard [--expect_replicas=1] [--expect_holder=ID]
-//                     # "holder=<id> epoch=<e> replicas=<ids> ps=<address>"
+//                     [--expect_checkpoint_epoch=E]
+//                     # "holder=<id> epoch=<e> replicas=<ids> ps=<address> checkpoint_epoch=<e>"
 //
 // The model is deterministic: w (kDim floats, several blocks over every
 // server) is trained by SGD towards `target` on the loss |w - target|^2 / 2,
@@ -53,9 +54,11 @@
 #include "cc/client/client.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/etcd/json_record.h"
 #include "cc/etcd/keys.h"
 #include "cc/etcd/shard_config.h"
 #include "grpcpp/grpcpp.h"
+#include "pserver/v1/registry.pb.h"
 #include "pserver/v1/service.grpc.pb.h"
 
 ABSL_FLAG(std::string, etcd, "", "etcd endpoints host:port,...");
@@ -92,6 +95,8 @@ ABSL_FLAG(int, pause_ms, 5, "ledger: pause between steps (keeps the ledger from 
 ABSL_FLAG(std::string, address, "", "raw_push: the server's host:port.");
 ABSL_FLAG(int, expect_replicas, -1, "shard: wait until /shards/0 lists this many backups.");
 ABSL_FLAG(std::string, expect_holder, "", "shard: wait until /shards/0 names this holder.");
+ABSL_FLAG(int64_t, expect_checkpoint_epoch, -1,
+          "shard: wait until /checkpoints/0 records a checkpoint of this epoch.");
 
 namespace pserver::multihost {
 namespace {
@@ -366,8 +371,9 @@ absl::Status RawPush() {
   return absl::OkStatus();
 }
 
-// /shards/0 and /ps/0, once they match --expect_replicas and
-// --expect_holder (within --wait_seconds).
+// /shards/0, /ps/0 and the epoch of /checkpoints/0 (-1: none), once they
+// match --expect_replicas, --expect_holder and --expect_checkpoint_epoch
+// (within --wait_seconds).
 absl::Status Shard() {
   EtcdClientOptions options;
   options.endpoints = Endpoints();
@@ -376,11 +382,18 @@ absl::Status Shard() {
   PS_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Connect(options));
   const int replicas = absl::GetFlag(FLAGS_expect_replicas);
   const std::string holder = absl::GetFlag(FLAGS_expect_holder);
+  const int64_t checkpoint_epoch = absl::GetFlag(FLAGS_expect_checkpoint_epoch);
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_wait_seconds));
   std::string seen = "nothing read";
   while (absl::Now() < deadline) {
     absl::StatusOr<KeyValue> shard = etcd->Get(etcd_keys::ShardKey(0));
     absl::StatusOr<KeyValue> ps = etcd->Get(etcd_keys::ServerKey(0));
+    absl::StatusOr<KeyValue> checkpoint = etcd->Get(etcd_keys::CheckpointKey(0));
+    v1::CheckpointRecord record;
+    const int64_t published =
+        checkpoint.ok() && ParseJsonRecord(checkpoint->value, 1 << 16, &record).empty()
+            ? static_cast<int64_t>(record.epoch())
+            : -1;
     absl::StatusOr<v1::ShardConfig> config =
         shard.ok() ? ParseShardConfig(0, shard->value) : absl::StatusOr<v1::ShardConfig>(shard.status());
     if (config.ok()) {
@@ -390,9 +403,11 @@ absl::Status Shard() {
         if (entry.ok()) address = entry->address;
       }
       seen = absl::StrCat("holder=", config->holder(), " epoch=", config->epoch(),
-                          " replicas=", absl::StrJoin(config->replicas(), ","), " ps=", address);
+                          " replicas=", absl::StrJoin(config->replicas(), ","), " ps=", address,
+                          " checkpoint_epoch=", published);
       if ((replicas < 0 || config->replicas_size() == replicas) &&
-          (holder.empty() || config->holder() == holder) && ps.ok()) {
+          (holder.empty() || config->holder() == holder) &&
+          (checkpoint_epoch < 0 || published == checkpoint_epoch) && ps.ok()) {
         std::printf("%s\n", seen.c_str());
         return absl::OkStatus();
       }

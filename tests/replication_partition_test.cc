@@ -335,6 +335,12 @@ TEST_F(ReplicationPartitionTest, ACutOffPrimaryAcknowledgesNothingAndItsStandbyT
               ContainsRegex(absl::StrCat("stepping down: (etcd [^\n]* is at epoch ", epoch_after,
                                          "|publishing checkpoint [^\n]* was refused)")));
   EXPECT_THAT(primary->err(), HasSubstr("no final checkpoint"));
+  // The shard's published checkpoint is the new primary's (its periodic
+  // ones, at the new epoch).
+  EXPECT_OK(Observe(kHealthyHost, {"--mode=shard", "--expect_holder=" + standby_id,
+                                   absl::StrCat("--expect_checkpoint_epoch=", epoch_after),
+                                   "--wait_seconds=100"})
+                .status());
   // (A periodic save begun before the fence lapsed may have written one
   // more, unpublished; its publish is refused once etcd answers, and it is
   // deleted.)
