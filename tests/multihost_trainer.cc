@@ -10,6 +10,21 @@
 //   multihost_trainer --etcd=... --mode=wait_members --expect_workers=t0
 //                     --expect_servers=0,2            # waits for that membership
 //
+// The replication partition tests (tests/replication_partition_test.cc) use
+// a ledger instead: parameters of --width float32 zeros (SGD, learning rate
+// 1), where a trainer's step s pushes -1 at element s alone, so the final
+// value of element s says whether step s was applied: 1 once, 0 never,
+// anything else twice or lost in part.
+//
+//   multihost_trainer --etcd=... --mode=init_ledger --params=a,b --width=16384
+//   multihost_trainer --etcd=... --mode=ledger --param=a --stop_file=/tmp/stop
+//                     [--fail_ok --timeout_seconds=4]  # "ack <s>" / "fail <s>: ..."
+//   multihost_trainer --etcd=... --mode=ledger_values --param=a  # "values v0 v1 ..."
+//   multihost_trainer --mode=raw_push --address=H:P --param=a  # one gRPC SendGrad
+//   multihost_trainer --etcd=... --mode=shard [--expect_replicas=1] [--expect_holder=ID]
+//                     [--expect_checkpoint_epoch=E]
+//                     # "holder=<id> epoch=<e> replicas=<ids> ps=<address> checkpoint_epoch=<e>"
+//
 // The model is deterministic: w (kDim floats, several blocks over every
 // server) is trained by SGD towards `target` on the loss |w - target|^2 / 2,
 // so it converges to target whatever the interleaving of the trainers; count
@@ -39,11 +54,18 @@
 #include "cc/client/client.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
+#include "cc/etcd/json_record.h"
 #include "cc/etcd/keys.h"
+#include "cc/etcd/shard_config.h"
+#include "grpcpp/grpcpp.h"
+#include "pserver/v1/registry.pb.h"
+#include "pserver/v1/service.grpc.pb.h"
 
 ABSL_FLAG(std::string, etcd, "", "etcd endpoints host:port,...");
 ABSL_FLAG(std::string, cluster, "multihost", "Cluster name in etcd.");
-ABSL_FLAG(std::string, mode, "train", "init, train, check, wait_members, wait_count or push.");
+ABSL_FLAG(std::string, mode, "train",
+          "init, train, check, wait_members, wait_count, push, init_ledger, ledger, "
+          "ledger_values, raw_push or shard.");
 ABSL_FLAG(std::string, worker_id, "", "train: the trainer's id in /workers/.");
 ABSL_FLAG(double, worker_lease_seconds, 2, "train: the worker registration's lease.");
 ABSL_FLAG(int, min_steps, 100, "train: steps before the stop file is looked at.");
@@ -63,6 +85,18 @@ ABSL_FLAG(std::string, etcd_tls_ca, "", "etcd over TLS: the CA of etcd's certifi
 ABSL_FLAG(std::string, etcd_tls_cert, "", "etcd over TLS: this client's certificate.");
 ABSL_FLAG(std::string, etcd_tls_key, "", "etcd over TLS: its private key.");
 ABSL_FLAG(std::string, token, "", "A bearer token for servers with roles.");
+ABSL_FLAG(std::string, params, "", "init_ledger: the ledger parameters, comma-separated.");
+ABSL_FLAG(std::string, param, "", "ledger, ledger_values, raw_push: the ledger parameter.");
+ABSL_FLAG(int64_t, width, 16384, "Ledger parameters' float32 elements (steps a trainer makes).");
+ABSL_FLAG(bool, fail_ok, false,
+          "ledger: a step whose push fails prints \"fail <s>: <status>\" and training goes on "
+          "(otherwise it ends the run, exit 1).");
+ABSL_FLAG(int, pause_ms, 5, "ledger: pause between steps (keeps the ledger from filling).");
+ABSL_FLAG(std::string, address, "", "raw_push: the server's host:port.");
+ABSL_FLAG(int, expect_replicas, -1, "shard: wait until /shards/0 lists this many backups.");
+ABSL_FLAG(std::string, expect_holder, "", "shard: wait until /shards/0 names this holder.");
+ABSL_FLAG(int64_t, expect_checkpoint_epoch, -1,
+          "shard: wait until /checkpoints/0 records a checkpoint of this epoch.");
 
 namespace pserver::multihost {
 namespace {
@@ -246,8 +280,150 @@ absl::Status WaitMembers() {
                                                   " s; last seen: ", seen));
 }
 
+// ---- the ledger (replication partition tests) ----------------------------------
+
+// Step s's gradient: -1 at element s alone (the parameter gains 1 there).
+Tensor OneHot(int64_t s) {
+  std::vector<float> values(absl::GetFlag(FLAGS_width), 0.0f);
+  values[s] = -1.0f;
+  return Tensor::FromValues<float>({absl::GetFlag(FLAGS_width)}, values);
+}
+
+absl::Status InitLedger() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(false));
+  const Tensor zeros = Tensor::FromValues<float>(
+      {absl::GetFlag(FLAGS_width)}, std::vector<float>(absl::GetFlag(FLAGS_width), 0.0f));
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_params), ',', absl::SkipEmpty())) {
+    PS_RETURN_IF_ERROR(client->InitParam(std::string(name), zeros, Sgd(1.0f)));
+  }
+  PS_RETURN_IF_ERROR(client->FinishInitParams());
+  std::printf("initialized\n");
+  return absl::OkStatus();
+}
+
+// Steps 0, 1, ... until the stop file exists (after min_steps) or the ledger
+// is full; each prints "ack <s>" once acknowledged, or with --fail_ok
+// "fail <s>: <status>" when the call failed (every retry within
+// --timeout_seconds). Ends with "done acks=<n> fails=<n>".
+absl::Status Ledger() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(false));
+  const std::string param = absl::GetFlag(FLAGS_param);
+  const std::string stop_file = absl::GetFlag(FLAGS_stop_file);
+  const int64_t width = absl::GetFlag(FLAGS_width);
+  auto stopped = [&] { return !stop_file.empty() && access(stop_file.c_str(), F_OK) == 0; };
+  int64_t step = 0, acks = 0, fails = 0;
+  for (; step < width; ++step) {
+    if (step >= absl::GetFlag(FLAGS_min_steps) && stopped()) break;
+    const absl::Status status = client->SendGrad(param, OneHot(step));
+    if (status.ok()) {
+      ++acks;
+      std::printf("ack %lld\n", static_cast<long long>(step));
+    } else if (absl::GetFlag(FLAGS_fail_ok)) {
+      ++fails;
+      std::printf("fail %lld: %s\n", static_cast<long long>(step), status.ToString().c_str());
+    } else {
+      return absl::Status(status.code(), absl::StrCat("step ", step, ": ", status.message()));
+    }
+    std::fflush(stdout);
+    absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_pause_ms)));
+  }
+  // Full: wait (bounded) for the stop file, so that the test decides when.
+  for (int wait = 0; step >= width && !stopped(); ++wait) {
+    if (wait >= 3000) return absl::DeadlineExceededError("the ledger is full and no stop file came");
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  std::printf("done acks=%lld fails=%lld\n", static_cast<long long>(acks),
+              static_cast<long long>(fails));
+  return absl::OkStatus();
+}
+
+absl::Status LedgerValues() {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(false));
+  PS_ASSIGN_OR_RETURN(Tensor value, client->GetParam(absl::GetFlag(FLAGS_param)));
+  std::string line = "values";
+  for (float v : value.values<float>()) absl::StrAppend(&line, " ", v);
+  std::printf("%s\n", line.c_str());
+  return absl::OkStatus();
+}
+
+// One SendGrad of zeros straight to --address over gRPC, no retries, 10 s
+// deadline: what a client still holding that address gets. Prints
+// "raw_push: <status>" and exits 0 whatever the answer.
+absl::Status RawPush() {
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_address), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::SendGradRequest request;
+  v1::Gradient* grad = request.mutable_gradient();
+  grad->set_name(absl::GetFlag(FLAGS_param));
+  grad->set_element_type(v1::FLOAT32);
+  const Tensor zeros = Tensor::FromValues<float>(
+      {absl::GetFlag(FLAGS_width)}, std::vector<float>(absl::GetFlag(FLAGS_width), 0.0f));
+  grad->set_content(std::string(zeros.bytes()));
+  v1::SendGradResponse response;
+  const grpc::Status status = stub->SendGrad(&context, request, &response);
+  const std::string answer =
+      status.ok() ? "OK"
+                  : absl::StrCat("error ", static_cast<int>(status.error_code()), ": ",
+                                 status.error_message());
+  std::printf("raw_push: %s\n", answer.c_str());
+  return absl::OkStatus();
+}
+
+// /shards/0, /ps/0 and the epoch of /checkpoints/0 (-1: none), once they
+// match --expect_replicas, --expect_holder and --expect_checkpoint_epoch
+// (within --wait_seconds).
+absl::Status Shard() {
+  EtcdClientOptions options;
+  options.endpoints = Endpoints();
+  options.prefix = etcd_keys::ClusterPrefix(absl::GetFlag(FLAGS_cluster));
+  options.timeout = absl::Seconds(2);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Connect(options));
+  const int replicas = absl::GetFlag(FLAGS_expect_replicas);
+  const std::string holder = absl::GetFlag(FLAGS_expect_holder);
+  const int64_t checkpoint_epoch = absl::GetFlag(FLAGS_expect_checkpoint_epoch);
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_wait_seconds));
+  std::string seen = "nothing read";
+  while (absl::Now() < deadline) {
+    absl::StatusOr<KeyValue> shard = etcd->Get(etcd_keys::ShardKey(0));
+    absl::StatusOr<KeyValue> ps = etcd->Get(etcd_keys::ServerKey(0));
+    absl::StatusOr<KeyValue> checkpoint = etcd->Get(etcd_keys::CheckpointKey(0));
+    v1::CheckpointRecord record;
+    const int64_t published =
+        checkpoint.ok() && ParseJsonRecord(checkpoint->value, 1 << 16, &record).empty()
+            ? static_cast<int64_t>(record.epoch())
+            : -1;
+    absl::StatusOr<v1::ShardConfig> config =
+        shard.ok() ? ParseShardConfig(0, shard->value) : absl::StatusOr<v1::ShardConfig>(shard.status());
+    if (config.ok()) {
+      std::string address = "none";
+      if (ps.ok()) {
+        absl::StatusOr<etcd_keys::ServerEntry> entry = etcd_keys::ParseServerValue(ps->value);
+        if (entry.ok()) address = entry->address;
+      }
+      seen = absl::StrCat("holder=", config->holder(), " epoch=", config->epoch(),
+                          " replicas=", absl::StrJoin(config->replicas(), ","), " ps=", address,
+                          " checkpoint_epoch=", published);
+      if ((replicas < 0 || config->replicas_size() == replicas) &&
+          (holder.empty() || config->holder() == holder) &&
+          (checkpoint_epoch < 0 || published == checkpoint_epoch) && ps.ok()) {
+        std::printf("%s\n", seen.c_str());
+        return absl::OkStatus();
+      }
+    } else {
+      seen = config.status().ToString();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("/shards/0 did not match within ", absl::GetFlag(FLAGS_wait_seconds),
+                   " s; last seen: ", seen));
+}
+
 absl::Status Run() {
   const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "raw_push") return RawPush();
   if (Endpoints().empty()) return absl::InvalidArgumentError("--etcd is required");
   if (mode == "init") return Init();
   if (mode == "train") return Train();
@@ -255,6 +431,10 @@ absl::Status Run() {
   if (mode == "wait_members") return WaitMembers();
   if (mode == "wait_count") return WaitCount();
   if (mode == "push") return PushOnce();
+  if (mode == "init_ledger") return InitLedger();
+  if (mode == "ledger") return Ledger();
+  if (mode == "ledger_values") return LedgerValues();
+  if (mode == "shard") return Shard();
   return absl::InvalidArgumentError(absl::StrCat("unknown --mode=", mode));
 }
 

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -342,7 +343,7 @@ class ReplicationTest : public ::testing::Test {
   std::unique_ptr<EtcdClient> etcd_client_;
   int lease_ttl_s_ = 2;  // the servers' --lease_ttl
   bool checkpoints_ = false;
-  int processes_ = 0;
+  inline static int processes_ = 0;  // across tests: one process, one TEST_TMPDIR
   std::vector<std::string> extra_flags_;  // every process's, after Flags()'s
   TlsOptions client_tls_;                  // the trainers' (Connect)
   std::string client_token_;               // the trainers' bearer token
@@ -1365,6 +1366,139 @@ TEST_F(ReplicationTest, ReplicasInTheServingProcessesSurviveKillsOfWholeProcesse
   ExpectStandbysHoldTheirPrimariesState();
   trainer.reset();
   for (size_t p = kProcessKills; p < processes.size(); ++p) KillNine(*processes[p]);
+// ---- A primary shut down; a standby lost while etcd is down -----------------
+
+class ReplicationShutdownTest : public ReplicationTest {
+ protected:
+  static constexpr int kShutdownSteps = 200;
+
+  // What ShutDownPrimaryMidTraining saw of the old primary, and shard 0's
+  // epochs before and after.
+  struct ShutDown {
+    int status = -1;  // wait status
+    std::string err;
+    uint64_t epoch_before = 0, epoch_after = 0;
+  };
+
+  // SIGTERM to shard 0's primary while a trainer runs: it stops listening,
+  // its standby takes over (/shards/0 names it, one epoch up), and every
+  // step completes (a call the primary refused while draining is retried on
+  // the new primary with its request id), exact to the bit. Then stops the
+  // promoted standby and shard 1's primary cleanly.
+  void ShutDownPrimaryMidTraining(ShutDown& down) {
+    Started started = StartTraining(/*standby_of_shard0=*/true);
+    ASSERT_TRUE(started.ok(true));
+    auto& [primaries, trainer, standby] = started;
+    const v1::ShardConfig attached = Config(0);
+    down.epoch_before = attached.epoch();
+    std::atomic<int> steps_done{0};
+    ASSERT_OK(Train(*trainer, 0, 10, &steps_done));
+    {
+      PacedTraining paced(*trainer, 10, kShutdownSteps, steps_done);
+      ASSERT_TRUE(paced.RunTo(20)) << "training stalled at step " << steps_done.load();
+      ASSERT_EQ(kill(primaries[0]->pid(), SIGTERM), 0) << std::strerror(errno);
+      ASSERT_OK_AND_ASSIGN(down.status, primaries[0]->WaitForExit(absl::Now() + kWait));
+      down.err = primaries[0]->err();
+      AwaitTakeover(0, attached.replicas(0), *standby);
+      ASSERT_OK(paced.Finish());
+    }
+    ASSERT_EQ(steps_done.load(), kShutdownSteps);
+    ExpectTrained(*trainer, kShutdownSteps);
+    down.epoch_after = Config(0).epoch();
+    EXPECT_GT(down.epoch_after, down.epoch_before);
+    trainer.reset();
+    primaries[0] = std::move(standby);  // shard 0's primary now
+    StopCleanly(primaries);
+    EXPECT_THAT(primaries[0]->err(), HasSubstr("took over shard 0"));
+  }
+};
+
+// Without --checkpoint_dir there is no final save to refuse: the old
+// primary exits 0 whoever holds the shard by then.
+TEST_F(ReplicationShutdownTest, APrimaryShutDownIsTakenOverByItsStandby) {
+  ShutDown down;
+  ShutDownPrimaryMidTraining(down);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_TRUE(WIFEXITED(down.status) && WEXITSTATUS(down.status) == 0)
+      << DescribeWaitStatus(down.status) << down.err;
+}
+
+// With --checkpoint_dir the old primary's final save races its standby's
+// takeover (it stops listening first, and the standby sees the refused
+// dial): published before the takeover, it exits 0; otherwise its publish
+// is refused (the file deleted), or a write it drained was refused by the
+// promoted standby, and it steps down and exits 1. Both happen on this
+// machine. Either way nothing acknowledged is lost, and the shard's
+// published checkpoint ends as the new primary's.
+TEST_F(ReplicationShutdownTest, APrimaryShutDownWithCheckpointsIsTakenOverByItsStandby) {
+  checkpoints_ = true;
+  ShutDown down;
+  ShutDownPrimaryMidTraining(down);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_TRUE(WIFEXITED(down.status)) << DescribeWaitStatus(down.status);
+  std::printf("the old primary exited %d\n", WEXITSTATUS(down.status));
+  if (WEXITSTATUS(down.status) == 0) {
+    EXPECT_THAT(down.err, HasSubstr("saved checkpoint"));
+  } else {
+    EXPECT_EQ(WEXITSTATUS(down.status), 1);
+    EXPECT_THAT(down.err, ::testing::ContainsRegex(
+                              "stepping down: (publishing checkpoint [^\n]* was refused|a backup "
+                              "of shard 0 refused a write)"));
+    EXPECT_THAT(down.err, HasSubstr("stopped, but the final checkpoint failed"));
+  }
+  // The promoted standby's own final save (at its SIGTERM) is the last.
+  EXPECT_EQ(PublishedCheckpoint(0).epoch(), down.epoch_after);
+}
+
+// The standby dies, and etcd is down: the primary cannot drop the standby
+// from /shards/0, so it acknowledges nothing (pushes straight to it are
+// refused; the trainer's next step waits) until etcd is back. Then it
+// re-registers (its lease ran out meanwhile; the guard compares /shards/0
+// with what it last wrote there, the attach included), drops the standby
+// (epoch + 1) and acknowledges, and training ends exact.
+TEST_F(ReplicationShutdownTest, APrimaryWhoseStandbyDiedAcknowledgesNothingUntilEtcdIsBack) {
+  // "big<k>": parameters the trainer never pushes to; raw pushes go there.
+  Started started = StartTraining(/*standby_of_shard0=*/true, /*big=*/8, /*big_floats=*/kWidth);
+  ASSERT_TRUE(started.ok(true));
+  auto& [primaries, trainer, standby] = started;
+  const v1::ShardConfig attached = Config(0);
+  const std::string primary = AddressAt(etcd_keys::ServerKey(0));
+  std::string probe;
+  for (const std::string& name : ParamsAt(primary)) {
+    if (absl::StartsWith(name, "big")) probe = name;
+  }
+  ASSERT_FALSE(probe.empty()) << "no big<k> parameter on shard 0";
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+  ASSERT_TRUE(RawPush(primary, probe).ok());  // acknowledged while all is well
+
+  KillNine(*standby);
+  ASSERT_OK(etcd_->Kill());
+  absl::Status training;
+  std::thread trainer_thread([&] { training = Train(*trainer, 6, 12, &steps_done); });
+  // Refused (UNAVAILABLE: the backup refuses connections and etcd cannot be
+  // read, or the lease lapsed) or not answered within the push's 10 s while
+  // another write waits on etcd; never OK.
+  for (int i = 0; i < 3; ++i) {
+    const grpc::Status refused = RawPush(primary, probe);
+    EXPECT_FALSE(refused.ok()) << "a push was acknowledged with its standby dead and etcd down";
+    EXPECT_TRUE(refused.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                refused.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+        << refused.error_code() << " " << refused.error_message();
+  }
+  EXPECT_EQ(steps_done.load(), 6) << "a step was acknowledged with its standby dead and etcd down";
+
+  ASSERT_OK(etcd_->Restart());
+  trainer_thread.join();
+  ASSERT_OK(training);
+  ExpectTrained(*trainer, 12);
+  const v1::ShardConfig dropped = Config(0);
+  EXPECT_EQ(dropped.holder(), attached.holder());
+  EXPECT_EQ(dropped.replicas_size(), 0);
+  EXPECT_EQ(dropped.epoch(), attached.epoch() + 1);
+  trainer.reset();
+  StopCleanly(primaries);
+  EXPECT_THAT(primaries[0]->err(), HasSubstr("dropped backup"));
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ absl::StatusOr<bool> LeasedKey::Claim(absl::string_view key, ClaimGuard guard) {
     absl::MutexLock lock(&mu_);
     key_ = std::string(key);
     reclaim_compares_ = std::move(guard.reclaim_compares);
+    current_reclaim_compares_ = std::move(guard.current_reclaim_compares);
   }
   registrations_.fetch_add(1);
   return true;
@@ -87,10 +88,13 @@ absl::StatusOr<bool> LeasedKey::Claim(absl::string_view key, ClaimGuard guard) {
 
 absl::Status LeasedKey::Reclaim(const std::string& key, int64_t lease) {
   std::vector<Compare> guard;
+  std::function<std::vector<Compare>()> current;
   {
     absl::MutexLock lock(&mu_);
     guard = reclaim_compares_;
+    current = current_reclaim_compares_;
   }
+  if (current) guard = current();  // outside mu_: it may take the holder's own locks
   if (options_.ownership == LeasedKeyOptions::Ownership::kShared && guard.empty()) {
     return etcd_->Put(key, options_.value, lease);
   }

@@ -74,7 +74,16 @@ struct ClaimGuard {
   // shard's configuration still names this holder); otherwise it fails
   // with FAILED_PRECONDITION and is retried, as when the key is taken.
   std::vector<Compare> reclaim_compares;
-  bool empty() const { return compares.empty() && ops.empty() && reclaim_compares.empty(); }
+  // When set, called at every re-registration for the compares to use
+  // instead of reclaim_compares: for a condition that the holder itself
+  // changes while it holds the key (a primary rewrites /shards/<i> as
+  // standbys attach and are dropped; a fixed compare would keep it from
+  // ever re-registering after that).
+  std::function<std::vector<Compare>()> current_reclaim_compares;
+  bool empty() const {
+    return compares.empty() && ops.empty() && reclaim_compares.empty() &&
+           !current_reclaim_compares;
+  }
 };
 
 class LeasedKey {
@@ -145,6 +154,7 @@ class LeasedKey {
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   std::string key_ ABSL_GUARDED_BY(mu_);
   std::vector<Compare> reclaim_compares_ ABSL_GUARDED_BY(mu_);
+  std::function<std::vector<Compare>()> current_reclaim_compares_ ABSL_GUARDED_BY(mu_);
   bool lost_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> registrations_{0};

@@ -229,6 +229,42 @@ TEST_F(LeasedKeyTest, GuardedClaimsAndReclaims) {
   EXPECT_TRUE(held->LastRenewal().has_value());
 }
 
+// A guard the holder itself moves on (current_reclaim_compares) is read at
+// each re-registration: after the holder rewrote /epoch, a lost lease is
+// retaken under the new value; after someone else did, it is not.
+TEST_F(LeasedKeyTest, AReclaimGuardIsReadAtEachReregistration) {
+  absl::Mutex mu;
+  std::string ours = "1";  // /epoch as the holder last wrote it
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<LeasedKey> held,
+                       LeasedKey::Grant(client_.get(), Options("b", Ownership::kExclusive)));
+  ClaimGuard guard;
+  guard.ops.push_back(TxnOp::Put("/epoch", "1"));
+  guard.current_reclaim_compares = [&] {
+    absl::MutexLock lock(&mu);
+    return std::vector<Compare>{Compare::ValueEquals("/epoch", ours)};
+  };
+  ASSERT_OK_AND_ASSIGN(bool claimed, held->Claim("/ps/0", guard));
+  ASSERT_TRUE(claimed);
+  held->KeepRegistered();
+
+  ASSERT_OK(other_->Put("/epoch", "2"));
+  {
+    absl::MutexLock lock(&mu);
+    ours = "2";
+  }
+  ASSERT_OK(other_->Revoke(held->lease()));
+  ASSERT_TRUE(WaitFor([&] { return held->registrations() >= 2; }));
+  ASSERT_OK_AND_ASSIGN(KeyValue kv, other_->Get("/ps/0"));
+  EXPECT_EQ(kv.lease, held->lease());
+
+  ASSERT_OK(other_->Put("/epoch", "3"));  // not the holder's doing
+  ASSERT_OK(other_->Revoke(held->lease()));
+  ASSERT_TRUE(WaitFor([&] { return log_.Has("the claim's conditions no longer hold"); }));
+  EXPECT_EQ(held->registrations(), 2);
+  EXPECT_THAT(other_->Get("/ps/0"), StatusCodeIs(absl::StatusCode::kNotFound));
+  held->Release();  // before `ours` goes
+}
+
 TEST_F(LeasedKeyTest, StopsPromptlyWhileRetrying) {
   LeasedKeyOptions options = Options("v", Ownership::kExclusive);
   // A Release that waited out this pause would run into the test's timeout.

@@ -584,7 +584,7 @@ absl::Status Server::Register() {
       guard.ops.push_back(next->put);
       // A re-registration after a lost lease retakes the index only if no
       // one has claimed the shard since.
-      guard.reclaim_compares.push_back(Compare::ValueEquals(etcd_keys::ShardKey(i), next->value));
+      guard.current_reclaim_compares = ReclaimGuard(i);
       absl::StatusOr<bool> claimed =
           until_deadline([&] { return registration_->Claim(key, guard); });
       PS_RETURN_IF_ERROR(claimed.status());
@@ -876,7 +876,7 @@ absl::StatusOr<bool> Server::TakeOver(uint32_t shard) {
   ClaimGuard guard;
   guard.compares.push_back(next->unchanged);
   guard.ops.push_back(next->put);
-  guard.reclaim_compares.push_back(Compare::ValueEquals(key, next->value));
+  guard.current_reclaim_compares = ReclaimGuard(shard);
   PS_ASSIGN_OR_RETURN(bool claimed, registration_->Claim(etcd_keys::ServerKey(shard), guard));
   if (!claimed) return false;
   config_.Set(next->config.epoch(), next->value);
@@ -885,6 +885,15 @@ absl::StatusOr<bool> Server::TakeOver(uint32_t shard) {
                    backup_replication_->applied_lsn(), " (its primary's /ps/", shard,
                    " is gone); serving"));
   return true;
+}
+
+std::function<std::vector<Compare>()> Server::ReclaimGuard(uint32_t shard) {
+  // /shards/<i> as this server last wrote it (config_, which a standby's
+  // attach and a backup's drop change): compared with a fixed value, a
+  // primary that lost its lease after either could never re-register.
+  return [this, key = etcd_keys::ShardKey(shard)] {
+    return std::vector<Compare>{Compare::ValueEquals(key, config_.value())};
+  };
 }
 
 void Server::PauseUnlessStopped(absl::Duration pause) const {
@@ -974,7 +983,10 @@ void Server::CheckShardEpoch() {
     StepDown(std::string(config.status().message()));
     return;
   }
-  if (config->holder() == instance_id_ && config->epoch() == epoch()) return;
+  // Named as holder: at this server's epoch, or at a later one that its own
+  // change wrote (a standby attached, a backup dropped: etcd moves first,
+  // config_ just after), which another server could not have.
+  if (config->holder() == instance_id_ && config->epoch() >= epoch()) return;
   StepDown(absl::StrCat(
       "etcd ", key, " is at epoch ", config->epoch(), ", held by instance ", config->holder(),
       config->holder_address().empty() ? std::string()

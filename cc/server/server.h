@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -417,6 +418,9 @@ class Server {
   absl::Status StartPlacementGate();
   void FenceLoop();
   void CheckShardEpoch();
+  // The compares a re-registration of /ps/<shard> after a lost lease makes:
+  // /shards/<shard> still holds the configuration this server last wrote.
+  std::function<std::vector<Compare>()> ReclaimGuard(uint32_t shard);
   void StepDown(const std::string& reason);
 
   const ServerOptions options_;
