@@ -39,6 +39,10 @@ enum class FrameMethod : uint8_t {
   // answered by its TablePullResponse / TablePushResponse.
   kTablePull = 5,
   kTablePush = 6,
+  // A primary's replicated write to its backup (cc/server/replica_channel.h:
+  // a 32-byte replication header, the method name, the request's bytes),
+  // answered with an empty payload once the backup applied it.
+  kReplicate = 7,
 };
 
 inline constexpr size_t kFrameHeaderBytes = 32;

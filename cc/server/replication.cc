@@ -205,7 +205,12 @@ absl::Status PrimaryReplication::DropBackups(
   options_.config->Set(next->config.epoch(), next->value);
   std::vector<Backup> kept;
   for (Backup& backup : backups_) {
-    if (std::find(ids.begin(), ids.end(), backup.id) == ids.end()) kept.push_back(std::move(backup));
+    if (std::find(ids.begin(), ids.end(), backup.id) == ids.end()) {
+      kept.push_back(std::move(backup));
+    } else {
+      dropped_over_channel_.fetch_add(backup.channel->sent_over_channel());
+      dropped_over_grpc_.fetch_add(backup.channel->sent_over_grpc());
+    }
   }
   backups_ = std::move(kept);
   RebuildLog();
@@ -218,41 +223,11 @@ absl::Status PrimaryReplication::DropBackups(
   return absl::OkStatus();
 }
 
-std::shared_ptr<const v1::ReplicateRequest> PrimaryReplication::Encoded(
-    const BackupLog::Write& write, size_t backups) {
-  absl::MutexLock lock(&encoded_mu_);
-  Encoding& encoding = encoded_[write.lsn];
-  if (encoding.request == nullptr) {
-    auto request = std::make_shared<v1::ReplicateRequest>();
-    request->set_shard(options_.shard);
-    request->set_epoch(write.epoch);
-    request->set_lsn(write.lsn);
-    request->set_method(write.method);
-    request->set_request(write.request);
-    encoding.request = std::move(request);
-    encoding.sends_left = backups;
-  }
-  return encoding.request;
-}
-
-void PrimaryReplication::Release(uint64_t lsn) {
-  absl::MutexLock lock(&encoded_mu_);
-  auto it = encoded_.find(lsn);
-  if (it != encoded_.end() && --it->second.sends_left == 0) encoded_.erase(it);
-}
-
 absl::Status PrimaryReplication::Send(const Backup& backup, const BackupLog::Write& write) {
-  // Shipping holds mu_ shared: backups_ stays.
-  const std::shared_ptr<const v1::ReplicateRequest> shared = Encoded(write, backups_.size());
-  absl::Cleanup release = [&] { Release(write.lsn); };
-  const v1::ReplicateRequest& request = *shared;
   const absl::Time deadline = absl::Now() + options_.replicate_timeout;
   absl::Status status;
   for (int attempt = 0;; ++attempt) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    v1::ReplicateResponse response;
-    status = FromGrpcStatus(backup.stub->Replicate(&context, request, &response));
+    status = backup.channel->Send(write, deadline);
     if (!absl::IsUnavailable(status) || absl::Now() >= deadline || attempt >= 1000) break;
     // A backup whose address refuses connections is gone (its process
     // died): no use retrying until the timeout, drop it now.
@@ -264,6 +239,20 @@ absl::Status PrimaryReplication::Send(const Backup& backup, const BackupLog::Wri
     absl::SleepFor(absl::Milliseconds(10));
   }
   return status;
+}
+
+uint64_t PrimaryReplication::sent_over_channel() const {
+  absl::ReaderMutexLock lock(&mu_);
+  uint64_t sent = dropped_over_channel_.load();
+  for (const Backup& backup : backups_) sent += backup.channel->sent_over_channel();
+  return sent;
+}
+
+uint64_t PrimaryReplication::sent_over_grpc() const {
+  absl::ReaderMutexLock lock(&mu_);
+  uint64_t sent = dropped_over_grpc_.load();
+  for (const Backup& backup : backups_) sent += backup.channel->sent_over_grpc();
+  return sent;
 }
 
 absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
@@ -307,6 +296,10 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
   backup.stub = v1::ParameterServer::NewStub(
       grpc::CreateChannel(backup.address, grpc::InsecureChannelCredentials()));
   RebuildLog();
+  // No write is in flight (mu_ is held): the next LSN is the first it gets.
+  backup.channel = std::make_unique<ReplicaChannel>(options_.shard, backup.address,
+                                                    backup.stub.get(), last_lsn_ + 1,
+                                                    options_.channel);
   if (options_.log) {
     options_.log(absl::StrCat("standby ", backup.id, " at ", backup.address,
                               " attached as backup ", backups_.size(), " of shard ",
@@ -354,6 +347,16 @@ std::shared_ptr<BackupLog> BackupReplication::log() const {
 
 absl::Status BackupReplication::Replicate(const v1::ReplicateRequest& request,
                                           absl::Duration wait) {
+  BackupLog::Write write;
+  write.epoch = request.epoch();
+  write.lsn = request.lsn();
+  write.method = request.method();
+  write.request = request.request();
+  return Deliver(request.shard(), std::move(write), wait);
+}
+
+absl::Status BackupReplication::Deliver(uint32_t shard_asked, BackupLog::Write write,
+                                        absl::Duration wait) {
   std::shared_ptr<BackupLog> log;
   uint32_t shard = 0;
   {
@@ -361,20 +364,15 @@ absl::Status BackupReplication::Replicate(const v1::ReplicateRequest& request,
     auto loaded = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return log_ != nullptr; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&loaded), wait)) {
       return absl::UnavailableError(
-          absl::StrCat("the copy of shard ", request.shard(), " is not loaded yet; retry"));
+          absl::StrCat("the copy of shard ", shard_asked, " is not loaded yet; retry"));
     }
     log = log_;
     shard = shard_;
   }
-  if (request.shard() != shard) {
+  if (shard_asked != shard) {
     return absl::InvalidArgumentError(
-        absl::StrCat("this server is a backup of shard ", shard, ", not ", request.shard()));
+        absl::StrCat("this server is a backup of shard ", shard, ", not ", shard_asked));
   }
-  BackupLog::Write write;
-  write.epoch = request.epoch();
-  write.lsn = request.lsn();
-  write.method = request.method();
-  write.request = request.request();
   absl::Status delivered = log->Deliver(std::move(write), absl::Now() + wait);
   // Refused by a log this backup detached from (it is loading a fresh copy):
   // the primary retries once the copy is loaded.

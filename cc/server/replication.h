@@ -6,7 +6,9 @@
 //   shard (writes held meanwhile, as Save holds them), adds the standby to
 //   /shards/<i>.replicas (epoch + 1) and from then on every write goes
 //   through a PrimaryLog whose backups are the attached standbys (at most
-//   max_standbys), sent to all at once over the Replicate RPC. The backups
+//   max_standbys), sent to all at once, each over its ReplicaChannel (one
+//   long-lived bulk channel connection per backup, gRPC Replicate when the
+//   backup's channel cannot be opened; cc/server/replica_channel.h). The backups
 //   that do not acknowledge a write are dropped from /shards/<i> by one
 //   transaction before the write is acknowledged; a primary that cannot
 //   drop them (etcd unreachable) acknowledges nothing; a backup that answers
@@ -44,6 +46,7 @@
 #include "cc/server/backup_log.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/primary_log.h"
+#include "cc/server/replica_channel.h"
 #include "pserver/v1/service.grpc.pb.h"
 
 namespace pserver {
@@ -93,6 +96,8 @@ struct PrimaryReplicationOptions {
   // How long one write may take to reach the backup, retries of
   // UNAVAILABLE included; then the backup is dropped.
   absl::Duration replicate_timeout = absl::Seconds(10);
+  // How writes reach each backup (the bulk channel, else gRPC).
+  ReplicaChannelOptions channel;
   // The most standbys attached at once (--max_standbys, >= 1): one more is
   // refused with FAILED_PRECONDITION naming the flag.
   size_t max_standbys = 2;
@@ -120,20 +125,19 @@ class PrimaryReplication : public WriteShipper {
   uint64_t last_lsn() const;
   // How many backups were dropped (not acknowledging a write) so far.
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  // Writes sent to a backup (each backup's copy counted, retries included)
+  // over the bulk channel, and over gRPC Replicate, so far.
+  uint64_t sent_over_channel() const;
+  uint64_t sent_over_grpc() const;
 
  private:
   struct Backup {
     std::string id;
     std::string address;
     std::unique_ptr<v1::ParameterServer::Stub> stub;
+    std::unique_ptr<ReplicaChannel> channel;  // over `stub`'s backup
   };
   absl::Status Send(const Backup& backup, const BackupLog::Write& write);
-  // The Replicate request of `write`, built once (one copy of its bytes) and
-  // shared by every backup's send and retries; the last of the `backups`
-  // sends releases it.
-  std::shared_ptr<const v1::ReplicateRequest> Encoded(const BackupLog::Write& write,
-                                                      size_t backups);
-  void Release(uint64_t lsn);
   // Takes the backups `failed` names (id, its failure) out of /shards/<i>,
   // those still attached; OK when none is left to drop.
   absl::Status DropBackups(const std::vector<std::pair<std::string, absl::Status>>& failed)
@@ -149,13 +153,10 @@ class PrimaryReplication : public WriteShipper {
   uint64_t last_lsn_ ABSL_GUARDED_BY(mu_);                // while there is no log
   std::unique_ptr<PrimaryLog> log_ ABSL_GUARDED_BY(mu_);  // null: no backup
   std::vector<Backup> backups_ ABSL_GUARDED_BY(mu_);     // log_'s, in its order
-  struct Encoding {
-    std::shared_ptr<const v1::ReplicateRequest> request;
-    size_t sends_left = 0;
-  };
-  absl::Mutex encoded_mu_;
-  std::map<uint64_t, Encoding> encoded_ ABSL_GUARDED_BY(encoded_mu_);  // by LSN
   std::atomic<uint64_t> dropped_{0};
+  // Sent by the channels of backups dropped since.
+  std::atomic<uint64_t> dropped_over_channel_{0};
+  std::atomic<uint64_t> dropped_over_grpc_{0};
 };
 
 // A standby's test of whether its primary is evidently gone: its gRPC
@@ -190,6 +191,10 @@ class BackupReplication {
   // UNAVAILABLE while no copy is loaded (for up to `wait`).
   absl::Status Replicate(const v1::ReplicateRequest& request,
                          absl::Duration wait = absl::Seconds(10));
+  // The same for a write of shard `shard` that came over the bulk channel
+  // (frame.h kReplicate); INVALID_ARGUMENT for another shard.
+  absl::Status Deliver(uint32_t shard, BackupLog::Write write,
+                       absl::Duration wait = absl::Seconds(10));
   // Taking over: the old primary's writes are refused from now on.
   void SetEpoch(uint64_t epoch);
   uint64_t applied_lsn() const;

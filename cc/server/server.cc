@@ -369,6 +369,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     bulk.max_request_bytes_in_flight = options.max_bulk_request_bytes_in_flight;
     bulk.max_frame_bytes = options.max_message_bytes;
     bulk.auth = server->auth_.get();
+    if (options.standby) {  // its primary's writes come over the channel too
+      bulk.replicate = [raw](uint32_t shard, BackupLog::Write write) {
+        return raw->backup_replication_->Deliver(shard, std::move(write));
+      };
+    }
     PS_ASSIGN_OR_RETURN(server->bulk_listener_,
                         BulkListener::Start(server->dispatcher_.get(), bulk));
   }
