@@ -1139,5 +1139,55 @@ TEST_F(ReplicationTest, APrimaryRefusesAStandbyPastMaxStandbys) {
   }
 }
 
+
+// The primary's writes sent to its backups over `transport` ("channel" or
+// "grpc"), from its metrics page; -1 when missing.
+double SentOver(const std::string& primary, const std::string& transport) {
+  return MetricAt(primary,
+                  absl::StrCat("pserver_replication_sent_total{transport=\"", transport, "\"}"));
+}
+
+// Writes reach a standby over its bulk channel (a frame per write on one
+// connection, cc/server/replica_channel.h), not over gRPC.
+TEST_F(ReplicationTest, WritesReachTheStandbyOverItsBulkChannel) {
+  extra_flags_ = {"--metrics_port=0"};
+  Started started = StartTraining(/*standby_of_shard0=*/true);
+  ASSERT_TRUE(started.ok(true));
+  auto& [primaries, trainer, standby] = started;
+  const std::string primary = AddressAt(etcd_keys::ServerKey(0));
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+  const double last_lsn = MetricAt(primary, "pserver_replication_last_lsn");
+  EXPECT_GT(last_lsn, 0);
+  EXPECT_EQ(MetricAt(StandbyAddress(0), "pserver_backup_applied_lsn"), last_lsn);
+  EXPECT_GE(SentOver(primary, "channel"), last_lsn);  // retries count too
+  EXPECT_EQ(SentOver(primary, "grpc"), 0);
+  EXPECT_EQ(StateChecksum(primary), StateChecksum(StandbyAddress(0)));
+  ExpectTrained(*trainer, 6);
+  trainer.reset();
+  StopCleanly(primaries);
+}
+
+// With the bulk channel off (on every process, the standby's included) the
+// primary falls back to gRPC Replicate, and nothing else changes.
+TEST_F(ReplicationTest, WritesReachAStandbyWithoutABulkChannelOverGrpc) {
+  extra_flags_ = {"--metrics_port=0", "--bulk_channel=off"};
+  Started started = StartTraining(/*standby_of_shard0=*/true);
+  ASSERT_TRUE(started.ok(true));
+  auto& [primaries, trainer, standby] = started;
+  const std::string primary = AddressAt(etcd_keys::ServerKey(0));
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+  const double last_lsn = MetricAt(primary, "pserver_replication_last_lsn");
+  EXPECT_GT(last_lsn, 0);
+  EXPECT_EQ(MetricAt(StandbyAddress(0), "pserver_backup_applied_lsn"), last_lsn);
+  EXPECT_GE(SentOver(primary, "grpc"), last_lsn);
+  EXPECT_EQ(SentOver(primary, "channel"), 0);
+  EXPECT_EQ(StateChecksum(primary), StateChecksum(StandbyAddress(0)));
+  ExpectTrained(*trainer, 6);
+  trainer.reset();
+  StopCleanly(primaries);
+}
+
 }  // namespace
 }  // namespace pserver

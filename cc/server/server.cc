@@ -1358,6 +1358,8 @@ ReplicationState Server::Replication() const {
     state.backups = primary_replication_->backups().size();
     state.last_lsn = primary_replication_->last_lsn();
     state.dropped = primary_replication_->dropped();
+    state.sent_over_channel = primary_replication_->sent_over_channel();
+    state.sent_over_grpc = primary_replication_->sent_over_grpc();
   }
   return state;
 }

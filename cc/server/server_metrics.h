@@ -75,6 +75,8 @@ struct ReplicationState {
   uint64_t backups = 0;      // live backups of its shard
   uint64_t last_lsn = 0;     // the last write it numbered
   uint64_t dropped = 0;      // backups dropped so far
+  uint64_t sent_over_channel = 0;  // writes sent to a backup over the bulk channel
+  uint64_t sent_over_grpc = 0;     // and over gRPC Replicate
   bool standby = false;      // started as --standby
   uint64_t applied_lsn = 0;  // the last of its primary's writes applied here
 };
