@@ -1147,46 +1147,43 @@ double SentOver(const std::string& primary, const std::string& transport) {
                   absl::StrCat("pserver_replication_sent_total{transport=\"", transport, "\"}"));
 }
 
+// Trains 6 steps with a standby of shard 0, every process started with
+// `flags`; then every write the primary numbered was sent over `used` and none
+// over `unused`, and the standby holds the primary's state.
+class ReplicationTransportTest : public ReplicationTest {
+ protected:
+  void ExpectWritesSentOver(std::vector<std::string> flags, const std::string& used,
+                            const std::string& unused) {
+    extra_flags_ = std::move(flags);
+    extra_flags_.push_back("--metrics_port=0");
+    Started started = StartTraining(/*standby_of_shard0=*/true);
+    ASSERT_TRUE(started.ok(true));
+    auto& [primaries, trainer, standby] = started;
+    const std::string primary = AddressAt(etcd_keys::ServerKey(0));
+    std::atomic<int> steps_done{0};
+    ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+    const double last_lsn = MetricAt(primary, "pserver_replication_last_lsn");
+    EXPECT_GT(last_lsn, 0);
+    EXPECT_EQ(MetricAt(StandbyAddress(0), "pserver_backup_applied_lsn"), last_lsn);
+    EXPECT_GE(SentOver(primary, used), last_lsn);  // retries count too
+    EXPECT_EQ(SentOver(primary, unused), 0);
+    EXPECT_EQ(StateChecksum(primary), StateChecksum(StandbyAddress(0)));
+    ExpectTrained(*trainer, 6);
+    trainer.reset();
+    StopCleanly(primaries);
+  }
+};
+
 // Writes reach a standby over its bulk channel (a frame per write on one
 // connection, cc/server/replica_channel.h), not over gRPC.
-TEST_F(ReplicationTest, WritesReachTheStandbyOverItsBulkChannel) {
-  extra_flags_ = {"--metrics_port=0"};
-  Started started = StartTraining(/*standby_of_shard0=*/true);
-  ASSERT_TRUE(started.ok(true));
-  auto& [primaries, trainer, standby] = started;
-  const std::string primary = AddressAt(etcd_keys::ServerKey(0));
-  std::atomic<int> steps_done{0};
-  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
-  const double last_lsn = MetricAt(primary, "pserver_replication_last_lsn");
-  EXPECT_GT(last_lsn, 0);
-  EXPECT_EQ(MetricAt(StandbyAddress(0), "pserver_backup_applied_lsn"), last_lsn);
-  EXPECT_GE(SentOver(primary, "channel"), last_lsn);  // retries count too
-  EXPECT_EQ(SentOver(primary, "grpc"), 0);
-  EXPECT_EQ(StateChecksum(primary), StateChecksum(StandbyAddress(0)));
-  ExpectTrained(*trainer, 6);
-  trainer.reset();
-  StopCleanly(primaries);
+TEST_F(ReplicationTransportTest, WritesReachTheStandbyOverItsBulkChannel) {
+  ExpectWritesSentOver({}, "channel", "grpc");
 }
 
 // With the bulk channel off (on every process, the standby's included) the
 // primary falls back to gRPC Replicate, and nothing else changes.
-TEST_F(ReplicationTest, WritesReachAStandbyWithoutABulkChannelOverGrpc) {
-  extra_flags_ = {"--metrics_port=0", "--bulk_channel=off"};
-  Started started = StartTraining(/*standby_of_shard0=*/true);
-  ASSERT_TRUE(started.ok(true));
-  auto& [primaries, trainer, standby] = started;
-  const std::string primary = AddressAt(etcd_keys::ServerKey(0));
-  std::atomic<int> steps_done{0};
-  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
-  const double last_lsn = MetricAt(primary, "pserver_replication_last_lsn");
-  EXPECT_GT(last_lsn, 0);
-  EXPECT_EQ(MetricAt(StandbyAddress(0), "pserver_backup_applied_lsn"), last_lsn);
-  EXPECT_GE(SentOver(primary, "grpc"), last_lsn);
-  EXPECT_EQ(SentOver(primary, "channel"), 0);
-  EXPECT_EQ(StateChecksum(primary), StateChecksum(StandbyAddress(0)));
-  ExpectTrained(*trainer, 6);
-  trainer.reset();
-  StopCleanly(primaries);
+TEST_F(ReplicationTransportTest, WritesReachAStandbyWithoutABulkChannelOverGrpc) {
+  ExpectWritesSentOver({"--bulk_channel=off"}, "grpc", "channel");
 }
 
 }  // namespace

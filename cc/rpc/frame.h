@@ -3,8 +3,9 @@
 // very message bytes their raw gRPC methods carry (cc/rpc/wire.h).
 //
 //   request  = header (32 bytes) + payload (SendGradsRequest, GetParamsRequest,
-//              PushPullRequest, TablePullRequest, TablePushRequest, or the
-//              token for kHello)
+//              PushPullRequest, TablePullRequest, TablePushRequest, a
+//              primary's replicated write for kReplicate, or the token for
+//              kHello)
 //   reply    = header (48 bytes) + status message + payload (SendGradsResponse,
 //              GetParamsResponse, TablePullResponse or TablePushResponse when
 //              the status is OK)
