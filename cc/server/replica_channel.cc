@@ -295,13 +295,16 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
   // A frame over the backup's limit goes over gRPC (as the client's request
   // it carries may be at that limit).
   if (connection == nullptr || payload > connection->max_frame_bytes) {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      HandedOver(write.lsn);
-      route_ = "grpc";
-    }
-    return SendOverGrpc(write, deadline);
+    // One call at a time, keeping the turn until it is answered: the
+    // backup's gRPC threads may be few, and each call waits there until the
+    // earlier LSNs arrived. Not applied (UNAVAILABLE): it goes first again.
+    const absl::Status status = SendOverGrpc(write, deadline);
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    HandedOver(write.lsn);
+    if (absl::IsUnavailable(status)) resend_.insert(write.lsn);
+    route_ = "grpc";
+    return status;
   }
   Pending pending;
   pending.lsn = write.lsn;

@@ -24,6 +24,8 @@
 // (the first expected is `next_lsn`); a broken connection, or an UNAVAILABLE
 // answer, fails every write in flight on it (UNAVAILABLE: the caller
 // retries) and the lowest of them goes first again on the next connection.
+// Over gRPC one write is in flight at a time, in LSN order (each call holds
+// one of the backup's gRPC threads until the earlier LSNs arrived).
 //
 // Thread-safe.
 #ifndef PSERVER_CC_SERVER_REPLICA_CHANNEL_H_

@@ -8,6 +8,7 @@
 // every wait is for a condition, bounded by a deadline of tens of seconds.
 #include "cc/server/replica_channel.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/tables.h"
@@ -103,6 +105,7 @@ class Backup {
       BulkListenerOptions options;
       options.unix_socket = unix_socket;
       options.replicate = [this](uint32_t shard, BackupLog::Write write) {
+        if (absl::Notification* hold = hold_.load(); hold != nullptr) hold->WaitForNotification();
         return replication_->Deliver(shard, std::move(write));
       };
       absl::StatusOr<std::unique_ptr<BulkListener>> bulk =
@@ -128,6 +131,9 @@ class Backup {
     if (grpc_ != nullptr) grpc_->Shutdown(absl::ToChronoTime(absl::Now()));
   }
 
+  // Channel writes from now on wait for `hold` before they are applied (a
+  // backup that does not answer); null: none.
+  void HoldWritesUntil(absl::Notification* hold) { hold_.store(hold); }
   const std::string& address() const { return address_; }
   v1::ParameterServer::Stub* stub() { return stub_.get(); }
   BulkListener* bulk() { return bulk_.get(); }
@@ -135,6 +141,7 @@ class Backup {
   uint32_t Checksum() { return pserver::Checksum(*dispatcher_); }
 
  private:
+  std::atomic<absl::Notification*> hold_{nullptr};
   ParameterStore store_;
   Tables tables_;
   std::unique_ptr<Dispatcher> dispatcher_;
@@ -236,6 +243,27 @@ TEST(ReplicaChannelTest, ABackupThatIsGoneAnswersUnavailable) {
   EXPECT_THAT(channel.Send(writes[1], absl::Now() + kWait),
               StatusCodeIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(backup.replication().applied_lsn(), 1u);
+}
+
+TEST(ReplicaChannelTest, ABackupThatDoesNotAnswerTimesOutAndItsRetryIsAppliedOnce) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
+  const std::vector<BackupLog::Write> writes = Writes(1);
+  ASSERT_OK(channel.Send(writes[0], absl::Now() + kWait));  // the channel is open
+  absl::Notification answer;
+  backup.HoldWritesUntil(&answer);
+  // Nothing answers: the write fails at its deadline (and its connection
+  // with it) instead of waiting for good.
+  EXPECT_THAT(channel.Send(writes[1], absl::Now() + absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not answer LSN 2")));
+  backup.HoldWritesUntil(nullptr);
+  answer.Notify();  // the backup applies it after all (its answer is lost)
+  // The retry goes over a new connection and is acknowledged, applied once.
+  ASSERT_OK(channel.Send(writes[1], absl::Now() + kWait));
+  ASSERT_OK(channel.Send(writes[2], absl::Now() + kWait));
+  EXPECT_EQ(backup.replication().applied_lsn(), 3u);
+  EXPECT_EQ(backup.Checksum(), PrimaryChecksum(writes));
+  EXPECT_EQ(channel.route(), "unix");
 }
 
 // ---- malformed Replicate frames, spoken raw ----
