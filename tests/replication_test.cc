@@ -1501,5 +1501,51 @@ TEST_F(ReplicationShutdownTest, APrimaryWhoseStandbyDiedAcknowledgesNothingUntil
   EXPECT_THAT(primaries[0]->err(), HasSubstr("dropped backup"));
 }
 
+// The primary's writes sent to its backups over `transport` ("channel" or
+// "grpc"), from its metrics page; -1 when missing.
+double SentOver(const std::string& primary, const std::string& transport) {
+  return MetricAt(primary,
+                  absl::StrCat("pserver_replication_sent_total{transport=\"", transport, "\"}"));
+}
+
+// Trains 6 steps with a standby of shard 0, every process started with
+// `flags`; then every write the primary numbered was sent over `used` and none
+// over `unused`, and the standby holds the primary's state.
+class ReplicationTransportTest : public ReplicationTest {
+ protected:
+  void ExpectWritesSentOver(std::vector<std::string> flags, const std::string& used,
+                            const std::string& unused) {
+    extra_flags_ = std::move(flags);
+    extra_flags_.push_back("--metrics_port=0");
+    Started started = StartTraining(/*standby_of_shard0=*/true);
+    ASSERT_TRUE(started.ok(true));
+    auto& [primaries, trainer, standby] = started;
+    const std::string primary = AddressAt(etcd_keys::ServerKey(0));
+    std::atomic<int> steps_done{0};
+    ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+    const double last_lsn = MetricAt(primary, "pserver_replication_last_lsn");
+    EXPECT_GT(last_lsn, 0);
+    EXPECT_EQ(MetricAt(StandbyAddress(0), "pserver_backup_applied_lsn"), last_lsn);
+    EXPECT_GE(SentOver(primary, used), last_lsn);  // retries count too
+    EXPECT_EQ(SentOver(primary, unused), 0);
+    EXPECT_EQ(StateChecksum(primary), StateChecksum(StandbyAddress(0)));
+    ExpectTrained(*trainer, 6);
+    trainer.reset();
+    StopCleanly(primaries);
+  }
+};
+
+// Writes reach a standby over its bulk channel (a frame per write on one
+// connection, cc/server/replica_channel.h), not over gRPC.
+TEST_F(ReplicationTransportTest, WritesReachTheStandbyOverItsBulkChannel) {
+  ExpectWritesSentOver({}, "channel", "grpc");
+}
+
+// With the bulk channel off (on every process, the standby's included) the
+// primary falls back to gRPC Replicate, and nothing else changes.
+TEST_F(ReplicationTransportTest, WritesReachAStandbyWithoutABulkChannelOverGrpc) {
+  ExpectWritesSentOver({"--bulk_channel=off"}, "grpc", "channel");
+}
+
 }  // namespace
 }  // namespace pserver

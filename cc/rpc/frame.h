@@ -3,8 +3,9 @@
 // very message bytes their raw gRPC methods carry (cc/rpc/wire.h).
 //
 //   request  = header (32 bytes) + payload (SendGradsRequest, GetParamsRequest,
-//              PushPullRequest, TablePullRequest, TablePushRequest, or the
-//              token for kHello)
+//              PushPullRequest, TablePullRequest, TablePushRequest, a
+//              primary's replicated write for kReplicate, or the token for
+//              kHello)
 //   reply    = header (48 bytes) + status message + payload (SendGradsResponse,
 //              GetParamsResponse, TablePullResponse or TablePushResponse when
 //              the status is OK)
@@ -39,6 +40,10 @@ enum class FrameMethod : uint8_t {
   // answered by its TablePullResponse / TablePushResponse.
   kTablePull = 5,
   kTablePush = 6,
+  // A primary's replicated write to its backup (cc/server/replica_channel.h:
+  // a 32-byte replication header, the method name, the request's bytes),
+  // answered with an empty payload once the backup applied it.
+  kReplicate = 7,
 };
 
 inline constexpr size_t kFrameHeaderBytes = 32;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
 #include "cc/security/tls_byte_stream.h"
+#include "cc/server/replica_channel.h"
 #include "cc/server/service.h"
 #include "cc/trace/trace.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -46,6 +47,8 @@ const char* MethodName(FrameMethod method) {
       return "TablePull";
     case FrameMethod::kTablePush:
       return "TablePush";
+    case FrameMethod::kReplicate:
+      return "Replicate";
     case FrameMethod::kHello:
       break;
   }
@@ -280,7 +283,7 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
   absl::StatusOr<RequestHeader> header = DecodeRequestHeader(encoded, options_.max_frame_bytes);
   if (!header.ok()) return Malformed(stream, 0, header.status());
   const BulkMethodFn method = FindBulkMethod(MethodName(header->method));
-  if (method == nullptr) {
+  if (method == nullptr && header->method != FrameMethod::kReplicate) {
     return Malformed(stream, header->call_id,
                      absl::InvalidArgumentError("bulk channel: a second hello frame"));
   }
@@ -297,6 +300,16 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
     return WriteReplyFrame(stream, reply, room);
   }
   const uint64_t held = header->payload_bytes;
+  if (header->method == FrameMethod::kReplicate) {
+    absl::Status answer;
+    {
+      const absl::Cleanup release = [this, held] { request_budget_.Release(held); };
+      stage.reset();
+      PS_RETURN_IF_ERROR(ServeReplicate(stream, *header, &answer));
+    }
+    reply.processed_unix_nanos = absl::ToUnixNanos(absl::Now());
+    return WriteReplyFrame(stream, reply, answer);
+  }
   grpc::ByteBuffer response;
   ReplyHold hold;
   absl::Status status;
@@ -335,6 +348,45 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
     }
   }
   return WriteReplyFrame(stream, reply, status, parts);
+}
+
+absl::Status BulkListener::ServeReplicate(ByteStream& stream, const RequestHeader& header,
+                                          absl::Status* answer) {
+  uint64_t left = header.payload_bytes;
+  // Refuses the frame: the rest of it is read and dropped, nothing applied.
+  auto refuse = [&](absl::Status why) {
+    dispatcher_->CountMalformed();
+    *answer = std::move(why);
+    return Discard(stream, left);
+  };
+  if (left < kReplicateHeaderBytes) {
+    size_t unused = 0;
+    char none[kReplicateHeaderBytes] = {};
+    return refuse(DecodeReplicateHeader(none, left, &unused).status());
+  }
+  char encoded[kReplicateHeaderBytes];
+  PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
+  left -= sizeof(encoded);
+  size_t method_bytes = 0;
+  absl::StatusOr<ReplicateFrame> frame =
+      DecodeReplicateHeader(encoded, header.payload_bytes, &method_bytes);
+  if (!frame.ok()) return refuse(frame.status());
+  BackupLog::Write write;
+  write.epoch = frame->epoch;
+  write.lsn = frame->lsn;
+  write.method.resize(method_bytes);
+  PS_RETURN_IF_ERROR(stream.Read(write.method.data(), method_bytes));
+  left -= method_bytes;
+  if (absl::Status known = CheckReplicatedMethod(write.method); !known.ok()) return refuse(known);
+  if (!options_.replicate) {
+    *answer = absl::FailedPreconditionError("this server is no backup (not a --standby)");
+    return Discard(stream, left);
+  }
+  // The request's bytes straight into the write the backup log keeps.
+  write.request.resize(left);
+  PS_RETURN_IF_ERROR(stream.Read(write.request.data(), left));
+  *answer = options_.replicate(frame->shard, std::move(write));
+  return absl::OkStatus();
 }
 
 }  // namespace pserver

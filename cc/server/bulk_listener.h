@@ -11,7 +11,9 @@
 // first present the server's random token (kHello); then each request frame
 // runs the same bulk method the gRPC face runs (service.h FindBulkMethod: the
 // serving check, exactly-once ids, counters, reply budget) and is answered
-// with the method's reply bytes and status. One thread per connection serves
+// with the method's reply bytes and status. On a standby it also serves its
+// primary's replicated writes (kReplicate, with options.replicate; the role
+// that may "Replicate" when roles are on). One thread per connection serves
 // its frames in order; at most `max_connections` connections are served, a
 // further one is answered RESOURCE_EXHAUSTED and closed. A malformed or
 // oversized frame, or a wrong token, is answered (when its id is known) and
@@ -23,6 +25,7 @@
 #define PSERVER_CC_SERVER_BULK_LISTENER_H_
 
 #include <atomic>
+#include <functional>
 #include <list>
 #include <memory>
 #include <optional>
@@ -40,6 +43,7 @@
 #include "cc/server/dispatcher.h"
 #include "cc/server/reply_budget.h"
 #include "cc/security/tls.h"
+#include "cc/server/backup_log.h"
 #include "pserver/v1/service.pb.h"
 
 namespace pserver {
@@ -75,6 +79,11 @@ struct BulkListenerOptions {
   // TLS on: every connection is mutual TLS (TCP only; the TLS handshake
   // also ends by hello_timeout).
   TlsOptions tls;
+
+  // A standby's: applies a write its primary replicated (a kReplicate frame,
+  // cc/server/replica_channel.h; BackupReplication::Deliver) and returns once
+  // it is applied. Null: such frames are answered FAILED_PRECONDITION.
+  std::function<absl::Status(uint32_t shard, BackupLog::Write write)> replicate;
 };
 
 class BulkListener {
@@ -125,6 +134,11 @@ class BulkListener {
                           std::optional<Principal>* principal);
   // Reads and answers one request frame; an error closes the connection.
   absl::Status ServeFrame(ByteStream& stream, const std::optional<Principal>& principal);
+  // Reads the rest of a kReplicate frame (`header`) and applies it
+  // (options_.replicate), its answer in `*answer`; a malformed one is
+  // refused (read and dropped) and changes nothing. An error: the stream's.
+  absl::Status ServeReplicate(ByteStream& stream, const RequestHeader& header,
+                              absl::Status* answer);
   // Reads and drops `bytes` of payload, in small pieces.
   static absl::Status Discard(ByteStream& stream, uint64_t bytes);
   // Counts a malformed frame and tells the peer why (best effort).

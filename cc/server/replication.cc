@@ -214,7 +214,12 @@ absl::Status PrimaryReplication::DropBackups(
   options_.config->Set(next->config.epoch(), next->value);
   std::vector<Backup> kept;
   for (Backup& backup : backups_) {
-    if (std::find(ids.begin(), ids.end(), backup.id) == ids.end()) kept.push_back(std::move(backup));
+    if (std::find(ids.begin(), ids.end(), backup.id) == ids.end()) {
+      kept.push_back(std::move(backup));
+    } else {
+      dropped_over_channel_.fetch_add(backup.channel->sent_over_channel());
+      dropped_over_grpc_.fetch_add(backup.channel->sent_over_grpc());
+    }
   }
   backups_ = std::move(kept);
   RebuildLog();
@@ -227,42 +232,12 @@ absl::Status PrimaryReplication::DropBackups(
   return absl::OkStatus();
 }
 
-std::shared_ptr<const v1::ReplicateRequest> PrimaryReplication::Encoded(
-    const BackupLog::Write& write, size_t backups) {
-  absl::MutexLock lock(&encoded_mu_);
-  Encoding& encoding = encoded_[write.lsn];
-  if (encoding.request == nullptr) {
-    auto request = std::make_shared<v1::ReplicateRequest>();
-    request->set_shard(options_.shard);
-    request->set_epoch(write.epoch);
-    request->set_lsn(write.lsn);
-    request->set_method(write.method);
-    request->set_request(write.request);
-    encoding.request = std::move(request);
-    encoding.sends_left = backups;
-  }
-  return encoding.request;
-}
-
-void PrimaryReplication::Release(uint64_t lsn) {
-  absl::MutexLock lock(&encoded_mu_);
-  auto it = encoded_.find(lsn);
-  if (it != encoded_.end() && --it->second.sends_left == 0) encoded_.erase(it);
-}
-
 absl::Status PrimaryReplication::Send(const Backup& backup, const BackupLog::Write& write) {
-  // Shipping holds mu_ shared: backups_ and joiners_ stay.
-  const std::shared_ptr<const v1::ReplicateRequest> shared =
-      Encoded(write, backups_.size() + joiners_.size());
-  absl::Cleanup release = [&] { Release(write.lsn); };
-  return Deliver(backup, *shared, absl::Now() + options_.replicate_timeout);
+  return Deliver(backup, write, absl::Now() + options_.replicate_timeout);
 }
 
 absl::Status PrimaryReplication::Enqueue(Joiner& joiner, const BackupLog::Write& write) {
-  std::shared_ptr<const v1::ReplicateRequest> request =
-      Encoded(write, backups_.size() + joiners_.size());
-  Release(write.lsn);  // the queue holds its own reference
-  const uint64_t bytes = request->request().size() + request->method().size();
+  const uint64_t bytes = write.request.size() + write.method.size();
   absl::MutexLock lock(&joiner.mu);
   if (!joiner.failed.empty()) return absl::OkStatus();
   if (joiner.queued_bytes + bytes > options_.max_joining_bytes) {
@@ -273,20 +248,15 @@ absl::Status PrimaryReplication::Enqueue(Joiner& joiner, const BackupLog::Write&
     return absl::OkStatus();
   }
   joiner.queued_bytes += bytes;
-  joiner.queue.emplace(write.lsn, std::move(request));
+  joiner.queue.emplace(write.lsn, std::make_shared<const BackupLog::Write>(write));
   return absl::OkStatus();
 }
 
-absl::Status PrimaryReplication::Deliver(const Backup& backup,
-                                         const v1::ReplicateRequest& request,
+absl::Status PrimaryReplication::Deliver(const Backup& backup, const BackupLog::Write& write,
                                          absl::Time deadline) {
   absl::Status status;
   for (int attempt = 0;; ++attempt) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    AddPeerMetadata(options_.peer, &context);
-    v1::ReplicateResponse response;
-    status = FromGrpcStatus(backup.stub->Replicate(&context, request, &response));
+    status = backup.channel->Send(write, deadline);
     if (!absl::IsUnavailable(status) || absl::Now() >= deadline || attempt >= 1000) break;
     // A backup whose address refuses connections is gone (its process
     // died): no use retrying until the timeout, drop it now.
@@ -298,6 +268,20 @@ absl::Status PrimaryReplication::Deliver(const Backup& backup,
     absl::SleepFor(absl::Milliseconds(10));
   }
   return status;
+}
+
+uint64_t PrimaryReplication::sent_over_channel() const {
+  absl::ReaderMutexLock lock(&mu_);
+  uint64_t sent = dropped_over_channel_.load();
+  for (const Backup& backup : backups_) sent += backup.channel->sent_over_channel();
+  return sent;
+}
+
+uint64_t PrimaryReplication::sent_over_grpc() const {
+  absl::ReaderMutexLock lock(&mu_);
+  uint64_t sent = dropped_over_grpc_.load();
+  for (const Backup& backup : backups_) sent += backup.channel->sent_over_grpc();
+  return sent;
 }
 
 absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
@@ -346,6 +330,10 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
     joiner->backup.address = request.address();
     joiner->backup.stub =
         v1::ParameterServer::NewStub(PeerChannel(joiner->backup.address, options_.peer));
+    // Its first LSN is the first after the copy, sent in order by CatchUp.
+    joiner->backup.channel = std::make_unique<ReplicaChannel>(
+        options_.shard, joiner->backup.address, joiner->backup.stub.get(), joiner->from_lsn + 1,
+        options_.channel);
     joiners_.push_back(joiner);
     RebuildLog();
   }
@@ -382,7 +370,7 @@ void PrimaryReplication::CatchUp(std::shared_ptr<Joiner> joiner) {
   std::string why;
   for (;;) {
     if (stopping_.load()) return;
-    std::shared_ptr<const v1::ReplicateRequest> request;
+    std::shared_ptr<const BackupLog::Write> request;
     {
       absl::MutexLock lock(&joiner->mu);
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(joiner->mu) {
@@ -398,7 +386,7 @@ void PrimaryReplication::CatchUp(std::shared_ptr<Joiner> joiner) {
       auto it = joiner->queue.find(next);
       if (it != joiner->queue.end()) {
         request = std::move(it->second);
-        joiner->queued_bytes -= request->request().size() + request->method().size();
+        joiner->queued_bytes -= request->request.size() + request->method.size();
         joiner->queue.erase(it);
       }
     }
@@ -511,6 +499,16 @@ std::shared_ptr<BackupLog> BackupReplication::log() const {
 
 absl::Status BackupReplication::Replicate(const v1::ReplicateRequest& request,
                                           absl::Duration wait) {
+  BackupLog::Write write;
+  write.epoch = request.epoch();
+  write.lsn = request.lsn();
+  write.method = request.method();
+  write.request = request.request();
+  return Deliver(request.shard(), std::move(write), wait);
+}
+
+absl::Status BackupReplication::Deliver(uint32_t shard_asked, BackupLog::Write write,
+                                        absl::Duration wait) {
   std::shared_ptr<BackupLog> log;
   uint32_t shard = 0;
   {
@@ -518,20 +516,15 @@ absl::Status BackupReplication::Replicate(const v1::ReplicateRequest& request,
     auto loaded = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return log_ != nullptr; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&loaded), wait)) {
       return absl::UnavailableError(
-          absl::StrCat("the copy of shard ", request.shard(), " is not loaded yet; retry"));
+          absl::StrCat("the copy of shard ", shard_asked, " is not loaded yet; retry"));
     }
     log = log_;
     shard = shard_;
   }
-  if (request.shard() != shard) {
+  if (shard_asked != shard) {
     return absl::InvalidArgumentError(
-        absl::StrCat("this server is a backup of shard ", shard, ", not ", request.shard()));
+        absl::StrCat("this server is a backup of shard ", shard, ", not ", shard_asked));
   }
-  BackupLog::Write write;
-  write.epoch = request.epoch();
-  write.lsn = request.lsn();
-  write.method = request.method();
-  write.request = request.request();
   absl::Status delivered = log->Deliver(std::move(write), absl::Now() + wait);
   // Refused by a log this backup detached from (it is loading a fresh copy):
   // the primary retries once the copy is loaded.

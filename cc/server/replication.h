@@ -6,7 +6,9 @@
 //   shard (writes held meanwhile, as Save holds them), adds the standby to
 //   /shards/<i>.replicas (epoch + 1) and from then on every write goes
 //   through a PrimaryLog whose backups are the attached standbys (at most
-//   max_standbys), sent to all at once over the Replicate RPC. The backups
+//   max_standbys), sent to all at once, each over its ReplicaChannel (one
+//   long-lived bulk channel connection per backup, gRPC Replicate when the
+//   backup's channel cannot be opened; cc/server/replica_channel.h). The backups
 //   that do not acknowledge a write are dropped from /shards/<i> by one
 //   transaction before the write is acknowledged; a primary that cannot
 //   drop them (etcd unreachable) acknowledges nothing; a backup that answers
@@ -46,6 +48,7 @@
 #include "cc/server/dispatcher.h"
 #include "cc/server/peer_channel.h"
 #include "cc/server/primary_log.h"
+#include "cc/server/replica_channel.h"
 #include "pserver/v1/service.grpc.pb.h"
 
 namespace pserver {
@@ -97,6 +100,8 @@ struct PrimaryReplicationOptions {
   // How long one write may take to reach the backup, retries of
   // UNAVAILABLE included; then the backup is dropped.
   absl::Duration replicate_timeout = absl::Seconds(10);
+  // How writes reach each backup (the bulk channel, else gRPC).
+  ReplicaChannelOptions channel;
   // The most standbys attached at once (--max_standbys, >= 1): one more is
   // refused with FAILED_PRECONDITION naming the flag.
   size_t max_standbys = 2;
@@ -142,12 +147,17 @@ class PrimaryReplication : public WriteShipper {
   // caught up on in all: what their copies missed.
   uint64_t joined() const { return joined_.load(std::memory_order_relaxed); }
   uint64_t caught_up_writes() const { return caught_up_writes_.load(std::memory_order_relaxed); }
+  // Writes sent to a backup (each backup's copy counted, retries included)
+  // over the bulk channel, and over gRPC Replicate, so far.
+  uint64_t sent_over_channel() const;
+  uint64_t sent_over_grpc() const;
 
  private:
   struct Backup {
     std::string id;
     std::string address;
     std::unique_ptr<v1::ParameterServer::Stub> stub;
+    std::unique_ptr<ReplicaChannel> channel;  // over `stub`'s backup
   };
   // A standby that copied the shard and is catching up (Attach): the
   // writes numbered after its copy, in LSN order, for its thread to send.
@@ -155,7 +165,7 @@ class PrimaryReplication : public WriteShipper {
     Backup backup;
     uint64_t from_lsn = 0;  // the copy's last LSN
     absl::Mutex mu;
-    std::map<uint64_t, std::shared_ptr<const v1::ReplicateRequest>> queue ABSL_GUARDED_BY(mu);
+    std::map<uint64_t, std::shared_ptr<const BackupLog::Write>> queue ABSL_GUARDED_BY(mu);
     uint64_t queued_bytes ABSL_GUARDED_BY(mu) = 0;
     std::string failed ABSL_GUARDED_BY(mu);  // why it fell behind; "": it did not
   };
@@ -163,8 +173,7 @@ class PrimaryReplication : public WriteShipper {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // One Replicate call to `backup`, UNAVAILABLE retried until `deadline`
   // (a backup whose address refuses connections fails at once).
-  absl::Status Deliver(const Backup& backup, const v1::ReplicateRequest& request,
-                       absl::Time deadline);
+  absl::Status Deliver(const Backup& backup, const BackupLog::Write& write, absl::Time deadline);
   // Queues `write` for a joining standby (never fails the write).
   absl::Status Enqueue(Joiner& joiner, const BackupLog::Write& write)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -173,12 +182,6 @@ class PrimaryReplication : public WriteShipper {
   // Adds a caught-up joiner to /shards/<i>.replicas and to backups_.
   absl::Status List(const std::shared_ptr<Joiner>& joiner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJoiner(const std::shared_ptr<Joiner>& joiner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The Replicate request of `write`, built once (one copy of its bytes) and
-  // shared by every backup's send and retries; the last of the `backups`
-  // sends releases it.
-  std::shared_ptr<const v1::ReplicateRequest> Encoded(const BackupLog::Write& write,
-                                                      size_t backups);
-  void Release(uint64_t lsn);
   // Takes the backups `failed` names (id, its failure) out of /shards/<i>,
   // those still attached; OK when none is left to drop.
   absl::Status DropBackups(const std::vector<std::pair<std::string, absl::Status>>& failed)
@@ -201,13 +204,10 @@ class PrimaryReplication : public WriteShipper {
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(threads_mu_);  // the joiners'
   std::atomic<uint64_t> joined_{0};
   std::atomic<uint64_t> caught_up_writes_{0};
-  struct Encoding {
-    std::shared_ptr<const v1::ReplicateRequest> request;
-    size_t sends_left = 0;
-  };
-  absl::Mutex encoded_mu_;
-  std::map<uint64_t, Encoding> encoded_ ABSL_GUARDED_BY(encoded_mu_);  // by LSN
   std::atomic<uint64_t> dropped_{0};
+  // Sent by the channels of backups dropped since.
+  std::atomic<uint64_t> dropped_over_channel_{0};
+  std::atomic<uint64_t> dropped_over_grpc_{0};
 };
 
 // A standby's test of whether its primary is evidently gone: its gRPC
@@ -244,6 +244,10 @@ class BackupReplication {
   // UNAVAILABLE while no copy is loaded (for up to `wait`).
   absl::Status Replicate(const v1::ReplicateRequest& request,
                          absl::Duration wait = absl::Seconds(10));
+  // The same for a write of shard `shard` that came over the bulk channel
+  // (frame.h kReplicate); INVALID_ARGUMENT for another shard.
+  absl::Status Deliver(uint32_t shard, BackupLog::Write write,
+                       absl::Duration wait = absl::Seconds(10));
   // Taking over: the old primary's writes are refused from now on.
   void SetEpoch(uint64_t epoch);
   uint64_t applied_lsn() const;

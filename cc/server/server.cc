@@ -377,6 +377,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     bulk.max_request_bytes_in_flight = options.max_bulk_request_bytes_in_flight;
     bulk.max_frame_bytes = options.max_message_bytes;
     bulk.auth = server->auth_.get();
+    if (options.standby) {  // its primary's writes come over the channel too
+      bulk.replicate = [raw](uint32_t shard, BackupLog::Write write) {
+        return raw->backup_replication_->Deliver(shard, std::move(write));
+      };
+    }
     PS_ASSIGN_OR_RETURN(server->bulk_listener_,
                         BulkListener::Start(server->dispatcher_.get(), bulk));
   }
@@ -451,6 +456,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     replication.write_options = server->WriteOptions();  // cluster, count, placement
     replication.max_standbys = options.max_standbys;
     replication.peer = server->peer_;
+    // The bulk channel's hello carries neither this server's certificate
+    // nor its peer token: on a secured cluster writes go over gRPC
+    // Replicate, which carries both (docs/replication.md).
+    replication.channel.enabled = !server->peer_.tls.enabled() && server->peer_.token.empty();
     replication.step_down = [raw](const std::string& why) { raw->StepDown(why); };
     replication.log = [raw](const std::string& line) { raw->Log(line); };
     server->primary_replication_ = std::make_unique<PrimaryReplication>(
@@ -1422,6 +1431,8 @@ ReplicationState Server::Replication() const {
     state.dropped = primary_replication_->dropped();
     state.joined = primary_replication_->joined();
     state.caught_up = primary_replication_->caught_up_writes();
+    state.sent_over_channel = primary_replication_->sent_over_channel();
+    state.sent_over_grpc = primary_replication_->sent_over_grpc();
   }
   return state;
 }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -33,6 +34,13 @@ void Gauge(TextWriter& out, absl::string_view name, const char* help, double val
 void Count(TextWriter& out, const char* name, const char* help, uint64_t value) {
   out.Family(name, help, Type::kCounter);
   out.Sample(name, {}, value);
+}
+
+// A counter family with one sample per label value of `label`.
+void CountEach(TextWriter& out, const char* name, const char* help, const char* label,
+               const std::vector<std::pair<std::string, uint64_t>>& values) {
+  out.Family(name, help, Type::kCounter);
+  for (const auto& [value, count] : values) out.Sample(name, {{label, value}}, count);
 }
 
 void CollectStats(const Dispatcher& dispatcher, TextWriter& out) {
@@ -251,6 +259,10 @@ void CollectReplication(const ReplicationState& r, TextWriter& out) {
     Count(out, "pserver_replication_caught_up_writes_total",
           "Writes joining standbys caught up on (made while their copy was taken and sent).",
           r.caught_up);
+    CountEach(out, "pserver_replication_sent_total",
+              "Writes sent to a backup (each backup's copy, retries included), by transport: "
+              "the bulk channel or gRPC Replicate (when the backup's channel cannot be opened).",
+              "transport", {{"channel", r.sent_over_channel}, {"grpc", r.sent_over_grpc}});
     Gauge(out, "pserver_replication_degraded",
           "1 while this primary has no backup after dropping one (GetStats' degraded).",
           r.dropped > 0 && r.backups == 0 ? 1 : 0);

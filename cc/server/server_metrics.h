@@ -77,6 +77,8 @@ struct ReplicationState {
   uint64_t dropped = 0;      // backups dropped so far
   uint64_t joined = 0;       // standbys listed after catching up
   uint64_t caught_up = 0;    // writes they caught up on, in all
+  uint64_t sent_over_channel = 0;  // writes sent to a backup over the bulk channel
+  uint64_t sent_over_grpc = 0;     // and over gRPC Replicate
   bool standby = false;      // started as --standby
   uint64_t applied_lsn = 0;  // the last of its primary's writes applied here
 };

@@ -341,7 +341,8 @@ absl::Status AdmitCall(const ServiceSecurity& security, const grpc::ServerContex
 }
 
 absl::Status ApplyReplicatedPush(Dispatcher& dispatcher, absl::string_view request) {
-  grpc::Slice slice(request.data(), request.size());  // a copy the decoded views point into
+  // The decoded views point into `request` itself (no copy): it outlives them.
+  grpc::Slice slice(request.data(), request.size(), grpc::Slice::STATIC_SLICE);
   grpc::ByteBuffer buffer(&slice, 1);
   PushRequest push;
   if (absl::Status status = DecodePushRequest(buffer, &push); !status.ok()) return status;

@@ -1,0 +1,172 @@
+// ReplicaChannel: a primary's link to one backup (docs/replication.md,
+// "Replication over the bulk channel"). Each replicated write travels as one
+// bulk channel frame (cc/rpc/frame.h kReplicate) on one long-lived
+// connection to the backup's bulk listener: the backup's abstract Unix
+// socket when it is on this host, else TCP to its gRPC host; the request's
+// bytes are written as they are (no protobuf re-encode). Several writes may be
+// in flight at once; the backup answers them in order and replies are
+// matched by call id.
+//
+//   ReplicaChannel channel(shard, "10.0.0.3:7000", stub, /*next_lsn=*/last + 1, {});
+//   absl::Status acked = channel.Send(write, absl::Now() + absl::Seconds(10));
+//
+// Opening asks the backup where its channel listens (OpenChannel over gRPC)
+// and presents its token, as clients do (cc/client/channel_transport.h). A
+// backup whose channel cannot be opened (off, full, not reachable) is sent
+// its writes as gRPC Replicate calls, and the channel is tried again after
+// `retry_after`. With roles on the backup authorizes "Replicate" for the
+// connection's principal; without, the channel token is the proof.
+//
+// Order: the backup serves one connection's frames one at a time and holds a
+// write until every earlier LSN arrived, so a frame must never be written
+// behind a later LSN on the same connection. Send writes LSN n only once
+// every LSN below n was written on the current connection or handed to gRPC
+// (the first expected is `next_lsn`); a broken connection, or an UNAVAILABLE
+// answer, fails every write in flight on it (UNAVAILABLE: the caller
+// retries) and the lowest of them goes first again on the next connection.
+// Over gRPC one write is in flight at a time, in LSN order (each call holds
+// one of the backup's gRPC threads until the earlier LSNs arrived).
+//
+// Thread-safe.
+#ifndef PSERVER_CC_SERVER_REPLICA_CHANNEL_H_
+#define PSERVER_CC_SERVER_REPLICA_CHANNEL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cc/rpc/byte_stream.h"
+#include "cc/server/backup_log.h"
+#include "pserver/v1/service.grpc.pb.h"
+
+namespace pserver {
+
+// The payload of a kReplicate frame: a 32-byte header (shard u32, 4 zero
+// bytes, epoch u64, LSN u64, method length u32, 4 zero bytes; little-endian),
+// the method name, then the request's bytes to the end.
+inline constexpr size_t kReplicateHeaderBytes = 32;
+// The longest method name a replicated write carries.
+inline constexpr size_t kMaxReplicateMethodBytes = 64;
+
+// The header and method of `write` (its request bytes follow them).
+std::string EncodeReplicateHeader(uint32_t shard, const BackupLog::Write& write);
+
+struct ReplicateFrame {
+  uint32_t shard = 0;
+  uint64_t epoch = 0;
+  uint64_t lsn = 0;
+  std::string method;
+};
+// Decodes the header and method at the start of a kReplicate payload of
+// `payload_bytes` in all (`in` holds at least kReplicateHeaderBytes);
+// `*method_bytes` is set to the method's length (which follows the header).
+// INVALID_ARGUMENT naming what is wrong: a payload shorter than the header,
+// nonzero padding, LSN 0, or a method name that is empty, longer than
+// kMaxReplicateMethodBytes or than the payload.
+absl::StatusOr<ReplicateFrame> DecodeReplicateHeader(const char* in, uint64_t payload_bytes,
+                                                     size_t* method_bytes);
+// INVALID_ARGUMENT unless `method` is one a primary replicates ("SendGrads"
+// or one of Dispatcher::kReplicatedMethods).
+absl::Status CheckReplicatedMethod(absl::string_view method);
+
+struct ReplicaChannelOptions {
+  // Opening the channel (OpenChannel, connect, token) takes at most this long.
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // Try the backup's Unix socket before TCP.
+  bool unix_socket = true;
+  // After the channel could not be opened, writes use gRPC Replicate this long.
+  absl::Duration retry_after = absl::Seconds(1);
+  // A write to the backup's socket that makes no progress this long fails
+  // (a paused backup, a silent host) and breaks the connection.
+  absl::Duration io_timeout = absl::Seconds(10);
+  // false: gRPC Replicate only (the channel is never opened).
+  bool enabled = true;
+};
+
+class ReplicaChannel {
+ public:
+  // `address`: the backup's gRPC address; `stub`: a stub to it (OpenChannel
+  // and the gRPC fallback), which must outlive this. `next_lsn`: the first
+  // LSN that will be sent.
+  ReplicaChannel(uint32_t shard, std::string address, v1::ParameterServer::Stub* stub,
+                 uint64_t next_lsn, ReplicaChannelOptions options = {});
+  // Closes the connection; no Send may be running.
+  ~ReplicaChannel();
+  ReplicaChannel(const ReplicaChannel&) = delete;
+  ReplicaChannel& operator=(const ReplicaChannel&) = delete;
+
+  // Sends `write` and returns the backup's answer (BackupLog::Deliver's),
+  // or UNAVAILABLE when the connection broke or could not be opened (retry:
+  // the backup applies a write once), DEADLINE_EXCEEDED at `deadline`.
+  absl::Status Send(const BackupLog::Write& write, absl::Time deadline);
+
+  // Writes sent (and answered, whatever the answer) over the channel, and
+  // over gRPC Replicate.
+  uint64_t sent_over_channel() const { return over_channel_.load(); }
+  uint64_t sent_over_grpc() const { return over_grpc_.load(); }
+  // What the last write went over: "unix", "tcp" or "grpc".
+  std::string route() const;
+
+ private:
+  struct Connection;
+  struct Pending {
+    uint64_t lsn = 0;
+    bool done = false;
+    absl::Status status;
+  };
+
+  // Opens a connection (OpenChannel, connect, hello); null with the reason
+  // when it cannot be opened.
+  absl::StatusOr<std::shared_ptr<Connection>> Open(absl::Time deadline);
+  // The reader of `connection`'s replies.
+  void ReadReplies(Connection* connection);
+  // Fails every write in flight on `connection` (when it is the current one)
+  // with UNAVAILABLE `why`, marks their LSNs to be resent, and forgets the
+  // connection.
+  void Break(Connection* connection, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SendOverGrpc(const BackupLog::Write& write, absl::Time deadline);
+  // Joins the reader threads of broken connections (without mu_ held).
+  void JoinRetired();
+  // Whether LSN `lsn` may be handed over now: no lower LSN waits to be
+  // handed over (again) before it.
+  bool MayHandOver(uint64_t lsn) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // `lsn` was handed over (written, or given to gRPC).
+  void HandedOver(uint64_t lsn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint32_t shard_;
+  const std::string address_;
+  v1::ParameterServer::Stub* const stub_;
+  const ReplicaChannelOptions options_;
+  std::atomic<uint64_t> over_channel_{0};
+  std::atomic<uint64_t> over_grpc_{0};
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a sender has its turn
+  // The next LSN never handed over yet (written on a connection or sent
+  // over gRPC); every lower one was, once at least.
+  uint64_t next_lsn_ ABSL_GUARDED_BY(mu_);
+  // LSNs handed over on a connection that broke, or answered UNAVAILABLE
+  // there, and not yet handed over again: the lowest goes first.
+  std::set<uint64_t> resend_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::shared_ptr<Connection> connection_ ABSL_GUARDED_BY(mu_);  // null: none open
+  std::map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);    // on connection_, by call id
+  std::vector<std::shared_ptr<Connection>> retired_ ABSL_GUARDED_BY(mu_);
+  absl::Time grpc_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::string route_ ABSL_GUARDED_BY(mu_) = "grpc";
+};
+
+}  // namespace pserver
+
+#endif  // PSERVER_CC_SERVER_REPLICA_CHANNEL_H_

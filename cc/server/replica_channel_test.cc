@@ -1,0 +1,351 @@
+// A primary's link to a backup (ReplicaChannel) against a backup built in
+// this process: a dispatcher, its BackupReplication, a bulk listener and a
+// gRPC server on 127.0.0.1. Writes go over the bulk channel (Unix socket or
+// TCP) in LSN order from many threads, over gRPC Replicate when the backup
+// has no channel; a stale epoch is refused; a dropped connection is reopened;
+// a backup that is gone answers UNAVAILABLE; malformed Replicate frames are
+// answered with a clear error and change nothing. No test depends on timing:
+// every wait is for a condition, bounded by a deadline of tens of seconds.
+#include "cc/server/replica_channel.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "cc/core/parameter_store.h"
+#include "cc/core/tables.h"
+#include "cc/rpc/byte_stream.h"
+#include "cc/rpc/frame.h"
+#include "cc/server/bulk_listener.h"
+#include "cc/server/dispatcher.h"
+#include "cc/server/replication.h"
+#include "cc/server/service.h"
+#include "cc/server/state_checksum.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusCodeIs;
+using ::pserver::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+std::string Bytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+// InitParam of "w" (3 floats), FinishInitParams, then `steps` SendGrads, as
+// the writes (LSN 1, 2, ...) of epoch 1.
+std::vector<BackupLog::Write> Writes(int steps) {
+  std::vector<BackupLog::Write> writes;
+  v1::InitParamRequest init;
+  init.mutable_parameter()->set_name("w");
+  init.mutable_parameter()->set_element_type(v1::FLOAT32);
+  init.mutable_parameter()->add_shape(3);
+  init.mutable_parameter()->set_content(Bytes({1, 2, 3}));
+  init.mutable_config()->mutable_optimizer()->mutable_sgd();
+  writes.push_back({1, 1, "InitParam", init.SerializeAsString()});
+  writes.push_back({1, 2, "FinishInitParams", v1::FinishInitParamsRequest().SerializeAsString()});
+  for (int step = 1; step <= steps; ++step) {
+    v1::SendGradRequest grad;
+    grad.mutable_gradient()->set_name("w");
+    grad.mutable_gradient()->set_element_type(v1::FLOAT32);
+    grad.mutable_gradient()->set_content(Bytes({0.25f * step, -1.0f, 3.0f / step}));
+    writes.push_back({1, writes.size() + 1, "SendGrad", grad.SerializeAsString()});
+  }
+  return writes;
+}
+
+uint32_t Checksum(Dispatcher& dispatcher) {
+  absl::StatusOr<StoreSnapshot> snapshot = dispatcher.Snapshot();
+  EXPECT_OK(snapshot.status());
+  if (!snapshot.ok()) return 0;
+  absl::StatusOr<uint32_t> crc = ShardStateChecksum(*snapshot);
+  EXPECT_OK(crc.status());
+  return crc.ok() ? *crc : 0;
+}
+
+// The shard as a primary applied `writes`.
+uint32_t PrimaryChecksum(const std::vector<BackupLog::Write>& writes) {
+  ParameterStore store;
+  Tables tables;
+  Dispatcher dispatcher(&store, &tables, 0);
+  for (const BackupLog::Write& write : writes) {
+    EXPECT_OK(dispatcher.ApplyWrite(write.method, write.request)) << write.method;
+  }
+  return Checksum(dispatcher);
+}
+
+// A standby of shard 0 (a copy of nothing loaded, epoch 1), in this process.
+class Backup {
+ public:
+  // `channel`: with a bulk listener (and OpenChannel); `unix_socket`: it
+  // also listens on a Unix socket.
+  explicit Backup(bool channel, bool unix_socket = true) {
+    DispatcherHooks hooks;
+    if (channel) hooks.open_channel = [this] { return bulk_->Offer(); };
+    hooks.replicate = [this](const v1::ReplicateRequest& request) {
+      return replication_->Replicate(request);
+    };
+    dispatcher_ = std::make_unique<Dispatcher>(&store_, &tables_, 0, std::move(hooks));
+    replication_ = std::make_unique<BackupReplication>(dispatcher_.get());
+    replication_->Attached(/*shard=*/0, /*epoch=*/1, /*last_lsn=*/0);
+    if (channel) {
+      BulkListenerOptions options;
+      options.unix_socket = unix_socket;
+      options.replicate = [this](uint32_t shard, BackupLog::Write write) {
+        if (absl::Notification* hold = hold_.load(); hold != nullptr) hold->WaitForNotification();
+        return replication_->Deliver(shard, std::move(write));
+      };
+      absl::StatusOr<std::unique_ptr<BulkListener>> bulk =
+          BulkListener::Start(dispatcher_.get(), options);
+      EXPECT_OK(bulk.status());
+      if (bulk.ok()) bulk_ = *std::move(bulk);
+    }
+    service_ = std::make_unique<ParameterServerService>(dispatcher_.get());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    service_->RegisterWith(&builder);
+    grpc_ = builder.BuildAndStart();
+    address_ = absl::StrCat("127.0.0.1:", port);
+    stub_ = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+  ~Backup() { Stop(); }
+
+  // Stops both listeners (the backup is gone).
+  void Stop() {
+    if (bulk_ != nullptr) bulk_->Stop();
+    if (grpc_ != nullptr) grpc_->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
+
+  // Channel writes from now on wait for `hold` before they are applied (a
+  // backup that does not answer); null: none.
+  void HoldWritesUntil(absl::Notification* hold) { hold_.store(hold); }
+  const std::string& address() const { return address_; }
+  v1::ParameterServer::Stub* stub() { return stub_.get(); }
+  BulkListener* bulk() { return bulk_.get(); }
+  BackupReplication& replication() { return *replication_; }
+  uint32_t Checksum() { return pserver::Checksum(*dispatcher_); }
+
+ private:
+  std::atomic<absl::Notification*> hold_{nullptr};
+  ParameterStore store_;
+  Tables tables_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<BackupReplication> replication_;
+  std::unique_ptr<BulkListener> bulk_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<grpc::Server> grpc_;
+  std::string address_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+};
+
+// Sends every write from a thread of its own, the last LSN's thread
+// started first; returns their answers by LSN.
+std::vector<absl::Status> SendFromThreads(ReplicaChannel& channel,
+                                          const std::vector<BackupLog::Write>& writes) {
+  std::vector<absl::Status> answers(writes.size());
+  std::vector<std::thread> threads;
+  for (size_t i = writes.size(); i-- > 0;) {
+    threads.emplace_back([&, i] { answers[i] = channel.Send(writes[i], absl::Now() + kWait); });
+  }
+  for (std::thread& t : threads) t.join();
+  return answers;
+}
+
+TEST(ReplicaChannelTest, WritesFromManyThreadsGoOverTheUnixSocketAndApplyInOrder) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), /*next_lsn=*/1);
+  const std::vector<BackupLog::Write> writes = Writes(30);
+  for (const absl::Status& answer : SendFromThreads(channel, writes)) EXPECT_OK(answer);
+  EXPECT_EQ(backup.replication().applied_lsn(), writes.size());
+  EXPECT_EQ(channel.sent_over_channel(), writes.size());
+  EXPECT_EQ(channel.sent_over_grpc(), 0u);
+  EXPECT_EQ(channel.route(), "unix");
+  EXPECT_EQ(backup.Checksum(), PrimaryChecksum(writes));
+  // One long-lived connection carried them all.
+  EXPECT_EQ(backup.bulk()->connections(), 1);
+}
+
+TEST(ReplicaChannelTest, WithoutAUnixSocketWritesGoOverTcp) {
+  Backup backup(/*channel=*/true, /*unix_socket=*/false);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
+  const std::vector<BackupLog::Write> writes = Writes(5);
+  for (const absl::Status& answer : SendFromThreads(channel, writes)) EXPECT_OK(answer);
+  EXPECT_EQ(channel.route(), "tcp");
+  EXPECT_EQ(channel.sent_over_channel(), writes.size());
+  EXPECT_EQ(backup.Checksum(), PrimaryChecksum(writes));
+}
+
+TEST(ReplicaChannelTest, ABackupWithoutAChannelGetsItsWritesOverGrpc) {
+  Backup backup(/*channel=*/false);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
+  const std::vector<BackupLog::Write> writes = Writes(5);
+  for (const absl::Status& answer : SendFromThreads(channel, writes)) EXPECT_OK(answer);
+  EXPECT_EQ(channel.route(), "grpc");
+  EXPECT_EQ(channel.sent_over_grpc(), writes.size());
+  EXPECT_EQ(channel.sent_over_channel(), 0u);
+  EXPECT_EQ(backup.Checksum(), PrimaryChecksum(writes));
+}
+
+TEST(ReplicaChannelTest, AWriteOfAStaleEpochIsRefusedAndNotApplied) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
+  std::vector<BackupLog::Write> writes = Writes(1);
+  ASSERT_OK(channel.Send(writes[0], absl::Now() + kWait));
+  backup.replication().SetEpoch(2);  // a successor took over
+  EXPECT_THAT(channel.Send(writes[1], absl::Now() + kWait),
+              StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(backup.replication().applied_lsn(), 1u);
+  EXPECT_EQ(channel.sent_over_channel(), 2u);
+}
+
+TEST(ReplicaChannelTest, ADroppedConnectionIsReopenedAndNoWriteIsAppliedTwice) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
+  const std::vector<BackupLog::Write> writes = Writes(6);
+  for (size_t i = 0; i < writes.size(); ++i) {
+    if (i % 2 == 1) backup.bulk()->DropConnections();
+    // A write caught by the drop is UNAVAILABLE; resent, it is applied once.
+    absl::Status sent;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      sent = channel.Send(writes[i], absl::Now() + kWait);
+      if (!absl::IsUnavailable(sent)) break;
+    }
+    ASSERT_OK(sent) << "LSN " << writes[i].lsn;
+    // Sent again after it was applied: acknowledged, not applied again.
+    ASSERT_OK(channel.Send(writes[i], absl::Now() + kWait));
+  }
+  EXPECT_EQ(backup.replication().applied_lsn(), writes.size());
+  EXPECT_EQ(backup.Checksum(), PrimaryChecksum(writes));
+  EXPECT_EQ(channel.sent_over_grpc(), 0u);
+}
+
+TEST(ReplicaChannelTest, ABackupThatIsGoneAnswersUnavailable) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
+  const std::vector<BackupLog::Write> writes = Writes(1);
+  ASSERT_OK(channel.Send(writes[0], absl::Now() + kWait));
+  backup.Stop();
+  EXPECT_THAT(channel.Send(writes[1], absl::Now() + kWait),
+              StatusCodeIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(backup.replication().applied_lsn(), 1u);
+}
+
+TEST(ReplicaChannelTest, ABackupThatDoesNotAnswerTimesOutAndItsRetryIsAppliedOnce) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
+  const std::vector<BackupLog::Write> writes = Writes(1);
+  ASSERT_OK(channel.Send(writes[0], absl::Now() + kWait));  // the channel is open
+  absl::Notification answer;
+  backup.HoldWritesUntil(&answer);
+  // Nothing answers: the write fails at its deadline (and its connection
+  // with it) instead of waiting for good.
+  EXPECT_THAT(channel.Send(writes[1], absl::Now() + absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not answer LSN 2")));
+  backup.HoldWritesUntil(nullptr);
+  answer.Notify();  // the backup applies it after all (its answer is lost)
+  // The retry goes over a new connection and is acknowledged, applied once.
+  ASSERT_OK(channel.Send(writes[1], absl::Now() + kWait));
+  ASSERT_OK(channel.Send(writes[2], absl::Now() + kWait));
+  EXPECT_EQ(backup.replication().applied_lsn(), 3u);
+  EXPECT_EQ(backup.Checksum(), PrimaryChecksum(writes));
+  EXPECT_EQ(channel.route(), "unix");
+}
+
+// ---- malformed Replicate frames, spoken raw ----
+
+std::unique_ptr<ByteStream> Greeted(BulkListener& bulk) {
+  absl::StatusOr<std::unique_ptr<ByteStream>> stream =
+      ConnectTcp("127.0.0.1", static_cast<int>(bulk.Offer().tcp_port()), absl::Seconds(30));
+  EXPECT_OK(stream.status());
+  if (!stream.ok()) return nullptr;
+  char header[kFrameHeaderBytes];
+  EncodeRequestHeader({FrameMethod::kHello, 1, 0, bulk.Offer().token().size()}, header);
+  EXPECT_OK((*stream)->Write({absl::string_view(header, sizeof(header)), bulk.Offer().token()}));
+  char reply[kReplyHeaderBytes];
+  EXPECT_OK((*stream)->Read(reply, sizeof(reply)));
+  return *std::move(stream);
+}
+
+// Sends one kReplicate frame with `payload` and returns the answer.
+absl::Status Replicate(ByteStream& stream, absl::string_view payload) {
+  char header[kFrameHeaderBytes];
+  EncodeRequestHeader({FrameMethod::kReplicate, 7, 0, payload.size()}, header);
+  if (absl::Status s = stream.Write({absl::string_view(header, sizeof(header)), payload});
+      !s.ok()) {
+    return s;
+  }
+  char encoded[kReplyHeaderBytes];
+  if (absl::Status s = stream.Read(encoded, sizeof(encoded)); !s.ok()) return s;
+  absl::StatusOr<ReplyHeader> reply = DecodeReplyHeader(encoded, 0);
+  if (!reply.ok()) return reply.status();
+  std::string message(reply->message_bytes, '\0');
+  if (absl::Status s = stream.Read(message.data(), message.size()); !s.ok()) return s;
+  return absl::Status(reply->code, message);
+}
+
+std::string Frame(uint32_t shard, const BackupLog::Write& write) {
+  return EncodeReplicateHeader(shard, write) + write.request;
+}
+
+TEST(ReplicaChannelTest, MalformedReplicateFramesAreRefusedAndChangeNothing) {
+  Backup backup(/*channel=*/true);
+  std::unique_ptr<ByteStream> stream = Greeted(*backup.bulk());
+  ASSERT_NE(stream, nullptr);
+  const std::vector<BackupLog::Write> writes = Writes(1);
+  const uint32_t before = backup.Checksum();
+  std::string padded = Frame(0, writes[0]);
+  padded[5] = 1;
+  std::string long_method = Frame(0, writes[0]);
+  long_method[24] = static_cast<char>(200);
+  BackupLog::Write lsn0 = writes[0];
+  lsn0.lsn = 0;
+  BackupLog::Write save = writes[0];
+  save.method = "Save";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"short", "shorter than its 32-byte header"},
+      {padded, "nonzero padding"},
+      {long_method, "method name of 200 bytes"},
+      {Frame(0, lsn0), "LSN 0"},
+      {Frame(0, save), "'Save' is not a replicated write"},
+      {Frame(5, writes[0]), "not 5"},
+  };
+  for (const auto& [payload, why] : bad) {
+    EXPECT_THAT(Replicate(*stream, payload),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(why)));
+  }
+  EXPECT_EQ(backup.replication().applied_lsn(), 0u);
+  EXPECT_EQ(backup.Checksum(), before);
+  // The connection stays: a good frame is applied.
+  EXPECT_OK(Replicate(*stream, Frame(0, writes[0])));
+  EXPECT_EQ(backup.replication().applied_lsn(), 1u);
+}
+
+TEST(ReplicaChannelTest, AServerThatIsNoBackupRefusesReplicateFrames) {
+  ParameterStore store;
+  Tables tables;
+  Dispatcher dispatcher(&store, &tables, 0);
+  absl::StatusOr<std::unique_ptr<BulkListener>> bulk = BulkListener::Start(&dispatcher, {});
+  ASSERT_OK(bulk.status());
+  std::unique_ptr<ByteStream> stream = Greeted(**bulk);
+  ASSERT_NE(stream, nullptr);
+  EXPECT_THAT(Replicate(*stream, Frame(0, Writes(0)[0])),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no backup")));
+}
+
+}  // namespace
+}  // namespace pserver
