@@ -1366,6 +1366,8 @@ TEST_F(ReplicationTest, ReplicasInTheServingProcessesSurviveKillsOfWholeProcesse
   ExpectStandbysHoldTheirPrimariesState();
   trainer.reset();
   for (size_t p = kProcessKills; p < processes.size(); ++p) KillNine(*processes[p]);
+}
+
 // ---- A primary shut down; a standby lost while etcd is down -----------------
 
 class ReplicationShutdownTest : public ReplicationTest {
