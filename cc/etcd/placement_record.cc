@@ -29,6 +29,17 @@ absl::StatusOr<v1::Placement> ParsePlacementRecord(absl::string_view value) {
   if (absl::Status valid = CheckPlacementSpec(placement); !valid.ok()) {
     return refused(valid.message());
   }
+  if (placement.moving() && (placement.from_num_servers() < 1 ||
+                             placement.from_num_servers() > kMaxPlacementServers ||
+                             placement.from_num_servers() == placement.num_servers())) {
+    return refused(absl::StrCat("it is moving from ", placement.from_num_servers(),
+                                " servers to ", placement.num_servers(), " (from_num_servers must be in [1, ",
+                                kMaxPlacementServers, "] and differ from num_servers)"));
+  }
+  if (!placement.moving() && placement.from_num_servers() != 0) {
+    return refused(absl::StrCat("it is not moving but names from_num_servers ",
+                                placement.from_num_servers()));
+  }
   return placement;
 }
 

@@ -229,6 +229,28 @@ void Dispatcher::AddControlMethods() {
         return hooks_.replicate(request);
       },
       /*needs_serving=*/false);
+  Sync<MoveBlocksRequest, MoveBlocksResponse>(
+      "MoveBlocks", [this](const MoveBlocksRequest& request, MoveBlocksResponse* response) {
+        if (!hooks_.move_blocks) {
+          return absl::FailedPreconditionError(
+              "this server takes part in no live move (start it with --etcd and "
+              "--placement_redirects)");
+        }
+        PS_ASSIGN_OR_RETURN(*response, hooks_.move_blocks(request));
+        return absl::OkStatus();
+      });
+  Sync<ReceiveBlocksRequest, ReceiveBlocksResponse>(
+      "ReceiveBlocks",
+      [this](const ReceiveBlocksRequest& request, ReceiveBlocksResponse* response) {
+        if (!hooks_.receive_blocks) {
+          return absl::FailedPreconditionError(
+              "this server takes part in no live move (start it with --etcd and "
+              "--placement_redirects)");
+        }
+        PS_RETURN_IF_ERROR(CheckWrite());
+        PS_ASSIGN_OR_RETURN(*response, hooks_.receive_blocks(request));
+        return absl::OkStatus();
+      });
   Sync<CreateTableRequest, CreateTableResponse>(
       "CreateTable", [this](const CreateTableRequest& request, CreateTableResponse*) {
         if (shipper_.load(std::memory_order_acquire) != nullptr) {
@@ -451,7 +473,7 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
     }
   }
   absl::Status status = apply();
-  if (tracked && PlacementMovedVersion(status).has_value()) {
+  if (tracked && IsGateRefusal(status)) {
     applied_.Abandon(client_id, sequence);  // nothing applied; re-sent elsewhere
   } else if (tracked) {
     applied_.Finish(client_id, sequence);
@@ -517,7 +539,7 @@ absl::Status Dispatcher::ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockRe
   if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
       gate != nullptr) {
     for (const v1::ParamRef& ref : refs)
-      PS_RETURN_IF_ERROR(gate->CheckBlock(ref.name(), ref.block()));
+      PS_RETURN_IF_ERROR(gate->CheckRead(ref.name(), ref.block()));
   }
   v1::Parameter header;
   for (const v1::ParamRef& ref : refs) {

@@ -94,6 +94,12 @@ struct DispatcherHooks {
   std::function<absl::StatusOr<v1::AttachStandbyResponse>(const v1::AttachStandbyRequest&)>
       attach_standby;
   std::function<absl::Status(const v1::ReplicateRequest&)> replicate;
+  // Live moves (docs/elastic.md, cc/server/move.h): MoveBlocks on an old
+  // owner, ReceiveBlocks on a new one. Unset: FAILED_PRECONDITION.
+  std::function<absl::StatusOr<v1::MoveBlocksResponse>(const v1::MoveBlocksRequest&)>
+      move_blocks;
+  std::function<absl::StatusOr<v1::ReceiveBlocksResponse>(const v1::ReceiveBlocksRequest&)>
+      receive_blocks;
   // GetStats' `degraded`: why the server is degraded ("": it is not). Unset: "".
   std::function<std::string()> degraded;
   // Fault injection for tests: every n-th push that is applied is answered
