@@ -69,6 +69,8 @@ absl::StatusOr<v1::Placement> EnsurePlacement(EtcdClient& etcd, uint32_t num_ser
     int64_t read_revision = 0;  // 0: missing
     if (kv.ok()) {
       PS_ASSIGN_OR_RETURN(v1::Placement held, ParsePlacementRecord(kv->value));
+      // A move under way: its coordinator (psctl scale) owns /placement.
+      if (held.moving()) return held;
       if (held.kind() == want.kind() && held.num_servers() == num_servers) return held;
       if (held.version() == UINT64_MAX) {
         return absl::InvalidArgumentError(absl::StrCat("etcd ", key, "'s version is 2^64-1"));

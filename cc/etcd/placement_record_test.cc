@@ -107,6 +107,20 @@ TEST_F(EnsurePlacementTest, WritesVersionOneThenBumpsOnAnotherCount) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_servers")));
 }
 
+TEST_F(EnsurePlacementTest, AMovingPlacementIsLeftToItsCoordinator) {
+  v1::Placement moving = Jump(3, 4);
+  moving.set_moving(true);
+  moving.set_from_num_servers(2);
+  ASSERT_OK(client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(moving)));
+  ASSERT_OK_AND_ASSIGN(KeyValue kv, client_->Get(etcd_keys::PlacementKey()));
+  for (uint32_t count : {2u, 3u, 4u}) {
+    ASSERT_OK_AND_ASSIGN(v1::Placement held, EnsurePlacement(*client_, count));
+    EXPECT_EQ(held.SerializeAsString(), moving.SerializeAsString());
+  }
+  ASSERT_OK_AND_ASSIGN(KeyValue again, client_->Get(etcd_keys::PlacementKey()));
+  EXPECT_EQ(again.mod_revision, kv.mod_revision);
+}
+
 TEST_F(EnsurePlacementTest, AMalformedValueIsAnErrorAndStaysAsItWas) {
   ASSERT_OK(client_->Put(etcd_keys::PlacementKey(), "{garbage"));
   EXPECT_THAT(EnsurePlacement(*client_, 3),

@@ -229,15 +229,17 @@ void Dispatcher::AddControlMethods() {
         return hooks_.replicate(request);
       },
       /*needs_serving=*/false);
-  Sync<MoveBlocksRequest, MoveBlocksResponse>(
-      "MoveBlocks", [this](const MoveBlocksRequest& request, MoveBlocksResponse* response) {
+  Wait<MoveBlocksRequest, MoveBlocksResponse>(
+      "MoveBlocks", [this](const MoveBlocksRequest& request, MoveBlocksResponse* response,
+                           absl::Time, WaitDone done) -> CancelWait {
         if (!hooks_.move_blocks) {
-          return absl::FailedPreconditionError(
+          done(absl::FailedPreconditionError(
               "this server takes part in no live move (start it with --etcd and "
-              "--placement_redirects)");
+              "--placement_redirects)"));
+        } else {
+          hooks_.move_blocks(request, response, std::move(done));
         }
-        PS_ASSIGN_OR_RETURN(*response, hooks_.move_blocks(request));
-        return absl::OkStatus();
+        return [] {};
       });
   Sync<ReceiveBlocksRequest, ReceiveBlocksResponse>(
       "ReceiveBlocks",

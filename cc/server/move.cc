@@ -22,6 +22,36 @@ uint64_t StateBytes(const BlockSnapshot& block) {
 
 }  // namespace
 
+BlockMover::~BlockMover() {
+  std::thread worker;
+  {
+    absl::MutexLock lock(&worker_mu_);
+    worker = std::move(worker_);
+  }
+  if (worker.joinable()) worker.join();  // it takes worker_mu_ as it ends
+}
+
+void BlockMover::MoveAsync(const v1::MoveBlocksRequest& request, v1::MoveBlocksResponse* response,
+                           std::function<void(absl::Status)> done) {
+  absl::MutexLock lock(&worker_mu_);
+  if (running_) {
+    return done(absl::UnavailableError(
+        "this server is handing blocks over already (an earlier MoveBlocks); retry"));
+  }
+  // Finished (it cleared running_); it may still be calling its done.
+  if (worker_.joinable()) worker_.join();
+  running_ = true;
+  worker_ = std::thread([this, request, response, done = std::move(done)] {
+    absl::StatusOr<v1::MoveBlocksResponse> moved = Move(request);
+    {
+      absl::MutexLock lock(&worker_mu_);
+      running_ = false;
+    }
+    if (moved.ok()) *response = *std::move(moved);
+    done(moved.status());
+  });
+}
+
 absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequest& request) {
   absl::MutexLock serial(&move_mu_);
   PlacementGate& gate = *options_.gate;

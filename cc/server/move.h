@@ -24,13 +24,14 @@
 // push applied before the move is acknowledged there) and the new owner's
 // ids start from the client's own sequence for it.
 //
-// Thread-safe; one MoveBlocks runs at a time (a second waits).
+// Thread-safe; one MoveBlocks runs at a time.
 #ifndef PSERVER_CC_SERVER_MOVE_H_
 #define PSERVER_CC_SERVER_MOVE_H_
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -66,12 +67,20 @@ struct BlockMoverOptions {
 class BlockMover {
  public:
   explicit BlockMover(BlockMoverOptions options) : options_(std::move(options)) {}
+  // Waits for a MoveAsync under way.
+  ~BlockMover();
 
   // MoveBlocks (above). UNAVAILABLE while this server has not seen
   // placement `version` yet (retry); FAILED_PRECONDITION when etcd's
   // placement is another version or is not moving, naming both.
   absl::StatusOr<v1::MoveBlocksResponse> Move(const v1::MoveBlocksRequest& request)
       ABSL_LOCKS_EXCLUDED(move_mu_);
+  // Move on a thread of its own (the MoveBlocks RPC: a server's call to
+  // another must not hold a gRPC callback thread): fills `response` and
+  // calls `done` from that thread. UNAVAILABLE (retry) at once while
+  // another is under way.
+  void MoveAsync(const v1::MoveBlocksRequest& request, v1::MoveBlocksResponse* response,
+                 std::function<void(absl::Status)> done) ABSL_LOCKS_EXCLUDED(worker_mu_);
   // ReceiveBlocks: all or nothing. FAILED_PRECONDITION for a block that is
   // not this server's under the move's placement, INVALID_ARGUMENT (or
   // DATA_LOSS) for files that are not one valid checkpoint.
@@ -83,6 +92,9 @@ class BlockMover {
 
   const BlockMoverOptions options_;
   absl::Mutex move_mu_;
+  absl::Mutex worker_mu_;
+  std::thread worker_ ABSL_GUARDED_BY(worker_mu_);
+  bool running_ ABSL_GUARDED_BY(worker_mu_) = false;
 };
 
 }  // namespace pserver

@@ -329,10 +329,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       }
       return raw->block_mover_.get();
     };
-    hooks.move_blocks = [mover](const v1::MoveBlocksRequest& request)
-        -> absl::StatusOr<v1::MoveBlocksResponse> {
-      PS_ASSIGN_OR_RETURN(BlockMover * m, mover());
-      return m->Move(request);
+    hooks.move_blocks = [mover](const v1::MoveBlocksRequest& request,
+                                v1::MoveBlocksResponse* response,
+                                std::function<void(absl::Status)> done) {
+      absl::StatusOr<BlockMover*> m = mover();
+      if (!m.ok()) return done(m.status());
+      (*m)->MoveAsync(request, response, std::move(done));
     };
     hooks.receive_blocks = [mover](const v1::ReceiveBlocksRequest& request)
         -> absl::StatusOr<v1::ReceiveBlocksResponse> {
@@ -542,6 +544,12 @@ absl::Status Server::Register() {
       until_deadline([&] { return EnsurePlacement(*etcd_, desired); });
   PS_RETURN_IF_ERROR(placement.status());
   placement_version_ = placement->version();
+  if (placement->moving() && placement->num_servers() > desired) {
+    // A move to more servers under way, /ps_desired not raised yet: this
+    // server may take one of the new indexes.
+    desired = placement->num_servers();
+    num_servers_ = desired;
+  }
 
   LeasedKeyOptions lease_options;
   lease_options.value = etcd_keys::FormatServerValue({address_, instance_id_, metrics_address_});
