@@ -1,12 +1,12 @@
 // Live moves (issue 16 step 2, docs/elastic.md): ScaleCluster (psctl scale)
 // moves dense blocks between running servers through MoveBlocks /
-// ReceiveBlocks, and deterministic SGD training goes on exactly across
-// 2 -> 3 -> 4 -> 2 servers, with the bytes moved per change within 1.5x of
-// the ideal fraction. Real etcd, servers in this process over gRPC. Trainers
-// here run between moves (a client that follows redirects during one is
-// helper cf's part of the contract); the old owner's refusal of a block it
-// handed over is checked with a client that still routes by the old count.
-// No timing: every wait is a bounded loop on a condition.
+// ReceiveBlocks while a trainer pushes deterministic SGD steps (its client
+// follows /placement and the redirects, helper cf's part), through 2 -> 3 ->
+// 4 -> 2 servers: the final parameters are exact, and the bytes moved per
+// change are within 1.5x of the ideal fraction. The old owner's refusal of
+// a block it handed over is checked with a client that follows no
+// placement. Real etcd, servers in this process over gRPC. No timing: every
+// wait is a bounded loop on a condition.
 #include <cmath>
 #include <cstdint>
 #include <future>
@@ -14,14 +14,17 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
 #include "cc/core/placement.h"
+#include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
 #include "cc/etcd/placement_record.h"
@@ -64,6 +67,72 @@ std::vector<float> Gradient(int p, int step) {
   for (int64_t e = 0; e < Size(p); ++e) g[e] = 0.25f * static_cast<float>((e + step + p) % 4);
   return g;
 }
+
+// Pushes SGD step after step (all parameters, Gradient(p, step)) until
+// stopped or paused; stops at its first error.
+class Trainer {
+ public:
+  Trainer(Client& client, int first_step) : client_(client), steps_(first_step) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Trainer() { Stop().IgnoreError(); }
+
+  // The steps acknowledged (the model is Expected(p, steps())).
+  int steps() const {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+  // Waits until `n` more steps than now are acknowledged; false after 60 s
+  // or an error.
+  bool Advance(int n) {
+    absl::MutexLock lock(&mu_);
+    const int target = steps_ + n;
+    auto reached = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return steps_ >= target || !error_.ok();
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(60)) && error_.ok();
+  }
+  // Stops after the step under way; its error, if any.
+  absl::Status Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  void Run() {
+    for (int i = 0; i < 1000000; ++i) {
+      int step = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;
+        step = steps_;
+      }
+      std::vector<NamedTensor> grads;
+      for (int p = 0; p < kParams; ++p) {
+        grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, step))});
+      }
+      absl::Status status = client_.SendGrads(grads);
+      absl::MutexLock lock(&mu_);
+      if (!status.ok()) {
+        error_ = status;
+        return;
+      }
+      ++steps_;
+    }
+  }
+
+  Client& client_;
+  mutable absl::Mutex mu_;
+  int steps_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
 
 class LiveMoveTest : public ::testing::Test {
  protected:
@@ -128,16 +197,31 @@ class LiveMoveTest : public ::testing::Test {
     return options;
   }
 
-  // Scales from the servers running to `to`, starting the new ones (they
-  // claim their index once the coordinator raised /ps_desired) or stopping
-  // the departing ones once they said so. Returns the coordinator's result.
-  absl::StatusOr<ScaleResult> ScaleTo(uint32_t to) {
+  // Scales from the servers running to `to` while `trainer` (of `client`)
+  // pushes, starting the new servers (they claim their index once the move
+  // began) or stopping the departing ones once they said so and the
+  // trainer's client routes by the new count. Returns the coordinator's
+  // result; the trainer is stopped.
+  absl::StatusOr<ScaleResult> ScaleTo(uint32_t to, Client& client,
+                                      std::unique_ptr<Trainer>& trainer) {
     std::future<absl::StatusOr<ScaleResult>> scaled =
         std::async(std::launch::async, [this, to] { return ScaleCluster(Scale(to)); });
     const int running = static_cast<int>(servers_.size());
     if (static_cast<int>(to) > running) StartServers(static_cast<int>(to) - running, 0);
     absl::StatusOr<ScaleResult> result = scaled.get();
     if (!result.ok()) return result;
+    // A few steps on the new placement, then the trainer stops: a departing
+    // server is stopped only once nothing routes to it.
+    bool routed = false;
+    for (int i = 0; i < 6000 && !routed; ++i) {
+      routed = client.etcd_placement_version() >= result->version;
+      if (!routed) absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (!routed || !trainer->Advance(2)) {
+      return absl::InternalError(absl::StrCat("the trainer did not go on after the move: ",
+                                              trainer->Stop().ToString()));
+    }
+    PS_RETURN_IF_ERROR(trainer->Stop());
     for (int i = static_cast<int>(to); i < running; ++i) {
       // Each departs on its own once it sees the stable placement.
       if (!departed_of_[i]->WaitForNotificationWithTimeout(absl::Seconds(60))) {
@@ -147,16 +231,6 @@ class LiveMoveTest : public ::testing::Test {
       departed_of_.erase(i);
     }
     return result;
-  }
-
-  void Train(Client& client, int from_step, int to_step) {
-    for (int s = from_step; s < to_step; ++s) {
-      std::vector<NamedTensor> grads;
-      for (int p = 0; p < kParams; ++p) {
-        grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, s))});
-      }
-      ASSERT_OK(client.SendGrads(grads));
-    }
   }
 
   void ExpectModel(Client& client, int steps) {
@@ -182,16 +256,16 @@ class LiveMoveTest : public ::testing::Test {
 TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIdealBytes) {
   StartServers(2, 2);
   ASSERT_EQ(servers_.size(), 2u);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> old_client, Connect());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Connect());
   v1::ParameterConfig sgd;
   sgd.mutable_optimizer()->mutable_sgd();
   sgd.mutable_learning_rate()->set_learning_rate(1.0);
   for (int p = 0; p < kParams; ++p) {
-    ASSERT_OK(old_client->InitParam(Name(p), Tensor::FromValues<float>({Size(p)}, Expected(p, 0)),
-                                    sgd));
+    ASSERT_OK(client->InitParam(Name(p), Tensor::FromValues<float>({Size(p)}, Expected(p, 0)),
+                                sgd));
   }
-  // One-block probes: one that leaves its server when 2 servers become 3,
-  // one that stays.
+  // One-block probes, pushed only by a client that follows no placement:
+  // one that leaves its server when 2 servers become 3, one that stays.
   const Placement two = Placement::Jump(2, 0, kBlockBytes);
   const Placement three = Placement::Jump(3, 0, kBlockBytes);
   std::string leaving, staying;
@@ -203,13 +277,14 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
   ASSERT_FALSE(leaving.empty());
   ASSERT_FALSE(staying.empty());
   for (const std::string& probe : {leaving, staying}) {
-    ASSERT_OK(old_client->InitParam(probe, Tensor::FromValues<float>({4}, {1, 2, 3, 4}), sgd));
+    ASSERT_OK(client->InitParam(probe, Tensor::FromValues<float>({4}, {1, 2, 3, 4}), sgd));
   }
-  ASSERT_OK(old_client->FinishInitParams());
-  int steps = 0;
-  Train(*old_client, steps, steps + 3);
-  steps += 3;
-  ExpectModel(*old_client, steps);
+  ASSERT_OK(client->FinishInitParams());
+  ClientOptions direct;
+  direct.servers = {servers_.at(0)->address(), servers_.at(1)->address()};
+  direct.block_bytes = kBlockBytes;
+  direct.timeout = absl::Seconds(60);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> old_client, Client::Connect(direct));
 
   const uint64_t model = ModelBytes();
   struct Change {
@@ -217,24 +292,28 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
     double ideal;  // the fraction of the model that must move: |N-M| / max(N, M)
   };
   uint32_t now = 2;
+  int steps = 0;
   for (const Change& change : {Change{3, 1.0 / 3}, Change{4, 1.0 / 4}, Change{2, 2.0 / 4}}) {
     SCOPED_TRACE(absl::StrCat(now, " -> ", change.to, " servers"));
-    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(change.to));
+    auto trainer = std::make_unique<Trainer>(*client, steps);
+    ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
+    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(change.to, *client, trainer));
+    steps = trainer->steps();
     EXPECT_TRUE(result.moved);
     EXPECT_EQ(result.from, now);
     EXPECT_EQ(result.to, change.to);
     ASSERT_EQ(servers_.size(), change.to);
     const double fraction = static_cast<double>(result.bytes_moved) / static_cast<double>(model);
-    std::printf("%u -> %u servers: moved %llu of %llu bytes = %.3f, ideal %.3f (%.2fx)\n", now,
-                change.to, static_cast<unsigned long long>(result.bytes_moved),
+    std::printf("%u -> %u servers: moved %llu of %llu bytes = %.3f, ideal %.3f (%.2fx); %d steps\n",
+                now, change.to, static_cast<unsigned long long>(result.bytes_moved),
                 static_cast<unsigned long long>(model), fraction, change.ideal,
-                fraction / change.ideal);
+                fraction / change.ideal, steps);
     EXPECT_LE(fraction, 1.5 * change.ideal);
     EXPECT_GE(fraction, change.ideal / 1.5);
 
     if (now == 2) {
       // The old owner refuses what it handed over, and applies nothing of
-      // it; what stays is served as before (a client still on 2 servers).
+      // it; what stays is served as before.
       const Tensor grad = Tensor::FromValues<float>({4}, {1, 1, 1, 1});
       absl::Status refused = old_client->SendGrad(leaving, grad);
       // Named by the move's version, or the stable one once the server saw it.
@@ -249,19 +328,17 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
       EXPECT_EQ(kept.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
       old_client.reset();
     }
-    // A trainer of the new count finds every value exact, and trains on.
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Connect());
-    ASSERT_EQ(client->num_servers(), static_cast<int>(change.to));
-    EXPECT_EQ(client->placement().version(), result.version);
+    // Exact for the trainer's client and for one of the new count.
     ExpectModel(*client, steps);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> fresh, Connect());
+    ASSERT_EQ(fresh->num_servers(), static_cast<int>(change.to));
+    EXPECT_EQ(fresh->placement().version(), result.version);
+    ExpectModel(*fresh, steps);
     // The refused push applied nothing; the probes moved with their values.
-    ASSERT_OK_AND_ASSIGN(Tensor probe, client->GetParam(leaving));
+    ASSERT_OK_AND_ASSIGN(Tensor probe, fresh->GetParam(leaving));
     EXPECT_EQ(probe.ToVector<float>(), (std::vector<float>{1, 2, 3, 4}));
-    ASSERT_OK_AND_ASSIGN(probe, client->GetParam(staying));
+    ASSERT_OK_AND_ASSIGN(probe, fresh->GetParam(staying));
     EXPECT_EQ(probe.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
-    Train(*client, steps, steps + 2);
-    steps += 2;
-    ExpectModel(*client, steps);
     now = change.to;
   }
 

@@ -22,6 +22,7 @@
 #include "cc/etcd/keys.h"
 #include "cc/etcd/placement_record.h"
 #include "cc/etcd/testing/etcd_process.h"
+#include "cc/server/move_coordinator.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -42,16 +43,6 @@ std::string NameMoving(int from, int to) {
   }
   ADD_FAILURE() << "no name from " << from << " to " << to;
   return "";
-}
-
-v1::Placement Spec(uint64_t version, uint32_t servers, uint32_t from = 0) {
-  v1::Placement spec;
-  spec.set_version(version);
-  spec.set_kind(v1::Placement::JUMP);
-  spec.set_num_servers(servers);
-  spec.set_moving(from != 0);
-  spec.set_from_num_servers(from);
-  return spec;
 }
 
 // Polls `done` every 10 ms, at most 6000 times and for 60 s: whether it held.
@@ -207,7 +198,7 @@ class Trainer {
  public:
   Trainer(Client& client, std::vector<std::string> names)
       : client_(client), names_(std::move(names)), thread_([this] { Run(); }) {}
-  ~Trainer() { Stop(); }
+  ~Trainer() { Stop().IgnoreError(); }
 
   // Steps acknowledged so far.
   int steps() const {
@@ -287,13 +278,12 @@ class Trainer {
   std::thread thread_;  // last: started once everything else is
 };
 
-// 2 servers grow to 3 under a running trainer: a third server starts and
-// registers, the blocks that move are handed over (here by the test: their
-// exact values initialized on the new server while the trainer is paused
-// between steps), /placement says moving v+1, the old owners refuse the
-// moved blocks, and the trainer's client re-routes them; then v+2 (3
-// servers, done). The trainer sees no error, and every parameter holds
-// exactly one update per acknowledged step.
+// 2 servers grow to 3 under a running trainer: the coordinator
+// (ScaleCluster, psctl scale) writes /placement moving v+1, a third server
+// joins and claims index 2, the old owners hand the moving blocks over
+// (MoveBlocks) and refuse them from then on, the trainer's client re-routes
+// them; then v+2 (3 servers, done). The trainer sees no error, and every
+// parameter holds exactly one update per acknowledged step.
 TEST_F(PlacementRedirectTest, ATrainerPushingThroughAMoveFromTwoToThreeServersSeesNoError) {
   StartTwo();
   ASSERT_EQ(servers_.size(), 2u);
@@ -315,74 +305,50 @@ TEST_F(PlacementRedirectTest, ATrainerPushingThroughAMoveFromTwoToThreeServersSe
   Trainer trainer(*client, names);
   ASSERT_TRUE(Eventually([&] { return trainer.steps() >= 3; }));
 
-  // A third server joins as index 2 (registered by the test: the servers'
-  // own join is the coordinator's part, issue 16 step 2).
-  ServerOptions third_options;
-  third_options.index = 2;
+  ScaleOptions scale;
+  scale.etcd_endpoints = {etcd_->endpoint()};
+  scale.cluster = "job";
+  scale.to = 3;
+  scale.timeout = absl::Minutes(2);
+  std::future<absl::StatusOr<ScaleResult>> scaled =
+      std::async(std::launch::async, [&scale] { return ScaleCluster(scale); });
+  ServerOptions third_options = Options();
+  third_options.num_servers = 0;  // the count etcd says: 3 once the move began
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> third, Server::Start(third_options));
-  ASSERT_OK(etcd_client_->Put(etcd_keys::ServerKey(2),
-                              etcd_keys::FormatServerValue({third->address(),
-                                                            third->instance_id(), ""})));
-  ASSERT_TRUE(Eventually([&] {
-    const std::vector<std::string> addresses = client->addresses();
-    return addresses.size() == 3 && addresses[2] == third->address();
-  }));
-  EXPECT_EQ(client->num_servers(), 2);  // nothing routed there yet
+  EXPECT_EQ(third->index(), 2u);
+  ASSERT_OK_AND_ASSIGN(ScaleResult result, scaled.get());
+  EXPECT_EQ(result.version, version + 2);
+  EXPECT_EQ(result.blocks_moved, 2u);  // the two one-block parameters
 
-  // The hand-over: between two steps, the moving blocks' exact values go
-  // to the new owner; then the old owners refuse them.
-  ASSERT_TRUE(trainer.Pause()) << trainer.Stop();
-  ASSERT_OK_AND_ASSIGN(std::vector<Tensor> values, client->GetParams({moving0, moving1}));
-  std::unique_ptr<Client> to_third = Direct({third->address()});
-  ASSERT_NE(to_third, nullptr);
-  ASSERT_OK(to_third->InitParam(moving0, values[0], sgd));
-  ASSERT_OK(to_third->InitParam(moving1, values[1], sgd));
-  ASSERT_OK(to_third->FinishInitParams());
-  PutPlacement(Spec(version + 1, 3, /*from=*/2));
-  std::unique_ptr<Client> probe =
-      Direct({servers_[0]->address(), servers_[1]->address()});
+  // The old owners refuse what they handed over (a client that follows no
+  // placement sees it).
+  std::unique_ptr<Client> probe = Direct({servers_[0]->address(), servers_[1]->address()});
   ASSERT_NE(probe, nullptr);
   for (const std::string& name : {moving0, moving1}) {
-    ASSERT_TRUE(Eventually([&] {
-      return PlacementMovedVersion(probe->GetParam(name).status()) == version + 1;
-    })) << name;
+    std::optional<uint64_t> refused = PlacementMovedVersion(probe->GetParam(name).status());
+    ASSERT_TRUE(refused.has_value()) << name;
+    EXPECT_GE(*refused, version + 1);
   }
-  const int paused_at = trainer.steps();
-  trainer.Resume();
-
-  // The trainer's pushes to the old owners are refused and re-routed.
-  ASSERT_TRUE(Eventually([&] {
-    return client->redirects() >= 2 && trainer.steps() >= paused_at + 4;
-  })) << trainer.Stop();
-  EXPECT_EQ(client->etcd_placement_version(), version + 1);
-  EXPECT_EQ(client->num_servers(), 3);
-
-  // The move is done: 3 servers for everything, no more redirects (the
-  // trainer paused meanwhile, so that no step in flight was routed before).
-  ASSERT_TRUE(trainer.Pause()) << trainer.Stop();
-  PutPlacement(Spec(version + 2, 3));
-  ASSERT_TRUE(Eventually([&] { return client->etcd_placement_version() == version + 2; }));
   const int done_at = trainer.steps();
-  const uint64_t redirects = client->redirects();
-  trainer.Resume();
-  ASSERT_TRUE(Eventually([&] { return trainer.steps() >= done_at + 4; })) << trainer.Stop();
+  ASSERT_TRUE(Eventually([&] {
+    return client->etcd_placement_version() == version + 2 && trainer.steps() >= done_at + 4;
+  })) << trainer.Stop();
+  EXPECT_EQ(client->num_servers(), 3);
   ASSERT_OK(trainer.Stop());
-  EXPECT_EQ(client->redirects(), redirects);
 
   const float steps = static_cast<float>(trainer.steps());
   ASSERT_OK_AND_ASSIGN(std::vector<Tensor> final_values, client->GetParams(names));
   for (size_t k = 0; k < names.size(); ++k) {
     EXPECT_EQ(final_values[k].ToVector<float>(), (std::vector<float>{steps, steps})) << names[k];
   }
-  // The old owners hold the moved blocks as they handed them over.
-  for (int i = 0; i < 2; ++i) {
+  // The moved blocks live on the new server now.
+  for (const std::string& name : {moving0, moving1}) {
     v1::ParamRef ref;
-    ref.set_name(names[i]);
+    ref.set_name(name);
     v1::Parameter held;
-    ASSERT_OK(servers_[i]->store().Get(ref, &held));
-    EXPECT_EQ(held.content(), std::string(values[i].bytes())) << names[i];
-    EXPECT_EQ(values[i].ToVector<float>(),
-              (std::vector<float>{static_cast<float>(paused_at), static_cast<float>(paused_at)}));
+    ASSERT_OK(third->store().Get(ref, &held));
+    Tensor value = final_values[name == moving0 ? 0 : 1];
+    EXPECT_EQ(held.content(), std::string(value.bytes())) << name;
   }
 }
 

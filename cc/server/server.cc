@@ -630,6 +630,16 @@ absl::Status Server::Register() {
       Log(absl::StrCat("all ", desired, " indices are taken; waiting for one to free up"));
       waiting_logged = true;
     }
+    // A move to more servers may have begun meanwhile (psctl scale): then
+    // the new indexes are free to claim.
+    if (absl::StatusOr<std::optional<v1::Placement>> now = ReadPlacement(*etcd_);
+        now.ok() && now->has_value() && (*now)->moving() && (*now)->num_servers() > desired) {
+      desired = (*now)->num_servers();
+      num_servers_ = desired;
+      placement_version_ = (*now)->version();
+      Log(absl::StrCat("placement version ", placement_version_, " moves to ", desired,
+                       " servers: looking for a free index again"));
+    }
     PauseUnlessStopped(absl::Milliseconds(50));
   }
 }
