@@ -38,15 +38,7 @@ func TestScaleMovesBlocksBetweenRealServers(t *testing.T) {
 	}
 	cmd, lines := startLocal(t, "-n", "2", "-start_etcd", "-cluster", "s", "-placement_redirects", "-metrics=false")
 	defer stopLocal(t, cmd, lines)
-	endpoint := ""
-	for _, line := range lines {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "etcd" {
-			endpoint = f[1]
-		}
-	}
-	if endpoint == "" {
-		t.Fatalf("no etcd in %q", lines)
-	}
+	endpoint := localEtcd(t, lines)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	connect := func() *pserver.Client {
