@@ -398,5 +398,20 @@ TEST_F(LiveMoveTest, BadMovesAreRefusedNamingWhatIsWrong) {
   EXPECT_EQ(after.value, FormatPlacementRecord(moving));
 }
 
+TEST_F(LiveMoveTest, ServersWithReplicationRefuseMoves) {
+  ServerOptions options = Options(1);
+  options.accept_standbys = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, Server::Start(options));
+  std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::MoveBlocksRequest request;
+  request.set_version(1);
+  v1::MoveBlocksResponse response;
+  EXPECT_THAT(FromGrpcStatus(stub->MoveBlocks(&context, request, &response)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("live moves do not work with replication yet")));
+}
+
 }  // namespace
 }  // namespace pserver
