@@ -195,7 +195,7 @@ TEST_F(CheckpointTrustTest, PlacementIsKeptInEtcdReadByClientsAndRecordedInCheck
     EXPECT_EQ(client->placement().version(), 1u);
     EXPECT_EQ(client->placement().kind(), v1::Placement::JUMP);
     EXPECT_EQ(client->etcd_placement_version(), 1u);
-    // A newer version is seen (and not yet acted on).
+    // A newer version is seen and routed by (the same count: nothing moves).
     v1::Placement next = held;
     next.set_version(2);
     ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(next)));
@@ -205,7 +205,8 @@ TEST_F(CheckpointTrustTest, PlacementIsKeptInEtcdReadByClientsAndRecordedInCheck
       absl::SleepFor(absl::Milliseconds(10));
     }
     EXPECT_EQ(client->etcd_placement_version(), 2u);
-    EXPECT_EQ(client->placement().version(), 1u);
+    EXPECT_EQ(client->placement().version(), 2u);
+    EXPECT_EQ(client->placement().num_servers(), 1);
   }
   // Another count than etcd lists: the client refuses, saying why.
   ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(),

@@ -29,6 +29,8 @@ constexpr MethodRole kMethodRoles[] = {
     // Replication between servers (docs/replication.md): servers call these
     // with admin credentials.
     {"AttachStandby", Role::kAdmin},   {"Replicate", Role::kAdmin},
+    // Live moves (docs/elastic.md): the coordinator and servers call these.
+    {"MoveBlocks", Role::kAdmin},      {"ReceiveBlocks", Role::kAdmin},
 };
 
 constexpr std::pair<Role, absl::string_view> kRoleNames[] = {

@@ -1,5 +1,6 @@
 // The C ABI: the checkpoint reader, forwarding to pserver::CheckpointSet
-// (cc/core/checkpoint_set.h), and offline resharding (cc/core/reshard.h).
+// (cc/core/checkpoint_set.h), offline resharding (cc/core/reshard.h), and
+// live moves (cc/server/move_coordinator.h).
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +9,9 @@
 #include "cc/capi/internal.h"
 #include "cc/core/reshard.h"
 #include "cc/core/status_macros.h"
+#include "cc/server/move_coordinator.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 using pserver_capi::NameBytes;
 using pserver_capi::NameOut;
@@ -52,6 +56,33 @@ void pserver_checkpoint_reshard(const char* from, const char* to, uint32_t num_s
       options.progress = [progress_fd](const std::string& line) { WriteLine(progress_fd, line); };
     }
     return pserver::ReshardCheckpoints(from, to, options).status();
+  });
+}
+
+void pserver_cluster_scale(const char* etcd_endpoints, const char* cluster, uint32_t num_servers,
+                           int64_t timeout_ms, int32_t progress_fd, uint32_t* from,
+                           uint64_t* version, uint64_t* blocks_moved, uint64_t* bytes_moved,
+                           pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (etcd_endpoints == nullptr) return Null("etcd_endpoints");
+    if (cluster == nullptr) return Null("cluster");
+    if (timeout_ms <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("timeout_ms must be > 0, got ", timeout_ms));
+    }
+    pserver::ScaleOptions options;
+    options.etcd_endpoints = absl::StrSplit(etcd_endpoints, ',', absl::SkipEmpty());
+    options.cluster = cluster;
+    options.to = num_servers;
+    options.timeout = absl::Milliseconds(timeout_ms);
+    if (progress_fd >= 0) {
+      options.progress = [progress_fd](const std::string& line) { WriteLine(progress_fd, line); };
+    }
+    PS_ASSIGN_OR_RETURN(pserver::ScaleResult result, pserver::ScaleCluster(options));
+    if (from != nullptr) *from = result.from;
+    if (version != nullptr) *version = result.version;
+    if (blocks_moved != nullptr) *blocks_moved = result.blocks_moved;
+    if (bytes_moved != nullptr) *bytes_moved = result.bytes_moved;
+    return absl::OkStatus();
   });
 }
 

@@ -236,6 +236,27 @@ PSERVER_EXPORT void pserver_checkpoint_reshard(const char* from, const char* to,
                                                uint32_t num_servers, int32_t progress_fd,
                                                pserver_status_t* status);
 
+/* ----------------------------------------------------------- live moves */
+
+/* Moves a running cluster (`cluster`, found in etcd at the comma-separated
+ * `etcd_endpoints`) to `num_servers` (M, 1 .. 4096) servers while trainers
+ * run: writes /placement moving, waits until servers 0 .. max(N,M)-1 are
+ * registered (start the new ones with --etcd and --placement_redirects),
+ * asks every old owner to hand its leaving dense blocks to their new owner,
+ * writes /placement stable; servers left out exit. Safe to run again after
+ * it failed midway. Gives up after `timeout_ms` (> 0). Progress lines go to
+ * file descriptor `progress_fd` (negative: none). Out (each may be NULL):
+ * `from` (N), `version` (the stable placement's), `blocks_moved` and
+ * `bytes_moved` (values and optimizer state; 0 when it was at M already).
+ * INVALID_ARGUMENT for a bad count; FAILED_PRECONDITION when no server has
+ * started or a move to another count is under way; DEADLINE_EXCEEDED when
+ * the new servers did not register in time. docs/elastic.md. */
+PSERVER_EXPORT void pserver_cluster_scale(const char* etcd_endpoints, const char* cluster,
+                                          uint32_t num_servers, int64_t timeout_ms,
+                                          int32_t progress_fd, uint32_t* from, uint64_t* version,
+                                          uint64_t* blocks_moved, uint64_t* bytes_moved,
+                                          pserver_status_t* status);
+
 /* --------------------------------------------------- library buffers */
 
 /* Frees a buffer the library allocated (pserver_etcd_get); accepts NULL. */

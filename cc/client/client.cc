@@ -56,8 +56,64 @@ absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const etcd_keys::ServerE
   return std::unique_ptr<Transport>(std::make_unique<ChannelTransport>(std::move(grpc), channel));
 }
 
+// The stand-in for a server a placement names before etcd lists it (a
+// server joining): every call fails with UNAVAILABLE, which the caller
+// retries until the server registers (SetTransport) or its deadline.
+class UnregisteredTransport final : public Transport {
+ public:
+  explicit UnregisteredTransport(int server)
+      : address_(absl::StrCat("/ps/", server, " (not registered)")),
+        error_(absl::UnavailableError(
+            absl::StrCat("server ", server, " is not registered in etcd (/ps/", server,
+                         ") yet"))) {}
+
+  const std::string& address() const override { return address_; }
+  void Call(absl::string_view, const google::protobuf::Message&, google::protobuf::Message*,
+            absl::Time, Done done) override {
+    done(error_);
+  }
+  void Push(const RequestId&, absl::Span<const GradientView>, absl::Time, Done done,
+            TraceRecorder*) override {
+    done(error_);
+  }
+  void Pull(absl::Span<const v1::ParamRef>, BlockSink, absl::Time, Done done,
+            TraceRecorder*) override {
+    done(error_);
+  }
+  void PushPull(const RequestId&, absl::Span<const GradientView>, absl::Span<const v1::ParamRef>,
+                BlockSink, absl::Time, Done done, TraceRecorder*) override {
+    done(error_);
+  }
+
+ private:
+  const std::string address_;
+  const absl::Status error_;
+};
+
+// How a client routes by `spec` (see Client::Routing). INVALID_ARGUMENT for
+// a spec that is not a placement, or a move from a count outside
+// [1, kMaxPlacementServers].
+absl::StatusOr<Client::Routing> RoutingOf(const v1::Placement& spec, size_t block_bytes) {
+  PS_ASSIGN_OR_RETURN(Placement target, Placement::FromSpec(spec, block_bytes));
+  if (!spec.moving()) return Client::Routing{target, target, false};
+  if (spec.from_num_servers() < 1 || spec.from_num_servers() > kMaxPlacementServers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement version ", spec.version(), " is moving from ",
+                     spec.from_num_servers(), " servers; the count must be in [1, ",
+                     kMaxPlacementServers, "]"));
+  }
+  v1::Placement from = spec;
+  from.set_num_servers(spec.from_num_servers());
+  PS_ASSIGN_OR_RETURN(Placement route, Placement::FromSpec(from, block_bytes));
+  return Client::Routing{route, target, true};
+}
+
 absl::Status CheckOptions(const ClientOptions& options, size_t num_servers) {
   if (num_servers == 0) return absl::InvalidArgumentError("client options name no servers");
+  if (num_servers > kMaxPlacementServers) {
+    return absl::InvalidArgumentError(absl::StrCat("client options name ", num_servers,
+                                                   " servers; at most ", kMaxPlacementServers));
+  }
   PS_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
   if (options.block_bytes == 0) return absl::InvalidArgumentError("block_bytes must be > 0");
   if (options.max_request_bytes == 0) {
@@ -144,11 +200,20 @@ absl::StatusOr<std::vector<etcd_keys::ServerEntry>> DiscoverServers(EtcdClient& 
       absl::StatusOr<std::vector<KeyValue>> kvs =
           etcd.GetPrefix(etcd_keys::ServersPrefix(), revision, deadline);
       if (kvs.ok()) {
+        // Servers beyond the desired count (joining or leaving in a live
+        // move) are kept too, up to the placement's limit.
         std::vector<etcd_keys::ServerEntry> addresses(desired);
         for (const KeyValue& kv : *kvs) {
           absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(kv.key);
-          if (!i.ok() || *i >= desired) continue;
-          PS_ASSIGN_OR_RETURN(addresses[*i], FencedEntry(etcd, kv, require_instance_id));
+          if (!i.ok() || *i >= kMaxPlacementServers) continue;
+          absl::StatusOr<etcd_keys::ServerEntry> entry =
+              FencedEntry(etcd, kv, require_instance_id);
+          if (*i >= desired) {
+            if (!entry.ok()) continue;  // not needed to connect: ignored
+            if (*i >= addresses.size()) addresses.resize(*i + 1);
+          }
+          PS_RETURN_IF_ERROR(entry.status());
+          addresses[*i] = *std::move(entry);
         }
         std::vector<uint32_t> missing;
         for (uint32_t i = 0; i < desired; ++i) {
@@ -213,7 +278,6 @@ struct Client::Assembly {
 // One unit of work for one server: a gradient block to push, a block to read
 // back into assemblies[slot], or both (push-pull).
 struct Client::Item {
-  int server;
   std::optional<GradientView> grad;
   std::optional<v1::ParamRef> ref;
   size_t slot = 0;
@@ -226,14 +290,17 @@ struct Client::Exchange {
   std::vector<GradientView> grads;
   std::vector<v1::ParamRef> refs;
   std::vector<size_t> slots;
+  std::vector<size_t> items;  // the indexes of the items it carries
 };
 
 std::vector<Client::Batch> Client::PackBatches(absl::Span<const int> servers,
                                                absl::Span<const size_t> bytes, size_t max_bytes,
                                                int num_servers) {
   std::vector<Batch> batches;
-  std::vector<int> open(num_servers, -1);
-  std::vector<size_t> open_bytes(num_servers, 0);
+  int slots = num_servers;
+  for (int s : servers) slots = std::max(slots, s + 1);
+  std::vector<int> open(slots, -1);
+  std::vector<size_t> open_bytes(slots, 0);
   for (size_t i = 0; i < servers.size(); ++i) {
     const int s = servers[i];
     if (open[s] < 0 || open_bytes[s] + bytes[i] > max_bytes) {
@@ -294,12 +361,68 @@ absl::Status Client::RunOnEveryServer(const StartCall& start, absl::Time deadlin
 
 Client::Client(const ClientOptions& options, std::vector<std::unique_ptr<Transport>> transports)
     : options_(options),
-      placement_(static_cast<int>(transports.size()), options.block_bytes),
+      routing_{Placement(static_cast<int>(transports.size()), options.block_bytes),
+               Placement(static_cast<int>(transports.size()), options.block_bytes), false},
       client_id_(RandomNonZero()),
-      sequences_(new std::atomic<uint64_t>[transports.size()]) {
-  for (size_t i = 0; i < transports.size(); ++i) sequences_[i].store(0);
+      sequences_(new std::atomic<uint64_t>[kMaxPlacementServers]) {
+  for (size_t i = 0; i < kMaxPlacementServers; ++i) sequences_[i].store(0);
   absl::MutexLock lock(&transports_mu_);
   for (auto& t : transports) transports_.push_back(std::move(t));
+}
+
+Client::Routing Client::routing() const {
+  absl::ReaderMutexLock lock(&transports_mu_);
+  return routing_;
+}
+
+void Client::CoverServersLocked(int count) {
+  while (static_cast<int>(transports_.size()) < count) {
+    transports_.push_back(
+        std::make_shared<UnregisteredTransport>(static_cast<int>(transports_.size())));
+  }
+}
+
+absl::Status Client::UpdatePlacement(const v1::Placement& spec) {
+  PS_ASSIGN_OR_RETURN(Routing next, RoutingOf(spec, options_.block_bytes));
+  placement_followed_.store(true);
+  absl::MutexLock lock(&transports_mu_);
+  if (spec.version() <= routing_.target.version()) return absl::OkStatus();  // not newer
+  CoverServersLocked(next.num_servers());
+  routing_ = next;
+  placement_version_.store(spec.version());  // under the lock: WaitForPlacement waits on it
+  return absl::OkStatus();
+}
+
+absl::Status Client::SetTransport(int server, std::unique_ptr<Transport> transport) {
+  if (server < 0 || server >= static_cast<int>(kMaxPlacementServers)) {
+    return absl::InvalidArgumentError(absl::StrCat("server index ", server, " is outside [0, ",
+                                                   kMaxPlacementServers, ")"));
+  }
+  if (transport == nullptr) return absl::InvalidArgumentError("a transport is null");
+  std::shared_ptr<Transport> old;  // let go of outside the lock
+  absl::MutexLock lock(&transports_mu_);
+  CoverServersLocked(server + 1);
+  old = std::move(transports_[server]);
+  transports_[server] = std::move(transport);
+  address_changes_.fetch_add(1);  // under the lock: WaitToRetry waits on it
+  return absl::OkStatus();
+}
+
+bool Client::WaitForPlacement(uint64_t version, absl::Time deadline, Cancellation* cancel) {
+  auto seen = [this, version] { return placement_version_.load() >= version; };
+  if (seen()) return true;
+  placement_waits_.fetch_add(1);
+  if (cancel == nullptr) {
+    absl::MutexLock lock(&transports_mu_);
+    return transports_mu_.AwaitWithDeadline(absl::Condition(&seen), deadline);
+  }
+  // Cancellable: in slices, as WaitToRetry.
+  while (!seen()) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    if (cancel->WaitFor(std::min(left, kMovedCheckInterval))) return false;
+  }
+  return true;
 }
 
 Client::~Client() {
@@ -324,7 +447,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     PS_ASSIGN_OR_RETURN(etcd, EtcdClient::Connect(etcd_options));
     PS_ASSIGN_OR_RETURN(servers, DiscoverServers(*etcd, options.discovery_timeout,
                                                         options.require_instance_id, &revision));
-    PS_ASSIGN_OR_RETURN(placement, ReadPlacementFor(*etcd, servers.size(),
+    PS_ASSIGN_OR_RETURN(placement, ReadPlacementFor(*etcd, servers,
                                                     absl::Now() + options.discovery_timeout));
   }
   PS_RETURN_IF_ERROR(CheckOptions(options, servers.size()));
@@ -334,6 +457,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // until the call's deadline: a server that comes up meanwhile is reached,
   // and one that never does is reported with why.
   for (size_t i = 0; i < servers.size(); ++i) {
+    if (servers[i].address.empty()) {  // beyond the desired count, not registered
+      transports.push_back(std::make_unique<UnregisteredTransport>(static_cast<int>(i)));
+      continue;
+    }
     absl::StatusOr<std::unique_ptr<Transport>> transport = NewTransport(servers[i], options);
     if (!transport.ok()) {
       return absl::Status(transport.status().code(),
@@ -343,11 +470,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     transports.push_back(*std::move(transport));
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Create(options, std::move(transports)));
-  if (placement.has_value()) {
-    PS_ASSIGN_OR_RETURN(client->placement_, Placement::FromSpec(*placement, options.block_bytes));
-    client->etcd_placement_version_.store(placement->version());
-  }
+  if (placement.has_value()) PS_RETURN_IF_ERROR(client->UpdatePlacement(*placement));
   if (etcd != nullptr) {
+    client->placement_followed_.store(true);
     PS_RETURN_IF_ERROR(client->WatchPlacement(etcd.get(), revision));
     client->etcd_ = std::move(etcd);
     PS_RETURN_IF_ERROR(client->StartDiscovery(client->etcd_.get(), revision));
@@ -355,15 +480,31 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   return client;
 }
 
-absl::StatusOr<std::optional<v1::Placement>> Client::ReadPlacementFor(EtcdClient& etcd,
-                                                                      size_t num_servers,
-                                                                      absl::Time deadline) {
+absl::StatusOr<std::optional<v1::Placement>> Client::ReadPlacementFor(
+    EtcdClient& etcd, const std::vector<etcd_keys::ServerEntry>& servers, absl::Time deadline) {
   PS_ASSIGN_OR_RETURN(std::optional<v1::Placement> placement, ReadPlacement(etcd, deadline));
-  if (placement.has_value() && placement->num_servers() != num_servers) {
+  if (!placement.has_value()) return placement;
+  const std::string key = absl::StrCat("etcd ", etcd.options().prefix, etcd_keys::PlacementKey());
+  absl::StatusOr<Routing> routing = RoutingOf(*placement, 1);
+  if (!routing.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": ", routing.status().message()));
+  }
+  size_t listed = 0;
+  bool all = true;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    if (servers[i].address.empty()) continue;
+    ++listed;
+  }
+  for (int i = 0; i < routing->num_servers(); ++i) {
+    if (static_cast<size_t>(i) >= servers.size() || servers[i].address.empty()) all = false;
+  }
+  if (!all) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "etcd ", etcd.options().prefix, etcd_keys::PlacementKey(), " is for ",
-        placement->num_servers(), " servers (version ", placement->version(), "), etcd lists ",
-        num_servers, ": servers of another count have not all registered yet"));
+        key, " is for ", placement->num_servers(), " servers (",
+        placement->moving() ? absl::StrCat("moving from ", placement->from_num_servers(), ", ")
+                            : "",
+        "version ", placement->version(), "), etcd lists ", listed,
+        ": servers of another count have not all registered yet"));
   }
   return placement;
 }
@@ -371,8 +512,9 @@ absl::StatusOr<std::optional<v1::Placement>> Client::ReadPlacementFor(EtcdClient
 absl::Status Client::WatchPlacement(EtcdClient* etcd, int64_t revision) {
   auto on_change = [this](const WatchEvent& event) {
     if (event.type != WatchEvent::Type::kPut || event.kv.key != etcd_keys::PlacementKey()) return;
+    // A malformed value, or an older version (a replay): the one held stays.
     absl::StatusOr<v1::Placement> placement = ParsePlacementRecord(event.kv.value);
-    if (placement.ok()) etcd_placement_version_.store(placement->version());
+    if (placement.ok()) UpdatePlacement(*placement).IgnoreError();
   };
   PS_ASSIGN_OR_RETURN(placement_watcher_,
                       etcd->Watch(etcd_keys::PlacementKey(), revision + 1, std::move(on_change)));
@@ -380,13 +522,14 @@ absl::Status Client::WatchPlacement(EtcdClient* etcd, int64_t revision) {
 }
 
 absl::Status Client::StartDiscovery(EtcdClient* etcd, int64_t revision) {
-  const int n = num_servers();
-  auto on_change = [this, n, etcd](const WatchEvent& event) {
+  auto on_change = [this, etcd](const WatchEvent& event) {
     // A deleted key (a server gone) changes nothing: calls keep retrying the
     // old address until a new server claims the index.
     if (event.type != WatchEvent::Type::kPut) return;
+    // Any index a placement may name: servers join beyond the count
+    // connected with (live moves).
     absl::StatusOr<uint32_t> i = etcd_keys::ParseServerKey(event.kv.key);
-    if (!i.ok() || *i >= static_cast<uint32_t>(n)) return;
+    if (!i.ok() || *i >= kMaxPlacementServers) return;
     // A value that is not a server's entry: the old one stays.
     absl::StatusOr<etcd_keys::ServerEntry> entry = FencedEntry(*etcd, event.kv, options_.require_instance_id);
     if (!entry.ok()) return;
@@ -440,13 +583,7 @@ void Client::OnServerChanged(int server, const etcd_keys::ServerEntry& address) 
   // backoff ends.
   absl::StatusOr<std::unique_ptr<Transport>> transport = NewTransport(address, options_);
   if (!transport.ok()) return;
-  std::shared_ptr<Transport> old;
-  {
-    absl::MutexLock lock(&transports_mu_);
-    old = std::move(transports_[server]);
-    transports_[server] = *std::move(transport);
-    address_changes_.fetch_add(1);  // under the lock: WaitToRetry waits on it
-  }
+  SetTransport(server, *std::move(transport)).IgnoreError();  // server < kMaxPlacementServers
 }
 
 std::shared_ptr<Transport> Client::TransportFor(int server) const {
@@ -463,7 +600,8 @@ std::vector<std::string> Client::addresses() const {
 
 absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
                                     const StartCall& start, absl::Time deadline,
-                                    TraceRecorder* trace, const DescribeRequest& describe) {
+                                    TraceRecorder* trace, const DescribeRequest& describe,
+                                    std::vector<absl::Status>* moved) {
   Cancellation* const cancel = Cancellation::Current();
   if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
   if (n > 0 && absl::Now() >= deadline) {
@@ -518,6 +656,10 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
       const bool retryable = absl::IsUnavailable(status) ||
                              (absl::IsDeadlineExceeded(status) && attempt_deadline < deadline);
       const std::string& address = used[k]->address();
+      if (moved != nullptr && PlacementMovedVersion(status).has_value()) {
+        (*moved)[pending[k]] = Annotate(status, address);  // for the caller to re-route
+        continue;
+      }
       std::string& cause = unreachable[address];
       const std::string latest = UnreachableCauseOf(status);
       cause = latest.empty() ? "" : LatestCause(cause, latest);
@@ -623,6 +765,7 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
   std::vector<v1::InitParamRequest> requests;
   std::vector<int> servers;
   std::vector<Layout> layouts;
+  const Placement placement = this->placement();
   for (const InitRef& ref : params) {
     const std::string& name = *ref.name;
     const Tensor& value = *ref.value;
@@ -641,7 +784,7 @@ absl::Status Client::DoInitParams(absl::Span<const InitRef> params, absl::Time d
                        total, " values, the tensor holds ", value.num_elements()));
     }
     const size_t esize = ElementSize(value.type());
-    std::vector<BlockSpec> blocks = placement_.Blocks(name, total, esize);
+    std::vector<BlockSpec> blocks = placement.Blocks(name, total, esize);
     for (const BlockSpec& b : blocks) {
       v1::InitParamRequest& request = requests.emplace_back();
       v1::Parameter* param = request.mutable_parameter();
@@ -814,37 +957,122 @@ void Client::DescribeExchange(const Exchange& x, const RequestId& id, trace::Arg
   args.Add("blocks", names);
 }
 
+namespace {
+
+// The dense block an item pushes or reads: its parameter and block index.
+std::pair<absl::string_view, uint32_t> BlockOf(const GradientView* grad, const v1::ParamRef* ref) {
+  if (grad != nullptr) return {grad->name, grad->block.index()};
+  return {ref->name(), ref->block().index()};
+}
+
+}  // namespace
+
 absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
                          absl::Time deadline, TraceRecorder* trace) {
   if (items.empty()) return absl::OkStatus();
-  std::vector<int> servers;
-  std::vector<size_t> bytes;
-  for (const Item& item : items) {
-    servers.push_back(item.server);
-    bytes.push_back(item.bytes);
+  std::vector<size_t> pending(items.size());
+  for (size_t i = 0; i < items.size(); ++i) pending[i] = i;
+  // Items refused by an old owner go by the target placement from then on.
+  std::vector<bool> by_target(items.size(), false);
+  Routing routing = this->routing();
+  for (int round = 1;; ++round) {
+    std::vector<int> servers;
+    servers.reserve(pending.size());
+    for (size_t k : pending) {
+      const Item& item = items[k];
+      const auto [name, block] = BlockOf(item.grad.has_value() ? &*item.grad : nullptr,
+                                         item.ref.has_value() ? &*item.ref : nullptr);
+      servers.push_back((by_target[k] ? routing.target : routing.route).ServerOf(name, block));
+    }
+    std::vector<Refusal> refused;
+    PS_RETURN_IF_ERROR(RunRound(items, pending, servers, assemblies, deadline, trace, &refused));
+    if (refused.empty()) return absl::OkStatus();
+    // Every refused request applied nothing: its items go again, to their
+    // owners under the newest placement named, as new requests.
+    uint64_t newest = 0;
+    const absl::Status* first = &refused.front().status;
+    bool rerouted = false;  // some item goes elsewhere than it went
+    std::vector<size_t> next;
+    for (const Refusal& r : refused) {
+      const uint64_t version = PlacementMovedVersion(r.status).value_or(0);
+      if (version > newest) {
+        newest = version;
+        first = &r.status;
+      }
+      for (size_t k : r.items) {
+        rerouted = rerouted || !by_target[k];
+        by_target[k] = true;
+        next.push_back(k);
+      }
+    }
+    const uint64_t held = routing.target.version();
+    if (newest > held) {
+      // Not seen yet: wait for it (a client that follows no placement
+      // would wait in vain).
+      if (!placement_followed_.load()) {
+        return absl::Status(first->code(),
+                            absl::StrCat(first->message(),
+                                         "; this client follows no /placement (connect it with "
+                                         "etcd_endpoints to follow moves)"));
+      }
+      Cancellation* const cancel = Cancellation::Current();
+      if (!WaitForPlacement(newest, deadline, cancel)) {
+        if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
+        return absl::DeadlineExceededError(absl::StrCat(
+            first->message(), "; waited until the call's deadline for /placement version ",
+            newest, ", this client has seen version ", placement_version_.load()));
+      }
+      rerouted = true;
+    }
+    if (!rerouted || round >= kMaxRedirectRounds) {
+      // The servers refuse what this client already routes by their
+      // placement (or the placement keeps changing): reported as it is.
+      return absl::Status(
+          first->code(),
+          absl::StrCat(first->message(), "; not followed: this client routes by version ",
+                       placement_version_.load(), " and sent these blocks ", round,
+                       round == 1 ? " time" : " times"));
+    }
+    redirects_.fetch_add(next.size());
+    std::sort(next.begin(), next.end());  // the items' order
+    pending = std::move(next);
+    routing = this->routing();
   }
+}
+
+absl::Status Client::RunRound(const std::vector<Item>& items, absl::Span<const size_t> pending,
+                              absl::Span<const int> servers, std::vector<Assembly>& assemblies,
+                              absl::Time deadline, TraceRecorder* trace,
+                              std::vector<Refusal>* refused) {
+  std::vector<size_t> bytes;
+  bytes.reserve(pending.size());
+  for (size_t k : pending) bytes.push_back(items[k].bytes);
   std::vector<Exchange> exchanges;
   for (const Batch& batch :
        PackBatches(servers, bytes, options_.max_request_bytes, num_servers())) {
     Exchange& x = exchanges.emplace_back();
     x.server = batch.server;
-    for (size_t i : batch.items) {
-      if (items[i].grad.has_value()) x.grads.push_back(*items[i].grad);
-      if (items[i].ref.has_value()) {
-        x.refs.push_back(*items[i].ref);
-        x.slots.push_back(items[i].slot);
+    for (size_t j : batch.items) {
+      const Item& item = items[pending[j]];
+      x.items.push_back(pending[j]);
+      if (item.grad.has_value()) x.grads.push_back(*item.grad);
+      if (item.ref.has_value()) {
+        x.refs.push_back(*item.ref);
+        x.slots.push_back(item.slot);
       }
     }
   }
   // Every push gets its server's next sequence number once; a retry resends
-  // it unchanged, so the server applies it at most once.
+  // it unchanged, so the server applies it at most once. A refused push is
+  // sent again by Run under a new number (it applied nothing).
   std::vector<RequestId> ids(exchanges.size());
   for (size_t i = 0; i < exchanges.size(); ++i) {
     if (exchanges[i].grads.empty()) continue;
     ids[i].client = client_id_;
     ids[i].sequence = NextSequence(exchanges[i].server);
   }
-  return RunWithRetries(
+  std::vector<absl::Status> moved(exchanges.size());
+  PS_RETURN_IF_ERROR(RunWithRetries(
       exchanges.size(), [&](size_t i) { return exchanges[i].server; },
       [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         Exchange& x = exchanges[i];
@@ -869,7 +1097,12 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
           t.PushPull(ids[i], x.grads, x.refs, std::move(sink), deadline, std::move(done), trace);
         }
       },
-      deadline, trace, [&](size_t i, trace::Args& args) { DescribeExchange(exchanges[i], ids[i], args); });
+      deadline, trace, [&](size_t i, trace::Args& args) { DescribeExchange(exchanges[i], ids[i], args); },
+      &moved));
+  for (size_t i = 0; i < exchanges.size(); ++i) {
+    if (!moved[i].ok()) refused->push_back(Refusal{std::move(moved[i]), std::move(exchanges[i].items)});
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> Client::GetParam(const std::string& name, const CallOptions& call) {
@@ -905,7 +1138,7 @@ absl::Status Client::GetParamsInto(absl::Span<const std::string> names, absl::Sp
     } else {
       v1::ParamRef ref;
       ref.set_name(names[i]);
-      first.push_back(Item{placement_.HomeServer(names[i]), std::nullopt, std::move(ref), i, 0});
+      first.push_back(Item{std::nullopt, std::move(ref), i, 0});
     }
   }
   PS_RETURN_IF_ERROR(Run(first, parts, deadline, call.trace));
@@ -916,8 +1149,8 @@ absl::Status Client::GetParamsInto(absl::Span<const std::string> names, absl::Sp
     const size_t block_bytes = layout.elements * ElementSize(layout.type) / layout.blocks;
     for (uint32_t b = 0; b < layout.blocks; ++b) {
       if (parts[i].received[b]) continue;
-      rest.push_back(Item{placement_.ServerOf(names[i], b), std::nullopt,
-                          PullRef(names[i], layout, b, layout.blocks), i, block_bytes});
+      rest.push_back(Item{std::nullopt, PullRef(names[i], layout, b, layout.blocks), i,
+                          block_bytes});
     }
   }
   PS_RETURN_IF_ERROR(Run(rest, parts, deadline, call.trace));
@@ -955,7 +1188,7 @@ absl::Status Client::CheckGradient(const GradRef& ref) const {
         absl::StrCat(what, ": ", grad.tensor.num_elements(), " values received, ", layout->elements,
                      " expected (shape ", ShapeString(layout->shape), ")"));
   }
-  const uint32_t blocks = placement_.BlockCount(layout->elements, ElementSize(layout->type));
+  const uint32_t blocks = placement().BlockCount(layout->elements, ElementSize(layout->type));
   if (blocks != layout->blocks) {
     return absl::InvalidArgumentError(
         absl::StrCat("parameter '", grad.name, "' is stored as ", layout->blocks,
@@ -972,7 +1205,7 @@ absl::StatusOr<Client::Layout> Client::FindOrLearnLayout(const std::string& name
   if (std::optional<Layout> layout = FindLayout(name)) return *layout;
   // The header of block 0 (from the home server) carries the layout; no
   // value is read.
-  const int home = placement_.HomeServer(name);
+  const int home = placement().HomeServer(name);
   v1::GetParamInfoRequest request;
   request.set_name(name);
   v1::GetParamInfoResponse response;
@@ -1005,7 +1238,7 @@ absl::StatusOr<bool> Client::NonFiniteVerdict(const std::string& name, const Lay
   if (!bad.has_value() && !norm_bad) return false;
   if (layout.non_finite == v1::ParameterConfig::SKIP) return true;
   const std::vector<BlockSpec> blocks =
-      placement_.Blocks(name, layout.elements, ElementSize(layout.type));
+      placement().Blocks(name, layout.elements, ElementSize(layout.type));
   // The block the server would name: the one holding the first bad element.
   const uint64_t at = bad.has_value() ? first + bad->index : 0;
   const BlockSpec* where = &blocks.front();
@@ -1021,14 +1254,13 @@ absl::StatusOr<bool> Client::NonFiniteVerdict(const std::string& name, const Lay
 }
 
 absl::StatusOr<std::vector<GradientView>> Client::GradientBlocks(const GradRef& ref,
-                                                                 std::vector<int>* servers,
                                                                  std::deque<std::string>* encoded,
                                                                  absl::Time deadline,
                                                                  TraceRecorder* trace) {
   const NamedTensorView grad{*ref.name, *ref.tensor};
   const size_t esize = ElementSize(grad.tensor.type());
   const std::vector<BlockSpec> blocks =
-      placement_.Blocks(grad.name, grad.tensor.num_elements(), esize);
+      placement().Blocks(grad.name, grad.tensor.num_elements(), esize);
   // Clip-by-norm on the servers must see the whole gradient's norm.
   std::optional<double> norm;
   // Skipped (a full pass over the gradient) when the parameter is known not
@@ -1055,7 +1287,6 @@ absl::StatusOr<std::vector<GradientView>> Client::GradientBlocks(const GradRef& 
         grad.name, grad.tensor.type(), b, norm,
         absl::string_view(grad.tensor.bytes()).substr(b.offset * esize, b.elements * esize)));
     views.back().skip_as_non_finite = skip;
-    servers->push_back(b.server);
   }
   if (!skip && layout.has_value() && layout->type == v1::FLOAT32 &&
       grad.tensor.type() == v1::FLOAT32 && Compresses(layout->compression)) {
@@ -1085,11 +1316,10 @@ absl::Status Client::DoSendGrads(absl::Span<const GradRef> grads, absl::Time dea
   std::vector<Item> items;
   std::deque<std::string> encoded;  // compressed blocks, sent from here
   for (const GradRef& grad : grads) {
-    std::vector<int> servers;
     PS_ASSIGN_OR_RETURN(std::vector<GradientView> views,
-                        GradientBlocks(grad, &servers, &encoded, deadline, trace));
-    for (size_t b = 0; b < views.size(); ++b) {
-      items.push_back(Item{servers[b], views[b], std::nullopt, 0, views[b].content.size()});
+                        GradientBlocks(grad, &encoded, deadline, trace));
+    for (const GradientView& view : views) {
+      items.push_back(Item{view, std::nullopt, 0, view.content.size()});
     }
   }
   std::vector<Assembly> none;
@@ -1122,9 +1352,8 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
   std::deque<std::string> encoded;  // compressed blocks, sent from here
   for (size_t i = 0; i < grads.size(); ++i) {
     PS_RETURN_IF_ERROR(CheckGradient(grads[i]));
-    std::vector<int> servers;
     PS_ASSIGN_OR_RETURN(std::vector<GradientView> views,
-                        GradientBlocks(grads[i], &servers, &encoded, deadline, trace));
+                        GradientBlocks(grads[i], &encoded, deadline, trace));
     const NamedTensorView grad{*grads[i].name, *grads[i].tensor};
     // The parameter has the gradient's type and shape (or what we know of it).
     Assembly& a = parts[i];
@@ -1142,11 +1371,10 @@ absl::Status Client::DoPushPull(absl::Span<const GradRef> grads, absl::Span<Tens
     }
     a.Prepare();
     for (size_t b = 0; b < views.size(); ++b) {
-      items.push_back(
-          Item{servers[b], views[b],
-               PullRef(grad.name, *a.layout, static_cast<uint32_t>(b),
-                       static_cast<uint32_t>(views.size())),
-               i, 2 * views[b].content.size()});
+      items.push_back(Item{views[b],
+                           PullRef(grad.name, *a.layout, static_cast<uint32_t>(b),
+                                   static_cast<uint32_t>(views.size())),
+                           i, 2 * views[b].content.size()});
     }
   }
   PS_RETURN_IF_ERROR(Run(items, parts, deadline, trace));

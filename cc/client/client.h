@@ -31,6 +31,18 @@
 // applies. A parameter whose layout the client does not know yet has its
 // block 0 read first (only when a gradient for it is not finite).
 //
+// Live moves (docs/elastic.md): with `etcd_endpoints` the client watches
+// etcd /placement and routes every operation by a snapshot of the newest
+// version it has seen (routing()); while a move is under way it routes by
+// the FROM count. A bulk request (SendGrads, PushPull, GetParams and their
+// async forms) that a server refuses with PlacementMoved (the block moved:
+// nothing of the request was applied) is followed, not reported: the client
+// waits, within the call's deadline, until it has seen that version, then
+// sends the refused request's blocks again, as new requests with new ids,
+// to their owners under the placement named, and only those. Servers that
+// join (etcd /ps/<i> beyond the count connected with, up to
+// kMaxPlacementServers) are added as they register.
+//
 // Recovery: a request to a server that fails with UNAVAILABLE (or runs past
 // `attempt_timeout`) is retried, alone, with exponential backoff and jitter
 // until the call's deadline; each push carries a request id (a random client
@@ -309,15 +321,33 @@ class Client {
   // The client's trace (null when not tracing): Table's calls record into it.
   ClientTrace* trace() const { return trace_.get(); }
 
-  int num_servers() const { return placement_.num_servers(); }
-  // How names and keys map to servers: etcd /placement's (read at connect)
-  // or, without etcd, derived from N (JUMP, version 0).
-  const Placement& placement() const { return placement_; }
-  // The newest /placement version etcd has shown this client (watched; 0:
-  // none). Requests are not redirected by a newer one yet (live moves are
-  // not built): a larger value than placement().version() means the servers
-  // are being changed and this client should be restarted.
-  uint64_t etcd_placement_version() const { return etcd_placement_version_.load(); }
+  // How the client routes at one moment: a snapshot of the newest
+  // placement it has seen (etcd /placement, read at connect and watched; or,
+  // without etcd, derived from N: JUMP, version 0). Every operation takes
+  // one when it starts.
+  struct Routing {
+    // Where blocks and table keys are sent: while a move is under way, the
+    // FROM count (at the moving record's version).
+    Placement route;
+    // The placement named (num_servers): where a block goes once its old
+    // owner refused it with PlacementMoved. `route` when not moving.
+    Placement target;
+    bool moving = false;
+    // The servers that hold state under it: the larger of both counts.
+    int num_servers() const { return std::max(route.num_servers(), target.num_servers()); }
+  };
+  Routing routing() const ABSL_LOCKS_EXCLUDED(transports_mu_);
+  // routing().num_servers(): the servers of calls made to every server.
+  int num_servers() const { return routing().num_servers(); }
+  // routing().route: how names and keys map to servers now.
+  Placement placement() const { return routing().route; }
+  // The newest /placement version this client routes by (0: none, derived
+  // from N).
+  uint64_t etcd_placement_version() const { return placement_version_.load(); }
+  // Blocks sent again after a PlacementMoved (redirects followed), and the
+  // times a call waited for a newer /placement than it had seen, so far.
+  uint64_t redirects() const { return redirects_.load(); }
+  uint64_t placement_waits() const { return placement_waits_.load(); }
   // This client's random id in push request ids.
   uint64_t client_id() const { return client_id_; }
   // The current address of every server, in index order.
@@ -358,10 +388,14 @@ class Client {
   // client traces, `describe` (if given) adds what request i carries to its
   // span.
   using DescribeRequest = std::function<void(size_t i, trace::Args& args)>;
+  // With `moved` (n statuses): a request a server refuses with
+  // PlacementMoved is not a failure; its refusal (naming the server) is
+  // stored at (*moved)[i] for the caller to re-route.
   absl::Status RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
                               const StartCall& start, absl::Time deadline,
                               TraceRecorder* trace = nullptr,
-                              const DescribeRequest& describe = nullptr);
+                              const DescribeRequest& describe = nullptr,
+                              std::vector<absl::Status>* moved = nullptr);
   // Sleeps `sleep` before a retry, or less once address_changes() is no
   // longer `changes` (the etcd watch moved a server: retry there now). True
   // when `cancel` (may be null) was cancelled meanwhile.
@@ -387,8 +421,23 @@ class Client {
     if (!status.ok()) return status;
     return responses;
   }
-  // The next push sequence number for `server` (exactly-once ids).
+  // The next push sequence number for `server` (exactly-once ids; 0 <=
+  // server < kMaxPlacementServers).
   uint64_t NextSequence(int server) { return sequences_[server].fetch_add(1) + 1; }
+  // Routes by `spec` from now on (what the etcd /placement watch calls):
+  // a version not newer than the one held is ignored (OK). INVALID_ARGUMENT,
+  // nothing changed, for a spec CheckPlacementSpec refuses or a move from a
+  // count outside [1, kMaxPlacementServers]. Servers it names that have no
+  // transport yet get one that answers UNAVAILABLE until SetTransport (a
+  // call retries them until its deadline). A client updated this way (or
+  // connected to etcd) waits for newer versions when redirected; one that
+  // is not reports a PlacementMoved at once.
+  absl::Status UpdatePlacement(const v1::Placement& spec) ABSL_LOCKS_EXCLUDED(transports_mu_);
+  // The transport of server `server` from now on (what discovery calls when
+  // /ps/<server> is registered or changes); calls in flight keep theirs.
+  // INVALID_ARGUMENT for an index outside [0, kMaxPlacementServers).
+  absl::Status SetTransport(int server, std::unique_ptr<Transport> transport)
+      ABSL_LOCKS_EXCLUDED(transports_mu_);
   // When a call started now with `call` must end: the earlier of the
   // client's timeout and the call's deadline.
   absl::Time Deadline(const CallOptions& call) const {
@@ -432,7 +481,8 @@ class Client {
   };
   // Groups items (their servers and payload bytes) per server into batches
   // of about `max_bytes` payload each (an item larger than that travels
-  // alone), keeping the items' order.
+  // alone), keeping the items' order. A server index at or beyond
+  // `num_servers` (a newer placement's) is grouped like any other.
   static std::vector<Batch> PackBatches(absl::Span<const int> servers,
                                         absl::Span<const size_t> bytes, size_t max_bytes,
                                         int num_servers);
@@ -467,11 +517,11 @@ class Client {
   // etcd: finds the servers, watches them, registers the trainer.
   absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);
   // etcd /placement at connect (nullopt: none there); FAILED_PRECONDITION
-  // when it is for another count than the `num_servers` discovered.
-  static absl::StatusOr<std::optional<v1::Placement>> ReadPlacementFor(EtcdClient& etcd,
-                                                                       size_t num_servers,
-                                                                       absl::Time deadline);
-  // Keeps etcd_placement_version_ up to date from `revision` on.
+  // when a server it routes to is not among those discovered (`servers`,
+  // by index; an empty address: not registered).
+  static absl::StatusOr<std::optional<v1::Placement>> ReadPlacementFor(
+      EtcdClient& etcd, const std::vector<etcd_keys::ServerEntry>& servers, absl::Time deadline);
+  // Routes by every newer /placement from `revision` on (UpdatePlacement).
   absl::Status WatchPlacement(EtcdClient* etcd, int64_t revision);
   void OnServerChanged(int server, const etcd_keys::ServerEntry& entry);
   // Puts /workers/<worker_id_> = `worker_json` under a lease kept alive,
@@ -493,7 +543,6 @@ class Client {
   // Blocks of a parameter configured with wire_compression are encoded,
   // into buffers kept in *encoded.
   absl::StatusOr<std::vector<GradientView>> GradientBlocks(const GradRef& grad,
-                                                           std::vector<int>* servers,
                                                            std::deque<std::string>* encoded,
                                                            absl::Time deadline,
                                                            TraceRecorder* trace);
@@ -501,10 +550,29 @@ class Client {
   // asking for its values in the wire type of its compression.
   static v1::ParamRef PullRef(const std::string& name, const Layout& layout, uint32_t index,
                               uint32_t count);
-  // Packs `items` into one request per server of about max_request_bytes
-  // each, runs them all in parallel and places every returned block.
+  // Routes `items` by the current placement, packs them into requests of
+  // about max_request_bytes per server, runs them all in parallel and
+  // places every returned block. A request refused with PlacementMoved is
+  // followed (see the top of this file): its items go again, under new
+  // request ids, to their owners under the placement named; at most
+  // kMaxRedirectRounds rounds.
   absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
                    absl::Time deadline, TraceRecorder* trace);
+  static constexpr int kMaxRedirectRounds = 16;
+  // One round of Run: items[pending[k]] to servers[k]. The refusals
+  // (PlacementMoved) with the items of each refused request.
+  struct Refusal {
+    absl::Status status;
+    std::vector<size_t> items;
+  };
+  absl::Status RunRound(const std::vector<Item>& items, absl::Span<const size_t> pending,
+                        absl::Span<const int> servers, std::vector<Assembly>& assemblies,
+                        absl::Time deadline, TraceRecorder* trace, std::vector<Refusal>* refused);
+  // Waits until this client routes by /placement `version` or newer; false
+  // at `deadline` or when `cancel` (may be null) was cancelled.
+  bool WaitForPlacement(uint64_t version, absl::Time deadline, Cancellation* cancel);
+  // Grows transports_ (placeholders answering UNAVAILABLE) to `count`.
+  void CoverServersLocked(int count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transports_mu_);
   static void DescribeExchange(const Exchange& x, const RequestId& id, trace::Args& args);
   // DATA_LOSS naming the first parameter some of whose blocks never came.
   static absl::Status CheckComplete(const std::vector<Assembly>& assemblies);
@@ -515,13 +583,22 @@ class Client {
   const ClientOptions options_;
   // Destroyed last (written then), after every call and transport is done.
   std::unique_ptr<ClientTrace> trace_;
-  Placement placement_;  // set before Connect returns, then constant
-  std::atomic<uint64_t> etcd_placement_version_{0};
   mutable absl::Mutex transports_mu_;
+  Routing routing_ ABSL_GUARDED_BY(transports_mu_);
+  std::atomic<uint64_t> placement_version_{0};  // routing_'s, written under the lock
+  // The placement is kept up to date (etcd, or UpdatePlacement): worth
+  // waiting for on a redirect.
+  std::atomic<bool> placement_followed_{false};
   // Replaced when a server moves; calls in flight hold their own reference.
+  // Grows (never shrinks) as servers join, up to kMaxPlacementServers;
+  // never null (a server not registered yet has a placeholder).
   std::vector<std::shared_ptr<Transport>> transports_ ABSL_GUARDED_BY(transports_mu_);
   const uint64_t client_id_;
-  std::unique_ptr<std::atomic<uint64_t>[]> sequences_;  // last push sequence, per server
+  // Last push sequence, per server index: kMaxPlacementServers of them
+  // (32 KiB), so that servers joining never move them.
+  std::unique_ptr<std::atomic<uint64_t>[]> sequences_;
+  std::atomic<uint64_t> redirects_{0};
+  std::atomic<uint64_t> placement_waits_{0};
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> address_changes_{0};
   std::atomic<uint64_t> non_finite_skipped_{0};

@@ -15,10 +15,16 @@ thread_local ClientTrace::Call* current_call = nullptr;
 
 ClientTrace::ClientTrace(std::unique_ptr<trace::Recorder> recorder, int num_servers)
     : recorder_(std::move(recorder)) {
-  for (int i = 0; i < num_servers; ++i) {
+  if (num_servers > 0) LanesOf(num_servers - 1);
+}
+
+trace::Lanes& ClientTrace::LanesOf(int server) {
+  absl::MutexLock lock(&servers_mu_);
+  for (int i = static_cast<int>(servers_.size()); i <= server; ++i) {
     servers_.push_back(std::make_unique<trace::Lanes>(kServerTrackBase + i * kLanes,
                                                       absl::StrCat("-> server ", i), kLanes));
   }
+  return *servers_.at(server);
 }
 
 ClientTrace::Call::Call(ClientTrace* trace, const char* op, absl::Time queued) {
@@ -69,7 +75,7 @@ Transport::Done ClientTrace::Request(int server, absl::string_view address, int 
     args.Add("status", absl::StatusCodeToString(status.code()));
     const int64_t end = trace::NowMicros();
     recorder_->Complete(op, "request", start, end,
-                        servers_.at(server)->Place(*recorder_, start, end), args.json());
+                        LanesOf(server).Place(*recorder_, start, end), args.json());
     done(std::move(status));
   };
 }

@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cc/client/transport.h"
 #include "cc/trace/trace.h"
@@ -76,8 +77,12 @@ class ClientTrace {
   trace::Recorder& recorder() { return *recorder_; }
 
  private:
+  // Server `server`'s lanes, made on first use (servers join in live moves).
+  trace::Lanes& LanesOf(int server) ABSL_LOCKS_EXCLUDED(servers_mu_);
+
   const std::unique_ptr<trace::Recorder> recorder_;
-  std::vector<std::unique_ptr<trace::Lanes>> servers_;  // per server index
+  absl::Mutex servers_mu_;
+  std::vector<std::unique_ptr<trace::Lanes>> servers_ ABSL_GUARDED_BY(servers_mu_);  // per index
   trace::Lanes queue_{kQueueTrackBase, "queued", kLanes};
   std::atomic<uint64_t> next_call_{1};
 };

@@ -88,7 +88,9 @@ Ticket Table::PushAsync(absl::Span<const uint64_t> keys, absl::string_view grads
 }
 
 absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) const {
-  const int n = client_->num_servers();
+  // One snapshot of the placement for the whole call (it may change: live moves).
+  const Placement placement = client_->placement();
+  const int n = placement.num_servers();
   // Requests of about max_request_bytes of rows each.
   const size_t per_request =
       std::max<size_t>(1, client_->options().max_request_bytes / std::max<size_t>(1, row_bytes()));
@@ -96,7 +98,9 @@ absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) c
   const bool checks_keys = config_.partitioning().kind() == v1::Partitioning::RANGE;
   if (n == 1) {  // every key goes to server 0, in the caller's order
     if (checks_keys) {
-      for (uint64_t key : keys) PS_RETURN_IF_ERROR(ServerOf(key).status());
+      for (uint64_t key : keys) {
+        PS_RETURN_IF_ERROR(KeyServer(key, config_.partitioning(), placement).status());
+      }
     }
     for (size_t begin = 0; begin < keys.size(); begin += per_request) {
       Split::Part part;
@@ -108,7 +112,7 @@ absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) c
   }
   std::vector<std::vector<size_t>> by_server(n);
   for (size_t i = 0; i < keys.size(); ++i) {
-    PS_ASSIGN_OR_RETURN(int server, ServerOf(keys[i]));
+    PS_ASSIGN_OR_RETURN(int server, KeyServer(keys[i], config_.partitioning(), placement));
     by_server[server].push_back(i);
   }
   for (int server = 0; server < n; ++server) {

@@ -549,14 +549,32 @@ StoreSnapshot ParameterStore::Snapshot() const {
   return *std::move(snapshot);
 }
 
+std::vector<std::pair<std::string, uint32_t>> ParameterStore::BlockKeys() const {
+  std::vector<Key> keys;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    keys.reserve(blocks_.size());
+    for (const auto& [key, block] : blocks_) keys.push_back(key);
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
 absl::StatusOr<StoreSnapshot> ParameterStore::TakeSnapshot() const {
+  return TakeSnapshot([](absl::string_view, uint32_t) { return true; });
+}
+
+absl::StatusOr<StoreSnapshot> ParameterStore::TakeSnapshot(
+    absl::FunctionRef<bool(absl::string_view name, uint32_t index)> include) const {
   StoreSnapshot snapshot;
   std::vector<const Block*> blocks;
   {
     absl::ReaderMutexLock lock(&mu_);
     snapshot.initialized = initialized();
     blocks.reserve(blocks_.size());
-    for (const auto& [key, block] : blocks_) blocks.push_back(block.get());
+    for (const auto& [key, block] : blocks_) {
+      if (include(key.first, key.second)) blocks.push_back(block.get());
+    }
   }
   // Blocks are never removed, so the pointers stay valid without mu_.
   std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) {
@@ -626,6 +644,50 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot, bool replace) {
   blocks_ = std::move(staging.blocks_);
   layouts_ = std::move(staging.layouts_);
   initialized_.store(snapshot.initialized, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::Merge(StoreSnapshot snapshot) {
+  const bool open = snapshot.initialized;
+  snapshot.initialized = false;
+  // Built aside with Restore's checks; then each block joins this store or
+  // gives a held one its storage (held Block objects stay: pointers to them
+  // are used without mu_).
+  ParameterStore staging(options_);
+  PS_RETURN_IF_ERROR(Reject(staging.Restore(std::move(snapshot))));
+  absl::MutexLock lock(&mu_);
+  absl::MutexLock staging_lock(&staging.mu_);
+  for (const auto& [key, block] : staging.blocks_) {
+    const std::string what = DescribeBlock(block->name, block->ref);
+    auto held = blocks_.find(key);
+    if (held == blocks_.end()) {
+      PS_RETURN_IF_ERROR(Reject(CheckSameLayout(what, key.first, staging.layouts_.at(key.first))));
+      continue;
+    }
+    const Block& h = *held->second;
+    if (h.type != block->type || h.shape != block->shape ||
+        BlockCount(h.ref) != BlockCount(block->ref) ||
+        !google::protobuf::util::MessageDifferencer::Equals(h.config, block->config)) {
+      return Reject(absl::InvalidArgumentError(absl::StrCat(
+          what, ": this server holds it as ", ElementTypeName(h.type), " ", ShapeString(h.shape),
+          " {", h.config.ShortDebugString(), "}, the received copy is ",
+          ElementTypeName(block->type), " ", ShapeString(block->shape), " {",
+          block->config.ShortDebugString(), "}")));
+    }
+  }
+  for (auto& [key, block] : staging.blocks_) {
+    auto held = blocks_.find(key);
+    if (held == blocks_.end()) {
+      layouts_.try_emplace(key.first, staging.layouts_.at(key.first));
+      blocks_.emplace(key, std::move(block));
+      continue;
+    }
+    Block& h = *held->second;
+    absl::MutexLock held_lock(&h.mu);
+    absl::MutexLock block_lock(&block->mu);
+    std::swap(h.storage, block->storage);
+  }
+  if (open) initialized_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 

@@ -156,6 +156,9 @@ class ParameterStore {
   // max_entries and the number held, not by a reply of everything.
   std::vector<v1::ParamListing> List(absl::string_view after, size_t max_entries) const;
 
+  // Every block held, as (parameter name, block index), in that order.
+  std::vector<std::pair<std::string, uint32_t>> BlockKeys() const;
+
   Stats GetStats() const;
   // The stats as the protocol reports them (index and uptime left unset).
   void FillStats(v1::ServerStats* out) const;
@@ -164,6 +167,10 @@ class ParameterStore {
   // gradients on other blocks while one block is copied. Fails only where a
   // storage cannot copy its block to the host (a device error), naming it.
   absl::StatusOr<StoreSnapshot> TakeSnapshot() const;
+  // TakeSnapshot of only the blocks `include(name, block index)` accepts
+  // (a live move hands a few blocks to another server, docs/elastic.md).
+  absl::StatusOr<StoreSnapshot> TakeSnapshot(
+      absl::FunctionRef<bool(absl::string_view name, uint32_t index)> include) const;
   // TakeSnapshot for stores that cannot fail (host storage: the default).
   // A storage error here is a broken device, not a caller's mistake: it is
   // printed and the process aborts. Servers use TakeSnapshot.
@@ -181,6 +188,15 @@ class ParameterStore {
   // With `replace`, the store need not be empty: its blocks are replaced
   // whole by the snapshot's (a standby loading a fresh copy of its shard).
   absl::Status Restore(StoreSnapshot snapshot, bool replace = false);
+
+  // Adds the snapshot's blocks to a store that may hold others (a server
+  // receiving blocks in a live move, docs/elastic.md): each is checked as
+  // Restore checks it and against the layout of the parameter's blocks held
+  // here; a block held already gets the snapshot's values and optimizer
+  // state (its type, shape and config must be the same). All or nothing:
+  // INVALID_ARGUMENT naming the first block that does not fit. Opens the
+  // store when the snapshot was initialized.
+  absl::Status Merge(StoreSnapshot snapshot);
 
   // Counts a request rejected before it reached the store (for Stats).
   void CountRejected() { rejected_.fetch_add(1, std::memory_order_relaxed); }

@@ -598,6 +598,72 @@ TEST_F(ParameterStoreBlockTest, GradientWithWrongOffsetOrCountIsInvalid) {
   EXPECT_THAT(Values<double>("w", 1, 2), ElementsAre(4, 5));
 }
 
+// ---- live moves: a few blocks' snapshot, merged into another store ----------------------
+
+TEST_F(ParameterStoreBlockTest, SnapshotOfChosenBlocksMergesIntoAnotherStore) {
+  store_.FinishInit();
+  ASSERT_OK(Apply({Grad<double>("w", {1, 1}, Block(1, 2, 3))}));
+  ASSERT_OK_AND_ASSIGN(StoreSnapshot one, store_.TakeSnapshot([](absl::string_view name,
+                                                                 uint32_t index) {
+    return name == "w" && index == 1;
+  }));
+  ASSERT_EQ(one.blocks.size(), 1u);
+  EXPECT_EQ(one.blocks[0].block.index(), 1u);
+  EXPECT_TRUE(one.initialized);
+
+  // A server holding another parameter (and nothing of "w") takes it.
+  ParameterStore other;
+  ASSERT_OK(other.Init(Param<float>("v", {2}, {7, 8}), SgdLrOne()));
+  ASSERT_OK(other.Merge(one));
+  EXPECT_TRUE(other.initialized());
+  using Key = std::pair<std::string, uint32_t>;
+  EXPECT_THAT(other.BlockKeys(), ElementsAre(Key("v", 0), Key("w", 1)));
+  v1::Parameter got;
+  ASSERT_OK(other.Get(Ref("w", 1, 2), &got));
+  EXPECT_THAT(Decode<double>(got.content()), ElementsAre(3, 4));
+  EXPECT_EQ(other.Get(Ref("w", 0, 2), &got).code(), absl::StatusCode::kNotFound);
+  // It trains there as it did here.
+  v1::Gradient grad = Grad<double>("w", {1, 1}, Block(1, 2, 3));
+  const v1::Gradient* grads[] = {&grad};
+  ASSERT_OK(other.ApplyGradients(grads));
+  ASSERT_OK(other.Get(Ref("w", 1, 2), &got));
+  EXPECT_THAT(Decode<double>(got.content()), ElementsAre(2, 3));
+
+  // Merged back over the (stale) copy held here: the newer values win.
+  ASSERT_OK_AND_ASSIGN(StoreSnapshot back,
+                       other.TakeSnapshot([](absl::string_view name, uint32_t) { return name == "w"; }));
+  ASSERT_OK(store_.Merge(std::move(back)));
+  EXPECT_THAT(Values<double>("w", 1, 2), ElementsAre(2, 3));
+  EXPECT_THAT(Values<double>("w", 0, 2), ElementsAre(1, 2, 3));
+  EXPECT_EQ(store_.GetStats().blocks, 2u);
+}
+
+TEST_F(ParameterStoreBlockTest, MergeOfABlockThatDoesNotFitChangesNothing) {
+  store_.FinishInit();
+  // Block 1 of "w" with another config than the one held here.
+  ParameterStore other;
+  ASSERT_OK(other.Init(Param<double>("w", {5}, {9, 9}, Block(1, 2, 3)),
+                       Config("optimizer { sgd {} } learning_rate { learning_rate: 2 }")));
+  ASSERT_OK(other.Init(Param<double>("u", {1}, {5}), SgdLrOne()));
+  other.FinishInit();
+  ASSERT_OK_AND_ASSIGN(StoreSnapshot snapshot, other.TakeSnapshot());
+  EXPECT_THAT(store_.Merge(snapshot), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               HasSubstr("parameter 'w' block 1 of 2")));
+  EXPECT_THAT(Values<double>("w", 1, 2), ElementsAre(4, 5));
+  v1::Parameter got;
+  EXPECT_EQ(store_.Get(Ref("u"), &got).code(), absl::StatusCode::kNotFound);  // all or nothing
+
+  // Block 0 of "w" cut into 3 blocks: not the layout of the blocks held.
+  ParameterStore three;
+  ASSERT_OK(three.Init(Param<double>("w", {5}, {1, 2}, Block(0, 3, 0)), SgdLrOne()));
+  ASSERT_OK_AND_ASSIGN(StoreSnapshot cut, three.TakeSnapshot());
+  ParameterStore holds_block_one;
+  ASSERT_OK(holds_block_one.Init(Param<double>("w", {5}, {4, 5}, Block(1, 2, 3)), SgdLrOne()));
+  EXPECT_THAT(holds_block_one.Merge(cut),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("same block size")));
+  EXPECT_EQ(holds_block_one.GetStats().blocks, 1u);
+}
+
 TEST(ParameterStoreClipTest, ClipByNormUsesTheGlobalNormOfASplitGradient) {
   ParameterStore store;
   v1::ParameterConfig config = SgdLrOne();

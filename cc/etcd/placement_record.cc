@@ -29,6 +29,17 @@ absl::StatusOr<v1::Placement> ParsePlacementRecord(absl::string_view value) {
   if (absl::Status valid = CheckPlacementSpec(placement); !valid.ok()) {
     return refused(valid.message());
   }
+  if (placement.moving() && (placement.from_num_servers() < 1 ||
+                             placement.from_num_servers() > kMaxPlacementServers ||
+                             placement.from_num_servers() == placement.num_servers())) {
+    return refused(absl::StrCat("it is moving from ", placement.from_num_servers(),
+                                " servers to ", placement.num_servers(), " (from_num_servers must be in [1, ",
+                                kMaxPlacementServers, "] and differ from num_servers)"));
+  }
+  if (!placement.moving() && placement.from_num_servers() != 0) {
+    return refused(absl::StrCat("it is not moving but names from_num_servers ",
+                                placement.from_num_servers()));
+  }
   return placement;
 }
 
@@ -58,6 +69,8 @@ absl::StatusOr<v1::Placement> EnsurePlacement(EtcdClient& etcd, uint32_t num_ser
     int64_t read_revision = 0;  // 0: missing
     if (kv.ok()) {
       PS_ASSIGN_OR_RETURN(v1::Placement held, ParsePlacementRecord(kv->value));
+      // A move under way: its coordinator (psctl scale) owns /placement.
+      if (held.moving()) return held;
       if (held.kind() == want.kind() && held.num_servers() == num_servers) return held;
       if (held.version() == UINT64_MAX) {
         return absl::InvalidArgumentError(absl::StrCat("etcd ", key, "'s version is 2^64-1"));

@@ -10,7 +10,9 @@
 // EnsurePlacement writes {version 1, JUMP, desired} when the key is missing,
 // and {version + 1, JUMP, desired} when it holds another count or kind, each
 // in a transaction guarded by what it read, so concurrent servers agree on
-// one value (the first write wins; the others read it back). A server
+// one value (the first write wins; the others read it back). A placement
+// that is moving (a live move under way, psctl scale) is returned as it is,
+// whatever the count: the move's coordinator owns the key. A server
 // records its version in the checkpoints it writes, and with
 // --placement_redirects refuses blocks it no longer owns under the newest
 // one (cc/server/placement_gate.h); clients do not re-route by it yet.

@@ -37,6 +37,11 @@ TEST(PlacementRecordTest, FormatsAndParsesBack) {
   ASSERT_OK_AND_ASSIGN(back, ParsePlacementRecord(
                                  R"({"version":"2","kind":"JUMP","numServers":3,"later":1})"));
   EXPECT_EQ(back.num_servers(), 3u);
+  // A move under way (docs/elastic.md).
+  ASSERT_OK_AND_ASSIGN(back, ParsePlacementRecord(
+      R"({"version":"5","kind":"JUMP","numServers":3,"moving":true,"fromNumServers":2})"));
+  EXPECT_TRUE(back.moving());
+  EXPECT_EQ(back.from_num_servers(), 2u);
 }
 
 TEST(PlacementRecordTest, RefusesMalformedValuesNamingTheKey) {
@@ -50,6 +55,14 @@ TEST(PlacementRecordTest, RefusesMalformedValuesNamingTheKey) {
            {R"({"version":"1","kind":"JUMP","numServers":5000})", "got 5000"},
            {R"({"version":"1","kind":9,"numServers":2})", "kind is not JUMP"},
            {std::string(5000, ' '), "more than 4096"},
+           {R"({"version":"2","kind":"JUMP","numServers":3,"moving":true})",
+            "moving from 0 servers to 3"},
+           {R"({"version":"2","kind":"JUMP","numServers":3,"moving":true,"fromNumServers":3})",
+            "differ from num_servers"},
+           {R"({"version":"2","kind":"JUMP","numServers":3,"moving":true,"fromNumServers":5000})",
+            "moving from 5000 servers"},
+           {R"({"version":"2","kind":"JUMP","numServers":3,"fromNumServers":2})",
+            "not moving but names from_num_servers 2"},
        }) {
     SCOPED_TRACE(value.substr(0, 60));
     EXPECT_THAT(ParsePlacementRecord(value),
@@ -92,6 +105,20 @@ TEST_F(EnsurePlacementTest, WritesVersionOneThenBumpsOnAnotherCount) {
   EXPECT_EQ(read->SerializeAsString(), grown.SerializeAsString());
   EXPECT_THAT(EnsurePlacement(*client_, 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_servers")));
+}
+
+TEST_F(EnsurePlacementTest, AMovingPlacementIsLeftToItsCoordinator) {
+  v1::Placement moving = Jump(3, 4);
+  moving.set_moving(true);
+  moving.set_from_num_servers(2);
+  ASSERT_OK(client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(moving)));
+  ASSERT_OK_AND_ASSIGN(KeyValue kv, client_->Get(etcd_keys::PlacementKey()));
+  for (uint32_t count : {2u, 3u, 4u}) {
+    ASSERT_OK_AND_ASSIGN(v1::Placement held, EnsurePlacement(*client_, count));
+    EXPECT_EQ(held.SerializeAsString(), moving.SerializeAsString());
+  }
+  ASSERT_OK_AND_ASSIGN(KeyValue again, client_->Get(etcd_keys::PlacementKey()));
+  EXPECT_EQ(again.mod_revision, kv.mod_revision);
 }
 
 TEST_F(EnsurePlacementTest, AMalformedValueIsAnErrorAndStaysAsItWas) {

@@ -229,6 +229,30 @@ void Dispatcher::AddControlMethods() {
         return hooks_.replicate(request);
       },
       /*needs_serving=*/false);
+  Wait<MoveBlocksRequest, MoveBlocksResponse>(
+      "MoveBlocks", [this](const MoveBlocksRequest& request, MoveBlocksResponse* response,
+                           absl::Time, WaitDone done) -> CancelWait {
+        if (!hooks_.move_blocks) {
+          done(absl::FailedPreconditionError(
+              "this server takes part in no live move (start it with --etcd and "
+              "--placement_redirects)"));
+        } else {
+          hooks_.move_blocks(request, response, std::move(done));
+        }
+        return [] {};
+      });
+  Sync<ReceiveBlocksRequest, ReceiveBlocksResponse>(
+      "ReceiveBlocks",
+      [this](const ReceiveBlocksRequest& request, ReceiveBlocksResponse* response) {
+        if (!hooks_.receive_blocks) {
+          return absl::FailedPreconditionError(
+              "this server takes part in no live move (start it with --etcd and "
+              "--placement_redirects)");
+        }
+        PS_RETURN_IF_ERROR(CheckWrite());
+        PS_ASSIGN_OR_RETURN(*response, hooks_.receive_blocks(request));
+        return absl::OkStatus();
+      });
   Sync<CreateTableRequest, CreateTableResponse>(
       "CreateTable", [this](const CreateTableRequest& request, CreateTableResponse*) {
         if (shipper_.load(std::memory_order_acquire) != nullptr) {
@@ -451,7 +475,7 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
     }
   }
   absl::Status status = apply();
-  if (tracked && PlacementMovedVersion(status).has_value()) {
+  if (tracked && IsGateRefusal(status)) {
     applied_.Abandon(client_id, sequence);  // nothing applied; re-sent elsewhere
   } else if (tracked) {
     applied_.Finish(client_id, sequence);
@@ -517,7 +541,7 @@ absl::Status Dispatcher::ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockRe
   if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
       gate != nullptr) {
     for (const v1::ParamRef& ref : refs)
-      PS_RETURN_IF_ERROR(gate->CheckBlock(ref.name(), ref.block()));
+      PS_RETURN_IF_ERROR(gate->CheckRead(ref.name(), ref.block()));
   }
   v1::Parameter header;
   for (const v1::ParamRef& ref : refs) {

@@ -94,6 +94,15 @@ struct DispatcherHooks {
   std::function<absl::StatusOr<v1::AttachStandbyResponse>(const v1::AttachStandbyRequest&)>
       attach_standby;
   std::function<absl::Status(const v1::ReplicateRequest&)> replicate;
+  // Live moves (docs/elastic.md, cc/server/move.h): MoveBlocks on an old
+  // owner, ReceiveBlocks on a new one. Unset: FAILED_PRECONDITION.
+  // MoveBlocks sends RPCs of its own: it fills the response and calls done
+  // later, from a thread of its own (a gRPC callback thread is not held).
+  std::function<void(const v1::MoveBlocksRequest&, v1::MoveBlocksResponse*,
+                     std::function<void(absl::Status)> done)>
+      move_blocks;
+  std::function<absl::StatusOr<v1::ReceiveBlocksResponse>(const v1::ReceiveBlocksRequest&)>
+      receive_blocks;
   // GetStats' `degraded`: why the server is degraded ("": it is not). Unset: "".
   std::function<std::string()> degraded;
   // Fault injection for tests: every n-th push that is applied is answered

@@ -162,7 +162,12 @@ ABSL_FLAG(bool, placement_redirects, false,
           "Check every dense block of a push or read against etcd's /placement (watched): a "
           "block this server does not own under the newest version is refused with "
           "'placement moved' (FAILED_PRECONDITION), nothing applied (docs/elastic.md; needs "
-          "--etcd). A slice of live moves: off by default.");
+          "--etcd). Also takes part in live moves (psctl scale): hands blocks to their new "
+          "owners when asked, and a server left out by a stable /placement exits as on SIGTERM.");
+ABSL_FLAG(uint64_t, move_batch_bytes, pserver::kDefaultMoveBatchBytes,
+          "With --placement_redirects: the most bytes of values and optimizer state one "
+          "server-to-server copy of a live move carries (1024 .. --max_message_bytes / 2; a "
+          "larger block goes alone). Writes to the blocks of a batch wait while it is copied.");
 ABSL_FLAG(OnOff, bulk_channel, OnOff{},
           "on: push, pull and push+pull may also travel over a framed TCP stream (a Unix socket "
           "for clients on this host) beside gRPC, offered through OpenChannel; off: gRPC only.");
@@ -293,11 +298,22 @@ class StopSignals {
   }
   ~StopSignals() {
     // Wakes the waiting thread when no signal came (pending for it alone).
-    if (!stop_->HasBeenNotified()) pthread_kill(thread_.native_handle(), SIGTERM);
+    {
+      absl::MutexLock lock(&raise_mu_);
+      if (!raised_ && !stop_->HasBeenNotified()) pthread_kill(thread_.native_handle(), SIGTERM);
+      raised_ = true;
+    }
     thread_.join();
   }
 
   const std::shared_ptr<absl::Notification>& stop() const { return stop_; }
+  // Stops the server as SIGTERM would (once; later calls do nothing).
+  void Raise() {
+    absl::MutexLock lock(&raise_mu_);
+    if (raised_ || stop_->HasBeenNotified()) return;
+    raised_ = true;
+    pthread_kill(thread_.native_handle(), SIGTERM);
+  }
   // After stop() is notified.
   const char* name() const { return strsignal(signal_number_); }
 
@@ -305,6 +321,8 @@ class StopSignals {
   sigset_t signals_;
   std::shared_ptr<absl::Notification> stop_ = std::make_shared<absl::Notification>();
   int signal_number_ = 0;  // written before stop_ is notified
+  absl::Mutex raise_mu_;
+  bool raised_ ABSL_GUARDED_BY(raise_mu_) = false;
   std::thread thread_;
 };
 
@@ -348,6 +366,7 @@ pserver::ServerOptions OptionsFromFlags() {
     options.process_slots = std::make_shared<pserver::ProcessSlots>();
   }
   options.placement_redirects = absl::GetFlag(FLAGS_placement_redirects);
+  options.move_batch_bytes = absl::GetFlag(FLAGS_move_batch_bytes);
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);
@@ -457,6 +476,8 @@ int main(int argc, char** argv) {
   StopSignals stop_signals;
   pserver::ServerOptions options = OptionsFromFlags();
   options.stop = stop_signals.stop();
+  // Left out by a stable /placement after a move: stop as on SIGTERM.
+  options.on_departed = [&stop_signals] { stop_signals.Raise(); };
   absl::StatusOr<uint32_t> checkpoint_mode =
       pserver::ParseCheckpointFileMode(absl::GetFlag(FLAGS_checkpoint_mode));
   if (!checkpoint_mode.ok()) {

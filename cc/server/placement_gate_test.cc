@@ -69,5 +69,93 @@ TEST(PlacementGateTest, OwnsExactlyThePlacementsBlocksAndFollowsNewerVersions) {
   EXPECT_EQ(gate0.version(), 2u);
 }
 
+
+v1::Placement Moving(uint64_t version, uint32_t from, uint32_t to) {
+  v1::Placement spec = Placement::Jump(static_cast<int>(to), version).spec();
+  spec.set_moving(true);
+  spec.set_from_num_servers(from);
+  return spec;
+}
+
+// A block that moves from server 0 to server 2 when 2 servers become 3.
+struct Moved {
+  std::string name;
+  uint32_t index = 0;
+};
+Moved FirstMovingFrom0To2() {
+  const Placement two = Placement::Jump(2, 1), three = Placement::Jump(3, 2);
+  for (uint32_t b = 0;; ++b) {
+    if (two.ServerOf("w", b) == 0 && three.ServerOf("w", b) == 2) return {"w", b};
+  }
+}
+
+TEST(PlacementGateTest, AMovingBlockIsServedByItsOldOwnerUntilHandedOverThenByTheNewOne) {
+  const Moved m = FirstMovingFrom0To2();
+  const v1::BlockRef ref = Block(m.index, 1u << 20);
+  PlacementGate old_owner(0, Placement::Jump(2, 1));
+  PlacementGate new_owner(2, Placement::Jump(3, 1));
+  PlacementGate bystander(1, Placement::Jump(2, 1));
+  for (PlacementGate* gate : {&old_owner, &new_owner, &bystander}) {
+    ASSERT_OK(gate->SetSpec(Moving(2, 2, 3)));
+    EXPECT_TRUE(gate->spec().moving());
+    EXPECT_EQ(gate->spec().from_num_servers(), 2u);
+  }
+  // Routed by the 2 servers while moving.
+  EXPECT_OK(old_owner.CheckBlock(m.name, ref));
+  EXPECT_EQ(PlacementMovedVersion(bystander.CheckBlock(m.name, ref)), std::optional<uint64_t>(2));
+  EXPECT_THAT(bystander.CheckBlock(m.name, ref).message(), HasSubstr("on server 0 under it"));
+  absl::Status early = new_owner.CheckBlock(m.name, ref);
+  EXPECT_THAT(early, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not yet received")));
+  EXPECT_TRUE(IsGateRefusal(early));
+  EXPECT_FALSE(IsGateRefusal(absl::UnavailableError("not yet received")));  // not the gate's
+
+  EXPECT_EQ(old_owner.Destination(2, m.name, m.index), std::optional<int>(2));
+  EXPECT_EQ(old_owner.Destination(1, m.name, m.index), std::nullopt);  // another move
+  EXPECT_EQ(bystander.Destination(2, m.name, m.index), std::nullopt);
+  old_owner.Hold({{m.name, m.index}});
+  EXPECT_OK(old_owner.CheckRead(m.name, ref));
+  absl::Status held = old_owner.CheckBlock(m.name, ref);
+  EXPECT_THAT(held, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("handed to server 2")));
+  EXPECT_TRUE(IsGateRefusal(held));
+  old_owner.Release({{m.name, m.index}}, /*handed_over=*/false);  // the copy failed
+  EXPECT_OK(old_owner.CheckBlock(m.name, ref));
+
+  EXPECT_THAT(new_owner.CheckReceive(3, m.name, m.index),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not yet 3")));
+  EXPECT_THAT(bystander.CheckReceive(2, m.name, m.index),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("goes to server 2")));
+  ASSERT_OK(new_owner.CheckReceive(2, m.name, m.index));
+  new_owner.Received({{m.name, m.index}});
+  old_owner.Hold({{m.name, m.index}});
+  old_owner.Release({{m.name, m.index}}, /*handed_over=*/true);
+  EXPECT_EQ(old_owner.handed_over(), 1u);
+  EXPECT_EQ(old_owner.Destination(2, m.name, m.index), std::nullopt);  // done: not sent again
+  EXPECT_OK(new_owner.CheckBlock(m.name, ref));
+  absl::Status moved = old_owner.CheckBlock(m.name, ref);
+  EXPECT_EQ(PlacementMovedVersion(moved), std::optional<uint64_t>(2));
+  EXPECT_THAT(moved.message(), HasSubstr("on server 2 under it"));
+
+  // A replayed event keeps the progress; the stable placement ends the move.
+  ASSERT_OK(old_owner.SetSpec(Moving(2, 2, 3)));
+  EXPECT_EQ(old_owner.handed_over(), 1u);
+  for (PlacementGate* gate : {&old_owner, &new_owner, &bystander}) {
+    ASSERT_OK(gate->SetSpec(Placement::Jump(3, 3).spec()));
+    EXPECT_FALSE(gate->spec().moving());
+  }
+  EXPECT_EQ(old_owner.handed_over(), 0u);
+  EXPECT_OK(new_owner.CheckBlock(m.name, ref));
+  EXPECT_EQ(PlacementMovedVersion(old_owner.CheckBlock(m.name, ref)), std::optional<uint64_t>(3));
+}
+
+TEST(PlacementGateTest, AMovingSpecWithABadFromCountIsRefusedAndChangesNothing) {
+  PlacementGate gate(0, Placement::Jump(2, 1));
+  EXPECT_THAT(gate.SetSpec(Moving(2, 0, 3)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("from_num_servers")));
+  EXPECT_THAT(gate.SetSpec(Moving(2, 5000, 3)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("from_num_servers")));
+  EXPECT_EQ(gate.version(), 1u);
+  EXPECT_FALSE(gate.spec().moving());
+}
+
 }  // namespace
 }  // namespace pserver

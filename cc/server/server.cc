@@ -324,6 +324,32 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     };
     hooks.degraded = [raw] { return raw->Degraded(); };
   }
+  if (options.placement_redirects) {
+    // Set once serving (StartPlacementGate).
+    auto mover = [raw]() -> absl::StatusOr<BlockMover*> {
+      if (!raw->block_mover_set_.load(std::memory_order_acquire)) {
+        return absl::UnavailableError("this server is still starting; retry");
+      }
+      if (raw->primary_replication_set_.load(std::memory_order_acquire)) {
+        return absl::FailedPreconditionError(
+            "live moves do not work with replication yet (--accept_standbys): the blocks "
+            "received would not reach the backups; docs/elastic.md");
+      }
+      return raw->block_mover_.get();
+    };
+    hooks.move_blocks = [mover](const v1::MoveBlocksRequest& request,
+                                v1::MoveBlocksResponse* response,
+                                std::function<void(absl::Status)> done) {
+      absl::StatusOr<BlockMover*> m = mover();
+      if (!m.ok()) return done(m.status());
+      (*m)->MoveAsync(request, response, std::move(done));
+    };
+    hooks.receive_blocks = [mover](const v1::ReceiveBlocksRequest& request)
+        -> absl::StatusOr<v1::ReceiveBlocksResponse> {
+      PS_ASSIGN_OR_RETURN(BlockMover * m, mover());
+      return m->Receive(request);
+    };
+  }
   if (options.standby) {
     hooks.replicate = [raw](const v1::ReplicateRequest& request) {
       return raw->backup_replication_->Replicate(request);
@@ -536,6 +562,12 @@ absl::Status Server::Register() {
       until_deadline([&] { return EnsurePlacement(*etcd_, desired); });
   PS_RETURN_IF_ERROR(placement.status());
   placement_version_ = placement->version();
+  if (placement->moving() && placement->num_servers() > desired) {
+    // A move to more servers under way, /ps_desired not raised yet: this
+    // server may take one of the new indexes.
+    desired = placement->num_servers();
+    num_servers_ = desired;
+  }
 
   LeasedKeyOptions lease_options;
   lease_options.value = etcd_keys::FormatServerValue({address_, instance_id_, metrics_address_});
@@ -615,6 +647,16 @@ absl::Status Server::Register() {
     if (!waiting_logged) {
       Log(absl::StrCat("all ", desired, " indices are taken; waiting for one to free up"));
       waiting_logged = true;
+    }
+    // A move to more servers may have begun meanwhile (psctl scale): then
+    // the new indexes are free to claim.
+    if (absl::StatusOr<std::optional<v1::Placement>> now = ReadPlacement(*etcd_);
+        now.ok() && now->has_value() && (*now)->moving() && (*now)->num_servers() > desired) {
+      desired = (*now)->num_servers();
+      num_servers_ = desired;
+      placement_version_ = (*now)->version();
+      Log(absl::StrCat("placement version ", placement_version_, " moves to ", desired,
+                       " servers: looking for a free index again"));
     }
     PauseUnlessStopped(absl::Milliseconds(50));
   }
@@ -1500,14 +1542,41 @@ absl::Status Server::StartPlacementGate() {
     return absl::InvalidArgumentError(
         "--placement_redirects needs --etcd (the placement lives there)");
   }
+  if (options_.move_batch_bytes < kMinMoveBatchBytes ||
+      options_.move_batch_bytes > options_.max_message_bytes / 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--move_batch_bytes must be in [", kMinMoveBatchBytes, ", --max_message_bytes / 2 = ",
+        options_.max_message_bytes / 2, "], got ", options_.move_batch_bytes));
+  }
   PS_ASSIGN_OR_RETURN(Placement placement, Placement::FromSpec(CurrentPlacement(), 1));
   placement_gate_ = std::make_unique<PlacementGate>(static_cast<int>(index_), placement);
   PlacementGate* gate = placement_gate_.get();
-  auto follow = [gate](absl::string_view value) {
+  BlockMoverOptions mover;
+  mover.dispatcher = dispatcher_.get();
+  mover.store = &store_;
+  mover.gate = gate;
+  mover.address_of = [this](uint32_t index) -> absl::StatusOr<std::string> {
+    PS_ASSIGN_OR_RETURN(KeyValue kv, etcd_->Get(etcd_keys::ServerKey(index)));
+    PS_ASSIGN_OR_RETURN(etcd_keys::ServerEntry entry, etcd_keys::ParseServerValue(kv.value));
+    return entry.address;
+  };
+  mover.write_options = WriteOptions();
+  mover.batch_bytes = options_.move_batch_bytes;
+  mover.log = [this](const std::string& line) { Log(line); };
+  block_mover_ = std::make_unique<BlockMover>(std::move(mover));
+  block_mover_set_.store(true, std::memory_order_release);
+  auto follow = [this, gate](absl::string_view value) {
     absl::StatusOr<v1::Placement> spec = ParsePlacementRecord(value);
     if (!spec.ok()) return;  // a malformed value: the last good one stays
-    absl::StatusOr<Placement> next = Placement::FromSpec(*spec, 1);
-    if (next.ok()) gate->Set(*next);
+    if (!gate->SetSpec(*spec).ok()) return;
+    const v1::Placement now = gate->spec();
+    if (!now.moving() && now.num_servers() <= index_ && !departed_.exchange(true)) {
+      // Every block of this server was handed over before the coordinator
+      // wrote this stable placement.
+      Log(absl::StrCat("placement version ", now.version(), " has ", now.num_servers(),
+                       " servers, this is index ", index_, ": departing"));
+      if (options_.on_departed) options_.on_departed();
+    }
   };
   PS_ASSIGN_OR_RETURN(
       placement_watcher_,

@@ -43,6 +43,7 @@
 #include "cc/security/tls.h"
 #include "cc/server/peer_channel.h"
 #include "cc/server/process_slots.h"
+#include "cc/server/move.h"
 #include "cc/server/replication.h"
 #include "cc/server/server_metrics.h"
 #include "cc/trace/trace.h"
@@ -157,6 +158,16 @@ struct ServerOptions {
   // naming the version and the owner), nothing applied. Off (the default):
   // blocks are not checked. Only a slice of live moves (docs/elastic.md).
   bool placement_redirects = false;
+  // With placement_redirects, the server also takes part in moves
+  // (cc/server/move.h): MoveBlocks hands blocks over in batches of at most
+  // this many bytes of values and optimizer state (--move_batch_bytes,
+  // 1 KiB .. max_message_bytes / 2; one larger block goes alone).
+  uint64_t move_batch_bytes = kDefaultMoveBatchBytes;
+  // Called once when a stable /placement leaves this server out (index >=
+  // its count, after a move to fewer servers): the server has handed its
+  // blocks over and should drain and exit (pserver does, as on SIGTERM).
+  // Unset: it logs and keeps serving nothing.
+  std::function<void()> on_departed;
 
   // --- checkpoints (empty dir: none) ---
   // Shard i lives in <checkpoint_dir>/shard-<i>. Start creates that
@@ -476,6 +487,9 @@ class Server {
   // keeps it current (destroyed first).
   std::unique_ptr<PlacementGate> placement_gate_;
   std::unique_ptr<Watcher> placement_watcher_;
+  std::unique_ptr<BlockMover> block_mover_;  // set with placement_gate_
+  std::atomic<bool> block_mover_set_{false};
+  std::atomic<bool> departed_{false};
 
   absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;

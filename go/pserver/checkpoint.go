@@ -309,34 +309,37 @@ func ReshardCheckpoints(from, to string, servers int, progress io.Writer) error 
 	if servers > 0 && servers <= math.MaxUint32 {
 		count = C.uint32_t(servers)
 	}
-	fd := C.int32_t(-1)
-	var w *os.File
-	var copied chan error
-	if progress != nil {
-		r, pw, err := os.Pipe()
-		if err != nil {
-			return fmt.Errorf("pserver: reshard %q: %w", from, err)
-		}
-		w = pw
-		fd = C.int32_t(w.Fd())
-		copied = make(chan error, 1)
-		go func() {
-			_, err := io.Copy(progress, r)
-			r.Close()
-			copied <- err
-		}()
-	}
 	cfrom := C.CString(from)
 	defer C.free(unsafe.Pointer(cfrom))
 	cto := C.CString(to)
 	defer C.free(unsafe.Pointer(cto))
-	err := cCall(func(st *C.pserver_status_t) { C.pserver_checkpoint_reshard(cfrom, cto, count, fd, st) })
-	if w != nil {
-		w.Close()
-		<-copied
-	}
+	err := withProgress(progress, func(fd C.int32_t) error {
+		return cCall(func(st *C.pserver_status_t) { C.pserver_checkpoint_reshard(cfrom, cto, count, fd, st) })
+	})
 	if err != nil {
 		return fmt.Errorf("pserver: reshard %q to %d servers: %w", from, servers, err)
 	}
 	return nil
+}
+
+// withProgress runs call with a file descriptor whose lines are copied to
+// progress (-1 when progress is nil), and waits until all are copied.
+func withProgress(progress io.Writer, call func(fd C.int32_t) error) error {
+	if progress == nil {
+		return call(-1)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	copied := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(progress, r)
+		r.Close()
+		copied <- err
+	}()
+	err = call(C.int32_t(w.Fd()))
+	w.Close()
+	<-copied
+	return err
 }

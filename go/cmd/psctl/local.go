@@ -165,6 +165,7 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 	ckptInterval := fs.Float64("checkpoint_interval", 0, "the servers' --checkpoint_interval in seconds; 0: none")
 	cluster := fs.String("cluster", "default", "cluster name with -etcd")
 	pserverBin := fs.String("pserver", "", "the pserver binary (default: $PSCTL_PSERVER, next to psctl, or PATH)")
+	redirects := fs.Bool("placement_redirects", false, "the servers take part in live moves (--placement_redirects; with -etcd or -start_etcd): psctl scale")
 	dataDir := fs.String("data_dir", "", "etcd's data directory (default: a temporary one, removed on exit)")
 	startTimeout := fs.Duration("start_timeout", 60*time.Second, "how long to wait for every process to be up")
 	if err := parse(fs, args, stdout); err != nil {
@@ -266,6 +267,9 @@ func cmdLocal(args []string, stdout, stderr io.Writer) error {
 		serverArgs = append(serverArgs, "--etcd="+endpoint, "--cluster="+*cluster, "--num_servers="+strconv.Itoa(*n))
 		if *replicas > 1 {
 			serverArgs = append(serverArgs, "--replicas="+strconv.Itoa(*replicas))
+		}
+		if *redirects {
+			serverArgs = append(serverArgs, "--placement_redirects")
 		}
 	}
 	lines := make(chan string, 4**n)

@@ -55,6 +55,9 @@ func init() {
   psctl tables -metrics 127.0.0.1:9100 -o wide       # one row per table and server`, cmdTables},
 		"desired": {"set the desired server count in etcd (says what it does first; -yes off a terminal)",
 			`psctl desired -etcd 127.0.0.1:2379 -cluster demo 4 -yes`, cmdDesired},
+		"scale": {"move a running cluster to N servers under its trainers: new servers join, blocks move, servers left out exit",
+			`psctl scale -etcd 127.0.0.1:2379 -cluster demo 3    # then start the new server(s) with --etcd --placement_redirects
+  psctl scale -etcd 127.0.0.1:2379 -cluster demo -timeout 30m 2 -o json`, cmdScale},
 		"checkpoint": {"save | ls | verify | reshard checkpoints",
 			`psctl checkpoint save -etcd 127.0.0.1:2379
   psctl checkpoint ls /tmp/ps -o json

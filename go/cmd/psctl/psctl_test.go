@@ -307,6 +307,18 @@ func stopLocal(t *testing.T, cmd *exec.Cmd, lines []string) {
 	}
 }
 
+// localEtcd is the endpoint of the etcd `psctl local -start_etcd` printed.
+func localEtcd(t *testing.T, lines []string) string {
+	t.Helper()
+	for _, line := range lines {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "etcd" {
+			return f[1]
+		}
+	}
+	t.Fatalf("no etcd in %q", lines)
+	return ""
+}
+
 func TestLocalServersAnswer(t *testing.T) {
 	dir := t.TempDir()
 	cmd, lines := startLocal(t, "-n", "2", "-checkpoint_dir", dir)
@@ -349,15 +361,7 @@ func TestLocalWithEtcd(t *testing.T) {
 	}
 	cmd, lines := startLocal(t, "-n", "2", "-start_etcd", "-cluster", "t", "-checkpoint_dir", t.TempDir())
 	defer stopLocal(t, cmd, lines)
-	endpoint := ""
-	for _, line := range lines {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "etcd" {
-			endpoint = f[1]
-		}
-	}
-	if endpoint == "" {
-		t.Fatalf("no etcd in %q", lines)
-	}
+	endpoint := localEtcd(t, lines)
 	code, out, errs := psctl(t, "status", "-etcd", endpoint, "-cluster", "t")
 	if code != 0 || !strings.Contains(out, "desired servers 2, live 2") {
 		t.Fatalf("status: %d %q %q", code, out, errs)

@@ -1,0 +1,339 @@
+// The client's routing snapshot and how it follows PlacementMoved (live
+// moves, docs/elastic.md): three in-process servers, each with a placement
+// gate; the test moves blocks from 2 servers to 3 itself (each moving block
+// copied to its new owner, then the old owner's gate refuses it) and checks
+// that pushes, reads and push-pulls are re-routed without an error and
+// applied exactly once. No timing: waits are bounded loops on conditions.
+#include <cstring>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cc/client/client.h"
+#include "cc/core/parameter_store.h"
+#include "cc/core/placement.h"
+#include "cc/core/tables.h"
+#include "cc/server/dispatcher.h"
+#include "cc/server/in_process_transport.h"
+#include "cc/server/placement_gate.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr size_t kBlockBytes = 8;  // two floats a block
+
+v1::Placement Spec(uint64_t version, uint32_t servers, uint32_t from = 0) {
+  v1::Placement spec;
+  spec.set_version(version);
+  spec.set_kind(v1::Placement::JUMP);
+  spec.set_num_servers(servers);
+  spec.set_moving(from != 0);
+  spec.set_from_num_servers(from);
+  return spec;
+}
+
+// The first name of one block that is on `from` of 2 servers and on `to` of 3.
+std::string NameMoving(int from, int to) {
+  for (int i = 0; i < 10000; ++i) {
+    const std::string name = absl::StrCat("p", i);
+    if (Placement::Jump(2, 1).ServerOf(name, 0) == from &&
+        Placement::Jump(3, 1).ServerOf(name, 0) == to)
+      return name;
+  }
+  ADD_FAILURE() << "no name from " << from << " to " << to;
+  return "";
+}
+
+// One in-process server: its store, dispatcher and placement gate.
+struct TestServer {
+  explicit TestServer(int index) : index(index) { dispatcher.SetPlacementGate(&gate); }
+  const int index;
+  ParameterStore store;
+  Tables tables{TablesOptions()};
+  Dispatcher dispatcher{&store, &tables, static_cast<uint32_t>(index)};
+  PlacementGate gate{index, Placement::Jump(2, 1)};
+};
+
+class PlacementRoutingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < 3; ++i) servers_.push_back(std::make_unique<TestServer>(i));
+    sgd_.mutable_optimizer()->mutable_sgd();
+    sgd_.mutable_learning_rate()->set_learning_rate(1.0);
+  }
+
+  // A client of servers 0 and 1 (server 2 joins later).
+  std::unique_ptr<Client> NewClient(absl::Duration timeout = absl::Seconds(60)) {
+    ClientOptions options;
+    options.block_bytes = kBlockBytes;
+    options.timeout = timeout;
+    std::vector<std::unique_ptr<Transport>> transports;
+    for (int i = 0; i < 2; ++i) {
+      transports.push_back(std::make_unique<InProcessTransport>(&servers_[i]->dispatcher));
+    }
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options, std::move(transports));
+    EXPECT_OK(client.status());
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  void Join(Client& client) {
+    ASSERT_OK(client.SetTransport(2, std::make_unique<InProcessTransport>(&servers_[2]->dispatcher)));
+  }
+
+  // Moves every block of `names` whose owner changes from 2 to 3 servers to
+  // its new owner (value and all: SGD keeps no state), then every gate
+  // follows placement `version` for 3 servers: the old owners refuse them.
+  void MoveToThree(const std::vector<std::string>& names, uint64_t version) {
+    const Placement two = Placement::Jump(2, 1, kBlockBytes);
+    const Placement three = Placement::Jump(3, 1, kBlockBytes);
+    for (const std::string& name : names) {
+      v1::ParamRef ref;
+      ref.set_name(name);
+      v1::Parameter header;
+      ASSERT_OK(servers_[two.HomeServer(name)]->store.Get(ref, &header));
+      const uint32_t count = std::max<uint32_t>(1, header.block().count());
+      for (uint32_t b = 0; b < count; ++b) {
+        const int from = two.ServerOf(name, b);
+        const int to = three.ServerOf(name, b);
+        if (from == to) continue;
+        ref.mutable_block()->set_index(b);
+        ref.mutable_block()->set_count(count);
+        v1::Parameter block;
+        ASSERT_OK(servers_[from]->store.Get(ref, &block));
+        ASSERT_OK(servers_[to]->store.Init(block, sgd_));
+      }
+    }
+    servers_[2]->store.FinishInit();
+    for (auto& server : servers_) server->gate.Set(Placement::Jump(3, version));
+  }
+
+  // The values of `name` as the servers holding it under `placement` store them.
+  std::vector<float> Stored(const std::string& name, const Placement& placement, uint32_t count,
+                            size_t elements) {
+    std::vector<float> out(elements);
+    for (uint32_t b = 0; b < count; ++b) {
+      v1::ParamRef ref;
+      ref.set_name(name);
+      ref.mutable_block()->set_index(b);
+      ref.mutable_block()->set_count(count);
+      v1::Parameter block;
+      EXPECT_OK(servers_[placement.ServerOf(name, b)]->store.Get(ref, &block));
+      std::memcpy(out.data() + block.block().offset(), block.content().data(),
+                  block.content().size());
+    }
+    return out;
+  }
+
+  std::vector<std::unique_ptr<TestServer>> servers_;
+  v1::ParameterConfig sgd_;
+};
+
+TEST_F(PlacementRoutingTest, RoutesByTheFromCountWhileMovingAndGrowsForNewServers) {
+  std::unique_ptr<Client> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->num_servers(), 2);
+  EXPECT_EQ(client->placement().version(), 0u);
+
+  ASSERT_OK(client->UpdatePlacement(Spec(5, 3, /*from=*/2)));
+  Client::Routing routing = client->routing();
+  EXPECT_TRUE(routing.moving);
+  EXPECT_EQ(routing.route.num_servers(), 2);
+  EXPECT_EQ(routing.route.version(), 5u);
+  EXPECT_EQ(routing.target.num_servers(), 3);
+  EXPECT_EQ(client->placement().num_servers(), 2);  // routing goes by FROM
+  EXPECT_EQ(client->num_servers(), 3);              // every server holding state
+  EXPECT_EQ(client->etcd_placement_version(), 5u);
+  // Server 2 is named before it registered: a placeholder stands in.
+  ASSERT_EQ(client->addresses().size(), 3u);
+  EXPECT_EQ(client->addresses()[2], "/ps/2 (not registered)");
+  CallOptions soon;
+  soon.deadline = absl::Now() + absl::Seconds(2);
+  EXPECT_THAT(client->CheckHealth(soon),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("server 2 is not registered in etcd (/ps/2) yet")));
+
+  // Older or equal versions are ignored; malformed ones refused, nothing changed.
+  ASSERT_OK(client->UpdatePlacement(Spec(4, 1)));
+  ASSERT_OK(client->UpdatePlacement(Spec(5, 1)));
+  EXPECT_EQ(client->routing().target.num_servers(), 3);
+  EXPECT_THAT(client->UpdatePlacement(Spec(6, 3, /*from=*/kMaxPlacementServers + 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("moving from 4097 servers")));
+  EXPECT_THAT(client->UpdatePlacement(Spec(6, kMaxPlacementServers + 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4097")));
+  EXPECT_EQ(client->etcd_placement_version(), 5u);
+  EXPECT_THAT(client->SetTransport(kMaxPlacementServers,
+                                   std::make_unique<InProcessTransport>(&servers_[2]->dispatcher)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside [0, 4096)")));
+
+  // Done moving: 3 servers for everything.
+  Join(*client);
+  ASSERT_OK(client->UpdatePlacement(Spec(6, 3)));
+  routing = client->routing();
+  EXPECT_FALSE(routing.moving);
+  EXPECT_EQ(client->placement().num_servers(), 3);
+  EXPECT_EQ(client->num_servers(), 3);
+  servers_[2]->store.FinishInit();
+  ASSERT_OK_AND_ASSIGN(std::vector<Client::HealthStatus> health, client->CheckHealth());
+  EXPECT_EQ(health.size(), 3u);
+
+  // A batch may name servers beyond the count given (a newer placement's).
+  std::vector<Client::Batch> batches =
+      Client::PackBatches({0, 3, 3}, {1, 1, 1}, /*max_bytes=*/10, /*num_servers=*/2);
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[1].server, 3);
+  EXPECT_EQ(batches[1].items, (std::vector<size_t>{1, 2}));
+}
+
+TEST_F(PlacementRoutingTest, RefusedBlocksAreSentToTheirNewOwnersExactlyOnce) {
+  std::unique_ptr<Client> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->UpdatePlacement(Spec(1, 2)));  // as etcd would at connect
+  const std::string moving = NameMoving(0, 2);
+  const std::string staying0 = NameMoving(0, 0);
+  const std::string staying1 = NameMoving(1, 1);
+  const std::string wide = "wide";  // 4 blocks over the servers
+  const std::vector<std::string> names = {moving, staying0, staying1, wide};
+  for (const std::string& name : names) {
+    const size_t n = name == wide ? 8 : 2;
+    ASSERT_OK(client->InitParam(name, Tensor::FromValues<float>({static_cast<int64_t>(n)},
+                                                                std::vector<float>(n, 0)),
+                                sgd_));
+  }
+  ASSERT_OK(client->FinishInitParams());
+  std::vector<NamedTensor> step;
+  for (const std::string& name : names) {
+    const size_t n = name == wide ? 8 : 2;
+    step.push_back({name, Tensor::FromValues<float>({static_cast<int64_t>(n)},
+                                                    std::vector<float>(n, -1))});
+  }
+  ASSERT_OK(client->SendGrads(step));
+  Join(*client);
+  MoveToThree(names, /*version=*/2);
+
+  // The client has not seen version 2: the batch waits for it (the request
+  // to server 1 was applied; only the refused one is sent again).
+  std::future<absl::Status> pushed =
+      std::async(std::launch::async, [&] { return client->SendGrads(step); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int i = 0; i < 60000 && client->placement_waits() == 0 && absl::Now() < deadline; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(client->placement_waits(), 1u);
+  ASSERT_OK(client->UpdatePlacement(Spec(2, 3, /*from=*/2)));
+  ASSERT_OK(pushed.get());
+  EXPECT_GT(client->redirects(), 0u);
+
+  // Seen now: routed by the FROM count, refused, re-routed, no more waiting.
+  const uint64_t redirects = client->redirects();
+  ASSERT_OK(client->SendGrad(moving, step[0].tensor));
+  EXPECT_GT(client->redirects(), redirects);
+  std::vector<Tensor> outs(names.size());
+  ASSERT_OK(client->PushPull(step, absl::MakeSpan(outs)));
+  EXPECT_EQ(outs[0].ToVector<float>(), (std::vector<float>{4, 4}));
+  EXPECT_EQ(outs[1].ToVector<float>(), (std::vector<float>{3, 3}));
+  EXPECT_EQ(outs[3].ToVector<float>(), std::vector<float>(8, 3));
+  EXPECT_EQ(client->placement_waits(), 1u);
+
+  // Done moving: straight to the owners, nothing refused.
+  ASSERT_OK(client->UpdatePlacement(Spec(3, 3)));
+  const uint64_t before = client->redirects();
+  ASSERT_OK(client->SendGrads(step));
+  EXPECT_EQ(client->redirects(), before);
+  ASSERT_OK_AND_ASSIGN(std::vector<Tensor> read, client->GetParams(names));
+  EXPECT_EQ(read[0].ToVector<float>(), (std::vector<float>{5, 5}));
+  EXPECT_EQ(read[1].ToVector<float>(), (std::vector<float>{4, 4}));
+  EXPECT_EQ(read[2].ToVector<float>(), (std::vector<float>{4, 4}));
+  EXPECT_EQ(read[3].ToVector<float>(), std::vector<float>(8, 4));
+
+  // Every push was applied exactly once, by the owner of the moment: the
+  // new owners hold everything, the old owner of the moved block what it
+  // had when it handed it over.
+  const Placement three = Placement::Jump(3, 3, kBlockBytes);
+  EXPECT_EQ(Stored(moving, three, 1, 2), (std::vector<float>{5, 5}));
+  EXPECT_EQ(Stored(wide, three, 4, 8), std::vector<float>(8, 4));
+  EXPECT_EQ(Stored(moving, Placement::Jump(2, 1, kBlockBytes), 1, 2), (std::vector<float>{1, 1}));
+}
+
+TEST_F(PlacementRoutingTest, ReadsFollowAndLearnTheLayoutFromTheNewOwner) {
+  std::unique_ptr<Client> writer = NewClient();
+  ASSERT_NE(writer, nullptr);
+  const std::string moving = NameMoving(0, 2);
+  ASSERT_OK(writer->InitParam(moving, Tensor::FromValues<float>({2}, {7, 8}), sgd_));
+  ASSERT_OK(writer->FinishInitParams());
+  MoveToThree({moving}, /*version=*/2);
+
+  // A reader that knows nothing of the parameter, moving already.
+  std::unique_ptr<Client> reader = NewClient();
+  ASSERT_NE(reader, nullptr);
+  ASSERT_OK(reader->UpdatePlacement(Spec(2, 3, /*from=*/2)));
+  Join(*reader);
+  ASSERT_OK_AND_ASSIGN(Tensor w, reader->GetParam(moving));
+  EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{7, 8}));
+  EXPECT_EQ(reader->redirects(), 1u);
+  EXPECT_EQ(reader->placement_waits(), 0u);
+}
+
+TEST_F(PlacementRoutingTest, AClientThatFollowsNoPlacementReportsTheRefusal) {
+  std::unique_ptr<Client> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const std::string moving = NameMoving(0, 2);
+  ASSERT_OK(client->InitParam(moving, Tensor::FromValues<float>({2}, {0, 0}), sgd_));
+  ASSERT_OK(client->FinishInitParams());
+  MoveToThree({moving}, /*version=*/2);
+  const absl::Status refused = client->SendGrad(moving, Tensor::FromValues<float>({2}, {-1, -1}));
+  EXPECT_EQ(PlacementMovedVersion(refused), std::optional<uint64_t>(2)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("this client follows no /placement"));
+  EXPECT_EQ(client->placement_waits(), 0u);
+}
+
+TEST_F(PlacementRoutingTest, TheWaitForANewerPlacementEndsAtTheDeadline) {
+  std::unique_ptr<Client> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->UpdatePlacement(Spec(1, 2)));
+  const std::string moving = NameMoving(0, 2);
+  ASSERT_OK(client->InitParam(moving, Tensor::FromValues<float>({2}, {0, 0}), sgd_));
+  ASSERT_OK(client->FinishInitParams());
+  MoveToThree({moving}, /*version=*/2);
+  CallOptions call;
+  call.deadline = absl::Now() + absl::Seconds(2);
+  EXPECT_THAT(client->SendGrad(moving, Tensor::FromValues<float>({2}, {-1, -1}), call),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr("placement moved: version 2"),
+                             HasSubstr("waited until the call's deadline for /placement "
+                                       "version 2, this client has seen version 1"))));
+  EXPECT_EQ(client->placement_waits(), 1u);
+  // Nothing was applied anywhere.
+  EXPECT_EQ(Stored(moving, Placement::Jump(3, 2, kBlockBytes), 1, 2), (std::vector<float>{0, 0}));
+}
+
+TEST_F(PlacementRoutingTest, ARefusalUnderThePlacementRoutedByIsReportedNotLooped) {
+  std::unique_ptr<Client> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const std::string moving = NameMoving(0, 2);
+  ASSERT_OK(client->InitParam(moving, Tensor::FromValues<float>({2}, {0, 0}), sgd_));
+  ASSERT_OK(client->FinishInitParams());
+  MoveToThree({moving}, /*version=*/2);
+  Join(*client);
+  ASSERT_OK(client->UpdatePlacement(Spec(2, 3)));
+  // Server 2 disagrees: it thinks version 2 is for 2 servers.
+  servers_[2]->gate.Set(Placement::Jump(2, 2));
+  const absl::Status refused = client->SendGrad(moving, Tensor::FromValues<float>({2}, {-1, -1}));
+  EXPECT_EQ(PlacementMovedVersion(refused), std::optional<uint64_t>(2)) << refused;
+  EXPECT_THAT(refused.message(),
+              HasSubstr("not followed: this client routes by version 2 and sent these blocks 2 "
+                        "times"));
+}
+
+}  // namespace
+}  // namespace pserver

@@ -1,0 +1,183 @@
+#include "cc/server/move.h"
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cc/core/status_macros.h"
+#include "cc/rpc/grpc_status.h"
+#include "cc/server/replication.h"
+#include "grpcpp/grpcpp.h"
+#include "pserver/v1/service.grpc.pb.h"
+
+namespace pserver {
+namespace {
+
+uint64_t StateBytes(const BlockSnapshot& block) {
+  uint64_t bytes = block.content.size();
+  for (const auto& [name, slot] : block.optimizer.slots) bytes += slot.size();
+  return bytes;
+}
+
+}  // namespace
+
+BlockMover::~BlockMover() {
+  std::thread worker;
+  {
+    absl::MutexLock lock(&worker_mu_);
+    worker = std::move(worker_);
+  }
+  if (worker.joinable()) worker.join();  // it takes worker_mu_ as it ends
+}
+
+void BlockMover::MoveAsync(const v1::MoveBlocksRequest& request, v1::MoveBlocksResponse* response,
+                           std::function<void(absl::Status)> done) {
+  absl::MutexLock lock(&worker_mu_);
+  if (running_) {
+    return done(absl::UnavailableError(
+        "this server is handing blocks over already (an earlier MoveBlocks); retry"));
+  }
+  // Finished (it cleared running_); it may still be calling its done.
+  if (worker_.joinable()) worker_.join();
+  running_ = true;
+  worker_ = std::thread([this, request, response, done = std::move(done)] {
+    absl::StatusOr<v1::MoveBlocksResponse> moved = Move(request);
+    {
+      absl::MutexLock lock(&worker_mu_);
+      running_ = false;
+    }
+    if (moved.ok()) *response = *std::move(moved);
+    done(moved.status());
+  });
+}
+
+absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequest& request) {
+  absl::MutexLock serial(&move_mu_);
+  PlacementGate& gate = *options_.gate;
+  const v1::Placement spec = gate.spec();
+  const uint64_t version = request.version();
+  if (spec.version() < version) {
+    return absl::UnavailableError(absl::StrCat("server ", gate.self(), " knows placement version ",
+                                               spec.version(), ", not yet ", version, "; retry"));
+  }
+  if (spec.version() != version || !spec.moving()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MoveBlocks for placement version ", version, ": this server is at version ",
+        spec.version(), spec.moving() ? " (moving)" : " (not moving)",
+        "; read etcd /placement and ask for the move it holds"));
+  }
+  // What leaves this server, by destination, in (name, index) order.
+  std::map<int, std::vector<PlacementGate::BlockKey>> leaving;
+  for (PlacementGate::BlockKey& key : options_.store->BlockKeys()) {
+    if (std::optional<int> to = gate.Destination(version, key.first, key.second)) {
+      leaving[*to].push_back(std::move(key));
+    }
+  }
+  v1::MoveBlocksResponse response;
+  for (const auto& [to, keys] : leaving) {
+    StoreSnapshot batch;
+    std::vector<PlacementGate::BlockKey> held;
+    uint64_t batch_bytes = 0;
+    auto flush = [&]() -> absl::Status {
+      if (held.empty()) return absl::OkStatus();
+      absl::Status sent = Send(version, static_cast<uint32_t>(to), batch);
+      gate.Release(held, sent.ok());
+      if (sent.ok()) {
+        response.set_blocks_moved(response.blocks_moved() + held.size());
+        response.set_bytes_moved(response.bytes_moved() + batch_bytes);
+      }
+      batch.blocks.clear();
+      held.clear();
+      batch_bytes = 0;
+      return sent;
+    };
+    for (const PlacementGate::BlockKey& key : keys) {
+      {
+        // No push is between its gate check and its apply meanwhile: once
+        // held, nothing changes the block here.
+        absl::WriterMutexLock lock(&options_.dispatcher->apply_mu());
+        gate.Hold({key});
+      }
+      held.push_back(key);
+      absl::StatusOr<StoreSnapshot> one = options_.store->TakeSnapshot(
+          [&](absl::string_view name, uint32_t index) {
+            return index == key.second && name == key.first;
+          });
+      if (!one.ok()) {
+        gate.Release(held, /*handed_over=*/false);
+        return one.status();
+      }
+      batch.initialized = one->initialized;
+      for (BlockSnapshot& block : one->blocks) {
+        batch_bytes += StateBytes(block);
+        batch.blocks.push_back(std::move(block));
+      }
+      if (batch_bytes >= options_.batch_bytes) PS_RETURN_IF_ERROR(flush());
+    }
+    PS_RETURN_IF_ERROR(flush());
+  }
+  response.set_blocks_handed_over(gate.handed_over());
+  if (options_.log && response.blocks_moved() > 0) {
+    options_.log(absl::StrCat("placement version ", version, ": handed ",
+                              response.blocks_moved(), " blocks (", response.bytes_moved(),
+                              " bytes) to their new owners"));
+  }
+  return response;
+}
+
+absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot& batch) {
+  PS_ASSIGN_OR_RETURN(std::string address, options_.address_of(to));
+  PS_ASSIGN_OR_RETURN(std::vector<v1::SnapshotFile> files,
+                      SnapshotToFiles(batch, static_cast<uint32_t>(options_.gate->self()),
+                                      options_.write_options));
+  v1::ReceiveBlocksRequest request;
+  request.set_version(version);
+  request.set_from_server(static_cast<uint32_t>(options_.gate->self()));
+  for (v1::SnapshotFile& file : files) *request.add_files() = std::move(file);
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxSendMessageSize(-1);
+  std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments));
+  const absl::Time deadline = absl::Now() + options_.send_timeout;
+  absl::Status status;
+  // UNAVAILABLE: the destination has not seen the placement yet, or is
+  // still starting; retried until the deadline.
+  for (int attempt = 0; attempt < 10000; ++attempt) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    v1::ReceiveBlocksResponse response;
+    status = FromGrpcStatus(stub->ReceiveBlocks(&context, request, &response));
+    if (!absl::IsUnavailable(status) || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat("handing ", batch.blocks.size(), " blocks to server ", to,
+                                     " at ", address, ": ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
+    const v1::ReceiveBlocksRequest& request) {
+  PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(request.files()));
+  std::vector<PlacementGate::BlockKey> keys;
+  for (const BlockSnapshot& block : loaded.snapshot.blocks) {
+    PS_RETURN_IF_ERROR(
+        options_.gate->CheckReceive(request.version(), block.name, block.block.index()));
+    keys.emplace_back(block.name, block.block.index());
+  }
+  loaded.snapshot.extensions.clear();  // blocks only
+  PS_RETURN_IF_ERROR(options_.store->Merge(std::move(loaded.snapshot)));
+  options_.gate->Received(keys);
+  v1::ReceiveBlocksResponse response;
+  response.set_blocks(keys.size());
+  if (options_.log) {
+    options_.log(absl::StrCat("placement version ", request.version(), ": received ",
+                              keys.size(), " blocks from server ", request.from_server()));
+  }
+  return response;
+}
+
+}  // namespace pserver

@@ -1,0 +1,417 @@
+// Live moves (issue 16 step 2, docs/elastic.md): ScaleCluster (psctl scale)
+// moves dense blocks between running servers through MoveBlocks /
+// ReceiveBlocks while a trainer pushes deterministic SGD steps (its client
+// follows /placement and the redirects, helper cf's part), through 2 -> 3 ->
+// 4 -> 2 servers: the final parameters are exact, and the bytes moved per
+// change are within 1.5x of the ideal fraction. The old owner's refusal of
+// a block it handed over is checked with a client that follows no
+// placement. Real etcd, servers in this process over gRPC. No timing: every
+// wait is a bounded loop on a condition.
+#include <cmath>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cc/client/client.h"
+#include "cc/core/placement.h"
+#include "cc/core/status_macros.h"
+#include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
+#include "cc/etcd/placement_record.h"
+#include "cc/etcd/testing/etcd_process.h"
+#include "cc/rpc/grpc_status.h"
+#include "cc/server/move_coordinator.h"
+#include "cc/server/server.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "pserver/v1/service.grpc.pb.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr size_t kBlockBytes = 64;  // 16 float32 a block: hundreds of blocks
+constexpr int kParams = 24;
+
+std::string Name(int p) { return absl::StrCat("layer", p, "/w"); }
+int64_t Size(int p) { return 100 + 27 * p; }
+
+// The model as SGD (learning rate 1) leaves it after `steps` steps: every
+// value and gradient a multiple of 1/4 below 2^10, so float32 is exact.
+std::vector<float> Expected(int p, int steps) {
+  std::vector<float> w(Size(p));
+  for (int64_t e = 0; e < Size(p); ++e) w[e] = static_cast<float>((e + p) % 8);
+  for (int s = 0; s < steps; ++s) {
+    for (int64_t e = 0; e < Size(p); ++e) w[e] -= 0.25f * static_cast<float>((e + s + p) % 4);
+  }
+  return w;
+}
+
+std::vector<float> Gradient(int p, int step) {
+  std::vector<float> g(Size(p));
+  for (int64_t e = 0; e < Size(p); ++e) g[e] = 0.25f * static_cast<float>((e + step + p) % 4);
+  return g;
+}
+
+// Pushes SGD step after step (all parameters, Gradient(p, step)) until
+// stopped or paused; stops at its first error.
+class Trainer {
+ public:
+  Trainer(Client& client, int first_step) : client_(client), steps_(first_step) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Trainer() { Stop().IgnoreError(); }
+
+  // The steps acknowledged (the model is Expected(p, steps())).
+  int steps() const {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+  // Waits until `n` more steps than now are acknowledged; false after 60 s
+  // or an error.
+  bool Advance(int n) {
+    absl::MutexLock lock(&mu_);
+    const int target = steps_ + n;
+    auto reached = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return steps_ >= target || !error_.ok();
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(60)) && error_.ok();
+  }
+  // Stops after the step under way; its error, if any.
+  absl::Status Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  void Run() {
+    for (int i = 0; i < 1000000; ++i) {
+      int step = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;
+        step = steps_;
+      }
+      std::vector<NamedTensor> grads;
+      for (int p = 0; p < kParams; ++p) {
+        grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, step))});
+      }
+      absl::Status status = client_.SendGrads(grads);
+      absl::MutexLock lock(&mu_);
+      if (!status.ok()) {
+        error_ = status;
+        return;
+      }
+      ++steps_;
+    }
+  }
+
+  Client& client_;
+  mutable absl::Mutex mu_;
+  int steps_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+class LiveMoveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(etcd_, testing::EtcdProcess::Start());
+    EtcdClientOptions options;
+    options.endpoints = {etcd_->endpoint()};
+    options.prefix = etcd_keys::ClusterPrefix("job");
+    ASSERT_OK_AND_ASSIGN(etcd_client_, EtcdClient::Connect(options));
+  }
+
+  // num_servers 0: the count etcd's /ps_desired holds.
+  ServerOptions Options(uint32_t num_servers) {
+    ServerOptions options;
+    options.etcd_endpoints = {etcd_->endpoint()};
+    options.cluster = "job";
+    options.num_servers = num_servers;
+    options.lease_ttl = absl::Seconds(5);
+    options.register_timeout = absl::Seconds(120);
+    options.placement_redirects = true;
+    options.move_batch_bytes = 4096;
+    auto departed = std::make_shared<absl::Notification>();
+    departures_.push_back(departed);
+    options.on_departed = [departed] { departed->Notify(); };
+    return options;
+  }
+
+  // Starts `n` servers at once and files them by the index they claimed.
+  void StartServers(int n, uint32_t num_servers) {
+    std::vector<std::future<absl::StatusOr<std::unique_ptr<Server>>>> started;
+    std::vector<std::shared_ptr<absl::Notification>> departures;
+    for (int i = 0; i < n; ++i) {
+      ServerOptions options = Options(num_servers);
+      departures.push_back(departures_.back());
+      started.push_back(std::async(std::launch::async, [options] { return Server::Start(options); }));
+    }
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<std::unique_ptr<Server>> server = started[i].get();
+      ASSERT_OK(server.status());
+      departed_of_[(*server)->index()] = departures[i];
+      servers_[(*server)->index()] = *std::move(server);
+    }
+  }
+
+  absl::StatusOr<std::unique_ptr<Client>> Connect() {
+    ClientOptions options;
+    options.etcd_endpoints = {etcd_->endpoint()};
+    options.cluster = "job";
+    options.block_bytes = kBlockBytes;
+    options.discovery_timeout = absl::Seconds(60);
+    options.timeout = absl::Seconds(60);
+    return Client::Connect(options);
+  }
+
+  ScaleOptions Scale(uint32_t to) {
+    ScaleOptions options;
+    options.etcd_endpoints = {etcd_->endpoint()};
+    options.cluster = "job";
+    options.to = to;
+    options.timeout = absl::Minutes(3);
+    options.progress = [](const std::string& line) { std::printf("scale: %s\n", line.c_str()); };
+    return options;
+  }
+
+  // Scales from the servers running to `to` while `trainer` (of `client`)
+  // pushes, starting the new servers (they claim their index once the move
+  // began) or stopping the departing ones once they said so and the
+  // trainer's client routes by the new count. Returns the coordinator's
+  // result; the trainer is stopped.
+  absl::StatusOr<ScaleResult> ScaleTo(uint32_t to, Client& client,
+                                      std::unique_ptr<Trainer>& trainer) {
+    std::future<absl::StatusOr<ScaleResult>> scaled =
+        std::async(std::launch::async, [this, to] { return ScaleCluster(Scale(to)); });
+    const int running = static_cast<int>(servers_.size());
+    if (static_cast<int>(to) > running) StartServers(static_cast<int>(to) - running, 0);
+    absl::StatusOr<ScaleResult> result = scaled.get();
+    if (!result.ok()) return result;
+    // A few steps on the new placement, then the trainer stops: a departing
+    // server is stopped only once nothing routes to it.
+    bool routed = false;
+    for (int i = 0; i < 6000 && !routed; ++i) {
+      routed = client.etcd_placement_version() >= result->version;
+      if (!routed) absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (!routed || !trainer->Advance(2)) {
+      return absl::InternalError(absl::StrCat("the trainer did not go on after the move: ",
+                                              trainer->Stop().ToString()));
+    }
+    PS_RETURN_IF_ERROR(trainer->Stop());
+    for (int i = static_cast<int>(to); i < running; ++i) {
+      // Each departs on its own once it sees the stable placement.
+      if (!departed_of_[i]->WaitForNotificationWithTimeout(absl::Seconds(60))) {
+        return absl::DeadlineExceededError(absl::StrCat("server ", i, " did not depart"));
+      }
+      servers_.erase(i);  // drains and deregisters
+      departed_of_.erase(i);
+    }
+    return result;
+  }
+
+  void ExpectModel(Client& client, int steps) {
+    for (int p = 0; p < kParams; ++p) {
+      ASSERT_OK_AND_ASSIGN(Tensor w, client.GetParam(Name(p)));
+      ASSERT_EQ(w.ToVector<float>(), Expected(p, steps)) << Name(p) << " after " << steps;
+    }
+  }
+
+  static uint64_t ModelBytes() {
+    uint64_t bytes = 2 * 4 * 4;  // the two probes
+    for (int p = 0; p < kParams; ++p) bytes += 4 * Size(p);
+    return bytes;
+  }
+
+  std::unique_ptr<testing::EtcdProcess> etcd_;
+  std::unique_ptr<EtcdClient> etcd_client_;
+  std::vector<std::shared_ptr<absl::Notification>> departures_;
+  std::map<uint32_t, std::shared_ptr<absl::Notification>> departed_of_;
+  std::map<uint32_t, std::unique_ptr<Server>> servers_;
+};
+
+TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIdealBytes) {
+  StartServers(2, 2);
+  ASSERT_EQ(servers_.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Connect());
+  v1::ParameterConfig sgd;
+  sgd.mutable_optimizer()->mutable_sgd();
+  sgd.mutable_learning_rate()->set_learning_rate(1.0);
+  for (int p = 0; p < kParams; ++p) {
+    ASSERT_OK(client->InitParam(Name(p), Tensor::FromValues<float>({Size(p)}, Expected(p, 0)),
+                                sgd));
+  }
+  // One-block probes, pushed only by a client that follows no placement:
+  // one that leaves its server when 2 servers become 3, one that stays.
+  const Placement two = Placement::Jump(2, 0, kBlockBytes);
+  const Placement three = Placement::Jump(3, 0, kBlockBytes);
+  std::string leaving, staying;
+  for (int k = 0; k < 1000 && (leaving.empty() || staying.empty()); ++k) {
+    const std::string name = absl::StrCat("probe", k);
+    std::string& probe = two.ServerOf(name, 0) != three.ServerOf(name, 0) ? leaving : staying;
+    if (probe.empty()) probe = name;
+  }
+  ASSERT_FALSE(leaving.empty());
+  ASSERT_FALSE(staying.empty());
+  for (const std::string& probe : {leaving, staying}) {
+    ASSERT_OK(client->InitParam(probe, Tensor::FromValues<float>({4}, {1, 2, 3, 4}), sgd));
+  }
+  ASSERT_OK(client->FinishInitParams());
+  ClientOptions direct;
+  direct.servers = {servers_.at(0)->address(), servers_.at(1)->address()};
+  direct.block_bytes = kBlockBytes;
+  direct.timeout = absl::Seconds(60);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> old_client, Client::Connect(direct));
+
+  const uint64_t model = ModelBytes();
+  struct Change {
+    uint32_t to;
+    double ideal;  // the fraction of the model that must move: |N-M| / max(N, M)
+  };
+  uint32_t now = 2;
+  int steps = 0;
+  for (const Change& change : {Change{3, 1.0 / 3}, Change{4, 1.0 / 4}, Change{2, 2.0 / 4}}) {
+    SCOPED_TRACE(absl::StrCat(now, " -> ", change.to, " servers"));
+    auto trainer = std::make_unique<Trainer>(*client, steps);
+    ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
+    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(change.to, *client, trainer));
+    steps = trainer->steps();
+    EXPECT_TRUE(result.moved);
+    EXPECT_EQ(result.from, now);
+    EXPECT_EQ(result.to, change.to);
+    ASSERT_EQ(servers_.size(), change.to);
+    const double fraction = static_cast<double>(result.bytes_moved) / static_cast<double>(model);
+    std::printf("%u -> %u servers: moved %llu of %llu bytes = %.3f, ideal %.3f (%.2fx); %d steps\n",
+                now, change.to, static_cast<unsigned long long>(result.bytes_moved),
+                static_cast<unsigned long long>(model), fraction, change.ideal,
+                fraction / change.ideal, steps);
+    EXPECT_LE(fraction, 1.5 * change.ideal);
+    EXPECT_GE(fraction, change.ideal / 1.5);
+
+    if (now == 2) {
+      // The old owner refuses what it handed over, and applies nothing of
+      // it; what stays is served as before.
+      const Tensor grad = Tensor::FromValues<float>({4}, {1, 1, 1, 1});
+      absl::Status refused = old_client->SendGrad(leaving, grad);
+      // Named by the move's version, or the stable one once the server saw it.
+      std::optional<uint64_t> version = PlacementMovedVersion(refused);
+      ASSERT_TRUE(version.has_value()) << refused;
+      EXPECT_GE(*version, result.version - 1);
+      EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("is on server ",
+                                                            three.ServerOf(leaving, 0))));
+      EXPECT_TRUE(PlacementMovedVersion(old_client->GetParam(leaving).status()).has_value());
+      ASSERT_OK(old_client->SendGrad(staying, grad));
+      ASSERT_OK_AND_ASSIGN(Tensor kept, old_client->GetParam(staying));
+      EXPECT_EQ(kept.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
+      old_client.reset();
+    }
+    // Exact for the trainer's client and for one of the new count.
+    ExpectModel(*client, steps);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> fresh, Connect());
+    ASSERT_EQ(fresh->num_servers(), static_cast<int>(change.to));
+    EXPECT_EQ(fresh->placement().version(), result.version);
+    ExpectModel(*fresh, steps);
+    // The refused push applied nothing; the probes moved with their values.
+    ASSERT_OK_AND_ASSIGN(Tensor probe, fresh->GetParam(leaving));
+    EXPECT_EQ(probe.ToVector<float>(), (std::vector<float>{1, 2, 3, 4}));
+    ASSERT_OK_AND_ASSIGN(probe, fresh->GetParam(staying));
+    EXPECT_EQ(probe.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
+    now = change.to;
+  }
+
+  // Run again at the count reached: nothing moves.
+  ASSERT_OK_AND_ASSIGN(ScaleResult again, ScaleCluster(Scale(2)));
+  EXPECT_FALSE(again.moved);
+  EXPECT_EQ(again.bytes_moved, 0u);
+}
+
+TEST_F(LiveMoveTest, BadMovesAreRefusedNamingWhatIsWrong) {
+  EXPECT_THAT(ScaleCluster(Scale(0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 0")));
+  EXPECT_THAT(ScaleCluster(Scale(3)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("/placement is missing")));
+  StartServers(2, 2);
+  ASSERT_OK_AND_ASSIGN(KeyValue before, etcd_client_->Get(etcd_keys::PlacementKey()));
+  ASSERT_OK_AND_ASSIGN(v1::Placement stable, ParsePlacementRecord(before.value));
+
+  // The servers refuse a move etcd does not hold, and copies that are not theirs.
+  Server& server0 = *servers_.at(0);
+  std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server0.address(), grpc::InsecureChannelCredentials()));
+  auto move = [&](uint64_t version) {
+    grpc::ClientContext context;
+    v1::MoveBlocksRequest request;
+    request.set_version(version);
+    v1::MoveBlocksResponse response;
+    return FromGrpcStatus(stub->MoveBlocks(&context, request, &response));
+  };
+  EXPECT_THAT(move(stable.version()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("(not moving)")));
+  EXPECT_THAT(move(stable.version() + 5),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not yet")));
+  {
+    grpc::ClientContext context;
+    v1::ReceiveBlocksRequest request;
+    request.set_version(stable.version());
+    v1::SnapshotFile* file = request.add_files();
+    file->set_name("../manifest");
+    v1::ReceiveBlocksResponse response;
+    EXPECT_THAT(FromGrpcStatus(stub->ReceiveBlocks(&context, request, &response)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a plain file name")));
+  }
+
+  // A move to 3 under way: a move to 4 is refused, and etcd keeps the first.
+  v1::Placement moving = stable;
+  moving.set_version(stable.version() + 1);
+  moving.set_num_servers(3);
+  moving.set_moving(true);
+  moving.set_from_num_servers(2);
+  ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(moving)));
+  EXPECT_THAT(ScaleCluster(Scale(4)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("a move from 2 to 3 servers is under way"),
+                             HasSubstr("psctl scale 3"))));
+  ASSERT_OK_AND_ASSIGN(KeyValue after, etcd_client_->Get(etcd_keys::PlacementKey()));
+  EXPECT_EQ(after.value, FormatPlacementRecord(moving));
+}
+
+TEST_F(LiveMoveTest, ServersWithReplicationRefuseMoves) {
+  ServerOptions options = Options(1);
+  options.accept_standbys = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, Server::Start(options));
+  std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::MoveBlocksRequest request;
+  request.set_version(1);
+  v1::MoveBlocksResponse response;
+  EXPECT_THAT(FromGrpcStatus(stub->MoveBlocks(&context, request, &response)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("live moves do not work with replication yet")));
+}
+
+}  // namespace
+}  // namespace pserver
