@@ -348,6 +348,9 @@ class Client {
   // times a call waited for a newer /placement than it had seen, so far.
   uint64_t redirects() const { return redirects_.load(); }
   uint64_t placement_waits() const { return placement_waits_.load(); }
+  // The most rounds of one call's bulk requests (the first sending and the
+  // redirects followed): a call that is refused more often reports it.
+  static constexpr int kMaxRedirectRounds = 16;
   // This client's random id in push request ids.
   uint64_t client_id() const { return client_id_; }
   // The current address of every server, in index order.
@@ -558,7 +561,6 @@ class Client {
   // kMaxRedirectRounds rounds.
   absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
                    absl::Time deadline, TraceRecorder* trace);
-  static constexpr int kMaxRedirectRounds = 16;
   // One round of Run: items[pending[k]] to servers[k]. The refusals
   // (PlacementMoved) with the items of each refused request.
   struct Refusal {
