@@ -404,8 +404,9 @@ class Client {
   // when `cancel` (may be null) was cancelled meanwhile.
   bool WaitToRetry(absl::Duration sleep, uint64_t changes, Cancellation* cancel) const;
   static constexpr absl::Duration kMovedCheckInterval = absl::Milliseconds(10);
-  // RunWithRetries with one call per server: i is the server's index.
-  absl::Status RunOnEveryServer(const StartCall& start, absl::Time deadline);
+  // RunWithRetries with one call per server i in [0, n) (n: num_servers()
+  // of the caller's snapshot).
+  absl::Status RunOnEveryServer(size_t n, const StartCall& start, absl::Time deadline);
   // Control call `method` (transport.h) with the same `request` to every
   // server; the answers in index order.
   template <typename Response>
@@ -416,7 +417,7 @@ class Client {
     const Cancellation::Scope cancel_scope(call.cancel);
     std::vector<Response> responses(num_servers());
     absl::Status status = RunOnEveryServer(
-        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        responses.size(), [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
           responses[i].Clear();
           t.Call(method, request, &responses[i], deadline, std::move(done));
         },
