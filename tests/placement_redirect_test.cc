@@ -17,7 +17,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
-#include "cc/client/testing/placement_moves.h"
 #include "cc/core/placement.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
@@ -31,8 +30,29 @@
 namespace pserver {
 namespace {
 
-using ::pserver::testing::NameMoving;
 using ::testing::HasSubstr;
+
+// The first name (one block) on `from` of 2 servers and on `to` of 3.
+std::string NameMoving(int from, int to) {
+  for (int i = 0; i < 10000; ++i) {
+    const std::string name = absl::StrCat("p", i);
+    if (Placement::Jump(2, 1).ServerOf(name, 0) == from &&
+        Placement::Jump(3, 1).ServerOf(name, 0) == to)
+      return name;
+  }
+  ADD_FAILURE() << "no name from " << from << " to " << to;
+  return "";
+}
+
+v1::Placement Spec(uint64_t version, uint32_t servers, uint32_t from = 0) {
+  v1::Placement spec;
+  spec.set_version(version);
+  spec.set_kind(v1::Placement::JUMP);
+  spec.set_num_servers(servers);
+  spec.set_moving(from != 0);
+  spec.set_from_num_servers(from);
+  return spec;
+}
 
 // Polls `done` every 10 ms, at most 6000 times and for 60 s: whether it held.
 template <typename Condition>
@@ -318,7 +338,7 @@ TEST_F(PlacementRedirectTest, ATrainerPushingThroughAMoveFromTwoToThreeServersSe
   ASSERT_OK(to_third->InitParam(moving0, values[0], sgd));
   ASSERT_OK(to_third->InitParam(moving1, values[1], sgd));
   ASSERT_OK(to_third->FinishInitParams());
-  PutPlacement(testing::PlacementSpec(version + 1, 3, /*from=*/2));
+  PutPlacement(Spec(version + 1, 3, /*from=*/2));
   std::unique_ptr<Client> probe =
       Direct({servers_[0]->address(), servers_[1]->address()});
   ASSERT_NE(probe, nullptr);
@@ -340,7 +360,7 @@ TEST_F(PlacementRedirectTest, ATrainerPushingThroughAMoveFromTwoToThreeServersSe
   // The move is done: 3 servers for everything, no more redirects (the
   // trainer paused meanwhile, so that no step in flight was routed before).
   ASSERT_TRUE(trainer.Pause()) << trainer.Stop();
-  PutPlacement(testing::PlacementSpec(version + 2, 3));
+  PutPlacement(Spec(version + 2, 3));
   ASSERT_TRUE(Eventually([&] { return client->etcd_placement_version() == version + 2; }));
   const int done_at = trainer.steps();
   const uint64_t redirects = client->redirects();
