@@ -305,6 +305,26 @@ TEST_F(PlacementRoutingTest, TheWaitForANewerPlacementEndsAtTheDeadline) {
   EXPECT_EQ(Stored(moving, Placement::Jump(3, 2, kBlockBytes), 1, 2), (std::vector<float>{0, 0}));
 }
 
+TEST_F(PlacementRoutingTest, CancellingEndsTheWaitForANewerPlacement) {
+  std::string moving;
+  std::unique_ptr<Client> client = ClientAfterAMove(/*follows=*/true, &moving);
+  ASSERT_NE(client, nullptr);
+  Cancellation cancel;
+  CallOptions call;
+  call.cancel = &cancel;
+  std::future<absl::Status> pushed = std::async(std::launch::async, [&] {
+    return client->SendGrad(moving, Tensor::FromValues<float>({2}, {-1, -1}), call);
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int i = 0; i < 60000 && client->placement_waits() == 0 && absl::Now() < deadline; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(client->placement_waits(), 1u);
+  cancel.Cancel();
+  EXPECT_THAT(pushed.get(), StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  EXPECT_EQ(Stored(moving, Placement::Jump(3, 2, kBlockBytes), 1, 2), (std::vector<float>{0, 0}));
+}
+
 TEST_F(PlacementRoutingTest, ARefusalUnderThePlacementRoutedByIsReportedNotLooped) {
   std::string moving;
   std::unique_ptr<Client> client = ClientAfterAMove(/*follows=*/false, &moving);
