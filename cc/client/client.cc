@@ -354,9 +354,9 @@ absl::StatusOr<Client::Layout> Client::LayoutOf(const v1::Parameter& header,
                 header.wire_compression()};
 }
 
-absl::Status Client::RunOnEveryServer(const StartCall& start, absl::Time deadline) {
+absl::Status Client::RunOnEveryServer(size_t n, const StartCall& start, absl::Time deadline) {
   return RunWithRetries(
-      num_servers(), [](size_t i) { return static_cast<int>(i); }, start, deadline);
+      n, [](size_t i) { return static_cast<int>(i); }, start, deadline);
 }
 
 Client::Client(const ClientOptions& options, std::vector<std::unique_ptr<Transport>> transports)
@@ -457,7 +457,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // until the call's deadline: a server that comes up meanwhile is reached,
   // and one that never does is reported with why.
   for (size_t i = 0; i < servers.size(); ++i) {
-    if (servers[i].address.empty()) {  // beyond the desired count, not registered
+    if (etcd != nullptr && servers[i].address.empty()) {  // beyond the desired count, unregistered
       transports.push_back(std::make_unique<UnregisteredTransport>(static_cast<int>(i)));
       continue;
     }
@@ -588,6 +588,11 @@ void Client::OnServerChanged(int server, const etcd_keys::ServerEntry& address) 
 
 std::shared_ptr<Transport> Client::TransportFor(int server) const {
   absl::MutexLock lock(&transports_mu_);
+  // Every index a routing snapshot names is covered; any other is answered
+  // as a server not registered.
+  if (server < 0 || static_cast<size_t>(server) >= transports_.size()) {
+    return std::make_shared<UnregisteredTransport>(server);
+  }
   return transports_[server];
 }
 
@@ -846,7 +851,7 @@ absl::StatusOr<std::vector<v1::ParamListing>> Client::ListParams(const CallOptio
   while (std::find(more.begin(), more.end(), true) != more.end()) {
     std::vector<v1::ListParamsResponse> pages(n);
     PS_RETURN_IF_ERROR(RunOnEveryServer(
-        [&](size_t i, Transport& t, absl::Time call_deadline, Transport::Done done) {
+        n, [&](size_t i, Transport& t, absl::Time call_deadline, Transport::Done done) {
           pages[i].Clear();
           if (!more[i]) return done(absl::OkStatus());
           v1::ListParamsRequest request;

@@ -348,6 +348,9 @@ class Client {
   // times a call waited for a newer /placement than it had seen, so far.
   uint64_t redirects() const { return redirects_.load(); }
   uint64_t placement_waits() const { return placement_waits_.load(); }
+  // The most rounds of one call's bulk requests (the first sending and the
+  // redirects followed): a call that is refused more often reports it.
+  static constexpr int kMaxRedirectRounds = 16;
   // This client's random id in push request ids.
   uint64_t client_id() const { return client_id_; }
   // The current address of every server, in index order.
@@ -401,8 +404,9 @@ class Client {
   // when `cancel` (may be null) was cancelled meanwhile.
   bool WaitToRetry(absl::Duration sleep, uint64_t changes, Cancellation* cancel) const;
   static constexpr absl::Duration kMovedCheckInterval = absl::Milliseconds(10);
-  // RunWithRetries with one call per server: i is the server's index.
-  absl::Status RunOnEveryServer(const StartCall& start, absl::Time deadline);
+  // RunWithRetries with one call per server i in [0, n) (n: num_servers()
+  // of the caller's snapshot).
+  absl::Status RunOnEveryServer(size_t n, const StartCall& start, absl::Time deadline);
   // Control call `method` (transport.h) with the same `request` to every
   // server; the answers in index order.
   template <typename Response>
@@ -413,7 +417,7 @@ class Client {
     const Cancellation::Scope cancel_scope(call.cancel);
     std::vector<Response> responses(num_servers());
     absl::Status status = RunOnEveryServer(
-        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        responses.size(), [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
           responses[i].Clear();
           t.Call(method, request, &responses[i], deadline, std::move(done));
         },
@@ -558,7 +562,6 @@ class Client {
   // kMaxRedirectRounds rounds.
   absl::Status Run(const std::vector<Item>& items, std::vector<Assembly>& assemblies,
                    absl::Time deadline, TraceRecorder* trace);
-  static constexpr int kMaxRedirectRounds = 16;
   // One round of Run: items[pending[k]] to servers[k]. The refusals
   // (PlacementMoved) with the items of each refused request.
   struct Refusal {

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
+#include "cc/client/testing/placement_moves.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/placement.h"
 #include "cc/core/tables.h"
@@ -28,32 +29,12 @@
 namespace pserver {
 namespace {
 
+using ::pserver::testing::NameMoving;
+using ::pserver::testing::PlacementSpec;
 using ::pserver::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr size_t kBlockBytes = 8;  // two floats a block
-
-v1::Placement Spec(uint64_t version, uint32_t servers, uint32_t from = 0) {
-  v1::Placement spec;
-  spec.set_version(version);
-  spec.set_kind(v1::Placement::JUMP);
-  spec.set_num_servers(servers);
-  spec.set_moving(from != 0);
-  spec.set_from_num_servers(from);
-  return spec;
-}
-
-// The first name of one block that is on `from` of 2 servers and on `to` of 3.
-std::string NameMoving(int from, int to) {
-  for (int i = 0; i < 10000; ++i) {
-    const std::string name = absl::StrCat("p", i);
-    if (Placement::Jump(2, 1).ServerOf(name, 0) == from &&
-        Placement::Jump(3, 1).ServerOf(name, 0) == to)
-      return name;
-  }
-  ADD_FAILURE() << "no name from " << from << " to " << to;
-  return "";
-}
 
 // One in-process server: its store, dispatcher and placement gate.
 struct TestServer {
@@ -118,6 +99,20 @@ class PlacementRoutingTest : public ::testing::Test {
     for (auto& server : servers_) server->gate.Set(Placement::Jump(3, version));
   }
 
+  // A client (following placement version 1 when `follows`) that
+  // initialized NameMoving(0, 2) to {0, 0}, which then moved to server 2
+  // under version 2; the moving name in *moving.
+  std::unique_ptr<Client> ClientAfterAMove(bool follows, std::string* moving) {
+    std::unique_ptr<Client> client = NewClient();
+    if (client == nullptr) return nullptr;
+    if (follows) EXPECT_OK(client->UpdatePlacement(PlacementSpec(1, 2)));
+    *moving = NameMoving(0, 2);
+    EXPECT_OK(client->InitParam(*moving, Tensor::FromValues<float>({2}, {0, 0}), sgd_));
+    EXPECT_OK(client->FinishInitParams());
+    MoveToThree({*moving}, /*version=*/2);
+    return client;
+  }
+
   // The values of `name` as the servers holding it under `placement` store them.
   std::vector<float> Stored(const std::string& name, const Placement& placement, uint32_t count,
                             size_t elements) {
@@ -145,7 +140,7 @@ TEST_F(PlacementRoutingTest, RoutesByTheFromCountWhileMovingAndGrowsForNewServer
   EXPECT_EQ(client->num_servers(), 2);
   EXPECT_EQ(client->placement().version(), 0u);
 
-  ASSERT_OK(client->UpdatePlacement(Spec(5, 3, /*from=*/2)));
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(5, 3, /*from=*/2)));
   Client::Routing routing = client->routing();
   EXPECT_TRUE(routing.moving);
   EXPECT_EQ(routing.route.num_servers(), 2);
@@ -164,12 +159,12 @@ TEST_F(PlacementRoutingTest, RoutesByTheFromCountWhileMovingAndGrowsForNewServer
                        HasSubstr("server 2 is not registered in etcd (/ps/2) yet")));
 
   // Older or equal versions are ignored; malformed ones refused, nothing changed.
-  ASSERT_OK(client->UpdatePlacement(Spec(4, 1)));
-  ASSERT_OK(client->UpdatePlacement(Spec(5, 1)));
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(4, 1)));
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(5, 1)));
   EXPECT_EQ(client->routing().target.num_servers(), 3);
-  EXPECT_THAT(client->UpdatePlacement(Spec(6, 3, /*from=*/kMaxPlacementServers + 1)),
+  EXPECT_THAT(client->UpdatePlacement(PlacementSpec(6, 3, /*from=*/kMaxPlacementServers + 1)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("moving from 4097 servers")));
-  EXPECT_THAT(client->UpdatePlacement(Spec(6, kMaxPlacementServers + 1)),
+  EXPECT_THAT(client->UpdatePlacement(PlacementSpec(6, kMaxPlacementServers + 1)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4097")));
   EXPECT_EQ(client->etcd_placement_version(), 5u);
   EXPECT_THAT(client->SetTransport(kMaxPlacementServers,
@@ -178,7 +173,7 @@ TEST_F(PlacementRoutingTest, RoutesByTheFromCountWhileMovingAndGrowsForNewServer
 
   // Done moving: 3 servers for everything.
   Join(*client);
-  ASSERT_OK(client->UpdatePlacement(Spec(6, 3)));
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(6, 3)));
   routing = client->routing();
   EXPECT_FALSE(routing.moving);
   EXPECT_EQ(client->placement().num_servers(), 3);
@@ -198,7 +193,7 @@ TEST_F(PlacementRoutingTest, RoutesByTheFromCountWhileMovingAndGrowsForNewServer
 TEST_F(PlacementRoutingTest, RefusedBlocksAreSentToTheirNewOwnersExactlyOnce) {
   std::unique_ptr<Client> client = NewClient();
   ASSERT_NE(client, nullptr);
-  ASSERT_OK(client->UpdatePlacement(Spec(1, 2)));  // as etcd would at connect
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(1, 2)));  // as etcd would at connect
   const std::string moving = NameMoving(0, 2);
   const std::string staying0 = NameMoving(0, 0);
   const std::string staying1 = NameMoving(1, 1);
@@ -230,7 +225,7 @@ TEST_F(PlacementRoutingTest, RefusedBlocksAreSentToTheirNewOwnersExactlyOnce) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   ASSERT_EQ(client->placement_waits(), 1u);
-  ASSERT_OK(client->UpdatePlacement(Spec(2, 3, /*from=*/2)));
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(2, 3, /*from=*/2)));
   ASSERT_OK(pushed.get());
   EXPECT_GT(client->redirects(), 0u);
 
@@ -246,7 +241,7 @@ TEST_F(PlacementRoutingTest, RefusedBlocksAreSentToTheirNewOwnersExactlyOnce) {
   EXPECT_EQ(client->placement_waits(), 1u);
 
   // Done moving: straight to the owners, nothing refused.
-  ASSERT_OK(client->UpdatePlacement(Spec(3, 3)));
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(3, 3)));
   const uint64_t before = client->redirects();
   ASSERT_OK(client->SendGrads(step));
   EXPECT_EQ(client->redirects(), before);
@@ -276,7 +271,7 @@ TEST_F(PlacementRoutingTest, ReadsFollowAndLearnTheLayoutFromTheNewOwner) {
   // A reader that knows nothing of the parameter, moving already.
   std::unique_ptr<Client> reader = NewClient();
   ASSERT_NE(reader, nullptr);
-  ASSERT_OK(reader->UpdatePlacement(Spec(2, 3, /*from=*/2)));
+  ASSERT_OK(reader->UpdatePlacement(PlacementSpec(2, 3, /*from=*/2)));
   Join(*reader);
   ASSERT_OK_AND_ASSIGN(Tensor w, reader->GetParam(moving));
   EXPECT_EQ(w.ToVector<float>(), (std::vector<float>{7, 8}));
@@ -285,12 +280,9 @@ TEST_F(PlacementRoutingTest, ReadsFollowAndLearnTheLayoutFromTheNewOwner) {
 }
 
 TEST_F(PlacementRoutingTest, AClientThatFollowsNoPlacementReportsTheRefusal) {
-  std::unique_ptr<Client> client = NewClient();
+  std::string moving;
+  std::unique_ptr<Client> client = ClientAfterAMove(/*follows=*/false, &moving);
   ASSERT_NE(client, nullptr);
-  const std::string moving = NameMoving(0, 2);
-  ASSERT_OK(client->InitParam(moving, Tensor::FromValues<float>({2}, {0, 0}), sgd_));
-  ASSERT_OK(client->FinishInitParams());
-  MoveToThree({moving}, /*version=*/2);
   const absl::Status refused = client->SendGrad(moving, Tensor::FromValues<float>({2}, {-1, -1}));
   EXPECT_EQ(PlacementMovedVersion(refused), std::optional<uint64_t>(2)) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("this client follows no /placement"));
@@ -298,13 +290,9 @@ TEST_F(PlacementRoutingTest, AClientThatFollowsNoPlacementReportsTheRefusal) {
 }
 
 TEST_F(PlacementRoutingTest, TheWaitForANewerPlacementEndsAtTheDeadline) {
-  std::unique_ptr<Client> client = NewClient();
+  std::string moving;
+  std::unique_ptr<Client> client = ClientAfterAMove(/*follows=*/true, &moving);
   ASSERT_NE(client, nullptr);
-  ASSERT_OK(client->UpdatePlacement(Spec(1, 2)));
-  const std::string moving = NameMoving(0, 2);
-  ASSERT_OK(client->InitParam(moving, Tensor::FromValues<float>({2}, {0, 0}), sgd_));
-  ASSERT_OK(client->FinishInitParams());
-  MoveToThree({moving}, /*version=*/2);
   CallOptions call;
   call.deadline = absl::Now() + absl::Seconds(2);
   EXPECT_THAT(client->SendGrad(moving, Tensor::FromValues<float>({2}, {-1, -1}), call),
@@ -317,15 +305,32 @@ TEST_F(PlacementRoutingTest, TheWaitForANewerPlacementEndsAtTheDeadline) {
   EXPECT_EQ(Stored(moving, Placement::Jump(3, 2, kBlockBytes), 1, 2), (std::vector<float>{0, 0}));
 }
 
-TEST_F(PlacementRoutingTest, ARefusalUnderThePlacementRoutedByIsReportedNotLooped) {
-  std::unique_ptr<Client> client = NewClient();
+TEST_F(PlacementRoutingTest, CancellingEndsTheWaitForANewerPlacement) {
+  std::string moving;
+  std::unique_ptr<Client> client = ClientAfterAMove(/*follows=*/true, &moving);
   ASSERT_NE(client, nullptr);
-  const std::string moving = NameMoving(0, 2);
-  ASSERT_OK(client->InitParam(moving, Tensor::FromValues<float>({2}, {0, 0}), sgd_));
-  ASSERT_OK(client->FinishInitParams());
-  MoveToThree({moving}, /*version=*/2);
+  Cancellation cancel;
+  CallOptions call;
+  call.cancel = &cancel;
+  std::future<absl::Status> pushed = std::async(std::launch::async, [&] {
+    return client->SendGrad(moving, Tensor::FromValues<float>({2}, {-1, -1}), call);
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int i = 0; i < 60000 && client->placement_waits() == 0 && absl::Now() < deadline; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(client->placement_waits(), 1u);
+  cancel.Cancel();
+  EXPECT_THAT(pushed.get(), StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  EXPECT_EQ(Stored(moving, Placement::Jump(3, 2, kBlockBytes), 1, 2), (std::vector<float>{0, 0}));
+}
+
+TEST_F(PlacementRoutingTest, ARefusalUnderThePlacementRoutedByIsReportedNotLooped) {
+  std::string moving;
+  std::unique_ptr<Client> client = ClientAfterAMove(/*follows=*/false, &moving);
+  ASSERT_NE(client, nullptr);
   Join(*client);
-  ASSERT_OK(client->UpdatePlacement(Spec(2, 3)));
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(2, 3)));
   // Server 2 disagrees: it thinks version 2 is for 2 servers.
   servers_[2]->gate.Set(Placement::Jump(2, 2));
   const absl::Status refused = client->SendGrad(moving, Tensor::FromValues<float>({2}, {-1, -1}));
@@ -333,6 +338,57 @@ TEST_F(PlacementRoutingTest, ARefusalUnderThePlacementRoutedByIsReportedNotLoope
   EXPECT_THAT(refused.message(),
               HasSubstr("not followed: this client routes by version 2 and sent these blocks 2 "
                         "times"));
+}
+
+// A server whose placement is always one version ahead: it refuses every
+// push with PlacementMoved naming the version after the client's, which it
+// first tells the client (as etcd would), so each redirect is followable.
+class AlwaysMovedTransport final : public Transport {
+ public:
+  const std::string& address() const override { return address_; }
+  void Call(absl::string_view, const google::protobuf::Message&, google::protobuf::Message*,
+            absl::Time, Done done) override {
+    done(absl::UnimplementedError("no control calls"));
+  }
+  void Push(const RequestId&, absl::Span<const GradientView>, absl::Time, Done done,
+            TraceRecorder*) override {
+    const uint64_t next = client->etcd_placement_version() + 1;
+    ASSERT_OK(client->UpdatePlacement(PlacementSpec(next, 1)));
+    ++pushes;
+    done(PlacementMoved(next, "parameter 'w' block 0 of 1", 0, 0));
+  }
+  void Pull(absl::Span<const v1::ParamRef>, BlockSink, absl::Time, Done done,
+            TraceRecorder*) override {
+    done(absl::UnimplementedError("no pulls"));
+  }
+  void PushPull(const RequestId&, absl::Span<const GradientView>, absl::Span<const v1::ParamRef>,
+                BlockSink, absl::Time, Done done, TraceRecorder*) override {
+    done(absl::UnimplementedError("no push-pulls"));
+  }
+
+  Client* client = nullptr;
+  int pushes = 0;
+
+ private:
+  const std::string address_ = "always-moved";
+};
+
+TEST(PlacementRedirectRoundsTest, RedirectsAreFollowedAtMostSixteenTimesACall) {
+  auto owned = std::make_unique<AlwaysMovedTransport>();
+  AlwaysMovedTransport* transport = owned.get();
+  std::vector<std::unique_ptr<Transport>> transports;
+  transports.push_back(std::move(owned));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client,
+                       Client::Create(ClientOptions(), std::move(transports)));
+  transport->client = client.get();
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(1, 1)));
+  const absl::Status refused = client->SendGrad("w", Tensor::FromValues<float>({1}, {1}));
+  EXPECT_EQ(transport->pushes, Client::kMaxRedirectRounds);
+  EXPECT_EQ(PlacementMovedVersion(refused),
+            std::optional<uint64_t>(Client::kMaxRedirectRounds + 1))
+      << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("sent these blocks 16 times"));
+  EXPECT_EQ(client->redirects(), static_cast<uint64_t>(Client::kMaxRedirectRounds - 1));
 }
 
 }  // namespace
