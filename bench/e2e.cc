@@ -514,6 +514,7 @@ absl::Status Sparse(Harness& h) {
     } else {
       PS_ASSIGN_OR_RETURN(std::shared_ptr<ServerProcesses> procs, StartServers(servers));
       PS_ASSIGN_OR_RETURN(cluster.clients, MakeClients(workers, procs->addresses, {}));
+      for (const auto& child : procs->children) cluster.server_pids.push_back(child->pid());
       cluster.servers = std::move(procs);
     }
     return cluster;

@@ -167,6 +167,13 @@ absl::Status MeasureCeiling(Harness& h, uint32_t dim, SparseCeiling& ceiling,
   return absl::OkStatus();
 }
 
+// CPU seconds the processes `pids` used so far, together.
+double ServersCpuSeconds(const std::vector<pid_t>& pids) {
+  double seconds = 0;
+  for (pid_t pid : pids) seconds += ProcessCpuSeconds(pid);
+  return seconds;
+}
+
 double Median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
@@ -179,7 +186,8 @@ double Median(std::vector<double> values) {
 // repetition first times the ceiling on worker 0's keys, so that the ratio
 // (the median of the repetitions' ratios) compares moments of equal load.
 absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& prefix,
-                       std::vector<std::unique_ptr<Client>>& clients, int servers,
+                       std::vector<std::unique_ptr<Client>>& clients,
+                       const std::vector<pid_t>& server_pids, int servers,
                        const std::vector<uint32_t>& dims, const std::vector<int>& batches,
                        const Ceilings& ceilings) {
   const int workers = static_cast<int>(clients.size());
@@ -216,14 +224,22 @@ absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& pref
         r.set_servers(servers);
         r.set_workers(workers);
         std::vector<double> ratios;
+        double client_cpu = 0, server_cpu = 0, moved = 0;
         PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
           const double ceiling_rate = ceiling.Rate(kind == "push", keys[0], SparseOpsFor(h, batch));
+          const double client_before = SelfCpuSeconds();
+          const double server_before = ServersCpuSeconds(server_pids);
           PS_ASSIGN_OR_RETURN(double seconds, env.run_workers(workers, ops, op));
+          client_cpu += SelfCpuSeconds() - client_before;
+          server_cpu += ServersCpuSeconds(server_pids) - server_before;
+          moved += static_cast<double>(batch) * workers * ops;
           const double rate = static_cast<double>(batch) * workers * ops / seconds;
           ratios.push_back(rate / ceiling_rate);
           return rate;
         }));
         DescribeSparse(r, dim, batch);
+        (*r.mutable_extra())["client_cpu_ns_per_key"] = client_cpu / moved * 1e9;
+        (*r.mutable_extra())["server_cpu_ns_per_key"] = server_cpu / moved * 1e9;
         // Without the warm-up repetitions.
         ratios.erase(ratios.begin(),
                      ratios.begin() + std::min<size_t>(ratios.size(), h.options().warmup));
@@ -263,8 +279,8 @@ absl::Status SparseGroup(Harness& h, const SparseEnv& env) {
     for (const auto& [servers, workers] : configs) {
       if (embedded && h.quick() && servers > 1) continue;
       PS_ASSIGN_OR_RETURN(SparseCluster cluster, env.start(servers, workers, embedded));
-      PS_RETURN_IF_ERROR(SparseOps(h, env, embedded ? "embedded_" : "", cluster.clients, servers,
-                                   dims, batches, ceilings));
+      PS_RETURN_IF_ERROR(SparseOps(h, env, embedded ? "embedded_" : "", cluster.clients,
+                                   cluster.server_pids, servers, dims, batches, ceilings));
     }
   }
   h.PrintGroup("sparse");

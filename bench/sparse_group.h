@@ -8,6 +8,8 @@
 #ifndef PSERVER_BENCH_SPARSE_GROUP_H_
 #define PSERVER_BENCH_SPARSE_GROUP_H_
 
+#include <sys/types.h>
+
 #include <functional>
 #include <memory>
 #include <vector>
@@ -24,6 +26,9 @@ namespace pserver::bench {
 struct SparseCluster {
   std::shared_ptr<void> servers;
   std::vector<std::unique_ptr<Client>> clients;
+  // The server processes, whose CPU time is counted per key (none in-process:
+  // then this process's CPU time holds the servers' too).
+  std::vector<pid_t> server_pids;
 };
 
 struct SparseEnv {
@@ -38,7 +43,10 @@ struct SparseEnv {
 
 // Results (group "sparse", unit keys/s): ceiling_pull, ceiling_push, then
 // pull, push (gRPC) and embedded_pull, embedded_push, each compared with the
-// ceiling of its op, dim and batch.
+// ceiling of its op, dim and batch, with extra["client_cpu_ns_per_key"] (this
+// process, every thread) and extra["server_cpu_ns_per_key"] (the server
+// processes): CPU time per key moved, which a loaded machine changes far
+// less than keys/s.
 absl::Status SparseGroup(Harness& h, const SparseEnv& env);
 
 }  // namespace pserver::bench

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cc/core/compression.h"
+#include "cc/core/huge_page_memory.h"
 #include "cc/core/status_macros.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -27,8 +28,9 @@ constexpr size_t kShards = 32;  // a power of two: the top 5 bits of a hash pick
 constexpr size_t kMaxPending = size_t{1} << 20;
 // How many keys ahead a batch prefetches the index entry and the row of.
 constexpr size_t kLookAhead = 8;
-// How many keys ahead a lookup prefetches the slot of a key's hash.
-constexpr size_t kFindAhead = 16;
+// How many keys ahead a lookup prefetches the slot of a key's hash (32: a
+// 1024-key call gives a shard about 32 keys, all fetched at once).
+constexpr size_t kFindAhead = 32;
 // Salts the shard hash so that it is independent of the hash that spreads
 // keys over servers (which would otherwise send one server's keys to a few
 // shards).
@@ -117,7 +119,8 @@ bool FirstOccurrences(absl::Span<const uint64_t> keys, std::vector<uint32_t>& fi
 struct alignas(64) SparseTable::Shard {
   absl::Mutex mu;
   std::vector<uint8_t> ctrl ABSL_GUARDED_BY(mu);  // per slot: kEmpty, kDeleted or a hash tag
-  std::unique_ptr<char[]> slots ABSL_GUARDED_BY(mu);  // ctrl.size() slots
+  // ctrl.size() slots, in huge pages when large (found at random: fewer TLB misses)
+  HugePageArray slots ABSL_GUARDED_BY(mu);
   std::vector<RowMeta> meta ABSL_GUARDED_BY(mu);      // per slot
   size_t used ABSL_GUARDED_BY(mu) = 0;     // full slots
   size_t deleted ABSL_GUARDED_BY(mu) = 0;  // kDeleted slots
@@ -268,7 +271,7 @@ uint32_t Place(const std::vector<uint8_t>& ctrl, uint64_t key, uint8_t* tag) {
 
 void SparseTable::Rehash(Shard& shard, size_t size) {
   std::vector<uint8_t> ctrl(size, kEmpty);
-  std::unique_ptr<char[]> slots(new char[size * slot_bytes_]);
+  HugePageArray slots = AllocateHugePageArray(size * slot_bytes_);
   std::vector<RowMeta> meta(size);
   std::vector<uint32_t> moved(shard.ctrl.size(), kNil);  // old slot -> new slot
   for (size_t old = 0; old < shard.ctrl.size(); ++old) {

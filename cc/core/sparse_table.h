@@ -43,7 +43,9 @@
 // own mutex and open-addressing table of fixed-size slots holding the key
 // and its row inline (the key, the row's values, its optimizer state and its
 // step count, contiguous), so that a lookup reads one control byte and the
-// row's own cache line. A table with a capacity uses a single
+// row's own cache line. A shard's slots of 2 MiB or more lie in transparent
+// huge pages (cc/core/huge_page_memory.h: rounded up to whole 2 MiB pages,
+// under 2 MiB more per shard), so that lookups at random seldom miss the TLB. A table with a capacity uses a single
 // shard, so that LRU order and the capacity bound are exact for the whole
 // table (its calls therefore run one at a time). Each row is read and updated
 // atomically; a Pull or Push over many rows locks one shard at a time and is

@@ -1,5 +1,6 @@
 #include "cc/core/sparse_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -151,6 +152,37 @@ TEST(SparseTableTest, BadConfigsNameTheField) {
 }
 
 // ---- initializers ------------------------------------------------------------
+
+// Rows of 128 KiB: the one shard of a table with a capacity holds 16 slots
+// (2 MiB and more) from the start, so its slots lie in huge-page arrays
+// (cc/core/huge_page_memory.h) through every growth and a checkpoint.
+TEST(SparseTableTest, LargeRowsKeepTheirValuesThroughGrowthAndCheckpoints) {
+  constexpr uint32_t kDim = 32768;
+  auto table = MakeTable("dim: 32768 optimizer { add {} } eviction { capacity: 1000 }");
+  ASSERT_NE(table, nullptr);
+  auto row_of = [](uint64_t key) {
+    std::vector<float> row(kDim);
+    for (uint32_t c = 0; c < kDim; ++c) row[c] = static_cast<float>(key + 1 + c % 7);
+    return row;
+  };
+  std::vector<uint64_t> keys;
+  for (uint64_t key = 0; key < 40; ++key) {  // grows 16 -> 32 -> 64 slots
+    keys.push_back(key * 1000003);
+    ASSERT_OK(Push(*table, {keys.back()}, row_of(keys.back())));
+  }
+  auto check = [&](SparseTable& t) {
+    const std::vector<float> rows = Pull(t, keys);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const std::vector<float> want = row_of(keys[i]);
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), rows.begin() + i * kDim)) << keys[i];
+    }
+  };
+  check(*table);
+  absl::StatusOr<std::unique_ptr<SparseTable>> restored =
+      SparseTable::Deserialize(table->Serialize());
+  ASSERT_OK(restored.status());
+  check(**restored);
+}
 
 TEST(SparseTableTest, ZerosIsTheDefaultInitializer) {
   auto table = MakeTable("dim: 4");

@@ -1,0 +1,101 @@
+// SparseTable::Pull and Push alone, in this process (no client, no
+// transport): CPU nanoseconds per key at the sparse group's shapes (1M rows,
+// keys uniform, 8 batches cycled), to tell a table's own cost from the
+// transport's in a server profile.
+//
+//   bazel run -c opt //bench:table_bench -- --dims=8,64 --batches=1024,16384
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/string_view.h"
+#include "cc/core/sparse_table.h"
+
+ABSL_FLAG(std::vector<std::string>, dims, std::vector<std::string>({"8", "64"}), "Table dims.");
+ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1024", "16384"}),
+          "Keys per call.");
+ABSL_FLAG(int, keys_per_run, 4 << 20, "Keys pulled (and pushed) per shape.");
+
+namespace {
+
+constexpr uint64_t kRows = uint64_t{1} << 20;
+
+double CpuSeconds() {
+  rusage usage;
+  getrusage(RUSAGE_THREAD, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+int Run(uint32_t dim, int batch) {
+  pserver::v1::TableConfig config;
+  config.set_dim(dim);
+  config.mutable_initializer()->mutable_uniform()->set_low(-0.01);
+  config.mutable_initializer()->mutable_uniform()->set_high(0.01);
+  config.mutable_optimizer()->mutable_sgd()->set_learning_rate(1e-6);
+  auto table = pserver::SparseTable::Create("bench", config);
+  if (!table.ok()) {
+    std::fprintf(stderr, "%s\n", table.status().ToString().c_str());
+    return 1;
+  }
+  const size_t row = (*table)->row_bytes();
+  {  // every row exists, as in the sparse group
+    std::vector<uint64_t> keys(65536);
+    const std::string zeros(keys.size() * row, '\0');
+    for (uint64_t start = 0; start < kRows; start += keys.size()) {
+      std::iota(keys.begin(), keys.end(), start);
+      if (!(*table)->Push(keys, zeros).ok()) return 1;
+    }
+  }
+  std::mt19937_64 rng(dim + batch);
+  std::vector<std::vector<uint64_t>> batches(8, std::vector<uint64_t>(batch));
+  for (auto& b : batches) {
+    for (uint64_t& k : b) k = rng() % kRows;
+  }
+  std::vector<char> out(static_cast<size_t>(batch) * row);
+  std::vector<float> grads(static_cast<size_t>(batch) * dim, 1e-3f);
+  const absl::string_view grad_bytes(reinterpret_cast<const char*>(grads.data()),
+                                    grads.size() * sizeof(float));
+  const int calls = std::max(8, absl::GetFlag(FLAGS_keys_per_run) / batch);
+  for (bool push : {false, true}) {
+    const double begin = CpuSeconds();
+    for (int i = 0; i < calls; ++i) {
+      const std::vector<uint64_t>& keys = batches[i % batches.size()];
+      const absl::Status status = push ? (*table)->Push(keys, grad_bytes)
+                                       : (*table)->Pull(keys, absl::MakeSpan(out));
+      if (!status.ok()) {
+        std::fprintf(stderr, "%s\n", status.ToString().c_str());
+        return 1;
+      }
+    }
+    const double ns = (CpuSeconds() - begin) / (static_cast<double>(calls) * batch) * 1e9;
+    std::printf("%s dim %u batch %d: %.1f CPU ns per key\n", push ? "push" : "pull", dim, batch,
+                ns);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  for (const std::string& d : absl::GetFlag(FLAGS_dims)) {
+    for (const std::string& b : absl::GetFlag(FLAGS_batches)) {
+      uint32_t dim;
+      int batch;
+      if (!absl::SimpleAtoi(d, &dim) || !absl::SimpleAtoi(b, &batch) || batch <= 0) {
+        std::fprintf(stderr, "bad --dims or --batches: %s, %s\n", d.c_str(), b.c_str());
+        return 2;
+      }
+      if (const int failed = Run(dim, batch); failed != 0) return failed;
+    }
+  }
+  return 0;
+}
