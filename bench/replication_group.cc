@@ -71,8 +71,12 @@ class Cluster {
     const absl::Time deadline = absl::Now() + kWait;
     while (Replicas(shard) != 1) {
       if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("no standby attached to shard ", shard, ": ", child->output()));
+        // Stopped to read what it said (the run fails anyway).
+        kill(child->pid(), SIGKILL);
+        child->WaitForExit(absl::Now() + kWait).IgnoreError();
+        return absl::DeadlineExceededError(absl::StrCat(
+            "no standby attached to shard ", shard, " (/shards/", shard, " lists ", Replicas(shard),
+            " backups) within ", absl::FormatDuration(kWait), "; its output:\n", child->output()));
       }
       absl::SleepFor(absl::Milliseconds(10));
     }

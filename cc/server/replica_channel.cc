@@ -8,6 +8,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "cc/auth/authorizer.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/frame.h"
 #include "cc/rpc/grpc_status.h"
@@ -154,6 +155,9 @@ absl::StatusOr<std::shared_ptr<ReplicaChannel::Connection>> ReplicaChannel::Open
     absl::Time deadline) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
+  if (!options_.bearer_token.empty()) {
+    context.AddMetadata(kAuthorizationMetadataKey, absl::StrCat(kBearerPrefix, options_.bearer_token));
+  }
   v1::OpenChannelResponse offer;
   PS_RETURN_IF_ERROR(
       FromGrpcStatus(stub_->OpenChannel(&context, v1::OpenChannelRequest(), &offer)));
@@ -242,6 +246,9 @@ absl::Status ReplicaChannel::SendOverGrpc(const BackupLog::Write& write, absl::T
   request.set_request(write.request);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
+  if (!options_.bearer_token.empty()) {
+    context.AddMetadata(kAuthorizationMetadataKey, absl::StrCat(kBearerPrefix, options_.bearer_token));
+  }
   v1::ReplicateResponse response;
   absl::Status status = FromGrpcStatus(stub_->Replicate(&context, request, &response));
   over_grpc_.fetch_add(1);

@@ -91,6 +91,9 @@ struct ReplicaChannelOptions {
   absl::Duration io_timeout = absl::Seconds(10);
   // false: gRPC Replicate only (the channel is never opened).
   bool enabled = true;
+  // A bearer token sent with every gRPC call (OpenChannel, Replicate) as
+  // "authorization: Bearer <token>": the primary's --peer_token_file. "": none.
+  std::string bearer_token;
 };
 
 class ReplicaChannel {

@@ -486,6 +486,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     // nor its peer token: on a secured cluster writes go over gRPC
     // Replicate, which carries both (docs/replication.md).
     replication.channel.enabled = !server->peer_.tls.enabled() && server->peer_.token.empty();
+    replication.channel.bearer_token = server->peer_.token;
     replication.step_down = [raw](const std::string& why) { raw->StepDown(why); };
     replication.log = [raw](const std::string& line) { raw->Log(line); };
     server->primary_replication_ = std::make_unique<PrimaryReplication>(

@@ -119,6 +119,9 @@ class StandbyJoinTest : public ::testing::Test {
     options.dispatcher = &dispatcher_;
     options.max_joining_bytes = max_joining_bytes;
     options.join_timeout = kWait;
+    // The test's backup is a plain gRPC service: writes go as Replicate
+    // calls (the bulk channel is replica_channel_test's).
+    options.channel.enabled = false;
     options.log = [this](const std::string& line) {
       absl::MutexLock lock(&log_mu_);
       log_.push_back(line);
