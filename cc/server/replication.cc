@@ -368,67 +368,76 @@ void PrimaryReplication::CatchUp(std::shared_ptr<Joiner> joiner) {
   uint64_t next = joiner->from_lsn + 1;
   uint64_t sent = 0;
   std::string why;
-  for (;;) {
-    if (stopping_.load()) return;
-    std::shared_ptr<const BackupLog::Write> request;
-    {
-      absl::MutexLock lock(&joiner->mu);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(joiner->mu) {
-        return !joiner->failed.empty() || joiner->queue.count(next) > 0 || stopping_.load();
-      };
-      // At most 20 ms at a time: an empty queue may mean caught up.
-      joiner->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
-      if (stopping_.load()) return;
-      if (!joiner->failed.empty()) {
-        why = joiner->failed;
-        break;
-      }
-      auto it = joiner->queue.find(next);
-      if (it != joiner->queue.end()) {
-        request = std::move(it->second);
-        joiner->queued_bytes -= request->request.size() + request->method.size();
-        joiner->queue.erase(it);
-      }
+  // The write numbered `lsn`, out of the queue (null: not queued), and the
+  // reason the joiner was let go ("": it was not).
+  auto take = [&](uint64_t lsn) -> std::shared_ptr<const BackupLog::Write> {
+    absl::MutexLock lock(&joiner->mu);
+    if (!joiner->failed.empty()) {
+      why = joiner->failed;
+      return nullptr;
     }
-    if (request != nullptr) {
-      // The first write waits for the standby to load its copy.
-      const absl::Time deadline =
-          absl::Now() + (sent == 0 ? options_.join_timeout : options_.replicate_timeout);
-      absl::Status delivered = Deliver(joiner->backup, *request, deadline);
-      if (!delivered.ok()) {
-        why = absl::StrCat("write ", next, " was not delivered: ", delivered.ToString());
-        break;
-      }
+    auto it = joiner->queue.find(lsn);
+    if (it == joiner->queue.end()) return nullptr;
+    std::shared_ptr<const BackupLog::Write> write = std::move(it->second);
+    joiner->queued_bytes -= write->request.size() + write->method.size();
+    joiner->queue.erase(it);
+    return write;
+  };
+  // 1. Writes go on while the standby loads its copy: the first write made
+  //    since (if any yet) is delivered once it has (join_timeout).
+  {
+    absl::MutexLock lock(&joiner->mu);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(joiner->mu) {
+      return !joiner->failed.empty() || joiner->queue.count(next) > 0 || stopping_.load();
+    };
+    joiner->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
+  }
+  if (stopping_.load()) return;
+  if (std::shared_ptr<const BackupLog::Write> first = take(next); first != nullptr) {
+    absl::Status delivered = Deliver(joiner->backup, *first, absl::Now() + options_.join_timeout);
+    if (delivered.ok()) {
       ++next;
       ++sent;
-      continue;
+    } else {
+      why = absl::StrCat("write ", next, " was not delivered: ", delivered.ToString());
     }
-    // Nothing queued at `next`: with writes held, is every write numbered
-    // delivered? Then list it, in that one hold.
-    absl::MutexLock lock(&mu_);
-    const uint64_t last = log_ != nullptr ? log_->last_lsn() : last_lsn_;
-    if (last != next - 1) continue;  // more were numbered: send them first
-    if (absl::Status listed = List(joiner); !listed.ok()) {
-      why = std::string(listed.message());
-      RemoveJoiner(joiner);
+  }
+  // 2. Writes held (they cannot outrun it): the rest of the queue, then it
+  //    is listed and every later write waits for it.
+  absl::MutexLock lock(&mu_);
+  if (stopping_.load()) return;
+  const uint64_t last = log_ != nullptr ? log_->last_lsn() : last_lsn_;
+  while (why.empty() && next <= last) {
+    std::shared_ptr<const BackupLog::Write> write = take(next);
+    if (write == nullptr) {
+      if (why.empty()) why = absl::StrCat("write ", next, " is not in its queue");
+      break;
+    }
+    absl::Status delivered =
+        Deliver(joiner->backup, *write, absl::Now() + options_.replicate_timeout);
+    if (!delivered.ok()) {
+      why = absl::StrCat("write ", next, " was not delivered: ", delivered.ToString());
+      break;
+    }
+    ++next;
+    ++sent;
+  }
+  if (why.empty()) {
+    if (absl::Status listed = List(joiner); listed.ok()) {
+      joined_.fetch_add(1, std::memory_order_relaxed);
+      caught_up_writes_.fetch_add(sent, std::memory_order_relaxed);
       if (options_.log) {
-        options_.log(absl::StrCat("standby ", joiner->backup.id, " of shard ", options_.shard,
-                                  " caught up but was not listed: ", why));
+        options_.log(absl::StrCat("standby ", backups_.back().id, " at ", backups_.back().address,
+                                  " caught up on ", sent, " writes made during its copy and is "
+                                  "listed as backup ", backups_.size(), " of shard ",
+                                  options_.shard, " at LSN ", last, ": epoch ",
+                                  options_.config->epoch(), ", term ", term_));
       }
       return;
+    } else {
+      why = absl::StrCat("it caught up but was not listed: ", listed.message());
     }
-    joined_.fetch_add(1, std::memory_order_relaxed);
-    caught_up_writes_.fetch_add(sent, std::memory_order_relaxed);
-    if (options_.log) {
-      options_.log(absl::StrCat("standby ", backups_.back().id, " at ", backups_.back().address,
-                                " caught up on ", sent, " writes made during its copy and is "
-                                "listed as backup ", backups_.size(), " of shard ",
-                                options_.shard, " at LSN ", last, ": epoch ",
-                                options_.config->epoch(), ", term ", term_));
-    }
-    return;
   }
-  absl::MutexLock lock(&mu_);
   RemoveJoiner(joiner);
   if (options_.log) {
     options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address,

@@ -128,11 +128,11 @@ class PrimaryReplication : public WriteShipper {
   // A standby asking for a copy (the AttachStandby RPC). Writes are held
   // only while the shard's state is copied in memory (Dispatcher::Snapshot);
   // the copy is then encoded and answered while writes go on, and the
-  // standby *joins*: the writes numbered after its copy are queued for it
-  // and sent by a thread of its own, without the clients waiting for it;
-  // once it holds every write numbered, it is added to /shards/<i>.replicas
-  // (epoch + 1, writes held for that transaction) and is a backup like the
-  // others. One that does not catch up (its queue past
+  // standby *joins*: the writes numbered after its copy are queued for it,
+  // without the clients waiting for it, while it loads the copy (a thread of
+  // its own delivers the first once it has); then, with writes held, the
+  // rest of the queue is delivered and it is added to /shards/<i>.replicas
+  // (epoch + 1) and is a backup like the others. One that does not catch up (its queue past
   // max_joining_bytes, a write not delivered in time) is let go, unlisted.
   // FAILED_PRECONDITION when the shard has max_standbys backups and joining
   // standbys already.
@@ -177,7 +177,8 @@ class PrimaryReplication : public WriteShipper {
   // Queues `write` for a joining standby (never fails the write).
   absl::Status Enqueue(Joiner& joiner, const BackupLog::Write& write)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // A joiner's thread: sends its queue in LSN order, then lists it.
+  // A joiner's thread: the first queued write once the standby loaded its
+  // copy, then (writes held) the rest in LSN order, then it is listed.
   void CatchUp(std::shared_ptr<Joiner> joiner);
   // Adds a caught-up joiner to /shards/<i>.replicas and to backups_.
   absl::Status List(const std::shared_ptr<Joiner>& joiner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
