@@ -335,6 +335,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             "live moves do not work with replication yet (--accept_standbys): the blocks "
             "received would not reach the backups; docs/elastic.md");
       }
+      if (!raw->options_.checkpoint_dir.empty()) {
+        return absl::FailedPreconditionError(
+            "live moves do not work with --checkpoint_dir yet: this server's checkpoints would "
+            "keep the blocks it handed over and miss the ones it received; docs/elastic.md");
+      }
       return raw->block_mover_.get();
     };
     hooks.move_blocks = [mover](const v1::MoveBlocksRequest& request,
