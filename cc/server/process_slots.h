@@ -52,10 +52,15 @@ class ProcessSlots {
   // Whether a slot other than `self` copied shard `shard`.
   bool AnotherAttachedTo(uint32_t shard, absl::string_view self) const {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, attached] : attached_) {
-      if (attached == shard && id != self) return true;
-    }
-    return false;
+    return AnotherAttachedToLocked(shard, self);
+  }
+  // Whether shard `shard` (its /shards/<shard> naming `holder` and
+  // `replicas`) is this process's already: held, backed up or being copied
+  // by a slot other than `self`. A standby slot attaches to no such shard.
+  bool Ours(uint32_t shard, absl::string_view holder,
+            const google::protobuf::RepeatedPtrField<std::string>& replicas,
+            absl::string_view self) const {
+    return HoldsAnyOf(holder, replicas, self) || AnotherAttachedTo(shard, self);
   }
   // Whether `holder` or one of `replicas` is a slot of this process other
   // than `self`.
@@ -78,7 +83,14 @@ class ProcessSlots {
  private:
   mutable absl::Mutex mu_;
   std::set<std::string> instances_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint32_t> attached_ ABSL_GUARDED_BY(mu_);  // slot -> shard it copied
+  std::map<std::string, uint32_t> attached_ ABSL_GUARDED_BY(mu_);
+  bool AnotherAttachedToLocked(uint32_t shard, absl::string_view self) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, attached] : attached_) {
+      if (attached == shard && id != self) return true;
+    }
+    return false;
+  }  // slot -> shard it copied
   absl::Mutex attach_mu_;
 };
 

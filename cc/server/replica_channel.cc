@@ -151,13 +151,18 @@ void ReplicaChannel::Break(Connection* connection, const std::string& why) {
   connection_ = nullptr;
 }
 
+void ReplicaChannel::PrepareCall(absl::Time deadline, grpc::ClientContext* context) const {
+  context->set_deadline(absl::ToChronoTime(deadline));
+  if (!options_.bearer_token.empty()) {
+    context->AddMetadata(kAuthorizationMetadataKey,
+                         absl::StrCat(kBearerPrefix, options_.bearer_token));
+  }
+}
+
 absl::StatusOr<std::shared_ptr<ReplicaChannel::Connection>> ReplicaChannel::Open(
     absl::Time deadline) {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  if (!options_.bearer_token.empty()) {
-    context.AddMetadata(kAuthorizationMetadataKey, absl::StrCat(kBearerPrefix, options_.bearer_token));
-  }
+  PrepareCall(deadline, &context);
   v1::OpenChannelResponse offer;
   PS_RETURN_IF_ERROR(
       FromGrpcStatus(stub_->OpenChannel(&context, v1::OpenChannelRequest(), &offer)));
@@ -245,10 +250,7 @@ absl::Status ReplicaChannel::SendOverGrpc(const BackupLog::Write& write, absl::T
   request.set_method(write.method);
   request.set_request(write.request);
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  if (!options_.bearer_token.empty()) {
-    context.AddMetadata(kAuthorizationMetadataKey, absl::StrCat(kBearerPrefix, options_.bearer_token));
-  }
+  PrepareCall(deadline, &context);
   v1::ReplicateResponse response;
   absl::Status status = FromGrpcStatus(stub_->Replicate(&context, request, &response));
   over_grpc_.fetch_add(1);

@@ -138,6 +138,8 @@ class ReplicaChannel {
   // connection.
   void Break(Connection* connection, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SendOverGrpc(const BackupLog::Write& write, absl::Time deadline);
+  // A gRPC call's deadline and, when set, the bearer token.
+  void PrepareCall(absl::Time deadline, grpc::ClientContext* context) const;
   // Joins the reader threads of broken connections (without mu_ held).
   void JoinRetired();
   // Whether LSN `lsn` may be handed over now: no lower LSN waits to be

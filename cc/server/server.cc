@@ -714,8 +714,7 @@ absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry
       absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(i, shard->value);
       if (!config.ok() || config->replicas_size() >= kMaxShardReplicas) continue;
       if (options_.process_slots != nullptr &&
-          (options_.process_slots->HoldsAnyOf(config->holder(), config->replicas(), instance_id_) ||
-           options_.process_slots->AnotherAttachedTo(i, instance_id_))) {
+          options_.process_slots->Ours(i, config->holder(), config->replicas(), instance_id_)) {
         continue;
       }
       primaries[i] = primary->value;
