@@ -12,6 +12,7 @@
 #include <future>
 #include <map>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -33,8 +34,10 @@
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/move_coordinator.h"
+#include "cc/server/peer_channel.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
+#include "cc/testing/test_certs.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -159,6 +162,7 @@ class LiveMoveTest : public ::testing::Test {
     auto departed = std::make_shared<absl::Notification>();
     departures_.push_back(departed);
     options.on_departed = [departed] { departed->Notify(); };
+    secure_server_(&options);
     return options;
   }
 
@@ -186,6 +190,7 @@ class LiveMoveTest : public ::testing::Test {
     options.block_bytes = kBlockBytes;
     options.discovery_timeout = absl::Seconds(60);
     options.timeout = absl::Seconds(60);
+    secure_client_(&options);
     return Client::Connect(options);
   }
 
@@ -196,6 +201,7 @@ class LiveMoveTest : public ::testing::Test {
     options.to = to;
     options.timeout = absl::Minutes(3);
     options.progress = [](const std::string& line) { std::printf("scale: %s\n", line.c_str()); };
+    secure_scale_(&options);
     return options;
   }
 
@@ -242,12 +248,72 @@ class LiveMoveTest : public ::testing::Test {
     }
   }
 
+  // Inits the model (SGD, learning rate 1) with `client`.
+  static void InitModel(Client& client) {
+    v1::ParameterConfig sgd;
+    sgd.mutable_optimizer()->mutable_sgd();
+    sgd.mutable_learning_rate()->set_learning_rate(1.0);
+    for (int p = 0; p < kParams; ++p) {
+      ASSERT_OK(client.InitParam(Name(p), Tensor::FromValues<float>({Size(p)}, Expected(p, 0)),
+                                 sgd));
+    }
+    ASSERT_OK(client.FinishInitParams());
+  }
+
+  // On a secured cluster: a coordinator presenting a trainer's credentials
+  // (`as_trainer`) is refused PERMISSION_DENIED naming the method, with
+  // /placement left as it was; the admin's moves 2 -> 3 servers while a
+  // trainer pushes, and every value is exact for the trainer's client and
+  // for a new one.
+  void MoveOnSecuredCluster(const std::function<void(ScaleOptions*)>& as_trainer) {
+    StartServers(2, 2);
+    ASSERT_EQ(servers_.size(), 2u);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Connect());
+    InitModel(*client);
+    ASSERT_FALSE(HasFatalFailure());
+    auto trainer = std::make_unique<Trainer>(*client, 0);
+    ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
+
+    ASSERT_OK_AND_ASSIGN(KeyValue before, etcd_client_->Get(etcd_keys::PlacementKey()));
+    ScaleOptions refused = Scale(3);
+    as_trainer(&refused);
+    EXPECT_THAT(ScaleCluster(refused),
+                StatusIs(absl::StatusCode::kPermissionDenied,
+                         AllOf(HasSubstr("trainer"), HasSubstr("MoveBlocks"),
+                               HasSubstr("nothing was changed"))));
+    ASSERT_OK_AND_ASSIGN(KeyValue after, etcd_client_->Get(etcd_keys::PlacementKey()));
+    EXPECT_EQ(after.value, before.value);
+    EXPECT_EQ(after.mod_revision, before.mod_revision);
+
+    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(3, *client, trainer));
+    EXPECT_TRUE(result.moved);
+    EXPECT_EQ(result.from, 2u);
+    EXPECT_GT(result.blocks_moved, 0u);
+    const int steps = trainer->steps();
+    ExpectModel(*client, steps);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> fresh, Connect());
+    ASSERT_EQ(fresh->num_servers(), 3);
+    ExpectModel(*fresh, steps);
+  }
+
+  static std::string WriteTestFile(const std::string& name, const std::string& content) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+    std::ofstream(path) << content;
+    return path;
+  }
+
   static uint64_t ModelBytes() {
     uint64_t bytes = 2 * 4 * 4;  // the two probes
     for (int p = 0; p < kParams; ++p) bytes += 4 * Size(p);
     return bytes;
   }
 
+  // A secured cluster (docs/security.md): what the servers, the clients
+  // and the coordinator present; set before the servers start.
+  std::function<void(ServerOptions*)> secure_server_ = [](ServerOptions*) {};
+  std::function<void(ClientOptions*)> secure_client_ = [](ClientOptions*) {};
+  std::function<void(ScaleOptions*)> secure_scale_ = [](ScaleOptions*) {};
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
   std::vector<std::shared_ptr<absl::Notification>> departures_;
@@ -425,6 +491,78 @@ TEST_F(LiveMoveTest, ServersWithReplicationOrCheckpointsRefuseMoves) {
     EXPECT_THAT(FromGrpcStatus(stub->MoveBlocks(&context, request, &response)),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(refusal)));
   }
+}
+
+// Mutual TLS with roles from certificates (cn:<role>.<job>): the servers
+// hand blocks to each other presenting their own certificate (an admin's),
+// the coordinator presents an admin's; a trainer's certificate may train
+// but not move (MoveBlocks, ReceiveBlocks: PERMISSION_DENIED naming them).
+TEST_F(LiveMoveTest, MovesOnAClusterWithMutualTlsAndCertificateRoles) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<TestCerts> certs, TestCerts::Create());
+  ASSERT_OK_AND_ASSIGN(TestCa * ca, certs->AddCa("ca"));
+  CertRequest server_request;
+  server_request.common_name = "admin.job-a";
+  server_request.ip_addresses = {"127.0.0.1"};
+  ASSERT_OK_AND_ASSIGN(CertFiles server, ca->Issue("server", server_request));
+  CertRequest trainer_request;
+  trainer_request.common_name = "trainer.job-a";
+  ASSERT_OK_AND_ASSIGN(CertFiles trainer, ca->Issue("trainer", trainer_request));
+  const TlsOptions admin_tls{.cert = server.cert, .key = server.key, .ca = ca->cert_path()};
+  const TlsOptions trainer_tls{.cert = trainer.cert, .key = trainer.key, .ca = ca->cert_path()};
+  secure_server_ = [&](ServerOptions* o) {
+    o->tls = admin_tls;
+    o->job = "job-a";
+    o->auth_cert_rule = "cn:<role>.<job>";
+  };
+  secure_client_ = [&](ClientOptions* o) { o->tls = trainer_tls; };
+  secure_scale_ = [&](ScaleOptions* o) { o->tls = admin_tls; };
+  MoveOnSecuredCluster([&](ScaleOptions* o) { o->tls = trainer_tls; });
+  ASSERT_FALSE(HasFatalFailure());
+
+  // A trainer's certificate may not hand blocks to a server either.
+  std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+      PeerChannel(servers_.at(2)->address(), PeerCredentials{.tls = trainer_tls}));
+  grpc::ClientContext context;
+  v1::ReceiveBlocksResponse response;
+  const absl::Status receive =
+      FromGrpcStatus(stub->ReceiveBlocks(&context, v1::ReceiveBlocksRequest(), &response));
+  EXPECT_THAT(receive, StatusIs(absl::StatusCode::kPermissionDenied,
+                                AllOf(HasSubstr("trainer"), HasSubstr("ReceiveBlocks"))));
+  // Plaintext: refused before anything is written, naming the TLS cause.
+  ScaleOptions plaintext = Scale(2);
+  plaintext.tls = {};
+  absl::Status refused = ScaleCluster(plaintext).status();
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("nothing was changed"));
+}
+
+// Roles from bearer tokens: the servers present --peer_token_file (an
+// admin's) to each other, the coordinator an admin's token; a trainer's
+// token is refused PERMISSION_DENIED naming MoveBlocks. A server with
+// tokens and moves but no --peer_token_file is refused at start.
+TEST_F(LiveMoveTest, MovesOnAClusterWithTokenRoles) {
+  const std::string admin = "admin-token-0123456789abcdef";
+  const std::string trainer = "trainer-token-0123456789abcdef";
+  const std::string tokens = WriteTestFile(
+      "move-tokens", absl::StrCat("admin job-a ", admin, "\ntrainer job-a ", trainer, "\n"));
+  const std::string admin_file = WriteTestFile("move-admin-token", admin);
+  {
+    ServerOptions options = Options(2);
+    options.job = "job-a";
+    options.auth_tokens_file = tokens;
+    EXPECT_THAT(Server::Start(options),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("--placement_redirects"),
+                               HasSubstr("need --peer_token_file"))));
+  }
+  secure_server_ = [&](ServerOptions* o) {
+    o->job = "job-a";
+    o->auth_tokens_file = tokens;
+    o->peer_token_file = admin_file;
+  };
+  secure_client_ = [&](ClientOptions* o) { o->token = trainer; };
+  secure_scale_ = [&](ScaleOptions* o) { o->token = admin; };
+  MoveOnSecuredCluster([&](ScaleOptions* o) { o->token = trainer; });
 }
 
 }  // namespace

@@ -41,6 +41,27 @@ void WriteLine(int fd, const std::string& line) {
   }
 }
 
+// pserver_cluster_scale and pserver_cluster_scale_with: the rest of
+// `options` from the arguments, then ScaleCluster.
+absl::Status Scale(pserver::ScaleOptions options, uint32_t num_servers, int64_t timeout_ms,
+                   int32_t progress_fd, uint32_t* from, uint64_t* version,
+                   uint64_t* blocks_moved, uint64_t* bytes_moved) {
+  if (timeout_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("timeout_ms must be > 0, got ", timeout_ms));
+  }
+  options.to = num_servers;
+  options.timeout = absl::Milliseconds(timeout_ms);
+  if (progress_fd >= 0) {
+    options.progress = [progress_fd](const std::string& line) { WriteLine(progress_fd, line); };
+  }
+  PS_ASSIGN_OR_RETURN(pserver::ScaleResult result, pserver::ScaleCluster(options));
+  if (from != nullptr) *from = result.from;
+  if (version != nullptr) *version = result.version;
+  if (blocks_moved != nullptr) *blocks_moved = result.blocks_moved;
+  if (bytes_moved != nullptr) *bytes_moved = result.bytes_moved;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 extern "C" {
@@ -66,23 +87,34 @@ void pserver_cluster_scale(const char* etcd_endpoints, const char* cluster, uint
   Run(status, [&]() -> absl::Status {
     if (etcd_endpoints == nullptr) return Null("etcd_endpoints");
     if (cluster == nullptr) return Null("cluster");
-    if (timeout_ms <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("timeout_ms must be > 0, got ", timeout_ms));
-    }
     pserver::ScaleOptions options;
     options.etcd_endpoints = absl::StrSplit(etcd_endpoints, ',', absl::SkipEmpty());
     options.cluster = cluster;
-    options.to = num_servers;
-    options.timeout = absl::Milliseconds(timeout_ms);
-    if (progress_fd >= 0) {
-      options.progress = [progress_fd](const std::string& line) { WriteLine(progress_fd, line); };
+    return Scale(std::move(options), num_servers, timeout_ms, progress_fd, from, version,
+                 blocks_moved, bytes_moved);
+  });
+}
+
+void pserver_cluster_scale_with(const pserver_client_options_t* client_options,
+                                uint32_t num_servers, int64_t timeout_ms, int32_t progress_fd,
+                                uint32_t* from, uint64_t* version, uint64_t* blocks_moved,
+                                uint64_t* bytes_moved, pserver_status_t* status) {
+  Run(status, [&]() -> absl::Status {
+    if (client_options == nullptr) return Null("options");
+    const pserver::ClientOptions& client = client_options->rep;
+    if (client.etcd_endpoints.empty()) {
+      return absl::InvalidArgumentError(
+          "the options name no etcd (pserver_client_options_set_etcd): the placement lives "
+          "there");
     }
-    PS_ASSIGN_OR_RETURN(pserver::ScaleResult result, pserver::ScaleCluster(options));
-    if (from != nullptr) *from = result.from;
-    if (version != nullptr) *version = result.version;
-    if (blocks_moved != nullptr) *blocks_moved = result.blocks_moved;
-    if (bytes_moved != nullptr) *bytes_moved = result.bytes_moved;
-    return absl::OkStatus();
+    pserver::ScaleOptions options;
+    options.etcd_endpoints = client.etcd_endpoints;
+    options.cluster = client.cluster;
+    options.tls = client.tls;
+    options.token = client.token;
+    options.etcd_tls = client.etcd_tls;
+    return Scale(std::move(options), num_servers, timeout_ms, progress_fd, from, version,
+                 blocks_moved, bytes_moved);
   });
 }
 

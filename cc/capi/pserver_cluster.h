@@ -256,6 +256,19 @@ PSERVER_EXPORT void pserver_cluster_scale(const char* etcd_endpoints, const char
                                           int32_t progress_fd, uint32_t* from, uint64_t* version,
                                           uint64_t* blocks_moved, uint64_t* bytes_moved,
                                           pserver_status_t* status);
+/* pserver_cluster_scale on a secured cluster (docs/security.md): the
+ * cluster, etcd endpoints, mutual TLS, bearer token and etcd TLS of a
+ * client's `options` (pserver_client_options_set_etcd, _set_tls,
+ * _set_token, _set_etcd_tls; the other settings are not used). MoveBlocks
+ * needs the admin role: a server that refuses these credentials fails the
+ * call PERMISSION_DENIED (or UNAUTHENTICATED) naming the server and the
+ * method, before anything is written. INVALID_ARGUMENT when the options
+ * name no etcd. */
+PSERVER_EXPORT void pserver_cluster_scale_with(const pserver_client_options_t* options,
+                                               uint32_t num_servers, int64_t timeout_ms,
+                                               int32_t progress_fd, uint32_t* from,
+                                               uint64_t* version, uint64_t* blocks_moved,
+                                               uint64_t* bytes_moved, pserver_status_t* status);
 
 /* --------------------------------------------------- library buffers */
 

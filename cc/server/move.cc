@@ -137,8 +137,8 @@ absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot
   for (v1::SnapshotFile& file : files) *request.add_files() = std::move(file);
   grpc::ChannelArguments arguments;
   arguments.SetMaxSendMessageSize(-1);
-  std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments));
+  std::unique_ptr<v1::ParameterServer::Stub> stub =
+      v1::ParameterServer::NewStub(PeerChannel(address, options_.peer, arguments));
   const absl::Time deadline = absl::Now() + options_.send_timeout;
   absl::Status status;
   // UNAVAILABLE: the destination has not seen the placement yet, or is
@@ -146,6 +146,7 @@ absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot
   for (int attempt = 0; attempt < 10000; ++attempt) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    AddPeerMetadata(options_.peer, &context);
     v1::ReceiveBlocksResponse response;
     status = FromGrpcStatus(stub->ReceiveBlocks(&context, request, &response));
     if (!absl::IsUnavailable(status) || absl::Now() >= deadline) break;

@@ -11,7 +11,9 @@
 //   2. copies its values and optimizer state as the files of one checkpoint
 //      (SnapshotToFiles, the format AttachStandby carries) and sends them to
 //      server j (ReceiveBlocks, a server-to-server call to j's address in
-//      /ps/<j>), which loads them (LoadSnapshotFiles, every CRC checked),
+//      /ps/<j>, dialled with this server's own credentials: its TLS
+//      certificate and --peer_token_file, cc/server/peer_channel.h), which
+//      loads them (LoadSnapshotFiles, every CRC checked),
 //      checks that each block is its own under M, merges them into its store
 //      (ParameterStore::Merge) and serves them from then on,
 //   3. refuses the block from then on with PlacementMoved(V)
@@ -39,6 +41,7 @@
 #include "cc/core/checkpoint.h"
 #include "cc/core/parameter_store.h"
 #include "cc/server/dispatcher.h"
+#include "cc/server/peer_channel.h"
 #include "cc/server/placement_gate.h"
 #include "pserver/v1/service.pb.h"
 
@@ -55,6 +58,9 @@ struct BlockMoverOptions {
   // Where server `index` listens (etcd /ps/<index>); an error while it is
   // not registered.
   std::function<absl::StatusOr<std::string>(uint32_t index)> address_of;
+  // What this server presents to the new owner (its TLS certificate, the
+  // token of --peer_token_file): ReceiveBlocks needs the admin role.
+  PeerCredentials peer;
   CheckpointWriteOptions write_options;  // how a copy is written
   // The most bytes of values and optimizer state sent in one ReceiveBlocks
   // (a block larger than this goes alone): --move_batch_bytes.

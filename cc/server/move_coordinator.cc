@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cc/core/placement.h"
@@ -12,7 +13,9 @@
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
 #include "cc/etcd/placement_record.h"
+#include "cc/auth/token_file.h"
 #include "cc/rpc/grpc_status.h"
+#include "cc/server/peer_channel.h"
 #include "grpcpp/grpcpp.h"
 #include "pserver/v1/service.grpc.pb.h"
 
@@ -38,25 +41,75 @@ absl::StatusOr<std::vector<std::string>> Registered(EtcdClient& etcd, uint32_t c
   return addresses;
 }
 
-// MoveBlocks on the server at `address`, retried while UNAVAILABLE (it has
-// not seen the placement yet, or its destination has not) until `deadline`.
-absl::StatusOr<v1::MoveBlocksResponse> MoveBlocksOn(const std::string& address, uint64_t version,
-                                                    absl::Time deadline) {
-  std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+// MoveBlocks on the server at `address` for `version`, presenting `peer`,
+// retried while UNAVAILABLE (it is still starting or has not seen the
+// placement yet, or its destination has not) until `deadline`; at most
+// `attempts` calls. An UNAVAILABLE that shows a TLS cause (the handshake
+// failed: a credential problem, not a wait) is not retried, and its cause is
+// named.
+absl::StatusOr<v1::MoveBlocksResponse> MoveBlocksOn(const std::string& address,
+                                                    const PeerCredentials& peer,
+                                                    uint64_t version, absl::Time deadline,
+                                                    int attempts = 100000) {
+  std::unique_ptr<v1::ParameterServer::Stub> stub =
+      v1::ParameterServer::NewStub(PeerChannel(address, peer));
   v1::MoveBlocksRequest request;
   request.set_version(version);
   absl::Status status;
-  for (int attempt = 0; attempt < 100000; ++attempt) {
+  for (int attempt = 0; attempt < attempts; ++attempt) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    AddPeerMetadata(peer, &context);
     v1::MoveBlocksResponse response;
     status = FromGrpcStatus(stub->MoveBlocks(&context, request, &response));
     if (status.ok()) return response;
-    if (!absl::IsUnavailable(status) || absl::Now() >= deadline) break;
+    if (!absl::IsUnavailable(status)) break;
+    const std::string tls = DescribeTlsFailure(status.message(), peer.tls.enabled());
+    if (!tls.empty()) return absl::UnavailableError(absl::StrCat(tls, ": ", status.message()));
+    if (absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
   return status;
+}
+
+// How long CheckTakesPart waits for a server that answers UNAVAILABLE.
+constexpr absl::Duration kProbeTime = absl::Seconds(60);
+
+// Whether the server at `address` takes part in moves and accepts `peer`:
+// MoveBlocks for the stable version `version` moves nothing, and a server
+// that would take part answers it FAILED_PRECONDITION "... (not moving)"
+// (BlockMover::Move). Any other answer (PERMISSION_DENIED or
+// UNAUTHENTICATED for credentials the server refuses, FAILED_PRECONDITION
+// for a server with replication, --checkpoint_dir or no
+// --placement_redirects, a TLS handshake that fails) is returned.
+absl::Status CheckTakesPart(const std::string& address, const PeerCredentials& peer,
+                            uint64_t version, absl::Time deadline) {
+  absl::StatusOr<v1::MoveBlocksResponse> probe =
+      MoveBlocksOn(address, peer, version, std::min(deadline, absl::Now() + kProbeTime));
+  if (absl::IsFailedPrecondition(probe.status()) &&
+      absl::StrContains(probe.status().message(), "(not moving)")) {
+    return absl::OkStatus();
+  }
+  if (probe.ok()) {
+    return absl::InternalError(
+        absl::StrCat("MoveBlocks for the stable placement version ", version, " succeeded"));
+  }
+  return probe.status();
+}
+
+// The checks of `options` that need no etcd.
+absl::Status CheckScaleOptions(const ScaleOptions& options) {
+  if (options.to < 1 || options.to > kMaxPlacementServers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the server count must be in [1, ", kMaxPlacementServers, "], got ", options.to));
+  }
+  if (options.tls.enabled()) PS_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
+  if (!options.token.empty()) {
+    if (const std::string problem = TokenProblem(options.token); !problem.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("the token: ", problem));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WriteDesired(EtcdClient& etcd, uint32_t count) {
@@ -66,11 +119,9 @@ absl::Status WriteDesired(EtcdClient& etcd, uint32_t count) {
 }  // namespace
 
 absl::StatusOr<ScaleResult> ScaleCluster(const ScaleOptions& options) {
+  PS_RETURN_IF_ERROR(CheckScaleOptions(options));
   const uint32_t to = options.to;
-  if (to < 1 || to > kMaxPlacementServers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the server count must be in [1, ", kMaxPlacementServers, "], got ", to));
-  }
+  const PeerCredentials peer{.tls = options.tls, .token = options.token};
   const absl::Time deadline = absl::Now() + options.timeout;
   auto say = [&](const std::string& line) {
     if (options.progress) options.progress(line);
@@ -78,6 +129,7 @@ absl::StatusOr<ScaleResult> ScaleCluster(const ScaleOptions& options) {
   EtcdClientOptions etcd_options;
   etcd_options.endpoints = options.etcd_endpoints;
   etcd_options.prefix = etcd_keys::ClusterPrefix(options.cluster);
+  etcd_options.tls = options.etcd_tls;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Connect(etcd_options));
   const std::string key = etcd_keys::PlacementKey();
 
@@ -109,6 +161,24 @@ absl::StatusOr<ScaleResult> ScaleCluster(const ScaleOptions& options) {
                      " servers already: nothing to move"));
     return result;
   } else {
+    // Nothing is written unless every old owner would take part.
+    std::vector<uint32_t> missing;
+    PS_ASSIGN_OR_RETURN(std::vector<std::string> owners,
+                        Registered(*etcd, held.num_servers(), &missing));
+    if (!missing.empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          "server ", missing.front(), " of ", held.num_servers(),
+          " is not registered in etcd: nothing was changed; run again once it is"));
+    }
+    for (uint32_t i = 0; i < held.num_servers(); ++i) {
+      absl::Status takes_part = CheckTakesPart(owners[i], peer, held.version(), deadline);
+      if (!takes_part.ok()) {
+        return absl::Status(takes_part.code(),
+                            absl::StrCat("server ", i, " at ", owners[i], " would not hand its "
+                                         "blocks over: ", takes_part.message(),
+                                         "; nothing was changed"));
+      }
+    }
     moving.set_version(held.version() + 1);
     moving.set_num_servers(to);
     moving.set_moving(true);
@@ -152,7 +222,9 @@ absl::StatusOr<ScaleResult> ScaleCluster(const ScaleOptions& options) {
   // Every old owner hands its leaving blocks over, all at once.
   std::vector<std::future<absl::StatusOr<v1::MoveBlocksResponse>>> moves;
   for (uint32_t i = 0; i < from; ++i) {
-    moves.push_back(std::async(std::launch::async, MoveBlocksOn, addresses[i], version, deadline));
+    moves.push_back(std::async(std::launch::async, [&addresses, &peer, i, version, deadline] {
+      return MoveBlocksOn(addresses[i], peer, version, deadline);
+    }));
   }
   absl::Status failed;
   for (uint32_t i = 0; i < from; ++i) {

@@ -22,8 +22,18 @@
 // stable one for M only makes sure /ps_desired is M. A move to another
 // count while one is under way is refused (FAILED_PRECONDITION naming it).
 //
+// Before it writes a new move it asks every old owner whether it would
+// take part (MoveBlocks for the stable version, which moves nothing): a
+// server that refuses the coordinator's credentials (PERMISSION_DENIED,
+// UNAUTHENTICATED, a TLS handshake that fails) or takes part in no move
+// (no --placement_redirects, replication, --checkpoint_dir) fails the call
+// with nothing written.
+//
 // Needs every server started with --etcd and --placement_redirects, without
-// replication, TLS or roles (the calls are plaintext, without credentials).
+// replication. On a secured cluster (docs/security.md) the coordinator
+// presents `tls` and `token`, which must name the admin role of the job
+// (MoveBlocks needs it); the servers hand blocks to each other with their
+// own certificate and --peer_token_file (cc/server/peer_channel.h).
 // Thread-safe (no shared state).
 #ifndef PSERVER_CC_SERVER_MOVE_COORDINATOR_H_
 #define PSERVER_CC_SERVER_MOVE_COORDINATOR_H_
@@ -35,6 +45,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cc/etcd/etcd_client.h"
+#include "cc/security/tls.h"
 
 namespace pserver {
 
@@ -45,6 +57,13 @@ struct ScaleOptions {
   // The whole operation, waiting for new servers included.
   absl::Duration timeout = absl::Minutes(10);
   std::function<void(const std::string& line)> progress;  // null: quiet
+  // --- a secured cluster (docs/security.md) ---
+  // Mutual TLS to the servers with this certificate (off: plaintext).
+  TlsOptions tls;
+  // A bearer token for servers with roles ("": none); an admin's of the job.
+  std::string token;
+  // etcd over TLS (off: plaintext).
+  EtcdTlsOptions etcd_tls;
 };
 
 struct ScaleResult {
@@ -56,8 +75,12 @@ struct ScaleResult {
   uint64_t bytes_moved = 0;  // values and optimizer state handed over by this run
 };
 
-// See above. INVALID_ARGUMENT for a count outside 1..4096;
-// FAILED_PRECONDITION when etcd holds no /placement (no server has started)
+// See above. INVALID_ARGUMENT for a count outside 1..4096, TLS files that
+// are not a certificate, key and CA, or a token with whitespace in it;
+// PERMISSION_DENIED / UNAUTHENTICATED (naming the server and the method)
+// when an old owner refuses the coordinator's credentials, with nothing
+// written; FAILED_PRECONDITION when etcd holds no /placement (no server has
+// started), an old owner takes part in no move (nothing written)
 // or a move to another count is under way; DEADLINE_EXCEEDED when the new
 // servers did not register in time (the move stays under way: run again).
 absl::StatusOr<ScaleResult> ScaleCluster(const ScaleOptions& options);

@@ -281,12 +281,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.peer_token_file.empty()) {
     PS_ASSIGN_OR_RETURN(peer.token, ReadPeerToken(options.peer_token_file));
   }
-  if ((options.standby || options.accept_standbys) && !options.auth_tokens_file.empty() &&
-      options.auth_cert_rule.empty() && peer.token.empty()) {
+  if ((options.standby || options.accept_standbys || options.placement_redirects) &&
+      !options.auth_tokens_file.empty() && options.auth_cert_rule.empty() && peer.token.empty()) {
     return absl::InvalidArgumentError(
-        "--standby and --accept_standbys with --auth_tokens_file need --peer_token_file: the "
-        "token (of an admin of this job) this server presents to the other servers when it "
-        "replicates (or set --auth_cert_rule, so its TLS certificate names its role)");
+        "--standby, --accept_standbys and --placement_redirects with --auth_tokens_file need "
+        "--peer_token_file: the token (of an admin of this job) this server presents to the "
+        "other servers when it replicates or hands blocks over (or set --auth_cert_rule, so "
+        "its TLS certificate names its role)");
   }
   PS_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
   // With TLS the bulk channel is TLS too (TCP only).
@@ -1565,6 +1566,7 @@ absl::Status Server::StartPlacementGate() {
     PS_ASSIGN_OR_RETURN(etcd_keys::ServerEntry entry, etcd_keys::ParseServerValue(kv.value));
     return entry.address;
   };
+  mover.peer = peer_;
   mover.write_options = WriteOptions();
   mover.batch_bytes = options_.move_batch_bytes;
   mover.log = [this](const std::string& line) { Log(line); };

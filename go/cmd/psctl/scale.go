@@ -10,9 +10,11 @@ import (
 )
 
 // cmdScale is psctl scale N: the coordinator of a live move
-// (docs/elastic.md, cc/server/move_coordinator.h), through the C ABI.
+// (docs/elastic.md, cc/server/move_coordinator.h), through the C ABI. On a
+// secured cluster it presents -tls_cert/-tls_key (or -token_file), which
+// must name the admin role of the job, and reaches etcd with -etcd_tls_*.
 func cmdScale(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("scale", "scale -etcd HOST:PORT[,...] [-cluster NAME] [-timeout D] [-o table|json] N", stdout, stderr)
+	fs := newFlags("scale", "scale -etcd HOST:PORT[,...] [-cluster NAME] [-timeout D] [-tls_cert F -tls_key F -tls_ca F] [-token_file F] [-o table|json] N", stdout, stderr)
 	t := addTarget(fs, false)
 	fs.Lookup("timeout").DefValue = "10m0s"
 	*t.timeout = 10 * time.Minute
@@ -36,12 +38,16 @@ func cmdScale(args []string, stdout, stderr io.Writer) error {
 	if *t.timeout <= 0 {
 		return usageError("-timeout must be positive")
 	}
+	opts, err := t.auth.clientOptions(pserver.Options{Etcd: *t.etcd, Cluster: *t.cluster})
+	if err != nil {
+		return err
+	}
 	var progress strings.Builder
 	var w io.Writer = stdout
 	if out.json() {
 		w = &progress
 	}
-	result, err := pserver.ScaleCluster(splitList(*t.etcd), *t.cluster, n, *t.timeout, w)
+	result, err := pserver.ScaleCluster(opts, n, *t.timeout, w)
 	if err != nil {
 		return err
 	}

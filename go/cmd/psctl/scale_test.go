@@ -135,3 +135,15 @@ func TestScaleMovesBlocksBetweenRealServers(t *testing.T) {
 		t.Fatalf("psctl scale 2 again: exit %d %q", code, stdout)
 	}
 }
+
+// The security flags reach the coordinator (ScaleCluster with the client's
+// TLS and token): a certificate that cannot be read is refused naming it,
+// before etcd is asked anything (none listens at 127.0.0.1:1).
+func TestScaleRefusesTLSFilesItCannotRead(t *testing.T) {
+	missing := t.TempDir() + "/missing"
+	code, _, errs := psctl(t, "scale", "-etcd", "127.0.0.1:1", "-tls_cert", missing+".pem",
+		"-tls_key", missing+".key", "-tls_ca", missing+"-ca.pem", "3")
+	if code != 1 || !strings.Contains(errs, missing) {
+		t.Errorf("psctl scale with unreadable TLS files: exit %d, stderr %q; want 1 naming %s", code, errs, missing)
+	}
+}
