@@ -29,6 +29,7 @@
 #include "bindings_driver.h"
 #include "ceilings.h"
 #include "compression_group.h"
+#include "elastic_group.h"
 #include "cc/client/client.h"
 #include "cc/client/table.h"
 #include "cc/core/checkpoint.h"
@@ -51,7 +52,8 @@ ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and re
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
-          "checkpoint, memory, scaling, sparse, hosts, compression, tls, bindings); empty runs all (bindings only "
+          "checkpoint, memory, scaling, sparse, hosts, compression, tls, replication, elastic, "
+          "bindings); empty runs all (bindings only "
           "without --quick).");
 ABSL_FLAG(std::vector<std::string>, sizes_kib, {},
           "Payload sizes in KiB for the ceiling and dense groups (e.g. 1024,4096); default: "
@@ -686,6 +688,7 @@ absl::Status Run(int argc, char** argv) {
           return DenseOps(h, "replication", clients, servers, these, "socket", pids, prefix);
         }));
   }
+  if (wanted("elastic")) PS_RETURN_IF_ERROR(ElasticGroup(h, PserverBinary()));
   // Builds the Go driver on first use: only when asked for in a quick run.
   if (wanted("bindings") && (!h.quick() || !groups.empty())) PS_RETURN_IF_ERROR(Bindings(h));
   std::printf("\nbenchmark finished in %.0f s\n", NowSeconds() - begin);

@@ -47,6 +47,11 @@ double NowSeconds() {
       .count();
 }
 
+double Percentile(std::vector<double> values, int percent) {
+  std::sort(values.begin(), values.end());
+  return values[std::min(values.size() - 1, values.size() * percent / 100)];
+}
+
 Stats Summarize(std::vector<double> values) {
   Stats stats;
   if (values.empty()) return stats;

@@ -38,6 +38,10 @@ double NowSeconds();
 
 Stats Summarize(std::vector<double> values);
 
+// The `percent`th percentile of `values` (nearest rank, not interpolated);
+// `values` must not be empty.
+double Percentile(std::vector<double> values, int percent);
+
 class Harness {
  public:
   explicit Harness(HarnessOptions options);

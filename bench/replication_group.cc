@@ -145,11 +145,6 @@ class Cluster {
   std::map<std::string, std::unique_ptr<ChildProcess>> processes_;  // by address
 };
 
-double Percentile(std::vector<double> values, int percent) {
-  std::sort(values.begin(), values.end());
-  return values[std::min(values.size() - 1, values.size() * percent / 100)];
-}
-
 constexpr char kSmall[] = "small";
 
 // 4 KiB push and pull of parameter kSmall (initialised), one at a time:

@@ -25,7 +25,7 @@ import os
 import sys
 
 GROUPS = ["ceiling", "dense", "latency", "optimizer", "embedded", "checkpoint", "memory", "scaling",
-          "sparse", "hosts", "compression", "tls", "replication", "bindings"]
+          "sparse", "hosts", "compression", "tls", "replication", "elastic", "bindings"]
 # Groups a --quick run leaves out (bindings builds the Go driver first).
 NOT_QUICK = {"bindings"}
 # Groups with a section of their own in RESULTS.md (<!-- NAME:begin --> ...);
