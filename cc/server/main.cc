@@ -204,9 +204,9 @@ ABSL_FLAG(std::string, auth_cert_rule, "",
           "san:spiffe://<job>/<role> (needs mTLS).");
 ABSL_FLAG(std::string, peer_token_file, "",
           "A file holding the bearer token (of an admin of --job) this server presents when it "
-          "dials another server to replicate (--standby, --accept_standbys); with TLS it also "
-          "presents its own certificate (--tls_cert). Needed when roles come from "
-          "--auth_tokens_file only.");
+          "dials another server to replicate (--standby, --accept_standbys) or to hand blocks "
+          "over in a live move (--placement_redirects); with TLS it also presents its own "
+          "certificate (--tls_cert). Needed when roles come from --auth_tokens_file only.");
 ABSL_FLAG(std::string, etcd_tls_ca, "",
           "etcd over TLS: the CA (PEM) that signed etcd's certificate.");
 ABSL_FLAG(std::string, etcd_tls_cert, "",

@@ -236,11 +236,13 @@ struct ServerOptions {
   std::string auth_tokens_file;  // lines "role job token", re-read on change
   std::string auth_cert_rule;    // e.g. "cn:<role>.<job>", "san:spiffe://<job>/<role>"
   // What this server presents when it dials another server of the cluster
-  // (a standby its primary, a primary its backups; cc/server/peer_channel.h):
-  // its own TLS certificate (tls above) and, when set, the bearer token in
-  // this file. Peers authorize it like any caller: AttachStandby and
-  // Replicate need the admin role of this job. Needed with --standby or
-  // --accept_standbys when roles come from auth_tokens_file only.
+  // (a standby its primary, a primary its backups, an old owner the new
+  // one in a live move; cc/server/peer_channel.h): its own TLS certificate
+  // (tls above) and, when set, the bearer token in this file. Peers
+  // authorize it like any caller: AttachStandby, Replicate and
+  // ReceiveBlocks need the admin role of this job. Needed with --standby,
+  // --accept_standbys or --placement_redirects when roles come from
+  // auth_tokens_file only.
   std::string peer_token_file;
   // etcd over TLS with this server's client certificate (--etcd_tls_ca,
   // --etcd_tls_cert, --etcd_tls_key); unset: plaintext.
