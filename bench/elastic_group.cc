@@ -130,9 +130,7 @@ class ElasticCluster {
     options.cluster = kCluster;
     options.to = to;
     options.timeout = absl::Minutes(10);
-    options.progress = [](const std::string& line) {
-      std::printf("elastic: %s\n", line.c_str());
-    };
+    options.progress = [](const std::string& line) { std::printf("elastic: %s\n", line.c_str()); };
     return options;
   }
 
@@ -221,12 +219,10 @@ class StepTrainer {
       return std::count_if(steps_.begin(), steps_.end(),
                            [&](const Step& s) { return s.begin >= after; });
     };
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !status_.ok() || count() >= n;
-    };
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !status_.ok() || count() >= n; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&done), absl::Now() + kWait)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the trainer made ", count(), " of ", n, " steps in ", absl::FormatDuration(kWait)));
+      return absl::DeadlineExceededError(absl::StrCat("the trainer made ", count(), " of ", n,
+                                                      " steps in ", absl::FormatDuration(kWait)));
     }
     PS_RETURN_IF_ERROR(status_);
     std::vector<Step> out;
@@ -332,10 +328,9 @@ absl::Status MeasureMove(Harness& h, const Model& model, ElasticCluster& cluster
   for (uint32_t index = to; index < from; ++index) PS_RETURN_IF_ERROR(cluster.Departed(index));
   const std::vector<Step> during = trainer.Overlapping(begin, handed_over);
   if (!moved.moved || handed != from || during.empty()) {
-    return absl::InternalError(absl::StrCat("elastic: the move from ", from, " to ", to,
-                                            moved.moved ? " moved" : " moved nothing", ", ",
-                                            handed, " servers handed over, ", during.size(),
-                                            " steps during it"));
+    return absl::InternalError(absl::StrCat(
+        "elastic: the move from ", from, " to ", to, moved.moved ? " moved" : " moved nothing",
+        ", ", handed, " servers handed over, ", during.size(), " steps during it"));
   }
   AddSteps(h, prefix + "_step_before", model, from, before);
   AddSteps(h, prefix + "_step_during", model, std::max(from, to), during);
@@ -367,11 +362,11 @@ absl::Status MeasureMove(Harness& h, const Model& model, ElasticCluster& cluster
   extra["call_s"] = end - begin;  // the whole ScaleCluster call
   extra["server_peak_rss_bytes"] = static_cast<double>(server_peak);
   extra["bench_peak_rss_bytes"] = static_cast<double>(SelfPeakRssBytes());
-  std::printf("elastic %u -> %u: %.2f s, moved %s (%.3f of the model, ideal %.3f, %.2fx); "
-              "peak RSS: largest server %s, bench %s\n",
-              from, to, seconds, FormatBytes(moved.bytes_moved).c_str(), fraction, ideal,
-              fraction / ideal, FormatBytes(server_peak).c_str(),
-              FormatBytes(SelfPeakRssBytes()).c_str());
+  std::printf(
+      "elastic %u -> %u: %.2f s, moved %s (%.3f of the model, ideal %.3f, %.2fx); "
+      "peak RSS: largest server %s, bench %s\n",
+      from, to, seconds, FormatBytes(moved.bytes_moved).c_str(), fraction, ideal, fraction / ideal,
+      FormatBytes(server_peak).c_str(), FormatBytes(SelfPeakRssBytes()).c_str());
   return absl::OkStatus();
 }
 
