@@ -468,7 +468,8 @@ TEST_F(LiveMoveTest, BadMovesAreRefusedNamingWhatIsWrong) {
 
 // A server whose moves would lose or misplace state refuses MoveBlocks,
 // naming why: with replication (the blocks would not reach its backups) and
-// with checkpoints (they would keep what it handed over).
+// with checkpoints (they would keep what it handed over). The coordinator
+// finds that out before it writes anything.
 TEST_F(LiveMoveTest, ServersWithReplicationOrCheckpointsRefuseMoves) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string checkpoints = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/move-ckpt");
@@ -490,6 +491,13 @@ TEST_F(LiveMoveTest, ServersWithReplicationOrCheckpointsRefuseMoves) {
     v1::MoveBlocksResponse response;
     EXPECT_THAT(FromGrpcStatus(stub->MoveBlocks(&context, request, &response)),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(refusal)));
+    // The coordinator asks first: refused, with /placement left as it was.
+    ASSERT_OK_AND_ASSIGN(KeyValue before, etcd_client_->Get(etcd_keys::PlacementKey()));
+    EXPECT_THAT(ScaleCluster(Scale(2)),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr(refusal), HasSubstr("nothing was changed"))));
+    ASSERT_OK_AND_ASSIGN(KeyValue after, etcd_client_->Get(etcd_keys::PlacementKey()));
+    EXPECT_EQ(after.mod_revision, before.mod_revision);
   }
 }
 
