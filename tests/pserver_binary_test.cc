@@ -176,10 +176,12 @@ TEST_F(PserverProcessTest, OutOfRangePortExitsWithStatusOne) {
   EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening")));
 }
 
-TEST_F(PserverProcessTest, ReplicasOutOfRangeOrWithoutEtcdExitWithStatusOne) {
+TEST_F(PserverProcessTest, ReplicasOrDepartLingerOutOfRangeOrReplicasWithoutEtcdExitWithStatusOne) {
   const std::pair<std::string, std::string> cases[] = {
       {"--replicas=0", "--replicas must be in [1, 65], got 0"},
       {"--replicas=66", "--replicas must be in [1, 65], got 66"},
+      {"--depart_linger_seconds=-1", "--depart_linger_seconds must be in [0, 3600], got -1"},
+      {"--depart_linger_seconds=3601", "--depart_linger_seconds must be in [0, 3600], got 3601"},
       {"--replicas=2", "--replicas > 1 needs etcd (--etcd)"},
   };
   for (const auto& [flag, message] : cases) {

@@ -65,6 +65,11 @@ ABSL_FLAG(int, num_threads, 0,
           "under load, up to --max_threads.");
 ABSL_FLAG(double, shutdown_grace_seconds, 5,
           "On SIGINT/SIGTERM, how long calls in flight may take to finish.");
+ABSL_FLAG(double, depart_linger_seconds, 5,
+          "With --placement_redirects: once a stable /placement leaves this server out (a "
+          "move to fewer servers), how long it keeps answering every request with a redirect "
+          "to the block's new owner before it stops as on SIGTERM, for clients that have not "
+          "seen the new placement yet. 0 .. 3600.");
 ABSL_FLAG(std::string, etcd, "",
           "etcd endpoints host:port[,host:port...]; the server then claims the lowest free "
           "index (--index is ignored) and registers there. Empty: no etcd.");
@@ -303,10 +308,25 @@ class StopSignals {
       if (!raised_ && !stop_->HasBeenNotified()) pthread_kill(thread_.native_handle(), SIGTERM);
       raised_ = true;
     }
-    thread_.join();
+    thread_.join();  // stop_ is notified now: a delayed raise ends at once
+    std::thread delayed;
+    {
+      absl::MutexLock lock(&raise_mu_);
+      delayed = std::move(delayed_);
+    }
+    if (delayed.joinable()) delayed.join();
   }
 
   const std::shared_ptr<absl::Notification>& stop() const { return stop_; }
+  // Stops the server as SIGTERM would after `delay`, unless it stopped
+  // before (once; later calls do nothing).
+  void RaiseAfter(absl::Duration delay) {
+    absl::MutexLock lock(&raise_mu_);
+    if (raised_ || delayed_.joinable() || stop_->HasBeenNotified()) return;
+    delayed_ = std::thread([this, delay] {
+      if (!stop_->WaitForNotificationWithTimeout(delay)) Raise();
+    });
+  }
   // Stops the server as SIGTERM would (once; later calls do nothing).
   void Raise() {
     absl::MutexLock lock(&raise_mu_);
@@ -323,6 +343,7 @@ class StopSignals {
   int signal_number_ = 0;  // written before stop_ is notified
   absl::Mutex raise_mu_;
   bool raised_ ABSL_GUARDED_BY(raise_mu_) = false;
+  std::thread delayed_ ABSL_GUARDED_BY(raise_mu_);  // RaiseAfter's
   std::thread thread_;
 };
 
@@ -476,8 +497,21 @@ int main(int argc, char** argv) {
   StopSignals stop_signals;
   pserver::ServerOptions options = OptionsFromFlags();
   options.stop = stop_signals.stop();
-  // Left out by a stable /placement after a move: stop as on SIGTERM.
-  options.on_departed = [&stop_signals] { stop_signals.Raise(); };
+  // Left out by a stable /placement after a move: answer redirects a while
+  // (clients still routing by the moving placement follow them instead of
+  // dialling a server that is gone), then stop as on SIGTERM.
+  const double linger = absl::GetFlag(FLAGS_depart_linger_seconds);
+  if (!(linger >= 0 && linger <= 3600)) {
+    LogError("", absl::StrCat("--depart_linger_seconds must be in [0, 3600], got ", linger));
+    return 1;
+  }
+  options.on_departed = [&stop_signals, linger] {
+    std::printf("pserver: left out by the placement: answering redirects for %gs, then "
+                "stopping (--depart_linger_seconds)\n",
+                linger);
+    std::fflush(stdout);
+    stop_signals.RaiseAfter(absl::Seconds(linger));
+  };
   absl::StatusOr<uint32_t> checkpoint_mode =
       pserver::ParseCheckpointFileMode(absl::GetFlag(FLAGS_checkpoint_mode));
   if (!checkpoint_mode.ok()) {

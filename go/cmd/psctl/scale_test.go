@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"reflect"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,8 +84,11 @@ func TestScaleMovesBlocksBetweenRealServers(t *testing.T) {
 		}
 	}
 
-	// The third server joins (it claims index 2 once the move began).
-	third := exec.Command(pserverBinary(t), "--etcd="+endpoint, "--cluster=s", "--placement_redirects")
+	// The third server joins (it claims index 2 once the move began). Once
+	// left out it answers redirects until it is told to stop (the test
+	// stops it after checking that).
+	third := exec.Command(pserverBinary(t), "--etcd="+endpoint, "--cluster=s", "--placement_redirects",
+		"--depart_linger_seconds=3600")
 	out, err := third.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -92,11 +97,25 @@ func TestScaleMovesBlocksBetweenRealServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
-	var thirdOut strings.Builder
+	lingering := make(chan struct{}) // closed when it says it answers redirects
+	var outMu sync.Mutex
+	var thirdOutput strings.Builder
+	thirdOut := func() string {
+		outMu.Lock()
+		defer outMu.Unlock()
+		return thirdOutput.String()
+	}
 	go func() {
 		sc := bufio.NewScanner(out)
+		said := false
 		for sc.Scan() {
-			thirdOut.WriteString(sc.Text() + "\n")
+			outMu.Lock()
+			thirdOutput.WriteString(sc.Text() + "\n")
+			outMu.Unlock()
+			if !said && strings.Contains(sc.Text(), "answering redirects for 3600s") {
+				said = true
+				close(lingering)
+			}
 		}
 		exited <- third.Wait()
 	}()
@@ -118,16 +137,65 @@ func TestScaleMovesBlocksBetweenRealServers(t *testing.T) {
 		t.Fatalf("psctl scale 2: exit %d\n%s\n%s", code, stdout, errs)
 	}
 	select {
+	case <-lingering:
+	case err := <-exited:
+		thirdExited = true
+		t.Fatalf("the departing server exited (%v) instead of answering redirects:\n%s", err, thirdOut())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the departing server did not say it answers redirects within 60 s:\n%s", thirdOut())
+	}
+	// A client still routing by three servers (given their addresses, it
+	// follows no placement) is redirected by the departed server, not left
+	// dialling a server that is gone.
+	stale := func() *pserver.Client {
+		c := connect()
+		defer c.Close()
+		addrs := c.Servers() // by index: servers 0 and 1 (and 2 while it is registered)
+		if len(addrs) > 2 {
+			addrs = addrs[:2]
+		}
+		const listening = "pserver 2 listening on "
+		for _, line := range strings.Split(thirdOut(), "\n") {
+			if strings.HasPrefix(line, listening) {
+				addrs = append(addrs, strings.TrimPrefix(line, listening))
+			}
+		}
+		if len(addrs) != 3 {
+			t.Fatalf("addresses of three servers: %v\n%s", addrs, thirdOut())
+		}
+		s, err := pserver.NewClient(ctx, pserver.Options{Servers: addrs, BlockBytes: 256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}()
+	redirected := 0
+	for _, name := range names {
+		if _, err := stale.Get(ctx, name); err != nil {
+			if !strings.Contains(err.Error(), "placement moved: version") {
+				t.Fatalf("a stale client's read of %s: %v", name, err)
+			}
+			redirected++
+		}
+	}
+	stale.Close()
+	if redirected == 0 {
+		t.Fatalf("no read of %d parameters reached the departed server 2", len(names))
+	}
+	if err := third.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
 	case err := <-exited:
 		thirdExited = true
 		if err != nil {
-			t.Fatalf("the departing server exited with %v:\n%s", err, thirdOut.String())
+			t.Fatalf("the departing server exited with %v:\n%s", err, thirdOut())
 		}
 	case <-time.After(60 * time.Second):
-		t.Fatalf("the departing server did not exit within 60 s:\n%s", thirdOut.String())
+		t.Fatalf("the departing server did not exit within 60 s of SIGTERM:\n%s", thirdOut())
 	}
-	if !strings.Contains(thirdOut.String(), "pserver 2: Terminated received, shutting down") {
-		t.Errorf("the departing server's output: %q", thirdOut.String())
+	if !strings.Contains(thirdOut(), "pserver 2: Terminated received, shutting down") {
+		t.Errorf("the departing server's output: %q", thirdOut())
 	}
 	check("after 3 -> 2")
 	code, stdout, _ = psctl(t, "scale", "-etcd", endpoint, "-cluster", "s", "2")
