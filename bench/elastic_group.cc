@@ -181,15 +181,11 @@ class StepTrainer {
       while (true) {
         {
           absl::MutexLock lock(&mu_);
-          auto go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !paused_ || stop_; };
-          mu_.Await(absl::Condition(&go));
           if (stop_) return;
-          in_step_ = true;
         }
         const double begin = NowSeconds();
         absl::Status step = client_.SendGrads(grads_);
         absl::MutexLock lock(&mu_);
-        in_step_ = false;
         if (!step.ok()) {
           status_ = step;
           return;
@@ -198,18 +194,6 @@ class StepTrainer {
       }
     });
     return absl::OkStatus();
-  }
-
-  // No step begins until Resume; returns once the step under way ended.
-  void Pause() {
-    absl::MutexLock lock(&mu_);
-    paused_ = true;
-    auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !in_step_; };
-    mu_.Await(absl::Condition(&idle));
-  }
-  void Resume() {
-    absl::MutexLock lock(&mu_);
-    paused_ = false;
   }
 
   // Waits until `n` steps that began at or after `after` have ended; returns them.
@@ -258,8 +242,6 @@ class StepTrainer {
   std::thread thread_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool paused_ ABSL_GUARDED_BY(mu_) = false;
-  bool in_step_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Step> steps_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
@@ -290,12 +272,10 @@ uint64_t SelfPeakRssBytes() {
 // the steps before, during and after it, and the move itself (from the
 // coordinator's call until every old owner has handed its blocks over).
 //
-// Shrinking, the trainer pauses between steps from the end of the
-// hand-over until its client routes by the stable placement: the departing
-// server exits as soon as it sees that placement, and a client that sent it
-// a request under the moving one would retry at a closed port until its
-// deadline (docs/elastic.md, "Limits of live moves").
-absl::Status MeasureMove(Harness& h, const Model& model, ElasticCluster& cluster, Client& client,
+// Shrinking, the trainer steps on throughout: a request it sends under the
+// moving placement to a departing server is redirected by that server while
+// it lingers (pserver --depart_linger_seconds, 5 s by default).
+absl::Status MeasureMove(Harness& h, const Model& model, ElasticCluster& cluster,
                          StepTrainer& trainer, uint32_t from, uint32_t to,
                          const std::string& prefix) {
   PS_ASSIGN_OR_RETURN(std::vector<Step> before, trainer.StepsFrom(NowSeconds(), model.steps));
@@ -308,18 +288,11 @@ absl::Status MeasureMove(Harness& h, const Model& model, ElasticCluster& cluster
     if (absl::StartsWith(line, "server ") && absl::StrContains(line, ": handed over ") &&
         ++handed == from) {
       handed_over = NowSeconds();
-      if (to < from) trainer.Pause();
     }
   };
   const double begin = NowSeconds();
   absl::StatusOr<ScaleResult> scaled = ScaleCluster(scale);
   const double end = NowSeconds();
-  if (to < from && scaled.ok()) {
-    for (int i = 0; i < 60000 && client.etcd_placement_version() < scaled->version; ++i) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-  }
-  trainer.Resume();
   PS_RETURN_IF_ERROR(scaled.status());
   const ScaleResult& moved = *scaled;
   const uint64_t server_peak = cluster.SamplePeakRss();
@@ -379,8 +352,8 @@ absl::Status ElasticGroup(Harness& h, const std::string& pserver_binary) {
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, cluster->Connect(model));
   auto trainer = std::make_unique<StepTrainer>(*client, model);
   PS_RETURN_IF_ERROR(trainer->Init(model));
-  PS_RETURN_IF_ERROR(MeasureMove(h, model, *cluster, *client, *trainer, 2, 3, "grow"));
-  PS_RETURN_IF_ERROR(MeasureMove(h, model, *cluster, *client, *trainer, 3, 2, "shrink"));
+  PS_RETURN_IF_ERROR(MeasureMove(h, model, *cluster, *trainer, 2, 3, "grow"));
+  PS_RETURN_IF_ERROR(MeasureMove(h, model, *cluster, *trainer, 3, 2, "shrink"));
   PS_RETURN_IF_ERROR(trainer->Stop());
   h.PrintGroup("elastic");
   return absl::OkStatus();
