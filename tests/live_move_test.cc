@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
+#include "cc/core/checkpoint.h"
 #include "cc/core/placement.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
@@ -156,6 +157,10 @@ class LiveMoveTest : public ::testing::Test {
     options.register_timeout = absl::Seconds(120);
     options.placement_redirects = true;
     options.move_batch_bytes = 4096;
+    if (!checkpoint_dir_.empty()) {
+      options.checkpoint_dir = checkpoint_dir_;
+      options.checkpoint_on_shutdown = false;  // a stop is a kill: only Save checkpoints
+    }
     auto departed = std::make_shared<absl::Notification>();
     departures_.push_back(departed);
     options.on_departed = [departed] { departed->Notify(); };
@@ -248,6 +253,42 @@ class LiveMoveTest : public ::testing::Test {
     return bytes;
   }
 
+  // Initializes the model (SGD, learning rate 1) through `client`.
+  static void InitModel(Client& client) {
+    v1::ParameterConfig sgd;
+    sgd.mutable_optimizer()->mutable_sgd();
+    sgd.mutable_learning_rate()->set_learning_rate(1.0);
+    for (int p = 0; p < kParams; ++p) {
+      ASSERT_OK(client.InitParam(Name(p), Tensor::FromValues<float>({Size(p)}, Expected(p, 0)),
+                                 sgd));
+    }
+    ASSERT_OK(client.FinishInitParams());
+  }
+
+  // Each shard's newest checkpoint in checkpoint_dir_ records `count`
+  // servers and holds exactly the blocks placement `count` gives it, and
+  // together they hold every block of the model once.
+  void ExpectCheckpointsOf(uint32_t count) {
+    const Placement placement = Placement::Jump(count, 0, kBlockBytes);
+    std::map<std::pair<std::string, uint32_t>, int> held;
+    for (uint32_t shard = 0; shard < count; ++shard) {
+      SCOPED_TRACE(absl::StrCat("shard ", shard, " of ", count));
+      ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
+                           LoadLatestCheckpoint(absl::StrCat(checkpoint_dir_, "/shard-", shard)));
+      EXPECT_EQ(loaded.info.placement.num_servers(), count);
+      for (const BlockSnapshot& block : loaded.snapshot.blocks) {
+        EXPECT_EQ(placement.ServerOf(block.name, block.block.index()), static_cast<int>(shard))
+            << block.name << " block " << block.block.index();
+        ++held[{block.name, block.block.index()}];
+      }
+    }
+    size_t blocks = 0;
+    for (int p = 0; p < kParams; ++p) blocks += (4 * Size(p) + kBlockBytes - 1) / kBlockBytes;
+    EXPECT_EQ(held.size(), blocks);
+    for (const auto& [key, n] : held) EXPECT_EQ(n, 1) << key.first << " block " << key.second;
+  }
+
+  std::string checkpoint_dir_;  // set before StartServers: servers checkpoint there
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
   std::vector<std::shared_ptr<absl::Notification>> departures_;
@@ -400,17 +441,85 @@ TEST_F(LiveMoveTest, BadMovesAreRefusedNamingWhatIsWrong) {
   EXPECT_EQ(after.value, FormatPlacementRecord(moving));
 }
 
-// A server whose moves would lose or misplace state refuses MoveBlocks,
-// naming why: with replication (the blocks would not reach its backups) and
-// with checkpoints (they would keep what it handed over).
-TEST_F(LiveMoveTest, ServersWithReplicationOrCheckpointsRefuseMoves) {
+// Issue 16, moves with checkpoints: after 2 -> 3 and 3 -> 2 servers with a
+// trainer running, each server's checkpoints hold only the blocks it owns
+// under the new placement and record the new count; every server stopped
+// (no final checkpoint: as a kill) and as many started again on the
+// directory load exactly the trained values. While a move is under way a
+// Save is refused.
+TEST_F(LiveMoveTest, CheckpointsAfterAMoveHoldTheMovedStateForARestartOfEverything) {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string checkpoints = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/move-ckpt");
+  checkpoint_dir_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/moved-ckpt");
+  StartServers(2, 2);
+  ASSERT_EQ(servers_.size(), 2u);
+  std::unique_ptr<Client> client;
+  ASSERT_OK_AND_ASSIGN(client, Connect());
+  InitModel(*client);
+  int steps = 0;
+  {
+    // A checkpoint of the 2 servers before any move: the older generation.
+    Trainer trainer(*client, steps);
+    ASSERT_TRUE(trainer.Advance(3)) << trainer.Stop();
+    ASSERT_OK(trainer.Stop());
+    steps = trainer.steps();
+    ASSERT_OK(client->SaveCheckpoint());
+    ExpectCheckpointsOf(2);
+  }
+  for (uint32_t to : {3u, 2u}) {
+    SCOPED_TRACE(absl::StrCat("to ", to, " servers"));
+    auto trainer = std::make_unique<Trainer>(*client, steps);
+    ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
+    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(to, *client, trainer));
+    EXPECT_TRUE(result.moved);
+    steps = trainer->steps();
+    ASSERT_EQ(servers_.size(), to);
+    ASSERT_OK(client->SaveCheckpoint());
+    ExpectCheckpointsOf(to);
+
+    // Every server stopped without a final checkpoint, then as many started.
+    client.reset();
+    servers_.clear();
+    departed_of_.clear();
+    StartServers(static_cast<int>(to), to);
+    ASSERT_EQ(servers_.size(), to);
+    ASSERT_OK_AND_ASSIGN(client, Connect());
+    ASSERT_EQ(client->num_servers(), static_cast<int>(to));
+    ExpectModel(*client, steps);
+  }
+
+  // While a move is under way (written by hand here) no server saves.
+  ASSERT_OK_AND_ASSIGN(KeyValue before, etcd_client_->Get(etcd_keys::PlacementKey()));
+  ASSERT_OK_AND_ASSIGN(v1::Placement stable, ParsePlacementRecord(before.value));
+  v1::Placement moving = stable;
+  moving.set_version(stable.version() + 1);
+  moving.set_num_servers(3);
+  moving.set_moving(true);
+  moving.set_from_num_servers(2);
+  ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(moving)));
+  for (const auto& [index, server] : servers_) {
+    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+    absl::Status saved;
+    for (int i = 0; i < 6000; ++i) {
+      grpc::ClientContext context;
+      v1::SaveRequest request;
+      v1::SaveResponse response;
+      saved = FromGrpcStatus(stub->Save(&context, request, &response));
+      if (!saved.ok()) break;
+      absl::SleepFor(absl::Milliseconds(10));  // until the server saw the move
+    }
+    EXPECT_THAT(saved, StatusIs(absl::StatusCode::kUnavailable,
+                                HasSubstr("a live move from 2 to 3 servers is under way")))
+        << "server " << index;
+  }
+}
+
+// A server whose moves would lose state refuses MoveBlocks, naming why: with
+// replication (the blocks would not reach its backups).
+TEST_F(LiveMoveTest, ServersWithReplicationRefuseMoves) {
   const std::vector<std::pair<std::function<void(ServerOptions*)>, std::string>> cases = {
       {[](ServerOptions* o) { o->accept_standbys = true; },
        "live moves do not work with replication yet"},
-      {[&](ServerOptions* o) { o->checkpoint_dir = checkpoints; },
-       "live moves do not work with --checkpoint_dir yet"},
   };
   for (const auto& [set, refusal] : cases) {
     ServerOptions options = Options(1);

@@ -1,10 +1,12 @@
 #include "cc/server/move.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/reshard.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/replication.h"
@@ -178,6 +180,47 @@ absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
                               keys.size(), " blocks from server ", request.from_server()));
   }
   return response;
+}
+
+absl::Status CheckNoMoveUnderWay(const PlacementGate& gate) {
+  const v1::Placement spec = gate.spec();
+  if (!spec.moving()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "a live move from ", spec.from_num_servers(), " to ", spec.num_servers(),
+      " servers is under way (placement version ", spec.version(),
+      "): no checkpoint until it ends; retry"));
+}
+
+size_t KeepOwnedBlocks(const PlacementGate& gate, StoreSnapshot* snapshot) {
+  const v1::Placement spec = gate.spec();
+  absl::StatusOr<Placement> placement = Placement::FromSpec(spec, 1);
+  if (!placement.ok()) return 0;  // the gate holds only placements made from specs
+  const size_t before = snapshot->blocks.size();
+  std::vector<BlockSnapshot> kept;
+  kept.reserve(before);
+  for (BlockSnapshot& block : snapshot->blocks) {
+    if (placement->ServerOf(block.name, block.block.index()) == gate.self()) {
+      kept.push_back(std::move(block));
+    }
+  }
+  snapshot->blocks = std::move(kept);
+  return before - snapshot->blocks.size();
+}
+
+uint64_t NewestSequenceOfAnyShard(const std::string& dir) {
+  absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> shards =
+      ListShardCheckpoints(dir);
+  if (!shards.ok()) return 0;
+  uint64_t newest = 0;
+  for (const auto& [shard, held] : *shards) {
+    if (!held.empty()) newest = std::max(newest, held.back().sequence);
+  }
+  return newest;
+}
+
+bool JoinsMove(const v1::Placement& placement, uint32_t index) {
+  return placement.moving() && placement.num_servers() > placement.from_num_servers() &&
+         index >= placement.from_num_servers() && index < placement.num_servers();
 }
 
 }  // namespace pserver

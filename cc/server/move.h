@@ -97,6 +97,32 @@ class BlockMover {
   bool running_ ABSL_GUARDED_BY(worker_mu_) = false;
 };
 
+// ---- Live moves and checkpoints (docs/elastic.md, "Moves with checkpoints") ----
+//
+// A server with --checkpoint_dir saves no checkpoint while a move is under
+// way (its blocks are split between two placements); once the placement is
+// stable again its checkpoints hold only the blocks it owns under it, record
+// its count, and are numbered above every checkpoint of every shard, so a
+// restart of everything loads the moved state, not the older generation
+// (PlacementToReshardFrom picks the newest generation by sequence).
+
+// OK when a checkpoint may be saved now; UNAVAILABLE (retry) while `gate`'s
+// placement is moving, naming the move.
+absl::Status CheckNoMoveUnderWay(const PlacementGate& gate);
+
+// Removes from `snapshot` every dense block that `gate`'s placement gives to
+// another server (what this server handed over); the number removed.
+size_t KeepOwnedBlocks(const PlacementGate& gate, StoreSnapshot* snapshot);
+
+// The newest sequence of any checkpoint under cluster directory `dir`, every
+// shard-<k> included; 0 when there is none.
+uint64_t NewestSequenceOfAnyShard(const std::string& dir);
+
+// Whether a server that claimed index `index` while etcd's /placement is
+// `placement` joins a move to more servers: it then starts empty (its
+// blocks come from their old owners), whatever its shard-<index> holds.
+bool JoinsMove(const v1::Placement& placement, uint32_t index);
+
 }  // namespace pserver
 
 #endif  // PSERVER_CC_SERVER_MOVE_H_

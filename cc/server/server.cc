@@ -335,11 +335,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
             "live moves do not work with replication yet (--accept_standbys): the blocks "
             "received would not reach the backups; docs/elastic.md");
       }
-      if (!raw->options_.checkpoint_dir.empty()) {
-        return absl::FailedPreconditionError(
-            "live moves do not work with --checkpoint_dir yet: this server's checkpoints would "
-            "keep the blocks it handed over and miss the ones it received; docs/elastic.md");
-      }
       return raw->block_mover_.get();
     };
     hooks.move_blocks = [mover](const v1::MoveBlocksRequest& request,
@@ -1092,6 +1087,14 @@ v1::Placement Server::CurrentPlacement() const {
   placement.set_kind(v1::Placement::JUMP);
   placement.set_num_servers(num_servers_);
   placement.set_version(placement_version_);
+  // After a live move: the stable placement it ended with.
+  if (placement_gate_ != nullptr) {
+    const v1::Placement now = placement_gate_->spec();
+    if (!now.moving() && now.version() > placement_version_) {
+      placement.set_num_servers(now.num_servers());
+      placement.set_version(now.version());
+    }
+  }
   return placement;
 }
 
@@ -1099,9 +1102,9 @@ CheckpointWriteOptions Server::WriteOptions() const {
   CheckpointWriteOptions write_options;
   write_options.file_mode = options_.checkpoint_file_mode;
   write_options.cluster = options_.cluster;
-  write_options.num_servers = num_servers_;
   write_options.epoch = epoch();
   write_options.placement = CurrentPlacement();
+  write_options.num_servers = write_options.placement.num_servers();
   return write_options;
 }
 
@@ -1256,6 +1259,17 @@ absl::Status Server::LoadShard() {
   const std::string dir = ShardDir();
   // An unusable directory is found now, not at the first save.
   PS_RETURN_IF_ERROR(CheckWritableDirectory(dir, options_.checkpoint_file_mode));
+  if (options_.placement_redirects && etcd_ != nullptr) {
+    absl::StatusOr<std::optional<v1::Placement>> placement = ReadPlacement(*etcd_);
+    if (placement.ok() && placement->has_value() && JoinsMove(**placement, index_)) {
+      // Its blocks come from their old owners; what shard-<index> holds is
+      // of an older generation.
+      Log(absl::StrCat("index ", index_, " joins the move of placement version ",
+                       (*placement)->version(), ": starting empty, not from ", dir));
+      SetNextSequence(NewestSequenceOfAnyShard(options_.checkpoint_dir));
+      return absl::OkStatus();
+    }
+  }
   uint64_t published_sequence = 0;
   absl::StatusOr<std::optional<LoadedCheckpoint>> resharded = ReshardAtStart();
   if (!resharded.ok()) {
@@ -1316,6 +1330,22 @@ absl::Status Server::Restore(LoadedCheckpoint& loaded, bool replace) {
   return store_.Restore(std::move(loaded.snapshot), replace);
 }
 
+void Server::AfterLiveMove(StoreSnapshot* snapshot) {
+  const uint64_t version = placement_gate_->version();
+  if (version == placement_version_) return;  // no move since this server started
+  const size_t dropped = KeepOwnedBlocks(*placement_gate_, snapshot);
+  if (version != sequence_placement_version_) {
+    // The first checkpoint of the new placement: above every shard's, so
+    // that a restart takes this generation, not the one before the move.
+    next_sequence_ =
+        std::max(next_sequence_, NewestSequenceOfAnyShard(options_.checkpoint_dir) + 1);
+    sequence_placement_version_ = version;
+    Log(absl::StrCat("placement version ", version, ": checkpoints from sequence ",
+                     next_sequence_, " on hold this server's blocks only (", dropped,
+                     " handed over left out)"));
+  }
+}
+
 absl::StatusOr<CheckpointInfo> Server::Save() {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("this server has no checkpoint directory");
@@ -1327,9 +1357,23 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
     if (!fence_->Confirmed()) CheckShardEpoch();
     PS_RETURN_IF_ERROR(fence_->CheckServing());
   }
+  if (placement_gate_ != nullptr) {
+    if (departed_.load()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "server ", index_, " departed in a live move: its blocks live on the other servers, "
+          "a checkpoint of it would be loaded as a shard of the cluster"));
+    }
+    PS_RETURN_IF_ERROR(CheckNoMoveUnderWay(*placement_gate_));
+  }
   absl::MutexLock save_lock(&save_mu_);
   CheckpointTimer timer(&checkpoint_metrics_);  // a failure unless it succeeds
   PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, dispatcher_->Snapshot());
+  if (placement_gate_ != nullptr) {
+    // A move that began while the snapshot was taken: it may hold blocks
+    // being handed over.
+    PS_RETURN_IF_ERROR(CheckNoMoveUnderWay(*placement_gate_));
+    AfterLiveMove(&snapshot);
+  }
   const uint64_t sequence = next_sequence_++;
   PS_ASSIGN_OR_RETURN(CheckpointInfo info,
                       SaveCheckpoint(snapshot, ShardDir(), index_, sequence, WriteOptions()));
@@ -1436,6 +1480,11 @@ void Server::Shutdown(absl::Duration grace) {
     final_save_status_ = absl::FailedPreconditionError(
         absl::StrCat(fence_->step_down_message(), ": no final checkpoint"));
     Log(absl::StrCat("stepped down: no final checkpoint (", fence_->step_down_message(), ")"));
+  } else if (departed_.load() && !options_.checkpoint_dir.empty() &&
+             options_.checkpoint_on_shutdown) {
+    // Its blocks live on the other servers now; a checkpoint of it would be
+    // loaded as a shard of the cluster.
+    Log("departed in a live move: no final checkpoint");
   } else if (loaded_ok_ && !options_.checkpoint_dir.empty() && options_.checkpoint_on_shutdown) {
     absl::StatusOr<CheckpointInfo> saved = Save();
     Log(saved.ok() ? absl::StrCat("saved checkpoint ", saved->path)

@@ -398,6 +398,10 @@ class Server {
   // (PlacementToReshardFrom): this shard's part of them (ReshardShard),
   // saved at once as its checkpoint. nullopt: load as usual.
   absl::StatusOr<std::optional<LoadedCheckpoint>> ReshardAtStart();
+  // Save's part after a live move (move.h, "Live moves and checkpoints"):
+  // leaves out the blocks handed over and, at the first save of a new
+  // placement, numbers checkpoints above every shard's.
+  void AfterLiveMove(StoreSnapshot* snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
   std::string ShardDir() const;  // this server's shard's
   std::string ShardDir(uint32_t shard) const;
   void CheckpointLoop();
@@ -466,6 +470,9 @@ class Server {
 
   absl::Mutex save_mu_;  // one save at a time
   uint64_t next_sequence_ ABSL_GUARDED_BY(save_mu_) = 1;
+  // The placement version the sequence was last raised for after a live
+  // move (move.h, "Live moves and checkpoints").
+  uint64_t sequence_placement_version_ ABSL_GUARDED_BY(save_mu_) = 0;
 
   std::unique_ptr<BulkListener> bulk_listener_;  // null: --bulk_channel=off
   std::unique_ptr<EtcdClient> etcd_;
