@@ -34,6 +34,7 @@
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/move_coordinator.h"
+#include "cc/server/process_slots.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -514,12 +515,15 @@ TEST_F(LiveMoveTest, CheckpointsAfterAMoveHoldTheMovedStateForARestartOfEverythi
   }
 }
 
-// A server whose moves would lose state refuses MoveBlocks, naming why: with
-// replication (the blocks would not reach its backups).
-TEST_F(LiveMoveTest, ServersWithReplicationRefuseMoves) {
+// A server whose moves are not built refuses MoveBlocks, naming why: with
+// --replicas (standbys in the serving processes).
+TEST_F(LiveMoveTest, ServersWithReplicasInTheServingProcessesRefuseMoves) {
   const std::vector<std::pair<std::function<void(ServerOptions*)>, std::string>> cases = {
-      {[](ServerOptions* o) { o->accept_standbys = true; },
-       "live moves do not work with replication yet"},
+      {[](ServerOptions* o) {
+         o->accept_standbys = true;
+         o->process_slots = std::make_shared<ProcessSlots>();
+       },
+       "live moves do not work with --replicas yet"},
   };
   for (const auto& [set, refusal] : cases) {
     ServerOptions options = Options(1);

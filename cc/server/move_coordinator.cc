@@ -1,6 +1,7 @@
 #include "cc/server/move_coordinator.h"
 
 #include <algorithm>
+#include <functional>
 #include <future>
 #include <memory>
 #include <utility>
@@ -38,21 +39,38 @@ absl::StatusOr<std::vector<std::string>> Registered(EtcdClient& etcd, uint32_t c
   return addresses;
 }
 
-// MoveBlocks on the server at `address`, retried while UNAVAILABLE (it has
-// not seen the placement yet, or its destination has not) until `deadline`.
-absl::StatusOr<v1::MoveBlocksResponse> MoveBlocksOn(const std::string& address, uint64_t version,
-                                                    absl::Time deadline) {
-  std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+// MoveBlocks on whoever holds /ps/<index> now, retried while UNAVAILABLE
+// (it has not seen the placement yet, its destination has not, or it died
+// and its standby is taking the shard over: /ps/<index> is read again every
+// attempt) until `deadline`.
+absl::StatusOr<v1::MoveBlocksResponse> MoveBlocksOn(EtcdClient& etcd, uint32_t index,
+                                                    uint64_t version, absl::Time deadline,
+                                                    std::string* address) {
+  std::unique_ptr<v1::ParameterServer::Stub> stub;
   v1::MoveBlocksRequest request;
   request.set_version(version);
   absl::Status status;
   for (int attempt = 0; attempt < 100000; ++attempt) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    v1::MoveBlocksResponse response;
-    status = FromGrpcStatus(stub->MoveBlocks(&context, request, &response));
-    if (status.ok()) return response;
+    absl::StatusOr<KeyValue> entry = etcd.Get(etcd_keys::ServerKey(index));
+    absl::StatusOr<etcd_keys::ServerEntry> parsed =
+        entry.ok() ? etcd_keys::ParseServerValue(entry->value)
+                   : absl::StatusOr<etcd_keys::ServerEntry>(entry.status());
+    if (parsed.ok() && parsed->address != *address) {
+      *address = parsed->address;
+      stub = v1::ParameterServer::NewStub(
+          grpc::CreateChannel(*address, grpc::InsecureChannelCredentials()));
+    }
+    if (stub == nullptr) {
+      // Not registered (a standby taking over deletes it first).
+      status = absl::UnavailableError(absl::StrCat("/ps/", index, " is not registered: ",
+                                                   parsed.status().message()));
+    } else {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      v1::MoveBlocksResponse response;
+      status = FromGrpcStatus(stub->MoveBlocks(&context, request, &response));
+      if (status.ok()) return response;
+    }
     if (!absl::IsUnavailable(status) || absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
@@ -151,8 +169,10 @@ absl::StatusOr<ScaleResult> ScaleCluster(const ScaleOptions& options) {
 
   // Every old owner hands its leaving blocks over, all at once.
   std::vector<std::future<absl::StatusOr<v1::MoveBlocksResponse>>> moves;
+  std::vector<std::string> asked(from);  // the address each was last asked at
   for (uint32_t i = 0; i < from; ++i) {
-    moves.push_back(std::async(std::launch::async, MoveBlocksOn, addresses[i], version, deadline));
+    moves.push_back(std::async(std::launch::async, MoveBlocksOn, std::ref(*etcd), i, version,
+                               deadline, &asked[i]));
   }
   absl::Status failed;
   for (uint32_t i = 0; i < from; ++i) {
@@ -160,7 +180,7 @@ absl::StatusOr<ScaleResult> ScaleCluster(const ScaleOptions& options) {
     if (!moved.ok()) {
       if (failed.ok()) {
         failed = absl::Status(moved.status().code(),
-                              absl::StrCat("server ", i, " at ", addresses[i], ": ",
+                              absl::StrCat("server ", i, " at ", asked[i], ": ",
                                            moved.status().message(), stuck));
       }
       continue;

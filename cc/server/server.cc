@@ -320,6 +320,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       if (raw->primary_replication_ == nullptr) {
         return absl::UnavailableError("this server does not hold a shard yet; retry");
       }
+      if (raw->placement_gate_ != nullptr) {
+        PS_RETURN_IF_ERROR(CheckStandbyMayAttach(*raw->placement_gate_));
+      }
       return raw->primary_replication_->Attach(request);
     };
     hooks.degraded = [raw] { return raw->Degraded(); };
@@ -330,10 +333,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       if (!raw->block_mover_set_.load(std::memory_order_acquire)) {
         return absl::UnavailableError("this server is still starting; retry");
       }
-      if (raw->primary_replication_set_.load(std::memory_order_acquire)) {
+      if (raw->options_.process_slots != nullptr) {
         return absl::FailedPreconditionError(
-            "live moves do not work with replication yet (--accept_standbys): the blocks "
-            "received would not reach the backups; docs/elastic.md");
+            "live moves do not work with --replicas yet (standbys in the serving processes); "
+            "use --accept_standbys with --standby processes; docs/elastic.md");
       }
       return raw->block_mover_.get();
     };
@@ -369,7 +372,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->dispatcher_->SetTrace(server->trace_.get());
   }
   if (options.standby) {
-    server->backup_replication_ = std::make_unique<BackupReplication>(server->dispatcher_.get());
+    server->backup_replication_ = std::make_unique<BackupReplication>(
+        server->dispatcher_.get(),
+        [raw](absl::string_view method, absl::string_view request) {
+          return ApplyMoveWriteOnBackup(method, request, raw->store_, raw->move_marks_);
+        });
   }
   AuthOptions auth;
   auth.job = options.job;
@@ -1616,6 +1623,14 @@ absl::Status Server::StartPlacementGate() {
   };
   mover.write_options = WriteOptions();
   mover.batch_bytes = options_.move_batch_bytes;
+  mover.replicated = [this] { return primary_replication_set_.load(std::memory_order_acquire); };
+  mover.stall_after_batches = options_.testing_move_stall_after_batches;
+  mover.stall = [this] {
+    // Said on stdout, where tests read "listening on" too.
+    std::printf("pserver %u: testing: live move stalled\n", index_);
+    std::fflush(stdout);
+    for (int i = 0; i < 6000 && !StopRequested(); ++i) PauseUnlessStopped(absl::Milliseconds(100));
+  };
   mover.log = [this](const std::string& line) { Log(line); };
   block_mover_ = std::make_unique<BlockMover>(std::move(mover));
   block_mover_set_.store(true, std::memory_order_release);
@@ -1643,6 +1658,9 @@ absl::Status Server::StartPlacementGate() {
   // What changed before the watch started (older versions are ignored).
   absl::StatusOr<KeyValue> now = etcd_->Get(etcd_keys::PlacementKey());
   if (now.ok()) follow(now->value);
+  // A standby that took its shard over mid-move: the marks its primary
+  // shipped (cc/server/move.h, "Moves with replication").
+  move_marks_.SeedGate(*gate, store_);
   dispatcher_->SetPlacementGate(gate);
   Log(absl::StrCat("placement redirects on: blocks checked against placement version ",
                    gate->version()));

@@ -163,6 +163,10 @@ struct ServerOptions {
   // this many bytes of values and optimizer state (--move_batch_bytes,
   // 1 KiB .. max_message_bytes / 2; one larger block goes alone).
   uint64_t move_batch_bytes = kDefaultMoveBatchBytes;
+  // Testing only (--testing_move_stall_after_batches; 0: off): a live move
+  // stops here mid-way, saying so on stdout, so that a test can kill this
+  // process mid-move (BlockMoverOptions::stall_after_batches).
+  uint32_t testing_move_stall_after_batches = 0;
   // Called once when a stable /placement leaves this server out (index >=
   // its count, after a move to fewer servers): the server has handed its
   // blocks over and should drain and exit (pserver does, as on SIGTERM).
@@ -497,6 +501,9 @@ class Server {
   std::unique_ptr<BlockMover> block_mover_;  // set with placement_gate_
   std::atomic<bool> block_mover_set_{false};
   std::atomic<bool> departed_{false};
+  // A standby's record of its primary's live move (move.h): seeds the gate
+  // if it takes the shard over.
+  MoveMarks move_marks_;
 
   absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
