@@ -41,6 +41,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/service.grpc.pb.h"
+#include "tests/step_trainer.h"
 
 namespace pserver {
 namespace {
@@ -72,70 +73,20 @@ std::vector<float> Gradient(int p, int step) {
   return g;
 }
 
-// Pushes SGD step after step (all parameters, Gradient(p, step)) until
-// stopped or paused; stops at its first error.
-class Trainer {
+// Pushes SGD step after step (all parameters, Gradient(p, step)) from
+// `first_step` until stopped; stops at its first error.
+class Trainer : public StepTrainer {
  public:
-  Trainer(Client& client, int first_step) : client_(client), steps_(first_step) {
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~Trainer() { Stop().IgnoreError(); }
-
-  // The steps acknowledged (the model is Expected(p, steps())).
-  int steps() const {
-    absl::MutexLock lock(&mu_);
-    return steps_;
-  }
-  // Waits until `n` more steps than now are acknowledged; false after 60 s
-  // or an error.
-  bool Advance(int n) {
-    absl::MutexLock lock(&mu_);
-    const int target = steps_ + n;
-    auto reached = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return steps_ >= target || !error_.ok();
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(60)) && error_.ok();
-  }
-  // Stops after the step under way; its error, if any.
-  absl::Status Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    if (thread_.joinable()) thread_.join();
-    absl::MutexLock lock(&mu_);
-    return error_;
-  }
-
- private:
-  void Run() {
-    for (int i = 0; i < 1000000; ++i) {
-      int step = 0;
-      {
-        absl::MutexLock lock(&mu_);
-        if (stop_) return;
-        step = steps_;
-      }
-      std::vector<NamedTensor> grads;
-      for (int p = 0; p < kParams; ++p) {
-        grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, step))});
-      }
-      absl::Status status = client_.SendGrads(grads);
-      absl::MutexLock lock(&mu_);
-      if (!status.ok()) {
-        error_ = status;
-        return;
-      }
-      ++steps_;
-    }
-  }
-
-  Client& client_;
-  mutable absl::Mutex mu_;
-  int steps_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  Trainer(Client& client, int first_step)
+      : StepTrainer(
+            [&client](int step) {
+              std::vector<NamedTensor> grads;
+              for (int p = 0; p < kParams; ++p) {
+                grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, step))});
+              }
+              return client.SendGrads(grads);
+            },
+            first_step) {}
 };
 
 class LiveMoveTest : public ::testing::Test {

@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
@@ -44,6 +43,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/service.grpc.pb.h"
+#include "tests/step_trainer.h"
 
 namespace pserver {
 namespace {
@@ -61,68 +61,20 @@ float Gradient(int step, int p, int e) {
   return static_cast<float>((step * 7 + p * 3 + e) % 5 + 1);
 }
 
-// Pushes SGD step after step until stopped; stops at its first error.
-class Trainer {
+// Pushes SGD step after step (every parameter, Gradient(step, p, e)) until
+// stopped; stops at its first error.
+class Trainer : public StepTrainer {
  public:
-  explicit Trainer(Client& client) : client_(client) {
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~Trainer() { Stop().IgnoreError(); }
-
-  int steps() const {
-    absl::MutexLock lock(&mu_);
-    return steps_;
-  }
-  // Waits until `n` more steps are acknowledged; false after kWait or an error.
-  bool Advance(int n) {
-    absl::MutexLock lock(&mu_);
-    const int target = steps_ + n;
-    auto reached = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return steps_ >= target || !error_.ok();
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&reached), kWait) && error_.ok();
-  }
-  absl::Status Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    if (thread_.joinable()) thread_.join();
-    absl::MutexLock lock(&mu_);
-    return error_;
-  }
-
- private:
-  void Run() {
-    for (int i = 0; i < 1000000; ++i) {
-      int step = 0;
-      {
-        absl::MutexLock lock(&mu_);
-        if (stop_) return;
-        step = steps_;
-      }
-      std::vector<NamedTensor> grads;
-      for (int p = 0; p < kParams; ++p) {
-        std::vector<float> g(kWidth);
-        for (int e = 0; e < kWidth; ++e) g[e] = Gradient(step, p, e);
-        grads.push_back({Param(p), Tensor::FromValues<float>({kWidth}, g)});
-      }
-      absl::Status status = client_.SendGrads(grads);
-      absl::MutexLock lock(&mu_);
-      if (!status.ok()) {
-        error_ = status;
-        return;
-      }
-      ++steps_;
-    }
-  }
-
-  Client& client_;
-  mutable absl::Mutex mu_;
-  int steps_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  explicit Trainer(Client& client)
+      : StepTrainer([&client](int step) {
+          std::vector<NamedTensor> grads;
+          for (int p = 0; p < kParams; ++p) {
+            std::vector<float> g(kWidth);
+            for (int e = 0; e < kWidth; ++e) g[e] = Gradient(step, p, e);
+            grads.push_back({Param(p), Tensor::FromValues<float>({kWidth}, g)});
+          }
+          return client.SendGrads(grads);
+        }) {}
 };
 
 class MoveFailoverTest : public ::testing::Test {

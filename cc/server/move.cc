@@ -288,6 +288,13 @@ absl::Status MoveMarks::Apply(absl::string_view bytes) {
   return absl::OkStatus();
 }
 
+void MoveMarks::Clear() {
+  absl::MutexLock lock(&mu_);
+  version_ = 0;
+  marks_.clear();
+  received_.clear();
+}
+
 void MoveMarks::Received(uint64_t version, const std::vector<PlacementGate::BlockKey>& blocks) {
   absl::MutexLock lock(&mu_);
   SetVersionLocked(version);

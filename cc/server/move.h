@@ -153,6 +153,9 @@ class MoveMarks {
   // Blocks this replica received in the move of `version`.
   void Received(uint64_t version, const std::vector<PlacementGate::BlockKey>& blocks)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets every mark (a standby copying a shard anew: the marks were of
+  // the state it replaces).
+  void Clear() ABSL_LOCKS_EXCLUDED(mu_);
   // Gives `gate` the marks when it is at their (moving) version. A server
   // new in the move (index >= from_num_servers: it joined empty) received
   // every block `store` holds, those of a copy taken mid-move included.

@@ -23,7 +23,10 @@
 // count while one is under way is refused (FAILED_PRECONDITION naming it).
 //
 // Needs every server started with --etcd and --placement_redirects, without
-// replication, TLS or roles (the calls are plaintext, without credentials).
+// --replicas, TLS or roles (the calls are plaintext, without credentials).
+// With standbys (--accept_standbys, --standby) a primary killed mid-move is
+// taken over and asked again: MoveBlocks goes to whoever holds /ps/<i> at
+// each attempt (cc/server/move.h, "Moves with replication").
 // Thread-safe (no shared state).
 #ifndef PSERVER_CC_SERVER_MOVE_COORDINATOR_H_
 #define PSERVER_CC_SERVER_MOVE_COORDINATOR_H_

@@ -682,6 +682,7 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
     if (round > 0) {
       // A fresh copy replaces the state: the old one's writes stop first.
       backup_replication_->Detach();
+      move_marks_.Clear();  // of the state the fresh copy replaces
       if (options_.process_slots != nullptr) options_.process_slots->Detached(instance_id_);
       if (standby_key_ != nullptr) standby_key_->Release();
       standby_key_.reset();
