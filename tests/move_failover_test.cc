@@ -228,8 +228,9 @@ class MoveFailoverTest : public ::testing::Test {
       return all;
     };
     // Mid-move: the stalled primary says so, then dies.
-    absl::Status stalled_said = primaries[stalled]->WaitForLine(
-        absl::StrCat("pserver ", stalled, ": testing: live move stalled"), absl::Now() + kWait).status();
+    const std::string stall_line = absl::StrCat("pserver ", stalled, ": testing: live move stalled");
+    absl::Status stalled_said =
+        primaries[stalled]->WaitForLine(stall_line, absl::Now() + kWait).status();
     ASSERT_OK(stalled_said) << outputs();
     const std::string successor = Config(stalled).replicas(0);
     ASSERT_EQ(kill(primaries[stalled]->pid(), SIGKILL), 0) << std::strerror(errno);
@@ -278,7 +279,9 @@ class MoveFailoverTest : public ::testing::Test {
     uint64_t leaving = 0;
     const Placement three = Placement::Jump(3, 0, kBlockBytes);
     for (int p = 0; p < kParams; ++p) {
-      for (uint32_t b = 0; b < kWidth * 4 / kBlockBytes; ++b) leaving += three.ServerOf(Param(p), b) == 2;
+      for (uint32_t b = 0; b < kWidth * 4 / kBlockBytes; ++b) {
+        leaving += three.ServerOf(Param(p), b) == 2;
+      }
     }
     EXPECT_EQ(result.blocks_moved, stalled == 2 ? leaving - 2 : leaving);
     // Shard 1 took blocks as replicated writes: its standby holds its state.

@@ -241,9 +241,9 @@ absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
     const bool kept_some = fresh.size() != keys.size();
     loaded.snapshot.blocks = std::move(fresh);
     if (kept_some) {
+      const uint32_t self = static_cast<uint32_t>(options_.gate->self());
       PS_ASSIGN_OR_RETURN(std::vector<v1::SnapshotFile> files,
-                          SnapshotToFiles(loaded.snapshot, static_cast<uint32_t>(options_.gate->self()),
-                                          options_.write_options));
+                          SnapshotToFiles(loaded.snapshot, self, options_.write_options));
       taken.clear_files();
       for (v1::SnapshotFile& file : files) *taken.add_files() = std::move(file);
     }
