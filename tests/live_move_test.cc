@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
+#include "cc/core/checkpoint.h"
 #include "cc/core/placement.h"
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
@@ -35,6 +36,7 @@
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/move_coordinator.h"
 #include "cc/server/peer_channel.h"
+#include "cc/server/process_slots.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "cc/testing/test_certs.h"
@@ -42,6 +44,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/service.grpc.pb.h"
+#include "tests/step_trainer.h"
 
 namespace pserver {
 namespace {
@@ -73,70 +76,20 @@ std::vector<float> Gradient(int p, int step) {
   return g;
 }
 
-// Pushes SGD step after step (all parameters, Gradient(p, step)) until
-// stopped or paused; stops at its first error.
-class Trainer {
+// Pushes SGD step after step (all parameters, Gradient(p, step)) from
+// `first_step` until stopped; stops at its first error.
+class Trainer : public StepTrainer {
  public:
-  Trainer(Client& client, int first_step) : client_(client), steps_(first_step) {
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~Trainer() { Stop().IgnoreError(); }
-
-  // The steps acknowledged (the model is Expected(p, steps())).
-  int steps() const {
-    absl::MutexLock lock(&mu_);
-    return steps_;
-  }
-  // Waits until `n` more steps than now are acknowledged; false after 60 s
-  // or an error.
-  bool Advance(int n) {
-    absl::MutexLock lock(&mu_);
-    const int target = steps_ + n;
-    auto reached = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return steps_ >= target || !error_.ok();
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(60)) && error_.ok();
-  }
-  // Stops after the step under way; its error, if any.
-  absl::Status Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    if (thread_.joinable()) thread_.join();
-    absl::MutexLock lock(&mu_);
-    return error_;
-  }
-
- private:
-  void Run() {
-    for (int i = 0; i < 1000000; ++i) {
-      int step = 0;
-      {
-        absl::MutexLock lock(&mu_);
-        if (stop_) return;
-        step = steps_;
-      }
-      std::vector<NamedTensor> grads;
-      for (int p = 0; p < kParams; ++p) {
-        grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, step))});
-      }
-      absl::Status status = client_.SendGrads(grads);
-      absl::MutexLock lock(&mu_);
-      if (!status.ok()) {
-        error_ = status;
-        return;
-      }
-      ++steps_;
-    }
-  }
-
-  Client& client_;
-  mutable absl::Mutex mu_;
-  int steps_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  Trainer(Client& client, int first_step)
+      : StepTrainer(
+            [&client](int step) {
+              std::vector<NamedTensor> grads;
+              for (int p = 0; p < kParams; ++p) {
+                grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, step))});
+              }
+              return client.SendGrads(grads);
+            },
+            first_step) {}
 };
 
 class LiveMoveTest : public ::testing::Test {
@@ -159,6 +112,10 @@ class LiveMoveTest : public ::testing::Test {
     options.register_timeout = absl::Seconds(120);
     options.placement_redirects = true;
     options.move_batch_bytes = 4096;
+    if (!checkpoint_dir_.empty()) {
+      options.checkpoint_dir = checkpoint_dir_;
+      options.checkpoint_on_shutdown = false;  // a stop is a kill: only Save checkpoints
+    }
     auto departed = std::make_shared<absl::Notification>();
     departures_.push_back(departed);
     options.on_departed = [departed] { departed->Notify(); };
@@ -248,7 +205,13 @@ class LiveMoveTest : public ::testing::Test {
     }
   }
 
-  // Inits the model (SGD, learning rate 1) with `client`.
+  static uint64_t ModelBytes() {
+    uint64_t bytes = 2 * 4 * 4;  // the two probes
+    for (int p = 0; p < kParams; ++p) bytes += 4 * Size(p);
+    return bytes;
+  }
+
+  // Initializes the model (SGD, learning rate 1) through `client`.
   static void InitModel(Client& client) {
     v1::ParameterConfig sgd;
     sgd.mutable_optimizer()->mutable_sgd();
@@ -303,10 +266,27 @@ class LiveMoveTest : public ::testing::Test {
     return path;
   }
 
-  static uint64_t ModelBytes() {
-    uint64_t bytes = 2 * 4 * 4;  // the two probes
-    for (int p = 0; p < kParams; ++p) bytes += 4 * Size(p);
-    return bytes;
+  // Each shard's newest checkpoint in checkpoint_dir_ records `count`
+  // servers and holds exactly the blocks placement `count` gives it, and
+  // together they hold every block of the model once.
+  void ExpectCheckpointsOf(uint32_t count) {
+    const Placement placement = Placement::Jump(count, 0, kBlockBytes);
+    std::map<std::pair<std::string, uint32_t>, int> held;
+    for (uint32_t shard = 0; shard < count; ++shard) {
+      SCOPED_TRACE(absl::StrCat("shard ", shard, " of ", count));
+      ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
+                           LoadLatestCheckpoint(absl::StrCat(checkpoint_dir_, "/shard-", shard)));
+      EXPECT_EQ(loaded.info.placement.num_servers(), count);
+      for (const BlockSnapshot& block : loaded.snapshot.blocks) {
+        EXPECT_EQ(placement.ServerOf(block.name, block.block.index()), static_cast<int>(shard))
+            << block.name << " block " << block.block.index();
+        ++held[{block.name, block.block.index()}];
+      }
+    }
+    size_t blocks = 0;
+    for (int p = 0; p < kParams; ++p) blocks += (4 * Size(p) + kBlockBytes - 1) / kBlockBytes;
+    EXPECT_EQ(held.size(), blocks);
+    for (const auto& [key, n] : held) EXPECT_EQ(n, 1) << key.first << " block " << key.second;
   }
 
   // A secured cluster (docs/security.md): what the servers, the clients
@@ -314,6 +294,7 @@ class LiveMoveTest : public ::testing::Test {
   std::function<void(ServerOptions*)> secure_server_ = [](ServerOptions*) {};
   std::function<void(ClientOptions*)> secure_client_ = [](ClientOptions*) {};
   std::function<void(ScaleOptions*)> secure_scale_ = [](ScaleOptions*) {};
+  std::string checkpoint_dir_;  // set before StartServers: servers checkpoint there
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
   std::vector<std::shared_ptr<absl::Notification>> departures_;
@@ -466,18 +447,88 @@ TEST_F(LiveMoveTest, BadMovesAreRefusedNamingWhatIsWrong) {
   EXPECT_EQ(after.value, FormatPlacementRecord(moving));
 }
 
-// A server whose moves would lose or misplace state refuses MoveBlocks,
-// naming why: with replication (the blocks would not reach its backups) and
-// with checkpoints (they would keep what it handed over). The coordinator
-// finds that out before it writes anything.
-TEST_F(LiveMoveTest, ServersWithReplicationOrCheckpointsRefuseMoves) {
+// Issue 16, moves with checkpoints: after 2 -> 3 and 3 -> 2 servers with a
+// trainer running, each server's checkpoints hold only the blocks it owns
+// under the new placement and record the new count; every server stopped
+// (no final checkpoint: as a kill) and as many started again on the
+// directory load exactly the trained values. While a move is under way a
+// Save is refused.
+TEST_F(LiveMoveTest, CheckpointsAfterAMoveHoldTheMovedStateForARestartOfEverything) {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string checkpoints = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/move-ckpt");
+  checkpoint_dir_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/moved-ckpt");
+  StartServers(2, 2);
+  ASSERT_EQ(servers_.size(), 2u);
+  std::unique_ptr<Client> client;
+  ASSERT_OK_AND_ASSIGN(client, Connect());
+  InitModel(*client);
+  int steps = 0;
+  {
+    // A checkpoint of the 2 servers before any move: the older generation.
+    Trainer trainer(*client, steps);
+    ASSERT_TRUE(trainer.Advance(3)) << trainer.Stop();
+    ASSERT_OK(trainer.Stop());
+    steps = trainer.steps();
+    ASSERT_OK(client->SaveCheckpoint());
+    ExpectCheckpointsOf(2);
+  }
+  for (uint32_t to : {3u, 2u}) {
+    SCOPED_TRACE(absl::StrCat("to ", to, " servers"));
+    auto trainer = std::make_unique<Trainer>(*client, steps);
+    ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
+    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(to, *client, trainer));
+    EXPECT_TRUE(result.moved);
+    steps = trainer->steps();
+    ASSERT_EQ(servers_.size(), to);
+    ASSERT_OK(client->SaveCheckpoint());
+    ExpectCheckpointsOf(to);
+
+    // Every server stopped without a final checkpoint, then as many started.
+    client.reset();
+    servers_.clear();
+    departed_of_.clear();
+    StartServers(static_cast<int>(to), to);
+    ASSERT_EQ(servers_.size(), to);
+    ASSERT_OK_AND_ASSIGN(client, Connect());
+    ASSERT_EQ(client->num_servers(), static_cast<int>(to));
+    ExpectModel(*client, steps);
+  }
+
+  // While a move is under way (written by hand here) no server saves.
+  ASSERT_OK_AND_ASSIGN(KeyValue before, etcd_client_->Get(etcd_keys::PlacementKey()));
+  ASSERT_OK_AND_ASSIGN(v1::Placement stable, ParsePlacementRecord(before.value));
+  v1::Placement moving = stable;
+  moving.set_version(stable.version() + 1);
+  moving.set_num_servers(3);
+  moving.set_moving(true);
+  moving.set_from_num_servers(2);
+  ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(moving)));
+  for (const auto& [index, server] : servers_) {
+    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+    absl::Status saved;
+    for (int i = 0; i < 6000; ++i) {
+      grpc::ClientContext context;
+      v1::SaveRequest request;
+      v1::SaveResponse response;
+      saved = FromGrpcStatus(stub->Save(&context, request, &response));
+      if (!saved.ok()) break;
+      absl::SleepFor(absl::Milliseconds(10));  // until the server saw the move
+    }
+    EXPECT_THAT(saved, StatusIs(absl::StatusCode::kUnavailable,
+                                HasSubstr("a live move from 2 to 3 servers is under way")))
+        << "server " << index;
+  }
+}
+
+// A server whose moves are not built refuses MoveBlocks, naming why: with
+// --replicas (standbys in the serving processes).
+TEST_F(LiveMoveTest, ServersWithReplicasInTheServingProcessesRefuseMoves) {
   const std::vector<std::pair<std::function<void(ServerOptions*)>, std::string>> cases = {
-      {[](ServerOptions* o) { o->accept_standbys = true; },
-       "live moves do not work with replication yet"},
-      {[&](ServerOptions* o) { o->checkpoint_dir = checkpoints; },
-       "live moves do not work with --checkpoint_dir yet"},
+      {[](ServerOptions* o) {
+         o->accept_standbys = true;
+         o->process_slots = std::make_shared<ProcessSlots>();
+       },
+       "live moves do not work with --replicas yet"},
   };
   for (const auto& [set, refusal] : cases) {
     ServerOptions options = Options(1);

@@ -173,6 +173,11 @@ ABSL_FLAG(uint64_t, move_batch_bytes, pserver::kDefaultMoveBatchBytes,
           "With --placement_redirects: the most bytes of values and optimizer state one "
           "server-to-server copy of a live move carries (1024 .. --max_message_bytes / 2; a "
           "larger block goes alone). Writes to the blocks of a batch wait while it is copied.");
+ABSL_FLAG(uint32_t, testing_move_stall_after_batches, 0,
+          "Testing only: with --placement_redirects, a live move stops on this server after it "
+          "handed over (or before it takes one more than) this many batches, printing "
+          "'pserver <i>: testing: live move stalled', until the process is killed or stopped. "
+          "0: off.");
 ABSL_FLAG(OnOff, bulk_channel, OnOff{},
           "on: push, pull and push+pull may also travel over a framed TCP stream (a Unix socket "
           "for clients on this host) beside gRPC, offered through OpenChannel; off: gRPC only.");
@@ -388,6 +393,7 @@ pserver::ServerOptions OptionsFromFlags() {
   }
   options.placement_redirects = absl::GetFlag(FLAGS_placement_redirects);
   options.move_batch_bytes = absl::GetFlag(FLAGS_move_batch_bytes);
+  options.testing_move_stall_after_batches = absl::GetFlag(FLAGS_testing_move_stall_after_batches);
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);

@@ -1,10 +1,13 @@
 #include "cc/server/move.h"
 
+#include <algorithm>
+#include <limits>
 #include <map>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/reshard.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/replication.h"
@@ -75,14 +78,30 @@ absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequ
     }
   }
   v1::MoveBlocksResponse response;
+  uint32_t batches_sent = 0;
   for (const auto& [to, keys] : leaving) {
     StoreSnapshot batch;
     std::vector<PlacementGate::BlockKey> held;
     uint64_t batch_bytes = 0;
     auto flush = [&]() -> absl::Status {
       if (held.empty()) return absl::OkStatus();
-      absl::Status sent = Send(version, static_cast<uint32_t>(to), batch);
-      gate.Release(held, sent.ok());
+      // Held here and on the backups before the copy can reach the new owner.
+      absl::Status sent = Mark(version, v1::MoveMarks::HELD, held);
+      if (sent.ok()) sent = Send(version, static_cast<uint32_t>(to), batch);
+      if (sent.ok() && ++batches_sent == options_.stall_after_batches && options_.stall) {
+        options_.stall();
+      }
+      if (sent.ok()) {
+        sent = Mark(version, v1::MoveMarks::HANDED_OVER, held);  // releases them
+      } else if (!replicated()) {
+        gate.Release(held, /*handed_over=*/false);  // served here again
+      }
+      if (!sent.ok() && options_.log) {
+        options_.log(absl::StrCat("placement version ", version, ": handing ", held.size(),
+                                  " blocks to server ", to, " failed (",
+                                  replicated() ? "held here; " : "served here again; ",
+                                  "MoveBlocks again sends them): ", sent.ToString()));
+      }
       if (sent.ok()) {
         response.set_blocks_moved(response.blocks_moved() + held.size());
         response.set_bytes_moved(response.bytes_moved() + batch_bytes);
@@ -105,7 +124,8 @@ absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequ
             return index == key.second && name == key.first;
           });
       if (!one.ok()) {
-        gate.Release(held, /*handed_over=*/false);
+        // Replicated: a held block stays held (its backups may hold the mark).
+        if (!replicated()) gate.Release(held, /*handed_over=*/false);
         return one.status();
       }
       batch.initialized = one->initialized;
@@ -127,7 +147,6 @@ absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequ
 }
 
 absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot& batch) {
-  PS_ASSIGN_OR_RETURN(std::string address, options_.address_of(to));
   PS_ASSIGN_OR_RETURN(std::vector<v1::SnapshotFile> files,
                       SnapshotToFiles(batch, static_cast<uint32_t>(options_.gate->self()),
                                       options_.write_options));
@@ -137,31 +156,66 @@ absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot
   for (v1::SnapshotFile& file : files) *request.add_files() = std::move(file);
   grpc::ChannelArguments arguments;
   arguments.SetMaxSendMessageSize(-1);
-  std::unique_ptr<v1::ParameterServer::Stub> stub =
-      v1::ParameterServer::NewStub(PeerChannel(address, options_.peer, arguments));
   const absl::Time deadline = absl::Now() + options_.send_timeout;
+  std::string address;
+  std::unique_ptr<v1::ParameterServer::Stub> stub;
   absl::Status status;
-  // UNAVAILABLE: the destination has not seen the placement yet, or is
-  // still starting; retried until the deadline.
+  // UNAVAILABLE: the destination has not seen the placement yet, is still
+  // starting, or died and its standby is taking over (/ps/<to> is read
+  // again every attempt: its successor's address); retried until the
+  // deadline.
   for (int attempt = 0; attempt < 10000; ++attempt) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    AddPeerMetadata(options_.peer, &context);
-    v1::ReceiveBlocksResponse response;
-    status = FromGrpcStatus(stub->ReceiveBlocks(&context, request, &response));
-    if (!absl::IsUnavailable(status) || absl::Now() >= deadline) break;
+    absl::StatusOr<std::string> now = options_.address_of(to);
+    if (now.ok() && *now != address) {
+      address = *now;
+      stub = v1::ParameterServer::NewStub(PeerChannel(address, options_.peer, arguments));
+    }
+    if (stub == nullptr) {
+      status = now.status();
+    } else {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      AddPeerMetadata(options_.peer, &context);
+      v1::ReceiveBlocksResponse response;
+      status = FromGrpcStatus(stub->ReceiveBlocks(&context, request, &response));
+    }
+    const bool retry = absl::IsUnavailable(status) || absl::IsNotFound(status);
+    if (!retry || absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(20));
   }
   if (!status.ok()) {
     return absl::Status(status.code(),
                         absl::StrCat("handing ", batch.blocks.size(), " blocks to server ", to,
-                                     " at ", address, ": ", status.message()));
+                                     " at ", address.empty() ? "(not registered)" : address, ": ",
+                                     status.message()));
   }
   return absl::OkStatus();
 }
 
+absl::Status BlockMover::Mark(uint64_t version, v1::MoveMarks::State state,
+                              const std::vector<PlacementGate::BlockKey>& blocks) {
+  v1::MoveMarks marks;
+  marks.set_version(version);
+  marks.set_state(state);
+  for (const PlacementGate::BlockKey& key : blocks) {
+    v1::ParamRef* ref = marks.add_blocks();
+    ref->set_name(key.first);
+    ref->mutable_block()->set_index(key.second);
+  }
+  return options_.dispatcher->Ship(
+      kMoveMarksWrite, [&] { return marks.SerializeAsString(); },
+      [&] {
+        if (state == v1::MoveMarks::HANDED_OVER) options_.gate->Release(blocks, true);
+        return absl::OkStatus();
+      });
+}
+
 absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
     const v1::ReceiveBlocksRequest& request) {
+  if (options_.stall_after_batches > 0 && options_.stall &&
+      received_batches_.load() == options_.stall_after_batches) {
+    options_.stall();
+  }
   PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(request.files()));
   std::vector<PlacementGate::BlockKey> keys;
   for (const BlockSnapshot& block : loaded.snapshot.blocks) {
@@ -170,8 +224,39 @@ absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
     keys.emplace_back(block.name, block.block.index());
   }
   loaded.snapshot.extensions.clear();  // blocks only
-  PS_RETURN_IF_ERROR(options_.store->Merge(std::move(loaded.snapshot)));
-  options_.gate->Received(keys);
+  absl::MutexLock serial(&receive_mu_);
+  // What the backups apply: the request as it came, or, when some blocks
+  // are kept, a copy of the ones taken.
+  v1::ReceiveBlocksRequest taken = request;
+  if (replicated()) {
+    // Sent again after a failure (the sender's, or a takeover): a block
+    // taken already stays as it is here (it may have taken writes since;
+    // the sender's copy has not changed, it held it).
+    std::vector<BlockSnapshot> fresh;
+    for (BlockSnapshot& block : loaded.snapshot.blocks) {
+      if (!options_.gate->CheckBlock(block.name, block.block).ok()) {
+        fresh.push_back(std::move(block));
+      }
+    }
+    const bool kept_some = fresh.size() != keys.size();
+    loaded.snapshot.blocks = std::move(fresh);
+    if (kept_some) {
+      const uint32_t self = static_cast<uint32_t>(options_.gate->self());
+      PS_ASSIGN_OR_RETURN(std::vector<v1::SnapshotFile> files,
+                          SnapshotToFiles(loaded.snapshot, self, options_.write_options));
+      taken.clear_files();
+      for (v1::SnapshotFile& file : files) *taken.add_files() = std::move(file);
+    }
+  }
+  // Here and on this shard's backups before it is acknowledged.
+  PS_RETURN_IF_ERROR(options_.dispatcher->Ship(
+      "ReceiveBlocks", [&] { return taken.SerializeAsString(); },
+      [&]() -> absl::Status {
+        PS_RETURN_IF_ERROR(options_.store->Merge(std::move(loaded.snapshot)));
+        options_.gate->Received(keys);
+        return absl::OkStatus();
+      }));
+  received_batches_.fetch_add(1);
   v1::ReceiveBlocksResponse response;
   response.set_blocks(keys.size());
   if (options_.log) {
@@ -179,6 +264,139 @@ absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
                               keys.size(), " blocks from server ", request.from_server()));
   }
   return response;
+}
+
+void MoveMarks::SetVersionLocked(uint64_t version) {
+  if (version <= version_) return;
+  version_ = version;
+  marks_.clear();
+  received_.clear();
+}
+
+absl::Status MoveMarks::Apply(absl::string_view bytes) {
+  v1::MoveMarks marks;
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !marks.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat("replicated ", kMoveMarksWrite, ": malformed"));
+  }
+  absl::MutexLock lock(&mu_);
+  SetVersionLocked(marks.version());
+  if (marks.version() != version_) return absl::OkStatus();  // an older move's
+  for (const v1::ParamRef& ref : marks.blocks()) {
+    marks_[{ref.name(), ref.block().index()}] = marks.state();
+  }
+  return absl::OkStatus();
+}
+
+void MoveMarks::Clear() {
+  absl::MutexLock lock(&mu_);
+  version_ = 0;
+  marks_.clear();
+  received_.clear();
+}
+
+void MoveMarks::Received(uint64_t version, const std::vector<PlacementGate::BlockKey>& blocks) {
+  absl::MutexLock lock(&mu_);
+  SetVersionLocked(version);
+  if (version != version_) return;
+  received_.insert(blocks.begin(), blocks.end());
+}
+
+void MoveMarks::SeedGate(PlacementGate& gate, const ParameterStore& store) const {
+  const v1::Placement spec = gate.spec();
+  if (!spec.moving()) return;
+  std::vector<PlacementGate::BlockKey> held, handed_over, received;
+  if (static_cast<uint32_t>(gate.self()) >= spec.from_num_servers()) {
+    for (PlacementGate::BlockKey& key : store.BlockKeys()) received.push_back(std::move(key));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (spec.version() == version_) {
+      for (const auto& [key, state] : marks_) {
+        held.push_back(key);
+        if (state == v1::MoveMarks::HANDED_OVER) handed_over.push_back(key);
+      }
+      received.insert(received.end(), received_.begin(), received_.end());
+    }
+  }
+  gate.Hold(held);
+  gate.Release(handed_over, /*handed_over=*/true);
+  gate.Received(received);
+}
+
+bool IsMoveWrite(absl::string_view method) {
+  return method == kMoveMarksWrite || method == "ReceiveBlocks";
+}
+
+absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view request,
+                                    ParameterStore& store, MoveMarks& marks) {
+  if (method == kMoveMarksWrite) return marks.Apply(request);
+  v1::ReceiveBlocksRequest receive;
+  if (method != "ReceiveBlocks" ||
+      request.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !receive.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat("replicated ", method, ": not a move's write"));
+  }
+  PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(receive.files()));
+  loaded.snapshot.extensions.clear();
+  std::vector<PlacementGate::BlockKey> keys;
+  for (const BlockSnapshot& block : loaded.snapshot.blocks) {
+    keys.emplace_back(block.name, block.block.index());
+  }
+  PS_RETURN_IF_ERROR(store.Merge(std::move(loaded.snapshot)));
+  marks.Received(receive.version(), keys);
+  return absl::OkStatus();
+}
+
+absl::Status CheckStandbyMayAttach(const PlacementGate& gate) {
+  const v1::Placement spec = gate.spec();
+  if (!spec.moving() || static_cast<uint32_t>(gate.self()) >= spec.from_num_servers()) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "a live move (placement version ", spec.version(), ") is under way on this server ",
+      gate.self(), ": a standby attaches once it ends; retry"));
+}
+
+absl::Status CheckNoMoveUnderWay(const PlacementGate& gate) {
+  const v1::Placement spec = gate.spec();
+  if (!spec.moving()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "a live move from ", spec.from_num_servers(), " to ", spec.num_servers(),
+      " servers is under way (placement version ", spec.version(),
+      "): no checkpoint until it ends; retry"));
+}
+
+size_t KeepOwnedBlocks(const PlacementGate& gate, StoreSnapshot* snapshot) {
+  const v1::Placement spec = gate.spec();
+  absl::StatusOr<Placement> placement = Placement::FromSpec(spec, 1);
+  if (!placement.ok()) return 0;  // the gate holds only placements made from specs
+  const size_t before = snapshot->blocks.size();
+  std::vector<BlockSnapshot> kept;
+  kept.reserve(before);
+  for (BlockSnapshot& block : snapshot->blocks) {
+    if (placement->ServerOf(block.name, block.block.index()) == gate.self()) {
+      kept.push_back(std::move(block));
+    }
+  }
+  snapshot->blocks = std::move(kept);
+  return before - snapshot->blocks.size();
+}
+
+uint64_t NewestSequenceOfAnyShard(const std::string& dir) {
+  absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> shards =
+      ListShardCheckpoints(dir);
+  if (!shards.ok()) return 0;
+  uint64_t newest = 0;
+  for (const auto& [shard, held] : *shards) {
+    if (!held.empty()) newest = std::max(newest, held.back().sequence);
+  }
+  return newest;
+}
+
+bool JoinsMove(const v1::Placement& placement, uint32_t index) {
+  return placement.moving() && placement.num_servers() > placement.from_num_servers() &&
+         index >= placement.from_num_servers() && index < placement.num_servers();
 }
 
 }  // namespace pserver

@@ -30,9 +30,13 @@
 #ifndef PSERVER_CC_SERVER_MOVE_H_
 #define PSERVER_CC_SERVER_MOVE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <set>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -67,6 +71,17 @@ struct BlockMoverOptions {
   uint64_t batch_bytes = kDefaultMoveBatchBytes;
   // How long one ReceiveBlocks may take, retries of UNAVAILABLE included.
   absl::Duration send_timeout = absl::Seconds(60);
+  // Whether this server replicates its shard (it is a primary with
+  // --accept_standbys; null: no). Then the moves are made to survive a kill
+  // of either side (below, "Moves with replication").
+  std::function<bool()> replicated;
+  // Testing only (--testing_move_stall_after_batches): when > 0, `stall` is
+  // called (and is expected not to return before the process is killed)
+  // once this server handed over that many batches in one MoveBlocks (after
+  // the last reached the new owner, before it is marked handed over), and
+  // before it takes one more ReceiveBlocks batch than that.
+  uint32_t stall_after_batches = 0;
+  std::function<void()> stall;
   std::function<void(const std::string& line)> log;
 };
 
@@ -95,13 +110,111 @@ class BlockMover {
  private:
   // Sends `batch` (held) to server `to`; returns the bytes sent.
   absl::Status Send(uint64_t version, uint32_t to, const StoreSnapshot& batch);
+  // Marks `blocks` `state` here and on this shard's backups (a replicated
+  // write, Dispatcher::Ship): HELD applies nothing here (Hold did), and
+  // HANDED_OVER releases them to PlacementMoved.
+  absl::Status Mark(uint64_t version, v1::MoveMarks::State state,
+                    const std::vector<PlacementGate::BlockKey>& blocks);
+  bool replicated() const { return options_.replicated && options_.replicated(); }
 
   const BlockMoverOptions options_;
   absl::Mutex move_mu_;
+  absl::Mutex receive_mu_;  // one Receive at a time: its choice and its write agree
+  std::atomic<uint32_t> received_batches_{0};  // for stall_after_batches
   absl::Mutex worker_mu_;
   std::thread worker_ ABSL_GUARDED_BY(worker_mu_);
   bool running_ ABSL_GUARDED_BY(worker_mu_) = false;
 };
+
+// ---- Moves with replication (docs/elastic.md, "Moves with replication") ----
+//
+// On a shard with backups (--accept_standbys) a move survives a kill -9 of
+// either side's primary:
+//   - the old owner ships "held" marks for a batch to its backups before it
+//     sends the batch, and "handed over" marks once the new owner took it
+//     (MoveMarks, a replicated write); a copy that fails leaves the blocks
+//     held (writes refused, retry) rather than served again, so the copy a
+//     retry sends is the one sent before;
+//   - the new owner's ReceiveBlocks is a replicated write: its backups hold
+//     the blocks before it is acknowledged. A block it received already in
+//     this move is kept as it is (it may have taken writes since; the copy
+//     sent again is the same as the first);
+//   - a backup keeps the marks (MoveMarks below) and, if it takes the shard
+//     over, starts its gate from them; the coordinator asks whoever holds
+//     /ps/<i> now, and the sender sends to whoever holds /ps/<j> now.
+// A standby may not attach to an old owner while a move is under way (its
+// copy would miss the marks): it retries once the move ended.
+
+// The method name MoveMarks travel under to backups.
+inline constexpr char kMoveMarksWrite[] = "MoveMarks";
+
+// A backup's record of the move under way, for the gate it starts if it
+// takes the shard over. Marks of one placement version at a time (a newer
+// one replaces them). Thread-safe.
+class MoveMarks {
+ public:
+  // A shipped v1::MoveMarks (kMoveMarksWrite); INVALID_ARGUMENT for bytes
+  // that do not parse.
+  absl::Status Apply(absl::string_view bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks this replica received in the move of `version`.
+  void Received(uint64_t version, const std::vector<PlacementGate::BlockKey>& blocks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets every mark (a standby copying a shard anew: the marks were of
+  // the state it replaces).
+  void Clear() ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives `gate` the marks when it is at their (moving) version. A server
+  // new in the move (index >= from_num_servers: it joined empty) received
+  // every block `store` holds, those of a copy taken mid-move included.
+  void SeedGate(PlacementGate& gate, const ParameterStore& store) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void SetVersionLocked(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<PlacementGate::BlockKey, v1::MoveMarks::State> marks_ ABSL_GUARDED_BY(mu_);
+  std::set<PlacementGate::BlockKey> received_ ABSL_GUARDED_BY(mu_);
+};
+
+// Whether `method` is a live move's replicated write (MoveMarks, or the
+// new owner's ReceiveBlocks, holding just the blocks it took).
+bool IsMoveWrite(absl::string_view method);
+// A backup applying such a write: MoveMarks recorded in `marks`; the
+// blocks of a ReceiveBlocks merged into `store` (the primary checked and
+// chose them) and recorded as received.
+absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view request,
+                                    ParameterStore& store, MoveMarks& marks);
+// OK when a standby may attach now: UNAVAILABLE (retry) while a move is
+// under way on an old owner (index < from_num_servers), whose copy would
+// miss the marks; a new server's standby may attach (its copy holds what
+// it received).
+absl::Status CheckStandbyMayAttach(const PlacementGate& gate);
+
+// ---- Live moves and checkpoints (docs/elastic.md, "Moves with checkpoints") ----
+//
+// A server with --checkpoint_dir saves no checkpoint while a move is under
+// way (its blocks are split between two placements); once the placement is
+// stable again its checkpoints hold only the blocks it owns under it, record
+// its count, and are numbered above every checkpoint of every shard, so a
+// restart of everything loads the moved state, not the older generation
+// (PlacementToReshardFrom picks the newest generation by sequence).
+
+// OK when a checkpoint may be saved now; UNAVAILABLE (retry) while `gate`'s
+// placement is moving, naming the move.
+absl::Status CheckNoMoveUnderWay(const PlacementGate& gate);
+
+// Removes from `snapshot` every dense block that `gate`'s placement gives to
+// another server (what this server handed over); the number removed.
+size_t KeepOwnedBlocks(const PlacementGate& gate, StoreSnapshot* snapshot);
+
+// The newest sequence of any checkpoint under cluster directory `dir`, every
+// shard-<k> included; 0 when there is none.
+uint64_t NewestSequenceOfAnyShard(const std::string& dir);
+
+// Whether a server that claimed index `index` while etcd's /placement is
+// `placement` joins a move to more servers: it then starts empty (its
+// blocks come from their old owners), whatever its shard-<index> holds.
+bool JoinsMove(const v1::Placement& placement, uint32_t index);
 
 }  // namespace pserver
 

@@ -1,6 +1,7 @@
 #include "cc/server/move_coordinator.h"
 
 #include <algorithm>
+#include <functional>
 #include <future>
 #include <memory>
 #include <utility>
@@ -41,32 +42,54 @@ absl::StatusOr<std::vector<std::string>> Registered(EtcdClient& etcd, uint32_t c
   return addresses;
 }
 
-// MoveBlocks on the server at `address` for `version`, presenting `peer`,
-// retried while UNAVAILABLE (it is still starting or has not seen the
-// placement yet, or its destination has not) until `deadline`; at most
-// `attempts` calls. An UNAVAILABLE that shows a TLS cause (the handshake
-// failed: a credential problem, not a wait) is not retried, and its cause is
-// named.
-absl::StatusOr<v1::MoveBlocksResponse> MoveBlocksOn(const std::string& address,
-                                                    const PeerCredentials& peer,
-                                                    uint64_t version, absl::Time deadline,
-                                                    int attempts = 100000) {
-  std::unique_ptr<v1::ParameterServer::Stub> stub =
-      v1::ParameterServer::NewStub(PeerChannel(address, peer));
+// Where /ps/<index> is now: its address, or UNAVAILABLE while it is not
+// registered (a standby taking the shard over deletes it first).
+absl::StatusOr<std::string> RegisteredAddress(EtcdClient& etcd, uint32_t index) {
+  absl::StatusOr<KeyValue> entry = etcd.Get(etcd_keys::ServerKey(index));
+  absl::StatusOr<etcd_keys::ServerEntry> parsed =
+      entry.ok() ? etcd_keys::ParseServerValue(entry->value)
+                 : absl::StatusOr<etcd_keys::ServerEntry>(entry.status());
+  if (!parsed.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("/ps/", index, " is not registered: ", parsed.status().message()));
+  }
+  return parsed->address;
+}
+
+// MoveBlocks for `version` on the server `where` names at each attempt,
+// presenting `peer`, retried while UNAVAILABLE (it is still starting, has
+// not seen the placement yet or its destination has not, or it died and its
+// standby is taking the shard over) until `deadline`; `*address` is the one
+// last asked. An UNAVAILABLE that shows a TLS cause (the handshake failed:
+// a credential problem, not a wait) is not retried, and its cause is named.
+absl::StatusOr<v1::MoveBlocksResponse> MoveBlocksOn(
+    const std::function<absl::StatusOr<std::string>()>& where, const PeerCredentials& peer,
+    uint64_t version, absl::Time deadline, std::string* address) {
+  std::unique_ptr<v1::ParameterServer::Stub> stub;
   v1::MoveBlocksRequest request;
   request.set_version(version);
   absl::Status status;
-  for (int attempt = 0; attempt < attempts; ++attempt) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    AddPeerMetadata(peer, &context);
-    v1::MoveBlocksResponse response;
-    status = FromGrpcStatus(stub->MoveBlocks(&context, request, &response));
-    if (status.ok()) return response;
-    if (!absl::IsUnavailable(status)) break;
-    const std::string tls = DescribeTlsFailure(status.message(), peer.tls.enabled());
-    if (!tls.empty()) return absl::UnavailableError(absl::StrCat(tls, ": ", status.message()));
-    if (absl::Now() >= deadline) break;
+  for (int attempt = 0; attempt < 100000; ++attempt) {
+    absl::StatusOr<std::string> now = where();
+    if (now.ok() && *now != *address) {
+      *address = *now;
+      stub = v1::ParameterServer::NewStub(PeerChannel(*address, peer));
+    }
+    if (stub == nullptr) {
+      status = now.status();
+    } else {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      AddPeerMetadata(peer, &context);
+      v1::MoveBlocksResponse response;
+      status = FromGrpcStatus(stub->MoveBlocks(&context, request, &response));
+      if (status.ok()) return response;
+      const std::string tls = DescribeTlsFailure(status.message(), peer.tls.enabled());
+      if (absl::IsUnavailable(status) && !tls.empty()) {
+        return absl::UnavailableError(absl::StrCat(tls, ": ", status.message()));
+      }
+    }
+    if (!absl::IsUnavailable(status) || absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
   return status;
@@ -80,12 +103,14 @@ constexpr absl::Duration kProbeTime = absl::Seconds(60);
 // that would take part answers it FAILED_PRECONDITION "... (not moving)"
 // (BlockMover::Move). Any other answer (PERMISSION_DENIED or
 // UNAUTHENTICATED for credentials the server refuses, FAILED_PRECONDITION
-// for a server with replication, --checkpoint_dir or no
-// --placement_redirects, a TLS handshake that fails) is returned.
+// for a server with --replicas or no --placement_redirects, a TLS handshake
+// that fails) is returned.
 absl::Status CheckTakesPart(const std::string& address, const PeerCredentials& peer,
                             uint64_t version, absl::Time deadline) {
-  absl::StatusOr<v1::MoveBlocksResponse> probe =
-      MoveBlocksOn(address, peer, version, std::min(deadline, absl::Now() + kProbeTime));
+  std::string asked;
+  absl::StatusOr<v1::MoveBlocksResponse> probe = MoveBlocksOn(
+      [&address]() -> absl::StatusOr<std::string> { return address; }, peer, version,
+      std::min(deadline, absl::Now() + kProbeTime), &asked);
   if (absl::IsFailedPrecondition(probe.status()) &&
       absl::StrContains(probe.status().message(), "(not moving)")) {
     return absl::OkStatus();
@@ -221,9 +246,11 @@ absl::StatusOr<ScaleResult> ScaleCluster(const ScaleOptions& options) {
 
   // Every old owner hands its leaving blocks over, all at once.
   std::vector<std::future<absl::StatusOr<v1::MoveBlocksResponse>>> moves;
+  std::vector<std::string> asked(from);  // the address each was last asked at
   for (uint32_t i = 0; i < from; ++i) {
-    moves.push_back(std::async(std::launch::async, [&addresses, &peer, i, version, deadline] {
-      return MoveBlocksOn(addresses[i], peer, version, deadline);
+    moves.push_back(std::async(std::launch::async, [&etcd, &peer, &asked, i, version, deadline] {
+      return MoveBlocksOn([&etcd, i] { return RegisteredAddress(*etcd, i); }, peer, version,
+                          deadline, &asked[i]);
     }));
   }
   absl::Status failed;
@@ -232,7 +259,7 @@ absl::StatusOr<ScaleResult> ScaleCluster(const ScaleOptions& options) {
     if (!moved.ok()) {
       if (failed.ok()) {
         failed = absl::Status(moved.status().code(),
-                              absl::StrCat("server ", i, " at ", addresses[i], ": ",
+                              absl::StrCat("server ", i, " at ", asked[i], ": ",
                                            moved.status().message(), stuck));
       }
       continue;

@@ -26,14 +26,17 @@
 // take part (MoveBlocks for the stable version, which moves nothing): a
 // server that refuses the coordinator's credentials (PERMISSION_DENIED,
 // UNAUTHENTICATED, a TLS handshake that fails) or takes part in no move
-// (no --placement_redirects, replication, --checkpoint_dir) fails the call
-// with nothing written.
+// (no --placement_redirects, --replicas) fails the call with nothing
+// written.
 //
 // Needs every server started with --etcd and --placement_redirects, without
-// replication. On a secured cluster (docs/security.md) the coordinator
+// --replicas. On a secured cluster (docs/security.md) the coordinator
 // presents `tls` and `token`, which must name the admin role of the job
 // (MoveBlocks needs it); the servers hand blocks to each other with their
 // own certificate and --peer_token_file (cc/server/peer_channel.h).
+// With standbys (--accept_standbys, --standby) a primary killed mid-move is
+// taken over and asked again: MoveBlocks goes to whoever holds /ps/<i> at
+// each attempt (cc/server/move.h, "Moves with replication").
 // Thread-safe (no shared state).
 #ifndef PSERVER_CC_SERVER_MOVE_COORDINATOR_H_
 #define PSERVER_CC_SERVER_MOVE_COORDINATOR_H_

@@ -19,6 +19,7 @@
 #include "cc/etcd/shard_config.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/rpc/grpc_status.h"
+#include "cc/server/move.h"
 #include "cc/server/service.h"
 #include "grpcpp/grpcpp.h"
 
@@ -482,6 +483,11 @@ void BackupReplication::Attached(uint32_t shard, uint64_t epoch, uint64_t last_l
                                            if (write.method == "SendGrads")
                                              return ApplyReplicatedPush(*dispatcher_,
                                                                         write.request);
+                                           if (IsMoveWrite(write.method) &&
+                                               apply_move_write_) {
+                                             return apply_move_write_(write.method,
+                                                                      write.request);
+                                           }
                                            return dispatcher_->ApplyWrite(write.method,
                                                                           write.request);
                                          });

@@ -232,7 +232,12 @@ class PrimaryProbe {
 
 class BackupReplication {
  public:
-  explicit BackupReplication(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+  // `apply_move_write` applies a shipped write of a live move (IsMoveWrite,
+  // cc/server/move.h; null: such a write is refused).
+  using MoveWriteApply =
+      std::function<absl::Status(absl::string_view method, absl::string_view request)>;
+  explicit BackupReplication(Dispatcher* dispatcher, MoveWriteApply apply_move_write = nullptr)
+      : dispatcher_(dispatcher), apply_move_write_(std::move(apply_move_write)) {}
   // The copy of shard `shard` whose writes carry epoch `epoch`, up to
   // `last_lsn`, is loaded: writes are applied from now on. Called again
   // after Detach, for a fresh copy.
@@ -257,6 +262,7 @@ class BackupReplication {
   std::shared_ptr<BackupLog> log() const;
 
   Dispatcher* const dispatcher_;
+  const MoveWriteApply apply_move_write_;
   mutable absl::Mutex mu_;
   uint32_t shard_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<BackupLog> log_ ABSL_GUARDED_BY(mu_);  // null: no copy loaded

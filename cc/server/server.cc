@@ -321,6 +321,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       if (raw->primary_replication_ == nullptr) {
         return absl::UnavailableError("this server does not hold a shard yet; retry");
       }
+      if (raw->placement_gate_ != nullptr) {
+        PS_RETURN_IF_ERROR(CheckStandbyMayAttach(*raw->placement_gate_));
+      }
       return raw->primary_replication_->Attach(request);
     };
     hooks.degraded = [raw] { return raw->Degraded(); };
@@ -331,15 +334,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       if (!raw->block_mover_set_.load(std::memory_order_acquire)) {
         return absl::UnavailableError("this server is still starting; retry");
       }
-      if (raw->primary_replication_set_.load(std::memory_order_acquire)) {
+      if (raw->options_.process_slots != nullptr) {
         return absl::FailedPreconditionError(
-            "live moves do not work with replication yet (--accept_standbys): the blocks "
-            "received would not reach the backups; docs/elastic.md");
-      }
-      if (!raw->options_.checkpoint_dir.empty()) {
-        return absl::FailedPreconditionError(
-            "live moves do not work with --checkpoint_dir yet: this server's checkpoints would "
-            "keep the blocks it handed over and miss the ones it received; docs/elastic.md");
+            "live moves do not work with --replicas yet (standbys in the serving processes); "
+            "use --accept_standbys with --standby processes; docs/elastic.md");
       }
       return raw->block_mover_.get();
     };
@@ -375,7 +373,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->dispatcher_->SetTrace(server->trace_.get());
   }
   if (options.standby) {
-    server->backup_replication_ = std::make_unique<BackupReplication>(server->dispatcher_.get());
+    server->backup_replication_ = std::make_unique<BackupReplication>(
+        server->dispatcher_.get(),
+        [raw](absl::string_view method, absl::string_view request) {
+          return ApplyMoveWriteOnBackup(method, request, raw->store_, raw->move_marks_);
+        });
   }
   AuthOptions auth;
   auth.job = options.job;
@@ -681,6 +683,7 @@ absl::Status Server::RunStandby(uint32_t desired, absl::Time deadline, Retry& re
     if (round > 0) {
       // A fresh copy replaces the state: the old one's writes stop first.
       backup_replication_->Detach();
+      move_marks_.Clear();  // of the state the fresh copy replaces
       if (options_.process_slots != nullptr) options_.process_slots->Detached(instance_id_);
       if (standby_key_ != nullptr) standby_key_->Release();
       standby_key_.reset();
@@ -1093,6 +1096,14 @@ v1::Placement Server::CurrentPlacement() const {
   placement.set_kind(v1::Placement::JUMP);
   placement.set_num_servers(num_servers_);
   placement.set_version(placement_version_);
+  // After a live move: the stable placement it ended with.
+  if (placement_gate_ != nullptr) {
+    const v1::Placement now = placement_gate_->spec();
+    if (!now.moving() && now.version() > placement_version_) {
+      placement.set_num_servers(now.num_servers());
+      placement.set_version(now.version());
+    }
+  }
   return placement;
 }
 
@@ -1100,9 +1111,9 @@ CheckpointWriteOptions Server::WriteOptions() const {
   CheckpointWriteOptions write_options;
   write_options.file_mode = options_.checkpoint_file_mode;
   write_options.cluster = options_.cluster;
-  write_options.num_servers = num_servers_;
   write_options.epoch = epoch();
   write_options.placement = CurrentPlacement();
+  write_options.num_servers = write_options.placement.num_servers();
   return write_options;
 }
 
@@ -1257,6 +1268,17 @@ absl::Status Server::LoadShard() {
   const std::string dir = ShardDir();
   // An unusable directory is found now, not at the first save.
   PS_RETURN_IF_ERROR(CheckWritableDirectory(dir, options_.checkpoint_file_mode));
+  if (options_.placement_redirects && etcd_ != nullptr) {
+    absl::StatusOr<std::optional<v1::Placement>> placement = ReadPlacement(*etcd_);
+    if (placement.ok() && placement->has_value() && JoinsMove(**placement, index_)) {
+      // Its blocks come from their old owners; what shard-<index> holds is
+      // of an older generation.
+      Log(absl::StrCat("index ", index_, " joins the move of placement version ",
+                       (*placement)->version(), ": starting empty, not from ", dir));
+      SetNextSequence(NewestSequenceOfAnyShard(options_.checkpoint_dir));
+      return absl::OkStatus();
+    }
+  }
   uint64_t published_sequence = 0;
   absl::StatusOr<std::optional<LoadedCheckpoint>> resharded = ReshardAtStart();
   if (!resharded.ok()) {
@@ -1317,6 +1339,22 @@ absl::Status Server::Restore(LoadedCheckpoint& loaded, bool replace) {
   return store_.Restore(std::move(loaded.snapshot), replace);
 }
 
+void Server::AfterLiveMove(StoreSnapshot* snapshot) {
+  const uint64_t version = placement_gate_->version();
+  if (version == placement_version_) return;  // no move since this server started
+  const size_t dropped = KeepOwnedBlocks(*placement_gate_, snapshot);
+  if (version != sequence_placement_version_) {
+    // The first checkpoint of the new placement: above every shard's, so
+    // that a restart takes this generation, not the one before the move.
+    next_sequence_ =
+        std::max(next_sequence_, NewestSequenceOfAnyShard(options_.checkpoint_dir) + 1);
+    sequence_placement_version_ = version;
+    Log(absl::StrCat("placement version ", version, ": checkpoints from sequence ",
+                     next_sequence_, " on hold this server's blocks only (", dropped,
+                     " handed over left out)"));
+  }
+}
+
 absl::StatusOr<CheckpointInfo> Server::Save() {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("this server has no checkpoint directory");
@@ -1328,9 +1366,23 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
     if (!fence_->Confirmed()) CheckShardEpoch();
     PS_RETURN_IF_ERROR(fence_->CheckServing());
   }
+  if (placement_gate_ != nullptr) {
+    if (departed_.load()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "server ", index_, " departed in a live move: its blocks live on the other servers, "
+          "a checkpoint of it would be loaded as a shard of the cluster"));
+    }
+    PS_RETURN_IF_ERROR(CheckNoMoveUnderWay(*placement_gate_));
+  }
   absl::MutexLock save_lock(&save_mu_);
   CheckpointTimer timer(&checkpoint_metrics_);  // a failure unless it succeeds
   PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, dispatcher_->Snapshot());
+  if (placement_gate_ != nullptr) {
+    // A move that began while the snapshot was taken: it may hold blocks
+    // being handed over.
+    PS_RETURN_IF_ERROR(CheckNoMoveUnderWay(*placement_gate_));
+    AfterLiveMove(&snapshot);
+  }
   const uint64_t sequence = next_sequence_++;
   PS_ASSIGN_OR_RETURN(CheckpointInfo info,
                       SaveCheckpoint(snapshot, ShardDir(), index_, sequence, WriteOptions()));
@@ -1437,6 +1489,11 @@ void Server::Shutdown(absl::Duration grace) {
     final_save_status_ = absl::FailedPreconditionError(
         absl::StrCat(fence_->step_down_message(), ": no final checkpoint"));
     Log(absl::StrCat("stepped down: no final checkpoint (", fence_->step_down_message(), ")"));
+  } else if (departed_.load() && !options_.checkpoint_dir.empty() &&
+             options_.checkpoint_on_shutdown) {
+    // Its blocks live on the other servers now; a checkpoint of it would be
+    // loaded as a shard of the cluster.
+    Log("departed in a live move: no final checkpoint");
   } else if (loaded_ok_ && !options_.checkpoint_dir.empty() && options_.checkpoint_on_shutdown) {
     absl::StatusOr<CheckpointInfo> saved = Save();
     Log(saved.ok() ? absl::StrCat("saved checkpoint ", saved->path)
@@ -1569,6 +1626,14 @@ absl::Status Server::StartPlacementGate() {
   mover.peer = peer_;
   mover.write_options = WriteOptions();
   mover.batch_bytes = options_.move_batch_bytes;
+  mover.replicated = [this] { return primary_replication_set_.load(std::memory_order_acquire); };
+  mover.stall_after_batches = options_.testing_move_stall_after_batches;
+  mover.stall = [this] {
+    // Said on stdout, where tests read "listening on" too.
+    std::printf("pserver %u: testing: live move stalled\n", index_);
+    std::fflush(stdout);
+    for (int i = 0; i < 6000 && !StopRequested(); ++i) PauseUnlessStopped(absl::Milliseconds(100));
+  };
   mover.log = [this](const std::string& line) { Log(line); };
   block_mover_ = std::make_unique<BlockMover>(std::move(mover));
   block_mover_set_.store(true, std::memory_order_release);
@@ -1596,6 +1661,9 @@ absl::Status Server::StartPlacementGate() {
   // What changed before the watch started (older versions are ignored).
   absl::StatusOr<KeyValue> now = etcd_->Get(etcd_keys::PlacementKey());
   if (now.ok()) follow(now->value);
+  // A standby that took its shard over mid-move: the marks its primary
+  // shipped (cc/server/move.h, "Moves with replication").
+  move_marks_.SeedGate(*gate, store_);
   dispatcher_->SetPlacementGate(gate);
   Log(absl::StrCat("placement redirects on: blocks checked against placement version ",
                    gate->version()));

@@ -163,6 +163,10 @@ struct ServerOptions {
   // this many bytes of values and optimizer state (--move_batch_bytes,
   // 1 KiB .. max_message_bytes / 2; one larger block goes alone).
   uint64_t move_batch_bytes = kDefaultMoveBatchBytes;
+  // Testing only (--testing_move_stall_after_batches; 0: off): a live move
+  // stops here mid-way, saying so on stdout, so that a test can kill this
+  // process mid-move (BlockMoverOptions::stall_after_batches).
+  uint32_t testing_move_stall_after_batches = 0;
   // Called once when a stable /placement leaves this server out (index >=
   // its count, after a move to fewer servers): the server has handed its
   // blocks over and should drain and exit (pserver does, as on SIGTERM).
@@ -400,6 +404,10 @@ class Server {
   // (PlacementToReshardFrom): this shard's part of them (ReshardShard),
   // saved at once as its checkpoint. nullopt: load as usual.
   absl::StatusOr<std::optional<LoadedCheckpoint>> ReshardAtStart();
+  // Save's part after a live move (move.h, "Live moves and checkpoints"):
+  // leaves out the blocks handed over and, at the first save of a new
+  // placement, numbers checkpoints above every shard's.
+  void AfterLiveMove(StoreSnapshot* snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
   std::string ShardDir() const;  // this server's shard's
   std::string ShardDir(uint32_t shard) const;
   void CheckpointLoop();
@@ -468,6 +476,9 @@ class Server {
 
   absl::Mutex save_mu_;  // one save at a time
   uint64_t next_sequence_ ABSL_GUARDED_BY(save_mu_) = 1;
+  // The placement version the sequence was last raised for after a live
+  // move (move.h, "Live moves and checkpoints").
+  uint64_t sequence_placement_version_ ABSL_GUARDED_BY(save_mu_) = 0;
 
   std::unique_ptr<BulkListener> bulk_listener_;  // null: --bulk_channel=off
   std::unique_ptr<EtcdClient> etcd_;
@@ -492,6 +503,9 @@ class Server {
   std::unique_ptr<BlockMover> block_mover_;  // set with placement_gate_
   std::atomic<bool> block_mover_set_{false};
   std::atomic<bool> departed_{false};
+  // A standby's record of its primary's live move (move.h): seeds the gate
+  // if it takes the shard over.
+  MoveMarks move_marks_;
 
   absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;

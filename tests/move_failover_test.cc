@@ -1,0 +1,317 @@
+// Live moves that survive a kill -9 (issue 16 item 4, docs/elastic.md,
+// "Moves with replication"): real etcd, three `pserver` primaries with
+// --accept_standbys and a `--standby` process each, a trainer pushing
+// deterministic SGD steps (integer gradients, learning rate 1: exact in
+// float32) while `psctl scale 2` (ScaleCluster) moves server 2's blocks to
+// servers 0 and 1. One primary is started with
+// --testing_move_stall_after_batches=3: mid-move it stops (the old owner
+// after its third batch reached the new owner and before it marked it
+// handed over; the new owner before it takes its fourth batch) and says so
+// on stdout; the test then kill -9s it. Its standby takes the shard over
+// with the move's marks, the coordinator asks it (MoveBlocks on whoever
+// holds /ps/<i> now), the sender sends to it, and the move completes. Every
+// parameter then equals 0 minus every gradient acknowledged, to the bit:
+// nothing lost, nothing applied twice. Every wait is bounded; every process
+// is stopped by its PID.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cc/client/client.h"
+#include "cc/core/placement.h"
+#include "cc/core/tensor.h"
+#include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
+#include "cc/etcd/shard_config.h"
+#include "cc/etcd/testing/etcd_process.h"
+#include "cc/server/move_coordinator.h"
+#include "cc/testing/child_process.h"
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "pserver/v1/service.grpc.pb.h"
+#include "tests/step_trainer.h"
+
+namespace pserver {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(90);
+constexpr char kCluster[] = "movefail";
+constexpr int kParams = 8;
+constexpr int kWidth = 4096;          // 16 KiB a parameter
+constexpr uint64_t kBlockBytes = 1024;  // 16 blocks a parameter; one a batch
+
+std::string Param(int p) { return absl::StrCat("w", p); }
+
+// The integer gradient of parameter p at step s, element e (1..5).
+float Gradient(int step, int p, int e) {
+  return static_cast<float>((step * 7 + p * 3 + e) % 5 + 1);
+}
+
+// Pushes SGD step after step (every parameter, Gradient(step, p, e)) until
+// stopped; stops at its first error.
+class Trainer : public StepTrainer {
+ public:
+  explicit Trainer(Client& client)
+      : StepTrainer([&client](int step) {
+          std::vector<NamedTensor> grads;
+          for (int p = 0; p < kParams; ++p) {
+            std::vector<float> g(kWidth);
+            for (int e = 0; e < kWidth; ++e) g[e] = Gradient(step, p, e);
+            grads.push_back({Param(p), Tensor::FromValues<float>({kWidth}, g)});
+          }
+          return client.SendGrads(grads);
+        }) {}
+};
+
+class MoveFailoverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(etcd_, testing::EtcdProcess::Start());
+    EtcdClientOptions options;
+    options.endpoints = {etcd_->endpoint()};
+    options.prefix = etcd_keys::ClusterPrefix(kCluster);
+    ASSERT_OK_AND_ASSIGN(etcd_client_, EtcdClient::Connect(options));
+  }
+
+  std::vector<std::string> Flags() const {
+    return {"--host=127.0.0.1",
+            "--port=0",
+            "--etcd=" + etcd_->endpoint(),
+            absl::StrCat("--cluster=", kCluster),
+            "--lease_ttl=5",
+            "--register_timeout=60",
+            "--placement_redirects",
+            absl::StrCat("--move_batch_bytes=", kBlockBytes)};
+  }
+
+  std::unique_ptr<ChildProcess> Spawn(const std::vector<std::string>& flags) {
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+        ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), flags);
+    EXPECT_OK(child);
+    return child.ok() ? *std::move(child) : nullptr;
+  }
+
+  // Primary `index` of 3 (they claim indexes in start order).
+  std::unique_ptr<ChildProcess> StartPrimary(uint32_t index, bool stall) {
+    std::vector<std::string> flags = Flags();
+    flags.push_back("--num_servers=3");
+    flags.push_back("--accept_standbys");
+    if (stall) flags.push_back("--testing_move_stall_after_batches=3");
+    std::unique_ptr<ChildProcess> child = Spawn(flags);
+    if (child == nullptr) return nullptr;
+    absl::StatusOr<std::string> listening =
+        WaitForPserverAddress(*child, index, absl::Now() + kWait);
+    EXPECT_OK(listening) << child->output();
+    return listening.ok() ? std::move(child) : nullptr;
+  }
+
+  // A standby; returned once /shards/<shard> lists it (a standby attaches
+  // to the shard with the fewest backups first).
+  std::unique_ptr<ChildProcess> StartStandby(uint32_t shard) {
+    std::vector<std::string> flags = Flags();
+    flags.push_back("--standby");
+    flags.push_back("--accept_standbys");
+    std::unique_ptr<ChildProcess> child = Spawn(flags);
+    if (child == nullptr) return nullptr;
+    bool listed = false;
+    for (int i = 0; i < 4500 && !listed; ++i) {
+      listed = Config(shard).replicas_size() == 1;
+      if (!listed) absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_TRUE(listed) << "no standby attached to shard " << shard << ": " << child->output();
+    return child;
+  }
+
+  v1::ShardConfig Config(uint32_t shard) {
+    absl::StatusOr<KeyValue> kv = etcd_client_->Get(etcd_keys::ShardKey(shard));
+    if (!kv.ok()) return {};
+    absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(shard, kv->value);
+    return config.ok() ? *config : v1::ShardConfig();
+  }
+
+  // The address in etcd key `key` (/ps/<i> or /standby/<i>/<instance>).
+  std::string AddressAt(const std::string& key) {
+    absl::StatusOr<KeyValue> kv = etcd_client_->Get(key);
+    EXPECT_OK(kv) << key;
+    if (!kv.ok()) return "";
+    absl::StatusOr<etcd_keys::ServerEntry> entry = etcd_keys::ParseServerValue(kv->value);
+    EXPECT_OK(entry);
+    return entry.ok() ? entry->address : "";
+  }
+
+  // The state checksum the server at `address` reports (GetStats).
+  static uint32_t StateChecksum(const std::string& address) {
+    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::GetStatsRequest request;
+    request.set_state_checksum(true);
+    v1::GetStatsResponse response;
+    const grpc::Status status = stub->GetStats(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << address << ": " << status.error_message();
+    return response.stats().state_checksum();
+  }
+
+  std::unique_ptr<Client> Connect() {
+    ClientOptions options;
+    options.etcd_endpoints = {etcd_->endpoint()};
+    options.cluster = kCluster;
+    options.timeout = kWait;
+    options.discovery_timeout = kWait;
+    options.initial_backoff = absl::Milliseconds(10);
+    options.attempt_timeout = absl::Seconds(5);
+    options.block_bytes = kBlockBytes;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    EXPECT_OK(client);
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // 3 -> 2 servers while a trainer runs; primary `stalled` stops mid-move
+  // and is killed; its standby takes over and the move completes exactly.
+  void ScaleDownKillingMidMove(uint32_t stalled) {
+    std::vector<std::unique_ptr<ChildProcess>> primaries, standbys;
+    for (uint32_t i = 0; i < 3; ++i) {
+      primaries.push_back(StartPrimary(i, i == stalled));
+      ASSERT_NE(primaries.back(), nullptr);
+    }
+    for (uint32_t i = 0; i < 3; ++i) {
+      standbys.push_back(StartStandby(i));
+      ASSERT_NE(standbys.back(), nullptr);
+    }
+    std::unique_ptr<Client> client = Connect();
+    ASSERT_NE(client, nullptr);
+    v1::ParameterConfig sgd;
+    sgd.mutable_optimizer()->mutable_sgd();
+    sgd.mutable_learning_rate()->set_learning_rate(1.0);
+    for (int p = 0; p < kParams; ++p) {
+      ASSERT_OK(client->InitParam(
+          Param(p), Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 0)), sgd));
+    }
+    ASSERT_OK(client->FinishInitParams());
+    Trainer trainer(*client);
+    ASSERT_TRUE(trainer.Advance(3)) << trainer.Stop();
+
+    ScaleOptions scale;
+    scale.etcd_endpoints = {etcd_->endpoint()};
+    scale.cluster = kCluster;
+    scale.to = 2;
+    scale.timeout = absl::Minutes(4);
+    scale.progress = [](const std::string& line) { std::printf("scale: %s\n", line.c_str()); };
+    std::future<absl::StatusOr<ScaleResult>> scaled =
+        std::async(std::launch::async, [scale] { return ScaleCluster(scale); });
+
+    // Every process's output, once it is stopped (a failure's report).
+    auto outputs = [&] {
+      std::string all;
+      for (auto* group : {&primaries, &standbys}) {
+        for (std::unique_ptr<ChildProcess>& child : *group) {
+          kill(child->pid(), SIGKILL);
+          child->WaitForExit(absl::Now() + kWait).IgnoreError();
+          absl::StrAppend(&all, "---- pid ", child->pid(), "\n", child->output());
+        }
+      }
+      return all;
+    };
+    // Mid-move: the stalled primary says so, then dies.
+    const std::string stall_line = absl::StrCat("pserver ", stalled, ": testing: live move stalled");
+    absl::Status stalled_said =
+        primaries[stalled]->WaitForLine(stall_line, absl::Now() + kWait).status();
+    ASSERT_OK(stalled_said) << outputs();
+    const std::string successor = Config(stalled).replicas(0);
+    ASSERT_EQ(kill(primaries[stalled]->pid(), SIGKILL), 0) << std::strerror(errno);
+    ASSERT_OK_AND_ASSIGN(int status, primaries[stalled]->WaitForExit(absl::Now() + kWait));
+    EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+    bool took_over = false;
+    for (int i = 0; i < 4500 && !took_over; ++i) {
+      took_over = Config(stalled).holder() == successor;
+      if (!took_over) absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(took_over) << standbys[stalled]->output();
+
+    absl::StatusOr<ScaleResult> scaled_result = scaled.get();
+    ASSERT_OK(scaled_result) << outputs();
+    const ScaleResult result = *scaled_result;
+    EXPECT_TRUE(result.moved);
+    EXPECT_EQ(result.from, 3u);
+    EXPECT_EQ(result.to, 2u);
+    // A few steps on the new placement, then the trainer stops.
+    bool routed = false;
+    for (int i = 0; i < 9000 && !routed; ++i) {
+      routed = client->etcd_placement_version() >= result.version;
+      if (!routed) absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_TRUE(routed);
+    ASSERT_TRUE(trainer.Advance(2)) << trainer.Stop();
+    ASSERT_OK(trainer.Stop());
+    const int steps = trainer.steps();
+
+    std::unique_ptr<Client> fresh = Connect();
+    ASSERT_NE(fresh, nullptr);
+    ASSERT_EQ(fresh->num_servers(), 2);
+    for (int p = 0; p < kParams; ++p) {
+      ASSERT_OK_AND_ASSIGN(Tensor w, fresh->GetParam(Param(p)));
+      const std::vector<float> got = w.ToVector<float>();
+      ASSERT_EQ(got.size(), static_cast<size_t>(kWidth));
+      for (int e = 0; e < kWidth; ++e) {
+        float expected = 0;
+        for (int s = 0; s < steps; ++s) expected -= Gradient(s, p, e);
+        ASSERT_EQ(got[e], expected) << Param(p) << "[" << e << "] after " << steps << " steps";
+      }
+    }
+    // The blocks server 2 owned under 3 servers. Killed as the old owner, it
+    // had marked its first two batches (one block each) handed over, on its
+    // standby too: its successor sent the rest, the third (held) again.
+    uint64_t leaving = 0;
+    const Placement three = Placement::Jump(3, 0, kBlockBytes);
+    for (int p = 0; p < kParams; ++p) {
+      for (uint32_t b = 0; b < kWidth * 4 / kBlockBytes; ++b) {
+        leaving += three.ServerOf(Param(p), b) == 2;
+      }
+    }
+    EXPECT_EQ(result.blocks_moved, stalled == 2 ? leaving - 2 : leaving);
+    // Shard 1 took blocks as replicated writes: its standby holds its state.
+    EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(1))),
+              StateChecksum(AddressAt(etcd_keys::StandbyKey(1, Config(1).replicas(0)))));
+    std::printf("%d steps, exact; the stalled server %u was killed mid-move; %llu of %llu blocks "
+                "moved by the last MoveBlocks\n",
+                steps, stalled, static_cast<unsigned long long>(result.blocks_moved),
+                static_cast<unsigned long long>(leaving));
+    // Every process left is stopped by its PID (ChildProcess's destructor).
+  }
+
+  std::unique_ptr<testing::EtcdProcess> etcd_;
+  std::unique_ptr<EtcdClient> etcd_client_;
+};
+
+// The old owner (server 2, handing its blocks to 0 and 1) is killed after
+// its third batch reached the new owner and before it marked it handed
+// over: its standby holds the batch as held, sends it again, and the new
+// owner keeps the copy it took.
+TEST_F(MoveFailoverTest, AnOldOwnerKilledMidMoveIsTakenOverAndTheMoveCompletesExactly) {
+  ScaleDownKillingMidMove(/*stalled=*/2);
+}
+
+// A new owner (server 0) is killed before it takes its fourth batch: its
+// standby holds the three it took (replicated before they were
+// acknowledged) and takes the rest from the sender, which follows /ps/0.
+TEST_F(MoveFailoverTest, ANewOwnerKilledMidMoveIsTakenOverAndTheMoveCompletesExactly) {
+  ScaleDownKillingMidMove(/*stalled=*/0);
+}
+
+}  // namespace
+}  // namespace pserver
