@@ -192,6 +192,22 @@ TEST_F(PserverProcessTest, ReplicasOutOfRangeOrWithoutEtcdExitWithStatusOne) {
   }
 }
 
+TEST_F(PserverProcessTest, JoinBoundsOutOfRangeExitWithStatusOneNamingTheFlag) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--max_joining_bytes=1023", "max_joining_bytes must be in [1024, 2^40], got 1023"},
+      {"--join_timeout=0", "join_timeout must be in [1s, 1h], got 0"},
+      {"--join_timeout=3601", "join_timeout must be in [1s, 1h], got 1h0m1s"},
+  };
+  for (const auto& [flag, message] : cases) {
+    ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), {flag}));
+    ASSERT_OK_AND_ASSIGN(int status, child_->WaitForExit(absl::Now() + kStopTimeout));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << flag << ": "
+                                                               << DescribeWaitStatus(status);
+    EXPECT_THAT(child_->err(), HasSubstr(message)) << flag;
+    EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening"))) << flag;
+  }
+}
+
 // Sets environment variables for the children this test spawns (they inherit
 // the environment) and removes them again.
 class ScopedEnvironment {

@@ -290,6 +290,10 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
     return absl::InvalidArgumentError(
         absl::StrCat("this server holds shard ", options_.shard, ", not ", request.shard()));
   }
+  if (request.check_join()) {
+    PS_RETURN_IF_ERROR(CheckJoin(request.instance_id()));
+    return v1::AttachStandbyResponse();
+  }
   if (request.address().empty() || request.address().size() > 300) {
     return absl::InvalidArgumentError("a standby's address must be 1-300 bytes");
   }
@@ -298,6 +302,25 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
   std::shared_ptr<Joiner> joiner = std::make_shared<Joiner>();
   {
     absl::MutexLock lock(&mu_);
+    // A standby let go while joining attaches again: its old joiner (which
+    // its thread may not have taken out yet) gives way to the new one.
+    std::shared_ptr<Joiner> replaced;
+    for (const std::shared_ptr<Joiner>& other : joiners_) {
+      if (other->backup.id != request.instance_id()) continue;
+      absl::MutexLock joiner_lock(&other->mu);
+      if (other->failed.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "standby ", request.instance_id(), " is joining shard ", options_.shard, " already"));
+      }
+      replaced = other;
+    }
+    if (replaced != nullptr) RemoveJoiner(replaced, /*why=*/"");
+    for (auto it = let_go_.begin(); it != let_go_.end(); ++it) {
+      if (it->first == request.instance_id()) {
+        let_go_.erase(it);
+        break;
+      }
+    }
     if (backups_.size() + joiners_.size() >= options_.max_standbys) {
       return absl::FailedPreconditionError(absl::StrCat(
           "shard ", options_.shard, " has ", backups_.size(), " backups and ", joiners_.size(),
@@ -309,12 +332,6 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
         return absl::FailedPreconditionError(
             absl::StrCat("standby ", request.instance_id(), " is a backup of shard ",
                          options_.shard, " already"));
-      }
-    }
-    for (const std::shared_ptr<Joiner>& other : joiners_) {
-      if (other->backup.id == request.instance_id()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "standby ", request.instance_id(), " is joining shard ", options_.shard, " already"));
       }
     }
     // This server may add it (the holder, the standby not listed): checked
@@ -344,7 +361,7 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
       SnapshotToFiles(snapshot, options_.shard, write_options);
   if (!files.ok()) {
     absl::MutexLock lock(&mu_);
-    RemoveJoiner(joiner);
+    RemoveJoiner(joiner, /*why=*/"");  // the standby gets the error
     return files.status();
   }
   if (options_.log) {
@@ -438,7 +455,7 @@ void PrimaryReplication::CatchUp(std::shared_ptr<Joiner> joiner) {
       why = absl::StrCat("it caught up but was not listed: ", listed.message());
     }
   }
-  RemoveJoiner(joiner);
+  RemoveJoiner(joiner, why);
   if (options_.log) {
     options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address,
                               " did not catch up on shard ", options_.shard, " (", why,
@@ -458,7 +475,7 @@ absl::Status PrimaryReplication::List(const std::shared_ptr<Joiner>& joiner) {
                          {next.put}));
   if (!written.succeeded) {
     return absl::FailedPreconditionError(
-        absl::StrCat("etcd ", key, " changed while the standby joined; it copies again"));
+        absl::StrCat("etcd ", key, " changed while the standby joined"));
   }
   options_.config->Set(next.config.epoch(), next.value);
   backups_.push_back(std::move(joiner->backup));
@@ -467,11 +484,46 @@ absl::Status PrimaryReplication::List(const std::shared_ptr<Joiner>& joiner) {
   return absl::OkStatus();
 }
 
-void PrimaryReplication::RemoveJoiner(const std::shared_ptr<Joiner>& joiner) {
+void PrimaryReplication::RemoveJoiner(const std::shared_ptr<Joiner>& joiner,
+                                      const std::string& why) {
   auto it = std::find(joiners_.begin(), joiners_.end(), joiner);
   if (it == joiners_.end()) return;
   joiners_.erase(it);
   RebuildLog();
+  if (why.empty()) return;
+  for (auto old = let_go_.begin(); old != let_go_.end(); ++old) {
+    if (old->first == joiner->backup.id) {
+      let_go_.erase(old);
+      break;
+    }
+  }
+  let_go_.emplace_back(joiner->backup.id, why);
+  if (let_go_.size() > kMaxLetGo) let_go_.pop_front();
+}
+
+absl::Status PrimaryReplication::CheckJoin(const std::string& instance_id) const {
+  auto let_go = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the primary of shard ", options_.shard, " let standby ", instance_id,
+                     " go while it joined: ", why, "; copy the shard again"));
+  };
+  absl::ReaderMutexLock lock(&mu_);
+  for (const Backup& backup : backups_) {
+    if (backup.id == instance_id) return absl::OkStatus();
+  }
+  for (const std::shared_ptr<Joiner>& joiner : joiners_) {
+    if (joiner->backup.id != instance_id) continue;
+    absl::MutexLock joiner_lock(&joiner->mu);
+    if (joiner->failed.empty()) return absl::OkStatus();
+    return let_go(joiner->failed);
+  }
+  for (const auto& [id, why] : let_go_) {
+    if (id == instance_id) return let_go(why);
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("standby ", instance_id, " is neither joining shard ", options_.shard,
+                   " nor a backup of it (dropped since, or this primary never attached it); "
+                   "copy the shard again"));
 }
 
 // ---- backup -------------------------------------------------------------------------

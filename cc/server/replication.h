@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -105,11 +106,12 @@ struct PrimaryReplicationOptions {
   // The most standbys attached at once (--max_standbys, >= 1): one more is
   // refused with FAILED_PRECONDITION naming the flag.
   size_t max_standbys = 2;
-  // A joining standby's queue of writes made since its copy (bytes): past
-  // it the standby is let go, unlisted, and copies again later.
+  // A joining standby's queue of writes made since its copy (bytes,
+  // --max_joining_bytes): past it the standby is let go, unlisted, told so
+  // at its next CheckJoin, and copies again.
   uint64_t max_joining_bytes = uint64_t{256} << 20;
   // How long a joining standby may take to load its copy and apply the
-  // first queued write.
+  // first queued write (--join_timeout); then it is let go the same way.
   absl::Duration join_timeout = absl::Minutes(2);
   // A backup knows a newer epoch: this primary must step down.
   std::function<void(const std::string& why)> step_down;
@@ -136,7 +138,15 @@ class PrimaryReplication : public WriteShipper {
   // max_joining_bytes, a write not delivered in time) is let go, unlisted.
   // FAILED_PRECONDITION when the shard has max_standbys backups and joining
   // standbys already.
+  // A request with check_join set asks CheckJoin only (nothing copied). A
+  // standby attaching again after it was let go replaces its old joiner.
   absl::StatusOr<v1::AttachStandbyResponse> Attach(const v1::AttachStandbyRequest& request);
+  // Whether standby `instance_id`'s join goes on: OK while it joins (and
+  // was not let go) or is a backup; FAILED_PRECONDITION naming why once it
+  // was let go (its queue past max_joining_bytes, its first write not
+  // delivered within join_timeout, its listing refused), or when this
+  // primary knows it neither as joining nor as a backup.
+  absl::Status CheckJoin(const std::string& instance_id) const;
   // The backups' instance ids, in attach order; empty when none.
   std::vector<std::string> backups() const;
   // The LSN of the last write numbered (the last in this replica's state).
@@ -182,7 +192,10 @@ class PrimaryReplication : public WriteShipper {
   void CatchUp(std::shared_ptr<Joiner> joiner);
   // Adds a caught-up joiner to /shards/<i>.replicas and to backups_.
   absl::Status List(const std::shared_ptr<Joiner>& joiner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveJoiner(const std::shared_ptr<Joiner>& joiner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `joiner` out (if still in); a non-empty `why` is what CheckJoin
+  // answers its standby from then on (let_go_).
+  void RemoveJoiner(const std::shared_ptr<Joiner>& joiner, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the backups `failed` names (id, its failure) out of /shards/<i>,
   // those still attached; OK when none is left to drop.
   absl::Status DropBackups(const std::vector<std::pair<std::string, absl::Status>>& failed)
@@ -200,6 +213,10 @@ class PrimaryReplication : public WriteShipper {
   std::unique_ptr<PrimaryLog> log_ ABSL_GUARDED_BY(mu_);  // null: no backup
   std::vector<Backup> backups_ ABSL_GUARDED_BY(mu_);     // log_'s, in its order
   std::vector<std::shared_ptr<Joiner>> joiners_ ABSL_GUARDED_BY(mu_);  // log_'s, after backups_
+  // Standbys let go while joining, (instance id, why), oldest first: at
+  // most kMaxLetGo, one entry per id.
+  static constexpr size_t kMaxLetGo = 64;
+  std::deque<std::pair<std::string, std::string>> let_go_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};
   absl::Mutex threads_mu_;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(threads_mu_);  // the joiners'

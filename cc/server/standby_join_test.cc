@@ -24,6 +24,7 @@
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/replication.h"
+#include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -171,6 +172,36 @@ class StandbyJoinTest : public ::testing::Test {
     return primary_->Attach(request);
   }
 
+  absl::Status CheckJoin(const std::string& instance_id = "00000000000000b1") {
+    v1::AttachStandbyRequest request;
+    request.set_shard(0);
+    request.set_instance_id(instance_id);
+    request.set_check_join(true);
+    return primary_->Attach(request).status();
+  }
+
+  // Waits (bounded) until CheckJoin answers other than OK; that answer.
+  absl::Status LetGo() {
+    absl::Status answer;
+    for (int i = 0; i < 3000; ++i) {
+      answer = CheckJoin();
+      if (!answer.ok()) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return answer;
+  }
+
+  // /shards/0 one epoch up, same holder: the primary's configuration cell
+  // no longer matches it, so listing a standby fails (the test's way of
+  // having a joiner let go at a moment it knows). Returns the new value.
+  std::string MoveShardConfigOn() {
+    v1::ShardConfig moved = Config();
+    moved.set_epoch(moved.epoch() + 1);
+    const std::string value = FormatShardConfig(moved);
+    EXPECT_OK(etcd_->Put(etcd_keys::ShardKey(0), value));
+    return value;
+  }
+
   bool Logged(const std::string& words) {
     absl::MutexLock lock(&log_mu_);
     for (const std::string& line : log_) {
@@ -237,6 +268,9 @@ TEST_F(StandbyJoinTest, AStandbyWhoseQueuePassesItsBoundIsLetGoUnlisted) {
   }
   ASSERT_TRUE(let_go);
   EXPECT_TRUE(Logged("passed 100 bytes"));
+  // The standby's next check is told why.
+  EXPECT_THAT(CheckJoin(), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                             HasSubstr("passed 100 bytes")));
   EXPECT_EQ(Config().replicas_size(), 0);
   EXPECT_TRUE(primary_->backups().empty());
   EXPECT_EQ(primary_->joined(), 0u);
@@ -260,6 +294,108 @@ TEST_F(StandbyJoinTest, ATooManyStandbysAttachIsRefusedCountingJoiningOnes) {
   EXPECT_THAT(primary_->Attach(again).status(),
               testing::StatusIs(absl::StatusCode::kFailedPrecondition,
                                 HasSubstr("2 joining, the most --max_standbys=2")));
+}
+
+TEST_F(StandbyJoinTest, ALetGoStandbyIsToldWhyAtItsNextCheckAndMayAttachAgain) {
+  StartPrimary();
+  EXPECT_THAT(CheckJoin(), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                             HasSubstr("neither joining shard 0 nor a backup")));
+  const std::string moved = MoveShardConfigOn();
+  ASSERT_OK(Attach().status());
+  // Listing it fails (etcd moved on): it is let go, and its check says why
+  // (before that, the check answers OK: it is joining).
+  EXPECT_THAT(LetGo(), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         HasSubstr("changed while the standby joined")));
+  EXPECT_THAT(LetGo(), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         HasSubstr("let standby 00000000000000b1 go")));
+  EXPECT_TRUE(primary_->backups().empty());
+  // Another standby's check is not answered with this one's reason.
+  EXPECT_THAT(CheckJoin("00000000000000b2"),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("neither joining")));
+  // It attaches again (its let-go record gives way) and, etcd matching the
+  // primary's configuration again, is listed: its check answers OK.
+  config_.Set(Config().epoch(), moved);
+  ASSERT_OK(Attach().status());
+  bool listed = false;
+  for (int i = 0; i < 3000 && !listed; ++i) {
+    listed = primary_->backups().size() == 1;
+    if (!listed) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(listed);
+  EXPECT_OK(CheckJoin());
+  EXPECT_THAT(Config().replicas(), ElementsAre("00000000000000b1"));
+}
+
+// The AttachStandby RPC of the test's PrimaryReplication, as a server's
+// dispatcher would answer it; counts the attaches (checks left out).
+class AttachService final : public v1::ParameterServer::Service {
+ public:
+  explicit AttachService(PrimaryReplication* primary) : primary_(primary) {}
+  grpc::Status AttachStandby(grpc::ServerContext*, const v1::AttachStandbyRequest* request,
+                             v1::AttachStandbyResponse* response) override {
+    if (!request->check_join()) {
+      absl::MutexLock lock(&mu_);
+      ++attaches_;
+    }
+    absl::StatusOr<v1::AttachStandbyResponse> answer = primary_->Attach(*request);
+    if (!answer.ok()) {
+      return grpc::Status(static_cast<grpc::StatusCode>(answer.status().code()),
+                          std::string(answer.status().message()));
+    }
+    *response = *std::move(answer);
+    return grpc::Status::OK;
+  }
+  int attaches() const {
+    absl::MutexLock lock(&mu_);
+    return attaches_;
+  }
+
+ private:
+  PrimaryReplication* const primary_;
+  mutable absl::Mutex mu_;
+  int attaches_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_F(StandbyJoinTest, AStandbyServerLetGoWhileJoiningStartsOverAtOnce) {
+  StartPrimary();
+  AttachService service(primary_.get());
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> attach_server = builder.BuildAndStart();
+  ASSERT_NE(attach_server, nullptr);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  ASSERT_OK(etcd_->Put(etcd_keys::ServerKey(0),
+                       etcd_keys::FormatServerValue({address, "00000000000000a1"})));
+  // Every join fails at its listing (etcd moved on): the primary lets the
+  // standby go each time.
+  MoveShardConfigOn();
+  // A real standby server. Before it was told, it waited for its own
+  // deadline (the join timeout, 2 minutes, and one more) before copying
+  // again; the test's bounded wait is shorter than that.
+  ServerOptions options;
+  options.host = "127.0.0.1";
+  options.etcd_endpoints = {etcd_process_->endpoint()};
+  options.cluster = "join";
+  options.num_servers = 1;
+  options.standby = true;
+  options.stop = std::make_shared<absl::Notification>();
+  absl::StatusOr<std::unique_ptr<Server>> standby = absl::UnknownError("not started");
+  std::thread starting([&] { standby = Server::Start(options); });
+  bool started_over = false;
+  for (int i = 0; i < 3000 && !started_over; ++i) {
+    started_over = service.attaches() >= 3;
+    if (!started_over) absl::SleepFor(absl::Milliseconds(20));
+  }
+  options.stop->Notify();
+  starting.join();
+  attach_server->Shutdown();
+  ASSERT_TRUE(started_over) << service.attaches() << " attaches";
+  EXPECT_TRUE(Logged("did not catch up on shard 0"));
+  EXPECT_FALSE(standby.ok());  // stopped while still a standby
+  EXPECT_EQ(Config().replicas_size(), 0);
 }
 
 }  // namespace
