@@ -197,6 +197,7 @@ TEST_F(PserverProcessTest, JoinBoundsOutOfRangeExitWithStatusOneNamingTheFlag) {
       {"--max_joining_bytes=1023", "max_joining_bytes must be in [1024, 2^40], got 1023"},
       {"--join_timeout=0", "join_timeout must be in [1s, 1h], got 0"},
       {"--join_timeout=3601", "join_timeout must be in [1s, 1h], got 1h1s"},
+      {"--catch_up_bytes=5", "catch_up_bytes must be 0 or in [1024, 2^40], got 5"},
   };
   for (const auto& [flag, message] : cases) {
     ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), {flag}));

@@ -101,7 +101,17 @@ absl::StatusOr<LoadedCheckpoint> LoadSnapshotFiles(
 // ---- primary ------------------------------------------------------------------------
 
 PrimaryReplication::PrimaryReplication(PrimaryReplicationOptions options, uint64_t last_lsn)
-    : options_(std::move(options)), term_(options_.config->epoch()), last_lsn_(last_lsn) {}
+    : options_(std::move(options)),
+      term_(options_.config->epoch()),
+      base_lsn_(last_lsn),
+      recent_(options_.catch_up_bytes > 0 ? std::make_unique<RecentWrites>(options_.catch_up_bytes)
+                                          : nullptr),
+      last_lsn_(last_lsn) {
+  if (recent_ != nullptr) {  // every write numbered and kept from the start
+    absl::MutexLock lock(&mu_);
+    RebuildLog();
+  }
+}
 
 PrimaryReplication::~PrimaryReplication() {
   stopping_.store(true);
@@ -169,16 +179,22 @@ absl::Status PrimaryReplication::Write(absl::string_view method,
 void PrimaryReplication::RebuildLog() {
   const uint64_t last = log_ != nullptr ? log_->last_lsn() : last_lsn_;
   last_lsn_ = last;
-  if (backups_.empty() && joiners_.empty()) {
+  const size_t sinks = backups_.size() + joiners_.size();
+  if (sinks == 0 && recent_ == nullptr) {
     log_.reset();
     return;
   }
   log_ = std::make_unique<PrimaryLog>(
-      term_, last, backups_.size() + joiners_.size(), PrimaryLog::Options{},
+      term_, last, std::max<size_t>(sinks, 1), PrimaryLog::Options{},
       [this](size_t backup, const BackupLog::Write& write) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        // Every write reaches sink 0 once: kept there for catch-ups.
+        if (backup == 0 && recent_ != nullptr) recent_->Add(write);
         // Shipping holds mu_ shared: backups_ and joiners_ stay.
         if (backup < backups_.size()) return Send(backups_[backup], write);
-        return Enqueue(*joiners_[backup - backups_.size()], write);
+        if (backup - backups_.size() < joiners_.size()) {
+          return Enqueue(*joiners_[backup - backups_.size()], write);
+        }
+        return absl::OkStatus();  // no backup: only kept
       });
 }
 
@@ -297,8 +313,10 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
   if (request.address().empty() || request.address().size() > 300) {
     return absl::InvalidArgumentError("a standby's address must be 1-300 bytes");
   }
-  // Writes wait here only while the state is copied in memory.
+  // Writes wait here only while the state is copied in memory (not at all
+  // for a standby that catches up from its own LSN).
   StoreSnapshot snapshot;
+  bool catch_up = false;
   std::shared_ptr<Joiner> joiner = std::make_shared<Joiner>();
   {
     absl::MutexLock lock(&mu_);
@@ -341,8 +359,30 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
     PS_RETURN_IF_ERROR(
         NextWithReplica(options_.shard, current, options_.instance_id, request.instance_id())
             .status());
-    PS_ASSIGN_OR_RETURN(snapshot, options_.dispatcher->Snapshot());
-    joiner->from_lsn = log_ != nullptr ? log_->last_lsn() : last_lsn_;
+    const uint64_t last = log_ != nullptr ? log_->last_lsn() : last_lsn_;
+    if (request.have_epoch() != 0) {
+      // It holds the shard up to an LSN already: only the writes after it,
+      // when this primary still keeps them and the state is its lineage's.
+      absl::StatusOr<std::vector<RecentWrites::Kept>> after = WritesAfter(request, last);
+      if (after.ok()) {
+        catch_up = true;
+        joiner->from_lsn = request.have_lsn();
+        absl::MutexLock joiner_lock(&joiner->mu);
+        for (RecentWrites::Kept& write : *after) {
+          joiner->queued_bytes += RecentWrites::Bytes(*write);
+          joiner->queue.emplace(write->lsn, std::move(write));
+        }
+      } else if (options_.log) {
+        options_.log(absl::StrCat("standby ", request.instance_id(), " holds shard ",
+                                  options_.shard, " up to LSN ", request.have_lsn(), " of term ",
+                                  request.have_epoch(), " but is sent a full copy: ",
+                                  after.status().message()));
+      }
+    }
+    if (!catch_up) {
+      PS_ASSIGN_OR_RETURN(snapshot, options_.dispatcher->Snapshot());
+      joiner->from_lsn = last;
+    }
     joiner->backup.id = request.instance_id();
     joiner->backup.address = request.address();
     joiner->backup.stub =
@@ -353,6 +393,25 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
         options_.channel);
     joiners_.push_back(joiner);
     RebuildLog();
+  }
+  if (catch_up) {
+    rejoined_without_copy_.fetch_add(1, std::memory_order_relaxed);
+    if (options_.log) {
+      options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address,
+                                " rejoining shard ", options_.shard, " from its own LSN ",
+                                joiner->from_lsn, " (term ", request.have_epoch(),
+                                "): no copy; the writes after it are queued for it, and it is "
+                                "listed once it holds them all"));
+    }
+    {
+      absl::MutexLock lock(&threads_mu_);
+      threads_.emplace_back([this, joiner] { CatchUp(joiner); });
+    }
+    v1::AttachStandbyResponse response;
+    response.set_epoch(term_);
+    response.set_last_lsn(joiner->from_lsn);
+    response.set_catch_up(true);
+    return response;
   }
   // Writes go on: the ones after from_lsn queue for the joiner.
   CheckpointWriteOptions write_options = options_.write_options;
@@ -501,6 +560,40 @@ void PrimaryReplication::RemoveJoiner(const std::shared_ptr<Joiner>& joiner,
   if (let_go_.size() > kMaxLetGo) let_go_.pop_front();
 }
 
+absl::StatusOr<std::vector<RecentWrites::Kept>> PrimaryReplication::WritesAfter(
+    const v1::AttachStandbyRequest& request, uint64_t last) const {
+  if (recent_ == nullptr) {
+    return absl::FailedPreconditionError("this primary keeps no writes (--catch_up_bytes=0)");
+  }
+  const uint64_t lsn = request.have_lsn();
+  // This term's writes were all numbered (and shipped in that order) since
+  // base_lsn_: a replica that applied them up to `lsn` holds this
+  // primary's state at `lsn`. At base_lsn_ this primary held its
+  // predecessor's state, as did any other backup of it that applied
+  // exactly as far.
+  const bool ours = request.have_epoch() == term_ && lsn >= base_lsn_ && lsn <= last;
+  const bool predecessors = options_.predecessor_term != 0 &&
+                            request.have_epoch() == options_.predecessor_term && lsn == base_lsn_;
+  if (!ours && !predecessors) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "its state is not of this primary's lineage (this primary: term ", term_, " from LSN ",
+        base_lsn_, ", now at LSN ", last,
+        options_.predecessor_term != 0
+            ? absl::StrCat(", after term ", options_.predecessor_term, " up to LSN ", base_lsn_)
+            : std::string(),
+        ")"));
+  }
+  PS_ASSIGN_OR_RETURN(std::vector<RecentWrites::Kept> after, recent_->Since(lsn, last));
+  uint64_t bytes = 0;
+  for (const RecentWrites::Kept& write : after) bytes += RecentWrites::Bytes(*write);
+  if (bytes > options_.max_joining_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat("the ", after.size(), " writes after it (",
+                                                      bytes, " bytes) pass --max_joining_bytes=",
+                                                      options_.max_joining_bytes));
+  }
+  return after;
+}
+
 absl::Status PrimaryReplication::CheckJoin(const std::string& instance_id) const {
   auto let_go = [&](absl::string_view why) {
     return absl::FailedPreconditionError(
@@ -529,17 +622,20 @@ absl::Status PrimaryReplication::CheckJoin(const std::string& instance_id) const
 // ---- backup -------------------------------------------------------------------------
 
 void BackupReplication::Attached(uint32_t shard, uint64_t epoch, uint64_t last_lsn) {
-  auto log = std::make_shared<BackupLog>(epoch, last_lsn, BackupLog::Options{},
-                                         [this](const BackupLog::Write& write) {
-                                           if (write.method == "SendGrads")
-                                             return ApplyReplicatedPush(*dispatcher_,
-                                                                        write.request);
-                                           return dispatcher_->ApplyWrite(write.method,
-                                                                          write.request);
-                                         });
+  auto log = std::make_shared<BackupLog>(
+      epoch, last_lsn, BackupLog::Options{}, [this](const BackupLog::Write& write) {
+        absl::Status applied = write.method == "SendGrads"
+                                   ? ApplyReplicatedPush(*dispatcher_, write.request)
+                                   : dispatcher_->ApplyWrite(write.method, write.request);
+        if (!applied.ok()) damaged_.store(true);  // no catch-up from this state
+        return applied;
+      });
+  damaged_.store(false);
   absl::MutexLock lock(&mu_);
   shard_ = shard;
+  term_ = epoch;
   log_ = std::move(log);
+  held_.reset();
 }
 
 void BackupReplication::Detach() {
@@ -550,7 +646,25 @@ void BackupReplication::Detach() {
   }
   // Every write of the old log is refused from now on; one being applied
   // finishes first.
-  if (old != nullptr) old->SetEpoch(std::numeric_limits<uint64_t>::max());
+  if (old == nullptr) return;
+  old->SetEpoch(std::numeric_limits<uint64_t>::max());
+  absl::MutexLock lock(&mu_);
+  if (!damaged_.load()) held_ = Held{shard_, term_, old->applied_lsn()};
+}
+
+std::optional<BackupReplication::Held> BackupReplication::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
+}
+
+void BackupReplication::Forget() {
+  absl::MutexLock lock(&mu_);
+  held_.reset();
+}
+
+uint64_t BackupReplication::term() const {
+  absl::MutexLock lock(&mu_);
+  return term_;
 }
 
 std::shared_ptr<BackupLog> BackupReplication::log() const {

@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -49,6 +50,7 @@
 #include "cc/server/dispatcher.h"
 #include "cc/server/peer_channel.h"
 #include "cc/server/primary_log.h"
+#include "cc/server/recent_writes.h"
 #include "cc/server/replica_channel.h"
 #include "pserver/v1/service.grpc.pb.h"
 
@@ -113,6 +115,17 @@ struct PrimaryReplicationOptions {
   // How long a joining standby may take to load its copy and apply the
   // first queued write (--join_timeout); then it is let go the same way.
   absl::Duration join_timeout = absl::Minutes(2);
+  // Bytes of the last numbered writes kept (RecentWrites) for standbys that
+  // rejoin holding the shard up to an earlier LSN of this primary's lineage
+  // (--catch_up_bytes): such a standby is sent only the writes after its
+  // LSN, no copy. 0: none kept, every standby copies the shard. With it
+  // every write is numbered, also while no backup is attached.
+  uint64_t catch_up_bytes = 0;
+  // A promoted standby's: the term of the primary it backed up (its state
+  // up to last_lsn holds that primary's writes); 0 for a server that
+  // claimed its shard. A standby holding that term's state at exactly
+  // last_lsn catches up too (the other backup at R=3).
+  uint64_t predecessor_term = 0;
   // A backup knows a newer epoch: this primary must step down.
   std::function<void(const std::string& why)> step_down;
   std::function<void(const std::string& line)> log;
@@ -157,6 +170,10 @@ class PrimaryReplication : public WriteShipper {
   // caught up on in all: what their copies missed.
   uint64_t joined() const { return joined_.load(std::memory_order_relaxed); }
   uint64_t caught_up_writes() const { return caught_up_writes_.load(std::memory_order_relaxed); }
+  // Standbys that rejoined from their own LSN (no copy) so far.
+  uint64_t rejoined_without_copy() const {
+    return rejoined_without_copy_.load(std::memory_order_relaxed);
+  }
   // Writes sent to a backup (each backup's copy counted, retries included)
   // over the bulk channel, and over gRPC Replicate, so far.
   uint64_t sent_over_channel() const;
@@ -201,11 +218,23 @@ class PrimaryReplication : public WriteShipper {
   absl::Status DropBackups(const std::vector<std::pair<std::string, absl::Status>>& failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A PrimaryLog over backups_ and then joiners_ (null when there is
-  // neither) from the last LSN.
+  // neither and no RecentWrites) from the last LSN; its first sink also
+  // keeps each write in recent_.
   void RebuildLog() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The writes a standby holding `request`'s (have_epoch, have_lsn) lacks
+  // up to `last`, when it may catch up: its state is of this primary's
+  // lineage (this term from base_lsn_ on, or the predecessor's term at
+  // exactly base_lsn_), every write after it is kept, and they fit
+  // max_joining_bytes. FAILED_PRECONDITION saying why not otherwise.
+  absl::StatusOr<std::vector<RecentWrites::Kept>> WritesAfter(
+      const v1::AttachStandbyRequest& request, uint64_t last) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PrimaryReplicationOptions options_;
   const uint64_t term_;  // the epoch this primary's writes carry
+  const uint64_t base_lsn_;  // the last LSN in its state when it started
+  // The last writes numbered (options.catch_up_bytes; null: none kept).
+  const std::unique_ptr<RecentWrites> recent_;
   // Shared by every write (for its whole apply and shipping), exclusive for
   // a change of backups: a copy is taken with no write half done.
   mutable absl::Mutex mu_;
@@ -222,6 +251,7 @@ class PrimaryReplication : public WriteShipper {
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(threads_mu_);  // the joiners'
   std::atomic<uint64_t> joined_{0};
   std::atomic<uint64_t> caught_up_writes_{0};
+  std::atomic<uint64_t> rejoined_without_copy_{0};
   std::atomic<uint64_t> dropped_{0};
   // Sent by the channels of backups dropped since.
   std::atomic<uint64_t> dropped_over_channel_{0};
@@ -269,6 +299,20 @@ class BackupReplication {
   // Taking over: the old primary's writes are refused from now on.
   void SetEpoch(uint64_t epoch);
   uint64_t applied_lsn() const;
+  // The term of the writes applied since the last Attached (0: none yet).
+  uint64_t term() const;
+
+  // What a detached replica holds: shard `shard`'s state with the writes
+  // of term `term` up to `lsn`, each applied whole. Empty while attached,
+  // before the first copy, once an apply failed (it may have left part of
+  // a write), and after Forget (a fresh copy is being loaded over it).
+  struct Held {
+    uint32_t shard = 0;
+    uint64_t term = 0;
+    uint64_t lsn = 0;
+  };
+  std::optional<Held> held() const;
+  void Forget();
 
  private:
   std::shared_ptr<BackupLog> log() const;
@@ -276,7 +320,10 @@ class BackupReplication {
   Dispatcher* const dispatcher_;
   mutable absl::Mutex mu_;
   uint32_t shard_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t term_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<BackupLog> log_ ABSL_GUARDED_BY(mu_);  // null: no copy loaded
+  std::optional<Held> held_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> damaged_{false};  // an apply failed since Attached
 };
 
 }  // namespace pserver

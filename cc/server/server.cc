@@ -107,6 +107,11 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_joining_bytes must be in [1024, 2^40], got ", options.max_joining_bytes));
   }
+  if (options.catch_up_bytes != 0 &&
+      (options.catch_up_bytes < 1024 || options.catch_up_bytes > (uint64_t{1} << 40))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "catch_up_bytes must be 0 or in [1024, 2^40], got ", options.catch_up_bytes));
+  }
   if (options.join_timeout < absl::Seconds(1) || options.join_timeout > absl::Hours(1)) {
     return absl::InvalidArgumentError(absl::StrCat("join_timeout must be in [1s, 1h], got ",
                                                    absl::FormatDuration(options.join_timeout)));
@@ -496,6 +501,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     replication.max_standbys = options.max_standbys;
     replication.max_joining_bytes = options.max_joining_bytes;
     replication.join_timeout = options.join_timeout;
+    replication.catch_up_bytes = options.catch_up_bytes;
+    // A promoted standby's state up to its last LSN is its old primary's.
+    if (server->backup_replication_ != nullptr) {
+      replication.predecessor_term = server->backup_replication_->term();
+    }
     replication.peer = server->peer_;
     // The bulk channel's hello carries neither this server's certificate
     // nor its peer token: on a secured cluster writes go over gRPC
@@ -910,6 +920,13 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
   request.set_shard(shard);
   request.set_instance_id(instance_id_);
   request.set_address(address_);
+  // The state this standby holds from an earlier attach (dropped, or let
+  // go): the primary may send only the writes after it.
+  const std::optional<BackupReplication::Held> held = backup_replication_->held();
+  if (held.has_value() && held->shard == shard) {
+    request.set_have_epoch(held->term);
+    request.set_have_lsn(held->lsn);
+  }
   v1::AttachStandbyResponse response;
   if (absl::Status copied = FromGrpcStatus(stub->AttachStandby(&context, request, &response));
       !copied.ok()) {
@@ -921,6 +938,26 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
     }
     return copied;
   }
+  if (response.catch_up()) {
+    if (!held.has_value() || held->shard != shard || response.last_lsn() != held->lsn) {
+      backup_replication_->Forget();  // the next attach copies
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the primary of shard ", shard, " at ", entry.address, " answered a catch-up from LSN ",
+          response.last_lsn(), ", not the state this standby holds; attaching again with a copy"));
+    }
+    backup_replication_->Attached(shard, response.epoch(), response.last_lsn());
+    copied_from_instance_ = entry.instance_id;
+    copied_from_address_ = entry.address;
+    if (options_.process_slots != nullptr) options_.process_slots->Attached(instance_id_, shard);
+    index_ = shard;
+    Log(absl::StrCat("standby: rejoined shard ", shard, " from its own LSN ", held->lsn, " (term ",
+                     held->term, "): its primary ", entry.address, " (instance ",
+                     entry.instance_id, ") sends only the writes after it, no copy; epoch ",
+                     response.epoch()));
+    return absl::OkStatus();
+  }
+  // A copy replaces the state held (a failed load leaves it unknown).
+  backup_replication_->Forget();
   PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(response.files()));
   if (loaded.info.shard != shard) {
     return absl::DataLossError(absl::StrCat("the copy of shard ", shard, " from ", entry.address,

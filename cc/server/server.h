@@ -159,6 +159,13 @@ struct ServerOptions {
   // its copy copies again too (its primary may be gone).
   uint64_t max_joining_bytes = uint64_t{256} << 20;
   absl::Duration join_timeout = absl::Minutes(2);
+  // A primary's bytes of its last writes kept in memory so that a standby
+  // rejoining with the shard's state up to an earlier LSN of its lineage
+  // (dropped, let go, or the other backup after a takeover) is sent only
+  // the writes after it, no copy (--catch_up_bytes; 0: off, else 1 KiB -
+  // 1 TiB). With it every write is numbered also while no standby is
+  // attached.
+  uint64_t catch_up_bytes = 0;
 
   // --- live moves (docs/elastic.md; needs etcd) ---
   // Check every dense block of a bulk push or read against etcd's

@@ -6,9 +6,11 @@
 // of the test's own whose Replicate answers only when the test lets it, so
 // nothing depends on timing: a write that waited for the joining standby
 // would never finish (the test's bounded wait would fail).
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -111,8 +113,15 @@ class StandbyJoinTest : public ::testing::Test {
     if (server_ != nullptr) server_->Shutdown();
   }
 
-  void StartPrimary(uint64_t max_joining_bytes = uint64_t{256} << 20) {
+  // `catch_up_bytes`, `predecessor_term`, `last_lsn`, `max_standbys`: as
+  // PrimaryReplicationOptions and its constructor take them.
+  void StartPrimary(uint64_t max_joining_bytes = uint64_t{256} << 20,
+                    uint64_t catch_up_bytes = 0, uint64_t predecessor_term = 0,
+                    uint64_t last_lsn = 0, size_t max_standbys = 2) {
     PrimaryReplicationOptions options;
+    options.catch_up_bytes = catch_up_bytes;
+    options.predecessor_term = predecessor_term;
+    options.max_standbys = max_standbys;
     options.shard = 0;
     options.instance_id = "00000000000000a1";
     options.etcd = etcd_.get();
@@ -127,7 +136,7 @@ class StandbyJoinTest : public ::testing::Test {
       absl::MutexLock lock(&log_mu_);
       log_.push_back(line);
     };
-    primary_ = std::make_unique<PrimaryReplication>(std::move(options), /*last_lsn=*/0);
+    primary_ = std::make_unique<PrimaryReplication>(std::move(options), last_lsn);
   }
 
   // `count` writes in a thread of their own; true once all were
@@ -396,6 +405,79 @@ TEST_F(StandbyJoinTest, AStandbyServerLetGoWhileJoiningStartsOverAtOnce) {
   EXPECT_TRUE(Logged("did not catch up on shard 0"));
   EXPECT_FALSE(standby.ok());  // stopped while still a standby
   EXPECT_EQ(Config().replicas_size(), 0);
+}
+
+TEST_F(StandbyJoinTest, AStandbyOfThisLineageCatchesUpFromItsLsnAndAnyOtherIsSentACopy) {
+  // This primary serves from epoch 2 (its term) and was promoted at LSN 10
+  // from a backup of the term-1 primary; it keeps its writes.
+  const std::string moved = MoveShardConfigOn();
+  config_.Set(Config().epoch(), moved);
+  ASSERT_EQ(config_.epoch(), 2u);
+  StartPrimary(uint64_t{256} << 20, /*catch_up_bytes=*/1 << 20, /*predecessor_term=*/1,
+               /*last_lsn=*/10, /*max_standbys=*/8);
+  // No standby attached: the writes are numbered (11-13) and kept all the same.
+  ASSERT_TRUE(WritesFinish(3, 1.0f));
+  EXPECT_EQ(primary_->last_lsn(), 13u);
+  auto attach = [&](const std::string& id, uint64_t have_epoch, uint64_t have_lsn) {
+    v1::AttachStandbyRequest request;
+    request.set_shard(0);
+    request.set_instance_id(id);
+    request.set_address("127.0.0.1:" + std::to_string(port_));
+    request.set_have_epoch(have_epoch);
+    request.set_have_lsn(have_lsn);
+    return primary_->Attach(request);
+  };
+  // This term's state at 11: the writes after it only, no files.
+  ASSERT_OK_AND_ASSIGN(v1::AttachStandbyResponse ours, attach("00000000000000c1", 2, 11));
+  EXPECT_TRUE(ours.catch_up());
+  EXPECT_EQ(ours.files_size(), 0);
+  EXPECT_EQ(ours.last_lsn(), 11u);
+  EXPECT_EQ(ours.epoch(), 2u);
+  // The predecessor's state at exactly the LSN this primary started from.
+  ASSERT_OK_AND_ASSIGN(v1::AttachStandbyResponse predecessors, attach("00000000000000c2", 1, 10));
+  EXPECT_TRUE(predecessors.catch_up());
+  EXPECT_EQ(predecessors.last_lsn(), 10u);
+  // Anything else is sent the whole shard: the predecessor's state at
+  // another LSN, an LSN this primary never reached, another term.
+  for (const auto& [id, epoch, lsn] : std::vector<std::tuple<std::string, uint64_t, uint64_t>>{
+           {"00000000000000c3", 1, 9}, {"00000000000000c4", 2, 14}, {"00000000000000c5", 3, 11}}) {
+    ASSERT_OK_AND_ASSIGN(v1::AttachStandbyResponse copy, attach(id, epoch, lsn));
+    EXPECT_FALSE(copy.catch_up()) << id;
+    EXPECT_GT(copy.files_size(), 0) << id;
+    EXPECT_EQ(copy.last_lsn(), 13u) << id;
+  }
+  EXPECT_TRUE(Logged("standby 00000000000000c5 holds shard 0 up to LSN 11 of term 3 but is sent "
+                     "a full copy: its state is not of this primary's lineage"));
+  EXPECT_EQ(primary_->rejoined_without_copy(), 2u);
+  // Each catches up and is listed; then a write reaches all five.
+  backup_.Release();
+  bool listed = false;
+  for (int i = 0; i < 3000 && !listed; ++i) {
+    listed = primary_->backups().size() == 5;
+    if (!listed) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(listed) << primary_->backups().size() << " listed";
+  // Delivered: 12-13 to c1 and 11-13 to c2; nothing to the copies.
+  std::vector<uint64_t> delivered = backup_.lsns();
+  std::sort(delivered.begin(), delivered.end());
+  EXPECT_THAT(delivered, ElementsAre(11, 12, 12, 13, 13));
+  ASSERT_TRUE(WritesFinish(1, 1.0f));
+  EXPECT_EQ(backup_.lsns().size(), 10u);  // LSN 14 to each of the five
+}
+
+TEST_F(StandbyJoinTest, WithoutKeptWritesAStandbyHoldingStateIsSentACopy) {
+  StartPrimary();  // catch_up_bytes 0
+  ASSERT_TRUE(WritesFinish(2, 1.0f));  // not numbered: no standby, none kept
+  v1::AttachStandbyRequest request;
+  request.set_shard(0);
+  request.set_instance_id("00000000000000b1");
+  request.set_address("127.0.0.1:" + std::to_string(port_));
+  request.set_have_epoch(config_.epoch());
+  request.set_have_lsn(0);
+  ASSERT_OK_AND_ASSIGN(v1::AttachStandbyResponse copy, primary_->Attach(request));
+  EXPECT_FALSE(copy.catch_up());
+  EXPECT_GT(copy.files_size(), 0);
+  EXPECT_TRUE(Logged("but is sent a full copy: this primary keeps no writes (--catch_up_bytes=0)"));
 }
 
 }  // namespace
