@@ -394,49 +394,39 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
     joiners_.push_back(joiner);
     RebuildLog();
   }
+  v1::AttachStandbyResponse response;
+  response.set_epoch(term_);
+  response.set_last_lsn(joiner->from_lsn);
+  std::string what;  // for the log
   if (catch_up) {
     rejoined_without_copy_.fetch_add(1, std::memory_order_relaxed);
-    if (options_.log) {
-      options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address,
-                                " rejoining shard ", options_.shard, " from its own LSN ",
-                                joiner->from_lsn, " (term ", request.have_epoch(),
-                                "): no copy; the writes after it are queued for it, and it is "
-                                "listed once it holds them all"));
-    }
-    {
-      absl::MutexLock lock(&threads_mu_);
-      threads_.emplace_back([this, joiner] { CatchUp(joiner); });
-    }
-    v1::AttachStandbyResponse response;
-    response.set_epoch(term_);
-    response.set_last_lsn(joiner->from_lsn);
     response.set_catch_up(true);
-    return response;
-  }
-  // Writes go on: the ones after from_lsn queue for the joiner.
-  CheckpointWriteOptions write_options = options_.write_options;
-  write_options.epoch = options_.config->epoch();
-  absl::StatusOr<std::vector<v1::SnapshotFile>> files =
-      SnapshotToFiles(snapshot, options_.shard, write_options);
-  if (!files.ok()) {
-    absl::MutexLock lock(&mu_);
-    RemoveJoiner(joiner, /*why=*/"");  // the standby gets the error
-    return files.status();
+    what = absl::StrCat(" rejoining shard ", options_.shard, " from its own LSN ",
+                        joiner->from_lsn, " (term ", request.have_epoch(),
+                        "): no copy; the writes after it");
+  } else {
+    // Writes go on: the ones after from_lsn queue for the joiner.
+    CheckpointWriteOptions write_options = options_.write_options;
+    write_options.epoch = options_.config->epoch();
+    absl::StatusOr<std::vector<v1::SnapshotFile>> files =
+        SnapshotToFiles(snapshot, options_.shard, write_options);
+    if (!files.ok()) {
+      absl::MutexLock lock(&mu_);
+      RemoveJoiner(joiner, /*why=*/"");  // the standby gets the error
+      return files.status();
+    }
+    for (v1::SnapshotFile& file : *files) *response.add_files() = std::move(file);
+    what = absl::StrCat(" joining shard ", options_.shard, " at LSN ", joiner->from_lsn,
+                        ": its copy is sent; the writes made since");
   }
   if (options_.log) {
-    options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address,
-                              " joining shard ", options_.shard, " at LSN ", joiner->from_lsn,
-                              ": its copy is sent; the writes made since are queued for it, "
-                              "and it is listed once it holds them all"));
+    options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address, what,
+                              " are queued for it, and it is listed once it holds them all"));
   }
   {
     absl::MutexLock lock(&threads_mu_);
     threads_.emplace_back([this, joiner] { CatchUp(joiner); });
   }
-  v1::AttachStandbyResponse response;
-  response.set_epoch(term_);
-  response.set_last_lsn(joiner->from_lsn);
-  for (v1::SnapshotFile& file : *files) *response.add_files() = std::move(file);
   return response;
 }
 
