@@ -64,6 +64,21 @@ class PserverProcessTest : public ::testing::Test {
     address_ = *address;
   }
 
+  // Each (flag, message): pserver started with that one flag exits 1 at
+  // once, its stderr saying `message`, never listening.
+  template <size_t N>
+  void ExpectEachExitsOneSaying(const std::pair<std::string, std::string> (&cases)[N]) {
+    for (const auto& [flag, message] : cases) {
+      ASSERT_OK_AND_ASSIGN(child_,
+                           ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), {flag}));
+      ASSERT_OK_AND_ASSIGN(int status, child_->WaitForExit(absl::Now() + kStopTimeout));
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << flag << ": "
+                                                                 << DescribeWaitStatus(status);
+      EXPECT_THAT(child_->err(), HasSubstr(message)) << flag;
+      EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening"))) << flag;
+    }
+  }
+
   // Sends `signal` and expects a clean exit (status 0) within kStopTimeout.
   void StopServer(int signal) {
     ASSERT_EQ(kill(child_->pid(), signal), 0) << std::strerror(errno);
@@ -184,14 +199,17 @@ TEST_F(PserverProcessTest, ReplicasOrDepartLingerOutOfRangeOrReplicasWithoutEtcd
       {"--depart_linger_seconds=3601", "--depart_linger_seconds must be in [0, 3600], got 3601"},
       {"--replicas=2", "--replicas > 1 needs etcd (--etcd)"},
   };
-  for (const auto& [flag, message] : cases) {
-    ASSERT_OK_AND_ASSIGN(child_, ChildProcess::Spawn(RunfilesPath("cc/server/pserver"), {flag}));
-    ASSERT_OK_AND_ASSIGN(int status, child_->WaitForExit(absl::Now() + kStopTimeout));
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << flag << ": "
-                                                               << DescribeWaitStatus(status);
-    EXPECT_THAT(child_->err(), HasSubstr(message)) << flag;
-    EXPECT_THAT(child_->out(), ::testing::Not(HasSubstr("listening"))) << flag;
-  }
+  ExpectEachExitsOneSaying(cases);
+}
+
+TEST_F(PserverProcessTest, JoinBoundsOutOfRangeExitWithStatusOneNamingTheFlag) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--max_joining_bytes=1023", "max_joining_bytes must be in [1024, 2^40], got 1023"},
+      {"--join_timeout=0", "join_timeout must be in [1s, 1h], got 0"},
+      {"--join_timeout=3601", "join_timeout must be in [1s, 1h], got 1h1s"},
+      {"--catch_up_bytes=5", "catch_up_bytes must be 0 or in [1024, 2^40], got 5"},
+  };
+  ExpectEachExitsOneSaying(cases);
 }
 
 // Sets environment variables for the children this test spawns (they inherit

@@ -579,6 +579,70 @@ TEST_F(ReplicationTest, APrimaryDropsAKilledStandbyBeforeAcknowledging) {
   EXPECT_THAT(primaries[0]->err(), ::testing::HasSubstr("dropped backup"));
 }
 
+// Catch-up from a backup's own LSN (--catch_up_bytes): a standby paused
+// past the replicate timeout is dropped; the primary goes on alone,
+// numbering and keeping its writes; resumed, the standby finds itself
+// unlisted and rejoins holding its state up to its LSN: the primary sends
+// only the writes after it (no copy), then lists it. With a bound too small
+// for those writes it is sent a full copy instead. Training exact, the
+// standby's checksum the primary's.
+class CatchUpTest : public ReplicationTest,
+                    public ::testing::WithParamInterface<bool> {};
+
+TEST_P(CatchUpTest, ADroppedStandbyRejoinsFromItsOwnLsnOrCopiesWhenTheWritesAreNotKept) {
+  const bool kept = GetParam();
+  // 1024 bytes keep less than one step's writes (8 x 16 floats and more).
+  extra_flags_ = {kept ? "--catch_up_bytes=67108864" : "--catch_up_bytes=1024"};
+  Started started = StartTraining(/*standby_of_shard0=*/true);
+  ASSERT_TRUE(started.ok(true));
+  auto& [primaries, trainer, standby] = started;
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 6, &steps_done));
+  ASSERT_EQ(kill(standby->pid(), SIGSTOP), 0) << std::strerror(errno);
+  // Acknowledged once the primary dropped the paused standby (its write
+  // timed out), then more without any backup.
+  ASSERT_OK(Train(*trainer, 6, 12, &steps_done));
+  EXPECT_EQ(Config(0).replicas_size(), 0);
+  ASSERT_EQ(kill(standby->pid(), SIGCONT), 0) << std::strerror(errno);
+  bool listed = false;
+  for (int i = 0; i < 4500 && !listed; ++i) {
+    listed = Config(0).replicas_size() == 1;
+    if (!listed) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(listed) << standby->output();
+  ASSERT_OK(Train(*trainer, 12, 16, &steps_done));
+  EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(0)), admin_),
+            StateChecksum(StandbyAddress(0), admin_));
+  ExpectTrained(*trainer, 16);
+  // What each said (read once they exited).
+  trainer.reset();
+  KillNine(*standby);
+  StopCleanly(primaries);
+  const std::string copied = "standby: copied shard 0 from its primary";
+  const std::string out = standby->output();
+  if (HasFailure()) {
+    ADD_FAILURE() << "standby:\n" << out << "\nprimary 0:\n" << primaries[0]->output();
+  }
+  int copies = 0;
+  for (size_t at = out.find(copied); at != std::string::npos; at = out.find(copied, at + 1)) {
+    ++copies;
+  }
+  if (kept) {
+    EXPECT_EQ(copies, 1) << out;  // the first attach only
+    EXPECT_THAT(out, HasSubstr("standby: rejoined shard 0 from its own LSN"));
+    EXPECT_THAT(primaries[0]->output(), HasSubstr("rejoining shard 0 from its own LSN"));
+  } else {
+    EXPECT_EQ(copies, 2) << out;
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("rejoined shard 0 from its own LSN")));
+    EXPECT_THAT(primaries[0]->output(), HasSubstr("but is sent a full copy: write "));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(KeptOrNot, CatchUpTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "WritesKept" : "WritesNotKept";
+                         });
+
 // Replication health: a primary reports its live backups and last LSN, a
 // standby the LSN it applied; once the primary dropped its killed backup
 // it counts the drop, has no backup, and GetStats says it is degraded.

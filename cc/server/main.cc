@@ -163,6 +163,21 @@ ABSL_FLAG(uint64_t, max_standbys, 2,
           "The most standbys attached to this server's shard at once (1-64; with "
           "--accept_standbys): one more is refused with FAILED_PRECONDITION naming this flag "
           "and attaches to another shard. Every write waits for each attached standby.");
+ABSL_FLAG(uint64_t, max_joining_bytes, uint64_t{256} << 20,
+          "With --accept_standbys: the most bytes of writes queued for a standby joining this "
+          "server's shard while it loads its copy (1024 .. 2^40); past it the standby is let go "
+          "unlisted, told why at its next check, and copies again (docs/replication.md).");
+ABSL_FLAG(int64_t, join_timeout, 120,
+          "Seconds (1-3600). With --accept_standbys: how long a standby joining this server's "
+          "shard may take to load its copy and apply the first write made since; then it is let "
+          "go unlisted, told why, and copies again. A standby not listed within this and a "
+          "minute more of its copy copies again.");
+ABSL_FLAG(uint64_t, catch_up_bytes, 0,
+          "With --accept_standbys: bytes of this server's last writes kept in memory so that a "
+          "standby rejoining with the shard's state up to an earlier LSN (dropped while cut "
+          "off, let go, or the other backup after a takeover) is sent only the writes after it "
+          "instead of a copy of the shard (0: off; else 1024 .. 2^40). With it every write is "
+          "numbered, also while no standby is attached (docs/replication.md).");
 ABSL_FLAG(bool, placement_redirects, false,
           "Check every dense block of a push or read against etcd's /placement (watched): a "
           "block this server does not own under the newest version is refused with "
@@ -387,6 +402,9 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_standby_copy_bytes = absl::GetFlag(FLAGS_max_standby_copy_bytes);
   options.accept_standbys = absl::GetFlag(FLAGS_accept_standbys);
   options.max_standbys = absl::GetFlag(FLAGS_max_standbys);
+  options.max_joining_bytes = absl::GetFlag(FLAGS_max_joining_bytes);
+  options.join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout));
+  options.catch_up_bytes = absl::GetFlag(FLAGS_catch_up_bytes);
   if (absl::GetFlag(FLAGS_replicas) > 1) {
     options.accept_standbys = true;
     options.process_slots = std::make_shared<pserver::ProcessSlots>();

@@ -102,7 +102,17 @@ absl::StatusOr<LoadedCheckpoint> LoadSnapshotFiles(
 // ---- primary ------------------------------------------------------------------------
 
 PrimaryReplication::PrimaryReplication(PrimaryReplicationOptions options, uint64_t last_lsn)
-    : options_(std::move(options)), term_(options_.config->epoch()), last_lsn_(last_lsn) {}
+    : options_(std::move(options)),
+      term_(options_.config->epoch()),
+      base_lsn_(last_lsn),
+      recent_(options_.catch_up_bytes > 0 ? std::make_unique<RecentWrites>(options_.catch_up_bytes)
+                                          : nullptr),
+      last_lsn_(last_lsn) {
+  if (recent_ != nullptr) {  // every write numbered and kept from the start
+    absl::MutexLock lock(&mu_);
+    RebuildLog();
+  }
+}
 
 PrimaryReplication::~PrimaryReplication() {
   stopping_.store(true);
@@ -170,16 +180,22 @@ absl::Status PrimaryReplication::Write(absl::string_view method,
 void PrimaryReplication::RebuildLog() {
   const uint64_t last = log_ != nullptr ? log_->last_lsn() : last_lsn_;
   last_lsn_ = last;
-  if (backups_.empty() && joiners_.empty()) {
+  const size_t sinks = backups_.size() + joiners_.size();
+  if (sinks == 0 && recent_ == nullptr) {
     log_.reset();
     return;
   }
   log_ = std::make_unique<PrimaryLog>(
-      term_, last, backups_.size() + joiners_.size(), PrimaryLog::Options{},
+      term_, last, std::max<size_t>(sinks, 1), PrimaryLog::Options{},
       [this](size_t backup, const BackupLog::Write& write) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        // Every write reaches sink 0 once: kept there for catch-ups.
+        if (backup == 0 && recent_ != nullptr) recent_->Add(write);
         // Shipping holds mu_ shared: backups_ and joiners_ stay.
         if (backup < backups_.size()) return Send(backups_[backup], write);
-        return Enqueue(*joiners_[backup - backups_.size()], write);
+        if (backup - backups_.size() < joiners_.size()) {
+          return Enqueue(*joiners_[backup - backups_.size()], write);
+        }
+        return absl::OkStatus();  // no backup: only kept
       });
 }
 
@@ -291,14 +307,39 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
     return absl::InvalidArgumentError(
         absl::StrCat("this server holds shard ", options_.shard, ", not ", request.shard()));
   }
+  if (request.check_join()) {
+    PS_RETURN_IF_ERROR(CheckJoin(request.instance_id()));
+    return v1::AttachStandbyResponse();
+  }
   if (request.address().empty() || request.address().size() > 300) {
     return absl::InvalidArgumentError("a standby's address must be 1-300 bytes");
   }
-  // Writes wait here only while the state is copied in memory.
+  // Writes wait here only while the state is copied in memory (not at all
+  // for a standby that catches up from its own LSN).
   StoreSnapshot snapshot;
+  bool catch_up = false;
   std::shared_ptr<Joiner> joiner = std::make_shared<Joiner>();
   {
     absl::MutexLock lock(&mu_);
+    // A standby let go while joining attaches again: its old joiner (which
+    // its thread may not have taken out yet) gives way to the new one.
+    std::shared_ptr<Joiner> replaced;
+    for (const std::shared_ptr<Joiner>& other : joiners_) {
+      if (other->backup.id != request.instance_id()) continue;
+      absl::MutexLock joiner_lock(&other->mu);
+      if (other->failed.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "standby ", request.instance_id(), " is joining shard ", options_.shard, " already"));
+      }
+      replaced = other;
+    }
+    if (replaced != nullptr) RemoveJoiner(replaced, /*why=*/"");
+    for (auto it = let_go_.begin(); it != let_go_.end(); ++it) {
+      if (it->first == request.instance_id()) {
+        let_go_.erase(it);
+        break;
+      }
+    }
     if (backups_.size() + joiners_.size() >= options_.max_standbys) {
       return absl::FailedPreconditionError(absl::StrCat(
           "shard ", options_.shard, " has ", backups_.size(), " backups and ", joiners_.size(),
@@ -312,12 +353,6 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
                          options_.shard, " already"));
       }
     }
-    for (const std::shared_ptr<Joiner>& other : joiners_) {
-      if (other->backup.id == request.instance_id()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "standby ", request.instance_id(), " is joining shard ", options_.shard, " already"));
-      }
-    }
     // This server may add it (the holder, the standby not listed): checked
     // now, so that a copy is not sent for nothing; written once it caught up.
     const std::string key = etcd_keys::ShardKey(options_.shard);
@@ -325,8 +360,30 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
     PS_RETURN_IF_ERROR(
         NextWithReplica(options_.shard, current, options_.instance_id, request.instance_id())
             .status());
-    PS_ASSIGN_OR_RETURN(snapshot, options_.dispatcher->Snapshot());
-    joiner->from_lsn = log_ != nullptr ? log_->last_lsn() : last_lsn_;
+    const uint64_t last = log_ != nullptr ? log_->last_lsn() : last_lsn_;
+    if (request.have_epoch() != 0) {
+      // It holds the shard up to an LSN already: only the writes after it,
+      // when this primary still keeps them and the state is its lineage's.
+      absl::StatusOr<std::vector<RecentWrites::Kept>> after = WritesAfter(request, last);
+      if (after.ok()) {
+        catch_up = true;
+        joiner->from_lsn = request.have_lsn();
+        absl::MutexLock joiner_lock(&joiner->mu);
+        for (RecentWrites::Kept& write : *after) {
+          joiner->queued_bytes += RecentWrites::Bytes(*write);
+          joiner->queue.emplace(write->lsn, std::move(write));
+        }
+      } else if (options_.log) {
+        options_.log(absl::StrCat("standby ", request.instance_id(), " holds shard ",
+                                  options_.shard, " up to LSN ", request.have_lsn(), " of term ",
+                                  request.have_epoch(), " but is sent a full copy: ",
+                                  after.status().message()));
+      }
+    }
+    if (!catch_up) {
+      PS_ASSIGN_OR_RETURN(snapshot, options_.dispatcher->Snapshot());
+      joiner->from_lsn = last;
+    }
     joiner->backup.id = request.instance_id();
     joiner->backup.address = request.address();
     joiner->backup.stub =
@@ -338,30 +395,39 @@ absl::StatusOr<v1::AttachStandbyResponse> PrimaryReplication::Attach(
     joiners_.push_back(joiner);
     RebuildLog();
   }
-  // Writes go on: the ones after from_lsn queue for the joiner.
-  CheckpointWriteOptions write_options = options_.write_options;
-  write_options.epoch = options_.config->epoch();
-  absl::StatusOr<std::vector<v1::SnapshotFile>> files =
-      SnapshotToFiles(snapshot, options_.shard, write_options);
-  if (!files.ok()) {
-    absl::MutexLock lock(&mu_);
-    RemoveJoiner(joiner);
-    return files.status();
+  v1::AttachStandbyResponse response;
+  response.set_epoch(term_);
+  response.set_last_lsn(joiner->from_lsn);
+  std::string what;  // for the log
+  if (catch_up) {
+    rejoined_without_copy_.fetch_add(1, std::memory_order_relaxed);
+    response.set_catch_up(true);
+    what = absl::StrCat(" rejoining shard ", options_.shard, " from its own LSN ",
+                        joiner->from_lsn, " (term ", request.have_epoch(),
+                        "): no copy; the writes after it");
+  } else {
+    // Writes go on: the ones after from_lsn queue for the joiner.
+    CheckpointWriteOptions write_options = options_.write_options;
+    write_options.epoch = options_.config->epoch();
+    absl::StatusOr<std::vector<v1::SnapshotFile>> files =
+        SnapshotToFiles(snapshot, options_.shard, write_options);
+    if (!files.ok()) {
+      absl::MutexLock lock(&mu_);
+      RemoveJoiner(joiner, /*why=*/"");  // the standby gets the error
+      return files.status();
+    }
+    for (v1::SnapshotFile& file : *files) *response.add_files() = std::move(file);
+    what = absl::StrCat(" joining shard ", options_.shard, " at LSN ", joiner->from_lsn,
+                        ": its copy is sent; the writes made since");
   }
   if (options_.log) {
-    options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address,
-                              " joining shard ", options_.shard, " at LSN ", joiner->from_lsn,
-                              ": its copy is sent; the writes made since are queued for it, "
-                              "and it is listed once it holds them all"));
+    options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address, what,
+                              " are queued for it, and it is listed once it holds them all"));
   }
   {
     absl::MutexLock lock(&threads_mu_);
     threads_.emplace_back([this, joiner] { CatchUp(joiner); });
   }
-  v1::AttachStandbyResponse response;
-  response.set_epoch(term_);
-  response.set_last_lsn(joiner->from_lsn);
-  for (v1::SnapshotFile& file : *files) *response.add_files() = std::move(file);
   return response;
 }
 
@@ -439,7 +505,7 @@ void PrimaryReplication::CatchUp(std::shared_ptr<Joiner> joiner) {
       why = absl::StrCat("it caught up but was not listed: ", listed.message());
     }
   }
-  RemoveJoiner(joiner);
+  RemoveJoiner(joiner, why);
   if (options_.log) {
     options_.log(absl::StrCat("standby ", joiner->backup.id, " at ", joiner->backup.address,
                               " did not catch up on shard ", options_.shard, " (", why,
@@ -459,7 +525,7 @@ absl::Status PrimaryReplication::List(const std::shared_ptr<Joiner>& joiner) {
                          {next.put}));
   if (!written.succeeded) {
     return absl::FailedPreconditionError(
-        absl::StrCat("etcd ", key, " changed while the standby joined; it copies again"));
+        absl::StrCat("etcd ", key, " changed while the standby joined"));
   }
   options_.config->Set(next.config.epoch(), next.value);
   backups_.push_back(std::move(joiner->backup));
@@ -468,32 +534,104 @@ absl::Status PrimaryReplication::List(const std::shared_ptr<Joiner>& joiner) {
   return absl::OkStatus();
 }
 
-void PrimaryReplication::RemoveJoiner(const std::shared_ptr<Joiner>& joiner) {
+void PrimaryReplication::RemoveJoiner(const std::shared_ptr<Joiner>& joiner,
+                                      const std::string& why) {
   auto it = std::find(joiners_.begin(), joiners_.end(), joiner);
   if (it == joiners_.end()) return;
   joiners_.erase(it);
   RebuildLog();
+  if (why.empty()) return;
+  for (auto old = let_go_.begin(); old != let_go_.end(); ++old) {
+    if (old->first == joiner->backup.id) {
+      let_go_.erase(old);
+      break;
+    }
+  }
+  let_go_.emplace_back(joiner->backup.id, why);
+  if (let_go_.size() > kMaxLetGo) let_go_.pop_front();
+}
+
+absl::StatusOr<std::vector<RecentWrites::Kept>> PrimaryReplication::WritesAfter(
+    const v1::AttachStandbyRequest& request, uint64_t last) const {
+  if (recent_ == nullptr) {
+    return absl::FailedPreconditionError("this primary keeps no writes (--catch_up_bytes=0)");
+  }
+  const uint64_t lsn = request.have_lsn();
+  // This term's writes were all numbered (and shipped in that order) since
+  // base_lsn_: a replica that applied them up to `lsn` holds this
+  // primary's state at `lsn`. At base_lsn_ this primary held its
+  // predecessor's state, as did any other backup of it that applied
+  // exactly as far.
+  const bool ours = request.have_epoch() == term_ && lsn >= base_lsn_ && lsn <= last;
+  const bool predecessors = options_.predecessor_term != 0 &&
+                            request.have_epoch() == options_.predecessor_term && lsn == base_lsn_;
+  if (!ours && !predecessors) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "its state is not of this primary's lineage (this primary: term ", term_, " from LSN ",
+        base_lsn_, ", now at LSN ", last,
+        options_.predecessor_term != 0
+            ? absl::StrCat(", after term ", options_.predecessor_term, " up to LSN ", base_lsn_)
+            : std::string(),
+        ")"));
+  }
+  PS_ASSIGN_OR_RETURN(std::vector<RecentWrites::Kept> after, recent_->Since(lsn, last));
+  uint64_t bytes = 0;
+  for (const RecentWrites::Kept& write : after) bytes += RecentWrites::Bytes(*write);
+  if (bytes > options_.max_joining_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat("the ", after.size(), " writes after it (",
+                                                      bytes, " bytes) pass --max_joining_bytes=",
+                                                      options_.max_joining_bytes));
+  }
+  return after;
+}
+
+absl::Status PrimaryReplication::CheckJoin(const std::string& instance_id) const {
+  auto let_go = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the primary of shard ", options_.shard, " let standby ", instance_id,
+                     " go while it joined: ", why, "; copy the shard again"));
+  };
+  absl::ReaderMutexLock lock(&mu_);
+  for (const Backup& backup : backups_) {
+    if (backup.id == instance_id) return absl::OkStatus();
+  }
+  for (const std::shared_ptr<Joiner>& joiner : joiners_) {
+    if (joiner->backup.id != instance_id) continue;
+    absl::MutexLock joiner_lock(&joiner->mu);
+    if (joiner->failed.empty()) return absl::OkStatus();
+    return let_go(joiner->failed);
+  }
+  for (const auto& [id, why] : let_go_) {
+    if (id == instance_id) return let_go(why);
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("standby ", instance_id, " is neither joining shard ", options_.shard,
+                   " nor a backup of it (dropped since, or this primary never attached it); "
+                   "copy the shard again"));
 }
 
 // ---- backup -------------------------------------------------------------------------
 
 void BackupReplication::Attached(uint32_t shard, uint64_t epoch, uint64_t last_lsn) {
-  auto log = std::make_shared<BackupLog>(epoch, last_lsn, BackupLog::Options{},
-                                         [this](const BackupLog::Write& write) {
-                                           if (write.method == "SendGrads")
-                                             return ApplyReplicatedPush(*dispatcher_,
-                                                                        write.request);
-                                           if (IsMoveWrite(write.method) &&
-                                               apply_move_write_) {
-                                             return apply_move_write_(write.method,
-                                                                      write.request);
-                                           }
-                                           return dispatcher_->ApplyWrite(write.method,
-                                                                          write.request);
-                                         });
+  auto log = std::make_shared<BackupLog>(
+      epoch, last_lsn, BackupLog::Options{}, [this](const BackupLog::Write& write) {
+        absl::Status applied;
+        if (write.method == "SendGrads") {
+          applied = ApplyReplicatedPush(*dispatcher_, write.request);
+        } else if (IsMoveWrite(write.method) && apply_move_write_) {
+          applied = apply_move_write_(write.method, write.request);
+        } else {
+          applied = dispatcher_->ApplyWrite(write.method, write.request);
+        }
+        if (!applied.ok()) damaged_.store(true);  // no catch-up from this state
+        return applied;
+      });
+  damaged_.store(false);
   absl::MutexLock lock(&mu_);
   shard_ = shard;
+  term_ = epoch;
   log_ = std::move(log);
+  held_.reset();
 }
 
 void BackupReplication::Detach() {
@@ -504,7 +642,25 @@ void BackupReplication::Detach() {
   }
   // Every write of the old log is refused from now on; one being applied
   // finishes first.
-  if (old != nullptr) old->SetEpoch(std::numeric_limits<uint64_t>::max());
+  if (old == nullptr) return;
+  old->SetEpoch(std::numeric_limits<uint64_t>::max());
+  absl::MutexLock lock(&mu_);
+  if (!damaged_.load()) held_ = Held{shard_, term_, old->applied_lsn()};
+}
+
+std::optional<BackupReplication::Held> BackupReplication::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
+}
+
+void BackupReplication::Forget() {
+  absl::MutexLock lock(&mu_);
+  held_.reset();
+}
+
+uint64_t BackupReplication::term() const {
+  absl::MutexLock lock(&mu_);
+  return term_;
 }
 
 std::shared_ptr<BackupLog> BackupReplication::log() const {

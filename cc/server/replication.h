@@ -28,8 +28,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,6 +50,7 @@
 #include "cc/server/dispatcher.h"
 #include "cc/server/peer_channel.h"
 #include "cc/server/primary_log.h"
+#include "cc/server/recent_writes.h"
 #include "cc/server/replica_channel.h"
 #include "pserver/v1/service.grpc.pb.h"
 
@@ -105,12 +108,24 @@ struct PrimaryReplicationOptions {
   // The most standbys attached at once (--max_standbys, >= 1): one more is
   // refused with FAILED_PRECONDITION naming the flag.
   size_t max_standbys = 2;
-  // A joining standby's queue of writes made since its copy (bytes): past
-  // it the standby is let go, unlisted, and copies again later.
+  // A joining standby's queue of writes made since its copy (bytes,
+  // --max_joining_bytes): past it the standby is let go, unlisted, told so
+  // at its next CheckJoin, and copies again.
   uint64_t max_joining_bytes = uint64_t{256} << 20;
   // How long a joining standby may take to load its copy and apply the
-  // first queued write.
+  // first queued write (--join_timeout); then it is let go the same way.
   absl::Duration join_timeout = absl::Minutes(2);
+  // Bytes of the last numbered writes kept (RecentWrites) for standbys that
+  // rejoin holding the shard up to an earlier LSN of this primary's lineage
+  // (--catch_up_bytes): such a standby is sent only the writes after its
+  // LSN, no copy. 0: none kept, every standby copies the shard. With it
+  // every write is numbered, also while no backup is attached.
+  uint64_t catch_up_bytes = 0;
+  // A promoted standby's: the term of the primary it backed up (its state
+  // up to last_lsn holds that primary's writes); 0 for a server that
+  // claimed its shard. A standby holding that term's state at exactly
+  // last_lsn catches up too (the other backup at R=3).
+  uint64_t predecessor_term = 0;
   // A backup knows a newer epoch: this primary must step down.
   std::function<void(const std::string& why)> step_down;
   std::function<void(const std::string& line)> log;
@@ -136,7 +151,15 @@ class PrimaryReplication : public WriteShipper {
   // max_joining_bytes, a write not delivered in time) is let go, unlisted.
   // FAILED_PRECONDITION when the shard has max_standbys backups and joining
   // standbys already.
+  // A request with check_join set asks CheckJoin only (nothing copied). A
+  // standby attaching again after it was let go replaces its old joiner.
   absl::StatusOr<v1::AttachStandbyResponse> Attach(const v1::AttachStandbyRequest& request);
+  // Whether standby `instance_id`'s join goes on: OK while it joins (and
+  // was not let go) or is a backup; FAILED_PRECONDITION naming why once it
+  // was let go (its queue past max_joining_bytes, its first write not
+  // delivered within join_timeout, its listing refused), or when this
+  // primary knows it neither as joining nor as a backup.
+  absl::Status CheckJoin(const std::string& instance_id) const;
   // The backups' instance ids, in attach order; empty when none.
   std::vector<std::string> backups() const;
   // The LSN of the last write numbered (the last in this replica's state).
@@ -147,6 +170,10 @@ class PrimaryReplication : public WriteShipper {
   // caught up on in all: what their copies missed.
   uint64_t joined() const { return joined_.load(std::memory_order_relaxed); }
   uint64_t caught_up_writes() const { return caught_up_writes_.load(std::memory_order_relaxed); }
+  // Standbys that rejoined from their own LSN (no copy) so far.
+  uint64_t rejoined_without_copy() const {
+    return rejoined_without_copy_.load(std::memory_order_relaxed);
+  }
   // Writes sent to a backup (each backup's copy counted, retries included)
   // over the bulk channel, and over gRPC Replicate, so far.
   uint64_t sent_over_channel() const;
@@ -182,17 +209,32 @@ class PrimaryReplication : public WriteShipper {
   void CatchUp(std::shared_ptr<Joiner> joiner);
   // Adds a caught-up joiner to /shards/<i>.replicas and to backups_.
   absl::Status List(const std::shared_ptr<Joiner>& joiner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveJoiner(const std::shared_ptr<Joiner>& joiner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `joiner` out (if still in); a non-empty `why` is what CheckJoin
+  // answers its standby from then on (let_go_).
+  void RemoveJoiner(const std::shared_ptr<Joiner>& joiner, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the backups `failed` names (id, its failure) out of /shards/<i>,
   // those still attached; OK when none is left to drop.
   absl::Status DropBackups(const std::vector<std::pair<std::string, absl::Status>>& failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A PrimaryLog over backups_ and then joiners_ (null when there is
-  // neither) from the last LSN.
+  // neither and no RecentWrites) from the last LSN; its first sink also
+  // keeps each write in recent_.
   void RebuildLog() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The writes a standby holding `request`'s (have_epoch, have_lsn) lacks
+  // up to `last`, when it may catch up: its state is of this primary's
+  // lineage (this term from base_lsn_ on, or the predecessor's term at
+  // exactly base_lsn_), every write after it is kept, and they fit
+  // max_joining_bytes. FAILED_PRECONDITION saying why not otherwise.
+  absl::StatusOr<std::vector<RecentWrites::Kept>> WritesAfter(
+      const v1::AttachStandbyRequest& request, uint64_t last) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PrimaryReplicationOptions options_;
   const uint64_t term_;  // the epoch this primary's writes carry
+  const uint64_t base_lsn_;  // the last LSN in its state when it started
+  // The last writes numbered (options.catch_up_bytes; null: none kept).
+  const std::unique_ptr<RecentWrites> recent_;
   // Shared by every write (for its whole apply and shipping), exclusive for
   // a change of backups: a copy is taken with no write half done.
   mutable absl::Mutex mu_;
@@ -200,11 +242,16 @@ class PrimaryReplication : public WriteShipper {
   std::unique_ptr<PrimaryLog> log_ ABSL_GUARDED_BY(mu_);  // null: no backup
   std::vector<Backup> backups_ ABSL_GUARDED_BY(mu_);     // log_'s, in its order
   std::vector<std::shared_ptr<Joiner>> joiners_ ABSL_GUARDED_BY(mu_);  // log_'s, after backups_
+  // Standbys let go while joining, (instance id, why), oldest first: at
+  // most kMaxLetGo, one entry per id.
+  static constexpr size_t kMaxLetGo = 64;
+  std::deque<std::pair<std::string, std::string>> let_go_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};
   absl::Mutex threads_mu_;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(threads_mu_);  // the joiners'
   std::atomic<uint64_t> joined_{0};
   std::atomic<uint64_t> caught_up_writes_{0};
+  std::atomic<uint64_t> rejoined_without_copy_{0};
   std::atomic<uint64_t> dropped_{0};
   // Sent by the channels of backups dropped since.
   std::atomic<uint64_t> dropped_over_channel_{0};
@@ -257,6 +304,20 @@ class BackupReplication {
   // Taking over: the old primary's writes are refused from now on.
   void SetEpoch(uint64_t epoch);
   uint64_t applied_lsn() const;
+  // The term of the writes applied since the last Attached (0: none yet).
+  uint64_t term() const;
+
+  // What a detached replica holds: shard `shard`'s state with the writes
+  // of term `term` up to `lsn`, each applied whole. Empty while attached,
+  // before the first copy, once an apply failed (it may have left part of
+  // a write), and after Forget (a fresh copy is being loaded over it).
+  struct Held {
+    uint32_t shard = 0;
+    uint64_t term = 0;
+    uint64_t lsn = 0;
+  };
+  std::optional<Held> held() const;
+  void Forget();
 
  private:
   std::shared_ptr<BackupLog> log() const;
@@ -265,7 +326,10 @@ class BackupReplication {
   const MoveWriteApply apply_move_write_;
   mutable absl::Mutex mu_;
   uint32_t shard_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t term_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<BackupLog> log_ ABSL_GUARDED_BY(mu_);  // null: no copy loaded
+  std::optional<Held> held_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> damaged_{false};  // an apply failed since Attached
 };
 
 }  // namespace pserver

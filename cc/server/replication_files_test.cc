@@ -156,6 +156,42 @@ TEST(ReplicationFilesTest, StartRefusesMaxStandbysOutsideItsRange) {
   }
 }
 
+TEST(ReplicationFilesTest, StartRefusesJoinBoundsOutsideTheirRanges) {
+  for (uint64_t bad : {uint64_t{0}, uint64_t{1023}, (uint64_t{1} << 40) + 1}) {
+    ServerOptions primary;
+    primary.max_joining_bytes = bad;
+    EXPECT_THAT(Server::Start(primary).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("max_joining_bytes must be in [1024, 2^40], got ",
+                                                bad))));
+  }
+  for (absl::Duration bad : {absl::ZeroDuration(), absl::Milliseconds(999), absl::Seconds(-5),
+                             absl::Hours(1) + absl::Seconds(1)}) {
+    ServerOptions primary;
+    primary.join_timeout = bad;
+    EXPECT_THAT(Server::Start(primary).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("join_timeout must be in [1s, 1h], got ",
+                                                absl::FormatDuration(bad)))));
+  }
+  for (uint64_t bad : {uint64_t{1}, uint64_t{1023}, (uint64_t{1} << 40) + 1}) {
+    ServerOptions primary;
+    primary.catch_up_bytes = bad;
+    EXPECT_THAT(Server::Start(primary).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("catch_up_bytes must be 0 or in [1024, 2^40], got ",
+                                                bad))));
+  }
+  // The bounds themselves are accepted (a server without etcd starts).
+  ServerOptions edges;
+  edges.host = "127.0.0.1";
+  edges.catch_up_bytes = 1024;
+  edges.max_joining_bytes = 1024;
+  edges.join_timeout = absl::Hours(1);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, Server::Start(edges));
+  server->Shutdown();
+}
+
 TEST(ReplicationFilesTest, StartRefusesMaxStandbyCopyBytesOutsideItsRange) {
   for (size_t bad : {size_t{0}, size_t{1023}, size_t{1} << 31}) {
     ServerOptions standby;

@@ -103,6 +103,19 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
                                                    kMaxShardReplicas, "], got ",
                                                    options.max_standbys));
   }
+  if (options.max_joining_bytes < 1024 || options.max_joining_bytes > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_joining_bytes must be in [1024, 2^40], got ", options.max_joining_bytes));
+  }
+  if (options.catch_up_bytes != 0 &&
+      (options.catch_up_bytes < 1024 || options.catch_up_bytes > (uint64_t{1} << 40))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "catch_up_bytes must be 0 or in [1024, 2^40], got ", options.catch_up_bytes));
+  }
+  if (options.join_timeout < absl::Seconds(1) || options.join_timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("join_timeout must be in [1s, 1h], got ",
+                                                   absl::FormatDuration(options.join_timeout)));
+  }
   if (options.max_threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_threads must be >= 0, got ", options.max_threads));
@@ -489,6 +502,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     replication.dispatcher = server->dispatcher_.get();
     replication.write_options = server->WriteOptions();  // cluster, count, placement
     replication.max_standbys = options.max_standbys;
+    replication.max_joining_bytes = options.max_joining_bytes;
+    replication.join_timeout = options.join_timeout;
+    replication.catch_up_bytes = options.catch_up_bytes;
+    // A promoted standby's state up to its last LSN is its old primary's.
+    if (server->backup_replication_ != nullptr) {
+      replication.predecessor_term = server->backup_replication_->term();
+    }
     replication.peer = server->peer_;
     // The bulk channel's hello carries neither this server's certificate
     // nor its peer token: on a secured cluster writes go over gRPC
@@ -787,9 +807,15 @@ absl::StatusOr<bool> Server::FollowPrimary() {
   }
   // A fresh standby is listed only once it caught up on the writes made
   // during its copy (PrimaryReplication::Attach): until then not being
-  // listed is expected, for at most kJoinTimeout.
-  constexpr absl::Duration kJoinTimeout = absl::Minutes(3);
-  const absl::Time join_deadline = absl::Now() + kJoinTimeout;
+  // listed is expected. It asks the primary every kJoinCheckPeriod whether
+  // its join goes on (one let go learns why at once), and gives up on its
+  // own after the primary's join timeout and a minute more.
+  constexpr absl::Duration kJoinCheckPeriod = absl::Milliseconds(250);
+  const absl::Duration join_timeout = options_.join_timeout + absl::Minutes(1);
+  const absl::Time join_deadline = absl::Now() + join_timeout;
+  std::unique_ptr<v1::ParameterServer::Stub> join_stub =
+      v1::ParameterServer::NewStub(PeerChannel(copied_from_address_, peer_));
+  absl::Time next_join_check = absl::Now() + kJoinCheckPeriod;
   bool listed_once = false;
   // Not listed as holder or backup: dropped, or another backup took over
   // (or, never listed, let go while joining).
@@ -815,7 +841,7 @@ absl::StatusOr<bool> Server::FollowPrimary() {
       }
       if (absl::Now() < join_deadline) return false;
       Log(absl::StrCat("standby: etcd ", shard_key, " did not list this standby within ",
-                       absl::FormatDuration(kJoinTimeout), " of its copy; copying a shard anew"));
+                       absl::FormatDuration(join_timeout), " of its copy; copying a shard anew"));
       return true;
     }
     Log(absl::StrCat("standby: etcd ", shard_key, " at epoch ", config->epoch(), " (holder ",
@@ -850,6 +876,14 @@ absl::StatusOr<bool> Server::FollowPrimary() {
       if (unlisted()) return false;
       primary = etcd_->Get(key);
       next_read = absl::Now() + absl::Seconds(1);
+    }
+    if (!listed_once && absl::Now() >= next_join_check) {
+      if (absl::Status joining = CheckJoin(*join_stub); absl::IsFailedPrecondition(joining)) {
+        Log(absl::StrCat("standby: ", joining.message(), "; copying a shard anew"),
+            log::Level::kWarning);
+        return false;
+      }
+      next_join_check = absl::Now() + kJoinCheckPeriod;
     }
     if (absl::IsNotFound(primary.status())) {
       PS_ASSIGN_OR_RETURN(bool took_over, take_over());
@@ -890,6 +924,13 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
   request.set_shard(shard);
   request.set_instance_id(instance_id_);
   request.set_address(address_);
+  // The state this standby holds from an earlier attach (dropped, or let
+  // go): the primary may send only the writes after it.
+  const std::optional<BackupReplication::Held> held = backup_replication_->held();
+  if (held.has_value() && held->shard == shard) {
+    request.set_have_epoch(held->term);
+    request.set_have_lsn(held->lsn);
+  }
   v1::AttachStandbyResponse response;
   if (absl::Status copied = FromGrpcStatus(stub->AttachStandby(&context, request, &response));
       !copied.ok()) {
@@ -901,6 +942,26 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
     }
     return copied;
   }
+  if (response.catch_up()) {
+    if (!held.has_value() || held->shard != shard || response.last_lsn() != held->lsn) {
+      backup_replication_->Forget();  // the next attach copies
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the primary of shard ", shard, " at ", entry.address, " answered a catch-up from LSN ",
+          response.last_lsn(), ", not the state this standby holds; attaching again with a copy"));
+    }
+    backup_replication_->Attached(shard, response.epoch(), response.last_lsn());
+    copied_from_instance_ = entry.instance_id;
+    copied_from_address_ = entry.address;
+    if (options_.process_slots != nullptr) options_.process_slots->Attached(instance_id_, shard);
+    index_ = shard;
+    Log(absl::StrCat("standby: rejoined shard ", shard, " from its own LSN ", held->lsn, " (term ",
+                     held->term, "): its primary ", entry.address, " (instance ",
+                     entry.instance_id, ") sends only the writes after it, no copy; epoch ",
+                     response.epoch()));
+    return absl::OkStatus();
+  }
+  // A copy replaces the state held (a failed load leaves it unknown).
+  backup_replication_->Forget();
   PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(response.files()));
   if (loaded.info.shard != shard) {
     return absl::DataLossError(absl::StrCat("the copy of shard ", shard, " from ", entry.address,
@@ -909,6 +970,7 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
   PS_RETURN_IF_ERROR(Restore(loaded, /*replace=*/true));
   backup_replication_->Attached(shard, response.epoch(), response.last_lsn());
   copied_from_instance_ = entry.instance_id;
+  copied_from_address_ = entry.address;
   if (options_.process_slots != nullptr) options_.process_slots->Attached(instance_id_, shard);
   index_ = shard;  // named in the log from now on
   Log(absl::StrCat("standby: copied shard ", shard, " from its primary ", entry.address,
@@ -916,6 +978,20 @@ absl::Status Server::AttachTo(uint32_t shard, const std::string& primary) {
                    ", epoch ", response.epoch(), "; applying its writes, serving no client "
                    "until it is gone"));
   return absl::OkStatus();
+}
+
+absl::Status Server::CheckJoin(v1::ParameterServer::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  AddPeerMetadata(peer_, &context);
+  context.AddMetadata(std::string(kInstanceMetadataKey), copied_from_instance_);
+  v1::AttachStandbyRequest request;
+  request.set_shard(index_);
+  request.set_instance_id(instance_id_);
+  request.set_address(address_);
+  request.set_check_join(true);
+  v1::AttachStandbyResponse response;
+  return FromGrpcStatus(stub.AttachStandby(&context, request, &response));
 }
 
 absl::StatusOr<bool> Server::TakeOver(uint32_t shard) {

@@ -150,6 +150,22 @@ struct ServerOptions {
   // naming the flag (each holds a copy's worth of the primary's time and a
   // connection, and every write waits for each).
   size_t max_standbys = 2;
+  // A primary's bounds on a standby joining its shard: the writes made
+  // since the standby's copy, queued for it while it loads the copy
+  // (--max_joining_bytes, 1 KiB-1 TiB), and how long it may take to load
+  // and apply the first of them (--join_timeout, 1 s-1 h). Past either it
+  // is let go unlisted, told so at its next check (at most 250 ms later),
+  // and copies again. A standby not listed within join_timeout + 1 min of
+  // its copy copies again too (its primary may be gone).
+  uint64_t max_joining_bytes = uint64_t{256} << 20;
+  absl::Duration join_timeout = absl::Minutes(2);
+  // A primary's bytes of its last writes kept in memory so that a standby
+  // rejoining with the shard's state up to an earlier LSN of its lineage
+  // (dropped, let go, or the other backup after a takeover) is sent only
+  // the writes after it, no copy (--catch_up_bytes; 0: off, else 1 KiB -
+  // 1 TiB). With it every write is numbered also while no standby is
+  // attached.
+  uint64_t catch_up_bytes = 0;
 
   // --- live moves (docs/elastic.md; needs etcd) ---
   // Check every dense block of a bulk push or read against etcd's
@@ -372,6 +388,10 @@ class Server {
   absl::Status AttachToAShard(uint32_t desired, absl::Time deadline, Retry& retry,
                               const LeasedKeyOptions& standby_options);
   absl::StatusOr<bool> FollowPrimary();
+  // A joining standby asks its primary (over `stub`) whether its join goes
+  // on (PrimaryReplication::CheckJoin): FAILED_PRECONDITION naming why once
+  // it was let go; OK, or another error when the primary cannot answer.
+  absl::Status CheckJoin(v1::ParameterServer::Stub& stub);
   // Copies shard `shard` from its primary at `primary` and starts applying
   // its writes.
   absl::Status AttachTo(uint32_t shard, const std::string& primary);
@@ -495,6 +515,7 @@ class Server {
   // A standby: the instance of the primary it copied its shard from (a
   // holder other than it, before this standby was listed: copy anew).
   std::string copied_from_instance_;
+  std::string copied_from_address_;  // and its address
   std::unique_ptr<Fence> fence_;  // with etcd only
   // options.placement_redirects: the gate and the /placement watch that
   // keeps it current (destroyed first).

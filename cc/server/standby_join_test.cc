@@ -6,9 +6,11 @@
 // of the test's own whose Replicate answers only when the test lets it, so
 // nothing depends on timing: a write that waited for the joining standby
 // would never finish (the test's bounded wait would fail).
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -24,6 +26,7 @@
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/replication.h"
+#include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -110,8 +113,15 @@ class StandbyJoinTest : public ::testing::Test {
     if (server_ != nullptr) server_->Shutdown();
   }
 
-  void StartPrimary(uint64_t max_joining_bytes = uint64_t{256} << 20) {
+  // `catch_up_bytes`, `predecessor_term`, `last_lsn`, `max_standbys`: as
+  // PrimaryReplicationOptions and its constructor take them.
+  void StartPrimary(uint64_t max_joining_bytes = uint64_t{256} << 20,
+                    uint64_t catch_up_bytes = 0, uint64_t predecessor_term = 0,
+                    uint64_t last_lsn = 0, size_t max_standbys = 2) {
     PrimaryReplicationOptions options;
+    options.catch_up_bytes = catch_up_bytes;
+    options.predecessor_term = predecessor_term;
+    options.max_standbys = max_standbys;
     options.shard = 0;
     options.instance_id = "00000000000000a1";
     options.etcd = etcd_.get();
@@ -126,7 +136,7 @@ class StandbyJoinTest : public ::testing::Test {
       absl::MutexLock lock(&log_mu_);
       log_.push_back(line);
     };
-    primary_ = std::make_unique<PrimaryReplication>(std::move(options), /*last_lsn=*/0);
+    primary_ = std::make_unique<PrimaryReplication>(std::move(options), last_lsn);
   }
 
   // `count` writes in a thread of their own; true once all were
@@ -169,6 +179,36 @@ class StandbyJoinTest : public ::testing::Test {
     request.set_instance_id("00000000000000b1");
     request.set_address("127.0.0.1:" + std::to_string(port_));
     return primary_->Attach(request);
+  }
+
+  absl::Status CheckJoin(const std::string& instance_id = "00000000000000b1") {
+    v1::AttachStandbyRequest request;
+    request.set_shard(0);
+    request.set_instance_id(instance_id);
+    request.set_check_join(true);
+    return primary_->Attach(request).status();
+  }
+
+  // Waits (bounded) until CheckJoin answers other than OK; that answer.
+  absl::Status LetGo() {
+    absl::Status answer;
+    for (int i = 0; i < 3000; ++i) {
+      answer = CheckJoin();
+      if (!answer.ok()) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return answer;
+  }
+
+  // /shards/0 one epoch up, same holder: the primary's configuration cell
+  // no longer matches it, so listing a standby fails (the test's way of
+  // having a joiner let go at a moment it knows). Returns the new value.
+  std::string MoveShardConfigOn() {
+    v1::ShardConfig moved = Config();
+    moved.set_epoch(moved.epoch() + 1);
+    const std::string value = FormatShardConfig(moved);
+    EXPECT_OK(etcd_->Put(etcd_keys::ShardKey(0), value));
+    return value;
   }
 
   bool Logged(const std::string& words) {
@@ -237,6 +277,9 @@ TEST_F(StandbyJoinTest, AStandbyWhoseQueuePassesItsBoundIsLetGoUnlisted) {
   }
   ASSERT_TRUE(let_go);
   EXPECT_TRUE(Logged("passed 100 bytes"));
+  // The standby's next check is told why.
+  EXPECT_THAT(CheckJoin(), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                             HasSubstr("passed 100 bytes")));
   EXPECT_EQ(Config().replicas_size(), 0);
   EXPECT_TRUE(primary_->backups().empty());
   EXPECT_EQ(primary_->joined(), 0u);
@@ -260,6 +303,181 @@ TEST_F(StandbyJoinTest, ATooManyStandbysAttachIsRefusedCountingJoiningOnes) {
   EXPECT_THAT(primary_->Attach(again).status(),
               testing::StatusIs(absl::StatusCode::kFailedPrecondition,
                                 HasSubstr("2 joining, the most --max_standbys=2")));
+}
+
+TEST_F(StandbyJoinTest, ALetGoStandbyIsToldWhyAtItsNextCheckAndMayAttachAgain) {
+  StartPrimary();
+  EXPECT_THAT(CheckJoin(), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                             HasSubstr("neither joining shard 0 nor a backup")));
+  const std::string moved = MoveShardConfigOn();
+  ASSERT_OK(Attach().status());
+  // Listing it fails (etcd moved on): it is let go, and its check says why
+  // (before that, the check answers OK: it is joining).
+  EXPECT_THAT(LetGo(), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         HasSubstr("changed while the standby joined")));
+  EXPECT_THAT(LetGo(), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         HasSubstr("let standby 00000000000000b1 go")));
+  EXPECT_TRUE(primary_->backups().empty());
+  // Another standby's check is not answered with this one's reason.
+  EXPECT_THAT(CheckJoin("00000000000000b2"),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("neither joining")));
+  // It attaches again (its let-go record gives way) and, etcd matching the
+  // primary's configuration again, is listed: its check answers OK.
+  config_.Set(Config().epoch(), moved);
+  ASSERT_OK(Attach().status());
+  bool listed = false;
+  for (int i = 0; i < 3000 && !listed; ++i) {
+    listed = primary_->backups().size() == 1;
+    if (!listed) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(listed);
+  EXPECT_OK(CheckJoin());
+  EXPECT_THAT(Config().replicas(), ElementsAre("00000000000000b1"));
+}
+
+// The AttachStandby RPC of the test's PrimaryReplication, as a server's
+// dispatcher would answer it; counts the attaches (checks left out).
+class AttachService final : public v1::ParameterServer::Service {
+ public:
+  explicit AttachService(PrimaryReplication* primary) : primary_(primary) {}
+  grpc::Status AttachStandby(grpc::ServerContext*, const v1::AttachStandbyRequest* request,
+                             v1::AttachStandbyResponse* response) override {
+    if (!request->check_join()) {
+      absl::MutexLock lock(&mu_);
+      ++attaches_;
+    }
+    absl::StatusOr<v1::AttachStandbyResponse> answer = primary_->Attach(*request);
+    if (!answer.ok()) {
+      return grpc::Status(static_cast<grpc::StatusCode>(answer.status().code()),
+                          std::string(answer.status().message()));
+    }
+    *response = *std::move(answer);
+    return grpc::Status::OK;
+  }
+  int attaches() const {
+    absl::MutexLock lock(&mu_);
+    return attaches_;
+  }
+
+ private:
+  PrimaryReplication* const primary_;
+  mutable absl::Mutex mu_;
+  int attaches_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_F(StandbyJoinTest, AStandbyServerLetGoWhileJoiningStartsOverAtOnce) {
+  StartPrimary();
+  AttachService service(primary_.get());
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> attach_server = builder.BuildAndStart();
+  ASSERT_NE(attach_server, nullptr);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  ASSERT_OK(etcd_->Put(etcd_keys::ServerKey(0),
+                       etcd_keys::FormatServerValue({address, "00000000000000a1"})));
+  // Every join fails at its listing (etcd moved on): the primary lets the
+  // standby go each time.
+  MoveShardConfigOn();
+  // A real standby server. Before it was told, it waited for its own
+  // deadline (the join timeout, 2 minutes, and one more) before copying
+  // again; the test's bounded wait is shorter than that.
+  ServerOptions options;
+  options.host = "127.0.0.1";
+  options.etcd_endpoints = {etcd_process_->endpoint()};
+  options.cluster = "join";
+  options.num_servers = 1;
+  options.standby = true;
+  options.stop = std::make_shared<absl::Notification>();
+  absl::StatusOr<std::unique_ptr<Server>> standby = absl::UnknownError("not started");
+  std::thread starting([&] { standby = Server::Start(options); });
+  bool started_over = false;
+  for (int i = 0; i < 3000 && !started_over; ++i) {
+    started_over = service.attaches() >= 3;
+    if (!started_over) absl::SleepFor(absl::Milliseconds(20));
+  }
+  options.stop->Notify();
+  starting.join();
+  attach_server->Shutdown();
+  ASSERT_TRUE(started_over) << service.attaches() << " attaches";
+  EXPECT_TRUE(Logged("did not catch up on shard 0"));
+  EXPECT_FALSE(standby.ok());  // stopped while still a standby
+  EXPECT_EQ(Config().replicas_size(), 0);
+}
+
+TEST_F(StandbyJoinTest, AStandbyOfThisLineageCatchesUpFromItsLsnAndAnyOtherIsSentACopy) {
+  // This primary serves from epoch 2 (its term) and was promoted at LSN 10
+  // from a backup of the term-1 primary; it keeps its writes.
+  const std::string moved = MoveShardConfigOn();
+  config_.Set(Config().epoch(), moved);
+  ASSERT_EQ(config_.epoch(), 2u);
+  StartPrimary(uint64_t{256} << 20, /*catch_up_bytes=*/1 << 20, /*predecessor_term=*/1,
+               /*last_lsn=*/10, /*max_standbys=*/8);
+  // No standby attached: the writes are numbered (11-13) and kept all the same.
+  ASSERT_TRUE(WritesFinish(3, 1.0f));
+  EXPECT_EQ(primary_->last_lsn(), 13u);
+  auto attach = [&](const std::string& id, uint64_t have_epoch, uint64_t have_lsn) {
+    v1::AttachStandbyRequest request;
+    request.set_shard(0);
+    request.set_instance_id(id);
+    request.set_address("127.0.0.1:" + std::to_string(port_));
+    request.set_have_epoch(have_epoch);
+    request.set_have_lsn(have_lsn);
+    return primary_->Attach(request);
+  };
+  // This term's state at 11: the writes after it only, no files.
+  ASSERT_OK_AND_ASSIGN(v1::AttachStandbyResponse ours, attach("00000000000000c1", 2, 11));
+  EXPECT_TRUE(ours.catch_up());
+  EXPECT_EQ(ours.files_size(), 0);
+  EXPECT_EQ(ours.last_lsn(), 11u);
+  EXPECT_EQ(ours.epoch(), 2u);
+  // The predecessor's state at exactly the LSN this primary started from.
+  ASSERT_OK_AND_ASSIGN(v1::AttachStandbyResponse predecessors, attach("00000000000000c2", 1, 10));
+  EXPECT_TRUE(predecessors.catch_up());
+  EXPECT_EQ(predecessors.last_lsn(), 10u);
+  // Anything else is sent the whole shard: the predecessor's state at
+  // another LSN, an LSN this primary never reached, another term.
+  for (const auto& [id, epoch, lsn] : std::vector<std::tuple<std::string, uint64_t, uint64_t>>{
+           {"00000000000000c3", 1, 9}, {"00000000000000c4", 2, 14}, {"00000000000000c5", 3, 11}}) {
+    ASSERT_OK_AND_ASSIGN(v1::AttachStandbyResponse copy, attach(id, epoch, lsn));
+    EXPECT_FALSE(copy.catch_up()) << id;
+    EXPECT_GT(copy.files_size(), 0) << id;
+    EXPECT_EQ(copy.last_lsn(), 13u) << id;
+  }
+  EXPECT_TRUE(Logged("standby 00000000000000c5 holds shard 0 up to LSN 11 of term 3 but is sent "
+                     "a full copy: its state is not of this primary's lineage"));
+  EXPECT_EQ(primary_->rejoined_without_copy(), 2u);
+  // Each catches up and is listed; then a write reaches all five.
+  backup_.Release();
+  bool listed = false;
+  for (int i = 0; i < 3000 && !listed; ++i) {
+    listed = primary_->backups().size() == 5;
+    if (!listed) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(listed) << primary_->backups().size() << " listed";
+  // Delivered: 12-13 to c1 and 11-13 to c2; nothing to the copies.
+  std::vector<uint64_t> delivered = backup_.lsns();
+  std::sort(delivered.begin(), delivered.end());
+  EXPECT_THAT(delivered, ElementsAre(11, 12, 12, 13, 13));
+  ASSERT_TRUE(WritesFinish(1, 1.0f));
+  EXPECT_EQ(backup_.lsns().size(), 10u);  // LSN 14 to each of the five
+}
+
+TEST_F(StandbyJoinTest, WithoutKeptWritesAStandbyHoldingStateIsSentACopy) {
+  StartPrimary();  // catch_up_bytes 0
+  ASSERT_TRUE(WritesFinish(2, 1.0f));  // not numbered: no standby, none kept
+  v1::AttachStandbyRequest request;
+  request.set_shard(0);
+  request.set_instance_id("00000000000000b1");
+  request.set_address("127.0.0.1:" + std::to_string(port_));
+  request.set_have_epoch(config_.epoch());
+  request.set_have_lsn(0);
+  ASSERT_OK_AND_ASSIGN(v1::AttachStandbyResponse copy, primary_->Attach(request));
+  EXPECT_FALSE(copy.catch_up());
+  EXPECT_GT(copy.files_size(), 0);
+  EXPECT_TRUE(Logged("but is sent a full copy: this primary keeps no writes (--catch_up_bytes=0)"));
 }
 
 }  // namespace

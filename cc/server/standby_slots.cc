@@ -1,5 +1,6 @@
 #include "cc/server/standby_slots.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,19 +32,57 @@ StandbySlots::~StandbySlots() {
 }
 
 void StandbySlots::Run(int slot) {
+  absl::Duration backoff = kFirstBackoff;
   while (!options_.stop->HasBeenNotified()) {
-    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options_);
-    if (server.ok()) {
-      took_over_(**server);
-      absl::MutexLock lock(&mu_);
-      serving_.push_back(*std::move(server));
-      return;
+    absl::StatusOr<std::unique_ptr<Server>> started = Server::Start(options_);
+    if (started.ok()) {
+      backoff = kFirstBackoff;
+      const Server* server = started->get();
+      took_over_(*server);
+      {
+        absl::MutexLock lock(&mu_);
+        serving_.push_back(*std::move(started));
+      }
+      if (!UntilSteppedDown(*server)) return;  // the process stops
+      // Fenced for good: it serves nothing more. A fresh standby takes its
+      // place (the process's shards need their backups).
+      std::unique_ptr<Server> gone;
+      {
+        absl::MutexLock lock(&mu_);
+        for (auto it = serving_.begin(); it != serving_.end(); ++it) {
+          if (it->get() != server) continue;
+          gone = std::move(*it);
+          serving_.erase(it);
+          break;
+        }
+        ++replaced_;
+      }
+      log_(absl::StrCat("standby slot ", slot + 1, ": its server of shard ", gone->index(),
+                        " stepped down; shutting it down and starting a fresh standby in "
+                        "its place"));
+      gone->Shutdown(absl::ZeroDuration());
+      gone.reset();  // leaves the process's slots
+      continue;
     }
     if (options_.stop->HasBeenNotified()) return;
-    log_(absl::StrCat("standby slot ", slot + 1, ": ", server.status().ToString(),
-                      "; starting it again in 1s"));
-    options_.stop->WaitForNotificationWithTimeout(absl::Seconds(1));
+    log_(absl::StrCat("standby slot ", slot + 1, ": ", started.status().ToString(),
+                      "; starting it again in ", absl::FormatDuration(backoff)));
+    options_.stop->WaitForNotificationWithTimeout(backoff);
+    backoff = std::min(backoff * 2, kMaxBackoff);
   }
+}
+
+bool StandbySlots::UntilSteppedDown(const Server& server) const {
+  // A stepped-down server says so at once (Fence); looked at every 100 ms.
+  while (!options_.stop->WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    if (server.stepped_down()) return true;
+  }
+  return false;
+}
+
+int StandbySlots::replaced() const {
+  absl::MutexLock lock(&mu_);
+  return replaced_;
 }
 
 absl::Status StandbySlots::Stop(absl::Duration grace) {

@@ -5,9 +5,14 @@
 // ProcessSlots so that none backs up a shard this process already holds or
 // backs up. Each slot runs Server::Start in a thread of its own; Start
 // returns once the slot took a shard over, and the slot then serves it as
-// its primary until Stop. A slot whose Start fails (no shard to back up
-// within --register_timeout, etcd unreachable, ...) says why and starts
-// again a second later, until the process stops.
+// its primary until Stop, or until that server steps down (fenced by a
+// newer epoch): then the slot shuts it down and starts a fresh standby in
+// its place, so that the process backs up a shard again. A slot whose
+// Start fails (no shard to back up within --register_timeout, etcd
+// unreachable, ...) says why and starts again after a backoff (1 s,
+// doubling up to 30 s; back to 1 s once a start succeeded), until the
+// process stops. A slot hosts one server at a time: never more than
+// `count` servers besides the process's own.
 //
 //   StandbySlots slots(options, replicas - 1, [](const Server& s) { ... });
 //   ...                       // the process serves
@@ -54,9 +59,18 @@ class StandbySlots {
 
   // The slots serving a shard now.
   int serving() const;
+  // Slots whose server stepped down and was replaced by a fresh standby.
+  int replaced() const;
+
+  // The first and the longest wait before a failed start is retried.
+  static constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
+  static constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
 
  private:
   void Run(int slot);
+  // Waits until `server` (serving) steps down (true) or the process stops
+  // (false).
+  bool UntilSteppedDown(const Server& server) const;
 
   const ServerOptions options_;
   const std::function<void(const Server&)> took_over_;
@@ -64,6 +78,7 @@ class StandbySlots {
   std::vector<std::thread> threads_;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Server>> serving_ ABSL_GUARDED_BY(mu_);
+  int replaced_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ = false;
 };
 
