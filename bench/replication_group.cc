@@ -29,12 +29,13 @@ constexpr uint64_t kMiB = 1 << 20;
 constexpr char kCluster[] = "bench";
 constexpr absl::Duration kWait = absl::Seconds(60);
 
-// `servers` pserver processes registered in a fresh etcd, with one standby
-// each when `standbys`. Every process is killed (by PID) when this goes.
+// `servers` pserver processes registered in a fresh etcd, with `standbys`
+// standbys each (0, 1 or 2: R = standbys + 1). Every process is killed (by
+// PID) when this goes.
 class Cluster {
  public:
   static absl::StatusOr<std::unique_ptr<Cluster>> Start(const std::string& binary, int servers,
-                                                        bool standbys) {
+                                                        int standbys) {
     std::unique_ptr<Cluster> cluster(new Cluster(binary, servers, standbys));
     PS_ASSIGN_OR_RETURN(cluster->etcd_, testing::EtcdProcess::Start());
     EtcdClientOptions options;
@@ -48,8 +49,10 @@ class Cluster {
                           WaitForPserverAddress(*child, i, absl::Now() + kWait));
       cluster->processes_[address] = std::move(child);
     }
-    if (standbys) {
-      for (int i = 0; i < servers; ++i) PS_RETURN_IF_ERROR(cluster->AddStandby(i));
+    // Round r gives every shard its r-th standby (a standby attaches to the
+    // shard with the fewest backups, the lowest index first).
+    for (int r = 1; r <= standbys; ++r) {
+      for (int i = 0; i < servers; ++i) PS_RETURN_IF_ERROR(cluster->AddStandby(i, r));
     }
     return cluster;
   }
@@ -62,14 +65,14 @@ class Cluster {
     return Client::Connect(options);
   }
 
-  // Starts a standby and waits until /shards/<shard> lists it (the only
-  // shard without one).
-  absl::Status AddStandby(uint32_t shard) {
+  // Starts a standby and waits until /shards/<shard> lists `backups`
+  // backups, the last of them the new standby (the shard with the fewest).
+  absl::Status AddStandby(uint32_t shard, int backups = 1) {
     std::vector<std::string> flags = Flags();
     flags.push_back("--standby");
     PS_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> child, ChildProcess::Spawn(binary_, flags));
     const absl::Time deadline = absl::Now() + kWait;
-    while (Replicas(shard) != 1) {
+    while (Replicas(shard) != backups) {
       if (absl::Now() >= deadline) {
         // Stopped to read what it said (the run fails anyway).
         kill(child->pid(), SIGKILL);
@@ -82,7 +85,8 @@ class Cluster {
     }
     PS_ASSIGN_OR_RETURN(v1::ShardConfig config, Config(shard));
     PS_ASSIGN_OR_RETURN(std::string address,
-                        AddressAt(etcd_keys::StandbyKey(shard, config.replicas(0))));
+                        AddressAt(etcd_keys::StandbyKey(
+                            shard, config.replicas(config.replicas_size() - 1))));
     processes_[address] = std::move(child);
     return absl::OkStatus();
   }
@@ -107,7 +111,7 @@ class Cluster {
   }
 
  private:
-  Cluster(std::string binary, int servers, bool standbys)
+  Cluster(std::string binary, int servers, int standbys)
       : binary_(std::move(binary)), servers_(servers), standbys_(standbys) {}
 
   std::vector<std::string> Flags() const {
@@ -118,7 +122,7 @@ class Cluster {
                                       absl::StrCat("--num_servers=", servers_),
                                       "--lease_ttl=2",
                                       "--register_timeout=60"};
-    if (standbys_) flags.push_back("--accept_standbys");
+    if (standbys_ > 0) flags.push_back("--accept_standbys");
     return flags;
   }
 
@@ -139,7 +143,7 @@ class Cluster {
 
   std::string binary_;
   int servers_;
-  bool standbys_;
+  int standbys_;
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
   std::map<std::string, std::unique_ptr<ChildProcess>> processes_;  // by address
@@ -147,9 +151,14 @@ class Cluster {
 
 constexpr char kSmall[] = "small";
 
+// The latency R=1 measured, by kind ("push", "pull"): (p50, p99) in us.
+using Baseline = std::map<std::string, std::pair<double, double>>;
+
 // 4 KiB push and pull of parameter kSmall (initialised), one at a time:
-// ops/s, extra p50_us and p99_us.
-absl::Status Latency4K(Harness& h, const std::string& prefix, Client& client) {
+// ops/s, extra p50_us and p99_us; with `baseline` (R > 1), also what
+// replication adds to them: added_p50_us, added_p99_us. Without, fills it.
+absl::Status Latency4K(Harness& h, const std::string& prefix, Client& client,
+                       Baseline* baseline, bool replicated) {
   const std::string name = kSmall;
   const Tensor grad = Filled(4 * kKiB, 0.5f);
   std::vector<Tensor> out(1);
@@ -166,8 +175,15 @@ absl::Status Latency4K(Harness& h, const std::string& prefix, Client& client) {
     r.set_workers(1);
     std::vector<double> all;
     PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&] { return TimeOps(ops, op, &all); }));
-    (*r.mutable_extra())["p50_us"] = Percentile(all, 50);
-    (*r.mutable_extra())["p99_us"] = Percentile(all, 99);
+    const double p50 = Percentile(all, 50), p99 = Percentile(all, 99);
+    (*r.mutable_extra())["p50_us"] = p50;
+    (*r.mutable_extra())["p99_us"] = p99;
+    if (!replicated) {
+      (*baseline)[kind] = {p50, p99};
+    } else if (auto it = baseline->find(kind); it != baseline->end()) {
+      (*r.mutable_extra())["added_p50_us"] = p50 - it->second.first;
+      (*r.mutable_extra())["added_p99_us"] = p99 - it->second.second;
+    }
   }
   return absl::OkStatus();
 }
@@ -250,7 +266,7 @@ absl::Status Failover(Harness& h, const ReplicationGroupOptions& options) {
   const int kills = h.quick() ? std::min(options.failover_kills, 5) : options.failover_kills;
   if (kills < 1) return absl::InvalidArgumentError("--failover_kills must be at least 1");
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster,
-                      Cluster::Start(options.pserver_binary, kServers, /*standbys=*/true));
+                      Cluster::Start(options.pserver_binary, kServers, /*standbys=*/1));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, cluster->Connect());
   Trainer trainer(*client);
   PS_RETURN_IF_ERROR(trainer.Init());
@@ -287,11 +303,12 @@ absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options
                               const DenseRunner& dense) {
   std::vector<uint64_t> sizes = {kMiB, 16 * kMiB};
   if (!h.quick()) sizes.push_back(64 * kMiB);
-  for (int replicas : {1, 2}) {
+  Baseline baseline;  // R=1's 4 KiB latency
+  for (int replicas : {1, 2, 3}) {
     const std::string prefix = absl::StrCat("r", replicas, "_");
     for (int servers : {1, 3}) {
       PS_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster,
-                          Cluster::Start(options.pserver_binary, servers, replicas == 2));
+                          Cluster::Start(options.pserver_binary, servers, replicas - 1));
       std::vector<std::unique_ptr<Client>> clients;
       PS_ASSIGN_OR_RETURN(clients.emplace_back(), cluster->Connect());
       // Initialised before the dense run's FinishInitParams, measured after.
@@ -299,7 +316,9 @@ absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options
         PS_RETURN_IF_ERROR(clients[0]->InitParam(kSmall, Filled(4 * kKiB, 1.0f), Sgd()));
       }
       PS_RETURN_IF_ERROR(dense(prefix, clients, servers, sizes, cluster->pids()));
-      if (servers == 1) PS_RETURN_IF_ERROR(Latency4K(h, prefix, *clients[0]));
+      if (servers == 1) {
+        PS_RETURN_IF_ERROR(Latency4K(h, prefix, *clients[0], &baseline, replicas > 1));
+      }
     }
   }
   PS_RETURN_IF_ERROR(Failover(h, options));

@@ -1,10 +1,13 @@
 // bench:e2e's replication group (docs/replication.md, the standby model):
 // what a standby per shard costs, and how long a failover takes.
-//   r1_* / r2_*   push, pull and push+pull of 1, 16 and 64 MiB (--quick: up to
-//                 16 MiB), 1 server x 1 worker and 3 servers x 1 worker,
-//                 without standbys (R=1) and with one per server (R=2); all
-//                 servers discover each other through a real etcd
-//   r1_latency_* / r2_latency_*   4 KiB push and pull, ops/s with p50/p99
+//   r1_* / r2_* / r3_*   push, pull and push+pull of 1, 16 and 64 MiB
+//                 (--quick: up to 16 MiB), 1 server x 1 worker and 3 servers
+//                 x 1 worker, without standbys (R=1), with one (R=2) and with
+//                 two (R=3) per server; all servers discover each other
+//                 through a real etcd
+//   r1_latency_* / r2_latency_* / r3_latency_*   4 KiB push and pull, ops/s
+//                 with p50/p99; R=2 and R=3 also what replication adds to
+//                 R=1's (added_p50_us, added_p99_us)
 //   failover      kill -9 of a primary -> the next training step completed,
 //                 in seconds (min/median/max, extra p50/p99), over
 //                 --failover_kills kills (--quick: at most 5), 3 servers,

@@ -471,6 +471,12 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const v1::Gradient* const
 
 absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads,
                                             ApplyResult* result) {
+  return ApplyGradients(grads, result, [] {});
+}
+
+absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads,
+                                            ApplyResult* result,
+                                            absl::FunctionRef<void()> checked) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
   std::vector<Target> targets;
   targets.reserve(grads.size());
@@ -479,6 +485,7 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads
     if (!target.ok()) return Reject(target.status());
     targets.push_back(*target);
   }
+  checked();
   ApplyResult done;
   absl::Status status;
   for (size_t i = 0; i < grads.size() && status.ok(); ++i) {

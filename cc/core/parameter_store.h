@@ -147,6 +147,11 @@ class ParameterStore {
   // non_finite SKIP, is skipped and counted. `result` (may be null) says what
   // was done with an accepted batch.
   absl::Status ApplyGradients(absl::Span<const GradientView> grads, ApplyResult* result = nullptr);
+  // The same; `checked` is called once every gradient passed its checks,
+  // right before the first is applied (never for a refused batch): a
+  // primary hands the batch to its backups then (docs/replication.md).
+  absl::Status ApplyGradients(absl::Span<const GradientView> grads, ApplyResult* result,
+                              absl::FunctionRef<void()> checked);
   absl::Status ApplyGradients(absl::Span<const v1::Gradient* const> grads,
                               ApplyResult* result = nullptr);
 

@@ -24,15 +24,47 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace pserver {
+
+// Bytes held where they were received (a request's gRPC slices, a bulk
+// channel frame's buffer), not copied: `parts`, in order, kept alive by
+// `owner`. A primary ships a push's bytes this way.
+struct SharedBytes {
+  std::vector<absl::string_view> parts;
+  std::shared_ptr<const void> owner;
+
+  size_t size() const {
+    size_t total = 0;
+    for (absl::string_view part : parts) total += part.size();
+    return total;
+  }
+  // One copy of the bytes, for a path that needs them in one string.
+  std::string Flatten() const {
+    std::string out;
+    out.reserve(size());
+    for (absl::string_view part : parts) out.append(part.data(), part.size());
+    return out;
+  }
+  // `bytes`, owned.
+  static SharedBytes Own(std::string bytes) {
+    auto owned = std::make_shared<const std::string>(std::move(bytes));
+    SharedBytes shared;
+    shared.parts.emplace_back(*owned);
+    shared.owner = std::move(owned);
+    return shared;
+  }
+};
 
 class BackupLog {
  public:
@@ -41,6 +73,19 @@ class BackupLog {
     uint64_t lsn = 0;     // >= 1, consecutive across epochs
     std::string method;   // e.g. "SendGrads"
     std::string request;  // the request's own bytes
+    // A primary's write may hold its request's bytes here instead, as it
+    // received them (`request` is then empty): shipped without a copy. A
+    // write a backup receives never does.
+    SharedBytes shared;
+
+    bool is_shared() const { return shared.owner != nullptr; }
+    size_t request_size() const { return is_shared() ? shared.size() : request.size(); }
+    // The request's bytes as parts (views into this write).
+    std::vector<absl::string_view> request_parts() const {
+      if (is_shared()) return shared.parts;
+      return {absl::string_view(request)};
+    }
+    std::string request_bytes() const { return is_shared() ? shared.Flatten() : request; }
   };
   struct Options {
     // Writes held waiting for an earlier LSN, and their bytes (method and

@@ -351,9 +351,10 @@ CancelWait Dispatcher::Call(absl::string_view name, const protobuf::Message& req
   WriteShipper* const shipper = shipper_.load(std::memory_order_acquire);
   if (method->replicated && shipper != nullptr) {
     // Every control write is synchronous (Sync): `run` answers before it returns.
+    // Applied first, then shipped (a control write is not checked apart).
     absl::Status result = shipper->Write(
-        method->descriptor->name(), [&] { return request.SerializeAsString(); },
-        [&] {
+        method->descriptor->name(), [&] { return SharedBytes::Own(request.SerializeAsString()); },
+        [&](absl::FunctionRef<void()>) {
           absl::Status applied;
           method->run(request, response, call, [&](absl::Status s) { applied = std::move(s); });
           return applied;
@@ -390,10 +391,11 @@ Dispatcher::Done Dispatcher::TraceCall(trace::Recorder* recorder, const Method& 
   };
 }
 
-absl::Status Dispatcher::Ship(absl::string_view method, absl::FunctionRef<std::string()> request,
-                              absl::FunctionRef<absl::Status()> apply) {
+absl::Status Dispatcher::Ship(
+    absl::string_view method, absl::FunctionRef<SharedBytes()> request,
+    absl::FunctionRef<absl::Status(absl::FunctionRef<void()> ship)> apply) {
   WriteShipper* const shipper = shipper_.load(std::memory_order_acquire);
-  return shipper == nullptr ? apply() : shipper->Write(method, request, apply);
+  return shipper == nullptr ? apply([] {}) : shipper->Write(method, request, apply);
 }
 
 absl::Status Dispatcher::PushReplicated(const RequestId& id,
@@ -490,6 +492,16 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
 }
 
 absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads) {
+  return PushShipping(id, grads, nullptr);
+}
+
+absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads,
+                              absl::FunctionRef<void()> ship) {
+  return PushShipping(id, grads, &ship);
+}
+
+absl::Status Dispatcher::PushShipping(const RequestId& id, absl::Span<const GradientView> grads,
+                                      const absl::FunctionRef<void()>* ship) {
   const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
   trace::Span span(trace(), "apply push", "server");
   uint64_t bytes = 0;
@@ -509,7 +521,21 @@ absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView
           PS_RETURN_IF_ERROR(gate->CheckBlock(grad.name, grad.block));
         }
       }
-      return store_->ApplyGradients(grads);
+      if (ship == nullptr) return store_->ApplyGradients(grads);
+      // Shipped once checked, applied here meanwhile (docs/replication.md,
+      // "Overlapped apply"): host storage cannot fail past the checks; any
+      // failure there leaves this replica apart from its backups.
+      bool shipped = false;
+      absl::Status applied = store_->ApplyGradients(grads, nullptr, [&] {
+        shipped = true;
+        (*ship)();
+      });
+      if (shipped && !applied.ok()) {
+        return absl::DataLossError(absl::StrCat(
+            "a push shipped to the backups once checked failed to apply here: ",
+            applied.message()));
+      }
+      return applied;
     });
   }
   if (status.ok()) status = CheckWrite();  // applied, but acknowledged only if still ours

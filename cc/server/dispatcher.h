@@ -48,6 +48,7 @@
 #include "cc/core/tables.h"
 #include "cc/core/waiters.h"
 #include "cc/server/applied_sequences.h"
+#include "cc/server/backup_log.h"
 #include "cc/server/fence.h"
 #include "cc/server/placement_gate.h"
 #include "cc/server/reply_budget.h"
@@ -67,10 +68,17 @@ class WriteShipper {
  public:
   virtual ~WriteShipper() = default;
   // Runs `apply` (this replica's copy of write `method`) and, when the shard
-  // has backups, ships the write's bytes (`request`, called only then) to
-  // each; OK once every live replica holds it.
-  virtual absl::Status Write(absl::string_view method, absl::FunctionRef<std::string()> request,
-                             absl::FunctionRef<absl::Status()> apply) = 0;
+  // has backups, ships the write's bytes (`request`, called only then, held
+  // as received: not copied) to each; OK once every live replica holds it.
+  // `apply` is given `ship`: an apply that checks the write before changing
+  // anything calls it once the checks passed (a push: ParameterStore's
+  // checks), and the backups then receive and apply the write while this
+  // replica applies it; after ship, an error of the apply's own making is
+  // DATA_LOSS (this replica no longer matches its backups). One that never
+  // calls it is applied first and shipped after.
+  virtual absl::Status Write(
+      absl::string_view method, absl::FunctionRef<SharedBytes()> request,
+      absl::FunctionRef<absl::Status(absl::FunctionRef<void()> ship)> apply) = 0;
 };
 
 // What a Server adds beyond the store; every field optional.
@@ -223,15 +231,21 @@ class Dispatcher {
   // pushes) goes through `shipper` (not owned; outlives the dispatcher).
   // Null (the default): applied as they come.
   void SetShipper(WriteShipper* shipper) { shipper_.store(shipper, std::memory_order_release); }
-  // Runs `apply` through the shipper when one is set, else alone.
-  absl::Status Ship(absl::string_view method, absl::FunctionRef<std::string()> request,
-                    absl::FunctionRef<absl::Status()> apply);
+  // Runs `apply` through the shipper when one is set, else alone (its
+  // `ship` then does nothing). WriteShipper::Write says what `ship` is.
+  absl::Status Ship(absl::string_view method, absl::FunctionRef<SharedBytes()> request,
+                    absl::FunctionRef<absl::Status(absl::FunctionRef<void()> ship)> apply);
 
   // ---- bulk data ---------------------------------------------------------
   // Both are UNAVAILABLE while the server is not serving.
   // Applies a batch of gradients whole or not at all, once per id; fenced
   // before and after (a duplicate's acknowledgement too).
   absl::Status Push(const RequestId& id, absl::Span<const GradientView> grads);
+  // The same, shipped first (Ship's `ship`): `ship` is called once the
+  // batch passed its checks, before it is applied here; an error applying
+  // it after that is DATA_LOSS.
+  absl::Status Push(const RequestId& id, absl::Span<const GradientView> grads,
+                    absl::FunctionRef<void()> ship);
   // Reads `refs` in order into `reader`; stops at the first error.
   absl::Status Read(absl::Span<const v1::ParamRef> refs, BlockReader reader);
   // OK if a reply may be built (the reply budget is not spent).
@@ -297,6 +311,9 @@ class Dispatcher {
   const RequestMetrics& request_metrics() const { return request_metrics_; }
 
  private:
+  // Push; `ship` (null: none) as in the overload that takes it.
+  absl::Status PushShipping(const RequestId& id, absl::Span<const GradientView> grads,
+                            const absl::FunctionRef<void()>* ship);
   // Adds control method `name` answered by `run` (which returns its status);
   // Wait adds one that waits, returning its CancelWait.
   template <typename Request, typename Response>

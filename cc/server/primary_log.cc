@@ -1,5 +1,6 @@
 #include "cc/server/primary_log.h"
 
+#include <algorithm>
 #include <thread>
 #include <utility>
 
@@ -21,19 +22,38 @@ std::vector<absl::Status> SendToEach(size_t count,
 }
 
 PrimaryLog::PrimaryLog(uint64_t epoch, uint64_t last_lsn, size_t backups, Options options,
-                       Send send)
+                       Send send, Post post)
     : epoch_(epoch),
       backups_(backups),
       options_(options),
       send_(std::move(send)),
+      post_(std::move(post)),
       last_lsn_(last_lsn) {}
 
 absl::Status PrimaryLog::Write(absl::string_view method, std::string request,
                                absl::FunctionRef<absl::Status()> apply,
                                std::vector<absl::Status>* acks) {
+  return WriteImpl(method, std::move(request), SharedBytes{},
+                   [&](absl::FunctionRef<void()>) { return apply(); }, acks);
+}
+
+absl::Status PrimaryLog::WriteShippingFirst(absl::string_view method, SharedBytes request,
+                                            ApplyShipping apply,
+                                            std::vector<absl::Status>* acks) {
+  return WriteImpl(method, std::string(), std::move(request), apply, acks);
+}
+
+absl::Status PrimaryLog::WriteImpl(absl::string_view method, std::string request,
+                                   SharedBytes shared, ApplyShipping apply,
+                                   std::vector<absl::Status>* acks) {
   if (acks != nullptr) acks->clear();
-  const uint64_t bytes = method.size() + request.size();
+  const uint64_t bytes = method.size() + request.size() + shared.size();
   BackupLog::Write write;
+  // Per backup, what completes a delivery handed over before the apply
+  // (null: Send delivers it afterwards).
+  std::vector<std::function<absl::Status()>> posted(backups_);
+  bool numbered = false;
+  absl::Status applied;
   {
     absl::MutexLock order(&order_mu_);
     {
@@ -47,16 +67,43 @@ absl::Status PrimaryLog::Write(absl::string_view method, std::string request,
             " bytes; nothing was applied; retry"));
       }
     }
-    if (absl::Status applied = apply(); !applied.ok()) return applied;
-    absl::MutexLock lock(&mu_);
-    write = {epoch_, ++last_lsn_, std::string(method), std::move(request)};
-    ++in_flight_writes_;
-    in_flight_bytes_ += bytes;
+    // Takes the next LSN (under the order lock: LSN order is apply order).
+    auto number = [&] {
+      absl::MutexLock lock(&mu_);
+      write.epoch = epoch_;
+      write.lsn = ++last_lsn_;
+      write.method = std::string(method);
+      write.request = std::move(request);
+      write.shared = std::move(shared);
+      ++in_flight_writes_;
+      in_flight_bytes_ += bytes;
+      numbered = true;
+    };
+    applied = apply([&] {
+      if (numbered) return;
+      number();
+      if (post_ == nullptr) return;
+      for (size_t backup = 0; backup < backups_; ++backup) posted[backup] = post_(backup, write);
+    });
+    if (!numbered) {
+      // Refused here: no LSN, sent nowhere.
+      if (!applied.ok()) return applied;
+      number();
+    }
   }
   // Every backup gets it, whatever another answered: a backup missing an
   // LSN would hold every later one.
-  std::vector<absl::Status> answers =
-      SendToEach(backups_, [&](size_t backup) { return send_(backup, write); });
+  auto deliver = [&](size_t backup) {
+    return posted[backup] != nullptr ? posted[backup]() : send_(backup, write);
+  };
+  std::vector<absl::Status> answers;
+  if (std::all_of(posted.begin(), posted.end(), [](const auto& p) { return p != nullptr; })) {
+    // All in flight already: their answers are awaited here, one by one.
+    answers.reserve(backups_);
+    for (size_t backup = 0; backup < backups_; ++backup) answers.push_back(deliver(backup));
+  } else {
+    answers = SendToEach(backups_, deliver);
+  }
   absl::Status result;
   for (size_t backup = 0; backup < answers.size(); ++backup) {
     const absl::Status& acked = answers[backup];
@@ -67,6 +114,7 @@ absl::Status PrimaryLog::Write(absl::string_view method, std::string request,
                                          acked.message()));
     }
   }
+  if (result.ok()) result = applied;
   if (acks != nullptr) *acks = std::move(answers);
   absl::MutexLock lock(&mu_);
   --in_flight_writes_;

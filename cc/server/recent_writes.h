@@ -42,7 +42,7 @@ class RecentWrites {
 
   uint64_t bytes() const;
   static uint64_t Bytes(const BackupLog::Write& write) {
-    return write.method.size() + write.request.size();
+    return write.method.size() + write.request_size();
   }
 
  private:

@@ -250,13 +250,104 @@ absl::Status ReplicaChannel::SendOverGrpc(const BackupLog::Write& write, absl::T
   request.set_epoch(write.epoch);
   request.set_lsn(write.lsn);
   request.set_method(write.method);
-  request.set_request(write.request);
+  request.set_request(write.request_bytes());  // gRPC needs it in one piece
   grpc::ClientContext context;
   PrepareCall(deadline, &context);
   v1::ReplicateResponse response;
   absl::Status status = FromGrpcStatus(stub_->Replicate(&context, request, &response));
   over_grpc_.fetch_add(1);
   return status;
+}
+
+class ReplicaChannel::Posted {
+ public:
+  Posted(std::shared_ptr<Connection> connection, std::shared_ptr<Pending> pending,
+         uint64_t call_id)
+      : connection_(std::move(connection)), pending_(std::move(pending)), call_id_(call_id) {}
+
+ private:
+  friend class ReplicaChannel;
+  std::shared_ptr<Connection> connection_;
+  std::shared_ptr<Pending> pending_;
+  uint64_t call_id_;
+};
+
+std::shared_ptr<ReplicaChannel::Posted> ReplicaChannel::Post(const BackupLog::Write& write) {
+  std::shared_ptr<Connection> connection;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ || writing_ || connection_ == nullptr || !MayHandOver(write.lsn)) return nullptr;
+    const uint64_t payload = kReplicateHeaderBytes + write.method.size() + write.request_size();
+    if (payload > connection_->max_frame_bytes) return nullptr;
+    // Resent below one in flight: Send starts over on a fresh connection.
+    for (const auto& [id, pending] : pending_) {
+      if (pending->lsn >= write.lsn) return nullptr;
+    }
+    writing_ = true;
+    connection = connection_;
+  }
+  return HandOver(connection, write, absl::InfiniteFuture());
+}
+
+std::shared_ptr<ReplicaChannel::Posted> ReplicaChannel::HandOver(
+    const std::shared_ptr<Connection>& connection, const BackupLog::Write& write,
+    absl::Time deadline) {
+  auto pending = std::make_shared<Pending>();
+  pending->lsn = write.lsn;
+  uint64_t call_id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (connection_ != connection) {  // broke meanwhile: nothing was handed over
+      writing_ = false;
+      pending->done = true;
+      pending->status =
+          absl::UnavailableError(absl::StrCat("the bulk channel to backup at ", address_,
+                                              " broke; retry"));
+      return std::make_shared<Posted>(connection, std::move(pending), 0);
+    }
+    call_id = next_call_id_++;
+    pending_[call_id] = pending;
+    HandedOver(write.lsn);  // if the write fails, Break marks it to be resent
+  }
+  const uint64_t payload = kReplicateHeaderBytes + write.method.size() + write.request_size();
+  char header[kFrameHeaderBytes];
+  // The backup drops a frame whose timeout passed before it served it; a
+  // posted write has none of its own (0: none), its waiter's deadline rules.
+  const uint64_t timeout_micros =
+      deadline == absl::InfiniteFuture()
+          ? 0
+          : static_cast<uint64_t>(absl::ToInt64Microseconds(
+                std::max(deadline - absl::Now(), absl::Microseconds(1))));
+  EncodeRequestHeader({FrameMethod::kReplicate, call_id, timeout_micros, payload}, header);
+  const std::string replicate = EncodeReplicateHeader(shard_, write);
+  // The request's bytes as the write holds them: no copy.
+  std::vector<absl::string_view> parts = {absl::string_view(header, sizeof(header)), replicate};
+  for (absl::string_view part : write.request_parts()) parts.push_back(part);
+  const absl::Status written = connection->stream->Write(parts);
+  absl::MutexLock lock(&mu_);
+  writing_ = false;
+  route_ = connection->kind;
+  if (!written.ok()) {
+    Break(connection.get(), absl::StrCat("writing to backup at ", address_,
+                                         " failed: ", written.message()));
+  }
+  return std::make_shared<Posted>(connection, std::move(pending), call_id);
+}
+
+absl::Status ReplicaChannel::Await(Posted& posted, absl::Time deadline) {
+  Pending& pending = *posted.pending_;
+  absl::MutexLock lock(&mu_);
+  auto answered = [&pending]() { return pending.done; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
+    // The connection goes with it: a late answer would match nothing.
+    Break(posted.connection_.get(),
+          absl::StrCat("LSN ", pending.lsn, " timed out at backup ", address_));
+    pending_.erase(posted.call_id_);
+    return absl::DeadlineExceededError(absl::StrCat(
+        "backup at ", address_, " did not answer LSN ", pending.lsn, " in time"));
+  }
+  if (posted.call_id_ != 0) over_channel_.fetch_add(1);
+  return pending.status;
 }
 
 absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time deadline) {
@@ -302,7 +393,7 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
       grpc_until_ = absl::Now() + options_.retry_after;
     }
   }
-  const uint64_t payload = kReplicateHeaderBytes + write.method.size() + write.request.size();
+  const uint64_t payload = kReplicateHeaderBytes + write.method.size() + write.request_size();
   // A frame over the backup's limit goes over gRPC (as the client's request
   // it carries may be at that limit).
   if (connection == nullptr || payload > connection->max_frame_bytes) {
@@ -317,45 +408,8 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
     route_ = "grpc";
     return status;
   }
-  Pending pending;
-  pending.lsn = write.lsn;
-  uint64_t call_id = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    if (connection_ != connection) {  // broke meanwhile: nothing was handed over
-      writing_ = false;
-      return absl::UnavailableError(
-          absl::StrCat("the bulk channel to backup at ", address_, " broke; retry"));
-    }
-    call_id = next_call_id_++;
-    pending_[call_id] = &pending;
-    HandedOver(write.lsn);  // if the write fails, Break marks it to be resent
-  }
-  char header[kFrameHeaderBytes];
-  const absl::Duration left = std::max(deadline - absl::Now(), absl::Microseconds(1));
-  EncodeRequestHeader({FrameMethod::kReplicate, call_id,
-                       static_cast<uint64_t>(absl::ToInt64Microseconds(left)), payload},
-                      header);
-  const std::string replicate = EncodeReplicateHeader(shard_, write);
-  const absl::Status written = connection->stream->Write(
-      {absl::string_view(header, sizeof(header)), replicate, write.request});
-  absl::MutexLock lock(&mu_);
-  writing_ = false;
-  route_ = connection->kind;
-  if (!written.ok()) {
-    Break(connection.get(), absl::StrCat("writing to backup at ", address_,
-                                         " failed: ", written.message()));
-  }
-  auto answered = [&pending]() { return pending.done; };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
-    // The connection goes with it: a late answer would match nothing.
-    Break(connection.get(), absl::StrCat("LSN ", write.lsn, " timed out at backup ", address_));
-    pending_.erase(call_id);
-    return absl::DeadlineExceededError(absl::StrCat(
-        "backup at ", address_, " did not answer LSN ", write.lsn, " in time"));
-  }
-  over_channel_.fetch_add(1);
-  return pending.status;
+  std::shared_ptr<Posted> posted = HandOver(connection, write, deadline);
+  return Await(*posted, deadline);
 }
 
 }  // namespace pserver

@@ -113,6 +113,18 @@ class ReplicaChannel {
   // the backup applies a write once), DEADLINE_EXCEEDED at `deadline`.
   absl::Status Send(const BackupLog::Write& write, absl::Time deadline);
 
+  // A write handed over on the channel, its answer still to come.
+  class Posted;
+  // Writes `write` on the open connection now and returns without waiting
+  // for its answer (Await it), when that can be done at once: a connection
+  // is open, the frame fits it, no other sender is writing and every lower
+  // LSN was handed over. Otherwise null, nothing sent: Send it. The frame
+  // itself is written on this thread (the kernel's socket buffers hold it
+  // while the backup reads). The write's bytes must stay alive until Await.
+  std::shared_ptr<Posted> Post(const BackupLog::Write& write);
+  // The posted write's answer, as Send returns it.
+  absl::Status Await(Posted& posted, absl::Time deadline);
+
   // Writes sent (and answered, whatever the answer) over the channel, and
   // over gRPC Replicate.
   uint64_t sent_over_channel() const { return over_channel_.load(); }
@@ -127,6 +139,10 @@ class ReplicaChannel {
     bool done = false;
     absl::Status status;
   };
+  // Writes `write` as a frame on `connection` (the sender's turn taken:
+  // writing_ set, and given back here); its answer will be in the result.
+  std::shared_ptr<Posted> HandOver(const std::shared_ptr<Connection>& connection,
+                                   const BackupLog::Write& write, absl::Time deadline);
 
   // Opens a connection (OpenChannel, connect, hello); null with the reason
   // when it cannot be opened.
@@ -166,7 +182,8 @@ class ReplicaChannel {
   std::set<uint64_t> resend_ ABSL_GUARDED_BY(mu_);
   uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::shared_ptr<Connection> connection_ ABSL_GUARDED_BY(mu_);  // null: none open
-  std::map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);    // on connection_, by call id
+  // On connection_, by call id.
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Connection>> retired_ ABSL_GUARDED_BY(mu_);
   absl::Time grpc_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string route_ ABSL_GUARDED_BY(mu_) = "grpc";

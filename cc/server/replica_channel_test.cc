@@ -180,6 +180,46 @@ TEST(ReplicaChannelTest, WritesFromManyThreadsGoOverTheUnixSocketAndApplyInOrder
   EXPECT_EQ(backup.bulk()->connections(), 1);
 }
 
+// Post hands a write over without waiting for its answer (the primary then
+// applies it meanwhile): writes posted while the backup answers nothing are
+// all on the wire, and applied in order once it does. Post declines (null,
+// nothing sent) before a connection is open and out of LSN order. A write
+// whose request is held in pieces (SharedBytes) arrives whole.
+TEST(ReplicaChannelTest, PostedWritesTravelBeforeTheirAnswersAndApplyInOrder) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), /*next_lsn=*/1);
+  std::vector<BackupLog::Write> writes = Writes(8);
+  EXPECT_EQ(channel.Post(writes[0]), nullptr);  // no connection yet
+  ASSERT_OK(channel.Send(writes[0], absl::Now() + kWait));  // opens it
+  EXPECT_EQ(channel.Post(writes[2]), nullptr);  // LSN 2 first
+  // The rest in three pieces each, as a primary holds a received request.
+  for (BackupLog::Write& write : writes) {
+    const std::string bytes = std::move(write.request);
+    write.request.clear();
+    auto owned = std::make_shared<const std::string>(bytes);
+    const size_t third = owned->size() / 3;
+    write.shared.parts = {absl::string_view(*owned).substr(0, third),
+                          absl::string_view(*owned).substr(third, third),
+                          absl::string_view(*owned).substr(2 * third)};
+    write.shared.owner = owned;
+  }
+  absl::Notification release;
+  backup.HoldWritesUntil(&release);
+  std::vector<std::shared_ptr<ReplicaChannel::Posted>> posted;
+  for (size_t i = 1; i < writes.size(); ++i) {
+    posted.push_back(channel.Post(writes[i]));
+    ASSERT_NE(posted.back(), nullptr) << "LSN " << writes[i].lsn;
+  }
+  EXPECT_EQ(backup.replication().applied_lsn(), 1u);  // none answered yet
+  release.Notify();
+  for (auto& p : posted) EXPECT_OK(channel.Await(*p, absl::Now() + kWait));
+  EXPECT_EQ(backup.replication().applied_lsn(), writes.size());
+  EXPECT_EQ(channel.sent_over_channel(), writes.size());
+  EXPECT_EQ(backup.bulk()->connections(), 1);
+  std::vector<BackupLog::Write> whole = Writes(8);
+  EXPECT_EQ(backup.Checksum(), PrimaryChecksum(whole));
+}
+
 TEST(ReplicaChannelTest, WithoutAUnixSocketWritesGoOverTcp) {
   Backup backup(/*channel=*/true, /*unix_socket=*/false);
   ReplicaChannel channel(0, backup.address(), backup.stub(), 1);

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -332,6 +333,69 @@ TEST(ReplicatedWriteTest, WritesInFlightAreBoundedAndARefusedOneIsNotApplied) {
   EXPECT_EQ(log.last_lsn(), 1u);
 }
 
+// Overlapped (WriteShippingFirst): a write is handed to every backup (Post)
+// when its apply calls ship, before the apply goes on; refused before ship,
+// it takes no LSN and reaches nobody; failing after ship, it reaches every
+// backup all the same (a missing LSN would hold all later ones) and its
+// error is returned, not an acknowledgement. A backup whose Post declines
+// is sent the write after the apply.
+TEST(ReplicatedWriteTest, AWriteShippedFirstReachesEveryBackupWhateverItsApplyDoesAfter) {
+  std::vector<uint64_t> posted(2, 0), sent(2, 0);
+  bool decline = false;
+  PrimaryLog log(
+      1, 0, 2, {},
+      [&](size_t backup, const BackupLog::Write& w) {
+        sent[backup] = w.lsn;
+        return absl::OkStatus();
+      },
+      [&](size_t backup, const BackupLog::Write& w) -> std::function<absl::Status()> {
+        if (decline && backup == 1) return nullptr;
+        EXPECT_EQ(w.request_bytes(), absl::StrCat("w", w.lsn));  // shared, not copied
+        posted[backup] = w.lsn;
+        return [] { return absl::OkStatus(); };
+      });
+  std::vector<absl::Status> acks;
+  EXPECT_THAT(log.WriteShippingFirst("SendGrads", SharedBytes::Own("w1"),
+                                     [](absl::FunctionRef<void()>) {
+                                       return absl::InvalidArgumentError("refused here");
+                                     },
+                                     &acks),
+              StatusIs(absl::StatusCode::kInvalidArgument, "refused here"));
+  EXPECT_TRUE(acks.empty());
+  EXPECT_EQ(log.last_lsn(), 0u);
+  EXPECT_EQ(posted, (std::vector<uint64_t>{0, 0}));
+  bool posted_before_apply = false;
+  EXPECT_OK(log.WriteShippingFirst("SendGrads", SharedBytes::Own("w1"),
+                                   [&](absl::FunctionRef<void()> ship) {
+                                     ship();
+                                     posted_before_apply = posted[0] == 1 && posted[1] == 1;
+                                     return absl::OkStatus();
+                                   }));
+  EXPECT_TRUE(posted_before_apply);
+  EXPECT_THAT(log.WriteShippingFirst("SendGrads", SharedBytes::Own("w2"),
+                                     [](absl::FunctionRef<void()> ship) {
+                                       ship();
+                                       return absl::DataLossError("storage failed");
+                                     },
+                                     &acks),
+              StatusIs(absl::StatusCode::kDataLoss, "storage failed"));
+  ASSERT_EQ(acks.size(), 2u);
+  EXPECT_OK(acks[0]);
+  EXPECT_OK(acks[1]);
+  EXPECT_EQ(posted, (std::vector<uint64_t>{2, 2}));
+  decline = true;
+  EXPECT_OK(log.WriteShippingFirst("SendGrads", SharedBytes::Own("w3"),
+                                   [](absl::FunctionRef<void()> ship) {
+                                     ship();
+                                     return absl::OkStatus();
+                                   }));
+  EXPECT_EQ(posted, (std::vector<uint64_t>{3, 2}));
+  EXPECT_EQ(sent, (std::vector<uint64_t>{0, 3}));
+  EXPECT_EQ(log.last_lsn(), 3u);
+  EXPECT_EQ(log.in_flight_writes(), 0u);
+  EXPECT_EQ(log.in_flight_bytes(), 0u);
+}
+
 // R=3: the old primary shipped its last write to one backup only (not
 // acknowledged). The successor takes the writes it lacks from the other
 // backup before the new epoch writes anything; afterwards the two agree,
@@ -419,9 +483,9 @@ TEST(ReplicatedWriteTest, PullsOnThePrimaryLeaveTheBackupsIdentical) {
 // server with --accept_standbys before a standby attached.
 class ApplyingShipper : public WriteShipper {
  public:
-  absl::Status Write(absl::string_view, absl::FunctionRef<std::string()>,
-                     absl::FunctionRef<absl::Status()> apply) override {
-    return apply();
+  absl::Status Write(absl::string_view, absl::FunctionRef<SharedBytes()>,
+                     absl::FunctionRef<absl::Status(absl::FunctionRef<void()>)> apply) override {
+    return apply([] {});
   }
 };
 

@@ -137,27 +137,33 @@ uint64_t PrimaryReplication::last_lsn() const {
 }
 
 absl::Status PrimaryReplication::Write(absl::string_view method,
-                                       absl::FunctionRef<std::string()> request,
-                                       absl::FunctionRef<absl::Status()> apply) {
+                                       absl::FunctionRef<SharedBytes()> request,
+                                       absl::FunctionRef<absl::Status(absl::FunctionRef<void()>)> apply) {
   absl::Status shipped;
+  // This replica's own answer, and whether the write was shipped before it
+  // was applied here (overlapped: its checks had passed).
+  absl::Status applied;
+  bool shipped_first = false;
   std::vector<std::pair<std::string, absl::Status>> failed;
   bool stale = false;
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (log_ == nullptr) return apply();
-    bool applied_ok = false;
+    if (log_ == nullptr) return apply([] {});
     std::vector<absl::Status> acks;
-    shipped = log_->Write(
+    shipped = log_->WriteShippingFirst(
         method, request(),
-        [&] {
-          absl::Status applied = apply();
-          applied_ok = applied.ok();
+        [&](absl::FunctionRef<void()> ship) {
+          applied = apply([&] {
+            shipped_first = true;
+            ship();
+          });
           return applied;
         },
         &acks);
-    // Acknowledged by every backup; or not applied here (the write's own
-    // error, or writes in flight at their bound): sent nowhere.
-    if (shipped.ok() || !applied_ok) return shipped;
+    // Acknowledged by every backup and applied here; or refused here before
+    // it was numbered (its own error, or writes in flight at their bound):
+    // sent nowhere.
+    if (shipped.ok() || acks.empty()) return shipped;
     for (size_t i = 0; i < acks.size() && i < backups_.size(); ++i) {
       if (acks[i].ok()) continue;
       stale = stale || absl::IsFailedPrecondition(acks[i]);
@@ -170,11 +176,26 @@ absl::Status PrimaryReplication::Write(absl::string_view method,
     if (options_.step_down) options_.step_down(why);
     return absl::UnavailableError(absl::StrCat(why, "; not acknowledged; retry"));
   }
-  absl::MutexLock lock(&mu_);
-  // Another write may have dropped some of them already.
-  PS_RETURN_IF_ERROR(DropBackups(failed));
-  // Applied here and on every backup the configuration still lists.
-  return absl::OkStatus();
+  // Shipped once its checks passed, then not applied here as the backups
+  // applied it (a storage error past the checks: DATA_LOSS): this replica
+  // no longer matches them. It acknowledges nothing more; a backup, which
+  // holds every write acknowledged, takes the shard over. A write whose
+  // apply here succeeded but is refused after it (the fence lapsed, an
+  // injected fault) leaves the replicas equal: answered, not acknowledged.
+  if (shipped_first && absl::IsDataLoss(applied)) {
+    const std::string why = absl::StrCat("shard ", options_.shard,
+                                         " no longer matches its backups: ", applied.message());
+    if (options_.step_down) options_.step_down(why);
+    return absl::UnavailableError(absl::StrCat(why, "; not acknowledged; retry"));
+  }
+  if (!failed.empty()) {
+    absl::MutexLock lock(&mu_);
+    // Another write may have dropped some of them already.
+    PS_RETURN_IF_ERROR(DropBackups(failed));
+  }
+  // Applied here and on every backup the configuration still lists; this
+  // replica's own answer decides (an error past its checks: not acknowledged).
+  return applied;
 }
 
 void PrimaryReplication::RebuildLog() {
@@ -196,6 +217,22 @@ void PrimaryReplication::RebuildLog() {
           return Enqueue(*joiners_[backup - backups_.size()], write);
         }
         return absl::OkStatus();  // no backup: only kept
+      },
+      [this](size_t backup, const BackupLog::Write& write)
+          ABSL_NO_THREAD_SAFETY_ANALYSIS -> std::function<absl::Status()> {
+        std::function<absl::Status()> done;
+        if (backup < backups_.size()) {
+          done = Post(backups_[backup], write);
+        } else if (backup - backups_.size() < joiners_.size()) {
+          // A joining standby's queue: taken at once.
+          absl::Status queued = Enqueue(*joiners_[backup - backups_.size()], write);
+          done = [queued] { return queued; };
+        } else {
+          done = [] { return absl::OkStatus(); };  // no backup: only kept
+        }
+        // Kept for catch-ups here when handed over; otherwise send keeps it.
+        if (backup == 0 && done != nullptr && recent_ != nullptr) recent_->Add(write);
+        return done;
       });
 }
 
@@ -253,8 +290,24 @@ absl::Status PrimaryReplication::Send(const Backup& backup, const BackupLog::Wri
   return Deliver(backup, write, absl::Now() + options_.replicate_timeout);
 }
 
+std::function<absl::Status()> PrimaryReplication::Post(const Backup& backup,
+                                                       const BackupLog::Write& write) {
+  const absl::Time deadline = absl::Now() + options_.replicate_timeout;
+  std::shared_ptr<ReplicaChannel::Posted> posted = backup.channel->Post(write);
+  if (posted == nullptr) return nullptr;  // sent after the apply instead
+  return [this, &backup, &write, posted, deadline]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    absl::Status answer = backup.channel->Await(*posted, deadline);
+    // Not applied there (the connection broke, the backup busy): resent as
+    // any write is, until the deadline.
+    if (absl::IsUnavailable(answer) && absl::Now() < deadline) {
+      answer = Deliver(backup, write, deadline);
+    }
+    return answer;
+  };
+}
+
 absl::Status PrimaryReplication::Enqueue(Joiner& joiner, const BackupLog::Write& write) {
-  const uint64_t bytes = write.request.size() + write.method.size();
+  const uint64_t bytes = write.request_size() + write.method.size();
   absl::MutexLock lock(&joiner.mu);
   if (!joiner.failed.empty()) return absl::OkStatus();
   if (joiner.queued_bytes + bytes > options_.max_joining_bytes) {
@@ -446,7 +499,7 @@ void PrimaryReplication::CatchUp(std::shared_ptr<Joiner> joiner) {
     auto it = joiner->queue.find(lsn);
     if (it == joiner->queue.end()) return nullptr;
     std::shared_ptr<const BackupLog::Write> write = std::move(it->second);
-    joiner->queued_bytes -= write->request.size() + write->method.size();
+    joiner->queued_bytes -= write->request_size() + write->method.size();
     joiner->queue.erase(it);
     return write;
   };

@@ -138,8 +138,8 @@ class PrimaryReplication : public WriteShipper {
   PrimaryReplication(PrimaryReplicationOptions options, uint64_t last_lsn);
   ~PrimaryReplication() override;
 
-  absl::Status Write(absl::string_view method, absl::FunctionRef<std::string()> request,
-                     absl::FunctionRef<absl::Status()> apply) override;
+  absl::Status Write(absl::string_view method, absl::FunctionRef<SharedBytes()> request,
+                     absl::FunctionRef<absl::Status(absl::FunctionRef<void()>)> apply) override;
   // A standby asking for a copy (the AttachStandby RPC). Writes are held
   // only while the shard's state is copied in memory (Dispatcher::Snapshot);
   // the copy is then encoded and answered while writes go on, and the
@@ -197,6 +197,11 @@ class PrimaryReplication : public WriteShipper {
     std::string failed ABSL_GUARDED_BY(mu);  // why it fell behind; "": it did not
   };
   absl::Status Send(const Backup& backup, const BackupLog::Write& write)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Hands `write` to `backup` over its channel before this replica applies
+  // it (PrimaryLog::Post): what then awaits its answer and retries as Send
+  // does; null when the channel cannot take it at once (Send, afterwards).
+  std::function<absl::Status()> Post(const Backup& backup, const BackupLog::Write& write)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // One Replicate call to `backup`, UNAVAILABLE retried until `deadline`
   // (a backup whose address refuses connections fails at once).

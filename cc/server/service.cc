@@ -62,14 +62,16 @@ absl::Status ReadParams(Dispatcher& dispatcher, absl::Span<const v1::ParamRef> r
   return absl::OkStatus();
 }
 
-// A byte buffer's bytes, copied into one string.
-std::string BufferBytes(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  std::string bytes;
-  if (!buffer.Dump(&slices).ok()) return bytes;
-  for (const grpc::Slice& slice : slices) {
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+// A byte buffer's bytes where they are: its slices, referenced (a bulk
+// channel frame's one buffer, or gRPC's slices), not copied.
+SharedBytes BufferBytes(const grpc::ByteBuffer& buffer) {
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  SharedBytes bytes;
+  if (!buffer.Dump(slices.get()).ok()) slices->clear();  // as an empty request
+  for (const grpc::Slice& slice : *slices) {
+    bytes.parts.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
   }
+  bytes.owner = std::move(slices);
   return bytes;
 }
 
@@ -83,9 +85,11 @@ absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& requ
   const RequestId id{push->client_id, push->sequence};
   // With backups the request's bytes are shipped (docs/replication.md); a
   // PushPull's reads are ignored by the backup.
+  // The push is handed to them once checked, before it is applied here
+  // (Dispatcher::Push's `ship`).
   return dispatcher.Ship(
       "SendGrads", [&] { return BufferBytes(request); },
-      [&] { return dispatcher.Push(id, push->grads); });
+      [&](absl::FunctionRef<void()> ship) { return dispatcher.Push(id, push->grads, ship); });
 }
 
 absl::Status GetParams(Dispatcher& dispatcher, const grpc::ByteBuffer& request,

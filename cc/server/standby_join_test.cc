@@ -148,8 +148,8 @@ class StandbyJoinTest : public ::testing::Test {
       for (int i = 0; i < count; ++i) {
         const std::string grad = Grad(value);
         absl::Status status = primary_->Write(
-            "SendGrad", [&] { return grad; },
-            [&] { return dispatcher_.ApplyWrite("SendGrad", grad); });
+            "SendGrad", [&] { return SharedBytes::Own(grad); },
+            [&](absl::FunctionRef<void()>) { return dispatcher_.ApplyWrite("SendGrad", grad); });
         *ok = *ok && status.ok();
       }
       done->Notify();
