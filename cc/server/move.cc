@@ -203,8 +203,8 @@ absl::Status BlockMover::Mark(uint64_t version, v1::MoveMarks::State state,
     ref->mutable_block()->set_index(key.second);
   }
   return options_.dispatcher->Ship(
-      kMoveMarksWrite, [&] { return marks.SerializeAsString(); },
-      [&] {
+      kMoveMarksWrite, [&] { return SharedBytes::Own(marks.SerializeAsString()); },
+      [&](absl::FunctionRef<void()>) {  // shipped after it is applied here
         if (state == v1::MoveMarks::HANDED_OVER) options_.gate->Release(blocks, true);
         return absl::OkStatus();
       });
@@ -250,8 +250,8 @@ absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
   }
   // Here and on this shard's backups before it is acknowledged.
   PS_RETURN_IF_ERROR(options_.dispatcher->Ship(
-      "ReceiveBlocks", [&] { return taken.SerializeAsString(); },
-      [&]() -> absl::Status {
+      "ReceiveBlocks", [&] { return SharedBytes::Own(taken.SerializeAsString()); },
+      [&](absl::FunctionRef<void()>) -> absl::Status {  // shipped after it is applied
         PS_RETURN_IF_ERROR(options_.store->Merge(std::move(loaded.snapshot)));
         options_.gate->Received(keys);
         return absl::OkStatus();
