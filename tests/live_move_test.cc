@@ -38,16 +38,18 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/live_move_fixture.h"
 #include "pserver/v1/service.grpc.pb.h"
 
 namespace pserver {
 namespace {
 
+using ::pserver::testing::LiveMoveFixture;
 using ::pserver::testing::StatusIs;
+using ::pserver::testing::Trainer;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-constexpr size_t kBlockBytes = 64;  // 16 float32 a block: hundreds of blocks
 constexpr int kParams = 24;
 
 std::string Name(int p) { return absl::StrCat("layer", p, "/w"); }
@@ -70,171 +72,17 @@ std::vector<float> Gradient(int p, int step) {
   return g;
 }
 
-// Pushes SGD step after step (all parameters, Gradient(p, step)) until
-// stopped or paused; stops at its first error.
-class Trainer {
- public:
-  Trainer(Client& client, int first_step) : client_(client), steps_(first_step) {
-    thread_ = std::thread([this] { Run(); });
+// One SGD step of every parameter.
+absl::Status SgdStep(Client& client, int step) {
+  std::vector<NamedTensor> grads;
+  for (int p = 0; p < kParams; ++p) {
+    grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, step))});
   }
-  ~Trainer() { Stop().IgnoreError(); }
+  return client.SendGrads(grads);
+}
 
-  // The steps acknowledged (the model is Expected(p, steps())).
-  int steps() const {
-    absl::MutexLock lock(&mu_);
-    return steps_;
-  }
-  // Waits until `n` more steps than now are acknowledged; false after 60 s
-  // or an error.
-  bool Advance(int n) {
-    absl::MutexLock lock(&mu_);
-    const int target = steps_ + n;
-    auto reached = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return steps_ >= target || !error_.ok();
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(60)) && error_.ok();
-  }
-  // Stops after the step under way; its error, if any.
-  absl::Status Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    if (thread_.joinable()) thread_.join();
-    absl::MutexLock lock(&mu_);
-    return error_;
-  }
-
- private:
-  void Run() {
-    for (int i = 0; i < 1000000; ++i) {
-      int step = 0;
-      {
-        absl::MutexLock lock(&mu_);
-        if (stop_) return;
-        step = steps_;
-      }
-      std::vector<NamedTensor> grads;
-      for (int p = 0; p < kParams; ++p) {
-        grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, step))});
-      }
-      absl::Status status = client_.SendGrads(grads);
-      absl::MutexLock lock(&mu_);
-      if (!status.ok()) {
-        error_ = status;
-        return;
-      }
-      ++steps_;
-    }
-  }
-
-  Client& client_;
-  mutable absl::Mutex mu_;
-  int steps_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
-
-class LiveMoveTest : public ::testing::Test {
+class LiveMoveTest : public LiveMoveFixture {
  protected:
-  void SetUp() override {
-    ASSERT_OK_AND_ASSIGN(etcd_, testing::EtcdProcess::Start());
-    EtcdClientOptions options;
-    options.endpoints = {etcd_->endpoint()};
-    options.prefix = etcd_keys::ClusterPrefix("job");
-    ASSERT_OK_AND_ASSIGN(etcd_client_, EtcdClient::Connect(options));
-  }
-
-  // num_servers 0: the count etcd's /ps_desired holds.
-  ServerOptions Options(uint32_t num_servers) {
-    ServerOptions options;
-    options.etcd_endpoints = {etcd_->endpoint()};
-    options.cluster = "job";
-    options.num_servers = num_servers;
-    options.lease_ttl = absl::Seconds(5);
-    options.register_timeout = absl::Seconds(120);
-    options.placement_redirects = true;
-    options.move_batch_bytes = 4096;
-    auto departed = std::make_shared<absl::Notification>();
-    departures_.push_back(departed);
-    options.on_departed = [departed] { departed->Notify(); };
-    return options;
-  }
-
-  // Starts `n` servers at once and files them by the index they claimed.
-  void StartServers(int n, uint32_t num_servers) {
-    std::vector<std::future<absl::StatusOr<std::unique_ptr<Server>>>> started;
-    std::vector<std::shared_ptr<absl::Notification>> departures;
-    for (int i = 0; i < n; ++i) {
-      ServerOptions options = Options(num_servers);
-      departures.push_back(departures_.back());
-      started.push_back(std::async(std::launch::async, [options] { return Server::Start(options); }));
-    }
-    for (int i = 0; i < n; ++i) {
-      absl::StatusOr<std::unique_ptr<Server>> server = started[i].get();
-      ASSERT_OK(server.status());
-      departed_of_[(*server)->index()] = departures[i];
-      servers_[(*server)->index()] = *std::move(server);
-    }
-  }
-
-  absl::StatusOr<std::unique_ptr<Client>> Connect() {
-    ClientOptions options;
-    options.etcd_endpoints = {etcd_->endpoint()};
-    options.cluster = "job";
-    options.block_bytes = kBlockBytes;
-    options.discovery_timeout = absl::Seconds(60);
-    options.timeout = absl::Seconds(60);
-    return Client::Connect(options);
-  }
-
-  ScaleOptions Scale(uint32_t to) {
-    ScaleOptions options;
-    options.etcd_endpoints = {etcd_->endpoint()};
-    options.cluster = "job";
-    options.to = to;
-    options.timeout = absl::Minutes(3);
-    options.progress = [](const std::string& line) { std::printf("scale: %s\n", line.c_str()); };
-    return options;
-  }
-
-  // Scales from the servers running to `to` while `trainer` (of `client`)
-  // pushes, starting the new servers (they claim their index once the move
-  // began) or stopping the departing ones once they said so and the
-  // trainer's client routes by the new count. Returns the coordinator's
-  // result; the trainer is stopped.
-  absl::StatusOr<ScaleResult> ScaleTo(uint32_t to, Client& client,
-                                      std::unique_ptr<Trainer>& trainer) {
-    std::future<absl::StatusOr<ScaleResult>> scaled =
-        std::async(std::launch::async, [this, to] { return ScaleCluster(Scale(to)); });
-    const int running = static_cast<int>(servers_.size());
-    if (static_cast<int>(to) > running) StartServers(static_cast<int>(to) - running, 0);
-    absl::StatusOr<ScaleResult> result = scaled.get();
-    if (!result.ok()) return result;
-    // A few steps on the new placement, then the trainer stops: a departing
-    // server is stopped only once nothing routes to it.
-    bool routed = false;
-    for (int i = 0; i < 6000 && !routed; ++i) {
-      routed = client.etcd_placement_version() >= result->version;
-      if (!routed) absl::SleepFor(absl::Milliseconds(10));
-    }
-    if (!routed || !trainer->Advance(2)) {
-      return absl::InternalError(absl::StrCat("the trainer did not go on after the move: ",
-                                              trainer->Stop().ToString()));
-    }
-    PS_RETURN_IF_ERROR(trainer->Stop());
-    for (int i = static_cast<int>(to); i < running; ++i) {
-      // Each departs on its own once it sees the stable placement.
-      if (!departed_of_[i]->WaitForNotificationWithTimeout(absl::Seconds(60))) {
-        return absl::DeadlineExceededError(absl::StrCat("server ", i, " did not depart"));
-      }
-      servers_.erase(i);  // drains and deregisters
-      departed_of_.erase(i);
-    }
-    return result;
-  }
-
   void ExpectModel(Client& client, int steps) {
     for (int p = 0; p < kParams; ++p) {
       ASSERT_OK_AND_ASSIGN(Tensor w, client.GetParam(Name(p)));
@@ -248,11 +96,6 @@ class LiveMoveTest : public ::testing::Test {
     return bytes;
   }
 
-  std::unique_ptr<testing::EtcdProcess> etcd_;
-  std::unique_ptr<EtcdClient> etcd_client_;
-  std::vector<std::shared_ptr<absl::Notification>> departures_;
-  std::map<uint32_t, std::shared_ptr<absl::Notification>> departed_of_;
-  std::map<uint32_t, std::unique_ptr<Server>> servers_;
 };
 
 TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIdealBytes) {
@@ -297,10 +140,10 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
   int steps = 0;
   for (const Change& change : {Change{3, 1.0 / 3}, Change{4, 1.0 / 4}, Change{2, 2.0 / 4}}) {
     SCOPED_TRACE(absl::StrCat(now, " -> ", change.to, " servers"));
-    auto trainer = std::make_unique<Trainer>(*client, steps);
-    ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
+    Trainer trainer([&](int step) { return SgdStep(*client, step); }, steps);
+    ASSERT_TRUE(trainer.Advance(2)) << trainer.Stop();
     ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(change.to, *client, trainer));
-    steps = trainer->steps();
+    steps = trainer.steps();
     EXPECT_TRUE(result.moved);
     EXPECT_EQ(result.from, now);
     EXPECT_EQ(result.to, change.to);

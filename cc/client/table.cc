@@ -87,19 +87,20 @@ Ticket Table::PushAsync(absl::Span<const uint64_t> keys, absl::string_view grads
       call);
 }
 
-absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) const {
-  // One snapshot of the placement for the whole call (it may change: live moves).
-  const Placement placement = client_->placement();
-  const int n = placement.num_servers();
+absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys,
+                                              const std::vector<size_t>* positions,
+                                              const Client::Routing& routing,
+                                              const std::vector<bool>& by_target) const {
+  const int n = routing.num_servers();
   // Requests of about max_request_bytes of rows each.
   const size_t per_request =
       std::max<size_t>(1, client_->options().max_request_bytes / std::max<size_t>(1, row_bytes()));
   Split split;
   const bool checks_keys = config_.partitioning().kind() == v1::Partitioning::RANGE;
-  if (n == 1) {  // every key goes to server 0, in the caller's order
+  if (n == 1 && positions == nullptr) {  // every key goes to server 0, in the caller's order
     if (checks_keys) {
       for (uint64_t key : keys) {
-        PS_RETURN_IF_ERROR(KeyServer(key, config_.partitioning(), placement).status());
+        PS_RETURN_IF_ERROR(KeyServer(key, config_.partitioning(), routing.route).status());
       }
     }
     for (size_t begin = 0; begin < keys.size(); begin += per_request) {
@@ -111,9 +112,16 @@ absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) c
     return split;
   }
   std::vector<std::vector<size_t>> by_server(n);
-  for (size_t i = 0; i < keys.size(); ++i) {
+  auto place = [&](size_t i) -> absl::Status {
+    const Placement& placement = by_target[i] ? routing.target : routing.route;
     PS_ASSIGN_OR_RETURN(int server, KeyServer(keys[i], config_.partitioning(), placement));
     by_server[server].push_back(i);
+    return absl::OkStatus();
+  };
+  if (positions == nullptr) {
+    for (size_t i = 0; i < keys.size(); ++i) PS_RETURN_IF_ERROR(place(i));
+  } else {
+    for (size_t i : *positions) PS_RETURN_IF_ERROR(place(i));
   }
   for (int server = 0; server < n; ++server) {
     const std::vector<size_t>& positions = by_server[server];
@@ -128,6 +136,40 @@ absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) c
     }
   }
   return split;
+}
+
+absl::Status Table::RunRouted(absl::Span<const uint64_t> keys, absl::Time deadline,
+                              const Round& round) const {
+  // One snapshot of the placement per round (it may change: live moves).
+  Client::Routing routing = client_->routing();
+  // Keys an old owner refused go by the target placement from then on.
+  std::vector<bool> by_target(keys.size(), false);
+  std::vector<size_t> pending;
+  for (int n = 1;; ++n) {
+    PS_ASSIGN_OR_RETURN(Split split,
+                        SplitKeys(keys, n == 1 ? nullptr : &pending, routing, by_target));
+    std::vector<absl::Status> moved(split.parts.size());
+    PS_RETURN_IF_ERROR(round(split, &moved));
+    std::vector<const absl::Status*> refusals;
+    bool rerouted = false;  // some key goes elsewhere than it went
+    std::vector<size_t> next;
+    for (size_t i = 0; i < split.parts.size(); ++i) {
+      if (moved[i].ok()) continue;
+      refusals.push_back(&moved[i]);
+      const Split::Part& part = split.parts[i];
+      for (size_t j = 0; j < part.keys.size(); ++j) {
+        const size_t position = part.positions.empty() ? part.offset + j : part.positions[j];
+        rerouted = rerouted || !by_target[position];
+        by_target[position] = true;
+        next.push_back(position);
+      }
+    }
+    if (refusals.empty()) return absl::OkStatus();
+    PS_RETURN_IF_ERROR(
+        client_->FollowRefusals(refusals, rerouted, n, next.size(), "keys", deadline, &routing));
+    std::sort(next.begin(), next.end());
+    pending = std::move(next);
+  }
 }
 
 absl::Status Table::Pull(absl::Span<const uint64_t> keys, absl::Span<char> out,
@@ -146,52 +188,57 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
                                                    " keys need ", keys.size() * row,
                                                    " bytes of output, got ", out.size()));
   }
-  PS_ASSIGN_OR_RETURN(Split split, SplitKeys(keys));
-  std::vector<v1::TablePullRequest> requests(split.parts.size());
-  std::vector<v1::TablePullResponse> responses(split.parts.size());
-  for (size_t i = 0; i < split.parts.size(); ++i) {
-    requests[i].set_table(name_);
-    requests[i].set_keys(EncodeKeys(split.parts[i].keys));
-    requests[i].set_worker(worker);
-    requests[i].set_clock(clock);
-    if (compressor_ != nullptr) requests[i].set_wire_type(compressor_->wire_type());
-  }
-  PS_RETURN_IF_ERROR(client_->RunWithRetries(
-      split.parts.size(), [&](size_t i) { return split.parts[i].server; },
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Call("TablePull", requests[i], &responses[i], deadline, std::move(done));
-      },
-      client_->Deadline(call), call.trace, [&](size_t i, trace::Args& args) {
-        args.Add("table", name_).Add("keys", split.parts[i].keys.size());
-      }));
-  RecordServerTimes(responses, call.trace);
-  std::string widened;
-  for (size_t i = 0; i < split.parts.size(); ++i) {
-    const Split::Part& part = split.parts[i];
-    const std::string* wire = &responses[i].values();
-    if (compressor_ != nullptr) {
-      PS_ASSIGN_OR_RETURN(wire, compressor_->DecodePull(
-                                    responses[i].content_type(), *wire, &widened,
-                                    absl::StrCat("table '", name_, "': server ",
-                                                 client_->addresses()[part.server])));
+  const absl::Time deadline = client_->Deadline(call);
+  return RunRouted(keys, deadline, [&](const Split& split, std::vector<absl::Status>* moved) {
+    std::vector<v1::TablePullRequest> requests(split.parts.size());
+    std::vector<v1::TablePullResponse> responses(split.parts.size());
+    for (size_t i = 0; i < split.parts.size(); ++i) {
+      requests[i].set_table(name_);
+      requests[i].set_keys(EncodeKeys(split.parts[i].keys));
+      requests[i].set_worker(worker);
+      requests[i].set_clock(clock);
+      if (compressor_ != nullptr) requests[i].set_wire_type(compressor_->wire_type());
     }
-    const std::string& values = *wire;
-    if (values.size() != part.keys.size() * row) {
-      return absl::DataLossError(absl::StrCat(
-          "table '", name_, "': server ", client_->addresses()[part.server], " returned ",
-          values.size(), " bytes for ", part.keys.size(), " rows of ", row, " bytes"));
-    }
-    if (part.positions.empty()) {
-      if (!values.empty()) {
-        std::memcpy(out.data() + part.offset * row, values.data(), values.size());
+    PS_RETURN_IF_ERROR(client_->RunWithRetries(
+        split.parts.size(), [&](size_t i) { return split.parts[i].server; },
+        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+          t.Call("TablePull", requests[i], &responses[i], deadline, std::move(done));
+        },
+        deadline, call.trace,
+        [&](size_t i, trace::Args& args) {
+          args.Add("table", name_).Add("keys", split.parts[i].keys.size());
+        },
+        moved));
+    RecordServerTimes(responses, call.trace);
+    std::string widened;
+    for (size_t i = 0; i < split.parts.size(); ++i) {
+      if (!(*moved)[i].ok()) continue;  // sent again
+      const Split::Part& part = split.parts[i];
+      const std::string* wire = &responses[i].values();
+      if (compressor_ != nullptr) {
+        PS_ASSIGN_OR_RETURN(wire, compressor_->DecodePull(
+                                      responses[i].content_type(), *wire, &widened,
+                                      absl::StrCat("table '", name_, "': server ",
+                                                   client_->addresses()[part.server])));
       }
-      continue;
+      const std::string& values = *wire;
+      if (values.size() != part.keys.size() * row) {
+        return absl::DataLossError(absl::StrCat(
+            "table '", name_, "': server ", client_->addresses()[part.server], " returned ",
+            values.size(), " bytes for ", part.keys.size(), " rows of ", row, " bytes"));
+      }
+      if (part.positions.empty()) {
+        if (!values.empty()) {
+          std::memcpy(out.data() + part.offset * row, values.data(), values.size());
+        }
+        continue;
+      }
+      for (size_t j = 0; j < part.positions.size(); ++j) {
+        std::memcpy(out.data() + part.positions[j] * row, values.data() + j * row, row);
+      }
     }
-    for (size_t j = 0; j < part.positions.size(); ++j) {
-      std::memcpy(out.data() + part.positions[j] * row, values.data() + j * row, row);
-    }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Table::Push(absl::Span<const uint64_t> keys, absl::string_view grads,
@@ -218,41 +265,46 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
     grads = encoded.values;
     row = compressor_->wire_row_bytes();
   }
-  PS_ASSIGN_OR_RETURN(Split split, SplitKeys(keys));
-  std::vector<v1::TablePushRequest> requests(split.parts.size());
-  std::vector<v1::TablePushResponse> responses(split.parts.size());
-  for (size_t i = 0; i < split.parts.size(); ++i) {
-    const Split::Part& part = split.parts[i];
-    v1::TablePushRequest& request = requests[i];
-    request.set_table(name_);
-    request.set_keys(EncodeKeys(part.keys));
-    request.set_worker(worker);
-    request.set_clock(clock);
-    if (compressor_ != nullptr) request.set_value_type(compressor_->wire_type());
-    if (part.positions.empty()) {
-      request.set_values(grads.data() + part.offset * row, part.keys.size() * row);
-    } else {
-      std::string* values = request.mutable_values();
-      values->resize(part.keys.size() * row);
-      for (size_t j = 0; j < part.positions.size(); ++j) {
-        std::memcpy(values->data() + j * row, grads.data() + part.positions[j] * row, row);
+  const absl::Time deadline = client_->Deadline(call);
+  return RunRouted(keys, deadline, [&](const Split& split, std::vector<absl::Status>* moved) {
+    std::vector<v1::TablePushRequest> requests(split.parts.size());
+    std::vector<v1::TablePushResponse> responses(split.parts.size());
+    for (size_t i = 0; i < split.parts.size(); ++i) {
+      const Split::Part& part = split.parts[i];
+      v1::TablePushRequest& request = requests[i];
+      request.set_table(name_);
+      request.set_keys(EncodeKeys(part.keys));
+      request.set_worker(worker);
+      request.set_clock(clock);
+      if (compressor_ != nullptr) request.set_value_type(compressor_->wire_type());
+      if (part.positions.empty()) {
+        request.set_values(grads.data() + part.offset * row, part.keys.size() * row);
+      } else {
+        std::string* values = request.mutable_values();
+        values->resize(part.keys.size() * row);
+        for (size_t j = 0; j < part.positions.size(); ++j) {
+          std::memcpy(values->data() + j * row, grads.data() + part.positions[j] * row, row);
+        }
       }
+      // One id per request, the same on every retry: applied once. Keys
+      // re-sent after a redirect are a new request with a new id.
+      request.set_client_id(client_->client_id());
+      request.set_sequence(client_->NextSequence(part.server));
     }
-    // One id per request, the same on every retry: applied once.
-    request.set_client_id(client_->client_id());
-    request.set_sequence(client_->NextSequence(part.server));
-  }
-  PS_RETURN_IF_ERROR(client_->RunWithRetries(
-      split.parts.size(), [&](size_t i) { return split.parts[i].server; },
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Call("TablePush", requests[i], &responses[i], deadline, std::move(done));
-      },
-      client_->Deadline(call), call.trace, [&](size_t i, trace::Args& args) {
-        args.Add("table", name_).Add("keys", split.parts[i].keys.size());
-        args.AddHex("client_id", requests[i].client_id()).Add("sequence", requests[i].sequence());
-      }));
-  RecordServerTimes(responses, call.trace);
-  return absl::OkStatus();
+    PS_RETURN_IF_ERROR(client_->RunWithRetries(
+        split.parts.size(), [&](size_t i) { return split.parts[i].server; },
+        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+          t.Call("TablePush", requests[i], &responses[i], deadline, std::move(done));
+        },
+        deadline, call.trace,
+        [&](size_t i, trace::Args& args) {
+          args.Add("table", name_).Add("keys", split.parts[i].keys.size());
+          args.AddHex("client_id", requests[i].client_id()).Add("sequence", requests[i].sequence());
+        },
+        moved));
+    RecordServerTimes(responses, call.trace);
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call) const {

@@ -30,6 +30,7 @@
 #define PSERVER_CC_CORE_TABLES_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -138,6 +139,41 @@ class Tables {
   absl::Status RestoreFrom(const std::map<std::string, std::string>& extensions,
                            bool replace = false);
 
+  // ---- live moves (docs/elastic.md, cc/server/move.h) ----
+  // The (normalized) config of table `name`; NOT_FOUND "no table 'x'".
+  absl::StatusOr<v1::TableConfig> ConfigOf(const std::string& name) const;
+  // Every table's name, sorted.
+  std::vector<std::string> Names() const;
+  // The part of table `name` whose keys `keep` accepts, as a checkpoint
+  // holds a table (SaveTo's extensions): "table/<name>" (those rows with
+  // their optimizer state and step counts, the keys awaiting admission and
+  // the config), "pending/<name>" (the held-back BSP adds of those keys,
+  // when there are any) and "clocks/<name>" (every worker's clock). Rows and
+  // held-back adds are taken under the table's BSP lock, so that no clock
+  // change falls between them. NOT_FOUND for an unknown table.
+  struct Exported {
+    uint64_t rows = 0;
+    uint64_t bytes = 0;  // values and optimizer state of those rows
+  };
+  absl::StatusOr<Exported> ExportRows(const std::string& name, const SparseTable::KeyFilter& keep,
+                                      std::map<std::string, std::string>* extensions) const;
+  // Takes what ExportRows wrote for one table: a table not held here is
+  // created with its config and clocks (a table held here keeps its own
+  // clocks and must have the same config); the rows are added
+  // (SparseTable::MergeRows); the held-back adds of a clock every worker
+  // here has passed are applied at once, the others held back. `check`
+  // vets every key (rows, admission keys, held-back adds) before anything
+  // changes: its error is returned, nothing taken. The rows and held-back
+  // adds of keys that `replaced` accepts are dropped first (a hand-over sent
+  // again replaces the first). INVALID_ARGUMENT unless `extensions` holds
+  // exactly one table; DATA_LOSS for bytes that do not decode. Returns the
+  // rows taken.
+  using KeyCheck = std::function<absl::Status(const std::string& table,
+                                              const v1::TableConfig& config, uint64_t key)>;
+  absl::StatusOr<uint64_t> ImportRows(const std::map<std::string, std::string>& extensions,
+                                      const KeyCheck& check,
+                                      const SparseTable::KeyFilter& replaced);
+
   // Wakes every waiting pull and collective with UNAVAILABLE.
   void Shutdown();
 
@@ -161,6 +197,9 @@ class Tables {
   };
 
   absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& name) const;
+  // Applies the adds of every clock below `min_clock` (every one when it is
+  // negative: no worker) and drops them from `pending`.
+  void ApplyPassed(Entry& entry, int64_t min_clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.bsp_mu);
   // Every table, by name. Lock order: an entry's bsp_mu before mu_.
   std::vector<std::pair<std::string, std::shared_ptr<Entry>>> Entries() const;
   std::shared_ptr<TableHandler> HandlerOf(const std::string& name) const;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
+#include "cc/core/table_keys.h"
 #include "cc/core/status_macros.h"
 #include "cc/server/state_checksum.h"
 
@@ -262,20 +263,44 @@ void Dispatcher::AddControlMethods() {
       });
   Wait<TablePullRequest, TablePullResponse>(
       "TablePull", [this](const TablePullRequest& request, TablePullResponse* response,
-                          absl::Time deadline, WaitDone done) {
-        return tables_->PullAsync(request, response, deadline, std::move(done));
+                          absl::Time deadline, WaitDone done) -> CancelWait {
+        if (absl::Status owned = CheckTableKeys(request.table(), request.keys(), /*write=*/false);
+            !owned.ok()) {
+          done(std::move(owned));
+          return [] {};
+        }
+        // A consistent read may wait for clocks while its keys are handed
+        // over: checked again once read (a read changes no row).
+        return tables_->PullAsync(
+            request, response, deadline,
+            [this, &request, response, done = std::move(done)](absl::Status status) {
+              if (status.ok()) status = CheckTableKeys(request.table(), request.keys(), false);
+              if (!status.ok()) response->Clear();
+              done(std::move(status));
+            });
       });
   Sync<TablePushRequest, TablePushResponse>(
       "TablePush", [this](const TablePushRequest& request, TablePushResponse* response) {
-        return ApplyOnce(request.client_id(), request.sequence(),
-                         [&] { return tables_->Push(request, response); });
+        // Keys are checked only for a new id, as a bulk push's blocks are.
+        return ApplyOnce(request.client_id(), request.sequence(), [&] {
+          PS_RETURN_IF_ERROR(CheckTableKeys(request.table(), request.keys(), /*write=*/true));
+          return tables_->Push(request, response);
+        });
       });
-  Sync<ClockRequest, ClockResponse>("Clock",
-                                    [this](const ClockRequest& request, ClockResponse* response) {
-                                      PS_ASSIGN_OR_RETURN(int64_t clock, tables_->Clock(request));
-                                      response->set_clock(clock);
-                                      return absl::OkStatus();
-                                    });
+  Sync<ClockRequest, ClockResponse>(
+      "Clock", [this](const ClockRequest& request, ClockResponse* response) {
+        absl::StatusOr<int64_t> clock = tables_->Clock(request);
+        if (absl::IsNotFound(clock.status()) && TableMayArrive()) {
+          // A server that joins gets each table (with its clocks) from an
+          // old owner during the move: a tick meanwhile is retried.
+          return absl::UnavailableError(absl::StrCat(
+              "table '", request.table(), "' is not on this server yet (a placement move "
+              "hands it over); retry"));
+        }
+        PS_RETURN_IF_ERROR(clock.status());
+        response->set_clock(*clock);
+        return absl::OkStatus();
+      });
   Sync<TableStatsRequest, TableStatsResponse>(
       "TableStats",
       [this](const TableStatsRequest&, TableStatsResponse* response) {
@@ -554,6 +579,29 @@ absl::Status Dispatcher::ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockRe
     PS_RETURN_IF_ERROR(delivered);
   }
   return absl::OkStatus();
+}
+
+bool Dispatcher::TableMayArrive() const {
+  const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+  return gate != nullptr && gate->moving();
+}
+
+absl::Status Dispatcher::CheckTableKeys(const std::string& table, absl::string_view keys,
+                                        bool write) const {
+  const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+  if (gate == nullptr) return absl::OkStatus();
+  absl::StatusOr<v1::TableConfig> config = tables_->ConfigOf(table);
+  if (!config.ok()) {
+    if (absl::IsNotFound(config.status()) && gate->moving()) {
+      return absl::UnavailableError(
+          absl::StrCat("table '", table, "' is not on this server yet (a placement move hands it "
+                       "over); nothing applied; retry"));
+    }
+    return absl::OkStatus();  // the table's own call says what is wrong
+  }
+  absl::StatusOr<KeysView> view = KeysView::Of(keys);
+  if (!view.ok()) return absl::OkStatus();  // likewise
+  return gate->CheckKeys(table, config->partitioning(), view->keys(), write);
 }
 
 absl::Status Dispatcher::CheckReplyRoom() {

@@ -325,6 +325,14 @@ class Dispatcher {
                           uint64_t* sent);
   absl::Status GetParam(const v1::GetParamRequest& request, v1::GetParamResponse* response,
                         ReplyHold* reply);
+  // OK when every key of `keys` (a table request's encoded keys) of table
+  // `table` may be written (read) here under the placement gate (none: OK).
+  // A table not held here while the placement is moving: UNAVAILABLE (it
+  // may be handed over); bad keys or an unknown table otherwise: OK, for
+  // the table's own call to refuse.
+  absl::Status CheckTableKeys(const std::string& table, absl::string_view keys, bool write) const;
+  // Whether a table missing here may still be handed over (moving).
+  bool TableMayArrive() const;
 
   ParameterStore* const store_;
   Tables* const tables_;

@@ -1559,6 +1559,7 @@ absl::Status Server::StartPlacementGate() {
   BlockMoverOptions mover;
   mover.dispatcher = dispatcher_.get();
   mover.store = &store_;
+  mover.tables = &tables_;
   mover.gate = gate;
   mover.address_of = [this](uint32_t index) -> absl::StatusOr<std::string> {
     PS_ASSIGN_OR_RETURN(KeyValue kv, etcd_->Get(etcd_keys::ServerKey(index)));

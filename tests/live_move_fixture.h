@@ -1,0 +1,215 @@
+// What the live move tests share (tests/live_move_test.cc,
+// tests/live_move_tables_test.cc): a trainer thread that runs deterministic
+// steps until stopped, and a fixture with a real etcd, servers in this
+// process over gRPC started with --placement_redirects, clients that follow
+// /placement, and ScaleTo (ScaleCluster, psctl scale, while the trainer
+// runs). No timing: every wait is a bounded loop on a condition.
+#ifndef PSERVER_TESTS_LIVE_MOVE_FIXTURE_H_
+#define PSERVER_TESTS_LIVE_MOVE_FIXTURE_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cc/client/client.h"
+#include "cc/core/status_macros.h"
+#include "cc/etcd/etcd_client.h"
+#include "cc/etcd/keys.h"
+#include "cc/etcd/testing/etcd_process.h"
+#include "cc/server/move_coordinator.h"
+#include "cc/server/server.h"
+#include "cc/testing/status_matchers.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace testing {
+
+// Runs step(0), step(1), ... (from `first_step`) on a thread of its own
+// until stopped; stops at the first step that fails. A step must be whole
+// when it returns OK (the steps acknowledged are the model's state).
+class Trainer {
+ public:
+  using Step = std::function<absl::Status(int step)>;
+  Trainer(Step step, int first_step) : step_(std::move(step)), steps_(first_step) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Trainer() { Stop().IgnoreError(); }
+
+  // The steps acknowledged.
+  int steps() const {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+  // Waits until `n` more steps than now are acknowledged; false after 60 s
+  // or an error.
+  bool Advance(int n) {
+    absl::MutexLock lock(&mu_);
+    const int target = steps_ + n;
+    auto reached = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return steps_ >= target || !error_.ok();
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(60)) && error_.ok();
+  }
+  // Stops after the step under way; its error, if any.
+  absl::Status Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  void Run() {
+    for (int i = 0; i < 1000000; ++i) {
+      int step = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;
+        step = steps_;
+      }
+      absl::Status status = step_(step);
+      absl::MutexLock lock(&mu_);
+      if (!status.ok()) {
+        error_ = absl::Status(status.code(), absl::StrCat("step ", step, ": ", status.message()));
+        return;
+      }
+      ++steps_;
+    }
+  }
+
+  const Step step_;
+  mutable absl::Mutex mu_;
+  int steps_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+class LiveMoveFixture : public ::testing::Test {
+ protected:
+  static constexpr size_t kBlockBytes = 64;  // 16 float32 a block: hundreds of blocks
+
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(etcd_, EtcdProcess::Start());
+    EtcdClientOptions options;
+    options.endpoints = {etcd_->endpoint()};
+    options.prefix = etcd_keys::ClusterPrefix("job");
+    ASSERT_OK_AND_ASSIGN(etcd_client_, EtcdClient::Connect(options));
+  }
+
+  // num_servers 0: the count etcd's /ps_desired holds.
+  ServerOptions Options(uint32_t num_servers) {
+    ServerOptions options;
+    options.etcd_endpoints = {etcd_->endpoint()};
+    options.cluster = "job";
+    options.num_servers = num_servers;
+    options.lease_ttl = absl::Seconds(5);
+    options.register_timeout = absl::Seconds(120);
+    options.placement_redirects = true;
+    options.move_batch_bytes = 4096;
+    auto departed = std::make_shared<absl::Notification>();
+    departures_.push_back(departed);
+    options.on_departed = [departed] { departed->Notify(); };
+    return options;
+  }
+
+  // Starts `n` servers at once and files them by the index they claimed.
+  void StartServers(int n, uint32_t num_servers) {
+    std::vector<std::future<absl::StatusOr<std::unique_ptr<Server>>>> started;
+    std::vector<std::shared_ptr<absl::Notification>> departures;
+    for (int i = 0; i < n; ++i) {
+      ServerOptions options = Options(num_servers);
+      departures.push_back(departures_.back());
+      started.push_back(std::async(std::launch::async, [options] { return Server::Start(options); }));
+    }
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<std::unique_ptr<Server>> server = started[i].get();
+      ASSERT_OK(server.status());
+      departed_of_[(*server)->index()] = departures[i];
+      servers_[(*server)->index()] = *std::move(server);
+    }
+  }
+
+  absl::StatusOr<std::unique_ptr<Client>> Connect() {
+    ClientOptions options;
+    options.etcd_endpoints = {etcd_->endpoint()};
+    options.cluster = "job";
+    options.block_bytes = kBlockBytes;
+    options.discovery_timeout = absl::Seconds(60);
+    options.timeout = absl::Seconds(60);
+    return Client::Connect(options);
+  }
+
+  ScaleOptions Scale(uint32_t to) {
+    ScaleOptions options;
+    options.etcd_endpoints = {etcd_->endpoint()};
+    options.cluster = "job";
+    options.to = to;
+    options.timeout = absl::Minutes(3);
+    options.progress = [](const std::string& line) { std::printf("scale: %s\n", line.c_str()); };
+    return options;
+  }
+
+  // Scales from the servers running to `to` while `trainer` (of `client`)
+  // runs, starting the new servers (they claim their index once the move
+  // began) or stopping the departing ones once they said so and the
+  // trainer's client routes by the new count. Returns the coordinator's
+  // result; the trainer is stopped.
+  absl::StatusOr<ScaleResult> ScaleTo(uint32_t to, Client& client, Trainer& trainer) {
+    std::future<absl::StatusOr<ScaleResult>> scaled =
+        std::async(std::launch::async, [this, to] { return ScaleCluster(Scale(to)); });
+    const int running = static_cast<int>(servers_.size());
+    if (static_cast<int>(to) > running) StartServers(static_cast<int>(to) - running, 0);
+    absl::StatusOr<ScaleResult> result = scaled.get();
+    if (!result.ok()) return result;
+    // A few steps on the new placement, then the trainer stops: a departing
+    // server is stopped only once nothing routes to it.
+    bool routed = false;
+    for (int i = 0; i < 6000 && !routed; ++i) {
+      routed = client.etcd_placement_version() >= result->version;
+      if (!routed) absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (!routed || !trainer.Advance(2)) {
+      return absl::InternalError(absl::StrCat("the trainer did not go on after the move: ",
+                                              trainer.Stop().ToString()));
+    }
+    PS_RETURN_IF_ERROR(trainer.Stop());
+    for (int i = static_cast<int>(to); i < running; ++i) {
+      // Each departs on its own once it sees the stable placement.
+      if (!departed_of_[i]->WaitForNotificationWithTimeout(absl::Seconds(60))) {
+        return absl::DeadlineExceededError(absl::StrCat("server ", i, " did not depart"));
+      }
+      servers_.erase(i);  // drains and deregisters
+      departed_of_.erase(i);
+    }
+    return result;
+  }
+
+  std::unique_ptr<EtcdProcess> etcd_;
+  std::unique_ptr<EtcdClient> etcd_client_;
+  std::vector<std::shared_ptr<absl::Notification>> departures_;
+  std::map<uint32_t, std::shared_ptr<absl::Notification>> departed_of_;
+  std::map<uint32_t, std::unique_ptr<Server>> servers_;
+};
+
+}  // namespace testing
+}  // namespace pserver
+
+#endif  // PSERVER_TESTS_LIVE_MOVE_FIXTURE_H_
