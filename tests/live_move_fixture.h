@@ -29,6 +29,7 @@
 #include "cc/core/status_macros.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
+#include "cc/etcd/placement_record.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/move_coordinator.h"
 #include "cc/server/server.h"
@@ -105,6 +106,27 @@ class Trainer {
 class LiveMoveFixture : public ::testing::Test {
  protected:
   static constexpr size_t kBlockBytes = 64;  // 16 float32 a block: hundreds of blocks
+
+  // The counts the tests go through from 2 servers, and the fraction of
+  // the model each change must move: |N-M| / max(N, M).
+  struct Change {
+    uint32_t to;
+    double ideal;
+  };
+  static constexpr Change kChanges[] = {{3, 1.0 / 3}, {4, 1.0 / 4}, {2, 2.0 / 4}};
+
+  // Prints the bytes moved from `from` servers against `model` bytes and
+  // expects them within 1.5x of the ideal (and at least ideal / 1.5).
+  static void ExpectAboutIdeal(const ScaleResult& result, uint64_t model, uint32_t from,
+                               const Change& change, int steps) {
+    const double fraction = static_cast<double>(result.bytes_moved) / static_cast<double>(model);
+    std::printf("%u -> %u servers: moved %llu of %llu bytes = %.3f, ideal %.3f (%.2fx); %d steps\n",
+                from, change.to, static_cast<unsigned long long>(result.bytes_moved),
+                static_cast<unsigned long long>(model), fraction, change.ideal,
+                fraction / change.ideal, steps);
+    EXPECT_LE(fraction, 1.5 * change.ideal);
+    EXPECT_GE(fraction, change.ideal / 1.5);
+  }
 
   void SetUp() override {
     ASSERT_OK_AND_ASSIGN(etcd_, EtcdProcess::Start());
@@ -200,6 +222,18 @@ class LiveMoveFixture : public ::testing::Test {
       departed_of_.erase(i);
     }
     return result;
+  }
+
+  // Writes /placement moving from `stable` (etcd's) to `to` servers, as a
+  // coordinator would; returns what it wrote.
+  absl::StatusOr<v1::Placement> PutMoving(const v1::Placement& stable, uint32_t to) {
+    v1::Placement moving = stable;
+    moving.set_version(stable.version() + 1);
+    moving.set_num_servers(to);
+    moving.set_moving(true);
+    moving.set_from_num_servers(stable.num_servers());
+    PS_RETURN_IF_ERROR(etcd_client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(moving)));
+    return moving;
   }
 
   std::unique_ptr<EtcdProcess> etcd_;

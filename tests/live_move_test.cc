@@ -132,13 +132,10 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> old_client, Client::Connect(direct));
 
   const uint64_t model = ModelBytes();
-  struct Change {
-    uint32_t to;
-    double ideal;  // the fraction of the model that must move: |N-M| / max(N, M)
-  };
+
   uint32_t now = 2;
   int steps = 0;
-  for (const Change& change : {Change{3, 1.0 / 3}, Change{4, 1.0 / 4}, Change{2, 2.0 / 4}}) {
+  for (const Change& change : kChanges) {
     SCOPED_TRACE(absl::StrCat(now, " -> ", change.to, " servers"));
     Trainer trainer([&](int step) { return SgdStep(*client, step); }, steps);
     ASSERT_TRUE(trainer.Advance(2)) << trainer.Stop();
@@ -148,13 +145,7 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
     EXPECT_EQ(result.from, now);
     EXPECT_EQ(result.to, change.to);
     ASSERT_EQ(servers_.size(), change.to);
-    const double fraction = static_cast<double>(result.bytes_moved) / static_cast<double>(model);
-    std::printf("%u -> %u servers: moved %llu of %llu bytes = %.3f, ideal %.3f (%.2fx); %d steps\n",
-                now, change.to, static_cast<unsigned long long>(result.bytes_moved),
-                static_cast<unsigned long long>(model), fraction, change.ideal,
-                fraction / change.ideal, steps);
-    EXPECT_LE(fraction, 1.5 * change.ideal);
-    EXPECT_GE(fraction, change.ideal / 1.5);
+    ExpectAboutIdeal(result, model, now, change, steps);
 
     if (now == 2) {
       // The old owner refuses what it handed over, and applies nothing of
@@ -229,12 +220,7 @@ TEST_F(LiveMoveTest, BadMovesAreRefusedNamingWhatIsWrong) {
   }
 
   // A move to 3 under way: a move to 4 is refused, and etcd keeps the first.
-  v1::Placement moving = stable;
-  moving.set_version(stable.version() + 1);
-  moving.set_num_servers(3);
-  moving.set_moving(true);
-  moving.set_from_num_servers(2);
-  ASSERT_OK(etcd_client_->Put(etcd_keys::PlacementKey(), FormatPlacementRecord(moving)));
+  ASSERT_OK_AND_ASSIGN(const v1::Placement moving, PutMoving(stable, 3));
   EXPECT_THAT(ScaleCluster(Scale(4)),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("a move from 2 to 3 servers is under way"),
