@@ -6,6 +6,7 @@
 // applied exactly once. No timing: waits are bounded loops on conditions.
 #include <cstring>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,9 +16,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
+#include "cc/client/table.h"
 #include "cc/client/testing/placement_moves.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/placement.h"
+#include "cc/core/table_keys.h"
 #include "cc/core/tables.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/in_process_transport.h"
@@ -389,6 +392,84 @@ TEST(PlacementRedirectRoundsTest, RedirectsAreFollowedAtMostSixteenTimesACall) {
       << refused;
   EXPECT_THAT(refused.message(), HasSubstr("sent these blocks 16 times"));
   EXPECT_EQ(client->redirects(), static_cast<uint64_t>(Client::kMaxRedirectRounds - 1));
+}
+
+// Table pulls and pushes follow PlacementMoved as bulk calls do: only the
+// keys of the refused requests go again, to their owners under the
+// placement named, and each push is applied once.
+TEST_F(PlacementRoutingTest, TableCallsFollowPlacementMovedAndApplyEachPushOnce) {
+  std::unique_ptr<Client> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(1, 2)));
+  v1::TableConfig config;
+  config.set_dim(1);
+  config.mutable_optimizer()->mutable_add();
+  ASSERT_OK_AND_ASSIGN(Table table, Table::Create(*client, "t", config));
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 64; ++k) keys.push_back(k);
+  const std::vector<float> ones(keys.size(), 1.0f);
+  ASSERT_OK(table.Push<float>(keys, ones));
+
+  // The rows whose owner changes go to server 2; then every gate follows
+  // version 2 for 3 servers: the old owners refuse them.
+  const Placement two = Placement::Jump(2, 1);
+  const Placement three = Placement::Jump(3, 2);
+  int moved = 0;
+  for (int s = 0; s < 2; ++s) {
+    std::map<std::string, std::string> extensions;
+    ASSERT_OK(servers_[s]->tables
+                  .ExportRows("t",
+                              [&](uint64_t key) {
+                                return two.HashKeyServer(key) == s && three.HashKeyServer(key) == 2;
+                              },
+                              &extensions)
+                  .status());
+    ASSERT_OK_AND_ASSIGN(uint64_t rows,
+                         servers_[2]->tables.ImportRows(
+                             extensions,
+                             [](const std::string&, const v1::TableConfig&, uint64_t) {
+                               return absl::OkStatus();
+                             },
+                             nullptr));
+    moved += static_cast<int>(rows);
+  }
+  ASSERT_GT(moved, 0);
+  for (auto& server : servers_) server->gate.Set(Placement::Jump(3, 2));
+  Join(*client);
+
+  // Refused by the old owners under version 2, which the client has not
+  // seen: it waits, then sends the refused keys to their new owner.
+  std::future<absl::Status> pushed =
+      std::async(std::launch::async, [&] { return table.Push<float>(keys, ones); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int i = 0; i < 60000 && client->placement_waits() == 0 && absl::Now() < deadline; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(client->placement_waits(), 1u);
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(2, 3, /*from=*/2)));
+  ASSERT_OK(pushed.get());
+  EXPECT_GT(client->redirects(), 0u);
+
+  // Each key holds exactly both pushes on its owner under 3; an old owner's
+  // copy of a moved key got nothing of the refused push.
+  auto stored = [&](int server, uint64_t key) {
+    v1::TablePullRequest request;
+    request.set_table("t");
+    request.set_keys(EncodeKeys({key}));
+    v1::TablePullResponse response;
+    EXPECT_OK(servers_[server]->tables.Pull(request, &response, absl::Now() + absl::Seconds(5)));
+    float value = -1;
+    std::memcpy(&value, response.values().data(), sizeof(value));
+    return value;
+  };
+  for (uint64_t key : keys) {
+    EXPECT_EQ(stored(three.HashKeyServer(key), key), 2.0f) << "key " << key;
+    if (three.HashKeyServer(key) == 2) EXPECT_EQ(stored(two.HashKeyServer(key), key), 1.0f);
+  }
+  // A read is followed the same way.
+  std::vector<float> out(keys.size());
+  ASSERT_OK(table.Pull<float>(keys, absl::MakeSpan(out)));
+  EXPECT_EQ(out, std::vector<float>(keys.size(), 2.0f));
 }
 
 }  // namespace
