@@ -255,9 +255,10 @@ class Dispatcher {
   // (no etcd: nothing else can hold the shard).
   void SetFence(Fence* fence) { fence_.store(fence, std::memory_order_release); }
   Fence* fence() const { return fence_.load(std::memory_order_acquire); }  // null: none
-  // From now on every block of a bulk push or read must be this server's
-  // under `gate` (not owned; outlives the dispatcher): PlacementMoved
-  // otherwise, nothing applied. Null (the default): not checked.
+  // From now on every block of a bulk push or read, and every key of a
+  // TablePush or TablePull, must be this server's under `gate` (not owned;
+  // outlives the dispatcher): PlacementMoved otherwise, nothing applied.
+  // Null (the default): not checked.
   void SetPlacementGate(const PlacementGate* gate) {
     placement_gate_.store(gate, std::memory_order_release);
   }

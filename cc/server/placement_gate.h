@@ -1,4 +1,4 @@
-// PlacementGate: whether this server serves a dense block under the
+// PlacementGate: whether this server serves a dense block (or table key) under the
 // cluster's current placement (live moves, docs/elastic.md). A server
 // started with --placement_redirects sets one on its dispatcher and keeps it
 // at etcd's /placement (it watches the key); every bulk push and read then
