@@ -72,6 +72,8 @@ Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, Di
   for (const char* const* name = kReplicatedMethods; *name != nullptr; ++name) {
     methods_.at(*name).replicated = true;
   }
+  table_push_metrics_ = methods_.at("TablePush").metrics;
+  table_pull_metrics_ = methods_.at("TablePull").metrics;
 }
 
 Dispatcher::Method& Dispatcher::Add(const char* name, bool needs_serving,
@@ -485,6 +487,68 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
       (pushes_applied_.fetch_add(1, std::memory_order_relaxed) + 1) % every == 0) {
     replies_dropped_.fetch_add(1, std::memory_order_relaxed);
     return absl::UnavailableError("fault injection: the push was applied, its reply dropped");
+  }
+  return status;
+}
+
+absl::Status Dispatcher::PushTableRows(const TableRowsView& push, uint64_t client_id,
+                                       uint64_t sequence) {
+  const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "TablePush", "server");
+  table_push_metrics_->received_bytes.Add(push.keys.size() * sizeof(uint64_t) +
+                                          push.values.size());
+  absl::Status status = CheckServing();
+  if (status.ok()) status = CheckWrite();
+  if (status.ok()) {
+    status = Ship(
+        "TablePush",
+        [&] {
+          v1::TablePushRequest request;
+          request.set_table(push.table.data(), push.table.size());
+          request.set_keys(EncodeKeys(push.keys));
+          request.set_values(push.values.data(), push.values.size());
+          request.set_client_id(client_id);
+          request.set_sequence(sequence);
+          request.set_worker(push.worker.data(), push.worker.size());
+          request.set_clock(push.clock);
+          request.set_value_type(push.value_type);
+          return request.SerializeAsString();
+        },
+        [&] { return ApplyOnce(client_id, sequence, [&] { return tables_->PushRows(push); }); });
+  }
+  if (status.ok()) status = CheckWrite();  // applied, but acknowledged only if still ours
+  table_push_metrics_->Finish(status, start);
+  if (span.active()) {
+    span.set_args(trace::Args()
+                      .Add("table", push.table)
+                      .AddHex("client_id", client_id)
+                      .Add("sequence", sequence)
+                      .Add("status", absl::StatusCodeToString(status.code()))
+                      .json());
+  }
+  return status;
+}
+
+absl::Status Dispatcher::PullTableRows(const TableRowsView& pull, Tables::RowsOut out) {
+  const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "TablePull", "server");
+  table_pull_metrics_->received_bytes.Add(pull.keys.size() * sizeof(uint64_t));
+  uint64_t sent = 0;
+  absl::Status status = CheckServing();
+  if (status.ok()) {
+    status = tables_->PullRows(
+        pull, [&](size_t bytes, ElementType type) -> absl::StatusOr<absl::Span<char>> {
+          sent = bytes;
+          return out(bytes, type);
+        });
+  }
+  table_pull_metrics_->Finish(status, start, status.ok() ? sent : 0);
+  if (span.active()) {
+    span.set_args(trace::Args()
+                      .Add("table", pull.table)
+                      .Add("keys", pull.keys.size())
+                      .Add("status", absl::StatusCodeToString(status.code()))
+                      .json());
   }
   return status;
 }

@@ -243,6 +243,17 @@ class Dispatcher {
   // Counts a request too malformed to reach the store (GetStats).
   void CountMalformed() { store_->CountRejected(); }
 
+  // ---- sparse tables on views (the bulk channel's table frames) ----------
+  // The TablePush control method on a view, no message: the serving check,
+  // the fence before and after, exactly once per (client_id, sequence),
+  // shipped to backups (as the TablePushRequest it stands for, built only
+  // then), counted and traced as TablePush.
+  absl::Status PushTableRows(const TableRowsView& push, uint64_t client_id, uint64_t sequence);
+  // The TablePull control method for a read without a worker (it never
+  // waits) on a view, the rows where `out` says (Tables::PullRows); counted
+  // as TablePull.
+  absl::Status PullTableRows(const TableRowsView& pull, Tables::RowsOut out);
+
   // ---- lifecycle and what a Server reads ---------------------------------
   // While not serving (a server still claiming its index or loading its
   // checkpoint) every call but GetStats, TableStats and ListWorkers fails
@@ -349,6 +360,8 @@ class Dispatcher {
   RequestMetrics request_metrics_;  // fixed after construction
   OpMetrics* push_metrics_ = nullptr;
   OpMetrics* read_metrics_ = nullptr;
+  OpMetrics* table_push_metrics_ = nullptr;  // TablePush's and TablePull's
+  OpMetrics* table_pull_metrics_ = nullptr;
   const google::protobuf::ServiceDescriptor* const service_;
   absl::flat_hash_map<std::string, Method> methods_;  // by short name; fixed after construction
 };
