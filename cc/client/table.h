@@ -114,7 +114,7 @@ class Table {
   Table(Client* client, std::string name, v1::TableConfig config);
 
   absl::Status CheckType(ElementType type) const;
-  // Splits keys per server: server of each key, and each server's key list
+  // Splits keys per server into requests: each server's keys contiguous,
   // with the positions they came from.
   struct Split;
   // The keys at `positions` (null: all of them), each to its server under
@@ -132,6 +132,11 @@ class Table {
   using Round = std::function<absl::Status(const Split& split, std::vector<absl::Status>* moved)>;
   absl::Status RunRouted(absl::Span<const uint64_t> keys, absl::Time deadline,
                          const Round& round) const;
+  // Writes the rows server returned for part `i` of `split` (`values`, in
+  // `content_type`) where they go in `out`. DATA_LOSS naming the server
+  // when they are not that part's rows.
+  absl::Status PlaceRows(const Split& split, size_t i, ElementType content_type,
+                         absl::string_view values, absl::Span<char> out) const;
   absl::Status DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out,
                       const std::string& worker, int64_t clock, const CallOptions& call) const;
   absl::Status DoPush(absl::Span<const uint64_t> keys, absl::string_view grads,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "cc/core/compression.h"
 #include "cc/core/names.h"
 #include "cc/core/status_macros.h"
 #include "cc/core/table_wire.h"
@@ -110,14 +111,14 @@ absl::Status Tables::Create(const v1::CreateTableRequest& request) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Tables::Entry>> Tables::Find(const std::string& name) const {
+absl::StatusOr<std::shared_ptr<Tables::Entry>> Tables::Find(absl::string_view name) const {
   absl::MutexLock lock(&mu_);
   auto it = tables_.find(name);
   if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table '", name, "'"));
   return it->second;
 }
 
-std::shared_ptr<TableHandler> Tables::HandlerOf(const std::string& name) const {
+std::shared_ptr<TableHandler> Tables::HandlerOf(absl::string_view name) const {
   static TableHandler* const kDefault = new TableHandler();
   absl::MutexLock lock(&mu_);
   auto it = handlers_.find(name);
@@ -178,54 +179,69 @@ CancelWait Tables::PullAsync(const v1::TablePullRequest& request, v1::TablePullR
 absl::Status Tables::Read(Entry& entry, const v1::TablePullRequest& request,
                           absl::Span<const uint64_t> keys, v1::TablePullResponse* response,
                           int64_t received) {
-  MaybeSweep(entry);
   std::string* values = response->mutable_values();
-  values->resize(keys.size() * entry.table->row_bytes());
-  absl::Status status;
-  {
-    absl::ReaderMutexLock lock(&entry.bsp_mu);  // after the adds the clock released
-    status = HandlerOf(request.table())->Pull(*entry.table, keys, absl::MakeSpan(*values));
-  }
+  absl::Status status = ReadRows(
+      entry, request.table(), keys, request.wire_type(),
+      [&](size_t bytes, ElementType content_type) -> absl::StatusOr<absl::Span<char>> {
+        values->resize(bytes);
+        if (content_type != v1::ELEMENT_TYPE_UNSPECIFIED) response->set_content_type(content_type);
+        return absl::MakeSpan(*values);
+      });
   if (!status.ok()) {
     response->clear_values();
+    response->clear_content_type();
     return status;
   }
-  PS_RETURN_IF_ERROR(NarrowPulledValues(*entry.table, request, response));
   response->mutable_trace()->set_received_unix_nanos(received);
   response->mutable_trace()->set_processed_unix_nanos(UnixNanos());
   return absl::OkStatus();
 }
 
+absl::Status Tables::ReadRows(Entry& entry, absl::string_view name,
+                              absl::Span<const uint64_t> keys, ElementType wire_type,
+                              RowsOut out) {
+  PS_ASSIGN_OR_RETURN(const bool narrows,
+                      PullNarrows(*entry.table, wire_type,
+                                  absl::StrCat("read of table '", name, "'")));
+  MaybeSweep(entry);
+  const size_t bytes = keys.size() * entry.table->row_bytes();
+  // Rows as stored go straight where `out` says; narrowed ones through a
+  // float32 buffer first.
+  std::string stored;
+  absl::Span<char> rows;
+  if (narrows) {
+    stored.resize(bytes);
+    rows = absl::MakeSpan(stored);
+  } else {
+    PS_ASSIGN_OR_RETURN(rows, out(bytes, v1::ELEMENT_TYPE_UNSPECIFIED));
+  }
+  {
+    absl::ReaderMutexLock lock(&entry.bsp_mu);  // after the adds the clock released
+    PS_RETURN_IF_ERROR(HandlerOf(name)->Pull(*entry.table, keys, rows));
+  }
+  if (!narrows) return absl::OkStatus();
+  const std::string narrowed = NarrowFloats(wire_type, stored);
+  PS_ASSIGN_OR_RETURN(absl::Span<char> wire, out(narrowed.size(), wire_type));
+  if (!narrowed.empty()) std::memcpy(wire.data(), narrowed.data(), narrowed.size());
+  return absl::OkStatus();
+}
+
+absl::Status Tables::PullRows(const TableRowsView& pull, RowsOut out) {
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(pull.table));
+  return ReadRows(*entry, pull.table, pull.keys, pull.value_type, out);
+}
+
 absl::Status Tables::Push(const v1::TablePushRequest& request, v1::TablePushResponse* response) {
   const int64_t received = UnixNanos();
-  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(request.table()));
   PS_ASSIGN_OR_RETURN(const KeysView view, KeysView::Of(request.keys()));
-  const absl::Span<const uint64_t> keys = view.keys();
-  // A compressed push (TableConfig.wire_compression) is widened first.
-  PS_ASSIGN_OR_RETURN(const std::optional<std::string> widened,
-                      WidenPushedValues(*entry->table, request, keys.size()));
-  const std::string& values = widened.has_value() ? *widened : request.values();
-  MaybeSweep(*entry);
-  bool held = false;
-  if (HoldsAdds(*entry) && !request.worker().empty()) {
-    // Checked now, since a held-back add is acknowledged before it applies.
-    const size_t want = keys.size() * entry->table->row_bytes();
-    if (values.size() != want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push to table '", request.table(), "': ", keys.size(), " keys need ", want,
-                       " bytes of values, got ", values.size()));
-    }
-    absl::MutexLock lock(&entry->bsp_mu);
-    if (request.clock() >= entry->clocks.MinClock()) {
-      v1::PendingAdds::Add add;
-      add.set_clock(request.clock());
-      add.set_keys(request.keys());
-      add.set_values(values);
-      entry->pending[request.clock()].push_back(std::move(add));
-      held = true;
-    }
-  }
-  if (!held) PS_RETURN_IF_ERROR(Apply(*entry, request.table(), keys, values));
+  TableRowsView push;
+  push.table = request.table();
+  push.keys = view.keys();
+  push.values = request.values();
+  push.value_type = request.value_type();
+  push.worker = request.worker();
+  push.clock = request.clock();
+  PS_RETURN_IF_ERROR(PushRows(push));
   if (response != nullptr) {
     response->mutable_trace()->set_received_unix_nanos(received);
     response->mutable_trace()->set_processed_unix_nanos(UnixNanos());
@@ -233,7 +249,39 @@ absl::Status Tables::Push(const v1::TablePushRequest& request, v1::TablePushResp
   return absl::OkStatus();
 }
 
-absl::Status Tables::Apply(Entry& entry, const std::string& name, absl::Span<const uint64_t> keys,
+absl::Status Tables::PushRows(const TableRowsView& push) {
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(push.table));
+  const absl::Span<const uint64_t> keys = push.keys;
+  // A compressed push (TableConfig.wire_compression) is widened first.
+  PS_ASSIGN_OR_RETURN(
+      const std::optional<std::string> widened,
+      WidenPushedValues(*entry->table, push.value_type, push.values, keys.size()));
+  const absl::string_view values = widened.has_value() ? *widened : push.values;
+  MaybeSweep(*entry);
+  bool held = false;
+  if (HoldsAdds(*entry) && !push.worker.empty()) {
+    // Checked now, since a held-back add is acknowledged before it applies.
+    const size_t want = keys.size() * entry->table->row_bytes();
+    if (values.size() != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to table '", push.table, "': ", keys.size(), " keys need ", want,
+                       " bytes of values, got ", values.size()));
+    }
+    absl::MutexLock lock(&entry->bsp_mu);
+    if (push.clock >= entry->clocks.MinClock()) {
+      v1::PendingAdds::Add add;
+      add.set_clock(push.clock);
+      add.set_keys(EncodeKeys(keys));
+      add.set_values(values.data(), values.size());
+      entry->pending[push.clock].push_back(std::move(add));
+      held = true;
+    }
+  }
+  if (!held) PS_RETURN_IF_ERROR(Apply(*entry, push.table, keys, values));
+  return absl::OkStatus();
+}
+
+absl::Status Tables::Apply(Entry& entry, absl::string_view name, absl::Span<const uint64_t> keys,
                            absl::string_view values) {
   return HandlerOf(name)->Push(*entry.table, keys, values);
 }
@@ -436,7 +484,7 @@ absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& exten
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::TableConfig> Tables::ConfigOf(const std::string& name) const {
+absl::StatusOr<v1::TableConfig> Tables::ConfigOf(absl::string_view name) const {
   PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
   return entry->table->config();
 }

@@ -73,6 +73,8 @@ Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, Di
   for (const char* const* name = kReplicatedMethods; *name != nullptr; ++name) {
     methods_.at(*name).replicated = true;
   }
+  table_push_metrics_ = methods_.at("TablePush").metrics;
+  table_pull_metrics_ = methods_.at("TablePull").metrics;
 }
 
 Dispatcher::Method& Dispatcher::Add(const char* name, bool needs_serving,
@@ -514,6 +516,78 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
   return status;
 }
 
+absl::Status Dispatcher::PushTableRows(const TableRowsView& push, uint64_t client_id,
+                                       uint64_t sequence) {
+  const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "TablePush", "server");
+  table_push_metrics_->received_bytes.Add(push.keys.size() * sizeof(uint64_t) +
+                                          push.values.size());
+  absl::Status status = CheckServing();
+  if (status.ok()) status = CheckWrite();
+  if (status.ok()) {
+    status = Ship(
+        "TablePush",
+        [&] {
+          v1::TablePushRequest request;
+          request.set_table(push.table.data(), push.table.size());
+          request.set_keys(EncodeKeys(push.keys));
+          request.set_values(push.values.data(), push.values.size());
+          request.set_client_id(client_id);
+          request.set_sequence(sequence);
+          request.set_worker(push.worker.data(), push.worker.size());
+          request.set_clock(push.clock);
+          request.set_value_type(push.value_type);
+          return request.SerializeAsString();
+        },
+        [&] {
+          // Keys are checked only for a new id, as TablePush's are.
+          return ApplyOnce(client_id, sequence, [&] {
+            PS_RETURN_IF_ERROR(CheckTableKeys(push.table, push.keys, /*write=*/true));
+            return tables_->PushRows(push);
+          });
+        });
+  }
+  if (status.ok()) status = CheckWrite();  // applied, but acknowledged only if still ours
+  table_push_metrics_->Finish(status, start);
+  if (span.active()) {
+    span.set_args(trace::Args()
+                      .Add("table", push.table)
+                      .AddHex("client_id", client_id)
+                      .Add("sequence", sequence)
+                      .Add("status", absl::StatusCodeToString(status.code()))
+                      .json());
+  }
+  return status;
+}
+
+absl::Status Dispatcher::PullTableRows(const TableRowsView& pull, Tables::RowsOut out) {
+  const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "TablePull", "server");
+  table_pull_metrics_->received_bytes.Add(pull.keys.size() * sizeof(uint64_t));
+  uint64_t sent = 0;
+  absl::Status status = CheckServing();
+  if (status.ok()) status = CheckTableKeys(pull.table, pull.keys, /*write=*/false);
+  if (status.ok()) {
+    status = tables_->PullRows(
+        pull, [&](size_t bytes, ElementType type) -> absl::StatusOr<absl::Span<char>> {
+          sent = bytes;
+          return out(bytes, type);
+        });
+  }
+  // As TablePull: checked again once read (a read changes no row), so that
+  // rows read while their keys were handed over are refused, not returned.
+  if (status.ok()) status = CheckTableKeys(pull.table, pull.keys, /*write=*/false);
+  table_pull_metrics_->Finish(status, start, status.ok() ? sent : 0);
+  if (span.active()) {
+    span.set_args(trace::Args()
+                      .Add("table", pull.table)
+                      .Add("keys", pull.keys.size())
+                      .Add("status", absl::StatusCodeToString(status.code()))
+                      .json());
+  }
+  return status;
+}
+
 absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads) {
   const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
   trace::Span span(trace(), "apply push", "server");
@@ -586,7 +660,15 @@ bool Dispatcher::TableMayArrive() const {
   return gate != nullptr && gate->moving();
 }
 
-absl::Status Dispatcher::CheckTableKeys(const std::string& table, absl::string_view keys,
+absl::Status Dispatcher::CheckTableKeys(absl::string_view table, absl::string_view keys,
+                                        bool write) const {
+  if (placement_gate_.load(std::memory_order_acquire) == nullptr) return absl::OkStatus();
+  absl::StatusOr<KeysView> view = KeysView::Of(keys);
+  if (!view.ok()) return absl::OkStatus();  // the table's own call says what is wrong
+  return CheckTableKeys(table, view->keys(), write);
+}
+
+absl::Status Dispatcher::CheckTableKeys(absl::string_view table, absl::Span<const uint64_t> keys,
                                         bool write) const {
   const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
   if (gate == nullptr) return absl::OkStatus();
@@ -599,9 +681,7 @@ absl::Status Dispatcher::CheckTableKeys(const std::string& table, absl::string_v
     }
     return absl::OkStatus();  // the table's own call says what is wrong
   }
-  absl::StatusOr<KeysView> view = KeysView::Of(keys);
-  if (!view.ok()) return absl::OkStatus();  // likewise
-  return gate->CheckKeys(table, config->partitioning(), view->keys(), write);
+  return gate->CheckKeys(table, config->partitioning(), keys, write);
 }
 
 absl::Status Dispatcher::CheckReplyRoom() {
