@@ -44,6 +44,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "pserver/v1/service.grpc.pb.h"
+#include "tests/live_move_fixture.h"
 #include "tests/step_trainer.h"
 
 namespace pserver {
@@ -53,7 +54,7 @@ using ::pserver::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-constexpr size_t kBlockBytes = 64;  // 16 float32 a block: hundreds of blocks
+constexpr size_t kBlockBytes = testing::LiveMoveFixture::kBlockBytes;
 constexpr int kParams = 24;
 
 std::string Name(int p) { return absl::StrCat("layer", p, "/w"); }
@@ -78,9 +79,9 @@ std::vector<float> Gradient(int p, int step) {
 
 // Pushes SGD step after step (all parameters, Gradient(p, step)) from
 // `first_step` until stopped; stops at its first error.
-class Trainer : public StepTrainer {
+class SgdTrainer : public StepTrainer {
  public:
-  Trainer(Client& client, int first_step)
+  SgdTrainer(Client& client, int first_step)
       : StepTrainer(
             [&client](int step) {
               std::vector<NamedTensor> grads;
@@ -92,112 +93,8 @@ class Trainer : public StepTrainer {
             first_step) {}
 };
 
-class LiveMoveTest : public ::testing::Test {
+class LiveMoveTest : public testing::LiveMoveFixture {
  protected:
-  void SetUp() override {
-    ASSERT_OK_AND_ASSIGN(etcd_, testing::EtcdProcess::Start());
-    EtcdClientOptions options;
-    options.endpoints = {etcd_->endpoint()};
-    options.prefix = etcd_keys::ClusterPrefix("job");
-    ASSERT_OK_AND_ASSIGN(etcd_client_, EtcdClient::Connect(options));
-  }
-
-  // num_servers 0: the count etcd's /ps_desired holds.
-  ServerOptions Options(uint32_t num_servers) {
-    ServerOptions options;
-    options.etcd_endpoints = {etcd_->endpoint()};
-    options.cluster = "job";
-    options.num_servers = num_servers;
-    options.lease_ttl = absl::Seconds(5);
-    options.register_timeout = absl::Seconds(120);
-    options.placement_redirects = true;
-    options.move_batch_bytes = 4096;
-    if (!checkpoint_dir_.empty()) {
-      options.checkpoint_dir = checkpoint_dir_;
-      options.checkpoint_on_shutdown = false;  // a stop is a kill: only Save checkpoints
-    }
-    auto departed = std::make_shared<absl::Notification>();
-    departures_.push_back(departed);
-    options.on_departed = [departed] { departed->Notify(); };
-    secure_server_(&options);
-    return options;
-  }
-
-  // Starts `n` servers at once and files them by the index they claimed.
-  void StartServers(int n, uint32_t num_servers) {
-    std::vector<std::future<absl::StatusOr<std::unique_ptr<Server>>>> started;
-    std::vector<std::shared_ptr<absl::Notification>> departures;
-    for (int i = 0; i < n; ++i) {
-      ServerOptions options = Options(num_servers);
-      departures.push_back(departures_.back());
-      started.push_back(std::async(std::launch::async, [options] { return Server::Start(options); }));
-    }
-    for (int i = 0; i < n; ++i) {
-      absl::StatusOr<std::unique_ptr<Server>> server = started[i].get();
-      ASSERT_OK(server.status());
-      departed_of_[(*server)->index()] = departures[i];
-      servers_[(*server)->index()] = *std::move(server);
-    }
-  }
-
-  absl::StatusOr<std::unique_ptr<Client>> Connect() {
-    ClientOptions options;
-    options.etcd_endpoints = {etcd_->endpoint()};
-    options.cluster = "job";
-    options.block_bytes = kBlockBytes;
-    options.discovery_timeout = absl::Seconds(60);
-    options.timeout = absl::Seconds(60);
-    secure_client_(&options);
-    return Client::Connect(options);
-  }
-
-  ScaleOptions Scale(uint32_t to) {
-    ScaleOptions options;
-    options.etcd_endpoints = {etcd_->endpoint()};
-    options.cluster = "job";
-    options.to = to;
-    options.timeout = absl::Minutes(3);
-    options.progress = [](const std::string& line) { std::printf("scale: %s\n", line.c_str()); };
-    secure_scale_(&options);
-    return options;
-  }
-
-  // Scales from the servers running to `to` while `trainer` (of `client`)
-  // pushes, starting the new servers (they claim their index once the move
-  // began) or stopping the departing ones once they said so and the
-  // trainer's client routes by the new count. Returns the coordinator's
-  // result; the trainer is stopped.
-  absl::StatusOr<ScaleResult> ScaleTo(uint32_t to, Client& client,
-                                      std::unique_ptr<Trainer>& trainer) {
-    std::future<absl::StatusOr<ScaleResult>> scaled =
-        std::async(std::launch::async, [this, to] { return ScaleCluster(Scale(to)); });
-    const int running = static_cast<int>(servers_.size());
-    if (static_cast<int>(to) > running) StartServers(static_cast<int>(to) - running, 0);
-    absl::StatusOr<ScaleResult> result = scaled.get();
-    if (!result.ok()) return result;
-    // A few steps on the new placement, then the trainer stops: a departing
-    // server is stopped only once nothing routes to it.
-    bool routed = false;
-    for (int i = 0; i < 6000 && !routed; ++i) {
-      routed = client.etcd_placement_version() >= result->version;
-      if (!routed) absl::SleepFor(absl::Milliseconds(10));
-    }
-    if (!routed || !trainer->Advance(2)) {
-      return absl::InternalError(absl::StrCat("the trainer did not go on after the move: ",
-                                              trainer->Stop().ToString()));
-    }
-    PS_RETURN_IF_ERROR(trainer->Stop());
-    for (int i = static_cast<int>(to); i < running; ++i) {
-      // Each departs on its own once it sees the stable placement.
-      if (!departed_of_[i]->WaitForNotificationWithTimeout(absl::Seconds(60))) {
-        return absl::DeadlineExceededError(absl::StrCat("server ", i, " did not depart"));
-      }
-      servers_.erase(i);  // drains and deregisters
-      departed_of_.erase(i);
-    }
-    return result;
-  }
-
   void ExpectModel(Client& client, int steps) {
     for (int p = 0; p < kParams; ++p) {
       ASSERT_OK_AND_ASSIGN(Tensor w, client.GetParam(Name(p)));
@@ -234,7 +131,7 @@ class LiveMoveTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Connect());
     InitModel(*client);
     ASSERT_FALSE(HasFatalFailure());
-    auto trainer = std::make_unique<Trainer>(*client, 0);
+    auto trainer = std::make_unique<SgdTrainer>(*client, 0);
     ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
 
     ASSERT_OK_AND_ASSIGN(KeyValue before, etcd_client_->Get(etcd_keys::PlacementKey()));
@@ -248,7 +145,7 @@ class LiveMoveTest : public ::testing::Test {
     EXPECT_EQ(after.value, before.value);
     EXPECT_EQ(after.mod_revision, before.mod_revision);
 
-    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(3, *client, trainer));
+    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(3, *client, *trainer));
     EXPECT_TRUE(result.moved);
     EXPECT_EQ(result.from, 2u);
     EXPECT_GT(result.blocks_moved, 0u);
@@ -289,9 +186,7 @@ class LiveMoveTest : public ::testing::Test {
     for (const auto& [key, n] : held) EXPECT_EQ(n, 1) << key.first << " block " << key.second;
   }
 
-  // A secured cluster (docs/security.md): what the servers, the clients
-  // and the coordinator present; set before the servers start.
-  std::function<void(ServerOptions*)> secure_server_ = [](ServerOptions*) {};
+};
   std::function<void(ClientOptions*)> secure_client_ = [](ClientOptions*) {};
   std::function<void(ScaleOptions*)> secure_scale_ = [](ScaleOptions*) {};
   std::string checkpoint_dir_;  // set before StartServers: servers checkpoint there
@@ -336,29 +231,19 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> old_client, Client::Connect(direct));
 
   const uint64_t model = ModelBytes();
-  struct Change {
-    uint32_t to;
-    double ideal;  // the fraction of the model that must move: |N-M| / max(N, M)
-  };
   uint32_t now = 2;
   int steps = 0;
-  for (const Change& change : {Change{3, 1.0 / 3}, Change{4, 1.0 / 4}, Change{2, 2.0 / 4}}) {
+  for (const Change& change : kChanges) {
     SCOPED_TRACE(absl::StrCat(now, " -> ", change.to, " servers"));
-    auto trainer = std::make_unique<Trainer>(*client, steps);
+    auto trainer = std::make_unique<SgdTrainer>(*client, steps);
     ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
-    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(change.to, *client, trainer));
+    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(change.to, *client, *trainer));
     steps = trainer->steps();
     EXPECT_TRUE(result.moved);
     EXPECT_EQ(result.from, now);
     EXPECT_EQ(result.to, change.to);
     ASSERT_EQ(servers_.size(), change.to);
-    const double fraction = static_cast<double>(result.bytes_moved) / static_cast<double>(model);
-    std::printf("%u -> %u servers: moved %llu of %llu bytes = %.3f, ideal %.3f (%.2fx); %d steps\n",
-                now, change.to, static_cast<unsigned long long>(result.bytes_moved),
-                static_cast<unsigned long long>(model), fraction, change.ideal,
-                fraction / change.ideal, steps);
-    EXPECT_LE(fraction, 1.5 * change.ideal);
-    EXPECT_GE(fraction, change.ideal / 1.5);
+    ExpectAboutIdeal(result, model, now, change, steps);
 
     if (now == 2) {
       // The old owner refuses what it handed over, and applies nothing of
@@ -464,7 +349,7 @@ TEST_F(LiveMoveTest, CheckpointsAfterAMoveHoldTheMovedStateForARestartOfEverythi
   int steps = 0;
   {
     // A checkpoint of the 2 servers before any move: the older generation.
-    Trainer trainer(*client, steps);
+    SgdTrainer trainer(*client, steps);
     ASSERT_TRUE(trainer.Advance(3)) << trainer.Stop();
     ASSERT_OK(trainer.Stop());
     steps = trainer.steps();
@@ -473,9 +358,9 @@ TEST_F(LiveMoveTest, CheckpointsAfterAMoveHoldTheMovedStateForARestartOfEverythi
   }
   for (uint32_t to : {3u, 2u}) {
     SCOPED_TRACE(absl::StrCat("to ", to, " servers"));
-    auto trainer = std::make_unique<Trainer>(*client, steps);
+    auto trainer = std::make_unique<SgdTrainer>(*client, steps);
     ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
-    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(to, *client, trainer));
+    ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleTo(to, *client, *trainer));
     EXPECT_TRUE(result.moved);
     steps = trainer->steps();
     ASSERT_EQ(servers_.size(), to);

@@ -16,6 +16,7 @@
 #include "cc/client/cancellation.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/byte_stream.h"
+#include "cc/rpc/table_frame.h"
 #include "cc/rpc/transport_limits.h"
 #include "cc/rpc/wire.h"
 #include "cc/security/tls_byte_stream.h"
@@ -43,6 +44,9 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
              std::atomic<uint64_t>* waiter_reads)
       : stream_(std::move(stream)), timer_(timer), waiter_reads_(waiter_reads) {}
   ~Connection() { Close(); }
+
+  // Whether the server speaks the table frames (cc/rpc/table_frame.h).
+  bool table_frames = false;
 
   // Presents `token` and waits for the server's answer, then starts reading.
   absl::Status Hello(const std::string& token) {
@@ -77,7 +81,10 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       if (!broken_) {
         id = next_id_++;
         Pending& call = pending_[id];
-        call.whole_reply = method == FrameMethod::kTablePull || method == FrameMethod::kTablePush;
+        call.whole_reply = method == FrameMethod::kTablePull ||
+                           method == FrameMethod::kTablePush ||
+                           method == FrameMethod::kTableRowsPull ||
+                           method == FrameMethod::kTableRowsPush;
         call.sink = std::move(sink);
         call.done = std::move(done);
         call.trace = trace;
@@ -464,6 +471,7 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
   }
   auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &waiter_reads_);
   PS_RETURN_IF_ERROR(connection->Hello(offer.token() + options_.bearer_token));
+  connection->table_frames = offer.table_frames() >= kTableFrameVersion;
   over_unix_ = unix_socket;
   opened_.fetch_add(1);
   return connection;
@@ -566,6 +574,26 @@ bool ChannelTransport::Send(FrameMethod method, absl::Span<const absl::string_vi
   std::shared_ptr<Connection> connection = Pick(deadline);
   if (connection == nullptr) return false;
   connection->Send(method, payload, std::move(sink), deadline, std::move(done), trace);
+  return true;
+}
+
+bool ChannelTransport::TableRows(FrameMethod method, const TableFrame& frame, RowsSink rows,
+                                 absl::Time deadline, Done& done, TraceRecorder* trace) {
+  std::shared_ptr<Connection> connection = Pick(deadline);
+  if (connection == nullptr || !connection->table_frames) return false;
+  BlockSink sink;
+  if (rows) {
+    sink = [rows = std::move(rows)](const v1::Parameter&,
+                                    const Segments& content) -> absl::Status {
+      const std::string joined = content.size() == 1 ? std::string() : absl::StrJoin(content, "");
+      PS_ASSIGN_OR_RETURN(const TablePullReply reply,
+                          DecodeTablePullReply(content.size() == 1 ? content[0] : joined));
+      return rows(reply.content_type, reply.values);
+    };
+  }
+  std::string head;  // written before Send returns
+  const absl::InlinedVector<absl::string_view, 3> parts = EncodeTableFrame(frame, &head);
+  connection->Send(method, parts, std::move(sink), deadline, std::move(done), trace);
   return true;
 }
 

@@ -81,6 +81,11 @@ class ChannelTransport final : public Transport {
   void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
                 absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
                 TraceRecorder* trace = nullptr) override;
+  // Over the channel when it is open and the server speaks table frames
+  // (OpenChannelResponse.table_frames); false otherwise (an older server,
+  // the channel off or unreachable: the caller sends the control call).
+  bool TableRows(FrameMethod method, const TableFrame& frame, RowsSink rows, absl::Time deadline,
+                 Done& done, TraceRecorder* trace) override;
 
   // What the last bulk call went over: "unix", "tcp", or "grpc".
   std::string route() const;

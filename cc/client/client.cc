@@ -994,55 +994,67 @@ absl::Status Client::Run(const std::vector<Item>& items, std::vector<Assembly>& 
     if (refused.empty()) return absl::OkStatus();
     // Every refused request applied nothing: its items go again, to their
     // owners under the newest placement named, as new requests.
-    uint64_t newest = 0;
-    const absl::Status* first = &refused.front().status;
+    std::vector<const absl::Status*> refusals;
     bool rerouted = false;  // some item goes elsewhere than it went
     std::vector<size_t> next;
     for (const Refusal& r : refused) {
-      const uint64_t version = PlacementMovedVersion(r.status).value_or(0);
-      if (version > newest) {
-        newest = version;
-        first = &r.status;
-      }
+      refusals.push_back(&r.status);
       for (size_t k : r.items) {
         rerouted = rerouted || !by_target[k];
         by_target[k] = true;
         next.push_back(k);
       }
     }
-    const uint64_t held = routing.target.version();
-    if (newest > held) {
-      // Not seen yet: wait for it (a client that follows no placement
-      // would wait in vain).
-      if (!placement_followed_.load()) {
-        return absl::Status(first->code(),
-                            absl::StrCat(first->message(),
-                                         "; this client follows no /placement (connect it with "
-                                         "etcd_endpoints to follow moves)"));
-      }
-      Cancellation* const cancel = Cancellation::Current();
-      if (!WaitForPlacement(newest, deadline, cancel)) {
-        if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
-        return absl::DeadlineExceededError(absl::StrCat(
-            first->message(), "; waited until the call's deadline for /placement version ",
-            newest, ", this client has seen version ", placement_version_.load()));
-      }
-      rerouted = true;
-    }
-    if (!rerouted || round >= kMaxRedirectRounds) {
-      // The servers refuse what this client already routes by their
-      // placement (or the placement keeps changing): reported as it is.
-      return absl::Status(
-          first->code(),
-          absl::StrCat(first->message(), "; not followed: this client routes by version ",
-                       placement_version_.load(), " and sent these blocks ", round,
-                       round == 1 ? " time" : " times"));
-    }
-    redirects_.fetch_add(next.size());
+    PS_RETURN_IF_ERROR(
+        FollowRefusals(refusals, rerouted, round, next.size(), "blocks", deadline, &routing));
     std::sort(next.begin(), next.end());  // the items' order
     pending = std::move(next);
-    routing = this->routing();
   }
+}
+
+absl::Status Client::FollowRefusals(absl::Span<const absl::Status* const> refusals, bool rerouted,
+                                    int round, size_t items, absl::string_view what,
+                                    absl::Time deadline, Routing* routing) {
+  uint64_t newest = 0;
+  const absl::Status* first = refusals.front();
+  for (const absl::Status* refusal : refusals) {
+    const uint64_t version = PlacementMovedVersion(*refusal).value_or(0);
+    if (version > newest) {
+      newest = version;
+      first = refusal;
+    }
+  }
+  const uint64_t held = routing->target.version();
+  if (newest > held) {
+    // Not seen yet: wait for it (a client that follows no placement
+    // would wait in vain).
+    if (!placement_followed_.load()) {
+      return absl::Status(first->code(),
+                          absl::StrCat(first->message(),
+                                       "; this client follows no /placement (connect it with "
+                                       "etcd_endpoints to follow moves)"));
+    }
+    Cancellation* const cancel = Cancellation::Current();
+    if (!WaitForPlacement(newest, deadline, cancel)) {
+      if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
+      return absl::DeadlineExceededError(absl::StrCat(
+          first->message(), "; waited until the call's deadline for /placement version ", newest,
+          ", this client has seen version ", placement_version_.load()));
+    }
+    rerouted = true;
+  }
+  if (!rerouted || round >= kMaxRedirectRounds) {
+    // The servers refuse what this client already routes by their
+    // placement (or the placement keeps changing): reported as it is.
+    return absl::Status(
+        first->code(),
+        absl::StrCat(first->message(), "; not followed: this client routes by version ",
+                     placement_version_.load(), " and sent these ", what, " ", round,
+                     round == 1 ? " time" : " times"));
+  }
+  redirects_.fetch_add(items);
+  *routing = this->routing();
+  return absl::OkStatus();
 }
 
 absl::Status Client::RunRound(const std::vector<Item>& items, absl::Span<const size_t> pending,

@@ -425,6 +425,18 @@ class Client {
     if (!status.ok()) return status;
     return responses;
   }
+  // Following PlacementMoved (see "Live moves" above): after round `round`
+  // of a call whose requests `refusals` (non-empty) were refused with
+  // PlacementMoved, `rerouted` when some of their `items` now go elsewhere
+  // than they went: waits, within `deadline`, until this client routes by
+  // the newest version named, then OK with `*routing` the snapshot to send
+  // the refused items again by (each to its owner under routing->target);
+  // the error to report otherwise (no /placement followed, the deadline,
+  // a server that disagrees, kMaxRedirectRounds, naming the items as
+  // `what`). Counts `items` as redirects.
+  absl::Status FollowRefusals(absl::Span<const absl::Status* const> refusals, bool rerouted,
+                              int round, size_t items, absl::string_view what,
+                              absl::Time deadline, Routing* routing);
   // The next push sequence number for `server` (exactly-once ids; 0 <=
   // server < kMaxPlacementServers).
   uint64_t NextSequence(int server) { return sequences_[server].fetch_add(1) + 1; }

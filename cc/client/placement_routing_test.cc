@@ -3,9 +3,14 @@
 // gate; the test moves blocks from 2 servers to 3 itself (each moving block
 // copied to its new owner, then the old owner's gate refuses it) and checks
 // that pushes, reads and push-pulls are re-routed without an error and
-// applied exactly once. No timing: waits are bounded loops on conditions.
+// applied exactly once. Table calls are checked both as control calls and
+// as table frames (Transport::TableRows, served by the dispatcher's
+// PullTableRows/PushTableRows). No timing: waits are bounded loops on
+// conditions.
+#include <atomic>
 #include <cstring>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,10 +20,14 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
+#include "cc/client/table.h"
 #include "cc/client/testing/placement_moves.h"
 #include "cc/core/parameter_store.h"
 #include "cc/core/placement.h"
+#include "cc/core/table_keys.h"
 #include "cc/core/tables.h"
+#include "cc/rpc/frame.h"
+#include "cc/rpc/table_frame.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/in_process_transport.h"
 #include "cc/server/placement_gate.h"
@@ -46,6 +55,67 @@ struct TestServer {
   PlacementGate gate{index, Placement::Jump(2, 1)};
 };
 
+// An in-process transport that also carries table frames: each goes
+// straight to the dispatcher's PullTableRows / PushTableRows, as the bulk
+// listener hands them on; `frames` counts those sent.
+class TableFrameTransport final : public Transport {
+ public:
+  TableFrameTransport(Dispatcher* dispatcher, std::atomic<int>* frames)
+      : dispatcher_(dispatcher), calls_(dispatcher), frames_(frames) {}
+
+  const std::string& address() const override { return calls_.address(); }
+  void Call(absl::string_view method, const google::protobuf::Message& request,
+            google::protobuf::Message* response, absl::Time deadline, Done done) override {
+    calls_.Call(method, request, response, deadline, std::move(done));
+  }
+  void Push(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
+            Done done, TraceRecorder* trace) override {
+    calls_.Push(id, grads, deadline, std::move(done), trace);
+  }
+  void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
+            TraceRecorder* trace) override {
+    calls_.Pull(refs, std::move(sink), deadline, std::move(done), trace);
+  }
+  void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
+                absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
+                TraceRecorder* trace) override {
+    calls_.PushPull(id, grads, refs, std::move(sink), deadline, std::move(done), trace);
+  }
+  bool TableRows(FrameMethod method, const TableFrame& frame, RowsSink rows, absl::Time,
+                 Done& done, TraceRecorder*) override {
+    frames_->fetch_add(1);
+    TableRowsView view;
+    view.table = frame.table;
+    view.keys = frame.keys;
+    view.values = frame.values;
+    view.value_type = static_cast<ElementType>(frame.value_type);
+    view.worker = frame.worker;
+    view.clock = frame.clock;
+    absl::Status status;
+    if (method == FrameMethod::kTableRowsPush) {
+      status = dispatcher_->PushTableRows(view, frame.client_id, frame.sequence);
+    } else {
+      std::string reply;
+      ElementType type = v1::ELEMENT_TYPE_UNSPECIFIED;
+      status = dispatcher_->PullTableRows(
+          view, [&](size_t bytes, ElementType content_type) -> absl::StatusOr<absl::Span<char>> {
+            reply.resize(bytes);
+            type = content_type;
+            return absl::MakeSpan(reply);
+          });
+      if (status.ok()) status = rows(static_cast<uint32_t>(type), reply);
+    }
+    Done taken = std::move(done);
+    taken(std::move(status));
+    return true;
+  }
+
+ private:
+  Dispatcher* const dispatcher_;
+  InProcessTransport calls_;
+  std::atomic<int>* const frames_;
+};
+
 class PlacementRoutingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -54,22 +124,28 @@ class PlacementRoutingTest : public ::testing::Test {
     sgd_.mutable_learning_rate()->set_learning_rate(1.0);
   }
 
+  // A transport to server `index`: one that carries table frames once
+  // `table_frames_` is set.
+  std::unique_ptr<Transport> TransportTo(int index) {
+    Dispatcher* dispatcher = &servers_[index]->dispatcher;
+    if (table_frames_) return std::make_unique<TableFrameTransport>(dispatcher, &frames_);
+    return std::make_unique<InProcessTransport>(dispatcher);
+  }
+
   // A client of servers 0 and 1 (server 2 joins later).
   std::unique_ptr<Client> NewClient(absl::Duration timeout = absl::Seconds(60)) {
     ClientOptions options;
     options.block_bytes = kBlockBytes;
     options.timeout = timeout;
     std::vector<std::unique_ptr<Transport>> transports;
-    for (int i = 0; i < 2; ++i) {
-      transports.push_back(std::make_unique<InProcessTransport>(&servers_[i]->dispatcher));
-    }
+    for (int i = 0; i < 2; ++i) transports.push_back(TransportTo(i));
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options, std::move(transports));
     EXPECT_OK(client.status());
     return client.ok() ? *std::move(client) : nullptr;
   }
 
   void Join(Client& client) {
-    ASSERT_OK(client.SetTransport(2, std::make_unique<InProcessTransport>(&servers_[2]->dispatcher)));
+    ASSERT_OK(client.SetTransport(2, TransportTo(2)));
   }
 
   // Moves every block of `names` whose owner changes from 2 to 3 servers to
@@ -130,8 +206,16 @@ class PlacementRoutingTest : public ::testing::Test {
     return out;
   }
 
+  // Table pulls and pushes follow PlacementMoved as bulk calls do: only
+  // the keys of the refused requests go again, to their owners under the
+  // placement named, and each push is applied once (the body of the table
+  // tests below).
+  void TableCallsFollowPlacementMoved();
+
   std::vector<std::unique_ptr<TestServer>> servers_;
   v1::ParameterConfig sgd_;
+  bool table_frames_ = false;
+  std::atomic<int> frames_{0};
 };
 
 TEST_F(PlacementRoutingTest, RoutesByTheFromCountWhileMovingAndGrowsForNewServers) {
@@ -389,6 +473,143 @@ TEST(PlacementRedirectRoundsTest, RedirectsAreFollowedAtMostSixteenTimesACall) {
       << refused;
   EXPECT_THAT(refused.message(), HasSubstr("sent these blocks 16 times"));
   EXPECT_EQ(client->redirects(), static_cast<uint64_t>(Client::kMaxRedirectRounds - 1));
+}
+
+void PlacementRoutingTest::TableCallsFollowPlacementMoved() {
+  std::unique_ptr<Client> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(1, 2)));
+  v1::TableConfig config;
+  config.set_dim(1);
+  config.mutable_optimizer()->mutable_add();
+  ASSERT_OK_AND_ASSIGN(Table table, Table::Create(*client, "t", config));
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 64; ++k) keys.push_back(k);
+  const std::vector<float> ones(keys.size(), 1.0f);
+  ASSERT_OK(table.Push<float>(keys, ones));
+
+  // The rows whose owner changes go to server 2; then every gate follows
+  // version 2 for 3 servers: the old owners refuse them.
+  const Placement two = Placement::Jump(2, 1);
+  const Placement three = Placement::Jump(3, 2);
+  int moved = 0;
+  for (int s = 0; s < 2; ++s) {
+    std::map<std::string, std::string> extensions;
+    ASSERT_OK(servers_[s]->tables
+                  .ExportRows("t",
+                              [&](uint64_t key) {
+                                return two.HashKeyServer(key) == s && three.HashKeyServer(key) == 2;
+                              },
+                              &extensions)
+                  .status());
+    ASSERT_OK_AND_ASSIGN(uint64_t rows,
+                         servers_[2]->tables.ImportRows(
+                             extensions,
+                             [](const std::string&, const v1::TableConfig&, uint64_t) {
+                               return absl::OkStatus();
+                             },
+                             nullptr));
+    moved += static_cast<int>(rows);
+  }
+  ASSERT_GT(moved, 0);
+  for (auto& server : servers_) server->gate.Set(Placement::Jump(3, 2));
+  Join(*client);
+
+  // Refused by the old owners under version 2, which the client has not
+  // seen: it waits, then sends the refused keys to their new owner.
+  std::future<absl::Status> pushed =
+      std::async(std::launch::async, [&] { return table.Push<float>(keys, ones); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int i = 0; i < 60000 && client->placement_waits() == 0 && absl::Now() < deadline; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(client->placement_waits(), 1u);
+  ASSERT_OK(client->UpdatePlacement(PlacementSpec(2, 3, /*from=*/2)));
+  ASSERT_OK(pushed.get());
+  EXPECT_GT(client->redirects(), 0u);
+
+  // Each key holds exactly both pushes on its owner under 3; an old owner's
+  // copy of a moved key got nothing of the refused push.
+  auto stored = [&](int server, uint64_t key) {
+    v1::TablePullRequest request;
+    request.set_table("t");
+    request.set_keys(EncodeKeys({key}));
+    v1::TablePullResponse response;
+    EXPECT_OK(servers_[server]->tables.Pull(request, &response, absl::Now() + absl::Seconds(5)));
+    float value = -1;
+    std::memcpy(&value, response.values().data(), sizeof(value));
+    return value;
+  };
+  for (uint64_t key : keys) {
+    EXPECT_EQ(stored(three.HashKeyServer(key), key), 2.0f) << "key " << key;
+    if (three.HashKeyServer(key) == 2) EXPECT_EQ(stored(two.HashKeyServer(key), key), 1.0f);
+  }
+  // A read is followed the same way.
+  std::vector<float> out(keys.size());
+  ASSERT_OK(table.Pull<float>(keys, absl::MakeSpan(out)));
+  EXPECT_EQ(out, std::vector<float>(keys.size(), 2.0f));
+}
+
+TEST_F(PlacementRoutingTest, TableCallsFollowPlacementMovedAndApplyEachPushOnce) {
+  TableCallsFollowPlacementMoved();
+  EXPECT_EQ(frames_.load(), 0);
+}
+
+// The same by table frames: the old owner's PushTableRows refuses a moved
+// key with PlacementMoved inside the exactly-once step (its copy gets
+// nothing, the keys go again under a new id), and its PullTableRows refuses
+// to read a moved key.
+TEST_F(PlacementRoutingTest, TableFramesFollowPlacementMovedAndApplyEachPushOnce) {
+  table_frames_ = true;
+  TableCallsFollowPlacementMoved();
+  EXPECT_GT(frames_.load(), 0);
+}
+
+// A table frame to a key handed over is refused by the old owner's
+// dispatcher with PlacementMoved and changes nothing there; a frame read of
+// it is refused too.
+TEST_F(PlacementRoutingTest, TheOldOwnerRefusesTableFramesForAMovedKey) {
+  Tables& tables = servers_[0]->tables;
+  v1::CreateTableRequest create;
+  create.set_name("t");
+  create.mutable_config()->set_dim(1);
+  create.mutable_config()->mutable_optimizer()->mutable_add();
+  ASSERT_OK(tables.Create(create));
+  const Placement two = Placement::Jump(2, 1);
+  const Placement three = Placement::Jump(3, 2);
+  uint64_t key = 0;
+  while (!(two.HashKeyServer(key) == 0 && three.HashKeyServer(key) == 2)) ++key;
+  ASSERT_LT(key, 1000u);
+  servers_[0]->gate.Set(three);
+  const std::vector<uint64_t> keys = {key};
+  const float one = 1.0f;
+  TableRowsView push;
+  push.table = "t";
+  push.keys = keys;
+  push.values = absl::string_view(reinterpret_cast<const char*>(&one), sizeof(one));
+  EXPECT_THAT(servers_[0]->dispatcher.PushTableRows(push, /*client_id=*/7, /*sequence=*/1),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(kPlacementMovedPrefix)));
+  TableRowsView pull;
+  pull.table = "t";
+  pull.keys = keys;
+  bool read = false;
+  EXPECT_THAT(servers_[0]->dispatcher.PullTableRows(
+                  pull,
+                  [&](size_t bytes, ElementType) -> absl::StatusOr<absl::Span<char>> {
+                    read = true;
+                    return absl::InternalError("no rows may be read");
+                  }),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(kPlacementMovedPrefix)));
+  EXPECT_FALSE(read);
+  // Nothing was applied: the row holds its initial 0 (no gate: read all).
+  servers_[0]->dispatcher.SetPlacementGate(nullptr);
+  float value = -1;
+  ASSERT_OK(servers_[0]->dispatcher.PullTableRows(
+      pull, [&](size_t bytes, ElementType) -> absl::StatusOr<absl::Span<char>> {
+        EXPECT_EQ(bytes, sizeof(value));
+        return absl::MakeSpan(reinterpret_cast<char*>(&value), sizeof(value));
+      }));
+  EXPECT_EQ(value, 0.0f);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,32 +10,45 @@
 #include "cc/core/compression.h"
 #include "cc/core/status_macros.h"
 #include "cc/core/table_keys.h"
+#include "cc/rpc/frame.h"
+#include "cc/rpc/table_frame.h"
 
 namespace pserver {
-namespace {
-
-// Hands the servers' times in table replies to a call's trace.
-template <typename Response>
-void RecordServerTimes(const std::vector<Response>& responses, TraceRecorder* trace) {
-  if (trace == nullptr) return;
-  for (const Response& response : responses) trace->Server(response.trace());
-}
-
-}  // namespace
-
-// One request's worth of keys: a run of one server's keys, with the
-// positions in the caller's key list they came from. A part of one server's
-// whole key list is a contiguous run of the caller's keys: then `keys` views
-// them and `positions` is empty (the positions are offset, offset + 1, ...).
+// The keys of a call cut into requests, each a run of one server's keys.
+// With one server the runs are the caller's own keys: `keys` views them,
+// `positions` is empty and `offset` is where the run starts in the caller's
+// list. With several, the keys are put in server order once (a counting
+// sort: `sorted`, with `order`, the caller's position of each), and a run
+// views `sorted` from `offset` on, `positions` the matching `order`.
 struct Table::Split {
   struct Part {
     int server = 0;
     absl::Span<const uint64_t> keys;
     size_t offset = 0;
-    std::vector<size_t> positions;
-    std::vector<uint64_t> owned_keys;  // what `keys` views when not the caller's
+    absl::Span<const size_t> positions;
   };
+  Split() = default;
+  Split(Split&&) = default;  // the parts' views stay valid: the buffers move
+  Split(const Split&) = delete;
+
   std::vector<Part> parts;
+  std::vector<uint64_t> sorted;
+  std::vector<size_t> order;
+
+  // The rows of part `i` in `rows` (the caller's, in its key order) laid out
+  // by part: the caller's own for one server, else gathered into `*buffer`
+  // once, in `sorted` order.
+  absl::string_view Rows(size_t i, absl::string_view rows, size_t row, std::string* buffer) const {
+    const Part& part = parts[i];
+    if (part.positions.empty()) return rows.substr(part.offset * row, part.keys.size() * row);
+    if (buffer->empty() && !order.empty()) {
+      buffer->resize(order.size() * row);
+      for (size_t j = 0; j < order.size(); ++j) {
+        std::memcpy(buffer->data() + j * row, rows.data() + order[j] * row, row);
+      }
+    }
+    return absl::string_view(*buffer).substr(part.offset * row, part.keys.size() * row);
+  }
 };
 
 Table::Table(Client* client, std::string name, v1::TableConfig config)
@@ -87,47 +101,130 @@ Ticket Table::PushAsync(absl::Span<const uint64_t> keys, absl::string_view grads
       call);
 }
 
-absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys) const {
-  // One snapshot of the placement for the whole call (it may change: live moves).
-  const Placement placement = client_->placement();
-  const int n = placement.num_servers();
+absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys,
+                                              const std::vector<size_t>* positions,
+                                              const Client::Routing& routing,
+                                              const std::vector<bool>& by_target) const {
+  const int n = routing.num_servers();
   // Requests of about max_request_bytes of rows each.
   const size_t per_request =
       std::max<size_t>(1, client_->options().max_request_bytes / std::max<size_t>(1, row_bytes()));
   Split split;
-  const bool checks_keys = config_.partitioning().kind() == v1::Partitioning::RANGE;
-  if (n == 1) {  // every key goes to server 0, in the caller's order
-    if (checks_keys) {
+  const bool range = config_.partitioning().kind() == v1::Partitioning::RANGE;
+  if (n == 1 && positions == nullptr) {  // every key goes to server 0, in the caller's order
+    if (range) {
       for (uint64_t key : keys) {
-        PS_RETURN_IF_ERROR(KeyServer(key, config_.partitioning(), placement).status());
+        PS_RETURN_IF_ERROR(KeyServer(key, config_.partitioning(), routing.route).status());
       }
     }
     for (size_t begin = 0; begin < keys.size(); begin += per_request) {
-      Split::Part part;
+      Split::Part& part = split.parts.emplace_back();
       part.offset = begin;
       part.keys = keys.subspan(begin, per_request);
-      split.parts.push_back(std::move(part));
     }
-    return split;
+    return std::move(split);
   }
-  std::vector<std::vector<size_t>> by_server(n);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    PS_ASSIGN_OR_RETURN(int server, KeyServer(keys[i], config_.partitioning(), placement));
-    by_server[server].push_back(i);
+  // The caller's positions of the keys to send: all, or `*positions`.
+  const size_t count = positions == nullptr ? keys.size() : positions->size();
+  auto position = [&](size_t k) { return positions == nullptr ? k : (*positions)[k]; };
+  // Each key's server, computed once (under the target placement once an
+  // old owner refused it), and how many keys each server gets.
+  std::vector<uint32_t> server_of(count);
+  std::vector<size_t> begin(n + 1, 0);
+  for (size_t k = 0; k < count; ++k) {
+    const size_t i = position(k);
+    const Placement& placement = by_target[i] ? routing.target : routing.route;
+    int server;
+    if (range) {
+      PS_ASSIGN_OR_RETURN(server, KeyServer(keys[i], config_.partitioning(), placement));
+    } else {
+      server = placement.HashKeyServer(keys[i]);
+    }
+    server_of[k] = static_cast<uint32_t>(server);
+    ++begin[server + 1];
+  }
+  for (int server = 0; server < n; ++server) begin[server + 1] += begin[server];
+  // The keys in server order (stable: each server's in the caller's order).
+  split.sorted.resize(count);
+  split.order.resize(count);
+  std::vector<size_t> next(begin.begin(), begin.end() - 1);
+  for (size_t k = 0; k < count; ++k) {
+    const size_t j = next[server_of[k]]++;
+    const size_t i = position(k);
+    split.sorted[j] = keys[i];
+    split.order[j] = i;
   }
   for (int server = 0; server < n; ++server) {
-    const std::vector<size_t>& positions = by_server[server];
-    for (size_t begin = 0; begin < positions.size(); begin += per_request) {
-      const size_t end = std::min(positions.size(), begin + per_request);
+    for (size_t at = begin[server]; at < begin[server + 1]; at += per_request) {
+      const size_t count = std::min(begin[server + 1] - at, per_request);
       Split::Part& part = split.parts.emplace_back();
       part.server = server;
-      part.positions.assign(positions.begin() + begin, positions.begin() + end);
-      part.owned_keys.reserve(part.positions.size());
-      for (size_t p : part.positions) part.owned_keys.push_back(keys[p]);
-      part.keys = part.owned_keys;  // the buffer stays put when parts move
+      part.offset = at;
+      part.keys = absl::MakeConstSpan(split.sorted).subspan(at, count);
+      part.positions = absl::MakeConstSpan(split.order).subspan(at, count);
     }
   }
-  return split;
+  return std::move(split);
+}
+
+absl::Status Table::PlaceRows(const Split& split, size_t i, ElementType content_type,
+                              absl::string_view values, absl::Span<char> out) const {
+  const Split::Part& part = split.parts[i];
+  const size_t row = row_bytes();
+  std::string widened;
+  if (compressor_ != nullptr) {
+    PS_ASSIGN_OR_RETURN(values, compressor_->DecodePull(
+                                    content_type, values, &widened,
+                                    absl::StrCat("table '", name_, "': server ",
+                                                 client_->addresses()[part.server])));
+  }
+  if (values.size() != part.keys.size() * row) {
+    return absl::DataLossError(absl::StrCat(
+        "table '", name_, "': server ", client_->addresses()[part.server], " returned ",
+        values.size(), " bytes for ", part.keys.size(), " rows of ", row, " bytes"));
+  }
+  if (part.positions.empty()) {
+    if (!values.empty()) std::memcpy(out.data() + part.offset * row, values.data(), values.size());
+    return absl::OkStatus();
+  }
+  for (size_t j = 0; j < part.positions.size(); ++j) {
+    std::memcpy(out.data() + part.positions[j] * row, values.data() + j * row, row);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Table::RunRouted(absl::Span<const uint64_t> keys, absl::Time deadline,
+                              const Round& round) const {
+  // One snapshot of the placement per round (it may change: live moves).
+  Client::Routing routing = client_->routing();
+  // Keys an old owner refused go by the target placement from then on.
+  std::vector<bool> by_target(keys.size(), false);
+  std::vector<size_t> pending;
+  for (int n = 1;; ++n) {
+    PS_ASSIGN_OR_RETURN(Split split,
+                        SplitKeys(keys, n == 1 ? nullptr : &pending, routing, by_target));
+    std::vector<absl::Status> moved(split.parts.size());
+    PS_RETURN_IF_ERROR(round(split, &moved));
+    std::vector<const absl::Status*> refusals;
+    bool rerouted = false;  // some key goes elsewhere than it went
+    std::vector<size_t> next;
+    for (size_t i = 0; i < split.parts.size(); ++i) {
+      if (moved[i].ok()) continue;
+      refusals.push_back(&moved[i]);
+      const Split::Part& part = split.parts[i];
+      for (size_t j = 0; j < part.keys.size(); ++j) {
+        const size_t position = part.positions.empty() ? part.offset + j : part.positions[j];
+        rerouted = rerouted || !by_target[position];
+        by_target[position] = true;
+        next.push_back(position);
+      }
+    }
+    if (refusals.empty()) return absl::OkStatus();
+    PS_RETURN_IF_ERROR(
+        client_->FollowRefusals(refusals, rerouted, n, next.size(), "keys", deadline, &routing));
+    std::sort(next.begin(), next.end());
+    pending = std::move(next);
+  }
 }
 
 absl::Status Table::Pull(absl::Span<const uint64_t> keys, absl::Span<char> out,
@@ -146,52 +243,58 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
                                                    " keys need ", keys.size() * row,
                                                    " bytes of output, got ", out.size()));
   }
-  PS_ASSIGN_OR_RETURN(Split split, SplitKeys(keys));
-  std::vector<v1::TablePullRequest> requests(split.parts.size());
-  std::vector<v1::TablePullResponse> responses(split.parts.size());
-  for (size_t i = 0; i < split.parts.size(); ++i) {
-    requests[i].set_table(name_);
-    requests[i].set_keys(EncodeKeys(split.parts[i].keys));
-    requests[i].set_worker(worker);
-    requests[i].set_clock(clock);
-    if (compressor_ != nullptr) requests[i].set_wire_type(compressor_->wire_type());
-  }
-  PS_RETURN_IF_ERROR(client_->RunWithRetries(
-      split.parts.size(), [&](size_t i) { return split.parts[i].server; },
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Call("TablePull", requests[i], &responses[i], deadline, std::move(done));
-      },
-      client_->Deadline(call), call.trace, [&](size_t i, trace::Args& args) {
-        args.Add("table", name_).Add("keys", split.parts[i].keys.size());
-      }));
-  RecordServerTimes(responses, call.trace);
-  std::string widened;
-  for (size_t i = 0; i < split.parts.size(); ++i) {
-    const Split::Part& part = split.parts[i];
-    const std::string* wire = &responses[i].values();
-    if (compressor_ != nullptr) {
-      PS_ASSIGN_OR_RETURN(wire, compressor_->DecodePull(
-                                    responses[i].content_type(), *wire, &widened,
-                                    absl::StrCat("table '", name_, "': server ",
-                                                 client_->addresses()[part.server])));
+  const ElementType wire_type =
+      compressor_ != nullptr ? compressor_->wire_type() : v1::ELEMENT_TYPE_UNSPECIFIED;
+  const absl::Time deadline = client_->Deadline(call);
+  return RunRouted(keys, deadline, [&](const Split& split, std::vector<absl::Status>* moved) {
+    const size_t n = split.parts.size();
+    // A read without a worker goes as a table frame where the transport
+    // carries one (the rows land in `out` as they arrive); else, and for a
+    // consistent read, which may wait, as the TablePull control call, whose
+    // request is built on first use.
+    std::vector<std::optional<v1::TablePullRequest>> requests(n);
+    std::vector<v1::TablePullResponse> responses(n);
+    std::vector<char> framed(n, 0);
+    PS_RETURN_IF_ERROR(client_->RunWithRetries(
+        n, [&](size_t i) { return split.parts[i].server; },
+        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+          if (worker.empty()) {
+            TableFrame frame;
+            frame.table = name_;
+            frame.keys = split.parts[i].keys;
+            frame.value_type = static_cast<uint8_t>(wire_type);
+            Transport::RowsSink rows = [this, &split, i, out](uint32_t content_type,
+                                                              absl::string_view values) {
+              return PlaceRows(split, i, static_cast<ElementType>(content_type), values, out);
+            };
+            framed[i] = t.TableRows(FrameMethod::kTableRowsPull, frame, std::move(rows),
+                                    deadline, done, call.trace);
+            if (framed[i]) return;
+          }
+          if (!requests[i].has_value()) {
+            v1::TablePullRequest& request = requests[i].emplace();
+            request.set_table(name_);
+            request.set_keys(EncodeKeys(split.parts[i].keys));
+            request.set_worker(worker);
+            request.set_clock(clock);
+            request.set_wire_type(wire_type);
+          }
+          t.Call("TablePull", *requests[i], &responses[i], deadline, std::move(done));
+        },
+        deadline, call.trace,
+        [&](size_t i, trace::Args& args) {
+          args.Add("table", name_).Add("keys", split.parts[i].keys.size());
+        },
+        moved));
+    for (size_t i = 0; i < n; ++i) {
+      if (!(*moved)[i].ok()) continue;  // refused: its keys go again
+      if (framed[i]) continue;          // its rows are in `out` and its times in the trace
+      if (call.trace != nullptr) call.trace->Server(responses[i].trace());
+      PS_RETURN_IF_ERROR(
+          PlaceRows(split, i, responses[i].content_type(), responses[i].values(), out));
     }
-    const std::string& values = *wire;
-    if (values.size() != part.keys.size() * row) {
-      return absl::DataLossError(absl::StrCat(
-          "table '", name_, "': server ", client_->addresses()[part.server], " returned ",
-          values.size(), " bytes for ", part.keys.size(), " rows of ", row, " bytes"));
-    }
-    if (part.positions.empty()) {
-      if (!values.empty()) {
-        std::memcpy(out.data() + part.offset * row, values.data(), values.size());
-      }
-      continue;
-    }
-    for (size_t j = 0; j < part.positions.size(); ++j) {
-      std::memcpy(out.data() + part.positions[j] * row, values.data() + j * row, row);
-    }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Table::Push(absl::Span<const uint64_t> keys, absl::string_view grads,
@@ -218,41 +321,65 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
     grads = encoded.values;
     row = compressor_->wire_row_bytes();
   }
-  PS_ASSIGN_OR_RETURN(Split split, SplitKeys(keys));
-  std::vector<v1::TablePushRequest> requests(split.parts.size());
-  std::vector<v1::TablePushResponse> responses(split.parts.size());
-  for (size_t i = 0; i < split.parts.size(); ++i) {
-    const Split::Part& part = split.parts[i];
-    v1::TablePushRequest& request = requests[i];
-    request.set_table(name_);
-    request.set_keys(EncodeKeys(part.keys));
-    request.set_worker(worker);
-    request.set_clock(clock);
-    if (compressor_ != nullptr) request.set_value_type(compressor_->wire_type());
-    if (part.positions.empty()) {
-      request.set_values(grads.data() + part.offset * row, part.keys.size() * row);
-    } else {
-      std::string* values = request.mutable_values();
-      values->resize(part.keys.size() * row);
-      for (size_t j = 0; j < part.positions.size(); ++j) {
-        std::memcpy(values->data() + j * row, grads.data() + part.positions[j] * row, row);
+  const ElementType value_type =
+      compressor_ != nullptr ? compressor_->wire_type() : v1::ELEMENT_TYPE_UNSPECIFIED;
+  const absl::Time deadline = client_->Deadline(call);
+  return RunRouted(keys, deadline, [&](const Split& split, std::vector<absl::Status>* moved) {
+    const size_t n = split.parts.size();
+    // One id per request, the same on every retry: applied once. Keys
+    // re-sent after a redirect are a new request with a new id.
+    std::vector<uint64_t> sequences(n);
+    for (size_t i = 0; i < n; ++i) sequences[i] = client_->NextSequence(split.parts[i].server);
+    std::string gathered;  // this round's rows in server order (several servers only)
+    std::vector<absl::string_view> values(n);
+    for (size_t i = 0; i < n; ++i) values[i] = split.Rows(i, grads, row, &gathered);
+    // A table frame where the transport carries one: keys and rows go out
+    // from where they are; else the TablePush control call, whose request
+    // is built on first use.
+    std::vector<std::optional<v1::TablePushRequest>> requests(n);
+    std::vector<v1::TablePushResponse> responses(n);
+    std::vector<char> framed(n, 0);
+    PS_RETURN_IF_ERROR(client_->RunWithRetries(
+        n, [&](size_t i) { return split.parts[i].server; },
+        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+          TableFrame frame;
+          frame.table = name_;
+          frame.keys = split.parts[i].keys;
+          frame.values = values[i];
+          frame.value_type = static_cast<uint8_t>(value_type);
+          frame.client_id = client_->client_id();
+          frame.sequence = sequences[i];
+          frame.worker = worker;
+          frame.clock = clock;
+          framed[i] = t.TableRows(FrameMethod::kTableRowsPush, frame, nullptr, deadline, done,
+                                  call.trace);
+          if (framed[i]) return;
+          if (!requests[i].has_value()) {
+            v1::TablePushRequest& request = requests[i].emplace();
+            request.set_table(name_);
+            request.set_keys(EncodeKeys(frame.keys));
+            request.set_values(frame.values.data(), frame.values.size());
+            request.set_worker(worker);
+            request.set_clock(clock);
+            request.set_value_type(value_type);
+            request.set_client_id(frame.client_id);
+            request.set_sequence(frame.sequence);
+          }
+          t.Call("TablePush", *requests[i], &responses[i], deadline, std::move(done));
+        },
+        deadline, call.trace,
+        [&](size_t i, trace::Args& args) {
+          args.Add("table", name_).Add("keys", split.parts[i].keys.size());
+          args.AddHex("client_id", client_->client_id()).Add("sequence", sequences[i]);
+        },
+        moved));
+    for (size_t i = 0; i < n; ++i) {
+      if ((*moved)[i].ok() && !framed[i] && call.trace != nullptr) {
+        call.trace->Server(responses[i].trace());
       }
     }
-    // One id per request, the same on every retry: applied once.
-    request.set_client_id(client_->client_id());
-    request.set_sequence(client_->NextSequence(part.server));
-  }
-  PS_RETURN_IF_ERROR(client_->RunWithRetries(
-      split.parts.size(), [&](size_t i) { return split.parts[i].server; },
-      [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-        t.Call("TablePush", requests[i], &responses[i], deadline, std::move(done));
-      },
-      client_->Deadline(call), call.trace, [&](size_t i, trace::Args& args) {
-        args.Add("table", name_).Add("keys", split.parts[i].keys.size());
-        args.AddHex("client_id", requests[i].client_id()).Add("sequence", requests[i].sequence());
-      }));
-  RecordServerTimes(responses, call.trace);
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call) const {

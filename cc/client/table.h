@@ -32,6 +32,7 @@
 #define PSERVER_CC_CLIENT_TABLE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,10 +114,29 @@ class Table {
   Table(Client* client, std::string name, v1::TableConfig config);
 
   absl::Status CheckType(ElementType type) const;
-  // Splits keys per server: server of each key, and each server's key list
+  // Splits keys per server into requests: each server's keys contiguous,
   // with the positions they came from.
   struct Split;
-  absl::StatusOr<Split> SplitKeys(absl::Span<const uint64_t> keys) const;
+  // The keys at `positions` (null: all of them), each to its server under
+  // routing.route, or routing.target once `by_target` (one flag per key)
+  // says an old owner refused it.
+  absl::StatusOr<Split> SplitKeys(absl::Span<const uint64_t> keys,
+                                  const std::vector<size_t>* positions,
+                                  const Client::Routing& routing,
+                                  const std::vector<bool>& by_target) const;
+  // Sends `keys` in rounds (live moves: "Following PlacementMoved" in
+  // client.h): `round` sends one split's parts and stores each part an old
+  // owner refused with PlacementMoved in its `moved` slot (see
+  // Client::RunWithRetries); the keys of refused parts go again, as new
+  // requests, to their owners under the placement named.
+  using Round = std::function<absl::Status(const Split& split, std::vector<absl::Status>* moved)>;
+  absl::Status RunRouted(absl::Span<const uint64_t> keys, absl::Time deadline,
+                         const Round& round) const;
+  // Writes the rows server returned for part `i` of `split` (`values`, in
+  // `content_type`) where they go in `out`. DATA_LOSS naming the server
+  // when they are not that part's rows.
+  absl::Status PlaceRows(const Split& split, size_t i, ElementType content_type,
+                         absl::string_view values, absl::Span<char> out) const;
   absl::Status DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out,
                       const std::string& worker, int64_t clock, const CallOptions& call) const;
   absl::Status DoPush(absl::Span<const uint64_t> keys, absl::string_view grads,

@@ -4,6 +4,7 @@
 // replies are lost, and a consistent read by a worker, which stays a gRPC
 // control call. Parameterized: true runs every test over the channel, false
 // over gRPC. No test depends on timing.
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -250,6 +251,88 @@ TEST_P(TableChannelTest, MalformedBulkBytesAreRefusedByName) {
     absl::Status status = FindBulkMethod(method)(server_->dispatcher(), buffer, &reply, &hold);
     EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kInvalidArgument)) << method;
     EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("malformed ", method, "Request")));
+  }
+}
+
+// A transport in front of another that counts the table calls it passes on
+// as table frames and as control calls; with `old_server`, it hides the
+// server's table frames in OpenChannel's answer (a server before them).
+class TableCallCounter final : public Transport {
+ public:
+  TableCallCounter(std::unique_ptr<Transport> inner, bool old_server)
+      : inner_(std::move(inner)), old_server_(old_server) {}
+  const std::string& address() const override { return inner_->address(); }
+  void Call(absl::string_view method, const google::protobuf::Message& request,
+            google::protobuf::Message* response, absl::Time deadline, Done done) override {
+    if (method == "TablePull" || method == "TablePush") ++control_calls;
+    if (method == "OpenChannel" && old_server_) {
+      auto* offer = static_cast<v1::OpenChannelResponse*>(response);
+      inner_->Call(method, request, response, deadline,
+                   [offer, done = std::move(done)](absl::Status s) {
+                     offer->clear_table_frames();
+                     done(std::move(s));
+                   });
+      return;
+    }
+    inner_->Call(method, request, response, deadline, std::move(done));
+  }
+  void Push(const RequestId& id, absl::Span<const GradientView> grads, absl::Time deadline,
+            Done done, TraceRecorder* trace) override {
+    inner_->Push(id, grads, deadline, std::move(done), trace);
+  }
+  void Pull(absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
+            TraceRecorder* trace) override {
+    inner_->Pull(refs, std::move(sink), deadline, std::move(done), trace);
+  }
+  void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
+                absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
+                TraceRecorder* trace) override {
+    inner_->PushPull(id, grads, refs, std::move(sink), deadline, std::move(done), trace);
+  }
+  bool TableRows(FrameMethod method, const TableFrame& frame, RowsSink rows, absl::Time deadline,
+                 Done& done, TraceRecorder* trace) override {
+    const bool sent = inner_->TableRows(method, frame, std::move(rows), deadline, done, trace);
+    if (sent) ++table_frames;
+    return sent;
+  }
+
+  std::atomic<int> control_calls{0};
+  std::atomic<int> table_frames{0};
+
+ private:
+  const std::unique_ptr<Transport> inner_;
+  const bool old_server_;
+};
+
+// Against a server that speaks table frames a Table sends them; against an
+// older one (its OpenChannel answer without table_frames) the control
+// calls, over the channel or gRPC: the same rows either way.
+TEST(TableFramesTest, TablesUseTableFramesWhereTheServerSpeaksThemAndFallBackOtherwise) {
+  auto server = Server::Start(ServerOptions());
+  ASSERT_THAT(server.status(), IsOk());
+  for (bool old_server : {false, true}) {
+    ClientOptions options;
+    options.servers = {(*server)->address()};
+    auto client = Client::Connect(options);
+    ASSERT_THAT(client.status(), IsOk());
+    auto grpc = GrpcTransport::Create((*server)->address());
+    ASSERT_THAT(grpc.status(), IsOk());
+    auto counter = std::make_unique<TableCallCounter>(
+        std::make_unique<ChannelTransport>(
+            std::make_unique<TableCallCounter>(*std::move(grpc), old_server)),
+        /*old_server=*/false);
+    TableCallCounter* counts = counter.get();
+    ASSERT_THAT((*client)->SetTransport(0, std::move(counter)), IsOk());
+    const std::string name = old_server ? "old" : "new";
+    auto table = Table::Create(**client, name, SgdTable(2));
+    ASSERT_THAT(table.status(), IsOk());
+    const std::vector<uint64_t> keys = {5, 9, 5};
+    ASSERT_THAT(table->Push<float>(keys, std::vector<float>{1, 2, 10, 20, 100, 200}), IsOk());
+    std::vector<float> rows(4);
+    ASSERT_THAT(table->Pull<float>(std::vector<uint64_t>{9, 5}, absl::MakeSpan(rows)), IsOk());
+    EXPECT_THAT(rows, ElementsAre(-10, -20, -101, -202)) << name;
+    EXPECT_EQ(counts->table_frames.load(), old_server ? 0 : 2) << name;
+    EXPECT_EQ(counts->control_calls.load(), old_server ? 2 : 0) << name;
   }
 }
 

@@ -49,11 +49,11 @@ TableCompressor::Encoded TableCompressor::EncodePush(absl::Span<const uint64_t> 
   return out;
 }
 
-absl::StatusOr<const std::string*> TableCompressor::DecodePull(ElementType content_type,
-                                                               const std::string& values,
-                                                               std::string* widened,
-                                                               const std::string& what) const {
-  if (content_type == v1::ELEMENT_TYPE_UNSPECIFIED || content_type == v1::FLOAT32) return &values;
+absl::StatusOr<absl::string_view> TableCompressor::DecodePull(ElementType content_type,
+                                                              absl::string_view values,
+                                                              std::string* widened,
+                                                              const std::string& what) const {
+  if (content_type == v1::ELEMENT_TYPE_UNSPECIFIED || content_type == v1::FLOAT32) return values;
   if (content_type != v1::FLOAT16 && content_type != v1::BFLOAT16) {
     return absl::DataLossError(absl::StrCat(what, ": rows came as ", ElementTypeName(content_type),
                                             ", not float32, float16 or bfloat16"));
@@ -69,7 +69,7 @@ absl::StatusOr<const std::string*> TableCompressor::DecodePull(ElementType conte
   std::vector<float> out(n);
   DecodeFloats(content_type, values.data(), n, out.data());
   if (n > 0) std::memcpy(widened->data(), out.data(), n * sizeof(float));
-  return widened;
+  return absl::string_view(*widened);
 }
 
 size_t TableCompressor::residual_rows() const {

@@ -56,9 +56,10 @@ class TableCompressor {
   // The float32 rows of a pull reply whose values came as `content_type`
   // (unset or FLOAT32: as they are, else widened into *widened). DATA_LOSS
   // naming `what` for another type or a partial value.
-  absl::StatusOr<const std::string*> DecodePull(ElementType content_type, const std::string& values,
-                                                std::string* widened,
-                                                const std::string& what) const;
+  // The result views `values` or `*widened`.
+  absl::StatusOr<absl::string_view> DecodePull(ElementType content_type, absl::string_view values,
+                                               std::string* widened,
+                                               const std::string& what) const;
 
   ElementType wire_type() const { return wire_type_; }  // FLOAT32: as stored
   size_t wire_row_bytes() const { return dim_ * ElementSize(wire_type_); }

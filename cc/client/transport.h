@@ -33,6 +33,8 @@
 #include "cc/core/gradient_view.h"
 #include "cc/core/request_id.h"
 #include "cc/core/tensor.h"
+#include "cc/rpc/frame.h"
+#include "cc/rpc/table_frame.h"
 #include "google/protobuf/message.h"
 #include "pserver/v1/service.pb.h"
 
@@ -76,6 +78,20 @@ class Transport {
   virtual void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
                         absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline,
                         Done done, TraceRecorder* trace = nullptr) = 0;
+
+  // Receives a table pull's rows (`content_type`: the ElementType number
+  // they came in, 0 as stored) before `done`; valid only during the call.
+  using RowsSink = std::function<absl::Status(uint32_t content_type, absl::string_view rows)>;
+  // A sparse table's pull (kTableRowsPull, without a worker) or push
+  // (kTableRowsPush) as a table frame (cc/rpc/table_frame.h: the keys and
+  // rows go out from the caller's memory, no protobuf message), when this
+  // transport carries table frames to this server: true, and `done` taken.
+  // Otherwise false, nothing sent and `done` left to the caller, who sends
+  // the TablePull / TablePush control call instead. The default: false.
+  virtual bool TableRows(FrameMethod method, const TableFrame& frame, RowsSink rows,
+                         absl::Time deadline, Done& done, TraceRecorder* trace) {
+    return false;
+  }
 };
 
 }  // namespace pserver

@@ -162,4 +162,9 @@ std::optional<uint64_t> PlacementMovedVersion(const absl::Status& status) {
   return version;
 }
 
+uint32_t KeyBucket(uint64_t key) {
+  // Salted: the top bits of Mix64(key) alone also seed the key's server.
+  return static_cast<uint32_t>(Mix64(key ^ 0x6a09e667f3bcc909ULL) >> 56);
+}
+
 }  // namespace pserver

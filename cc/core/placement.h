@@ -116,6 +116,12 @@ class Placement {
 absl::StatusOr<int> KeyServer(uint64_t key, const v1::Partitioning& partitioning,
                               const Placement& placement);
 
+// Live moves hand a table's keys over bucket by bucket (docs/elastic.md): a
+// key's bucket, one of kKeyBuckets, comes from its hash alone (not from any
+// server count), so both sides of a move agree on it.
+inline constexpr uint32_t kKeyBuckets = 256;
+uint32_t KeyBucket(uint64_t key);
+
 // True when a and b map every block and key the same way (same kind and
 // count; the version does not matter; one server is one server).
 bool SameMapping(const v1::Placement& a, const v1::Placement& b);

@@ -14,6 +14,7 @@
 #include "cc/core/compression.h"
 #include "cc/core/huge_page_memory.h"
 #include "cc/core/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "sparse_table.cc copies rows as little-endian bytes; port it for big-endian hosts"
@@ -731,7 +732,7 @@ v1::TableStats SparseTable::Stats() const {
 
 // ---- checkpoints -------------------------------------------------------------
 
-std::string SparseTable::Serialize() const {
+std::string SparseTable::SerializeRows(const KeyFilter& keep) const {
   v1::SparseTableSnapshot snap;
   snap.set_name(name_);
   *snap.mutable_config() = config_;
@@ -749,6 +750,7 @@ std::string SparseTable::Serialize() const {
     Shard& shard = shards_[s];
     absl::MutexLock lock(&shard.mu);
     for (uint32_t slot = shard.head; slot != kNil; slot = shard.meta[slot].next) {
+      if (keep && !keep(KeyOf(shard, slot))) continue;
       const char* row = SlotData(shard, slot);
       AppendU64(&keys, KeyOf(shard, slot));
       values.append(row, row_bytes_);
@@ -759,6 +761,7 @@ std::string SparseTable::Serialize() const {
     for (const auto& [key, seq] : shard.pending_order) {
       auto it = shard.pending.find(key);
       if (it == shard.pending.end() || it->second.seq != seq) continue;
+      if (keep && !keep(key)) continue;
       AppendU64(&pending_keys, key);
       const uint32_t count = it->second.count;
       pending_counts.append(reinterpret_cast<const char*>(&count), sizeof(count));
@@ -771,6 +774,7 @@ std::string SparseTable::Serialize() const {
   snap.set_steps(std::move(steps));
   snap.set_pending_keys(std::move(pending_keys));
   snap.set_pending_counts(std::move(pending_counts));
+  if (keep) return snap.SerializeAsString();  // a part: the counters stay
   snap.set_evictions(evictions_.load(std::memory_order_relaxed));
   snap.set_admissions(admissions_.load(std::memory_order_relaxed));
   snap.set_admission_refusals(admission_refusals_.load(std::memory_order_relaxed));
@@ -806,18 +810,33 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Deserialize(absl::stri
   PS_ASSIGN_OR_RETURN(std::unique_ptr<SparseTable> table,
                       Create(snap.name(), snap.config(), std::move(options)));
   const std::string what = absl::StrCat("table '", table->name_, "' snapshot");
-  if (snap.state_per_row() != table->state_per_row_) {
-    return absl::DataLossError(absl::StrCat(
-        what, ": state_per_row is ", snap.state_per_row(), ", but optimizer ",
-        table->optimizer_.name(), " with dim ", table->dim_, " keeps ", table->state_per_row_));
+  PS_RETURN_IF_ERROR(table->CheckSnapshot(snap, what));
+  if (table->capacity_ > 0 && snap.rows() > table->capacity_) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": ", snap.rows(), " rows exceed eviction.capacity ", table->capacity_));
+  }
+  PS_RETURN_IF_ERROR(table->InsertRows(snap, what));
+  table->evictions_.store(snap.evictions(), std::memory_order_relaxed);
+  table->admissions_.store(snap.admissions(), std::memory_order_relaxed);
+  table->admission_refusals_.store(snap.admission_refusals(), std::memory_order_relaxed);
+  table->keys_pulled_.store(snap.keys_pulled(), std::memory_order_relaxed);
+  table->keys_pushed_.store(snap.keys_pushed(), std::memory_order_relaxed);
+  return table;
+}
+
+absl::Status SparseTable::CheckSnapshot(const v1::SparseTableSnapshot& snap,
+                                        const std::string& what) const {
+  if (snap.state_per_row() != state_per_row_) {
+    return absl::DataLossError(absl::StrCat(what, ": state_per_row is ", snap.state_per_row(),
+                                            ", but optimizer ", optimizer_.name(), " with dim ",
+                                            dim_, " keeps ", state_per_row_));
   }
   const uint64_t rows = snap.rows();
   PS_RETURN_IF_ERROR(
       CheckArray(what, "keys", snap.keys(), rows, sizeof(uint64_t), "8 bytes per row"));
   PS_RETURN_IF_ERROR(
-      CheckArray(what, "values", snap.values(), rows, table->row_bytes_, "dim values per row"));
-  PS_RETURN_IF_ERROR(CheckArray(what, "state", snap.state(), rows,
-                                table->state_per_row_ * table->element_size_,
+      CheckArray(what, "values", snap.values(), rows, row_bytes_, "dim values per row"));
+  PS_RETURN_IF_ERROR(CheckArray(what, "state", snap.state(), rows, state_per_row_ * element_size_,
                                 "state_per_row values per row"));
   PS_RETURN_IF_ERROR(
       CheckArray(what, "steps", snap.steps(), rows, sizeof(uint64_t), "8 bytes per row"));
@@ -826,49 +845,105 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Deserialize(absl::stri
                                 sizeof(uint64_t), "8 bytes per key"));
   PS_RETURN_IF_ERROR(CheckArray(what, "pending_counts", snap.pending_counts(), pending,
                                 sizeof(uint32_t), "4 bytes per pending key"));
-  if (table->capacity_ > 0 && rows > table->capacity_) {
-    return absl::DataLossError(
-        absl::StrCat(what, ": ", rows, " rows exceed eviction.capacity ", table->capacity_));
+  for (uint64_t p = 0; p < pending; ++p) {
+    const uint32_t count = LoadValue<uint32_t>(snap.pending_counts().data() + p * sizeof(uint32_t));
+    if (count == 0 || count >= admission_count_) {
+      return absl::DataLossError(absl::StrCat(
+          what, ": pending key ",
+          LoadValue<uint64_t>(snap.pending_keys().data() + p * sizeof(uint64_t)), " has count ",
+          count, ", outside [1, admission_count) with admission_count ", admission_count_));
+    }
   }
+  return absl::OkStatus();
+}
 
-  const int64_t now = table->NowNanos();
-  const size_t state_bytes = static_cast<size_t>(table->state_per_row_) * table->element_size_;
-  for (uint64_t r = 0; r < rows; ++r) {
+absl::Status SparseTable::InsertRows(const v1::SparseTableSnapshot& snap, const std::string& what) {
+  const int64_t now = NowNanos();
+  const size_t state_bytes = static_cast<size_t>(state_per_row_) * element_size_;
+  for (uint64_t r = 0; r < snap.rows(); ++r) {
     const uint64_t key = LoadValue<uint64_t>(snap.keys().data() + r * sizeof(uint64_t));
-    Shard& shard = table->ShardOf(key);
+    Shard& shard = ShardOf(key);
     absl::MutexLock lock(&shard.mu);
-    if (table->FindSlot(shard, key) != kNil) {
+    if (FindSlot(shard, key) != kNil || shard.pending.contains(key)) {
       return absl::DataLossError(absl::StrCat(what, ": key ", key, " appears twice"));
     }
-    const uint32_t slot = table->AllocSlot(shard, key, now);
-    char* row = table->SlotData(shard, slot);
-    std::memcpy(row, snap.values().data() + r * table->row_bytes_, table->row_bytes_);
-    std::memcpy(row + table->row_bytes_, snap.state().data() + r * state_bytes, state_bytes);
-    table->StepOf(shard, slot) =
-        LoadValue<uint64_t>(snap.steps().data() + r * sizeof(uint64_t));
+    const uint32_t slot = AllocSlot(shard, key, now);
+    char* row = SlotData(shard, slot);
+    std::memcpy(row, snap.values().data() + r * row_bytes_, row_bytes_);
+    std::memcpy(row + row_bytes_, snap.state().data() + r * state_bytes, state_bytes);
+    StepOf(shard, slot) = LoadValue<uint64_t>(snap.steps().data() + r * sizeof(uint64_t));
   }
-  for (uint64_t p = 0; p < pending; ++p) {
+  for (size_t p = 0; p < snap.pending_keys().size() / sizeof(uint64_t); ++p) {
     const uint64_t key = LoadValue<uint64_t>(snap.pending_keys().data() + p * sizeof(uint64_t));
     const uint32_t count = LoadValue<uint32_t>(snap.pending_counts().data() + p * sizeof(uint32_t));
-    if (count == 0 || count >= table->admission_count_) {
-      return absl::DataLossError(absl::StrCat(
-          what, ": pending key ", key, " has count ", count,
-          ", outside [1, admission_count) with admission_count ", table->admission_count_));
-    }
-    Shard& shard = table->ShardOf(key);
+    Shard& shard = ShardOf(key);
     absl::MutexLock lock(&shard.mu);
-    if (table->FindSlot(shard, key) != kNil || shard.pending.contains(key)) {
+    if (FindSlot(shard, key) != kNil || shard.pending.contains(key)) {
       return absl::DataLossError(
           absl::StrCat(what, ": pending key ", key, " appears twice or also has a row"));
     }
-    table->AddPending(shard, key, count, /*call=*/0);
+    AddPending(shard, key, count, /*call=*/0);
   }
-  table->evictions_.store(snap.evictions(), std::memory_order_relaxed);
-  table->admissions_.store(snap.admissions(), std::memory_order_relaxed);
-  table->admission_refusals_.store(snap.admission_refusals(), std::memory_order_relaxed);
-  table->keys_pulled_.store(snap.keys_pulled(), std::memory_order_relaxed);
-  table->keys_pushed_.store(snap.keys_pushed(), std::memory_order_relaxed);
-  return table;
+  return absl::OkStatus();
+}
+
+uint64_t SparseTable::EraseRows(const KeyFilter& drop) {
+  uint64_t erased = 0;
+  for (size_t s = 0; s < num_shards_; ++s) {
+    Shard& shard = shards_[s];
+    absl::MutexLock lock(&shard.mu);
+    for (uint32_t slot = shard.head; slot != kNil;) {
+      const uint32_t next = shard.meta[slot].next;
+      if (drop(KeyOf(shard, slot))) {
+        RemoveRow(shard, slot);
+        ++erased;
+      }
+      slot = next;
+    }
+    for (auto it = shard.pending.begin(); it != shard.pending.end();) {
+      if (drop(it->first)) {
+        shard.pending.erase(it++);  // its pending_order entry goes stale
+        pending_.fetch_sub(1, std::memory_order_relaxed);
+      } else {
+        ++it;
+      }
+    }
+  }
+  return erased;
+}
+
+absl::StatusOr<uint64_t> SparseTable::MergeRows(const v1::SparseTableSnapshot& snap,
+                                                const KeyFilter& replaced) {
+  const std::string what = absl::StrCat("rows of table '", name_, "' handed over");
+  if (snap.name() != name_ ||
+      !google::protobuf::util::MessageDifferencer::Equals(NormalizedConfig(snap.config()),
+                                                          config_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": they are of table '", snap.name(), "' with config {",
+        snap.config().ShortDebugString(), "}, this one has {", config_.ShortDebugString(), "}"));
+  }
+  PS_RETURN_IF_ERROR(CheckSnapshot(snap, what));
+  if (capacity_ > 0 && rows_.load(std::memory_order_relaxed) + snap.rows() > capacity_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": ", snap.rows(), " more rows would exceed eviction.capacity ", capacity_));
+  }
+  // All or nothing: no key may be here already but those replaced (the
+  // gate served none of them here before they arrive).
+  for (const std::string* keys : {&snap.keys(), &snap.pending_keys()}) {
+    for (size_t r = 0; r < keys->size() / sizeof(uint64_t); ++r) {
+      const uint64_t key = LoadValue<uint64_t>(keys->data() + r * sizeof(uint64_t));
+      if (replaced && replaced(key)) continue;
+      Shard& shard = ShardOf(key);
+      absl::MutexLock lock(&shard.mu);
+      if (FindSlot(shard, key) != kNil || shard.pending.contains(key)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, ": key ", key, " is here already; nothing taken"));
+      }
+    }
+  }
+  if (replaced) EraseRows(replaced);
+  PS_RETURN_IF_ERROR(InsertRows(snap, what));
+  return snap.rows();
 }
 
 }  // namespace pserver

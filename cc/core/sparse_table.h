@@ -145,7 +145,24 @@ class SparseTable {
   // Consistent per row (shards are copied one after another). Rows are
   // written least recently touched first, so a restored table keeps the LRU
   // order (last-touch times restart at the restoring clock's now).
-  std::string Serialize() const;
+  std::string Serialize() const { return SerializeRows(nullptr); }
+  // The same for the rows (and keys awaiting admission) of the keys `keep`
+  // accepts (null: all); the counters (evictions, keys pulled, ...) only
+  // with all. A live move hands rows over this way (docs/elastic.md).
+  using KeyFilter = std::function<bool(uint64_t key)>;
+  std::string SerializeRows(const KeyFilter& keep) const;
+  // Adds the rows and keys awaiting admission of a snapshot of this table
+  // (SerializeRows of a table of the same config) to it, all or nothing:
+  // DATA_LOSS for a snapshot whose arrays disagree, FAILED_PRECONDITION for
+  // another config, a key this table holds already that `replaced` (may be
+  // null) does not accept, or more rows than eviction.capacity. The rows and
+  // admission keys `replaced` accepts are dropped first (a hand-over sent
+  // again replaces the first copy). Counters are not added. Returns the rows
+  // added.
+  absl::StatusOr<uint64_t> MergeRows(const v1::SparseTableSnapshot& snap,
+                                     const KeyFilter& replaced = nullptr);
+  // Drops the rows and admission keys that `drop` accepts; returns the rows.
+  uint64_t EraseRows(const KeyFilter& drop);
 
   // A table from Serialize()'s bytes. DATA_LOSS with a clear message for
   // bytes that do not parse or whose arrays disagree with rows/dim/
@@ -160,6 +177,11 @@ class SparseTable {
               RowInitializer initializer, RowOptimizer optimizer);
 
   Shard& ShardOf(uint64_t key) const;
+  // Checks `snap`'s arrays against its rows and this table's layout.
+  absl::Status CheckSnapshot(const v1::SparseTableSnapshot& snap, const std::string& what) const;
+  // Inserts `snap`'s rows and pending keys (checked): DATA_LOSS for a key
+  // held already (rows inserted before it stay).
+  absl::Status InsertRows(const v1::SparseTableSnapshot& snap, const std::string& what);
   // The bytes of `slot` in `shard` (values, then state); the caller holds shard.mu.
   char* SlotData(Shard& shard, uint32_t slot) const;
   uint64_t KeyOf(const Shard& shard, uint32_t slot) const;

@@ -756,5 +756,65 @@ TEST(SparseTableTest, ConcurrentPushesAndPullsAddUpExactly) {
   EXPECT_EQ(stats.keys_pulled(), uint64_t{kThreads} * kIterations * 2 + kKeys);
 }
 
+// Live moves (docs/elastic.md): a part of a table's rows, with their
+// optimizer state and step counts, joins another table of the same config.
+TEST(SparseTableTest, RowsMoveWithTheirStateAndReplaceOnlyWhatTheyMayReplace) {
+  const std::string adam = "dim: 2 optimizer { adam { learning_rate: 0.1 } }";
+  std::unique_ptr<SparseTable> from = MakeTable(adam);
+  ASSERT_NE(from, nullptr);
+  const std::vector<uint64_t> keys = {1, 2, 3};
+  const std::vector<float> grads = {0.5f, -1.0f, 0.25f, 2.0f, -0.75f, 1.5f};
+  ASSERT_OK(from->Push(keys, ConstBytes(grads)));
+  ASSERT_OK(from->Push(keys, ConstBytes(grads)));
+  v1::SparseTableSnapshot part;
+  ASSERT_TRUE(part.ParseFromString(from->SerializeRows([](uint64_t key) { return key != 3; })));
+  EXPECT_EQ(part.rows(), 2u);
+  EXPECT_EQ(part.keys_pushed(), 0u);  // counters stay with the whole table
+  v1::SparseTableSnapshot whole;
+  ASSERT_TRUE(whole.ParseFromString(from->Serialize()));
+  EXPECT_EQ(whole.keys_pushed(), 6u);
+
+  std::unique_ptr<SparseTable> to = MakeTable(adam);
+  ASSERT_NE(to, nullptr);
+  ASSERT_OK_AND_ASSIGN(uint64_t taken, to->MergeRows(part));
+  EXPECT_EQ(taken, 2u);
+  v1::SparseTableSnapshot moved;
+  ASSERT_TRUE(moved.ParseFromString(to->Serialize()));
+  EXPECT_EQ(moved.keys(), part.keys());
+  EXPECT_EQ(moved.values(), part.values());
+  EXPECT_EQ(moved.state(), part.state());  // Adam's moments
+  EXPECT_EQ(moved.steps(), part.steps());
+  // Both go on alike.
+  const std::vector<uint64_t> two = {1, 2};
+  const std::vector<float> more = {1.0f, 1.0f, -1.0f, 0.5f};
+  ASSERT_OK(from->Push(two, ConstBytes(more)));
+  ASSERT_OK(to->Push(two, ConstBytes(more)));
+  std::vector<float> a(4), b(4);
+  ASSERT_OK(from->Pull(two, Bytes(a)));
+  ASSERT_OK(to->Pull(two, Bytes(b)));
+  EXPECT_EQ(a, b);
+
+  // Keys held already: refused whole, unless they may be replaced.
+  EXPECT_THAT(to->MergeRows(part), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                            HasSubstr("key 1 is here already; nothing taken")));
+  ASSERT_OK_AND_ASSIGN(taken, to->MergeRows(part, [](uint64_t key) { return key <= 2; }));
+  EXPECT_EQ(taken, 2u);
+  ASSERT_TRUE(moved.ParseFromString(to->Serialize()));
+  EXPECT_EQ(moved.values(), part.values());  // the copy replaced
+  EXPECT_EQ(to->Stats().rows(), 2u);
+  // Another config, or arrays that disagree: refused.
+  std::unique_ptr<SparseTable> sgd = MakeTable("dim: 2");
+  ASSERT_NE(sgd, nullptr);
+  EXPECT_THAT(sgd->MergeRows(part),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("config")));
+  v1::SparseTableSnapshot broken = part;
+  broken.mutable_steps()->resize(3);
+  std::unique_ptr<SparseTable> empty = MakeTable(adam);
+  EXPECT_THAT(empty->MergeRows(broken), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("steps")));
+  EXPECT_EQ(empty->Stats().rows(), 0u);
+  EXPECT_EQ(to->EraseRows([](uint64_t key) { return key == 1; }), 1u);
+  EXPECT_EQ(to->Stats().rows(), 1u);
+}
+
 }  // namespace
 }  // namespace pserver

@@ -22,23 +22,18 @@ absl::StatusOr<bool> Converts(const SparseTable& table, ElementType wire, const 
 }  // namespace
 
 absl::StatusOr<std::optional<std::string>> WidenPushedValues(const SparseTable& table,
-                                                             const v1::TablePushRequest& request,
+                                                             ElementType value_type,
+                                                             absl::string_view values,
                                                              size_t keys) {
   const std::string what = absl::StrCat("push to table '", table.name(), "'");
-  PS_ASSIGN_OR_RETURN(bool converts, Converts(table, request.value_type(), "value_type", what));
+  PS_ASSIGN_OR_RETURN(bool converts, Converts(table, value_type, "value_type", what));
   if (!converts) return std::nullopt;
-  return WidenGradient(request.value_type(), request.values(), /*indices=*/"",
-                       keys * table.config().dim(), what);
+  return WidenGradient(value_type, values, /*indices=*/"", keys * table.config().dim(), what);
 }
 
-absl::Status NarrowPulledValues(const SparseTable& table, const v1::TablePullRequest& request,
-                                v1::TablePullResponse* response) {
-  const std::string what = absl::StrCat("read of table '", table.name(), "'");
-  PS_ASSIGN_OR_RETURN(bool converts, Converts(table, request.wire_type(), "wire_type", what));
-  if (!converts) return absl::OkStatus();
-  response->set_values(NarrowFloats(request.wire_type(), response->values()));
-  response->set_content_type(request.wire_type());
-  return absl::OkStatus();
+absl::StatusOr<bool> PullNarrows(const SparseTable& table, ElementType wire_type,
+                                 const std::string& what) {
+  return Converts(table, wire_type, "wire_type", what);
 }
 
 }  // namespace pserver

@@ -15,19 +15,20 @@
 
 namespace pserver {
 
-// The values of a push of `keys` rows that came in a half type, widened to
-// the table's float32; nullopt when they came as stored. INVALID_ARGUMENT
-// naming the table for a type the table cannot take or values of the wrong
-// length, before anything is applied.
+// The values of a push of `keys` rows that came in `value_type` (a half
+// type), widened to the table's float32; nullopt when they came as stored.
+// INVALID_ARGUMENT naming the table for a type the table cannot take or
+// values of the wrong length, before anything is applied.
 absl::StatusOr<std::optional<std::string>> WidenPushedValues(const SparseTable& table,
-                                                             const v1::TablePushRequest& request,
+                                                             ElementType value_type,
+                                                             absl::string_view values,
                                                              size_t keys);
 
-// Narrows `response`'s rows to the request's wire_type (and says so in its
-// content_type), if it asked for one. INVALID_ARGUMENT naming the table for
-// a type its values cannot travel in.
-absl::Status NarrowPulledValues(const SparseTable& table, const v1::TablePullRequest& request,
-                                v1::TablePullResponse* response);
+// Whether a read of `table` asking for its rows in `wire_type` narrows them
+// (false: they travel as stored). INVALID_ARGUMENT naming `what` for a type
+// its values cannot travel in.
+absl::StatusOr<bool> PullNarrows(const SparseTable& table, ElementType wire_type,
+                                 const std::string& what);
 
 }  // namespace pserver
 

@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "cc/core/compression.h"
 #include "cc/core/names.h"
 #include "cc/core/status_macros.h"
 #include "cc/core/table_wire.h"
@@ -28,6 +31,27 @@ int64_t StalenessOf(const v1::Consistency& consistency) {
     default:
       return -1;  // ASP: never waits
   }
+}
+
+// Keeps in `add` the keys (and their values, `row_bytes` each) that `keep`
+// accepts; with `keep_accepted` false, the others.
+void FilterAdd(const SparseTable::KeyFilter& keep, bool keep_accepted, size_t row_bytes,
+               v1::PendingAdds::Add* add) {
+  std::string keys, values;
+  const size_t n = add->keys().size() / 8;
+  for (size_t k = 0; k < n; ++k) {
+    uint64_t key;
+    std::memcpy(&key, add->keys().data() + k * 8, 8);
+    if (keep(key) != keep_accepted) continue;
+    keys.append(add->keys(), k * 8, 8);
+    values.append(add->values(), k * row_bytes, row_bytes);
+  }
+  add->set_keys(std::move(keys));
+  add->set_values(std::move(values));
+}
+
+void DropKeys(const SparseTable::KeyFilter& drop, size_t row_bytes, v1::PendingAdds::Add* add) {
+  FilterAdd(drop, /*keep_accepted=*/false, row_bytes, add);
 }
 
 ReduceOp ReduceOpOf(v1::AllReduceRequest::Op op) {
@@ -87,14 +111,14 @@ absl::Status Tables::Create(const v1::CreateTableRequest& request) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Tables::Entry>> Tables::Find(const std::string& name) const {
+absl::StatusOr<std::shared_ptr<Tables::Entry>> Tables::Find(absl::string_view name) const {
   absl::MutexLock lock(&mu_);
   auto it = tables_.find(name);
   if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table '", name, "'"));
   return it->second;
 }
 
-std::shared_ptr<TableHandler> Tables::HandlerOf(const std::string& name) const {
+std::shared_ptr<TableHandler> Tables::HandlerOf(absl::string_view name) const {
   static TableHandler* const kDefault = new TableHandler();
   absl::MutexLock lock(&mu_);
   auto it = handlers_.find(name);
@@ -155,54 +179,69 @@ CancelWait Tables::PullAsync(const v1::TablePullRequest& request, v1::TablePullR
 absl::Status Tables::Read(Entry& entry, const v1::TablePullRequest& request,
                           absl::Span<const uint64_t> keys, v1::TablePullResponse* response,
                           int64_t received) {
-  MaybeSweep(entry);
   std::string* values = response->mutable_values();
-  values->resize(keys.size() * entry.table->row_bytes());
-  absl::Status status;
-  {
-    absl::ReaderMutexLock lock(&entry.bsp_mu);  // after the adds the clock released
-    status = HandlerOf(request.table())->Pull(*entry.table, keys, absl::MakeSpan(*values));
-  }
+  absl::Status status = ReadRows(
+      entry, request.table(), keys, request.wire_type(),
+      [&](size_t bytes, ElementType content_type) -> absl::StatusOr<absl::Span<char>> {
+        values->resize(bytes);
+        if (content_type != v1::ELEMENT_TYPE_UNSPECIFIED) response->set_content_type(content_type);
+        return absl::MakeSpan(*values);
+      });
   if (!status.ok()) {
     response->clear_values();
+    response->clear_content_type();
     return status;
   }
-  PS_RETURN_IF_ERROR(NarrowPulledValues(*entry.table, request, response));
   response->mutable_trace()->set_received_unix_nanos(received);
   response->mutable_trace()->set_processed_unix_nanos(UnixNanos());
   return absl::OkStatus();
 }
 
+absl::Status Tables::ReadRows(Entry& entry, absl::string_view name,
+                              absl::Span<const uint64_t> keys, ElementType wire_type,
+                              RowsOut out) {
+  PS_ASSIGN_OR_RETURN(const bool narrows,
+                      PullNarrows(*entry.table, wire_type,
+                                  absl::StrCat("read of table '", name, "'")));
+  MaybeSweep(entry);
+  const size_t bytes = keys.size() * entry.table->row_bytes();
+  // Rows as stored go straight where `out` says; narrowed ones through a
+  // float32 buffer first.
+  std::string stored;
+  absl::Span<char> rows;
+  if (narrows) {
+    stored.resize(bytes);
+    rows = absl::MakeSpan(stored);
+  } else {
+    PS_ASSIGN_OR_RETURN(rows, out(bytes, v1::ELEMENT_TYPE_UNSPECIFIED));
+  }
+  {
+    absl::ReaderMutexLock lock(&entry.bsp_mu);  // after the adds the clock released
+    PS_RETURN_IF_ERROR(HandlerOf(name)->Pull(*entry.table, keys, rows));
+  }
+  if (!narrows) return absl::OkStatus();
+  const std::string narrowed = NarrowFloats(wire_type, stored);
+  PS_ASSIGN_OR_RETURN(absl::Span<char> wire, out(narrowed.size(), wire_type));
+  if (!narrowed.empty()) std::memcpy(wire.data(), narrowed.data(), narrowed.size());
+  return absl::OkStatus();
+}
+
+absl::Status Tables::PullRows(const TableRowsView& pull, RowsOut out) {
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(pull.table));
+  return ReadRows(*entry, pull.table, pull.keys, pull.value_type, out);
+}
+
 absl::Status Tables::Push(const v1::TablePushRequest& request, v1::TablePushResponse* response) {
   const int64_t received = UnixNanos();
-  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(request.table()));
   PS_ASSIGN_OR_RETURN(const KeysView view, KeysView::Of(request.keys()));
-  const absl::Span<const uint64_t> keys = view.keys();
-  // A compressed push (TableConfig.wire_compression) is widened first.
-  PS_ASSIGN_OR_RETURN(const std::optional<std::string> widened,
-                      WidenPushedValues(*entry->table, request, keys.size()));
-  const std::string& values = widened.has_value() ? *widened : request.values();
-  MaybeSweep(*entry);
-  bool held = false;
-  if (HoldsAdds(*entry) && !request.worker().empty()) {
-    // Checked now, since a held-back add is acknowledged before it applies.
-    const size_t want = keys.size() * entry->table->row_bytes();
-    if (values.size() != want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push to table '", request.table(), "': ", keys.size(), " keys need ", want,
-                       " bytes of values, got ", values.size()));
-    }
-    absl::MutexLock lock(&entry->bsp_mu);
-    if (request.clock() >= entry->clocks.MinClock()) {
-      v1::PendingAdds::Add add;
-      add.set_clock(request.clock());
-      add.set_keys(request.keys());
-      add.set_values(values);
-      entry->pending[request.clock()].push_back(std::move(add));
-      held = true;
-    }
-  }
-  if (!held) PS_RETURN_IF_ERROR(Apply(*entry, request.table(), keys, values));
+  TableRowsView push;
+  push.table = request.table();
+  push.keys = view.keys();
+  push.values = request.values();
+  push.value_type = request.value_type();
+  push.worker = request.worker();
+  push.clock = request.clock();
+  PS_RETURN_IF_ERROR(PushRows(push));
   if (response != nullptr) {
     response->mutable_trace()->set_received_unix_nanos(received);
     response->mutable_trace()->set_processed_unix_nanos(UnixNanos());
@@ -210,7 +249,39 @@ absl::Status Tables::Push(const v1::TablePushRequest& request, v1::TablePushResp
   return absl::OkStatus();
 }
 
-absl::Status Tables::Apply(Entry& entry, const std::string& name, absl::Span<const uint64_t> keys,
+absl::Status Tables::PushRows(const TableRowsView& push) {
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(push.table));
+  const absl::Span<const uint64_t> keys = push.keys;
+  // A compressed push (TableConfig.wire_compression) is widened first.
+  PS_ASSIGN_OR_RETURN(
+      const std::optional<std::string> widened,
+      WidenPushedValues(*entry->table, push.value_type, push.values, keys.size()));
+  const absl::string_view values = widened.has_value() ? *widened : push.values;
+  MaybeSweep(*entry);
+  bool held = false;
+  if (HoldsAdds(*entry) && !push.worker.empty()) {
+    // Checked now, since a held-back add is acknowledged before it applies.
+    const size_t want = keys.size() * entry->table->row_bytes();
+    if (values.size() != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to table '", push.table, "': ", keys.size(), " keys need ", want,
+                       " bytes of values, got ", values.size()));
+    }
+    absl::MutexLock lock(&entry->bsp_mu);
+    if (push.clock >= entry->clocks.MinClock()) {
+      v1::PendingAdds::Add add;
+      add.set_clock(push.clock);
+      add.set_keys(EncodeKeys(keys));
+      add.set_values(values.data(), values.size());
+      entry->pending[push.clock].push_back(std::move(add));
+      held = true;
+    }
+  }
+  if (!held) PS_RETURN_IF_ERROR(Apply(*entry, push.table, keys, values));
+  return absl::OkStatus();
+}
+
+absl::Status Tables::Apply(Entry& entry, absl::string_view name, absl::Span<const uint64_t> keys,
                            absl::string_view values) {
   return HandlerOf(name)->Push(*entry.table, keys, values);
 }
@@ -223,17 +294,20 @@ absl::StatusOr<int64_t> Tables::Clock(const v1::ClockRequest& request) {
   Completions released;
   absl::MutexLock lock(&entry->bsp_mu);
   PS_ASSIGN_OR_RETURN(int64_t clock, ChangeClock(*entry, request, &released));
-  const int64_t min_clock = entry->clocks.MinClock();
-  while (!entry->pending.empty() && (min_clock < 0 || entry->pending.begin()->first < min_clock)) {
-    for (const v1::PendingAdds::Add& add : entry->pending.begin()->second) {
+  ApplyPassed(*entry, entry->clocks.MinClock());
+  return clock;
+}
+
+void Tables::ApplyPassed(Entry& entry, int64_t min_clock) {
+  while (!entry.pending.empty() && (min_clock < 0 || entry.pending.begin()->first < min_clock)) {
+    for (const v1::PendingAdds::Add& add : entry.pending.begin()->second) {
       absl::StatusOr<std::vector<uint64_t>> keys = DecodeKeys(add.keys());
       // Checked when held back; an add the table still refuses (a non-finite
       // value) is dropped, as it would have been refused had it come alone.
-      if (keys.ok()) Apply(*entry, entry->table->name(), *keys, add.values()).IgnoreError();
+      if (keys.ok()) Apply(entry, entry.table->name(), *keys, add.values()).IgnoreError();
     }
-    entry->pending.erase(entry->pending.begin());
+    entry.pending.erase(entry.pending.begin());
   }
-  return clock;
 }
 
 absl::StatusOr<int64_t> Tables::ChangeClock(Entry& entry, const v1::ClockRequest& request,
@@ -408,6 +482,139 @@ absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& exten
   }
   tables_ = std::move(restored);
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::TableConfig> Tables::ConfigOf(absl::string_view name) const {
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  return entry->table->config();
+}
+
+std::vector<std::string> Tables::Names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : Entries()) names.push_back(name);
+  return names;
+}
+
+absl::StatusOr<Tables::Exported> Tables::ExportRows(
+    const std::string& name, const SparseTable::KeyFilter& keep,
+    std::map<std::string, std::string>* extensions) const {
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  const SparseTable& table = *entry->table;
+  Exported exported;
+  // Under bsp_mu: no clock change applies held-back adds between the rows
+  // and the adds taken.
+  absl::MutexLock lock(&entry->bsp_mu);
+  std::string rows = table.SerializeRows(keep);
+  v1::SparseTableSnapshot snap;
+  if (snap.ParseFromString(rows)) {
+    exported.rows = snap.rows();
+    exported.bytes = snap.values().size() + snap.state().size();
+  }
+  (*extensions)[absl::StrCat(kTablePrefix, name)] = std::move(rows);
+  (*extensions)[absl::StrCat(kClocksPrefix, name)] = entry->clocks.Serialize();
+  v1::PendingAdds pending;
+  const size_t row_bytes = table.row_bytes();
+  for (const auto& [clock, adds] : entry->pending) {
+    for (const v1::PendingAdds::Add& add : adds) {
+      v1::PendingAdds::Add mine = add;
+      mine.set_clock(clock);
+      FilterAdd(keep, /*keep_accepted=*/true, row_bytes, &mine);
+      if (!mine.keys().empty()) *pending.add_adds() = std::move(mine);
+    }
+  }
+  if (pending.adds_size() > 0) {
+    (*extensions)[absl::StrCat(kPendingPrefix, name)] = pending.SerializeAsString();
+  }
+  return exported;
+}
+
+absl::StatusOr<uint64_t> Tables::ImportRows(const std::map<std::string, std::string>& extensions,
+                                            const KeyCheck& check,
+                                            const SparseTable::KeyFilter& replaced) {
+  // Decoded and vetted whole before anything changes.
+  const std::string* rows_bytes = nullptr;
+  std::string name;
+  for (const auto& [key, bytes] : extensions) {
+    absl::string_view table_name = key;
+    if (!absl::ConsumePrefix(&table_name, kTablePrefix)) continue;
+    if (rows_bytes != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("rows of tables '", name, "' and '",
+                                                     table_name, "' in one hand-over"));
+    }
+    rows_bytes = &bytes;
+    name = std::string(table_name);
+  }
+  if (rows_bytes == nullptr) return absl::InvalidArgumentError("a hand-over without a table");
+  v1::SparseTableSnapshot snap;
+  if (!snap.ParseFromString(*rows_bytes)) {
+    return absl::DataLossError(absl::StrCat("rows of table '", name, "' do not parse"));
+  }
+  if (snap.name() != name) {
+    return absl::DataLossError(
+        absl::StrCat("extension table/", name, " holds table '", snap.name(), "'"));
+  }
+  const v1::TableConfig config = SparseTable::NormalizedConfig(snap.config());
+  v1::PendingAdds adds;
+  if (auto it = extensions.find(absl::StrCat(kPendingPrefix, name)); it != extensions.end()) {
+    if (!adds.ParseFromString(it->second)) {
+      return absl::DataLossError(absl::StrCat("held-back adds of table '", name, "' do not parse"));
+    }
+  }
+  std::vector<std::vector<uint64_t>> add_keys;
+  for (const v1::PendingAdds::Add& add : adds.adds()) {
+    PS_ASSIGN_OR_RETURN(std::vector<uint64_t> keys, DecodeKeys(add.keys()));
+    for (uint64_t key : keys) PS_RETURN_IF_ERROR(check(name, config, key));
+    add_keys.push_back(std::move(keys));
+  }
+  for (absl::string_view keys : {absl::string_view(snap.keys()), absl::string_view(snap.pending_keys())}) {
+    PS_ASSIGN_OR_RETURN(std::vector<uint64_t> decoded, DecodeKeys(keys));
+    for (uint64_t key : decoded) PS_RETURN_IF_ERROR(check(name, config, key));
+  }
+  absl::StatusOr<std::shared_ptr<Entry>> found = Find(name);
+  if (!found.ok()) {
+    // New here: the table with the sender's clocks (this server's Clock
+    // calls for it were refused until now: retry). Two first copies racing:
+    // the first one in is kept, with its clocks.
+    PS_RETURN_IF_ERROR(ValidateName("table", name));
+    PS_ASSIGN_OR_RETURN(auto table, SparseTable::Create(name, config, options_.table));
+    auto entry = std::make_shared<Entry>(&timer_);
+    entry->table = std::move(table);
+    if (auto it = extensions.find(absl::StrCat(kClocksPrefix, name)); it != extensions.end()) {
+      absl::Status restored = entry->clocks.Restore(it->second);
+      if (!restored.ok()) {
+        return absl::Status(restored.code(), absl::StrCat("clocks of table '", name,
+                                                          "' handed over: ", restored.message()));
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    found = tables_.emplace(name, std::move(entry)).first->second;
+  }
+  Entry& entry = **found;
+  for (size_t a = 0; a < add_keys.size(); ++a) {
+    if (adds.adds(a).values().size() != add_keys[a].size() * entry.table->row_bytes()) {
+      return absl::DataLossError(
+          absl::StrCat("held-back adds of table '", name, "': keys and values disagree"));
+    }
+  }
+  absl::MutexLock lock(&entry.bsp_mu);
+  PS_ASSIGN_OR_RETURN(const uint64_t rows, entry.table->MergeRows(snap, replaced));
+  for (auto it = entry.pending.begin(); replaced && it != entry.pending.end();) {
+    for (v1::PendingAdds::Add& add : it->second) DropKeys(replaced, entry.table->row_bytes(), &add);
+    auto& adds_of_clock = it->second;
+    adds_of_clock.erase(std::remove_if(adds_of_clock.begin(), adds_of_clock.end(),
+                                       [](const v1::PendingAdds::Add& add) {
+                                         return add.keys().empty();
+                                       }),
+                        adds_of_clock.end());
+    it = adds_of_clock.empty() ? entry.pending.erase(it) : std::next(it);
+  }
+  for (v1::PendingAdds::Add& add : *adds.mutable_adds()) {
+    const int64_t clock = add.clock();
+    entry.pending[clock].push_back(std::move(add));
+  }
+  // Adds of a clock every worker here has passed already apply now.
+  ApplyPassed(entry, entry.clocks.MinClock());
+  return rows;
 }
 
 void Tables::Shutdown() {

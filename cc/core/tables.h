@@ -30,6 +30,7 @@
 #define PSERVER_CC_CORE_TABLES_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -64,6 +66,21 @@ class TableHandler {
   // Applies `values` (keys.size() * table.row_bytes() bytes) for `keys`.
   virtual absl::Status Push(SparseTable& table, absl::Span<const uint64_t> keys,
                             absl::string_view values);
+};
+
+// One pull or push of a table as borrowed views: what a TablePullRequest /
+// TablePushRequest carries, without the message (the bulk channel's table
+// frames, cc/rpc/table_frame.h, are read into one in place).
+struct TableRowsView {
+  absl::string_view table;
+  absl::Span<const uint64_t> keys;
+  // A push's rows, in `value_type`; empty for a pull.
+  absl::string_view values;
+  // A push: the type `values` travel in; a pull: the type its rows are asked
+  // in (TableConfig.wire_compression). Unset: as stored.
+  ElementType value_type = v1::ELEMENT_TYPE_UNSPECIFIED;
+  absl::string_view worker;  // a push's (BSP holds adds back by clock)
+  int64_t clock = 0;
 };
 
 struct TablesOptions {
@@ -100,6 +117,17 @@ class Tables {
   CancelWait PullAsync(const v1::TablePullRequest& request, v1::TablePullResponse* response,
                        absl::Time deadline, WaitDone done);
   absl::Status Push(const v1::TablePushRequest& request, v1::TablePushResponse* response);
+
+  // Pull and Push on views, no message (the same checks, handler and
+  // errors). Where a read's rows go: room for `bytes` bytes of rows in
+  // `content_type` (unset: as stored), or an error that ends the read (a
+  // reply that does not fit).
+  using RowsOut = absl::FunctionRef<absl::StatusOr<absl::Span<char>>(size_t bytes,
+                                                                      ElementType content_type)>;
+  // Reads now, without a worker: it never waits for clocks (a consistent
+  // read is a Pull with a request).
+  absl::Status PullRows(const TableRowsView& pull, RowsOut out);
+  absl::Status PushRows(const TableRowsView& push);
   absl::StatusOr<int64_t> Clock(const v1::ClockRequest& request);
   void Stats(v1::TableStatsResponse* response) const;
   // Every table's registered workers and their clocks (sorted by worker id),
@@ -138,6 +166,41 @@ class Tables {
   absl::Status RestoreFrom(const std::map<std::string, std::string>& extensions,
                            bool replace = false);
 
+  // ---- live moves (docs/elastic.md, cc/server/move.h) ----
+  // The (normalized) config of table `name`; NOT_FOUND "no table 'x'".
+  absl::StatusOr<v1::TableConfig> ConfigOf(absl::string_view name) const;
+  // Every table's name, sorted.
+  std::vector<std::string> Names() const;
+  // The part of table `name` whose keys `keep` accepts, as a checkpoint
+  // holds a table (SaveTo's extensions): "table/<name>" (those rows with
+  // their optimizer state and step counts, the keys awaiting admission and
+  // the config), "pending/<name>" (the held-back BSP adds of those keys,
+  // when there are any) and "clocks/<name>" (every worker's clock). Rows and
+  // held-back adds are taken under the table's BSP lock, so that no clock
+  // change falls between them. NOT_FOUND for an unknown table.
+  struct Exported {
+    uint64_t rows = 0;
+    uint64_t bytes = 0;  // values and optimizer state of those rows
+  };
+  absl::StatusOr<Exported> ExportRows(const std::string& name, const SparseTable::KeyFilter& keep,
+                                      std::map<std::string, std::string>* extensions) const;
+  // Takes what ExportRows wrote for one table: a table not held here is
+  // created with its config and clocks (a table held here keeps its own
+  // clocks and must have the same config); the rows are added
+  // (SparseTable::MergeRows); the held-back adds of a clock every worker
+  // here has passed are applied at once, the others held back. `check`
+  // vets every key (rows, admission keys, held-back adds) before anything
+  // changes: its error is returned, nothing taken. The rows and held-back
+  // adds of keys that `replaced` accepts are dropped first (a hand-over sent
+  // again replaces the first). INVALID_ARGUMENT unless `extensions` holds
+  // exactly one table; DATA_LOSS for bytes that do not decode. Returns the
+  // rows taken.
+  using KeyCheck = std::function<absl::Status(const std::string& table,
+                                              const v1::TableConfig& config, uint64_t key)>;
+  absl::StatusOr<uint64_t> ImportRows(const std::map<std::string, std::string>& extensions,
+                                      const KeyCheck& check,
+                                      const SparseTable::KeyFilter& replaced);
+
   // Wakes every waiting pull and collective with UNAVAILABLE.
   void Shutdown();
 
@@ -160,12 +223,15 @@ class Tables {
     std::map<int64_t, std::vector<v1::PendingAdds::Add>> pending ABSL_GUARDED_BY(bsp_mu);
   };
 
-  absl::StatusOr<std::shared_ptr<Entry>> Find(const std::string& name) const;
+  absl::StatusOr<std::shared_ptr<Entry>> Find(absl::string_view name) const;
+  // Applies the adds of every clock below `min_clock` (every one when it is
+  // negative: no worker) and drops them from `pending`.
+  void ApplyPassed(Entry& entry, int64_t min_clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.bsp_mu);
   // Every table, by name. Lock order: an entry's bsp_mu before mu_.
   std::vector<std::pair<std::string, std::shared_ptr<Entry>>> Entries() const;
-  std::shared_ptr<TableHandler> HandlerOf(const std::string& name) const;
+  std::shared_ptr<TableHandler> HandlerOf(absl::string_view name) const;
   void MaybeSweep(Entry& entry);
-  absl::Status Apply(Entry& entry, const std::string& name, absl::Span<const uint64_t> keys,
+  absl::Status Apply(Entry& entry, absl::string_view name, absl::Span<const uint64_t> keys,
                      absl::string_view values);
   // Runs a clock change; the reads it lets through go to `released`.
   absl::StatusOr<int64_t> ChangeClock(Entry& entry, const v1::ClockRequest& request,
@@ -174,6 +240,9 @@ class Tables {
   absl::Status Read(Entry& entry, const v1::TablePullRequest& request,
                     absl::Span<const uint64_t> keys, v1::TablePullResponse* response,
                     int64_t received);
+  // Reads `keys` of `entry` (table `name`) into `out`, in `wire_type`.
+  absl::Status ReadRows(Entry& entry, absl::string_view name, absl::Span<const uint64_t> keys,
+                        ElementType wire_type, RowsOut out);
   static bool HoldsAdds(const Entry& entry) {
     return entry.table->config().consistency().model() == v1::Consistency::BSP;
   }

@@ -17,6 +17,7 @@ namespace pserver {
 namespace {
 
 using ::pserver::testing::IsOk;
+using ::pserver::testing::StatusCodeIs;
 using ::pserver::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -232,6 +233,68 @@ TEST_F(TablesTest, SaveAndRestoreCarryRowsClocksAndHeldAdds) {
   Tables broken(Options());
   EXPECT_THAT(broken.RestoreFrom(extensions),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("extension 'table/kv'")));
+}
+
+// Live moves (docs/elastic.md): a table's rows, held-back adds and clocks
+// exported from one server's tables and imported into another's.
+TEST_F(TablesTest, RowsHeldBackAddsAndClocksMoveToAnotherServersTables) {
+  ASSERT_OK(Create("bsp", "optimizer { add {} } consistency { model: BSP }"));
+  ASSERT_OK(Clock("bsp", "a", v1::ClockRequest::JOIN).status());
+  ASSERT_OK(Clock("bsp", "b", v1::ClockRequest::JOIN).status());
+  ASSERT_OK(Push("bsp", {1, 2, 3}, {1, 2, 3}));
+  ASSERT_OK(Push("bsp", {1, 2, 3}, {10, 20, 30}, "a", 0));  // held back
+  std::map<std::string, std::string> extensions;
+  ASSERT_OK_AND_ASSIGN(Tables::Exported exported,
+                       tables_.ExportRows("bsp", [](uint64_t key) { return key != 3; },
+                                          &extensions));
+  EXPECT_EQ(exported.rows, 2u);
+  EXPECT_EQ(exported.bytes, 2 * sizeof(double));
+  EXPECT_THAT(tables_.ExportRows("nope", [](uint64_t) { return true; }, &extensions),
+              StatusCodeIs(absl::StatusCode::kNotFound));
+
+  Tables other(Options());
+  auto all = [](uint64_t) { return true; };
+  // A key the receiver refuses: nothing taken, not even the table.
+  EXPECT_THAT(other.ImportRows(
+                  extensions,
+                  [](const std::string&, const v1::TableConfig&, uint64_t key) {
+                    return key == 2 ? absl::FailedPreconditionError("not mine") : absl::OkStatus();
+                  },
+                  all),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not mine")));
+  EXPECT_THAT(other.ConfigOf("bsp"), StatusCodeIs(absl::StatusCode::kNotFound));
+  auto mine = [](const std::string&, const v1::TableConfig&, uint64_t) { return absl::OkStatus(); };
+  ASSERT_OK_AND_ASSIGN(uint64_t rows, other.ImportRows(extensions, mine, all));
+  EXPECT_EQ(rows, 2u);
+  EXPECT_EQ(other.Names(), std::vector<std::string>{"bsp"});
+  EXPECT_EQ(other.AllWorkerClocks(), tables_.AllWorkerClocks());  // the clocks came along
+  auto pull = [&](Tables& t) {
+    v1::TablePullRequest request;
+    request.set_table("bsp");
+    request.set_keys(EncodeKeys({1, 2, 3}));
+    v1::TablePullResponse response;
+    EXPECT_OK(t.Pull(request, &response, absl::Now() + absl::Seconds(5)));
+    std::vector<double> values(3);
+    std::memcpy(values.data(), response.values().data(), response.values().size());
+    return values;
+  };
+  EXPECT_EQ(pull(other), (std::vector<double>{1, 2, 0}));  // the adds are held back
+  for (const char* worker : {"a", "b"}) {
+    v1::ClockRequest tick;
+    tick.set_table("bsp");
+    tick.set_worker(worker);
+    tick.set_op(v1::ClockRequest::TICK);
+    ASSERT_OK(other.Clock(tick).status());
+  }
+  EXPECT_EQ(pull(other), (std::vector<double>{11, 22, 0}));  // applied by the ticks there
+  // Sent again: refused unless it may replace; replacing, adds of clocks
+  // every worker here passed apply at once.
+  EXPECT_THAT(other.ImportRows(extensions, mine, nullptr),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("here already")));
+  ASSERT_OK(other.ImportRows(extensions, mine, all).status());
+  EXPECT_EQ(pull(other), (std::vector<double>{11, 22, 0}));
+  EXPECT_THAT(other.ImportRows({}, mine, all),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("without a table")));
 }
 
 }  // namespace

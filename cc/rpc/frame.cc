@@ -39,7 +39,7 @@ absl::StatusOr<RequestHeader> DecodeRequestHeader(const char in[kFrameHeaderByte
   if (Get(in, 4) != kMagic) return absl::InvalidArgumentError("not a bulk channel frame (magic)");
   const uint64_t method = Get(in + 4, 1);
   if (method < static_cast<uint8_t>(FrameMethod::kHello) ||
-      method > static_cast<uint8_t>(FrameMethod::kReplicate)) {
+      method > static_cast<uint8_t>(FrameMethod::kTableRowsPush)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown bulk channel method ", method));
   }
   if (!ZeroPadding(in + 5, 3)) return absl::InvalidArgumentError("nonzero frame header padding");

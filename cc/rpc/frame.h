@@ -3,12 +3,13 @@
 // very message bytes their raw gRPC methods carry (cc/rpc/wire.h).
 //
 //   request  = header (32 bytes) + payload (SendGradsRequest, GetParamsRequest,
-//              PushPullRequest, TablePullRequest, TablePushRequest, a
+//              PushPullRequest, TablePullRequest, TablePushRequest, a table
+//              frame for kTableRowsPull / kTableRowsPush (table_frame.h), a
 //              primary's replicated write for kReplicate, or the token for
 //              kHello)
 //   reply    = header (48 bytes) + status message + payload (SendGradsResponse,
-//              GetParamsResponse, TablePullResponse or TablePushResponse when
-//              the status is OK)
+//              GetParamsResponse, TablePullResponse, TablePushResponse, or a
+//              table frame's reply, when the status is OK)
 //
 // Every integer is little-endian. Request header: magic "PSB1", method (1
 // byte), 3 zero bytes, call id (8), timeout in microseconds (8; 0: none),
@@ -44,6 +45,11 @@ enum class FrameMethod : uint8_t {
   // a 32-byte replication header, the method name, the request's bytes),
   // answered with an empty payload once the backup applied it.
   kReplicate = 7,
+  // A sparse table's pull / push as a raw table frame (cc/rpc/table_frame.h:
+  // keys and rows as contiguous arrays, no protobuf message), for servers
+  // whose OpenChannelResponse.table_frames says they speak it.
+  kTableRowsPull = 8,
+  kTableRowsPush = 9,
 };
 
 inline constexpr size_t kFrameHeaderBytes = 32;

@@ -17,6 +17,7 @@
 #include "cc/core/status_macros.h"
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/replica_channel.h"
+#include "cc/rpc/table_frame.h"
 #include "cc/server/service.h"
 #include "cc/trace/trace.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -47,12 +48,29 @@ const char* MethodName(FrameMethod method) {
       return "TablePull";
     case FrameMethod::kTablePush:
       return "TablePush";
+    case FrameMethod::kTableRowsPull:
+      return "TablePullRows";
+    case FrameMethod::kTableRowsPush:
+      return "TablePushRows";
     case FrameMethod::kReplicate:
       return "Replicate";
     case FrameMethod::kHello:
       break;
   }
   return "";
+}
+
+// The method a frame is authorized as (roles, docs/security.md): a table
+// frame as the control call it stands for.
+const char* AuthorizedAs(FrameMethod method) {
+  switch (method) {
+    case FrameMethod::kTableRowsPull:
+      return "TablePull";
+    case FrameMethod::kTableRowsPush:
+      return "TablePush";
+    default:
+      return MethodName(method);
+  }
 }
 
 void SetReceiveTimeout(int fd, absl::Duration timeout) {
@@ -84,6 +102,7 @@ absl::StatusOr<std::unique_ptr<BulkListener>> BulkListener::Start(
   listener->offer_.set_tcp_port(static_cast<uint32_t>(port));
   listener->offer_.set_token(RandomBytes(kChannelTokenBytes));
   listener->offer_.set_max_frame_bytes(options.max_frame_bytes);
+  listener->offer_.set_table_frames(kTableFrameVersion);
   if (options.unix_socket) {
     const std::string name =
         absl::StrCat("pserver-bulk-", getpid(), "-", absl::BytesToHexString(RandomBytes(8)));
@@ -289,7 +308,7 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
   }
   reply.call_id = header->call_id;
   if (principal.has_value()) {
-    if (absl::Status allowed = options_.auth->Authorize(*principal, MethodName(header->method));
+    if (absl::Status allowed = options_.auth->Authorize(*principal, AuthorizedAs(header->method));
         !allowed.ok()) {
       PS_RETURN_IF_ERROR(Discard(stream, header->payload_bytes));
       return WriteReplyFrame(stream, reply, allowed);

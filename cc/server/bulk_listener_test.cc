@@ -3,14 +3,18 @@
 // channel off. No test depends on timing.
 #include "cc/server/bulk_listener.h"
 
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "cc/client/grpc_transport.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/rpc/frame.h"
+#include "cc/rpc/table_frame.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -22,6 +26,7 @@ namespace {
 using ::pserver::testing::IsOk;
 using ::pserver::testing::StatusCodeIs;
 using ::pserver::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::unique_ptr<Server> StartServer(ServerOptions options = {}) {
@@ -250,6 +255,183 @@ TEST(BulkListenerTest, OpenChannelOffersTheListenerOrSaysItIsOff) {
       EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bulk_channel")));
     }
   }
+}
+
+
+// --- table frames (cc/rpc/table_frame.h) ---
+
+constexpr uint32_t kDim = 2;
+
+// A server with an SGD table "emb" of dim 2 (learning rate 1, zero rows).
+std::unique_ptr<Server> ServerWithTable(ServerOptions options = {}) {
+  auto server = StartServer(options);
+  if (server == nullptr) return nullptr;
+  v1::CreateTableRequest create;
+  create.set_name("emb");
+  create.mutable_config()->set_dim(kDim);
+  create.mutable_config()->mutable_optimizer()->mutable_sgd()->set_learning_rate(1);
+  EXPECT_THAT(server->tables().Create(create), IsOk());
+  return server;
+}
+
+std::string TableFramePayload(const TableFrame& frame) {
+  std::string head;
+  return absl::StrJoin(EncodeTableFrame(frame, &head), "");
+}
+
+std::string Floats(std::vector<float> values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+// A push of `grads` (kDim floats a key) to "emb" with request id (7, seq).
+std::string PushPayload(const std::vector<uint64_t>& keys, const std::string& grads,
+                        uint64_t sequence) {
+  TableFrame frame;
+  frame.table = "emb";
+  frame.keys = keys;
+  frame.values = grads;
+  frame.client_id = 7;
+  frame.sequence = sequence;
+  return TableFramePayload(frame);
+}
+
+// Pulls `keys` of "emb" over `stream` as a table frame: the rows as floats.
+absl::StatusOr<std::vector<float>> PullRows(ByteStream& stream, const std::vector<uint64_t>& keys,
+                                            uint8_t wire_type = 0, uint32_t* content_type = nullptr) {
+  TableFrame frame;
+  frame.table = "emb";
+  frame.keys = keys;
+  frame.value_type = wire_type;
+  if (absl::Status s = WriteRequest(stream, FrameMethod::kTableRowsPull, 50,
+                                    TableFramePayload(frame));
+      !s.ok()) {
+    return s;
+  }
+  std::string payload;
+  if (absl::Status s = ReadReply(stream, nullptr, &payload); !s.ok()) return s;
+  absl::StatusOr<TablePullReply> reply = DecodeTablePullReply(payload);
+  if (!reply.ok()) return reply.status();
+  if (content_type != nullptr) *content_type = reply->content_type;
+  std::vector<float> rows(reply->values.size() / sizeof(float));
+  std::memcpy(rows.data(), reply->values.data(), rows.size() * sizeof(float));
+  return rows;
+}
+
+TEST(BulkListenerTest, OpenChannelSaysItSpeaksTableFrames) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->bulk_listener()->Offer().table_frames(), kTableFrameVersion);
+}
+
+TEST(BulkListenerTest, TableFramesPushAndPullRowsExactlyOnce) {
+  auto server = ServerWithTable();
+  ASSERT_NE(server, nullptr);
+  auto stream = Greeted(*server);
+  ASSERT_NE(stream, nullptr);
+  // Duplicate keys are summed; SGD with rate 1 from zero rows: row = -grad.
+  const std::vector<uint64_t> keys = {5, 9, 5};
+  const std::string grads = Floats({1, 2, 10, 20, 100, 200});
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the retry is not applied again
+    ASSERT_THAT(WriteRequest(*stream, FrameMethod::kTableRowsPush, 10 + attempt,
+                             PushPayload(keys, grads, /*sequence=*/1)),
+                IsOk());
+    std::string payload = "unset";
+    EXPECT_THAT(ReadReply(*stream, nullptr, &payload), IsOk());
+    EXPECT_EQ(payload, "");
+  }
+  auto rows = PullRows(*stream, {9, 5, 4});
+  ASSERT_THAT(rows.status(), IsOk());
+  EXPECT_THAT(*rows, ElementsAre(-10, -20, -101, -202, 0, 0));
+  EXPECT_EQ(server->dispatcher().duplicates_ignored(), 1u);
+  // Half precision on request: the reply says so and carries 2-byte values.
+  uint32_t content_type = 0;
+  auto half = PullRows(*stream, {9}, v1::FLOAT16, &content_type);
+  ASSERT_THAT(half.status(), IsOk());
+  EXPECT_EQ(content_type, static_cast<uint32_t>(v1::FLOAT16));
+  EXPECT_EQ(half->size(), 1u);  // 2 float16 values = the bytes of one float
+}
+
+// Bad table frames are refused naming what is wrong, counted, change
+// nothing, and leave the connection in step.
+TEST(BulkListenerTest, BadTableFramesAreRefusedAndChangeNothing) {
+  auto server = ServerWithTable();
+  ASSERT_NE(server, nullptr);
+  auto stream = Greeted(*server);
+  ASSERT_NE(stream, nullptr);
+  const uint64_t rejected_before = Rejected(*server);
+  const std::vector<uint64_t> keys = {1, 2};
+  const std::string good = PushPayload(keys, Floats({1, 1, 1, 1}), 1);
+  std::string overlong = good + "x";
+  std::string more_keys = good;
+  const uint64_t three = 3;
+  std::memcpy(more_keys.data() + 16, &three, sizeof(three));
+  struct Case {
+    FrameMethod method;
+    std::string payload;
+    absl::StatusCode code;
+    std::string says;
+  };
+  TableFrame with_worker;
+  with_worker.table = "emb";
+  with_worker.worker = "w1";
+  with_worker.keys = keys;
+  TableFrame unknown_table;
+  unknown_table.table = "nope";
+  unknown_table.keys = keys;
+  const std::vector<Case> cases = {
+      {FrameMethod::kTableRowsPush, good.substr(0, 20), absl::StatusCode::kInvalidArgument,
+       "shorter than its 56-byte header"},
+      {FrameMethod::kTableRowsPush, good.substr(0, good.size() - 1),
+       absl::StatusCode::kInvalidArgument, "does not match its header"},
+      {FrameMethod::kTableRowsPush, overlong, absl::StatusCode::kInvalidArgument,
+       "does not match its header"},
+      {FrameMethod::kTableRowsPush, more_keys, absl::StatusCode::kInvalidArgument,
+       "does not match its header"},
+      {FrameMethod::kTableRowsPull, good, absl::StatusCode::kInvalidArgument,
+       "a pull carries neither"},
+      // Values for one row where two keys need two.
+      {FrameMethod::kTableRowsPush, PushPayload(keys, Floats({1, 1}), 2),
+       absl::StatusCode::kInvalidArgument, "bytes"},
+      // The finite check.
+      {FrameMethod::kTableRowsPush, PushPayload(keys, Floats({1, 1, 1, NAN}), 3),
+       absl::StatusCode::kInvalidArgument, "finite"},
+      {FrameMethod::kTableRowsPull, TableFramePayload(with_worker),
+       absl::StatusCode::kInvalidArgument, "TablePull control call"},
+      {FrameMethod::kTableRowsPull, TableFramePayload(unknown_table),
+       absl::StatusCode::kNotFound, "no table 'nope'"},
+  };
+  uint64_t id = 100;
+  for (const Case& c : cases) {
+    ASSERT_THAT(WriteRequest(*stream, c.method, ++id, c.payload), IsOk());
+    uint64_t answered = 0;
+    EXPECT_THAT(ReadReply(*stream, &answered), StatusIs(c.code, HasSubstr(c.says))) << c.says;
+    EXPECT_EQ(answered, id);
+  }
+  // Nothing was applied: the rows are still zero and no row was created.
+  auto rows = PullRows(*stream, keys);
+  ASSERT_THAT(rows.status(), IsOk());
+  EXPECT_THAT(*rows, ElementsAre(0, 0, 0, 0));
+  v1::TableStatsResponse stats;
+  server->tables().Stats(&stats);
+  ASSERT_EQ(stats.tables_size(), 1);
+  EXPECT_EQ(stats.tables(0).rows(), 0u);
+  EXPECT_GE(Rejected(*server), rejected_before + 5);  // the frames that did not decode
+  EXPECT_EQ(server->bulk_listener()->request_bytes_held(), 0u);
+}
+
+TEST(BulkListenerTest, ATablePullLargerThanTheReplyBudgetIsRefusedBeforeItIsBuilt) {
+  ServerOptions options;
+  options.max_reply_bytes_in_flight = 1024;
+  auto server = ServerWithTable(options);
+  ASSERT_NE(server, nullptr);
+  auto stream = Greeted(*server);
+  ASSERT_NE(stream, nullptr);
+  std::vector<uint64_t> keys(1000);  // 8000 bytes of rows
+  EXPECT_THAT(PullRows(*stream, keys).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_reply_bytes_in_flight")));
+  EXPECT_EQ(server->dispatcher().reply_budget().held(), 0u);
+  // A pull that fits is served on the same connection.
+  EXPECT_THAT(PullRows(*stream, {1, 2}).status(), IsOk());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
+#include "cc/core/table_keys.h"
 #include "cc/core/status_macros.h"
 #include "cc/server/state_checksum.h"
 
@@ -72,6 +73,8 @@ Dispatcher::Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, Di
   for (const char* const* name = kReplicatedMethods; *name != nullptr; ++name) {
     methods_.at(*name).replicated = true;
   }
+  table_push_metrics_ = methods_.at("TablePush").metrics;
+  table_pull_metrics_ = methods_.at("TablePull").metrics;
 }
 
 Dispatcher::Method& Dispatcher::Add(const char* name, bool needs_serving,
@@ -262,20 +265,44 @@ void Dispatcher::AddControlMethods() {
       });
   Wait<TablePullRequest, TablePullResponse>(
       "TablePull", [this](const TablePullRequest& request, TablePullResponse* response,
-                          absl::Time deadline, WaitDone done) {
-        return tables_->PullAsync(request, response, deadline, std::move(done));
+                          absl::Time deadline, WaitDone done) -> CancelWait {
+        if (absl::Status owned = CheckTableKeys(request.table(), request.keys(), /*write=*/false);
+            !owned.ok()) {
+          done(std::move(owned));
+          return [] {};
+        }
+        // A consistent read may wait for clocks while its keys are handed
+        // over: checked again once read (a read changes no row).
+        return tables_->PullAsync(
+            request, response, deadline,
+            [this, &request, response, done = std::move(done)](absl::Status status) {
+              if (status.ok()) status = CheckTableKeys(request.table(), request.keys(), false);
+              if (!status.ok()) response->Clear();
+              done(std::move(status));
+            });
       });
   Sync<TablePushRequest, TablePushResponse>(
       "TablePush", [this](const TablePushRequest& request, TablePushResponse* response) {
-        return ApplyOnce(request.client_id(), request.sequence(),
-                         [&] { return tables_->Push(request, response); });
+        // Keys are checked only for a new id, as a bulk push's blocks are.
+        return ApplyOnce(request.client_id(), request.sequence(), [&] {
+          PS_RETURN_IF_ERROR(CheckTableKeys(request.table(), request.keys(), /*write=*/true));
+          return tables_->Push(request, response);
+        });
       });
-  Sync<ClockRequest, ClockResponse>("Clock",
-                                    [this](const ClockRequest& request, ClockResponse* response) {
-                                      PS_ASSIGN_OR_RETURN(int64_t clock, tables_->Clock(request));
-                                      response->set_clock(clock);
-                                      return absl::OkStatus();
-                                    });
+  Sync<ClockRequest, ClockResponse>(
+      "Clock", [this](const ClockRequest& request, ClockResponse* response) {
+        absl::StatusOr<int64_t> clock = tables_->Clock(request);
+        if (absl::IsNotFound(clock.status()) && TableMayArrive()) {
+          // A server that joins gets each table (with its clocks) from an
+          // old owner during the move: a tick meanwhile is retried.
+          return absl::UnavailableError(absl::StrCat(
+              "table '", request.table(), "' is not on this server yet (a placement move "
+              "hands it over); retry"));
+        }
+        PS_RETURN_IF_ERROR(clock.status());
+        response->set_clock(*clock);
+        return absl::OkStatus();
+      });
   Sync<TableStatsRequest, TableStatsResponse>(
       "TableStats",
       [this](const TableStatsRequest&, TableStatsResponse* response) {
@@ -491,6 +518,78 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
   return status;
 }
 
+absl::Status Dispatcher::PushTableRows(const TableRowsView& push, uint64_t client_id,
+                                       uint64_t sequence) {
+  const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "TablePush", "server");
+  table_push_metrics_->received_bytes.Add(push.keys.size() * sizeof(uint64_t) +
+                                          push.values.size());
+  absl::Status status = CheckServing();
+  if (status.ok()) status = CheckWrite();
+  if (status.ok()) {
+    status = Ship(
+        "TablePush",
+        [&] {
+          v1::TablePushRequest request;
+          request.set_table(push.table.data(), push.table.size());
+          request.set_keys(EncodeKeys(push.keys));
+          request.set_values(push.values.data(), push.values.size());
+          request.set_client_id(client_id);
+          request.set_sequence(sequence);
+          request.set_worker(push.worker.data(), push.worker.size());
+          request.set_clock(push.clock);
+          request.set_value_type(push.value_type);
+          return request.SerializeAsString();
+        },
+        [&] {
+          // Keys are checked only for a new id, as TablePush's are.
+          return ApplyOnce(client_id, sequence, [&] {
+            PS_RETURN_IF_ERROR(CheckTableKeys(push.table, push.keys, /*write=*/true));
+            return tables_->PushRows(push);
+          });
+        });
+  }
+  if (status.ok()) status = CheckWrite();  // applied, but acknowledged only if still ours
+  table_push_metrics_->Finish(status, start);
+  if (span.active()) {
+    span.set_args(trace::Args()
+                      .Add("table", push.table)
+                      .AddHex("client_id", client_id)
+                      .Add("sequence", sequence)
+                      .Add("status", absl::StatusCodeToString(status.code()))
+                      .json());
+  }
+  return status;
+}
+
+absl::Status Dispatcher::PullTableRows(const TableRowsView& pull, Tables::RowsOut out) {
+  const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
+  trace::Span span(trace(), "TablePull", "server");
+  table_pull_metrics_->received_bytes.Add(pull.keys.size() * sizeof(uint64_t));
+  uint64_t sent = 0;
+  absl::Status status = CheckServing();
+  if (status.ok()) status = CheckTableKeys(pull.table, pull.keys, /*write=*/false);
+  if (status.ok()) {
+    status = tables_->PullRows(
+        pull, [&](size_t bytes, ElementType type) -> absl::StatusOr<absl::Span<char>> {
+          sent = bytes;
+          return out(bytes, type);
+        });
+  }
+  // As TablePull: checked again once read (a read changes no row), so that
+  // rows read while their keys were handed over are refused, not returned.
+  if (status.ok()) status = CheckTableKeys(pull.table, pull.keys, /*write=*/false);
+  table_pull_metrics_->Finish(status, start, status.ok() ? sent : 0);
+  if (span.active()) {
+    span.set_args(trace::Args()
+                      .Add("table", pull.table)
+                      .Add("keys", pull.keys.size())
+                      .Add("status", absl::StatusCodeToString(status.code()))
+                      .json());
+  }
+  return status;
+}
+
 absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads) {
   return PushShipping(id, grads, nullptr);
 }
@@ -580,6 +679,35 @@ absl::Status Dispatcher::ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockRe
     PS_RETURN_IF_ERROR(delivered);
   }
   return absl::OkStatus();
+}
+
+bool Dispatcher::TableMayArrive() const {
+  const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+  return gate != nullptr && gate->moving();
+}
+
+absl::Status Dispatcher::CheckTableKeys(absl::string_view table, absl::string_view keys,
+                                        bool write) const {
+  if (placement_gate_.load(std::memory_order_acquire) == nullptr) return absl::OkStatus();
+  absl::StatusOr<KeysView> view = KeysView::Of(keys);
+  if (!view.ok()) return absl::OkStatus();  // the table's own call says what is wrong
+  return CheckTableKeys(table, view->keys(), write);
+}
+
+absl::Status Dispatcher::CheckTableKeys(absl::string_view table, absl::Span<const uint64_t> keys,
+                                        bool write) const {
+  const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+  if (gate == nullptr) return absl::OkStatus();
+  absl::StatusOr<v1::TableConfig> config = tables_->ConfigOf(table);
+  if (!config.ok()) {
+    if (absl::IsNotFound(config.status()) && gate->moving()) {
+      return absl::UnavailableError(
+          absl::StrCat("table '", table, "' is not on this server yet (a placement move hands it "
+                       "over); nothing applied; retry"));
+    }
+    return absl::OkStatus();  // the table's own call says what is wrong
+  }
+  return gate->CheckKeys(table, config->partitioning(), keys, write);
 }
 
 absl::Status Dispatcher::CheckReplyRoom() {

@@ -257,6 +257,17 @@ class Dispatcher {
   // Counts a request too malformed to reach the store (GetStats).
   void CountMalformed() { store_->CountRejected(); }
 
+  // ---- sparse tables on views (the bulk channel's table frames) ----------
+  // The TablePush control method on a view, no message: the serving check,
+  // the fence before and after, exactly once per (client_id, sequence),
+  // shipped to backups (as the TablePushRequest it stands for, built only
+  // then), counted and traced as TablePush.
+  absl::Status PushTableRows(const TableRowsView& push, uint64_t client_id, uint64_t sequence);
+  // The TablePull control method for a read without a worker (it never
+  // waits) on a view, the rows where `out` says (Tables::PullRows); counted
+  // as TablePull.
+  absl::Status PullTableRows(const TableRowsView& pull, Tables::RowsOut out);
+
   // ---- lifecycle and what a Server reads ---------------------------------
   // While not serving (a server still claiming its index or loading its
   // checkpoint) every call but GetStats, TableStats and ListWorkers fails
@@ -269,9 +280,10 @@ class Dispatcher {
   // (no etcd: nothing else can hold the shard).
   void SetFence(Fence* fence) { fence_.store(fence, std::memory_order_release); }
   Fence* fence() const { return fence_.load(std::memory_order_acquire); }  // null: none
-  // From now on every block of a bulk push or read must be this server's
-  // under `gate` (not owned; outlives the dispatcher): PlacementMoved
-  // otherwise, nothing applied. Null (the default): not checked.
+  // From now on every block of a bulk push or read, and every key of a
+  // TablePush or TablePull, must be this server's under `gate` (not owned;
+  // outlives the dispatcher): PlacementMoved otherwise, nothing applied.
+  // Null (the default): not checked.
   void SetPlacementGate(const PlacementGate* gate) {
     placement_gate_.store(gate, std::memory_order_release);
   }
@@ -342,6 +354,17 @@ class Dispatcher {
                           uint64_t* sent);
   absl::Status GetParam(const v1::GetParamRequest& request, v1::GetParamResponse* response,
                         ReplyHold* reply);
+  // OK when every key of `keys` (a table request's encoded keys) of table
+  // `table` may be written (read) here under the placement gate (none: OK).
+  // A table not held here while the placement is moving: UNAVAILABLE (it
+  // may be handed over); bad keys or an unknown table otherwise: OK, for
+  // the table's own call to refuse.
+  absl::Status CheckTableKeys(absl::string_view table, absl::string_view keys, bool write) const;
+  // The same for keys already decoded (a table frame's).
+  absl::Status CheckTableKeys(absl::string_view table, absl::Span<const uint64_t> keys,
+                              bool write) const;
+  // Whether a table missing here may still be handed over (moving).
+  bool TableMayArrive() const;
 
   ParameterStore* const store_;
   Tables* const tables_;
@@ -366,6 +389,8 @@ class Dispatcher {
   RequestMetrics request_metrics_;  // fixed after construction
   OpMetrics* push_metrics_ = nullptr;
   OpMetrics* read_metrics_ = nullptr;
+  OpMetrics* table_push_metrics_ = nullptr;  // TablePush's and TablePull's
+  OpMetrics* table_pull_metrics_ = nullptr;
   const google::protobuf::ServiceDescriptor* const service_;
   absl::flat_hash_map<std::string, Method> methods_;  // by short name; fixed after construction
 };

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/placement.h"
 #include "cc/core/reshard.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/grpc_status.h"
@@ -57,6 +59,8 @@ void BlockMover::MoveAsync(const v1::MoveBlocksRequest& request, v1::MoveBlocksR
 
 absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequest& request) {
   absl::MutexLock serial(&move_mu_);
+  // Before anything moves (and for the coordinator's probe).
+  PS_RETURN_IF_ERROR(CheckHeldTablesMayMove());
   PlacementGate& gate = *options_.gate;
   const v1::Placement spec = gate.spec();
   const uint64_t version = request.version();
@@ -137,16 +141,19 @@ absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequ
     }
     PS_RETURN_IF_ERROR(flush());
   }
+  PS_RETURN_IF_ERROR(MoveTables(version, &response));
   response.set_blocks_handed_over(gate.handed_over());
-  if (options_.log && response.blocks_moved() > 0) {
+  if (options_.log && (response.blocks_moved() > 0 || response.rows_moved() > 0)) {
     options_.log(absl::StrCat("placement version ", version, ": handed ",
-                              response.blocks_moved(), " blocks (", response.bytes_moved(),
+                              response.blocks_moved(), " blocks and ", response.rows_moved(),
+                              " table rows (", response.bytes_moved(),
                               " bytes) to their new owners"));
   }
   return response;
 }
 
-absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot& batch) {
+absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot& batch,
+                              const std::vector<v1::MovedBuckets>& buckets) {
   PS_ASSIGN_OR_RETURN(std::vector<v1::SnapshotFile> files,
                       SnapshotToFiles(batch, static_cast<uint32_t>(options_.gate->self()),
                                       options_.write_options));
@@ -154,6 +161,7 @@ absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot
   request.set_version(version);
   request.set_from_server(static_cast<uint32_t>(options_.gate->self()));
   for (v1::SnapshotFile& file : files) *request.add_files() = std::move(file);
+  for (const v1::MovedBuckets& moved : buckets) *request.add_table_buckets() = moved;
   grpc::ChannelArguments arguments;
   arguments.SetMaxSendMessageSize(-1);
   const absl::Time deadline = absl::Now() + options_.send_timeout;
@@ -185,7 +193,8 @@ absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot
   }
   if (!status.ok()) {
     return absl::Status(status.code(),
-                        absl::StrCat("handing ", batch.blocks.size(), " blocks to server ", to,
+                        absl::StrCat("handing ", batch.blocks.size(), " blocks",
+                                     buckets.empty() ? "" : " and table buckets", " to server ", to,
                                      " at ", address.empty() ? "(not registered)" : address, ": ",
                                      status.message()));
   }
@@ -217,6 +226,15 @@ absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
     options_.stall();
   }
   PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(request.files()));
+  if (!loaded.snapshot.blocks.empty() && request.table_buckets_size() > 0) {
+    return absl::InvalidArgumentError("a hand-over of blocks and table buckets at once");
+  }
+  v1::ReceiveBlocksResponse response;
+  if (request.table_buckets_size() > 0) {
+    PS_ASSIGN_OR_RETURN(const uint64_t rows, ReceiveTable(request, loaded.snapshot.extensions));
+    response.set_rows(rows);
+    return response;
+  }
   std::vector<PlacementGate::BlockKey> keys;
   for (const BlockSnapshot& block : loaded.snapshot.blocks) {
     PS_RETURN_IF_ERROR(
@@ -257,7 +275,6 @@ absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
         return absl::OkStatus();
       }));
   received_batches_.fetch_add(1);
-  v1::ReceiveBlocksResponse response;
   response.set_blocks(keys.size());
   if (options_.log) {
     options_.log(absl::StrCat("placement version ", request.version(), ": received ",
@@ -397,6 +414,165 @@ uint64_t NewestSequenceOfAnyShard(const std::string& dir) {
 bool JoinsMove(const v1::Placement& placement, uint32_t index) {
   return placement.moving() && placement.num_servers() > placement.from_num_servers() &&
          index >= placement.from_num_servers() && index < placement.num_servers();
+
+absl::Status BlockMover::MoveTables(uint64_t version, v1::MoveBlocksResponse* response) {
+  if (options_.tables == nullptr) return absl::OkStatus();
+  v1::TableStatsResponse stats;
+  options_.tables->Stats(&stats);
+  for (const v1::TableStats& table : stats.tables()) {
+    PS_ASSIGN_OR_RETURN(const v1::TableConfig config, options_.tables->ConfigOf(table.name()));
+    // Buckets per batch: about batch_bytes of this table's rows (its keys
+    // spread evenly over the buckets by their hash).
+    const uint64_t per_bucket = std::max<uint64_t>(1, table.bytes() / kKeyBuckets);
+    const uint32_t per_batch = static_cast<uint32_t>(
+        std::clamp<uint64_t>(options_.batch_bytes / per_bucket, 1, kKeyBuckets));
+    uint32_t begin = 0;
+    while (begin < kKeyBuckets) {
+      // A run of buckets not handed over yet (a MoveBlocks called again
+      // sends only what is left).
+      if (options_.gate->BucketHandedOver(table.name(), begin)) {
+        ++begin;
+        continue;
+      }
+      uint32_t end = begin + 1;
+      while (end < kKeyBuckets && end - begin < per_batch &&
+             !options_.gate->BucketHandedOver(table.name(), end)) {
+        ++end;
+      }
+      PS_RETURN_IF_ERROR(SendBuckets(version, table.name(), config, begin, end, response));
+      begin = end;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockMover::SendBuckets(uint64_t version, const std::string& table,
+                                     const v1::TableConfig& config, uint32_t begin, uint32_t end,
+                                     v1::MoveBlocksResponse* response) {
+  PlacementGate& gate = *options_.gate;
+  {
+    // No push is between its gate check and its apply meanwhile.
+    absl::WriterMutexLock lock(&options_.dispatcher->apply_mu());
+    gate.HoldBuckets(table, begin, end);
+  }
+  v1::MovedBuckets moved;
+  moved.set_table(table);
+  moved.set_begin(begin);
+  moved.set_end(end);
+  const int num_servers = static_cast<int>(gate.spec().num_servers());
+  uint64_t rows = 0, bytes = 0;
+  absl::Status sent;
+  for (int to = 0; to < num_servers && sent.ok(); ++to) {
+    if (to == gate.self()) continue;
+    StoreSnapshot batch;
+    absl::Status destination_error;
+    absl::StatusOr<Tables::Exported> exported = options_.tables->ExportRows(
+        table,
+        [&](uint64_t key) {
+          const uint32_t bucket = KeyBucket(key);
+          if (bucket < begin || bucket >= end) return false;
+          absl::StatusOr<std::optional<int>> destination =
+              gate.KeyDestination(version, gate.self(), config.partitioning(), key);
+          if (!destination.ok()) {
+            destination_error.Update(destination.status());
+            return false;
+          }
+          return *destination == to;
+        },
+        &batch.extensions);
+    sent = exported.ok() ? destination_error : exported.status();
+    if (sent.ok()) sent = Send(version, static_cast<uint32_t>(to), batch, {moved});
+    if (sent.ok()) {
+      rows += exported->rows;
+      bytes += exported->bytes;
+    }
+  }
+  // A failure leaves the buckets served here; some new owners may have
+  // taken their rows (they serve them only once this server hands them
+  // over: a MoveBlocks called again sends the buckets to every server, and
+  // one that took them already acknowledges them).
+  gate.ReleaseBuckets(table, begin, end, sent.ok());
+  if (!sent.ok()) return sent;
+  response->set_rows_moved(response->rows_moved() + rows);
+  response->set_bytes_moved(response->bytes_moved() + bytes);
+  return absl::OkStatus();
+}
+
+absl::Status BlockMover::CheckTablesMayMove(absl::string_view table) const {
+  if (!replicated() && !options_.checkpointing) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "live moves of table rows do not work with ",
+      replicated() ? "standbys (--accept_standbys)" : "--checkpoint_dir",
+      " yet (the rows received would not reach the ", replicated() ? "backups" : "checkpoints",
+      "); table '", table, "'"));
+}
+
+absl::Status BlockMover::CheckHeldTablesMayMove() const {
+  if (options_.tables == nullptr) return absl::OkStatus();
+  v1::TableStatsResponse stats;
+  options_.tables->Stats(&stats);
+  if (stats.tables_size() == 0) return absl::OkStatus();
+  return CheckTablesMayMove(stats.tables(0).name());
+}
+
+absl::StatusOr<uint64_t> BlockMover::ReceiveTable(
+    const v1::ReceiveBlocksRequest& request, const std::map<std::string, std::string>& extensions) {
+  if (options_.tables == nullptr) {
+    return absl::FailedPreconditionError("this server takes no table rows");
+  }
+  PlacementGate& gate = *options_.gate;
+  PS_RETURN_IF_ERROR(gate.CheckReceiveVersion(request.version()));
+  const int from = static_cast<int>(request.from_server());
+  const std::string& table = request.table_buckets(0).table();
+  PS_RETURN_IF_ERROR(CheckTablesMayMove(table));
+  v1::Partitioning partitioning;  // of a table held here; one arriving replaces nothing
+  if (absl::StatusOr<v1::TableConfig> config = options_.tables->ConfigOf(table); config.ok()) {
+    partitioning = config->partitioning();
+  }
+  for (const v1::MovedBuckets& moved : request.table_buckets()) {
+    if (moved.table() != table || moved.begin() >= moved.end() || moved.end() > kKeyBuckets) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table buckets '", moved.table(), "' [", moved.begin(), ", ", moved.end(),
+          "): one table, 0 <= begin < end <= ", kKeyBuckets));
+    }
+  }
+  auto in_buckets = [&](uint64_t key) {
+    const uint32_t bucket = KeyBucket(key);
+    for (const v1::MovedBuckets& moved : request.table_buckets()) {
+      if (bucket >= moved.begin() && bucket < moved.end()) return true;
+    }
+    return false;
+  };
+  PS_ASSIGN_OR_RETURN(
+      const uint64_t rows,
+      options_.tables->ImportRows(
+          extensions,
+          [&](const std::string& name, const v1::TableConfig& config, uint64_t key) -> absl::Status {
+            if (name != table || !in_buckets(key)) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "table '", name, "' key ", key, " is outside the buckets handed over"));
+            }
+            return gate.CheckReceiveKey(request.version(), from, name, config.partitioning(),
+                                        key);
+          },
+          // What an earlier copy of these buckets left here (a hand-over
+          // sent again after its reply, or another new owner's, failed):
+          // this one replaces it. No client wrote to them here: they are
+          // not served before the old owner hands them over.
+          [&](uint64_t key) {
+            if (!in_buckets(key)) return false;
+            absl::StatusOr<std::optional<int>> owner =
+                gate.KeyDestination(request.version(), from, partitioning, key);
+            return owner.ok() && *owner == gate.self();
+          }));
+  for (const v1::MovedBuckets& moved : request.table_buckets()) {
+    gate.ReceivedBuckets(table, from, moved.begin(), moved.end());
+  }
+  if (options_.log && rows > 0) {
+    options_.log(absl::StrCat("placement version ", request.version(), ": received ", rows,
+                              " rows of table '", table, "' from server ", from));
+  }
+  return rows;
 }
 
 }  // namespace pserver

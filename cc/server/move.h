@@ -20,8 +20,19 @@
 //      (PlacementGate::Release). If the copy fails the block is served here
 //      again and MoveBlocks fails; calling it again sends what is left.
 //
-// Not moved: sparse/KV table rows, worker clocks and held-back adds (tables
-// are not placed by the gate yet), and the exactly-once ids: a client
+// Then, table by table (MoveTables), the same for table keys, by key bucket
+// (KeyBucket, 256 a table) instead of by block: a run of buckets at a time
+// (as many as hold about batch_bytes of the table's rows) is held
+// (PlacementGate::HoldBuckets), the rows of those buckets that leave this
+// server, with their optimizer state and step counts, keys awaiting
+// admission and held-back BSP adds, go to each new owner as the table's
+// checkpoint extensions (Tables::ExportRows: the checkpoint's table
+// section), with the table's config and worker clocks, so that a server
+// without the table gets it; every other server gets the bucket range too,
+// without rows, so that each new owner knows those buckets are handed over.
+// The receiver takes them all or nothing (Tables::ImportRows).
+//
+// Not moved: the exactly-once ids: a client
 // numbers its pushes per server, so the old owner keeps its ids (a retried
 // push applied before the move is acknowledged there) and the new owner's
 // ids start from the client's own sequence for it.
@@ -44,6 +55,7 @@
 #include "absl/time/time.h"
 #include "cc/core/checkpoint.h"
 #include "cc/core/parameter_store.h"
+#include "cc/core/tables.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/peer_channel.h"
 #include "cc/server/placement_gate.h"
@@ -58,6 +70,7 @@ inline constexpr uint64_t kMinMoveBatchBytes = 1 << 10;
 struct BlockMoverOptions {
   Dispatcher* dispatcher = nullptr;  // must outlive it (its apply lock)
   ParameterStore* store = nullptr;   // must outlive it
+  Tables* tables = nullptr;          // must outlive it; null: no tables move
   PlacementGate* gate = nullptr;     // must outlive it
   // Where server `index` listens (etcd /ps/<index>); an error while it is
   // not registered.
@@ -81,6 +94,9 @@ struct BlockMoverOptions {
   // the last reached the new owner, before it is marked handed over), and
   // before it takes one more ReceiveBlocks batch than that.
   uint32_t stall_after_batches = 0;
+  // The server saves checkpoints (--checkpoint_dir): table rows do not
+  // move yet (MoveBlocks and ReceiveBlocks refuse them).
+  bool checkpointing = false;
   std::function<void()> stall;
   std::function<void(const std::string& line)> log;
 };
@@ -108,8 +124,25 @@ class BlockMover {
   absl::StatusOr<v1::ReceiveBlocksResponse> Receive(const v1::ReceiveBlocksRequest& request);
 
  private:
-  // Sends `batch` (held) to server `to`; returns the bytes sent.
-  absl::Status Send(uint64_t version, uint32_t to, const StoreSnapshot& batch);
+  // Sends `batch` (held) to server `to`, with the table buckets it hands
+  // over.
+  absl::Status Send(uint64_t version, uint32_t to, const StoreSnapshot& batch,
+                    const std::vector<v1::MovedBuckets>& buckets = {});
+  // The table part of Move: every table's keys that leave this server.
+  absl::Status MoveTables(uint64_t version, v1::MoveBlocksResponse* response);
+  // FAILED_PRECONDITION naming `table` when this server's table rows may
+  // not move (with standbys or checkpoints); CheckHeldTablesMayMove: the
+  // same for the tables this server holds.
+  absl::Status CheckTablesMayMove(absl::string_view table) const;
+  absl::Status CheckHeldTablesMayMove() const;
+  // Buckets [begin, end) of `table` (held) to every other server of the new
+  // count: the rows going to each.
+  absl::Status SendBuckets(uint64_t version, const std::string& table,
+                           const v1::TableConfig& config, uint32_t begin, uint32_t end,
+                           v1::MoveBlocksResponse* response);
+  // The table part of Receive; returns the rows taken.
+  absl::StatusOr<uint64_t> ReceiveTable(const v1::ReceiveBlocksRequest& request,
+                                        const std::map<std::string, std::string>& extensions);
   // Marks `blocks` `state` here and on this shard's backups (a replicated
   // write, Dispatcher::Ship): HELD applies nothing here (Hold did), and
   // HANDED_OVER releases them to PlacementMoved.

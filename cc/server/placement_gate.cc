@@ -30,7 +30,10 @@ PlacementGate::PlacementGate(int self, Placement placement)
 void PlacementGate::SetLocked(const Placement& to, std::optional<Placement> from) {
   if (to.version() < placement_.version()) return;
   // A replayed value (same version) keeps the move's progress.
-  if (to.version() > placement_.version()) blocks_.clear();
+  if (to.version() > placement_.version()) {
+    blocks_.clear();
+    buckets_.clear();
+  }
   placement_ = to;
   from_ = std::move(from);
 }
@@ -86,33 +89,137 @@ absl::Status PlacementGate::CheckRead(absl::string_view name, const v1::BlockRef
 absl::Status PlacementGate::Check(absl::string_view name, const v1::BlockRef& block,
                                   bool write) const {
   absl::ReaderMutexLock lock(&mu_);
-  const uint64_t version = placement_.version();
   const int to = placement_.ServerOf(name, block.index());
-  if (!from_.has_value()) {
-    if (to == self_) return absl::OkStatus();
-    return PlacementMoved(version, DescribeBlock(name, block), to, self_);
+  std::optional<int> from;
+  std::optional<State> state;
+  if (from_.has_value()) {
+    from = from_->ServerOf(name, block.index());
+    auto it = blocks_.find(BlockKey(std::string(name), block.index()));
+    if (it != blocks_.end()) state = it->second;
   }
-  const int from = from_->ServerOf(name, block.index());
-  if (from == self_ && to == self_) return absl::OkStatus();
-  auto it = blocks_.find(BlockKey(std::string(name), block.index()));
-  const std::optional<State> state =
-      it == blocks_.end() ? std::nullopt : std::optional<State>(it->second);
-  if (from == self_) {
+  if (to == self_ && (!from.has_value() || *from == self_)) return absl::OkStatus();
+  return Decide(DescribeBlock(name, block), from, to, state, write);
+}
+
+absl::Status PlacementGate::Decide(absl::string_view what, std::optional<int> from, int to,
+                                   std::optional<State> state, bool write) const {
+  const uint64_t version = placement_.version();
+  if (!from.has_value()) {
+    if (to == self_) return absl::OkStatus();
+    return PlacementMoved(version, what, to, self_);
+  }
+  if (*from == self_ && to == self_) return absl::OkStatus();
+  if (*from == self_) {
     if (!state.has_value() || (*state == State::kHeld && !write)) return absl::OkStatus();
     if (*state == State::kHeld) {
       return Refusal(absl::UnavailableError(
-          absl::StrCat(DescribeBlock(name, block), " is being handed to server ", to,
-                       " (placement version ", version, "); nothing applied; retry")));
+          absl::StrCat(what, " is being handed to server ", to, " (placement version ", version,
+                       "); nothing applied; retry")));
     }
-    return PlacementMoved(version, DescribeBlock(name, block), to, self_);
+    return PlacementMoved(version, what, to, self_);
   }
   if (to == self_) {
     if (state == State::kReceived) return absl::OkStatus();
     return Refusal(absl::UnavailableError(absl::StrCat(
-        DescribeBlock(name, block), " not yet received: placement version ", version,
-        " moves it from server ", from, " to this server ", self_, "; nothing applied; retry")));
+        what, " not yet received: placement version ", version, " moves it from server ", *from,
+        " to this server ", self_, "; nothing applied; retry")));
   }
-  return PlacementMoved(version, DescribeBlock(name, block), from, self_);
+  return PlacementMoved(version, what, *from, self_);
+}
+
+absl::Status PlacementGate::CheckKeys(absl::string_view table,
+                                      const v1::Partitioning& partitioning,
+                                      absl::Span<const uint64_t> keys, bool write) const {
+  absl::ReaderMutexLock lock(&mu_);
+  for (uint64_t key : keys) {
+    PS_ASSIGN_OR_RETURN(const int to, KeyServer(key, partitioning, placement_));
+    std::optional<int> from;
+    std::optional<State> state;
+    if (from_.has_value()) {
+      PS_ASSIGN_OR_RETURN(from, KeyServer(key, partitioning, *from_));
+      auto it = buckets_.find(BucketKey(std::string(table), KeyBucket(key), *from));
+      if (it != buckets_.end()) state = it->second;
+    }
+    if (to == self_ && (!from.has_value() || *from == self_)) continue;
+    PS_RETURN_IF_ERROR(
+        Decide(absl::StrCat("table '", table, "' key ", key), from, to, state, write));
+  }
+  return absl::OkStatus();
+}
+
+bool PlacementGate::Moving(uint64_t version) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return from_.has_value() && placement_.version() == version;
+}
+
+bool PlacementGate::moving() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return from_.has_value();
+}
+
+absl::StatusOr<std::optional<int>> PlacementGate::KeyDestination(
+    uint64_t version, int from, const v1::Partitioning& partitioning, uint64_t key) const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (!from_.has_value() || placement_.version() != version) return std::nullopt;
+  PS_ASSIGN_OR_RETURN(const int owner, KeyServer(key, partitioning, *from_));
+  if (owner != from) return std::nullopt;
+  PS_ASSIGN_OR_RETURN(const int to, KeyServer(key, partitioning, placement_));
+  if (to == from) return std::nullopt;
+  return to;
+}
+
+void PlacementGate::HoldBuckets(absl::string_view table, uint32_t begin, uint32_t end) {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t b = begin; b < end; ++b) buckets_[BucketKey(std::string(table), b, self_)] = State::kHeld;
+}
+
+void PlacementGate::ReleaseBuckets(absl::string_view table, uint32_t begin, uint32_t end,
+                                   bool handed_over) {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t b = begin; b < end; ++b) {
+    auto it = buckets_.find(BucketKey(std::string(table), b, self_));
+    if (it == buckets_.end() || it->second != State::kHeld) continue;  // the placement changed
+    if (handed_over) {
+      it->second = State::kHandedOver;
+    } else {
+      buckets_.erase(it);
+    }
+  }
+}
+
+bool PlacementGate::BucketHandedOver(absl::string_view table, uint32_t bucket) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = buckets_.find(BucketKey(std::string(table), bucket, self_));
+  return it != buckets_.end() && it->second == State::kHandedOver;
+}
+
+absl::Status PlacementGate::CheckReceiveKey(uint64_t version, int from, absl::string_view table,
+                                            const v1::Partitioning& partitioning,
+                                            uint64_t key) const {
+  absl::ReaderMutexLock lock(&mu_);
+  PS_RETURN_IF_ERROR(CheckReceiveLocked(version));
+  PS_ASSIGN_OR_RETURN(const int to, KeyServer(key, partitioning, placement_));
+  PS_ASSIGN_OR_RETURN(const int owner, KeyServer(key, partitioning, *from_));
+  if (to != self_ || owner != from) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table '", table, "' key ", key, " goes from server ", owner, " to server ", to,
+        " under placement version ", version, ", not from server ", from, " to this server ",
+        self_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlacementGate::CheckReceiveVersion(uint64_t version) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return CheckReceiveLocked(version);
+}
+
+void PlacementGate::ReceivedBuckets(absl::string_view table, int from, uint32_t begin,
+                                    uint32_t end) {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t b = begin; b < end; ++b) {
+    buckets_[BucketKey(std::string(table), b, from)] = State::kReceived;
+  }
 }
 
 std::optional<int> PlacementGate::Destination(uint64_t version, absl::string_view name,
@@ -152,9 +259,7 @@ size_t PlacementGate::handed_over() const {
   return n;
 }
 
-absl::Status PlacementGate::CheckReceive(uint64_t version, absl::string_view name,
-                                         uint32_t index) const {
-  absl::ReaderMutexLock lock(&mu_);
+absl::Status PlacementGate::CheckReceiveLocked(uint64_t version) const {
   if (placement_.version() < version) {
     return absl::UnavailableError(absl::StrCat("server ", self_, " knows placement version ",
                                                placement_.version(), ", not yet ", version,
@@ -166,6 +271,13 @@ absl::Status PlacementGate::CheckReceive(uint64_t version, absl::string_view nam
                      from_.has_value() ? " (moving)" : " (not moving)",
                      ": a copy for the move of version ", version, " is refused"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status PlacementGate::CheckReceive(uint64_t version, absl::string_view name,
+                                         uint32_t index) const {
+  absl::ReaderMutexLock lock(&mu_);
+  PS_RETURN_IF_ERROR(CheckReceiveLocked(version));
   const int to = placement_.ServerOf(name, index);
   if (to != self_) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -1,4 +1,4 @@
-// PlacementGate: whether this server serves a dense block under the
+// PlacementGate: whether this server serves a dense block (or table key) under the
 // cluster's current placement (live moves, docs/elastic.md). A server
 // started with --placement_redirects sets one on its dispatcher and keeps it
 // at etcd's /placement (it watches the key); every bulk push and read then
@@ -23,8 +23,11 @@
 // elsewhere. Every refusal applied nothing: IsGateRefusal tells the
 // dispatcher to abandon the request's id rather than use it up.
 //
-// Only dense blocks are checked: table keys, control methods (InitParam,
-// GetParam, ...) and worker clocks are not (docs/elastic.md, limits).
+// Table keys are decided the same way (CheckKeys), by the key's owner under
+// N and M (KeyServer of the table's partitioning); what is held, handed
+// over and received is a key *bucket* (KeyBucket, one of kKeyBuckets) of a
+// table, per old owner. Control methods (InitParam, GetParam, ...) are not
+// checked (docs/elastic.md, limits).
 //
 // Thread-safe: changes take a writer lock, checks a reader lock.
 #ifndef PSERVER_CC_SERVER_PLACEMENT_GATE_H_
@@ -33,6 +36,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -40,9 +44,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
 #include "cc/core/placement.h"
 #include "pserver/v1/checkpoint.pb.h"
+#include "pserver/v1/table.pb.h"
 #include "pserver/v1/types.pb.h"
 
 namespace pserver {
@@ -94,6 +100,40 @@ class PlacementGate {
   void Release(const std::vector<BlockKey>& blocks, bool handed_over) ABSL_LOCKS_EXCLUDED(mu_);
   size_t handed_over() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- table keys ----
+  // The check of CheckBlock/CheckRead for table keys: the first refusal.
+  // `partitioning` is the table's; a key outside a RANGE partitioning is
+  // INVALID_ARGUMENT.
+  absl::Status CheckKeys(absl::string_view table, const v1::Partitioning& partitioning,
+                         absl::Span<const uint64_t> keys, bool write) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether placement `version` is the moving one held.
+  bool Moving(uint64_t version) const ABSL_LOCKS_EXCLUDED(mu_);
+  bool moving() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The server `key` goes to in the move of `version` when server `from`
+  // owns it under N and not under M; nullopt otherwise.
+  absl::StatusOr<std::optional<int>> KeyDestination(uint64_t version, int from,
+                                                    const v1::Partitioning& partitioning,
+                                                    uint64_t key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The old owner's buckets [begin, end) of `table`: held (writes refused,
+  // caller holds the apply lock exclusively), released, handed over yet.
+  void HoldBuckets(absl::string_view table, uint32_t begin, uint32_t end) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseBuckets(absl::string_view table, uint32_t begin, uint32_t end, bool handed_over)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool BucketHandedOver(absl::string_view table, uint32_t bucket) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The new owner: OK when `key` is this server's under M in the move of
+  // `version` and server `from` owns it under N (as CheckReceive).
+  absl::Status CheckReceiveKey(uint64_t version, int from, absl::string_view table,
+                               const v1::Partitioning& partitioning, uint64_t key) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // UNAVAILABLE (retry) while this server has not seen placement `version`,
+  // FAILED_PRECONDITION unless it is the moving one held.
+  absl::Status CheckReceiveVersion(uint64_t version) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Keys of `table` in buckets [begin, end) that server `from` owned under
+  // N are served here from now on.
+  void ReceivedBuckets(absl::string_view table, int from, uint32_t begin, uint32_t end)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- the new owner's side ----
   // OK when block (name, index) is this server's under M in the move of
   // `version`: UNAVAILABLE (retry) while this server has not seen that
@@ -105,8 +145,16 @@ class PlacementGate {
 
  private:
   enum class State { kHeld, kHandedOver, kReceived };
+  // A table's key bucket, by the server that owned its keys under N.
+  using BucketKey = std::tuple<std::string, uint32_t, int>;  // table, bucket, old owner
   absl::Status Check(absl::string_view name, const v1::BlockRef& block, bool write) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The verdict for an item (`what`) owned by `from` under N and `to` under
+  // M (`from` unset: not moving), whose move is in `state`.
+  absl::Status Decide(absl::string_view what, std::optional<int> from, int to,
+                      std::optional<State> state, bool write) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckReceiveLocked(uint64_t version) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void SetLocked(const Placement& to, std::optional<Placement> from)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -116,6 +164,7 @@ class PlacementGate {
   std::optional<Placement> from_ ABSL_GUARDED_BY(mu_);   // N while moving
   // Blocks of the move under way; cleared when the placement changes.
   absl::flat_hash_map<BlockKey, State> blocks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<BucketKey, State> buckets_ ABSL_GUARDED_BY(mu_);  // the same for tables
 };
 
 }  // namespace pserver

@@ -13,6 +13,7 @@
 namespace pserver {
 namespace {
 
+using ::pserver::testing::StatusCodeIs;
 using ::pserver::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -155,6 +156,82 @@ TEST(PlacementGateTest, AMovingSpecWithABadFromCountIsRefusedAndChangesNothing) 
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("from_num_servers")));
   EXPECT_EQ(gate.version(), 1u);
   EXPECT_FALSE(gate.spec().moving());
+}
+
+// Table keys are decided as blocks are, by bucket (KeyBucket) and old owner.
+TEST(PlacementGateTest, TableKeysAreHeldHandedOverAndReceivedByBucket) {
+  const Placement two = Placement::Jump(2, 1);
+  const Placement three = Placement::Jump(3, 2);
+  v1::Placement moving = three.spec();
+  moving.set_moving(true);
+  moving.set_from_num_servers(2);
+  PlacementGate gate0(0, two), gate1(1, two), gate2(2, two);
+  for (PlacementGate* gate : {&gate0, &gate1, &gate2}) ASSERT_OK(gate->SetSpec(moving));
+  const v1::Partitioning hash;
+  std::optional<uint64_t> leaving, other_leaving, staying;
+  for (uint64_t key = 0; key < 1000 && (!leaving || !other_leaving || !staying); ++key) {
+    if (two.HashKeyServer(key) != 0) continue;
+    if (three.HashKeyServer(key) != 2) {
+      staying = key;
+    } else if (!leaving) {
+      leaving = key;
+    } else if (KeyBucket(key) != KeyBucket(*leaving)) {
+      other_leaving = key;
+    }
+  }
+  ASSERT_TRUE(leaving && other_leaving && staying);
+  const uint64_t k = *leaving;
+  const uint32_t bucket = KeyBucket(k);
+  EXPECT_OK(gate0.CheckKeys("t", hash, {k, *staying}, /*write=*/true));
+  EXPECT_THAT(gate2.CheckKeys("t", hash, {k}, true),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not yet received")));
+  absl::Status elsewhere = gate1.CheckKeys("t", hash, {k}, false);
+  EXPECT_EQ(PlacementMovedVersion(elsewhere), std::optional<uint64_t>(2)) << elsewhere;
+  EXPECT_THAT(elsewhere.message(), HasSubstr("table 't' key"));
+  EXPECT_THAT(elsewhere.message(), HasSubstr("on server 0 under it"));
+
+  ASSERT_OK_AND_ASSIGN(std::optional<int> to, gate0.KeyDestination(2, 0, hash, k));
+  EXPECT_EQ(to, std::optional<int>(2));
+  ASSERT_OK_AND_ASSIGN(to, gate0.KeyDestination(2, 0, hash, *staying));
+  EXPECT_EQ(to, std::nullopt);
+  ASSERT_OK_AND_ASSIGN(to, gate0.KeyDestination(1, 0, hash, k));  // not the move held
+  EXPECT_EQ(to, std::nullopt);
+
+  gate0.HoldBuckets("t", bucket, bucket + 1);
+  EXPECT_THAT(gate0.CheckKeys("t", hash, {k}, true),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("being handed to server 2")));
+  EXPECT_OK(gate0.CheckKeys("t", hash, {k}, /*write=*/false));
+  EXPECT_OK(gate0.CheckKeys("u", hash, {k}, true));  // per table
+  EXPECT_OK(gate2.CheckReceiveKey(2, 0, "t", hash, k));
+  EXPECT_THAT(gate2.CheckReceiveKey(2, 1, "t", hash, k),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not from server 1")));
+  EXPECT_THAT(gate2.CheckReceiveKey(2, 0, "t", hash, *staying),
+              StatusCodeIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(gate2.CheckReceiveKey(3, 0, "t", hash, k),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not yet 3")));
+  gate2.ReceivedBuckets("t", 0, bucket, bucket + 1);
+  gate0.ReleaseBuckets("t", bucket, bucket + 1, /*handed_over=*/true);
+  EXPECT_TRUE(gate0.BucketHandedOver("t", bucket));
+  for (bool write : {true, false}) {
+    // Every key is checked: one still served here does not let the others by.
+    absl::Status moved = gate0.CheckKeys("t", hash, {*staying, *other_leaving, k}, write);
+    EXPECT_EQ(PlacementMovedVersion(moved), std::optional<uint64_t>(2)) << moved;
+    EXPECT_THAT(moved.message(), HasSubstr("on server 2 under it"));
+  }
+  EXPECT_OK(gate2.CheckKeys("t", hash, {k}, true));
+  // Stable at 3: by the placement alone.
+  gate0.Set(Placement::Jump(3, 3));
+  EXPECT_FALSE(gate0.BucketHandedOver("t", bucket));
+  EXPECT_EQ(PlacementMovedVersion(gate0.CheckKeys("t", hash, {k}, false)),
+            std::optional<uint64_t>(3));
+  EXPECT_OK(gate0.CheckKeys("t", hash, {*staying}, true));
+  // A key outside a RANGE partitioning is named.
+  v1::Partitioning range;
+  range.set_kind(v1::Partitioning::RANGE);
+  range.set_range_begin(10);
+  range.set_range_end(20);
+  EXPECT_THAT(gate0.CheckKeys("t", range, {5}, true),
+              StatusCodeIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -1693,6 +1693,7 @@ absl::Status Server::StartPlacementGate() {
   BlockMoverOptions mover;
   mover.dispatcher = dispatcher_.get();
   mover.store = &store_;
+  mover.tables = &tables_;
   mover.gate = gate;
   mover.address_of = [this](uint32_t index) -> absl::StatusOr<std::string> {
     PS_ASSIGN_OR_RETURN(KeyValue kv, etcd_->Get(etcd_keys::ServerKey(index)));
@@ -1704,6 +1705,7 @@ absl::Status Server::StartPlacementGate() {
   mover.batch_bytes = options_.move_batch_bytes;
   mover.replicated = [this] { return primary_replication_set_.load(std::memory_order_acquire); };
   mover.stall_after_batches = options_.testing_move_stall_after_batches;
+  mover.checkpointing = !options_.checkpoint_dir.empty();
   mover.stall = [this] {
     // Said on stdout, where tests read "listening on" too.
     std::printf("pserver %u: testing: live move stalled\n", index_);

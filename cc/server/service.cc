@@ -359,6 +359,8 @@ BulkMethodFn FindBulkMethod(absl::string_view method) {
   // gRPC they stay control calls, where a consistent read may wait).
   if (method == "TablePull") return &TablePullBulk;
   if (method == "TablePush") return &TablePushBulk;
+  if (method == "TablePullRows") return &TableRowsPullBulk;
+  if (method == "TablePushRows") return &TableRowsPushBulk;
   for (int i = 0; i < 3; ++i) {
     absl::string_view name = kBulkMethods[i];
     if (absl::ConsumePrefix(&name, Dispatcher::kMethodPrefix) && name == method) {

@@ -34,7 +34,8 @@ namespace pserver {
 
 // The bulk methods on byte buffers, as the gRPC face runs them, for the bulk
 // channel (bulk_listener.h): `method` is "GetParams", "SendGrads",
-// "PushPull", or "TablePull" / "TablePush" (table_bulk.h; the channel only),
+// "PushPull", or "TablePull" / "TablePush" and the table frames
+// "TablePullRows" / "TablePushRows" (table_bulk.h; the channel only),
 // null for any other name. The reply's bytes stay held in
 // `hold` until it is sent.
 using BulkMethodFn = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer& request,

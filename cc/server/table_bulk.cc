@@ -7,7 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
+#include "cc/core/names.h"
 #include "cc/core/waiters.h"
+#include "cc/rpc/table_frame.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
@@ -68,6 +70,41 @@ grpc::ByteBuffer PullReply(v1::TablePullResponse& response) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
+// A read by a worker may wait: it must be the control call.
+absl::Status RefuseWorkerRead(absl::string_view table, absl::string_view worker) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "table '", table, "': a read by worker '", worker,
+      "' may wait for other workers' clocks: send it as the TablePull control call, not over "
+      "the bulk channel"));
+}
+
+// A table frame decoded in place: its views point into `*slice` (and
+// `*scratch` for keys that lie unaligned). INVALID_ARGUMENT (counted) if it
+// does not decode.
+absl::StatusOr<TableFrame> DecodeFrame(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                                       bool push, grpc::Slice* slice,
+                                       std::vector<uint64_t>* scratch) {
+  if (!request.TrySingleSlice(slice).ok() && !request.DumpToSingleSlice(slice).ok()) {
+    *slice = grpc::Slice();  // an empty frame
+  }
+  absl::StatusOr<TableFrame> frame = DecodeTableFrame(
+      absl::string_view(reinterpret_cast<const char*>(slice->begin()), slice->size()), push,
+      kMaxNameBytes, scratch);
+  if (!frame.ok()) dispatcher.CountMalformed();
+  return frame;
+}
+
+TableRowsView ViewOf(const TableFrame& frame) {
+  TableRowsView view;
+  view.table = frame.table;
+  view.keys = frame.keys;
+  view.values = frame.values;
+  view.value_type = static_cast<ElementType>(frame.value_type);
+  view.worker = frame.worker;
+  view.clock = frame.clock;
+  return view;
+}
+
 }  // namespace
 
 absl::Status TablePullBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
@@ -77,12 +114,7 @@ absl::Status TablePullBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& reque
   PS_RETURN_IF_ERROR(dispatcher.CheckServing());
   v1::TablePullRequest parsed;
   PS_RETURN_IF_ERROR(Parse(dispatcher, request, &parsed));
-  if (!parsed.worker().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table '", parsed.table(), "': a read by worker '", parsed.worker(),
-        "' may wait for other workers' clocks: send it as the TablePull control call, not over "
-        "the bulk channel"));
-  }
+  if (!parsed.worker().empty()) return RefuseWorkerRead(parsed.table(), parsed.worker());
   PS_RETURN_IF_ERROR(dispatcher.CheckReplyRoom());
   v1::TablePullResponse pulled;
   PS_RETURN_IF_ERROR(Run(dispatcher, "TablePull", parsed, &pulled));
@@ -100,6 +132,43 @@ absl::Status TablePushBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& reque
   const std::string bytes = pushed.SerializeAsString();
   grpc::Slice slice(bytes);
   *response = grpc::ByteBuffer(&slice, 1);
+  return absl::OkStatus();
+}
+
+absl::Status TableRowsPullBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                               grpc::ByteBuffer* response, ReplyHold* hold) {
+  PS_RETURN_IF_ERROR(dispatcher.CheckServing());
+  grpc::Slice payload;
+  std::vector<uint64_t> scratch;
+  PS_ASSIGN_OR_RETURN(const TableFrame frame,
+                      DecodeFrame(dispatcher, request, /*push=*/false, &payload, &scratch));
+  if (!frame.worker.empty()) return RefuseWorkerRead(frame.table, frame.worker);
+  PS_RETURN_IF_ERROR(dispatcher.CheckReplyRoom());
+  grpc::Slice reply;
+  PS_RETURN_IF_ERROR(dispatcher.PullTableRows(
+      ViewOf(frame),
+      [&](size_t bytes, ElementType content_type) -> absl::StatusOr<absl::Span<char>> {
+        // Held before the rows are allocated: a reply that does not fit is
+        // never built.
+        PS_RETURN_IF_ERROR(dispatcher.HoldReply(kTablePullReplyHeaderBytes + bytes, hold));
+        reply = grpc::Slice(kTablePullReplyHeaderBytes + bytes);
+        char* data = reinterpret_cast<char*>(const_cast<uint8_t*>(reply.begin()));
+        EncodeTablePullReplyHeader(static_cast<uint32_t>(content_type), bytes, data);
+        return absl::MakeSpan(data + kTablePullReplyHeaderBytes, bytes);
+      }));
+  *response = grpc::ByteBuffer(&reply, 1);
+  return absl::OkStatus();
+}
+
+absl::Status TableRowsPushBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                               grpc::ByteBuffer* response, ReplyHold*) {
+  PS_RETURN_IF_ERROR(dispatcher.CheckServing());
+  grpc::Slice payload;
+  std::vector<uint64_t> scratch;
+  PS_ASSIGN_OR_RETURN(const TableFrame frame,
+                      DecodeFrame(dispatcher, request, /*push=*/true, &payload, &scratch));
+  PS_RETURN_IF_ERROR(dispatcher.PushTableRows(ViewOf(frame), frame.client_id, frame.sequence));
+  *response = grpc::ByteBuffer();
   return absl::OkStatus();
 }
 

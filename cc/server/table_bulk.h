@@ -14,6 +14,16 @@
 //     workers' clocks) is INVALID_ARGUMENT: it must be the TablePull control
 //     call, which waits without holding a thread. The client sends only reads
 //     without a worker over the channel.
+//
+// The table frames (frame.h kTableRowsPull / kTableRowsPush, table_frame.h)
+// carry the same calls without a protobuf message: the keys and pushed rows
+// are read in place from the received buffer, and pulled rows are written
+// straight into the reply, whose reply budget is held before it is
+// allocated. They run the dispatcher's PullTableRows / PushTableRows: the
+// same serving check, fence, exactly-once ids, shipping to backups, finite
+// check and wire types as the control calls. A frame that does not decode
+// is INVALID_ARGUMENT naming what is wrong (counted as malformed), nothing
+// applied; a pull frame with a worker is refused as above.
 #ifndef PSERVER_CC_SERVER_TABLE_BULK_H_
 #define PSERVER_CC_SERVER_TABLE_BULK_H_
 
@@ -28,6 +38,11 @@ absl::Status TablePullBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& reque
                            grpc::ByteBuffer* response, ReplyHold* hold);
 absl::Status TablePushBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                            grpc::ByteBuffer* response, ReplyHold* hold);
+// BulkMethodFn for "TablePullRows" and "TablePushRows" (the table frames).
+absl::Status TableRowsPullBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                               grpc::ByteBuffer* response, ReplyHold* hold);
+absl::Status TableRowsPushBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                               grpc::ByteBuffer* response, ReplyHold* hold);
 
 }  // namespace pserver
 
