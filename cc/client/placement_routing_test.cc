@@ -31,6 +31,7 @@
 #include "cc/server/dispatcher.h"
 #include "cc/server/in_process_transport.h"
 #include "cc/server/placement_gate.h"
+#include "cc/server/table_bulk.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -84,13 +85,7 @@ class TableFrameTransport final : public Transport {
   bool TableRows(FrameMethod method, const TableFrame& frame, RowsSink rows, absl::Time,
                  Done& done, TraceRecorder*) override {
     frames_->fetch_add(1);
-    TableRowsView view;
-    view.table = frame.table;
-    view.keys = frame.keys;
-    view.values = frame.values;
-    view.value_type = static_cast<ElementType>(frame.value_type);
-    view.worker = frame.worker;
-    view.clock = frame.clock;
+    const TableRowsView view = TableRowsViewOf(frame);
     absl::Status status;
     if (method == FrameMethod::kTableRowsPush) {
       status = dispatcher_->PushTableRows(view, frame.client_id, frame.sequence);

@@ -94,7 +94,9 @@ absl::StatusOr<TableFrame> DecodeFrame(Dispatcher& dispatcher, const grpc::ByteB
   return frame;
 }
 
-TableRowsView ViewOf(const TableFrame& frame) {
+}  // namespace
+
+TableRowsView TableRowsViewOf(const TableFrame& frame) {
   TableRowsView view;
   view.table = frame.table;
   view.keys = frame.keys;
@@ -104,8 +106,6 @@ TableRowsView ViewOf(const TableFrame& frame) {
   view.clock = frame.clock;
   return view;
 }
-
-}  // namespace
 
 absl::Status TablePullBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                            grpc::ByteBuffer* response, ReplyHold* hold) {
@@ -146,7 +146,7 @@ absl::Status TableRowsPullBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& r
   PS_RETURN_IF_ERROR(dispatcher.CheckReplyRoom());
   grpc::Slice reply;
   PS_RETURN_IF_ERROR(dispatcher.PullTableRows(
-      ViewOf(frame),
+      TableRowsViewOf(frame),
       [&](size_t bytes, ElementType content_type) -> absl::StatusOr<absl::Span<char>> {
         // Held before the rows are allocated: a reply that does not fit is
         // never built.
@@ -167,7 +167,7 @@ absl::Status TableRowsPushBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& r
   std::vector<uint64_t> scratch;
   PS_ASSIGN_OR_RETURN(const TableFrame frame,
                       DecodeFrame(dispatcher, request, /*push=*/true, &payload, &scratch));
-  PS_RETURN_IF_ERROR(dispatcher.PushTableRows(ViewOf(frame), frame.client_id, frame.sequence));
+  PS_RETURN_IF_ERROR(dispatcher.PushTableRows(TableRowsViewOf(frame), frame.client_id, frame.sequence));
   *response = grpc::ByteBuffer();
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@
 #define PSERVER_CC_SERVER_TABLE_BULK_H_
 
 #include "absl/status/status.h"
+#include "cc/rpc/table_frame.h"
 #include "cc/server/dispatcher.h"
 #include "grpcpp/support/byte_buffer.h"
 
@@ -43,6 +44,10 @@ absl::Status TableRowsPullBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& r
                                grpc::ByteBuffer* response, ReplyHold* hold);
 absl::Status TableRowsPushBulk(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                                grpc::ByteBuffer* response, ReplyHold* hold);
+
+// What a table frame asks of the dispatcher (PullTableRows /
+// PushTableRows): its fields as a view, valid while `frame` is.
+TableRowsView TableRowsViewOf(const TableFrame& frame);
 
 }  // namespace pserver
 
