@@ -54,7 +54,6 @@ using ::pserver::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-constexpr size_t kBlockBytes = testing::LiveMoveFixture::kBlockBytes;
 constexpr int kParams = 24;
 
 std::string Name(int p) { return absl::StrCat("layer", p, "/w"); }
@@ -185,16 +184,6 @@ class LiveMoveTest : public testing::LiveMoveFixture {
     EXPECT_EQ(held.size(), blocks);
     for (const auto& [key, n] : held) EXPECT_EQ(n, 1) << key.first << " block " << key.second;
   }
-
-};
-  std::function<void(ClientOptions*)> secure_client_ = [](ClientOptions*) {};
-  std::function<void(ScaleOptions*)> secure_scale_ = [](ScaleOptions*) {};
-  std::string checkpoint_dir_;  // set before StartServers: servers checkpoint there
-  std::unique_ptr<testing::EtcdProcess> etcd_;
-  std::unique_ptr<EtcdClient> etcd_client_;
-  std::vector<std::shared_ptr<absl::Notification>> departures_;
-  std::map<uint32_t, std::shared_ptr<absl::Notification>> departed_of_;
-  std::map<uint32_t, std::unique_ptr<Server>> servers_;
 };
 
 TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIdealBytes) {

@@ -539,9 +539,9 @@ absl::Status Dispatcher::PushTableRows(const TableRowsView& push, uint64_t clien
           request.set_worker(push.worker.data(), push.worker.size());
           request.set_clock(push.clock);
           request.set_value_type(push.value_type);
-          return request.SerializeAsString();
+          return SharedBytes::Own(request.SerializeAsString());
         },
-        [&] {
+        [&](absl::FunctionRef<void()>) {  // shipped after it is applied here
           // Keys are checked only for a new id, as TablePush's are.
           return ApplyOnce(client_id, sequence, [&] {
             PS_RETURN_IF_ERROR(CheckTableKeys(push.table, push.keys, /*write=*/true));

@@ -414,6 +414,7 @@ uint64_t NewestSequenceOfAnyShard(const std::string& dir) {
 bool JoinsMove(const v1::Placement& placement, uint32_t index) {
   return placement.moving() && placement.num_servers() > placement.from_num_servers() &&
          index >= placement.from_num_servers() && index < placement.num_servers();
+}
 
 absl::Status BlockMover::MoveTables(uint64_t version, v1::MoveBlocksResponse* response) {
   if (options_.tables == nullptr) return absl::OkStatus();
