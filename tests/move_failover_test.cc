@@ -1,17 +1,21 @@
 // Live moves that survive a kill -9 (issue 16 item 4, docs/elastic.md,
 // "Moves with replication"): real etcd, three `pserver` primaries with
 // --accept_standbys and a `--standby` process each, a trainer pushing
-// deterministic SGD steps (integer gradients, learning rate 1: exact in
-// float32) while `psctl scale 2` (ScaleCluster) moves server 2's blocks to
-// servers 0 and 1. One primary is started with
+// deterministic steps while `psctl scale 2` (ScaleCluster) moves server 2's
+// blocks or table rows to servers 0 and 1: SGD steps on dense parameters
+// (integer gradients, learning rate 1: exact in float32), or the table
+// workload of tests/table_workload.h (a sparse Adam table and a BSP KV
+// table with two workers; a table batch is a run of key buckets). One primary is started with
 // --testing_move_stall_after_batches=3: mid-move it stops (the old owner
 // after its third batch reached the new owner and before it marked it
 // handed over; the new owner before it takes its fourth batch) and says so
 // on stdout; the test then kill -9s it. Its standby takes the shard over
 // with the move's marks, the coordinator asks it (MoveBlocks on whoever
 // holds /ps/<i> now), the sender sends to it, and the move completes. Every
-// parameter then equals 0 minus every gradient acknowledged, to the bit:
-// nothing lost, nothing applied twice. Every wait is bounded; every process
+// parameter then equals 0 minus every gradient acknowledged, to the bit
+// (every table row equals a reference table fed the same pushes, every KV
+// value every add, every worker clock the steps): nothing lost, nothing
+// applied twice; each primary's state checksum equals its standby's. Every wait is bounded; every process
 // is stopped by its PID.
 #include <signal.h>
 #include <sys/wait.h>
@@ -26,11 +30,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/client/client.h"
+#include "cc/client/table.h"
 #include "cc/core/placement.h"
+#include "cc/core/status_macros.h"
 #include "cc/core/tensor.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
@@ -44,6 +51,7 @@
 #include "gtest/gtest.h"
 #include "pserver/v1/service.grpc.pb.h"
 #include "tests/step_trainer.h"
+#include "tests/table_workload.h"
 
 namespace pserver {
 namespace {
@@ -61,20 +69,142 @@ float Gradient(int step, int p, int e) {
   return static_cast<float>((step * 7 + p * 3 + e) % 5 + 1);
 }
 
-// Pushes SGD step after step (every parameter, Gradient(step, p, e)) until
-// stopped; stops at its first error.
-class Trainer : public StepTrainer {
+// What the trainer trains through the move, and what the model must be
+// after `steps` steps.
+class Workload {
  public:
-  explicit Trainer(Client& client)
-      : StepTrainer([&client](int step) {
-          std::vector<NamedTensor> grads;
-          for (int p = 0; p < kParams; ++p) {
-            std::vector<float> g(kWidth);
-            for (int e = 0; e < kWidth; ++e) g[e] = Gradient(step, p, e);
-            grads.push_back({Param(p), Tensor::FromValues<float>({kWidth}, g)});
-          }
-          return client.SendGrads(grads);
-        }) {}
+  virtual ~Workload() = default;
+  virtual absl::Status Init(Client& client) = 0;
+  virtual absl::Status Step(int step) = 0;
+  // `fresh` routes by the new count; `stalled` was killed mid-move.
+  virtual void Expect(Client& fresh, int steps, const ScaleResult& result, uint32_t stalled) = 0;
+  // Called while the servers still run, before the client goes.
+  virtual void Stop() {}
+};
+
+// SGD on kParams dense parameters: step s pushes Gradient(s, p, e).
+class DenseWorkload : public Workload {
+ public:
+  absl::Status Init(Client& client) override {
+    client_ = &client;
+    v1::ParameterConfig sgd;
+    sgd.mutable_optimizer()->mutable_sgd();
+    sgd.mutable_learning_rate()->set_learning_rate(1.0);
+    for (int p = 0; p < kParams; ++p) {
+      PS_RETURN_IF_ERROR(client.InitParam(
+          Param(p), Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 0)), sgd));
+    }
+    return client.FinishInitParams();
+  }
+  absl::Status Step(int step) override {
+    std::vector<NamedTensor> grads;
+    for (int p = 0; p < kParams; ++p) {
+      std::vector<float> g(kWidth);
+      for (int e = 0; e < kWidth; ++e) g[e] = Gradient(step, p, e);
+      grads.push_back({Param(p), Tensor::FromValues<float>({kWidth}, g)});
+    }
+    return client_->SendGrads(grads);
+  }
+  void Expect(Client& fresh, int steps, const ScaleResult& result, uint32_t stalled) override {
+    for (int p = 0; p < kParams; ++p) {
+      ASSERT_OK_AND_ASSIGN(Tensor w, fresh.GetParam(Param(p)));
+      const std::vector<float> got = w.ToVector<float>();
+      ASSERT_EQ(got.size(), static_cast<size_t>(kWidth));
+      for (int e = 0; e < kWidth; ++e) {
+        float expected = 0;
+        for (int s = 0; s < steps; ++s) expected -= Gradient(s, p, e);
+        ASSERT_EQ(got[e], expected) << Param(p) << "[" << e << "] after " << steps << " steps";
+      }
+    }
+    // The blocks server 2 owned under 3 servers. Killed as the old owner, it
+    // had marked its first two batches (one block each) handed over, on its
+    // standby too: its successor sent the rest, the third (held) again.
+    uint64_t leaving = 0;
+    const Placement three = Placement::Jump(3, 0, kBlockBytes);
+    for (int p = 0; p < kParams; ++p) {
+      for (uint32_t b = 0; b < kWidth * 4 / kBlockBytes; ++b) {
+        leaving += three.ServerOf(Param(p), b) == 2;
+      }
+    }
+    EXPECT_EQ(result.blocks_moved, stalled == 2 ? leaving - 2 : leaving);
+    std::printf("the last MoveBlocks moved %llu of %llu blocks\n",
+                static_cast<unsigned long long>(result.blocks_moved),
+                static_cast<unsigned long long>(leaving));
+  }
+
+ private:
+  Client* client_ = nullptr;
+};
+
+// The table workload (tests/table_workload.h): no dense parameter, so every
+// batch of the move is a run of table key buckets.
+class TablesWorkload : public Workload {
+ public:
+  absl::Status Init(Client& client) override {
+    PS_ASSIGN_OR_RETURN(Table emb, Table::Create(client, "emb", testing::EmbConfig()));
+    PS_ASSIGN_OR_RETURN(Table kv, Table::Create(client, "kv", testing::KvConfig()));
+    emb_ = std::make_unique<Table>(std::move(emb));
+    kv_ = std::make_unique<Table>(std::move(kv));
+    PS_ASSIGN_OR_RETURN(w0_, KvWorker::Join(*kv_, "w0"));
+    PS_ASSIGN_OR_RETURN(w1_, KvWorker::Join(*kv_, "w1"));
+    PS_ASSIGN_OR_RETURN(testing::ReferenceEmb reference, testing::ReferenceEmb::Create());
+    reference_ = std::make_unique<testing::ReferenceEmb>(std::move(reference));
+    return absl::OkStatus();
+  }
+  absl::Status Step(int step) override { return testing::TableStep(step, *emb_, *w0_, *w1_); }
+  void Expect(Client& fresh, int steps, const ScaleResult& result, uint32_t stalled) override {
+    // Every row byte-equal to the reference's, every KV value every add.
+    ASSERT_OK(reference_->AdvanceTo(steps));
+    ASSERT_OK_AND_ASSIGN(Table emb, Table::Create(fresh, "emb", testing::EmbConfig()));
+    const std::vector<uint64_t> keys = testing::EmbKeys();
+    std::vector<float> pulled(keys.size() * testing::kEmbDim);
+    ASSERT_OK(emb.Pull<float>(keys, absl::MakeSpan(pulled)));
+    ASSERT_OK_AND_ASSIGN(const std::string expected, reference_->ValuesInKeyOrder());
+    EXPECT_TRUE(std::string(reinterpret_cast<const char*>(pulled.data()), pulled.size() * 4) ==
+                expected)
+        << "the emb rows after " << steps << " steps";
+    ASSERT_OK_AND_ASSIGN(Table kv, Table::Create(fresh, "kv", testing::KvConfig()));
+    std::vector<float> values(testing::kKvKeys * testing::kKvDim);
+    ASSERT_OK(kv.Pull<float>(testing::KvKeys(), absl::MakeSpan(values)));
+    EXPECT_EQ(values, testing::KvAt(steps));
+    EXPECT_EQ(w0_->clock(), steps);
+    EXPECT_EQ(w1_->clock(), steps);
+    // The rows server 2 owned under 3 servers, with their optimizer state.
+    // Killed as the old owner, it had marked its first two runs of buckets
+    // handed over, on its standby too: its successor sent the rest only.
+    const Placement three = Placement::Jump(3, 0, kBlockBytes);
+    uint64_t leaving = 0;
+    for (uint64_t key : keys) {
+      leaving += three.HashKeyServer(key) == 2 ? reference_->bytes() / testing::kEmbKeys : 0;
+    }
+    for (uint64_t key : testing::KvKeys()) {
+      leaving += three.HashKeyServer(key) == 2 ? testing::kKvDim * sizeof(float) : 0;
+    }
+    if (stalled == 2) {
+      EXPECT_GT(result.bytes_moved, 0u);
+      EXPECT_LT(result.bytes_moved, leaving);
+    } else {
+      EXPECT_EQ(result.bytes_moved, leaving);
+    }
+    EXPECT_EQ(result.blocks_moved, 0u);
+    std::printf("the last MoveBlocks moved %llu of %llu bytes of rows\n",
+                static_cast<unsigned long long>(result.bytes_moved),
+                static_cast<unsigned long long>(leaving));
+  }
+  // The workers leave (each server checked their clocks before).
+  void Stop() override {
+    for (std::unique_ptr<KvWorker>* worker : {&w0_, &w1_}) {
+      if (*worker != nullptr) (*worker)->Leave().IgnoreError();
+      worker->reset();
+    }
+    emb_.reset();
+    kv_.reset();
+  }
+
+ private:
+  std::unique_ptr<Table> emb_, kv_;
+  std::unique_ptr<KvWorker> w0_, w1_;
+  std::unique_ptr<testing::ReferenceEmb> reference_;
 };
 
 class MoveFailoverTest : public ::testing::Test {
@@ -181,9 +311,26 @@ class MoveFailoverTest : public ::testing::Test {
     return client.ok() ? *std::move(client) : nullptr;
   }
 
-  // 3 -> 2 servers while a trainer runs; primary `stalled` stops mid-move
-  // and is killed; its standby takes over and the move completes exactly.
-  void ScaleDownKillingMidMove(uint32_t stalled) {
+  // Both workers' clocks of table "kv" on the server at `address`
+  // (TableStats): its slowest worker's clock, and how many are registered.
+  static std::pair<int64_t, uint32_t> KvClocks(const std::string& address) {
+    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::TableStatsResponse response;
+    const grpc::Status status = stub->TableStats(&context, v1::TableStatsRequest(), &response);
+    EXPECT_TRUE(status.ok()) << address << ": " << status.error_message();
+    for (const v1::TableStats& table : response.tables()) {
+      if (table.name() == "kv") return {table.min_clock(), table.workers()};
+    }
+    return {-1, 0};
+  }
+
+  // 3 -> 2 servers while a trainer runs `workload`; primary `stalled` stops
+  // mid-move and is killed; its standby takes over and the move completes
+  // exactly.
+  void ScaleDownKillingMidMove(Workload& workload, uint32_t stalled) {
     std::vector<std::unique_ptr<ChildProcess>> primaries, standbys;
     for (uint32_t i = 0; i < 3; ++i) {
       primaries.push_back(StartPrimary(i, i == stalled));
@@ -195,15 +342,10 @@ class MoveFailoverTest : public ::testing::Test {
     }
     std::unique_ptr<Client> client = Connect();
     ASSERT_NE(client, nullptr);
-    v1::ParameterConfig sgd;
-    sgd.mutable_optimizer()->mutable_sgd();
-    sgd.mutable_learning_rate()->set_learning_rate(1.0);
-    for (int p = 0; p < kParams; ++p) {
-      ASSERT_OK(client->InitParam(
-          Param(p), Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 0)), sgd));
-    }
-    ASSERT_OK(client->FinishInitParams());
-    Trainer trainer(*client);
+    // Before the client goes, and the processes (declared before it).
+    absl::Cleanup stop_workload = [&workload] { workload.Stop(); };
+    ASSERT_OK(workload.Init(*client));
+    StepTrainer trainer([&workload](int step) { return workload.Step(step); });
     ASSERT_TRUE(trainer.Advance(3)) << trainer.Stop();
 
     ScaleOptions scale;
@@ -263,34 +405,21 @@ class MoveFailoverTest : public ::testing::Test {
     std::unique_ptr<Client> fresh = Connect();
     ASSERT_NE(fresh, nullptr);
     ASSERT_EQ(fresh->num_servers(), 2);
-    for (int p = 0; p < kParams; ++p) {
-      ASSERT_OK_AND_ASSIGN(Tensor w, fresh->GetParam(Param(p)));
-      const std::vector<float> got = w.ToVector<float>();
-      ASSERT_EQ(got.size(), static_cast<size_t>(kWidth));
-      for (int e = 0; e < kWidth; ++e) {
-        float expected = 0;
-        for (int s = 0; s < steps; ++s) expected -= Gradient(s, p, e);
-        ASSERT_EQ(got[e], expected) << Param(p) << "[" << e << "] after " << steps << " steps";
+    workload.Expect(*fresh, steps, result, stalled);
+    for (uint32_t shard = 0; shard < 2; ++shard) {
+      const std::string primary = AddressAt(etcd_keys::ServerKey(shard));
+      if (dynamic_cast<TablesWorkload*>(&workload) != nullptr) {
+        EXPECT_EQ(KvClocks(primary), std::make_pair(int64_t{steps}, 2u)) << "server " << shard;
       }
+      // A shard that took blocks or rows as replicated writes: its standby
+      // holds its state (the shard whose standby took it over has none).
+      const v1::ShardConfig config = Config(shard);
+      if (config.replicas_size() == 0) continue;
+      EXPECT_EQ(StateChecksum(primary),
+                StateChecksum(AddressAt(etcd_keys::StandbyKey(shard, config.replicas(0)))))
+          << "shard " << shard;
     }
-    // The blocks server 2 owned under 3 servers. Killed as the old owner, it
-    // had marked its first two batches (one block each) handed over, on its
-    // standby too: its successor sent the rest, the third (held) again.
-    uint64_t leaving = 0;
-    const Placement three = Placement::Jump(3, 0, kBlockBytes);
-    for (int p = 0; p < kParams; ++p) {
-      for (uint32_t b = 0; b < kWidth * 4 / kBlockBytes; ++b) {
-        leaving += three.ServerOf(Param(p), b) == 2;
-      }
-    }
-    EXPECT_EQ(result.blocks_moved, stalled == 2 ? leaving - 2 : leaving);
-    // Shard 1 took blocks as replicated writes: its standby holds its state.
-    EXPECT_EQ(StateChecksum(AddressAt(etcd_keys::ServerKey(1))),
-              StateChecksum(AddressAt(etcd_keys::StandbyKey(1, Config(1).replicas(0)))));
-    std::printf("%d steps, exact; the stalled server %u was killed mid-move; %llu of %llu blocks "
-                "moved by the last MoveBlocks\n",
-                steps, stalled, static_cast<unsigned long long>(result.blocks_moved),
-                static_cast<unsigned long long>(leaving));
+    std::printf("%d steps, exact; the stalled server %u was killed mid-move\n", steps, stalled);
     // Every process left is stopped by its PID (ChildProcess's destructor).
   }
 
@@ -303,14 +432,35 @@ class MoveFailoverTest : public ::testing::Test {
 // over: its standby holds the batch as held, sends it again, and the new
 // owner keeps the copy it took.
 TEST_F(MoveFailoverTest, AnOldOwnerKilledMidMoveIsTakenOverAndTheMoveCompletesExactly) {
-  ScaleDownKillingMidMove(/*stalled=*/2);
+  DenseWorkload dense;
+  ScaleDownKillingMidMove(dense, /*stalled=*/2);
 }
 
 // A new owner (server 0) is killed before it takes its fourth batch: its
 // standby holds the three it took (replicated before they were
 // acknowledged) and takes the rest from the sender, which follows /ps/0.
 TEST_F(MoveFailoverTest, ANewOwnerKilledMidMoveIsTakenOverAndTheMoveCompletesExactly) {
-  ScaleDownKillingMidMove(/*stalled=*/0);
+  DenseWorkload dense;
+  ScaleDownKillingMidMove(dense, /*stalled=*/0);
+}
+
+// Table rows: the old owner (server 2) is killed after its third run of key
+// buckets reached servers 0 and 1 and before it marked the run handed over:
+// its standby holds the run (and the first two as handed over), sends it
+// again, and the new owners keep the rows they took (they may have taken
+// pushes since).
+TEST_F(MoveFailoverTest, TableRowsOfAnOldOwnerKilledMidMoveMoveExactly) {
+  TablesWorkload tables;
+  ScaleDownKillingMidMove(tables, /*stalled=*/2);
+}
+
+// Table rows: a new owner (server 0) is killed mid-move (before it takes
+// its fourth run, or after its own third run of buckets reached server 1):
+// its standby holds the rows it took (replicated before they were
+// acknowledged) and the buckets it received, and the move completes.
+TEST_F(MoveFailoverTest, TableRowsOfANewOwnerKilledMidMoveMoveExactly) {
+  TablesWorkload tables;
+  ScaleDownKillingMidMove(tables, /*stalled=*/0);
 }
 
 }  // namespace

@@ -425,9 +425,16 @@ std::vector<std::pair<std::string, std::shared_ptr<Tables::Entry>>> Tables::Entr
   return entries;
 }
 
-void Tables::SaveTo(std::map<std::string, std::string>* extensions) const {
+void Tables::SaveTo(std::map<std::string, std::string>* extensions, const KeyKeep& keep) const {
   // Not under mu_: a clock change holds an entry's bsp_mu and then mu_.
   for (const auto& [name, entry] : Entries()) {
+    if (keep) {
+      const v1::TableConfig& config = entry->table->config();
+      ExportEntry(
+          name, *entry, [&, &name = name](uint64_t key) { return keep(name, config, key); },
+          extensions);
+      continue;
+    }
     (*extensions)[absl::StrCat(kTablePrefix, name)] = entry->table->Serialize();
     (*extensions)[absl::StrCat(kClocksPrefix, name)] = entry->clocks.Serialize();
     absl::MutexLock pending_lock(&entry->bsp_mu);
@@ -499,11 +506,17 @@ absl::StatusOr<Tables::Exported> Tables::ExportRows(
     const std::string& name, const SparseTable::KeyFilter& keep,
     std::map<std::string, std::string>* extensions) const {
   PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
-  const SparseTable& table = *entry->table;
+  return ExportEntry(name, *entry, keep, extensions);
+}
+
+Tables::Exported Tables::ExportEntry(const std::string& name, Entry& entry,
+                                     const SparseTable::KeyFilter& keep,
+                                     std::map<std::string, std::string>* extensions) {
+  const SparseTable& table = *entry.table;
   Exported exported;
   // Under bsp_mu: no clock change applies held-back adds between the rows
   // and the adds taken.
-  absl::MutexLock lock(&entry->bsp_mu);
+  absl::MutexLock lock(&entry.bsp_mu);
   std::string rows = table.SerializeRows(keep);
   v1::SparseTableSnapshot snap;
   if (snap.ParseFromString(rows)) {
@@ -511,10 +524,10 @@ absl::StatusOr<Tables::Exported> Tables::ExportRows(
     exported.bytes = snap.values().size() + snap.state().size();
   }
   (*extensions)[absl::StrCat(kTablePrefix, name)] = std::move(rows);
-  (*extensions)[absl::StrCat(kClocksPrefix, name)] = entry->clocks.Serialize();
+  (*extensions)[absl::StrCat(kClocksPrefix, name)] = entry.clocks.Serialize();
   v1::PendingAdds pending;
   const size_t row_bytes = table.row_bytes();
-  for (const auto& [clock, adds] : entry->pending) {
+  for (const auto& [clock, adds] : entry.pending) {
     for (const v1::PendingAdds::Add& add : adds) {
       v1::PendingAdds::Add mine = add;
       mine.set_clock(clock);

@@ -156,8 +156,13 @@ class Tables {
   size_t EvictExpired();
 
   // Checkpoints: every table as extension "table/<name>", its clocks as
-  // "clocks/<name>" and its held-back BSP adds as "pending/<name>".
-  void SaveTo(std::map<std::string, std::string>* extensions) const;
+  // "clocks/<name>" and its held-back BSP adds as "pending/<name>". With
+  // `keep`, only the rows and held-back adds of the keys it accepts (a
+  // server's checkpoint after a live move: the keys it owns now).
+  using KeyKeep = std::function<bool(const std::string& table, const v1::TableConfig& config,
+                                     uint64_t key)>;
+  void SaveTo(std::map<std::string, std::string>* extensions,
+              const KeyKeep& keep = nullptr) const;
   // Recreates the tables and clocks found in `extensions` (others are
   // ignored). FAILED_PRECONDITION if a table already exists; DATA_LOSS or
   // INVALID_ARGUMENT naming the extension that does not decode. All or nothing.
@@ -224,6 +229,10 @@ class Tables {
   };
 
   absl::StatusOr<std::shared_ptr<Entry>> Find(absl::string_view name) const;
+  // ExportRows of `entry` (table `name`).
+  static Exported ExportEntry(const std::string& name, Entry& entry,
+                              const SparseTable::KeyFilter& keep,
+                              std::map<std::string, std::string>* extensions);
   // Applies the adds of every clock below `min_clock` (every one when it is
   // negative: no worker) and drops them from `pending`.
   void ApplyPassed(Entry& entry, int64_t min_clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.bsp_mu);

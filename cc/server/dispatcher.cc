@@ -723,12 +723,12 @@ absl::Status Dispatcher::GetParam(const v1::GetParamRequest& request,
   return status;
 }
 
-absl::StatusOr<StoreSnapshot> Dispatcher::Snapshot() {
+absl::StatusOr<StoreSnapshot> Dispatcher::Snapshot(const Tables::KeyKeep& keep_keys) {
   // No push is between applying and recording its id meanwhile.
   absl::WriterMutexLock lock(&apply_mu_);
   PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, store_->TakeSnapshot());
   snapshot.extensions[AppliedSequences::kExtensionName] = applied_.Serialize();
-  tables_->SaveTo(&snapshot.extensions);
+  tables_->SaveTo(&snapshot.extensions, keep_keys);
   return snapshot;
 }
 

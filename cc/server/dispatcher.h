@@ -305,8 +305,9 @@ class Dispatcher {
   // The shard's whole state as a checkpoint holds it (docs/checkpoint-format.md):
   // the store's blocks, the applied request ids and the tables (rows,
   // clocks, held-back adds) as extensions, taken with apply_mu() held
-  // exclusively so that the store and the applied ids agree.
-  absl::StatusOr<StoreSnapshot> Snapshot();
+  // exclusively so that the store and the applied ids agree. With
+  // `keep_keys`, only the table keys it accepts (Tables::SaveTo).
+  absl::StatusOr<StoreSnapshot> Snapshot(const Tables::KeyKeep& keep_keys = nullptr);
   // Pushes with a request id (client_id, sequence) are applied at most once.
   AppliedSequences& applied() { return applied_; }
   // Held shared while a push is applied and its id recorded; a checkpoint

@@ -25,6 +25,27 @@ uint64_t StateBytes(const BlockSnapshot& block) {
   return bytes;
 }
 
+// The part of one table's hand-over (`extensions`, as Tables::ExportRows
+// wrote them) whose keys `keep` accepts, in the same form: the hand-over
+// taken into tables of its own and exported again.
+absl::StatusOr<std::map<std::string, std::string>> KeepTableRows(
+    const std::map<std::string, std::string>& extensions, const SparseTable::KeyFilter& keep) {
+  Tables scratch;
+  PS_RETURN_IF_ERROR(scratch
+                         .ImportRows(
+                             extensions,
+                             [](const std::string&, const v1::TableConfig&, uint64_t) {
+                               return absl::OkStatus();
+                             },
+                             [](uint64_t) { return false; })
+                         .status());
+  const std::vector<std::string> names = scratch.Names();
+  std::map<std::string, std::string> kept;
+  PS_RETURN_IF_ERROR(scratch.ExportRows(names.at(0), keep, &kept).status());
+  scratch.Shutdown();
+  return kept;
+}
+
 }  // namespace
 
 BlockMover::~BlockMover() {
@@ -59,8 +80,6 @@ void BlockMover::MoveAsync(const v1::MoveBlocksRequest& request, v1::MoveBlocksR
 
 absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequest& request) {
   absl::MutexLock serial(&move_mu_);
-  // Before anything moves (and for the coordinator's probe).
-  PS_RETURN_IF_ERROR(CheckHeldTablesMayMove());
   PlacementGate& gate = *options_.gate;
   const v1::Placement spec = gate.spec();
   const uint64_t version = request.version();
@@ -92,9 +111,7 @@ absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequ
       // Held here and on the backups before the copy can reach the new owner.
       absl::Status sent = Mark(version, v1::MoveMarks::HELD, held);
       if (sent.ok()) sent = Send(version, static_cast<uint32_t>(to), batch);
-      if (sent.ok() && ++batches_sent == options_.stall_after_batches && options_.stall) {
-        options_.stall();
-      }
+      if (sent.ok()) BatchSent(&batches_sent);
       if (sent.ok()) {
         sent = Mark(version, v1::MoveMarks::HANDED_OVER, held);  // releases them
       } else if (!replicated()) {
@@ -141,7 +158,7 @@ absl::StatusOr<v1::MoveBlocksResponse> BlockMover::Move(const v1::MoveBlocksRequ
     }
     PS_RETURN_IF_ERROR(flush());
   }
-  PS_RETURN_IF_ERROR(MoveTables(version, &response));
+  PS_RETURN_IF_ERROR(MoveTables(version, &response, &batches_sent));
   response.set_blocks_handed_over(gate.handed_over());
   if (options_.log && (response.blocks_moved() > 0 || response.rows_moved() > 0)) {
     options_.log(absl::StrCat("placement version ", version, ": handed ",
@@ -201,8 +218,13 @@ absl::Status BlockMover::Send(uint64_t version, uint32_t to, const StoreSnapshot
   return absl::OkStatus();
 }
 
+void BlockMover::BatchSent(uint32_t* batches_sent) const {
+  if (++*batches_sent == options_.stall_after_batches && options_.stall) options_.stall();
+}
+
 absl::Status BlockMover::Mark(uint64_t version, v1::MoveMarks::State state,
-                              const std::vector<PlacementGate::BlockKey>& blocks) {
+                              const std::vector<PlacementGate::BlockKey>& blocks,
+                              const std::vector<v1::MovedBuckets>& buckets) {
   v1::MoveMarks marks;
   marks.set_version(version);
   marks.set_state(state);
@@ -211,10 +233,15 @@ absl::Status BlockMover::Mark(uint64_t version, v1::MoveMarks::State state,
     ref->set_name(key.first);
     ref->mutable_block()->set_index(key.second);
   }
+  for (const v1::MovedBuckets& moved : buckets) *marks.add_buckets() = moved;
   return options_.dispatcher->Ship(
       kMoveMarksWrite, [&] { return SharedBytes::Own(marks.SerializeAsString()); },
       [&](absl::FunctionRef<void()>) {  // shipped after it is applied here
-        if (state == v1::MoveMarks::HANDED_OVER) options_.gate->Release(blocks, true);
+        if (state != v1::MoveMarks::HANDED_OVER) return absl::OkStatus();
+        options_.gate->Release(blocks, true);
+        for (const v1::MovedBuckets& moved : buckets) {
+          options_.gate->ReleaseBuckets(moved.table(), moved.begin(), moved.end(), true);
+        }
         return absl::OkStatus();
       });
 }
@@ -231,7 +258,8 @@ absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
   }
   v1::ReceiveBlocksResponse response;
   if (request.table_buckets_size() > 0) {
-    PS_ASSIGN_OR_RETURN(const uint64_t rows, ReceiveTable(request, loaded.snapshot.extensions));
+    PS_ASSIGN_OR_RETURN(const uint64_t rows,
+                        ReceiveTable(request, std::move(loaded.snapshot.extensions)));
     response.set_rows(rows);
     return response;
   }
@@ -288,6 +316,8 @@ void MoveMarks::SetVersionLocked(uint64_t version) {
   version_ = version;
   marks_.clear();
   received_.clear();
+  bucket_marks_.clear();
+  received_buckets_.clear();
 }
 
 absl::Status MoveMarks::Apply(absl::string_view bytes) {
@@ -302,6 +332,11 @@ absl::Status MoveMarks::Apply(absl::string_view bytes) {
   for (const v1::ParamRef& ref : marks.blocks()) {
     marks_[{ref.name(), ref.block().index()}] = marks.state();
   }
+  for (const v1::MovedBuckets& moved : marks.buckets()) {
+    for (uint32_t b = moved.begin(); b < moved.end() && b < kKeyBuckets; ++b) {
+      bucket_marks_[{moved.table(), b}] = marks.state();
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -310,6 +345,8 @@ void MoveMarks::Clear() {
   version_ = 0;
   marks_.clear();
   received_.clear();
+  bucket_marks_.clear();
+  received_buckets_.clear();
 }
 
 void MoveMarks::Received(uint64_t version, const std::vector<PlacementGate::BlockKey>& blocks) {
@@ -319,6 +356,18 @@ void MoveMarks::Received(uint64_t version, const std::vector<PlacementGate::Bloc
   received_.insert(blocks.begin(), blocks.end());
 }
 
+void MoveMarks::ReceivedBuckets(uint64_t version, const std::vector<v1::MovedBuckets>& buckets,
+                                int from) {
+  absl::MutexLock lock(&mu_);
+  SetVersionLocked(version);
+  if (version != version_) return;
+  for (const v1::MovedBuckets& moved : buckets) {
+    for (uint32_t b = moved.begin(); b < moved.end() && b < kKeyBuckets; ++b) {
+      received_buckets_.emplace(moved.table(), b, from);
+    }
+  }
+}
+
 void MoveMarks::SeedGate(PlacementGate& gate, const ParameterStore& store) const {
   const v1::Placement spec = gate.spec();
   if (!spec.moving()) return;
@@ -326,19 +375,25 @@ void MoveMarks::SeedGate(PlacementGate& gate, const ParameterStore& store) const
   if (static_cast<uint32_t>(gate.self()) >= spec.from_num_servers()) {
     for (PlacementGate::BlockKey& key : store.BlockKeys()) received.push_back(std::move(key));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (spec.version() == version_) {
-      for (const auto& [key, state] : marks_) {
-        held.push_back(key);
-        if (state == v1::MoveMarks::HANDED_OVER) handed_over.push_back(key);
-      }
-      received.insert(received.end(), received_.begin(), received_.end());
-    }
+  absl::MutexLock lock(&mu_);
+  if (spec.version() != version_) {
+    gate.Received(received);
+    return;
   }
+  for (const auto& [key, state] : marks_) {
+    held.push_back(key);
+    if (state == v1::MoveMarks::HANDED_OVER) handed_over.push_back(key);
+  }
+  received.insert(received.end(), received_.begin(), received_.end());
   gate.Hold(held);
   gate.Release(handed_over, /*handed_over=*/true);
   gate.Received(received);
+  for (const auto& [bucket, state] : bucket_marks_) {
+    const auto& [table, b] = bucket;
+    gate.HoldBuckets(table, b, b + 1);
+    if (state == v1::MoveMarks::HANDED_OVER) gate.ReleaseBuckets(table, b, b + 1, true);
+  }
+  for (const auto& [table, b, from] : received_buckets_) gate.ReceivedBuckets(table, from, b, b + 1);
 }
 
 bool IsMoveWrite(absl::string_view method) {
@@ -346,7 +401,7 @@ bool IsMoveWrite(absl::string_view method) {
 }
 
 absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view request,
-                                    ParameterStore& store, MoveMarks& marks) {
+                                    ParameterStore& store, Tables& tables, MoveMarks& marks) {
   if (method == kMoveMarksWrite) return marks.Apply(request);
   v1::ReceiveBlocksRequest receive;
   if (method != "ReceiveBlocks" ||
@@ -355,6 +410,21 @@ absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view 
     return absl::InvalidArgumentError(absl::StrCat("replicated ", method, ": not a move's write"));
   }
   PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(receive.files()));
+  if (receive.table_buckets_size() > 0) {
+    // Rows the primary vetted and took as they are here (it replaced none).
+    PS_RETURN_IF_ERROR(tables
+                           .ImportRows(
+                               loaded.snapshot.extensions,
+                               [](const std::string&, const v1::TableConfig&, uint64_t) {
+                                 return absl::OkStatus();
+                               },
+                               [](uint64_t) { return false; })
+                           .status());
+    marks.ReceivedBuckets(receive.version(),
+                          {receive.table_buckets().begin(), receive.table_buckets().end()},
+                          static_cast<int>(receive.from_server()));
+    return absl::OkStatus();
+  }
   loaded.snapshot.extensions.clear();
   std::vector<PlacementGate::BlockKey> keys;
   for (const BlockSnapshot& block : loaded.snapshot.blocks) {
@@ -365,14 +435,16 @@ absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view 
   return absl::OkStatus();
 }
 
-absl::Status CheckStandbyMayAttach(const PlacementGate& gate) {
+absl::Status CheckStandbyMayAttach(const PlacementGate& gate, bool holds_tables) {
   const v1::Placement spec = gate.spec();
-  if (!spec.moving() || static_cast<uint32_t>(gate.self()) >= spec.from_num_servers()) {
+  if (!spec.moving() ||
+      (static_cast<uint32_t>(gate.self()) >= spec.from_num_servers() && !holds_tables)) {
     return absl::OkStatus();
   }
   return absl::UnavailableError(absl::StrCat(
       "a live move (placement version ", spec.version(), ") is under way on this server ",
-      gate.self(), ": a standby attaches once it ends; retry"));
+      gate.self(), holds_tables ? " (which holds table rows)" : "",
+      ": a standby attaches once it ends; retry"));
 }
 
 absl::Status CheckNoMoveUnderWay(const PlacementGate& gate) {
@@ -400,6 +472,17 @@ size_t KeepOwnedBlocks(const PlacementGate& gate, StoreSnapshot* snapshot) {
   return before - snapshot->blocks.size();
 }
 
+Tables::KeyKeep OwnedKeys(const PlacementGate& gate) {
+  absl::StatusOr<Placement> placement = Placement::FromSpec(gate.spec(), 1);
+  const int self = gate.self();
+  return [placement = std::move(placement), self](const std::string&, const v1::TableConfig& config,
+                                                  uint64_t key) {
+    if (!placement.ok()) return true;  // the gate holds only placements made from specs
+    absl::StatusOr<int> owner = KeyServer(key, config.partitioning(), *placement);
+    return !owner.ok() || *owner == self;  // a key no partitioning places stays
+  };
+}
+
 uint64_t NewestSequenceOfAnyShard(const std::string& dir) {
   absl::StatusOr<std::map<uint32_t, std::vector<CheckpointEntry>>> shards =
       ListShardCheckpoints(dir);
@@ -416,7 +499,8 @@ bool JoinsMove(const v1::Placement& placement, uint32_t index) {
          index >= placement.from_num_servers() && index < placement.num_servers();
 }
 
-absl::Status BlockMover::MoveTables(uint64_t version, v1::MoveBlocksResponse* response) {
+absl::Status BlockMover::MoveTables(uint64_t version, v1::MoveBlocksResponse* response,
+                                    uint32_t* batches_sent) {
   if (options_.tables == nullptr) return absl::OkStatus();
   v1::TableStatsResponse stats;
   options_.tables->Stats(&stats);
@@ -440,7 +524,8 @@ absl::Status BlockMover::MoveTables(uint64_t version, v1::MoveBlocksResponse* re
              !options_.gate->BucketHandedOver(table.name(), end)) {
         ++end;
       }
-      PS_RETURN_IF_ERROR(SendBuckets(version, table.name(), config, begin, end, response));
+      PS_RETURN_IF_ERROR(
+          SendBuckets(version, table.name(), config, begin, end, response, batches_sent));
       begin = end;
     }
   }
@@ -449,7 +534,7 @@ absl::Status BlockMover::MoveTables(uint64_t version, v1::MoveBlocksResponse* re
 
 absl::Status BlockMover::SendBuckets(uint64_t version, const std::string& table,
                                      const v1::TableConfig& config, uint32_t begin, uint32_t end,
-                                     v1::MoveBlocksResponse* response) {
+                                     v1::MoveBlocksResponse* response, uint32_t* batches_sent) {
   PlacementGate& gate = *options_.gate;
   {
     // No push is between its gate check and its apply meanwhile.
@@ -462,7 +547,8 @@ absl::Status BlockMover::SendBuckets(uint64_t version, const std::string& table,
   moved.set_end(end);
   const int num_servers = static_cast<int>(gate.spec().num_servers());
   uint64_t rows = 0, bytes = 0;
-  absl::Status sent;
+  // Held here and on the backups before a copy can reach a new owner.
+  absl::Status sent = Mark(version, v1::MoveMarks::HELD, {}, {moved});
   for (int to = 0; to < num_servers && sent.ok(); ++to) {
     if (to == gate.self()) continue;
     StoreSnapshot batch;
@@ -488,36 +574,25 @@ absl::Status BlockMover::SendBuckets(uint64_t version, const std::string& table,
       bytes += exported->bytes;
     }
   }
-  // A failure leaves the buckets served here; some new owners may have
-  // taken their rows (they serve them only once this server hands them
-  // over: a MoveBlocks called again sends the buckets to every server, and
-  // one that took them already acknowledges them).
-  gate.ReleaseBuckets(table, begin, end, sent.ok());
+  if (sent.ok()) BatchSent(batches_sent);
+  if (sent.ok()) {
+    sent = Mark(version, v1::MoveMarks::HANDED_OVER, {}, {moved});  // releases them
+  } else if (!replicated()) {
+    // Served here again; some new owners may have taken their rows: a
+    // MoveBlocks called again sends the buckets to every server, and the
+    // copy it sends replaces theirs. Replicated, they stay held (their
+    // backups may hold the mark): the copy sent again is this one, and a
+    // new owner that took it keeps what it holds.
+    gate.ReleaseBuckets(table, begin, end, false);
+  }
   if (!sent.ok()) return sent;
   response->set_rows_moved(response->rows_moved() + rows);
   response->set_bytes_moved(response->bytes_moved() + bytes);
   return absl::OkStatus();
 }
 
-absl::Status BlockMover::CheckTablesMayMove(absl::string_view table) const {
-  if (!replicated() && !options_.checkpointing) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "live moves of table rows do not work with ",
-      replicated() ? "standbys (--accept_standbys)" : "--checkpoint_dir",
-      " yet (the rows received would not reach the ", replicated() ? "backups" : "checkpoints",
-      "); table '", table, "'"));
-}
-
-absl::Status BlockMover::CheckHeldTablesMayMove() const {
-  if (options_.tables == nullptr) return absl::OkStatus();
-  v1::TableStatsResponse stats;
-  options_.tables->Stats(&stats);
-  if (stats.tables_size() == 0) return absl::OkStatus();
-  return CheckTablesMayMove(stats.tables(0).name());
-}
-
-absl::StatusOr<uint64_t> BlockMover::ReceiveTable(
-    const v1::ReceiveBlocksRequest& request, const std::map<std::string, std::string>& extensions) {
+absl::StatusOr<uint64_t> BlockMover::ReceiveTable(const v1::ReceiveBlocksRequest& request,
+                                                  std::map<std::string, std::string> extensions) {
   if (options_.tables == nullptr) {
     return absl::FailedPreconditionError("this server takes no table rows");
   }
@@ -525,7 +600,6 @@ absl::StatusOr<uint64_t> BlockMover::ReceiveTable(
   PS_RETURN_IF_ERROR(gate.CheckReceiveVersion(request.version()));
   const int from = static_cast<int>(request.from_server());
   const std::string& table = request.table_buckets(0).table();
-  PS_RETURN_IF_ERROR(CheckTablesMayMove(table));
   v1::Partitioning partitioning;  // of a table held here; one arriving replaces nothing
   if (absl::StatusOr<v1::TableConfig> config = options_.tables->ConfigOf(table); config.ok()) {
     partitioning = config->partitioning();
@@ -544,31 +618,73 @@ absl::StatusOr<uint64_t> BlockMover::ReceiveTable(
     }
     return false;
   };
-  PS_ASSIGN_OR_RETURN(
-      const uint64_t rows,
-      options_.tables->ImportRows(
-          extensions,
-          [&](const std::string& name, const v1::TableConfig& config, uint64_t key) -> absl::Status {
-            if (name != table || !in_buckets(key)) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "table '", name, "' key ", key, " is outside the buckets handed over"));
-            }
-            return gate.CheckReceiveKey(request.version(), from, name, config.partitioning(),
-                                        key);
-          },
-          // What an earlier copy of these buckets left here (a hand-over
-          // sent again after its reply, or another new owner's, failed):
-          // this one replaces it. No client wrote to them here: they are
-          // not served before the old owner hands them over.
-          [&](uint64_t key) {
-            if (!in_buckets(key)) return false;
-            absl::StatusOr<std::optional<int>> owner =
-                gate.KeyDestination(request.version(), from, partitioning, key);
-            return owner.ok() && *owner == gate.self();
-          }));
-  for (const v1::MovedBuckets& moved : request.table_buckets()) {
-    gate.ReceivedBuckets(table, from, moved.begin(), moved.end());
+  absl::MutexLock serial(&receive_mu_);
+  // What the backups apply: the request as it came, or, when some buckets
+  // were received already, a copy without their rows.
+  v1::ReceiveBlocksRequest kept_request;
+  const v1::ReceiveBlocksRequest* taken = &request;
+  if (replicated()) {
+    // Sent again after a failure (the sender's, or a takeover): a bucket
+    // taken already from this sender stays as it is here (its keys may
+    // have taken writes since; the sender's copy has not changed, it held
+    // them).
+    bool kept_some = false;
+    for (const v1::MovedBuckets& moved : request.table_buckets()) {
+      for (uint32_t b = moved.begin(); b < moved.end() && !kept_some; ++b) {
+        kept_some = gate.BucketReceived(table, b, from);
+      }
+    }
+    if (kept_some) {
+      PS_ASSIGN_OR_RETURN(extensions, KeepTableRows(extensions, [&](uint64_t key) {
+                            return !gate.BucketReceived(table, KeyBucket(key), from);
+                          }));
+      StoreSnapshot kept;
+      kept.extensions = extensions;
+      PS_ASSIGN_OR_RETURN(std::vector<v1::SnapshotFile> files,
+                          SnapshotToFiles(kept, static_cast<uint32_t>(gate.self()),
+                                          options_.write_options));
+      kept_request = request;
+      kept_request.clear_files();
+      for (v1::SnapshotFile& file : files) *kept_request.add_files() = std::move(file);
+      taken = &kept_request;
+    }
   }
+  uint64_t rows = 0;
+  // Here and on this shard's backups before it is acknowledged.
+  PS_RETURN_IF_ERROR(options_.dispatcher->Ship(
+      "ReceiveBlocks", [&] { return SharedBytes::Own(taken->SerializeAsString()); },
+      [&](absl::FunctionRef<void()>) -> absl::Status {  // shipped after it is applied
+        PS_ASSIGN_OR_RETURN(
+            rows,
+            options_.tables->ImportRows(
+                extensions,
+                [&](const std::string& name, const v1::TableConfig& config,
+                    uint64_t key) -> absl::Status {
+                  if (name != table || !in_buckets(key)) {
+                    return absl::InvalidArgumentError(absl::StrCat(
+                        "table '", name, "' key ", key, " is outside the buckets handed over"));
+                  }
+                  return gate.CheckReceiveKey(request.version(), from, name,
+                                              config.partitioning(), key);
+                },
+                // What an earlier copy of these buckets left here (a
+                // hand-over sent again after its reply, or another new
+                // owner's, failed): this one replaces it (not replicated:
+                // the sender served them again meanwhile). Replicated, no
+                // earlier copy is left (those buckets were kept above), and
+                // the backups replace nothing either.
+                [&](uint64_t key) {
+                  if (replicated() || !in_buckets(key)) return false;
+                  absl::StatusOr<std::optional<int>> owner =
+                      gate.KeyDestination(request.version(), from, partitioning, key);
+                  return owner.ok() && *owner == gate.self();
+                }));
+        for (const v1::MovedBuckets& moved : request.table_buckets()) {
+          gate.ReceivedBuckets(table, from, moved.begin(), moved.end());
+        }
+        return absl::OkStatus();
+      }));
+  received_batches_.fetch_add(1);
   if (options_.log && rows > 0) {
     options_.log(absl::StrCat("placement version ", request.version(), ": received ", rows,
                               " rows of table '", table, "' from server ", from));

@@ -30,7 +30,8 @@
 // section), with the table's config and worker clocks, so that a server
 // without the table gets it; every other server gets the bucket range too,
 // without rows, so that each new owner knows those buckets are handed over.
-// The receiver takes them all or nothing (Tables::ImportRows).
+// The receiver takes them all or nothing (Tables::ImportRows). Table rows
+// move on replicated shards and with checkpoints as blocks do (below).
 //
 // Not moved: the exactly-once ids: a client
 // numbers its pushes per server, so the old owner keeps its ids (a retried
@@ -47,8 +48,10 @@
 #include <map>
 #include <set>
 #include <string>
-#include <vector>
 #include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -92,11 +95,10 @@ struct BlockMoverOptions {
   // called (and is expected not to return before the process is killed)
   // once this server handed over that many batches in one MoveBlocks (after
   // the last reached the new owner, before it is marked handed over), and
-  // before it takes one more ReceiveBlocks batch than that.
+  // before it takes one more ReceiveBlocks batch than that. A batch is one
+  // ReceiveBlocks of blocks, or one run of a table's key buckets (sent to
+  // every other server).
   uint32_t stall_after_batches = 0;
-  // The server saves checkpoints (--checkpoint_dir): table rows do not
-  // move yet (MoveBlocks and ReceiveBlocks refuse them).
-  bool checkpointing = false;
   std::function<void()> stall;
   std::function<void(const std::string& line)> log;
 };
@@ -129,25 +131,27 @@ class BlockMover {
   absl::Status Send(uint64_t version, uint32_t to, const StoreSnapshot& batch,
                     const std::vector<v1::MovedBuckets>& buckets = {});
   // The table part of Move: every table's keys that leave this server.
-  absl::Status MoveTables(uint64_t version, v1::MoveBlocksResponse* response);
-  // FAILED_PRECONDITION naming `table` when this server's table rows may
-  // not move (with standbys or checkpoints); CheckHeldTablesMayMove: the
-  // same for the tables this server holds.
-  absl::Status CheckTablesMayMove(absl::string_view table) const;
-  absl::Status CheckHeldTablesMayMove() const;
+  // `batches_sent` counts the batches of this Move (stall_after_batches).
+  absl::Status MoveTables(uint64_t version, v1::MoveBlocksResponse* response,
+                          uint32_t* batches_sent);
   // Buckets [begin, end) of `table` (held) to every other server of the new
   // count: the rows going to each.
   absl::Status SendBuckets(uint64_t version, const std::string& table,
                            const v1::TableConfig& config, uint32_t begin, uint32_t end,
-                           v1::MoveBlocksResponse* response);
+                           v1::MoveBlocksResponse* response, uint32_t* batches_sent);
+  // Called once a batch reached its new owner(s), before it is marked
+  // handed over (stall_after_batches).
+  void BatchSent(uint32_t* batches_sent) const;
   // The table part of Receive; returns the rows taken.
   absl::StatusOr<uint64_t> ReceiveTable(const v1::ReceiveBlocksRequest& request,
-                                        const std::map<std::string, std::string>& extensions);
-  // Marks `blocks` `state` here and on this shard's backups (a replicated
-  // write, Dispatcher::Ship): HELD applies nothing here (Hold did), and
-  // HANDED_OVER releases them to PlacementMoved.
+                                        std::map<std::string, std::string> extensions);
+  // Marks `blocks` and table `buckets` `state` here and on this shard's
+  // backups (a replicated write, Dispatcher::Ship): HELD applies nothing
+  // here (Hold/HoldBuckets did), and HANDED_OVER releases them to
+  // PlacementMoved.
   absl::Status Mark(uint64_t version, v1::MoveMarks::State state,
-                    const std::vector<PlacementGate::BlockKey>& blocks);
+                    const std::vector<PlacementGate::BlockKey>& blocks,
+                    const std::vector<v1::MovedBuckets>& buckets = {});
   bool replicated() const { return options_.replicated && options_.replicated(); }
 
   const BlockMoverOptions options_;
@@ -172,11 +176,19 @@ class BlockMover {
 //     the blocks before it is acknowledged. A block it received already in
 //     this move is kept as it is (it may have taken writes since; the copy
 //     sent again is the same as the first);
+//   - table rows the same way, by key bucket: the old owner's marks name
+//     the buckets of a run (MoveMarks.buckets), a failed run stays held,
+//     and the new owner's ReceiveBlocks of table rows (rows, optimizer
+//     state, held-back adds, config and clocks) reaches its backups before
+//     it is acknowledged; the rows of a bucket it received already from
+//     that sender are kept as they are;
 //   - a backup keeps the marks (MoveMarks below) and, if it takes the shard
 //     over, starts its gate from them; the coordinator asks whoever holds
 //     /ps/<i> now, and the sender sends to whoever holds /ps/<j> now.
 // A standby may not attach to an old owner while a move is under way (its
-// copy would miss the marks): it retries once the move ended.
+// copy would miss the marks): it retries once the move ended. Nor to a new
+// owner that holds table rows mid-move (its copy would not say which
+// buckets it received).
 
 // The method name MoveMarks travel under to backups.
 inline constexpr char kMoveMarksWrite[] = "MoveMarks";
@@ -191,6 +203,9 @@ class MoveMarks {
   absl::Status Apply(absl::string_view bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks this replica received in the move of `version`.
   void Received(uint64_t version, const std::vector<PlacementGate::BlockKey>& blocks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Table buckets this replica received from server `from` in that move.
+  void ReceivedBuckets(uint64_t version, const std::vector<v1::MovedBuckets>& buckets, int from)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets every mark (a standby copying a shard anew: the marks were of
   // the state it replaces).
@@ -207,21 +222,27 @@ class MoveMarks {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<PlacementGate::BlockKey, v1::MoveMarks::State> marks_ ABSL_GUARDED_BY(mu_);
   std::set<PlacementGate::BlockKey> received_ ABSL_GUARDED_BY(mu_);
+  // The same for table key buckets: (table, bucket) of this server, and
+  // (table, bucket, sender) received.
+  std::map<std::pair<std::string, uint32_t>, v1::MoveMarks::State> bucket_marks_
+      ABSL_GUARDED_BY(mu_);
+  std::set<std::tuple<std::string, uint32_t, int>> received_buckets_ ABSL_GUARDED_BY(mu_);
 };
 
 // Whether `method` is a live move's replicated write (MoveMarks, or the
-// new owner's ReceiveBlocks, holding just the blocks it took).
+// new owner's ReceiveBlocks, holding just the blocks or table rows it took).
 bool IsMoveWrite(absl::string_view method);
 // A backup applying such a write: MoveMarks recorded in `marks`; the
-// blocks of a ReceiveBlocks merged into `store` (the primary checked and
-// chose them) and recorded as received.
+// blocks of a ReceiveBlocks merged into `store`, its table rows into
+// `tables` (the primary checked and chose them), and recorded as received.
 absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view request,
-                                    ParameterStore& store, MoveMarks& marks);
+                                    ParameterStore& store, Tables& tables, MoveMarks& marks);
 // OK when a standby may attach now: UNAVAILABLE (retry) while a move is
 // under way on an old owner (index < from_num_servers), whose copy would
-// miss the marks; a new server's standby may attach (its copy holds what
-// it received).
-absl::Status CheckStandbyMayAttach(const PlacementGate& gate);
+// miss the marks; a new server's standby may attach (its copy holds the
+// blocks it received) unless it holds table rows (`holds_tables`: its copy
+// would not say which buckets it received).
+absl::Status CheckStandbyMayAttach(const PlacementGate& gate, bool holds_tables);
 
 // ---- Live moves and checkpoints (docs/elastic.md, "Moves with checkpoints") ----
 //
@@ -239,6 +260,9 @@ absl::Status CheckNoMoveUnderWay(const PlacementGate& gate);
 // Removes from `snapshot` every dense block that `gate`'s placement gives to
 // another server (what this server handed over); the number removed.
 size_t KeepOwnedBlocks(const PlacementGate& gate, StoreSnapshot* snapshot);
+// The table keys `gate`'s placement gives to this server (what a checkpoint
+// after a move holds: Tables::SaveTo's `keep`).
+Tables::KeyKeep OwnedKeys(const PlacementGate& gate);
 
 // The newest sequence of any checkpoint under cluster directory `dir`, every
 // shard-<k> included; 0 when there is none.

@@ -2,12 +2,17 @@
 // (cc/server/move.h): a backup's MoveMarks seed the gate its successor
 // starts; what a standby may attach to mid-move; what a checkpoint keeps
 // after a move.
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cc/core/checkpoint.h"
 #include "cc/core/placement.h"
+#include "cc/core/tables.h"
 #include "cc/server/move.h"
+#include "cc/server/replication.h"
+#include "pserver/v1/table.pb.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -101,7 +106,8 @@ TEST(MoveMarksTest, ASuccessorsGateHoldsWhatWasHeldAndRedirectsWhatWasHandedOver
 
   EXPECT_THAT(marks.Apply("\xff\xff\xff"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("malformed")));
-  EXPECT_THAT(ApplyMoveWriteOnBackup("SendGrad", "", empty, marks),
+  Tables tables;
+  EXPECT_THAT(ApplyMoveWriteOnBackup("SendGrad", "", empty, tables, marks),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a move's write")));
   EXPECT_TRUE(IsMoveWrite(kMoveMarksWrite));
   EXPECT_TRUE(IsMoveWrite("ReceiveBlocks"));
@@ -111,12 +117,16 @@ TEST(MoveMarksTest, ASuccessorsGateHoldsWhatWasHeldAndRedirectsWhatWasHandedOver
 TEST(MoveMarksTest, AStandbyAttachesMidMoveOnlyToAServerNewInTheMove) {
   PlacementGate old_owner(/*self=*/1, Placement::Jump(2, 1));
   PlacementGate new_owner(/*self=*/2, Placement::Jump(2, 1));
-  EXPECT_THAT(CheckStandbyMayAttach(old_owner), IsOk());
+  EXPECT_THAT(CheckStandbyMayAttach(old_owner, false), IsOk());
   ASSERT_OK(old_owner.SetSpec(Moving(2, 3, 2)));
   ASSERT_OK(new_owner.SetSpec(Moving(2, 3, 2)));
-  EXPECT_THAT(CheckStandbyMayAttach(old_owner),
+  EXPECT_THAT(CheckStandbyMayAttach(old_owner, false),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("attaches once it ends")));
-  EXPECT_THAT(CheckStandbyMayAttach(new_owner), IsOk());
+  EXPECT_THAT(CheckStandbyMayAttach(new_owner, false), IsOk());
+  // A new owner holding table rows: its copy would not say which buckets
+  // it received.
+  EXPECT_THAT(CheckStandbyMayAttach(new_owner, true),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("which holds table rows")));
   EXPECT_THAT(CheckNoMoveUnderWay(old_owner),
               StatusIs(absl::StatusCode::kUnavailable,
                        HasSubstr("a live move from 2 to 3 servers is under way")));
@@ -147,6 +157,154 @@ TEST(MoveMarksTest, ACheckpointAfterAMoveKeepsOnlyTheBlocksOwnedUnderIt) {
   for (const BlockSnapshot& block : snapshot.blocks) {
     EXPECT_EQ(three.ServerOf(block.name, block.block.index()), 0);
   }
+}
+
+// A table with one row (dim 2, SGD) for each of `keys` in `tables`.
+void TableWithRows(Tables& tables, const std::vector<uint64_t>& keys) {
+  v1::CreateTableRequest create;
+  create.set_name("emb");
+  create.mutable_config()->set_dim(2);
+  create.mutable_config()->mutable_optimizer()->mutable_sgd()->set_learning_rate(1);
+  ASSERT_OK(tables.Create(create));
+  std::vector<float> grads(keys.size() * 2, 1.0f);
+  TableRowsView push;
+  push.table = "emb";
+  push.keys = keys;
+  push.values = absl::string_view(reinterpret_cast<const char*>(grads.data()), grads.size() * 4);
+  ASSERT_OK(tables.PushRows(push));
+}
+
+// Keys server `from` owns under 3 servers that go to server `to` under 2,
+// with the first bucket range [begin, end) holding them.
+std::vector<uint64_t> KeysFromTo(int from, int to, uint32_t begin, uint32_t end, size_t n) {
+  const Placement three = Placement::Jump(3, 0);
+  const Placement two = Placement::Jump(2, 0);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 100000 && keys.size() < n; ++k) {
+    const uint32_t bucket = KeyBucket(k);
+    if (bucket >= begin && bucket < end && three.HashKeyServer(k) == from &&
+        two.HashKeyServer(k) == to) {
+      keys.push_back(k);
+    }
+  }
+  return keys;
+}
+
+std::string BucketMarks(uint64_t version, v1::MoveMarks::State state, uint32_t begin,
+                        uint32_t end) {
+  v1::MoveMarks marks;
+  marks.set_version(version);
+  marks.set_state(state);
+  v1::MovedBuckets* moved = marks.add_buckets();
+  moved->set_table("emb");
+  moved->set_begin(begin);
+  moved->set_end(end);
+  return marks.SerializeAsString();
+}
+
+// The old owner's side: a run of buckets held, and the runs before it
+// handed over, are what its successor's gate holds and redirects.
+TEST(MoveMarksTest, ASuccessorsGateHoldsAndRedirectsTableBucketsAsMarked) {
+  MoveMarks marks;
+  ASSERT_OK(marks.Apply(BucketMarks(5, v1::MoveMarks::HELD, 0, 12)));
+  ASSERT_OK(marks.Apply(BucketMarks(5, v1::MoveMarks::HANDED_OVER, 0, 8)));
+  PlacementGate gate(/*self=*/2, Placement::Jump(3, 4));
+  ASSERT_OK(gate.SetSpec(Moving(3, 2, 5)));
+  ParameterStore empty;
+  marks.SeedGate(gate, empty);
+  const v1::Partitioning hash;
+  for (uint32_t b = 0; b < 16; ++b) EXPECT_EQ(gate.BucketHandedOver("emb", b), b < 8) << b;
+  const std::vector<uint64_t> over = KeysFromTo(2, 0, 0, 8, 1);
+  const std::vector<uint64_t> held = KeysFromTo(2, 0, 8, 12, 1);
+  const std::vector<uint64_t> served = KeysFromTo(2, 0, 12, kKeyBuckets, 1);
+  ASSERT_EQ(over.size() + held.size() + served.size(), 3u);
+  EXPECT_TRUE(PlacementMovedVersion(gate.CheckKeys("emb", hash, over, true)).has_value());
+  EXPECT_THAT(gate.CheckKeys("emb", hash, held, /*write=*/true),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("is being handed to server 0")));
+  EXPECT_THAT(gate.CheckKeys("emb", hash, held, /*write=*/false), IsOk());
+  EXPECT_THAT(gate.CheckKeys("emb", hash, served, /*write=*/true), IsOk());
+}
+
+// The new owner's side: a backup applies the rows of a table ReceiveBlocks
+// as they are and records the buckets, which its successor's gate serves.
+TEST(MoveMarksTest, ABackupTakesReceivedTableRowsAndItsSuccessorServesTheirBuckets) {
+  const std::vector<uint64_t> moved = KeysFromTo(2, 0, 0, 12, 8);
+  const std::vector<uint64_t> later = KeysFromTo(2, 0, 12, kKeyBuckets, 1);
+  ASSERT_EQ(moved.size(), 8u);
+  ASSERT_EQ(later.size(), 1u);
+  Tables sender;
+  TableWithRows(sender, moved);
+  std::map<std::string, std::string> extensions;
+  ASSERT_OK_AND_ASSIGN(Tables::Exported exported,
+                       sender.ExportRows("emb", nullptr, &extensions));
+  ASSERT_EQ(exported.rows, moved.size());
+  StoreSnapshot snapshot;
+  snapshot.extensions = extensions;
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::SnapshotFile> files,
+                       SnapshotToFiles(snapshot, 2, CheckpointWriteOptions()));
+  v1::ReceiveBlocksRequest receive;
+  receive.set_version(5);
+  receive.set_from_server(2);
+  for (v1::SnapshotFile& file : files) *receive.add_files() = std::move(file);
+  v1::MovedBuckets* buckets = receive.add_table_buckets();
+  buckets->set_table("emb");
+  buckets->set_begin(0);
+  buckets->set_end(12);
+
+  ParameterStore store;
+  Tables backup;
+  MoveMarks marks;
+  ASSERT_OK(ApplyMoveWriteOnBackup("ReceiveBlocks", receive.SerializeAsString(), store, backup,
+                                   marks));
+  std::map<std::string, std::string> taken;
+  ASSERT_OK(backup.ExportRows("emb", nullptr, &taken).status());
+  v1::SparseTableSnapshot sent_rows, taken_rows;
+  ASSERT_TRUE(sent_rows.ParseFromString(extensions.at("table/emb")));
+  ASSERT_TRUE(taken_rows.ParseFromString(taken.at("table/emb")));
+  EXPECT_EQ(taken_rows.rows(), moved.size());
+  EXPECT_EQ(taken_rows.keys(), sent_rows.keys());
+  EXPECT_EQ(taken_rows.values(), sent_rows.values());
+  EXPECT_EQ(taken_rows.state(), sent_rows.state());
+  EXPECT_EQ(taken_rows.steps(), sent_rows.steps());
+
+  PlacementGate gate(/*self=*/0, Placement::Jump(3, 4));
+  ASSERT_OK(gate.SetSpec(Moving(3, 2, 5)));
+  marks.SeedGate(gate, store);
+  const v1::Partitioning hash;
+  EXPECT_THAT(gate.CheckKeys("emb", hash, moved, /*write=*/true), IsOk());
+  EXPECT_TRUE(gate.BucketReceived("emb", KeyBucket(moved[0]), 2));
+  EXPECT_THAT(gate.CheckKeys("emb", hash, later, /*write=*/true),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not yet received")));
+}
+
+// After a move a checkpoint keeps only the table keys the server owns now.
+TEST(MoveMarksTest, ACheckpointAfterAMoveKeepsOnlyTheTableKeysOwnedUnderIt) {
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 256; ++k) keys.push_back(k);
+  Tables tables;
+  TableWithRows(tables, keys);
+  PlacementGate gate(/*self=*/0, Placement::Jump(3, 3));
+  std::map<std::string, std::string> extensions;
+  tables.SaveTo(&extensions, OwnedKeys(gate));
+  Tables restored;
+  ASSERT_OK(restored.RestoreFrom(extensions));
+  v1::TableStatsResponse stats;
+  restored.Stats(&stats);
+  ASSERT_EQ(stats.tables_size(), 1);
+  const Placement three = Placement::Jump(3, 3);
+  uint64_t owned = 0;
+  for (uint64_t k : keys) owned += three.HashKeyServer(k) == 0;
+  ASSERT_GT(owned, 0u);
+  ASSERT_LT(owned, keys.size());
+  EXPECT_EQ(stats.tables(0).rows(), owned);
+  // Without a filter, every row.
+  std::map<std::string, std::string> all;
+  tables.SaveTo(&all);
+  Tables whole;
+  ASSERT_OK(whole.RestoreFrom(all));
+  v1::TableStatsResponse whole_stats;
+  whole.Stats(&whole_stats);
+  EXPECT_EQ(whole_stats.tables(0).rows(), keys.size());
 }
 
 }  // namespace

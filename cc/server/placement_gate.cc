@@ -222,6 +222,12 @@ void PlacementGate::ReceivedBuckets(absl::string_view table, int from, uint32_t 
   }
 }
 
+bool PlacementGate::BucketReceived(absl::string_view table, uint32_t bucket, int from) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = buckets_.find(BucketKey(std::string(table), bucket, from));
+  return it != buckets_.end() && it->second == State::kReceived;
+}
+
 std::optional<int> PlacementGate::Destination(uint64_t version, absl::string_view name,
                                               uint32_t index) const {
   absl::ReaderMutexLock lock(&mu_);

@@ -133,6 +133,10 @@ class PlacementGate {
   // N are served here from now on.
   void ReceivedBuckets(absl::string_view table, int from, uint32_t begin, uint32_t end)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether bucket `bucket` of `table` from server `from` was received here
+  // in the move under way.
+  bool BucketReceived(absl::string_view table, uint32_t bucket, int from) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- the new owner's side ----
   // OK when block (name, index) is this server's under M in the move of

@@ -335,7 +335,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         return absl::UnavailableError("this server does not hold a shard yet; retry");
       }
       if (raw->placement_gate_ != nullptr) {
-        PS_RETURN_IF_ERROR(CheckStandbyMayAttach(*raw->placement_gate_));
+        PS_RETURN_IF_ERROR(
+            CheckStandbyMayAttach(*raw->placement_gate_, !raw->tables_.Names().empty()));
       }
       return raw->primary_replication_->Attach(request);
     };
@@ -389,7 +390,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     server->backup_replication_ = std::make_unique<BackupReplication>(
         server->dispatcher_.get(),
         [raw](absl::string_view method, absl::string_view request) {
-          return ApplyMoveWriteOnBackup(method, request, raw->store_, raw->move_marks_);
+          return ApplyMoveWriteOnBackup(method, request, raw->store_, raw->tables_,
+                                        raw->move_marks_);
         });
   }
   AuthOptions auth;
@@ -1426,7 +1428,7 @@ void Server::AfterLiveMove(StoreSnapshot* snapshot) {
         std::max(next_sequence_, NewestSequenceOfAnyShard(options_.checkpoint_dir) + 1);
     sequence_placement_version_ = version;
     Log(absl::StrCat("placement version ", version, ": checkpoints from sequence ",
-                     next_sequence_, " on hold this server's blocks only (", dropped,
+                     next_sequence_, " on hold this server's blocks and table keys only (", dropped,
                      " handed over left out)"));
   }
 }
@@ -1452,7 +1454,13 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   }
   absl::MutexLock save_lock(&save_mu_);
   CheckpointTimer timer(&checkpoint_metrics_);  // a failure unless it succeeds
-  PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, dispatcher_->Snapshot());
+  // After a live move: only the table keys this server owns now (its
+  // dense blocks are chosen below, AfterLiveMove).
+  Tables::KeyKeep owned_keys;
+  if (placement_gate_ != nullptr && placement_gate_->version() != placement_version_) {
+    owned_keys = OwnedKeys(*placement_gate_);
+  }
+  PS_ASSIGN_OR_RETURN(StoreSnapshot snapshot, dispatcher_->Snapshot(owned_keys));
   if (placement_gate_ != nullptr) {
     // A move that began while the snapshot was taken: it may hold blocks
     // being handed over.
@@ -1705,7 +1713,6 @@ absl::Status Server::StartPlacementGate() {
   mover.batch_bytes = options_.move_batch_bytes;
   mover.replicated = [this] { return primary_replication_set_.load(std::memory_order_acquire); };
   mover.stall_after_batches = options_.testing_move_stall_after_batches;
-  mover.checkpointing = !options_.checkpoint_dir.empty();
   mover.stall = [this] {
     // Said on stdout, where tests read "listening on" too.
     std::printf("pserver %u: testing: live move stalled\n", index_);
