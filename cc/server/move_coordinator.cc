@@ -61,7 +61,13 @@ absl::StatusOr<std::string> RegisteredAddress(EtcdClient& etcd, uint32_t index) 
 // not seen the placement yet or its destination has not, or it died and its
 // standby is taking the shard over) until `deadline`; `*address` is the one
 // last asked. An UNAVAILABLE that shows a TLS cause (the handshake failed:
-// a credential problem, not a wait) is not retried, and its cause is named.
+// a credential problem, not a wait) is not retried once every answer at one
+// address showed it for kTlsCauseFor (gRPC dials again within its reconnect
+// backoff, about 1 s), and its cause is named: a server killed while it was
+// dialled also closes the connection at once, and a later dial then reaches
+// its successor or is refused.
+constexpr absl::Duration kTlsCauseFor = absl::Seconds(3);
+
 absl::StatusOr<v1::MoveBlocksResponse> MoveBlocksOn(
     const std::function<absl::StatusOr<std::string>()>& where, const PeerCredentials& peer,
     uint64_t version, absl::Time deadline, std::string* address) {
@@ -69,11 +75,13 @@ absl::StatusOr<v1::MoveBlocksResponse> MoveBlocksOn(
   v1::MoveBlocksRequest request;
   request.set_version(version);
   absl::Status status;
+  absl::Time tls_cause_since = absl::InfiniteFuture();  // at *address, every answer since
   for (int attempt = 0; attempt < 100000; ++attempt) {
     absl::StatusOr<std::string> now = where();
     if (now.ok() && *now != *address) {
       *address = *now;
       stub = v1::ParameterServer::NewStub(PeerChannel(*address, peer));
+      tls_cause_since = absl::InfiniteFuture();
     }
     if (stub == nullptr) {
       status = now.status();
@@ -85,7 +93,12 @@ absl::StatusOr<v1::MoveBlocksResponse> MoveBlocksOn(
       status = FromGrpcStatus(stub->MoveBlocks(&context, request, &response));
       if (status.ok()) return response;
       const std::string tls = DescribeTlsFailure(status.message(), peer.tls.enabled());
-      if (absl::IsUnavailable(status) && !tls.empty()) {
+      if (tls.empty() || !absl::IsUnavailable(status)) {
+        tls_cause_since = absl::InfiniteFuture();
+      } else if (tls_cause_since == absl::InfiniteFuture()) {
+        tls_cause_since = absl::Now();
+      }
+      if (absl::Now() - tls_cause_since >= kTlsCauseFor) {
         return absl::UnavailableError(absl::StrCat(tls, ": ", status.message()));
       }
     }
