@@ -156,8 +156,9 @@ class MoveFailoverTest : public ::testing::Test {
     return entry.ok() ? entry->address : "";
   }
 
-  // The state checksum the server at `address` reports (GetStats).
-  static uint32_t StateChecksum(const std::string& address) {
+  // The state checksum the server at `address` reports (GetStats), if it
+  // answers.
+  static std::optional<uint32_t> ChecksumOf(const std::string& address) {
     std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
@@ -166,8 +167,13 @@ class MoveFailoverTest : public ::testing::Test {
     request.set_state_checksum(true);
     v1::GetStatsResponse response;
     const grpc::Status status = stub->GetStats(&context, request, &response);
-    EXPECT_TRUE(status.ok()) << address << ": " << status.error_message();
+    if (!status.ok()) return std::nullopt;
     return response.stats().state_checksum();
+  }
+  static uint32_t StateChecksum(const std::string& address) {
+    const std::optional<uint32_t> checksum = ChecksumOf(address);
+    EXPECT_TRUE(checksum.has_value()) << address << " did not answer GetStats";
+    return checksum.value_or(0);
   }
 
   std::unique_ptr<Client> Connect(absl::Duration attempt_timeout = absl::Seconds(5)) {
@@ -388,19 +394,6 @@ class ReplicasMoveTest : public MoveFailoverTest {
     return entry->address;
   }
 
-  // The state checksum of the server at `address`, if it answers.
-  static std::optional<uint32_t> ChecksumOf(const std::string& address) {
-    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    v1::GetStatsRequest request;
-    request.set_state_checksum(true);
-    v1::GetStatsResponse response;
-    if (!stub->GetStats(&context, request, &response).ok()) return std::nullopt;
-    return response.stats().state_checksum();
-  }
-
   // With no write under way: waits until every shard 0..count-1 has one
   // live backup (listed in /shards/<i>, holding /standby/<i>/<instance>),
   // and no other (the slots settled: none leaves a shard afterwards), whose
@@ -527,14 +520,21 @@ TEST_F(ReplicasMoveTest, AProcessKilledMidMoveLosesNothing) {
     processes.push_back(StartProcess(i, extra));
     ASSERT_NE(processes.back(), nullptr);
   }
-  ExpectEveryShardBackedUp(3, processes);
+  ExpectEveryShardBackedUp(3, processes, /*checksums=*/false);
   ASSERT_FALSE(HasFatalFailure());
   std::unique_ptr<Client> client = Connect(kAttempt);
   ASSERT_NE(client, nullptr);
   InitParams(*client);
   ASSERT_FALSE(HasFatalFailure()) << Drain(processes);
-  Trainer trainer(*client);
-  ASSERT_TRUE(trainer.Advance(3)) << trainer.Stop();
+  auto first = std::make_unique<Trainer>(*client);
+  ASSERT_TRUE(first->Advance(3)) << first->Stop();
+  ASSERT_OK(first->Stop());
+  // Every shard backed up, equal, before the move (the kill must find a
+  // backup of shard 2).
+  ExpectEveryShardBackedUp(3, processes);
+  ASSERT_FALSE(HasFatalFailure());
+  Trainer trainer(*client, first->steps());
+  ASSERT_TRUE(trainer.Advance(2)) << trainer.Stop();
 
   const ScaleOptions scale = ScaleTo(2);
   std::future<absl::StatusOr<ScaleResult>> scaled =
@@ -544,7 +544,7 @@ TEST_F(ReplicasMoveTest, AProcessKilledMidMoveLosesNothing) {
                 .status())
       << Drain(processes);
   const v1::ShardConfig before = Config(2);
-  ASSERT_GE(before.replicas_size(), 1);
+  ASSERT_GE(before.replicas_size(), 1) << Drain(processes);
   ASSERT_EQ(kill(processes[2]->pid(), SIGKILL), 0) << std::strerror(errno);
   ASSERT_OK_AND_ASSIGN(int status, processes[2]->WaitForExit(absl::Now() + kWait));
   EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
