@@ -394,6 +394,37 @@ class ReplicasMoveTest : public MoveFailoverTest {
     return entry->address;
   }
 
+  // Three processes with --replicas=2 (`stalled` started with
+  // --testing_move_stall_after_batches=3), every shard backed up, every
+  // parameter initialized: the client, or null after a failure.
+  std::unique_ptr<Client> StartThreeAndInit(Processes& processes,
+                                            std::optional<uint32_t> stalled) {
+    for (uint32_t i = 0; i < 3; ++i) {
+      std::vector<std::string> extra = {"--num_servers=3"};
+      if (stalled == i) extra.push_back("--testing_move_stall_after_batches=3");
+      processes.push_back(StartProcess(i, extra));
+      if (processes.back() == nullptr) return nullptr;
+    }
+    // Checksums are compared only once writes went on: a GetStats with
+    // state_checksum on a standby that has applied no write yet made its
+    // primary's first write to it time out (10 s; seen in every such run
+    // here, not understood: docs/elastic.md).
+    ExpectEveryShardBackedUp(3, processes, /*checksums=*/false);
+    if (HasFatalFailure()) return nullptr;
+    // A primary's first write after a backup left (its slot moved to a
+    // shard lacking one) may wait for the replicate timeout (10 s) before
+    // it drops the backup: longer than the default attempt (an InitParam
+    // sent again would find itself applied).
+    std::unique_ptr<Client> client = Connect(kAttempt);
+    if (client == nullptr) return nullptr;
+    InitParams(*client);
+    if (HasFatalFailure()) {
+      ADD_FAILURE() << Drain(processes);
+      return nullptr;
+    }
+    return client;
+  }
+
   // With no write under way: waits until every shard 0..count-1 has one
   // live backup (listed in /shards/<i>, holding /standby/<i>/<instance>),
   // and no other (the slots settled: none leaves a shard afterwards), whose
@@ -437,20 +468,8 @@ class ReplicasMoveTest : public MoveFailoverTest {
 // up another shard. Values exact, checksums equal after each move.
 TEST_F(ReplicasMoveTest, GrowsAndShrinksWithABackupOfEveryShardAfterEachMove) {
   Processes processes;
-  for (uint32_t i = 0; i < 3; ++i) {
-    processes.push_back(StartProcess(i, {"--num_servers=3"}));
-    ASSERT_NE(processes.back(), nullptr);
-  }
-  ExpectEveryShardBackedUp(3, processes, false);
-  ASSERT_FALSE(HasFatalFailure());
-  // A primary's first write after a backup left (its slot moved to a
-  // shard lacking one) may wait for the replicate timeout (10 s) before it
-  // drops the backup: longer than the default attempt (an InitParam sent
-  // again would find itself applied).
-  std::unique_ptr<Client> client = Connect(kAttempt);
+  std::unique_ptr<Client> client = StartThreeAndInit(processes, std::nullopt);
   ASSERT_NE(client, nullptr);
-  InitParams(*client);
-  ASSERT_FALSE(HasFatalFailure()) << Drain(processes);
   auto trainer = std::make_unique<Trainer>(*client);
   ASSERT_TRUE(trainer->Advance(3)) << trainer->Stop();
 
@@ -514,18 +533,8 @@ TEST_F(ReplicasMoveTest, GrowsAndShrinksWithABackupOfEveryShardAfterEachMove) {
 // exact; both shards left end backed up.
 TEST_F(ReplicasMoveTest, AProcessKilledMidMoveLosesNothing) {
   Processes processes;
-  for (uint32_t i = 0; i < 3; ++i) {
-    std::vector<std::string> extra = {"--num_servers=3"};
-    if (i == 2) extra.push_back("--testing_move_stall_after_batches=3");
-    processes.push_back(StartProcess(i, extra));
-    ASSERT_NE(processes.back(), nullptr);
-  }
-  ExpectEveryShardBackedUp(3, processes, /*checksums=*/false);
-  ASSERT_FALSE(HasFatalFailure());
-  std::unique_ptr<Client> client = Connect(kAttempt);
+  std::unique_ptr<Client> client = StartThreeAndInit(processes, /*stalled=*/2);
   ASSERT_NE(client, nullptr);
-  InitParams(*client);
-  ASSERT_FALSE(HasFatalFailure()) << Drain(processes);
   auto first = std::make_unique<Trainer>(*client);
   ASSERT_TRUE(first->Advance(3)) << first->Stop();
   ASSERT_OK(first->Stop());
