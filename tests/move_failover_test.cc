@@ -407,8 +407,8 @@ class ReplicasMoveTest : public MoveFailoverTest {
     }
     // Checksums are compared only once writes went on: a GetStats with
     // state_checksum on a standby that has applied no write yet made its
-    // primary's first write to it time out (10 s; seen in every such run
-    // here, not understood: docs/elastic.md).
+    // primary's first write to it time out (10 s; seen in several runs,
+    // not understood: docs/elastic.md).
     ExpectEveryShardBackedUp(3, processes, /*checksums=*/false);
     if (HasFatalFailure()) return nullptr;
     // A primary's first write after a backup left (its slot moved to a
