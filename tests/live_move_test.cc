@@ -36,7 +36,6 @@
 #include "cc/rpc/grpc_status.h"
 #include "cc/server/move_coordinator.h"
 #include "cc/server/peer_channel.h"
-#include "cc/server/process_slots.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "cc/testing/test_certs.h"
@@ -391,38 +390,6 @@ TEST_F(LiveMoveTest, CheckpointsAfterAMoveHoldTheMovedStateForARestartOfEverythi
     EXPECT_THAT(saved, StatusIs(absl::StatusCode::kUnavailable,
                                 HasSubstr("a live move from 2 to 3 servers is under way")))
         << "server " << index;
-  }
-}
-
-// A server whose moves are not built refuses MoveBlocks, naming why: with
-// --replicas (standbys in the serving processes).
-TEST_F(LiveMoveTest, ServersWithReplicasInTheServingProcessesRefuseMoves) {
-  const std::vector<std::pair<std::function<void(ServerOptions*)>, std::string>> cases = {
-      {[](ServerOptions* o) {
-         o->accept_standbys = true;
-         o->process_slots = std::make_shared<ProcessSlots>();
-       },
-       "live moves do not work with --replicas yet"},
-  };
-  for (const auto& [set, refusal] : cases) {
-    ServerOptions options = Options(1);
-    set(&options);
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, Server::Start(options));
-    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
-        grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    v1::MoveBlocksRequest request;
-    request.set_version(1);
-    v1::MoveBlocksResponse response;
-    EXPECT_THAT(FromGrpcStatus(stub->MoveBlocks(&context, request, &response)),
-                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(refusal)));
-    // The coordinator asks first: refused, with /placement left as it was.
-    ASSERT_OK_AND_ASSIGN(KeyValue before, etcd_client_->Get(etcd_keys::PlacementKey()));
-    EXPECT_THAT(ScaleCluster(Scale(2)),
-                StatusIs(absl::StatusCode::kFailedPrecondition,
-                         AllOf(HasSubstr(refusal), HasSubstr("nothing was changed"))));
-    ASSERT_OK_AND_ASSIGN(KeyValue after, etcd_client_->Get(etcd_keys::PlacementKey()));
-    EXPECT_EQ(after.mod_revision, before.mod_revision);
   }
 }
 

@@ -407,7 +407,8 @@ pserver::ServerOptions OptionsFromFlags() {
   options.catch_up_bytes = absl::GetFlag(FLAGS_catch_up_bytes);
   if (absl::GetFlag(FLAGS_replicas) > 1) {
     options.accept_standbys = true;
-    options.process_slots = std::make_shared<pserver::ProcessSlots>();
+    options.process_slots =
+        std::make_shared<pserver::ProcessSlots>(absl::GetFlag(FLAGS_replicas) - 1);
   }
   options.placement_redirects = absl::GetFlag(FLAGS_placement_redirects);
   options.move_batch_bytes = absl::GetFlag(FLAGS_move_batch_bytes);
@@ -579,7 +580,7 @@ int main(int argc, char** argv) {
                       slot.index(), slot.address().c_str(), slot.index());
           std::fflush(stdout);
         },
-        [](const std::string& line) { LogError("", line); });
+        [](const std::string& line) { LogError("", line); }, absl::Seconds(linger));
   }
   absl::StatusOr<std::unique_ptr<pserver::Server>> server = pserver::Server::Start(options);
   if (!server.ok()) {

@@ -12,6 +12,12 @@
 //   ...
 //   if (slots->HoldsAnyOf(config.holder(), config.replicas(), me)) continue;
 //
+// Live moves (docs/elastic.md, "Moves with --replicas"): the shard count
+// changes, so slots move between shards. A slot leaves a shard that departed
+// (a stable /placement with fewer servers), and a slot whose shard has more
+// live backups than wanted leaves it for a shard that has fewer
+// (ShardToRebalanceTo), so that every shard ends with `backups_wanted`.
+//
 // Thread-safe.
 #ifndef PSERVER_CC_SERVER_PROCESS_SLOTS_H_
 #define PSERVER_CC_SERVER_PROCESS_SLOTS_H_
@@ -19,7 +25,9 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
@@ -30,6 +38,12 @@ namespace pserver {
 
 class ProcessSlots {
  public:
+  // `backups_wanted`: the backups each shard should have (--replicas - 1,
+  // the standby slots of each process), at least 1.
+  explicit ProcessSlots(int backups_wanted = 1)
+      : backups_wanted_(backups_wanted < 1 ? 1 : backups_wanted) {}
+  int backups_wanted() const { return backups_wanted_; }
+
   void Add(const std::string& instance_id) {
     absl::MutexLock lock(&mu_);
     instances_.insert(instance_id);
@@ -92,7 +106,37 @@ class ProcessSlots {
     return false;
   }  // slot -> shard it copied
   absl::Mutex attach_mu_;
+  const int backups_wanted_;
 };
+
+// One shard as a standby slot sees it in etcd.
+struct ShardBackups {
+  uint32_t shard = 0;
+  // Standbys holding /standby/<shard>/<instance> (attached or joining; a
+  // dead one's key goes with its lease, while /shards/<shard> may still
+  // list it until its primary's next write).
+  int live = 0;
+  // Served (/ps/<shard> exists), and this slot may back it up (not its
+  // process's: ProcessSlots::Ours).
+  bool eligible = false;
+};
+
+// Rebalancing: a slot backing up shard `mine` (which has `mine_live` live
+// backups) should leave it for the returned shard when `mine` has more than
+// `wanted` and one of `shards` it may back up has fewer than `wanted` (the
+// fewest first, then the lowest index). nullopt: stay.
+inline std::optional<uint32_t> ShardToRebalanceTo(uint32_t mine, int mine_live, int wanted,
+                                                  const std::vector<ShardBackups>& shards) {
+  if (mine_live <= wanted) return std::nullopt;
+  std::optional<uint32_t> best;
+  int best_live = wanted;
+  for (const ShardBackups& s : shards) {
+    if (s.shard == mine || !s.eligible || s.live >= best_live) continue;
+    best = s.shard;
+    best_live = s.live;
+  }
+  return best;
+}
 
 }  // namespace pserver
 

@@ -1,5 +1,8 @@
 #include "cc/server/process_slots.h"
 
+#include <optional>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace pserver {
@@ -41,6 +44,32 @@ TEST(ProcessSlotsTest, AShardAnotherSlotCopiedIsTakenUntilItLeaves) {
   slots.Attached("slot-1", 3);
   slots.Remove("slot-1");  // a slot that left the process
   EXPECT_FALSE(slots.AnotherAttachedTo(3, "slot-2"));
+}
+
+TEST(ProcessSlotsTest, ASlotLeavesAnOverBackedShardOnlyForOneLackingABackupItMayTake) {
+  EXPECT_EQ(ProcessSlots(2).backups_wanted(), 2);
+  EXPECT_EQ(ProcessSlots(0).backups_wanted(), 1);  // at least one
+  // Shard 0 (mine) has 2 live backups, 1 wanted; shard 2 has none.
+  const std::vector<ShardBackups> shards = {
+      {.shard = 1, .live = 1, .eligible = true},
+      {.shard = 2, .live = 0, .eligible = true},
+  };
+  EXPECT_EQ(ShardToRebalanceTo(0, 2, 1, shards), 2u);
+  // Not over: stay, whatever lacks a backup.
+  EXPECT_EQ(ShardToRebalanceTo(0, 1, 1, shards), std::nullopt);
+  // The shard lacking one is this process's (not eligible): stay.
+  EXPECT_EQ(ShardToRebalanceTo(0, 2, 1, {{.shard = 1, .live = 1, .eligible = true},
+                                         {.shard = 2, .live = 0, .eligible = false}}),
+            std::nullopt);
+  // Every other shard has its backups: stay.
+  EXPECT_EQ(ShardToRebalanceTo(0, 2, 1, {{.shard = 1, .live = 1, .eligible = true}}),
+            std::nullopt);
+  // The fewest first, then the lowest index; its own shard never.
+  EXPECT_EQ(ShardToRebalanceTo(0, 3, 2, {{.shard = 0, .live = 0, .eligible = true},
+                                         {.shard = 4, .live = 1, .eligible = true},
+                                         {.shard = 5, .live = 0, .eligible = true},
+                                         {.shard = 6, .live = 0, .eligible = true}}),
+            5u);
 }
 
 }  // namespace

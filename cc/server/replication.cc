@@ -737,6 +737,7 @@ absl::Status BackupReplication::Deliver(uint32_t shard_asked, BackupLog::Write w
   uint32_t shard = 0;
   {
     absl::MutexLock lock(&mu_);
+    if (!left_.empty()) return absl::AbortedError(left_);
     auto loaded = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return log_ != nullptr; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&loaded), wait)) {
       return absl::UnavailableError(
@@ -757,6 +758,11 @@ absl::Status BackupReplication::Deliver(uint32_t shard_asked, BackupLog::Write w
         "this backup is loading a fresh copy of shard ", shard, "; retry"));
   }
   return delivered;
+}
+
+void BackupReplication::Leave(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  left_ = absl::StrCat("this backup left shard ", shard_, ": ", why);
 }
 
 void BackupReplication::SetEpoch(uint64_t epoch) {

@@ -308,6 +308,11 @@ class BackupReplication {
                        absl::Duration wait = absl::Seconds(10));
   // Taking over: the old primary's writes are refused from now on.
   void SetEpoch(uint64_t epoch);
+  // This backup leaves its shard for good (a --replicas slot: the shard
+  // departed, or another lacks a backup): every write from now on is
+  // answered ABORTED naming `why`, which makes the primary drop it at once
+  // (rather than retry until its timeout).
+  void Leave(const std::string& why);
   uint64_t applied_lsn() const;
   // The term of the writes applied since the last Attached (0: none yet).
   uint64_t term() const;
@@ -334,6 +339,7 @@ class BackupReplication {
   uint64_t term_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<BackupLog> log_ ABSL_GUARDED_BY(mu_);  // null: no copy loaded
   std::optional<Held> held_ ABSL_GUARDED_BY(mu_);
+  std::string left_ ABSL_GUARDED_BY(mu_);  // Leave's reason; "": attached
   std::atomic<bool> damaged_{false};  // an apply failed since Attached
 };
 

@@ -348,11 +348,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       if (!raw->block_mover_set_.load(std::memory_order_acquire)) {
         return absl::UnavailableError("this server is still starting; retry");
       }
-      if (raw->options_.process_slots != nullptr) {
-        return absl::FailedPreconditionError(
-            "live moves do not work with --replicas yet (standbys in the serving processes); "
-            "use --accept_standbys with --standby processes; docs/elastic.md");
-      }
       return raw->block_mover_.get();
     };
     hooks.move_blocks = [mover](const v1::MoveBlocksRequest& request,
@@ -579,8 +574,10 @@ absl::Status Server::Register() {
                                                       "', not a server count"));
   }
   // Reported at once: waiting would mean waiting for an index that never
-  // frees up (fewer desired) or serving a cluster of another size.
-  if (options_.num_servers > 0 && desired != options_.num_servers) {
+  // frees up (fewer desired) or serving a cluster of another size. A
+  // standby claims no index: it backs up a shard of the count etcd has
+  // (a --replicas slot started again after a live move changed it).
+  if (options_.num_servers > 0 && desired != options_.num_servers && !options_.standby) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--num_servers=", options_.num_servers, " disagrees with etcd ", etcd_options.prefix,
         desired_key, " = ", desired, "; start with --num_servers=", desired,
@@ -721,6 +718,9 @@ template <typename Retry>
 absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry& retry,
                                     const LeasedKeyOptions& standby_options) {
   bool waiting_logged = false;
+  // The last failure logged per shard: a refusal repeated every round (a
+  // primary moving blocks refuses standbys until the move ends) once.
+  std::map<uint32_t, std::string> logged_failures;
   // A shard whose primary serves, the fewest backups first: hold
   // /standby/<i>/<instance>, copy it.
   while (true) {
@@ -732,19 +732,26 @@ absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry
       one_slot_at_a_time.emplace(&options_.process_slots->attach_mu());
     }
     std::vector<std::pair<int, uint32_t>> candidates;  // (backups, shard)
-    std::vector<std::string> primaries(desired);
-    for (uint32_t i = 0; i < desired; ++i) {
+    // A slot (--replicas) looks at the shards of the placement now (live
+    // moves change the count; a departed shard is not backed up) and counts
+    // live backups (/standby/<i>/: joining ones included, dead ones not).
+    const bool slot = options_.process_slots != nullptr;
+    const uint32_t count = slot ? ShardCount(desired) : desired;
+    std::vector<std::string> primaries(count);
+    for (uint32_t i = 0; i < count; ++i) {
       absl::StatusOr<KeyValue> primary = etcd_->Get(etcd_keys::ServerKey(i));
       absl::StatusOr<KeyValue> shard = etcd_->Get(etcd_keys::ShardKey(i));
       if (!primary.ok() || !shard.ok()) continue;
       absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(i, shard->value);
       if (!config.ok() || config->replicas_size() >= kMaxShardReplicas) continue;
-      if (options_.process_slots != nullptr &&
+      if (slot &&
           options_.process_slots->Ours(i, config->holder(), config->replicas(), instance_id_)) {
         continue;
       }
+      const int backups = slot ? LiveBackups(i) : config->replicas_size();
+      if (backups < 0) continue;
       primaries[i] = primary->value;
-      candidates.emplace_back(config->replicas_size(), i);
+      candidates.emplace_back(backups, i);
     }
     std::stable_sort(candidates.begin(), candidates.end());
     for (const auto& [backups, i] : candidates) {
@@ -759,8 +766,10 @@ absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry
         standby_key_->KeepRegistered();
         return absl::OkStatus();
       }
-      Log(absl::StrCat("attaching to shard ", i, " failed: ", copied.ToString()),
-          log::Level::kWarning);
+      if (std::string& logged = logged_failures[i]; logged != copied.ToString()) {
+        logged = copied.ToString();
+        Log(absl::StrCat("attaching to shard ", i, " failed: ", logged), log::Level::kWarning);
+      }
       standby_key_->Release();  // this one draws a new lease
       standby_key_.reset();
       if (!absl::IsUnavailable(copied) && !absl::IsFailedPrecondition(copied) &&
@@ -819,6 +828,7 @@ absl::StatusOr<bool> Server::FollowPrimary() {
       v1::ParameterServer::NewStub(PeerChannel(copied_from_address_, peer_));
   absl::Time next_join_check = absl::Now() + kJoinCheckPeriod;
   bool listed_once = false;
+  int position = 0;  // among the shard's backups, once listed
   // Not listed as holder or backup: dropped, or another backup took over
   // (or, never listed, let go while joining).
   auto unlisted = [&]() -> bool {
@@ -827,7 +837,11 @@ absl::StatusOr<bool> Server::FollowPrimary() {
     absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(index_, shard->value);
     if (!config.ok()) return false;
     bool listed = config->holder() == instance_id_;
-    for (const std::string& replica : config->replicas()) listed = listed || replica == instance_id_;
+    for (int r = 0; r < config->replicas_size(); ++r) {
+      if (config->replicas(r) != instance_id_) continue;
+      listed = true;
+      position = r;
+    }
     if (listed) {
       listed_once = true;
       return false;
@@ -854,7 +868,30 @@ absl::StatusOr<bool> Server::FollowPrimary() {
   // A standby still joining (never listed) cannot take over: it copies the
   // shard again from whoever serves it next.
   bool recopy = false;
+  // A standby slot (--replicas) leaves its shard (ABORTED: the slot starts
+  // a fresh standby) when the shard departed in a live move, rather than
+  // take it over, or, once listed, to back up a shard that lacks a backup
+  // (docs/replication.md, "Replicas in the serving processes").
+  const bool slot = options_.process_slots != nullptr;
+  absl::Time over_since = absl::InfiniteFuture();
+  auto slot_leaves = [&](bool rebalance) -> absl::Status {
+    if (!slot) return absl::OkStatus();
+    std::string why = Departed(index_);
+    if (!why.empty()) {
+      // Out of /shards/<i> too: a server claiming index i in a later move
+      // to more servers would otherwise wait for this backup to take over.
+      LeaveShardConfig();
+    } else if (rebalance && listed_once) {
+      why = ReasonToRebalance(position, &over_since);
+    }
+    if (why.empty()) return absl::OkStatus();
+    Log(absl::StrCat("standby slot: leaving shard ", index_, ": ", why));
+    // Its primary drops it at its next write, at once.
+    backup_replication_->Leave(why);
+    return absl::AbortedError(absl::StrCat("the standby of shard ", index_, " left it: ", why));
+  };
   auto take_over = [&]() -> absl::StatusOr<bool> {
+    PS_RETURN_IF_ERROR(slot_leaves(/*rebalance=*/false));
     absl::StatusOr<bool> took_over = TakeOver(index_);
     if (absl::IsFailedPrecondition(took_over.status())) {
       Log(std::string(took_over.status().message()));
@@ -876,6 +913,7 @@ absl::StatusOr<bool> Server::FollowPrimary() {
     }
     if (read) {
       if (unlisted()) return false;
+      PS_RETURN_IF_ERROR(slot_leaves(/*rebalance=*/true));
       primary = etcd_->Get(key);
       next_read = absl::Now() + absl::Seconds(1);
     }
@@ -893,6 +931,8 @@ absl::StatusOr<bool> Server::FollowPrimary() {
       if (recopy) return false;
       next_read = absl::InfinitePast();
     } else if (listed_once && primary.ok() && probe.Refuses(*primary)) {
+      // A departed shard's primary exits after its linger: not a failure.
+      PS_RETURN_IF_ERROR(slot_leaves(/*rebalance=*/false));
       // (A standby still joining holds no promise: it does not act on a
       // refusal; it copies again once the shard is served by another.)
       // Its /ps/<i> as read (same revision) goes, then the usual takeover.
@@ -994,6 +1034,84 @@ absl::Status Server::CheckJoin(v1::ParameterServer::Stub& stub) {
   request.set_check_join(true);
   v1::AttachStandbyResponse response;
   return FromGrpcStatus(stub.AttachStandby(&context, request, &response));
+}
+
+uint32_t Server::ShardCount(uint32_t fallback) const {
+  absl::StatusOr<std::optional<v1::Placement>> placement =
+      ReadPlacement(*etcd_, absl::Now() + absl::Seconds(5));
+  if (!placement.ok() || !placement->has_value()) return fallback;
+  const v1::Placement& now = **placement;
+  return now.moving() ? std::max(now.num_servers(), now.from_num_servers()) : now.num_servers();
+}
+
+std::string Server::Departed(uint32_t shard) const {
+  absl::StatusOr<std::optional<v1::Placement>> placement =
+      ReadPlacement(*etcd_, absl::Now() + absl::Seconds(5));
+  if (!placement.ok() || !placement->has_value()) return "";
+  const v1::Placement& now = **placement;
+  if (now.moving() || now.num_servers() > shard) return "";
+  return absl::StrCat("placement version ", now.version(), " has ", now.num_servers(),
+                      " servers: shard ", shard, " departed in a live move (its blocks were "
+                      "handed over), nothing to take over");
+}
+
+void Server::LeaveShardConfig() {
+  const std::string key = etcd_keys::ShardKey(index_);
+  absl::StatusOr<KeyValue> current = etcd_->Get(key);
+  if (!current.ok()) return;
+  absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(index_, current->value);
+  if (!config.ok()) return;
+  // Not listed (still joining): nothing to do.
+  absl::StatusOr<ShardClaim> next =
+      NextWithoutReplica(index_, *current, config->holder(), instance_id_);
+  if (!next.ok()) return;
+  absl::StatusOr<TxnResult> written = etcd_->Txn({next->unchanged}, {next->put}, {});
+  if (written.ok() && written->succeeded) {
+    Log(absl::StrCat("left etcd ", key, " (epoch ", next->config.epoch(), ")"));
+  }
+}
+
+int Server::LiveBackups(uint32_t shard) const {
+  absl::StatusOr<std::vector<KeyValue>> standbys =
+      etcd_->GetPrefix(etcd_keys::StandbyPrefix(shard));
+  return standbys.ok() ? static_cast<int>(standbys->size()) : -1;
+}
+
+std::string Server::ReasonToRebalance(int position, absl::Time* over_since) {
+  const int wanted = options_.process_slots->backups_wanted();
+  const int mine = LiveBackups(index_);
+  std::optional<uint32_t> to;
+  if (mine > wanted) {
+    std::vector<ShardBackups> shards;
+    const uint32_t count = ShardCount(num_servers_);
+    for (uint32_t i = 0; i < count; ++i) {
+      if (i == index_) continue;
+      ShardBackups view;
+      view.shard = i;
+      view.live = LiveBackups(i);
+      absl::StatusOr<KeyValue> primary = etcd_->Get(etcd_keys::ServerKey(i));
+      absl::StatusOr<KeyValue> shard = etcd_->Get(etcd_keys::ShardKey(i));
+      if (view.live < 0 || !primary.ok() || !shard.ok()) continue;
+      absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(i, shard->value);
+      view.eligible = config.ok() && !options_.process_slots->Ours(i, config->holder(),
+                                                                   config->replicas(),
+                                                                   instance_id_);
+      shards.push_back(view);
+    }
+    to = ShardToRebalanceTo(index_, mine, wanted, shards);
+  }
+  if (!to.has_value()) {
+    *over_since = absl::InfiniteFuture();
+    return "";
+  }
+  const absl::Time now = absl::Now();
+  if (*over_since == absl::InfiniteFuture()) *over_since = now;
+  // The first listed backup leaves at once; the next only if the shard is
+  // still over after its stagger (the first may not back `to` up: its
+  // process holds it).
+  if (now - *over_since < kLeaveStagger * position) return "";
+  return absl::StrCat("shard ", index_, " has ", mine, " live backups, more than the ", wanted,
+                      " wanted, and shard ", *to, " has fewer: backing that one up instead");
 }
 
 absl::StatusOr<bool> Server::TakeOver(uint32_t shard) {

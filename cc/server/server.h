@@ -343,6 +343,9 @@ class Server {
   // lease was not renewed): it then refuses every call but the stats,
   // publishes no checkpoint and saves none at shutdown.
   bool stepped_down() const;
+  // Whether a stable /placement left this server out after a live move
+  // (its index at or above the new count): it answers redirects only.
+  bool departed() const { return departed_.load(); }
 
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
   // then cancels the rest; then saves a last checkpoint (checkpoint_dir and
@@ -388,6 +391,27 @@ class Server {
   absl::Status AttachToAShard(uint32_t desired, absl::Time deadline, Retry& retry,
                               const LeasedKeyOptions& standby_options);
   absl::StatusOr<bool> FollowPrimary();
+  // The shards a standby may back up: those of etcd's /placement (the
+  // larger count while it is moving), or `fallback` when it cannot be read.
+  uint32_t ShardCount(uint32_t fallback) const;
+  // Whether etcd's /placement is stable and leaves shard `shard` out (it
+  // departed in a live move): a standby of it does not take it over.
+  // The reason, or "" when it did not.
+  std::string Departed(uint32_t shard) const;
+  // A standby leaving a departed shard: its instance out of
+  // /shards/<index_>.replicas (best effort; the holder stays).
+  void LeaveShardConfig();
+  // Live standbys of shard `shard` (keys under /standby/<shard>/); -1 when
+  // etcd cannot be read.
+  int LiveBackups(uint32_t shard) const;
+  // A standby slot (process_slots set) backing up index_, listed at
+  // `position` among its backups: why it leaves the shard for another that
+  // lacks a backup ("" to stay; docs/replication.md, "Replicas in the
+  // serving processes"). `over_since`: when it first saw the shard over its
+  // wanted backups (a slot listed later leaves only after waiting
+  // kLeaveStagger per position, so that one leaves at a time).
+  std::string ReasonToRebalance(int position, absl::Time* over_since);
+  static constexpr absl::Duration kLeaveStagger = absl::Seconds(2);
   // A joining standby asks its primary (over `stub`) whether its join goes
   // on (PrimaryReplication::CheckJoin): FAILED_PRECONDITION naming why once
   // it was let go; OK, or another error when the primary cannot answer.

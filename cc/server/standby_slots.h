@@ -14,6 +14,14 @@
 // process stops. A slot hosts one server at a time: never more than
 // `count` servers besides the process's own.
 //
+// Live moves (docs/elastic.md, "Moves with --replicas"): a slot's standby
+// leaves its shard when the shard departs (it does not take it over) or to
+// back up a shard that lacks a backup (Server::Start answers ABORTED): the
+// slot starts a fresh standby at once. A slot serving a shard that departs
+// answers redirects for `depart_linger`, then is shut down and replaced by
+// a fresh standby (the process goes on: only the process's own server's
+// departure stops it).
+//
 //   StandbySlots slots(options, replicas - 1, [](const Server& s) { ... });
 //   ...                       // the process serves
 //   slots.Stop(grace);        // after options.stop was notified
@@ -48,7 +56,8 @@ class StandbySlots {
   // `log` with each failed start.
   StandbySlots(const ServerOptions& process, int count,
                std::function<void(const Server&)> took_over,
-               std::function<void(const std::string&)> log);
+               std::function<void(const std::string&)> log,
+               absl::Duration depart_linger = absl::ZeroDuration());
   // Without Stop: notifies options.stop (the process is ending), then Stop(0).
   ~StandbySlots();
 
@@ -59,8 +68,12 @@ class StandbySlots {
 
   // The slots serving a shard now.
   int serving() const;
-  // Slots whose server stepped down and was replaced by a fresh standby.
+  // Slots whose server stepped down or departed and was replaced by a
+  // fresh standby.
   int replaced() const;
+  // Standbys that left their shard (departed, or rebalanced) and were
+  // started afresh.
+  int left() const;
 
   // The first and the longest wait before a failed start is retried.
   static constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
@@ -68,17 +81,19 @@ class StandbySlots {
 
  private:
   void Run(int slot);
-  // Waits until `server` (serving) steps down (true) or the process stops
-  // (false).
-  bool UntilSteppedDown(const Server& server) const;
+  // Waits until `server` (serving) steps down or departs (its reason) or
+  // the process stops ("").
+  std::string UntilGone(const Server& server) const;
 
   const ServerOptions options_;
+  const absl::Duration depart_linger_;
   const std::function<void(const Server&)> took_over_;
   const std::function<void(const std::string&)> log_;
   std::vector<std::thread> threads_;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Server>> serving_ ABSL_GUARDED_BY(mu_);
   int replaced_ ABSL_GUARDED_BY(mu_) = 0;
+  int left_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ = false;
 };
 
