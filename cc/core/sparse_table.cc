@@ -122,7 +122,6 @@ namespace {
 
 size_t RoundUp8(size_t n) { return (n + 7) & ~size_t{7}; }
 
-
 // Slots may be full or deleted up to 7/8 of the table.
 bool Fits(size_t slots, size_t taken) { return taken <= slots - slots / 8; }
 
