@@ -9,12 +9,12 @@
 #include <tuple>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cc/client/table.h"
 #include "cc/core/status_macros.h"
+#include "bench/sparse_ceiling.h"
 
 ABSL_FLAG(bool, sparse_grpc, true, "The sparse group measures pserver processes over gRPC.");
 ABSL_FLAG(bool, sparse_embedded, true, "The sparse group measures the in-process cluster.");
@@ -86,65 +86,16 @@ void DescribeSparse(Result& r, uint32_t dim, int batch) {
   extra["payload_GBps"] = r.value().median() * dim * sizeof(float) / kGB;
 }
 
-// The sparse ceiling: a 1M-row absl::flat_hash_map of rows held inline, one
-// thread, no locks, no network. A pull copies each key's row out; a push
-// applies SGD to it (a repeated key once per listing).
-class SparseCeiling {
- public:
-  virtual ~SparseCeiling() = default;
-  virtual void Pull(const std::vector<uint64_t>& keys) = 0;
-  virtual void Push(const std::vector<uint64_t>& keys) = 0;
-
-  // keys/s of `ops` operations cycling through `batches`.
-  double Rate(bool push, const std::vector<std::vector<uint64_t>>& batches, int ops) {
-    const double begin = NowSeconds();
-    for (int i = 0; i < ops; ++i) {
-      const std::vector<uint64_t>& keys = batches[i % batches.size()];
-      push ? Push(keys) : Pull(keys);
-    }
-    return static_cast<double>(batches[0].size()) * ops / (NowSeconds() - begin);
-  }
-};
-
-template <uint32_t kDim>
-class FlatMapCeiling : public SparseCeiling {
- public:
-  FlatMapCeiling() {
-    rows_.reserve(kSparseKeySpace);
-    for (uint64_t k = 0; k < kSparseKeySpace; ++k) {
-      Row& row = rows_[k];
-      std::fill(row.v, row.v + kDim, 0.001f * static_cast<float>(k % 7));
-    }
-  }
-  void Pull(const std::vector<uint64_t>& keys) override {
-    out_.resize(keys.size() * kDim);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      std::memcpy(out_.data() + i * kDim, rows_.find(keys[i])->second.v, sizeof(Row));
-    }
-    sink_ = out_[0];  // keeps the gathers
-  }
-  void Push(const std::vector<uint64_t>& keys) override {
-    grads_.resize(keys.size() * kDim, kGradient);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      float* w = rows_.find(keys[i])->second.v;
-      const float* g = grads_.data() + i * kDim;
-      for (uint32_t c = 0; c < kDim; ++c) w[c] -= kLearningRate * g[c];
-    }
-  }
-
- private:
-  struct Row {
-    float v[kDim];
-  };
-  absl::flat_hash_map<uint64_t, Row> rows_;
-  std::vector<float> out_, grads_;
-  volatile float sink_ = 0;
-};
+// keys/s of `ops` operations of `ceiling` cycling through `batches`.
+double CeilingRate(SparseCeiling& ceiling, bool push,
+                   const std::vector<std::vector<uint64_t>>& batches, int ops) {
+  const double begin = NowSeconds();
+  ceiling.Run(push, batches, ops);
+  return static_cast<double>(batches[0].size()) * ops / (NowSeconds() - begin);
+}
 
 absl::StatusOr<std::unique_ptr<SparseCeiling>> MakeCeiling(uint32_t dim) {
-  if (dim == 8) return std::make_unique<FlatMapCeiling<8>>();
-  if (dim == 64) return std::make_unique<FlatMapCeiling<64>>();
-  return absl::InvalidArgumentError(absl::StrCat("no sparse ceiling for dim ", dim));
+  return MakeSparseCeiling(dim, kSparseKeySpace, kLearningRate, kGradient);
 }
 
 using Ceilings = std::map<uint32_t, std::unique_ptr<SparseCeiling>>;
@@ -159,7 +110,7 @@ absl::Status MeasureCeiling(Harness& h, uint32_t dim, SparseCeiling& ceiling,
       r.set_servers(0);
       r.set_workers(1);
       PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
-        return ceiling.Rate(push, keys, SparseOpsFor(h, batch));
+        return CeilingRate(ceiling, push, keys, SparseOpsFor(h, batch));
       }));
       DescribeSparse(r, dim, batch);
     }
@@ -226,7 +177,8 @@ absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& pref
         std::vector<double> ratios;
         double client_cpu = 0, server_cpu = 0, moved = 0;
         PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
-          const double ceiling_rate = ceiling.Rate(kind == "push", keys[0], SparseOpsFor(h, batch));
+          const double ceiling_rate =
+              CeilingRate(ceiling, kind == "push", keys[0], SparseOpsFor(h, batch));
           const double client_before = SelfCpuSeconds();
           const double server_before = ServersCpuSeconds(server_pids);
           PS_ASSIGN_OR_RETURN(double seconds, env.run_workers(workers, ops, op));

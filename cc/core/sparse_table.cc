@@ -27,26 +27,28 @@ constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
 constexpr uint32_t kMaxDim = 1u << 20;
 constexpr size_t kShards = 32;  // a power of two: the top 5 bits of a hash pick one
 constexpr size_t kMaxPending = size_t{1} << 20;
-// How many keys ahead a batch prefetches the index entry and the row of.
+// How many keys ahead a batch prefetches the rest of a found row.
 constexpr size_t kLookAhead = 8;
-// How many keys ahead a lookup prefetches the slot of a key's hash (32: a
-// 1024-key call gives a shard about 32 keys, all fetched at once).
+// How many keys ahead a lookup prefetches the slot of a key's hash, across
+// shards (the next shard's first keys are fetched while this one's last
+// are found).
 constexpr size_t kFindAhead = 32;
-// Salts the shard hash so that it is independent of the hash that spreads
-// keys over servers (which would otherwise send one server's keys to a few
-// shards).
-constexpr uint64_t kShardSalt = 0x6A09E667F3BCC909ull;
-// Salts the hash that places a key within its shard's row table, so that it
-// is independent of the shard hash and of the servers' hash.
-constexpr uint64_t kSlotSalt = 0xBB67AE8584CAA73Bull;
+// Salts the key hash so that it is independent of the hash that spreads keys
+// over servers (which would otherwise send one server's keys to a few
+// shards, and crowd their row tables).
+constexpr uint64_t kKeySalt = 0xBB67AE8584CAA73Bull;
 // Control bytes of the row table: a full slot holds the low 7 bits of its
 // key's hash.
 constexpr uint8_t kEmpty = 0x80;
 constexpr uint8_t kDeleted = 0xFE;
 constexpr size_t kMinSlots = 16;
 
-// Which of kShards shards holds `key`.
-size_t ShardIndex(uint64_t key) { return SplitMix64(key ^ kShardSalt) >> 59; }
+// One hash per key, computed once per call: its top 5 bits pick one of
+// kShards shards, bits 7 and up the key's home slot in the shard's row table
+// (disjoint from the shard bits for tables under 2^52 slots), its low 7 bits
+// the slot's control byte.
+uint64_t KeyHash(uint64_t key) { return SplitMix64(key ^ kKeySalt); }
+size_t ShardOfHash(uint64_t hash) { return hash >> 59; }
 
 struct RowMeta {
   int64_t touched = 0;   // unix nanos of the last pull or push
@@ -83,31 +85,6 @@ void AppendU64(std::string* out, uint64_t v) {
   out->append(reinterpret_cast<const char*>(&v), sizeof(v));
 }
 
-// first[i] = the position of the first occurrence of keys[i] (i itself for a
-// key not listed before). Returns whether any key is listed twice. An
-// open-addressing table of positions, at most half full.
-bool FirstOccurrences(absl::Span<const uint64_t> keys, std::vector<uint32_t>& first) {
-  const size_t n = keys.size();
-  first.resize(n);
-  size_t capacity = 16;
-  while (capacity < 2 * n) capacity *= 2;
-  const size_t mask = capacity - 1;
-  std::vector<uint32_t> table(capacity, kNil);
-  bool repeated = false;
-  for (size_t i = 0; i < n; ++i) {
-    size_t h = SplitMix64(keys[i]) & mask;
-    while (table[h] != kNil && keys[table[h]] != keys[i]) h = (h + 1) & mask;
-    if (table[h] == kNil) {
-      table[h] = static_cast<uint32_t>(i);
-      first[i] = static_cast<uint32_t>(i);
-    } else {
-      first[i] = table[h];
-      repeated = true;
-    }
-  }
-  return repeated;
-}
-
 }  // namespace
 
 // One shard of the rows: an open-addressing table (linear probing) whose
@@ -119,6 +96,13 @@ bool FirstOccurrences(absl::Span<const uint64_t> keys, std::vector<uint32_t>& fi
 // never to happen while it holds slot numbers (ReserveSlots).
 struct alignas(64) SparseTable::Shard {
   absl::Mutex mu;
+  // The row table as a lookup's prefetch sees it without the lock (set under
+  // mu whenever the table is reallocated). A stale view only prefetches
+  // memory that is no longer used, which is harmless: a prefetch never
+  // faults.
+  std::atomic<const uint8_t*> ctrl_view{nullptr};
+  std::atomic<const char*> slots_view{nullptr};
+  std::atomic<size_t> mask_view{0};
   std::vector<uint8_t> ctrl ABSL_GUARDED_BY(mu);  // per slot: kEmpty, kDeleted or a hash tag
   // ctrl.size() slots, in huge pages when large (found at random: fewer TLB misses)
   HugePageArray slots ABSL_GUARDED_BY(mu);
@@ -137,8 +121,6 @@ struct alignas(64) SparseTable::Shard {
 namespace {
 
 size_t RoundUp8(size_t n) { return (n + 7) & ~size_t{7}; }
-
-uint64_t SlotHash(uint64_t key) { return SplitMix64(key ^ kSlotSalt); }
 
 // Slots may be full or deleted up to 7/8 of the table.
 bool Fits(size_t slots, size_t taken) { return taken <= slots - slots / 8; }
@@ -214,8 +196,11 @@ SparseTable::SparseTable(std::string name, v1::TableConfig config, SparseTableOp
 SparseTable::~SparseTable() = default;
 
 SparseTable::Shard& SparseTable::ShardOf(uint64_t key) const {
-  if (num_shards_ == 1) return shards_[0];
-  return shards_[ShardIndex(key)];
+  return shards_[ShardIndexOf(KeyHash(key))];
+}
+
+size_t SparseTable::ShardIndexOf(uint64_t hash) const {
+  return num_shards_ == 1 ? 0 : ShardOfHash(hash);
 }
 
 char* SparseTable::SlotData(Shard& shard, uint32_t slot) const {
@@ -227,9 +212,12 @@ uint64_t SparseTable::KeyOf(const Shard& shard, uint32_t slot) const {
 }
 
 uint32_t SparseTable::FindSlot(const Shard& shard, uint64_t key) const {
+  return FindSlot(shard, key, KeyHash(key));
+}
+
+uint32_t SparseTable::FindSlot(const Shard& shard, uint64_t key, uint64_t hash) const {
   if (shard.ctrl.empty()) return kNil;
   const size_t mask = shard.ctrl.size() - 1;
-  const uint64_t hash = SlotHash(key);
   const uint8_t tag = hash & 0x7F;
   for (size_t pos = (hash >> 7) & mask;; pos = (pos + 1) & mask) {
     const uint8_t c = shard.ctrl[pos];
@@ -240,11 +228,24 @@ uint32_t SparseTable::FindSlot(const Shard& shard, uint64_t key) const {
   }
 }
 
-void SparseTable::PrefetchSlot(const Shard& shard, uint64_t key) const {
-  if (shard.ctrl.empty()) return;
-  const size_t pos = (SlotHash(key) >> 7) & (shard.ctrl.size() - 1);
-  __builtin_prefetch(&shard.ctrl[pos]);
-  __builtin_prefetch(shard.slots.get() + pos * slot_bytes_);
+void SparseTable::PrefetchSlot(uint64_t hash) const {
+  const Shard& shard = shards_[ShardIndexOf(hash)];
+  const uint8_t* ctrl = shard.ctrl_view.load(std::memory_order_relaxed);
+  if (ctrl == nullptr) return;
+  const size_t pos = (hash >> 7) & shard.mask_view.load(std::memory_order_relaxed);
+  __builtin_prefetch(ctrl + pos);
+  __builtin_prefetch(shard.slots_view.load(std::memory_order_relaxed) + pos * slot_bytes_);
+}
+
+void SparseTable::PrefetchRow(Shard& shard, uint32_t slot) const {
+  // Every cache line of the slot but the first (its key's, which the
+  // lookup read), up to 8.
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(shard.slots.get()) +
+                          static_cast<size_t>(slot) * slot_bytes_;
+  const uintptr_t end = begin + std::min<size_t>(slot_bytes_, 8 * 64);
+  for (uintptr_t line = (begin | 63) + 1; line < end; line += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(line));
+  }
 }
 
 void SparseTable::ReserveSlots(Shard& shard, size_t more) {
@@ -261,7 +262,7 @@ namespace {
 // control byte.
 uint32_t Place(const std::vector<uint8_t>& ctrl, uint64_t key, uint8_t* tag) {
   const size_t mask = ctrl.size() - 1;
-  const uint64_t hash = SlotHash(key);
+  const uint64_t hash = KeyHash(key);
   *tag = hash & 0x7F;
   size_t pos = (hash >> 7) & mask;
   while (ctrl[pos] != kEmpty && ctrl[pos] != kDeleted) pos = (pos + 1) & mask;
@@ -299,6 +300,9 @@ void SparseTable::Rehash(Shard& shard, size_t size) {
   shard.slots.swap(slots);
   shard.meta.swap(meta);
   shard.deleted = 0;
+  shard.ctrl_view.store(shard.ctrl.data(), std::memory_order_relaxed);
+  shard.slots_view.store(shard.slots.get(), std::memory_order_relaxed);
+  shard.mask_view.store(shard.ctrl.size() - 1, std::memory_order_relaxed);
 }
 
 uint64_t& SparseTable::StepOf(Shard& shard, uint32_t slot) const {
@@ -453,26 +457,78 @@ void SparseTable::SightForRead(Shard& shard, uint64_t key, uint64_t call) {
   if (e.count + 1 < admission_count_) ++e.count;
 }
 
-// Stable counting sort by shard; `starts` gets num_shards_ + 1 offsets into
-// `order`.
-void SparseTable::GroupByShard(absl::Span<const uint64_t> keys, std::vector<uint32_t>& order,
-                               std::vector<uint32_t>& starts) const {
+// One call's keys grouped by shard: positions in shard order (stable), the
+// key hash of each, and where each shard's run starts.
+struct SparseTable::KeyBatch {
+  std::vector<uint32_t> order;   // positions of `keys`, shard by shard
+  std::vector<uint64_t> hashes;  // hashes[j] = KeyHash(keys[order[j]])
+  std::vector<uint32_t> starts;  // shard s: order[starts[s] .. starts[s + 1])
+};
+
+// A stable counting sort by shard, hashing each key once.
+void SparseTable::GroupByShard(absl::Span<const uint64_t> keys, KeyBatch& batch) const {
   const size_t n = keys.size();
-  order.resize(n);
-  starts.assign(num_shards_ + 1, 0);
+  batch.order.resize(n);
+  batch.hashes.resize(n);
+  batch.starts.assign(num_shards_ + 1, 0);
   if (num_shards_ == 1) {
-    for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
-    starts[1] = static_cast<uint32_t>(n);
+    for (size_t i = 0; i < n; ++i) {
+      batch.order[i] = static_cast<uint32_t>(i);
+      batch.hashes[i] = KeyHash(keys[i]);
+    }
+    batch.starts[1] = static_cast<uint32_t>(n);
     return;
   }
-  std::vector<uint8_t> shard_of(n);
+  std::vector<uint64_t> hash_of(n);  // by position
   for (size_t i = 0; i < n; ++i) {
-    shard_of[i] = static_cast<uint8_t>(ShardIndex(keys[i]));
-    ++starts[shard_of[i] + 1];
+    hash_of[i] = KeyHash(keys[i]);
+    ++batch.starts[ShardOfHash(hash_of[i]) + 1];
   }
-  for (size_t s = 0; s < num_shards_; ++s) starts[s + 1] += starts[s];
-  std::vector<uint32_t> next(starts.begin(), starts.end() - 1);
-  for (size_t i = 0; i < n; ++i) order[next[shard_of[i]]++] = static_cast<uint32_t>(i);
+  for (size_t s = 0; s < num_shards_; ++s) batch.starts[s + 1] += batch.starts[s];
+  uint32_t next[kShards];
+  std::copy(batch.starts.begin(), batch.starts.end() - 1, next);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t j = next[ShardOfHash(hash_of[i])]++;
+    batch.order[j] = static_cast<uint32_t>(i);
+    batch.hashes[j] = hash_of[i];
+  }
+}
+
+// Within a shard's run positions ascend, and a key's repeats all lie in its
+// shard's run: a small table per run (in cache) finds each first listing.
+bool SparseTable::FirstOccurrences(absl::Span<const uint64_t> keys, const KeyBatch& batch,
+                                   std::vector<uint32_t>& first) const {
+  first.resize(keys.size());
+  auto table_size = [](size_t keys) {
+    size_t size = 16;
+    while (size < 2 * keys) size *= 2;  // at most half full
+    return size;
+  };
+  size_t largest = 0;
+  for (size_t s = 0; s < num_shards_; ++s) {
+    largest = std::max<size_t>(largest, batch.starts[s + 1] - batch.starts[s]);
+  }
+  std::vector<uint32_t> table(table_size(largest));
+  bool repeated = false;
+  for (size_t s = 0; s < num_shards_; ++s) {
+    const uint32_t begin = batch.starts[s], end = batch.starts[s + 1];
+    if (begin == end) continue;
+    const size_t mask = table_size(end - begin) - 1;
+    std::fill_n(table.begin(), mask + 1, kNil);
+    for (uint32_t j = begin; j < end; ++j) {
+      const uint32_t i = batch.order[j];
+      size_t h = (batch.hashes[j] >> 7) & mask;
+      while (table[h] != kNil && keys[table[h]] != keys[i]) h = (h + 1) & mask;
+      if (table[h] == kNil) {
+        table[h] = i;
+        first[i] = i;
+      } else {
+        first[i] = table[h];
+        repeated = true;
+      }
+    }
+  }
+  return repeated;
 }
 
 // ---- Pull ------------------------------------------------------------------
@@ -488,43 +544,47 @@ absl::Status SparseTable::Pull(absl::Span<const uint64_t> keys, absl::Span<char>
 }
 
 template <typename T, typename OnRow, typename OnPending>
-void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create, OnRow on_row,
+void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& batch,
+                             const uint32_t* first, RowCreation create, OnRow on_row,
                              OnPending on_pending) {
   const uint64_t call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
   const int64_t now = NowNanos();
-  std::vector<uint32_t> order, starts, slots;
-  GroupByShard(keys, order, starts);
+  // Two passes per shard so that the memory of later keys is fetched while
+  // earlier ones are handled: the slots first (prefetched kFindAhead keys
+  // ahead, across shards), then the rows. A creation may evict (with a
+  // capacity) and so change slots found before it: then the row of each key
+  // is found just before it is used.
+  const bool ahead = capacity_ == 0;
+  // Eviction keeps the row's LRU links and stamp (its steps are in its slot).
+  const bool uses_meta = evicts_;
+  const size_t n = keys.size();
+  if (ahead) {
+    for (size_t j = 0; j < std::min(n, kFindAhead); ++j) PrefetchSlot(batch.hashes[j]);
+  }
+  std::vector<uint32_t> slots;
   for (size_t s = 0; s < num_shards_; ++s) {
-    const uint32_t begin = starts[s], end = starts[s + 1];
+    const uint32_t begin = batch.starts[s], end = batch.starts[s + 1];
     if (begin == end) continue;
     Shard& shard = shards_[s];
     absl::MutexLock lock(&shard.mu);
-    // Two passes so that the memory of later keys is fetched while earlier
-    // ones are handled: the index first, then the rows. A creation may evict
-    // (with a capacity) and so change slots found before it: then the row of
-    // each key is found just before it is used.
-    const bool ahead = capacity_ == 0;
-    // Eviction keeps the row's LRU links and stamp (its steps are in its slot).
-    const bool uses_meta = evicts_;
     // Room for every key first: a creation then never rehashes (moves) the
     // slots found.
     if (create == RowCreation::kOnAdmission) ReserveSlots(shard, end - begin);
-    if (ahead) {
-      FindSlots(shard, keys, absl::MakeConstSpan(order).subspan(begin, end - begin), slots);
-    }
+    if (ahead) FindSlots(shard, keys, batch, begin, end, slots);
     for (uint32_t j = begin; j < end; ++j) {
-      const uint32_t i = order[j];
+      const uint32_t i = batch.order[j];
+      if (first != nullptr && first[i] != i) continue;  // a repeat: its first listing does it
       const uint64_t key = keys[i];
       uint32_t slot = kNil;
       if (ahead) {
         slot = slots[j - begin];
         if (j + kLookAhead < end && slots[j + kLookAhead - begin] != kNil) {
           const uint32_t later = slots[j + kLookAhead - begin];
-          __builtin_prefetch(SlotData(shard, later));
+          PrefetchRow(shard, later);
           if (uses_meta) __builtin_prefetch(&shard.meta[later]);
         }
       } else {
-        slot = FindSlot(shard, key);
+        slot = FindSlot(shard, key, batch.hashes[j]);
       }
       if (slot != kNil) {
         Touch(shard, slot, now);
@@ -540,26 +600,23 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, RowCreation create
   }
 }
 
-void SparseTable::FindSlots(Shard& shard, absl::Span<const uint64_t> keys,
-                            absl::Span<const uint32_t> positions,
-                            std::vector<uint32_t>& slots) const {
-  const size_t n = positions.size();
-  slots.resize(n);
-  // A shard's first keys are fetched together (a call's keys are spread
-  // over every shard, so a shard gets a few dozen of a 1024-key call).
-  const size_t ahead = std::min(n, kFindAhead);
-  for (size_t j = 0; j < ahead; ++j) PrefetchSlot(shard, keys[positions[j]]);
-  for (size_t j = 0; j < n; ++j) {
-    if (j + ahead < n) PrefetchSlot(shard, keys[positions[j + ahead]]);
-    slots[j] = FindSlot(shard, keys[positions[j]]);
+void SparseTable::FindSlots(Shard& shard, absl::Span<const uint64_t> keys, const KeyBatch& batch,
+                            uint32_t begin, uint32_t end, std::vector<uint32_t>& slots) const {
+  slots.resize(end - begin);
+  const size_t n = batch.order.size();
+  for (uint32_t j = begin; j < end; ++j) {
+    if (j + kFindAhead < n) PrefetchSlot(batch.hashes[j + kFindAhead]);
+    slots[j - begin] = FindSlot(shard, keys[batch.order[j]], batch.hashes[j]);
   }
 }
 
 template <typename T>
 absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out) {
   std::vector<uint32_t> initial;  // positions that read the initializer's value
+  KeyBatch batch;
+  GroupByShard(keys, batch);
   ForEachRow<T>(
-      keys, RowCreation::kNever,
+      keys, batch, /*first=*/nullptr, RowCreation::kNever,
       [&](uint32_t i, Shard& shard, uint32_t slot) {
         CopyRow(out.data() + static_cast<size_t>(i) * row_bytes_, SlotData(shard, slot),
                 row_bytes_);
@@ -609,18 +666,10 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
   // Check and sum everything before touching any row.
   PS_RETURN_IF_ERROR(CheckFinite<T>(keys, grads));
   const size_t n = keys.size();
+  KeyBatch batch;
+  GroupByShard(keys, batch);
   std::vector<uint32_t> first;
-  const bool duplicates = FirstOccurrences(keys, first);
-  // The distinct keys in order of first occurrence, and where each is.
-  std::vector<uint64_t> distinct;
-  std::vector<uint32_t> position;
-  distinct.reserve(n);
-  position.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (first[i] != i) continue;
-    distinct.push_back(keys[i]);
-    position.push_back(static_cast<uint32_t>(i));
-  }
+  const bool duplicates = FirstOccurrences(keys, batch, first);
   // Repeated keys only: the sum of their gradients in double, by position of
   // first occurrence.
   std::vector<uint32_t> sum_of;  // position -> row of `sums`, kNil: not repeated
@@ -643,13 +692,13 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
       }
       add_row(sums.data() + static_cast<size_t>(row) * dim_, i);
     }
-    for (size_t d = 0; d < distinct.size(); ++d) {
-      const uint32_t row = sum_of[position[d]];
+    for (size_t i = 0; i < n; ++i) {  // in order of first occurrence
+      const uint32_t row = sum_of[i];
       if (row == kNil) continue;
       for (uint32_t c = 0; c < dim_; ++c) {
         if (!std::isfinite(sums[static_cast<size_t>(row) * dim_ + c])) {
           return absl::InvalidArgumentError(
-              absl::StrCat("table '", name_, "': the summed gradient for key ", distinct[d],
+              absl::StrCat("table '", name_, "': the summed gradient for key ", keys[i],
                            " overflows at column ", c, "; nothing was applied"));
         }
       }
@@ -661,9 +710,8 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
   const bool aligned = reinterpret_cast<uintptr_t>(grads.data()) % alignof(T) == 0;
   std::vector<T> one(aligned ? 0 : dim_);
   ForEachRow<T>(
-      distinct, RowCreation::kOnAdmission,
-      [&](uint32_t d, Shard& shard, uint32_t slot) {
-        const uint32_t i = position[d];
+      keys, batch, duplicates ? first.data() : nullptr, RowCreation::kOnAdmission,
+      [&](uint32_t i, Shard& shard, uint32_t slot) {
         T* row = reinterpret_cast<T*>(SlotData(shard, slot));
         const uint64_t step = ++StepOf(shard, slot);
         if (duplicates && sum_of[i] != kNil) {

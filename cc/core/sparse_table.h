@@ -39,7 +39,8 @@
 // are recreated from the initializer, with fresh optimizer state and step 0.
 //
 // Concurrency and layout: rows live in 32 shards chosen by a hash of the key
-// (independent of the hash that partitions keys over servers), each with its
+// (independent of the hash that partitions keys over servers; the same hash,
+// computed once per key and call, places the key in its shard), each with its
 // own mutex and open-addressing table of fixed-size slots holding the key
 // and its row inline (the key, the row's values, its optimizer state and its
 // step count, contiguous), so that a lookup reads one control byte and the
@@ -176,7 +177,11 @@ class SparseTable {
   SparseTable(std::string name, v1::TableConfig config, SparseTableOptions options,
               RowInitializer initializer, RowOptimizer optimizer);
 
+  struct KeyBatch;
+
   Shard& ShardOf(uint64_t key) const;
+  // The shard of a key of KeyHash `hash`.
+  size_t ShardIndexOf(uint64_t hash) const;
   // Checks `snap`'s arrays against its rows and this table's layout.
   absl::Status CheckSnapshot(const v1::SparseTableSnapshot& snap, const std::string& what) const;
   // Inserts `snap`'s rows and pending keys (checked): DATA_LOSS for a key
@@ -187,8 +192,13 @@ class SparseTable {
   uint64_t KeyOf(const Shard& shard, uint32_t slot) const;
   // The slot of `key`, kNil for none; the caller holds shard.mu.
   uint32_t FindSlot(const Shard& shard, uint64_t key) const;
-  // Starts fetching the memory FindSlot(key) reads first.
-  void PrefetchSlot(const Shard& shard, uint64_t key) const;
+  // The same for a key of KeyHash `hash`.
+  uint32_t FindSlot(const Shard& shard, uint64_t key, uint64_t hash) const;
+  // Starts fetching the memory FindSlot reads first for a key of KeyHash
+  // `hash`, in whichever shard holds it; needs no lock.
+  void PrefetchSlot(uint64_t hash) const;
+  // Starts fetching the rest of `slot`'s row; the caller holds shard.mu.
+  void PrefetchRow(Shard& shard, uint32_t slot) const;
   // Makes room for `more` new rows, so that creating them moves no slot
   // (rehashing, which moves every slot, happens here only).
   void ReserveSlots(Shard& shard, size_t more);
@@ -199,14 +209,19 @@ class SparseTable {
   // holds shard.mu.
   uint64_t& StepOf(Shard& shard, uint32_t slot) const;
   int64_t NowNanos() const;
-  // Orders positions 0..keys.size()-1 by shard, so each shard is locked once.
-  void GroupByShard(absl::Span<const uint64_t> keys, std::vector<uint32_t>& order,
-                    std::vector<uint32_t>& starts) const;
+  // Orders positions 0..keys.size()-1 by shard, so each shard is locked
+  // once, hashing each key once.
+  void GroupByShard(absl::Span<const uint64_t> keys, KeyBatch& batch) const;
+  // first[i] = the position of the first listing of keys[i] (i itself for a
+  // key not listed before). Returns whether any key is listed twice.
+  bool FirstOccurrences(absl::Span<const uint64_t> keys, const KeyBatch& batch,
+                        std::vector<uint32_t>& first) const;
 
-  // slots[j] = the slot of keys[positions[j]] in `shard`, kNil for none,
-  // prefetching ahead; the caller holds shard.mu.
-  void FindSlots(Shard& shard, absl::Span<const uint64_t> keys,
-                 absl::Span<const uint32_t> positions, std::vector<uint32_t>& slots) const;
+  // slots[j - begin] = the slot of the key at batch.order[j] in `shard`
+  // (for j in [begin, end), one shard's run), kNil for none, prefetching
+  // ahead; the caller holds shard.mu.
+  void FindSlots(Shard& shard, absl::Span<const uint64_t> keys, const KeyBatch& batch,
+                 uint32_t begin, uint32_t end, std::vector<uint32_t>& slots) const;
 
   template <typename T>
   absl::Status PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out);
@@ -214,11 +229,13 @@ class SparseTable {
   // admitted; a read never does (it only counts a sighting).
   enum class RowCreation { kOnAdmission, kNever };
   // Finds (or, with kOnAdmission, once admitted, creates) the row of each
-  // key, shard by shard under the shard's lock, touching it:
-  // on_row(i, shard, slot) for keys[i] with a row, on_pending(i) otherwise.
+  // key of `batch` (GroupByShard of `keys`), shard by shard under the
+  // shard's lock, touching it: on_row(i, shard, slot) for keys[i] with a
+  // row, on_pending(i) otherwise. With `first` (FirstOccurrences), only
+  // each key's first listing.
   template <typename T, typename OnRow, typename OnPending>
-  void ForEachRow(absl::Span<const uint64_t> keys, RowCreation create, OnRow on_row,
-                  OnPending on_pending);
+  void ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& batch, const uint32_t* first,
+                  RowCreation create, OnRow on_row, OnPending on_pending);
   // INVALID_ARGUMENT naming the key, position and column of the first
   // non-finite gradient value.
   template <typename T>

@@ -1,6 +1,7 @@
 #include "cc/server/in_process_transport.h"
 
 #include <functional>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "cc/client/cancellation.h"
 #include "cc/core/status_macros.h"
+#include "cc/server/table_bulk.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace pserver {
@@ -135,6 +137,56 @@ void InProcessTransport::PushPull(const RequestId& id, absl::Span<const Gradient
   if (status.ok()) status = Read(refs, sink);
   times.Report();
   done(status);
+}
+
+bool InProcessTransport::TableRows(FrameMethod method, const TableFrame& frame, RowsSink rows,
+                                   absl::Time, Done& done, TraceRecorder* trace) {
+  const bool push = method == FrameMethod::kTableRowsPush;
+  if (!push && (method != FrameMethod::kTableRowsPull || !frame.worker.empty())) return false;
+  Done finish = std::move(done);
+  // As a control call: a cancelled caller's call does not start.
+  if (Cancellation* cancel = Cancellation::Current(); cancel != nullptr) {
+    if (absl::Status cancelled = cancel->Check(); !cancelled.ok()) {
+      finish(std::move(cancelled));
+      return true;
+    }
+  }
+  ServerTimes times(trace);
+  absl::Status status;
+  if (push) {
+    status = dispatcher_->PushTableRows(TableRowsViewOf(frame), frame.client_id, frame.sequence);
+  } else {
+    // The rows are read into a buffer of this thread's, kept between calls
+    // (up to kKeptPullBytes), then handed to `rows`.
+    constexpr size_t kKeptPullBytes = size_t{4} << 20;
+    thread_local std::unique_ptr<char[]> kept;
+    thread_local size_t kept_bytes = 0;
+    std::unique_ptr<char[]> large;
+    absl::string_view read;
+    ElementType content_type = v1::ELEMENT_TYPE_UNSPECIFIED;
+    status = dispatcher_->PullTableRows(
+        TableRowsViewOf(frame),
+        [&](size_t bytes, ElementType type) -> absl::StatusOr<absl::Span<char>> {
+          content_type = type;
+          char* data;
+          if (bytes > kKeptPullBytes) {
+            large.reset(new char[bytes]);
+            data = large.get();
+          } else {
+            if (kept_bytes < bytes) {
+              kept.reset(new char[bytes]);
+              kept_bytes = bytes;
+            }
+            data = kept.get();
+          }
+          read = absl::string_view(data, bytes);
+          return absl::MakeSpan(data, bytes);
+        });
+    if (status.ok()) status = rows(static_cast<uint32_t>(content_type), read);
+  }
+  times.Report();
+  finish(std::move(status));
+  return true;
 }
 
 std::vector<std::unique_ptr<Transport>> InProcessTransports(

@@ -2,8 +2,11 @@
 // same process (the embedded cluster): no socket and no serialization. It
 // answers exactly as the server's gRPC service does, since both are the same
 // dispatcher. Pushes apply straight from the caller's memory; pulls copy each
-// block once, from the store into the caller's buffer. Calls that do not
-// wait for other workers complete before returning.
+// block once, from the store into the caller's buffer. Sparse table pulls
+// (without a worker) and pushes go as table frames do over the bulk channel
+// (Dispatcher::PullTableRows / PushTableRows on views of the caller's keys
+// and rows: no protobuf message, no key copy). Calls that do not wait for
+// other workers complete before returning.
 //
 //   PS_ASSIGN_OR_RETURN(auto cluster, LocalCluster::Start(2));
 //   auto client = Client::Create(options, InProcessTransports(*cluster));
@@ -38,6 +41,10 @@ class InProcessTransport final : public Transport {
   void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
                 absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
                 TraceRecorder* trace = nullptr) override;
+  // Always carried (a pull by a worker, which may wait, excepted): the
+  // dispatcher's PullTableRows / PushTableRows, completed before returning.
+  bool TableRows(FrameMethod method, const TableFrame& frame, RowsSink rows, absl::Time deadline,
+                 Done& done, TraceRecorder* trace) override;
 
  private:
   absl::Status Read(absl::Span<const v1::ParamRef> refs, const BlockSink& sink);

@@ -1,8 +1,12 @@
 // The in-process transport and the gRPC service are one dispatcher: a
 // server answers the same over either. Also Client::GetLayout (a header-only
-// read) and Client::SaveCheckpoint over both.
+// read) and Client::SaveCheckpoint over both, and the table frames in
+// process (the dispatcher's PullTableRows / PushTableRows on the caller's
+// memory) answering as the TablePull / TablePush control calls do.
 #include "cc/server/in_process_transport.h"
 
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -11,6 +15,8 @@
 #include "absl/synchronization/notification.h"
 #include "cc/client/client.h"
 #include "cc/client/grpc_transport.h"
+#include "cc/client/table.h"
+#include "cc/core/table_keys.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -142,6 +148,96 @@ TEST_F(BothTransportsTest, SaveCheckpointOnEveryServer) {
     ASSERT_THAT(stats.status(), IsOk());
     EXPECT_GT((*stats)[0].checkpoint_sequence(), 0u);
   }
+}
+
+// Sends a table frame in process; the call completes before TableRows
+// returns.
+absl::Status SendFrame(Transport& t, FrameMethod method, const TableFrame& frame,
+                       Transport::RowsSink rows = nullptr) {
+  absl::Status result = absl::UnknownError("done did not run");
+  Transport::Done done = [&](absl::Status s) { result = std::move(s); };
+  EXPECT_TRUE(t.TableRows(method, frame, std::move(rows), absl::Now() + absl::Seconds(30), done,
+                          nullptr));
+  EXPECT_FALSE(done) << "TableRows carried the call, so it takes `done`";
+  return result;
+}
+
+TEST_F(BothTransportsTest, TableFramesInProcessAnswerAsTheControlCalls) {
+  std::unique_ptr<Client> client = ClientOver(/*in_process=*/true);
+  ASSERT_NE(client, nullptr);
+  v1::TableConfig config;
+  config.set_dim(2);
+  config.mutable_optimizer()->mutable_sgd()->set_learning_rate(1.0);  // rows start at 0
+  ASSERT_THAT(Table::Create(*client, "emb", config).status(), IsOk());
+
+  // A push with a repeated key: summed, applied once per id.
+  const std::vector<uint64_t> pushed = {7, 3, 7};
+  const std::vector<float> grads = {1, 10, 2, 20, 3, 30};
+  TableFrame push;
+  push.table = "emb";
+  push.keys = pushed;
+  push.values = absl::string_view(reinterpret_cast<const char*>(grads.data()),
+                                  grads.size() * sizeof(float));
+  push.client_id = 0x42;
+  push.sequence = 1;
+  ASSERT_THAT(SendFrame(*in_process_, FrameMethod::kTableRowsPush, push), IsOk());
+  ASSERT_THAT(SendFrame(*in_process_, FrameMethod::kTableRowsPush, push), IsOk());  // a retry
+
+  // Read back in process as a frame and over gRPC as the TablePull control
+  // call: the same rows, the push applied once.
+  const std::vector<uint64_t> pulled = {3, 7, 9};
+  TableFrame pull;
+  pull.table = "emb";
+  pull.keys = pulled;
+  std::string framed_rows;
+  ASSERT_THAT(SendFrame(*in_process_, FrameMethod::kTableRowsPull, pull,
+                        [&](uint32_t content_type, absl::string_view rows) {
+                          EXPECT_EQ(content_type, 0u);
+                          framed_rows.assign(rows.data(), rows.size());
+                          return absl::OkStatus();
+                        }),
+              IsOk());
+  v1::TablePullRequest request;
+  request.set_table("emb");
+  request.set_keys(EncodeKeys(pulled));
+  v1::TablePullResponse response;
+  ASSERT_THAT(CallAndWait(*grpc_, "TablePull", request, &response), IsOk());
+  EXPECT_EQ(framed_rows, response.values());
+  std::vector<float> rows(pulled.size() * 2);
+  ASSERT_EQ(framed_rows.size(), rows.size() * sizeof(float));
+  std::memcpy(rows.data(), framed_rows.data(), framed_rows.size());
+  EXPECT_THAT(rows, ElementsAre(-2, -20, -4, -40, 0, 0));
+
+  // What the control calls refuse, the frames refuse, changing nothing.
+  TableFrame unknown = pull;
+  unknown.table = "nope";
+  EXPECT_THAT(SendFrame(*in_process_, FrameMethod::kTableRowsPull, unknown,
+                        [](uint32_t, absl::string_view) { return absl::OkStatus(); }),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  const std::vector<float> bad = {1, std::nanf(""), 2, 2, 3, 3};
+  TableFrame not_finite = push;
+  not_finite.sequence = 2;
+  not_finite.values = absl::string_view(reinterpret_cast<const char*>(bad.data()),
+                                        bad.size() * sizeof(float));
+  EXPECT_THAT(SendFrame(*in_process_, FrameMethod::kTableRowsPush, not_finite),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-finite")));
+  v1::TablePullResponse after;
+  ASSERT_THAT(CallAndWait(*grpc_, "TablePull", request, &after), IsOk());
+  EXPECT_EQ(after.values(), response.values());
+
+  // A read by a worker may wait for other workers: not carried as a frame.
+  TableFrame by_worker = pull;
+  by_worker.worker = "w0";
+  Transport::Done done = [](absl::Status) {};
+  EXPECT_FALSE(in_process_->TableRows(FrameMethod::kTableRowsPull, by_worker,
+                                      [](uint32_t, absl::string_view) { return absl::OkStatus(); },
+                                      absl::Now() + absl::Seconds(30), done, nullptr));
+  EXPECT_TRUE(done) << "not carried: `done` stays the caller's";
+
+  // The retried push was counted as a duplicate, as a TablePush's is.
+  v1::GetStatsResponse stats;
+  ASSERT_THAT(CallAndWait(*in_process_, "GetStats", v1::GetStatsRequest(), &stats), IsOk());
+  EXPECT_EQ(stats.stats().duplicates_ignored(), 1u);
 }
 
 TEST(SaveCheckpointTest, ServerWithoutDirectoryIsNamed) {
