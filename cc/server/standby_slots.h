@@ -41,6 +41,69 @@ namespace pserver {
 // carry process_slots and stop.
 ServerOptions StandbySlotOptions(const ServerOptions& process);
 
+// Whether a server started with `options` comes back as a standby once it
+// steps down (ServerSeat): with etcd and --accept_standbys (--replicas and
+// --standby processes included), since then the shard's new primary takes
+// standbys. An R=1 server (no --accept_standbys) stays fenced, as its
+// successor would take no standby.
+bool RejoinsAfterSteppingDown(const ServerOptions& options);
+
+// The fresh standby that replaces a server of `options` which stepped down
+// from shard `shard`: a standby (accepting standbys once it took over) that
+// prefers `shard` among the shards with the fewest backups. Same port,
+// metrics and checkpoint directory: the server it replaces is shut down
+// first.
+ServerOptions RejoinOptions(const ServerOptions& options, uint32_t shard);
+
+// One server at a time (docs/replication.md, "A stepped-down server rejoins
+// as a standby"): it serves until it steps down (fenced by a newer epoch),
+// then it is shut down, dropping its state, and a fresh standby
+// (RejoinOptions) starts in its place: it copies a shard from its primary,
+// its old one when that has the fewest backups, catches up and is listed as
+// a backup, and serves again if it takes that shard over. A start that
+// fails (no shard to back up within --register_timeout, etcd unreachable)
+// is retried after a backoff (kFirstBackoff, doubling up to kMaxBackoff;
+// back to the first once a start succeeded), until `standby.stop` is
+// notified. The process's own server (pserver with --accept_standbys) and
+// each standby slot of a --replicas process sit in one.
+class ServerSeat {
+ public:
+  // `standby`: what a replacement starts from (standby set; stop set).
+  // `name` opens its log lines; `serving` is called (from Run's thread)
+  // when a replacement starts serving a shard.
+  ServerSeat(ServerOptions standby, std::string name,
+             std::function<void(const Server&)> serving,
+             std::function<void(const std::string&)> log);
+
+  // Until standby.stop is notified: serves `first` (null: a standby starts
+  // first) and replaces each server that steps down.
+  void Run(std::unique_ptr<Server> first);
+  // After Run returned: shuts the serving server down with `grace`; its
+  // final checkpoint's status (OK when none serves).
+  absl::Status Stop(absl::Duration grace);
+
+  // Whether a server serves a shard now (not a standby waiting).
+  bool serving() const;
+  // Servers that stepped down and were replaced by a fresh standby.
+  int replaced() const;
+
+  static constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
+  static constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
+
+ private:
+  // Waits until `server` (serving) steps down (true) or the process stops
+  // (false).
+  bool UntilSteppedDown(const Server& server) const;
+
+  const ServerOptions standby_;
+  const std::string name_;
+  const std::function<void(const Server&)> serving_callback_;
+  const std::function<void(const std::string&)> log_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Server> serving_ ABSL_GUARDED_BY(mu_);
+  int replaced_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class StandbySlots {
  public:
   // Starts `count` slots from `process` (StandbySlotOptions). `took_over`
@@ -63,22 +126,13 @@ class StandbySlots {
   int replaced() const;
 
   // The first and the longest wait before a failed start is retried.
-  static constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
-  static constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
+  static constexpr absl::Duration kFirstBackoff = ServerSeat::kFirstBackoff;
+  static constexpr absl::Duration kMaxBackoff = ServerSeat::kMaxBackoff;
 
  private:
-  void Run(int slot);
-  // Waits until `server` (serving) steps down (true) or the process stops
-  // (false).
-  bool UntilSteppedDown(const Server& server) const;
-
   const ServerOptions options_;
-  const std::function<void(const Server&)> took_over_;
-  const std::function<void(const std::string&)> log_;
+  std::vector<std::unique_ptr<ServerSeat>> seats_;  // one per slot
   std::vector<std::thread> threads_;
-  mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<Server>> serving_ ABSL_GUARDED_BY(mu_);
-  int replaced_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ = false;
 };
 
