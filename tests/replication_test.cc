@@ -988,17 +988,21 @@ std::vector<std::string> ParamsAt(const std::string& address) {
   return names;
 }
 
+// `grad`: `value` in every element of `param` (kWidth float32).
+void FillGradient(v1::Gradient* grad, const std::string& param, float value) {
+  grad->set_name(param);
+  grad->set_element_type(v1::FLOAT32);
+  grad->set_content(std::string(
+      Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, value)).bytes()));
+}
+
 // One push of 1000s to `param` straight to `address` over gRPC, no retries:
 // a client still holding that address.
 grpc::Status RawPush(const std::string& address, const std::string& param) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   v1::SendGradRequest request;
-  v1::Gradient* grad = request.mutable_gradient();
-  grad->set_name(param);
-  grad->set_element_type(v1::FLOAT32);
-  grad->set_content(std::string(
-      Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 1000)).bytes()));
+  FillGradient(request.mutable_gradient(), param, 1000);
   v1::SendGradResponse response;
   return StubAt(address)->SendGrad(&context, request, &response);
 }
@@ -1010,11 +1014,7 @@ grpc::Status RawSendGrads(const std::string& address, const std::string& param,
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   v1::SendGradsRequest request;
-  v1::Gradient* grad = request.add_gradients();
-  grad->set_name(param);
-  grad->set_element_type(v1::FLOAT32);
-  grad->set_content(std::string(
-      Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, value)).bytes()));
+  FillGradient(request.add_gradients(), param, value);
   request.set_client_id(0x5eed);
   request.set_sequence(sequence);
   v1::SendGradsResponse response;
@@ -1060,12 +1060,10 @@ TEST_F(ReplicationTest, ARefusedPushIsAnsweredAlikeByThePrimaryAndItsSuccessor) 
   ExpectTrained(*trainer, 8);
 
   trainer.reset();
-  for (std::unique_ptr<ChildProcess>* server : {&standby, &primaries[1]}) {
-    ASSERT_EQ(kill((*server)->pid(), SIGTERM), 0);
-    ASSERT_OK_AND_ASSIGN(int exit_status, (*server)->WaitForExit(absl::Now() + kWait));
-    EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0)
-        << DescribeWaitStatus(exit_status) << (*server)->err();
-  }
+  std::vector<std::unique_ptr<ChildProcess>> serving;
+  serving.push_back(std::move(standby));
+  serving.push_back(std::move(primaries[1]));
+  StopCleanly(serving);
 }
 
 // A primary paused (SIGSTOP) past its lease while training runs: its
