@@ -53,8 +53,8 @@ ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.")
 ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
           "checkpoint, memory, scaling, sparse, hosts, compression, tls, replication, elastic, "
-          "bindings); empty runs all (bindings only "
-          "without --quick).");
+          "bindings, rejoin); empty runs all (bindings only "
+          "without --quick; rejoin only when named).");
 ABSL_FLAG(std::vector<std::string>, sizes_kib, {},
           "Payload sizes in KiB for the ceiling and dense groups (e.g. 1024,4096); default: "
           "4, 64, 1024, 4096, 16384, 65536.");
@@ -687,6 +687,11 @@ absl::Status Run(int argc, char** argv) {
             const std::vector<uint64_t>& these, const std::vector<pid_t>& pids) {
           return DenseOps(h, "replication", clients, servers, these, "socket", pids, prefix);
         }));
+  }
+  if (std::find(groups.begin(), groups.end(), "rejoin") != groups.end()) {  // only when named
+    ReplicationGroupOptions replication;
+    replication.pserver_binary = PserverBinary();
+    PS_RETURN_IF_ERROR(RejoinGroup(h, replication));
   }
   if (wanted("elastic")) PS_RETURN_IF_ERROR(ElasticGroup(h, PserverBinary()));
   // Builds the Go driver on first use: only when asked for in a quick run.

@@ -2,14 +2,19 @@
 
 #include <signal.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cc/core/status_macros.h"
@@ -34,9 +39,12 @@ constexpr absl::Duration kWait = absl::Seconds(60);
 // PID) when this goes.
 class Cluster {
  public:
+  // `extra`: flags every process gets besides the cluster's.
   static absl::StatusOr<std::unique_ptr<Cluster>> Start(const std::string& binary, int servers,
-                                                        int standbys) {
+                                                        int standbys,
+                                                        std::vector<std::string> extra = {}) {
     std::unique_ptr<Cluster> cluster(new Cluster(binary, servers, standbys));
+    cluster->extra_ = std::move(extra);
     PS_ASSIGN_OR_RETURN(cluster->etcd_, testing::EtcdProcess::Start());
     EtcdClientOptions options;
     options.endpoints = {cluster->etcd_->endpoint()};
@@ -104,6 +112,33 @@ class Cluster {
     return absl::OkStatus();
   }
 
+  // The process at `address` (null: none of this run's).
+  ChildProcess* At(const std::string& address) const {
+    auto it = processes_.find(address);
+    return it == processes_.end() ? nullptr : it->second.get();
+  }
+  // Shard `shard`'s primary's and first backup's addresses.
+  absl::StatusOr<std::string> PrimaryAddress(uint32_t shard) const {
+    return AddressAt(etcd_keys::ServerKey(shard));
+  }
+  absl::StatusOr<std::string> BackupAddress(uint32_t shard) const {
+    PS_ASSIGN_OR_RETURN(v1::ShardConfig config, Config(shard));
+    if (config.replicas_size() == 0) return absl::NotFoundError("no backup");
+    return AddressAt(etcd_keys::StandbyKey(shard, config.replicas(0)));
+  }
+  // Waits (up to kWait) until /shards/<shard> lists `backups` backups.
+  absl::Status AwaitBackups(uint32_t shard, int backups) const {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (Replicas(shard) != backups) {
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("shard ", shard, " never had ", backups,
+                                                        " backups"));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<pid_t> pids() const {
     std::vector<pid_t> out;
     for (const auto& [address, child] : processes_) out.push_back(child->pid());
@@ -123,6 +158,7 @@ class Cluster {
                                       "--lease_ttl=2",
                                       "--register_timeout=60"};
     if (standbys_ > 0) flags.push_back("--accept_standbys");
+    flags.insert(flags.end(), extra_.begin(), extra_.end());
     return flags;
   }
 
@@ -147,6 +183,7 @@ class Cluster {
   std::unique_ptr<testing::EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
   std::map<std::string, std::unique_ptr<ChildProcess>> processes_;  // by address
+  std::vector<std::string> extra_;
 };
 
 constexpr char kSmall[] = "small";
@@ -297,6 +334,98 @@ absl::Status Failover(Harness& h, const ReplicationGroupOptions& options) {
   return absl::OkStatus();
 }
 
+// CPU seconds (user + system) process `pid` used so far; -1 if unknown.
+double CpuSeconds(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  const size_t close = line.rfind(')');  // the name may hold spaces
+  if (close == std::string::npos) return -1;
+  std::vector<std::string> fields = absl::StrSplit(line.substr(close + 2), ' ');
+  // After the name: state is field 3 of stat(5), utime 14, stime 15.
+  double utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &utime) ||
+      !absl::SimpleAtod(fields[12], &stime)) {
+    return -1;
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// A standby briefly away: 1 server, 1 standby, the 8 x 1M float32 model
+// pushed whole every step. The standby is paused (SIGSTOP) until its
+// primary drops it (the 10 s replicate timeout), training makes `away`
+// more steps, then it is resumed and rejoins: with --catch_up_bytes off it
+// copies the shard; on, it is sent the writes since its own LSN. Reported:
+// seconds from SIGCONT until /shards/0 lists it again, the writes delivered
+// to it (the primary's log: "caught up on <n> writes": requests of the
+// client's pushes, each a part of a step), the steps made from the pause to
+// the listing and during the join (each 32 MiB of writes: a catch-up sends
+// all steps since the pause, a copy sends the 32 MiB state and the steps
+// made during the join), and the CPU seconds both processes spent
+// meanwhile.
+absl::Status Rejoin(Harness& h, const ReplicationGroupOptions& options) {
+  constexpr uint64_t kModelBytes = Trainer::kParams * Trainer::kParamBytes;
+  for (const uint64_t catch_up : {uint64_t{0}, uint64_t{256} * kMiB}) {
+    for (const int away : {1, 4}) {
+      PS_ASSIGN_OR_RETURN(
+          std::unique_ptr<Cluster> cluster,
+          Cluster::Start(options.pserver_binary, 1, /*standbys=*/1,
+                         {absl::StrCat("--catch_up_bytes=", catch_up),
+                          absl::StrCat("--max_joining_bytes=", 1024 * kMiB)}));
+      PS_ASSIGN_OR_RETURN(std::string primary_address, cluster->PrimaryAddress(0));
+      PS_ASSIGN_OR_RETURN(std::string standby_address, cluster->BackupAddress(0));
+      ChildProcess* primary = cluster->At(primary_address);
+      ChildProcess* standby = cluster->At(standby_address);
+      if (primary == nullptr || standby == nullptr) return absl::InternalError("no processes");
+      PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, cluster->Connect());
+      Trainer trainer(*client);
+      PS_RETURN_IF_ERROR(trainer.Init());
+      PS_RETURN_IF_ERROR(trainer.AwaitStep(0, 3).status());
+      const size_t steps_paused = trainer.steps();
+      if (kill(standby->pid(), SIGSTOP) != 0) return absl::InternalError("SIGSTOP failed");
+      PS_RETURN_IF_ERROR(cluster->AwaitBackups(0, 0));
+      PS_RETURN_IF_ERROR(trainer.AwaitStep(NowSeconds(), trainer.steps() + away).status());
+      const double cpu_before = CpuSeconds(primary->pid()) + CpuSeconds(standby->pid());
+      const size_t steps_resumed = trainer.steps();
+      const double resumed = NowSeconds();
+      if (kill(standby->pid(), SIGCONT) != 0) return absl::InternalError("SIGCONT failed");
+      PS_RETURN_IF_ERROR(cluster->AwaitBackups(0, 1));
+      const double joined = NowSeconds();
+      const double cpu = CpuSeconds(primary->pid()) + CpuSeconds(standby->pid()) - cpu_before;
+      const size_t steps_listed = trainer.steps();
+      PS_RETURN_IF_ERROR(trainer.Stop());
+      // The primary's line, read from its stderr (WaitForLine reads both
+      // pipes; no stdout line matches).
+      const std::string caught_up = "caught up on ";
+      primary->WaitForLine("\x01", absl::Now() + absl::Milliseconds(500)).IgnoreError();
+      const std::string& err = primary->err();
+      const size_t at = err.rfind(caught_up);
+      double writes = -1;
+      if (at != std::string::npos) {
+        const size_t end = err.find(' ', at + caught_up.size());
+        absl::SimpleAtod(err.substr(at + caught_up.size(), end - at - caught_up.size()), &writes);
+      }
+      const bool copied = err.find("but is sent a full copy") != std::string::npos ||
+                          catch_up == 0;
+      Result& r = h.Add("rejoin", absl::StrCat("rejoin_", catch_up == 0 ? "copy" : "catch_up",
+                                                     "_away", away));
+      r.set_payload_bytes(kModelBytes);
+      r.set_servers(1);
+      r.set_workers(1);
+      r.set_unit("s");
+      r.set_repetitions(1);
+      *r.mutable_value() = Summarize({joined - resumed});
+      (*r.mutable_extra())["catch_up_bytes"] = static_cast<double>(catch_up);
+      (*r.mutable_extra())["writes_delivered"] = writes;
+      (*r.mutable_extra())["copied"] = copied ? 1 : 0;
+      (*r.mutable_extra())["steps_away"] = static_cast<double>(steps_listed - steps_paused);
+      (*r.mutable_extra())["steps_during_join"] = static_cast<double>(steps_listed - steps_resumed);
+      (*r.mutable_extra())["cpu_s"] = cpu;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options,
@@ -323,6 +452,12 @@ absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options
   }
   PS_RETURN_IF_ERROR(Failover(h, options));
   h.PrintGroup("replication");
+  return absl::OkStatus();
+}
+
+absl::Status RejoinGroup(Harness& h, const ReplicationGroupOptions& options) {
+  PS_RETURN_IF_ERROR(Rejoin(h, options));
+  h.PrintGroup("rejoin");
   return absl::OkStatus();
 }
 

@@ -13,6 +13,14 @@
 //                 --failover_kills kills (--quick: at most 5), 3 servers,
 //                 R=2, a model of 8 x 1M float32 pushed whole every step;
 //                 a new standby attaches after each takeover
+// bench:e2e's rejoin group (only when named: --only=rejoin):
+//   rejoin_copy_away<k> / rejoin_catch_up_away<k>
+//                 a standby paused until its primary dropped it, resumed
+//                 after k more steps of the same model on 1 server: seconds
+//                 until it is listed again, with --catch_up_bytes=0 (a full
+//                 copy) and 256 MiB (the writes since its own LSN); extra:
+//                 writes delivered, steps from the pause to the listing and
+//                 during the join (32 MiB each), CPU s of both processes
 #ifndef PSERVER_BENCH_REPLICATION_GROUP_H_
 #define PSERVER_BENCH_REPLICATION_GROUP_H_
 
@@ -43,6 +51,8 @@ struct ReplicationGroupOptions {
 
 absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options,
                               const DenseRunner& dense);
+// The rejoin group (above): what catch-up from a backup's own LSN saves.
+absl::Status RejoinGroup(Harness& h, const ReplicationGroupOptions& options);
 
 }  // namespace pserver::bench
 

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -987,22 +988,90 @@ std::vector<std::string> ParamsAt(const std::string& address) {
   return names;
 }
 
+// `grad`: `value` in every element of `param` (kWidth float32).
+void FillGradient(v1::Gradient* grad, const std::string& param, float value) {
+  grad->set_name(param);
+  grad->set_element_type(v1::FLOAT32);
+  grad->set_content(std::string(
+      Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, value)).bytes()));
+}
+
 // One push of 1000s to `param` straight to `address` over gRPC, no retries:
 // a client still holding that address.
 grpc::Status RawPush(const std::string& address, const std::string& param) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   v1::SendGradRequest request;
-  v1::Gradient* grad = request.mutable_gradient();
-  grad->set_name(param);
-  grad->set_element_type(v1::FLOAT32);
-  grad->set_content(std::string(
-      Tensor::FromValues<float>({kWidth}, std::vector<float>(kWidth, 1000)).bytes()));
+  FillGradient(request.mutable_gradient(), param, 1000);
   v1::SendGradResponse response;
   return StubAt(address)->SendGrad(&context, request, &response);
 }
 
-TEST_F(ReplicationTest, APrimaryPausedPastItsLeaseAcknowledgesNothingOnceItsStandbyTookOver) {
+// One SendGrads of `value` everywhere to `param`, as push `sequence` of a
+// fixed client id, straight to `address` over gRPC, no retries.
+grpc::Status RawSendGrads(const std::string& address, const std::string& param,
+                          uint64_t sequence, float value) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::SendGradsRequest request;
+  FillGradient(request.add_gradients(), param, value);
+  request.set_client_id(0x5eed);
+  request.set_sequence(sequence);
+  v1::SendGradsResponse response;
+  return StubAt(address)->SendGrads(&context, request, &response);
+}
+
+// A push the primary refuses (a NaN) is shipped nowhere and its id is used
+// up nowhere: primary and standby keep one state (their checksums cover the
+// applied id sets), the same id retried on the primary is refused alike,
+// and so it is on the standby once it took the shard over (kill -9).
+TEST_F(ReplicationTest, ARefusedPushIsAnsweredAlikeByThePrimaryAndItsSuccessor) {
+  Started started = StartTraining(/*standby_of_shard0=*/true);
+  ASSERT_TRUE(started.ok(true));
+  auto& [primaries, trainer, standby] = started;
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 4, &steps_done));
+  const std::string primary = AddressAt(etcd_keys::ServerKey(0));
+  const std::vector<std::string> held = ParamsAt(primary);
+  ASSERT_FALSE(held.empty());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const grpc::Status first = RawSendGrads(primary, held[0], 1, nan);
+  ASSERT_EQ(first.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << first.error_message();
+  const grpc::Status again = RawSendGrads(primary, held[0], 1, nan);
+  EXPECT_EQ(again.error_code(), first.error_code()) << again.error_message();
+  EXPECT_EQ(again.error_message(), first.error_message());
+  EXPECT_EQ(StateChecksum(primary, admin_), StateChecksum(StandbyAddress(0), admin_));
+
+  const std::string successor = Config(0).replicas(0);
+  KillNine(*primaries[0]);
+  AwaitTakeover(0, successor, *standby);
+  const std::string new_primary = AddressAt(etcd_keys::ServerKey(0));
+  // Retried on the new primary (UNAVAILABLE while it starts serving).
+  grpc::Status retried;
+  for (int i = 0; i < 600; ++i) {
+    retried = RawSendGrads(new_primary, held[0], 1, nan);
+    if (retried.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(retried.error_code(), first.error_code()) << retried.error_message();
+  EXPECT_EQ(retried.error_message(), first.error_message());
+  // Training goes on exact: no refused push counted anywhere.
+  ASSERT_OK(Train(*trainer, 4, 8, &steps_done));
+  ExpectTrained(*trainer, 8);
+
+  trainer.reset();
+  std::vector<std::unique_ptr<ChildProcess>> serving;
+  serving.push_back(std::move(standby));
+  serving.push_back(std::move(primaries[1]));
+  StopCleanly(serving);
+}
+
+// A primary paused (SIGSTOP) past its lease while training runs: its
+// standby takes over. Resumed, it acknowledges nothing, steps down, and the
+// process replaces it with a fresh standby that copies shard 0 from its
+// replacement and is listed as its backup (R restored). A kill -9 of the
+// replacement later: the rejoined one takes over and training ends exact.
+TEST_F(ReplicationTest, APrimaryPausedPastItsLeaseStepsDownAndRejoinsAsTheBackupOfItsReplacement) {
   checkpoints_ = true;
   std::vector<std::unique_ptr<ChildProcess>> holders = StartPrimaries();
   ASSERT_EQ(holders.size(), static_cast<size_t>(kServers));
@@ -1032,54 +1101,70 @@ TEST_F(ReplicationTest, APrimaryPausedPastItsLeaseAcknowledgesNothingOnceItsStan
   EXPECT_TRUE(went_on) << "training stalled at step " << steps_done.load();
   const v1::ShardConfig after = Config(0);
   EXPECT_EQ(after.epoch(), before.epoch() + 1);
+  EXPECT_EQ(after.replicas_size(), 0);
   const std::string new_address = AddressAt(etcd_keys::ServerKey(0));
   EXPECT_NE(new_address, old_address);
 
   // Resumed: a client still holding the old address has every push refused
-  // (never OK) until the old primary steps down, and after.
+  // (never OK: the fence, then stepped down, then the port closed or a
+  // standby's) until the process's fresh standby is listed as the backup of
+  // shard 0. Shard 1's primary is no standby: the backup is that process.
   ASSERT_EQ(kill(holders[0]->pid(), SIGCONT), 0) << std::strerror(errno);
-  grpc::Status refused;
-  for (int i = 0; i < 1200; ++i) {
-    refused = RawPush(old_address, held[0]);
+  bool rejoined = false;
+  for (int i = 0; i < 1800 && !rejoined; ++i) {
+    const grpc::Status refused = RawPush(old_address, held[0]);
     ASSERT_FALSE(refused.ok()) << "the paused primary acknowledged a push after the takeover";
-    if (refused.error_message().find("stepped down") != std::string::npos) break;
-    absl::SleepFor(absl::Milliseconds(50));
+    rejoined = Config(0).replicas_size() == 1;
+    if (!rejoined) absl::SleepFor(absl::Milliseconds(50));
   }
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
-  EXPECT_THAT(refused.error_message(), HasSubstr("stepped down from shard 0"));
+  ASSERT_TRUE(rejoined) << holders[0]->output();
+  ASSERT_OK(holders[0]->WaitForLine("pserver 0: its server of shard 0 stepped down",
+                                    absl::Now() + kWait));
+  const v1::ShardConfig backed_up = Config(0);
+  EXPECT_EQ(backed_up.holder(), after.holder());
+  EXPECT_NE(backed_up.replicas(0), before.holder());  // a fresh instance
+  EXPECT_NE(StandbyAddress(0), new_address);
   EXPECT_FALSE(RawPush(old_address, held[0]).ok());
 
   trainer_thread.join();
   ASSERT_OK(training);
-  // Nothing acknowledged is lost, and none of the refused pushes counts.
+  // Nothing acknowledged is lost, and none of the refused pushes counts;
+  // the rejoined backup holds its primary's state.
   ExpectTrained(*trainer, kSteps);
+  EXPECT_EQ(StateChecksum(new_address, admin_), StateChecksum(StandbyAddress(0), admin_));
 
-  // Checkpoints: the new primary publishes at the new epoch; the old one
-  // publishes none (its SIGTERM saves no final checkpoint) and logs why it
-  // stepped down.
+  // Checkpoints: the new primary publishes at the new epoch (or the one
+  // above, which listed the rejoined backup); the old server published
+  // none after it paused.
   bool published = false;
   for (int wait = 0; wait < 3000 && !published; ++wait) {
-    published = PublishedCheckpoint(0).epoch() == after.epoch();
+    const v1::CheckpointRecord record = PublishedCheckpoint(0);
+    published = record.epoch() >= after.epoch() && record.epoch() <= backed_up.epoch() &&
+                record.server_address() == new_address;
     if (!published) absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_TRUE(published) << "the new primary published no checkpoint: " << standby->output();
-  ASSERT_EQ(kill(holders[0]->pid(), SIGTERM), 0);
-  ASSERT_OK_AND_ASSIGN(int status, holders[0]->WaitForExit(absl::Now() + kWait));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << DescribeWaitStatus(status);
-  // Why: etcd names the new holder, or (a write in flight when it paused)
-  // the promoted standby refused it as of an older epoch; either names the
-  // new epoch.
+
+  // The replacement killed: the rejoined backup takes shard 0 over (its
+  // process says so) and training goes on, exact to the bit.
+  const std::string rejoined_id = backed_up.replicas(0);
+  KillNine(*standby);
+  AwaitTakeover(0, rejoined_id, *holders[0]);
+  ASSERT_OK(Train(*trainer, kSteps, kSteps + 10, &steps_done));
+  ExpectTrained(*trainer, kSteps + 10);
+  EXPECT_OK(holders[0]->WaitForLine(
+      absl::StrCat("pserver 0 listening on ", AddressAt(etcd_keys::ServerKey(0)), " (a standby"),
+      absl::Now() + kWait));
+
+  trainer.reset();
+  StopCleanly(holders);
+  // Why it stepped down: etcd names the new holder, or (a write in flight
+  // when it paused) the promoted standby refused it as of an older epoch;
+  // either names the new epoch. Its stepped-down server saved nothing.
   EXPECT_THAT(holders[0]->err(), ::testing::ContainsRegex(absl::StrCat(
                                      "stepping down: [^\n]*epoch ", after.epoch())));
   EXPECT_THAT(holders[0]->err(), HasSubstr("no final checkpoint"));
-  const v1::CheckpointRecord last = PublishedCheckpoint(0);
-  EXPECT_EQ(last.epoch(), after.epoch());
-  EXPECT_EQ(last.server_address(), new_address);
-
-  trainer.reset();
-  holders[0] = std::move(standby);
-  std::vector<std::unique_ptr<ChildProcess>> no_standbys;
-  StopAll(no_standbys, holders);
+  EXPECT_THAT(holders[0]->err(), HasSubstr("standby: copied shard 0 from its primary"));
 }
 
 // R=3: two primaries with two standbys each (--max_standbys=2, the

@@ -18,7 +18,11 @@ AppliedSequences::Outcome AppliedSequences::Begin(uint64_t client, uint64_t sequ
 void AppliedSequences::Abandon(uint64_t client, uint64_t sequence) {
   absl::MutexLock lock(&mu_);
   auto it = clients_.find(client);
-  if (it != clients_.end()) it->second.in_progress.erase(sequence);
+  if (it == clients_.end()) return;
+  Client& c = it->second;
+  c.in_progress.erase(sequence);
+  // A client whose only requests were refused leaves nothing behind.
+  if (c.low_water == 0 && c.applied.empty() && c.in_progress.empty()) clients_.erase(it);
 }
 
 void AppliedSequences::Finish(uint64_t client, uint64_t sequence) {

@@ -43,14 +43,16 @@ class AppliedSequences {
 
   // Whether (client, sequence) is new, and if so marks it in progress.
   Outcome Begin(uint64_t client, uint64_t sequence);
-  // Marks a request that Begin returned kNew for as applied (also when the
-  // store refused it: its sequence number is used up either way).
+  // Marks a request that Begin returned kNew for as applied (also when it
+  // failed past its checks, partly applied: its sequence number is used up).
   void Finish(uint64_t client, uint64_t sequence);
   // Ends a request that Begin returned kNew for as not applied and not used
   // up: its retry is new again. For a push refused before anything was
-  // applied because its blocks moved (PlacementMoved): the client re-sends
-  // them elsewhere, and a retry that still reaches this server must not be
-  // acknowledged as applied. The gap it leaves is closed by the bound.
+  // applied (its checks failed, or its blocks moved: PlacementMoved): a
+  // retry is checked again rather than acknowledged as applied, and a
+  // backup, which never sees a refused push, holds the same set. The gap it
+  // leaves is closed by the bound; a client with nothing applied is
+  // forgotten.
   void Abandon(uint64_t client, uint64_t sequence);
 
   // The state as a serialized v1::AppliedSequences (requests in progress are

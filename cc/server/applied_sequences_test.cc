@@ -33,6 +33,28 @@ TEST(AppliedSequencesTest, AnAbandonedSequenceIsNewAgain) {
   EXPECT_EQ(applied.num_clients(), 1u);
 }
 
+// A client whose every request was refused (abandoned) is not kept: refused
+// pushes from many client ids grow nothing.
+TEST(AppliedSequencesTest, AClientWithOnlyAbandonedRequestsIsForgotten) {
+  AppliedSequences applied;
+  for (uint64_t client = 1; client <= 100; ++client) {
+    ASSERT_EQ(applied.Begin(client, 1), AppliedSequences::kNew);
+    applied.Abandon(client, 1);
+  }
+  EXPECT_EQ(applied.num_clients(), 0u);
+  // One with a request still in progress, or one applied, stays.
+  ASSERT_EQ(applied.Begin(5, 1), AppliedSequences::kNew);
+  ASSERT_EQ(applied.Begin(5, 2), AppliedSequences::kNew);
+  applied.Abandon(5, 1);
+  EXPECT_EQ(applied.num_clients(), 1u);
+  applied.Finish(5, 2);
+  ASSERT_EQ(applied.Begin(5, 3), AppliedSequences::kNew);
+  applied.Abandon(5, 3);
+  EXPECT_EQ(applied.num_clients(), 1u);
+  EXPECT_EQ(applied.Begin(5, 2), AppliedSequences::kApplied);
+  EXPECT_EQ(applied.Begin(5, 1), AppliedSequences::kNew);
+}
+
 TEST(AppliedSequencesTest, OutOfOrderCompletionAdvancesTheLowWaterMark) {
   AppliedSequences applied;
   for (uint64_t s : {3, 1, 4, 2}) ASSERT_EQ(applied.Begin(1, s), AppliedSequences::kNew);

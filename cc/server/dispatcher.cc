@@ -284,7 +284,9 @@ void Dispatcher::AddControlMethods() {
   Sync<TablePushRequest, TablePushResponse>(
       "TablePush", [this](const TablePushRequest& request, TablePushResponse* response) {
         // Keys are checked only for a new id, as a bulk push's blocks are.
-        return ApplyOnce(request.client_id(), request.sequence(), [&] {
+        // A table push is checked whole before any row changes (host
+        // memory): an error is a refusal.
+        return ApplyOnce(request.client_id(), request.sequence(), [&](bool&) {
           PS_RETURN_IF_ERROR(CheckTableKeys(request.table(), request.keys(), /*write=*/true));
           return tables_->Push(request, response);
         });
@@ -427,7 +429,9 @@ absl::Status Dispatcher::Ship(
 
 absl::Status Dispatcher::PushReplicated(const RequestId& id,
                                         absl::Span<const GradientView> grads) {
-  return ApplyOnce(id.client, id.sequence, [&] { return store_->ApplyGradients(grads); });
+  return ApplyOnce(id.client, id.sequence, [&](bool& past_checks) {
+    return store_->ApplyGradients(grads, nullptr, [&] { past_checks = true; });
+  });
 }
 
 absl::Status Dispatcher::ApplyWrite(absl::string_view name, absl::string_view request_bytes) {
@@ -487,7 +491,7 @@ absl::Status Dispatcher::CheckWrite() const {
 }
 
 absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
-                                   absl::FunctionRef<absl::Status()> apply) {
+                                   absl::FunctionRef<absl::Status(bool& past_checks)> apply) {
   absl::ReaderMutexLock lock(&apply_mu_);
   const bool tracked = client_id != 0 && sequence != 0;
   if (tracked) {
@@ -503,9 +507,14 @@ absl::Status Dispatcher::ApplyOnce(uint64_t client_id, uint64_t sequence,
         break;
     }
   }
-  absl::Status status = apply();
-  if (tracked && IsGateRefusal(status)) {
-    applied_.Abandon(client_id, sequence);  // nothing applied; re-sent elsewhere
+  bool past_checks = false;
+  absl::Status status = apply(past_checks);
+  if (tracked && !status.ok() && !past_checks) {
+    // Nothing applied: the id is not used up, so a retry is checked again
+    // and answered as the first copy was, here or on a backup that took the
+    // shard over (a refused push is shipped nowhere, so no backup records
+    // its id: recording it here alone would make the id sets differ).
+    applied_.Abandon(client_id, sequence);
   } else if (tracked) {
     applied_.Finish(client_id, sequence);
   }
@@ -543,7 +552,7 @@ absl::Status Dispatcher::PushTableRows(const TableRowsView& push, uint64_t clien
         },
         [&](absl::FunctionRef<void()>) {  // shipped after it is applied here
           // Keys are checked only for a new id, as TablePush's are.
-          return ApplyOnce(client_id, sequence, [&] {
+          return ApplyOnce(client_id, sequence, [&](bool&) {  // an error is a refusal
             PS_RETURN_IF_ERROR(CheckTableKeys(push.table, push.keys, /*write=*/true));
             return tables_->PushRows(push);
           });
@@ -613,23 +622,21 @@ absl::Status Dispatcher::PushShipping(const RequestId& id, absl::Span<const Grad
     // applied before its blocks moved away is acknowledged, not redirected
     // (the client would apply it again elsewhere); a refused one is
     // abandoned, not used up (ApplyOnce).
-    status = ApplyOnce(id.client, id.sequence, [&] {
+    status = ApplyOnce(id.client, id.sequence, [&](bool& past_checks) {
       if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
           gate != nullptr) {
         for (const GradientView& grad : grads) {
           PS_RETURN_IF_ERROR(gate->CheckBlock(grad.name, grad.block));
         }
       }
-      if (ship == nullptr) return store_->ApplyGradients(grads);
       // Shipped once checked, applied here meanwhile (docs/replication.md,
       // "Overlapped apply"): host storage cannot fail past the checks; any
       // failure there leaves this replica apart from its backups.
-      bool shipped = false;
       absl::Status applied = store_->ApplyGradients(grads, nullptr, [&] {
-        shipped = true;
-        (*ship)();
+        past_checks = true;
+        if (ship != nullptr) (*ship)();
       });
-      if (shipped && !applied.ok()) {
+      if (ship != nullptr && past_checks && !applied.ok()) {
         return absl::DataLossError(absl::StrCat(
             "a push shipped to the backups once checked failed to apply here: ",
             applied.message()));

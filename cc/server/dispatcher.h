@@ -341,7 +341,12 @@ class Dispatcher {
   void AddControlMethods();
 
   // Runs `apply` unless the push (client_id, sequence) was applied before;
-  // client_id 0 is not tracked.
+  // client_id 0 is not tracked. `apply` sets `past_checks` once the push
+  // passed its checks (ParameterStore::ApplyGradients' `checked`); an error
+  // before that is a refusal that applied nothing, and leaves the id unused:
+  // a retry is checked again and gets the same answer, on this replica or
+  // on a backup that took the shard over (docs/replication.md, "A refused
+  // push"). An error past the checks (a device error) uses the id up.
   // `done`, wrapped to record the call's span (from now until it is
   // called): on this thread's track when it is called before `*returned`
   // is set (the call did not wait), else on the "waiting calls" lanes.
@@ -349,7 +354,7 @@ class Dispatcher {
                  const google::protobuf::Message& request,
                  std::shared_ptr<std::atomic<bool>> returned, Done done);
   absl::Status ApplyOnce(uint64_t client_id, uint64_t sequence,
-                         absl::FunctionRef<absl::Status()> apply);
+                         absl::FunctionRef<absl::Status(bool& past_checks)> apply);
   // Read, adding the content bytes delivered to `sent`.
   absl::Status ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockReader reader,
                           uint64_t* sent);

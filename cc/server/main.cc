@@ -10,7 +10,9 @@
 // --etcd, after claiming its index and loading its checkpoint), and stops
 // cleanly (exit 0) on SIGINT or SIGTERM, saving a last checkpoint first when
 // it has a --checkpoint_dir (exit 1 if that save fails, and 1 without a save
-// when it stepped down from its shard: docs/replication.md). A signal while
+// when it stepped down from its shard: docs/replication.md; with
+// --accept_standbys a server that steps down is replaced at once by a fresh
+// standby in this process, which copies a shard again). A signal while
 // starting (waiting for etcd or a free index) stops it there, exit 1, with a
 // line saying so. --help lists pserver's flags; docs/operations.md and
 // docs/limits.md describe them. Every flag can also come from the
@@ -601,16 +603,41 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
 
-  options.stop->WaitForNotification();
-  std::printf("pserver %u: %s received, shutting down\n", index, stop_signals.name());
-  std::fflush(stdout);
-  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
-  // A last checkpoint that failed loses every update since the one before:
-  // say so in the exit status, for supervisors and scripts.
-  absl::Status final_save = (*server)->final_save_status();
+  const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds));
+  absl::Status final_save;
+  if (pserver::RejoinsAfterSteppingDown(options)) {
+    // Once it steps down, a fresh standby takes its place (its shard first)
+    // and serves again if it takes a shard over (docs/replication.md).
+    // Its lines go to stdout with the "listening" ones: "pserver <index>:
+    // its server of shard <i> stepped down; ..." when it is replaced.
+    pserver::ServerSeat seat(
+        options, absl::StrCat("pserver ", index),
+        [](const pserver::Server& rejoined) {
+          std::printf("pserver %u listening on %s (a standby this process started when its "
+                      "server stepped down took shard %u over)\n",
+                      rejoined.index(), rejoined.address().c_str(), rejoined.index());
+          std::fflush(stdout);
+        },
+        [](const std::string& line) {
+          std::printf("%s\n", line.c_str());
+          std::fflush(stdout);
+        });
+    seat.Run(*std::move(server));  // until a stop signal
+    std::printf("pserver %u: %s received, shutting down\n", index, stop_signals.name());
+    std::fflush(stdout);
+    // A standby still waiting for a shard has nothing to save.
+    final_save = seat.Stop(grace);
+  } else {
+    options.stop->WaitForNotification();
+    std::printf("pserver %u: %s received, shutting down\n", index, stop_signals.name());
+    std::fflush(stdout);
+    (*server)->Shutdown(grace);
+    // A last checkpoint that failed loses every update since the one before:
+    // say so in the exit status, for supervisors and scripts.
+    final_save = (*server)->final_save_status();
+  }
   if (slots.has_value()) {
-    absl::Status slots_saved =
-        slots->Stop(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
+    absl::Status slots_saved = slots->Stop(grace);
     if (final_save.ok()) final_save = slots_saved;
   }
   if (!final_save.ok()) {

@@ -7,6 +7,7 @@
 // backup at a newer epoch while the primary applied) is tested here, with
 // no thread and no timing.
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -189,10 +190,17 @@ TEST(ReplicatedPushTest, APushIsHandedToTheBackupOnceCheckedBeforeThePrimaryAppl
   EXPECT_EQ(backup.Checksum(), primary.Checksum());
 }
 
-TEST(ReplicatedPushTest, APushThePrimaryRefusesIsShippedNowhere) {
+// A push the primary refuses (its checks fail: a wrong size, a non-finite
+// value) is numbered nowhere and shipped nowhere, and its id is used up
+// nowhere: primary and backup keep one state, the id sets included (one
+// checksum), and the same id retried gets the same refusal on the primary
+// and on the backup once it serves alone (it took the shard over).
+TEST(ReplicatedPushTest, APushThePrimaryRefusesIsShippedNowhereAndItsIdUsedUpNowhere) {
   Shard primary, backup;
   OverlappingShipper shipper(primary, backup);
+  ASSERT_OK(SendGrads(primary.dispatcher, Push(1, 0.5f)));
   const uint32_t crc = backup.Checksum();
+  ASSERT_EQ(primary.Checksum(), crc);
   const std::string w = Content(primary);
   v1::SendGradsRequest wrong;
   v1::Gradient* grad = wrong.add_gradients();
@@ -200,16 +208,30 @@ TEST(ReplicatedPushTest, APushThePrimaryRefusesIsShippedNowhere) {
   grad->set_element_type(v1::FLOAT32);
   grad->set_content(std::string(2 * sizeof(float), '\0'));  // 2 of 3 elements
   wrong.set_client_id(42);
-  wrong.set_sequence(1);
-  EXPECT_THAT(SendGrads(primary.dispatcher, wrong.SerializeAsString()),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
-  EXPECT_EQ(shipper.posted(), 0);
-  EXPECT_EQ(shipper.log().last_lsn(), 0u);
-  EXPECT_EQ(shipper.backup_log().applied_lsn(), 0u);
-  // Nothing applied on either side (the primary records the refused id as
-  // used, as without a backup: ApplyOnce).
+  wrong.set_sequence(2);
+  const std::string nan = Push(3, std::numeric_limits<float>::quiet_NaN());
+  for (const std::string& refused : {wrong.SerializeAsString(), nan}) {
+    absl::Status first = SendGrads(primary.dispatcher, refused);
+    EXPECT_THAT(first, StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+    // Retried on the primary: checked again, the same answer (not OK).
+    EXPECT_EQ(SendGrads(primary.dispatcher, refused), first);
+    // Retried on the backup serving alone (after a takeover): the same.
+    EXPECT_EQ(SendGrads(backup.dispatcher, refused), first);
+  }
+  EXPECT_EQ(shipper.posted(), 1);
+  EXPECT_EQ(shipper.log().last_lsn(), 1u);
+  EXPECT_EQ(shipper.backup_log().applied_lsn(), 1u);
+  // Nothing applied on either side, and no id recorded on one side only.
   EXPECT_EQ(Content(primary), w);
+  EXPECT_EQ(primary.Checksum(), crc);
   EXPECT_EQ(backup.Checksum(), crc);
+  EXPECT_EQ(primary.dispatcher.duplicates_ignored(), 0u);
+  // The ids were not used up: a good push under one of them is applied on
+  // both, and the two stay equal.
+  ASSERT_OK(SendGrads(primary.dispatcher, Push(3, 0.25f)));
+  EXPECT_EQ(shipper.backup_log().applied_lsn(), 2u);
+  EXPECT_NE(primary.Checksum(), crc);
+  EXPECT_EQ(backup.Checksum(), primary.Checksum());
 }
 
 // A backup that moved to a newer epoch (another replica took over) refuses

@@ -9,6 +9,7 @@
 #include <map>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -35,6 +36,7 @@
 #include "cc/server/checkpoint_schedule.h"
 #include "cc/server/dispatcher.h"
 #include "cc/server/fence.h"
+#include "cc/server/standby_slots.h"
 #include "cc/server/listener.h"
 #include "cc/server/replication.h"
 #include "cc/server/service.h"
@@ -731,7 +733,8 @@ absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry
     if (options_.process_slots != nullptr) {
       one_slot_at_a_time.emplace(&options_.process_slots->attach_mu());
     }
-    std::vector<std::pair<int, uint32_t>> candidates;  // (backups, shard)
+    // (backups, not the preferred shard, shard): the fewest backups first.
+    std::vector<std::tuple<int, bool, uint32_t>> candidates;
     // A slot (--replicas) looks at the shards of the placement now (live
     // moves change the count; a departed shard is not backed up) and counts
     // live backups (/standby/<i>/: joining ones included, dead ones not).
@@ -751,10 +754,10 @@ absl::Status Server::AttachToAShard(uint32_t desired, absl::Time deadline, Retry
       const int backups = slot ? LiveBackups(i) : config->replicas_size();
       if (backups < 0) continue;
       primaries[i] = primary->value;
-      candidates.emplace_back(backups, i);
+      candidates.emplace_back(backups, options_.standby_prefer_shard != i, i);
     }
-    std::stable_sort(candidates.begin(), candidates.end());
-    for (const auto& [backups, i] : candidates) {
+    std::sort(candidates.begin(), candidates.end());
+    for (const auto& [backups, other, i] : candidates) {
       if (standby_key_ == nullptr) {
         PS_ASSIGN_OR_RETURN(standby_key_,
                             retry([&] { return LeasedKey::Grant(etcd_.get(), standby_options); }));
@@ -1255,8 +1258,10 @@ void Server::StepDown(const std::string& reason) {
   if (!fence_->StepDown(reason)) return;
   Log(absl::StrCat("stepping down: ", reason,
                    "; refusing every call but GetStats, publishing no checkpoint and saving "
-                   "none at shutdown; stop this process (a restarted server claims a free "
-                   "index)"),
+                   "none at shutdown; ",
+                   RejoinsAfterSteppingDown(options_)
+                       ? "pserver replaces it with a fresh standby, which copies a shard again"
+                       : "stop this process (a restarted server claims a free index)"),
       log::Level::kWarning);
   // Stops trying to retake /ps/<i> and gives the lease up.
   if (registration_ != nullptr) registration_->Release();

@@ -131,6 +131,10 @@ struct ServerOptions {
   // the shard over (epoch + 1) and serves as its primary. Start returns only
   // then (or CANCELLED when options.stop is notified).
   bool standby = false;
+  // A standby's preferred shard among those with the fewest backups: a
+  // server that stepped down from it rejoins it (RejoinOptions,
+  // cc/server/standby_slots.h). Unset: the lowest index among them.
+  std::optional<uint32_t> standby_prefer_shard;
   // The other servers of this process (--replicas, cc/server/process_slots.h):
   // a standby attaches to no shard one of them holds or backs up. Null: none.
   std::shared_ptr<ProcessSlots> process_slots;

@@ -32,6 +32,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,9 +46,84 @@
 namespace pserver {
 
 // `process` with what makes it a standby slot: standby, accepting standbys
-// of its own once it took over, port 0, no metrics listener. `process` must
-// carry process_slots and stop.
+// of its own once it took over, port 0, no metrics listener, no
+// on_departed (a slot whose shard departs is replaced; the process goes
+// on). `process` must carry process_slots and stop.
 ServerOptions StandbySlotOptions(const ServerOptions& process);
+
+// Whether a server started with `options` comes back as a standby once it
+// steps down (ServerSeat): with etcd and --accept_standbys (--replicas and
+// --standby processes included), since then the shard's new primary takes
+// standbys. An R=1 server (no --accept_standbys) stays fenced, as its
+// successor would take no standby.
+bool RejoinsAfterSteppingDown(const ServerOptions& options);
+
+// The fresh standby that replaces a server of `options` which stepped down
+// from shard `shard`: a standby (accepting standbys once it took over) that
+// prefers `shard` among the shards with the fewest backups. Same port,
+// metrics and checkpoint directory: the server it replaces is shut down
+// first.
+ServerOptions RejoinOptions(const ServerOptions& options, uint32_t shard);
+
+// One server at a time (docs/replication.md, "A stepped-down server rejoins
+// as a standby"): it serves until it steps down (fenced by a newer epoch),
+// then it is shut down, dropping its state, and a fresh standby
+// (RejoinOptions) starts in its place: it copies a shard from its primary,
+// its old one when that has the fewest backups, catches up and is listed as
+// a backup, and serves again if it takes that shard over. A start that
+// fails (no shard to back up within --register_timeout, etcd unreachable)
+// is retried after a backoff (kFirstBackoff, doubling up to kMaxBackoff;
+// back to the first once a start succeeded), until `standby.stop` is
+// notified. A start answered ABORTED (its standby left its shard: the shard
+// departed, or it goes to back up one lacking a backup) starts a fresh
+// standby at once. With `depart_linger`, a server whose shard departs in a
+// live move answers redirects for that long, then is replaced as one that
+// stepped down (without it, departures are the caller's: on_departed). The
+// process's own server (pserver with --accept_standbys) and each standby
+// slot of a --replicas process sit in one.
+class ServerSeat {
+ public:
+  // `standby`: what a replacement starts from (standby set; stop set).
+  // `name` opens its log lines; `serving` is called (from Run's thread)
+  // when a replacement starts serving a shard.
+  ServerSeat(ServerOptions standby, std::string name,
+             std::function<void(const Server&)> serving,
+             std::function<void(const std::string&)> log,
+             std::optional<absl::Duration> depart_linger = std::nullopt);
+
+  // Until standby.stop is notified: serves `first` (null: a standby starts
+  // first) and replaces each server that steps down.
+  void Run(std::unique_ptr<Server> first);
+  // After Run returned: shuts the serving server down with `grace`; its
+  // final checkpoint's status (OK when none serves).
+  absl::Status Stop(absl::Duration grace);
+
+  // Whether a server serves a shard now (not a standby waiting).
+  bool serving() const;
+  // Servers that stepped down or departed and were replaced by a fresh
+  // standby.
+  int replaced() const;
+  // Standbys that left their shard and were started afresh.
+  int left() const;
+
+  static constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
+  static constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
+
+ private:
+  // Waits until `server` (serving) steps down or departs (why) or the
+  // process stops ("").
+  std::string UntilGone(const Server& server) const;
+
+  const ServerOptions standby_;
+  const std::string name_;
+  const std::function<void(const Server&)> serving_callback_;
+  const std::function<void(const std::string&)> log_;
+  const std::optional<absl::Duration> depart_linger_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Server> serving_ ABSL_GUARDED_BY(mu_);
+  int replaced_ ABSL_GUARDED_BY(mu_) = 0;
+  int left_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 class StandbySlots {
  public:
@@ -68,32 +144,20 @@ class StandbySlots {
 
   // The slots serving a shard now.
   int serving() const;
-  // Slots whose server stepped down or departed and was replaced by a
-  // fresh standby.
+  // Slots whose server stepped down and was replaced by a fresh standby.
   int replaced() const;
   // Standbys that left their shard (departed, or rebalanced) and were
   // started afresh.
   int left() const;
 
   // The first and the longest wait before a failed start is retried.
-  static constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
-  static constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
+  static constexpr absl::Duration kFirstBackoff = ServerSeat::kFirstBackoff;
+  static constexpr absl::Duration kMaxBackoff = ServerSeat::kMaxBackoff;
 
  private:
-  void Run(int slot);
-  // Waits until `server` (serving) steps down or departs (its reason) or
-  // the process stops ("").
-  std::string UntilGone(const Server& server) const;
-
   const ServerOptions options_;
-  const absl::Duration depart_linger_;
-  const std::function<void(const Server&)> took_over_;
-  const std::function<void(const std::string&)> log_;
+  std::vector<std::unique_ptr<ServerSeat>> seats_;  // one per slot
   std::vector<std::thread> threads_;
-  mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<Server>> serving_ ABSL_GUARDED_BY(mu_);
-  int replaced_ ABSL_GUARDED_BY(mu_) = 0;
-  int left_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ = false;
 };
 
