@@ -25,20 +25,24 @@ uint64_t StateBytes(const BlockSnapshot& block) {
   return bytes;
 }
 
-// The part of one table's hand-over (`extensions`, as Tables::ExportRows
-// wrote them) whose keys `keep` accepts, in the same form: the hand-over
-// taken into tables of its own and exported again.
+// Takes one table's hand-over (`extensions`, as Tables::ExportRows wrote
+// them) into `tables` as it is: every key accepted, nothing replaced (a
+// backup applying what its primary vetted; a copy of its own).
+absl::Status ImportAsIs(Tables& tables, const std::map<std::string, std::string>& extensions) {
+  return tables
+      .ImportRows(
+          extensions,
+          [](const std::string&, const v1::TableConfig&, uint64_t) { return absl::OkStatus(); },
+          [](uint64_t) { return false; })
+      .status();
+}
+
+// The part of one table's hand-over whose keys `keep` accepts, in the same
+// form: the hand-over taken into tables of its own and exported again.
 absl::StatusOr<std::map<std::string, std::string>> KeepTableRows(
     const std::map<std::string, std::string>& extensions, const SparseTable::KeyFilter& keep) {
   Tables scratch;
-  PS_RETURN_IF_ERROR(scratch
-                         .ImportRows(
-                             extensions,
-                             [](const std::string&, const v1::TableConfig&, uint64_t) {
-                               return absl::OkStatus();
-                             },
-                             [](uint64_t) { return false; })
-                         .status());
+  PS_RETURN_IF_ERROR(ImportAsIs(scratch, extensions));
   const std::vector<std::string> names = scratch.Names();
   std::map<std::string, std::string> kept;
   PS_RETURN_IF_ERROR(scratch.ExportRows(names.at(0), keep, &kept).status());
@@ -412,14 +416,7 @@ absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view 
   PS_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSnapshotFiles(receive.files()));
   if (receive.table_buckets_size() > 0) {
     // Rows the primary vetted and took as they are here (it replaced none).
-    PS_RETURN_IF_ERROR(tables
-                           .ImportRows(
-                               loaded.snapshot.extensions,
-                               [](const std::string&, const v1::TableConfig&, uint64_t) {
-                                 return absl::OkStatus();
-                               },
-                               [](uint64_t) { return false; })
-                           .status());
+    PS_RETURN_IF_ERROR(ImportAsIs(tables, loaded.snapshot.extensions));
     marks.ReceivedBuckets(receive.version(),
                           {receive.table_buckets().begin(), receive.table_buckets().end()},
                           static_cast<int>(receive.from_server()));
