@@ -73,9 +73,9 @@ class BackupLog {
     uint64_t lsn = 0;     // >= 1, consecutive across epochs
     std::string method;   // e.g. "SendGrads"
     std::string request;  // the request's own bytes
-    // The request's bytes may be held here instead (`request` is then
-    // empty): a primary's write as it received them, shipped without a
-    // copy; a backup's as the bulk channel read them, into a pooled buffer.
+    // A primary's write may hold its request's bytes here instead, as it
+    // received them (`request` is then empty): shipped without a copy. A
+    // write a backup receives never does.
     SharedBytes shared;
 
     bool is_shared() const { return shared.owner != nullptr; }
@@ -86,19 +86,6 @@ class BackupLog {
       return {absl::string_view(request)};
     }
     std::string request_bytes() const { return is_shared() ? shared.Flatten() : request; }
-    // The request's bytes in one piece: a view of `request` or of the one
-    // part of `shared`; of a flattened copy in `*scratch` when in several.
-    absl::string_view request_view(std::string* scratch) const {
-      if (!is_shared()) return request;
-      if (shared.parts.size() == 1) return shared.parts[0];
-      *scratch = shared.Flatten();
-      return *scratch;
-    }
-    // Whether `other` carries the same method and request bytes.
-    bool SameAs(const Write& other) const {
-      std::string mine, theirs;
-      return method == other.method && request_view(&mine) == other.request_view(&theirs);
-    }
   };
   struct Options {
     // Writes held waiting for an earlier LSN, and their bytes (method and
@@ -151,9 +138,7 @@ class BackupLog {
   uint64_t held_bytes() const;
 
  private:
-  static uint64_t Bytes(const Write& write) {
-    return write.method.size() + write.request_size();
-  }
+  static uint64_t Bytes(const Write& write) { return write.method.size() + write.request.size(); }
   // Applies held writes while the next LSN is there; called with mu_ held
   // and applying_ false, returns with mu_ held.
   void Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

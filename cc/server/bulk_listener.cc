@@ -401,13 +401,9 @@ absl::Status BulkListener::ServeReplicate(ByteStream& stream, const RequestHeade
     *answer = absl::FailedPreconditionError("this server is no backup (not a --standby)");
     return Discard(stream, left);
   }
-  // The request's bytes straight into the write the backup log keeps: a
-  // pooled buffer (not zero-filled, its pages already in), back in the pool
-  // once the log and every copy of the write let it go.
-  std::shared_ptr<char> buffer = receive_buffers_.Get(left);
-  PS_RETURN_IF_ERROR(stream.Read(buffer.get(), left));
-  write.shared.parts.emplace_back(buffer.get(), left);
-  write.shared.owner = std::move(buffer);
+  // The request's bytes straight into the write the backup log keeps.
+  write.request.resize(left);
+  PS_RETURN_IF_ERROR(stream.Read(write.request.data(), left));
   *answer = options_.replicate(frame->shard, std::move(write));
   return absl::OkStatus();
 }

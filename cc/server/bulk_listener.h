@@ -44,7 +44,6 @@
 #include "cc/server/reply_budget.h"
 #include "cc/security/tls.h"
 #include "cc/server/backup_log.h"
-#include "cc/server/buffer_pool.h"
 #include "pserver/v1/service.pb.h"
 
 namespace pserver {
@@ -89,9 +88,6 @@ struct BulkListenerOptions {
 
 class BulkListener {
  public:
-  // Idle bytes the pool of receive buffers for replicated writes keeps.
-  static constexpr uint64_t kReceiveBufferPoolBytes = uint64_t{64} << 20;
-
   // INVALID_ARGUMENT for max_connections < 1; UNAVAILABLE when a socket
   // cannot be bound. `dispatcher` must outlive the listener.
   static absl::StatusOr<std::unique_ptr<BulkListener>> Start(Dispatcher* dispatcher,
@@ -114,8 +110,6 @@ class BulkListener {
   // Request bytes held now (0 once every frame has been served).
   uint64_t request_bytes_held() const { return request_budget_.held(); }
   uint64_t refused_connections() const { return refused_.load(); }
-  // Replicated writes read into a reused buffer so far.
-  uint64_t receive_buffers_reused() const { return receive_buffers_.reused(); }
   int connections() const;
 
  private:
@@ -158,8 +152,6 @@ class BulkListener {
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> refused_{0};
   ReplyBudget request_budget_;
-  // What a standby reads its primary's writes into (ServeReplicate).
-  BufferPool receive_buffers_{kReceiveBufferPoolBytes};
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -669,14 +669,12 @@ void BackupReplication::Attached(uint32_t shard, uint64_t epoch, uint64_t last_l
   auto log = std::make_shared<BackupLog>(
       epoch, last_lsn, BackupLog::Options{}, [this](const BackupLog::Write& write) {
         absl::Status applied;
-        std::string scratch;
-        const absl::string_view request = write.request_view(&scratch);
         if (write.method == "SendGrads") {
-          applied = ApplyReplicatedPush(*dispatcher_, request);
+          applied = ApplyReplicatedPush(*dispatcher_, write.request);
         } else if (IsMoveWrite(write.method) && apply_move_write_) {
-          applied = apply_move_write_(write.method, request);
+          applied = apply_move_write_(write.method, write.request);
         } else {
-          applied = dispatcher_->ApplyWrite(write.method, request);
+          applied = dispatcher_->ApplyWrite(write.method, write.request);
         }
         if (!applied.ok()) damaged_.store(true);  // no catch-up from this state
         return applied;
