@@ -67,7 +67,14 @@ ABSL_FLAG(std::vector<std::string>, dense_kinds, {},
           "kind alone suits `perf stat` of a run.");
 ABSL_FLAG(int, failover_kills, 20,
           "Kills (kill -9 of a primary) the replication group times failover over (--quick: at "
-          "most 5).");
+          "most 5); 0: no failover run.");
+ABSL_FLAG(std::vector<std::string>, replication_replicas, {},
+          "Replication factors R of the replication group (e.g. 1,2); default: 1, 2, 3.");
+ABSL_FLAG(std::vector<std::string>, replication_servers, {},
+          "Server counts of the replication group (e.g. 1); default: 1, 3.");
+ABSL_FLAG(std::vector<std::string>, replication_sizes_kib, {},
+          "Payload sizes in KiB of the replication group's push/pull (e.g. 1024); default: "
+          "1024, 16384 and (without --quick) 65536.");
 ABSL_FLAG(std::vector<std::string>, dense_configs, {},
           "Servers x workers of the dense group (e.g. 1x1,2x2); default: 1x1, 1x2, 2x1, 2x2 "
           "(1x1 and 2x2 with --quick).");
@@ -681,6 +688,27 @@ absl::Status Run(int argc, char** argv) {
     ReplicationGroupOptions replication;
     replication.pserver_binary = PserverBinary();
     replication.failover_kills = absl::GetFlag(FLAGS_failover_kills);
+    auto numbers = [](const std::vector<std::string>& texts, const char* flag,
+                      auto* out) -> absl::Status {
+      for (const std::string& text : texts) {
+        int64_t value = 0;
+        if (!absl::SimpleAtoi(text, &value) || value < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--", flag, ": '", text, "' is not a non-negative number"));
+        }
+        out->push_back(static_cast<typename std::remove_pointer_t<decltype(out)>::value_type>(
+            value));
+      }
+      return absl::OkStatus();
+    };
+    PS_RETURN_IF_ERROR(numbers(absl::GetFlag(FLAGS_replication_replicas),
+                               "replication_replicas", &replication.replicas));
+    PS_RETURN_IF_ERROR(numbers(absl::GetFlag(FLAGS_replication_servers), "replication_servers",
+                               &replication.servers));
+    std::vector<uint64_t> kib;
+    PS_RETURN_IF_ERROR(numbers(absl::GetFlag(FLAGS_replication_sizes_kib),
+                               "replication_sizes_kib", &kib));
+    for (uint64_t k : kib) replication.sizes.push_back(k * kKiB);
     PS_RETURN_IF_ERROR(ReplicationGroup(
         h, replication,
         [&](const std::string& prefix, std::vector<std::unique_ptr<Client>>& clients, int servers,

@@ -430,12 +430,21 @@ absl::Status Rejoin(Harness& h, const ReplicationGroupOptions& options) {
 
 absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options,
                               const DenseRunner& dense) {
-  std::vector<uint64_t> sizes = {kMiB, 16 * kMiB};
-  if (!h.quick()) sizes.push_back(64 * kMiB);
+  std::vector<uint64_t> sizes = options.sizes;
+  if (sizes.empty()) sizes = {kMiB, 16 * kMiB};
+  if (options.sizes.empty() && !h.quick()) sizes.push_back(64 * kMiB);
+  const std::vector<int> all_replicas =
+      options.replicas.empty() ? std::vector<int>{1, 2, 3} : options.replicas;
+  const std::vector<int> all_servers =
+      options.servers.empty() ? std::vector<int>{1, 3} : options.servers;
   Baseline baseline;  // R=1's 4 KiB latency
-  for (int replicas : {1, 2, 3}) {
+  for (int replicas : all_replicas) {
+    if (replicas < 1 || replicas > 3) {
+      return absl::InvalidArgumentError("--replication_replicas: each must be 1, 2 or 3");
+    }
     const std::string prefix = absl::StrCat("r", replicas, "_");
-    for (int servers : {1, 3}) {
+    for (int servers : all_servers) {
+      if (servers < 1) return absl::InvalidArgumentError("--replication_servers: each >= 1");
       PS_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster,
                           Cluster::Start(options.pserver_binary, servers, replicas - 1));
       std::vector<std::unique_ptr<Client>> clients;
@@ -450,7 +459,7 @@ absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options
       }
     }
   }
-  PS_RETURN_IF_ERROR(Failover(h, options));
+  if (options.failover_kills != 0) PS_RETURN_IF_ERROR(Failover(h, options));
   h.PrintGroup("replication");
   return absl::OkStatus();
 }

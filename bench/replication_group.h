@@ -13,6 +13,9 @@
 //                 --failover_kills kills (--quick: at most 5), 3 servers,
 //                 R=2, a model of 8 x 1M float32 pushed whole every step;
 //                 a new standby attaches after each takeover
+// --replication_replicas, --replication_servers, --replication_sizes_kib and
+// --failover_kills=0 narrow a run (e.g. R=1 and 2, 1 MiB, one server, to
+// profile a replicated push).
 // bench:e2e's rejoin group (only when named: --only=rejoin):
 //   rejoin_copy_away<k> / rejoin_catch_up_away<k>
 //                 a standby paused until its primary dropped it, resumed
@@ -46,7 +49,12 @@ using DenseRunner = std::function<absl::Status(
 
 struct ReplicationGroupOptions {
   std::string pserver_binary;
+  // 0: no failover measured (a narrower run, e.g. under perf).
   int failover_kills = 20;
+  // Empty: every default (R = 1, 2, 3; 1 and 3 servers; 1, 16, 64 MiB).
+  std::vector<int> replicas;
+  std::vector<int> servers;
+  std::vector<uint64_t> sizes;
 };
 
 absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options,

@@ -220,6 +220,115 @@ TEST(ReplicaChannelTest, PostedWritesTravelBeforeTheirAnswersAndApplyInOrder) {
   EXPECT_EQ(backup.Checksum(), PrimaryChecksum(whole));
 }
 
+// InitParam of `name` with `floats` floats (all `value`), as write `lsn` of
+// epoch 1.
+BackupLog::Write InitWrite(uint64_t lsn, const std::string& name, size_t floats, float value) {
+  v1::InitParamRequest init;
+  init.mutable_parameter()->set_name(name);
+  init.mutable_parameter()->set_element_type(v1::FLOAT32);
+  init.mutable_parameter()->add_shape(static_cast<int64_t>(floats));
+  init.mutable_parameter()->set_content(Bytes(std::vector<float>(floats, value)));
+  init.mutable_config()->mutable_optimizer()->mutable_sgd();
+  return {1, lsn, "InitParam", init.SerializeAsString()};
+}
+
+// A posted frame is written by the channel's own writer, not by the caller:
+// a backup that stops reading (its apply of an earlier write held) does not
+// hold up the caller, nor the same writes posted to another backup, which
+// applies them all meanwhile (a primary posts to its backups one after the
+// other, under its order lock). Released, the held backup gets every frame
+// in order, on the same connection, and ends with the other's state.
+TEST(ReplicaChannelTest, APostedWriteDoesNotWaitForItsBackupToReadIt) {
+  Backup held(/*channel=*/true);
+  Backup other(/*channel=*/true);
+  ReplicaChannelOptions options;
+  options.writer_thread = true;
+  options.io_timeout = kWait;  // a write blocked on the held backup never fails here
+  ReplicaChannel to_held(0, held.address(), held.stub(), /*next_lsn=*/1, options);
+  ReplicaChannel to_other(0, other.address(), other.stub(), /*next_lsn=*/1, options);
+  // Far larger than a socket's buffers: its frame cannot be written until
+  // the backup reads it.
+  constexpr size_t kBigFloats = size_t{4} << 20;  // 16 MiB
+  const std::vector<BackupLog::Write> writes = {
+      InitWrite(1, "a", 3, 1.0f), InitWrite(2, "b", 3, 2.0f), InitWrite(3, "big", kBigFloats, 3.0f),
+      {1, 4, "FinishInitParams", v1::FinishInitParamsRequest().SerializeAsString()}};
+  ASSERT_OK(to_held.Send(writes[0], absl::Now() + kWait));  // opens each connection
+  ASSERT_OK(to_other.Send(writes[0], absl::Now() + kWait));
+  absl::Notification release;
+  held.HoldWritesUntil(&release);  // from LSN 2 on: it reads LSN 2, then stops reading
+  std::vector<std::shared_ptr<ReplicaChannel::Posted>> at_held, at_other;
+  for (size_t i = 1; i < writes.size(); ++i) {
+    at_held.push_back(to_held.Post(writes[i]));
+    ASSERT_NE(at_held.back(), nullptr) << "LSN " << writes[i].lsn;
+    at_other.push_back(to_other.Post(writes[i]));
+    ASSERT_NE(at_other.back(), nullptr) << "LSN " << writes[i].lsn;
+  }
+  for (auto& posted : at_other) EXPECT_OK(to_other.Await(*posted, absl::Now() + kWait));
+  EXPECT_EQ(other.replication().applied_lsn(), writes.size());
+  EXPECT_EQ(held.replication().applied_lsn(), 1u);  // still held at LSN 2
+  release.Notify();
+  for (auto& posted : at_held) EXPECT_OK(to_held.Await(*posted, absl::Now() + kWait));
+  EXPECT_EQ(held.replication().applied_lsn(), writes.size());
+  EXPECT_EQ(held.bulk()->connections(), 1);
+  EXPECT_EQ(held.Checksum(), other.Checksum());
+  EXPECT_EQ(held.Checksum(), PrimaryChecksum(writes));
+}
+
+// Many threads writing at once as a primary does: each takes an LSN under
+// one order lock and posts it there; a write the channel cannot take at
+// once (a Send holds its turn, a connection being reopened) is sent after
+// the lock, as PrimaryLog does. Posted frames (written by the channel's
+// writer) and sent ones (written by their callers) never interleave or
+// overtake each other: every write is acknowledged, each applied once in
+// LSN order, even with the connection dropped along the way.
+// Both ways of writing a posted frame: on the caller's thread, and by the
+// connection's writer thread.
+class PostAndSendTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(WriterThread, PostAndSendTest, ::testing::Bool());
+
+TEST_P(PostAndSendTest, PostsAndSendsFromManyThreadsKeepLsnOrder) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannelOptions options;
+  options.writer_thread = GetParam();
+  ReplicaChannel channel(0, backup.address(), backup.stub(), /*next_lsn=*/1, options);
+  const std::vector<BackupLog::Write> writes = Writes(200);
+  absl::Mutex order;
+  size_t next = 0;
+  std::atomic<int> posted{0};
+  std::vector<absl::Status> answers(writes.size());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      while (true) {
+        size_t i = 0;
+        std::shared_ptr<ReplicaChannel::Posted> handed;
+        {
+          absl::MutexLock lock(&order);
+          if (next == writes.size()) return;
+          i = next++;
+          handed = channel.Post(writes[i]);
+        }
+        if (i == writes.size() / 2) backup.bulk()->DropConnections();
+        absl::Status answer = absl::UnavailableError("not posted");
+        if (handed != nullptr) {
+          ++posted;
+          answer = channel.Await(*handed, absl::Now() + kWait);
+        }
+        // Not posted, or caught by the drop (UNAVAILABLE): sent (again).
+        for (int attempt = 0; attempt < 100 && absl::IsUnavailable(answer); ++attempt) {
+          answer = channel.Send(writes[i], absl::Now() + kWait);
+        }
+        answers[i] = answer;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (size_t i = 0; i < writes.size(); ++i) EXPECT_OK(answers[i]) << "LSN " << writes[i].lsn;
+  EXPECT_GT(posted.load(), 0);
+  EXPECT_EQ(backup.replication().applied_lsn(), writes.size());
+  EXPECT_EQ(backup.Checksum(), PrimaryChecksum(writes));
+}
+
 TEST(ReplicaChannelTest, WithoutAUnixSocketWritesGoOverTcp) {
   Backup backup(/*channel=*/true, /*unix_socket=*/false);
   ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
