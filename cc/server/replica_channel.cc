@@ -92,11 +92,6 @@ struct ReplicaChannel::Connection {
   std::string kind;  // "unix" or "tcp"
   uint64_t max_frame_bytes = 0;  // the backup's (its --max_message_bytes)
   std::thread reader;
-  std::thread writer;  // WritePosted
-  // Guarded by the channel's mu_: posted frames not yet written, in LSN
-  // order, and whether the writer is writing one it took off the queue.
-  std::deque<std::shared_ptr<const Frame>> queue;
-  bool writer_busy = false;
 };
 
 ReplicaChannel::ReplicaChannel(uint32_t shard, std::string address,
@@ -133,12 +128,7 @@ void ReplicaChannel::JoinRetired() {
   }
   for (auto& connection : retired) {
     if (connection->reader.joinable()) connection->reader.join();
-    if (connection->writer.joinable()) connection->writer.join();
   }
-}
-
-bool ReplicaChannel::PostedWritten() const {
-  return connection_ == nullptr || (connection_->queue.empty() && !connection_->writer_busy);
 }
 
 bool ReplicaChannel::MayHandOver(uint64_t lsn) const {
@@ -159,7 +149,6 @@ void ReplicaChannel::Break(Connection* connection, const std::string& why) {
     resend_.insert(pending->lsn);
   }
   pending_.clear();
-  connection->queue.clear();  // failed above; its writer stops
   retired_.push_back(std::move(connection_));
   connection_ = nullptr;
 }
@@ -294,66 +283,10 @@ std::shared_ptr<ReplicaChannel::Posted> ReplicaChannel::Post(const BackupLog::Wr
     for (const auto& [id, pending] : pending_) {
       if (pending->lsn >= write.lsn) return nullptr;
     }
-    if (options_.writer_thread) {
-      auto pending = std::make_shared<Pending>();
-      pending->lsn = write.lsn;
-      const uint64_t call_id = next_call_id_++;
-      pending_[call_id] = pending;
-      HandedOver(write.lsn);  // if its write fails, Break marks it to be resent
-      connection_->queue.push_back(std::make_shared<const Frame>(Frame{call_id, write}));
-      return std::make_shared<Posted>(connection_, std::move(pending), call_id);
-    }
-    writing_ = true;  // written on this thread: nobody else writes meanwhile
+    writing_ = true;
     connection = connection_;
   }
   return HandOver(connection, write, absl::InfiniteFuture());
-}
-
-void ReplicaChannel::WritePosted(Connection* connection) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  mu_.Lock();
-  while (true) {
-    auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return connection_.get() != connection || !connection->queue.empty();
-    };
-    mu_.Await(absl::Condition(&ready));
-    // Broken (or closing): Break failed what was queued, to be resent.
-    if (connection_.get() != connection) break;
-    std::shared_ptr<const Frame> frame = std::move(connection->queue.front());
-    connection->queue.pop_front();
-    connection->writer_busy = true;
-    mu_.Unlock();
-    absl::Status written =
-        WriteFrame(*connection->stream, frame->call_id, frame->write, absl::InfiniteFuture());
-    frame.reset();  // its bytes: the caller's reference may be the last now
-    mu_.Lock();
-    connection->writer_busy = false;
-    route_ = connection->kind;
-    if (!written.ok()) {
-      Break(connection, absl::StrCat("writing to backup at ", address_,
-                                     " failed: ", written.message()));
-    }
-  }
-  connection->writer_busy = false;
-  mu_.Unlock();
-}
-
-absl::Status ReplicaChannel::WriteFrame(ByteStream& stream, uint64_t call_id,
-                                        const BackupLog::Write& write, absl::Time deadline) const {
-  const uint64_t payload = kReplicateHeaderBytes + write.method.size() + write.request_size();
-  char header[kFrameHeaderBytes];
-  // The backup drops a frame whose timeout passed before it served it; a
-  // posted write has none of its own (0: none), its waiter's deadline rules.
-  const uint64_t timeout_micros =
-      deadline == absl::InfiniteFuture()
-          ? 0
-          : static_cast<uint64_t>(absl::ToInt64Microseconds(
-                std::max(deadline - absl::Now(), absl::Microseconds(1))));
-  EncodeRequestHeader({FrameMethod::kReplicate, call_id, timeout_micros, payload}, header);
-  const std::string replicate = EncodeReplicateHeader(shard_, write);
-  // The request's bytes as the write holds them: no copy.
-  std::vector<absl::string_view> parts = {absl::string_view(header, sizeof(header)), replicate};
-  for (absl::string_view part : write.request_parts()) parts.push_back(part);
-  return stream.Write(parts);
 }
 
 std::shared_ptr<ReplicaChannel::Posted> ReplicaChannel::HandOver(
@@ -376,7 +309,21 @@ std::shared_ptr<ReplicaChannel::Posted> ReplicaChannel::HandOver(
     pending_[call_id] = pending;
     HandedOver(write.lsn);  // if the write fails, Break marks it to be resent
   }
-  const absl::Status written = WriteFrame(*connection->stream, call_id, write, deadline);
+  const uint64_t payload = kReplicateHeaderBytes + write.method.size() + write.request_size();
+  char header[kFrameHeaderBytes];
+  // The backup drops a frame whose timeout passed before it served it; a
+  // posted write has none of its own (0: none), its waiter's deadline rules.
+  const uint64_t timeout_micros =
+      deadline == absl::InfiniteFuture()
+          ? 0
+          : static_cast<uint64_t>(absl::ToInt64Microseconds(
+                std::max(deadline - absl::Now(), absl::Microseconds(1))));
+  EncodeRequestHeader({FrameMethod::kReplicate, call_id, timeout_micros, payload}, header);
+  const std::string replicate = EncodeReplicateHeader(shard_, write);
+  // The request's bytes as the write holds them: no copy.
+  std::vector<absl::string_view> parts = {absl::string_view(header, sizeof(header)), replicate};
+  for (absl::string_view part : write.request_parts()) parts.push_back(part);
+  const absl::Status written = connection->stream->Write(parts);
   absl::MutexLock lock(&mu_);
   writing_ = false;
   route_ = connection->kind;
@@ -409,7 +356,7 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
   {
     absl::MutexLock lock(&mu_);
     auto turn = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stopping_ || (!writing_ && MayHandOver(write.lsn) && PostedWritten());
+      return stopping_ || (!writing_ && MayHandOver(write.lsn));
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(&turn), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -442,9 +389,6 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
       connection = *std::move(opened);
       connection_ = connection;
       connection->reader = std::thread([this, raw = connection.get()] { ReadReplies(raw); });
-      if (options_.writer_thread) {
-        connection->writer = std::thread([this, raw = connection.get()] { WritePosted(raw); });
-      }
     } else {
       grpc_until_ = absl::Now() + options_.retry_after;
     }

@@ -33,7 +33,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <set>
 #include <memory>
@@ -92,13 +91,6 @@ struct ReplicaChannelOptions {
   absl::Duration io_timeout = absl::Seconds(10);
   // false: gRPC Replicate only (the channel is never opened).
   bool enabled = true;
-  // Post queues each frame for a writer thread of the connection (written
-  // off the caller's thread, so a primary's frames to several backups go out
-  // at once) rather than writing it on the caller's thread. Off by default:
-  // on a 2-core machine the extra wake-up per frame cost more than the
-  // overlap bought (bench/RESULTS.md, "Replication: receive buffers and a
-  // writer thread per backup").
-  bool writer_thread = false;
   // A bearer token sent with every gRPC call (OpenChannel, Replicate) as
   // "authorization: Bearer <token>": the primary's --peer_token_file. "": none.
   std::string bearer_token;
@@ -123,18 +115,12 @@ class ReplicaChannel {
 
   // A write handed over on the channel, its answer still to come.
   class Posted;
-  // Hands `write` over on the open connection and returns without waiting
+  // Writes `write` on the open connection now and returns without waiting
   // for its answer (Await it), when that can be done at once: a connection
-  // is open, the frame fits it, no Send is writing and every lower LSN was
-  // handed over. Otherwise null, nothing sent: Send it. The frame is written
-  // on this thread (the kernel's socket buffers hold it while the backup
-  // reads; the write's bytes must stay alive until Await), or, with
-  // options.writer_thread, queued for the connection's writer thread, which
-  // writes queued frames in the order they were posted (LSN order) off the
-  // caller's thread, so a caller posting to several backups has the frames
-  // written to all of them at once; a queued frame holds its own reference
-  // to the write's bytes (a copy of `write`: its SharedBytes' owner, or a
-  // copy of `request`).
+  // is open, the frame fits it, no other sender is writing and every lower
+  // LSN was handed over. Otherwise null, nothing sent: Send it. The frame
+  // itself is written on this thread (the kernel's socket buffers hold it
+  // while the backup reads). The write's bytes must stay alive until Await.
   std::shared_ptr<Posted> Post(const BackupLog::Write& write);
   // The posted write's answer, as Send returns it.
   absl::Status Await(Posted& posted, absl::Time deadline);
@@ -148,11 +134,6 @@ class ReplicaChannel {
 
  private:
   struct Connection;
-  // A posted write queued for its connection's writer.
-  struct Frame {
-    uint64_t call_id = 0;
-    BackupLog::Write write;
-  };
   struct Pending {
     uint64_t lsn = 0;
     bool done = false;
@@ -168,15 +149,6 @@ class ReplicaChannel {
   absl::StatusOr<std::shared_ptr<Connection>> Open(absl::Time deadline);
   // The reader of `connection`'s replies.
   void ReadReplies(Connection* connection);
-  // The writer of `connection`'s posted frames, in order, until it breaks.
-  void WritePosted(Connection* connection);
-  // Writes `write` as frame `call_id` on `stream`; `deadline` is what the
-  // backup is told (InfiniteFuture: none, the waiter's deadline rules).
-  absl::Status WriteFrame(ByteStream& stream, uint64_t call_id, const BackupLog::Write& write,
-                          absl::Time deadline) const;
-  // No posted frame of the current connection waits to be written or is
-  // being written: a Send may write on it.
-  bool PostedWritten() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Fails every write in flight on `connection` (when it is the current one)
   // with UNAVAILABLE `why`, marks their LSNs to be resent, and forgets the
   // connection.
