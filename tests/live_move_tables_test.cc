@@ -236,6 +236,31 @@ TEST_F(LiveMoveTablesTest, SparseAdamAndBspKvStayExactThroughTwoThreeFourTwoServ
           << ", expected " << row.step << "; values " << (it->second.values == row.values)
           << ", state " << (it->second.state == row.state);
     }
+    // Each server holds just its own rows: the old owners dropped the rows
+    // they handed over (their table stats, bounded wait: each drops once it
+    // sees the stable placement).
+    const Placement placement = Placement::Jump(static_cast<int>(change.to), 0, kBlockBytes);
+    std::map<std::pair<uint32_t, std::string>, uint64_t> share, held;
+    auto owner = [&](uint64_t key) { return static_cast<uint32_t>(placement.HashKeyServer(key)); };
+    for (const auto& [key, row] : expected) ++share[{owner(key), "emb"}];
+    for (uint64_t key : KvKeys()) ++share[{owner(key), "kv"}];
+    for (int attempt = 0; attempt < 6000 && held != share; ++attempt) {
+      if (attempt > 0) absl::SleepFor(absl::Milliseconds(10));
+      held.clear();
+      for (auto& [index, server] : servers_) {
+        v1::TableStatsResponse stats;
+        server->tables().Stats(&stats);
+        for (const v1::TableStats& table : stats.tables()) {
+          if (table.rows() > 0) held[{index, table.name()}] = table.rows();
+        }
+      }
+    }
+    for (const auto& [where, rows] : share) {
+      std::printf("%u servers: server %u holds %llu rows of '%s', its share %llu\n", change.to,
+                  where.first, static_cast<unsigned long long>(held[where]), where.second.c_str(),
+                  static_cast<unsigned long long>(rows));
+    }
+    EXPECT_EQ(held, share);
     // And read back through a client of the new count.
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> fresh, Connect());
     ASSERT_EQ(fresh->num_servers(), static_cast<int>(change.to));

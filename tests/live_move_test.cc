@@ -7,6 +7,7 @@
 // a block it handed over is checked with a client that follows no
 // placement. Real etcd, servers in this process over gRPC. No timing: every
 // wait is a bounded loop on a condition.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <future>
@@ -155,6 +156,42 @@ class LiveMoveTest : public testing::LiveMoveFixture {
     ExpectModel(*fresh, steps);
   }
 
+  // Waits (bounded) until every server's own accounting (GetStats:
+  // bytes of values and optimizer state held) is its share of the model
+  // under `count` servers, `probes` one-block parameters of 4 float32
+  // included: the old owners dropped what they handed over. Fails naming
+  // the bytes each server holds against its share.
+  void ExpectServersHoldTheirShare(uint32_t count, const std::vector<std::string>& probes) {
+    const Placement placement = Placement::Jump(count, 0, kBlockBytes);
+    std::vector<uint64_t> share(count, 0);
+    for (int p = 0; p < kParams; ++p) {
+      const uint64_t bytes = 4 * Size(p);
+      for (uint64_t b = 0; b * kBlockBytes < bytes; ++b) {
+        share[placement.ServerOf(Name(p), static_cast<uint32_t>(b))] +=
+            std::min<uint64_t>(kBlockBytes, bytes - b * kBlockBytes);
+      }
+    }
+    for (const std::string& probe : probes) share[placement.ServerOf(probe, 0)] += 16;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Connect());
+    std::vector<uint64_t> held;
+    for (int attempt = 0; attempt < 6000 && held != share; ++attempt) {
+      if (attempt > 0) absl::SleepFor(absl::Milliseconds(10));
+      ASSERT_OK_AND_ASSIGN(std::vector<v1::ServerStats> stats, client->GetStats());
+      ASSERT_EQ(stats.size(), count);
+      held.assign(count, 0);
+      for (const v1::ServerStats& s : stats) {
+        ASSERT_LT(s.index(), count);
+        held[s.index()] = s.parameter_bytes() + s.optimizer_state_bytes();
+      }
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      std::printf("%u servers: server %u holds %llu bytes, its share %llu\n", count, i,
+                  static_cast<unsigned long long>(held[i]),
+                  static_cast<unsigned long long>(share[i]));
+    }
+    EXPECT_EQ(held, share);
+  }
+
   static std::string WriteTestFile(const std::string& name, const std::string& content) {
     const char* tmp = std::getenv("TEST_TMPDIR");
     const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
@@ -233,8 +270,11 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
     EXPECT_EQ(result.to, change.to);
     ASSERT_EQ(servers_.size(), change.to);
     ExpectAboutIdeal(result, model, now, change, steps);
+    // The old owners let go of what they handed over (and only that).
+    ExpectServersHoldTheirShare(change.to, {leaving, staying});
 
     if (now == 2) {
+      // (After the drop: what was dropped is still redirected, never read.)
       // The old owner refuses what it handed over, and applies nothing of
       // it; what stays is served as before.
       const Tensor grad = Tensor::FromValues<float>({4}, {1, 1, 1, 1});
