@@ -311,6 +311,42 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
   EXPECT_EQ(again.bytes_moved, 0u);
 }
 
+// A client whose view of /placement lags past a departed server's exit
+// (its watch is ignored: it never learns of the move by itself) sends to
+// that server's closed port: the refused dial makes it read /placement
+// again and follow it, so its SendGrads succeeds, applied exactly once.
+TEST_F(LiveMoveTest, AClientThatLagsFollowsTheMoveWhenADepartedServersPortRefusesIt) {
+  StartServers(3, 3);
+  ASSERT_EQ(servers_.size(), 3u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Connect());
+  InitModel(*client);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> lagging, Connect([](ClientOptions* options) {
+                         options->testing_ignore_placement_watch = true;
+                       }));
+  const uint64_t seen = lagging->etcd_placement_version();
+  ASSERT_EQ(lagging->num_servers(), 3);
+
+  // 3 -> 2 with nothing training; server 2 departs and is stopped (its
+  // port closed) before the lagging client sends anything.
+  ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleCluster(Scale(2)));
+  ASSERT_TRUE(result.moved);
+  ASSERT_TRUE(departed_of_[2]->WaitForNotificationWithTimeout(absl::Seconds(60)));
+  servers_.erase(2);
+  departed_of_.erase(2);
+  ASSERT_EQ(lagging->etcd_placement_version(), seen);  // it has not learned of the move
+
+  std::vector<NamedTensor> grads;
+  for (int p = 0; p < kParams; ++p) {
+    grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, 0))});
+  }
+  ASSERT_OK(lagging->SendGrads(grads));
+  EXPECT_EQ(lagging->etcd_placement_version(), result.version);
+  EXPECT_GT(lagging->redirects(), 0u);
+  ExpectModel(*client, 1);
+  ExpectModel(*lagging, 1);
+}
+
 TEST_F(LiveMoveTest, BadMovesAreRefusedNamingWhatIsWrong) {
   EXPECT_THAT(ScaleCluster(Scale(0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 0")));

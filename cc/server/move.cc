@@ -246,7 +246,7 @@ absl::Status BlockMover::DropHandedOver() {
     });
     if (erased.ok()) rows += *erased;
   }
-  if (options_.log) {
+  if (options_.log && (bytes > 0 || rows > 0 || !dropped.ok())) {
     options_.log(absl::StrCat(
         "placement version ", done->stable.version(), " is stable: dropped the ",
         done->blocks.size(), " blocks (", bytes, " bytes) and ", rows,
