@@ -1,5 +1,7 @@
 #include "cc/server/move.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -246,6 +248,11 @@ absl::Status BlockMover::DropHandedOver() {
     });
     if (erased.ok()) rows += *erased;
   }
+#ifdef __GLIBC__
+  // Freed blocks of a large model lie in malloc's heap (its mmap threshold
+  // grows with freed blocks): given back to the system now.
+  if (bytes > 0 || rows > 0) malloc_trim(0);
+#endif
   if (options_.log && (bytes > 0 || rows > 0 || !dropped.ok())) {
     options_.log(absl::StrCat(
         "placement version ", done->stable.version(), " is stable: dropped the ",
