@@ -673,6 +673,9 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
     }
     if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
     std::vector<size_t> retry;
+    // Per server whose dial was refused this round: DepartedServer's answer
+    // (one /placement read a server a round).
+    absl::flat_hash_map<int, std::optional<absl::Status>> departed;
     absl::Status retry_error;  // the first to retry, and its server
     std::string retry_address;
     for (size_t k = 0; k < pending.size(); ++k) {
@@ -690,7 +693,10 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
       if (latest.empty()) reached[pending[k]] = true;
       if (moved != nullptr && !reached[pending[k]] &&
           absl::StartsWith(latest, "connection refused")) {
-        if (std::optional<absl::Status> left = DepartedServer(server_of(pending[k]))) {
+        const int server = server_of(pending[k]);
+        auto [it, fresh] = departed.try_emplace(server);
+        if (fresh) it->second = DepartedServer(server);
+        if (const std::optional<absl::Status>& left = it->second) {
           (*moved)[pending[k]] = Annotate(*left, address);  // for the caller to re-route
           continue;
         }

@@ -1,5 +1,6 @@
 #include "cc/server/placement_gate.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -42,6 +43,8 @@ void PlacementGate::SetLocked(const Placement& to, std::optional<Placement> from
           done.buckets.emplace_back(std::get<0>(key), std::get<1>(key));
         }
       }
+      std::sort(done.blocks.begin(), done.blocks.end());  // in (name, index) order
+      std::sort(done.buckets.begin(), done.buckets.end());
       if (!done.blocks.empty() || !done.buckets.empty()) handed_over_ = std::move(done);
     }
     blocks_.clear();
