@@ -46,13 +46,16 @@ Model ModelFor(const Harness& h) {
 }
 
 // The peak resident set (VmHWM) of process `pid`; 0 once it is gone.
-uint64_t PeakRssBytes(pid_t pid) {
+// A /proc/<pid>/status field in bytes ("VmHWM": peak RSS, "VmRSS": now).
+uint64_t StatusBytes(pid_t pid, const std::string& field) {
   std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  const std::string prefix = field + ":";
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    if (line.rfind(prefix, 0) == 0) return std::stoull(line.substr(prefix.size())) * 1024;
   }
   return 0;
 }
+uint64_t PeakRssBytes(pid_t pid) { return StatusBytes(pid, "VmHWM"); }
 
 // pserver processes with --placement_redirects, registered in a fresh etcd.
 // Every process left is stopped (SIGTERM, by PID) when this goes.
@@ -104,6 +107,13 @@ class ElasticCluster {
     }
     processes_.erase(it);
     return absl::OkStatus();
+  }
+
+  // Every running server's RSS now (VmRSS), by index.
+  std::map<uint32_t, uint64_t> RssNow() const {
+    std::map<uint32_t, uint64_t> rss;
+    for (const auto& [index, child] : processes_) rss[index] = StatusBytes(child->pid(), "VmRSS");
+    return rss;
   }
 
   // Records every running server's VmHWM; the largest seen so far.
@@ -299,6 +309,9 @@ absl::Status MeasureMove(Harness& h, const Model& model, ElasticCluster& cluster
   for (uint32_t index = from; index < to; ++index) PS_RETURN_IF_ERROR(cluster.Joined(index));
   PS_ASSIGN_OR_RETURN(std::vector<Step> after, trainer.StepsFrom(end, model.steps));
   for (uint32_t index = to; index < from; ++index) PS_RETURN_IF_ERROR(cluster.Departed(index));
+  // After the steps on the stable placement: each old owner dropped what
+  // it handed over once it saw it (BlockMover::DropHandedOver).
+  const std::map<uint32_t, uint64_t> rss_after = cluster.RssNow();
   const std::vector<Step> during = trainer.Overlapping(begin, handed_over);
   if (!moved.moved || handed != from || during.empty()) {
     return absl::InternalError(absl::StrCat(
@@ -335,6 +348,13 @@ absl::Status MeasureMove(Harness& h, const Model& model, ElasticCluster& cluster
   extra["call_s"] = end - begin;  // the whole ScaleCluster call
   extra["server_peak_rss_bytes"] = static_cast<double>(server_peak);
   extra["bench_peak_rss_bytes"] = static_cast<double>(SelfPeakRssBytes());
+  std::string after_text;
+  for (const auto& [index, bytes] : rss_after) {
+    extra[absl::StrCat("server", index, "_rss_after_bytes")] = static_cast<double>(bytes);
+    absl::StrAppend(&after_text, after_text.empty() ? "" : ", ", "server ", index, " ",
+                    FormatBytes(bytes));
+  }
+  std::printf("elastic %u -> %u: RSS after the move: %s\n", from, to, after_text.c_str());
   std::printf(
       "elastic %u -> %u: %.2f s, moved %s (%.3f of the model, ideal %.3f, %.2fx); "
       "peak RSS: largest server %s, bench %s\n",

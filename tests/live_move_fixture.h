@@ -114,7 +114,9 @@ class LiveMoveFixture : public ::testing::Test {
     }
   }
 
-  absl::StatusOr<std::unique_ptr<Client>> Connect() {
+  // `adjust` (may be null) changes the options before connecting.
+  absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::function<void(ClientOptions*)>& adjust = nullptr) {
     ClientOptions options;
     options.etcd_endpoints = {etcd_->endpoint()};
     options.cluster = "job";
@@ -122,6 +124,7 @@ class LiveMoveFixture : public ::testing::Test {
     options.discovery_timeout = absl::Seconds(60);
     options.timeout = absl::Seconds(60);
     secure_client_(&options);
+    if (adjust) adjust(&options);
     return Client::Connect(options);
   }
 

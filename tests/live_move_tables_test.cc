@@ -126,6 +126,35 @@ class LiveMoveTablesTest : public LiveMoveFixture {
     }
   }
 
+  // Each server holds just its own rows: the old owners dropped the rows
+  // they handed over (their table stats, bounded wait: each drops once it
+  // sees the stable placement of `count` servers).
+  void ExpectEachServerHoldsItsShare(ReferenceEmb& reference, uint32_t count) {
+    ASSERT_OK_AND_ASSIGN(const auto expected, reference.Rows());
+    const Placement placement = Placement::Jump(static_cast<int>(count), 0, kBlockBytes);
+    std::map<std::pair<uint32_t, std::string>, uint64_t> share, held;
+    auto owner = [&](uint64_t key) { return static_cast<uint32_t>(placement.HashKeyServer(key)); };
+    for (const auto& [key, row] : expected) ++share[{owner(key), "emb"}];
+    for (uint64_t key : KvKeys()) ++share[{owner(key), "kv"}];
+    for (int attempt = 0; attempt < 6000 && held != share; ++attempt) {
+      if (attempt > 0) absl::SleepFor(absl::Milliseconds(10));
+      held.clear();
+      for (auto& [index, server] : servers_) {
+        v1::TableStatsResponse stats;
+        server->tables().Stats(&stats);
+        for (const v1::TableStats& table : stats.tables()) {
+          if (table.rows() > 0) held[{index, table.name()}] = table.rows();
+        }
+      }
+    }
+    for (const auto& [where, rows] : share) {
+      std::printf("%u servers: server %u holds %llu rows of '%s', its share %llu\n", count,
+                  where.first, static_cast<unsigned long long>(held[where]), where.second.c_str(),
+                  static_cast<unsigned long long>(rows));
+    }
+    EXPECT_EQ(held, share);
+  }
+
   // Each shard's newest checkpoint in checkpoint_dir_ holds exactly the
   // "emb" and "kv" rows placement `count` gives it, both workers' clocks at
   // `steps`, and no held-back add; together every row once.
@@ -187,6 +216,8 @@ TEST_F(LiveMoveTablesTest, SparseAdamAndBspKvStayExactThroughTwoThreeFourTwoServ
     ASSERT_EQ(servers_.size(), change.to);
     ExpectAboutIdeal(result, model, now, change, steps);
     ExpectTablesExact(reference, steps);
+    ASSERT_FALSE(HasFatalFailure());
+    ExpectEachServerHoldsItsShare(reference, change.to);
     EXPECT_EQ(w0->clock(), steps);
     now = change.to;
   }

@@ -7,6 +7,7 @@
 // a block it handed over is checked with a client that follows no
 // placement. Real etcd, servers in this process over gRPC. No timing: every
 // wait is a bounded loop on a condition.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <future>
@@ -154,6 +155,42 @@ class LiveMoveTest : public testing::LiveMoveFixture {
     ExpectModel(*fresh, steps);
   }
 
+  // Waits (bounded) until every server's own accounting (GetStats:
+  // bytes of values and optimizer state held) is its share of the model
+  // under `count` servers, `probes` one-block parameters of 4 float32
+  // included: the old owners dropped what they handed over. Fails naming
+  // the bytes each server holds against its share.
+  void ExpectServersHoldTheirShare(uint32_t count, const std::vector<std::string>& probes) {
+    const Placement placement = Placement::Jump(count, 0, kBlockBytes);
+    std::vector<uint64_t> share(count, 0);
+    for (int p = 0; p < kParams; ++p) {
+      const uint64_t bytes = 4 * Size(p);
+      for (uint64_t b = 0; b * kBlockBytes < bytes; ++b) {
+        share[placement.ServerOf(Name(p), static_cast<uint32_t>(b))] +=
+            std::min<uint64_t>(kBlockBytes, bytes - b * kBlockBytes);
+      }
+    }
+    for (const std::string& probe : probes) share[placement.ServerOf(probe, 0)] += 16;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Connect());
+    std::vector<uint64_t> held;
+    for (int attempt = 0; attempt < 6000 && held != share; ++attempt) {
+      if (attempt > 0) absl::SleepFor(absl::Milliseconds(10));
+      ASSERT_OK_AND_ASSIGN(std::vector<v1::ServerStats> stats, client->GetStats());
+      ASSERT_EQ(stats.size(), count);
+      held.assign(count, 0);
+      for (const v1::ServerStats& s : stats) {
+        ASSERT_LT(s.index(), count);
+        held[s.index()] = s.parameter_bytes() + s.optimizer_state_bytes();
+      }
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      std::printf("%u servers: server %u holds %llu bytes, its share %llu\n", count, i,
+                  static_cast<unsigned long long>(held[i]),
+                  static_cast<unsigned long long>(share[i]));
+    }
+    EXPECT_EQ(held, share);
+  }
+
   static std::string WriteTestFile(const std::string& name, const std::string& content) {
     const char* tmp = std::getenv("TEST_TMPDIR");
     const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
@@ -232,8 +269,11 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
     EXPECT_EQ(result.to, change.to);
     ASSERT_EQ(servers_.size(), change.to);
     ExpectAboutIdeal(result, model, now, change, steps);
+    // The old owners let go of what they handed over (and only that).
+    ExpectServersHoldTheirShare(change.to, {leaving, staying});
 
     if (now == 2) {
+      // (After the drop: what was dropped is still redirected, never read.)
       // The old owner refuses what it handed over, and applies nothing of
       // it; what stays is served as before.
       const Tensor grad = Tensor::FromValues<float>({4}, {1, 1, 1, 1});
@@ -268,6 +308,42 @@ TEST_F(LiveMoveTest, SgdStaysExactThroughTwoThreeFourTwoServersMovingAboutTheIde
   ASSERT_OK_AND_ASSIGN(ScaleResult again, ScaleCluster(Scale(2)));
   EXPECT_FALSE(again.moved);
   EXPECT_EQ(again.bytes_moved, 0u);
+}
+
+// A client whose view of /placement lags past a departed server's exit
+// (its watch is ignored: it never learns of the move by itself) sends to
+// that server's closed port: the refused dial makes it read /placement
+// again and follow it, so its SendGrads succeeds, applied exactly once.
+TEST_F(LiveMoveTest, AClientThatLagsFollowsTheMoveWhenADepartedServersPortRefusesIt) {
+  StartServers(3, 3);
+  ASSERT_EQ(servers_.size(), 3u);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Connect());
+  InitModel(*client);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> lagging, Connect([](ClientOptions* options) {
+                         options->testing_ignore_placement_watch = true;
+                       }));
+  const uint64_t seen = lagging->etcd_placement_version();
+  ASSERT_EQ(lagging->num_servers(), 3);
+
+  // 3 -> 2 with nothing training; server 2 departs and is stopped (its
+  // port closed) before the lagging client sends anything.
+  ASSERT_OK_AND_ASSIGN(ScaleResult result, ScaleCluster(Scale(2)));
+  ASSERT_TRUE(result.moved);
+  ASSERT_TRUE(departed_of_[2]->WaitForNotificationWithTimeout(absl::Seconds(60)));
+  servers_.erase(2);
+  departed_of_.erase(2);
+  ASSERT_EQ(lagging->etcd_placement_version(), seen);  // it has not learned of the move
+
+  std::vector<NamedTensor> grads;
+  for (int p = 0; p < kParams; ++p) {
+    grads.push_back({Name(p), Tensor::FromValues<float>({Size(p)}, Gradient(p, 0))});
+  }
+  ASSERT_OK(lagging->SendGrads(grads));
+  EXPECT_EQ(lagging->etcd_placement_version(), result.version);
+  EXPECT_GT(lagging->redirects(), 0u);
+  ExpectModel(*client, 1);
+  ExpectModel(*lagging, 1);
 }
 
 TEST_F(LiveMoveTest, BadMovesAreRefusedNamingWhatIsWrong) {

@@ -11,6 +11,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -509,8 +510,23 @@ absl::StatusOr<std::optional<v1::Placement>> Client::ReadPlacementFor(
   return placement;
 }
 
+std::optional<absl::Status> Client::DepartedServer(int server) {
+  if (etcd_ == nullptr) return std::nullopt;
+  absl::StatusOr<std::optional<v1::Placement>> read =
+      ReadPlacement(*etcd_, absl::Now() + options_.discovery_timeout);
+  if (!read.ok() || !read->has_value() || !UpdatePlacement(**read).ok()) return std::nullopt;
+  const Routing now = routing();
+  if (server < now.num_servers()) return std::nullopt;
+  return absl::FailedPreconditionError(absl::StrCat(
+      kPlacementMovedPrefix, now.target.version(), ": server ", server,
+      " left the cluster (etcd /placement counts ", now.num_servers(),
+      " servers) and its port refused the connection; nothing of the request was delivered; "
+      "re-route"));
+}
+
 absl::Status Client::WatchPlacement(EtcdClient* etcd, int64_t revision) {
   auto on_change = [this](const WatchEvent& event) {
+    if (options_.testing_ignore_placement_watch) return;
     if (event.type != WatchEvent::Type::kPut || event.kv.key != etcd_keys::PlacementKey()) return;
     // A malformed value, or an older version (a replay): the one held stays.
     absl::StatusOr<v1::Placement> placement = ParsePlacementRecord(event.kv.value);
@@ -624,6 +640,10 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
   // Per server address: why its last failed attempt never reached it
   // (UnreachableCause; empty: it answered).
   absl::flat_hash_map<std::string, std::string> unreachable;
+  // Per request: some attempt may have reached its server (it failed
+  // without an unreachable cause). Only one that never did may be sent
+  // elsewhere after its server departed: it applied nothing.
+  std::vector<bool> reached(n, false);
   while (true) {
     ++attempts;
     // A server that moved after this round was sent is retried at once.
@@ -653,6 +673,9 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
     }
     if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
     std::vector<size_t> retry;
+    // Per server whose dial was refused this round: DepartedServer's answer
+    // (one /placement read a server a round).
+    absl::flat_hash_map<int, std::optional<absl::Status>> departed;
     absl::Status retry_error;  // the first to retry, and its server
     std::string retry_address;
     for (size_t k = 0; k < pending.size(); ++k) {
@@ -667,6 +690,17 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
       }
       std::string& cause = unreachable[address];
       const std::string latest = UnreachableCauseOf(status);
+      if (latest.empty()) reached[pending[k]] = true;
+      if (moved != nullptr && !reached[pending[k]] &&
+          absl::StartsWith(latest, "connection refused")) {
+        const int server = server_of(pending[k]);
+        auto [it, fresh] = departed.try_emplace(server);
+        if (fresh) it->second = DepartedServer(server);
+        if (const std::optional<absl::Status>& left = it->second) {
+          (*moved)[pending[k]] = Annotate(*left, address);  // for the caller to re-route
+          continue;
+        }
+      }
       cause = latest.empty() ? "" : LatestCause(cause, latest);
       if (!retryable) return GaveUp(status, address, cause, attempts, false);
       if (retry.empty()) {

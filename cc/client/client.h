@@ -41,7 +41,12 @@
 // sends the refused request's blocks again, as new requests with new ids,
 // to their owners under the placement named, and only those. Servers that
 // join (etcd /ps/<i> beyond the count connected with, up to
-// kMaxPlacementServers) are added as they register.
+// kMaxPlacementServers) are added as they register. A request whose every
+// attempt found its server's port closed ("connection refused": nothing of
+// it was delivered) makes the client read /placement again: when etcd holds
+// a newer version that no longer counts that server (it departed in a move
+// this client has not seen yet), the request is followed as a refusal of
+// that version, not retried at the closed port.
 //
 // Recovery: a request to a server that fails with UNAVAILABLE (or runs past
 // `attempt_timeout`) is retried, alone, with exponential backoff and jitter
@@ -144,6 +149,9 @@ struct ClientOptions {
   bool register_worker = true;
   std::string worker_id;
   absl::Duration worker_lease_ttl = absl::Seconds(10);
+  // Testing only: the /placement watch's events are ignored, so that this
+  // client's view lags (tests of the re-read on a refused dial).
+  bool testing_ignore_placement_watch = false;
 
   // --- TLS (cc/security/tls.h): cert, key and ca, all three or none ---
   // The client presents tls.cert and verifies each server's certificate
@@ -537,6 +545,11 @@ class Client {
   // by index; an empty address: not registered).
   static absl::StatusOr<std::optional<v1::Placement>> ReadPlacementFor(
       EtcdClient& etcd, const std::vector<etcd_keys::ServerEntry>& servers, absl::Time deadline);
+  // After a dial to `server` was refused: reads etcd /placement again (and
+  // routes by it); a PlacementMoved-like refusal of its version when it no
+  // longer counts `server`, nullopt otherwise (no etcd, nothing newer, or
+  // the server is still counted: retried there).
+  std::optional<absl::Status> DepartedServer(int server);
   // Routes by every newer /placement from `revision` on (UpdatePlacement).
   absl::Status WatchPlacement(EtcdClient* etcd, int64_t revision);
   void OnServerChanged(int server, const etcd_keys::ServerEntry& entry);

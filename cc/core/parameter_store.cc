@@ -140,11 +140,12 @@ absl::Status ParameterStore::Reject(absl::Status status) {
   return status;
 }
 
-ParameterStore::Block* ParameterStore::Find(absl::string_view name, uint32_t index) const {
+std::shared_ptr<ParameterStore::Block> ParameterStore::Find(absl::string_view name,
+                                                            uint32_t index) const {
   const Key key(std::string(name), index);
   absl::ReaderMutexLock lock(&mu_);
   auto it = blocks_.find(key);
-  return it == blocks_.end() ? nullptr : it->second.get();
+  return it == blocks_.end() ? nullptr : it->second;
 }
 
 absl::Status ParameterStore::Init(v1::Parameter param, const v1::ParameterConfig& config) {
@@ -261,7 +262,7 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
                                absl::StrCat(what, ": ", storage.status().message())));
   }
 
-  auto block = std::make_unique<Block>();
+  auto block = std::make_shared<Block>();
   block->name = std::move(spec.name);
   block->type = spec.type;
   block->shape = std::move(spec.shape);
@@ -343,7 +344,7 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
   if (layout_known && !BlockIndexInRange(ref.block())) {
     return Reject(BlockIndexError(DescribeBlock(ref.name(), ref.block()), ref.block()));
   }
-  Block* block = Find(ref.name(), layout_known ? ref.block().index() : 0);
+  const std::shared_ptr<Block> block = Find(ref.name(), layout_known ? ref.block().index() : 0);
   if (block == nullptr) {
     return Reject(absl::NotFoundError(
         absl::StrCat(DescribeBlock(ref.name(), ref.block()), " not found on this server")));
@@ -390,7 +391,7 @@ absl::StatusOr<ParameterStore::Target> ParameterStore::CheckGradient(const Gradi
   auto what = [&] { return absl::StrCat("gradient for ", DescribeBlock(name, grad.block)); };
   PS_RETURN_IF_ERROR(ValidateName("parameter", name));
   if (!BlockIndexInRange(grad.block)) return BlockIndexError(what(), grad.block);
-  Block* block = Find(name, grad.block.index());
+  std::shared_ptr<Block> block = Find(name, grad.block.index());
   if (block == nullptr) {
     return absl::NotFoundError(
         absl::StrCat(DescribeBlock(name, grad.block), " not found on this server"));
@@ -489,7 +490,7 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads
   ApplyResult done;
   absl::Status status;
   for (size_t i = 0; i < grads.size() && status.ok(); ++i) {
-    Block* block = targets[i].block;
+    Block* block = targets[i].block.get();
     if (targets[i].skip) {
       ++done.non_finite_skipped;
       continue;
@@ -567,6 +568,36 @@ std::vector<std::pair<std::string, uint32_t>> ParameterStore::BlockKeys() const 
   return keys;
 }
 
+uint64_t ParameterStore::EraseBlocks(absl::Span<const std::pair<std::string, uint32_t>> keys) {
+  std::vector<std::shared_ptr<Block>> erased;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Key& key : keys) {
+      auto it = blocks_.find(key);
+      if (it == blocks_.end()) continue;
+      erased.push_back(std::move(it->second));
+      blocks_.erase(it);
+    }
+    // A parameter none of whose blocks is left here is forgotten (a copy
+    // of one of its blocks arriving later brings its layout again).
+    for (const std::shared_ptr<Block>& block : erased) {
+      auto layout = layouts_.find(block->name);
+      if (layout == layouts_.end()) continue;  // forgotten already
+      bool any = false;
+      for (uint32_t i = 0; i < layout->second.count && !any; ++i) {
+        any = blocks_.contains(Key(block->name, i));
+      }
+      if (!any) layouts_.erase(layout);
+    }
+  }
+  uint64_t bytes = 0;
+  for (const std::shared_ptr<Block>& block : erased) {
+    absl::ReaderMutexLock lock(&block->mu);
+    bytes += block->storage->value_bytes() + block->storage->state_bytes();
+  }
+  return bytes;  // freed here, or by the last caller still using a block
+}
+
 absl::StatusOr<StoreSnapshot> ParameterStore::TakeSnapshot() const {
   return TakeSnapshot([](absl::string_view, uint32_t) { return true; });
 }
@@ -574,21 +605,22 @@ absl::StatusOr<StoreSnapshot> ParameterStore::TakeSnapshot() const {
 absl::StatusOr<StoreSnapshot> ParameterStore::TakeSnapshot(
     absl::FunctionRef<bool(absl::string_view name, uint32_t index)> include) const {
   StoreSnapshot snapshot;
-  std::vector<const Block*> blocks;
+  std::vector<std::shared_ptr<const Block>> blocks;
   {
     absl::ReaderMutexLock lock(&mu_);
     snapshot.initialized = initialized();
     blocks.reserve(blocks_.size());
     for (const auto& [key, block] : blocks_) {
-      if (include(key.first, key.second)) blocks.push_back(block.get());
+      if (include(key.first, key.second)) blocks.push_back(block);
     }
   }
-  // Blocks are never removed, so the pointers stay valid without mu_.
-  std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) {
+  // Held by these pointers: a block erased meanwhile (EraseBlocks) stays
+  // valid until the snapshot is taken.
+  std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) {
     return Key(a->name, a->ref.index()) < Key(b->name, b->ref.index());
   });
   snapshot.blocks.reserve(blocks.size());
-  for (const Block* block : blocks) {
+  for (const std::shared_ptr<const Block>& block : blocks) {
     BlockSnapshot& out = snapshot.blocks.emplace_back();
     out.name = block->name;
     out.type = block->type;
@@ -637,7 +669,7 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot, bool replace) {
     if (!status.ok()) {
       return Reject(absl::Status(status.code(), absl::StrCat("restore: ", status.message())));
     }
-    Block* restored = staging.Find(block.name, block.block.index());
+    const std::shared_ptr<Block> restored = staging.Find(block.name, block.block.index());
     absl::MutexLock lock(&restored->mu);
     absl::Status imported = restored->storage->ImportState(block.optimizer);
     if (!imported.ok()) {

@@ -164,6 +164,13 @@ class ParameterStore {
   // Every block held, as (parameter name, block index), in that order.
   std::vector<std::pair<std::string, uint32_t>> BlockKeys() const;
 
+  // Drops the blocks `keys` names (values and optimizer state) from this
+  // store; keys not held are skipped. A parameter left with no block here
+  // is forgotten. A caller reading or applying to one of them meanwhile
+  // finishes on its own reference. Returns the bytes of values and
+  // optimizer state dropped. (A live move's old owner, docs/elastic.md.)
+  uint64_t EraseBlocks(absl::Span<const std::pair<std::string, uint32_t>> keys);
+
   Stats GetStats() const;
   // The stats as the protocol reports them (index and uptime left unset).
   void FillStats(v1::ServerStats* out) const;
@@ -221,7 +228,7 @@ class ParameterStore {
   enum class Source { kCaller, kSnapshot };
   // A checked gradient: its block, and whether it is to be skipped.
   struct Target {
-    Block* block = nullptr;
+    std::shared_ptr<Block> block;
     bool skip = false;
     // A gradient that arrived compressed (cc/core/compression.h), widened
     // to the block's float32 values; empty: apply the gradient as it came.
@@ -240,12 +247,13 @@ class ParameterStore {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The block a gradient goes to, after checking it against the block.
   absl::StatusOr<Target> CheckGradient(const GradientView& grad);
-  Block* Find(absl::string_view name, uint32_t index) const;
+  // Shared: a caller's block stays valid if EraseBlocks drops it meanwhile.
+  std::shared_ptr<Block> Find(absl::string_view name, uint32_t index) const;
   absl::Status Reject(absl::Status status);
 
   const StoreOptions options_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<Key, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Key, std::shared_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
   // Per parameter name, the layout its blocks share.
   absl::flat_hash_map<std::string, Layout> layouts_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> initialized_{false};

@@ -956,6 +956,12 @@ uint64_t SparseTable::EraseRows(const KeyFilter& drop) {
         ++it;
       }
     }
+    // A shard left mostly empty gives its slots back (a live move's old
+    // owner dropping the rows it handed over): rehashed into the smallest
+    // size that fits twice its rows.
+    size_t size = kMinSlots;
+    while (!Fits(size, 2 * shard.used)) size *= 2;
+    if (size < shard.ctrl.size() / 2) Rehash(shard, size);
   }
   return erased;
 }

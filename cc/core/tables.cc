@@ -541,6 +541,28 @@ Tables::Exported Tables::ExportEntry(const std::string& name, Entry& entry,
   return exported;
 }
 
+void Tables::DropPending(Entry& entry, const SparseTable::KeyFilter& drop) {
+  for (auto it = entry.pending.begin(); it != entry.pending.end();) {
+    for (v1::PendingAdds::Add& add : it->second) DropKeys(drop, entry.table->row_bytes(), &add);
+    auto& adds_of_clock = it->second;
+    adds_of_clock.erase(std::remove_if(adds_of_clock.begin(), adds_of_clock.end(),
+                                       [](const v1::PendingAdds::Add& add) {
+                                         return add.keys().empty();
+                                       }),
+                        adds_of_clock.end());
+    it = adds_of_clock.empty() ? entry.pending.erase(it) : std::next(it);
+  }
+}
+
+absl::StatusOr<uint64_t> Tables::DropRows(const std::string& name,
+                                          const SparseTable::KeyFilter& drop) {
+  PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(name));
+  absl::MutexLock lock(&entry->bsp_mu);
+  const uint64_t rows = entry->table->EraseRows(drop);
+  DropPending(*entry, drop);
+  return rows;
+}
+
 absl::StatusOr<uint64_t> Tables::ImportRows(const std::map<std::string, std::string>& extensions,
                                             const KeyCheck& check,
                                             const SparseTable::KeyFilter& replaced) {
@@ -611,16 +633,7 @@ absl::StatusOr<uint64_t> Tables::ImportRows(const std::map<std::string, std::str
   }
   absl::MutexLock lock(&entry.bsp_mu);
   PS_ASSIGN_OR_RETURN(const uint64_t rows, entry.table->MergeRows(snap, replaced));
-  for (auto it = entry.pending.begin(); replaced && it != entry.pending.end();) {
-    for (v1::PendingAdds::Add& add : it->second) DropKeys(replaced, entry.table->row_bytes(), &add);
-    auto& adds_of_clock = it->second;
-    adds_of_clock.erase(std::remove_if(adds_of_clock.begin(), adds_of_clock.end(),
-                                       [](const v1::PendingAdds::Add& add) {
-                                         return add.keys().empty();
-                                       }),
-                        adds_of_clock.end());
-    it = adds_of_clock.empty() ? entry.pending.erase(it) : std::next(it);
-  }
+  if (replaced) DropPending(entry, replaced);
   for (v1::PendingAdds::Add& add : *adds.mutable_adds()) {
     const int64_t clock = add.clock();
     entry.pending[clock].push_back(std::move(add));

@@ -206,6 +206,13 @@ class Tables {
                                       const KeyCheck& check,
                                       const SparseTable::KeyFilter& replaced);
 
+  // Drops the rows, keys awaiting admission and held-back BSP adds of the
+  // keys of table `name` that `drop` accepts (a live move's old owner, once
+  // the keys are handed over for good); the table, its config and its
+  // worker clocks stay. Returns the rows dropped; NOT_FOUND for an unknown
+  // table.
+  absl::StatusOr<uint64_t> DropRows(const std::string& name, const SparseTable::KeyFilter& drop);
+
   // Wakes every waiting pull and collective with UNAVAILABLE.
   void Shutdown();
 
@@ -236,6 +243,9 @@ class Tables {
   // Applies the adds of every clock below `min_clock` (every one when it is
   // negative: no worker) and drops them from `pending`.
   void ApplyPassed(Entry& entry, int64_t min_clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.bsp_mu);
+  // Drops the held-back adds of the keys `drop` accepts.
+  void DropPending(Entry& entry, const SparseTable::KeyFilter& drop)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.bsp_mu);
   // Every table, by name. Lock order: an entry's bsp_mu before mu_.
   std::vector<std::pair<std::string, std::shared_ptr<Entry>>> Entries() const;
   std::shared_ptr<TableHandler> HandlerOf(absl::string_view name) const;

@@ -149,7 +149,8 @@ void Dispatcher::AddControlMethods() {
         v1::ParamRef ref;
         ref.set_name(request.name());
         // The header of block 0; its bytes are neither copied nor sent.
-        return store_->Read(ref, response->mutable_parameter(), [](absl::string_view) {});
+        return RedirectDropped(
+            store_->Read(ref, response->mutable_parameter(), [](absl::string_view) {}), ref);
       });
   Sync<SendGradRequest, SendGradResponse>(
       "SendGrad", [this](const SendGradRequest& request, SendGradResponse*) {
@@ -679,13 +680,23 @@ absl::Status Dispatcher::ReadBlocks(absl::Span<const v1::ParamRef> refs, BlockRe
   for (const v1::ParamRef& ref : refs) {
     header.Clear();
     absl::Status delivered;
-    PS_RETURN_IF_ERROR(store_->Read(ref, &header, [&](absl::string_view bytes) {
-      delivered = reader(header, bytes);
-      *sent += bytes.size();
-    }));
+    PS_RETURN_IF_ERROR(RedirectDropped(store_->Read(ref, &header,
+                                                    [&](absl::string_view bytes) {
+                                                      delivered = reader(header, bytes);
+                                                      *sent += bytes.size();
+                                                    }),
+                                       ref));
     PS_RETURN_IF_ERROR(delivered);
   }
   return absl::OkStatus();
+}
+
+absl::Status Dispatcher::RedirectDropped(absl::Status status, const v1::ParamRef& ref) const {
+  if (!absl::IsNotFound(status)) return status;
+  const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+  if (gate == nullptr) return status;
+  absl::Status owned = gate->CheckRead(ref.name(), ref.block());
+  return owned.ok() ? status : owned;
 }
 
 bool Dispatcher::TableMayArrive() const {
@@ -724,7 +735,10 @@ absl::Status Dispatcher::CheckReplyRoom() {
 absl::Status Dispatcher::GetParam(const v1::GetParamRequest& request,
                                   v1::GetParamResponse* response, ReplyHold* reply) {
   absl::Status status = CheckReplyRoom();
-  if (status.ok()) status = store_->Get(request.param(), response->mutable_parameter());
+  if (status.ok()) {
+    status = RedirectDropped(store_->Get(request.param(), response->mutable_parameter()),
+                             request.param());
+  }
   if (status.ok()) status = HoldReply(response->ByteSizeLong(), reply);
   if (!status.ok()) response->Clear();
   return status;

@@ -365,6 +365,10 @@ class Dispatcher {
   // A table not held here while the placement is moving: UNAVAILABLE (it
   // may be handed over); bad keys or an unknown table otherwise: OK, for
   // the table's own call to refuse.
+  // `status` of a read of `ref` from the store, except that a block this
+  // server no longer holds because it handed it over and dropped it
+  // (NOT_FOUND, BlockMover::DropHandedOver) gets the gate's redirect.
+  absl::Status RedirectDropped(absl::Status status, const v1::ParamRef& ref) const;
   absl::Status CheckTableKeys(absl::string_view table, absl::string_view keys, bool write) const;
   // The same for keys already decoded (a table frame's).
   absl::Status CheckTableKeys(absl::string_view table, absl::Span<const uint64_t> keys,

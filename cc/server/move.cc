@@ -1,5 +1,7 @@
 #include "cc/server/move.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -228,7 +230,8 @@ void BlockMover::BatchSent(uint32_t* batches_sent) const {
 
 absl::Status BlockMover::Mark(uint64_t version, v1::MoveMarks::State state,
                               const std::vector<PlacementGate::BlockKey>& blocks,
-                              const std::vector<v1::MovedBuckets>& buckets) {
+                              const std::vector<v1::MovedBuckets>& buckets,
+                              uint64_t* dropped_bytes) {
   v1::MoveMarks marks;
   marks.set_version(version);
   marks.set_state(state);
@@ -241,13 +244,59 @@ absl::Status BlockMover::Mark(uint64_t version, v1::MoveMarks::State state,
   return options_.dispatcher->Ship(
       kMoveMarksWrite, [&] { return SharedBytes::Own(marks.SerializeAsString()); },
       [&](absl::FunctionRef<void()>) {  // shipped after it is applied here
-        if (state != v1::MoveMarks::HANDED_OVER) return absl::OkStatus();
-        options_.gate->Release(blocks, true);
-        for (const v1::MovedBuckets& moved : buckets) {
-          options_.gate->ReleaseBuckets(moved.table(), moved.begin(), moved.end(), true);
+        if (state == v1::MoveMarks::HANDED_OVER) {
+          options_.gate->Release(blocks, true);
+          for (const v1::MovedBuckets& moved : buckets) {
+            options_.gate->ReleaseBuckets(moved.table(), moved.begin(), moved.end(), true);
+          }
+        }
+        if (state == v1::MoveMarks::DROPPED) {
+          const uint64_t bytes = options_.store->EraseBlocks(blocks);
+          if (dropped_bytes != nullptr) *dropped_bytes = bytes;
         }
         return absl::OkStatus();
       });
+}
+
+absl::Status BlockMover::DropHandedOver() {
+  absl::MutexLock serial(&move_mu_);
+  std::optional<PlacementGate::HandedOver> done = options_.gate->TakeHandedOver();
+  if (!done.has_value()) return absl::OkStatus();
+  uint64_t bytes = 0, rows = 0;
+  absl::Status dropped = Mark(done->version, v1::MoveMarks::DROPPED, done->blocks, {}, &bytes);
+  // Table rows handed over are dropped on a shard without backups only: a
+  // backup would need the stable placement to tell the rows that left from
+  // those that stayed in a bucket, so on a replicated shard they stay (on
+  // every replica alike, their checksums equal) until a restart.
+  std::map<std::string, std::vector<uint32_t>> buckets;
+  if (!replicated()) {
+    for (const auto& [table, bucket] : done->buckets) buckets[table].push_back(bucket);
+  }
+  for (const auto& [table, held] : buckets) {
+    if (options_.tables == nullptr || !dropped.ok()) break;
+    absl::StatusOr<v1::TableConfig> config = options_.tables->ConfigOf(table);
+    if (!config.ok()) continue;  // gone
+    const std::set<uint32_t> left(held.begin(), held.end());
+    absl::StatusOr<uint64_t> erased = options_.tables->DropRows(table, [&](uint64_t key) {
+      if (left.count(KeyBucket(key)) == 0) return false;
+      absl::StatusOr<int> owner = KeyServer(key, config->partitioning(), done->stable);
+      return owner.ok() && *owner != options_.gate->self();
+    });
+    if (erased.ok()) rows += *erased;
+  }
+#ifdef __GLIBC__
+  // Freed blocks of a large model lie in malloc's heap (its mmap threshold
+  // grows with freed blocks): given back to the system now.
+  if (bytes > 0 || rows > 0) malloc_trim(0);
+#endif
+  if (options_.log && (bytes > 0 || rows > 0 || !dropped.ok())) {
+    options_.log(absl::StrCat(
+        "placement version ", done->stable.version(), " is stable: dropped the ",
+        done->blocks.size(), " blocks (", bytes, " bytes) and ", rows,
+        " table rows handed over in the move of version ", done->version,
+        dropped.ok() ? "" : absl::StrCat(" (blocks kept: ", dropped.ToString(), ")")));
+  }
+  return dropped;
 }
 
 absl::StatusOr<v1::ReceiveBlocksResponse> BlockMover::Receive(
@@ -334,7 +383,12 @@ absl::Status MoveMarks::Apply(absl::string_view bytes) {
   SetVersionLocked(marks.version());
   if (marks.version() != version_) return absl::OkStatus();  // an older move's
   for (const v1::ParamRef& ref : marks.blocks()) {
-    marks_[{ref.name(), ref.block().index()}] = marks.state();
+    const PlacementGate::BlockKey key(ref.name(), ref.block().index());
+    if (marks.state() == v1::MoveMarks::DROPPED) {
+      marks_.erase(key);  // the move is over for it
+    } else {
+      marks_[key] = marks.state();
+    }
   }
   for (const v1::MovedBuckets& moved : marks.buckets()) {
     for (uint32_t b = moved.begin(); b < moved.end() && b < kKeyBuckets; ++b) {
@@ -406,7 +460,19 @@ bool IsMoveWrite(absl::string_view method) {
 
 absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view request,
                                     ParameterStore& store, Tables& tables, MoveMarks& marks) {
-  if (method == kMoveMarksWrite) return marks.Apply(request);
+  if (method == kMoveMarksWrite) {
+    PS_RETURN_IF_ERROR(marks.Apply(request));
+    v1::MoveMarks parsed;  // it parses: Apply took it
+    parsed.ParseFromArray(request.data(), static_cast<int>(request.size()));
+    if (parsed.state() == v1::MoveMarks::DROPPED) {
+      std::vector<PlacementGate::BlockKey> blocks;
+      for (const v1::ParamRef& ref : parsed.blocks()) {
+        blocks.emplace_back(ref.name(), ref.block().index());
+      }
+      store.EraseBlocks(blocks);
+    }
+    return absl::OkStatus();
+  }
   v1::ReceiveBlocksRequest receive;
   if (method != "ReceiveBlocks" ||
       request.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||

@@ -120,6 +120,14 @@ class BlockMover {
   // another is under way.
   void MoveAsync(const v1::MoveBlocksRequest& request, v1::MoveBlocksResponse* response,
                  std::function<void(absl::Status)> done) ABSL_LOCKS_EXCLUDED(worker_mu_);
+  // Once the placement is stable after a move (PlacementGate::
+  // TakeHandedOver): drops the blocks this server handed over (values and
+  // optimizer state; here and on its backups, a DROPPED MoveMarks) and the
+  // rows, keys awaiting admission and held-back adds of its table keys that
+  // left it (the tables and their clocks stay). Requests for them are
+  // redirected by the placement as before. Nothing to drop: does nothing.
+  // The exactly-once ids stay (they are per client, not per block).
+  absl::Status DropHandedOver() ABSL_LOCKS_EXCLUDED(move_mu_);
   // ReceiveBlocks: all or nothing. FAILED_PRECONDITION for a block that is
   // not this server's under the move's placement, INVALID_ARGUMENT (or
   // DATA_LOSS) for files that are not one valid checkpoint.
@@ -147,11 +155,13 @@ class BlockMover {
                                         std::map<std::string, std::string> extensions);
   // Marks `blocks` and table `buckets` `state` here and on this shard's
   // backups (a replicated write, Dispatcher::Ship): HELD applies nothing
-  // here (Hold/HoldBuckets did), and HANDED_OVER releases them to
-  // PlacementMoved.
+  // here (Hold/HoldBuckets did), HANDED_OVER releases them to
+  // PlacementMoved, and DROPPED drops the blocks from the store (the bytes
+  // dropped go to `dropped_bytes`).
   absl::Status Mark(uint64_t version, v1::MoveMarks::State state,
                     const std::vector<PlacementGate::BlockKey>& blocks,
-                    const std::vector<v1::MovedBuckets>& buckets = {});
+                    const std::vector<v1::MovedBuckets>& buckets = {},
+                    uint64_t* dropped_bytes = nullptr);
   bool replicated() const { return options_.replicated && options_.replicated(); }
 
   const BlockMoverOptions options_;
@@ -232,7 +242,8 @@ class MoveMarks {
 // Whether `method` is a live move's replicated write (MoveMarks, or the
 // new owner's ReceiveBlocks, holding just the blocks or table rows it took).
 bool IsMoveWrite(absl::string_view method);
-// A backup applying such a write: MoveMarks recorded in `marks`; the
+// A backup applying such a write: MoveMarks recorded in `marks` (DROPPED
+// ones also drop their blocks from `store`, as the primary did); the
 // blocks of a ReceiveBlocks merged into `store`, its table rows into
 // `tables` (the primary checked and chose them), and recorded as received.
 absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view request,

@@ -3,7 +3,9 @@
 // starts; what a standby may attach to mid-move; what a checkpoint keeps
 // after a move.
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -112,6 +114,87 @@ TEST(MoveMarksTest, ASuccessorsGateHoldsWhatWasHeldAndRedirectsWhatWasHandedOver
   EXPECT_TRUE(IsMoveWrite(kMoveMarksWrite));
   EXPECT_TRUE(IsMoveWrite("ReceiveBlocks"));
   EXPECT_FALSE(IsMoveWrite("SendGrad"));
+}
+
+// "w" of 64 blocks of 4 float32, every block held (a server before a move).
+void InitW(ParameterStore& store) {
+  for (uint32_t b = 0; b < 64; ++b) {
+    v1::Parameter param;
+    param.set_name("w");
+    param.set_element_type(v1::FLOAT32);
+    param.add_shape(256);
+    *param.mutable_block() = Block(b);
+    param.mutable_block()->set_offset(4 * b);
+    param.set_content(std::string(16, '\0'));
+    ASSERT_OK(store.Init(std::move(param), v1::ParameterConfig()));
+  }
+  store.FinishInit();
+}
+
+TEST(MoveMarksTest, WhatWasHandedOverIsDroppedOnceStableHereAndOnBackups) {
+  const std::vector<uint32_t> leaving = Leaving(2, 3);
+  ASSERT_EQ(leaving.size(), 3u);
+  std::vector<PlacementGate::BlockKey> keys;
+  for (uint32_t b : leaving) keys.emplace_back("w", b);
+  v1::Placement stable = Moving(3, 2, 6);
+  stable.set_moving(false);
+  stable.set_from_num_servers(0);
+
+  // The old owner's gate: what it handed over in the move of version 5,
+  // taken once when the placement is stable at the move's count.
+  PlacementGate gate(/*self=*/2, Placement::Jump(3, 4));
+  ASSERT_OK(gate.SetSpec(Moving(3, 2, 5)));
+  gate.Hold(keys);
+  gate.Release({keys[0], keys[1]}, /*handed_over=*/true);
+  gate.Release({keys[2]}, /*handed_over=*/false);  // its copy failed: not handed over
+  EXPECT_FALSE(gate.TakeHandedOver().has_value());  // still moving
+  ASSERT_OK(gate.SetSpec(stable));
+  std::optional<PlacementGate::HandedOver> done = gate.TakeHandedOver();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->version, 5u);
+  EXPECT_EQ(done->stable.version(), 6u);
+  EXPECT_EQ(done->blocks, (std::vector<PlacementGate::BlockKey>{keys[0], keys[1]}));
+  EXPECT_FALSE(gate.TakeHandedOver().has_value());  // once
+  // A placement written stable at another count than the move's (by hand)
+  // lets go of nothing.
+  PlacementGate by_hand(/*self=*/2, Placement::Jump(3, 4));
+  ASSERT_OK(by_hand.SetSpec(Moving(3, 2, 5)));
+  by_hand.Hold(keys);
+  by_hand.Release(keys, /*handed_over=*/true);
+  v1::Placement other = stable;
+  other.set_num_servers(3);
+  ASSERT_OK(by_hand.SetSpec(other));
+  EXPECT_FALSE(by_hand.TakeHandedOver().has_value());
+
+  // A backup applies the DROPPED marks: the blocks leave its store, the
+  // others stay, and the marks of the move forget them.
+  ParameterStore store;
+  InitW(store);
+  ASSERT_FALSE(HasFatalFailure());
+  const uint64_t before = store.GetStats().parameter_bytes;
+  MoveMarks marks;
+  ASSERT_OK(marks.Apply(Marks(5, v1::MoveMarks::HANDED_OVER, {leaving[0], leaving[1]})));
+  ASSERT_OK(ApplyMoveWriteOnBackup(kMoveMarksWrite,
+                                   Marks(5, v1::MoveMarks::DROPPED, {leaving[0], leaving[1]}),
+                                   store, marks));
+  EXPECT_EQ(store.GetStats().parameter_bytes, before - 2 * 16);
+  EXPECT_EQ(store.GetStats().blocks, 62u);
+  v1::ParamRef ref;
+  ref.set_name("w");
+  *ref.mutable_block() = Block(leaving[0]);
+  v1::Parameter out;
+  EXPECT_THAT(store.Get(ref, &out),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found")));
+  *ref.mutable_block() = Block(leaving[2]);
+  EXPECT_THAT(store.Get(ref, &out), IsOk());
+  PlacementGate successor(/*self=*/2, Placement::Jump(3, 4));
+  ASSERT_OK(successor.SetSpec(Moving(3, 2, 5)));
+  marks.SeedGate(successor, store);
+  EXPECT_EQ(successor.handed_over(), 0u);
+  // Dropping again, or blocks not held, changes nothing.
+  EXPECT_EQ(store.EraseBlocks(keys), 16u);  // only the third was still held
+  EXPECT_EQ(store.EraseBlocks(keys), 0u);
+  EXPECT_EQ(store.GetStats().blocks, 61u);
 }
 
 TEST(MoveMarksTest, AStandbyAttachesMidMoveOnlyToAServerNewInTheMove) {

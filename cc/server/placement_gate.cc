@@ -1,5 +1,6 @@
 #include "cc/server/placement_gate.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -31,6 +32,21 @@ void PlacementGate::SetLocked(const Placement& to, std::optional<Placement> from
   if (to.version() < placement_.version()) return;
   // A replayed value (same version) keeps the move's progress.
   if (to.version() > placement_.version()) {
+    if (from_.has_value() && !from.has_value() && to.num_servers() == placement_.num_servers()) {
+      // The move ended: what was handed over in it stays handed over.
+      HandedOver done{placement_.version(), to, {}, {}};
+      for (const auto& [key, state] : blocks_) {
+        if (state == State::kHandedOver) done.blocks.push_back(key);
+      }
+      for (const auto& [key, state] : buckets_) {
+        if (state == State::kHandedOver && std::get<2>(key) == self_) {
+          done.buckets.emplace_back(std::get<0>(key), std::get<1>(key));
+        }
+      }
+      std::sort(done.blocks.begin(), done.blocks.end());  // in (name, index) order
+      std::sort(done.buckets.begin(), done.buckets.end());
+      if (!done.blocks.empty() || !done.buckets.empty()) handed_over_ = std::move(done);
+    }
     blocks_.clear();
     buckets_.clear();
   }
@@ -263,6 +279,13 @@ size_t PlacementGate::handed_over() const {
   size_t n = 0;
   for (const auto& [key, state] : blocks_) n += state == State::kHandedOver;
   return n;
+}
+
+std::optional<PlacementGate::HandedOver> PlacementGate::TakeHandedOver() {
+  absl::MutexLock lock(&mu_);
+  std::optional<HandedOver> taken = std::move(handed_over_);
+  handed_over_.reset();
+  return taken;
 }
 
 absl::Status PlacementGate::CheckReceiveLocked(uint64_t version) const {

@@ -138,6 +138,23 @@ class PlacementGate {
   bool BucketReceived(absl::string_view table, uint32_t bucket, int from) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- after a move: what this server may drop ----
+  // What this server handed over in a move (every server acknowledged it:
+  // the coordinator then wrote the placement stable at the move's count).
+  // Its blocks, and the rows of its table buckets whose keys the stable
+  // placement gives to another server, are not served here again: a request
+  // for them is redirected by the placement alone.
+  struct HandedOver {
+    uint64_t version = 0;      // the move's (moving) placement version
+    Placement stable;          // the placement that ended it
+    std::vector<BlockKey> blocks;
+    std::vector<std::pair<std::string, uint32_t>> buckets;  // table, bucket
+  };
+  // Taken once: set when this gate goes from a moving placement straight to
+  // a stable one of a newer version and the same count (a placement written
+  // otherwise, e.g. by hand, sets nothing).
+  std::optional<HandedOver> TakeHandedOver() ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- the new owner's side ----
   // OK when block (name, index) is this server's under M in the move of
   // `version`: UNAVAILABLE (retry) while this server has not seen that
@@ -169,6 +186,7 @@ class PlacementGate {
   // Blocks of the move under way; cleared when the placement changes.
   absl::flat_hash_map<BlockKey, State> blocks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<BucketKey, State> buckets_ ABSL_GUARDED_BY(mu_);  // the same for tables
+  std::optional<HandedOver> handed_over_ ABSL_GUARDED_BY(mu_);  // for TakeHandedOver
 };
 
 }  // namespace pserver

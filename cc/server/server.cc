@@ -1849,6 +1849,10 @@ absl::Status Server::StartPlacementGate() {
     absl::StatusOr<v1::Placement> spec = ParsePlacementRecord(value);
     if (!spec.ok()) return;  // a malformed value: the last good one stays
     if (!gate->SetSpec(*spec).ok()) return;
+    // A move that ended: what this server handed over leaves its memory.
+    if (absl::Status dropped = block_mover_->DropHandedOver(); !dropped.ok()) {
+      Log(absl::StrCat("dropping the blocks handed over failed: ", dropped.ToString()));
+    }
     const v1::Placement now = gate->spec();
     if (!now.moving() && now.num_servers() <= index_ && !departed_.exchange(true)) {
       // Every block of this server was handed over before the coordinator
