@@ -172,11 +172,12 @@ TEST(MoveMarksTest, WhatWasHandedOverIsDroppedOnceStableHereAndOnBackups) {
   InitW(store);
   ASSERT_FALSE(HasFatalFailure());
   const uint64_t before = store.GetStats().parameter_bytes;
+  Tables tables;
   MoveMarks marks;
   ASSERT_OK(marks.Apply(Marks(5, v1::MoveMarks::HANDED_OVER, {leaving[0], leaving[1]})));
   ASSERT_OK(ApplyMoveWriteOnBackup(kMoveMarksWrite,
                                    Marks(5, v1::MoveMarks::DROPPED, {leaving[0], leaving[1]}),
-                                   store, marks));
+                                   store, tables, marks));
   EXPECT_EQ(store.GetStats().parameter_bytes, before - 2 * 16);
   EXPECT_EQ(store.GetStats().blocks, 62u);
   v1::ParamRef ref;
