@@ -1,6 +1,6 @@
 // TLS on the bulk channel: a ByteStream (cc/rpc/byte_stream.h) over OpenSSL
 // wrapping a connected TCP socket, with the same mutual TLS as the gRPC data
-// plane (cc/security/tls.h): TLS 1.3 only, AES-GCM, the server requires a
+// plane (cc/security/tls.h): TLS 1.3 only, AES-GCM (AES-128 preferred), the server requires a
 // client certificate chaining to its CA, the client checks the server's
 // certificate against its CA and the name dialled (or options.server_name).
 //
@@ -49,6 +49,12 @@ absl::StatusOr<std::unique_ptr<ByteStream>> StartTlsClient(std::unique_ptr<ByteS
                                                            const TlsOptions& options,
                                                            const std::string& host,
                                                            absl::Time deadline);
+
+// The TLS 1.3 suite `stream` (from StartTlsServer or StartTlsClient)
+// negotiated, by its standard name: "TLS_AES_128_GCM_SHA256" between two
+// pserver ends (the server prefers it to TLS_AES_256_GCM_SHA384); "" for a
+// stream that is not TLS.
+std::string TlsCipherSuite(ByteStream& stream);
 
 }  // namespace pserver
 

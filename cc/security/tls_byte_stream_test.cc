@@ -7,6 +7,7 @@
 
 #include "cc/security/tls_byte_stream.h"
 
+#include <openssl/ssl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/string_view.h"
 #include "cc/testing/status_matchers.h"
@@ -98,6 +100,67 @@ TEST_F(TlsByteStreamTest, PiecesOfEverySizeArriveWholeAndInOrderBothWays) {
     writing.join();
     EXPECT_TRUE(got == small + record + large + small);
   }
+}
+
+TEST_F(TlsByteStreamTest, BothEndsNegotiateAes128GcmAndAPlainSocketHasNoSuite) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  EXPECT_EQ(TlsCipherSuite(*client_), "TLS_AES_128_GCM_SHA256");
+  EXPECT_EQ(TlsCipherSuite(*server_), "TLS_AES_128_GCM_SHA256");
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  SocketStream plain(fds[0]);
+  close(fds[1]);
+  EXPECT_EQ(TlsCipherSuite(plain), "");
+}
+
+// The suite the server picks for a plain OpenSSL client offering only
+// `client_suites`, in that order, as {client's view, server's view}.
+std::pair<std::string, std::string> SuitesFor(const TlsOptions& server_tls,
+                                              const TlsOptions& client_tls,
+                                              const char* client_suites) {
+  int port = 0;
+  absl::StatusOr<int> listener = ListenTcp("127.0.0.1", &port);
+  if (!listener.ok()) return {"listen failed", ""};
+  std::string server_suite = "no handshake";
+  std::thread accepting([&] {
+    const int fd = accept(*listener, nullptr, nullptr);
+    if (fd < 0) return;
+    absl::StatusOr<std::unique_ptr<ByteStream>> server =
+        StartTlsServer(fd, server_tls, absl::Now() + kTimeout);
+    if (server.ok()) server_suite = TlsCipherSuite(**server);
+  });
+  std::string client_suite = "no handshake";
+  absl::StatusOr<std::unique_ptr<ByteStream>> tcp = ConnectTcp("127.0.0.1", port, kTimeout);
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+  SSL_CTX_set_ciphersuites(ctx, client_suites);
+  SSL_CTX_use_certificate_chain_file(ctx, client_tls.cert.c_str());
+  SSL_CTX_use_PrivateKey_file(ctx, client_tls.key.c_str(), SSL_FILETYPE_PEM);
+  SSL* ssl = SSL_new(ctx);
+  if (tcp.ok()) {
+    SSL_set_fd(ssl, dynamic_cast<SocketStream&>(**tcp).fd());
+    if (SSL_connect(ssl) == 1) {
+      client_suite = SSL_CIPHER_standard_name(SSL_get_current_cipher(ssl));
+      // The server's handshake ends when it reads the client's Finished.
+      SSL_write(ssl, "x", 1);
+    }
+  }
+  if (tcp.ok()) (*tcp)->Shutdown();  // a failed handshake cannot leave the server waiting
+  accepting.join();
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  close(*listener);
+  return {client_suite, server_suite};
+}
+
+TEST_F(TlsByteStreamTest, TheServerPicksAes128GcmWhicheverOrderTheClientOffers) {
+  const std::string aes128 = "TLS_AES_128_GCM_SHA256";
+  const std::string aes256 = "TLS_AES_256_GCM_SHA384";
+  EXPECT_EQ(SuitesFor(server_tls_, client_tls_, "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256"),
+            std::make_pair(aes128, aes128));
+  // AES-256-GCM stays allowed: a client that offers nothing else gets it.
+  EXPECT_EQ(SuitesFor(server_tls_, client_tls_, "TLS_AES_256_GCM_SHA384"),
+            std::make_pair(aes256, aes256));
 }
 
 TEST_F(TlsByteStreamTest, WritingToAPeerThatHasGoneFailsInsteadOfRaisingSigpipe) {
