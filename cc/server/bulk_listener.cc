@@ -225,6 +225,7 @@ void BulkListener::Serve(SocketStream& socket) {
         StartTlsServer(fd, options_.tls, absl::Now() + options_.hello_timeout, &*peer);
     if (!secured.ok()) return;
     tls = *std::move(secured);
+    if (TlsUsesBulkAead(*tls)) aead_.fetch_add(1);
   }
   ByteStream& stream = tls != nullptr ? *tls : socket;
   std::optional<Principal> principal;
