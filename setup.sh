@@ -15,6 +15,8 @@ PACKAGES=(
   libisal-dev
   # mTLS: certificate checks (libcrypto) and the openssl CLI that makes test certificates
   libssl-dev openssl
+  # the bulk channel's AEAD layer: AES-128-GCM with AVX-512/VAES (cc/security/bulk_aead)
+  libipsec-mb-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # the socket ceiling iperf3 measures; network namespaces and tc (cc/testing/netns)

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -24,7 +25,7 @@ constexpr char kOps[][9] = {"push", "pull", "pushpull"};
 // plain: the bulk channel as a client would get it (a Unix socket on
 // loopback, TCP between hosts); plain_tcp: the bulk channel over TCP, as
 // TLS is (the fair comparison on loopback); plain_grpc: bulk data over gRPC.
-constexpr char kModes[][11] = {"plain", "plain_tcp", "plain_grpc", "tls"};
+constexpr char kModes[][11] = {"plain", "plain_tcp", "plain_grpc", "tls", "tls_aead"};
 
 struct Pki {
   std::unique_ptr<TestCerts> certs;
@@ -47,9 +48,15 @@ absl::StatusOr<Pki> MakePki(const std::vector<std::string>& server_ips) {
   return pki;
 }
 
-std::vector<std::string> TlsFlags(const CertFiles& files, const std::string& ca) {
-  return {absl::StrCat("--tls_cert=", files.cert), absl::StrCat("--tls_key=", files.key),
-          absl::StrCat("--tls_ca=", ca)};
+// `aead`: also --tls_bulk_aead (the server offers the bulk AEAD layer, the
+// client asks for it).
+std::vector<std::string> TlsFlags(const CertFiles& files, const std::string& ca,
+                                  bool aead = false) {
+  std::vector<std::string> flags = {absl::StrCat("--tls_cert=", files.cert),
+                                    absl::StrCat("--tls_key=", files.key),
+                                    absl::StrCat("--tls_ca=", ca)};
+  if (aead) flags.push_back("--tls_bulk_aead");
+  return flags;
 }
 
 // Where the server and the client run: this host's loopback, or hosts 0 and
@@ -120,6 +127,7 @@ absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
       {"plain_tcp", {"--bulk_unix_socket=false"}, true},
       {"plain_grpc", {}, false},
       {"tls", TlsFlags(pki.server, pki.ca), true},
+      {"tls_aead", TlsFlags(pki.server, pki.ca, true), true},
   };
   for (const Mode& mode : modes) {
     if (link.cluster != nullptr && std::string(mode.name) == "plain_tcp") continue;  // = plain
@@ -129,8 +137,9 @@ absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
     std::vector<std::string> args = common;
     args.push_back(absl::StrCat("--servers=", address));
     args.push_back(absl::StrCat("--bulk_channel=", mode.bulk ? "true" : "false"));
-    if (std::string(mode.name) == "tls") {
-      for (const std::string& flag : TlsFlags(pki.client, pki.ca)) args.push_back(flag);
+    if (absl::StartsWith(mode.name, "tls")) {
+      const bool aead = std::string(mode.name) == "tls_aead";
+      for (const std::string& flag : TlsFlags(pki.client, pki.ca, aead)) args.push_back(flag);
     }
     PS_ASSIGN_OR_RETURN(by_mode[mode.name], RunLink(link, driver, args));
   }
@@ -153,7 +162,7 @@ absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
         size_t next = 0;
         PS_RETURN_IF_ERROR(
             h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> { return values[next++]; }));
-        if (std::string(mode) == "tls") {
+        if (absl::StartsWith(mode, "tls")) {
           const double tls = Median(values);
           (*r.mutable_extra())["vs_plain"] = tls / Median(by_mode["plain"][{op, bytes}]);
           (*r.mutable_extra())["vs_plain_tcp"] = tls / Median(by_mode["plain_tcp"][{op, bytes}]);

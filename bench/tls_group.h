@@ -3,11 +3,13 @@
 // client process (bench/tls_link) to a pserver process, in the same run:
 //   plain       plaintext, with the bulk channel (the default)
 //   plain_grpc  plaintext, gRPC only (--bulk_channel off in the client)
-//   tls         mutual TLS (gRPC over TLS; the bulk channel is off with TLS)
+//   tls         mutual TLS (gRPC and the bulk channel over TLS, TCP)
+//   tls_aead    mutual TLS, the bulk channel switched to its AEAD layer
+//               (--tls_bulk_aead on both ends, cc/security/bulk_aead.h)
 // first over loopback, then between two hosts of a NetnsCluster whose links
 // `tc tbf` limits to 10 Gbit/s (skipped, saying why, without the rights to
-// make namespaces). Each tls result carries vs_plain and vs_plain_grpc: its
-// median over theirs. Certificates are made with the openssl CLI at run time.
+// make namespaces). Each tls and tls_aead result carries vs_plain,
+// vs_plain_tcp and vs_plain_grpc: its median over theirs. Certificates are made with the openssl CLI at run time.
 #ifndef PSERVER_BENCH_TLS_GROUP_H_
 #define PSERVER_BENCH_TLS_GROUP_H_
 

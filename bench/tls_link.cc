@@ -29,6 +29,8 @@ ABSL_FLAG(bool, bulk_channel, true, "Use the servers' bulk channel (over TLS wit
 ABSL_FLAG(std::string, tls_cert, "", "This client's PEM certificate (TLS when set).");
 ABSL_FLAG(std::string, tls_key, "", "Its PEM private key.");
 ABSL_FLAG(std::string, tls_ca, "", "The PEM CA the servers' certificates chain to.");
+ABSL_FLAG(bool, tls_bulk_aead, false,
+          "Ask for the bulk channel's AEAD layer (servers with --tls_bulk_aead).");
 ABSL_FLAG(int, channels_per_server, 2, "Connections per server (ClientOptions::channels_per_server).");
 
 namespace pserver::bench {
@@ -72,6 +74,7 @@ absl::Status Run() {
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  options.tls.bulk_aead = absl::GetFlag(FLAGS_tls_bulk_aead);
   options.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
   options.timeout = absl::Minutes(2);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(options));

@@ -466,7 +466,8 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
                                            deadline - absl::Now()));
     if (options_.tls.enabled()) {
-      PS_ASSIGN_OR_RETURN(stream, StartTlsClient(std::move(stream), options_.tls, host, deadline));
+      PS_ASSIGN_OR_RETURN(stream, StartTlsClient(std::move(stream), options_.tls, host, deadline,
+                                                 offer.bulk_aead() >= 1));
     }
   }
   auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &waiter_reads_);

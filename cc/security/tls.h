@@ -41,6 +41,11 @@ struct TlsOptions {
   std::string server_name;
   // How often the files are checked for changes (at least 1s).
   absl::Duration reload_interval = absl::Minutes(1);
+  // Bulk channel only: after the TLS handshake, seal bulk bytes with the
+  // AEAD layer (cc/security/bulk_aead.h, AES-128-GCM from ipsec-mb, keys
+  // from the TLS exporter) when both ends set this and have AES-NI; off:
+  // TLS records. A server offers it in OpenChannelResponse.bulk_aead.
+  bool bulk_aead = false;
 
   // Any of the three files named: TLS is on (CheckTlsOptions then asks for
   // all three).

@@ -1,6 +1,6 @@
 // TLS on the bulk channel: a ByteStream (cc/rpc/byte_stream.h) over OpenSSL
 // wrapping a connected TCP socket, with the same mutual TLS as the gRPC data
-// plane (cc/security/tls.h): TLS 1.3 only, AES-GCM, the server requires a
+// plane (cc/security/tls.h): TLS 1.3 only, AES-GCM (AES-128 preferred), the server requires a
 // client certificate chaining to its CA, the client checks the server's
 // certificate against its CA and the name dialled (or options.server_name).
 //
@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -33,7 +34,10 @@
 namespace pserver {
 
 // Server side of the handshake on accepted socket `fd` (taken over: closed
-// on failure too), finished by `deadline`. UNAVAILABLE naming the cause when
+// on failure too), finished by `deadline`. With options.bulk_aead (and
+// AES-NI) the server also reads the client's first 8 bytes by `deadline`:
+// the AEAD switch is answered and the stream sealed from then on; any other
+// bytes stay plain TLS and are the stream's first bytes. UNAVAILABLE naming the cause when
 // the peer presents no certificate, one the CA did not sign, or speaks no
 // TLS. `options` must have passed CheckTlsOptions. `peer`, when set, gets
 // the verified client certificate's names as gRPC's AuthContext gives them
@@ -45,10 +49,26 @@ absl::StatusOr<std::unique_ptr<ByteStream>> StartTlsServer(int fd, const TlsOpti
 
 // Client side over a stream from ConnectTcp (its socket is taken over),
 // checking the server's certificate for options.server_name or else `host`.
+// `server_offers_aead` (OpenChannelResponse.bulk_aead): with
+// options.bulk_aead too and AES-NI here, the client switches the stream to
+// the AEAD layer (cc/security/bulk_aead.h) after the handshake.
 absl::StatusOr<std::unique_ptr<ByteStream>> StartTlsClient(std::unique_ptr<ByteStream> tcp,
                                                            const TlsOptions& options,
                                                            const std::string& host,
-                                                           absl::Time deadline);
+                                                           absl::Time deadline,
+                                                           bool server_offers_aead = false);
+
+// The TLS 1.3 suite `stream` (from StartTlsServer or StartTlsClient)
+// negotiated, by its standard name: "TLS_AES_128_GCM_SHA256" between two
+// pserver ends (the server prefers it to TLS_AES_256_GCM_SHA384); "" for a
+// stream that is not TLS.
+std::string TlsCipherSuite(ByteStream& stream);
+
+// Whether `stream` switched to the bulk AEAD layer after its handshake.
+bool TlsUsesBulkAead(ByteStream& stream);
+// Fingerprints of the AEAD layer's send and receive keys (8 bytes of
+// SHA-256 over key and nonce prefix, hex), for tests; empty without it.
+std::pair<std::string, std::string> BulkAeadKeyIds(ByteStream& stream);
 
 }  // namespace pserver
 

@@ -386,6 +386,43 @@ TEST_F(TlsChannelTest, LargeTensorRoundTripsOverTheChannel) {
   EXPECT_GE(server_->bulk_listener()->connections(), 1);
 }
 
+// --tls_bulk_aead: the server offers the AEAD layer; a client that wants it
+// switches to it and its bulk calls carry the right data both ways; a
+// client that does not keeps TLS records on the same server.
+TEST_F(TlsTest, TheChannelSwitchesToTheAeadLayerWhenBothEndsWantIt) {
+  TlsOptions server_tls = TlsOf(server_files_, *ca_);
+  server_tls.bulk_aead = true;
+  StartServer(server_tls);
+  ASSERT_NE(server_->bulk_listener(), nullptr);
+  EXPECT_EQ(server_->bulk_listener()->Offer().bulk_aead(), 1u);
+  TlsOptions wants = TlsOf(client_files_, *ca_);
+  wants.bulk_aead = true;
+  std::unique_ptr<Client> client = ClientWith(wants, kChannelTimeout);
+  ASSERT_NE(client, nullptr);
+  std::vector<float> big(3 << 20);  // 12 MiB: many AEAD records
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 1000);
+  ASSERT_OK(client->InitParam("big", Tensor::FromValues<float>({big.size()}, big), Sgd()));
+  ASSERT_OK(client->FinishInitParams());
+  ASSERT_OK_AND_ASSIGN(Tensor got, client->GetParam("big"));
+  EXPECT_EQ(got.ToVector<float>(), big);
+  std::vector<float> ones(big.size(), 1.0f);
+  Tensor out;
+  ASSERT_OK(client->PushPull("big", Tensor::FromValues<float>({ones.size()}, ones), &out));
+  for (float& x : big) x -= 1;
+  EXPECT_EQ(out.ToVector<float>(), big);
+  EXPECT_GE(server_->bulk_listener()->aead_connections(), 1u);
+  // A client that does not ask for it (an older one) is served over TLS
+  // records by the same server.
+  const uint64_t aead_before = server_->bulk_listener()->aead_connections();
+  const int connections_before = server_->bulk_listener()->connections();
+  std::unique_ptr<Client> plain_tls = ClientWith(TlsOf(client_files_, *ca_), kChannelTimeout);
+  ASSERT_NE(plain_tls, nullptr);
+  ASSERT_OK_AND_ASSIGN(got, plain_tls->GetParam("big"));
+  EXPECT_EQ(got.ToVector<float>(), big);
+  EXPECT_GT(server_->bulk_listener()->connections(), connections_before);
+  EXPECT_EQ(server_->bulk_listener()->aead_connections(), aead_before);
+}
+
 TEST_F(TlsChannelTest, ClientCertificateFromAnotherCaIsRefusedOnTheChannel) {
   CertRequest request;
   request.common_name = "intruder";

@@ -15,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
+#include "cc/security/bulk_aead.h"
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/replica_channel.h"
 #include "cc/rpc/table_frame.h"
@@ -103,6 +104,9 @@ absl::StatusOr<std::unique_ptr<BulkListener>> BulkListener::Start(
   listener->offer_.set_token(RandomBytes(kChannelTokenBytes));
   listener->offer_.set_max_frame_bytes(options.max_frame_bytes);
   listener->offer_.set_table_frames(kTableFrameVersion);
+  if (options.tls.enabled() && options.tls.bulk_aead && BulkAeadAvailable()) {
+    listener->offer_.set_bulk_aead(1);
+  }
   if (options.unix_socket) {
     const std::string name =
         absl::StrCat("pserver-bulk-", getpid(), "-", absl::BytesToHexString(RandomBytes(8)));
@@ -221,6 +225,7 @@ void BulkListener::Serve(SocketStream& socket) {
         StartTlsServer(fd, options_.tls, absl::Now() + options_.hello_timeout, &*peer);
     if (!secured.ok()) return;
     tls = *std::move(secured);
+    if (TlsUsesBulkAead(*tls)) aead_.fetch_add(1);
   }
   ByteStream& stream = tls != nullptr ? *tls : socket;
   std::optional<Principal> principal;

@@ -110,6 +110,8 @@ class BulkListener {
   // Request bytes held now (0 once every frame has been served).
   uint64_t request_bytes_held() const { return request_budget_.held(); }
   uint64_t refused_connections() const { return refused_.load(); }
+  // Connections that switched to the AEAD layer after TLS (--tls_bulk_aead).
+  uint64_t aead_connections() const { return aead_.load(); }
   int connections() const;
 
  private:
@@ -151,6 +153,7 @@ class BulkListener {
   std::vector<std::thread> acceptors_;
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> aead_{0};
   ReplyBudget request_budget_;
 
   mutable absl::Mutex mu_;

@@ -213,6 +213,9 @@ ABSL_FLAG(std::string, tls_cert, "",
           "mutual TLS: clients must present a certificate signed by --tls_ca. The bulk channel "
           "is then mutual TLS too (TCP only).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(bool, tls_bulk_aead, false,
+          "With TLS: offer the bulk channel's AEAD layer (AES-128-GCM from ipsec-mb keyed by "
+          "the TLS exporter, docs/security.md) to clients that ask for it; off: TLS records.");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA certificate(s) a client's certificate must chain to.");
 ABSL_FLAG(double, tls_reload_seconds, 60,
@@ -421,6 +424,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+  options.tls.bulk_aead = absl::GetFlag(FLAGS_tls_bulk_aead);
   options.tls.reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_seconds));
   // Roles and tokens.
   options.job = absl::GetFlag(FLAGS_job);

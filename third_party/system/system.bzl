@@ -30,6 +30,13 @@ _LIBRARIES = {
     "openssl": ["libssl", "libcrypto"],
 }
 
+# target name -> linkopts, for libraries Debian ships without a pkg-config file.
+_PLAIN_LIBRARIES = {
+    # AES-GCM for the bulk channel's AEAD layer (cc/security/bulk_aead):
+    # Intel's multi-buffer crypto library (libipsec-mb-dev)
+    "ipsec_mb": ["-lIPSec_MB"],
+}
+
 def _pkg_config_libs(rctx, modules):
     result = rctx.execute(["pkg-config", "--libs"] + modules)
     if result.return_code != 0:
@@ -41,6 +48,12 @@ def _system_libraries_impl(rctx):
     lines = ['package(default_visibility = ["//visibility:public"])', ""]
     for name, modules in _LIBRARIES.items():
         linkopts = _pkg_config_libs(rctx, modules) + ["-lpthread"]
+        lines.append("cc_library(")
+        lines.append('    name = "%s",' % name)
+        lines.append("    linkopts = %s," % repr(linkopts))
+        lines.append(")")
+        lines.append("")
+    for name, linkopts in _PLAIN_LIBRARIES.items():
         lines.append("cc_library(")
         lines.append('    name = "%s",' % name)
         lines.append("    linkopts = %s," % repr(linkopts))

@@ -1,0 +1,274 @@
+// The AEAD record layer on its own over socket pairs: bytes written in
+// records of every size arrive whole and in order both ways, whichever way
+// the reader cuts its reads; and what an attacker on the wire can do to the
+// records (flip a bit of a header, a ciphertext or a tag, replay, reorder,
+// cut short, send an oversized length, use another direction's key) is
+// refused, the stream closed and nothing of the record delivered.
+
+#include "cc/security/bulk_aead.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cc/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pserver {
+namespace {
+
+using ::pserver::testing::StatusCodeIs;
+using ::testing::HasSubstr;
+
+AeadKeys Keys(uint8_t seed) {
+  AeadKeys keys;
+  for (size_t i = 0; i < kAeadKeyBytes; ++i) keys.key[i] = static_cast<uint8_t>(seed + 7 * i);
+  for (size_t i = 0; i < kAeadNoncePrefixBytes; ++i) keys.nonce_prefix[i] = seed;
+  return keys;
+}
+
+// A connected, non-blocking socket pair.
+struct Pair {
+  int fd[2] = {-1, -1};
+  Pair() {
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fd), 0);
+    for (int f : fd) fcntl(f, F_SETFL, fcntl(f, F_GETFL) | O_NONBLOCK);
+  }
+  ~Pair() {
+    for (int f : fd) close(f);
+  }
+};
+
+std::string Pattern(size_t size, uint32_t seed) {
+  std::mt19937 random(seed);
+  std::string bytes(size, '\0');
+  for (char& c : bytes) c = static_cast<char>(random());
+  return bytes;
+}
+
+// Reads everything written to raw socket `fd` until `expected` bytes came.
+std::string Drain(int fd, size_t expected) {
+  std::string bytes;
+  char buffer[65536];
+  for (int spins = 0; bytes.size() < expected && spins < 1000000; ++spins) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      bytes.append(buffer, static_cast<size_t>(n));
+    } else {
+      WaitForSocket(fd, POLLIN, absl::Now() + absl::Seconds(60));
+    }
+  }
+  return bytes;
+}
+
+// The wire bytes of the records `writer` makes of each string in `messages`
+// (one Write each), sealed with Keys(1).
+std::vector<std::string> Seal(const std::vector<std::string>& messages) {
+  Pair pair;
+  AeadStream writer(pair.fd[0], Keys(1), Keys(2));
+  std::vector<std::string> records;
+  for (const std::string& message : messages) {
+    std::thread writing([&] { EXPECT_OK(writer.Write({absl::string_view(message)})); });
+    records.push_back(Drain(pair.fd[1], kAeadHeaderBytes + message.size() + kAeadTagBytes));
+    writing.join();
+  }
+  return records;
+}
+
+void WriteAll(int fd, absl::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      bytes.remove_prefix(static_cast<size_t>(n));
+    } else if (n < 0 && errno != EAGAIN) {
+      return;  // the reader closed the connection
+    } else {
+      WaitForSocket(fd, POLLOUT, absl::Now() + absl::Seconds(60));
+    }
+  }
+}
+
+// Delivers `wire` to a reader keyed to open what Seal made and reads
+// `size` bytes: the status, and whether anything but zeros landed.
+struct Delivery {
+  absl::Status status;
+  std::string read;
+};
+Delivery Deliver(const std::string& wire, size_t size, bool close_after = true,
+                 AeadKeys receive = Keys(1)) {
+  Pair pair;
+  AeadStream reader(pair.fd[1], Keys(2), receive);
+  std::thread writing([&] {
+    WriteAll(pair.fd[0], wire);
+    if (close_after) shutdown(pair.fd[0], SHUT_WR);
+  });
+  Delivery delivery;
+  delivery.read.assign(size, 'x');
+  delivery.status = reader.Read(delivery.read.data(), size);
+  reader.Shutdown();  // a writer still blocked on a full socket fails now
+  writing.join();
+  return delivery;
+}
+
+TEST(BulkAeadTest, TheCpuHasAesNiForIpsecMb) {
+  // This machine (and CI) has AES-NI; without it the layer is never offered.
+  EXPECT_TRUE(BulkAeadAvailable());
+  EXPECT_NE(BulkAeadArch(), "none");
+}
+
+TEST(BulkAeadTest, RecordsOfEverySizeArriveWholeAndInOrderBothWays) {
+  Pair pair;
+  AeadStream a(pair.fd[0], Keys(1), Keys(2));
+  AeadStream b(pair.fd[1], Keys(2), Keys(1));
+  const std::vector<size_t> sizes = {1,         15,          16,          17,       1000,
+                                     65535,     65536,       65537,       262147,   1 << 20,
+                                     (1 << 20) + 1, 3 * (1 << 20) + 7, 16 << 20};
+  std::string all;
+  for (size_t i = 0; i < sizes.size(); ++i) all += Pattern(sizes[i], static_cast<uint32_t>(i));
+  // a -> b: one Write per size with a small first part (as a frame header);
+  // b reads in pieces of other sizes (partly buffered, partly in place).
+  std::thread writer([&] {
+    size_t offset = 0;
+    for (size_t size : sizes) {
+      const absl::string_view chunk(all.data() + offset, size);
+      const size_t head = std::min<size_t>(size, 32);
+      EXPECT_OK(a.Write({chunk.substr(0, head), chunk.substr(head)}));
+      offset += size;
+    }
+  });
+  std::string got(all.size(), '\0');
+  size_t done = 0;
+  for (size_t piece = 7; done < got.size(); piece = piece * 3 + 1) {
+    const size_t n = std::min(got.size() - done, piece % (5 << 20) + 1);
+    ASSERT_OK(b.Read(got.data() + done, n));
+    done += n;
+  }
+  writer.join();
+  EXPECT_TRUE(got == all);
+  // b -> a, read exactly as written.
+  std::thread back([&] { EXPECT_OK(b.Write({absl::string_view(all)})); });
+  std::string echoed(all.size(), '\0');
+  ASSERT_OK(a.Read(echoed.data(), echoed.size()));
+  back.join();
+  EXPECT_TRUE(echoed == all);
+}
+
+TEST(BulkAeadTest, TheWireCarriesNoPlaintext) {
+  const std::string message(4096, 'p');
+  const std::vector<std::string> records = Seal({message});
+  ASSERT_EQ(records[0].size(), kAeadHeaderBytes + message.size() + kAeadTagBytes);
+  EXPECT_EQ(records[0].find("pppppppp"), std::string::npos);
+  EXPECT_OK(Deliver(records[0], message.size()).status);
+  EXPECT_EQ(Deliver(records[0], message.size()).read, message);
+}
+
+TEST(BulkAeadTest, AFlippedBitAnywhereIsRefusedAndNothingDelivered) {
+  const std::string message = Pattern(1000, 9);
+  const std::string record = Seal({message})[0];
+  // Header (length, type, padding), ciphertext (first, middle, last), tag.
+  const size_t tag = kAeadHeaderBytes + message.size();
+  for (size_t at : {size_t{0}, size_t{1}, size_t{4}, size_t{7}, kAeadHeaderBytes, size_t{500},
+                    tag - 1, tag, tag + kAeadTagBytes - 1}) {
+    for (int bit : {0, 7}) {
+      std::string tampered = record;
+      tampered[at] = static_cast<char>(tampered[at] ^ (1 << bit));
+      const Delivery delivery = Deliver(tampered, message.size());
+      EXPECT_THAT(delivery.status, StatusCodeIs(absl::StatusCode::kUnavailable))
+          << "byte " << at << " bit " << bit;
+      EXPECT_EQ(delivery.read.find_first_not_of('\0'), std::string::npos)
+          << "byte " << at << " bit " << bit << ": something of the record was delivered";
+    }
+  }
+}
+
+TEST(BulkAeadTest, AReplayedAReorderedAndADroppedRecordAreRefused) {
+  const std::vector<std::string> records = Seal({"first record", "second record", "third one"});
+  // Replayed: the first record twice.
+  {
+    Pair pair;
+    AeadStream reader(pair.fd[1], Keys(2), Keys(1));
+    WriteAll(pair.fd[0], records[0] + records[0]);
+    char first[12];
+    ASSERT_OK(reader.Read(first, sizeof(first)));
+    EXPECT_EQ(absl::string_view(first, sizeof(first)), "first record");
+    char again[12];
+    EXPECT_THAT(reader.Read(again, sizeof(again)), StatusCodeIs(absl::StatusCode::kUnavailable));
+    // The stream stays closed: the genuine next record is not taken either.
+    WriteAll(pair.fd[0], records[1]);
+    char second[13];
+    EXPECT_THAT(reader.Read(second, sizeof(second)), StatusCodeIs(absl::StatusCode::kUnavailable));
+  }
+  // Reordered: the second before the first.
+  Delivery reordered = Deliver(records[1] + records[0], 13);
+  EXPECT_THAT(reordered.status, StatusCodeIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(reordered.status.message(), HasSubstr("failed authentication"));
+  // Dropped: the first and the third.
+  Delivery dropped = Deliver(records[0] + records[2], 12 + 9);
+  EXPECT_THAT(dropped.status, StatusCodeIs(absl::StatusCode::kUnavailable));
+}
+
+TEST(BulkAeadTest, ARecordCutShortIsRefused) {
+  const std::string message = Pattern(300000, 3);  // bigger than the read-ahead
+  const std::string record = Seal({message})[0];
+  for (size_t keep : {size_t{3}, kAeadHeaderBytes, size_t{100000}, record.size() - 1}) {
+    const Delivery delivery = Deliver(record.substr(0, keep), message.size());
+    EXPECT_THAT(delivery.status, StatusCodeIs(absl::StatusCode::kUnavailable)) << keep;
+    EXPECT_THAT(delivery.status.message(), HasSubstr("cut short")) << keep;
+    EXPECT_EQ(delivery.read.find_first_not_of('\0'), std::string::npos) << keep;
+  }
+}
+
+TEST(BulkAeadTest, ALengthOverTheLimitOrAnUnknownTypeIsRefusedBeforeAnythingIsRead) {
+  std::string header(kAeadHeaderBytes, '\0');
+  const uint32_t size = kMaxAeadRecordBytes + 1;
+  std::memcpy(header.data(), &size, 4);  // little-endian host
+  header[4] = 1;
+  Delivery oversized = Deliver(header, 16, /*close_after=*/false);
+  EXPECT_THAT(oversized.status, StatusCodeIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(oversized.status.message(), HasSubstr("1048577 bytes"));
+  header[0] = 16;
+  header[1] = header[2] = header[3] = 0;
+  header[4] = 2;
+  Delivery unknown = Deliver(header, 16, /*close_after=*/false);
+  EXPECT_THAT(unknown.status.message(), HasSubstr("unknown type"));
+}
+
+TEST(BulkAeadTest, RecordsSealedForTheOtherDirectionAreRefused) {
+  const std::string record = Seal({"to the server"})[0];
+  // A reader holding the other direction's keys (a reflected record).
+  const Delivery reflected = Deliver(record, 13, true, Keys(2));
+  EXPECT_THAT(reflected.status.message(), HasSubstr("failed authentication"));
+}
+
+TEST(BulkAeadTest, AReadThatTimesOutBeforeARecordLeavesTheStreamWhole) {
+  Pair pair;
+  AeadStream a(pair.fd[0], Keys(1), Keys(2));
+  AeadStream b(pair.fd[1], Keys(2), Keys(1));
+  timeval tv{0, 20000};
+  ASSERT_EQ(setsockopt(pair.fd[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+  char byte;
+  EXPECT_THAT(b.Read(&byte, 1), StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_OK(a.Write({"z"}));
+  ASSERT_OK(b.Read(&byte, 1));
+  EXPECT_EQ(byte, 'z');
+}
+
+TEST(BulkAeadTest, WritingAfterShutdownFails) {
+  Pair pair;
+  AeadStream a(pair.fd[0], Keys(1), Keys(2));
+  a.Shutdown();
+  EXPECT_THAT(a.Write({"late"}), StatusCodeIs(absl::StatusCode::kUnavailable));
+}
+
+}  // namespace
+}  // namespace pserver
