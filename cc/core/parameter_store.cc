@@ -275,14 +275,16 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
   }
 
   absl::MutexLock lock(&mu_);
-  // Checked again under the lock: FinishInit, or another block's Init, may
-  // have run meanwhile.
+  // Checked again under the lock: another Init of this block, then
+  // FinishInit, may have run meanwhile. A block held is reported as such
+  // first (a trainer racing another with the same init is told it matches,
+  // not that the store was opened before it).
+  PS_RETURN_IF_ERROR(
+      Reject(HeldBlockError(key, block->type, block->shape, block->config, what)));
   if (initialized()) {
     return Reject(absl::AlreadyExistsError(absl::StrCat(
         kAlreadyInitialized, ": FinishInitParams was called before InitParam of ", what)));
   }
-  PS_RETURN_IF_ERROR(
-      Reject(HeldBlockError(key, block->type, block->shape, block->config, what)));
   PS_RETURN_IF_ERROR(Reject(CheckSameLayout(what, block->name, layout)));
   layouts_.try_emplace(block->name, layout);
   blocks_.emplace(key, std::move(block));
