@@ -48,14 +48,14 @@ absl::StatusOr<Pki> MakePki(const std::vector<std::string>& server_ips) {
   return pki;
 }
 
-// `aead`: also --tls_bulk_aead (the server offers the bulk AEAD layer, the
-// client asks for it).
+// `aead`: --tls_bulk_aead=true (the default: the server offers the bulk AEAD
+// layer, the client asks for it); false: =false, TLS records on both ends.
 std::vector<std::string> TlsFlags(const CertFiles& files, const std::string& ca,
-                                  bool aead = false) {
+                                  bool aead) {
   std::vector<std::string> flags = {absl::StrCat("--tls_cert=", files.cert),
                                     absl::StrCat("--tls_key=", files.key),
                                     absl::StrCat("--tls_ca=", ca)};
-  if (aead) flags.push_back("--tls_bulk_aead");
+  flags.push_back(absl::StrCat("--tls_bulk_aead=", aead ? "true" : "false"));
   return flags;
 }
 
@@ -126,7 +126,7 @@ absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
       {"plain", {}, true},
       {"plain_tcp", {"--bulk_unix_socket=false"}, true},
       {"plain_grpc", {}, false},
-      {"tls", TlsFlags(pki.server, pki.ca), true},
+      {"tls", TlsFlags(pki.server, pki.ca, false), true},
       {"tls_aead", TlsFlags(pki.server, pki.ca, true), true},
   };
   for (const Mode& mode : modes) {

@@ -3,9 +3,10 @@
 // client process (bench/tls_link) to a pserver process, in the same run:
 //   plain       plaintext, with the bulk channel (the default)
 //   plain_grpc  plaintext, gRPC only (--bulk_channel off in the client)
-//   tls         mutual TLS (gRPC and the bulk channel over TLS, TCP)
+//   tls         mutual TLS with TLS records (gRPC and the bulk channel over
+//               TLS, TCP; --tls_bulk_aead=false on both ends)
 //   tls_aead    mutual TLS, the bulk channel switched to its AEAD layer
-//               (--tls_bulk_aead on both ends, cc/security/bulk_aead.h)
+//               (the default; cc/security/bulk_aead.h)
 // first over loopback, then between two hosts of a NetnsCluster whose links
 // `tc tbf` limits to 10 Gbit/s (skipped, saying why, without the rights to
 // make namespaces). Each tls and tls_aead result carries vs_plain,

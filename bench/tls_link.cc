@@ -29,8 +29,9 @@ ABSL_FLAG(bool, bulk_channel, true, "Use the servers' bulk channel (over TLS wit
 ABSL_FLAG(std::string, tls_cert, "", "This client's PEM certificate (TLS when set).");
 ABSL_FLAG(std::string, tls_key, "", "Its PEM private key.");
 ABSL_FLAG(std::string, tls_ca, "", "The PEM CA the servers' certificates chain to.");
-ABSL_FLAG(bool, tls_bulk_aead, false,
-          "Ask for the bulk channel's AEAD layer (servers with --tls_bulk_aead).");
+ABSL_FLAG(bool, tls_bulk_aead, true,
+          "Ask for the bulk channel's AEAD layer (servers offer it unless "
+          "--tls_bulk_aead=false); false: TLS records.");
 ABSL_FLAG(int, channels_per_server, 2, "Connections per server (ClientOptions::channels_per_server).");
 
 namespace pserver::bench {

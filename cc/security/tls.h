@@ -43,9 +43,11 @@ struct TlsOptions {
   absl::Duration reload_interval = absl::Minutes(1);
   // Bulk channel only: after the TLS handshake, seal bulk bytes with the
   // AEAD layer (cc/security/bulk_aead.h, AES-128-GCM from ipsec-mb, keys
-  // from the TLS exporter) when both ends set this and have AES-NI; off:
-  // TLS records. A server offers it in OpenChannelResponse.bulk_aead.
-  bool bulk_aead = false;
+  // from the TLS exporter) when both ends set this (the default) and have
+  // AES-NI; otherwise TLS records (a CPU without AES-NI says so once). A
+  // server offers it in OpenChannelResponse.bulk_aead. Off: server
+  // --tls_bulk_aead=false, or false here on the client.
+  bool bulk_aead = true;
 
   // Any of the three files named: TLS is on (CheckTlsOptions then asks for
   // all three).

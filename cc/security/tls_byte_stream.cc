@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cc/core/status_macros.h"
 #include "cc/security/bulk_aead.h"
+#include "cc/security/bulk_aead_choice.h"
 
 namespace pserver {
 namespace {
@@ -468,7 +469,7 @@ absl::StatusOr<std::unique_ptr<ByteStream>> Handshake(int fd, const TlsOptions& 
   // The server asks for the switch only when it offers the layer; the
   // client makes it only when the server offered it and it can itself.
   const bool aead =
-      options.bulk_aead && BulkAeadAvailable() && (server || server_offers_aead);
+      UseBulkAead(options, server ? "server" : "client") && (server || server_offers_aead);
   // The client reads the server's answer record alone (no read-ahead), so
   // that no AEAD bytes after it end up in OpenSSL's buffer.
   if (aead && !server) SSL_set_read_ahead(ssl.get(), 0);

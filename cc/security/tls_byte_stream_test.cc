@@ -45,6 +45,8 @@ class TlsByteStreamTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(CertFiles client_files, ca->Issue("client", client));
     server_tls_ = {server_files.cert, server_files.key, ca->cert_path()};
     client_tls_ = {client_files.cert, client_files.key, ca->cert_path()};
+    // TLS records unless a test asks for the AEAD layer (on by default).
+    server_tls_.bulk_aead = client_tls_.bulk_aead = false;
   }
 
   // A connected pair: {client, server}. `offered`: what the server's

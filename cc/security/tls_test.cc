@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@
 #include "cc/client/grpc_transport.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/byte_stream.h"
+#include "cc/security/bulk_aead.h"
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/bulk_listener.h"
 #include "cc/server/server.h"
@@ -386,41 +388,126 @@ TEST_F(TlsChannelTest, LargeTensorRoundTripsOverTheChannel) {
   EXPECT_GE(server_->bulk_listener()->connections(), 1);
 }
 
-// --tls_bulk_aead: the server offers the AEAD layer; a client that wants it
-// switches to it and its bulk calls carry the right data both ways; a
-// client that does not keeps TLS records on the same server.
-TEST_F(TlsTest, TheChannelSwitchesToTheAeadLayerWhenBothEndsWantIt) {
-  TlsOptions server_tls = TlsOf(server_files_, *ca_);
-  server_tls.bulk_aead = true;
-  StartServer(server_tls);
-  ASSERT_NE(server_->bulk_listener(), nullptr);
-  EXPECT_EQ(server_->bulk_listener()->Offer().bulk_aead(), 1u);
-  TlsOptions wants = TlsOf(client_files_, *ca_);
-  wants.bulk_aead = true;
-  std::unique_ptr<Client> client = ClientWith(wants, kChannelTimeout);
-  ASSERT_NE(client, nullptr);
-  std::vector<float> big(3 << 20);  // 12 MiB: many AEAD records
+// A parameter of `floats` values i % 1000, pushed and pulled through
+// `client` over its bulk channel: what comes back is exact both ways.
+void ExpectBulkRoundTrip(Client& client, size_t floats) {
+  std::vector<float> big(floats);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 1000);
-  ASSERT_OK(client->InitParam("big", Tensor::FromValues<float>({big.size()}, big), Sgd()));
-  ASSERT_OK(client->FinishInitParams());
-  ASSERT_OK_AND_ASSIGN(Tensor got, client->GetParam("big"));
+  ASSERT_OK(client.InitParam("big", Tensor::FromValues<float>({big.size()}, big), Sgd()));
+  ASSERT_OK(client.FinishInitParams());
+  ASSERT_OK_AND_ASSIGN(Tensor got, client.GetParam("big"));
   EXPECT_EQ(got.ToVector<float>(), big);
   std::vector<float> ones(big.size(), 1.0f);
   Tensor out;
-  ASSERT_OK(client->PushPull("big", Tensor::FromValues<float>({ones.size()}, ones), &out));
+  ASSERT_OK(client.PushPull("big", Tensor::FromValues<float>({ones.size()}, ones), &out));
   for (float& x : big) x -= 1;
   EXPECT_EQ(out.ToVector<float>(), big);
-  EXPECT_GE(server_->bulk_listener()->aead_connections(), 1u);
-  // A client that does not ask for it (an older one) is served over TLS
-  // records by the same server.
-  const uint64_t aead_before = server_->bulk_listener()->aead_connections();
-  const int connections_before = server_->bulk_listener()->connections();
-  std::unique_ptr<Client> plain_tls = ClientWith(TlsOf(client_files_, *ca_), kChannelTimeout);
-  ASSERT_NE(plain_tls, nullptr);
-  ASSERT_OK_AND_ASSIGN(got, plain_tls->GetParam("big"));
-  EXPECT_EQ(got.ToVector<float>(), big);
-  EXPECT_GT(server_->bulk_listener()->connections(), connections_before);
-  EXPECT_EQ(server_->bulk_listener()->aead_connections(), aead_before);
+}
+
+// The server's count of AEAD connections, as GetStats tells it (equal to the
+// bulk listener's own count).
+uint64_t AeadConnectionsOf(Client& client, Server& server) {
+  absl::StatusOr<std::vector<v1::ServerStats>> stats = client.GetStats();
+  EXPECT_OK(stats.status());
+  if (!stats.ok() || stats->size() != 1) return ~uint64_t{0};
+  EXPECT_EQ((*stats)[0].bulk_aead_connections(), server.bulk_listener()->aead_connections());
+  return (*stats)[0].bulk_aead_connections();
+}
+
+// The AEAD layer is on by default at both ends (when the CPU runs it).
+TEST_F(TlsTest, TheAeadLayerIsOnByDefault) {
+  EXPECT_TRUE(TlsOptions().bulk_aead);
+  StartTlsServer();  // TlsOf: bulk_aead left at its default
+  ASSERT_NE(server_->bulk_listener(), nullptr);
+  EXPECT_EQ(server_->bulk_listener()->Offer().bulk_aead(), BulkAeadAvailable() ? 1u : 0u);
+  std::unique_ptr<Client> client = ClientWith(TlsOf(client_files_, *ca_), kChannelTimeout);
+  ASSERT_NE(client, nullptr);
+  ASSERT_NO_FATAL_FAILURE(ExpectBulkRoundTrip(*client, 1 << 19));  // 2 MiB
+  EXPECT_GE(server_->bulk_listener()->connections(), 1);
+  const uint64_t aead = AeadConnectionsOf(*client, *server_);
+  if (BulkAeadAvailable()) {
+    EXPECT_GE(aead, 1u);
+  } else {
+    EXPECT_EQ(aead, 0u);
+  }
+}
+
+// Server on/off x client on/off (ServerOptions.tls.bulk_aead, the server's
+// --tls_bulk_aead; the client's TlsOptions::bulk_aead): in every cell the
+// bulk calls carry exact data both ways over the channel; the connections
+// use the AEAD layer only when both ends want it, TLS records otherwise.
+class TlsAeadMatrixTest : public TlsTest,
+                          public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
+
+TEST_P(TlsAeadMatrixTest, DataIsExactAndTheStreamIsAeadOnlyWhenBothEndsWantIt) {
+  const auto [server_wants, client_wants] = GetParam();
+  TlsOptions server_tls = TlsOf(server_files_, *ca_);
+  server_tls.bulk_aead = server_wants;
+  StartServer(server_tls);
+  ASSERT_NE(server_->bulk_listener(), nullptr);
+  const bool both = server_wants && client_wants && BulkAeadAvailable();
+  EXPECT_EQ(server_->bulk_listener()->Offer().bulk_aead(),
+            server_wants && BulkAeadAvailable() ? 1u : 0u);
+  TlsOptions client_tls = TlsOf(client_files_, *ca_);
+  client_tls.bulk_aead = client_wants;
+  std::unique_ptr<Client> client = ClientWith(client_tls, kChannelTimeout);
+  ASSERT_NE(client, nullptr);
+  ASSERT_NO_FATAL_FAILURE(ExpectBulkRoundTrip(*client, 3 << 18));  // 3 MiB: several records
+  EXPECT_GE(server_->bulk_listener()->connections(), 1);  // the channel carried them
+  const uint64_t aead = AeadConnectionsOf(*client, *server_);
+  if (both) {
+    EXPECT_GE(aead, 1u);
+  } else {
+    EXPECT_EQ(aead, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ServerXClient, TlsAeadMatrixTest,
+    ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<bool, bool>>& info) {
+      return absl::StrCat("Server", std::get<0>(info.param) ? "On" : "Off", "Client",
+                          std::get<1>(info.param) ? "On" : "Off");
+    });
+
+// The pserver binary: without the flag it offers the AEAD layer and a
+// default client's bulk connection uses it; --tls_bulk_aead=false keeps TLS
+// records for the same client. Data exact either way.
+TEST_F(TlsTest, PserverBinaryOffersTheAeadLayerUnlessTurnedOff) {
+  const std::string binary = RunfilesPath("cc/server/pserver");
+  for (const bool off : {false, true}) {
+    SCOPED_TRACE(off ? "--tls_bulk_aead=false" : "default");
+    std::vector<std::string> args = {"--port=0", "--tls_cert=" + server_files_.cert,
+                                     "--tls_key=" + server_files_.key,
+                                     "--tls_ca=" + ca_->cert_path()};
+    if (off) args.push_back("--tls_bulk_aead=false");
+    ASSERT_OK_AND_ASSIGN(auto child, ChildProcess::Spawn(binary, args));
+    absl::StatusOr<std::string> address =
+        WaitForPserverAddress(*child, 0, absl::Now() + absl::Seconds(60));
+    if (address.ok()) {
+      ClientOptions options;
+      options.servers = {*address};
+      options.timeout = kChannelTimeout;
+      options.tls = TlsOf(client_files_, *ca_);  // bulk_aead: the default
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+      EXPECT_OK(client.status());
+      if (client.ok()) {
+        EXPECT_NO_FATAL_FAILURE(ExpectBulkRoundTrip(**client, 1 << 19));
+        absl::StatusOr<std::vector<v1::ServerStats>> stats = (*client)->GetStats();
+        EXPECT_OK(stats.status());
+        if (stats.ok() && stats->size() == 1) {
+          if (!off && BulkAeadAvailable()) {
+            EXPECT_GE((*stats)[0].bulk_aead_connections(), 1u);
+          } else {
+            EXPECT_EQ((*stats)[0].bulk_aead_connections(), 0u);
+          }
+        }
+      }
+    }
+    EXPECT_OK(address.status());
+    kill(child->pid(), SIGTERM);
+    EXPECT_OK(child->WaitForExit(absl::Now() + absl::Seconds(30)).status());
+  }
 }
 
 TEST_F(TlsChannelTest, ClientCertificateFromAnotherCaIsRefusedOnTheChannel) {

@@ -15,7 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cc/core/status_macros.h"
-#include "cc/security/bulk_aead.h"
+#include "cc/security/bulk_aead_choice.h"
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/replica_channel.h"
 #include "cc/rpc/table_frame.h"
@@ -104,9 +104,7 @@ absl::StatusOr<std::unique_ptr<BulkListener>> BulkListener::Start(
   listener->offer_.set_token(RandomBytes(kChannelTokenBytes));
   listener->offer_.set_max_frame_bytes(options.max_frame_bytes);
   listener->offer_.set_table_frames(kTableFrameVersion);
-  if (options.tls.enabled() && options.tls.bulk_aead && BulkAeadAvailable()) {
-    listener->offer_.set_bulk_aead(1);
-  }
+  if (UseBulkAead(options.tls, "server")) listener->offer_.set_bulk_aead(1);
   if (options.unix_socket) {
     const std::string name =
         absl::StrCat("pserver-bulk-", getpid(), "-", absl::BytesToHexString(RandomBytes(8)));

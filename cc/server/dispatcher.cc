@@ -763,6 +763,7 @@ void Dispatcher::FillStats(v1::ServerStats* out) const {
   out->set_reply_bytes_in_flight(reply_budget_.held());
   out->set_reads_refused_for_memory(reply_budget_.refused());
   if (hooks_.degraded) out->set_degraded(hooks_.degraded());
+  if (hooks_.bulk_aead_connections) out->set_bulk_aead_connections(hooks_.bulk_aead_connections());
   absl::MutexLock lock(&metrics_address_mu_);
   out->set_metrics_address(metrics_address_);
 }

@@ -113,6 +113,8 @@ struct DispatcherHooks {
       receive_blocks;
   // GetStats' `degraded`: why the server is degraded ("": it is not). Unset: "".
   std::function<std::string()> degraded;
+  // GetStats' `bulk_aead_connections` (BulkListener::aead_connections). Unset: 0.
+  std::function<uint64_t()> bulk_aead_connections;
   // Fault injection for tests: every n-th push that is applied is answered
   // UNAVAILABLE, as if its reply had been lost. 0: off.
   uint64_t drop_reply_after_apply_every_n = 0;

@@ -213,9 +213,11 @@ ABSL_FLAG(std::string, tls_cert, "",
           "mutual TLS: clients must present a certificate signed by --tls_ca. The bulk channel "
           "is then mutual TLS too (TCP only).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
-ABSL_FLAG(bool, tls_bulk_aead, false,
+ABSL_FLAG(bool, tls_bulk_aead, true,
           "With TLS: offer the bulk channel's AEAD layer (AES-128-GCM from ipsec-mb keyed by "
-          "the TLS exporter, docs/security.md) to clients that ask for it; off: TLS records.");
+          "the TLS exporter, docs/security.md) to clients that ask for it (they do by "
+          "default); false: TLS records for every client. A CPU without AES-NI keeps TLS "
+          "records and says so once.");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA certificate(s) a client's certificate must chain to.");
 ABSL_FLAG(double, tls_reload_seconds, 60,

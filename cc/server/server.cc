@@ -328,6 +328,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (bulk_channel) {
     hooks.open_channel = [raw] { return raw->bulk_listener_->Offer(); };
+    hooks.bulk_aead_connections = [raw]() -> uint64_t {
+      return raw->bulk_listener_ == nullptr ? 0 : raw->bulk_listener_->aead_connections();
+    };
   }
   if (options.accept_standbys || options.standby) {
     // Set once serving (AttachStandby needs it): a standby's once it took over.
