@@ -20,7 +20,7 @@
 #include "cc/capi/pserver.h"
 
 static void test_version_and_codes(void) {
-  EXPECT(strcmp(pserver_version(), "0.6.0") == 0);
+  EXPECT(strcmp(pserver_version(), "0.7.0") == 0);
   /* The header's macros name the same version as the library. */
   char header_version[32];
   snprintf(header_version, sizeof header_version, "%d.%d.%d", PSERVER_VERSION_MAJOR,

@@ -237,6 +237,10 @@ void pserver_client_options_set_tls_server_name(pserver_client_options_t* option
   }
 }
 
+void pserver_client_options_set_tls_bulk_aead(pserver_client_options_t* options, int32_t on) {
+  if (options != nullptr) options->rep.tls.bulk_aead = on != 0;
+}
+
 void pserver_client_options_set_token(pserver_client_options_t* options, const char* token) {
   try {
     if (options != nullptr) options->rep.token = token == nullptr ? "" : token;
@@ -428,6 +432,7 @@ size_t pserver_client_stats(pserver_client_t* client, pserver_server_stats_t* ou
           c->gets_served = s.gets_served();
           c->requests_rejected = s.requests_rejected();
           c->uptime_seconds = s.uptime_seconds();
+          c->bulk_aead_connections = s.bulk_aead_connections();
         });
     return absl::OkStatus();
   });

@@ -112,10 +112,10 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define PSERVER_VERSION_MAJOR 0
-#define PSERVER_VERSION_MINOR 6
+#define PSERVER_VERSION_MINOR 7
 #define PSERVER_VERSION_PATCH 0
 
-/* "0.5.0": the library's version (which may be newer than this header's).
+/* "0.7.0": the library's version (which may be newer than this header's).
  *
  * ABI changes (convention 7 holds from one minor version to the next
  * except where listed here):
@@ -153,7 +153,12 @@ extern "C" {
  *   0.6.0: additive. A server with a metrics page appends
  *          " metrics=host:port" to its /ps/<idx> value; added
  *          pserver_etcd_server_value_parse, which reads every form; and
- *          pserver_client_list_params with pserver_param_list_*. */
+ *          pserver_client_list_params with pserver_param_list_*.
+ *   0.7.0: additive, one default changed. With TLS the bulk channel uses
+ *          its AEAD layer by default when both ends can (docs/security.md);
+ *          added pserver_client_options_set_tls_bulk_aead and
+ *          pserver_server_options_set_tls_bulk_aead to turn it off, and
+ *          pserver_server_stats_t.bulk_aead_connections (appended). */
 PSERVER_EXPORT const char* pserver_version(void);
 
 /* ----------------------------------------------------------------- status */
@@ -398,6 +403,14 @@ PSERVER_EXPORT void pserver_client_options_set_tls(pserver_client_options_t* opt
  * (NULL or "": the host). Needs TLS (pserver_client_options_set_tls). */
 PSERVER_EXPORT void pserver_client_options_set_tls_server_name(pserver_client_options_t* options,
                                                                const char* name);
+/* With TLS, whether the bulk channel asks for its AEAD layer (AES-128-GCM
+ * keyed by the TLS exporter, docs/security.md) after the handshake: nonzero
+ * (the default) uses it with servers that offer it (they do unless
+ * --tls_bulk_aead=false) when this CPU has AES-NI; 0 keeps TLS records.
+ * Either way the data is the same; see
+ * pserver_server_stats_t.bulk_aead_connections. */
+PSERVER_EXPORT void pserver_client_options_set_tls_bulk_aead(pserver_client_options_t* options,
+                                                             int32_t on);
 
 /* A client over gRPC to the options' servers (the options may be deleted
  * afterwards). INVALID_ARGUMENT for no servers, an empty address or a zero
@@ -491,6 +504,9 @@ typedef struct pserver_server_stats_t {
   uint64_t gets_served;
   uint64_t requests_rejected;
   double uptime_seconds;
+  /* 0.7.0: bulk-channel connections since the server started that use the
+   * AEAD layer after TLS (pserver_client_options_set_tls_bulk_aead). */
+  uint64_t bulk_aead_connections;
 } pserver_server_stats_t;
 
 /* Stats of every server, in index order: fills out[0 .. min(n, capacity))

@@ -55,6 +55,11 @@ PSERVER_EXPORT void pserver_server_options_set_tls(pserver_server_options_t* opt
                                                    const char* cert, const char* key,
                                                    const char* ca, int32_t reload_seconds,
                                                    pserver_status_t* status);
+/* With TLS, whether the bulk channel offers its AEAD layer to clients
+ * (pserver --tls_bulk_aead): nonzero (the default) offers it when this CPU
+ * has AES-NI, 0 keeps TLS records for every client. */
+PSERVER_EXPORT void pserver_server_options_set_tls_bulk_aead(pserver_server_options_t* options,
+                                                             int32_t on);
 
 /* Roles (docs/security.md): the server's job, a bearer tokens file (lines
  * "role job token"; NULL or "": none) and a client-certificate rule (e.g.

@@ -81,6 +81,10 @@ void pserver_server_options_set_tls(pserver_server_options_t* options, const cha
   });
 }
 
+void pserver_server_options_set_tls_bulk_aead(pserver_server_options_t* options, int32_t on) {
+  if (options != nullptr) options->rep.tls.bulk_aead = on != 0;
+}
+
 void pserver_server_options_set_auth(pserver_server_options_t* options, const char* job,
                                      const char* tokens_file, const char* cert_rule) {
   try {

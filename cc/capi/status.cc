@@ -9,7 +9,7 @@ using pserver_capi::NewHandle;
 
 extern "C" {
 
-const char* pserver_version(void) { return "0.6.0"; }
+const char* pserver_version(void) { return "0.7.0"; }
 
 // ------------------------------------------------------------------ status
 

@@ -41,8 +41,8 @@ func newCluster(t *testing.T, n int, opts *pserver.ServerOptions) (*pserver.Loca
 }
 
 func TestVersion(t *testing.T) {
-	if v := pserver.Version(); v != "0.6.0" {
-		t.Fatalf("version %q, want 0.6.0", v)
+	if v := pserver.Version(); v != "0.7.0" {
+		t.Fatalf("version %q, want 0.7.0", v)
 	}
 }
 

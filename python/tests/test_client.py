@@ -227,4 +227,4 @@ def test_server_advertise_host():
 
 
 def test_version():
-    assert pserver.version() == pserver.__version__ == "0.6.0"
+    assert pserver.version() == pserver.__version__ == "0.7.0"
