@@ -416,7 +416,7 @@ struct PserverPyEntries {
   for (size_t i = 0; i < n; ++i) {
     const pserver_server_stats_t* s = &$1[i];
     PyList_SET_ITEM(list, (Py_ssize_t)i, Py_BuildValue(
-        "{s:I,s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:d}",
+        "{s:I,s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K}",
         "index", (unsigned int)s->index, "initialized", s->initialized ? Py_True : Py_False,
         "parameters", (unsigned long long)s->parameters,
         "parameter_bytes", (unsigned long long)s->parameter_bytes,
@@ -424,7 +424,8 @@ struct PserverPyEntries {
         "gradients_applied", (unsigned long long)s->gradients_applied,
         "gets_served", (unsigned long long)s->gets_served,
         "requests_rejected", (unsigned long long)s->requests_rejected,
-        "uptime_seconds", s->uptime_seconds));
+        "uptime_seconds", s->uptime_seconds,
+        "bulk_aead_connections", (unsigned long long)s->bulk_aead_connections));
   }
   $result = SWIG_Python_AppendOutput($result, list);
 }

@@ -20,10 +20,16 @@ class Tls:
     present a certificate from `ca`, and re-reads its files every
     `reload_seconds` (rotation without restart).
 
+    `bulk_aead` (default True): after the TLS handshake the bulk channel
+    seals its bytes with an AES-128-GCM layer keyed from the TLS session
+    (docs/security.md) when both ends want it and the CPU has AES-NI; False
+    keeps TLS records (on a server: for every client). The data is the same
+    either way; ``Client.stats()`` counts a server's ``bulk_aead_connections``.
+
     >>> import pserver
     >>> tls = pserver.Tls(cert="trainer.pem", key="trainer.key", ca="ca.pem")
-    >>> tls.server_name is None
-    True
+    >>> tls.server_name is None, tls.bulk_aead
+    (True, True)
     """
 
     cert: Union[str, os.PathLike]
@@ -31,6 +37,11 @@ class Tls:
     ca: Union[str, os.PathLike]
     server_name: Optional[str] = None
     reload_seconds: Optional[int] = None  # servers only; default 60
+    bulk_aead: bool = True  # the bulk channel's AEAD layer after TLS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bulk_aead, bool):
+            raise InvalidArgument(f"tls: bulk_aead must be True or False, got {self.bulk_aead!r}")
 
     def __repr__(self) -> str:
         return f"pserver.Tls(cert={str(self.cert)!r}, ca={str(self.ca)!r})"
@@ -41,10 +52,10 @@ def _as_tls(tls: Union[None, Tls, Mapping[str, Any]]) -> Optional[Tls]:
     if tls is None or isinstance(tls, Tls):
         return tls
     if isinstance(tls, Mapping):
-        unknown = set(tls) - {"cert", "key", "ca", "server_name", "reload_seconds"}
+        unknown = set(tls) - {"cert", "key", "ca", "server_name", "reload_seconds", "bulk_aead"}
         if unknown:
             raise InvalidArgument(f"tls: unknown key(s) {sorted(unknown)}; "
-                                  "want cert, key, ca, server_name, reload_seconds")
+                                  "want cert, key, ca, server_name, reload_seconds, bulk_aead")
         missing = {"cert", "key", "ca"} - set(tls)
         if missing:
             raise InvalidArgument(f"tls needs cert, key and ca; missing {sorted(missing)}")
@@ -60,6 +71,7 @@ def _set_client_tls(opts: Any, tls: Union[None, Tls, Mapping[str, Any]]) -> None
                                       os.fspath(tls.ca))
     if tls.server_name:
         _c.pserver_client_options_set_tls_server_name(opts, str(tls.server_name))
+    _c.pserver_client_options_set_tls_bulk_aead(opts, 1 if tls.bulk_aead else 0)
 
 
 def _set_server_tls(opts: Any, tls: Union[None, Tls, Mapping[str, Any]]) -> None:
@@ -68,3 +80,4 @@ def _set_server_tls(opts: Any, tls: Union[None, Tls, Mapping[str, Any]]) -> None
         return
     _c.pserver_server_options_set_tls(opts, os.fspath(tls.cert), os.fspath(tls.key),
                                       os.fspath(tls.ca), int(tls.reload_seconds or 0))
+    _c.pserver_server_options_set_tls_bulk_aead(opts, 1 if tls.bulk_aead else 0)

@@ -70,3 +70,44 @@ def test_bad_tls_arguments_say_what_is_wrong(pki):
                                        ca=pki["ca"]))
     with pytest.raises(pserver.InvalidArgument, match="pserver.Tls or a dict"):
         pserver.Client(["127.0.0.1:1"], tls="ca.pem")
+
+
+def _cpu_has_aes_ni():
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("flags") and " aes " in f" {line.split(':', 1)[1]} "
+                   for line in f)
+
+
+@pytest.mark.parametrize("server_on", [True, False], ids=["server_on", "server_off"])
+@pytest.mark.parametrize("client_on", [True, False], ids=["client_on", "client_off"])
+def test_bulk_aead_option_reaches_the_server(pki, server_on, client_on):
+    # Tls(bulk_aead=...) on each end: data exact in every cell; the server
+    # counts a connection on the AEAD layer only when both ends want it.
+    both = server_on and client_on
+    if both and not _cpu_has_aes_ni():
+        pytest.skip("this CPU has no AES-NI: the AEAD layer is never used")
+    with pserver.Server(tls=tls_of(pki, "server", bulk_aead=server_on)) as s:
+        with pserver.Client([s.address], timeout=60,
+                            tls=tls_of(pki, "trainer", bulk_aead=client_on)) as client:
+            values = (np.arange(1 << 18) % 1000).astype(np.float32)  # 1 MiB
+            client.init("big", values, optimizer="sgd", lr=1.0)
+            client.finish_init()
+            np.testing.assert_array_equal(client.get("big"), values)
+            client.send_grad("big", np.ones_like(values))
+            np.testing.assert_array_equal(client.get("big"), values - 1)
+            aead = client.stats()[0]["bulk_aead_connections"]
+    if both:
+        assert aead >= 1
+    else:
+        assert aead == 0
+
+
+def test_bulk_aead_is_on_by_default_and_checked(pki):
+    assert tls_of(pki, "trainer").bulk_aead is True
+    cert, key = pki["trainer"]
+    with pserver.Client(["127.0.0.1:1"], tls={"cert": cert, "key": key, "ca": pki["ca"],
+                                              "bulk_aead": False}) as client:
+        assert client.num_servers == 1  # the dict key is accepted
+    with pytest.raises(pserver.InvalidArgument, match="bulk_aead must be True or False"):
+        pserver.Client(["127.0.0.1:1"], tls={"cert": cert, "key": key, "ca": pki["ca"],
+                                             "bulk_aead": "no"})
