@@ -667,6 +667,9 @@ type ServerStats struct {
 	GetsServed          uint64
 	RequestsRejected    uint64
 	Uptime              time.Duration
+	// Bulk-channel connections since the server started that use the AEAD
+	// layer after TLS (see TLS.DisableBulkAEAD).
+	BulkAEADConnections uint64
 }
 
 // healthNames are PSERVER_HEALTH_* (grpc.health.v1 ServingStatus) by value.
@@ -789,6 +792,7 @@ func (cl *Client) Stats(ctx context.Context) ([]ServerStats, error) {
 				GetsServed:          uint64(s.gets_served),
 				RequestsRejected:    uint64(s.requests_rejected),
 				Uptime:              time.Duration(float64(s.uptime_seconds) * float64(time.Second)),
+				BulkAEADConnections: uint64(s.bulk_aead_connections),
 			})
 		}
 	}, buf.free)

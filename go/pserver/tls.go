@@ -19,12 +19,30 @@ import (
 // without a restart. The files are checked when the client or server is
 // made: an error names the file and what is wrong (missing, not PEM,
 // expired, key not the certificate's).
+//
+// With TLS the bulk channel switches, after the handshake, to an AEAD layer
+// (AES-128-GCM keyed from the TLS session, docs/security.md) when both ends
+// want it (the default) and the CPU has AES-NI; otherwise it keeps TLS
+// records. The data is the same either way; ServerStats.BulkAEADConnections
+// counts a server's connections on the layer.
 type TLS struct {
 	Cert, Key, CA string
 	// ServerName: clients only; the name servers' certificates must carry.
 	ServerName string
 	// ReloadSeconds: servers only; how often the files are re-read (>= 1).
 	ReloadSeconds int
+	// DisableBulkAEAD keeps the bulk channel on TLS records: a client does
+	// not ask for the AEAD layer, a server offers it to no client (pserver
+	// --tls_bulk_aead=false). The zero value uses the layer.
+	DisableBulkAEAD bool
+}
+
+// bulkAEAD is the C ABI's on (1) or off (0) for t.
+func (t *TLS) bulkAEAD() C.int32_t {
+	if t.DisableBulkAEAD {
+		return 0
+	}
+	return 1
 }
 
 // applyToClient sets t (nil: none) on the client options.
@@ -42,6 +60,7 @@ func (t *TLS) applyToClient(opts *C.pserver_client_options_t) error {
 		defer C.free(unsafe.Pointer(name))
 		C.pserver_client_options_set_tls_server_name(opts, name)
 	}
+	C.pserver_client_options_set_tls_bulk_aead(opts, t.bulkAEAD())
 	return nil
 }
 
@@ -55,6 +74,7 @@ func (t *TLS) applyToServer(opts *C.pserver_server_options_t) error {
 	}); err != nil {
 		return fmt.Errorf("pserver: server TLS: %w", err)
 	}
+	C.pserver_server_options_set_tls_bulk_aead(opts, t.bulkAEAD())
 	return nil
 }
 

@@ -3,6 +3,7 @@ package pserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,5 +95,97 @@ func TestTLSFilesAreChecked(t *testing.T) {
 	_, err = NewServer(&ServerOptions{TLS: &TLS{Cert: bad.Cert}})
 	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "missing: --tls_key, --tls_ca") {
 		t.Fatalf("got %v, want INVALID_ARGUMENT naming the missing options", err)
+	}
+}
+
+// cpuHasAESNI: /proc/cpuinfo lists the aes flag (the AEAD layer needs it).
+func cpuHasAESNI() bool {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "flags") && strings.Contains(line+" ", " aes ") {
+			return true
+		}
+	}
+	return false
+}
+
+// TLS.DisableBulkAEAD on each end: data exact in every cell; the server
+// counts a bulk connection on the AEAD layer only when both ends want it.
+func TestBulkAEADOptionReachesTheServer(t *testing.T) {
+	pki := newTestPKI(t)
+	serverTLS, clientTLS := pki.issue("server", "pserver-0"), pki.issue("trainer", "trainer-0")
+	for _, serverOn := range []bool{true, false} {
+		for _, clientOn := range []bool{true, false} {
+			name := fmt.Sprintf("server_%v_client_%v", serverOn, clientOn)
+			t.Run(name, func(t *testing.T) {
+				both := serverOn && clientOn
+				if both && !cpuHasAESNI() {
+					t.Skip("this CPU has no AES-NI: the AEAD layer is never used")
+				}
+				st, ct := *serverTLS, *clientTLS
+				st.DisableBulkAEAD, ct.DisableBulkAEAD = !serverOn, !clientOn
+				srv, err := NewServer(&ServerOptions{TLS: &st})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer srv.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				client, err := srv.Client(ctx, Options{TLS: &ct, Timeout: 60 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer client.Close()
+				values := make([]float32, 1<<18) // 1 MiB
+				for i := range values {
+					values[i] = float32(i % 1000)
+				}
+				w, err := NewTensor(values)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := client.Init(ctx, "big", w, &ParamConfig{Optimizer: "sgd", Settings: map[string]float64{"learning_rate": 1}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := client.FinishInit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				ones := make([]float32, len(values))
+				for i := range ones {
+					ones[i] = 1
+				}
+				g, _ := NewTensor(ones)
+				if err := client.SendGrad(ctx, "big", g); err != nil {
+					t.Fatal(err)
+				}
+				got, err := client.Get(ctx, "big")
+				if err != nil {
+					t.Fatal(err)
+				}
+				gv := got.Value().([]float32)
+				if len(gv) != len(values) {
+					t.Fatalf("got %d values, want %d", len(gv), len(values))
+				}
+				for i := range gv {
+					if gv[i] != values[i]-1 {
+						t.Fatalf("value %d = %v, want %v", i, gv[i], values[i]-1)
+					}
+				}
+				stats, err := client.Stats(ctx)
+				if err != nil || len(stats) != 1 {
+					t.Fatalf("stats = %v, %v", stats, err)
+				}
+				aead := stats[0].BulkAEADConnections
+				if both && aead < 1 {
+					t.Fatalf("both ends want the AEAD layer, the server counts %d AEAD connections", aead)
+				}
+				if !both && aead != 0 {
+					t.Fatalf("an end turned the AEAD layer off, the server counts %d AEAD connections", aead)
+				}
+			})
+		}
 	}
 }

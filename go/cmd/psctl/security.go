@@ -17,7 +17,7 @@ import (
 type securityFlags struct {
 	cert, key, ca, serverName            *string
 	tokenFile, etcdCA, etcdCert, etcdKey *string
-	requireInstanceID                    *bool
+	requireInstanceID, bulkAEAD          *bool
 }
 
 func addSecurityFlags(fs *flag.FlagSet) *securityFlags {
@@ -31,6 +31,7 @@ func addSecurityFlags(fs *flag.FlagSet) *securityFlags {
 		etcdCert:          fs.String("etcd_tls_cert", "", "etcd over TLS: this client's certificate (PEM), for etcd --client-cert-auth"),
 		etcdKey:           fs.String("etcd_tls_key", "", "etcd over TLS: the key of -etcd_tls_cert (PEM)"),
 		requireInstanceID: fs.Bool("require_instance_id", false, "refuse a /ps/<idx> entry in etcd that names no server instance (a bare host:port, as etcdctl writes it)"),
+		bulkAEAD:          fs.Bool("tls_bulk_aead", true, "with TLS: use the bulk channel's AEAD layer with servers that offer it (false: TLS records)"),
 	}
 }
 
@@ -39,7 +40,8 @@ func (f *securityFlags) tls() *pserver.TLS {
 	if *f.cert == "" && *f.key == "" && *f.ca == "" && *f.serverName == "" {
 		return nil
 	}
-	return &pserver.TLS{Cert: *f.cert, Key: *f.key, CA: *f.ca, ServerName: *f.serverName}
+	return &pserver.TLS{Cert: *f.cert, Key: *f.key, CA: *f.ca, ServerName: *f.serverName,
+		DisableBulkAEAD: !*f.bulkAEAD}
 }
 
 // token is the -token_file's token ("" without the flag).
