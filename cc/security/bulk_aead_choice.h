@@ -18,6 +18,10 @@ namespace pserver {
 // first two hold but the CPU lacks the layer, logs that once.
 bool UseBulkAead(const TlsOptions& options, const char* side);
 
+// Testing only: `absent` true makes UseBulkAead act as on a CPU without the
+// layer; false: as this CPU is.
+void SimulateNoBulkAeadForTesting(bool absent);
+
 }  // namespace pserver
 
 #endif  // PSERVER_CC_SECURITY_BULK_AEAD_CHOICE_H_
