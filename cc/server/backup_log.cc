@@ -83,6 +83,12 @@ void BackupLog::Drain() {
       break;
     }
     ++applied_;
+    // A retry of this LSN that arrived while it was applied (its first
+    // connection broke) was held again: it is done, not held.
+    if (auto retried = held_.find(applied_); retried != held_.end()) {
+      held_bytes_ -= Bytes(retried->second);
+      held_.erase(retried);
+    }
     const uint64_t bytes = Bytes(write);
     if (bytes <= options_.max_retained_bytes) {
       retained_bytes_ += bytes;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cc/testing/status_matchers.h"
@@ -94,6 +95,36 @@ TEST(BackupLogTest, ARetryIsAcknowledgedAndNotAppliedTwice) {
   BackupLog later(1, 5, {}, applied.Fn());
   EXPECT_OK(later.Deliver(W(1, 5), absl::Now() + kLong));
   EXPECT_THAT(applied.lsns(), ElementsAre(1));
+}
+
+// A write resent (its first connection broke) while its first copy is
+// being applied waits for that apply, is acknowledged, is not applied twice,
+// and leaves nothing held behind.
+TEST(BackupLogTest, ARetryArrivingWhileItsFirstCopyIsAppliedLeavesNothingHeld) {
+  absl::Notification applying, finish;
+  std::vector<uint64_t> lsns;
+  BackupLog log(1, 0, {}, [&](const BackupLog::Write& w) {
+    lsns.push_back(w.lsn);
+    if (w.lsn == 1) {
+      applying.Notify();
+      finish.WaitForNotification();
+    }
+    return absl::OkStatus();
+  });
+  absl::Status first;
+  std::thread t([&] { first = log.Deliver(W(1, 1), absl::Now() + kLong); });
+  applying.WaitForNotification();
+  absl::Status retry;
+  std::thread r([&] { retry = log.Deliver(W(1, 1), absl::Now() + kLong); });
+  ASSERT_TRUE(WaitHeld(log, 1));  // the retry waits behind the apply
+  finish.Notify();
+  t.join();
+  r.join();
+  EXPECT_OK(first);
+  EXPECT_OK(retry);
+  EXPECT_THAT(lsns, ElementsAre(1));
+  EXPECT_EQ(log.held_writes(), 0u);
+  EXPECT_EQ(log.held_bytes(), 0u);
 }
 
 TEST(BackupLogTest, AStalePrimaryGetsNoAcknowledgement) {

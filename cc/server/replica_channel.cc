@@ -91,7 +91,13 @@ struct ReplicaChannel::Connection {
   std::unique_ptr<ByteStream> stream;
   std::string kind;  // "unix" or "tcp"
   uint64_t max_frame_bytes = 0;  // the backup's (its --max_message_bytes)
-  std::thread reader;
+  // A waiter is reading its replies (guarded by the channel's mu_).
+  bool reading = false;
+};
+
+struct ReplicaChannel::Reply {
+  ReplyHeader header;
+  std::string message;
 };
 
 ReplicaChannel::ReplicaChannel(uint32_t shard, std::string address,
@@ -112,23 +118,11 @@ ReplicaChannel::~ReplicaChannel() {
     mu_.Await(absl::Condition(&idle));
     if (connection_ != nullptr) Break(connection_.get(), "the link to the backup is closing");
   }
-  JoinRetired();
 }
 
 std::string ReplicaChannel::route() const {
   absl::MutexLock lock(&mu_);
   return route_;
-}
-
-void ReplicaChannel::JoinRetired() {
-  std::vector<std::shared_ptr<Connection>> retired;
-  {
-    absl::MutexLock lock(&mu_);
-    retired.swap(retired_);
-  }
-  for (auto& connection : retired) {
-    if (connection->reader.joinable()) connection->reader.join();
-  }
 }
 
 bool ReplicaChannel::MayHandOver(uint64_t lsn) const {
@@ -149,7 +143,7 @@ void ReplicaChannel::Break(Connection* connection, const std::string& why) {
     resend_.insert(pending->lsn);
   }
   pending_.clear();
-  retired_.push_back(std::move(connection_));
+  // Waiters still hold it (a reader's read returns: the stream is shut down).
   connection_ = nullptr;
 }
 
@@ -209,38 +203,48 @@ absl::StatusOr<std::shared_ptr<ReplicaChannel::Connection>> ReplicaChannel::Open
   return connection;
 }
 
-void ReplicaChannel::ReadReplies(Connection* connection) {
-  ByteStream& stream = *connection->stream;
-  while (true) {
-    char encoded[kReplyHeaderBytes];
-    absl::Status read = stream.Read(encoded, sizeof(encoded));
-    absl::StatusOr<ReplyHeader> reply =
-        read.ok() ? DecodeReplyHeader(encoded, /*max_payload_bytes=*/0) : read;
-    std::string message;
-    if (reply.ok()) {
-      message.resize(reply->message_bytes);
-      read = stream.Read(message.data(), message.size());
-      if (!read.ok()) reply = read;
-    }
-    absl::MutexLock lock(&mu_);
-    if (!reply.ok()) {
-      Break(connection, absl::StrCat("the bulk channel to backup at ", address_,
-                                     " broke: ", reply.status().message()));
-      return;
-    }
-    if (connection_.get() != connection) return;
-    if (auto it = pending_.find(reply->call_id); it != pending_.end()) {
-      it->second->done = true;
-      it->second->status = absl::Status(reply->code, message);
-      if (reply->code == absl::StatusCode::kUnavailable) resend_.insert(it->second->lsn);
-      pending_.erase(it);
-    }
-    // Not applied (the backup's budget, its copy loading, a newer epoch it
-    // has yet to learn): later writes on this connection would wait behind
-    // it at the backup; every one in flight is resent, this one first.
-    if (reply->code == absl::StatusCode::kUnavailable) {
-      Break(connection, absl::StrCat("backup at ", address_, " answered a write: ", message));
-    }
+absl::StatusOr<ReplicaChannel::Reply> ReplicaChannel::ReadReply(Connection& connection,
+                                                                 absl::Time deadline) {
+  ByteStream& stream = *connection.stream;
+  // The read is bounded by the deadline (SO_RCVTIMEO; zero: none). A read
+  // that fails at it timed out, whatever it had read: the caller breaks the
+  // connection either way.
+  const absl::Duration left =
+      deadline == absl::InfiniteFuture() ? absl::ZeroDuration() : deadline - absl::Now();
+  if (deadline != absl::InfiniteFuture() && left <= absl::ZeroDuration()) {
+    return absl::DeadlineExceededError("no answer arrived in time");
+  }
+  // Rounded up: a timeout that ends on time ends at the deadline or later.
+  SetTimeout(stream, SO_RCVTIMEO, absl::Ceil(left, absl::Microseconds(1)));
+  Reply reply;
+  char encoded[kReplyHeaderBytes];
+  absl::Status read = stream.Read(encoded, sizeof(encoded));
+  if (read.ok()) {
+    absl::StatusOr<ReplyHeader> header = DecodeReplyHeader(encoded, /*max_payload_bytes=*/0);
+    if (!header.ok()) return header.status();  // not a reply: the connection breaks
+    reply.header = *header;
+    reply.message.resize(reply.header.message_bytes);
+    read = stream.Read(reply.message.data(), reply.message.size());
+  }
+  if (read.ok()) return reply;
+  if (absl::Now() >= deadline) return absl::DeadlineExceededError("no answer arrived in time");
+  return read;
+}
+
+void ReplicaChannel::Answered(Connection* connection, const Reply& reply) {
+  if (connection_.get() != connection) return;
+  const absl::StatusCode code = reply.header.code;
+  if (auto it = pending_.find(reply.header.call_id); it != pending_.end()) {
+    it->second->done = true;
+    it->second->status = absl::Status(code, reply.message);
+    if (code == absl::StatusCode::kUnavailable) resend_.insert(it->second->lsn);
+    pending_.erase(it);
+  }
+  // Not applied (the backup's budget, its copy loading, a newer epoch it
+  // has yet to learn): later writes on this connection would wait behind
+  // it at the backup; every one in flight is resent, this one first.
+  if (code == absl::StatusCode::kUnavailable) {
+    Break(connection, absl::StrCat("backup at ", address_, " answered a write: ", reply.message));
   }
 }
 
@@ -336,12 +340,42 @@ std::shared_ptr<ReplicaChannel::Posted> ReplicaChannel::HandOver(
 
 absl::Status ReplicaChannel::Await(Posted& posted, absl::Time deadline) {
   Pending& pending = *posted.pending_;
+  Connection* const connection = posted.connection_.get();
   absl::MutexLock lock(&mu_);
-  auto answered = [&pending]() { return pending.done; };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&answered), deadline)) {
+  // Answered, or nobody reads the connection's replies: this waiter does.
+  auto answered_or_free = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return pending.done || !connection->reading;
+  };
+  bool timed_out = false;
+  while (!pending.done && !timed_out) {
+    if (!mu_.AwaitWithDeadline(absl::Condition(&answered_or_free), deadline)) {
+      timed_out = true;
+      break;
+    }
+    if (pending.done) break;
+    if (connection_.get() != connection) {  // not expected: Break answers every write
+      pending.done = true;
+      pending.status = absl::UnavailableError(
+          absl::StrCat("the bulk channel to backup at ", address_, " broke; retry"));
+      break;
+    }
+    connection->reading = true;
+    mu_.Unlock();
+    absl::StatusOr<Reply> reply = ReadReply(*connection, deadline);
+    mu_.Lock();
+    connection->reading = false;
+    if (reply.ok()) {
+      Answered(connection, *reply);
+    } else if (absl::IsDeadlineExceeded(reply.status())) {
+      timed_out = true;
+    } else {
+      Break(connection, absl::StrCat("the bulk channel to backup at ", address_,
+                                     " broke: ", reply.status().message()));
+    }
+  }
+  if (timed_out && !pending.done) {
     // The connection goes with it: a late answer would match nothing.
-    Break(posted.connection_.get(),
-          absl::StrCat("LSN ", pending.lsn, " timed out at backup ", address_));
+    Break(connection, absl::StrCat("LSN ", pending.lsn, " timed out at backup ", address_));
     pending_.erase(posted.call_id_);
     return absl::DeadlineExceededError(absl::StrCat(
         "backup at ", address_, " did not answer LSN ", pending.lsn, " in time"));
@@ -380,7 +414,6 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
     connection = connection_;
     try_open = connection == nullptr && options_.enabled && absl::Now() >= grpc_until_;
   }
-  JoinRetired();
   if (try_open) {
     absl::StatusOr<std::shared_ptr<Connection>> opened =
         Open(std::min(deadline, absl::Now() + options_.connect_timeout));
@@ -388,7 +421,6 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
     if (opened.ok()) {
       connection = *std::move(opened);
       connection_ = connection;
-      connection->reader = std::thread([this, raw = connection.get()] { ReadReplies(raw); });
     } else {
       grpc_until_ = absl::Now() + options_.retry_after;
     }

@@ -17,6 +17,15 @@
 // `retry_after`. With roles on the backup authorizes "Replicate" for the
 // connection's principal; without, the channel token is the proof.
 //
+// Answers: no thread of the channel's own reads them. A sender waiting for
+// its answer (Await, Send) reads the connection's replies itself when no
+// other waiter is reading them, until its own arrives, and hands the reading
+// over (to whichever waiter the mutex wakes next) when it has it; answers to
+// other waiters that it reads on the way are handed to them. One writer
+// waiting on one backup is thus woken by the backup's answer itself, not by
+// a reader thread that then wakes it (docs/replication.md, "Replication over
+// the bulk channel").
+//
 // Order: the backup serves one connection's frames one at a time and holds a
 // write until every earlier LSN arrived, so a frame must never be written
 // behind a later LSN on the same connection. Send writes LSN n only once
@@ -37,7 +46,6 @@
 #include <set>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -147,8 +155,14 @@ class ReplicaChannel {
   // Opens a connection (OpenChannel, connect, hello); null with the reason
   // when it cannot be opened.
   absl::StatusOr<std::shared_ptr<Connection>> Open(absl::Time deadline);
-  // The reader of `connection`'s replies.
-  void ReadReplies(Connection* connection);
+  // One reply read from a connection: its header and message.
+  struct Reply;
+  // Reads the next reply on `connection` (the caller holds its reading
+  // turn). DEADLINE_EXCEEDED when it was not read whole by `deadline`,
+  // UNAVAILABLE when the connection broke (either way it is of no more use).
+  absl::StatusOr<Reply> ReadReply(Connection& connection, absl::Time deadline);
+  // Hands `reply` to the write it answers, if one still waits for it.
+  void Answered(Connection* connection, const Reply& reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails every write in flight on `connection` (when it is the current one)
   // with UNAVAILABLE `why`, marks their LSNs to be resent, and forgets the
   // connection.
@@ -156,8 +170,6 @@ class ReplicaChannel {
   absl::Status SendOverGrpc(const BackupLog::Write& write, absl::Time deadline);
   // A gRPC call's deadline and, when set, the bearer token.
   void PrepareCall(absl::Time deadline, grpc::ClientContext* context) const;
-  // Joins the reader threads of broken connections (without mu_ held).
-  void JoinRetired();
   // Whether LSN `lsn` may be handed over now: no lower LSN waits to be
   // handed over (again) before it.
   bool MayHandOver(uint64_t lsn) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -184,7 +196,6 @@ class ReplicaChannel {
   std::shared_ptr<Connection> connection_ ABSL_GUARDED_BY(mu_);  // null: none open
   // On connection_, by call id.
   std::map<uint64_t, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<Connection>> retired_ ABSL_GUARDED_BY(mu_);
   absl::Time grpc_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string route_ ABSL_GUARDED_BY(mu_) = "grpc";
 };

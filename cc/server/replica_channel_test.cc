@@ -166,6 +166,21 @@ std::vector<absl::Status> SendFromThreads(ReplicaChannel& channel,
   return answers;
 }
 
+// Sends `writes[from..]` in turn, each again while it is answered
+// UNAVAILABLE (a write caught by a broken connection; at most 100 tries),
+// and expects each acknowledged.
+void ResendUntilAcknowledged(ReplicaChannel& channel, const std::vector<BackupLog::Write>& writes,
+                             size_t from) {
+  for (size_t i = from; i < writes.size(); ++i) {
+    absl::Status sent;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      sent = channel.Send(writes[i], absl::Now() + kWait);
+      if (!absl::IsUnavailable(sent)) break;
+    }
+    EXPECT_OK(sent) << "LSN " << writes[i].lsn;
+  }
+}
+
 TEST(ReplicaChannelTest, WritesFromManyThreadsGoOverTheUnixSocketAndApplyInOrder) {
   Backup backup(/*channel=*/true);
   ReplicaChannel channel(0, backup.address(), backup.stub(), /*next_lsn=*/1);
@@ -218,6 +233,109 @@ TEST(ReplicaChannelTest, PostedWritesTravelBeforeTheirAnswersAndApplyInOrder) {
   EXPECT_EQ(backup.bulk()->connections(), 1);
   std::vector<BackupLog::Write> whole = Writes(8);
   EXPECT_EQ(backup.Checksum(), PrimaryChecksum(whole));
+}
+
+// A channel opened by writes[0] whose backup then holds every write until
+// `release`, with writes[1..post-1] posted (their answers to come; by
+// index, 0: null).
+struct HeldWrites {
+  HeldWrites(int steps, size_t post) : writes(Writes(steps)), posted(post) {
+    EXPECT_OK(channel.Send(writes[0], absl::Now() + kWait));  // opens the connection
+    backup.HoldWritesUntil(&release);
+    for (size_t i = 1; i < post; ++i) {
+      posted[i] = channel.Post(writes[i]);
+      EXPECT_NE(posted[i], nullptr) << "LSN " << writes[i].lsn;
+    }
+    EXPECT_EQ(backup.replication().applied_lsn(), 1u);  // none answered yet
+  }
+  ~HeldWrites() { Release(); }
+  void Release() {
+    backup.HoldWritesUntil(nullptr);
+    if (!release.HasBeenNotified()) release.Notify();
+  }
+  // Lets the backup go on (a held write's answer may be lost with its
+  // connection), sends writes[1..] again until acknowledged, and expects
+  // each applied once.
+  void ReleaseAndResend() {
+    Release();
+    ResendUntilAcknowledged(channel, writes, /*from=*/1);
+    EXPECT_EQ(backup.replication().applied_lsn(), writes.size());
+    EXPECT_EQ(backup.Checksum(), PrimaryChecksum(writes));
+  }
+
+  Backup backup{/*channel=*/true};
+  ReplicaChannel channel{0, backup.address(), backup.stub(), /*next_lsn=*/1};
+  const std::vector<BackupLog::Write> writes;
+  absl::Notification release;
+  std::vector<std::shared_ptr<ReplicaChannel::Posted>> posted;
+};
+
+// No thread of the channel reads the backup's answers: each waiter reads
+// them itself while nobody else does. Writes posted while the backup answers
+// nothing, awaited from one thread each in reverse LSN order (the last LSN's
+// waiter may read every earlier answer and hand each to its waiter), and one
+// more write sent meanwhile (a waiter arriving while another reads): every
+// waiter gets its own answer, applied in order, once.
+TEST(ReplicaChannelTest, WaitersReadTheirAnswersThemselvesInAnyOrder) {
+  HeldWrites held(/*steps=*/10, /*post=*/11);  // all but the last of 12
+  ReplicaChannel& channel = held.channel;
+  const std::vector<BackupLog::Write>& writes = held.writes;
+  std::vector<absl::Status> answers(writes.size());
+  std::vector<std::thread> waiters;
+  for (size_t i = held.posted.size(); i-- > 1;) {
+    waiters.emplace_back(
+        [&, i] { answers[i] = channel.Await(*held.posted[i], absl::Now() + kWait); });
+  }
+  // The last LSN is sent (written, then awaited) by one more thread.
+  const size_t last = writes.size() - 1;
+  waiters.emplace_back(
+      [&] { answers[last] = channel.Send(writes[last], absl::Now() + kWait); });
+  held.Release();
+  for (std::thread& t : waiters) t.join();
+  for (size_t i = 1; i < writes.size(); ++i) EXPECT_OK(answers[i]) << "LSN " << writes[i].lsn;
+  EXPECT_EQ(held.backup.replication().applied_lsn(), writes.size());
+  EXPECT_EQ(channel.sent_over_channel(), writes.size());
+  EXPECT_EQ(held.backup.bulk()->connections(), 1);
+  EXPECT_EQ(held.backup.Checksum(), PrimaryChecksum(writes));
+}
+
+// The connection breaks while waiters wait for answers (whichever of them
+// reads the socket sees it end): each is answered UNAVAILABLE long before
+// its deadline, and their writes, sent again, are applied once.
+TEST(ReplicaChannelTest, AConnectionThatBreaksWhileAWaiterReadsItFailsEveryWaiter) {
+  HeldWrites held(/*steps=*/1, /*post=*/3);
+  const absl::Time deadline = absl::Now() + kWait;
+  std::vector<absl::Status> answers(held.posted.size());
+  std::vector<std::thread> waiters;
+  for (size_t i = 1; i < held.posted.size(); ++i) {
+    waiters.emplace_back([&, i] { answers[i] = held.channel.Await(*held.posted[i], deadline); });
+  }
+  held.backup.bulk()->DropConnections();
+  for (std::thread& t : waiters) t.join();
+  EXPECT_LT(absl::Now(), deadline);
+  for (size_t i = 1; i < answers.size(); ++i) {
+    EXPECT_THAT(answers[i], StatusCodeIs(absl::StatusCode::kUnavailable)) << "LSN " << i + 1;
+  }
+  held.ReleaseAndResend();
+}
+
+// A waiter whose deadline passes while another waiter reads the socket (or
+// while it reads it itself) fails DEADLINE_EXCEEDED and breaks the
+// connection: the other waiter is answered UNAVAILABLE at once rather than
+// at its own, later, deadline; both writes, resent, are applied once.
+TEST(ReplicaChannelTest, AWaiterThatTimesOutBreaksTheConnectionForTheOthers) {
+  HeldWrites held(/*steps=*/1, /*post=*/3);
+  ASSERT_NE(held.posted[1], nullptr);
+  ASSERT_NE(held.posted[2], nullptr);
+  const absl::Time late = absl::Now() + kWait;
+  absl::Status patient;
+  std::thread waiter([&] { patient = held.channel.Await(*held.posted[1], late); });
+  EXPECT_THAT(held.channel.Await(*held.posted[2], absl::Now() + absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not answer LSN 3")));
+  waiter.join();
+  EXPECT_LT(absl::Now(), late);
+  EXPECT_THAT(patient, StatusCodeIs(absl::StatusCode::kUnavailable));
+  held.ReleaseAndResend();
 }
 
 TEST(ReplicaChannelTest, WithoutAUnixSocketWritesGoOverTcp) {
