@@ -6,6 +6,7 @@
 //
 //   tls_link --servers=10.213.0.1:7000 --sizes=4096,1048576 --repetitions=6 \
 //            --tls_cert=trainer.pem --tls_key=trainer.key --tls_ca=ca.pem
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -32,6 +33,8 @@ ABSL_FLAG(std::string, tls_ca, "", "The PEM CA the servers' certificates chain t
 ABSL_FLAG(bool, tls_bulk_aead, true,
           "Ask for the bulk channel's AEAD layer (servers offer it unless "
           "--tls_bulk_aead=false); false: TLS records.");
+ABSL_FLAG(std::string, ops, "push,pull,pushpull",
+          "Comma-separated ops to measure (push, pull, pushpull), e.g. push alone to profile it.");
 ABSL_FLAG(int, channels_per_server, 2, "Connections per server (ClientOptions::channels_per_server).");
 
 namespace pserver::bench {
@@ -98,6 +101,13 @@ absl::Status Run() {
     if (!init.ok() && init.code() != absl::StatusCode::kAlreadyExists) return init;
   }
   PS_RETURN_IF_ERROR(client->FinishInitParams());
+  const std::vector<std::string> ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',', absl::SkipEmpty());
+  for (const std::string& op : ops) {
+    if (op != "push" && op != "pull" && op != "pushpull") {
+      return absl::InvalidArgumentError(absl::StrCat("bad op '", op, "' (push, pull or pushpull)"));
+    }
+  }
+  auto wanted = [&](const char* op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); };
   for (uint64_t bytes : sizes) {
     const std::string name = absl::StrCat("p", bytes);
     const Tensor grad =
@@ -105,15 +115,21 @@ absl::Status Run() {
                                   std::vector<float>(bytes / 4, 0.5f));
     Tensor out = grad;
     const std::string names[] = {name};
-    PS_ASSIGN_OR_RETURN(auto push, Repeat(bytes, [&] { return client->SendGrad(name, grad); }));
-    PS_RETURN_IF_ERROR(PrintResult("push", bytes, push));
-    PS_ASSIGN_OR_RETURN(auto pull, Repeat(bytes, [&] {
-                          return client->GetParamsInto(names, absl::MakeSpan(&out, 1));
-                        }));
-    PS_RETURN_IF_ERROR(PrintResult("pull", bytes, pull));
-    PS_ASSIGN_OR_RETURN(auto pushpull,
-                        Repeat(bytes, [&] { return client->PushPull(name, grad, &out); }));
-    PS_RETURN_IF_ERROR(PrintResult("pushpull", bytes, pushpull));
+    if (wanted("push")) {
+      PS_ASSIGN_OR_RETURN(auto push, Repeat(bytes, [&] { return client->SendGrad(name, grad); }));
+      PS_RETURN_IF_ERROR(PrintResult("push", bytes, push));
+    }
+    if (wanted("pull")) {
+      PS_ASSIGN_OR_RETURN(auto pull, Repeat(bytes, [&] {
+                            return client->GetParamsInto(names, absl::MakeSpan(&out, 1));
+                          }));
+      PS_RETURN_IF_ERROR(PrintResult("pull", bytes, pull));
+    }
+    if (wanted("pushpull")) {
+      PS_ASSIGN_OR_RETURN(auto pushpull,
+                          Repeat(bytes, [&] { return client->PushPull(name, grad, &out); }));
+      PS_RETURN_IF_ERROR(PrintResult("pushpull", bytes, pushpull));
+    }
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #include <openssl/crypto.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <cstring>
@@ -324,7 +325,19 @@ absl::Status AeadStream::Receive(char* out, size_t size, absl::Time deadline, bo
       const size_t room = direct    ? std::min(left, kReceivePieceBytes)
                           : decrypt ? in_.size()
                                     : std::min(in_.size(), left + kAeadHeaderBytes);
-      const ssize_t n = recv(fd_, into, room, 0);
+      // A body's last piece also takes its tag and the next header (into
+      // the empty read-ahead buffer): one recv() fewer per record.
+      const bool tail = direct && decrypt && left <= kReceivePieceBytes;
+      ssize_t n;
+      if (tail) {
+        iovec pieces[2] = {{into, room}, {in_.data(), kAeadTagBytes + kAeadHeaderBytes}};
+        msghdr message{};
+        message.msg_iov = pieces;
+        message.msg_iovlen = 2;
+        n = recvmsg(fd_, &message, 0);
+      } else {
+        n = recv(fd_, into, room, 0);
+      }
       if (n == 0) {
         return absl::UnavailableError(
             (done == 0 && !decrypt && size == kAeadHeaderBytes)
@@ -336,13 +349,21 @@ absl::Status AeadStream::Receive(char* out, size_t size, absl::Time deadline, bo
           return absl::UnavailableError(
               absl::StrCat("bulk channel AEAD: recv failed: ", std::strerror(errno)));
         }
+        // Wake when the piece wanted is there, not at each segment: only
+        // bytes this record still owes (so its last piece, a tag or a
+        // header alone never waits for more than is coming).
+        SetReceiveLowWater(direct ? room : left);
         if (!WaitForSocket(fd_, POLLIN, deadline)) {
           return absl::DeadlineExceededError("bulk channel AEAD: read timed out");
         }
         continue;
       }
       if (direct) {
-        got = static_cast<size_t>(n);
+        got = std::min(static_cast<size_t>(n), room);
+        if (tail && got < static_cast<size_t>(n)) {
+          in_begin_ = 0;
+          in_end_ = static_cast<size_t>(n) - got;
+        }
       } else {
         in_begin_ = 0;
         in_end_ = static_cast<size_t>(n);
@@ -356,6 +377,14 @@ absl::Status AeadStream::Receive(char* out, size_t size, absl::Time deadline, bo
     done += got;
   }
   return absl::OkStatus();
+}
+
+void AeadStream::SetReceiveLowWater(size_t bytes) {
+  const int value = static_cast<int>(std::clamp<size_t>(bytes, 1, kReceivePieceBytes));
+  if (value == low_water_) return;
+  // A socket that refuses it (not TCP) wakes on any byte, as before.
+  setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &value, sizeof(value));
+  low_water_ = value;
 }
 
 void AeadStream::Shutdown() {

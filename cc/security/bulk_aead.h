@@ -17,8 +17,13 @@
 // Read returns only bytes from records whose tag checked; a record that fits
 // in what Read still wants is decrypted in place in the caller's buffer
 // (zeroed again when its tag fails), a larger one goes through a buffer of
-// at most kMaxAeadRecordBytes. Write seals each part in records of at most
-// kMaxAeadRecordBytes through a 256 KiB send buffer.
+// at most kMaxAeadRecordBytes. A large record is received in pieces of at
+// most 256 KiB, each decrypted while it is in the cache; its last piece
+// takes its tag and the next header in the same recvmsg(); waiting for a
+// piece, the socket's SO_RCVLOWAT is set to what the record still owes (at
+// most a piece), so the reader is woken once per piece, not per segment.
+// Write seals each part in records of at most kMaxAeadRecordBytes through a
+// 256 KiB send buffer.
 #ifndef PSERVER_CC_SECURITY_BULK_AEAD_H_
 #define PSERVER_CC_SECURITY_BULK_AEAD_H_
 
@@ -96,6 +101,9 @@ class AeadStream final : public ByteStream {
   absl::Status Receive(char* out, size_t size, absl::Time deadline, bool decrypt,
                        size_t* received = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   absl::Status Fail(absl::Status why);
+  // SO_RCVLOWAT for the next wait: poll wakes once `bytes` (at most a
+  // receive piece) are queued, or at the end of the stream.
+  void SetReceiveLowWater(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
 
   const int fd_;
   std::atomic<bool> shut_down_{false};
@@ -111,6 +119,7 @@ class AeadStream final : public ByteStream {
   std::vector<char> in_ ABSL_GUARDED_BY(read_mu_);  // socket read-ahead
   size_t in_begin_ ABSL_GUARDED_BY(read_mu_) = 0;
   size_t in_end_ ABSL_GUARDED_BY(read_mu_) = 0;
+  int low_water_ ABSL_GUARDED_BY(read_mu_) = 1;  // the socket's SO_RCVLOWAT
   std::vector<char> plain_ ABSL_GUARDED_BY(read_mu_);  // a verified record Read has not taken
   size_t plain_begin_ ABSL_GUARDED_BY(read_mu_) = 0;
   size_t plain_end_ ABSL_GUARDED_BY(read_mu_) = 0;

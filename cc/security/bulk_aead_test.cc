@@ -7,7 +7,9 @@
 
 #include "cc/security/bulk_aead.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -49,6 +51,33 @@ struct Pair {
   }
 };
 
+// A connected, non-blocking TCP pair on 127.0.0.1 with the bulk channel's
+// socket buffers (SO_RCVLOWAT, which the reader sets, matters only on TCP).
+struct TcpPair {
+  int fd[2] = {-1, -1};
+  TcpPair() {
+    const int listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof(address);
+    EXPECT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), size), 0);
+    EXPECT_EQ(listen(listener, 1), 0);
+    EXPECT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &size), 0);
+    fd[0] = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_EQ(connect(fd[0], reinterpret_cast<sockaddr*>(&address), size), 0);
+    fd[1] = accept(listener, nullptr, nullptr);
+    close(listener);
+    for (int f : fd) {
+      SetSocketBuffers(f);
+      fcntl(f, F_SETFL, fcntl(f, F_GETFL) | O_NONBLOCK);
+    }
+  }
+  ~TcpPair() {
+    for (int f : fd) close(f);
+  }
+};
+
 std::string Pattern(size_t size, uint32_t seed) {
   std::mt19937 random(seed);
   std::string bytes(size, '\0');
@@ -73,14 +102,28 @@ std::string Drain(int fd, size_t expected) {
 
 // The wire bytes of the records `writer` makes of each string in `messages`
 // (one Write each), sealed with Keys(1).
-std::vector<std::string> Seal(const std::vector<std::string>& messages) {
+std::vector<std::string> Seal(const std::vector<std::string>& messages,
+                              const AeadKeys& send = Keys(1)) {
   Pair pair;
-  AeadStream writer(pair.fd[0], Keys(1), Keys(2));
+  AeadStream writer(pair.fd[0], send, Keys(2));
   std::vector<std::string> records;
   for (const std::string& message : messages) {
     std::thread writing([&] { EXPECT_OK(writer.Write({absl::string_view(message)})); });
     records.push_back(Drain(pair.fd[1], kAeadHeaderBytes + message.size() + kAeadTagBytes));
     writing.join();
+  }
+  return records;
+}
+
+// The records of `wire` (as Seal gives it), each with header and tag.
+std::vector<std::string> SplitRecords(absl::string_view wire) {
+  std::vector<std::string> records;
+  while (wire.size() >= kAeadHeaderBytes) {
+    uint32_t size = 0;
+    std::memcpy(&size, wire.data(), 4);  // little-endian host
+    const size_t record = std::min(wire.size(), kAeadHeaderBytes + size + kAeadTagBytes);
+    records.emplace_back(wire.substr(0, record));
+    wire.remove_prefix(record);
   }
   return records;
 }
@@ -161,6 +204,75 @@ TEST(BulkAeadTest, RecordsOfEverySizeArriveWholeAndInOrderBothWays) {
   ASSERT_OK(a.Read(echoed.data(), echoed.size()));
   back.join();
   EXPECT_TRUE(echoed == all);
+}
+
+TEST(BulkAeadTest, OverTcpARecordsLastBytesAreTakenWithoutWaitingForMore) {
+  // The reader wakes only once a piece is queued (SO_RCVLOWAT); a record
+  // whose rest is shorter than a piece, and nothing after it, must still be
+  // read at once: each Write here is read before the next is made, so a
+  // reader waiting for more than the record owes would time out.
+  TcpPair pair;
+  AeadStream a(pair.fd[0], Keys(1), Keys(2));
+  AeadStream b(pair.fd[1], Keys(2), Keys(1));
+  timeval tv{20, 0};  // generous on a loaded machine; a wrong low-water mark waits forever
+  ASSERT_EQ(setsockopt(pair.fd[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+  uint32_t seed = 0;
+  for (size_t size : {size_t{5}, size_t{70000}, size_t{100 << 10}, size_t{300 << 10},
+                      size_t{1 << 20}, (size_t{1} << 20) + 5, size_t{3} << 20}) {
+    const std::string message = Pattern(size, ++seed);
+    std::thread writer([&] { EXPECT_OK(a.Write({absl::string_view(message)})); });
+    std::string got(size, '\0');
+    ASSERT_OK(b.Read(got.data(), got.size())) << size;
+    writer.join();
+    EXPECT_TRUE(got == message) << size;
+  }
+}
+
+TEST(BulkAeadTest, OverTcpManyFramesOfManyRecordsArriveWholeAndInOrder) {
+  // A frame (header part + payload) split into many records, frames back to
+  // back with the reader behind: pieces, tails with their tag and the next
+  // header, and small records all come through the same socket.
+  TcpPair pair;
+  AeadStream a(pair.fd[0], Keys(1), Keys(2));
+  AeadStream b(pair.fd[1], Keys(2), Keys(1));
+  std::vector<std::string> frames;
+  for (uint32_t i = 0; i < 6; ++i) frames.push_back(Pattern((i + 1) * 777777 + i, 100 + i));
+  std::thread writer([&] {
+    for (const std::string& frame : frames) {
+      const absl::string_view all(frame);
+      EXPECT_OK(a.Write({all.substr(0, 40), all.substr(40)}));
+    }
+  });
+  for (const std::string& frame : frames) {
+    std::string head(40, '\0');
+    std::string payload(frame.size() - 40, '\0');
+    ASSERT_OK(b.Read(head.data(), head.size()));
+    ASSERT_OK(b.Read(payload.data(), payload.size()));
+    EXPECT_TRUE(head + payload == frame);
+  }
+  writer.join();
+}
+
+TEST(BulkAeadTest, ARecordSplicedInFromAnotherConnectionIsRefusedAndNothingOfItDelivered) {
+  // Two connections (other keys) each send a frame of two records; the
+  // second record of one spliced in place of the other's: its first record
+  // is genuine and delivered, the spliced one fails its tag and nothing of
+  // it reaches the reader.
+  const std::string message = Pattern((1 << 20) + 1000, 5);
+  const std::vector<std::string> ours = SplitRecords(Seal({message}, Keys(1))[0]);
+  const std::vector<std::string> theirs = SplitRecords(Seal({message}, Keys(3))[0]);
+  ASSERT_EQ(ours.size(), 2u);
+  ASSERT_EQ(theirs.size(), 2u);
+  ASSERT_EQ(ours[1].size(), theirs[1].size());
+  ASSERT_NE(ours[1], theirs[1]);
+  const Delivery genuine = Deliver(ours[0] + ours[1], message.size());
+  ASSERT_OK(genuine.status);
+  EXPECT_TRUE(genuine.read == message);
+  const Delivery spliced = Deliver(ours[0] + theirs[1], message.size());
+  EXPECT_THAT(spliced.status, StatusCodeIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(spliced.status.message(), HasSubstr("failed authentication"));
+  EXPECT_EQ(spliced.read.substr(0, 1 << 20), message.substr(0, 1 << 20));
+  EXPECT_EQ(spliced.read.find_first_not_of('\0', 1 << 20), std::string::npos);
 }
 
 TEST(BulkAeadTest, TheWireCarriesNoPlaintext) {
