@@ -35,6 +35,10 @@ struct GradientView {
   // Top-k (types.proto Gradient.indices): little-endian uint32 element
   // indices within the block, one per value of `content`; empty: dense.
   absl::string_view indices;
+  // Set by the server only, never decoded: it scanned `content` as `type`
+  // while the request arrived (wire.h PushFiniteScan) and found no NaN or
+  // infinity, so the store does not scan it again.
+  bool checked_finite = false;
 
   static GradientView Of(const v1::Gradient& grad);
 };

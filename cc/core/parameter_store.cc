@@ -455,7 +455,8 @@ absl::StatusOr<ParameterStore::Target> ParameterStore::CheckGradient(const Gradi
     non_finite_refused_.fetch_add(1, std::memory_order_relaxed);
     return NonFiniteNormError(name, grad.block, *grad.global_norm);
   }
-  if (std::optional<NonFinite> bad = FindNonFinite(grad.type, grad.content)) {
+  if (std::optional<NonFinite> bad =
+          grad.checked_finite ? std::nullopt : FindNonFinite(grad.type, grad.content)) {
     if (skip_non_finite) return Target{block, /*skip=*/true};
     if (!grad.indices.empty()) bad->index = TopKIndex(grad.indices, bad->index);
     non_finite_refused_.fetch_add(1, std::memory_order_relaxed);

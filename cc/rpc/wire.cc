@@ -1,9 +1,11 @@
 #include "cc/rpc/wire.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/finite.h"
 #include "cc/core/names.h"
 #include "grpc/slice.h"
 
@@ -109,6 +111,13 @@ class Reader {
   explicit Reader(const Segments& segments) : segments_(segments) { Normalize(); }
 
   bool AtEnd() const { return index_ >= segments_.size(); }
+
+  // The bytes read so far.
+  size_t Offset() const {
+    size_t n = pos_;
+    for (size_t i = 0; i < index_ && i < segments_.size(); ++i) n += segments_[i].size();
+    return n;
+  }
 
   bool ReadVarint(uint64_t* value) {
     uint64_t result = 0;
@@ -408,6 +417,52 @@ absl::Status DecodePushRequest(const grpc::ByteBuffer& buffer, PushRequest* out)
     out->grads.push_back(view);
   }
   return absl::OkStatus();
+}
+
+void PushFiniteScan::Advance(size_t received) {
+  received = std::min(received, message_.size());
+  while (!stopped_ && parsed_ < received) {
+    const Segments arrived = {message_.substr(parsed_, received - parsed_)};
+    Reader reader(arrived);
+    uint64_t key;
+    if (!reader.ReadVarint(&key)) break;  // the key is still arriving
+    if (!ValidKey(key)) {
+      stopped_ = true;
+      break;
+    }
+    const int wire_type = static_cast<int>(key & 7);
+    Segments value;
+    uint64_t v;
+    if (wire_type == kVarint) {
+      if (!reader.ReadVarint(&v)) break;
+    } else if (wire_type == kFixed64 || wire_type == kFixed32) {
+      if (!reader.Take(wire_type == kFixed64 ? 8 : 4, &value)) break;
+    } else if (wire_type == kLengthDelimited) {
+      if (!reader.ReadVarint(&v) || !reader.Take(v, &value)) break;
+    } else {
+      stopped_ = true;
+      break;
+    }
+    parsed_ += reader.Offset();
+    if (wire_type != kLengthDelimited || (key >> 3) != kRequestGradientsField) continue;
+    // A whole gradient: its header by protobuf, its content where it lies.
+    Segments payload;
+    std::string rest;
+    v1::Gradient header;
+    if (!SplitMessage(value, kGradientContentField, &payload, &rest) ||
+        !header.ParseFromString(rest) || payload.size() != 1 ||
+        FindNonFinite(header.element_type(), payload[0]).has_value()) {
+      continue;
+    }
+    finite_[payload[0].data()] = Scanned{payload[0].size(), header.element_type()};
+  }
+  if (received == message_.size() && parsed_ < received) stopped_ = true;  // cut short
+}
+
+bool PushFiniteScan::Finite(const GradientView& grad) const {
+  auto it = finite_.find(grad.content.data());
+  return it != finite_.end() && it->second.size == grad.content.size() &&
+         it->second.type == grad.type;
 }
 
 // ---- params responses ---------------------------------------------------------------

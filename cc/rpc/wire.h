@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -83,6 +84,41 @@ struct PushRequest {
 };
 // INVALID_ARGUMENT for bytes that are not a well-formed request.
 absl::Status DecodePushRequest(const grpc::ByteBuffer& buffer, PushRequest* out);
+
+// Scans a push request's gradients (SendGradsRequest or PushPullRequest
+// bytes, in one buffer) for NaN and infinity while the request is still
+// arriving: each gradient as soon as all its bytes are in, so that the scan
+// runs while the rest is received instead of after it.
+//
+//   PushFiniteScan scan(absl::string_view(buffer, size));
+//   while (...) { read more; scan.Advance(bytes_received_so_far); }
+//   DecodePushRequest(same bytes, &push);
+//   for (GradientView& g : push.grads) g.checked_finite = scan.Finite(g);
+//
+// It decides nothing: a gradient it could not scan (cut short, malformed,
+// holding a non-finite value, its content not in place) is simply not
+// reported, and is scanned by the store as before. Not thread-safe.
+class PushFiniteScan {
+ public:
+  // `message` must outlive the scan and not change once received.
+  explicit PushFiniteScan(absl::string_view message) : message_(message) {}
+  // The first `received` bytes of the message are in (never fewer than before).
+  void Advance(size_t received);
+  // Whether `grad` (decoded from the same bytes) was scanned whole, as its
+  // own type, and holds no NaN or infinity.
+  bool Finite(const GradientView& grad) const;
+  size_t gradients_scanned() const { return finite_.size(); }
+
+ private:
+  struct Scanned {
+    size_t size;
+    ElementType type;
+  };
+  absl::string_view message_;
+  size_t parsed_ = 0;     // the top-level fields before this offset are done
+  bool stopped_ = false;  // malformed: nothing more is scanned
+  absl::flat_hash_map<const char*, Scanned> finite_;  // by content address
+};
 
 // Builds a GetParamsResponse one block at a time; each block's content is
 // written once, by `fill`, straight into the slice that will be sent.

@@ -1,6 +1,7 @@
 #include "cc/rpc/wire.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -568,6 +569,87 @@ TEST(EncodePushRequestTest, ContentsAlignedInAWholeMessage) {
       }
     }
   }
+}
+
+// ---- PushFiniteScan: the NaN scan made while a push arrives -------------------------
+
+std::string FloatBytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+// Four gradients; the second holds a NaN in its last value.
+std::vector<v1::Gradient> ScanGradients() {
+  const std::vector<float> finite(3000, 0.5f);
+  std::vector<float> nan = finite;
+  nan.back() = std::nanf("");
+  std::vector<v1::Gradient> grads;
+  grads.push_back(Grad("a", v1::FLOAT32, FloatBytes(finite), Block(0, 3, 0)));
+  grads.push_back(Grad("a", v1::FLOAT32, FloatBytes(nan), Block(1, 3, 3000)));
+  grads.push_back(Grad("b", v1::INT32, Pattern(400, 1)));
+  grads.push_back(Grad("c", v1::FLOAT32, FloatBytes(finite)));
+  return grads;
+}
+
+TEST(PushFiniteScanTest, ReportsTheFiniteGradientsWhateverPiecesTheyArriveIn) {
+  const std::vector<v1::Gradient> grads = ScanGradients();
+  Counter released;
+  PayloadLease* lease = PayloadLease::Create(released.Callback());
+  const std::string bytes =
+      Flatten(EncodePushRequest(ViewsOf(grads), SampleRefs(), lease, 7, 3));
+  lease->Release();
+  PushRequest decoded;
+  ASSERT_OK(DecodePushRequest(OneSlice(bytes), &decoded));
+  ASSERT_EQ(decoded.grads.size(), 4u);
+  ASSERT_TRUE(decoded.scratch.empty());
+  const absl::string_view message(reinterpret_cast<const char*>(decoded.slices.at(0).begin()),
+                                  decoded.slices.at(0).size());
+  for (size_t step : {size_t{1}, size_t{3}, size_t{1000}, size_t{4096}, message.size()}) {
+    SCOPED_TRACE(absl::StrCat("pieces of ", step));
+    PushFiniteScan scan(message);
+    for (size_t n = step; n < message.size() + step; n += step) {
+      scan.Advance(std::min(n, message.size()));
+      // Nothing is reported before all of a gradient's bytes are in.
+      const absl::string_view last = decoded.grads[3].content;
+      if (n < static_cast<size_t>(last.data() + last.size() - message.data())) {
+        EXPECT_FALSE(scan.Finite(decoded.grads[3]));
+      }
+    }
+    EXPECT_TRUE(scan.Finite(decoded.grads[0]));
+    EXPECT_FALSE(scan.Finite(decoded.grads[1])) << "it holds a NaN";
+    EXPECT_TRUE(scan.Finite(decoded.grads[2])) << "integers have no NaN";
+    EXPECT_TRUE(scan.Finite(decoded.grads[3]));
+    EXPECT_EQ(scan.gradients_scanned(), 3u);
+    // Only the very bytes scanned, as the type scanned.
+    GradientView other_type = decoded.grads[0];
+    other_type.type = v1::FLOAT16;
+    EXPECT_FALSE(scan.Finite(other_type));
+    GradientView shorter = decoded.grads[0];
+    shorter.content.remove_suffix(4);
+    EXPECT_FALSE(scan.Finite(shorter));
+  }
+}
+
+TEST(PushFiniteScanTest, ReportsNothingOfACutOrMalformedMessage) {
+  const std::vector<v1::Gradient> grads = ScanGradients();
+  Counter released;
+  PayloadLease* lease = PayloadLease::Create(released.Callback());
+  const std::string bytes = Flatten(EncodePushRequest(ViewsOf(grads), {}, lease, 7, 3));
+  lease->Release();
+  PushRequest decoded;
+  ASSERT_OK(DecodePushRequest(OneSlice(bytes), &decoded));
+  const absl::string_view message(reinterpret_cast<const char*>(decoded.slices.at(0).begin()),
+                                  decoded.slices.at(0).size());
+  // The message ends one byte early: its last gradient is never complete.
+  PushFiniteScan cut(message.substr(0, message.size() - 1));
+  cut.Advance(message.size());  // more than there is: taken as all of it
+  EXPECT_TRUE(cut.Finite(decoded.grads[0]));
+  EXPECT_FALSE(cut.Finite(decoded.grads[3]));
+  // Garbage: an invalid key stops the scan; nothing reported, no crash.
+  const std::string garbage(64, '\xff');
+  PushFiniteScan bad(garbage);
+  bad.Advance(garbage.size());
+  EXPECT_EQ(bad.gradients_scanned(), 0u);
+  EXPECT_FALSE(bad.Finite(decoded.grads[0]));
 }
 
 // ---- decoding protobuf's bytes, cut into slices of every shape ------------------------

@@ -19,6 +19,7 @@
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/replica_channel.h"
 #include "cc/rpc/table_frame.h"
+#include "cc/rpc/wire.h"
 #include "cc/server/service.h"
 #include "cc/trace/trace.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -72,6 +73,22 @@ const char* AuthorizedAs(FrameMethod method) {
     default:
       return MethodName(method);
   }
+}
+
+// Pushes from this size on are read in pieces of kScanChunkBytes, each
+// followed by the scan of the gradients it completed (PushFiniteScan).
+constexpr size_t kScanWhileReadingBytes = size_t{1} << 20;
+constexpr size_t kScanChunkBytes = size_t{256} << 10;
+
+// Reads `n` bytes into `dest`, advancing `scan` after each piece.
+absl::Status ReadScanning(ByteStream& stream, char* dest, size_t n, PushFiniteScan* scan) {
+  for (size_t done = 0; done < n;) {
+    const size_t piece = std::min(kScanChunkBytes, n - done);
+    PS_RETURN_IF_ERROR(stream.Read(dest + done, piece));
+    done += piece;
+    scan->Advance(done);
+  }
+  return absl::OkStatus();
 }
 
 void SetReceiveTimeout(int fd, absl::Duration timeout) {
@@ -341,13 +358,24 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
     // given back before the reply is written.
     const absl::Cleanup release = [this, held] { request_budget_.Release(held); };
     grpc::Slice payload(header->payload_bytes);
-    PS_RETURN_IF_ERROR(stream.Read(reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin())),
-                                   payload.size()));
+    char* const data = reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin()));
+    // A large push is scanned for NaN and infinity as it arrives, each
+    // gradient once its bytes are in, while the client is still sending.
+    const BulkPushFn push = FindBulkPushMethod(MethodName(header->method));
+    std::optional<PushFiniteScan> scan;
+    if (push != nullptr && payload.size() >= kScanWhileReadingBytes) {
+      scan.emplace(absl::string_view(data, payload.size()));
+      PS_RETURN_IF_ERROR(ReadScanning(stream, data, payload.size(), &*scan));
+    } else {
+      PS_RETURN_IF_ERROR(stream.Read(data, payload.size()));
+    }
     grpc::ByteBuffer request(&payload, 1);
     stage.reset();
     if (header->timeout_micros > 0 &&
         absl::Now() > received + absl::Microseconds(header->timeout_micros)) {
       status = absl::DeadlineExceededError("the call's deadline passed before it was served");
+    } else if (scan.has_value()) {
+      status = push(*dispatcher_, request, &*scan, &response, &hold);
     } else {
       status = method(*dispatcher_, request, &response, &hold);
     }

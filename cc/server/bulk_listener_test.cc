@@ -3,18 +3,23 @@
 // channel off. No test depends on timing.
 #include "cc/server/bulk_listener.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "cc/client/grpc_transport.h"
+#include "cc/core/status_macros.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/rpc/frame.h"
 #include "cc/rpc/table_frame.h"
+#include "cc/rpc/wire.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -432,6 +437,201 @@ TEST(BulkListenerTest, ATablePullLargerThanTheReplyBudgetIsRefusedBeforeItIsBuil
   EXPECT_EQ(server->dispatcher().reply_budget().held(), 0u);
   // A pull that fits is served on the same connection.
   EXPECT_THAT(PullRows(*stream, {1, 2}).status(), IsOk());
+}
+
+// --- large pushes, scanned for NaN while they arrive (wire.h PushFiniteScan) ---
+
+constexpr size_t kBlockFloats = size_t{1} << 18;  // 1 MiB blocks
+constexpr uint32_t kBlocks = 4;
+
+// A server holding "w": kBlocks float32 blocks of zeros, SGD, learning rate 1.
+std::unique_ptr<Server> ServerWithBlocks() {
+  auto server = StartServer();
+  if (server == nullptr) return nullptr;
+  v1::ParameterConfig sgd;
+  sgd.mutable_optimizer()->mutable_sgd();
+  sgd.mutable_learning_rate()->set_learning_rate(1.0);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    v1::Parameter block;
+    block.set_name("w");
+    block.set_element_type(v1::FLOAT32);
+    block.add_shape(static_cast<int64_t>(kBlocks * kBlockFloats));
+    block.mutable_block()->set_index(i);
+    block.mutable_block()->set_count(kBlocks);
+    block.mutable_block()->set_offset(i * kBlockFloats);
+    block.set_content(std::string(kBlockFloats * sizeof(float), '\0'));
+    EXPECT_THAT(server->store().Init(std::move(block), sgd), IsOk());
+  }
+  server->store().FinishInit();
+  return server;
+}
+
+// The gradient of block i: value j is i + j / 1024.
+std::vector<float> BlockGradient(uint32_t i) {
+  std::vector<float> values(kBlockFloats);
+  for (size_t j = 0; j < values.size(); ++j) values[j] = static_cast<float>(i) + j / 1024.0f;
+  return values;
+}
+
+// A SendGradsRequest of `grads` (one per block) as request id (9, sequence).
+std::string BlocksPushPayload(const std::vector<std::vector<float>>& grads, uint64_t sequence) {
+  std::vector<GradientView> views;
+  for (uint32_t i = 0; i < grads.size(); ++i) {
+    GradientView view;
+    view.name = "w";
+    view.type = v1::FLOAT32;
+    view.block.set_index(i);
+    view.block.set_count(kBlocks);
+    view.block.set_offset(i * kBlockFloats);
+    view.content = absl::string_view(reinterpret_cast<const char*>(grads[i].data()),
+                                     grads[i].size() * sizeof(float));
+    views.push_back(view);
+  }
+  PayloadLease* lease = PayloadLease::Create([] {});
+  grpc::ByteBuffer buffer = EncodePushRequest(views, {}, lease, /*client_id=*/9, sequence);
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& slice : slices) {
+    out.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  buffer.Clear();
+  slices.clear();
+  lease->Release();
+  return out;
+}
+
+// Every value of "w", block by block.
+std::vector<float> Values(Server& server) {
+  std::vector<float> out;
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    v1::ParamRef ref;
+    ref.set_name("w");
+    ref.mutable_block()->set_index(i);
+    ref.mutable_block()->set_count(kBlocks);
+    ref.mutable_block()->set_offset(i * kBlockFloats);
+    v1::Parameter param;
+    EXPECT_THAT(server.store().Get(ref, &param), IsOk());
+    const size_t at = out.size();
+    out.resize(at + param.content().size() / sizeof(float));
+    std::memcpy(out.data() + at, param.content().data(), param.content().size());
+  }
+  return out;
+}
+
+// Writes a request frame whose payload goes out in pieces of `piece` bytes
+// (each its own write, so the server's reads end at many places).
+absl::Status WriteInPieces(ByteStream& stream, FrameMethod method, uint64_t id,
+                           absl::string_view payload, size_t piece) {
+  char header[kFrameHeaderBytes];
+  EncodeRequestHeader({method, id, 0, payload.size()}, header);
+  PS_RETURN_IF_ERROR(stream.Write({absl::string_view(header, sizeof(header))}));
+  for (size_t at = 0; at < payload.size(); at += piece) {
+    PS_RETURN_IF_ERROR(stream.Write({payload.substr(at, piece)}));
+  }
+  return absl::OkStatus();
+}
+
+TEST(BulkListenerTest, APushArrivingInManyPiecesIsAppliedOnceAndEqualsTheWholeOne) {
+  std::vector<std::vector<float>> grads;
+  for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(BlockGradient(i));
+  const std::string payload = BlocksPushPayload(grads, /*sequence=*/1);
+  ASSERT_GT(payload.size(), size_t{4} << 20);
+  std::vector<std::vector<float>> results;
+  for (size_t piece : {payload.size(), size_t{4093}, size_t{300000}}) {
+    SCOPED_TRACE(absl::StrCat("pieces of ", piece));
+    auto server = ServerWithBlocks();
+    ASSERT_NE(server, nullptr);
+    auto stream = Greeted(*server);
+    ASSERT_NE(stream, nullptr);
+    for (int attempt = 0; attempt < 2; ++attempt) {  // the retry is not applied again
+      ASSERT_THAT(WriteInPieces(*stream, FrameMethod::kSendGrads, 20 + attempt, payload, piece),
+                  IsOk());
+      uint64_t id = 0;
+      EXPECT_THAT(ReadReply(*stream, &id), IsOk());
+      EXPECT_EQ(id, 20u + attempt);
+    }
+    EXPECT_EQ(server->dispatcher().duplicates_ignored(), 1u);
+    results.push_back(Values(*server));
+  }
+  // SGD with rate 1 from zeros: w = -gradient, whatever pieces it came in.
+  ASSERT_EQ(results[0].size(), kBlocks * kBlockFloats);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    for (size_t j : {size_t{0}, size_t{1}, kBlockFloats - 1}) {
+      EXPECT_EQ(results[0][i * kBlockFloats + j], -grads[i][j]);
+    }
+  }
+  EXPECT_TRUE(results[1] == results[0]);
+  EXPECT_TRUE(results[2] == results[0]);
+}
+
+TEST(BulkListenerTest, ANaNInTheLastBlockOfALargePushChangesNothing) {
+  auto server = ServerWithBlocks();
+  ASSERT_NE(server, nullptr);
+  auto stream = Greeted(*server);
+  ASSERT_NE(stream, nullptr);
+  std::vector<std::vector<float>> grads;
+  for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(BlockGradient(i));
+  grads.back().back() = std::nanf("");
+  for (FrameMethod method : {FrameMethod::kSendGrads, FrameMethod::kPushPull}) {
+    ASSERT_THAT(WriteInPieces(*stream, method, 30, BlocksPushPayload(grads, /*sequence=*/2),
+                              size_t{65536}),
+                IsOk());
+    EXPECT_THAT(ReadReply(*stream), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("is NaN")));
+  }
+  const std::vector<float> values = Values(*server);
+  EXPECT_TRUE(std::all_of(values.begin(), values.end(), [](float v) { return v == 0; }))
+      << "an earlier block was applied";
+  v1::ServerStats stats;
+  server->store().FillStats(&stats);
+  EXPECT_EQ(stats.gradients_applied(), 0u);
+  EXPECT_EQ(stats.non_finite_refused(), 2u);
+  // The connection is in step: the same push without the NaN is applied.
+  grads.back().back() = 1;
+  ASSERT_THAT(WriteRequest(*stream, FrameMethod::kSendGrads, 31,
+                           BlocksPushPayload(grads, /*sequence=*/3)),
+              IsOk());
+  EXPECT_THAT(ReadReply(*stream), IsOk());
+  EXPECT_EQ(Values(*server).back(), -1.0f);
+}
+
+TEST(BulkListenerTest, AClientGoneMidPushChangesNothingAndFreesItsBytes) {
+  auto server = ServerWithBlocks();
+  ASSERT_NE(server, nullptr);
+  std::vector<std::vector<float>> grads;
+  for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(BlockGradient(i));
+  const std::string payload = BlocksPushPayload(grads, /*sequence=*/4);
+  {
+    auto stream = Greeted(*server);
+    ASSERT_NE(stream, nullptr);
+    // The header promises the whole payload; three of four blocks arrive.
+    char header[kFrameHeaderBytes];
+    EncodeRequestHeader({FrameMethod::kSendGrads, 40, 0, payload.size()}, header);
+    ASSERT_THAT(stream->Write({absl::string_view(header, sizeof(header)),
+                               absl::string_view(payload).substr(0, payload.size() * 3 / 4)}),
+                IsOk());
+    stream->Shutdown();
+  }
+  // Bounded wait (generous for a loaded machine) for the server to see the end.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int i = 0; i < 60000 && absl::Now() < deadline &&
+                  (server->bulk_listener()->connections() > 0 ||
+                   server->bulk_listener()->request_bytes_held() > 0);
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(server->bulk_listener()->connections(), 0);
+  EXPECT_EQ(server->bulk_listener()->request_bytes_held(), 0u);
+  const std::vector<float> values = Values(*server);
+  EXPECT_TRUE(std::all_of(values.begin(), values.end(), [](float v) { return v == 0; }));
+  // The same request, sent whole on a new connection, is applied (its id was not used up).
+  auto stream = Greeted(*server);
+  ASSERT_NE(stream, nullptr);
+  ASSERT_THAT(WriteRequest(*stream, FrameMethod::kSendGrads, 41, payload), IsOk());
+  EXPECT_THAT(ReadReply(*stream), IsOk());
+  EXPECT_EQ(Values(*server)[1], -grads[0][1]);
+  EXPECT_EQ(server->dispatcher().duplicates_ignored(), 0u);
 }
 
 }  // namespace

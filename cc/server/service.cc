@@ -75,12 +75,16 @@ SharedBytes BufferBytes(const grpc::ByteBuffer& buffer) {
   return bytes;
 }
 
-// Decodes a SendGrads/PushPull request and applies it (once).
+// Decodes a SendGrads/PushPull request and applies it (once); `scan` (may
+// be null) names the gradients already found finite.
 absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
-                            PushRequest* push) {
+                            const PushFiniteScan* scan, PushRequest* push) {
   if (absl::Status status = DecodePushRequest(request, push); !status.ok()) {
     dispatcher.CountMalformed();
     return status;
+  }
+  if (scan != nullptr) {
+    for (GradientView& grad : push->grads) grad.checked_finite = scan->Finite(grad);
   }
   const RequestId id{push->client_id, push->sequence};
   // With backups the request's bytes are shipped (docs/replication.md); a
@@ -111,20 +115,27 @@ absl::Status GetParams(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
   return dispatcher.HoldReply(response->Length(), hold);
 }
 
-absl::Status SendGrads(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
-                       grpc::ByteBuffer* response, ReplyHold*) {
+absl::Status SendGradsScanned(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                              const PushFiniteScan* scan, grpc::ByteBuffer* response,
+                              ReplyHold*) {
   PushRequest push;
-  PS_RETURN_IF_ERROR(DecodeAndApply(dispatcher, request, &push));
+  PS_RETURN_IF_ERROR(DecodeAndApply(dispatcher, request, scan, &push));
   *response = EmptyMessage();
   return absl::OkStatus();
 }
 
-absl::Status PushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
-                      grpc::ByteBuffer* response, ReplyHold* hold) {
+absl::Status SendGrads(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                       grpc::ByteBuffer* response, ReplyHold* hold) {
+  return SendGradsScanned(dispatcher, request, nullptr, response, hold);
+}
+
+absl::Status PushPullScanned(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                             const PushFiniteScan* scan, grpc::ByteBuffer* response,
+                             ReplyHold* hold) {
   // Over the budget nothing is applied; the read is refused.
   PS_RETURN_IF_ERROR(dispatcher.CheckReplyRoom());
   PushRequest push;
-  PS_RETURN_IF_ERROR(DecodeAndApply(dispatcher, request, &push));
+  PS_RETURN_IF_ERROR(DecodeAndApply(dispatcher, request, scan, &push));
   PS_RETURN_IF_ERROR(ReadParams(dispatcher, push.refs, response));
   absl::Status held = dispatcher.HoldReply(response->Length(), hold);
   if (held.ok()) return held;
@@ -134,6 +145,11 @@ absl::Status PushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
   return absl::Status(
       held.code(),
       absl::StrCat("the push was applied but its reply does not fit: ", held.message()));
+}
+
+absl::Status PushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                      grpc::ByteBuffer* response, ReplyHold* hold) {
+  return PushPullScanned(dispatcher, request, nullptr, response, hold);
 }
 
 using BulkMethod = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer&, grpc::ByteBuffer*,
@@ -367,6 +383,12 @@ BulkMethodFn FindBulkMethod(absl::string_view method) {
       return kBulkHandlers[i];
     }
   }
+  return nullptr;
+}
+
+BulkPushFn FindBulkPushMethod(absl::string_view method) {
+  if (method == "SendGrads") return &SendGradsScanned;
+  if (method == "PushPull") return &PushPullScanned;
   return nullptr;
 }
 

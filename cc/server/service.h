@@ -25,6 +25,7 @@
 #include <string>
 
 #include "cc/auth/authorizer.h"
+#include "cc/rpc/wire.h"
 #include "cc/server/dispatcher.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/impl/service_type.h"
@@ -41,6 +42,14 @@ namespace pserver {
 using BulkMethodFn = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer& request,
                                       grpc::ByteBuffer* response, ReplyHold* hold);
 BulkMethodFn FindBulkMethod(absl::string_view method);
+
+// SendGrads and PushPull as FindBulkMethod's, given a scan of the request's
+// bytes made while they arrived (wire.h PushFiniteScan; null: none): a
+// gradient it found finite is not scanned again. Null for other methods.
+using BulkPushFn = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer& request,
+                                    const PushFiniteScan* scan, grpc::ByteBuffer* response,
+                                    ReplyHold* hold);
+BulkPushFn FindBulkPushMethod(absl::string_view method);
 
 // A bulk push a primary shipped (docs/replication.md): `request` is a
 // SendGradsRequest's bytes (or PushPullRequest's, whose reads are ignored),
