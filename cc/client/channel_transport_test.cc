@@ -580,7 +580,8 @@ TEST(ChannelTransportFakeTest, ADeadlineMidRowsFailsThePullOnceTheRowsAreLetGo) 
                                       kTablePullReplyHeaderBytes + 10));
   ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)), OneConnection());
   std::string out(1000, '-');
-  const RowsSeen seen = PullRows(channel, absl::MakeSpan(out), absl::Now() + absl::Milliseconds(200));
+  const RowsSeen seen =
+      PullRows(channel, absl::MakeSpan(out), absl::Now() + absl::Milliseconds(200));
   EXPECT_THAT(seen.status, StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_TRUE(seen.rows.empty());
   fake.WaitForClose();
