@@ -65,8 +65,11 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
   }
 
   // Sends one call; `done` runs once (on another thread, or here on error).
+  // A table pull's `rows` get its rows (put straight into `rows_into` when
+  // they fit it exactly) instead of `sink`.
   void Send(FrameMethod method, absl::Span<const absl::string_view> payload, BlockSink sink,
-            absl::Time deadline, Done done, TraceRecorder* trace) {
+            absl::Time deadline, Done done, TraceRecorder* trace, RowsSink rows = nullptr,
+            absl::Span<char> rows_into = {}) {
     // A call waited for in a CallGroup, with no cancellation to watch while
     // it waits, may read its own reply on the waiting thread.
     CallGroup* waiter = nullptr;
@@ -86,6 +89,8 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
                            method == FrameMethod::kTableRowsPull ||
                            method == FrameMethod::kTableRowsPush;
         call.sink = std::move(sink);
+        call.rows = std::move(rows);
+        call.rows_into = rows_into;
         call.done = std::move(done);
         call.trace = trace;
         call.deadline = deadline;
@@ -137,7 +142,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       absl::MutexLock lock(&mu_);
       broken_ = true;
       for (auto it = pending_.begin(); it != pending_.end();) {
-        if (it->second.writing) {  // Send reports it once written
+        if (it->second.writing || it->second.receiving) {  // reported once written / received
           if (!it->second.result.has_value()) it->second.result = why;
           ++it;
         } else {
@@ -159,12 +164,15 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
  private:
   struct Pending {
     BlockSink sink;
+    RowsSink rows;               // a table pull's (instead of `sink`)
+    absl::Span<char> rows_into;  // where its rows may go as they arrive
     Done done;
     TraceRecorder* trace = nullptr;
     absl::Time deadline = absl::InfiniteFuture();
     std::shared_ptr<Cancellation::Registration> cancel;
     bool whole_reply = false;  // the sink gets the reply's payload as it is
     bool writing = true;                // Send is still writing its request
+    bool receiving = false;             // its rows are being read into rows_into
     bool helped = false;                // its waiter reads replies (Help)
     std::optional<absl::Status> result; // ended while writing
   };
@@ -203,7 +211,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       absl::MutexLock lock(&mu_);
       auto it = pending_.find(id);
       if (it == pending_.end()) return;
-      if (it->second.writing) {
+      if (it->second.writing || it->second.receiving) {
         if (!it->second.result.has_value()) it->second.result = status;
       } else {
         ended = Take(it);
@@ -252,35 +260,48 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
   void Report(Pending& call, const absl::Status& status) {
     call.cancel.reset();
     call.sink = nullptr;
+    call.rows = nullptr;
     Done done = std::move(call.done);
     done(status);
   }
 
   // Reads one reply into message_ and payload_ (the read turn's).
   absl::StatusOr<ReplyHeader> ReadReply() {
+    PS_ASSIGN_OR_RETURN(ReplyHeader header, ReadReplyHead());
+    PS_RETURN_IF_ERROR(ReadPayload(header.payload_bytes));
+    return header;
+  }
+
+  // A reply's header and status message (into message_).
+  absl::StatusOr<ReplyHeader> ReadReplyHead() {
     char encoded[kReplyHeaderBytes];
     PS_RETURN_IF_ERROR(stream_->Read(encoded, sizeof(encoded)));
     PS_ASSIGN_OR_RETURN(ReplyHeader header, DecodeReplyHeader(encoded, kDefaultMaxMessageBytes));
     message_.resize(header.message_bytes);
     PS_RETURN_IF_ERROR(stream_->Read(message_.data(), message_.size()));
-    payload_ = grpc::Slice(header.payload_bytes);
-    PS_RETURN_IF_ERROR(stream_->Read(
-        reinterpret_cast<char*>(const_cast<uint8_t*>(payload_.begin())), payload_.size()));
     return header;
   }
 
+  // A reply's payload, into payload_.
+  absl::Status ReadPayload(uint64_t bytes) {
+    payload_ = grpc::Slice(bytes);
+    return stream_->Read(reinterpret_cast<char*>(const_cast<uint8_t*>(payload_.begin())),
+                         payload_.size());
+  }
+
   // Hands a reply's blocks (or, `whole`, its payload) to the call's sink.
-  static absl::Status Deliver(const grpc::Slice& payload, const BlockSink& sink, bool whole) {
-    if (!sink) return absl::OkStatus();
-    if (whole) {
-      return sink(v1::Parameter(), Segments{absl::string_view(
-                                       reinterpret_cast<const char*>(payload.begin()),
-                                       payload.size())});
+  static absl::Status Deliver(const grpc::Slice& payload, const Pending& call) {
+    const absl::string_view bytes(reinterpret_cast<const char*>(payload.begin()), payload.size());
+    if (call.rows) {
+      PS_ASSIGN_OR_RETURN(const TablePullReply reply, DecodeTablePullReply(bytes));
+      return call.rows(reply.content_type, reply.values);
     }
+    if (!call.sink) return absl::OkStatus();
+    if (call.whole_reply) return call.sink(v1::Parameter(), Segments{bytes});
     ParamsResponse blocks;
     PS_RETURN_IF_ERROR(DecodeParamsResponse(grpc::ByteBuffer(&payload, 1), &blocks));
     for (size_t i = 0; i < blocks.headers.size(); ++i) {
-      PS_RETURN_IF_ERROR(sink(blocks.headers[i], blocks.contents[i]));
+      PS_RETURN_IF_ERROR(call.sink(blocks.headers[i], blocks.contents[i]));
     }
     return absl::OkStatus();
   }
@@ -290,30 +311,102 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
   // returned from writing (the server read it all): wait for that.
   std::optional<Pending> TakeAnswered(uint64_t id) {
     absl::MutexLock lock(&mu_);
+    AwaitWritten(id);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return std::nullopt;
+    return Take(it);
+  }
+
+  void AwaitWritten(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto written = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto it = pending_.find(id);
       return it == pending_.end() || !it->second.writing;
     };
     mu_.Await(absl::Condition(&written));
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return std::nullopt;
-    return Take(it);
+  }
+
+  // Where the rows of `reply` go straight from the stream: the caller's
+  // memory (Pending::rows_into) when its call is a table pull that offered
+  // it and the reply's rows fit it exactly; the call is then marked
+  // receiving, so that a deadline, a cancellation or a lost connection
+  // leaves it (and the memory) to this reader until the rows are read. Empty:
+  // the payload goes into a buffer of its own. Null: not so.
+  // A receiving call is not taken out nor changed but for its `result` by
+  // others, so the reader may use it without the lock until it takes it.
+  Pending* ReceiveInto(const ReplyHeader& reply) {
+    if (reply.code != absl::StatusCode::kOk) return nullptr;
+    absl::MutexLock lock(&mu_);
+    AwaitWritten(reply.call_id);
+    auto it = pending_.find(reply.call_id);
+    if (it == pending_.end() || it->second.result.has_value() ||
+        it->second.rows_into.empty() ||
+        reply.payload_bytes != kTablePullReplyHeaderBytes + it->second.rows_into.size()) {
+      return nullptr;
+    }
+    it->second.receiving = true;
+    return &it->second;
+  }
+
+  // Reads a table pull reply's rows into `call`'s rows_into and hands them
+  // to its rows sink (`*status`: what that says). An error: the stream
+  // failed.
+  absl::Status ReceiveRows(uint64_t payload_bytes, const Pending& call, absl::Status* status) {
+    char header[kTablePullReplyHeaderBytes];
+    PS_RETURN_IF_ERROR(stream_->Read(header, sizeof(header)));
+    PS_RETURN_IF_ERROR(stream_->Read(call.rows_into.data(), call.rows_into.size()));
+    absl::StatusOr<uint32_t> content_type = DecodeTablePullReplyHeader(header, payload_bytes);
+    *status = content_type.ok() ? call.rows(*content_type,
+                                            absl::string_view(call.rows_into.data(),
+                                                              call.rows_into.size()))
+                                : content_type.status();
+    return absl::OkStatus();
+  }
+
+  static absl::Status Lost(const absl::Status& why) {
+    return absl::UnavailableError(
+        absl::StrCat("the bulk channel connection was lost (", why.message(), "); retry"));
   }
 
   // Reads one reply and completes its call (the read turn held); `*helped`:
   // that call had a waiter reading for it. False when the connection broke
   // (its calls failed).
   bool ReadOne(bool* helped) {
-    absl::StatusOr<ReplyHeader> reply = ReadReply();
+    absl::StatusOr<ReplyHeader> reply = ReadReplyHead();
     if (!reply.ok()) {
-      Break(absl::UnavailableError(absl::StrCat("the bulk channel connection was lost (",
-                                                reply.status().message(), "); retry")));
+      Break(Lost(reply.status()));
       return false;
     }
-    std::optional<Pending> call = TakeAnswered(reply->call_id);
-    if (!call.has_value()) {
-      Break(absl::UnavailableError("bulk channel: the server answered a call not made"));
-      return false;
+    absl::Status status(reply->code, message_);
+    std::optional<Pending> call;
+    if (Pending* receiving = ReceiveInto(*reply); receiving != nullptr) {
+      // The call stays pending (receiving) while its rows are read.
+      const absl::Status read = ReceiveRows(reply->payload_bytes, *receiving, &status);
+      {
+        absl::MutexLock lock(&mu_);
+        call = Take(pending_.find(reply->call_id));
+      }
+      if (call->result.has_value()) {
+        status = *call->result;  // it ended meanwhile (deadline, cancel, a broken connection)
+      } else if (!read.ok()) {
+        status = Lost(read);
+      }
+      if (!read.ok()) {
+        Report(*call, status);
+        Break(Lost(read));
+        return false;
+      }
+    } else {
+      if (absl::Status read = ReadPayload(reply->payload_bytes); !read.ok()) {
+        Break(Lost(read));
+        return false;
+      }
+      call = TakeAnswered(reply->call_id);
+      if (!call.has_value()) {
+        Break(absl::UnavailableError("bulk channel: the server answered a call not made"));
+        return false;
+      }
+      if (status.ok()) status = Deliver(payload_, *call);
+      payload_ = grpc::Slice();
     }
     *helped = call->helped;
     if (call->trace != nullptr) {
@@ -322,9 +415,6 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       times.set_processed_unix_nanos(reply->processed_unix_nanos);
       call->trace->Server(times);
     }
-    absl::Status status(reply->code, message_);
-    if (status.ok()) status = Deliver(payload_, call->sink, call->whole_reply);
-    payload_ = grpc::Slice();
     Report(*call, status);
     return true;
   }
@@ -582,19 +672,11 @@ bool ChannelTransport::TableRows(FrameMethod method, const TableFrame& frame, Ro
                                  absl::Time deadline, Done& done, TraceRecorder* trace) {
   std::shared_ptr<Connection> connection = Pick(deadline);
   if (connection == nullptr || !connection->table_frames) return false;
-  BlockSink sink;
-  if (rows) {
-    sink = [rows = std::move(rows)](const v1::Parameter&,
-                                    const Segments& content) -> absl::Status {
-      const std::string joined = content.size() == 1 ? std::string() : absl::StrJoin(content, "");
-      PS_ASSIGN_OR_RETURN(const TablePullReply reply,
-                          DecodeTablePullReply(content.size() == 1 ? content[0] : joined));
-      return rows(reply.content_type, reply.values);
-    };
-  }
   std::string head;  // written before Send returns
   const absl::InlinedVector<absl::string_view, 3> parts = EncodeTableFrame(frame, &head);
-  connection->Send(method, parts, std::move(sink), deadline, std::move(done), trace);
+  const absl::Span<char> rows_into = rows ? frame.rows_into : absl::Span<char>();
+  connection->Send(method, parts, nullptr, deadline, std::move(done), trace, std::move(rows),
+                   rows_into);
   return true;
 }
 

@@ -4,7 +4,9 @@
 // callers on one connection, waiters reading their own replies (and groups
 // of several calls leaving them to the reader), deadlines
 // and cancellation (also mid-reply), a malformed reply or one for a call not
-// made, and the fallback to gRPC. No test depends on timing.
+// made, table pulls whose rows go straight into the caller's memory (and
+// what happens to them on a deadline or a cancellation mid-rows), and the
+// fallback to gRPC. No test depends on timing.
 #include "cc/client/channel_transport.h"
 
 #include <sys/socket.h>
@@ -23,6 +25,7 @@
 #include "cc/client/grpc_transport.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/rpc/frame.h"
+#include "cc/rpc/table_frame.h"
 #include "cc/server/bulk_listener.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
@@ -493,6 +496,114 @@ TEST(ChannelTransportFakeTest, AReplyForACallNotMadeIsUnavailable) {
     EXPECT_THAT(SecondPush(push, PartialReply(999, 0, 0), absl::Now() + kTimeout),
                 testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("a call not made")));
   }
+}
+
+// ---- table pulls whose rows land in the caller's memory ----
+
+// A fake server's complete answer to table pull `id`: the pull reply's
+// header and `rows`.
+std::string PullRowsReply(uint64_t id, const std::string& rows) {
+  std::string pull(kTablePullReplyHeaderBytes, '\0');
+  EncodeTablePullReplyHeader(/*content_type=*/0, rows.size(), pull.data());
+  return PartialReply(id, pull.size() + rows.size(), 0) + pull + rows;
+}
+
+// The offer of `fake`, speaking table frames.
+v1::OpenChannelResponse TableFramesOffer(const FakeChannelServer& fake) {
+  v1::OpenChannelResponse offer = fake.offer();
+  offer.set_table_frames(kTableFrameVersion);
+  return offer;
+}
+
+// What a table pull's rows sink got.
+struct RowsSeen {
+  absl::Status status;
+  std::string rows;
+  const char* at = nullptr;  // where they were
+};
+
+// Pulls two keys of table "t" as a table frame offering `into` for the
+// rows: waiting in a CallGroup (the waiter reads the reply), or, when a
+// cancellation is current, through the connection's reader thread.
+RowsSeen PullRows(ChannelTransport& channel, absl::Span<char> into, absl::Time deadline) {
+  const std::vector<uint64_t> keys = {1, 2};
+  TableFrame frame;
+  frame.table = "t";
+  frame.keys = keys;
+  frame.rows_into = into;
+  RowsSeen seen;
+  Transport::RowsSink rows = [&seen](uint32_t, absl::string_view values) {
+    seen.rows = std::string(values);
+    seen.at = values.data();
+    return absl::OkStatus();
+  };
+  CallGroup group;
+  Transport::Done done = group.Add("fake");
+  if (!channel.TableRows(FrameMethod::kTableRowsPull, frame, std::move(rows), deadline, done,
+                         nullptr)) {
+    seen.status = absl::InternalError("not sent as a table frame");
+    return seen;
+  }
+  seen.status = group.Wait();
+  return seen;
+}
+
+TEST(ChannelTransportFakeTest, PulledRowsThatFitGoStraightIntoTheCallersMemory) {
+  FakeChannelServer fake(PullRowsReply(1, "rowbytes"));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)), OneConnection());
+  std::string out(8, '-');
+  const RowsSeen seen = PullRows(channel, absl::MakeSpan(out), absl::Now() + kTimeout);
+  ASSERT_THAT(seen.status, IsOk());
+  EXPECT_EQ(out, "rowbytes");
+  EXPECT_EQ(seen.rows, "rowbytes");
+  EXPECT_EQ(seen.at, out.data());  // no buffer between the stream and `out`
+}
+
+TEST(ChannelTransportFakeTest, PulledRowsThatDoNotFitGoToABufferAndLeaveTheMemoryAlone) {
+  // 6 bytes of rows where 8 were offered: the sink gets them from a buffer
+  // of the transport's (and the table says they do not fit).
+  FakeChannelServer fake(PullRowsReply(1, "rowbyt"));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)), OneConnection());
+  std::string out(8, '-');
+  const RowsSeen seen = PullRows(channel, absl::MakeSpan(out), absl::Now() + kTimeout);
+  ASSERT_THAT(seen.status, IsOk());
+  EXPECT_EQ(seen.rows, "rowbyt");
+  EXPECT_NE(seen.at, out.data());
+  EXPECT_EQ(out, "--------");
+}
+
+TEST(ChannelTransportFakeTest, ADeadlineMidRowsFailsThePullOnceTheRowsAreLetGo) {
+  // The reply's header and 10 of its 1000 bytes of rows have come when the
+  // deadline passes: the call fails and the connection drops (which ends
+  // the read into `out`) before the caller is told.
+  FakeChannelServer fake(PartialReply(1, kTablePullReplyHeaderBytes + 1000,
+                                      kTablePullReplyHeaderBytes + 10));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)), OneConnection());
+  std::string out(1000, '-');
+  const RowsSeen seen =
+      PullRows(channel, absl::MakeSpan(out), absl::Now() + absl::Milliseconds(200));
+  EXPECT_THAT(seen.status, StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_TRUE(seen.rows.empty());
+  fake.WaitForClose();
+}
+
+TEST(ChannelTransportFakeTest, CancellingMidRowsFailsThePullOnceTheRowsAreLetGo) {
+  FakeChannelServer fake(PartialReply(1, kTablePullReplyHeaderBytes + 1000,
+                                      kTablePullReplyHeaderBytes + 10));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)), OneConnection());
+  std::string out(1000, '-');
+  Cancellation cancel;
+  RowsSeen seen;
+  std::thread caller([&] {
+    Cancellation::Scope scope(&cancel);  // the reader thread reads the reply
+    seen = PullRows(channel, absl::MakeSpan(out), absl::InfiniteFuture());
+  });
+  fake.WaitForReply();
+  cancel.Cancel();
+  caller.join();
+  EXPECT_THAT(seen.status, StatusCodeIs(absl::StatusCode::kCancelled));
+  EXPECT_TRUE(seen.rows.empty());
+  fake.WaitForClose();
 }
 
 TEST(ChannelTransportFakeTest, AMalformedReplyIsUnavailable) {

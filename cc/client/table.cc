@@ -184,7 +184,9 @@ absl::Status Table::PlaceRows(const Split& split, size_t i, ElementType content_
         values.size(), " bytes for ", part.keys.size(), " rows of ", row, " bytes"));
   }
   if (part.positions.empty()) {
-    if (!values.empty()) std::memcpy(out.data() + part.offset * row, values.data(), values.size());
+    char* const into = out.data() + part.offset * row;
+    // The transport may have put them there already (TableFrame::rows_into).
+    if (!values.empty() && values.data() != into) std::memcpy(into, values.data(), values.size());
     return absl::OkStatus();
   }
   for (size_t j = 0; j < part.positions.size(); ++j) {
@@ -263,6 +265,12 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
             frame.table = name_;
             frame.keys = split.parts[i].keys;
             frame.value_type = static_cast<uint8_t>(wire_type);
+            // A part in the caller's order, as stored: its rows may land
+            // in `out` as they arrive (PlaceRows then copies nothing).
+            const Split::Part& part = split.parts[i];
+            if (compressor_ == nullptr && part.positions.empty()) {
+              frame.rows_into = out.subspan(part.offset * row, part.keys.size() * row);
+            }
             Transport::RowsSink rows = [this, &split, i, out](uint32_t content_type,
                                                               absl::string_view values) {
               return PlaceRows(split, i, static_cast<ElementType>(content_type), values, out);

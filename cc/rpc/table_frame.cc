@@ -131,20 +131,27 @@ void EncodeTablePullReplyHeader(uint32_t content_type, uint64_t value_bytes, cha
   Put<uint64_t>(value_bytes, out + 8);
 }
 
-absl::StatusOr<TablePullReply> DecodeTablePullReply(absl::string_view payload) {
-  if (payload.size() < kTablePullReplyHeaderBytes) {
-    return absl::DataLossError(absl::StrCat("table pull reply of ", payload.size(),
+absl::StatusOr<uint32_t> DecodeTablePullReplyHeader(const char* header, uint64_t payload_bytes) {
+  if (payload_bytes < kTablePullReplyHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("table pull reply of ", payload_bytes,
                                             " bytes is shorter than its header"));
   }
-  const uint64_t value_bytes = Get<uint64_t>(payload.data() + 8);
-  if (Get<uint32_t>(payload.data() + 4) != 0 ||
-      value_bytes != payload.size() - kTablePullReplyHeaderBytes) {
-    return absl::DataLossError(absl::StrCat("table pull reply of ", payload.size(),
+  const uint64_t value_bytes = Get<uint64_t>(header + 8);
+  if (Get<uint32_t>(header + 4) != 0 ||
+      value_bytes != payload_bytes - kTablePullReplyHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("table pull reply of ", payload_bytes,
                                             " bytes does not match its header (", value_bytes,
                                             " value bytes)"));
   }
+  return Get<uint32_t>(header);
+}
+
+absl::StatusOr<TablePullReply> DecodeTablePullReply(absl::string_view payload) {
+  const absl::StatusOr<uint32_t> content_type =
+      DecodeTablePullReplyHeader(payload.data(), payload.size());
+  if (!content_type.ok()) return content_type.status();
   TablePullReply reply;
-  reply.content_type = Get<uint32_t>(payload.data());
+  reply.content_type = *content_type;
   reply.values = payload.substr(kTablePullReplyHeaderBytes);
   return reply;
 }

@@ -54,6 +54,11 @@ struct TableFrame {
   uint8_t value_type = 0;  // v1::ElementType number; 0: as stored
   absl::Span<const uint64_t> keys;
   absl::string_view values;  // a push's rows; empty for a pull
+  // Not encoded: where a pull's caller wants its rows (exactly this many
+  // bytes, in key order). A transport may put them there as they arrive
+  // instead of into a buffer of its own; the rows it hands over are then
+  // this memory. Empty: not offered.
+  absl::Span<char> rows_into;
 };
 
 // The payload of `frame` as parts to write in order: `head` (filled here:
@@ -82,6 +87,11 @@ struct TablePullReply {
 };
 // DATA_LOSS naming what is wrong (a reply this client cannot trust).
 absl::StatusOr<TablePullReply> DecodeTablePullReply(absl::string_view payload);
+// The same from the reply's header alone (its first kTablePullReplyHeaderBytes,
+// at `header`; not read when `payload_bytes` is shorter) and the payload's
+// length: the rows' content type. For a reader that puts the rows
+// elsewhere than after the header (straight into the caller's output).
+absl::StatusOr<uint32_t> DecodeTablePullReplyHeader(const char* header, uint64_t payload_bytes);
 
 }  // namespace pserver
 

@@ -205,5 +205,22 @@ TEST(TableFrameTest, PullRepliesRoundTripAndLiesAreDataLoss) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shorter than its header")));
 }
 
+// The header alone, for a reader that puts the rows elsewhere: the same
+// checks against the payload's length as the whole reply's.
+TEST(TableFrameTest, PullReplyHeaderAloneIsCheckedAgainstThePayloadLength) {
+  char header[kTablePullReplyHeaderBytes];
+  EncodeTablePullReplyHeader(/*content_type=*/3, 64, header);
+  auto type = DecodeTablePullReplyHeader(header, kTablePullReplyHeaderBytes + 64);
+  ASSERT_THAT(type.status(), IsOk());
+  EXPECT_EQ(*type, 3u);
+  EXPECT_THAT(DecodeTablePullReplyHeader(header, kTablePullReplyHeaderBytes + 63).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not match its header")));
+  EXPECT_THAT(DecodeTablePullReplyHeader(nullptr, kTablePullReplyHeaderBytes - 1).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shorter than its header")));
+  header[5] = 1;  // the zero bytes after the content type
+  EXPECT_THAT(DecodeTablePullReplyHeader(header, kTablePullReplyHeaderBytes + 64).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not match its header")));
+}
+
 }  // namespace
 }  // namespace pserver

@@ -156,8 +156,10 @@ bool InProcessTransport::TableRows(FrameMethod method, const TableFrame& frame, 
   if (push) {
     status = dispatcher_->PushTableRows(TableRowsViewOf(frame), frame.client_id, frame.sequence);
   } else {
-    // The rows are read into a buffer of this thread's, kept between calls
-    // (up to kKeptPullBytes), then handed to `rows`.
+    // The rows are read into the caller's memory where it offered it
+    // (TableFrame::rows_into) and they fit it exactly, else into a buffer of
+    // this thread's, kept between calls (up to kKeptPullBytes), then handed
+    // to `rows`.
     constexpr size_t kKeptPullBytes = size_t{4} << 20;
     thread_local std::unique_ptr<char[]> kept;
     thread_local size_t kept_bytes = 0;
@@ -169,7 +171,9 @@ bool InProcessTransport::TableRows(FrameMethod method, const TableFrame& frame, 
         [&](size_t bytes, ElementType type) -> absl::StatusOr<absl::Span<char>> {
           content_type = type;
           char* data;
-          if (bytes > kKeptPullBytes) {
+          if (!frame.rows_into.empty() && bytes == frame.rows_into.size()) {
+            data = frame.rows_into.data();  // straight into the caller's output
+          } else if (bytes > kKeptPullBytes) {
             large.reset(new char[bytes]);
             data = large.get();
           } else {
