@@ -688,6 +688,7 @@ absl::Status Run(int argc, char** argv) {
     ReplicationGroupOptions replication;
     replication.pserver_binary = PserverBinary();
     replication.failover_kills = absl::GetFlag(FLAGS_failover_kills);
+    replication.server_flags = absl::GetFlag(FLAGS_server_flags);
     auto numbers = [](const std::vector<std::string>& texts, const char* flag,
                       auto* out) -> absl::Status {
       for (const std::string& text : texts) {

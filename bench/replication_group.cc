@@ -446,7 +446,8 @@ absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options
     for (int servers : all_servers) {
       if (servers < 1) return absl::InvalidArgumentError("--replication_servers: each >= 1");
       PS_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> cluster,
-                          Cluster::Start(options.pserver_binary, servers, replicas - 1));
+                          Cluster::Start(options.pserver_binary, servers, replicas - 1,
+                                         options.server_flags));
       std::vector<std::unique_ptr<Client>> clients;
       PS_ASSIGN_OR_RETURN(clients.emplace_back(), cluster->Connect());
       // Initialised before the dense run's FinishInitParams, measured after.

@@ -55,6 +55,9 @@ struct ReplicationGroupOptions {
   std::vector<int> replicas;
   std::vector<int> servers;
   std::vector<uint64_t> sizes;
+  // Extra flags for every pserver process of the push/pull clusters
+  // (e2e's --server_flags), e.g. --catch_up_bytes=0.
+  std::vector<std::string> server_flags;
 };
 
 absl::Status ReplicationGroup(Harness& h, const ReplicationGroupOptions& options,

@@ -582,9 +582,10 @@ class ReplicasMoveTest : public MoveFailoverTest {
     ExpectEveryShardBackedUp(3, processes, /*checksums=*/false);
     if (HasFatalFailure()) return nullptr;
     // A primary's first write after a backup left (its slot moved to a
-    // shard lacking one) may wait for the replicate timeout (10 s) before
-    // it drops the backup: longer than the default attempt (an InitParam
-    // sent again would find itself applied).
+    // shard lacking one) may still wait for the replicate timeout (10 s)
+    // before it drops the backup (docs/elastic.md, "Limits"): longer than
+    // the default attempt (an InitParam sent again would find itself
+    // applied).
     std::unique_ptr<Client> client = Connect(kAttempt);
     if (client == nullptr) return nullptr;
     InitParams(*client);

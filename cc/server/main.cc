@@ -174,12 +174,19 @@ ABSL_FLAG(int64_t, join_timeout, 120,
           "shard may take to load its copy and apply the first write made since; then it is let "
           "go unlisted, told why, and copies again. A standby not listed within this and a "
           "minute more of its copy copies again.");
-ABSL_FLAG(uint64_t, catch_up_bytes, 0,
+ABSL_FLAG(int64_t, replicate_timeout, 10,
+          "Seconds (1-3600). With --accept_standbys: how long a write may take to reach a "
+          "backup, retries included; then the backup is dropped from its shard before the "
+          "write is acknowledged. A backup whose address refuses connections, or that answers "
+          "that it left its shard, is dropped at once (docs/replication.md).");
+ABSL_FLAG(uint64_t, catch_up_bytes, uint64_t{256} << 20,
           "With --accept_standbys: bytes of this server's last writes kept in memory so that a "
           "standby rejoining with the shard's state up to an earlier LSN (dropped while cut "
           "off, let go, or the other backup after a takeover) is sent only the writes after it "
-          "instead of a copy of the shard (0: off; else 1024 .. 2^40). With it every write is "
-          "numbered, also while no standby is attached (docs/replication.md).");
+          "instead of a copy of the shard (default 256 MiB; 0: off; else 1024 .. 2^40). Writes "
+          "are kept only while a standby may be away (fewer backups listed than this primary "
+          "had, one joining); a write every backup acknowledged is let go at once. With it "
+          "every write is numbered, also while no standby is attached (docs/replication.md).");
 ABSL_FLAG(bool, placement_redirects, false,
           "Check every dense block of a push or read against etcd's /placement (watched): a "
           "block this server does not own under the newest version is refused with "
@@ -411,6 +418,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_standbys = absl::GetFlag(FLAGS_max_standbys);
   options.max_joining_bytes = absl::GetFlag(FLAGS_max_joining_bytes);
   options.join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout));
+  options.replicate_timeout = absl::Seconds(absl::GetFlag(FLAGS_replicate_timeout));
   options.catch_up_bytes = absl::GetFlag(FLAGS_catch_up_bytes);
   if (absl::GetFlag(FLAGS_replicas) > 1) {
     options.accept_standbys = true;

@@ -39,14 +39,15 @@ absl::Status PrimaryLog::Write(absl::string_view method, std::string request,
 
 absl::Status PrimaryLog::WriteShippingFirst(absl::string_view method, SharedBytes request,
                                             ApplyShipping apply,
-                                            std::vector<absl::Status>* acks) {
-  return WriteImpl(method, std::string(), std::move(request), apply, acks);
+                                            std::vector<absl::Status>* acks, uint64_t* lsn) {
+  return WriteImpl(method, std::string(), std::move(request), apply, acks, lsn);
 }
 
 absl::Status PrimaryLog::WriteImpl(absl::string_view method, std::string request,
                                    SharedBytes shared, ApplyShipping apply,
-                                   std::vector<absl::Status>* acks) {
+                                   std::vector<absl::Status>* acks, uint64_t* lsn) {
   if (acks != nullptr) acks->clear();
+  if (lsn != nullptr) *lsn = 0;
   const uint64_t bytes = method.size() + request.size() + shared.size();
   BackupLog::Write write;
   // Per backup, what completes a delivery handed over before the apply
@@ -116,6 +117,7 @@ absl::Status PrimaryLog::WriteImpl(absl::string_view method, std::string request
   }
   if (result.ok()) result = applied;
   if (acks != nullptr) *acks = std::move(answers);
+  if (lsn != nullptr) *lsn = write.lsn;
   absl::MutexLock lock(&mu_);
   --in_flight_writes_;
   in_flight_bytes_ -= bytes;

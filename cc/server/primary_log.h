@@ -103,10 +103,12 @@ class PrimaryLog {
   // failure first): the write was numbered and shipped all the same, and
   // the caller must decide whether this replica still matches its backups
   // (the checks passed, so only what follows them can fail: see
-  // PrimaryReplication::Write).
+  // PrimaryReplication::Write). `lsn`, when given, receives the LSN the
+  // write took (0: none).
   absl::Status WriteShippingFirst(absl::string_view method, SharedBytes request,
                                   ApplyShipping apply,
-                                  std::vector<absl::Status>* acks = nullptr);
+                                  std::vector<absl::Status>* acks = nullptr,
+                                  uint64_t* lsn = nullptr);
 
   uint64_t epoch() const { return epoch_; }
   uint64_t last_lsn() const;
@@ -118,7 +120,8 @@ class PrimaryLog {
   const size_t backups_;
   const Options options_;
   absl::Status WriteImpl(absl::string_view method, std::string request, SharedBytes shared,
-                         ApplyShipping apply, std::vector<absl::Status>* acks);
+                         ApplyShipping apply, std::vector<absl::Status>* acks,
+                         uint64_t* lsn = nullptr);
 
   const Send send_;
   const Post post_;

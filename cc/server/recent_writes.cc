@@ -1,5 +1,6 @@
 #include "cc/server/recent_writes.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -12,10 +13,22 @@ void RecentWrites::Add(const BackupLog::Write& write) {
   if (bytes > max_bytes_) return;  // Since reports it missing
   auto kept = std::make_shared<const BackupLog::Write>(write);
   absl::MutexLock lock(&mu_);
+  if (write.lsn <= released_) return;
   if (!writes_.emplace(write.lsn, std::move(kept)).second) return;
   bytes_ += bytes;
   while (bytes_ > max_bytes_ && !writes_.empty()) {
     bytes_ -= Bytes(*writes_.begin()->second);
+    writes_.erase(writes_.begin());
+  }
+}
+
+void RecentWrites::Release(uint64_t lsn) {
+  std::vector<Kept> going;  // freed after the lock
+  absl::MutexLock lock(&mu_);
+  released_ = std::max(released_, lsn);
+  while (!writes_.empty() && writes_.begin()->first <= lsn) {
+    bytes_ -= Bytes(*writes_.begin()->second);
+    going.push_back(std::move(writes_.begin()->second));
     writes_.erase(writes_.begin());
   }
 }

@@ -8,6 +8,7 @@
 //
 //   RecentWrites recent(64 << 20);
 //   recent.Add(write);                       // each numbered write, once
+//   recent.Release(n);                       // every backup holds 1 .. n
 //   auto after = recent.Since(n, last_lsn);  // n+1 .. last_lsn, or why not
 //
 // Thread-safe.
@@ -32,9 +33,13 @@ class RecentWrites {
 
   explicit RecentWrites(uint64_t max_bytes) : max_bytes_(max_bytes) {}
 
-  // Keeps `write` (a write larger than max_bytes is not kept), dropping the
-  // lowest LSNs past the bound.
+  // Keeps `write` (a write larger than max_bytes is not kept, nor one at or
+  // below the last Release), dropping the lowest LSNs past the bound.
   void Add(const BackupLog::Write& write);
+  // Lets go of the writes numbered up to `lsn` (every backup holds them:
+  // none will rejoin from below it); a later Add at or below it keeps
+  // nothing. Since then reports them missing, as dropped for the bound.
+  void Release(uint64_t lsn);
   // The writes numbered after `lsn` up to `last`, in LSN order (empty when
   // lsn >= last); FAILED_PRECONDITION naming the first one missing (dropped
   // for the bound, or never kept) and what is kept.
@@ -50,6 +55,7 @@ class RecentWrites {
   mutable absl::Mutex mu_;
   std::map<uint64_t, Kept> writes_ ABSL_GUARDED_BY(mu_);  // by LSN
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t released_ ABSL_GUARDED_BY(mu_) = 0;  // the highest LSN released
 };
 
 }  // namespace pserver

@@ -51,6 +51,28 @@ TEST(RecentWritesTest, TheLowestGoFirstPastTheBoundAndAreThenMissing) {
                                 HasSubstr("write 2 is no longer kept (the primary keeps LSNs 3-5")));
 }
 
+TEST(RecentWritesTest, ReleasedWritesAreLetGoAndNotKeptAgain) {
+  RecentWrites recent(1 << 20);
+  for (uint64_t lsn : {1, 2, 3, 4}) recent.Add(W(lsn));
+  recent.Release(2);  // every backup holds 1-2
+  EXPECT_EQ(recent.bytes(), 2u * 14u);
+  ASSERT_OK_AND_ASSIGN(std::vector<RecentWrites::Kept> after, recent.Since(2, 4));
+  EXPECT_THAT(Lsns(after), ::testing::ElementsAre(3, 4));
+  EXPECT_THAT(recent.Since(1, 4), testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                           HasSubstr("write 2 is no longer kept")));
+  // A write added late at or below the release keeps nothing; above it does.
+  recent.Add(W(2));
+  recent.Add(W(5));
+  EXPECT_EQ(recent.bytes(), 3u * 14u);
+  recent.Release(1);  // lower than before: nothing changes
+  ASSERT_OK_AND_ASSIGN(after, recent.Since(2, 5));
+  EXPECT_THAT(Lsns(after), ::testing::ElementsAre(3, 4, 5));
+  recent.Release(5);
+  EXPECT_EQ(recent.bytes(), 0u);
+  ASSERT_OK_AND_ASSIGN(after, recent.Since(5, 5));
+  EXPECT_TRUE(after.empty());
+}
+
 TEST(RecentWritesTest, AWriteLargerThanTheBoundIsNotKeptAndLeavesAHole) {
   RecentWrites recent(100);
   recent.Add(W(1));

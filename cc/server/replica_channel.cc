@@ -120,6 +120,19 @@ ReplicaChannel::~ReplicaChannel() {
   }
 }
 
+void ReplicaChannel::Close(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  stopping_ = true;
+  closed_why_ = why;
+  if (connection_ != nullptr) Break(connection_.get(), why);
+}
+
+bool ReplicaChannel::closed() const {
+  absl::MutexLock lock(&mu_);
+  return !closed_why_.empty();
+}
+
 std::string ReplicaChannel::route() const {
   absl::MutexLock lock(&mu_);
   return route_;
@@ -399,7 +412,8 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
     }
     if (stopping_) {
       return absl::UnavailableError(
-          absl::StrCat("the link to backup at ", address_, " is closing"));
+          closed_why_.empty() ? absl::StrCat("the link to backup at ", address_, " is closing")
+                              : closed_why_);
     }
     // A write resent below one already in flight would queue behind it at
     // the backup, which waits for it: start over on a fresh connection.

@@ -133,6 +133,13 @@ class ReplicaChannel {
   // The posted write's answer, as Send returns it.
   absl::Status Await(Posted& posted, absl::Time deadline);
 
+  // Gives up on the backup for good (its address refuses connections, or
+  // it left its shard: its primary drops it): every Send, those waiting for
+  // their turn behind a write that never went out included, and every Post
+  // from now on answer UNAVAILABLE `why` at once.
+  void Close(const std::string& why);
+  bool closed() const;
+
   // Writes sent (and answered, whatever the answer) over the channel, and
   // over gRPC Replicate.
   uint64_t sent_over_channel() const { return over_channel_.load(); }
@@ -185,6 +192,7 @@ class ReplicaChannel {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string closed_why_ ABSL_GUARDED_BY(mu_);  // Close's; "": not closed
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a sender has its turn
   // The next LSN never handed over yet (written on a connection or sent
   // over gRPC); every lower one was, once at least.

@@ -150,6 +150,7 @@ absl::Status PrimaryReplication::Write(absl::string_view method,
     absl::ReaderMutexLock lock(&mu_);
     if (log_ == nullptr) return apply([] {});
     std::vector<absl::Status> acks;
+    uint64_t lsn = 0;
     shipped = log_->WriteShippingFirst(
         method, request(),
         [&](absl::FunctionRef<void()> ship) {
@@ -159,7 +160,11 @@ absl::Status PrimaryReplication::Write(absl::string_view method,
           });
           return applied;
         },
-        &acks);
+        &acks, &lsn);
+    // Every backup holds it (and, applying in LSN order, each before it).
+    if (shipped.ok() && lsn != 0 && recent_ != nullptr && !KeepsAckedWrites()) {
+      recent_->Release(lsn);
+    }
     // Acknowledged by every backup and applied here; or refused here before
     // it was numbered (its own error, or writes in flight at their bound):
     // sent nowhere.
@@ -196,6 +201,11 @@ absl::Status PrimaryReplication::Write(absl::string_view method,
   // Applied here and on every backup the configuration still lists; this
   // replica's own answer decides (an error past its checks: not acknowledged).
   return applied;
+}
+
+bool PrimaryReplication::KeepsAckedWrites() const {
+  if (!joiners_.empty() || backups_.size() < most_backups_) return true;
+  return backups_.empty() && options_.predecessor_term != 0;
 }
 
 void PrimaryReplication::RebuildLog() {
@@ -327,16 +337,24 @@ absl::Status PrimaryReplication::Deliver(const Backup& backup, const BackupLog::
   absl::Status status;
   for (int attempt = 0;; ++attempt) {
     status = backup.channel->Send(write, deadline);
+    if (backup.channel->closed()) return status;  // given up on by another write
     if (!absl::IsUnavailable(status) || absl::Now() >= deadline || attempt >= 1000) break;
     // A backup whose address refuses connections is gone (its process
-    // died): no use retrying until the timeout, drop it now.
+    // died, or its standby left and was shut down): no use retrying until
+    // the timeout, drop it now. Its channel is closed too: a later write
+    // waiting for its turn behind this one (which never went out) would
+    // otherwise wait for the timeout, holding up this backup's drop.
     if (absl::StatusOr<bool> refused = TcpConnectionRefused(backup.address, absl::Seconds(1));
         refused.ok() && *refused) {
-      return absl::UnavailableError(absl::StrCat("backup at ", backup.address,
-                                                 " refuses connections: ", status.message()));
+      status = absl::UnavailableError(absl::StrCat("backup at ", backup.address,
+                                                   " refuses connections: ", status.message()));
+      backup.channel->Close(std::string(status.message()));
+      return status;
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
+  // It left its shard (ABORTED): the same, at once.
+  if (absl::IsAborted(status)) backup.channel->Close(std::string(status.message()));
   return status;
 }
 
@@ -582,6 +600,7 @@ absl::Status PrimaryReplication::List(const std::shared_ptr<Joiner>& joiner) {
   }
   options_.config->Set(next.config.epoch(), next.value);
   backups_.push_back(std::move(joiner->backup));
+  most_backups_ = std::max(most_backups_, backups_.size());
   joiners_.erase(std::find(joiners_.begin(), joiners_.end(), joiner));
   RebuildLog();
   return absl::OkStatus();

@@ -119,7 +119,9 @@ struct PrimaryReplicationOptions {
   // rejoin holding the shard up to an earlier LSN of this primary's lineage
   // (--catch_up_bytes): such a standby is sent only the writes after its
   // LSN, no copy. 0: none kept, every standby copies the shard. With it
-  // every write is numbered, also while no backup is attached.
+  // every write is numbered, also while no backup is attached. Writes are
+  // kept only while a standby may be away (see KeepsAckedWrites); else a
+  // write every backup acknowledged is let go at once.
   uint64_t catch_up_bytes = 0;
   // A promoted standby's: the term of the primary it backed up (its state
   // up to last_lsn holds that primary's writes); 0 for a server that
@@ -170,6 +172,8 @@ class PrimaryReplication : public WriteShipper {
   // caught up on in all: what their copies missed.
   uint64_t joined() const { return joined_.load(std::memory_order_relaxed); }
   uint64_t caught_up_writes() const { return caught_up_writes_.load(std::memory_order_relaxed); }
+  // Bytes of writes kept for catch-ups now (0 without catch_up_bytes).
+  uint64_t kept_write_bytes() const { return recent_ != nullptr ? recent_->bytes() : 0; }
   // Standbys that rejoined from their own LSN (no copy) so far.
   uint64_t rejoined_without_copy() const {
     return rejoined_without_copy_.load(std::memory_order_relaxed);
@@ -222,6 +226,12 @@ class PrimaryReplication : public WriteShipper {
   // those still attached; OK when none is left to drop.
   absl::Status DropBackups(const std::vector<std::pair<std::string, absl::Status>>& failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a write every backup acknowledged is still kept for catch-ups:
+  // while a standby may be away and come back holding this lineage's state
+  // (fewer backups than this primary had listed at most, one joining, or,
+  // for a promoted standby, none yet: the predecessor's other backup).
+  // Otherwise every backup holds it and none will rejoin from below it.
+  bool KeepsAckedWrites() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A PrimaryLog over backups_ and then joiners_ (null when there is
   // neither and no RecentWrites) from the last LSN; its first sink also
   // keeps each write in recent_.
@@ -247,6 +257,7 @@ class PrimaryReplication : public WriteShipper {
   std::unique_ptr<PrimaryLog> log_ ABSL_GUARDED_BY(mu_);  // null: no backup
   std::vector<Backup> backups_ ABSL_GUARDED_BY(mu_);     // log_'s, in its order
   std::vector<std::shared_ptr<Joiner>> joiners_ ABSL_GUARDED_BY(mu_);  // log_'s, after backups_
+  size_t most_backups_ ABSL_GUARDED_BY(mu_) = 0;  // listed at once, at most
   // Standbys let go while joining, (instance id, why), oldest first: at
   // most kMaxLetGo, one entry per id.
   static constexpr size_t kMaxLetGo = 64;

@@ -118,6 +118,12 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("join_timeout must be in [1s, 1h], got ",
                                                    absl::FormatDuration(options.join_timeout)));
   }
+  if (options.replicate_timeout < absl::Seconds(1) ||
+      options.replicate_timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicate_timeout must be in [1s, 1h], got ",
+                     absl::FormatDuration(options.replicate_timeout)));
+  }
   if (options.max_threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_threads must be >= 0, got ", options.max_threads));
@@ -506,6 +512,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     replication.max_standbys = options.max_standbys;
     replication.max_joining_bytes = options.max_joining_bytes;
     replication.join_timeout = options.join_timeout;
+    replication.replicate_timeout = options.replicate_timeout;
     replication.catch_up_bytes = options.catch_up_bytes;
     // A promoted standby's state up to its last LSN is its old primary's.
     if (server->backup_replication_ != nullptr) {

@@ -163,13 +163,21 @@ struct ServerOptions {
   // its copy copies again too (its primary may be gone).
   uint64_t max_joining_bytes = uint64_t{256} << 20;
   absl::Duration join_timeout = absl::Minutes(2);
+  // How long a primary's write may take to reach a backup, retries
+  // included, before the backup is dropped (--replicate_timeout, 1 s-1 h).
+  // A backup whose address refuses connections, or that answers that it
+  // left its shard, is dropped at once.
+  absl::Duration replicate_timeout = absl::Seconds(10);
   // A primary's bytes of its last writes kept in memory so that a standby
   // rejoining with the shard's state up to an earlier LSN of its lineage
   // (dropped, let go, or the other backup after a takeover) is sent only
   // the writes after it, no copy (--catch_up_bytes; 0: off, else 1 KiB -
-  // 1 TiB). With it every write is numbered also while no standby is
-  // attached.
-  uint64_t catch_up_bytes = 0;
+  // 1 TiB; default 256 MiB, as --max_joining_bytes: a catch-up past that is
+  // refused anyway). Kept only while a standby may be away (fewer backups
+  // than this primary had, one joining); a write every backup acknowledged
+  // is let go at once. With it every write is numbered also while no
+  // standby is attached.
+  uint64_t catch_up_bytes = uint64_t{256} << 20;
 
   // --- live moves (docs/elastic.md; needs etcd) ---
   // Check every dense block of a bulk push or read against etcd's

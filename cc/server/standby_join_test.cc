@@ -465,6 +465,46 @@ TEST_F(StandbyJoinTest, AStandbyOfThisLineageCatchesUpFromItsLsnAndAnyOtherIsSen
   EXPECT_EQ(backup_.lsns().size(), 10u);  // LSN 14 to each of the five
 }
 
+// With --catch_up_bytes, writes are kept only while a standby may be away:
+// none while no standby was ever listed (nobody holds this lineage's
+// state), none once every listed backup acknowledged them; once the backup
+// is dropped (its server gone), the writes since are kept and it could
+// rejoin from its own LSN.
+TEST_F(StandbyJoinTest, AcknowledgedWritesAreKeptOnlyWhileABackupIsAway) {
+  StartPrimary(uint64_t{256} << 20, /*catch_up_bytes=*/1 << 20);
+  const uint64_t term = config_.epoch();
+  ASSERT_TRUE(WritesFinish(2, 1.0f));  // LSNs 1-2, no standby yet
+  EXPECT_EQ(primary_->kept_write_bytes(), 0u);
+  ASSERT_OK(Attach().status());
+  backup_.Release();
+  bool listed = false;
+  for (int i = 0; i < 3000 && !listed; ++i) {
+    listed = primary_->backups().size() == 1;
+    if (!listed) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(listed);
+  ASSERT_TRUE(WritesFinish(3, 1.0f));  // LSNs 3-5, acknowledged by the backup
+  EXPECT_EQ(primary_->kept_write_bytes(), 0u);
+  EXPECT_THAT(backup_.lsns(), ElementsAre(3, 4, 5));
+  // The backup's server goes: the next write drops it; from then on the
+  // writes are kept.
+  server_->Shutdown();
+  server_.reset();
+  ASSERT_TRUE(WritesFinish(3, 1.0f));  // LSNs 6-8
+  EXPECT_TRUE(primary_->backups().empty());
+  EXPECT_EQ(primary_->dropped(), 1u);
+  EXPECT_GT(primary_->kept_write_bytes(), 0u);
+  v1::AttachStandbyRequest request;
+  request.set_shard(0);
+  request.set_instance_id("00000000000000b1");
+  request.set_address("127.0.0.1:" + std::to_string(port_));
+  request.set_have_epoch(term);
+  request.set_have_lsn(5);
+  ASSERT_OK_AND_ASSIGN(v1::AttachStandbyResponse rejoin, primary_->Attach(request));
+  EXPECT_TRUE(rejoin.catch_up());
+  EXPECT_EQ(rejoin.last_lsn(), 5u);
+}
+
 TEST_F(StandbyJoinTest, WithoutKeptWritesAStandbyHoldingStateIsSentACopy) {
   StartPrimary();  // catch_up_bytes 0
   ASSERT_TRUE(WritesFinish(2, 1.0f));  // not numbered: no standby, none kept
