@@ -375,14 +375,22 @@ class MoveFailoverTest : public ::testing::Test {
   // The rows of each table the server at `address` holds (TableStats; a
   // standby answers too), tables without rows left out; empty if it does
   // not answer.
-  static std::map<std::string, uint64_t> TableRows(const std::string& address) {
+  // `error`, when given, gets why it did not answer.
+  static std::map<std::string, uint64_t> TableRows(const std::string& address,
+                                                   std::string* error = nullptr) {
     std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
     v1::TableStatsResponse response;
     std::map<std::string, uint64_t> rows;
-    if (!stub->TableStats(&context, v1::TableStatsRequest(), &response).ok()) return rows;
+    const grpc::Status status = stub->TableStats(&context, v1::TableStatsRequest(), &response);
+    if (!status.ok()) {
+      if (error != nullptr) {
+        *error = absl::StrCat(address, ": ", status.error_code(), " ", status.error_message());
+      }
+      return rows;
+    }
     for (const v1::TableStats& table : response.tables()) {
       if (table.rows() > 0) rows[table.name()] = table.rows();
     }
@@ -956,21 +964,26 @@ TEST_F(ReplicasMoveTest, TableRowsMoveTwoToThreeWithABackupOfEveryShard) {
   for (uint64_t key : testing::KvKeys()) ++share[three.HashKeyServer(key)]["kv"];
   for (uint32_t shard = 0; shard < 3; ++shard) {
     std::map<std::string, uint64_t> on_primary, on_backup;
+    std::string seen;
     for (int i = 0; i < 3000; ++i) {
       Drain(processes);
       const v1::ShardConfig config = Config(shard);
       const std::optional<std::string> primary = LiveAddress(etcd_keys::ServerKey(shard));
-      const std::optional<std::string> backup =
-          config.replicas_size() == 1
-              ? LiveAddress(etcd_keys::StandbyKey(shard, config.replicas(0)))
-              : std::nullopt;
-      on_primary = primary.has_value() ? TableRows(*primary) : on_primary;
-      on_backup = backup.has_value() ? TableRows(*backup) : on_backup;
+      // The live one (a slot that left stays listed until the primary's
+      // next write drops it).
+      std::optional<std::string> backup;
+      for (const std::string& replica : config.replicas()) {
+        if (!backup.has_value()) backup = LiveAddress(etcd_keys::StandbyKey(shard, replica));
+      }
+      seen = absl::StrCat("replicas ", config.replicas_size(), ", backup ",
+                          backup.value_or("(none)"));
+      on_primary = primary.has_value() ? TableRows(*primary, &seen) : on_primary;
+      on_backup = backup.has_value() ? TableRows(*backup, &seen) : on_backup;
       if (on_primary == share[shard] && on_backup == share[shard]) break;
       absl::SleepFor(absl::Milliseconds(20));
     }
-    EXPECT_EQ(on_primary, share[shard]) << "shard " << shard << "'s primary";
-    EXPECT_EQ(on_backup, share[shard]) << "shard " << shard << "'s backup";
+    EXPECT_EQ(on_primary, share[shard]) << "shard " << shard << "'s primary; " << seen;
+    EXPECT_EQ(on_backup, share[shard]) << "shard " << shard << "'s backup; " << seen;
     std::printf("shard %u: primary %llu/%llu, backup %llu/%llu emb/kv rows (its share %llu/%llu)\n",
                 shard, static_cast<unsigned long long>(on_primary["emb"]),
                 static_cast<unsigned long long>(on_primary["kv"]),
