@@ -305,6 +305,21 @@ class MoveFailoverTest : public ::testing::Test {
     return child;
   }
 
+  // Primaries 0 .. count-1 of `count` (`stalled` with
+  // --testing_move_stall_after_batches=3), then a standby of each.
+  void StartShards(uint32_t count, std::optional<uint32_t> stalled,
+                   std::vector<std::unique_ptr<ChildProcess>>* primaries,
+                   std::vector<std::unique_ptr<ChildProcess>>* standbys) {
+    for (uint32_t i = 0; i < count; ++i) {
+      primaries->push_back(StartPrimary(i, stalled == i, count));
+      ASSERT_NE(primaries->back(), nullptr);
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      standbys->push_back(StartStandby(i));
+      ASSERT_NE(standbys->back(), nullptr);
+    }
+  }
+
   v1::ShardConfig Config(uint32_t shard) {
     absl::StatusOr<KeyValue> kv = etcd_client_->Get(etcd_keys::ShardKey(shard));
     if (!kv.ok()) return {};
@@ -434,14 +449,8 @@ class MoveFailoverTest : public ::testing::Test {
   // exactly.
   void ScaleDownKillingMidMove(Workload& workload, uint32_t stalled) {
     std::vector<std::unique_ptr<ChildProcess>> primaries, standbys;
-    for (uint32_t i = 0; i < 3; ++i) {
-      primaries.push_back(StartPrimary(i, i == stalled));
-      ASSERT_NE(primaries.back(), nullptr);
-    }
-    for (uint32_t i = 0; i < 3; ++i) {
-      standbys.push_back(StartStandby(i));
-      ASSERT_NE(standbys.back(), nullptr);
-    }
+    StartShards(3, stalled, &primaries, &standbys);
+    ASSERT_FALSE(HasFatalFailure());
     std::unique_ptr<Client> client = Connect();
     ASSERT_NE(client, nullptr);
     // Before the client goes, and the processes (declared before it).
@@ -565,14 +574,8 @@ TEST_F(MoveFailoverTest, TableRowsOfANewOwnerKilledMidMoveMoveExactly) {
 // training goes on exact.
 TEST_F(MoveFailoverTest, AStandbyDropsTheTableRowsItsPrimaryHandedOverAndTakesOverExactly) {
   std::vector<std::unique_ptr<ChildProcess>> primaries, standbys;
-  for (uint32_t i = 0; i < 2; ++i) {
-    primaries.push_back(StartPrimary(i, /*stall=*/false, /*count=*/2));
-    ASSERT_NE(primaries.back(), nullptr);
-  }
-  for (uint32_t i = 0; i < 2; ++i) {
-    standbys.push_back(StartStandby(i));
-    ASSERT_NE(standbys.back(), nullptr);
-  }
+  StartShards(2, /*stalled=*/std::nullopt, &primaries, &standbys);
+  ASSERT_FALSE(HasFatalFailure());
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
   TablesWorkload workload;
@@ -689,6 +692,19 @@ class ReplicasMoveTest : public MoveFailoverTest {
     return SpawnServer(flags, index);
   }
 
+  // One more process (it claims index `to` - 1 once the move begins) and
+  // the move to `to` servers: its result, once `client` routes by it.
+  void GrowTo(uint32_t to, Processes& processes, Client& client, ScaleResult* result) {
+    processes.push_back(StartProcess(std::nullopt, {}));
+    ASSERT_NE(processes.back(), nullptr);
+    absl::StatusOr<ScaleResult> grown = ScaleCluster(ScaleTo(to));
+    ASSERT_OK(grown) << Drain(processes);
+    EXPECT_TRUE(grown->moved);
+    ASSERT_OK(WaitForPserverAddress(*processes.back(), to - 1, absl::Now() + kWait).status());
+    WaitRouted(client, grown->version);
+    *result = *grown;
+  }
+
   // Reads what the processes printed so far (a pipe left full would stop a
   // process that logs); returns it all.
   static std::string Drain(Processes& processes) {
@@ -790,13 +806,8 @@ TEST_F(ReplicasMoveTest, GrowsAndShrinksWithABackupOfEveryShardAfterEachMove) {
   ASSERT_TRUE(trainer->Advance(3)) << trainer->Stop();
 
   // 3 -> 4: a fourth process claims index 3 once the move begins.
-  processes.push_back(StartProcess(std::nullopt, {}));
-  ASSERT_NE(processes.back(), nullptr);
-  absl::StatusOr<ScaleResult> grown = ScaleCluster(ScaleTo(4));
-  ASSERT_OK(grown) << Drain(processes);
-  EXPECT_TRUE(grown->moved);
-  ASSERT_OK(WaitForPserverAddress(*processes[3], 3, absl::Now() + kWait).status());
-  WaitRouted(*client, grown->version);
+  ScaleResult grown;
+  GrowTo(4, processes, *client, &grown);
   ASSERT_FALSE(HasFatalFailure());
   ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
   ASSERT_OK(trainer->Stop());
@@ -938,15 +949,10 @@ TEST_F(ReplicasMoveTest, TableRowsMoveTwoToThreeWithABackupOfEveryShard) {
   ASSERT_TRUE(trainer->Advance(3)) << trainer->Stop();
 
   // A third process claims index 2 once the move begins.
-  processes.push_back(StartProcess(std::nullopt, {}));
-  ASSERT_NE(processes.back(), nullptr);
-  absl::StatusOr<ScaleResult> grown = ScaleCluster(ScaleTo(3));
-  ASSERT_OK(grown) << Drain(processes);
-  EXPECT_TRUE(grown->moved);
-  EXPECT_GT(grown->bytes_moved, 0u);
-  ASSERT_OK(WaitForPserverAddress(*processes[2], 2, absl::Now() + kWait).status());
-  WaitRouted(*client, grown->version);
+  ScaleResult grown;
+  GrowTo(3, processes, *client, &grown);
   ASSERT_FALSE(HasFatalFailure());
+  EXPECT_GT(grown.bytes_moved, 0u);
   ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
   ASSERT_OK(trainer->Stop());
   const int steps = trainer->steps();

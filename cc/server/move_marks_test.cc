@@ -634,7 +634,9 @@ TEST(MoveMarksTest, MalformedOrHostileMoveMarksAreRefusedAndChangeNothing) {
     EXPECT_THAT(ApplyMoveWriteOnBackup(kMoveMarksWrite, c.bytes, store, tables, marks),
                 StatusIs(c.code, HasSubstr(c.says)));
     v1::MoveMarks parsed;
-    if (parsed.ParseFromString(c.bytes) && c.code == absl::StatusCode::kInvalidArgument) {
+    // (The huge record once only: it takes seconds on a loaded machine.)
+    if (c.bytes.size() < (1 << 20) && parsed.ParseFromString(c.bytes) &&
+        c.code == absl::StatusCode::kInvalidArgument) {
       EXPECT_THAT(CheckMoveMarks(parsed), StatusIs(c.code, HasSubstr(c.says)));
       EXPECT_THAT(marks.Apply(c.bytes), StatusIs(c.code, HasSubstr(c.says)));
     }
