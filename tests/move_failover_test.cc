@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -176,22 +177,9 @@ class TablesWorkload : public Workload {
   }
   absl::Status Step(int step) override { return testing::TableStep(step, *emb_, *w0_, *w1_); }
   void Expect(Client& fresh, int steps, const ScaleResult& result, uint32_t stalled) override {
-    // Every row byte-equal to the reference's, every KV value every add.
-    ASSERT_OK(reference_->AdvanceTo(steps));
-    ASSERT_OK_AND_ASSIGN(Table emb, Table::Create(fresh, "emb", testing::EmbConfig()));
+    ExpectValues(fresh, steps);
+    if (::testing::Test::HasFatalFailure()) return;
     const std::vector<uint64_t> keys = testing::EmbKeys();
-    std::vector<float> pulled(keys.size() * testing::kEmbDim);
-    ASSERT_OK(emb.Pull<float>(keys, absl::MakeSpan(pulled)));
-    ASSERT_OK_AND_ASSIGN(const std::string expected, reference_->ValuesInKeyOrder());
-    EXPECT_TRUE(std::string(reinterpret_cast<const char*>(pulled.data()), pulled.size() * 4) ==
-                expected)
-        << "the emb rows after " << steps << " steps";
-    ASSERT_OK_AND_ASSIGN(Table kv, Table::Create(fresh, "kv", testing::KvConfig()));
-    std::vector<float> values(testing::kKvKeys * testing::kKvDim);
-    ASSERT_OK(kv.Pull<float>(testing::KvKeys(), absl::MakeSpan(values)));
-    EXPECT_EQ(values, testing::KvAt(steps));
-    EXPECT_EQ(w0_->clock(), steps);
-    EXPECT_EQ(w1_->clock(), steps);
     // The rows server 2 owned under 3 servers, with their optimizer state.
     // Killed as the old owner, it had marked its first two runs of buckets
     // handed over, on its standby too: its successor sent the rest only.
@@ -213,6 +201,26 @@ class TablesWorkload : public Workload {
     std::printf("the last MoveBlocks moved %llu of %llu bytes of rows\n",
                 static_cast<unsigned long long>(result.bytes_moved),
                 static_cast<unsigned long long>(leaving));
+  }
+  // After `steps` steps: every row byte-equal to the reference's (read
+  // through `fresh`), every KV value every add, both workers' clocks
+  // `steps`.
+  void ExpectValues(Client& fresh, int steps) {
+    ASSERT_OK(reference_->AdvanceTo(steps));
+    ASSERT_OK_AND_ASSIGN(Table emb, Table::Create(fresh, "emb", testing::EmbConfig()));
+    const std::vector<uint64_t> keys = testing::EmbKeys();
+    std::vector<float> pulled(keys.size() * testing::kEmbDim);
+    ASSERT_OK(emb.Pull<float>(keys, absl::MakeSpan(pulled)));
+    ASSERT_OK_AND_ASSIGN(const std::string expected, reference_->ValuesInKeyOrder());
+    EXPECT_TRUE(std::string(reinterpret_cast<const char*>(pulled.data()), pulled.size() * 4) ==
+                expected)
+        << "the emb rows after " << steps << " steps";
+    ASSERT_OK_AND_ASSIGN(Table kv, Table::Create(fresh, "kv", testing::KvConfig()));
+    std::vector<float> values(testing::kKvKeys * testing::kKvDim);
+    ASSERT_OK(kv.Pull<float>(testing::KvKeys(), absl::MakeSpan(values)));
+    EXPECT_EQ(values, testing::KvAt(steps));
+    EXPECT_EQ(w0_->clock(), steps);
+    EXPECT_EQ(w1_->clock(), steps);
   }
   // The workers leave (each server checked their clocks before).
   void Stop() override {
@@ -258,18 +266,26 @@ class MoveFailoverTest : public ::testing::Test {
     return child.ok() ? *std::move(child) : nullptr;
   }
 
-  // Primary `index` of 3 (they claim indexes in start order).
-  std::unique_ptr<ChildProcess> StartPrimary(uint32_t index, bool stall) {
+  // A server process with Flags() and `extra`; with `index`, returned once
+  // its server claimed that index (null if it did not).
+  std::unique_ptr<ChildProcess> SpawnServer(const std::vector<std::string>& extra,
+                                            std::optional<uint32_t> index) {
     std::vector<std::string> flags = Flags();
-    flags.push_back("--num_servers=3");
-    flags.push_back("--accept_standbys");
-    if (stall) flags.push_back("--testing_move_stall_after_batches=3");
+    flags.insert(flags.end(), extra.begin(), extra.end());
     std::unique_ptr<ChildProcess> child = Spawn(flags);
-    if (child == nullptr) return nullptr;
+    if (child == nullptr || !index.has_value()) return child;
     absl::StatusOr<std::string> listening =
-        WaitForPserverAddress(*child, index, absl::Now() + kWait);
+        WaitForPserverAddress(*child, *index, absl::Now() + kWait);
     EXPECT_OK(listening) << child->output();
     return listening.ok() ? std::move(child) : nullptr;
+  }
+
+  // Primary `index` of `count` (they claim indexes in start order).
+  std::unique_ptr<ChildProcess> StartPrimary(uint32_t index, bool stall, uint32_t count = 3) {
+    std::vector<std::string> extra = {absl::StrCat("--num_servers=", count),
+                                      "--accept_standbys"};
+    if (stall) extra.push_back("--testing_move_stall_after_batches=3");
+    return SpawnServer(extra, index);
   }
 
   // A standby; returned once /shards/<shard> lists it (a standby attaches
@@ -287,6 +303,21 @@ class MoveFailoverTest : public ::testing::Test {
     }
     EXPECT_TRUE(listed) << "no standby attached to shard " << shard << ": " << child->output();
     return child;
+  }
+
+  // Primaries 0 .. count-1 of `count` (`stalled` with
+  // --testing_move_stall_after_batches=3), then a standby of each.
+  void StartShards(uint32_t count, std::optional<uint32_t> stalled,
+                   std::vector<std::unique_ptr<ChildProcess>>* primaries,
+                   std::vector<std::unique_ptr<ChildProcess>>* standbys) {
+    for (uint32_t i = 0; i < count; ++i) {
+      primaries->push_back(StartPrimary(i, stalled == i, count));
+      ASSERT_NE(primaries->back(), nullptr);
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      standbys->push_back(StartStandby(i));
+      ASSERT_NE(standbys->back(), nullptr);
+    }
   }
 
   v1::ShardConfig Config(uint32_t shard) {
@@ -356,6 +387,31 @@ class MoveFailoverTest : public ::testing::Test {
     return {-1, 0};
   }
 
+  // The rows of each table the server at `address` holds (TableStats; a
+  // standby answers too), tables without rows left out; empty if it does
+  // not answer.
+  // `error`, when given, gets why it did not answer.
+  static std::map<std::string, uint64_t> TableRows(const std::string& address,
+                                                   std::string* error = nullptr) {
+    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::TableStatsResponse response;
+    std::map<std::string, uint64_t> rows;
+    const grpc::Status status = stub->TableStats(&context, v1::TableStatsRequest(), &response);
+    if (!status.ok()) {
+      if (error != nullptr) {
+        *error = absl::StrCat(address, ": ", status.error_code(), " ", status.error_message());
+      }
+      return rows;
+    }
+    for (const v1::TableStats& table : response.tables()) {
+      if (table.rows() > 0) rows[table.name()] = table.rows();
+    }
+    return rows;
+  }
+
   // Every parameter at 0, SGD with learning rate 1.
   static void InitParams(Client& client) { ASSERT_OK(InitDense(client)); }
 
@@ -393,14 +449,8 @@ class MoveFailoverTest : public ::testing::Test {
   // exactly.
   void ScaleDownKillingMidMove(Workload& workload, uint32_t stalled) {
     std::vector<std::unique_ptr<ChildProcess>> primaries, standbys;
-    for (uint32_t i = 0; i < 3; ++i) {
-      primaries.push_back(StartPrimary(i, i == stalled));
-      ASSERT_NE(primaries.back(), nullptr);
-    }
-    for (uint32_t i = 0; i < 3; ++i) {
-      standbys.push_back(StartStandby(i));
-      ASSERT_NE(standbys.back(), nullptr);
-    }
+    StartShards(3, stalled, &primaries, &standbys);
+    ASSERT_FALSE(HasFatalFailure());
     std::unique_ptr<Client> client = Connect();
     ASSERT_NE(client, nullptr);
     // Before the client goes, and the processes (declared before it).
@@ -515,6 +565,112 @@ TEST_F(MoveFailoverTest, TableRowsOfANewOwnerKilledMidMoveMoveExactly) {
   ScaleDownKillingMidMove(tables, /*stalled=*/0);
 }
 
+// Issue 16: a shard with a standby drops the table rows it handed over on
+// the standby too (the DROPPED marks name the buckets and the stable
+// placement). 2 -> 3 servers under the table workload: afterwards each old
+// shard's primary and standby hold exactly its share of the rows under 3
+// servers (TableStats, to the row) and equal state checksums; then the
+// primary of shard 0 is killed (kill -9): its standby takes over and
+// training goes on exact.
+TEST_F(MoveFailoverTest, AStandbyDropsTheTableRowsItsPrimaryHandedOverAndTakesOverExactly) {
+  std::vector<std::unique_ptr<ChildProcess>> primaries, standbys;
+  StartShards(2, /*stalled=*/std::nullopt, &primaries, &standbys);
+  ASSERT_FALSE(HasFatalFailure());
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  TablesWorkload workload;
+  absl::Cleanup stop_workload = [&workload] { workload.Stop(); };
+  ASSERT_OK(workload.Init(*client));
+  auto trainer =
+      std::make_unique<StepTrainer>([&workload](int step) { return workload.Step(step); });
+  ASSERT_TRUE(trainer->Advance(3)) << trainer->Stop();
+  auto outputs = [&] {
+    std::string all;
+    for (auto* group : {&primaries, &standbys}) {
+      for (std::unique_ptr<ChildProcess>& child : *group) {
+        child->WaitForLine("\x01", absl::Now() + absl::Milliseconds(1)).IgnoreError();
+        absl::StrAppend(&all, "---- pid ", child->pid(), "\n", child->output());
+      }
+    }
+    return all;
+  };
+
+  // A third server joins the move as server 2.
+  primaries.push_back(SpawnServer({}, std::nullopt));
+  ASSERT_NE(primaries.back(), nullptr);
+  absl::StatusOr<ScaleResult> grown = ScaleCluster(ScaleTo(3));
+  ASSERT_OK(grown) << outputs();
+  EXPECT_TRUE(grown->moved);
+  ASSERT_OK(WaitForPserverAddress(*primaries[2], 2, absl::Now() + kWait).status());
+  WaitRouted(*client, grown->version);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
+  ASSERT_OK(trainer->Stop());
+  const int steps = trainer->steps();
+
+  // Each old shard's share under 3 servers (every step writes every key).
+  const Placement three = Placement::Jump(3, 0, kBlockBytes);
+  std::map<std::string, uint64_t> share[2];
+  for (uint64_t key : testing::EmbKeys()) {
+    const int owner = three.HashKeyServer(key);
+    if (owner < 2) ++share[owner]["emb"];
+  }
+  for (uint64_t key : testing::KvKeys()) {
+    const int owner = three.HashKeyServer(key);
+    if (owner < 2) ++share[owner]["kv"];
+  }
+  std::string successor;
+  for (uint32_t shard = 0; shard < 2; ++shard) {
+    const v1::ShardConfig config = Config(shard);
+    ASSERT_EQ(config.replicas_size(), 1) << "shard " << shard << "\n" << outputs();
+    if (shard == 0) successor = config.replicas(0);
+    const std::string primary = AddressAt(etcd_keys::ServerKey(shard));
+    const std::string standby = AddressAt(etcd_keys::StandbyKey(shard, config.replicas(0)));
+    // Bounded wait: each replica drops once the DROPPED marks reach it.
+    std::map<std::string, uint64_t> on_primary, on_standby;
+    for (int i = 0; i < 3000; ++i) {
+      on_primary = TableRows(primary);
+      on_standby = TableRows(standby);
+      if (on_primary == share[shard] && on_standby == share[shard]) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(on_primary, share[shard]) << "shard " << shard << "'s primary";
+    EXPECT_EQ(on_standby, share[shard]) << "shard " << shard << "'s standby";
+    EXPECT_EQ(StateChecksum(primary), StateChecksum(standby)) << "shard " << shard;
+    std::printf("shard %u: the standby holds %llu emb and %llu kv rows, its share %llu and %llu\n",
+                shard, static_cast<unsigned long long>(on_standby["emb"]),
+                static_cast<unsigned long long>(on_standby["kv"]),
+                static_cast<unsigned long long>(share[shard]["emb"]),
+                static_cast<unsigned long long>(share[shard]["kv"]));
+  }
+  ASSERT_FALSE(HasFatalFailure()) << outputs();
+
+  // kill -9 of shard 0's primary: its standby takes over with its share.
+  ASSERT_EQ(kill(primaries[0]->pid(), SIGKILL), 0) << std::strerror(errno);
+  ASSERT_OK_AND_ASSIGN(int status, primaries[0]->WaitForExit(absl::Now() + kWait));
+  EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+  bool took_over = false;
+  for (int i = 0; i < 4500 && !took_over; ++i) {
+    took_over = Config(0).holder() == successor;
+    if (!took_over) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(took_over) << outputs();
+  EXPECT_EQ(TableRows(AddressAt(etcd_keys::ServerKey(0))), share[0]);
+  StepTrainer after([&workload](int step) { return workload.Step(step); }, steps);
+  ASSERT_TRUE(after.Advance(3)) << after.Stop();
+  ASSERT_OK(after.Stop());
+  std::unique_ptr<Client> fresh = Connect();
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_EQ(fresh->num_servers(), 3);
+  workload.ExpectValues(*fresh, after.steps());
+  for (uint32_t shard = 0; shard < 3; ++shard) {
+    EXPECT_EQ(KvClocks(AddressAt(etcd_keys::ServerKey(shard))),
+              std::make_pair(int64_t{after.steps()}, 2u))
+        << "server " << shard;
+  }
+  std::printf("%d steps, exact; shard 0's primary killed after the move, its standby took over\n",
+              after.steps());
+}
 
 // ---- Live moves with --replicas (docs/elastic.md, "Moves with --replicas") ----
 //
@@ -531,16 +687,22 @@ class ReplicasMoveTest : public MoveFailoverTest {
   // server claimed that index.
   std::unique_ptr<ChildProcess> StartProcess(std::optional<uint32_t> index,
                                              const std::vector<std::string>& extra) {
-    std::vector<std::string> flags = Flags();
-    flags.push_back("--replicas=2");
-    flags.push_back("--depart_linger_seconds=1");
+    std::vector<std::string> flags = {"--replicas=2", "--depart_linger_seconds=1"};
     flags.insert(flags.end(), extra.begin(), extra.end());
-    std::unique_ptr<ChildProcess> child = Spawn(flags);
-    if (child == nullptr || !index.has_value()) return child;
-    absl::StatusOr<std::string> listening =
-        WaitForPserverAddress(*child, *index, absl::Now() + kWait);
-    EXPECT_OK(listening) << child->output();
-    return listening.ok() ? std::move(child) : nullptr;
+    return SpawnServer(flags, index);
+  }
+
+  // One more process (it claims index `to` - 1 once the move begins) and
+  // the move to `to` servers: its result, once `client` routes by it.
+  void GrowTo(uint32_t to, Processes& processes, Client& client, ScaleResult* result) {
+    processes.push_back(StartProcess(std::nullopt, {}));
+    ASSERT_NE(processes.back(), nullptr);
+    absl::StatusOr<ScaleResult> grown = ScaleCluster(ScaleTo(to));
+    ASSERT_OK(grown) << Drain(processes);
+    EXPECT_TRUE(grown->moved);
+    ASSERT_OK(WaitForPserverAddress(*processes.back(), to - 1, absl::Now() + kWait).status());
+    WaitRouted(client, grown->version);
+    *result = *grown;
   }
 
   // Reads what the processes printed so far (a pipe left full would stop a
@@ -645,13 +807,8 @@ TEST_F(ReplicasMoveTest, GrowsAndShrinksWithABackupOfEveryShardAfterEachMove) {
   ASSERT_TRUE(trainer->Advance(3)) << trainer->Stop();
 
   // 3 -> 4: a fourth process claims index 3 once the move begins.
-  processes.push_back(StartProcess(std::nullopt, {}));
-  ASSERT_NE(processes.back(), nullptr);
-  absl::StatusOr<ScaleResult> grown = ScaleCluster(ScaleTo(4));
-  ASSERT_OK(grown) << Drain(processes);
-  EXPECT_TRUE(grown->moved);
-  ASSERT_OK(WaitForPserverAddress(*processes[3], 3, absl::Now() + kWait).status());
-  WaitRouted(*client, grown->version);
+  ScaleResult grown;
+  GrowTo(4, processes, *client, &grown);
   ASSERT_FALSE(HasFatalFailure());
   ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
   ASSERT_OK(trainer->Stop());
@@ -766,6 +923,83 @@ TEST_F(ReplicasMoveTest, AProcessKilledMidMoveLosesNothing) {
   std::printf("%d steps, exact; process 2 killed mid-move, its shard's backup took over, finished "
               "the move and departed\n",
               steps);
+}
+
+// Issue 16: table rows with --replicas=2 under a move. Two processes
+// (each backing up the other's shard) grow to three under the table
+// workload (a sparse Adam table and a BSP KV table): the rows read back
+// byte-equal to a reference fed the same pushes (Adam's moments moved
+// exactly, or the steps after the move would differ), KV values and both
+// workers' clocks exact, every shard backed up with its primary's checksum,
+// and each shard's primary and backup hold exactly its share of the rows.
+TEST_F(ReplicasMoveTest, TableRowsMoveTwoToThreeWithABackupOfEveryShard) {
+  Processes processes;
+  for (uint32_t i = 0; i < 2; ++i) {
+    processes.push_back(StartProcess(i, {"--num_servers=2"}));
+    ASSERT_NE(processes.back(), nullptr);
+  }
+  ExpectEveryShardBackedUp(2, processes, /*checksums=*/false);
+  ASSERT_FALSE(HasFatalFailure());
+  std::unique_ptr<Client> client = Connect(kAttempt);
+  ASSERT_NE(client, nullptr);
+  TablesWorkload workload;
+  absl::Cleanup stop_workload = [&workload] { workload.Stop(); };
+  ASSERT_OK(workload.Init(*client)) << Drain(processes);
+  auto trainer =
+      std::make_unique<StepTrainer>([&workload](int step) { return workload.Step(step); });
+  ASSERT_TRUE(trainer->Advance(3)) << trainer->Stop();
+
+  // A third process claims index 2 once the move begins.
+  ScaleResult grown;
+  GrowTo(3, processes, *client, &grown);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_GT(grown.bytes_moved, 0u);
+  ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop();
+  ASSERT_OK(trainer->Stop());
+  const int steps = trainer->steps();
+  std::unique_ptr<Client> fresh = Connect(kAttempt);
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_EQ(fresh->num_servers(), 3);
+  workload.ExpectValues(*fresh, steps);
+  ASSERT_FALSE(HasFatalFailure()) << Drain(processes);
+  ExpectEveryShardBackedUp(3, processes);
+  ASSERT_FALSE(HasFatalFailure());
+
+  const Placement three = Placement::Jump(3, 0, kBlockBytes);
+  std::map<std::string, uint64_t> share[3];
+  for (uint64_t key : testing::EmbKeys()) ++share[three.HashKeyServer(key)]["emb"];
+  for (uint64_t key : testing::KvKeys()) ++share[three.HashKeyServer(key)]["kv"];
+  for (uint32_t shard = 0; shard < 3; ++shard) {
+    std::map<std::string, uint64_t> on_primary, on_backup;
+    std::string seen;
+    for (int i = 0; i < 3000; ++i) {
+      Drain(processes);
+      const v1::ShardConfig config = Config(shard);
+      const std::optional<std::string> primary = LiveAddress(etcd_keys::ServerKey(shard));
+      // The live one (a slot that left stays listed until the primary's
+      // next write drops it).
+      std::optional<std::string> backup;
+      for (const std::string& replica : config.replicas()) {
+        if (!backup.has_value()) backup = LiveAddress(etcd_keys::StandbyKey(shard, replica));
+      }
+      seen = absl::StrCat("replicas ", config.replicas_size(), ", backup ",
+                          backup.value_or("(none)"));
+      on_primary = primary.has_value() ? TableRows(*primary, &seen) : on_primary;
+      on_backup = backup.has_value() ? TableRows(*backup, &seen) : on_backup;
+      if (on_primary == share[shard] && on_backup == share[shard]) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(on_primary, share[shard]) << "shard " << shard << "'s primary; " << seen;
+    EXPECT_EQ(on_backup, share[shard]) << "shard " << shard << "'s backup; " << seen;
+    std::printf("shard %u: primary %llu/%llu, backup %llu/%llu emb/kv rows (its share %llu/%llu)\n",
+                shard, static_cast<unsigned long long>(on_primary["emb"]),
+                static_cast<unsigned long long>(on_primary["kv"]),
+                static_cast<unsigned long long>(on_backup["emb"]),
+                static_cast<unsigned long long>(on_backup["kv"]),
+                static_cast<unsigned long long>(share[shard]["emb"]),
+                static_cast<unsigned long long>(share[shard]["kv"]));
+  }
+  std::printf("%d steps, exact through 2 -> 3 with --replicas=2 and tables\n", steps);
 }
 
 }  // namespace

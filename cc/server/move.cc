@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <iterator>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -230,8 +232,7 @@ void BlockMover::BatchSent(uint32_t* batches_sent) const {
 
 absl::Status BlockMover::Mark(uint64_t version, v1::MoveMarks::State state,
                               const std::vector<PlacementGate::BlockKey>& blocks,
-                              const std::vector<v1::MovedBuckets>& buckets,
-                              uint64_t* dropped_bytes) {
+                              const std::vector<v1::MovedBuckets>& buckets) {
   v1::MoveMarks marks;
   marks.set_version(version);
   marks.set_state(state);
@@ -241,49 +242,107 @@ absl::Status BlockMover::Mark(uint64_t version, v1::MoveMarks::State state,
     ref->mutable_block()->set_index(key.second);
   }
   for (const v1::MovedBuckets& moved : buckets) *marks.add_buckets() = moved;
+  return ShipMarks(marks);
+}
+
+absl::Status BlockMover::ShipMarks(const v1::MoveMarks& marks, DroppedMarked* dropped) {
+  if (marks.blocks_size() > kMaxMoveMarkBlocks) {
+    // In records of at most kMaxMoveMarkBlocks blocks (what a backup
+    // takes), the buckets with the last.
+    DroppedMarked total;
+    for (int first = 0; first < marks.blocks_size(); first += kMaxMoveMarkBlocks) {
+      const int end = std::min(marks.blocks_size(), first + kMaxMoveMarkBlocks);
+      v1::MoveMarks part;
+      part.set_version(marks.version());
+      part.set_state(marks.state());
+      for (int i = first; i < end; ++i) *part.add_blocks() = marks.blocks(i);
+      if (end == marks.blocks_size()) {
+        *part.mutable_buckets() = marks.buckets();
+        if (marks.has_stable()) *part.mutable_stable() = marks.stable();
+        part.set_server(marks.server());
+      }
+      DroppedMarked some;
+      PS_RETURN_IF_ERROR(ShipMarks(part, &some));
+      total.bytes += some.bytes;
+      total.rows += some.rows;
+      if (dropped != nullptr) *dropped = total;
+    }
+    return absl::OkStatus();
+  }
   return options_.dispatcher->Ship(
       kMoveMarksWrite, [&] { return SharedBytes::Own(marks.SerializeAsString()); },
       [&](absl::FunctionRef<void()>) {  // shipped after it is applied here
-        if (state == v1::MoveMarks::HANDED_OVER) {
+        if (marks.state() == v1::MoveMarks::HANDED_OVER) {
+          std::vector<PlacementGate::BlockKey> blocks;
+          for (const v1::ParamRef& ref : marks.blocks()) {
+            blocks.emplace_back(ref.name(), ref.block().index());
+          }
           options_.gate->Release(blocks, true);
-          for (const v1::MovedBuckets& moved : buckets) {
+          for (const v1::MovedBuckets& moved : marks.buckets()) {
             options_.gate->ReleaseBuckets(moved.table(), moved.begin(), moved.end(), true);
           }
         }
-        if (state == v1::MoveMarks::DROPPED) {
-          const uint64_t bytes = options_.store->EraseBlocks(blocks);
-          if (dropped_bytes != nullptr) *dropped_bytes = bytes;
+        if (marks.state() == v1::MoveMarks::DROPPED) {
+          const DroppedMarked done = DropMarked(marks, *options_.store, options_.tables);
+          if (dropped != nullptr) *dropped = done;
         }
         return absl::OkStatus();
       });
 }
 
+namespace {
+
+// `buckets` (table, bucket) as runs [begin, end) of each table, in order.
+std::vector<v1::MovedBuckets> BucketRuns(
+    const std::vector<std::pair<std::string, uint32_t>>& buckets) {
+  std::map<std::string, std::set<uint32_t>> by_table;
+  for (const auto& [table, bucket] : buckets) by_table[table].insert(bucket);
+  std::vector<v1::MovedBuckets> runs;
+  for (const auto& [table, set] : by_table) {
+    for (auto it = set.begin(); it != set.end();) {
+      v1::MovedBuckets run;
+      run.set_table(table);
+      run.set_begin(*it);
+      uint32_t end = *it + 1;
+      while (++it != set.end() && *it == end) ++end;
+      run.set_end(end);
+      runs.push_back(std::move(run));
+    }
+  }
+  return runs;
+}
+
+}  // namespace
+
 absl::Status BlockMover::DropHandedOver() {
   absl::MutexLock serial(&move_mu_);
   std::optional<PlacementGate::HandedOver> done = options_.gate->TakeHandedOver();
   if (!done.has_value()) return absl::OkStatus();
-  uint64_t bytes = 0, rows = 0;
-  absl::Status dropped = Mark(done->version, v1::MoveMarks::DROPPED, done->blocks, {}, &bytes);
-  // Table rows handed over are dropped on a shard without backups only: a
-  // backup would need the stable placement to tell the rows that left from
-  // those that stayed in a bucket, so on a replicated shard they stay (on
-  // every replica alike, their checksums equal) until a restart.
-  std::map<std::string, std::vector<uint32_t>> buckets;
-  if (!replicated()) {
-    for (const auto& [table, bucket] : done->buckets) buckets[table].push_back(bucket);
+  v1::MoveMarks marks;
+  marks.set_version(done->version);
+  marks.set_state(v1::MoveMarks::DROPPED);
+  for (const PlacementGate::BlockKey& key : done->blocks) {
+    v1::ParamRef* ref = marks.add_blocks();
+    ref->set_name(key.first);
+    ref->mutable_block()->set_index(key.second);
   }
-  for (const auto& [table, held] : buckets) {
-    if (options_.tables == nullptr || !dropped.ok()) break;
-    absl::StatusOr<v1::TableConfig> config = options_.tables->ConfigOf(table);
-    if (!config.ok()) continue;  // gone
-    const std::set<uint32_t> left(held.begin(), held.end());
-    absl::StatusOr<uint64_t> erased = options_.tables->DropRows(table, [&](uint64_t key) {
-      if (left.count(KeyBucket(key)) == 0) return false;
-      absl::StatusOr<int> owner = KeyServer(key, config->partitioning(), done->stable);
-      return owner.ok() && *owner != options_.gate->self();
-    });
-    if (erased.ok()) rows += *erased;
+  // Table rows whose keys the stable placement gives to another server:
+  // the record names the buckets and that placement, so that backups drop
+  // exactly the rows dropped here (their tables equal this server's).
+  if (options_.tables != nullptr) {
+    std::vector<std::pair<std::string, uint32_t>> held;
+    for (const auto& bucket : done->buckets) {
+      if (options_.tables->ConfigOf(bucket.first).ok()) held.push_back(bucket);
+    }
+    for (v1::MovedBuckets& run : BucketRuns(held)) *marks.add_buckets() = std::move(run);
   }
+  if (marks.buckets_size() > 0) {
+    *marks.mutable_stable() = done->stable.spec();
+    marks.set_server(static_cast<uint32_t>(options_.gate->self()));
+  }
+  DroppedMarked dropped_marked;
+  const absl::Status dropped = ShipMarks(marks, &dropped_marked);
+  const uint64_t bytes = dropped_marked.bytes, rows = dropped_marked.rows;
 #ifdef __GLIBC__
   // Freed blocks of a large model lie in malloc's heap (its mmap threshold
   // grows with freed blocks): given back to the system now.
@@ -294,7 +353,7 @@ absl::Status BlockMover::DropHandedOver() {
         "placement version ", done->stable.version(), " is stable: dropped the ",
         done->blocks.size(), " blocks (", bytes, " bytes) and ", rows,
         " table rows handed over in the move of version ", done->version,
-        dropped.ok() ? "" : absl::StrCat(" (blocks kept: ", dropped.ToString(), ")")));
+        dropped.ok() ? "" : absl::StrCat(" (kept: ", dropped.ToString(), ")")));
   }
   return dropped;
 }
@@ -373,12 +432,121 @@ void MoveMarks::SetVersionLocked(uint64_t version) {
   received_buckets_.clear();
 }
 
-absl::Status MoveMarks::Apply(absl::string_view bytes) {
+namespace {
+
+absl::StatusOr<v1::MoveMarks> ParseMoveMarks(absl::string_view bytes) {
   v1::MoveMarks marks;
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
       !marks.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return absl::InvalidArgumentError(absl::StrCat("replicated ", kMoveMarksWrite, ": malformed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicated ", kMoveMarksWrite, ": malformed (", bytes.size(),
+                     " bytes that do not parse)"));
   }
+  PS_RETURN_IF_ERROR(CheckMoveMarks(marks));
+  return marks;
+}
+
+}  // namespace
+
+absl::Status CheckMoveMarks(const v1::MoveMarks& marks) {
+  const auto refuse = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replicated ", kMoveMarksWrite, " (placement version ", marks.version(), "): ", why));
+  };
+  if (marks.state() != v1::MoveMarks::HELD && marks.state() != v1::MoveMarks::HANDED_OVER &&
+      marks.state() != v1::MoveMarks::DROPPED) {
+    return refuse(absl::StrCat("state ", static_cast<int>(marks.state()), " is not known"));
+  }
+  if (marks.version() == 0) return refuse("no placement version");
+  if (marks.blocks_size() > kMaxMoveMarkBlocks) {
+    return refuse(absl::StrCat(marks.blocks_size(), " blocks, more than the ",
+                               kMaxMoveMarkBlocks, " one record may name"));
+  }
+  std::set<PlacementGate::BlockKey> blocks;
+  for (const v1::ParamRef& ref : marks.blocks()) {
+    if (ref.name().empty()) return refuse("a block without a parameter name");
+    if (!blocks.emplace(ref.name(), ref.block().index()).second) {
+      return refuse(absl::StrCat("parameter '", ref.name(), "' block ", ref.block().index(),
+                                 " is named twice"));
+    }
+  }
+  // Runs of one table, by begin: each must end before the next begins.
+  std::map<std::string, std::map<uint32_t, uint32_t>> runs;
+  for (const v1::MovedBuckets& moved : marks.buckets()) {
+    if (moved.table().empty()) return refuse("a bucket run without a table name");
+    if (moved.begin() >= moved.end() || moved.end() > kKeyBuckets) {
+      return refuse(absl::StrCat("table '", moved.table(), "' bucket run [", moved.begin(), ", ",
+                                 moved.end(), ") is not within [0, ", kKeyBuckets,
+                                 ") or is empty"));
+    }
+    std::map<uint32_t, uint32_t>& table = runs[moved.table()];
+    auto next = table.lower_bound(moved.begin());
+    const bool overlaps_next = next != table.end() && next->first < moved.end();
+    const bool overlaps_previous = next != table.begin() && std::prev(next)->second > moved.begin();
+    if (overlaps_next || overlaps_previous) {
+      return refuse(absl::StrCat("table '", moved.table(), "' bucket run [", moved.begin(), ", ",
+                                 moved.end(), ") overlaps another run of it"));
+    }
+    table.emplace(moved.begin(), moved.end());
+  }
+  if (marks.has_stable() || marks.server() != 0) {
+    if (marks.state() != v1::MoveMarks::DROPPED) {
+      return refuse("a stable placement or server index in a record that is not DROPPED");
+    }
+  }
+  if (marks.state() == v1::MoveMarks::DROPPED && marks.buckets_size() > 0) {
+    if (!marks.has_stable()) return refuse("DROPPED table buckets without the stable placement");
+    if (absl::Status spec = CheckPlacementSpec(marks.stable()); !spec.ok()) {
+      return refuse(absl::StrCat("its stable placement: ", spec.message()));
+    }
+    if (marks.stable().moving() || marks.stable().version() <= marks.version()) {
+      return refuse(absl::StrCat("its stable placement (version ", marks.stable().version(),
+                                 marks.stable().moving() ? ", moving" : "",
+                                 ") is not a stable one newer than the move"));
+    }
+    if (marks.server() >= kMaxPlacementServers) {
+      return refuse(absl::StrCat("server index ", marks.server(), " is not below ",
+                                 kMaxPlacementServers));
+    }
+  }
+  return absl::OkStatus();
+}
+
+DroppedMarked DropMarked(const v1::MoveMarks& marks, ParameterStore& store, Tables* tables) {
+  DroppedMarked dropped;
+  std::vector<PlacementGate::BlockKey> blocks;
+  for (const v1::ParamRef& ref : marks.blocks()) blocks.emplace_back(ref.name(), ref.block().index());
+  dropped.bytes = store.EraseBlocks(blocks);
+  if (tables == nullptr || marks.buckets_size() == 0) return dropped;
+  absl::StatusOr<Placement> stable = Placement::FromSpec(marks.stable(), 1 << 20);
+  if (!stable.ok()) return dropped;  // CheckMoveMarks refuses it
+  std::map<std::string, std::vector<bool>> left;
+  for (const v1::MovedBuckets& moved : marks.buckets()) {
+    std::vector<bool>& buckets = left[moved.table()];
+    buckets.resize(kKeyBuckets, false);
+    for (uint32_t b = moved.begin(); b < moved.end() && b < kKeyBuckets; ++b) buckets[b] = true;
+  }
+  const int self = static_cast<int>(marks.server());
+  for (const auto& [table, buckets] : left) {
+    absl::StatusOr<v1::TableConfig> config = tables->ConfigOf(table);
+    if (!config.ok()) continue;  // not held here
+    absl::StatusOr<uint64_t> erased = tables->DropRows(table, [&](uint64_t key) {
+      if (!buckets[KeyBucket(key)]) return false;
+      absl::StatusOr<int> owner = KeyServer(key, config->partitioning(), *stable);
+      return owner.ok() && *owner != self;
+    });
+    if (erased.ok()) dropped.rows += *erased;
+  }
+  return dropped;
+}
+
+absl::Status MoveMarks::Apply(absl::string_view bytes) {
+  PS_ASSIGN_OR_RETURN(const v1::MoveMarks marks, ParseMoveMarks(bytes));
+  return Apply(marks);
+}
+
+absl::Status MoveMarks::Apply(const v1::MoveMarks& marks) {
+  PS_RETURN_IF_ERROR(CheckMoveMarks(marks));
   absl::MutexLock lock(&mu_);
   SetVersionLocked(marks.version());
   if (marks.version() != version_) return absl::OkStatus();  // an older move's
@@ -454,6 +622,37 @@ void MoveMarks::SeedGate(PlacementGate& gate, const ParameterStore& store) const
   for (const auto& [table, b, from] : received_buckets_) gate.ReceivedBuckets(table, from, b, b + 1);
 }
 
+namespace {
+
+// FAILED_PRECONDITION naming the first block of a DROPPED `marks` that
+// `store` does not hold, or table that `tables` does not hold.
+absl::Status CheckDroppedHeld(const v1::MoveMarks& marks, const ParameterStore& store,
+                              const Tables& tables) {
+  if (marks.blocks_size() > 0) {
+    const std::vector<PlacementGate::BlockKey> held = store.BlockKeys();  // sorted
+    for (const v1::ParamRef& ref : marks.blocks()) {
+      const PlacementGate::BlockKey key(ref.name(), ref.block().index());
+      if (!std::binary_search(held.begin(), held.end(), key)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "replicated ", kMoveMarksWrite, " DROPPED (placement version ", marks.version(),
+            ") names parameter '", key.first, "' block ", key.second,
+            ", which this replica does not hold: refused, nothing dropped"));
+      }
+    }
+  }
+  for (const v1::MovedBuckets& moved : marks.buckets()) {
+    if (!tables.ConfigOf(moved.table()).ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "replicated ", kMoveMarksWrite, " DROPPED (placement version ", marks.version(),
+          ") names table '", moved.table(),
+          "', which this replica does not hold: refused, nothing dropped"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 bool IsMoveWrite(absl::string_view method) {
   return method == kMoveMarksWrite || method == "ReceiveBlocks";
 }
@@ -461,16 +660,13 @@ bool IsMoveWrite(absl::string_view method) {
 absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view request,
                                     ParameterStore& store, Tables& tables, MoveMarks& marks) {
   if (method == kMoveMarksWrite) {
-    PS_RETURN_IF_ERROR(marks.Apply(request));
-    v1::MoveMarks parsed;  // it parses: Apply took it
-    parsed.ParseFromArray(request.data(), static_cast<int>(request.size()));
+    PS_ASSIGN_OR_RETURN(const v1::MoveMarks parsed, ParseMoveMarks(request));
     if (parsed.state() == v1::MoveMarks::DROPPED) {
-      std::vector<PlacementGate::BlockKey> blocks;
-      for (const v1::ParamRef& ref : parsed.blocks()) {
-        blocks.emplace_back(ref.name(), ref.block().index());
-      }
-      store.EraseBlocks(blocks);
+      // What the primary dropped it held; this replica holds the same.
+      PS_RETURN_IF_ERROR(CheckDroppedHeld(parsed, store, tables));
     }
+    PS_RETURN_IF_ERROR(marks.Apply(parsed));
+    if (parsed.state() == v1::MoveMarks::DROPPED) DropMarked(parsed, store, &tables);
     return absl::OkStatus();
   }
   v1::ReceiveBlocksRequest receive;

@@ -70,6 +70,12 @@ namespace pserver {
 inline constexpr uint64_t kDefaultMoveBatchBytes = 16 << 20;
 inline constexpr uint64_t kMinMoveBatchBytes = 1 << 10;
 
+// What a DROPPED MoveMarks dropped (DropMarked, below).
+struct DroppedMarked {
+  uint64_t bytes = 0;  // values and optimizer state of the blocks
+  uint64_t rows = 0;
+};
+
 struct BlockMoverOptions {
   Dispatcher* dispatcher = nullptr;  // must outlive it (its apply lock)
   ParameterStore* store = nullptr;   // must outlive it
@@ -156,12 +162,14 @@ class BlockMover {
   // Marks `blocks` and table `buckets` `state` here and on this shard's
   // backups (a replicated write, Dispatcher::Ship): HELD applies nothing
   // here (Hold/HoldBuckets did), HANDED_OVER releases them to
-  // PlacementMoved, and DROPPED drops the blocks from the store (the bytes
-  // dropped go to `dropped_bytes`).
+  // PlacementMoved.
   absl::Status Mark(uint64_t version, v1::MoveMarks::State state,
                     const std::vector<PlacementGate::BlockKey>& blocks,
-                    const std::vector<v1::MovedBuckets>& buckets = {},
-                    uint64_t* dropped_bytes = nullptr);
+                    const std::vector<v1::MovedBuckets>& buckets = {});
+  // Ships `marks` as Mark does (in records of at most kMaxMoveMarkBlocks
+  // blocks); a DROPPED one drops what it names here (DropMarked; what was
+  // dropped goes to `dropped`) as its backups do.
+  absl::Status ShipMarks(const v1::MoveMarks& marks, DroppedMarked* dropped = nullptr);
   bool replicated() const { return options_.replicated && options_.replicated(); }
 
   const BlockMoverOptions options_;
@@ -208,9 +216,10 @@ inline constexpr char kMoveMarksWrite[] = "MoveMarks";
 // one replaces them). Thread-safe.
 class MoveMarks {
  public:
-  // A shipped v1::MoveMarks (kMoveMarksWrite); INVALID_ARGUMENT for bytes
-  // that do not parse.
+  // A shipped v1::MoveMarks (kMoveMarksWrite); INVALID_ARGUMENT, nothing
+  // recorded, for bytes that do not parse or marks CheckMoveMarks refuses.
   absl::Status Apply(absl::string_view bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Apply(const v1::MoveMarks& marks) ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks this replica received in the move of `version`.
   void Received(uint64_t version, const std::vector<PlacementGate::BlockKey>& blocks)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -239,11 +248,36 @@ class MoveMarks {
   std::set<std::tuple<std::string, uint32_t, int>> received_buckets_ ABSL_GUARDED_BY(mu_);
 };
 
+// The most blocks one MoveMarks may name; a record naming more is refused
+// (a server ships more, e.g. a DROPPED of every block it handed over, in
+// several records).
+inline constexpr int kMaxMoveMarkBlocks = 1 << 20;
+
+// Checks `marks` before anything of it is applied (a backup applying its
+// primary's): a known state and a version; at most kMaxMoveMarkBlocks
+// blocks, each named once, with a name; table bucket runs with a table name,
+// begin < end <= kKeyBuckets, not overlapping (nor repeating) another run of
+// the same table; buckets in a DROPPED record only with its `stable`
+// placement (valid as etcd's must be, CheckPlacementSpec; not moving, newer
+// than the move) and a `server` index below kMaxPlacementServers.
+// INVALID_ARGUMENT naming what is wrong.
+absl::Status CheckMoveMarks(const v1::MoveMarks& marks);
+
+// What a DROPPED MoveMarks drops, the same on a primary and on its backups
+// (whose store and tables equal the primary's): its blocks from `store`,
+// and from `tables` (null: none) the rows, keys awaiting admission and
+// held-back adds of its table buckets whose keys its `stable` placement
+// gives to another server than its `server`. `marks` passed CheckMoveMarks;
+// a table this server does not hold is skipped.
+DroppedMarked DropMarked(const v1::MoveMarks& marks, ParameterStore& store, Tables* tables);
+
 // Whether `method` is a live move's replicated write (MoveMarks, or the
 // new owner's ReceiveBlocks, holding just the blocks or table rows it took).
 bool IsMoveWrite(absl::string_view method);
-// A backup applying such a write: MoveMarks recorded in `marks` (DROPPED
-// ones also drop their blocks from `store`, as the primary did); the
+// A backup applying such a write: MoveMarks checked (CheckMoveMarks; a
+// DROPPED one naming a block `store` does not hold or a table `tables` does
+// not hold is refused too: FAILED_PRECONDITION, nothing changed), recorded
+// in `marks` (DROPPED ones also drop what the primary dropped, DropMarked); the
 // blocks of a ReceiveBlocks merged into `store`, its table rows into
 // `tables` (the primary checked and chose them), and recorded as received.
 absl::Status ApplyMoveWriteOnBackup(absl::string_view method, absl::string_view request,

@@ -2,13 +2,16 @@
 // (cc/server/move.h): a backup's MoveMarks seed the gate its successor
 // starts; what a standby may attach to mid-move; what a checkpoint keeps
 // after a move.
+#include <cstring>
 #include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "cc/core/checkpoint.h"
 #include "cc/core/placement.h"
 #include "cc/core/tables.h"
@@ -389,6 +392,272 @@ TEST(MoveMarksTest, ACheckpointAfterAMoveKeepsOnlyTheTableKeysOwnedUnderIt) {
   v1::TableStatsResponse whole_stats;
   whole.Stats(&whole_stats);
   EXPECT_EQ(whole_stats.tables(0).rows(), keys.size());
+}
+
+// Every row of table `name` in `tables`, as exported (keys, values,
+// optimizer state, steps).
+v1::SparseTableSnapshot RowsOfTable(Tables& tables, const std::string& name) {
+  std::map<std::string, std::string> section;
+  EXPECT_OK(tables.ExportRows(name, nullptr, &section).status());
+  v1::SparseTableSnapshot snap;
+  EXPECT_TRUE(snap.ParseFromString(section[absl::StrCat(Tables::kTablePrefix, name)]));
+  return snap;
+}
+
+uint64_t RowCount(Tables& tables) {
+  v1::TableStatsResponse stats;
+  tables.Stats(&stats);
+  uint64_t rows = 0;
+  for (const v1::TableStats& table : stats.tables()) rows += table.rows();
+  return rows;
+}
+
+// Keys 0..n-1.
+std::vector<uint64_t> FirstKeys(uint64_t n) {
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < n; ++k) keys.push_back(k);
+  return keys;
+}
+
+// A DROPPED record of the move of `version` by server `server`: blocks `blocks` of "w",
+// table "emb" buckets [begin, end), and the stable placement of `count`
+// servers at `stable_version`.
+v1::MoveMarks DroppedRows(uint64_t version, uint32_t server, const std::vector<uint32_t>& blocks,
+                          uint32_t begin, uint32_t end, uint32_t count, uint64_t stable_version) {
+  v1::MoveMarks marks;
+  EXPECT_TRUE(marks.ParseFromString(Marks(version, v1::MoveMarks::DROPPED, blocks)));
+  v1::MovedBuckets* moved = marks.add_buckets();
+  moved->set_table("emb");
+  moved->set_begin(begin);
+  moved->set_end(end);
+  marks.mutable_stable()->set_kind(v1::Placement::JUMP);
+  marks.mutable_stable()->set_version(stable_version);
+  marks.mutable_stable()->set_num_servers(count);
+  marks.set_server(server);
+  return marks;
+}
+
+// Issue 16: a shard with standbys drops the table rows it handed over on
+// every replica alike. Server 0 of 2 handed buckets [0, 128) of "emb" over
+// in a move to 3 servers: the DROPPED record names them with the stable
+// placement, and a backup applying it drops exactly the rows its primary
+// drops (DropMarked): those of the named buckets whose keys are server
+// 2's under 3, no other; what is left is server 0's share of those buckets
+// plus every row of the others.
+TEST(MoveMarksTest, ABackupDropsExactlyTheTableRowsItsPrimaryDropped) {
+  const std::vector<uint64_t> keys = FirstKeys(4000);
+  Tables primary, backup;
+  TableWithRows(primary, keys);
+  TableWithRows(backup, keys);
+  ASSERT_FALSE(HasFatalFailure());
+  ParameterStore primary_store, backup_store;
+  InitW(primary_store);
+  InitW(backup_store);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<uint32_t> leaving = Leaving(2, 2);  // any two blocks
+  const v1::MoveMarks marks = DroppedRows(5, /*server=*/0, leaving, 0, 128, 3, 6);
+  ASSERT_OK(CheckMoveMarks(marks));
+
+  const DroppedMarked here = DropMarked(marks, primary_store, &primary);
+  MoveMarks backup_marks;
+  ASSERT_OK(ApplyMoveWriteOnBackup(kMoveMarksWrite, marks.SerializeAsString(), backup_store,
+                                   backup, backup_marks));
+  const Placement three = Placement::Jump(3, 6);
+  std::set<uint64_t> kept;
+  uint64_t gone = 0;
+  for (uint64_t k : keys) {
+    if (KeyBucket(k) < 128 && three.HashKeyServer(k) != 0) {
+      ++gone;
+    } else {
+      kept.insert(k);
+    }
+  }
+  ASSERT_GT(gone, 0u);
+  EXPECT_EQ(here.rows, gone);
+  EXPECT_EQ(here.bytes, 2u * 16);
+  const v1::SparseTableSnapshot a = RowsOfTable(primary, "emb");
+  const v1::SparseTableSnapshot b = RowsOfTable(backup, "emb");
+  EXPECT_EQ(a.rows(), kept.size());
+  EXPECT_EQ(b.rows(), kept.size());
+  EXPECT_TRUE(a.keys() == b.keys()) << "keys";
+  EXPECT_TRUE(a.values() == b.values()) << "values";
+  EXPECT_TRUE(a.state() == b.state()) << "state";
+  EXPECT_TRUE(a.steps() == b.steps()) << "steps";
+  std::set<uint64_t> left;
+  for (size_t i = 0; i + 8 <= b.keys().size(); i += 8) {
+    uint64_t k;
+    std::memcpy(&k, b.keys().data() + i, 8);
+    left.insert(k);
+  }
+  EXPECT_EQ(left, kept);
+  EXPECT_EQ(backup_store.GetStats().blocks, 62u);
+  EXPECT_EQ(primary_store.GetStats().blocks, 62u);
+}
+
+// Issue 16 (the bar): a malformed or hostile MoveMarks arriving over
+// replication is refused naming what is wrong, and changes nothing: no
+// block or row dropped, no mark recorded (a successor's gate seeded from
+// the marks holds and redirects nothing).
+TEST(MoveMarksTest, MalformedOrHostileMoveMarksAreRefusedAndChangeNothing) {
+  const std::vector<uint64_t> keys = FirstKeys(2000);
+  Tables tables;
+  TableWithRows(tables, keys);
+  ParameterStore store;
+  InitW(store);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<uint32_t> leaving = Leaving(2, 2);
+  const v1::MoveMarks good = DroppedRows(5, 0, leaving, 0, 128, 3, 6);
+  ASSERT_OK(CheckMoveMarks(good));
+  MoveMarks marks;
+  const v1::SparseTableSnapshot rows_before = RowsOfTable(tables, "emb");
+  const uint64_t blocks_before = store.GetStats().blocks;
+
+  struct Case {
+    std::string what;
+    std::string bytes;
+    absl::StatusCode code;
+    std::string says;
+  };
+  std::vector<Case> cases;
+  auto add = [&](std::string what, const v1::MoveMarks& m, absl::StatusCode code,
+                 std::string says) {
+    cases.push_back({std::move(what), m.SerializeAsString(), code, std::move(says)});
+  };
+  cases.push_back({"bytes that do not parse", std::string("\x0a\xff\xff\xff", 4),
+                   absl::StatusCode::kInvalidArgument, "malformed"});
+  {
+    v1::MoveMarks m = good;
+    m.set_state(static_cast<v1::MoveMarks::State>(7));
+    add("an unknown state", m, absl::StatusCode::kInvalidArgument, "state 7 is not known");
+    m.set_state(v1::MoveMarks::STATE_UNSPECIFIED);
+    add("no state", m, absl::StatusCode::kInvalidArgument, "state 0 is not known");
+  }
+  {
+    v1::MoveMarks m = good;
+    m.set_version(0);
+    add("version 0", m, absl::StatusCode::kInvalidArgument, "no placement version");
+  }
+  {
+    v1::MoveMarks m = good;
+    m.mutable_blocks(0)->mutable_block()->set_index(999);
+    add("an unknown block", m, absl::StatusCode::kFailedPrecondition,
+        "names parameter 'w' block 999, which this replica does not hold");
+    m = good;
+    m.mutable_blocks(0)->set_name("nope");
+    add("an unknown parameter", m, absl::StatusCode::kFailedPrecondition,
+        "names parameter 'nope'");
+    m = good;
+    m.mutable_blocks(0)->set_name("");
+    add("a block without a name", m, absl::StatusCode::kInvalidArgument,
+        "a block without a parameter name");
+    m = good;
+    *m.add_blocks() = m.blocks(0);
+    add("a block named twice", m, absl::StatusCode::kInvalidArgument, "is named twice");
+  }
+  {
+    v1::MoveMarks m = good;
+    m.mutable_buckets(0)->set_table("other");
+    add("an unknown table", m, absl::StatusCode::kFailedPrecondition,
+        "names table 'other', which this replica does not hold");
+    m.mutable_buckets(0)->set_table("");
+    add("a run without a table", m, absl::StatusCode::kInvalidArgument,
+        "a bucket run without a table name");
+  }
+  for (const auto& [begin, end] : std::vector<std::pair<uint32_t, uint32_t>>{
+           {0, kKeyBuckets + 1}, {10, 10}, {10, 5}, {0, 0xffffffffu}, {0xfffffff0u, 0xffffffffu}}) {
+    v1::MoveMarks m = good;
+    m.mutable_buckets(0)->set_begin(begin);
+    m.mutable_buckets(0)->set_end(end);
+    add(absl::StrCat("run [", begin, ", ", end, ")"), m, absl::StatusCode::kInvalidArgument,
+        "is not within [0, 256) or is empty");
+  }
+  {
+    v1::MoveMarks m = good;
+    *m.add_buckets() = m.buckets(0);
+    add("a run twice", m, absl::StatusCode::kInvalidArgument, "overlaps another run");
+    m = good;
+    v1::MovedBuckets* other = m.add_buckets();
+    *other = m.buckets(0);
+    other->set_begin(127);
+    other->set_end(200);
+    add("overlapping runs", m, absl::StatusCode::kInvalidArgument, "overlaps another run");
+    m = good;
+    other = m.add_buckets();
+    *other = m.buckets(0);
+    other->set_begin(0);
+    other->set_end(1);
+    add("a run inside another", m, absl::StatusCode::kInvalidArgument, "overlaps another run");
+  }
+  {
+    v1::MoveMarks m = good;
+    m.clear_stable();
+    add("buckets without a stable placement", m, absl::StatusCode::kInvalidArgument,
+        "without the stable placement");
+    m = good;
+    m.mutable_stable()->set_num_servers(0);
+    add("no servers", m, absl::StatusCode::kInvalidArgument, "num_servers must be in");
+    m.mutable_stable()->set_num_servers(1u << 31);
+    add("a huge server count", m, absl::StatusCode::kInvalidArgument, "num_servers must be in");
+    m = good;
+    m.mutable_stable()->set_moving(true);
+    m.mutable_stable()->set_from_num_servers(2);
+    add("a moving placement", m, absl::StatusCode::kInvalidArgument,
+        "is not a stable one newer than the move");
+    m = good;
+    m.mutable_stable()->set_version(5);
+    add("a placement not newer", m, absl::StatusCode::kInvalidArgument,
+        "is not a stable one newer than the move");
+    m = good;
+    m.set_server(1u << 30);
+    add("a huge server index", m, absl::StatusCode::kInvalidArgument, "is not below 4096");
+    m = good;
+    m.set_state(v1::MoveMarks::HELD);
+    add("a stable placement in HELD", m, absl::StatusCode::kInvalidArgument,
+        "in a record that is not DROPPED");
+  }
+  {
+    v1::MoveMarks m = good;
+    m.clear_buckets();
+    m.clear_stable();
+    m.set_server(0);
+    for (int b = 0; b <= kMaxMoveMarkBlocks; ++b) {
+      v1::ParamRef* ref = m.add_blocks();
+      ref->set_name("x");
+      ref->mutable_block()->set_index(static_cast<uint32_t>(b));
+    }
+    add("a huge count of blocks", m, absl::StatusCode::kInvalidArgument,
+        "one record may name");
+  }
+
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    EXPECT_THAT(ApplyMoveWriteOnBackup(kMoveMarksWrite, c.bytes, store, tables, marks),
+                StatusIs(c.code, HasSubstr(c.says)));
+    v1::MoveMarks parsed;
+    // (The huge record once only: it takes seconds on a loaded machine.)
+    if (c.bytes.size() < (1 << 20) && parsed.ParseFromString(c.bytes) &&
+        c.code == absl::StatusCode::kInvalidArgument) {
+      EXPECT_THAT(CheckMoveMarks(parsed), StatusIs(c.code, HasSubstr(c.says)));
+      EXPECT_THAT(marks.Apply(c.bytes), StatusIs(c.code, HasSubstr(c.says)));
+    }
+    // Nothing changed.
+    EXPECT_EQ(store.GetStats().blocks, blocks_before);
+    const v1::SparseTableSnapshot rows = RowsOfTable(tables, "emb");
+    EXPECT_TRUE(rows.keys() == rows_before.keys());
+    EXPECT_TRUE(rows.values() == rows_before.values());
+  }
+  // No mark was recorded: a successor's gate at the move holds and
+  // redirects nothing.
+  PlacementGate gate(/*self=*/0, Placement::Jump(2, 4));
+  ASSERT_OK(gate.SetSpec(Moving(2, 3, 5)));
+  marks.SeedGate(gate, store);
+  EXPECT_EQ(gate.handed_over(), 0u);
+  for (uint32_t b = 0; b < kKeyBuckets; ++b) EXPECT_FALSE(gate.BucketHandedOver("emb", b)) << b;
+  // The good record is taken (and drops rows), once nothing was wrong.
+  ASSERT_OK(ApplyMoveWriteOnBackup(kMoveMarksWrite, good.SerializeAsString(), store, tables,
+                                   marks));
+  EXPECT_LT(RowCount(tables), keys.size());
+  EXPECT_EQ(store.GetStats().blocks, blocks_before - 2);
 }
 
 }  // namespace
