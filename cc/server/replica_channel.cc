@@ -124,8 +124,9 @@ void ReplicaChannel::Close(const std::string& why) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
   stopping_ = true;
-  closed_why_ = why;
-  if (connection_ != nullptr) Break(connection_.get(), why);
+  // Never empty: closed() says whether it was closed.
+  closed_why_ = why.empty() ? absl::StrCat("the link to backup at ", address_, " was closed") : why;
+  if (connection_ != nullptr) Break(connection_.get(), closed_why_);
 }
 
 bool ReplicaChannel::closed() const {

@@ -403,6 +403,23 @@ TEST(ReplicaChannelTest, ABackupThatIsGoneAnswersUnavailable) {
   EXPECT_EQ(backup.replication().applied_lsn(), 1u);
 }
 
+// Close with no reason (a backup that answered ABORTED with an empty
+// message): the channel is closed all the same, so that the primary's
+// Deliver stops retrying at once, and its writes are refused naming the
+// backup.
+TEST(ReplicaChannelTest, AChannelClosedWithoutAReasonIsClosed) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
+  const std::vector<BackupLog::Write> writes = Writes(0);
+  ASSERT_OK(channel.Send(writes[0], absl::Now() + kWait));
+  EXPECT_FALSE(channel.closed());
+  channel.Close("");
+  EXPECT_TRUE(channel.closed());
+  EXPECT_THAT(channel.Send(writes[1], absl::Now() + kWait),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(backup.address())));
+  EXPECT_EQ(backup.replication().applied_lsn(), 1u);
+}
+
 TEST(ReplicaChannelTest, ABackupThatDoesNotAnswerTimesOutAndItsRetryIsAppliedOnce) {
   Backup backup(/*channel=*/true);
   ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
