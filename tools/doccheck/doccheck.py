@@ -20,6 +20,8 @@ true. It checks, in README.md and docs/*.md:
     second cell is its default, that default equals pserver's (`--helpfull`
     of the binary given with --pserver);
   * every flag of pserver is in docs/operations.md;
+  * every path of the tree they name (`cc/server/move.h`, `docs/x.md`)
+    exists;
   * every table row has as many cells as its header (Markdown hides the
     rest), and every row of docs/limits.md's tables with a Test column names
     a test (or says why it has none); a flag it names exists;
@@ -92,6 +94,11 @@ GO_FLAG = re.compile(
     r"\b(?:fs|flag|flags)\.(?:String|Int|Int64|Uint|Uint64|Bool|Duration|"
     r"Float64|Var|StringVar|IntVar|BoolVar|DurationVar|Float64Var)\(\s*"
     r"(?:&[^,()]+,\s*)?\"([a-z][a-z0-9_]*)\"")
+# A path of the tree in the docs: `cc/server/move.h`, `cc/core/optimizer.{h,cc}`
+# (a stem stands for its files), `bench/tls_link` (a binary of bench/).
+DOC_PATH = re.compile(
+    r"(?<![\w/.:-])((?:%s)/[\w./-]*\w)(?![<\w])(\.\{[\w,]+\})?" %
+    "|".join(re.escape(d) for d in SOURCE_DIRS + ("docs",)))
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CAMEL_WORD = re.compile(r"[A-Z][a-z0-9]+")
 
@@ -113,6 +120,7 @@ class Tree:
     self.absl_flags = {}  # flag -> set of files
     self.go_flags = {}
     self.script_flags = set()  # shell scripts' and Python tools' options
+    self.paths = set()  # every file and folder below the source folders
     self._walk()
 
   def _walk(self):
@@ -127,6 +135,9 @@ class Tree:
                        d not in ("third_party", "node_modules")]
         if top == "":
           dirnames[:] = []  # the root's own files only
+        else:
+          self.paths.add(rel)
+          self.paths.update(os.path.join(rel, f) for f in filenames)
         if "BUILD.bazel" in filenames or "BUILD" in filenames:
           self._read_build(rel if rel != "." else "", dirpath, filenames)
         for f in filenames:
@@ -249,7 +260,7 @@ class Checker:
     self.pserver_flags = pserver_flags  # flag -> default, or None
     self.problems = []
     self.counts = {"labels": 0, "gtests": 0, "go_tests": 0, "py_tests": 0,
-                   "names": 0, "flags": 0, "psctl_flags": 0, "defaults": 0, "limit_rows": 0}
+                   "names": 0, "flags": 0, "psctl_flags": 0, "paths": 0, "defaults": 0, "limit_rows": 0}
     flags = set(tree.absl_flags) | set(tree.go_flags) | tree.script_flags
     if pserver_flags:
       flags |= set(pserver_flags)
@@ -327,6 +338,18 @@ class Checker:
         self.problem(where, "`%s`: named nowhere in the code (a test renamed?)"
                      % span.strip())
 
+  def check_path(self, where, path):
+    self.counts["paths"] += 1
+    tree = self.tree
+    if path in tree.paths or os.path.exists(os.path.join(tree.root, path)):
+      return
+    # A stem (`cc/core/checkpoint` for its .h and .cc), or a path relative to
+    # a folder named just before it (`bindings/ ... python/pserver.i`).
+    if any(p.startswith(path + ".") or p.endswith("/" + path)
+           for p in tree.paths):
+      return
+    self.problem(where, "%s: no such file or folder" % path)
+
   def check_flag(self, where, flag):
     self.counts["flags"] += 1
     if flag in self.known_flags or flag in OUTSIDE_FLAGS:
@@ -402,6 +425,8 @@ class Checker:
           self.check_label(where, pkg, target)
       for m in FLAG.finditer(line):
         self.check_flag(where, m.group(1))
+      for m in DOC_PATH.finditer(line):
+        self.check_path(where, m.group(1))
       if not in_code:
         for span in BACKQUOTED.findall(line):
           self.check_backquoted(where, span, line)

@@ -69,7 +69,9 @@ GOOD_DOC = textwrap.dedent("""\
     shows `ThingsTest.TooManyThingsAreRefusedNamingTheFlag`,
     `Transports/ThingsTransportTest.EveryTransportCountsThings`, `LoopTest.*`,
     Go `TestClientRefusesThings`, Python `test_too_many_things` and C
-    `test_cancel`; psctl `-yes_please` (`--yes_please`), pserver `--host`.
+    `test_cancel`; psctl `-yes_please` (`--yes_please`), pserver `--host`;
+    the code: `cc/server/main.cc`, `cc/server/things_test.{cc}`,
+    `python/tests/test_<name>.py`, `docs/limits.md`.
 
     | flag | default | meaning |
     |---|---|---|
@@ -116,6 +118,7 @@ STALE_CITATIONS = [
      2, ("psctl has no flag -yes_pleese",)),
     ("| a | b |\n|---|---|\n| 1 | 2 | 3 |\n", 3,
      ("table row of 3 cells under a header of 2",)),
+    ("see `cc/server/gone.h`\n", 1, ("cc/server/gone.h: no such file",)),
 ]
 
 
