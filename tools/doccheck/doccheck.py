@@ -186,13 +186,15 @@ def pserver_defaults(binary):
   defaults = {}
   section = False
   # Sections start "  Flags from FILE:"; a flag's entry starts "    --name (",
-  # runs over lines, and ends "; default: VALUE;".
+  # runs over lines, and ends "; default: VALUE;" (the default may start a
+  # line of its own).
   for part in re.split(r"\n(?=  Flags from |    --\w+ \()", out):
     m = re.match(r"  Flags from ([^:\n]+):", part)
     if m:
       section = m.group(1).strip().endswith("cc/server/main.cc")
       continue
-    m = re.match(r"    --(\w+) \(.*; default: (.*?);\s*$", part, re.S)
+    entry = part.split("\n\n", 1)[0]  # the last one is followed by a footer
+    m = re.match(r"    --(\w+) \(.*;\s+default: (.*?);\s*$", entry, re.S)
     if m and section:
       defaults[m.group(1)] = m.group(2).strip().strip('"')
   return defaults
@@ -344,6 +346,15 @@ class Checker:
                  "script's option, OUTSIDE_FLAGS)"
                  % flag)
 
+  def check_server_flags(self, where, cell, what):
+    """The --flags of `cell` (a row about the server) are pserver's."""
+    flags = self.pserver_flags if self.pserver_flags is not None else \
+        self.known_flags
+    for flag in FLAG.findall(cell):
+      if flag not in flags:
+        self.problem(where, "%s names --%s, which pserver has not" %
+                     (what, flag))
+
   def check_default_row(self, where, cells):
     if self.pserver_flags is None or len(cells) < 2:
       return
@@ -364,10 +375,7 @@ class Checker:
       return
     self.counts["limit_rows"] += 1
     if "Flag" in header:
-      for flag in FLAG.findall(cells[header.index("Flag")]):
-        if flag not in self.known_flags:
-          self.problem(where, "limits row names --%s, which no binary has" %
-                       flag)
+      self.check_server_flags(where, cells[header.index("Flag")], "limits row")
     test_cell = cells[header.index("Test")]
     if not test_cell.strip():
       self.problem(where, "limits row names no test")
@@ -431,6 +439,8 @@ class Checker:
           self.problem(where, "table row of %d cells under a header of %d"
                        % (len(cells), len(header)))
         self.check_default_row(where, cells)
+        if rel == OPERATIONS and header[0] == "flag":
+          self.check_server_flags(where, cells[0], "server flag row")
         if rel == "docs/limits.md":
           self.check_limit_row(where, cells, header)
       else:

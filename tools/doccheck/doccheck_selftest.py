@@ -28,6 +28,10 @@ FAKE_PSERVER = textwrap.dedent("""\
         --max_things (The most things at once, a long description that
           runs over; two lines.); default: 67108864;
         --port (Port; 0 picks one.); default: 0;
+        --cluster (Cluster name: etcd keys live under /pserver/<cluster>.);
+          default: "default";
+
+    Try --helpfull to get a list of all flags.
     HELP
     """)
 
@@ -44,6 +48,7 @@ FILES = {
         ABSL_FLAG(uint64_t, max_things,
                   uint64_t{64} << 20, "The most things.");
         ABSL_FLAG(int, port, 0, "Port.");
+        ABSL_FLAG(std::string, cluster, "default", "Cluster name.");
         """),
     "cc/server/things_test.cc": textwrap.dedent("""\
         TEST(ThingsTest, TooManyThingsAreRefusedNamingTheFlag) {}
@@ -78,12 +83,13 @@ GOOD_DOC = textwrap.dedent("""\
     | `--host` | `127.0.0.1` | where |
     | `--max_things` | 64 MiB | the most things |
     | `--port` | `0` | port |
+    | `--cluster` | `default` | keys under /pserver/<cluster> |
     """)
 
 GOOD_OPERATIONS = textwrap.dedent("""\
     # Operations
 
-    Flags: `--host`, `--port`, `--max_things` (`docs/limits.md`).
+    Flags: `--host`, `--port`, `--max_things` (`docs/limits.md`), `--cluster`.
     """)
 
 GOOD_LIMITS = textwrap.dedent("""\
@@ -176,6 +182,11 @@ class DoccheckTest(unittest.TestCase):
     line = doc.split("\n").index("| `--max_things` | 32 MiB | the most things |")
     self.assert_reported(doc, line + 1, "--max_things", "32 MiB",
                          "says 67108864")
+    # A default --helpfull writes on a line of its own, after the last flag.
+    doc = GOOD_DOC.replace("| `--cluster` | `default` |", "| `--cluster` | `job` |")
+    self.assert_reported(doc, doc.split("\n").index(
+        "| `--cluster` | `job` | keys under /pserver/<cluster> |") + 1,
+                         "--cluster", "says default")
 
   def assert_file_fails(self, path, text, *lines):
     """`text` as `path` fails the check with every one of `lines` in its
@@ -206,7 +217,18 @@ class DoccheckTest(unittest.TestCase):
   def test_a_limits_row_naming_a_missing_flag_is_reported(self):
     self.assert_file_fails(
         "docs/limits.md", GOOD_LIMITS.replace("`--max_things`", "`--max_thinks`"),
-        "limits row names --max_thinks, which no binary has")
+        "limits row names --max_thinks, which pserver has not")
+    # A flag of psctl is a flag, but not the server's.
+    self.assert_file_fails(
+        "docs/limits.md", GOOD_LIMITS.replace("`--max_things`", "`--yes_please`"),
+        "limits row names --yes_please, which pserver has not")
+
+  def test_a_server_flag_row_naming_another_binarys_flag_is_reported(self):
+    self.assert_file_fails(
+        "docs/operations.md", GOOD_OPERATIONS + "\n| flag | default |\n|---|---|\n"
+        "| `--host`, `--yes_please` | (none) |\n",
+        "docs/operations.md:7: server flag row names --yes_please, which "
+        "pserver has not")
 
   def test_a_pserver_flag_missing_from_operations_is_reported(self):
     self.assert_file_fails(
