@@ -43,6 +43,7 @@
 #include "cc/core/tensor.h"
 #include "cc/etcd/etcd_client.h"
 #include "cc/etcd/keys.h"
+#include "cc/etcd/placement_record.h"
 #include "cc/etcd/shard_config.h"
 #include "cc/etcd/testing/etcd_process.h"
 #include "cc/server/move_coordinator.h"
@@ -444,6 +445,26 @@ class MoveFailoverTest : public ::testing::Test {
     ASSERT_TRUE(routed) << "the client does not route by placement version " << version;
   }
 
+  // One live move at a time (docs/limits.md): a MoveBlocks for the move
+  // under way, sent to the old owner at `address` while its move of it is
+  // under way (stalled), is refused UNAVAILABLE at once, "retry".
+  void ExpectASecondMoveIsRefused(const std::string& address) {
+    ASSERT_OK_AND_ASSIGN(std::optional<v1::Placement> moving,
+                         ReadPlacement(*etcd_client_, absl::Now() + kWait));
+    ASSERT_TRUE(moving.has_value() && moving->moving()) << "no move under way in etcd";
+    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+    v1::MoveBlocksRequest request;
+    request.set_version(moving->version());
+    v1::MoveBlocksResponse response;
+    const grpc::Status status = stub->MoveBlocks(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                ::testing::HasSubstr("handing blocks over already (an earlier MoveBlocks); retry"));
+  }
+
   // 3 -> 2 servers while a trainer runs `workload`; primary `stalled` stops
   // mid-move and is killed; its standby takes over and the move completes
   // exactly.
@@ -480,6 +501,7 @@ class MoveFailoverTest : public ::testing::Test {
     absl::Status stalled_said =
         primaries[stalled]->WaitForLine(stall_line, absl::Now() + kWait).status();
     ASSERT_OK(stalled_said) << outputs();
+    if (stalled == 2) ExpectASecondMoveIsRefused(AddressAt(etcd_keys::ServerKey(stalled)));
     const std::string successor = Config(stalled).replicas(0);
     ASSERT_EQ(kill(primaries[stalled]->pid(), SIGKILL), 0) << std::strerror(errno);
     ASSERT_OK_AND_ASSIGN(int status, primaries[stalled]->WaitForExit(absl::Now() + kWait));

@@ -360,5 +360,24 @@ TEST_F(PlacementRedirectTest, NeedsEtcd) {
                                            HasSubstr("--placement_redirects needs --etcd")));
 }
 
+// --move_batch_bytes outside [1024, --max_message_bytes / 2]: Start fails
+// naming the flag and the range (docs/limits.md). Each try in a cluster of
+// its own, so a failed start's registration is in no one's way.
+TEST_F(PlacementRedirectTest, StartRefusesAMoveBatchOutsideItsRange) {
+  ServerOptions options = Options();
+  options.num_servers = 1;
+  const uint64_t most = options.max_message_bytes / 2;
+  for (uint64_t bad : {uint64_t{0}, uint64_t{1023}, most + 1}) {
+    options.cluster = absl::StrCat("batch-", bad);
+    options.move_batch_bytes = bad;
+    EXPECT_THAT(Server::Start(options),
+                ::pserver::testing::StatusIs(
+                    absl::StatusCode::kInvalidArgument,
+                    HasSubstr(absl::StrCat("--move_batch_bytes must be in [1024, "
+                                           "--max_message_bytes / 2 = ",
+                                           most, "], got ", bad))));
+  }
+}
+
 }  // namespace
 }  // namespace pserver

@@ -437,6 +437,54 @@ TEST(TransportLimitsTest, WaitingCallsDoNotGrowThreadsPastMaxThreads) {
   ASSERT_NO_FATAL_FAILURE(server.Stop());
 }
 
+// Two participants of one barrier on one connection. With
+// --max_concurrent_streams=1 the second call waits in the client for the
+// stream the first one holds, so the barrier can never complete: both end
+// DEADLINE_EXCEEDED (whatever the timing: the two can never be at the server
+// at once). With 2 streams the same two calls complete the barrier.
+TEST(TransportLimitsTest, CallsPastMaxConcurrentStreamsWaitInTheClient) {
+  for (const int streams : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("--max_concurrent_streams=", streams));
+    PserverChild server;
+    ASSERT_NO_FATAL_FAILURE(server.Start({absl::StrCat("--max_concurrent_streams=", streams)}));
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+        grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
+    {
+      // A first answer on the connection: the client has the server's
+      // SETTINGS (its stream limit) before the barrier calls start.
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+      v1::GetStatsResponse stats;
+      ASSERT_TRUE(stub->GetStats(&context, v1::GetStatsRequest(), &stats).ok());
+    }
+    // Limited: the calls end at this deadline; not limited: they complete
+    // well before it.
+    const absl::Time deadline = absl::Now() + absl::Seconds(streams == 1 ? 5 : 60);
+    std::vector<grpc::StatusCode> codes(2);
+    std::vector<std::thread> callers;
+    for (int i = 0; i < 2; ++i) {
+      callers.emplace_back([&, i] {
+        v1::BarrierRequest request;
+        request.set_name("two");
+        request.set_size(2);
+        request.set_participant(absl::StrCat("p", i));
+        v1::BarrierResponse response;
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(deadline));
+        codes[i] = stub->Barrier(&context, request, &response).error_code();
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    const grpc::StatusCode expected =
+        streams == 1 ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::OK;
+    EXPECT_EQ(codes[0], expected);
+    EXPECT_EQ(codes[1], expected);
+    ASSERT_NO_FATAL_FAILURE(server.Stop());
+  }
+}
+
 // ---- idle and half-open connections ------------------------------------------------
 
 TEST(TransportLimitsTest, IdleConnectionsAreClosedSoNewClientsGetIn) {

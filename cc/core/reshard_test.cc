@@ -462,7 +462,8 @@ TEST_F(ReshardTest, RefusesATableThatWouldPassItsCapacityOnOneServer) {
   const std::string to = dir_ + "/to";
   EXPECT_THAT(Reshard(2, to).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("table 'emb' would hold"), HasSubstr("capacity 25"))));
+                       AllOf(HasSubstr("table 'emb' would hold"), HasSubstr("capacity 25"),
+                             HasSubstr("reshard to more servers"))));
   ExpectNothingWritten(to);
   EXPECT_OK(Reshard(5, to).status());
 }

@@ -173,6 +173,12 @@ TEST(ReplicationFilesTest, StartRefusesJoinBoundsOutsideTheirRanges) {
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr(absl::StrCat("join_timeout must be in [1s, 1h], got ",
                                                 absl::FormatDuration(bad)))));
+    primary.join_timeout = absl::Seconds(120);
+    primary.replicate_timeout = bad;
+    EXPECT_THAT(Server::Start(primary).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("replicate_timeout must be in [1s, 1h], got ",
+                                                absl::FormatDuration(bad)))));
   }
   for (uint64_t bad : {uint64_t{1}, uint64_t{1023}, (uint64_t{1} << 40) + 1}) {
     ServerOptions primary;
@@ -188,6 +194,7 @@ TEST(ReplicationFilesTest, StartRefusesJoinBoundsOutsideTheirRanges) {
   edges.catch_up_bytes = 1024;
   edges.max_joining_bytes = 1024;
   edges.join_timeout = absl::Hours(1);
+  edges.replicate_timeout = absl::Hours(1);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Server> server, Server::Start(edges));
   server->Shutdown();
 }
