@@ -152,34 +152,60 @@ absl::Status AeadStream::Write(absl::Span<const absl::string_view> parts) {
   if (shut_down_.load() || broken_.load()) {
     return absl::UnavailableError("bulk channel AEAD: stream closed");
   }
-  for (absl::string_view part : parts) {
-    for (size_t done = 0; done < part.size();) {
-      const size_t size = std::min(part.size() - done, kMaxAeadRecordBytes);
-      absl::Status sealed = SealRecord(part.data() + done, size);
-      if (!sealed.ok()) return Fail(sealed);
-      done += size;
-    }
-  }
+  // The first part (a frame's header, which the reader takes on its own) in
+  // records of its own; the rest together, so that a payload starts a record
+  // and its records end every kSealRecordBytes of it.
+  absl::Status sealed = SealParts(parts.subspan(0, 1));
+  if (sealed.ok() && !parts.empty()) sealed = SealParts(parts.subspan(1));
+  if (!sealed.ok()) return Fail(sealed);
   absl::Status sent = SendBuffered();
   return sent.ok() ? sent : Fail(sent);
 }
 
-absl::Status AeadStream::SealRecord(const char* data, size_t size) {
+absl::Status AeadStream::SealParts(absl::Span<const absl::string_view> parts) {
+  size_t left = 0;
+  for (absl::string_view part : parts) left += part.size();
+  size_t part = 0;
+  size_t offset = 0;  // into parts[part]
+  while (left > 0) {
+    const size_t size = std::min(left, kSealRecordBytes);
+    PS_RETURN_IF_ERROR(BeginRecord(size));
+    for (size_t owed = size; owed > 0;) {
+      while (offset == parts[part].size()) {
+        ++part;
+        offset = 0;
+      }
+      const size_t n = std::min(owed, parts[part].size() - offset);
+      PS_RETURN_IF_ERROR(SealBytes(parts[part].data() + offset, n));
+      offset += n;
+      owed -= n;
+    }
+    PS_RETURN_IF_ERROR(EndRecord());
+    left -= size;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AeadStream::BeginRecord(size_t size) {
   uint8_t nonce[12];
   if (!send_->NextNonce(size, nonce)) {
     return absl::UnavailableError(
         "bulk channel AEAD: this connection sealed its limit of 256 GiB under one key; "
         "open a new connection");
   }
-  IMB_MGR* m = Manager();
   if (out_used_ + kAeadHeaderBytes > out_.size()) PS_RETURN_IF_ERROR(SendBuffered());
   char* header = out_.data() + out_used_;
   PutLittle32(static_cast<uint32_t>(size), header);
   header[4] = static_cast<char>(kDataRecord);
   header[5] = header[6] = header[7] = 0;
-  IMB_AES128_GCM_INIT(m, &send_->key, &send_->context, nonce,
+  IMB_AES128_GCM_INIT(Manager(), &send_->key, &send_->context, nonce,
                       reinterpret_cast<const uint8_t*>(header), kAeadHeaderBytes);
   out_used_ += kAeadHeaderBytes;
+  return absl::OkStatus();
+}
+
+absl::Status AeadStream::SealBytes(const char* data, size_t size) {
+  IMB_MGR* m = Manager();
   for (size_t done = 0; done < size;) {
     if (out_used_ == out_.size()) PS_RETURN_IF_ERROR(SendBuffered());
     const size_t n = std::min(size - done, out_.size() - out_used_);
@@ -189,8 +215,12 @@ absl::Status AeadStream::SealRecord(const char* data, size_t size) {
     out_used_ += n;
     done += n;
   }
+  return absl::OkStatus();
+}
+
+absl::Status AeadStream::EndRecord() {
   if (out_used_ + kAeadTagBytes > out_.size()) PS_RETURN_IF_ERROR(SendBuffered());
-  IMB_AES128_GCM_ENC_FINALIZE(m, &send_->key, &send_->context,
+  IMB_AES128_GCM_ENC_FINALIZE(Manager(), &send_->key, &send_->context,
                               reinterpret_cast<uint8_t*>(out_.data() + out_used_), kAeadTagBytes);
   out_used_ += kAeadTagBytes;
   return absl::OkStatus();
@@ -278,6 +308,7 @@ absl::Status AeadStream::OpenRecord(char* dest, size_t wanted, absl::Time deadli
   } else {
     if (plain_.size() < size) plain_.resize(size);
     out = plain_.data();
+    buffered_record_bytes_.fetch_add(size, std::memory_order_relaxed);
   }
   PS_RETURN_IF_ERROR(Receive(out, size, deadline, true));
   uint8_t expected[kAeadTagBytes];

@@ -22,8 +22,12 @@
 // takes its tag and the next header in the same recvmsg(); waiting for a
 // piece, the socket's SO_RCVLOWAT is set to what the record still owes (at
 // most a piece), so the reader is woken once per piece, not per segment.
-// Write seals each part in records of at most kMaxAeadRecordBytes through a
-// 256 KiB send buffer.
+// Write seals its first part (a frame's header) in records of its own and
+// the other parts together in records of kSealRecordBytes (the last one
+// shorter; a record may span parts), so that a frame's payload starts a
+// record and a reader that takes it in kSealRecordBytes pieces decrypts
+// every record where it lands (buffered_record_bytes() stays 0); it seals
+// through a 256 KiB send buffer.
 #ifndef PSERVER_CC_SECURITY_BULK_AEAD_H_
 #define PSERVER_CC_SECURITY_BULK_AEAD_H_
 
@@ -46,6 +50,10 @@ inline constexpr size_t kAeadNoncePrefixBytes = 4;  // + 8 bytes of counter
 inline constexpr size_t kAeadHeaderBytes = 8;
 inline constexpr size_t kAeadTagBytes = 16;
 inline constexpr size_t kMaxAeadRecordBytes = 1 << 20;
+// The records a writer makes: at most 256 KiB, the piece the bulk listener
+// reads a large push in (kScanChunkBytes), so that each of its reads takes
+// whole records, decrypted where they land.
+inline constexpr size_t kSealRecordBytes = 256 << 10;
 // Bytes one direction of one connection may seal: 2^38 (256 GiB), 2^34
 // AES blocks, which keeps AES-GCM's confidentiality bound under 2^-60
 // (the margin RFC 8446 5.5 keeps for TLS). Past it the writer fails and
@@ -86,10 +94,22 @@ class AeadStream final : public ByteStream {
   absl::Status Read(char* dest, size_t n) override;
   void Shutdown() override;
 
+  // Bytes of records larger than what the Read that met them still wanted:
+  // those are decrypted in a buffer and copied out, not decrypted in place.
+  uint64_t buffered_record_bytes() const { return buffered_record_bytes_.load(); }
+
  private:
   struct Direction;  // key schedule, counter, bytes sealed
 
-  absl::Status SealRecord(const char* data, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Seals the bytes of `parts`, one after another, in records of at most
+  // kSealRecordBytes (a record may span parts).
+  absl::Status SealParts(absl::Span<const absl::string_view> parts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // A record of `size` bytes: its header, then SealBytes until `size` bytes
+  // are sealed, then its tag.
+  absl::Status BeginRecord(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status SealBytes(const char* data, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status EndRecord() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status SendBuffered() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Opens the next record: into `dest` when it fits in `wanted` (*placed:
   // its size), else into plain_. *started: some of its header was taken.
@@ -108,6 +128,7 @@ class AeadStream final : public ByteStream {
   const int fd_;
   std::atomic<bool> shut_down_{false};
   std::atomic<bool> broken_{false};
+  std::atomic<uint64_t> buffered_record_bytes_{0};
 
   absl::Mutex write_mu_;
   std::unique_ptr<Direction> send_ ABSL_GUARDED_BY(write_mu_);
