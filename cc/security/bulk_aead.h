@@ -19,15 +19,16 @@
 // (zeroed again when its tag fails), a larger one goes through a buffer of
 // at most kMaxAeadRecordBytes. A large record is received in pieces of at
 // most 256 KiB, each decrypted while it is in the cache; its last piece
-// takes its tag and the next header in the same recvmsg(); waiting for a
-// piece, the socket's SO_RCVLOWAT is set to what the record still owes (at
-// most a piece), so the reader is woken once per piece, not per segment.
+// takes its tag and the next header in the same recvmsg(). (SO_RCVLOWAT,
+// set to what a record still owed, was tried and dropped: fewer recv calls,
+// no CPU saved, bench/RESULTS.md.)
 // Write seals its first part (a frame's header) in records of its own and
 // the other parts together in records of kSealRecordBytes (the last one
 // shorter; a record may span parts), so that a frame's payload starts a
 // record and a reader that takes it in kSealRecordBytes pieces decrypts
 // every record where it lands (buffered_record_bytes() stays 0); it seals
-// through a 256 KiB send buffer.
+// through a send buffer of 1 MiB + 64 KiB, sent once per Write when the
+// frame fits.
 #ifndef PSERVER_CC_SECURITY_BULK_AEAD_H_
 #define PSERVER_CC_SECURITY_BULK_AEAD_H_
 
@@ -121,9 +122,6 @@ class AeadStream final : public ByteStream {
   absl::Status Receive(char* out, size_t size, absl::Time deadline, bool decrypt,
                        size_t* received = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   absl::Status Fail(absl::Status why);
-  // SO_RCVLOWAT for the next wait: poll wakes once `bytes` (at most a
-  // receive piece) are queued, or at the end of the stream.
-  void SetReceiveLowWater(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
 
   const int fd_;
   std::atomic<bool> shut_down_{false};
@@ -132,7 +130,8 @@ class AeadStream final : public ByteStream {
 
   absl::Mutex write_mu_;
   std::unique_ptr<Direction> send_ ABSL_GUARDED_BY(write_mu_);
-  std::vector<char> out_ ABSL_GUARDED_BY(write_mu_);  // the send buffer
+  // The send buffer (not zeroed: pages an idle stream never fills stay unused).
+  const std::unique_ptr<char[]> out_ ABSL_GUARDED_BY(write_mu_);
   size_t out_used_ ABSL_GUARDED_BY(write_mu_) = 0;
 
   absl::Mutex read_mu_;
@@ -140,7 +139,6 @@ class AeadStream final : public ByteStream {
   std::vector<char> in_ ABSL_GUARDED_BY(read_mu_);  // socket read-ahead
   size_t in_begin_ ABSL_GUARDED_BY(read_mu_) = 0;
   size_t in_end_ ABSL_GUARDED_BY(read_mu_) = 0;
-  int low_water_ ABSL_GUARDED_BY(read_mu_) = 1;  // the socket's SO_RCVLOWAT
   std::vector<char> plain_ ABSL_GUARDED_BY(read_mu_);  // a verified record Read has not taken
   size_t plain_begin_ ABSL_GUARDED_BY(read_mu_) = 0;
   size_t plain_end_ ABSL_GUARDED_BY(read_mu_) = 0;

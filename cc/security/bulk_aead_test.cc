@@ -52,7 +52,7 @@ struct Pair {
 };
 
 // A connected, non-blocking TCP pair on 127.0.0.1 with the bulk channel's
-// socket buffers (SO_RCVLOWAT, which the reader sets, matters only on TCP).
+// socket buffers (TCP segments and wake-ups, unlike a Unix socket pair).
 struct TcpPair {
   int fd[2] = {-1, -1};
   TcpPair() {
@@ -209,14 +209,14 @@ TEST(BulkAeadTest, RecordsOfEverySizeArriveWholeAndInOrderBothWays) {
 }
 
 TEST(BulkAeadTest, OverTcpARecordsLastBytesAreTakenWithoutWaitingForMore) {
-  // The reader wakes only once a piece is queued (SO_RCVLOWAT); a record
-  // whose rest is shorter than a piece, and nothing after it, must still be
-  // read at once: each Write here is read before the next is made, so a
-  // reader waiting for more than the record owes would time out.
+  // A record whose rest is shorter than a receive piece (or than the tag
+  // and next header its last piece asks for), and nothing after it, must
+  // still be read at once: each Write here is read before the next is made,
+  // so a reader waiting for more than the record owes would time out.
   TcpPair pair;
   AeadStream a(pair.fd[0], Keys(1), Keys(2));
   AeadStream b(pair.fd[1], Keys(2), Keys(1));
-  timeval tv{20, 0};  // generous on a loaded machine; a wrong low-water mark waits forever
+  timeval tv{20, 0};  // generous on a loaded machine; a reader waiting for more waits forever
   ASSERT_EQ(setsockopt(pair.fd[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
   uint32_t seed = 0;
   for (size_t size : {size_t{5}, size_t{70000}, size_t{100 << 10}, size_t{300 << 10},
