@@ -19,11 +19,16 @@
 // (zeroed again when its tag fails), a larger one goes through a buffer of
 // at most kMaxAeadRecordBytes. A large record is received in pieces of at
 // most 256 KiB, each decrypted while it is in the cache; its last piece
-// takes its tag and the next header in the same recvmsg(); waiting for a
-// piece, the socket's SO_RCVLOWAT is set to what the record still owes (at
-// most a piece), so the reader is woken once per piece, not per segment.
-// Write seals each part in records of at most kMaxAeadRecordBytes through a
-// 256 KiB send buffer.
+// takes its tag and the next header in the same recvmsg(). (SO_RCVLOWAT,
+// set to what a record still owed, was tried and dropped: fewer recv calls,
+// no CPU saved, bench/RESULTS.md.)
+// Write seals its first part (a frame's header) in records of its own and
+// the other parts together in records of kSealRecordBytes (the last one
+// shorter; a record may span parts), so that a frame's payload starts a
+// record and a reader that takes it in kSealRecordBytes pieces decrypts
+// every record where it lands (buffered_record_bytes() stays 0); it seals
+// through a send buffer of 1 MiB + 64 KiB, sent once per Write when the
+// frame fits.
 #ifndef PSERVER_CC_SECURITY_BULK_AEAD_H_
 #define PSERVER_CC_SECURITY_BULK_AEAD_H_
 
@@ -46,6 +51,10 @@ inline constexpr size_t kAeadNoncePrefixBytes = 4;  // + 8 bytes of counter
 inline constexpr size_t kAeadHeaderBytes = 8;
 inline constexpr size_t kAeadTagBytes = 16;
 inline constexpr size_t kMaxAeadRecordBytes = 1 << 20;
+// The records a writer makes: at most 256 KiB, the piece the bulk listener
+// reads a large push in (kScanChunkBytes), so that each of its reads takes
+// whole records, decrypted where they land.
+inline constexpr size_t kSealRecordBytes = 256 << 10;
 // Bytes one direction of one connection may seal: 2^38 (256 GiB), 2^34
 // AES blocks, which keeps AES-GCM's confidentiality bound under 2^-60
 // (the margin RFC 8446 5.5 keeps for TLS). Past it the writer fails and
@@ -86,10 +95,22 @@ class AeadStream final : public ByteStream {
   absl::Status Read(char* dest, size_t n) override;
   void Shutdown() override;
 
+  // Bytes of records larger than what the Read that met them still wanted:
+  // those are decrypted in a buffer and copied out, not decrypted in place.
+  uint64_t buffered_record_bytes() const { return buffered_record_bytes_.load(); }
+
  private:
   struct Direction;  // key schedule, counter, bytes sealed
 
-  absl::Status SealRecord(const char* data, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Seals the bytes of `parts`, one after another, in records of at most
+  // kSealRecordBytes (a record may span parts).
+  absl::Status SealParts(absl::Span<const absl::string_view> parts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // A record of `size` bytes: its header, then SealBytes until `size` bytes
+  // are sealed, then its tag.
+  absl::Status BeginRecord(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status SealBytes(const char* data, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status EndRecord() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status SendBuffered() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Opens the next record: into `dest` when it fits in `wanted` (*placed:
   // its size), else into plain_. *started: some of its header was taken.
@@ -101,17 +122,16 @@ class AeadStream final : public ByteStream {
   absl::Status Receive(char* out, size_t size, absl::Time deadline, bool decrypt,
                        size_t* received = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   absl::Status Fail(absl::Status why);
-  // SO_RCVLOWAT for the next wait: poll wakes once `bytes` (at most a
-  // receive piece) are queued, or at the end of the stream.
-  void SetReceiveLowWater(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
 
   const int fd_;
   std::atomic<bool> shut_down_{false};
   std::atomic<bool> broken_{false};
+  std::atomic<uint64_t> buffered_record_bytes_{0};
 
   absl::Mutex write_mu_;
   std::unique_ptr<Direction> send_ ABSL_GUARDED_BY(write_mu_);
-  std::vector<char> out_ ABSL_GUARDED_BY(write_mu_);  // the send buffer
+  // The send buffer (not zeroed: pages an idle stream never fills stay unused).
+  const std::unique_ptr<char[]> out_ ABSL_GUARDED_BY(write_mu_);
   size_t out_used_ ABSL_GUARDED_BY(write_mu_) = 0;
 
   absl::Mutex read_mu_;
@@ -119,7 +139,6 @@ class AeadStream final : public ByteStream {
   std::vector<char> in_ ABSL_GUARDED_BY(read_mu_);  // socket read-ahead
   size_t in_begin_ ABSL_GUARDED_BY(read_mu_) = 0;
   size_t in_end_ ABSL_GUARDED_BY(read_mu_) = 0;
-  int low_water_ ABSL_GUARDED_BY(read_mu_) = 1;  // the socket's SO_RCVLOWAT
   std::vector<char> plain_ ABSL_GUARDED_BY(read_mu_);  // a verified record Read has not taken
   size_t plain_begin_ ABSL_GUARDED_BY(read_mu_) = 0;
   size_t plain_end_ ABSL_GUARDED_BY(read_mu_) = 0;

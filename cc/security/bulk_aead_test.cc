@@ -52,7 +52,7 @@ struct Pair {
 };
 
 // A connected, non-blocking TCP pair on 127.0.0.1 with the bulk channel's
-// socket buffers (SO_RCVLOWAT, which the reader sets, matters only on TCP).
+// socket buffers (TCP segments and wake-ups, unlike a Unix socket pair).
 struct TcpPair {
   int fd[2] = {-1, -1};
   TcpPair() {
@@ -74,7 +74,9 @@ struct TcpPair {
     }
   }
   ~TcpPair() {
-    for (int f : fd) close(f);
+    for (int f : fd) {
+      if (f >= 0) close(f);
+    }
   }
 };
 
@@ -207,14 +209,14 @@ TEST(BulkAeadTest, RecordsOfEverySizeArriveWholeAndInOrderBothWays) {
 }
 
 TEST(BulkAeadTest, OverTcpARecordsLastBytesAreTakenWithoutWaitingForMore) {
-  // The reader wakes only once a piece is queued (SO_RCVLOWAT); a record
-  // whose rest is shorter than a piece, and nothing after it, must still be
-  // read at once: each Write here is read before the next is made, so a
-  // reader waiting for more than the record owes would time out.
+  // A record whose rest is shorter than a receive piece (or than the tag
+  // and next header its last piece asks for), and nothing after it, must
+  // still be read at once: each Write here is read before the next is made,
+  // so a reader waiting for more than the record owes would time out.
   TcpPair pair;
   AeadStream a(pair.fd[0], Keys(1), Keys(2));
   AeadStream b(pair.fd[1], Keys(2), Keys(1));
-  timeval tv{20, 0};  // generous on a loaded machine; a wrong low-water mark waits forever
+  timeval tv{20, 0};  // generous on a loaded machine; a reader waiting for more waits forever
   ASSERT_EQ(setsockopt(pair.fd[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
   uint32_t seed = 0;
   for (size_t size : {size_t{5}, size_t{70000}, size_t{100 << 10}, size_t{300 << 10},
@@ -258,7 +260,7 @@ TEST(BulkAeadTest, ARecordSplicedInFromAnotherConnectionIsRefusedAndNothingOfItD
   // second record of one spliced in place of the other's: its first record
   // is genuine and delivered, the spliced one fails its tag and nothing of
   // it reaches the reader.
-  const std::string message = Pattern((1 << 20) + 1000, 5);
+  const std::string message = Pattern(kSealRecordBytes + 1000, 5);
   const std::vector<std::string> ours = SplitRecords(Seal({message}, Keys(1))[0]);
   const std::vector<std::string> theirs = SplitRecords(Seal({message}, Keys(3))[0]);
   ASSERT_EQ(ours.size(), 2u);
@@ -271,8 +273,113 @@ TEST(BulkAeadTest, ARecordSplicedInFromAnotherConnectionIsRefusedAndNothingOfItD
   const Delivery spliced = Deliver(ours[0] + theirs[1], message.size());
   EXPECT_THAT(spliced.status, StatusCodeIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(spliced.status.message(), HasSubstr("failed authentication"));
-  EXPECT_EQ(spliced.read.substr(0, 1 << 20), message.substr(0, 1 << 20));
-  EXPECT_EQ(spliced.read.find_first_not_of('\0', 1 << 20), std::string::npos);
+  EXPECT_EQ(spliced.read.substr(0, kSealRecordBytes), message.substr(0, kSealRecordBytes));
+  EXPECT_EQ(spliced.read.find_first_not_of('\0', kSealRecordBytes), std::string::npos);
+}
+
+// The record sizes of `wire`, from their headers.
+std::vector<size_t> RecordSizes(absl::string_view wire) {
+  std::vector<size_t> sizes;
+  for (const std::string& record : SplitRecords(wire)) {
+    sizes.push_back(record.size() - kAeadHeaderBytes - kAeadTagBytes);
+  }
+  return sizes;
+}
+
+TEST(BulkAeadTest, AWritesFirstPartIsARecordOfItsOwnAndTheRestIsCutEveryRecordSize) {
+  // A frame: its header, then payload parts of every size (empty ones
+  // too); the payload's records span parts and end every kSealRecordBytes.
+  const std::string header = Pattern(40, 1);
+  const std::vector<std::string> payload = {Pattern(100, 2), Pattern(400 << 10, 3), "",
+                                            Pattern(5, 4), Pattern(200 << 10, 5), Pattern(1, 6)};
+  Pair pair;
+  AeadStream writer(pair.fd[0], Keys(1), Keys(2));
+  std::vector<absl::string_view> parts = {header};
+  size_t payload_bytes = 0;
+  for (const std::string& part : payload) {
+    parts.push_back(part);
+    payload_bytes += part.size();
+  }
+  std::thread writing([&] { EXPECT_OK(writer.Write(parts)); });
+  const std::string wire = Drain(pair.fd[1], header.size() + payload_bytes + 4 * (kAeadHeaderBytes + kAeadTagBytes));
+  writing.join();
+  const std::vector<size_t> expected = {40, kSealRecordBytes, kSealRecordBytes,
+                                        payload_bytes - 2 * kSealRecordBytes};
+  EXPECT_EQ(RecordSizes(wire), expected);
+  // The same records read back whole.
+  std::string all = header;
+  for (const std::string& part : payload) all += part;
+  const Delivery delivery = Deliver(wire, all.size());
+  ASSERT_OK(delivery.status);
+  EXPECT_TRUE(delivery.read == all);
+}
+
+TEST(BulkAeadTest, AWriteOfOnlyAHeaderOrOfNothingMakesNoEmptyRecord) {
+  const std::vector<std::string> wire = Seal({"just a header"});
+  EXPECT_EQ(RecordSizes(wire[0]), std::vector<size_t>{13});
+  Pair pair;
+  AeadStream writer(pair.fd[0], Keys(1), Keys(2));
+  ASSERT_OK(writer.Write({}));
+  ASSERT_OK(writer.Write({"", ""}));
+  char byte;
+  EXPECT_EQ(read(pair.fd[1], &byte, 1), -1);  // nothing was sent
+  EXPECT_EQ(errno, EAGAIN);
+}
+
+TEST(BulkAeadTest, APayloadReadInPiecesOfTheRecordSizeIsDecryptedWhereItLands) {
+  // As the bulk listener reads a large push: the frame header, then the
+  // payload in kSealRecordBytes pieces. Each piece is whole records, so
+  // nothing goes through the reader's buffer; a reader whose pieces cut
+  // records still gets every byte, through the buffer.
+  TcpPair pair;
+  AeadStream a(pair.fd[0], Keys(1), Keys(2));
+  AeadStream b(pair.fd[1], Keys(2), Keys(1));
+  const std::string header = Pattern(40, 7);
+  const std::string prefix = Pattern(23, 8);
+  const std::string body = Pattern((3 << 20) + 11, 9);
+  const std::string payload = prefix + body;
+  for (const size_t piece : {kSealRecordBytes, kSealRecordBytes / 2 + 3}) {
+    const uint64_t buffered_before = b.buffered_record_bytes();
+    std::thread writer([&] { EXPECT_OK(a.Write({header, prefix, body})); });
+    std::string got_header(header.size(), '\0');
+    ASSERT_OK(b.Read(got_header.data(), got_header.size()));
+    std::string got(payload.size(), '\0');
+    for (size_t done = 0; done < got.size();) {
+      const size_t n = std::min(piece, got.size() - done);
+      ASSERT_OK(b.Read(got.data() + done, n));
+      done += n;
+    }
+    writer.join();
+    EXPECT_EQ(got_header, header);
+    EXPECT_TRUE(got == payload) << piece;
+    if (piece == kSealRecordBytes) {
+      EXPECT_EQ(b.buffered_record_bytes(), buffered_before);
+    } else {
+      EXPECT_GT(b.buffered_record_bytes(), buffered_before);
+    }
+  }
+}
+
+TEST(BulkAeadTest, APeerThatClosesInsideAFrameFailsTheWriterAndLaterWrites) {
+  // The reader takes the header and a piece of a large frame, then closes:
+  // the writer, still sending the frame, fails (nothing crashes or hangs),
+  // and so does every later write.
+  TcpPair pair;
+  AeadStream a(pair.fd[0], Keys(1), Keys(2));
+  auto b = std::make_unique<AeadStream>(pair.fd[1], Keys(2), Keys(1));
+  const std::string frame = Pattern(64 << 20, 10);
+  absl::Status written;
+  std::thread writer([&] { written = a.Write({absl::string_view(frame).substr(0, 40),
+                                              absl::string_view(frame).substr(40)}); });
+  std::string got(40 + kSealRecordBytes, '\0');
+  ASSERT_OK(b->Read(got.data(), got.size()));
+  EXPECT_TRUE(got == frame.substr(0, got.size()));
+  b.reset();
+  close(pair.fd[1]);
+  pair.fd[1] = -1;
+  writer.join();
+  EXPECT_THAT(written, StatusCodeIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(a.Write({"after"}), StatusCodeIs(absl::StatusCode::kUnavailable));
 }
 
 TEST(BulkAeadTest, TheWireCarriesNoPlaintext) {
@@ -330,7 +437,7 @@ TEST(BulkAeadTest, AReplayedAReorderedAndADroppedRecordAreRefused) {
 }
 
 TEST(BulkAeadTest, ARecordCutShortIsRefused) {
-  const std::string message = Pattern(300000, 3);  // bigger than the read-ahead
+  const std::string message = Pattern(200000, 3);  // one record, bigger than the read-ahead
   const std::string record = Seal({message})[0];
   for (size_t keep : {size_t{3}, kAeadHeaderBytes, size_t{100000}, record.size() - 1}) {
     const Delivery delivery = Deliver(record.substr(0, keep), message.size());
