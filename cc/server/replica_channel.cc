@@ -128,9 +128,8 @@ void ReplicaChannel::Close(const std::string& why) {
   if (connection_ != nullptr) Break(connection_.get(), why);
 }
 
-bool ReplicaChannel::closed() const {
-  absl::MutexLock lock(&mu_);
-  return !closed_why_.empty();
+absl::Status ReplicaChannel::Failed(const std::string& why) const {
+  return closed_why_.empty() ? absl::UnavailableError(why) : absl::AbortedError(why);
 }
 
 std::string ReplicaChannel::route() const {
@@ -152,7 +151,7 @@ void ReplicaChannel::Break(Connection* connection, const std::string& why) {
   connection->stream->Shutdown();
   for (auto& [id, pending] : pending_) {
     pending->done = true;
-    pending->status = absl::UnavailableError(why);
+    pending->status = Failed(why);
     resend_.insert(pending->lsn);
   }
   pending_.clear();
@@ -317,9 +316,8 @@ std::shared_ptr<ReplicaChannel::Posted> ReplicaChannel::HandOver(
     if (connection_ != connection) {  // broke meanwhile: nothing was handed over
       writing_ = false;
       pending->done = true;
-      pending->status =
-          absl::UnavailableError(absl::StrCat("the bulk channel to backup at ", address_,
-                                              " broke; retry"));
+      pending->status = Failed(absl::StrCat("the bulk channel to backup at ", address_,
+                                            closed_why_.empty() ? " broke; retry" : " is closed"));
       return std::make_shared<Posted>(connection, std::move(pending), 0);
     }
     call_id = next_call_id_++;
@@ -368,8 +366,8 @@ absl::Status ReplicaChannel::Await(Posted& posted, absl::Time deadline) {
     if (pending.done) break;
     if (connection_.get() != connection) {  // not expected: Break answers every write
       pending.done = true;
-      pending.status = absl::UnavailableError(
-          absl::StrCat("the bulk channel to backup at ", address_, " broke; retry"));
+      pending.status = Failed(absl::StrCat("the bulk channel to backup at ", address_,
+                                           closed_why_.empty() ? " broke; retry" : " is closed"));
       break;
     }
     connection->reading = true;
@@ -411,9 +409,9 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
           resend_.empty() ? next_lsn_ : *resend_.begin(), " before it was not sent in time"));
     }
     if (stopping_) {
-      return absl::UnavailableError(
-          closed_why_.empty() ? absl::StrCat("the link to backup at ", address_, " is closing")
-                              : closed_why_);
+      return Failed(closed_why_.empty()
+                        ? absl::StrCat("the link to backup at ", address_, " is closing")
+                        : closed_why_);
     }
     // A write resent below one already in flight would queue behind it at
     // the backup, which waits for it: start over on a fresh connection.
