@@ -132,6 +132,11 @@ absl::Status ReplicaChannel::Failed(const std::string& why) const {
   return closed_why_.empty() ? absl::UnavailableError(why) : absl::AbortedError(why);
 }
 
+std::string ReplicaChannel::Broken() const {
+  return absl::StrCat("the bulk channel to backup at ", address_,
+                      closed_why_.empty() ? " broke; retry" : " is closed");
+}
+
 std::string ReplicaChannel::route() const {
   absl::MutexLock lock(&mu_);
   return route_;
@@ -316,8 +321,7 @@ std::shared_ptr<ReplicaChannel::Posted> ReplicaChannel::HandOver(
     if (connection_ != connection) {  // broke meanwhile: nothing was handed over
       writing_ = false;
       pending->done = true;
-      pending->status = Failed(absl::StrCat("the bulk channel to backup at ", address_,
-                                            closed_why_.empty() ? " broke; retry" : " is closed"));
+      pending->status = Failed(Broken());
       return std::make_shared<Posted>(connection, std::move(pending), 0);
     }
     call_id = next_call_id_++;
@@ -366,8 +370,7 @@ absl::Status ReplicaChannel::Await(Posted& posted, absl::Time deadline) {
     if (pending.done) break;
     if (connection_.get() != connection) {  // not expected: Break answers every write
       pending.done = true;
-      pending.status = Failed(absl::StrCat("the bulk channel to backup at ", address_,
-                                           closed_why_.empty() ? " broke; retry" : " is closed"));
+      pending.status = Failed(Broken());
       break;
     }
     connection->reading = true;

@@ -173,6 +173,8 @@ class ReplicaChannel {
   // A write that did not get through: UNAVAILABLE `why` (retry), or ABORTED
   // once the channel is closed.
   absl::Status Failed(const std::string& why) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Why a write found its connection gone: broken, or the channel closed.
+  std::string Broken() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Fails every write in flight on `connection` (when it is the current one)
   // as Failed(why), marks their LSNs to be resent, and forgets the
   // connection.
