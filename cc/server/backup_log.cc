@@ -28,7 +28,9 @@ absl::Status BackupLog::Deliver(Write write, absl::Time deadline) {
   if (lsn <= applied_) return absl::OkStatus();  // a retry: applied once already
   auto held = held_.find(lsn);
   if (held != held_.end()) {
-    if (held->second.method != write.method || held->second.request != write.request) {
+    std::string held_storage, storage;
+    if (held->second.method != write.method ||
+        held->second.request_view(&held_storage) != write.request_view(&storage)) {
       return absl::InvalidArgumentError(
           absl::StrCat("replicated write LSN ", lsn, " differs from the write already held "
                        "under that LSN"));

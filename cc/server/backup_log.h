@@ -7,7 +7,8 @@
 // knows is refused, so a stale primary never gets an acknowledgement.
 //
 //   BackupLog log(/*epoch=*/3, /*applied_lsn=*/0, {}, [&](const Write& w) {
-//     return dispatcher.Apply(w.method, w.request);   // the very same path
+//     std::string storage;
+//     return dispatcher.Apply(w.method, w.request_view(&storage));   // the very same path
 //   });
 //   absl::Status acked = log.Deliver({3, 1, "SendGrads", bytes}, deadline);
 //
@@ -64,7 +65,20 @@ struct SharedBytes {
     shared.owner = std::move(owned);
     return shared;
   }
+  // A buffer of `size` bytes left as the allocator hands it over (not
+  // zero-filled: the caller writes every byte, through `*data`, before
+  // anyone reads them), in one part.
+  static SharedBytes Uninitialized(size_t size, char** data) {
+    std::shared_ptr<char> buffer(new char[size], std::default_delete<char[]>());
+    *data = buffer.get();
+    SharedBytes shared;
+    shared.parts.emplace_back(buffer.get(), size);
+    shared.owner = std::move(buffer);
+    return shared;
+  }
 };
+
+class PushFiniteScan;  // cc/rpc/wire.h
 
 class BackupLog {
  public:
@@ -73,10 +87,15 @@ class BackupLog {
     uint64_t lsn = 0;     // >= 1, consecutive across epochs
     std::string method;   // e.g. "SendGrads"
     std::string request;  // the request's own bytes
-    // A primary's write may hold its request's bytes here instead, as it
-    // received them (`request` is then empty): shipped without a copy. A
-    // write a backup receives never does.
+    // The request's bytes may be held here instead, where they were received
+    // (`request` is then empty): a primary ships a push's bytes without a
+    // copy; a backup reads a shipped write into one such part, which is not
+    // zero-filled first.
     SharedBytes shared;
+    // A shipped push's NaN/infinity scan, made by the backup that received
+    // it over the bulk channel while its bytes arrived (null: none made;
+    // the store scans them as it applies them).
+    std::shared_ptr<const PushFiniteScan> finite_scan;
 
     bool is_shared() const { return shared.owner != nullptr; }
     size_t request_size() const { return is_shared() ? shared.size() : request.size(); }
@@ -86,6 +105,15 @@ class BackupLog {
       return {absl::string_view(request)};
     }
     std::string request_bytes() const { return is_shared() ? shared.Flatten() : request; }
+    // The request's bytes in one piece: a view when they are (`request`, or
+    // one shared part, as a write a backup receives), else a copy in
+    // `*storage`.
+    absl::string_view request_view(std::string* storage) const {
+      if (!is_shared()) return request;
+      if (shared.parts.size() == 1) return shared.parts[0];
+      *storage = shared.Flatten();
+      return *storage;
+    }
   };
   struct Options {
     // Writes held waiting for an earlier LSN, and their bytes (method and
@@ -94,8 +122,11 @@ class BackupLog {
     uint64_t max_held_bytes = uint64_t{256} << 20;
     // Bytes of applied writes kept for AppliedSince (a takeover at R=3
     // bringing the successor to the most advanced backup); the oldest go
-    // first. 0: none kept.
-    uint64_t max_retained_bytes = uint64_t{64} << 20;
+    // first. 0: none kept, as the server keeps none: AppliedSince is not
+    // wired to an RPC yet, and keeping 64 MiB of writes made every write
+    // a standby receives land in memory gone cold (bench/RESULTS.md,
+    // "Replication: the standby's receive buffer").
+    uint64_t max_retained_bytes = 0;
   };
   // Applies one write; an error means this replica no longer matches the
   // primary (the primary applied it): the log breaks for good.
@@ -138,7 +169,7 @@ class BackupLog {
   uint64_t held_bytes() const;
 
  private:
-  static uint64_t Bytes(const Write& write) { return write.method.size() + write.request.size(); }
+  static uint64_t Bytes(const Write& write) { return write.method.size() + write.request_size(); }
   // Applies held writes while the next LSN is there; called with mu_ held
   // and applying_ false, returns with mu_ held.
   void Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -432,9 +432,20 @@ absl::Status BulkListener::ServeReplicate(ByteStream& stream, const RequestHeade
     *answer = absl::FailedPreconditionError("this server is no backup (not a --standby)");
     return Discard(stream, left);
   }
-  // The request's bytes straight into the write the backup log keeps.
-  write.request.resize(left);
-  PS_RETURN_IF_ERROR(stream.Read(write.request.data(), left));
+  // The request's bytes straight into the write the backup log keeps (a
+  // buffer not zero-filled first: the read fills it, or the connection and
+  // the write go). A large push is scanned for NaN and infinity as it
+  // arrives, as a client's is: the apply then skips the gradients found
+  // finite in these very bytes.
+  char* data = nullptr;
+  write.shared = SharedBytes::Uninitialized(left, &data);
+  if (write.method == "SendGrads" && left >= kScanWhileReadingBytes) {
+    auto scan = std::make_shared<PushFiniteScan>(absl::string_view(data, left));
+    PS_RETURN_IF_ERROR(ReadScanning(stream, data, left, scan.get()));
+    write.finite_scan = std::move(scan);
+  } else {
+    PS_RETURN_IF_ERROR(stream.Read(data, left));
+  }
   *answer = options_.replicate(frame->shard, std::move(write));
   return absl::OkStatus();
 }

@@ -124,14 +124,19 @@ void ReplicaChannel::Close(const std::string& why) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
   stopping_ = true;
-  // Never empty: closed() says whether it was closed.
+  // Never empty: an empty reason means "open" to Send, which would answer
+  // UNAVAILABLE (retried) instead of ABORTED.
   closed_why_ = why.empty() ? absl::StrCat("the link to backup at ", address_, " was closed") : why;
   if (connection_ != nullptr) Break(connection_.get(), closed_why_);
 }
 
-bool ReplicaChannel::closed() const {
-  absl::MutexLock lock(&mu_);
-  return !closed_why_.empty();
+absl::Status ReplicaChannel::Failed(const std::string& why) const {
+  return closed_why_.empty() ? absl::UnavailableError(why) : absl::AbortedError(why);
+}
+
+std::string ReplicaChannel::Broken() const {
+  return absl::StrCat("the bulk channel to backup at ", address_,
+                      closed_why_.empty() ? " broke; retry" : " is closed");
 }
 
 std::string ReplicaChannel::route() const {
@@ -153,7 +158,7 @@ void ReplicaChannel::Break(Connection* connection, const std::string& why) {
   connection->stream->Shutdown();
   for (auto& [id, pending] : pending_) {
     pending->done = true;
-    pending->status = absl::UnavailableError(why);
+    pending->status = Failed(why);
     resend_.insert(pending->lsn);
   }
   pending_.clear();
@@ -318,9 +323,7 @@ std::shared_ptr<ReplicaChannel::Posted> ReplicaChannel::HandOver(
     if (connection_ != connection) {  // broke meanwhile: nothing was handed over
       writing_ = false;
       pending->done = true;
-      pending->status =
-          absl::UnavailableError(absl::StrCat("the bulk channel to backup at ", address_,
-                                              " broke; retry"));
+      pending->status = Failed(Broken());
       return std::make_shared<Posted>(connection, std::move(pending), 0);
     }
     call_id = next_call_id_++;
@@ -369,8 +372,7 @@ absl::Status ReplicaChannel::Await(Posted& posted, absl::Time deadline) {
     if (pending.done) break;
     if (connection_.get() != connection) {  // not expected: Break answers every write
       pending.done = true;
-      pending.status = absl::UnavailableError(
-          absl::StrCat("the bulk channel to backup at ", address_, " broke; retry"));
+      pending.status = Failed(Broken());
       break;
     }
     connection->reading = true;
@@ -412,9 +414,9 @@ absl::Status ReplicaChannel::Send(const BackupLog::Write& write, absl::Time dead
           resend_.empty() ? next_lsn_ : *resend_.begin(), " before it was not sent in time"));
     }
     if (stopping_) {
-      return absl::UnavailableError(
-          closed_why_.empty() ? absl::StrCat("the link to backup at ", address_, " is closing")
-                              : closed_why_);
+      return Failed(closed_why_.empty()
+                        ? absl::StrCat("the link to backup at ", address_, " is closing")
+                        : closed_why_);
     }
     // A write resent below one already in flight would queue behind it at
     // the backup, which waits for it: start over on a fresh connection.

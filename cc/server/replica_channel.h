@@ -118,7 +118,8 @@ class ReplicaChannel {
 
   // Sends `write` and returns the backup's answer (BackupLog::Deliver's),
   // or UNAVAILABLE when the connection broke or could not be opened (retry:
-  // the backup applies a write once), DEADLINE_EXCEEDED at `deadline`.
+  // the backup applies a write once), ABORTED once the channel is closed
+  // (Close: no use retrying), DEADLINE_EXCEEDED at `deadline`.
   absl::Status Send(const BackupLog::Write& write, absl::Time deadline);
 
   // A write handed over on the channel, its answer still to come.
@@ -134,11 +135,10 @@ class ReplicaChannel {
   absl::Status Await(Posted& posted, absl::Time deadline);
 
   // Gives up on the backup for good (its address refuses connections, or
-  // it left its shard: its primary drops it): every Send, those waiting for
-  // their turn behind a write that never went out included, and every Post
-  // from now on answer UNAVAILABLE `why` at once.
+  // it left its shard: its primary drops it): every write in flight, every
+  // Send waiting for its turn behind a write that never went out, and every
+  // Send from now on are answered ABORTED `why` at once (Post declines).
   void Close(const std::string& why);
-  bool closed() const;
 
   // Writes sent (and answered, whatever the answer) over the channel, and
   // over gRPC Replicate.
@@ -170,8 +170,13 @@ class ReplicaChannel {
   absl::StatusOr<Reply> ReadReply(Connection& connection, absl::Time deadline);
   // Hands `reply` to the write it answers, if one still waits for it.
   void Answered(Connection* connection, const Reply& reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A write that did not get through: UNAVAILABLE `why` (retry), or ABORTED
+  // once the channel is closed.
+  absl::Status Failed(const std::string& why) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Why a write found its connection gone: broken, or the channel closed.
+  std::string Broken() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Fails every write in flight on `connection` (when it is the current one)
-  // with UNAVAILABLE `why`, marks their LSNs to be resent, and forgets the
+  // as Failed(why), marks their LSNs to be resent, and forgets the
   // connection.
   void Break(Connection* connection, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SendOverGrpc(const BackupLog::Write& write, absl::Time deadline);

@@ -9,6 +9,8 @@
 #include "cc/server/replica_channel.h"
 
 #include <atomic>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -76,13 +78,16 @@ uint32_t Checksum(Dispatcher& dispatcher) {
   return crc.ok() ? *crc : 0;
 }
 
-// The shard as a primary applied `writes`.
+// The shard as a primary applied `writes` (a bulk push, "SendGrads", as
+// a backup applies it, scanned by the store).
 uint32_t PrimaryChecksum(const std::vector<BackupLog::Write>& writes) {
   ParameterStore store;
   Tables tables;
   Dispatcher dispatcher(&store, &tables, 0);
   for (const BackupLog::Write& write : writes) {
-    EXPECT_OK(dispatcher.ApplyWrite(write.method, write.request)) << write.method;
+    EXPECT_OK(write.method == "SendGrads" ? ApplyReplicatedPush(dispatcher, write.request)
+                                          : dispatcher.ApplyWrite(write.method, write.request))
+        << write.method;
   }
   return Checksum(dispatcher);
 }
@@ -138,6 +143,7 @@ class Backup {
   v1::ParameterServer::Stub* stub() { return stub_.get(); }
   BulkListener* bulk() { return bulk_.get(); }
   BackupReplication& replication() { return *replication_; }
+  ParameterStore& store() { return store_; }
   uint32_t Checksum() { return pserver::Checksum(*dispatcher_); }
 
  private:
@@ -405,19 +411,43 @@ TEST(ReplicaChannelTest, ABackupThatIsGoneAnswersUnavailable) {
 
 // Close with no reason (a backup that answered ABORTED with an empty
 // message): the channel is closed all the same, so that the primary's
-// Deliver stops retrying at once, and its writes are refused naming the
-// backup.
+// Deliver stops retrying at once: its writes are answered ABORTED (not
+// UNAVAILABLE, which Deliver retries) naming the backup.
 TEST(ReplicaChannelTest, AChannelClosedWithoutAReasonIsClosed) {
   Backup backup(/*channel=*/true);
   ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
-  const std::vector<BackupLog::Write> writes = Writes(0);
+  const std::vector<BackupLog::Write> writes = Writes(1);
   ASSERT_OK(channel.Send(writes[0], absl::Now() + kWait));
-  EXPECT_FALSE(channel.closed());
   channel.Close("");
-  EXPECT_TRUE(channel.closed());
   EXPECT_THAT(channel.Send(writes[1], absl::Now() + kWait),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(backup.address())));
+              StatusIs(absl::StatusCode::kAborted, HasSubstr(backup.address())));
   EXPECT_EQ(backup.replication().applied_lsn(), 1u);
+}
+
+// Close gives up on a backup for good: a write in flight (its backup not
+// answering), a write waiting for its turn behind it, and every write after
+// are answered ABORTED with the reason, at once (no retry can help: the
+// primary drops the backup), and nothing is posted any more. Whatever the
+// order in which the two threads reach the channel, both answers are so.
+TEST(ReplicaChannelTest, AClosedChannelAnswersEveryWriteAbortedAtOnce) {
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), 1);
+  const std::vector<BackupLog::Write> writes = Writes(3);
+  ASSERT_OK(channel.Send(writes[0], absl::Now() + kWait));  // the channel is open
+  absl::Notification answer;
+  backup.HoldWritesUntil(&answer);
+  absl::Status in_flight, behind;
+  std::thread first([&] { in_flight = channel.Send(writes[1], absl::Now() + kWait); });
+  std::thread second([&] { behind = channel.Send(writes[2], absl::Now() + kWait); });
+  channel.Close("backup b1 left its shard");
+  first.join();
+  second.join();
+  answer.Notify();
+  EXPECT_THAT(in_flight, StatusIs(absl::StatusCode::kAborted, HasSubstr("b1 left")));
+  EXPECT_THAT(behind, StatusIs(absl::StatusCode::kAborted, HasSubstr("b1 left")));
+  EXPECT_THAT(channel.Send(writes[3], absl::Now() + kWait),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("b1 left")));
+  EXPECT_EQ(channel.Post(writes[3]), nullptr);
 }
 
 TEST(ReplicaChannelTest, ABackupThatDoesNotAnswerTimesOutAndItsRetryIsAppliedOnce) {
@@ -508,6 +538,92 @@ TEST(ReplicaChannelTest, MalformedReplicateFramesAreRefusedAndChangeNothing) {
   // The connection stays: a good frame is applied.
   EXPECT_OK(Replicate(*stream, Frame(0, writes[0])));
   EXPECT_EQ(backup.replication().applied_lsn(), 1u);
+}
+
+// InitParam of `name`: `floats` zeros, SGD at learning rate 0.5,
+// non-finite gradients `policy`.
+std::string InitZeros(const std::string& name, size_t floats,
+                      v1::ParameterConfig::NonFinite policy) {
+  v1::InitParamRequest init;
+  init.mutable_parameter()->set_name(name);
+  init.mutable_parameter()->set_element_type(v1::FLOAT32);
+  init.mutable_parameter()->add_shape(floats);
+  init.mutable_parameter()->set_content(std::string(floats * sizeof(float), '\0'));
+  init.mutable_config()->mutable_optimizer()->mutable_sgd();
+  init.mutable_config()->mutable_learning_rate()->set_learning_rate(0.5);
+  init.mutable_config()->set_non_finite(policy);
+  return init.SerializeAsString();
+}
+
+// A bulk push (SendGradsRequest) of `value` to each of `names`; with
+// `nan_in`, that one's last element is a NaN.
+std::string PushAll(const std::vector<std::string>& names, size_t floats, float value,
+                    uint64_t sequence, const std::string& nan_in = "") {
+  v1::SendGradsRequest request;
+  for (const std::string& name : names) {
+    std::vector<float> values(floats, value);
+    if (name == nan_in) values.back() = std::numeric_limits<float>::quiet_NaN();
+    v1::Gradient* grad = request.add_gradients();
+    grad->set_name(name);
+    grad->set_element_type(v1::FLOAT32);
+    grad->set_content(Bytes(values));
+  }
+  request.set_client_id(7);
+  request.set_sequence(sequence);
+  return request.SerializeAsString();
+}
+
+// Whether every value of `name` on `store` is `value`.
+bool AllValuesAre(ParameterStore& store, const std::string& name, float value) {
+  v1::ParamRef ref;
+  ref.set_name(name);
+  v1::Parameter param;
+  EXPECT_OK(store.Get(ref, &param));
+  const std::string& content = param.content();
+  if (content.empty() || content.size() % sizeof(float) != 0) return false;
+  for (size_t i = 0; i < content.size(); i += sizeof(float)) {
+    float v;
+    std::memcpy(&v, content.data() + i, sizeof(v));
+    if (v != value) return false;  // a NaN too
+  }
+  return true;
+}
+
+// A shipped push of 1 MiB or more is read into a buffer that is not
+// zero-filled first and scanned for NaN and infinity while it arrives
+// (bulk_listener.cc): the gradients found finite are applied without a
+// second scan, and a NaN in one is still caught on the backup as the store
+// catches it: skipped there (non_finite: SKIP), the whole push refused
+// (REJECT: the backup, no longer matching a primary that applied it, is
+// broken for good). Replicas stay equal, byte for byte.
+TEST(ReplicaChannelTest, ALargeShippedPushIsScannedAsItArrivesAndANaNInItIsStillCaught) {
+  constexpr size_t kFloats = size_t{1} << 18;  // 1 MiB a gradient
+  Backup backup(/*channel=*/true);
+  ReplicaChannel channel(0, backup.address(), backup.stub(), /*next_lsn=*/1);
+  std::vector<BackupLog::Write> writes = {
+      {1, 1, "InitParam", InitZeros("s", kFloats, v1::ParameterConfig::SKIP)},
+      {1, 2, "InitParam", InitZeros("r", kFloats, v1::ParameterConfig::REJECT)},
+      {1, 3, "FinishInitParams", v1::FinishInitParamsRequest().SerializeAsString()},
+      // Both finite: applied (0 - 0.5 * -2).
+      {1, 4, "SendGrads", PushAll({"s", "r"}, kFloats, -2, 1)},
+      // A NaN in "s": skipped; "r" applied.
+      {1, 5, "SendGrads", PushAll({"s", "r"}, kFloats, -2, 2, "s")},
+  };
+  for (const BackupLog::Write& write : writes) {
+    ASSERT_OK(channel.Send(write, absl::Now() + kWait)) << "LSN " << write.lsn;
+  }
+  EXPECT_EQ(channel.sent_over_channel(), writes.size());
+  EXPECT_EQ(backup.Checksum(), PrimaryChecksum(writes));
+  EXPECT_TRUE(AllValuesAre(backup.store(), "s", 1));
+  EXPECT_TRUE(AllValuesAre(backup.store(), "r", 2));
+  // A NaN in "r": the whole push is refused there, nothing of it applied.
+  const uint32_t before = backup.Checksum();
+  EXPECT_THAT(channel.Send({1, 6, "SendGrads", PushAll({"s", "r"}, kFloats, -2, 3, "r")},
+                           absl::Now() + kWait),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("NaN")));
+  EXPECT_EQ(backup.replication().applied_lsn(), 5u);
+  EXPECT_EQ(backup.Checksum(), before);
+  EXPECT_TRUE(AllValuesAre(backup.store(), "r", 2));
 }
 
 TEST(ReplicaChannelTest, AServerThatIsNoBackupRefusesReplicateFrames) {

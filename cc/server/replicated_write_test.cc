@@ -403,7 +403,9 @@ TEST(ReplicatedWriteTest, AWriteShippedFirstReachesEveryBackupWhateverItsApplyDo
 TEST(ReplicatedWriteTest, ATakeoverFirstBringsTheSuccessorToTheMostAdvancedBackup) {
   Shard old_primary, successor, other;
   auto log_of = [](Shard* shard) {
-    return std::make_unique<BackupLog>(1, 0, BackupLog::Options{},
+    BackupLog::Options options;
+    options.max_retained_bytes = uint64_t{64} << 20;  // for AppliedSince
+    return std::make_unique<BackupLog>(1, 0, options,
                                        [shard](const BackupLog::Write& w) {
                                          return shard->dispatcher.ApplyWrite(w.method, w.request);
                                        });

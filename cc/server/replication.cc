@@ -336,8 +336,8 @@ absl::Status PrimaryReplication::Deliver(const Backup& backup, const BackupLog::
                                          absl::Time deadline) {
   absl::Status status;
   for (int attempt = 0;; ++attempt) {
+    // ABORTED: given up on (by this write before, or by another) and closed.
     status = backup.channel->Send(write, deadline);
-    if (backup.channel->closed()) return status;  // given up on by another write
     if (!absl::IsUnavailable(status) || absl::Now() >= deadline || attempt >= 1000) break;
     // A backup whose address refuses connections is gone (its process
     // died, or its standby left and was shut down): no use retrying until
@@ -353,7 +353,8 @@ absl::Status PrimaryReplication::Deliver(const Backup& backup, const BackupLog::
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
-  // It left its shard (ABORTED): the same, at once.
+  // It left its shard (ABORTED): the same, at once (a closed channel's
+  // answer is ABORTED too: closing it again does nothing).
   if (absl::IsAborted(status)) backup.channel->Close(std::string(status.message()));
   return status;
 }
@@ -688,12 +689,14 @@ void BackupReplication::Attached(uint32_t shard, uint64_t epoch, uint64_t last_l
   auto log = std::make_shared<BackupLog>(
       epoch, last_lsn, BackupLog::Options{}, [this](const BackupLog::Write& write) {
         absl::Status applied;
+        std::string storage;
+        const absl::string_view request = write.request_view(&storage);
         if (write.method == "SendGrads") {
-          applied = ApplyReplicatedPush(*dispatcher_, write.request);
+          applied = ApplyReplicatedPush(*dispatcher_, request, write.finite_scan.get());
         } else if (IsMoveWrite(write.method) && apply_move_write_) {
-          applied = apply_move_write_(write.method, write.request);
+          applied = apply_move_write_(write.method, request);
         } else {
-          applied = dispatcher_->ApplyWrite(write.method, write.request);
+          applied = dispatcher_->ApplyWrite(write.method, request);
         }
         if (!applied.ok()) damaged_.store(true);  // no catch-up from this state
         return applied;

@@ -75,6 +75,12 @@ SharedBytes BufferBytes(const grpc::ByteBuffer& buffer) {
   return bytes;
 }
 
+// Marks the gradients `scan` (may be null) found finite in their bytes.
+void MarkScanned(const PushFiniteScan* scan, std::vector<GradientView>* grads) {
+  if (scan == nullptr) return;
+  for (GradientView& grad : *grads) grad.checked_finite = scan->Finite(grad);
+}
+
 // Decodes a SendGrads/PushPull request and applies it (once); `scan` (may
 // be null) names the gradients already found finite.
 absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
@@ -83,9 +89,7 @@ absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& requ
     dispatcher.CountMalformed();
     return status;
   }
-  if (scan != nullptr) {
-    for (GradientView& grad : push->grads) grad.checked_finite = scan->Finite(grad);
-  }
+  MarkScanned(scan, &push->grads);
   const RequestId id{push->client_id, push->sequence};
   // With backups the request's bytes are shipped (docs/replication.md); a
   // PushPull's reads are ignored by the backup.
@@ -361,12 +365,14 @@ absl::Status AdmitCall(const ServiceSecurity& security, const grpc::ServerContex
   return security.auth->Check(CredentialsOf(context), method);
 }
 
-absl::Status ApplyReplicatedPush(Dispatcher& dispatcher, absl::string_view request) {
+absl::Status ApplyReplicatedPush(Dispatcher& dispatcher, absl::string_view request,
+                                 const PushFiniteScan* scan) {
   // The decoded views point into `request` itself (no copy): it outlives them.
   grpc::Slice slice(request.data(), request.size(), grpc::Slice::STATIC_SLICE);
   grpc::ByteBuffer buffer(&slice, 1);
   PushRequest push;
   if (absl::Status status = DecodePushRequest(buffer, &push); !status.ok()) return status;
+  MarkScanned(scan, &push.grads);
   return dispatcher.PushReplicated(RequestId{push.client_id, push.sequence}, push.grads);
 }
 

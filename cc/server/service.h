@@ -53,9 +53,12 @@ BulkPushFn FindBulkPushMethod(absl::string_view method);
 
 // A bulk push a primary shipped (docs/replication.md): `request` is a
 // SendGradsRequest's bytes (or PushPullRequest's, whose reads are ignored),
-// decoded and applied exactly as SendGrads applies it, once per request id.
-// INVALID_ARGUMENT for bytes that are not a push request.
-absl::Status ApplyReplicatedPush(Dispatcher& dispatcher, absl::string_view request);
+// decoded and applied exactly as SendGrads applies it, once per request id;
+// `scan` as for BulkPushFn (the receiving backup's own scan of these bytes;
+// null: the store scans them). INVALID_ARGUMENT for bytes that are not a
+// push request.
+absl::Status ApplyReplicatedPush(Dispatcher& dispatcher, absl::string_view request,
+                                 const PushFiniteScan* scan = nullptr);
 
 // Who may call (docs/security.md), checked before a call reaches the
 // dispatcher: the caller's role (`auth`, null or disabled: anyone), and the
