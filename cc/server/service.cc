@@ -79,13 +79,7 @@ SharedBytes BufferBytes(const grpc::ByteBuffer& buffer) {
 // be null) names the gradients already found finite.
 absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                             const PushFiniteScan* scan, PushRequest* push) {
-  if (absl::Status status = DecodePushRequest(request, push); !status.ok()) {
-    dispatcher.CountMalformed();
-    return status;
-  }
-  if (scan != nullptr) {
-    for (GradientView& grad : push->grads) grad.checked_finite = scan->Finite(grad);
-  }
+  PS_RETURN_IF_ERROR(DecodeBulkPush(dispatcher, request, scan, push));
   const RequestId id{push->client_id, push->sequence};
   // With backups the request's bytes are shipped (docs/replication.md); a
   // PushPull's reads are ignored by the backup.
@@ -384,6 +378,18 @@ BulkMethodFn FindBulkMethod(absl::string_view method) {
     }
   }
   return nullptr;
+}
+
+absl::Status DecodeBulkPush(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                            const PushFiniteScan* scan, PushRequest* push) {
+  if (absl::Status status = DecodePushRequest(request, push); !status.ok()) {
+    dispatcher.CountMalformed();
+    return status;
+  }
+  if (scan != nullptr) {
+    for (GradientView& grad : push->grads) grad.checked_finite = scan->Finite(grad);
+  }
+  return absl::OkStatus();
 }
 
 BulkPushFn FindBulkPushMethod(absl::string_view method) {
