@@ -542,6 +542,20 @@ absl::Status WriteInPieces(ByteStream& stream, FrameMethod method, uint64_t id,
   return absl::OkStatus();
 }
 
+// Waits (bounded, generous for a loaded machine) for the server to see
+// every connection end and let go of their request bytes.
+void ExpectConnectionsEndAndBytesFreed(Server& server) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int i = 0; i < 60000 && absl::Now() < deadline &&
+                  (server.bulk_listener()->connections() > 0 ||
+                   server.bulk_listener()->request_bytes_held() > 0);
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(server.bulk_listener()->connections(), 0);
+  EXPECT_EQ(server.bulk_listener()->request_bytes_held(), 0u);
+}
+
 TEST(BulkListenerTest, APushArrivingInManyPiecesIsAppliedOnceAndEqualsTheWholeOne) {
   std::vector<std::vector<float>> grads;
   for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(BlockGradient(i));
@@ -627,16 +641,7 @@ TEST(BulkListenerTest, AClientGoneMidPushChangesNothingAndFreesItsBytes) {
                 IsOk());
     stream->Shutdown();
   }
-  // Bounded wait (generous for a loaded machine) for the server to see the end.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  for (int i = 0; i < 60000 && absl::Now() < deadline &&
-                  (server->bulk_listener()->connections() > 0 ||
-                   server->bulk_listener()->request_bytes_held() > 0);
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_EQ(server->bulk_listener()->connections(), 0);
-  EXPECT_EQ(server->bulk_listener()->request_bytes_held(), 0u);
+  ExpectConnectionsEndAndBytesFreed(*server);
   const std::vector<float> values = Values(*server);
   EXPECT_TRUE(std::all_of(values.begin(), values.end(), [](float v) { return v == 0; }));
   // The same request, sent whole on a new connection, is applied (its id was not used up).
@@ -720,16 +725,7 @@ TEST(BulkListenerTest, AClientGoneMidPushPullReplyLeavesItAppliedOnceAndFreesIts
     EXPECT_GT(decoded->payload_bytes, kBlocks * kBlockFloats * sizeof(float));
     stream->Shutdown();
   }
-  // Bounded wait (generous for a loaded machine) for the server to see the end.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  for (int i = 0; i < 60000 && absl::Now() < deadline &&
-                  (server->bulk_listener()->connections() > 0 ||
-                   server->bulk_listener()->request_bytes_held() > 0);
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_EQ(server->bulk_listener()->connections(), 0);
-  EXPECT_EQ(server->bulk_listener()->request_bytes_held(), 0u);
+  ExpectConnectionsEndAndBytesFreed(*server);
   const std::vector<float> values = Values(*server);
   EXPECT_EQ(values[1], -grads[0][1]);
   EXPECT_EQ(values.back(), -grads.back().back());
