@@ -67,6 +67,18 @@ StreamedPushPull StreamPushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& 
 
   const std::vector<int64_t> last = LastGradients(push.grads, *reads);
   SpillWriter out(&socket);
+  // The frame's last byte is held back until the push is acknowledged (it
+  // may still fail past its checks: a fence, a device): the client cannot
+  // take the reply for an answer before.
+  const uint64_t frame_bytes = kReplyHeaderBytes + payload;
+  char last_byte = 0;
+  const auto add = [&](absl::string_view bytes) {
+    if (!bytes.empty() && out.added() + bytes.size() == frame_bytes) {
+      last_byte = bytes.back();
+      bytes.remove_suffix(1);
+    }
+    out.Add(bytes);
+  };
   bool started = false;
   bool short_read = false;  // a block delivered other than announced
   uint64_t sent = 0;
@@ -79,19 +91,19 @@ StreamedPushPull StreamPushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& 
     reply.processed_unix_nanos = absl::ToUnixNanos(absl::Now());
     char header[kReplyHeaderBytes];
     EncodeReplyHeader(reply, header);
-    out.Add(absl::string_view(header, sizeof(header)));
+    add(absl::string_view(header, sizeof(header)));
   };
   // Sends every read not yet sent whose gradients are applied through `i`.
   const auto send_through = [&](int64_t i) {
     for (; next < reads->size() && last[next] <= i && !short_read; ++next) {
       const ParameterStore::OpenedBlock& read = (*reads)[next];
-      out.Add(prefixes[next]);
+      add(prefixes[next]);
       absl::Status status = dispatcher.ReadOpened(read, [&](absl::string_view bytes) {
         // Never on host storage; the frame is cut short and the
         // connection dropped rather than a wrong length sent.
         short_read |= bytes.size() != read.content_bytes();
         if (short_read) return;
-        out.Add(bytes);
+        add(bytes);
         sent += bytes.size();
       });
       short_read |= !status.ok();
@@ -107,18 +119,21 @@ StreamedPushPull StreamPushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& 
       },
       [&](size_t i) { send_through(static_cast<int64_t>(i)); });
   if (!pushed.ok() && !started) return Result(Outcome::kAnswered, pushed);
-  if (!started) start();  // a duplicate: applied before, nothing applied now
-  send_through(INT64_MAX);
-  absl::Status written = out.Finish();
-  dispatcher.FinishRead(short_read ? absl::InternalError("read") : absl::OkStatus(), read_start,
-                        sent);
   if (!pushed.ok()) {
     // Past its checks (an error applying it, or it is no longer ours): the
-    // header said OK, so the connection is dropped; the client retries the
-    // same id, which is answered as a duplicate would be.
+    // header said OK but the frame is left short of its last byte and the
+    // connection dropped; the client retries the same id, which is answered
+    // as a duplicate would be.
+    dispatcher.FinishRead(pushed, read_start, sent);
     return Result(Outcome::kWritten,
                   absl::UnavailableError(absl::StrCat("streamed push+pull: ", pushed.message())));
   }
+  if (!started) start();  // a duplicate: applied before, nothing applied now
+  send_through(INT64_MAX);
+  if (!short_read) out.Add(absl::string_view(&last_byte, 1));
+  absl::Status written = out.Finish();
+  dispatcher.FinishRead(short_read ? absl::InternalError("read") : absl::OkStatus(), read_start,
+                        sent);
   if (short_read) {
     return Result(Outcome::kWritten,
                   absl::InternalError("streamed push+pull: a block read other than announced"));

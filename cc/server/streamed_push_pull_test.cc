@@ -391,6 +391,27 @@ TEST_F(StreamedPushPullTest, ASlowReaderGetsEveryBlockWhole) {
   }
 }
 
+TEST_F(StreamedPushPullTest, APushThatFailsPastItsChecksLeavesTheReplyShortOfItsLastByte) {
+  // The push is applied, but its answer is lost (as when a fence closes
+  // after the apply): the client must not get a whole reply.
+  DispatcherHooks hooks;
+  hooks.drop_reply_after_apply_every_n = 1;
+  dispatcher_ = std::make_unique<Dispatcher>(store_.get(), &tables_, 0, hooks);
+  std::vector<std::vector<float>> grads;
+  for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(Gradient(i));
+  const StreamedPushPull result = Serve(Request(grads, {0, 1, 2, 3}, /*sequence=*/1));
+  EXPECT_EQ(result.outcome, Outcome::kWritten);
+  EXPECT_THAT(result.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fault injection")));
+  // Everything but the frame's last byte went out while the push was applied.
+  char encoded[kReplyHeaderBytes];
+  ASSERT_TRUE(ReadFully(encoded, sizeof(encoded)));
+  absl::StatusOr<ReplyHeader> header = DecodeReplyHeader(encoded, uint64_t{1} << 30);
+  ASSERT_OK(header.status());
+  EXPECT_EQ(header->code, absl::StatusCode::kOk);
+  EXPECT_EQ(Queued(), header->payload_bytes - 1);
+  for (uint32_t i = 0; i < kBlocks; ++i) EXPECT_TRUE(Values(i) == Negated(grads[i]));
+}
+
 // Where it does not apply, nothing is done: a read that would fail (served
 // as before: the push applied, then the read's error), a push shipped to
 // backups first.
