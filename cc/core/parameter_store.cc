@@ -340,13 +340,21 @@ absl::Status ParameterStore::Get(const v1::ParamRef& ref, v1::Parameter* out) {
 
 absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
                                   absl::FunctionRef<void(absl::string_view)> read) {
+  PS_ASSIGN_OR_RETURN(OpenedBlock opened, Open(ref));
+  out->Swap(&opened.header_);  // before reading: `read` may look at it
+  return ReadOpened(opened, read);
+}
+
+absl::StatusOr<ParameterStore::OpenedBlock> ParameterStore::Open(const v1::ParamRef& ref) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
   PS_RETURN_IF_ERROR(Reject(ValidateName("parameter", ref.name())));
   const bool layout_known = ref.block().count() != 0;
   if (layout_known && !BlockIndexInRange(ref.block())) {
     return Reject(BlockIndexError(DescribeBlock(ref.name(), ref.block()), ref.block()));
   }
-  const std::shared_ptr<Block> block = Find(ref.name(), layout_known ? ref.block().index() : 0);
+  OpenedBlock opened;
+  opened.block_ = Find(ref.name(), layout_known ? ref.block().index() : 0);
+  const Block* const block = opened.block_.get();
   if (block == nullptr) {
     return Reject(absl::NotFoundError(
         absl::StrCat(DescribeBlock(ref.name(), ref.block()), " not found on this server")));
@@ -357,6 +365,7 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
                      " blocks, the request assumes ", ref.block().count(),
                      ": every client of a cluster must use the same block size")));
   }
+  v1::Parameter* const out = &opened.header_;
   out->set_name(block->name);
   out->set_element_type(block->type);
   out->mutable_shape()->Assign(block->shape.begin(), block->shape.end());
@@ -371,13 +380,29 @@ absl::Status ParameterStore::Read(const v1::ParamRef& ref, v1::Parameter* out,
   if (narrow) {
     PS_RETURN_IF_ERROR(Reject(CheckReadWireType(block->name, block->ref, block->type, wire_type)));
     out->set_content_type(wire_type);
+    opened.wire_type_ = wire_type;
   }
   {
     absl::ReaderMutexLock lock(&block->mu);
-    absl::Status status = narrow ? block->storage->Read([&](absl::string_view bytes) {
-      read(NarrowFloats(wire_type, bytes));
-    })
-                                 : block->storage->Read(read);
+    opened.host_ = block->storage->location() == "host";
+    opened.content_bytes_ =
+        narrow ? static_cast<size_t>(block->num_elements) * ElementSize(wire_type)
+               : block->storage->value_bytes();
+  }
+  return opened;
+}
+
+absl::Status ParameterStore::ReadOpened(const OpenedBlock& opened,
+                                        absl::FunctionRef<void(absl::string_view)> read) {
+  const Block* const block = opened.block_.get();
+  const ElementType wire_type = opened.wire_type_;
+  {
+    absl::ReaderMutexLock lock(&block->mu);
+    absl::Status status = wire_type != v1::ELEMENT_TYPE_UNSPECIFIED
+                              ? block->storage->Read([&](absl::string_view bytes) {
+                                  read(NarrowFloats(wire_type, bytes));
+                                })
+                              : block->storage->Read(read);
     if (!status.ok()) {
       return Reject(absl::Status(status.code(), absl::StrCat(DescribeBlock(block->name, block->ref),
                                                              ": ", status.message())));
@@ -481,6 +506,13 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads
 absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads,
                                             ApplyResult* result,
                                             absl::FunctionRef<void()> checked) {
+  return ApplyGradients(grads, result, checked, [](size_t) {});
+}
+
+absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads,
+                                            ApplyResult* result,
+                                            absl::FunctionRef<void()> checked,
+                                            absl::FunctionRef<void(size_t)> applied) {
   if (!initialized()) return Reject(absl::FailedPreconditionError(kNotInitialized));
   std::vector<Target> targets;
   targets.reserve(grads.size());
@@ -496,6 +528,7 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads
     Block* block = targets[i].block.get();
     if (targets[i].skip) {
       ++done.non_finite_skipped;
+      applied(i);
       continue;
     }
     {
@@ -507,6 +540,7 @@ absl::Status ParameterStore::ApplyGradients(absl::Span<const GradientView> grads
     }
     if (status.ok()) {
       ++done.applied;
+      applied(i);
     } else {
       status = absl::Status(
           status.code(), absl::StrCat("gradient for ", DescribeBlock(block->name, block->ref), ": ",

@@ -100,6 +100,9 @@ struct StoreOptions {
 };
 
 class ParameterStore {
+ private:
+  struct Block;
+
  public:
   struct Stats {
     bool initialized = false;
@@ -140,6 +143,31 @@ class ParameterStore {
   absl::Status Read(const v1::ParamRef& ref, v1::Parameter* header,
                     absl::FunctionRef<void(absl::string_view)> read);
 
+  // A block opened for reading (Open): its header (all but content), the
+  // content's length as Read would deliver it, and the block itself, kept
+  // alive (EraseBlocks meanwhile does not invalidate it).
+  class OpenedBlock {
+   public:
+    const v1::Parameter& header() const { return header_; }
+    size_t content_bytes() const { return content_bytes_; }
+    // In host memory: ReadOpened cannot fail and delivers content_bytes().
+    bool host() const { return host_; }
+
+   private:
+    friend class ParameterStore;
+    v1::Parameter header_;
+    size_t content_bytes_ = 0;
+    bool host_ = false;
+    ElementType wire_type_ = v1::ELEMENT_TYPE_UNSPECIFIED;  // set: narrowed
+    std::shared_ptr<Block> block_;
+  };
+  // Read's checks and header without reading: what ReadOpened then reads.
+  // Read(ref, header, read) is Open then ReadOpened.
+  absl::StatusOr<OpenedBlock> Open(const v1::ParamRef& ref);
+  // Calls `read` with the opened block's bytes now, under its read lock.
+  absl::Status ReadOpened(const OpenedBlock& opened,
+                          absl::FunctionRef<void(absl::string_view)> read);
+
   // Checks every gradient, then applies them in order. Host storage cannot
   // fail once checked; a device error stops the batch there and is returned
   // (the gradients before it stay applied). A gradient holding a NaN or an
@@ -152,6 +180,11 @@ class ParameterStore {
   // primary hands the batch to its backups then (docs/replication.md).
   absl::Status ApplyGradients(absl::Span<const GradientView> grads, ApplyResult* result,
                               absl::FunctionRef<void()> checked);
+  // The same; `applied(i)` is also called after gradient i is applied (or
+  // skipped), outside its block's lock, before gradient i + 1 is.
+  absl::Status ApplyGradients(absl::Span<const GradientView> grads, ApplyResult* result,
+                              absl::FunctionRef<void()> checked,
+                              absl::FunctionRef<void(size_t)> applied);
   absl::Status ApplyGradients(absl::Span<const v1::Gradient* const> grads,
                               ApplyResult* result = nullptr);
 
@@ -214,7 +247,6 @@ class ParameterStore {
   void CountRejected() { rejected_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
-  struct Block;
   // How a parameter is cut into blocks (see "Block layouts" above).
   struct Layout {
     ElementType type = v1::ELEMENT_TYPE_UNSPECIFIED;

@@ -55,22 +55,30 @@ SocketStream::SocketStream(int fd) : fd_(fd), buffer_(kBufferBytes) {}
 
 SocketStream::~SocketStream() { close(fd_); }
 
-absl::Status SocketStream::Write(absl::Span<const absl::string_view> parts) {
+namespace {
+
+// Sends `parts` in order: all of them (`wait`), or what the socket takes
+// now. The bytes sent.
+absl::StatusOr<size_t> SendParts(int fd, absl::Span<const absl::string_view> parts, bool wait) {
   std::vector<iovec> iov;
   iov.reserve(parts.size());
   for (absl::string_view part : parts) {
     if (!part.empty()) iov.push_back({const_cast<char*>(part.data()), part.size()});
   }
+  const int flags = MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT);
+  size_t total = 0;
   size_t next = 0;
   while (next < iov.size()) {
     msghdr message{};
     message.msg_iov = &iov[next];
     message.msg_iovlen = std::min<size_t>(iov.size() - next, IOV_MAX);
-    const ssize_t sent = sendmsg(fd_, &message, MSG_NOSIGNAL);
+    const ssize_t sent = sendmsg(fd, &message, flags);
     if (sent < 0) {
       if (errno == EINTR) continue;
+      if (!wait && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       return Errno("bulk channel write");
     }
+    total += static_cast<size_t>(sent);
     size_t left = static_cast<size_t>(sent);
     while (next < iov.size() && left >= iov[next].iov_len) left -= iov[next++].iov_len;
     if (left > 0) {
@@ -78,7 +86,17 @@ absl::Status SocketStream::Write(absl::Span<const absl::string_view> parts) {
       iov[next].iov_len -= left;
     }
   }
-  return absl::OkStatus();
+  return total;
+}
+
+}  // namespace
+
+absl::Status SocketStream::Write(absl::Span<const absl::string_view> parts) {
+  return SendParts(fd_, parts, /*wait=*/true).status();
+}
+
+absl::StatusOr<size_t> SocketStream::WriteSome(absl::Span<const absl::string_view> parts) {
+  return SendParts(fd_, parts, /*wait=*/false);
 }
 
 absl::Status SocketStream::Read(char* dest, size_t n) {

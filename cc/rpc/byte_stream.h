@@ -49,6 +49,10 @@ class SocketStream final : public ByteStream {
   absl::Status Write(absl::Span<const absl::string_view> parts) override;
   absl::Status Read(char* dest, size_t n) override;
   void Shutdown() override;
+  // Writes, in order, as much of `parts` as the socket takes without
+  // waiting; the bytes written (0 when its send buffer is full).
+  // UNAVAILABLE when the stream is broken.
+  absl::StatusOr<size_t> WriteSome(absl::Span<const absl::string_view> parts);
 
   int fd() const { return fd_; }
 

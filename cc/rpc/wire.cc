@@ -467,10 +467,14 @@ bool PushFiniteScan::Finite(const GradientView& grad) const {
 
 // ---- params responses ---------------------------------------------------------------
 
+void AppendParamsBlockPrefix(std::string* out, const v1::Parameter& header, size_t content_size) {
+  PutMessageWithPayload(out, kResponseParamsField, header.SerializeAsString(),
+                        kParameterContentField, content_size);
+}
+
 void ParamsResponseBuilder::Add(const v1::Parameter& header, size_t content_size,
                                 absl::FunctionRef<void(char* dest)> fill) {
-  PutMessageWithPayload(&pending_, kResponseParamsField, header.SerializeAsString(),
-                        kParameterContentField, content_size);
+  AppendParamsBlockPrefix(&pending_, header, content_size);
   if (content_size <= kInlinePayloadBytes) {
     const size_t at = pending_.size();
     pending_.resize(at + content_size);

@@ -120,6 +120,11 @@ class PushFiniteScan {
   absl::flat_hash_map<const char*, Scanned> finite_;  // by content address
 };
 
+// Appends the bytes of a GetParamsResponse that come before a block's
+// content (`header`: everything but the content; the content is
+// `content_size` bytes, which follow).
+void AppendParamsBlockPrefix(std::string* out, const v1::Parameter& header, size_t content_size);
+
 // Builds a GetParamsResponse one block at a time; each block's content is
 // written once, by `fill`, straight into the slice that will be sent.
 class ParamsResponseBuilder {

@@ -21,6 +21,7 @@
 #include "cc/rpc/table_frame.h"
 #include "cc/rpc/wire.h"
 #include "cc/server/service.h"
+#include "cc/server/streamed_push_pull.h"
 #include "cc/trace/trace.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -245,7 +246,8 @@ void BulkListener::Serve(SocketStream& socket) {
   ByteStream& stream = tls != nullptr ? *tls : socket;
   std::optional<Principal> principal;
   if (!CheckHello(stream, socket.fd(), peer, &principal).ok()) return;
-  while (ServeFrame(stream, principal).ok()) {
+  SocketStream* const plain = tls != nullptr ? nullptr : &socket;
+  while (ServeFrame(stream, plain, principal).ok()) {
   }
 }
 
@@ -308,7 +310,7 @@ absl::Status BulkListener::Discard(ByteStream& stream, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status BulkListener::ServeFrame(ByteStream& stream,
+absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain,
                                       const std::optional<Principal>& principal) {
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
@@ -352,6 +354,7 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
   grpc::ByteBuffer response;
   ReplyHold hold;
   absl::Status status;
+  StreamedPushPull streamed;
   {
     // The request's bytes count against the budget until the method is done
     // with them (a reply that shares a slice keeps its own reference), and are
@@ -374,10 +377,21 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
     if (header->timeout_micros > 0 &&
         absl::Now() > received + absl::Microseconds(header->timeout_micros)) {
       status = absl::DeadlineExceededError("the call's deadline passed before it was served");
-    } else if (scan.has_value()) {
-      status = push(*dispatcher_, request, &*scan, &response, &hold);
     } else {
-      status = method(*dispatcher_, request, &response, &hold);
+      if (plain != nullptr && header->method == FrameMethod::kPushPull) {
+        // Its reply goes out while it is applied (streamed_push_pull.h).
+        streamed = StreamPushPull(*dispatcher_, request, scan.has_value() ? &*scan : nullptr,
+                                  reply, *plain, &hold);
+      }
+      if (streamed.outcome == StreamedPushPull::Outcome::kAnswered) {
+        status = streamed.status;
+      } else if (streamed.outcome == StreamedPushPull::Outcome::kWritten) {
+        status = absl::OkStatus();
+      } else if (scan.has_value()) {
+        status = push(*dispatcher_, request, &*scan, &response, &hold);
+      } else {
+        status = method(*dispatcher_, request, &response, &hold);
+      }
     }
   }
   reply.processed_unix_nanos = absl::ToUnixNanos(absl::Now());
@@ -389,6 +403,8 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream,
                        .Add("status", absl::StatusCodeToString(status.code()))
                        .json());
   }
+  // Written already: an error there drops the connection.
+  if (streamed.outcome == StreamedPushPull::Outcome::kWritten) return streamed.status;
   stage.emplace(dispatcher_->trace(), "write reply", "server");
   std::vector<grpc::Slice> slices;
   std::vector<absl::string_view> parts;

@@ -135,7 +135,10 @@ class BulkListener {
   absl::Status CheckHello(ByteStream& stream, int fd, const std::optional<CertNames>& peer,
                           std::optional<Principal>* principal);
   // Reads and answers one request frame; an error closes the connection.
-  absl::Status ServeFrame(ByteStream& stream, const std::optional<Principal>& principal);
+  // `plain`: the connection's socket when `stream` is that socket itself
+  // (no TLS), for a PushPull's reply streamed while it is applied.
+  absl::Status ServeFrame(ByteStream& stream, SocketStream* plain,
+                          const std::optional<Principal>& principal);
   // Reads the rest of a kReplicate frame (`header`) and applies it
   // (options_.replicate), its answer in `*answer`; a malformed one is
   // refused (read and dropped) and changes nothing. An error: the stream's.

@@ -473,8 +473,10 @@ std::vector<float> BlockGradient(uint32_t i) {
   return values;
 }
 
-// A SendGradsRequest of `grads` (one per block) as request id (9, sequence).
-std::string BlocksPushPayload(const std::vector<std::vector<float>>& grads, uint64_t sequence) {
+// A SendGradsRequest of `grads` (one per block) as request id (9, sequence);
+// with `pull`, a PushPullRequest reading every block.
+std::string BlocksPushPayload(const std::vector<std::vector<float>>& grads, uint64_t sequence,
+                              bool pull = false) {
   std::vector<GradientView> views;
   for (uint32_t i = 0; i < grads.size(); ++i) {
     GradientView view;
@@ -487,8 +489,16 @@ std::string BlocksPushPayload(const std::vector<std::vector<float>>& grads, uint
                                      grads[i].size() * sizeof(float));
     views.push_back(view);
   }
+  std::vector<v1::ParamRef> refs;
+  for (uint32_t i = 0; pull && i < kBlocks; ++i) {
+    v1::ParamRef& ref = refs.emplace_back();
+    ref.set_name("w");
+    ref.mutable_block()->set_index(i);
+    ref.mutable_block()->set_count(kBlocks);
+    ref.mutable_block()->set_offset(i * kBlockFloats);
+  }
   PayloadLease* lease = PayloadLease::Create([] {});
-  grpc::ByteBuffer buffer = EncodePushRequest(views, {}, lease, /*client_id=*/9, sequence);
+  grpc::ByteBuffer buffer = EncodePushRequest(views, refs, lease, /*client_id=*/9, sequence);
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(buffer.Dump(&slices).ok());
   std::string out;
@@ -530,6 +540,20 @@ absl::Status WriteInPieces(ByteStream& stream, FrameMethod method, uint64_t id,
     PS_RETURN_IF_ERROR(stream.Write({payload.substr(at, piece)}));
   }
   return absl::OkStatus();
+}
+
+// Waits (bounded, generous for a loaded machine) for the server to see
+// every connection end and let go of their request bytes.
+void ExpectConnectionsEndAndBytesFreed(Server& server) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int i = 0; i < 60000 && absl::Now() < deadline &&
+                  (server.bulk_listener()->connections() > 0 ||
+                   server.bulk_listener()->request_bytes_held() > 0);
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(server.bulk_listener()->connections(), 0);
+  EXPECT_EQ(server.bulk_listener()->request_bytes_held(), 0u);
 }
 
 TEST(BulkListenerTest, APushArrivingInManyPiecesIsAppliedOnceAndEqualsTheWholeOne) {
@@ -574,7 +598,11 @@ TEST(BulkListenerTest, ANaNInTheLastBlockOfALargePushChangesNothing) {
   for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(BlockGradient(i));
   grads.back().back() = std::nanf("");
   for (FrameMethod method : {FrameMethod::kSendGrads, FrameMethod::kPushPull}) {
-    ASSERT_THAT(WriteInPieces(*stream, method, 30, BlocksPushPayload(grads, /*sequence=*/2),
+    // A PushPull reads every block: its reply (streamed while the push is
+    // applied) must not have begun.
+    ASSERT_THAT(WriteInPieces(*stream, method, 30,
+                              BlocksPushPayload(grads, /*sequence=*/2,
+                                                /*pull=*/method == FrameMethod::kPushPull),
                               size_t{65536}),
                 IsOk());
     EXPECT_THAT(ReadReply(*stream), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -613,16 +641,7 @@ TEST(BulkListenerTest, AClientGoneMidPushChangesNothingAndFreesItsBytes) {
                 IsOk());
     stream->Shutdown();
   }
-  // Bounded wait (generous for a loaded machine) for the server to see the end.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  for (int i = 0; i < 60000 && absl::Now() < deadline &&
-                  (server->bulk_listener()->connections() > 0 ||
-                   server->bulk_listener()->request_bytes_held() > 0);
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_EQ(server->bulk_listener()->connections(), 0);
-  EXPECT_EQ(server->bulk_listener()->request_bytes_held(), 0u);
+  ExpectConnectionsEndAndBytesFreed(*server);
   const std::vector<float> values = Values(*server);
   EXPECT_TRUE(std::all_of(values.begin(), values.end(), [](float v) { return v == 0; }));
   // The same request, sent whole on a new connection, is applied (its id was not used up).
@@ -632,6 +651,94 @@ TEST(BulkListenerTest, AClientGoneMidPushChangesNothingAndFreesItsBytes) {
   EXPECT_THAT(ReadReply(*stream), IsOk());
   EXPECT_EQ(Values(*server)[1], -grads[0][1]);
   EXPECT_EQ(server->dispatcher().duplicates_ignored(), 0u);
+}
+
+// Every value of a GetParamsResponse's blocks, in order.
+std::vector<float> PulledValues(const std::string& payload) {
+  grpc::Slice slice(payload.data(), payload.size());
+  ParamsResponse response;
+  EXPECT_THAT(DecodeParamsResponse(grpc::ByteBuffer(&slice, 1), &response), IsOk());
+  std::string bytes;
+  for (const Segments& content : response.contents) {
+    for (absl::string_view part : content) bytes.append(part.data(), part.size());
+  }
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+TEST(BulkListenerTest, APushPullReplyIsTheValuesAfterThePushOnTcpAndUnix) {
+  std::vector<std::vector<float>> grads;
+  for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(BlockGradient(i));
+  const std::string payload = BlocksPushPayload(grads, /*sequence=*/5, /*pull=*/true);
+  for (bool unix_socket : {false, true}) {
+    SCOPED_TRACE(unix_socket ? "unix" : "tcp");
+    auto server = ServerWithBlocks();
+    ASSERT_NE(server, nullptr);
+    std::unique_ptr<ByteStream> stream;
+    if (unix_socket) {
+      auto connected = ConnectAbstractUnix(server->bulk_listener()->Offer().unix_socket());
+      ASSERT_THAT(connected.status(), IsOk());
+      stream = *std::move(connected);
+      ASSERT_THAT(WriteRequest(*stream, FrameMethod::kHello, 1,
+                               server->bulk_listener()->Offer().token()),
+                  IsOk());
+      ASSERT_THAT(ReadReply(*stream), IsOk());
+    } else {
+      stream = Greeted(*server);
+    }
+    ASSERT_NE(stream, nullptr);
+    std::vector<float> pulled[2];
+    for (int attempt = 0; attempt < 2; ++attempt) {  // the retry is not applied again
+      ASSERT_THAT(WriteRequest(*stream, FrameMethod::kPushPull, 50 + attempt, payload), IsOk());
+      uint64_t id = 0;
+      std::string reply;
+      ASSERT_THAT(ReadReply(*stream, &id, &reply), IsOk());
+      EXPECT_EQ(id, 50u + attempt);
+      pulled[attempt] = PulledValues(reply);
+    }
+    EXPECT_EQ(server->dispatcher().duplicates_ignored(), 1u);
+    const std::vector<float> values = Values(*server);
+    EXPECT_TRUE(pulled[0] == values);
+    EXPECT_TRUE(pulled[1] == values);
+    EXPECT_EQ(values[kBlockFloats + 3], -grads[1][3]);
+  }
+}
+
+TEST(BulkListenerTest, AClientGoneMidPushPullReplyLeavesItAppliedOnceAndFreesItsBytes) {
+  auto server = ServerWithBlocks();
+  ASSERT_NE(server, nullptr);
+  std::vector<std::vector<float>> grads;
+  for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(BlockGradient(i));
+  const std::string payload = BlocksPushPayload(grads, /*sequence=*/6, /*pull=*/true);
+  {
+    auto stream = Greeted(*server);
+    ASSERT_NE(stream, nullptr);
+    ASSERT_THAT(WriteRequest(*stream, FrameMethod::kPushPull, 60, payload), IsOk());
+    // The reply has begun (its header says OK: the push passed its
+    // checks); the client leaves without reading the blocks.
+    char header[kReplyHeaderBytes];
+    ASSERT_THAT(stream->Read(header, sizeof(header)), IsOk());
+    absl::StatusOr<ReplyHeader> decoded = DecodeReplyHeader(header, kDefaultMaxMessageBytes);
+    ASSERT_THAT(decoded.status(), IsOk());
+    EXPECT_EQ(decoded->code, absl::StatusCode::kOk);
+    EXPECT_GT(decoded->payload_bytes, kBlocks * kBlockFloats * sizeof(float));
+    stream->Shutdown();
+  }
+  ExpectConnectionsEndAndBytesFreed(*server);
+  const std::vector<float> values = Values(*server);
+  EXPECT_EQ(values[1], -grads[0][1]);
+  EXPECT_EQ(values.back(), -grads.back().back());
+  // The client's retry on a new connection: answered with the values, not
+  // applied again.
+  auto stream = Greeted(*server);
+  ASSERT_NE(stream, nullptr);
+  ASSERT_THAT(WriteRequest(*stream, FrameMethod::kPushPull, 61, payload), IsOk());
+  std::string reply;
+  ASSERT_THAT(ReadReply(*stream, nullptr, &reply), IsOk());
+  EXPECT_TRUE(PulledValues(reply) == values);
+  EXPECT_TRUE(Values(*server) == values);
+  EXPECT_EQ(server->dispatcher().duplicates_ignored(), 1u);
 }
 
 }  // namespace

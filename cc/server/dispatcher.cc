@@ -601,16 +601,43 @@ absl::Status Dispatcher::PullTableRows(const TableRowsView& pull, Tables::RowsOu
 }
 
 absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads) {
-  return PushShipping(id, grads, nullptr);
+  return PushShipping(id, grads, nullptr, [](size_t) {});
 }
 
 absl::Status Dispatcher::Push(const RequestId& id, absl::Span<const GradientView> grads,
                               absl::FunctionRef<void()> ship) {
-  return PushShipping(id, grads, &ship);
+  return PushShipping(id, grads, &ship, [](size_t) {});
+}
+
+absl::Status Dispatcher::PushStreaming(const RequestId& id, absl::Span<const GradientView> grads,
+                                       absl::FunctionRef<void()> checked,
+                                       absl::FunctionRef<void(size_t)> applied) {
+  // Not shipped: `checked` takes the place of the ship (called at the same
+  // point), and an error applying past it is DATA_LOSS as there.
+  return PushShipping(id, grads, &checked, applied);
+}
+
+absl::StatusOr<std::vector<ParameterStore::OpenedBlock>> Dispatcher::OpenReads(
+    absl::Span<const v1::ParamRef> refs) {
+  PS_RETURN_IF_ERROR(CheckServing());
+  if (const PlacementGate* gate = placement_gate_.load(std::memory_order_acquire);
+      gate != nullptr) {
+    for (const v1::ParamRef& ref : refs)
+      PS_RETURN_IF_ERROR(gate->CheckRead(ref.name(), ref.block()));
+  }
+  std::vector<ParameterStore::OpenedBlock> opened;
+  opened.reserve(refs.size());
+  for (const v1::ParamRef& ref : refs) {
+    absl::StatusOr<ParameterStore::OpenedBlock> block = store_->Open(ref);
+    if (!block.ok()) return RedirectDropped(block.status(), ref);
+    opened.push_back(*std::move(block));
+  }
+  return opened;
 }
 
 absl::Status Dispatcher::PushShipping(const RequestId& id, absl::Span<const GradientView> grads,
-                                      const absl::FunctionRef<void()>* ship) {
+                                      const absl::FunctionRef<void()>* ship,
+                                      absl::FunctionRef<void(size_t)> applied_each) {
   const OpMetrics::Clock::time_point start = OpMetrics::Clock::now();
   trace::Span span(trace(), "apply push", "server");
   uint64_t bytes = 0;
@@ -633,10 +660,13 @@ absl::Status Dispatcher::PushShipping(const RequestId& id, absl::Span<const Grad
       // Shipped once checked, applied here meanwhile (docs/replication.md,
       // "Overlapped apply"): host storage cannot fail past the checks; any
       // failure there leaves this replica apart from its backups.
-      absl::Status applied = store_->ApplyGradients(grads, nullptr, [&] {
-        past_checks = true;
-        if (ship != nullptr) (*ship)();
-      });
+      absl::Status applied = store_->ApplyGradients(
+          grads, nullptr,
+          [&] {
+            past_checks = true;
+            if (ship != nullptr) (*ship)();
+          },
+          applied_each);
       if (ship != nullptr && past_checks && !applied.ok()) {
         return absl::DataLossError(absl::StrCat(
             "a push shipped to the backups once checked failed to apply here: ",

@@ -250,6 +250,34 @@ class Dispatcher {
                     absl::FunctionRef<void()> ship);
   // Reads `refs` in order into `reader`; stops at the first error.
   absl::Status Read(absl::Span<const v1::ParamRef> refs, BlockReader reader);
+
+  // A PushPull whose reply is written while the push is applied (the bulk
+  // channel, bulk_listener.cc): the reads are opened first, then
+  // PushStreaming applies the push and the caller reads each opened block
+  // as soon as the gradients to it are applied.
+  // Whether pushes go to backups first (SetShipper): then a reply waits
+  // for them, and is not streamed.
+  bool Ships() const { return shipper_.load(std::memory_order_acquire) != nullptr; }
+  // Read's checks of `refs` (serving, placement, the store's), each block
+  // opened; nothing read yet.
+  absl::StatusOr<std::vector<ParameterStore::OpenedBlock>> OpenReads(
+      absl::Span<const v1::ParamRef> refs);
+  // Reads one opened block (ParameterStore::ReadOpened).
+  absl::Status ReadOpened(const ParameterStore::OpenedBlock& block,
+                          absl::FunctionRef<void(absl::string_view)> read) {
+    return store_->ReadOpened(block, read);
+  }
+  // Counts a read of `sent` content bytes begun at `start` (as Read does).
+  void FinishRead(const absl::Status& status, OpMetrics::Clock::time_point start,
+                  uint64_t sent) {
+    read_metrics_->Finish(status, start, sent);
+  }
+  // Push, unshipped; `checked` is called once the batch passed its checks,
+  // before anything is applied (not for a duplicate, which applies
+  // nothing), `applied(i)` after gradient i is applied.
+  absl::Status PushStreaming(const RequestId& id, absl::Span<const GradientView> grads,
+                             absl::FunctionRef<void()> checked,
+                             absl::FunctionRef<void(size_t)> applied);
   // OK if a reply may be built (the reply budget is not spent).
   absl::Status CheckReplyRoom();
   // Holds `bytes` of a built reply in `hold` until it is sent.
@@ -326,9 +354,11 @@ class Dispatcher {
   const RequestMetrics& request_metrics() const { return request_metrics_; }
 
  private:
-  // Push; `ship` (null: none) as in the overload that takes it.
+  // Push; `ship` (null: none) as in the overload that takes it; `applied`
+  // as PushStreaming's.
   absl::Status PushShipping(const RequestId& id, absl::Span<const GradientView> grads,
-                            const absl::FunctionRef<void()>* ship);
+                            const absl::FunctionRef<void()>* ship,
+                            absl::FunctionRef<void(size_t)> applied);
   // Adds control method `name` answered by `run` (which returns its status);
   // Wait adds one that waits, returning its CancelWait.
   template <typename Request, typename Response>

@@ -85,11 +85,7 @@ void MarkScanned(const PushFiniteScan* scan, std::vector<GradientView>* grads) {
 // be null) names the gradients already found finite.
 absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                             const PushFiniteScan* scan, PushRequest* push) {
-  if (absl::Status status = DecodePushRequest(request, push); !status.ok()) {
-    dispatcher.CountMalformed();
-    return status;
-  }
-  MarkScanned(scan, &push->grads);
+  PS_RETURN_IF_ERROR(DecodeBulkPush(dispatcher, request, scan, push));
   const RequestId id{push->client_id, push->sequence};
   // With backups the request's bytes are shipped (docs/replication.md); a
   // PushPull's reads are ignored by the backup.
@@ -390,6 +386,16 @@ BulkMethodFn FindBulkMethod(absl::string_view method) {
     }
   }
   return nullptr;
+}
+
+absl::Status DecodeBulkPush(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                            const PushFiniteScan* scan, PushRequest* push) {
+  if (absl::Status status = DecodePushRequest(request, push); !status.ok()) {
+    dispatcher.CountMalformed();
+    return status;
+  }
+  MarkScanned(scan, &push->grads);
+  return absl::OkStatus();
 }
 
 BulkPushFn FindBulkPushMethod(absl::string_view method) {

@@ -50,6 +50,10 @@ using BulkPushFn = absl::Status (*)(Dispatcher&, const grpc::ByteBuffer& request
                                     const PushFiniteScan* scan, grpc::ByteBuffer* response,
                                     ReplyHold* hold);
 BulkPushFn FindBulkPushMethod(absl::string_view method);
+// Decodes a SendGrads/PushPull request (a malformed one is counted and
+// INVALID_ARGUMENT), marking the gradients `scan` (may be null) found finite.
+absl::Status DecodeBulkPush(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                            const PushFiniteScan* scan, PushRequest* push);
 
 // A bulk push a primary shipped (docs/replication.md): `request` is a
 // SendGradsRequest's bytes (or PushPullRequest's, whose reads are ignored),
