@@ -33,6 +33,9 @@ namespace pserver {
 // whenever a call has no such waiter or several calls are in flight (so a
 // caller blocked writing never waits on a reply nobody reads, and the
 // replies of a group's calls to several servers are read in parallel).
+// Table calls are the exception: their replies are small (CallGroup's
+// `small` helpers), so the waiter of a table call split over servers reads
+// each server's reply itself, one after the other, on its connection.
 // After answering a call with no waiter the reader keeps the turn, waiting
 // in the stream for the next reply as a plain reader would (callers that
 // never wait in a CallGroup pay no wake-up of the reader per call); after
@@ -77,6 +80,11 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
         c != nullptr && Cancellation::Current() == nullptr) {
       waiter = c->group;
     }
+    // A table call's reply is small: at most the client's
+    // max_request_bytes of rows (Table splits larger calls), none for a push.
+    const bool table = method == FrameMethod::kTablePull || method == FrameMethod::kTablePush ||
+                       method == FrameMethod::kTableRowsPull ||
+                       method == FrameMethod::kTableRowsPush;
     uint64_t id = 0;
     bool watch = false;  // the first deadline to watch is this call's
     {
@@ -84,10 +92,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       if (!broken_) {
         id = next_id_++;
         Pending& call = pending_[id];
-        call.whole_reply = method == FrameMethod::kTablePull ||
-                           method == FrameMethod::kTablePush ||
-                           method == FrameMethod::kTableRowsPull ||
-                           method == FrameMethod::kTableRowsPush;
+        call.whole_reply = table;
         call.sink = std::move(sink);
         call.rows = std::move(rows);
         call.rows_into = rows_into;
@@ -106,9 +111,11 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     }
     std::weak_ptr<Connection> self = weak_from_this();
     if (waiter != nullptr) {
-      waiter->AddHelper([self, id](bool read) {
-        if (auto c = self.lock()) c->Help(id, read);
-      });
+      waiter->AddHelper(
+          [self, id](bool read) {
+            if (auto c = self.lock()) c->Help(id, read);
+          },
+          /*small=*/table);
     }
     if (watch) Watch(deadline);
     std::shared_ptr<Cancellation::Registration> cancel;

@@ -606,6 +606,78 @@ TEST(ChannelTransportFakeTest, CancellingMidRowsFailsThePullOnceTheRowsAreLetGo)
   fake.WaitForClose();
 }
 
+// A table call split over two servers (one channel each), as Table sends
+// it: both frames go out, then the group's waiter reads each reply itself,
+// one after the other (table replies are small), with no hand-off to the
+// connections' reader threads.
+struct TwoServerPull {
+  std::string out = std::string(16, '-');  // server a's rows, then server b's
+  RowsSeen seen[2];
+  absl::Status status;
+};
+
+// `deadline_b`: server b's call's (a's has kTimeout).
+TwoServerPull PullFromTwo(ChannelTransport& a, ChannelTransport& b, absl::Time deadline_b) {
+  const std::vector<uint64_t> keys = {1, 2};
+  TwoServerPull pull;
+  CallGroup group;
+  ChannelTransport* channels[2] = {&a, &b};
+  for (int i = 0; i < 2; ++i) {
+    TableFrame frame;
+    frame.table = "t";
+    frame.keys = keys;
+    frame.rows_into = absl::MakeSpan(pull.out).subspan(8 * i, 8);
+    RowsSeen& seen = pull.seen[i];
+    Transport::RowsSink rows = [&seen](uint32_t, absl::string_view values) {
+      seen.rows = std::string(values);
+      seen.at = values.data();
+      return absl::OkStatus();
+    };
+    Transport::Done done = group.Add(i == 0 ? "a" : "b");
+    const absl::Time deadline = i == 0 ? absl::Now() + kTimeout : deadline_b;
+    if (!channels[i]->TableRows(FrameMethod::kTableRowsPull, frame, std::move(rows), deadline,
+                                done, nullptr)) {
+      pull.status = absl::InternalError("not sent as a table frame");
+      done(pull.status);
+    }
+  }
+  if (pull.status.ok()) pull.status = group.Wait();
+  return pull;
+}
+
+TEST(ChannelTransportFakeTest, AGroupOfTableCallsToTwoServersIsReadByItsWaiter) {
+  FakeChannelServer fake_a(PullRowsReply(1, "rows-ofa"));
+  FakeChannelServer fake_b(PullRowsReply(1, "rows-ofb"));
+  ChannelTransport a(std::make_unique<FakeGrpc>(TableFramesOffer(fake_a)), OneConnection());
+  ChannelTransport b(std::make_unique<FakeGrpc>(TableFramesOffer(fake_b)), OneConnection());
+  const TwoServerPull pull = PullFromTwo(a, b, absl::Now() + kTimeout);
+  ASSERT_THAT(pull.status, IsOk());
+  EXPECT_EQ(pull.out, "rows-ofarows-ofb");  // straight into the caller's memory
+  EXPECT_EQ(pull.seen[0].at, pull.out.data());
+  EXPECT_EQ(pull.seen[1].at, pull.out.data() + 8);
+  // Each reply read by the waiting caller, none by a reader thread.
+  EXPECT_EQ(a.replies_read_by_waiters(), 1u);
+  EXPECT_EQ(b.replies_read_by_waiters(), 1u);
+}
+
+TEST(ChannelTransportFakeTest, AServerStallingMidRowsFailsTheGroupOnceItsRowsAreLetGo) {
+  // Server a answers; server b sends its reply's header and 3 of its 8
+  // bytes of rows, then nothing: b's deadline fails the group, b's
+  // connection drops (ending the read into its rows) before the caller is
+  // told, and b's rows never reach the table.
+  FakeChannelServer fake_a(PullRowsReply(1, "rows-ofa"));
+  FakeChannelServer fake_b(
+      PartialReply(1, kTablePullReplyHeaderBytes + 8, kTablePullReplyHeaderBytes + 3));
+  ChannelTransport a(std::make_unique<FakeGrpc>(TableFramesOffer(fake_a)), OneConnection());
+  ChannelTransport b(std::make_unique<FakeGrpc>(TableFramesOffer(fake_b)), OneConnection());
+  const TwoServerPull pull = PullFromTwo(a, b, absl::Now() + absl::Milliseconds(300));
+  EXPECT_THAT(pull.status, StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(std::string(pull.status.message()), HasSubstr("(server b)"));
+  EXPECT_EQ(pull.seen[0].rows, "rows-ofa");
+  EXPECT_TRUE(pull.seen[1].rows.empty());
+  fake_b.WaitForClose();
+}
+
 TEST(ChannelTransportFakeTest, AMalformedReplyIsUnavailable) {
   FakeChannelServer fake(std::string(kReplyHeaderBytes, 'x'));
   ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
