@@ -22,9 +22,10 @@ void CallGroup::Completion::operator()(absl::Status status) const {
   --group->pending_;
 }
 
-void CallGroup::AddHelper(Helper help) {
+void CallGroup::AddHelper(Helper help, bool small) {
   absl::MutexLock lock(&mu_);
   helpers_.push_back(std::move(help));
+  all_small_ = all_small_ && small;
 }
 
 bool CallGroup::DoneOrHelp() const { return pending_ == 0 || !helpers_.empty(); }
@@ -50,7 +51,10 @@ std::vector<absl::Status> CallGroup::WaitAll() {
       Cancellation::Await(mu_, absl::Condition(this, &CallGroup::DoneOrHelp));
       if (helpers_.empty()) return results_;
       helpers.swap(helpers_);
-      read = helpers.size() == 1 && pending_ == 1;
+      // One after another on this thread when each waits little for the
+      // others (small replies), else in parallel on the transport's.
+      read = (helpers.size() == 1 && pending_ == 1) || all_small_;
+      all_small_ = true;
     }
     for (Helper& help : helpers) help(read);
   }

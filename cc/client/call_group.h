@@ -10,8 +10,10 @@
 // A transport may ask the waiting thread to read its call's reply itself
 // (AddHelper: the bulk channel does, saving the hand-off from a reader
 // thread to the waiter); Wait runs those helpers before it blocks, when the
-// group's only call still running is theirs (else it lets the transport
-// read the replies, in parallel).
+// group's only call still running is theirs, or when every helper says its
+// reply is small (then it reads them one after another, in the order they
+// were added: a table call split over servers); else it lets the transport
+// read the replies, in parallel.
 #ifndef PSERVER_CC_CLIENT_CALL_GROUP_H_
 #define PSERVER_CC_CLIENT_CALL_GROUP_H_
 
@@ -45,13 +47,16 @@ class CallGroup {
   Transport::Done Add(std::string label);
 
   // Called on the thread that waits, before it blocks: with true when the
-  // call it helps is the group's only one still running (it must return
-  // once that call is done, which it may complete itself, and others),
-  // else with false (it must return at once, leaving the call to the
-  // transport).
+  // call it helps is the group's only one still running, or every helper
+  // waiting to run is `small` (it must return once that call is done, which
+  // it may complete itself, and others), else with false (it must return at
+  // once, leaving the call to the transport).
   using Helper = std::function<void(bool read)>;
-  // Added by a transport while starting a call of this group.
-  void AddHelper(Helper help);
+  // Added by a transport while starting a call of this group. `small`: the
+  // call's reply is small enough to wait, unread, while the waiter reads
+  // the group's other replies first (a reply the server can write whole
+  // into the socket's buffer without waiting for it to be read).
+  void AddHelper(Helper help, bool small = false);
 
   // Blocks until every added call has completed.
   absl::Status Wait();
@@ -66,6 +71,7 @@ class CallGroup {
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> labels_ ABSL_GUARDED_BY(mu_);
   std::vector<Helper> helpers_ ABSL_GUARDED_BY(mu_);
+  bool all_small_ ABSL_GUARDED_BY(mu_) = true;  // every helper in helpers_ is small
 
   // Every call is done, or a helper waits to run.
   bool DoneOrHelp() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
@@ -33,6 +34,9 @@ namespace pserver {
 // whenever a call has no such waiter or several calls are in flight (so a
 // caller blocked writing never waits on a reply nobody reads, and the
 // replies of a group's calls to several servers are read in parallel).
+// Table calls are the exception: their replies are small (CallGroup's
+// `small` helpers), so the waiter of a table call split over servers reads
+// each server's reply itself, one after the other, on its connection.
 // After answering a call with no waiter the reader keeps the turn, waiting
 // in the stream for the next reply as a plain reader would (callers that
 // never wait in a CallGroup pay no wake-up of the reader per call); after
@@ -66,10 +70,13 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
 
   // Sends one call; `done` runs once (on another thread, or here on error).
   // A table pull's `rows` get its rows (put straight into `rows_into` when
-  // they fit it exactly) instead of `sink`.
+  // they fit it exactly, or scattered there at `rows_at`: TableFrame's)
+  // instead of `sink`.
   void Send(FrameMethod method, absl::Span<const absl::string_view> payload, BlockSink sink,
             absl::Time deadline, Done done, TraceRecorder* trace, RowsSink rows = nullptr,
-            absl::Span<char> rows_into = {}) {
+            absl::Span<char> rows_into = {}, absl::Span<const size_t> rows_at = {},
+            size_t row_bytes = 0) {
+    if (!rows_at.empty() && row_bytes == 0) rows_into = {};
     // A call waited for in a CallGroup, with no cancellation to watch while
     // it waits, may read its own reply on the waiting thread.
     CallGroup* waiter = nullptr;
@@ -77,6 +84,11 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
         c != nullptr && Cancellation::Current() == nullptr) {
       waiter = c->group;
     }
+    // A table call's reply is small: at most the client's
+    // max_request_bytes of rows (Table splits larger calls), none for a push.
+    const bool table = method == FrameMethod::kTablePull || method == FrameMethod::kTablePush ||
+                       method == FrameMethod::kTableRowsPull ||
+                       method == FrameMethod::kTableRowsPush;
     uint64_t id = 0;
     bool watch = false;  // the first deadline to watch is this call's
     {
@@ -84,13 +96,12 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
       if (!broken_) {
         id = next_id_++;
         Pending& call = pending_[id];
-        call.whole_reply = method == FrameMethod::kTablePull ||
-                           method == FrameMethod::kTablePush ||
-                           method == FrameMethod::kTableRowsPull ||
-                           method == FrameMethod::kTableRowsPush;
+        call.whole_reply = table;
         call.sink = std::move(sink);
         call.rows = std::move(rows);
         call.rows_into = rows_into;
+        call.rows_at = rows_at;
+        call.row_bytes = row_bytes;
         call.done = std::move(done);
         call.trace = trace;
         call.deadline = deadline;
@@ -106,9 +117,11 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     }
     std::weak_ptr<Connection> self = weak_from_this();
     if (waiter != nullptr) {
-      waiter->AddHelper([self, id](bool read) {
-        if (auto c = self.lock()) c->Help(id, read);
-      });
+      waiter->AddHelper(
+          [self, id](bool read) {
+            if (auto c = self.lock()) c->Help(id, read);
+          },
+          /*small=*/table);
     }
     if (watch) Watch(deadline);
     std::shared_ptr<Cancellation::Registration> cancel;
@@ -166,6 +179,8 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     BlockSink sink;
     RowsSink rows;               // a table pull's (instead of `sink`)
     absl::Span<char> rows_into;  // where its rows may go as they arrive
+    absl::Span<const size_t> rows_at;  // scattered there (TableFrame::rows_at)
+    size_t row_bytes = 0;
     Done done;
     TraceRecorder* trace = nullptr;
     absl::Time deadline = absl::InfiniteFuture();
@@ -340,25 +355,51 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     auto it = pending_.find(reply.call_id);
     if (it == pending_.end() || it->second.result.has_value() ||
         it->second.rows_into.empty() ||
-        reply.payload_bytes != kTablePullReplyHeaderBytes + it->second.rows_into.size()) {
+        reply.payload_bytes != kTablePullReplyHeaderBytes + RowsBytes(it->second)) {
       return nullptr;
     }
     it->second.receiving = true;
     return &it->second;
   }
 
-  // Reads a table pull reply's rows into `call`'s rows_into and hands them
-  // to its rows sink (`*status`: what that says). An error: the stream
-  // failed.
+  // The bytes of rows `call` expects where it offered them.
+  static uint64_t RowsBytes(const Pending& call) {
+    return call.rows_at.empty() ? call.rows_into.size() : call.rows_at.size() * call.row_bytes;
+  }
+
+  // Reads a table pull reply's rows into `call`'s rows_into (in order, or
+  // scattered at rows_at) and hands them to its rows sink (`*status`: what
+  // that says). An error: the stream failed.
   absl::Status ReceiveRows(uint64_t payload_bytes, const Pending& call, absl::Status* status) {
     char header[kTablePullReplyHeaderBytes];
     PS_RETURN_IF_ERROR(stream_->Read(header, sizeof(header)));
-    PS_RETURN_IF_ERROR(stream_->Read(call.rows_into.data(), call.rows_into.size()));
+    if (call.rows_at.empty()) {
+      PS_RETURN_IF_ERROR(stream_->Read(call.rows_into.data(), call.rows_into.size()));
+    } else {
+      PS_RETURN_IF_ERROR(ReadScattered(call));
+    }
     absl::StatusOr<uint32_t> content_type = DecodeTablePullReplyHeader(header, payload_bytes);
-    *status = content_type.ok() ? call.rows(*content_type,
-                                            absl::string_view(call.rows_into.data(),
-                                                              call.rows_into.size()))
-                                : content_type.status();
+    *status = content_type.ok()
+                  ? call.rows(*content_type, absl::string_view(call.rows_into.data(), RowsBytes(call)))
+                  : content_type.status();
+    return absl::OkStatus();
+  }
+
+  // Reads `call`'s rows a piece at a time into scratch_ (kept between
+  // replies, so no buffer per reply) and copies each row to its place.
+  absl::Status ReadScattered(const Pending& call) {
+    constexpr size_t kPieceBytes = size_t{64} << 10;
+    const size_t row = call.row_bytes;
+    const size_t per_piece = std::max<size_t>(1, kPieceBytes / row);
+    for (size_t j = 0; j < call.rows_at.size(); j += per_piece) {
+      const size_t n = std::min(per_piece, call.rows_at.size() - j);
+      if (scratch_.size() < n * row) scratch_.resize(n * row);
+      PS_RETURN_IF_ERROR(stream_->Read(scratch_.data(), n * row));
+      for (size_t k = 0; k < n; ++k) {
+        std::memcpy(call.rows_into.data() + call.rows_at[j + k] * row, scratch_.data() + k * row,
+                    row);
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -482,6 +523,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
   // The read turn's: the reply being read.
   std::string message_;
   grpc::Slice payload_;
+  std::vector<char> scratch_;  // scattered rows, a piece at a time
   mutable absl::Mutex mu_;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;  // someone holds the read turn
@@ -676,7 +718,7 @@ bool ChannelTransport::TableRows(FrameMethod method, const TableFrame& frame, Ro
   const absl::InlinedVector<absl::string_view, 3> parts = EncodeTableFrame(frame, &head);
   const absl::Span<char> rows_into = rows ? frame.rows_into : absl::Span<char>();
   connection->Send(method, parts, nullptr, deadline, std::move(done), trace, std::move(rows),
-                   rows_into);
+                   rows_into, frame.rows_at, frame.row_bytes);
   return true;
 }
 

@@ -20,8 +20,9 @@
 // replies are matched by id. A call blocks its caller while its request is
 // written. A caller that then waits in a CallGroup (as Client's calls do)
 // for its one call, when that is its connection's only call in flight,
-// reads the reply itself; other replies are read by the connection's
-// reader thread. Deadlines and cancellation fail the call (DEADLINE_EXCEEDED,
+// reads the reply itself; so does one waiting for a group of table calls
+// (small replies: one per server, read one after the other); other replies
+// are read by the connection's reader thread. Deadlines and cancellation fail the call (DEADLINE_EXCEEDED,
 // CANCELLED) and drop its connection; a broken connection fails its calls
 // with UNAVAILABLE, which Client retries (same request id: applied once).
 // The next call reconnects.

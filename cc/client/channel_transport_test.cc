@@ -522,30 +522,68 @@ struct RowsSeen {
   const char* at = nullptr;  // where they were
 };
 
-// Pulls two keys of table "t" as a table frame offering `into` for the
-// rows: waiting in a CallGroup (the waiter reads the reply), or, when a
-// cancellation is current, through the connection's reader thread.
-RowsSeen PullRows(ChannelTransport& channel, absl::Span<char> into, absl::Time deadline) {
-  const std::vector<uint64_t> keys = {1, 2};
-  TableFrame frame;
-  frame.table = "t";
-  frame.keys = keys;
-  frame.rows_into = into;
-  RowsSeen seen;
-  Transport::RowsSink rows = [&seen](uint32_t, absl::string_view values) {
-    seen.rows = std::string(values);
-    seen.at = values.data();
+// A rows sink that records what it got in `*seen`.
+Transport::RowsSink SinkInto(RowsSeen* seen) {
+  return [seen](uint32_t, absl::string_view values) {
+    seen->rows = std::string(values);
+    seen->at = values.data();
     return absl::OkStatus();
   };
+}
+
+// Sends `frame` as a table pull and waits for it in a CallGroup (the
+// waiter reads the reply), or, when a cancellation is current, through the
+// connection's reader thread.
+RowsSeen PullFrame(ChannelTransport& channel, const TableFrame& frame, absl::Time deadline) {
+  RowsSeen seen;
   CallGroup group;
   Transport::Done done = group.Add("fake");
-  if (!channel.TableRows(FrameMethod::kTableRowsPull, frame, std::move(rows), deadline, done,
+  if (!channel.TableRows(FrameMethod::kTableRowsPull, frame, SinkInto(&seen), deadline, done,
                          nullptr)) {
     seen.status = absl::InternalError("not sent as a table frame");
     return seen;
   }
   seen.status = group.Wait();
   return seen;
+}
+
+// Pulls two keys of table "t" as a table frame offering `into` for the
+// rows.
+RowsSeen PullRows(ChannelTransport& channel, absl::Span<char> into, absl::Time deadline) {
+  const std::vector<uint64_t> keys = {1, 2};
+  TableFrame frame;
+  frame.table = "t";
+  frame.keys = keys;
+  frame.rows_into = into;
+  return PullFrame(channel, frame, deadline);
+}
+
+// Pulls keys 0 .. rows_at.size() - 1 of table "t" as a table frame whose
+// rows go scattered into `out` (key j's row at rows_at[j]), waiting in a
+// CallGroup.
+RowsSeen PullScattered(ChannelTransport& channel, absl::Span<char> out,
+                       const std::vector<size_t>& rows_at, size_t row_bytes,
+                       absl::Time deadline) {
+  std::vector<uint64_t> keys(rows_at.size());
+  for (size_t j = 0; j < keys.size(); ++j) keys[j] = j;
+  TableFrame frame;
+  frame.table = "t";
+  frame.keys = keys;
+  frame.rows_into = out;
+  frame.rows_at = rows_at;
+  frame.row_bytes = row_bytes;
+  return PullFrame(channel, frame, deadline);
+}
+
+// Pulls out.size() / 4 rows of 4 bytes into `out`: two keys in order
+// (out of 8 bytes), or, `scattered`, each key's row at the place the keys'
+// reverse order gives it.
+RowsSeen PullLaidOut(ChannelTransport& channel, absl::Span<char> out, bool scattered,
+                     absl::Time deadline) {
+  if (!scattered) return PullRows(channel, out, deadline);
+  std::vector<size_t> rows_at(out.size() / 4);
+  for (size_t j = 0; j < rows_at.size(); ++j) rows_at[j] = rows_at.size() - 1 - j;
+  return PullScattered(channel, out, rows_at, 4, deadline);
 }
 
 TEST(ChannelTransportFakeTest, PulledRowsThatFitGoStraightIntoTheCallersMemory) {
@@ -562,29 +600,38 @@ TEST(ChannelTransportFakeTest, PulledRowsThatFitGoStraightIntoTheCallersMemory) 
 TEST(ChannelTransportFakeTest, PulledRowsThatDoNotFitGoToABufferAndLeaveTheMemoryAlone) {
   // 6 bytes of rows where 8 were offered: the sink gets them from a buffer
   // of the transport's (and the table says they do not fit).
-  FakeChannelServer fake(PullRowsReply(1, "rowbyt"));
-  ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)), OneConnection());
-  std::string out(8, '-');
-  const RowsSeen seen = PullRows(channel, absl::MakeSpan(out), absl::Now() + kTimeout);
-  ASSERT_THAT(seen.status, IsOk());
-  EXPECT_EQ(seen.rows, "rowbyt");
-  EXPECT_NE(seen.at, out.data());
-  EXPECT_EQ(out, "--------");
+  for (bool scattered : {false, true}) {
+    SCOPED_TRACE(scattered ? "scattered" : "in order");
+    FakeChannelServer fake(PullRowsReply(1, "rowbyt"));
+    ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)),
+                             OneConnection());
+    std::string out(8, '-');
+    const RowsSeen seen =
+        PullLaidOut(channel, absl::MakeSpan(out), scattered, absl::Now() + kTimeout);
+    ASSERT_THAT(seen.status, IsOk());
+    EXPECT_EQ(seen.rows, "rowbyt");
+    EXPECT_NE(seen.at, out.data());
+    EXPECT_EQ(out, "--------");
+  }
 }
 
 TEST(ChannelTransportFakeTest, ADeadlineMidRowsFailsThePullOnceTheRowsAreLetGo) {
   // The reply's header and 10 of its 1000 bytes of rows have come when the
   // deadline passes: the call fails and the connection drops (which ends
   // the read into `out`) before the caller is told.
-  FakeChannelServer fake(PartialReply(1, kTablePullReplyHeaderBytes + 1000,
-                                      kTablePullReplyHeaderBytes + 10));
-  ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)), OneConnection());
-  std::string out(1000, '-');
-  const RowsSeen seen =
-      PullRows(channel, absl::MakeSpan(out), absl::Now() + absl::Milliseconds(200));
-  EXPECT_THAT(seen.status, StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
-  EXPECT_TRUE(seen.rows.empty());
-  fake.WaitForClose();
+  for (bool scattered : {false, true}) {
+    SCOPED_TRACE(scattered ? "scattered" : "in order");
+    FakeChannelServer fake(PartialReply(1, kTablePullReplyHeaderBytes + 1000,
+                                        kTablePullReplyHeaderBytes + 10));
+    ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)),
+                             OneConnection());
+    std::string out(1000, '-');
+    const RowsSeen seen = PullLaidOut(channel, absl::MakeSpan(out), scattered,
+                                      absl::Now() + absl::Milliseconds(200));
+    EXPECT_THAT(seen.status, StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
+    EXPECT_TRUE(seen.rows.empty());
+    fake.WaitForClose();
+  }
 }
 
 TEST(ChannelTransportFakeTest, CancellingMidRowsFailsThePullOnceTheRowsAreLetGo) {
@@ -604,6 +651,89 @@ TEST(ChannelTransportFakeTest, CancellingMidRowsFailsThePullOnceTheRowsAreLetGo)
   EXPECT_THAT(seen.status, StatusCodeIs(absl::StatusCode::kCancelled));
   EXPECT_TRUE(seen.rows.empty());
   fake.WaitForClose();
+}
+
+// A table call split over two servers (one channel each), as Table sends
+// it: both frames go out, then the group's waiter reads each reply itself,
+// one after the other (table replies are small), with no hand-off to the
+// connections' reader threads.
+struct TwoServerPull {
+  std::string out = std::string(16, '-');  // server a's rows, then server b's
+  RowsSeen seen[2];
+  absl::Status status;
+};
+
+// `deadline_b`: server b's call's (a's has kTimeout).
+TwoServerPull PullFromTwo(ChannelTransport& a, ChannelTransport& b, absl::Time deadline_b) {
+  const std::vector<uint64_t> keys = {1, 2};
+  TwoServerPull pull;
+  CallGroup group;
+  ChannelTransport* channels[2] = {&a, &b};
+  for (int i = 0; i < 2; ++i) {
+    TableFrame frame;
+    frame.table = "t";
+    frame.keys = keys;
+    frame.rows_into = absl::MakeSpan(pull.out).subspan(8 * i, 8);
+    Transport::RowsSink rows = SinkInto(&pull.seen[i]);
+    Transport::Done done = group.Add(i == 0 ? "a" : "b");
+    const absl::Time deadline = i == 0 ? absl::Now() + kTimeout : deadline_b;
+    if (!channels[i]->TableRows(FrameMethod::kTableRowsPull, frame, std::move(rows), deadline,
+                                done, nullptr)) {
+      pull.status = absl::InternalError("not sent as a table frame");
+      done(pull.status);
+    }
+  }
+  if (pull.status.ok()) pull.status = group.Wait();
+  return pull;
+}
+
+TEST(ChannelTransportFakeTest, AGroupOfTableCallsToTwoServersIsReadByItsWaiter) {
+  FakeChannelServer fake_a(PullRowsReply(1, "rows-ofa"));
+  FakeChannelServer fake_b(PullRowsReply(1, "rows-ofb"));
+  ChannelTransport a(std::make_unique<FakeGrpc>(TableFramesOffer(fake_a)), OneConnection());
+  ChannelTransport b(std::make_unique<FakeGrpc>(TableFramesOffer(fake_b)), OneConnection());
+  const TwoServerPull pull = PullFromTwo(a, b, absl::Now() + kTimeout);
+  ASSERT_THAT(pull.status, IsOk());
+  EXPECT_EQ(pull.out, "rows-ofarows-ofb");  // straight into the caller's memory
+  EXPECT_EQ(pull.seen[0].at, pull.out.data());
+  EXPECT_EQ(pull.seen[1].at, pull.out.data() + 8);
+  // Each reply read by the waiting caller, none by a reader thread.
+  EXPECT_EQ(a.replies_read_by_waiters(), 1u);
+  EXPECT_EQ(b.replies_read_by_waiters(), 1u);
+}
+
+TEST(ChannelTransportFakeTest, AServerStallingMidRowsFailsTheGroupOnceItsRowsAreLetGo) {
+  // Server a answers; server b sends its reply's header and 3 of its 8
+  // bytes of rows, then nothing: b's deadline fails the group, b's
+  // connection drops (ending the read into its rows) before the caller is
+  // told, and b's rows never reach the table.
+  FakeChannelServer fake_a(PullRowsReply(1, "rows-ofa"));
+  FakeChannelServer fake_b(
+      PartialReply(1, kTablePullReplyHeaderBytes + 8, kTablePullReplyHeaderBytes + 3));
+  ChannelTransport a(std::make_unique<FakeGrpc>(TableFramesOffer(fake_a)), OneConnection());
+  ChannelTransport b(std::make_unique<FakeGrpc>(TableFramesOffer(fake_b)), OneConnection());
+  const TwoServerPull pull = PullFromTwo(a, b, absl::Now() + absl::Milliseconds(300));
+  EXPECT_THAT(pull.status, StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(std::string(pull.status.message()), HasSubstr("(server b)"));
+  EXPECT_EQ(pull.seen[0].rows, "rows-ofa");
+  EXPECT_TRUE(pull.seen[1].rows.empty());
+  fake_b.WaitForClose();
+}
+
+TEST(ChannelTransportFakeTest, ScatteredRowsGoEachToItsPlaceAsTheyArrive) {
+  // Three rows of 40000 bytes (more than one 64 KiB piece in all), the
+  // reply's in key order, each put at its key's place in `out`.
+  constexpr size_t kRow = 40000;
+  const std::string a(kRow, 'a'), b(kRow, 'b'), c(kRow, 'c');
+  FakeChannelServer fake(PullRowsReply(1, a + b + c));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(TableFramesOffer(fake)), OneConnection());
+  std::string out(3 * kRow, '-');
+  const RowsSeen seen =
+      PullScattered(channel, absl::MakeSpan(out), {2, 0, 1}, kRow, absl::Now() + kTimeout);
+  ASSERT_THAT(seen.status, IsOk());
+  EXPECT_TRUE(out == b + c + a);
+  EXPECT_EQ(seen.at, out.data());  // placed: the sink is told so by the address
+  EXPECT_EQ(channel.replies_read_by_waiters(), 1u);
 }
 
 TEST(ChannelTransportFakeTest, AMalformedReplyIsUnavailable) {

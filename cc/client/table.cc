@@ -189,6 +189,9 @@ absl::Status Table::PlaceRows(const Split& split, size_t i, ElementType content_
     if (!values.empty() && values.data() != into) std::memcpy(into, values.data(), values.size());
     return absl::OkStatus();
   }
+  // The transport may have put each row in its place already
+  // (TableFrame::rows_at): it then hands over a view at out's start.
+  if (values.data() == out.data()) return absl::OkStatus();
   for (size_t j = 0; j < part.positions.size(); ++j) {
     std::memcpy(out.data() + part.positions[j] * row, values.data() + j * row, row);
   }
@@ -265,11 +268,16 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
             frame.table = name_;
             frame.keys = split.parts[i].keys;
             frame.value_type = static_cast<uint8_t>(wire_type);
-            // A part in the caller's order, as stored: its rows may land
-            // in `out` as they arrive (PlaceRows then copies nothing).
+            // Rows as stored may land in `out` as they arrive, in order
+            // (a part in the caller's order) or each at its key's place
+            // (PlaceRows then copies nothing).
             const Split::Part& part = split.parts[i];
             if (compressor_ == nullptr && part.positions.empty()) {
               frame.rows_into = out.subspan(part.offset * row, part.keys.size() * row);
+            } else if (compressor_ == nullptr) {
+              frame.rows_into = out;
+              frame.rows_at = part.positions;
+              frame.row_bytes = row;
             }
             Transport::RowsSink rows = [this, &split, i, out](uint32_t content_type,
                                                               absl::string_view values) {

@@ -4,6 +4,7 @@
 // replies are lost, and a consistent read by a worker, which stays a gRPC
 // control call. Parameterized: true runs every test over the channel, false
 // over gRPC. No test depends on timing.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -333,6 +334,83 @@ TEST(TableFramesTest, TablesUseTableFramesWhereTheServerSpeaksThemAndFallBackOth
     EXPECT_THAT(rows, ElementsAre(-10, -20, -101, -202)) << name;
     EXPECT_EQ(counts->table_frames.load(), old_server ? 0 : 2) << name;
     EXPECT_EQ(counts->control_calls.load(), old_server ? 2 : 0) << name;
+  }
+}
+
+// A table on two servers, keys in any order with duplicates within and
+// across servers, rows of 256 bytes (each server's rows arrive in several
+// 64 KiB pieces): pulls over the channel, whose rows are put each in its
+// place as they arrive, return exactly what the same pulls over gRPC do,
+// and pushes over either path are applied once each.
+TEST(TableTwoServersTest, SplitPullsAndPushesOverTheChannelMatchGrpc) {
+  std::vector<std::unique_ptr<Server>> servers;
+  ClientOptions options;
+  for (int s = 0; s < 2; ++s) {
+    auto server = Server::Start(ServerOptions());
+    ASSERT_THAT(server.status(), IsOk());
+    options.servers.push_back((*server)->address());
+    servers.push_back(*std::move(server));
+  }
+  std::unique_ptr<Client> clients[2];  // [0]: gRPC only, [1]: the channel
+  for (int c = 0; c < 2; ++c) {
+    options.bulk_channel = c == 1;
+    auto client = Client::Connect(options);
+    ASSERT_THAT(client.status(), IsOk());
+    clients[c] = *std::move(client);
+  }
+  constexpr uint32_t kDim = 64;
+  v1::TableConfig config = SgdTable(kDim);
+  config.mutable_initializer()->mutable_uniform()->set_low(-1);
+  config.mutable_initializer()->mutable_uniform()->set_high(1);
+  auto grpc = Table::Create(*clients[0], "split", config);
+  auto channel = Table::Create(*clients[1], "split", config);
+  ASSERT_THAT(grpc.status(), IsOk());
+  ASSERT_THAT(channel.status(), IsOk());
+  // 3000 keys from 1500 distinct ones, descending then repeated: both
+  // servers get some (checked below), each key twice.
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 1500; ++k) keys.push_back((1500 - k) * 7919);
+  for (uint64_t k = 0; k < 1500; ++k) keys.push_back(keys[(k * 37) % 1500]);
+  int on_server[2] = {0, 0};
+  for (uint64_t key : keys) {
+    auto server = grpc->ServerOf(key);
+    ASSERT_THAT(server.status(), IsOk());
+    ++on_server[*server];
+  }
+  EXPECT_GT(on_server[0], 500);
+  EXPECT_GT(on_server[1], 500);
+  std::vector<float> grads(keys.size() * kDim);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i % 97) / 64;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<float> over_grpc(keys.size() * kDim), over_channel(keys.size() * kDim, -7);
+    ASSERT_THAT(grpc->Pull<float>(keys, absl::MakeSpan(over_grpc)), IsOk());
+    ASSERT_THAT(channel->Pull<float>(keys, absl::MakeSpan(over_channel)), IsOk());
+    ASSERT_EQ(over_channel, over_grpc) << "step " << step;
+    // Duplicates read the same row.
+    for (size_t k = 0; k < 1500; ++k) {
+      const size_t first = (k * 37) % 1500;
+      ASSERT_TRUE(std::equal(over_grpc.begin() + (1500 + k) * kDim,
+                             over_grpc.begin() + (1501 + k) * kDim,
+                             over_grpc.begin() + first * kDim));
+    }
+    // One push over each path (SGD, rate 1): each key's two gradients are
+    // summed and applied once per push.
+    ASSERT_THAT(channel->Push<float>(keys, grads), IsOk());
+    ASSERT_THAT(grpc->Push<float>(keys, grads), IsOk());
+    std::vector<float> after(keys.size() * kDim);
+    ASSERT_THAT(channel->Pull<float>(keys, absl::MakeSpan(after)), IsOk());
+    std::vector<size_t> second(1500);  // where key k's second occurrence is
+    for (size_t m = 0; m < 1500; ++m) second[(m * 37) % 1500] = 1500 + m;
+    int wrong = 0;
+    for (size_t k = 0; k < 1500; ++k) {
+      for (uint32_t d = 0; d < kDim; ++d) {
+        const float sum = grads[k * kDim + d] + grads[second[k] * kDim + d];
+        const float expected = over_grpc[k * kDim + d] - sum - sum;
+        if (std::abs(after[k * kDim + d] - expected) > 1e-4f) ++wrong;
+        if (after[second[k] * kDim + d] != after[k * kDim + d]) ++wrong;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "step " << step;
   }
 }
 

@@ -59,6 +59,15 @@ struct TableFrame {
   // instead of into a buffer of its own; the rows it hands over are then
   // this memory. Empty: not offered.
   absl::Span<char> rows_into;
+  // Not encoded: with `rows_at` (one index per key), the rows go scattered
+  // instead: key j's row, `row_bytes` bytes, at rows_into + rows_at[j] *
+  // row_bytes (each index below rows_into.size() / row_bytes). A transport
+  // that put them there hands over a view of rows_into's first bytes
+  // (keys.size() * row_bytes of them), which then are not the rows in key
+  // order: the caller knows them by that address. Transports that do not
+  // scatter ignore a frame with rows_at for rows_into.
+  absl::Span<const size_t> rows_at;
+  size_t row_bytes = 0;
 };
 
 // The payload of `frame` as parts to write in order: `head` (filled here:

@@ -171,7 +171,8 @@ bool InProcessTransport::TableRows(FrameMethod method, const TableFrame& frame, 
         [&](size_t bytes, ElementType type) -> absl::StatusOr<absl::Span<char>> {
           content_type = type;
           char* data;
-          if (!frame.rows_into.empty() && bytes == frame.rows_into.size()) {
+          if (!frame.rows_into.empty() && frame.rows_at.empty() &&
+              bytes == frame.rows_into.size()) {
             data = frame.rows_into.data();  // straight into the caller's output
           } else if (bytes > kKeptPullBytes) {
             large.reset(new char[bytes]);
