@@ -283,6 +283,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.max_collective_bytes == 0) {
     return absl::InvalidArgumentError("max_collective_bytes must be > 0");
   }
+  if (options.max_exactly_once_clients == 0) {
+    return absl::InvalidArgumentError("max_exactly_once_clients must be >= 1");
+  }
   if (options.checkpoint_keep < 1)
     return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
   PS_RETURN_IF_ERROR(CheckCheckpointFileMode(options.checkpoint_file_mode));
@@ -381,6 +384,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->dispatcher_ = std::make_unique<Dispatcher>(&server->store_, &server->tables_,
                                                      options.index, std::move(hooks));
+  server->dispatcher_->applied().set_max_clients(options.max_exactly_once_clients);
   if (!options.trace_file.empty()) {
     trace::RecorderOptions trace;
     trace.path = options.trace_file;
