@@ -520,6 +520,51 @@ TEST(TransportLimitsTest, ZeroMaxExactlyOnceClientsExitsNamingIt) {
   EXPECT_THAT(child->output(), HasSubstr("max_exactly_once_clients"));
 }
 
+// ---- table clocks: many worker ids ---------------------------------------------------
+
+grpc::StatusCode Join(v1::ParameterServer::Stub& stub, const std::string& worker,
+                      v1::ClockRequest::Op op = v1::ClockRequest::JOIN) {
+  v1::ClockRequest request;
+  request.set_table("t");
+  request.set_worker(worker);
+  request.set_op(op);
+  v1::ClockResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  return stub.Clock(&context, request, &response).error_code();
+}
+
+// Joins under many worker ids, or a worker id of megabytes, cannot grow a
+// table's clocks: past --max_workers_per_table a join is refused until one
+// leaves; an id longer than 1024 bytes is refused.
+TEST(TransportLimitsTest, WorkersJoiningATableAreBoundedByMaxWorkersPerTable) {
+  constexpr int kMaxWorkers = 4;
+  PserverChild server;
+  ASSERT_NO_FATAL_FAILURE(server.Start({absl::StrCat("--max_workers_per_table=", kMaxWorkers)}));
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  {
+    v1::CreateTableRequest create;
+    create.set_name("t");
+    create.mutable_config()->set_dim(1);
+    v1::CreateTableResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    const grpc::Status status = stub->CreateTable(&context, create, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_EQ(Join(*stub, std::string(size_t{1} << 20, 'w')), grpc::StatusCode::INVALID_ARGUMENT);
+  for (int i = 0; i < kMaxWorkers; ++i) {
+    ASSERT_EQ(Join(*stub, absl::StrCat("w", i)), grpc::StatusCode::OK) << i;
+  }
+  for (int i = kMaxWorkers; i < 100; ++i) {
+    ASSERT_EQ(Join(*stub, absl::StrCat("w", i)), grpc::StatusCode::RESOURCE_EXHAUSTED) << i;
+  }
+  ASSERT_EQ(Join(*stub, "w0", v1::ClockRequest::LEAVE), grpc::StatusCode::OK);
+  EXPECT_EQ(Join(*stub, "w99"), grpc::StatusCode::OK);
+  ASSERT_NO_FATAL_FAILURE(server.Stop());
+}
+
 // ---- idle and half-open connections ------------------------------------------------
 
 TEST(TransportLimitsTest, IdleConnectionsAreClosedSoNewClientsGetIn) {

@@ -104,7 +104,7 @@ absl::Status Tables::Create(const v1::CreateTableRequest& request) {
   }
   // Built outside the lock; a racing create of the same name keeps the first.
   PS_ASSIGN_OR_RETURN(auto table, SparseTable::Create(request.name(), config, options_.table));
-  auto entry = std::make_shared<Entry>(&timer_);
+  auto entry = std::make_shared<Entry>(&timer_, options_.max_workers_per_table);
   entry->table = std::move(table);
   absl::MutexLock lock(&mu_);
   tables_.emplace(request.name(), std::move(entry));
@@ -457,7 +457,7 @@ absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& exten
       return absl::Status(table.status().code(), absl::StrCat("checkpoint extension '", key,
                                                               "': ", table.status().message()));
     }
-    auto entry = std::make_shared<Entry>(&timer_);
+    auto entry = std::make_shared<Entry>(&timer_, options_.max_workers_per_table);
     entry->table = *std::move(table);
     const std::string name = entry->table->name();
     auto clocks = extensions.find(absl::StrCat(kClocksPrefix, name));
@@ -612,7 +612,7 @@ absl::StatusOr<uint64_t> Tables::ImportRows(const std::map<std::string, std::str
     // the first one in is kept, with its clocks.
     PS_RETURN_IF_ERROR(ValidateName("table", name));
     PS_ASSIGN_OR_RETURN(auto table, SparseTable::Create(name, config, options_.table));
-    auto entry = std::make_shared<Entry>(&timer_);
+    auto entry = std::make_shared<Entry>(&timer_, options_.max_workers_per_table);
     entry->table = std::move(table);
     if (auto it = extensions.find(absl::StrCat(kClocksPrefix, name)); it != extensions.end()) {
       absl::Status restored = entry->clocks.Restore(it->second);

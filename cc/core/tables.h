@@ -91,6 +91,8 @@ struct TablesOptions {
   // Bytes that waiting collectives may hold in all
   // (Collectives::Options::max_held_bytes, --max_collective_bytes).
   uint64_t max_collective_bytes = uint64_t{1} << 30;
+  // Workers joined to one table's clocks at once (--max_workers_per_table).
+  size_t max_workers_per_table = WorkerClocks::kDefaultMaxWorkers;
 };
 
 class Tables {
@@ -222,7 +224,7 @@ class Tables {
 
  private:
   struct Entry {
-    explicit Entry(DeadlineTimer* timer) : clocks(std::string(), timer) {}
+    Entry(DeadlineTimer* timer, size_t max_workers) : clocks(std::string(), timer, max_workers) {}
     std::unique_ptr<SparseTable> table;
     WorkerClocks clocks;
     absl::Mutex sweep_mu;

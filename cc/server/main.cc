@@ -108,6 +108,9 @@ ABSL_FLAG(uint64_t, max_exactly_once_clients, pserver::AppliedSequences::kDefaul
           "Clients whose applied push sequences a server remembers (exactly-once pushes); past "
           "it the client idle the longest is forgotten, so a late retry of its last push would "
           "be applied again. Must be >= 1.");
+ABSL_FLAG(uint64_t, max_workers_per_table, pserver::WorkerClocks::kDefaultMaxWorkers,
+          "Workers joined to one table's clocks (SSP/BSP) at once; past it a join is refused "
+          "(RESOURCE_EXHAUSTED) until one leaves. Must be >= 1.");
 ABSL_FLAG(uint64_t, max_message_bytes, pserver::kDefaultMaxMessageBytes,
           "Largest request accepted, in bytes after decompression; a bigger one is refused "
           "(RESOURCE_EXHAUSTED) before it is read. The default fits every request a client "
@@ -417,6 +420,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_reply_bytes_in_flight = absl::GetFlag(FLAGS_max_reply_bytes_in_flight);
   options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
   options.max_exactly_once_clients = absl::GetFlag(FLAGS_max_exactly_once_clients);
+  options.max_workers_per_table = absl::GetFlag(FLAGS_max_workers_per_table);
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
   options.standby = absl::GetFlag(FLAGS_standby);
   options.max_standby_copy_bytes = absl::GetFlag(FLAGS_max_standby_copy_bytes);

@@ -213,6 +213,7 @@ Server::Server(const ServerOptions& options, std::optional<int> device)
 TablesOptions Server::MakeTablesOptions(const ServerOptions& options) {
   TablesOptions tables_options;
   tables_options.max_collective_bytes = options.max_collective_bytes;
+  tables_options.max_workers_per_table = options.max_workers_per_table;
   return tables_options;
 }
 
@@ -282,6 +283,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (options.max_collective_bytes == 0) {
     return absl::InvalidArgumentError("max_collective_bytes must be > 0");
+  }
+  if (options.max_workers_per_table == 0) {
+    return absl::InvalidArgumentError("max_workers_per_table must be >= 1");
   }
   if (options.max_exactly_once_clients == 0) {
     return absl::InvalidArgumentError("max_exactly_once_clients must be >= 1");

@@ -237,6 +237,9 @@ struct ServerOptions {
   // longest is forgotten (a late retry of its last push is applied again).
   // Must be >= 1.
   uint64_t max_exactly_once_clients = AppliedSequences::kDefaultMaxClients;
+  // Workers joined to one table's clocks at once (SSP/BSP); past it a Join is
+  // RESOURCE_EXHAUSTED naming the flag. Must be >= 1.
+  uint64_t max_workers_per_table = WorkerClocks::kDefaultMaxWorkers;
 
   // Fault injection for tests: every n-th applied push is answered
   // UNAVAILABLE as if its reply were lost. 0: off.
