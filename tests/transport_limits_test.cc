@@ -510,14 +510,17 @@ TEST(TransportLimitsTest, ManyClientIdsAreBoundedByMaxExactlyOnceClients) {
   ASSERT_NO_FATAL_FAILURE(server.Stop());
 }
 
-TEST(TransportLimitsTest, ZeroMaxExactlyOnceClientsExitsNamingIt) {
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> child,
-                       ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
-                                           {"--host=127.0.0.1", "--port=0",
-                                            "--max_exactly_once_clients=0"}));
-  ASSERT_OK_AND_ASSIGN(int status, child->WaitForExit(absl::Now() + kStartTimeout));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << DescribeWaitStatus(status);
-  EXPECT_THAT(child->output(), HasSubstr("max_exactly_once_clients"));
+TEST(TransportLimitsTest, ZeroOutsiderStateLimitsExitNamingThem) {
+  for (const char* flag :
+       {"max_exactly_once_clients", "max_workers_per_table", "max_held_add_bytes"}) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> child,
+                         ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
+                                             {"--host=127.0.0.1", "--port=0",
+                                              absl::StrCat("--", flag, "=0")}));
+    ASSERT_OK_AND_ASSIGN(int status, child->WaitForExit(absl::Now() + kStartTimeout));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << DescribeWaitStatus(status);
+    EXPECT_THAT(child->output(), HasSubstr(flag));
+  }
 }
 
 // ---- table clocks: many worker ids ---------------------------------------------------

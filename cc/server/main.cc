@@ -111,6 +111,10 @@ ABSL_FLAG(uint64_t, max_exactly_once_clients, pserver::AppliedSequences::kDefaul
 ABSL_FLAG(uint64_t, max_workers_per_table, pserver::WorkerClocks::kDefaultMaxWorkers,
           "Workers joined to one table's clocks (SSP/BSP) at once; past it a join is refused "
           "(RESOURCE_EXHAUSTED) until one leaves. Must be >= 1.");
+ABSL_FLAG(uint64_t, max_held_add_bytes, uint64_t{1} << 30,
+          "Bytes (keys and values) of BSP adds one table holds back for slower workers; past "
+          "it a push gets UNAVAILABLE (clients retry), one add larger than it "
+          "RESOURCE_EXHAUSTED. Must be > 0.");
 ABSL_FLAG(uint64_t, max_message_bytes, pserver::kDefaultMaxMessageBytes,
           "Largest request accepted, in bytes after decompression; a bigger one is refused "
           "(RESOURCE_EXHAUSTED) before it is read. The default fits every request a client "
@@ -421,6 +425,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
   options.max_exactly_once_clients = absl::GetFlag(FLAGS_max_exactly_once_clients);
   options.max_workers_per_table = absl::GetFlag(FLAGS_max_workers_per_table);
+  options.max_held_add_bytes = absl::GetFlag(FLAGS_max_held_add_bytes);
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
   options.standby = absl::GetFlag(FLAGS_standby);
   options.max_standby_copy_bytes = absl::GetFlag(FLAGS_max_standby_copy_bytes);

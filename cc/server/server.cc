@@ -214,6 +214,7 @@ TablesOptions Server::MakeTablesOptions(const ServerOptions& options) {
   TablesOptions tables_options;
   tables_options.max_collective_bytes = options.max_collective_bytes;
   tables_options.max_workers_per_table = options.max_workers_per_table;
+  tables_options.max_held_add_bytes = options.max_held_add_bytes;
   return tables_options;
 }
 
@@ -283,6 +284,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (options.max_collective_bytes == 0) {
     return absl::InvalidArgumentError("max_collective_bytes must be > 0");
+  }
+  if (options.max_held_add_bytes == 0) {
+    return absl::InvalidArgumentError("max_held_add_bytes must be > 0");
   }
   if (options.max_workers_per_table == 0) {
     return absl::InvalidArgumentError("max_workers_per_table must be >= 1");

@@ -240,6 +240,10 @@ struct ServerOptions {
   // Workers joined to one table's clocks at once (SSP/BSP); past it a Join is
   // RESOURCE_EXHAUSTED naming the flag. Must be >= 1.
   uint64_t max_workers_per_table = WorkerClocks::kDefaultMaxWorkers;
+  // Bytes of BSP adds one table holds back for slower workers; past it a
+  // push is UNAVAILABLE ("retry"), one add larger than it
+  // RESOURCE_EXHAUSTED. Must be > 0.
+  uint64_t max_held_add_bytes = uint64_t{1} << 30;
 
   // Fault injection for tests: every n-th applied push is answered
   // UNAVAILABLE as if its reply were lost. 0: off.
