@@ -485,6 +485,138 @@ TEST(TransportLimitsTest, CallsPastMaxConcurrentStreamsWaitInTheClient) {
   }
 }
 
+
+// ---- exactly-once state: many client ids -------------------------------------------
+
+// A push of 1.0 to every element of the 3-float parameter "w" as `client`'s
+// request `sequence` (what a pserver client sends, with ids of our choice).
+grpc::Status PushAs(v1::ParameterServer::Stub& stub, uint64_t client, uint64_t sequence) {
+  v1::SendGradsRequest request;
+  v1::Gradient* grad = request.add_gradients();
+  grad->set_name("w");
+  grad->set_element_type(v1::FLOAT32);
+  const std::vector<float> ones = {1, 1, 1};
+  grad->set_content(std::string(reinterpret_cast<const char*>(ones.data()), sizeof(float) * 3));
+  request.set_client_id(client);
+  request.set_sequence(sequence);
+  v1::SendGradsResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  return stub.SendGrads(&context, request, &response);
+}
+
+uint64_t DuplicatesIgnored(v1::ParameterServer::Stub& stub) {
+  v1::GetStatsRequest request;
+  v1::GetStatsResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  const grpc::Status status = stub.GetStats(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response.stats().duplicates_ignored();
+}
+
+// An outsider pushing under many client ids cannot grow the server's
+// exactly-once state past --max_exactly_once_clients: the longest-idle
+// client is forgotten (its late retry is applied again), the recent ones
+// are still deduplicated, and the server keeps serving.
+TEST(TransportLimitsTest, ManyClientIdsAreBoundedByMaxExactlyOnceClients) {
+  constexpr int kMaxClients = 16;
+  PserverChild server;
+  ASSERT_NO_FATAL_FAILURE(server.Start({absl::StrCat("--max_exactly_once_clients=", kMaxClients)}));
+  ClientOptions options;
+  options.servers = {server.address()};
+  options.timeout = absl::Seconds(60);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(options));
+  ASSERT_OK(client->InitParam("w", Tensor::FromValues<float>({3}, {0, 0, 0})));
+  ASSERT_OK(client->FinishInitParams());
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+
+  constexpr uint64_t kFirst = 0x1000;
+  ASSERT_TRUE(PushAs(*stub, kFirst, 1).ok());
+  ASSERT_TRUE(PushAs(*stub, kFirst, 1).ok());  // a retry: acknowledged, not applied
+  ASSERT_EQ(DuplicatesIgnored(*stub), 1u);
+  // 1000 other client ids, one push each.
+  constexpr uint64_t kOthers = 1000;
+  for (uint64_t id = kFirst + 1; id <= kFirst + kOthers; ++id) {
+    const grpc::Status status = PushAs(*stub, id, 1);
+    ASSERT_TRUE(status.ok()) << id << ": " << status.error_message();
+  }
+  // The newest are remembered: their retries change nothing.
+  ASSERT_OK_AND_ASSIGN(Tensor before, client->GetParam("w"));
+  for (uint64_t id = kFirst + kOthers - kMaxClients + 1; id <= kFirst + kOthers; ++id) {
+    ASSERT_TRUE(PushAs(*stub, id, 1).ok()) << id;
+  }
+  EXPECT_EQ(DuplicatesIgnored(*stub), 1u + kMaxClients);
+  ASSERT_OK_AND_ASSIGN(Tensor same, client->GetParam("w"));
+  EXPECT_EQ(same.ToVector<float>(), before.ToVector<float>());
+  // The first was forgotten: its retry is applied again.
+  ASSERT_TRUE(PushAs(*stub, kFirst, 1).ok());
+  EXPECT_EQ(DuplicatesIgnored(*stub), 1u + kMaxClients);
+  ASSERT_OK_AND_ASSIGN(Tensor after, client->GetParam("w"));
+  EXPECT_NE(after.ToVector<float>(), before.ToVector<float>());
+  client.reset();
+  ASSERT_NO_FATAL_FAILURE(server.Stop());
+}
+
+TEST(TransportLimitsTest, ZeroOutsiderStateLimitsExitNamingThem) {
+  for (const char* flag :
+       {"max_exactly_once_clients", "max_workers_per_table", "max_held_add_bytes"}) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChildProcess> child,
+                         ChildProcess::Spawn(RunfilesPath("cc/server/pserver"),
+                                             {"--host=127.0.0.1", "--port=0",
+                                              absl::StrCat("--", flag, "=0")}));
+    ASSERT_OK_AND_ASSIGN(int status, child->WaitForExit(absl::Now() + kStartTimeout));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << DescribeWaitStatus(status);
+    EXPECT_THAT(child->output(), HasSubstr(flag));
+  }
+}
+
+// ---- table clocks: many worker ids ---------------------------------------------------
+
+grpc::StatusCode Join(v1::ParameterServer::Stub& stub, const std::string& worker,
+                      v1::ClockRequest::Op op = v1::ClockRequest::JOIN) {
+  v1::ClockRequest request;
+  request.set_table("t");
+  request.set_worker(worker);
+  request.set_op(op);
+  v1::ClockResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  return stub.Clock(&context, request, &response).error_code();
+}
+
+// Joins under many worker ids, or a worker id of megabytes, cannot grow a
+// table's clocks: past --max_workers_per_table a join is refused until one
+// leaves; an id longer than 1024 bytes is refused.
+TEST(TransportLimitsTest, WorkersJoiningATableAreBoundedByMaxWorkersPerTable) {
+  constexpr int kMaxWorkers = 4;
+  PserverChild server;
+  ASSERT_NO_FATAL_FAILURE(server.Start({absl::StrCat("--max_workers_per_table=", kMaxWorkers)}));
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  {
+    v1::CreateTableRequest create;
+    create.set_name("t");
+    create.mutable_config()->set_dim(1);
+    v1::CreateTableResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    const grpc::Status status = stub->CreateTable(&context, create, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_EQ(Join(*stub, std::string(size_t{1} << 20, 'w')), grpc::StatusCode::INVALID_ARGUMENT);
+  for (int i = 0; i < kMaxWorkers; ++i) {
+    ASSERT_EQ(Join(*stub, absl::StrCat("w", i)), grpc::StatusCode::OK) << i;
+  }
+  for (int i = kMaxWorkers; i < 100; ++i) {
+    ASSERT_EQ(Join(*stub, absl::StrCat("w", i)), grpc::StatusCode::RESOURCE_EXHAUSTED) << i;
+  }
+  ASSERT_EQ(Join(*stub, "w0", v1::ClockRequest::LEAVE), grpc::StatusCode::OK);
+  EXPECT_EQ(Join(*stub, "w99"), grpc::StatusCode::OK);
+  ASSERT_NO_FATAL_FAILURE(server.Stop());
+}
+
 // ---- idle and half-open connections ------------------------------------------------
 
 TEST(TransportLimitsTest, IdleConnectionsAreClosedSoNewClientsGetIn) {

@@ -104,7 +104,7 @@ absl::Status Tables::Create(const v1::CreateTableRequest& request) {
   }
   // Built outside the lock; a racing create of the same name keeps the first.
   PS_ASSIGN_OR_RETURN(auto table, SparseTable::Create(request.name(), config, options_.table));
-  auto entry = std::make_shared<Entry>(&timer_);
+  auto entry = std::make_shared<Entry>(&timer_, options_.max_workers_per_table);
   entry->table = std::move(table);
   absl::MutexLock lock(&mu_);
   tables_.emplace(request.name(), std::move(entry));
@@ -249,6 +249,18 @@ absl::Status Tables::Push(const v1::TablePushRequest& request, v1::TablePushResp
   return absl::OkStatus();
 }
 
+namespace {
+uint64_t HeldBytes(const v1::PendingAdds::Add& add) {
+  return add.keys().size() + add.values().size();
+}
+}  // namespace
+
+void Tables::Hold(Entry& entry, v1::PendingAdds::Add add) {
+  entry.pending_bytes += HeldBytes(add);
+  const int64_t clock = add.clock();
+  entry.pending[clock].push_back(std::move(add));
+}
+
 absl::Status Tables::PushRows(const TableRowsView& push) {
   PS_ASSIGN_OR_RETURN(std::shared_ptr<Entry> entry, Find(push.table));
   const absl::Span<const uint64_t> keys = push.keys;
@@ -273,7 +285,17 @@ absl::Status Tables::PushRows(const TableRowsView& push) {
       add.set_clock(push.clock);
       add.set_keys(EncodeKeys(keys));
       add.set_values(values.data(), values.size());
-      entry->pending[push.clock].push_back(std::move(add));
+      const uint64_t bytes = HeldBytes(add);
+      const uint64_t limit = options_.max_held_add_bytes;
+      if (bytes > limit || entry->pending_bytes + bytes > limit) {
+        const std::string what = absl::StrCat(
+            "push to table '", push.table, "' at clock ", push.clock, ": ", bytes,
+            " bytes to hold back for slower workers (BSP), ", entry->pending_bytes,
+            " held already, the most --max_held_add_bytes allows is ", limit);
+        return bytes > limit ? absl::ResourceExhaustedError(what)
+                             : absl::UnavailableError(absl::StrCat(what, "; retry later"));
+      }
+      Hold(*entry, std::move(add));
       held = true;
     }
   }
@@ -301,6 +323,7 @@ absl::StatusOr<int64_t> Tables::Clock(const v1::ClockRequest& request) {
 void Tables::ApplyPassed(Entry& entry, int64_t min_clock) {
   while (!entry.pending.empty() && (min_clock < 0 || entry.pending.begin()->first < min_clock)) {
     for (const v1::PendingAdds::Add& add : entry.pending.begin()->second) {
+      entry.pending_bytes -= HeldBytes(add);
       absl::StatusOr<std::vector<uint64_t>> keys = DecodeKeys(add.keys());
       // Checked when held back; an add the table still refuses (a non-finite
       // value) is dropped, as it would have been refused had it come alone.
@@ -457,7 +480,7 @@ absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& exten
       return absl::Status(table.status().code(), absl::StrCat("checkpoint extension '", key,
                                                               "': ", table.status().message()));
     }
-    auto entry = std::make_shared<Entry>(&timer_);
+    auto entry = std::make_shared<Entry>(&timer_, options_.max_workers_per_table);
     entry->table = *std::move(table);
     const std::string name = entry->table->name();
     auto clocks = extensions.find(absl::StrCat(kClocksPrefix, name));
@@ -476,10 +499,7 @@ absl::Status Tables::RestoreFrom(const std::map<std::string, std::string>& exten
             absl::StrCat("checkpoint extension '", pending->first, "' does not parse"));
       }
       absl::MutexLock lock(&entry->bsp_mu);
-      for (v1::PendingAdds::Add& add : *adds.mutable_adds()) {
-        const int64_t clock = add.clock();
-        entry->pending[clock].push_back(std::move(add));
-      }
+      for (v1::PendingAdds::Add& add : *adds.mutable_adds()) Hold(*entry, std::move(add));
     }
     restored.emplace(name, std::move(entry));
   }
@@ -543,7 +563,11 @@ Tables::Exported Tables::ExportEntry(const std::string& name, Entry& entry,
 
 void Tables::DropPending(Entry& entry, const SparseTable::KeyFilter& drop) {
   for (auto it = entry.pending.begin(); it != entry.pending.end();) {
-    for (v1::PendingAdds::Add& add : it->second) DropKeys(drop, entry.table->row_bytes(), &add);
+    for (v1::PendingAdds::Add& add : it->second) {
+      entry.pending_bytes -= HeldBytes(add);
+      DropKeys(drop, entry.table->row_bytes(), &add);
+      entry.pending_bytes += HeldBytes(add);
+    }
     auto& adds_of_clock = it->second;
     adds_of_clock.erase(std::remove_if(adds_of_clock.begin(), adds_of_clock.end(),
                                        [](const v1::PendingAdds::Add& add) {
@@ -612,7 +636,7 @@ absl::StatusOr<uint64_t> Tables::ImportRows(const std::map<std::string, std::str
     // the first one in is kept, with its clocks.
     PS_RETURN_IF_ERROR(ValidateName("table", name));
     PS_ASSIGN_OR_RETURN(auto table, SparseTable::Create(name, config, options_.table));
-    auto entry = std::make_shared<Entry>(&timer_);
+    auto entry = std::make_shared<Entry>(&timer_, options_.max_workers_per_table);
     entry->table = std::move(table);
     if (auto it = extensions.find(absl::StrCat(kClocksPrefix, name)); it != extensions.end()) {
       absl::Status restored = entry->clocks.Restore(it->second);
@@ -634,10 +658,7 @@ absl::StatusOr<uint64_t> Tables::ImportRows(const std::map<std::string, std::str
   absl::MutexLock lock(&entry.bsp_mu);
   PS_ASSIGN_OR_RETURN(const uint64_t rows, entry.table->MergeRows(snap, replaced));
   if (replaced) DropPending(entry, replaced);
-  for (v1::PendingAdds::Add& add : *adds.mutable_adds()) {
-    const int64_t clock = add.clock();
-    entry.pending[clock].push_back(std::move(add));
-  }
+  for (v1::PendingAdds::Add& add : *adds.mutable_adds()) Hold(entry, std::move(add));
   // Adds of a clock every worker here has passed already apply now.
   ApplyPassed(entry, entry.clocks.MinClock());
   return rows;

@@ -91,6 +91,12 @@ struct TablesOptions {
   // Bytes that waiting collectives may hold in all
   // (Collectives::Options::max_held_bytes, --max_collective_bytes).
   uint64_t max_collective_bytes = uint64_t{1} << 30;
+  // Workers joined to one table's clocks at once (--max_workers_per_table).
+  size_t max_workers_per_table = WorkerClocks::kDefaultMaxWorkers;
+  // Bytes (keys and values) of BSP adds one table holds back for slower
+  // workers (--max_held_add_bytes); past it a push is UNAVAILABLE ("retry"),
+  // one add larger than it RESOURCE_EXHAUSTED.
+  uint64_t max_held_add_bytes = uint64_t{1} << 30;
 };
 
 class Tables {
@@ -222,7 +228,7 @@ class Tables {
 
  private:
   struct Entry {
-    explicit Entry(DeadlineTimer* timer) : clocks(std::string(), timer) {}
+    Entry(DeadlineTimer* timer, size_t max_workers) : clocks(std::string(), timer, max_workers) {}
     std::unique_ptr<SparseTable> table;
     WorkerClocks clocks;
     absl::Mutex sweep_mu;
@@ -233,7 +239,11 @@ class Tables {
     // clock change let through sees those adds.
     absl::Mutex bsp_mu;
     std::map<int64_t, std::vector<v1::PendingAdds::Add>> pending ABSL_GUARDED_BY(bsp_mu);
+    uint64_t pending_bytes ABSL_GUARDED_BY(bsp_mu) = 0;  // keys and values of `pending`
   };
+  // Adds `add` to the entry's held-back adds, counting its bytes.
+  static void Hold(Entry& entry, v1::PendingAdds::Add add)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.bsp_mu);
 
   absl::StatusOr<std::shared_ptr<Entry>> Find(absl::string_view name) const;
   // ExportRows of `entry` (table `name`).

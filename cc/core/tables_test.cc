@@ -41,11 +41,14 @@ class FakeClock {
 
 class TablesTest : public ::testing::Test {
  protected:
+  static constexpr uint64_t kMaxHeldAddBytes = 4096;
+
   TablesTest() : tables_(Options()) {}
 
   TablesOptions Options() {
     TablesOptions options;
     options.table.now = [this] { return clock_.Now(); };
+    options.max_held_add_bytes = kMaxHeldAddBytes;
     return options;
   }
 
@@ -295,6 +298,31 @@ TEST_F(TablesTest, RowsHeldBackAddsAndClocksMoveToAnotherServersTables) {
   EXPECT_EQ(pull(other), (std::vector<double>{11, 22, 0}));
   EXPECT_THAT(other.ImportRows({}, mine, all),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("without a table")));
+}
+
+// BSP adds held back for a slower worker are bounded (--max_held_add_bytes):
+// past the limit a push is UNAVAILABLE ("retry") and one add larger than it
+// RESOURCE_EXHAUSTED, each naming the flag and changing nothing; adds that
+// apply free their bytes.
+TEST_F(TablesTest, HeldBackAddsAreBoundedByMaxHeldAddBytes) {
+  ASSERT_OK(Create("bsp", "optimizer { add {} } consistency { model: BSP }"));
+  ASSERT_OK(Clock("bsp", "a", v1::ClockRequest::JOIN).status());
+  ASSERT_OK(Clock("bsp", "b", v1::ClockRequest::JOIN).status());
+  std::vector<uint64_t> keys(200);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  const std::vector<double> ones(keys.size(), 1.0);
+  ASSERT_OK(Push("bsp", keys, ones, "a", 0));  // 3200 bytes held: b is at clock 0
+  EXPECT_THAT(Push("bsp", keys, ones, "a", 0),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("--max_held_add_bytes")));
+  std::vector<uint64_t> many(300);
+  for (uint64_t k = 0; k < many.size(); ++k) many[k] = k;
+  EXPECT_THAT(Push("bsp", many, std::vector<double>(many.size(), 1.0), "a", 0),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max_held_add_bytes")));
+  ASSERT_OK(Clock("bsp", "a", v1::ClockRequest::TICK, 1).status());
+  ASSERT_OK(Clock("bsp", "b", v1::ClockRequest::TICK, 1).status());
+  EXPECT_THAT(*Pull("bsp", {0, 199}), ::testing::ElementsAre(1.0, 1.0)) << "applied once";
+  // Applied, the add's bytes are free again.
+  ASSERT_OK(Push("bsp", keys, ones, "a", 1));
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cc/core/names.h"
 #include "pserver/v1/table.pb.h"
 
 namespace pserver {
@@ -53,9 +54,19 @@ WorkerClocks::~WorkerClocks() {
 
 absl::StatusOr<int64_t> WorkerClocks::Join(absl::string_view worker) {
   if (worker.empty()) return absl::InvalidArgumentError("worker id is empty");
+  if (worker.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("worker id of ", worker.size(),
+                                                   " bytes is longer than ", kMaxNameBytes));
+  }
   absl::MutexLock lock(&mu_);
   auto it = clocks_.find(worker);
   if (it != clocks_.end()) return it->second;
+  if (clocks_.size() >= max_workers_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        table_.empty() ? std::string("this table") : absl::StrCat("table '", table_, "'"),
+        " has ", clocks_.size(), " workers joined, the most --max_workers_per_table allows; ",
+        "one must leave before another joins"));
+  }
   // Joining at the minimum (or at 0 with nobody registered, when every wait
   // has been let through already) holds no waiter back.
   const int64_t clock = std::max<int64_t>(MinClockLocked(), 0);

@@ -51,18 +51,25 @@ namespace pserver {
 
 class WorkerClocks {
  public:
+  // Workers registered at once, by default (--max_workers_per_table).
+  static constexpr size_t kDefaultMaxWorkers = 16384;
+
   // `table` only names the table in error messages. `timer` runs the
   // deadlines of waits (null: a timer of its own); it must outlive this.
+  // `max_workers`: workers registered at once (>= 1).
   WorkerClocks() : WorkerClocks(std::string()) {}
-  explicit WorkerClocks(std::string table, DeadlineTimer* timer = nullptr)
-      : table_(std::move(table)), timer_(timer) {}
+  explicit WorkerClocks(std::string table, DeadlineTimer* timer = nullptr,
+                        size_t max_workers = kDefaultMaxWorkers)
+      : table_(std::move(table)), max_workers_(max_workers), timer_(timer) {}
   ~WorkerClocks();
   WorkerClocks(const WorkerClocks&) = delete;
   WorkerClocks& operator=(const WorkerClocks&) = delete;
 
   // Registers `worker` at the current minimum clock of the registered workers
   // (0 when there are none) and returns its clock. Joining again returns its
-  // current clock and changes nothing. INVALID_ARGUMENT for an empty id.
+  // current clock and changes nothing. INVALID_ARGUMENT for an empty id or
+  // one longer than kMaxNameBytes (1024); RESOURCE_EXHAUSTED naming
+  // --max_workers_per_table when `max_workers` are registered already.
   absl::StatusOr<int64_t> Join(absl::string_view worker);
 
   // Unregisters `worker`; waiters see the new minimum (which may rise).
@@ -128,6 +135,7 @@ class WorkerClocks {
   };
 
   const std::string table_;
+  const size_t max_workers_;
   mutable absl::Mutex mu_;
   std::map<std::string, int64_t, std::less<>> clocks_ ABSL_GUARDED_BY(mu_);
   // How many workers are at each clock: its first key is the minimum.

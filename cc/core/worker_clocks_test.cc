@@ -350,5 +350,23 @@ TEST(WorkerClocksTest, AsyncWaitsCompleteOnTheTickAndCancelAtOnce) {
   EXPECT_EQ(clocks.waiting(), 0u);
 }
 
+// Many worker ids, or one huge id, cannot grow a table's clocks without
+// bound: ids are at most kMaxNameBytes, joins past max_workers are refused
+// naming the flag until one leaves, and a refused join changes nothing.
+TEST(WorkerClocksTest, JoinsPastTheBoundAndOverlongIdsAreRefused) {
+  WorkerClocks clocks("t", nullptr, /*max_workers=*/3);
+  EXPECT_THAT(clocks.Join(std::string(1025, 'w')),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("1024")));
+  EXPECT_THAT(clocks.Join(std::string(1024, 'w')), IsOk());
+  EXPECT_THAT(clocks.Join("a"), IsOk());
+  EXPECT_THAT(clocks.Join("b"), IsOk());
+  EXPECT_THAT(clocks.Join("c"), StatusIs(absl::StatusCode::kResourceExhausted,
+                                         ::testing::HasSubstr("--max_workers_per_table")));
+  EXPECT_THAT(clocks.ClockOf("c"), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_THAT(clocks.Join("a"), IsOk()) << "joining again is not a new worker";
+  ASSERT_THAT(clocks.Leave("a"), IsOk());
+  EXPECT_THAT(clocks.Join("c"), IsOk());
+}
+
 }  // namespace
 }  // namespace pserver

@@ -48,6 +48,7 @@
 #include "cc/log/log.h"
 #include "cc/rpc/allocator.h"
 #include "cc/server/advertised_address.h"
+#include "cc/server/applied_sequences.h"
 #include "cc/server/env_flags.h"
 #include "cc/server/server.h"
 #include "cc/server/standby_slots.h"
@@ -103,6 +104,17 @@ ABSL_FLAG(uint64_t, max_collective_bytes, uint64_t{1} << 30,
           "Bytes held by collectives waiting for their other participants (AllReduce chunks, "
           "unread Broadcast data), over all rounds; past it a contribution gets UNAVAILABLE "
           "(clients retry), one larger than it RESOURCE_EXHAUSTED. Must be > 0.");
+ABSL_FLAG(uint64_t, max_exactly_once_clients, pserver::AppliedSequences::kDefaultMaxClients,
+          "Clients whose applied push sequences a server remembers (exactly-once pushes); past "
+          "it the client idle the longest is forgotten, so a late retry of its last push would "
+          "be applied again. Must be >= 1.");
+ABSL_FLAG(uint64_t, max_workers_per_table, pserver::WorkerClocks::kDefaultMaxWorkers,
+          "Workers joined to one table's clocks (SSP/BSP) at once; past it a join is refused "
+          "(RESOURCE_EXHAUSTED) until one leaves. Must be >= 1.");
+ABSL_FLAG(uint64_t, max_held_add_bytes, uint64_t{1} << 30,
+          "Bytes (keys and values) of BSP adds one table holds back for slower workers; past "
+          "it a push gets UNAVAILABLE (clients retry), one add larger than it "
+          "RESOURCE_EXHAUSTED. Must be > 0.");
 ABSL_FLAG(uint64_t, max_message_bytes, pserver::kDefaultMaxMessageBytes,
           "Largest request accepted, in bytes after decompression; a bigger one is refused "
           "(RESOURCE_EXHAUSTED) before it is read. The default fits every request a client "
@@ -411,6 +423,9 @@ pserver::ServerOptions OptionsFromFlags() {
   options.drop_reply_after_apply_every_n = absl::GetFlag(FLAGS_drop_reply_after_apply_every_n);
   options.max_reply_bytes_in_flight = absl::GetFlag(FLAGS_max_reply_bytes_in_flight);
   options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
+  options.max_exactly_once_clients = absl::GetFlag(FLAGS_max_exactly_once_clients);
+  options.max_workers_per_table = absl::GetFlag(FLAGS_max_workers_per_table);
+  options.max_held_add_bytes = absl::GetFlag(FLAGS_max_held_add_bytes);
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
   options.standby = absl::GetFlag(FLAGS_standby);
   options.max_standby_copy_bytes = absl::GetFlag(FLAGS_max_standby_copy_bytes);

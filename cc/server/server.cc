@@ -213,6 +213,8 @@ Server::Server(const ServerOptions& options, std::optional<int> device)
 TablesOptions Server::MakeTablesOptions(const ServerOptions& options) {
   TablesOptions tables_options;
   tables_options.max_collective_bytes = options.max_collective_bytes;
+  tables_options.max_workers_per_table = options.max_workers_per_table;
+  tables_options.max_held_add_bytes = options.max_held_add_bytes;
   return tables_options;
 }
 
@@ -282,6 +284,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (options.max_collective_bytes == 0) {
     return absl::InvalidArgumentError("max_collective_bytes must be > 0");
+  }
+  if (options.max_held_add_bytes == 0) {
+    return absl::InvalidArgumentError("max_held_add_bytes must be > 0");
+  }
+  if (options.max_workers_per_table == 0) {
+    return absl::InvalidArgumentError("max_workers_per_table must be >= 1");
+  }
+  if (options.max_exactly_once_clients == 0) {
+    return absl::InvalidArgumentError("max_exactly_once_clients must be >= 1");
   }
   if (options.checkpoint_keep < 1)
     return absl::InvalidArgumentError("checkpoint_keep must be >= 1");
@@ -381,6 +392,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   server->dispatcher_ = std::make_unique<Dispatcher>(&server->store_, &server->tables_,
                                                      options.index, std::move(hooks));
+  server->dispatcher_->applied().set_max_clients(options.max_exactly_once_clients);
   if (!options.trace_file.empty()) {
     trace::RecorderOptions trace;
     trace.path = options.trace_file;

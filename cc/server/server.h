@@ -41,6 +41,7 @@
 #include "cc/metrics/metrics.h"
 #include "cc/rpc/transport_limits.h"
 #include "cc/security/tls.h"
+#include "cc/server/applied_sequences.h"
 #include "cc/server/peer_channel.h"
 #include "cc/server/process_slots.h"
 #include "cc/server/move.h"
@@ -231,6 +232,18 @@ struct ServerOptions {
   // contribution gets UNAVAILABLE ("retry"), one larger than it
   // RESOURCE_EXHAUSTED. Must be > 0.
   uint64_t max_collective_bytes = uint64_t{1} << 30;
+  // Clients whose applied push sequences are remembered (exactly-once
+  // pushes, cc/server/applied_sequences.h); past it the client idle the
+  // longest is forgotten (a late retry of its last push is applied again).
+  // Must be >= 1.
+  uint64_t max_exactly_once_clients = AppliedSequences::kDefaultMaxClients;
+  // Workers joined to one table's clocks at once (SSP/BSP); past it a Join is
+  // RESOURCE_EXHAUSTED naming the flag. Must be >= 1.
+  uint64_t max_workers_per_table = WorkerClocks::kDefaultMaxWorkers;
+  // Bytes of BSP adds one table holds back for slower workers; past it a
+  // push is UNAVAILABLE ("retry"), one add larger than it
+  // RESOURCE_EXHAUSTED. Must be > 0.
+  uint64_t max_held_add_bytes = uint64_t{1} << 30;
 
   // Fault injection for tests: every n-th applied push is answered
   // UNAVAILABLE as if its reply were lost. 0: off.
