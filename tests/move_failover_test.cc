@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -237,6 +238,32 @@ class TablesWorkload : public Workload {
   std::unique_ptr<Table> emb_, kv_;
   std::unique_ptr<KvWorker> w0_, w1_;
   std::unique_ptr<testing::ReferenceEmb> reference_;
+};
+
+// Dense SGD and the table workload in one step: every batch kind moves.
+class MixedWorkload : public Workload {
+ public:
+  absl::Status Init(Client& client) override {
+    PS_RETURN_IF_ERROR(dense_.Init(client));
+    return tables_.Init(client);
+  }
+  absl::Status Step(int step) override {
+    PS_RETURN_IF_ERROR(dense_.Step(step));
+    return tables_.Step(step);
+  }
+  void Expect(Client& fresh, int steps, const ScaleResult&, uint32_t) override {
+    ExpectValues(fresh, steps);
+  }
+  void ExpectValues(Client& fresh, int steps) {
+    ExpectDenseExact(fresh, steps);
+    if (::testing::Test::HasFatalFailure()) return;
+    tables_.ExpectValues(fresh, steps);
+  }
+  void Stop() override { tables_.Stop(); }
+
+ private:
+  DenseWorkload dense_;
+  TablesWorkload tables_;
 };
 
 class MoveFailoverTest : public ::testing::Test {
@@ -705,11 +732,15 @@ class ReplicasMoveTest : public MoveFailoverTest {
   using Processes = std::vector<std::unique_ptr<ChildProcess>>;
   static constexpr absl::Duration kAttempt = absl::Seconds(30);
 
-  // A process with --replicas=2; with `index`, returned once its own
-  // server claimed that index.
+  // A process with --replicas=replicas_ (and, for R > 2, --max_standbys=R:
+  // a slot of a new process backs up an old shard as its R-th backup until
+  // one of that shard's backups moves on to the new shard); with `index`,
+  // returned once its own server claimed that index.
   std::unique_ptr<ChildProcess> StartProcess(std::optional<uint32_t> index,
                                              const std::vector<std::string>& extra) {
-    std::vector<std::string> flags = {"--replicas=2", "--depart_linger_seconds=1"};
+    std::vector<std::string> flags = {absl::StrCat("--replicas=", replicas_),
+                                      "--depart_linger_seconds=1"};
+    if (replicas_ > 2) flags.push_back(absl::StrCat("--max_standbys=", replicas_));
     flags.insert(flags.end(), extra.begin(), extra.end());
     return SpawnServer(flags, index);
   }
@@ -759,17 +790,10 @@ class ReplicasMoveTest : public MoveFailoverTest {
       processes.push_back(StartProcess(i, extra));
       if (processes.back() == nullptr) return nullptr;
     }
-    // Checksums are compared only once writes went on: a GetStats with
-    // state_checksum on a standby that has applied no write yet made its
-    // primary's first write to it time out (10 s; seen in several runs,
-    // not understood: docs/elastic.md).
-    ExpectEveryShardBackedUp(3, processes, /*checksums=*/false);
+    ExpectEveryShardBackedUp(3, processes);
     if (HasFatalFailure()) return nullptr;
-    // A primary's first write after a backup left (its slot moved to a
-    // shard lacking one) may still wait for the replicate timeout (10 s)
-    // before it drops the backup (docs/elastic.md, "Limits"): longer than
-    // the default attempt (an InitParam sent again would find itself
-    // applied).
+    // An InitParam sent again would find itself applied (ALREADY_EXISTS):
+    // its attempt must not time out on a loaded machine.
     std::unique_ptr<Client> client = Connect(kAttempt);
     if (client == nullptr) return nullptr;
     InitParams(*client);
@@ -780,11 +804,52 @@ class ReplicasMoveTest : public MoveFailoverTest {
     return client;
   }
 
-  // With no write under way: waits until every shard 0..count-1 has one
-  // live backup (listed in /shards/<i>, holding /standby/<i>/<instance>),
-  // and no other (the slots settled: none leaves a shard afterwards), whose
-  // state checksum equals its primary's.
-  void ExpectEveryShardBackedUp(uint32_t count, Processes& processes, bool checksums = true) {
+  // kill -9 of process `shard` (which serves shard `shard`, listed with at
+  // least `backups` backups), then waits until one of them holds the shard
+  // (a slot that left the shard stays listed until the primary's next write
+  // drops it; it is gone and takes nothing over).
+  void KillAndAwaitTakeover(uint32_t shard, Processes& processes, int backups) {
+    const v1::ShardConfig before = Config(shard);
+    ASSERT_GE(before.replicas_size(), backups) << Drain(processes);
+    ASSERT_EQ(kill(processes[shard]->pid(), SIGKILL), 0) << std::strerror(errno);
+    ASSERT_OK_AND_ASSIGN(int status, processes[shard]->WaitForExit(absl::Now() + kWait));
+    EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
+    bool took_over = false;
+    for (int i = 0; i < 4500 && !took_over; ++i) {
+      Drain(processes);
+      const std::string holder = Config(shard).holder();
+      took_over = std::find(before.replicas().begin(), before.replicas().end(), holder) !=
+                  before.replicas().end();
+      if (!took_over) absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(took_over) << Drain(processes);
+  }
+
+  // Processes 0 .. count-1 of `count`, every shard backed up, then a
+  // client (null after a failure) with `workload` initialized through it.
+  std::unique_ptr<Client> StartAndInit(uint32_t count, Processes& processes,
+                                       Workload& workload) {
+    for (uint32_t i = 0; i < count; ++i) {
+      processes.push_back(StartProcess(i, {absl::StrCat("--num_servers=", count)}));
+      if (processes.back() == nullptr) return nullptr;
+    }
+    ExpectEveryShardBackedUp(count, processes);
+    if (HasFatalFailure()) return nullptr;
+    std::unique_ptr<Client> client = Connect(kAttempt);
+    if (client == nullptr) return nullptr;
+    if (absl::Status init = workload.Init(*client); !init.ok()) {
+      ADD_FAILURE() << init << Drain(processes);
+      return nullptr;
+    }
+    return client;
+  }
+
+  // With no write under way: waits until every shard 0..count-1 has
+  // replicas_ - 1 live backups (holding /standby/<i>/<instance>), each
+  // listed in /shards/<i>, and no other (the slots settled: none leaves a
+  // shard afterwards), whose state checksums equal their primary's.
+  void ExpectEveryShardBackedUp(uint32_t count, Processes& processes) {
+    const size_t wanted = static_cast<size_t>(replicas_ - 1);
     for (uint32_t shard = 0; shard < count; ++shard) {
       bool equal = false;
       std::string seen = "nothing";
@@ -794,26 +859,119 @@ class ReplicasMoveTest : public MoveFailoverTest {
         const v1::ShardConfig config = Config(shard);
         absl::StatusOr<std::vector<KeyValue>> live =
             etcd_client_->GetPrefix(etcd_keys::StandbyPrefix(shard));
-        for (const std::string& replica : config.replicas()) {
-          if (!live.ok() || live->size() != 1) break;
-          const std::optional<std::string> backup =
-              LiveAddress(etcd_keys::StandbyKey(shard, replica));
-          if (!primary.has_value() || !backup.has_value()) continue;
-          const std::optional<uint32_t> a = checksums ? ChecksumOf(*primary) : 0;
-          const std::optional<uint32_t> b = checksums ? ChecksumOf(*backup) : 0;
-          equal = a.has_value() && b.has_value() && *a == *b;
-          seen = absl::StrCat("primary ", *primary, " ", a.value_or(0), ", backup ", *backup, " ",
-                              b.value_or(0));
-          if (equal) break;
+        if (primary.has_value() && live.ok() && live->size() == wanted) {
+          const std::optional<uint32_t> a = ChecksumOf(*primary);
+          equal = a.has_value();
+          seen = absl::StrCat("primary ", *primary, " ", a.value_or(0));
+          for (const KeyValue& kv : *live) {
+            absl::StatusOr<etcd_keys::ServerEntry> backup = etcd_keys::ParseServerValue(kv.value);
+            const bool listed =
+                backup.ok() && std::find(config.replicas().begin(), config.replicas().end(),
+                                         backup->instance_id) != config.replicas().end();
+            const std::optional<uint32_t> b =
+                listed ? ChecksumOf(backup->address) : std::nullopt;
+            equal = equal && b.has_value() && *b == *a;
+            absl::StrAppend(&seen, ", backup ", backup.ok() ? backup->address : "?",
+                            listed ? " " : " (not listed) ", b.value_or(0));
+          }
+        } else {
+          seen = absl::StrCat(live.ok() ? live->size() : 0, " live backups, ",
+                              config.replicas_size(), " listed, primary ",
+                              primary.value_or("(none)"));
         }
         if (!equal) absl::SleepFor(absl::Milliseconds(30));
       }
-      ASSERT_TRUE(equal) << "shard " << shard << " has no live backup with its primary's "
-                         << "checksum (last seen: " << seen << ")\n"
+      ASSERT_TRUE(equal) << "shard " << shard << " has not " << wanted
+                         << " live listed backups with its primary's checksum (last seen: "
+                         << seen << ")\n"
                          << Drain(processes);
       std::printf("shard %u: %s\n", shard, seen.c_str());
     }
   }
+
+  // What a shard holds: dense blocks (GetStats) and rows per table
+  // (TableStats, tables without rows left out).
+  struct Held {
+    uint64_t blocks = 0;
+    std::map<std::string, uint64_t> rows;
+    bool operator==(const Held& other) const {
+      return blocks == other.blocks && rows == other.rows;
+    }
+  };
+  static std::string Describe(const Held& held) {
+    std::string out = absl::StrCat(held.blocks, " blocks");
+    for (const auto& [table, rows] : held.rows) absl::StrAppend(&out, ", ", rows, " ", table);
+    return out;
+  }
+  // Each shard's share under `count` servers of the MixedWorkload's model.
+  static std::vector<Held> SharesUnder(uint32_t count) {
+    const Placement placement = Placement::Jump(count, 0, kBlockBytes);
+    std::vector<Held> shares(count);
+    for (int p = 0; p < kParams; ++p) {
+      for (uint32_t b = 0; b < kWidth * 4 / kBlockBytes; ++b) {
+        ++shares[placement.ServerOf(Param(p), b)].blocks;
+      }
+    }
+    for (uint64_t key : testing::EmbKeys()) ++shares[placement.HashKeyServer(key)].rows["emb"];
+    for (uint64_t key : testing::KvKeys()) ++shares[placement.HashKeyServer(key)].rows["kv"];
+    return shares;
+  }
+  // What the server at `address` holds (a standby answers too); nullopt
+  // (with `error` set) if it does not answer.
+  static std::optional<Held> HeldBy(const std::string& address, std::string* error) {
+    std::unique_ptr<v1::ParameterServer::Stub> stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::GetStatsResponse response;
+    const grpc::Status status = stub->GetStats(&context, v1::GetStatsRequest(), &response);
+    if (!status.ok()) {
+      *error = absl::StrCat(address, ": ", status.error_message());
+      return std::nullopt;
+    }
+    Held held;
+    held.blocks = response.stats().parameters();
+    held.rows = TableRows(address, error);
+    return held;
+  }
+  // Waits until the primary of every shard 0..count-1 and each of its live
+  // backups hold exactly the shard's share under `count` servers (each
+  // replica drops what it handed over once the DROPPED marks reach it).
+  void ExpectEveryReplicaHoldsItsShare(uint32_t count, Processes& processes) {
+    const std::vector<Held> shares = SharesUnder(count);
+    for (uint32_t shard = 0; shard < count; ++shard) {
+      bool exact = false;
+      std::string seen;
+      for (int i = 0; i < 3000 && !exact; ++i) {
+        Drain(processes);
+        std::vector<std::string> addresses;
+        if (std::optional<std::string> primary = LiveAddress(etcd_keys::ServerKey(shard))) {
+          addresses.push_back(*primary);
+        }
+        absl::StatusOr<std::vector<KeyValue>> live =
+            etcd_client_->GetPrefix(etcd_keys::StandbyPrefix(shard));
+        for (const KeyValue& kv : live.ok() ? *live : std::vector<KeyValue>()) {
+          absl::StatusOr<etcd_keys::ServerEntry> backup = etcd_keys::ParseServerValue(kv.value);
+          if (backup.ok()) addresses.push_back(backup->address);
+        }
+        exact = addresses.size() == static_cast<size_t>(replicas_);
+        seen = absl::StrCat(addresses.size(), " replicas");
+        for (const std::string& address : addresses) {
+          std::string error;
+          const std::optional<Held> held = HeldBy(address, &error);
+          exact = exact && held.has_value() && *held == shares[shard];
+          absl::StrAppend(&seen, "; ", address, ": ", held ? Describe(*held) : error);
+        }
+        if (!exact) absl::SleepFor(absl::Milliseconds(30));
+      }
+      EXPECT_TRUE(exact) << "shard " << shard << "'s share is " << Describe(shares[shard])
+                         << "; seen " << seen;
+      std::printf("shard %u, share %s: %s\n", shard, Describe(shares[shard]).c_str(),
+                  seen.c_str());
+    }
+  }
+
+  int replicas_ = 2;  // --replicas of every process
 };
 
 // 3 -> 4 -> 3 processes with --replicas=2 under a trainer: the fourth
@@ -902,20 +1060,8 @@ TEST_F(ReplicasMoveTest, AProcessKilledMidMoveLosesNothing) {
                 ->WaitForLine("pserver 2: testing: live move stalled", absl::Now() + kWait)
                 .status())
       << Drain(processes);
-  const v1::ShardConfig before = Config(2);
-  ASSERT_GE(before.replicas_size(), 1) << Drain(processes);
-  ASSERT_EQ(kill(processes[2]->pid(), SIGKILL), 0) << std::strerror(errno);
-  ASSERT_OK_AND_ASSIGN(int status, processes[2]->WaitForExit(absl::Now() + kWait));
-  EXPECT_TRUE(WIFSIGNALED(status)) << DescribeWaitStatus(status);
-  bool took_over = false;
-  for (int i = 0; i < 4500 && !took_over; ++i) {
-    Drain(processes);
-    for (const std::string& replica : before.replicas()) {
-      took_over = took_over || Config(2).holder() == replica;
-    }
-    if (!took_over) absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_TRUE(took_over) << Drain(processes);
+  KillAndAwaitTakeover(2, processes, /*backups=*/1);
+  ASSERT_FALSE(HasFatalFailure());
 
   absl::StatusOr<ScaleResult> result = scaled.get();
   ASSERT_OK(result) << Drain(processes);
@@ -956,17 +1102,11 @@ TEST_F(ReplicasMoveTest, AProcessKilledMidMoveLosesNothing) {
 // and each shard's primary and backup hold exactly its share of the rows.
 TEST_F(ReplicasMoveTest, TableRowsMoveTwoToThreeWithABackupOfEveryShard) {
   Processes processes;
-  for (uint32_t i = 0; i < 2; ++i) {
-    processes.push_back(StartProcess(i, {"--num_servers=2"}));
-    ASSERT_NE(processes.back(), nullptr);
-  }
-  ExpectEveryShardBackedUp(2, processes, /*checksums=*/false);
-  ASSERT_FALSE(HasFatalFailure());
-  std::unique_ptr<Client> client = Connect(kAttempt);
-  ASSERT_NE(client, nullptr);
+  std::unique_ptr<Client> client;  // outlives the workload's Stop
   TablesWorkload workload;
   absl::Cleanup stop_workload = [&workload] { workload.Stop(); };
-  ASSERT_OK(workload.Init(*client)) << Drain(processes);
+  client = StartAndInit(2, processes, workload);
+  ASSERT_NE(client, nullptr);
   auto trainer =
       std::make_unique<StepTrainer>([&workload](int step) { return workload.Step(step); });
   ASSERT_TRUE(trainer->Advance(3)) << trainer->Stop();
@@ -1022,6 +1162,66 @@ TEST_F(ReplicasMoveTest, TableRowsMoveTwoToThreeWithABackupOfEveryShard) {
                 static_cast<unsigned long long>(share[shard]["kv"]));
   }
   std::printf("%d steps, exact through 2 -> 3 with --replicas=2 and tables\n", steps);
+}
+
+// R=3 (--replicas=3): 3 -> 4 processes under dense SGD and the table
+// workload together. Every process runs its own server and two standby
+// slots; the fourth's slots back up old shards as a third backup
+// (--max_standbys=3) until a backup of each moves on to the new shard.
+// After the move every shard has two live backups listed, all three
+// replicas hold exactly the shard's share under 4 servers (dense blocks,
+// emb and kv rows) with equal state checksums, and the values are exact.
+// Then process 0 (shard 0's primary, and a backup of two other shards) is
+// killed (kill -9) right after the move: a backup of shard 0 takes it over
+// holding exactly its share, and training goes on exact.
+TEST_F(ReplicasMoveTest, ThreeReplicasGrowThreeToFourAndSurviveAPrimaryKilledAfter) {
+  replicas_ = 3;
+  Processes processes;
+  std::unique_ptr<Client> client;  // outlives the workload's Stop
+  MixedWorkload workload;
+  absl::Cleanup stop_workload = [&workload] { workload.Stop(); };
+  client = StartAndInit(3, processes, workload);
+  ASSERT_NE(client, nullptr);
+  auto trainer =
+      std::make_unique<StepTrainer>([&workload](int step) { return workload.Step(step); });
+  ASSERT_TRUE(trainer->Advance(3)) << trainer->Stop() << Drain(processes);
+
+  ScaleResult grown;
+  GrowTo(4, processes, *client, &grown);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_GT(grown.blocks_moved, 0u);
+  EXPECT_GT(grown.bytes_moved, 0u);
+  ASSERT_TRUE(trainer->Advance(2)) << trainer->Stop() << Drain(processes);
+  ASSERT_OK(trainer->Stop());
+  int steps = trainer->steps();
+  std::unique_ptr<Client> fresh = Connect(kAttempt);
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_EQ(fresh->num_servers(), 4);
+  workload.ExpectValues(*fresh, steps);
+  ASSERT_FALSE(HasFatalFailure()) << Drain(processes);
+  ExpectEveryShardBackedUp(4, processes);
+  ASSERT_FALSE(HasFatalFailure());
+  ExpectEveryReplicaHoldsItsShare(4, processes);
+  ASSERT_FALSE(HasFatalFailure());
+
+  // kill -9 of process 0: one of shard 0's two live backups takes it over.
+  KillAndAwaitTakeover(0, processes, /*backups=*/2);
+  ASSERT_FALSE(HasFatalFailure());
+  StepTrainer after([&workload](int step) { return workload.Step(step); }, steps);
+  ASSERT_TRUE(after.Advance(3)) << after.Stop() << Drain(processes);
+  ASSERT_OK(after.Stop());
+  steps = after.steps();
+  fresh = Connect(kAttempt);
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_EQ(fresh->num_servers(), 4);
+  workload.ExpectValues(*fresh, steps);
+  ASSERT_FALSE(HasFatalFailure()) << Drain(processes);
+  std::string error;
+  const std::optional<Held> held = HeldBy(AddressAt(etcd_keys::ServerKey(0)), &error);
+  ASSERT_TRUE(held.has_value()) << error;
+  EXPECT_EQ(Describe(*held), Describe(SharesUnder(4)[0])) << "shard 0's new primary";
+  std::printf("%d steps, exact through 3 -> 4 with --replicas=3 and a kill -9 of process 0\n",
+              steps);
 }
 
 }  // namespace

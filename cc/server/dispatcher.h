@@ -233,6 +233,8 @@ class Dispatcher {
   // pushes) goes through `shipper` (not owned; outlives the dispatcher).
   // Null (the default): applied as they come.
   void SetShipper(WriteShipper* shipper) { shipper_.store(shipper, std::memory_order_release); }
+  // Whether writes go through a shipper now (they may then wait for backups).
+  bool Ships() const { return shipper_.load(std::memory_order_acquire) != nullptr; }
   // Runs `apply` through the shipper when one is set, else alone (its
   // `ship` then does nothing). WriteShipper::Write says what `ship` is.
   absl::Status Ship(absl::string_view method, absl::FunctionRef<SharedBytes()> request,

@@ -188,6 +188,14 @@ void SetTransportLimits(const ServerOptions& options, int max_threads,
 
 absl::Status StoppedWhileStarting() { return absl::CancelledError("stopped while starting"); }
 
+// Whether `config` (/shards/<i> as read) names server `instance` (at
+// `epoch`) as holder: at its epoch, or at a later one that its own change
+// wrote (a standby listed, a backup dropped: etcd moves first, the
+// server's ShardConfigCell just after), which another server could not have.
+bool StillHolds(const v1::ShardConfig& config, const std::string& instance, uint64_t epoch) {
+  return config.holder() == instance && config.epoch() >= epoch;
+}
+
 // Mutual TLS on gRPC's own listener; `port` is set once the server starts
 // (0 if it could not listen). A client that connects and says nothing is
 // dropped after handshake_timeout, as pserver's Listener does.
@@ -1264,10 +1272,7 @@ void Server::CheckShardEpoch() {
     StepDown(std::string(config.status().message()));
     return;
   }
-  // Named as holder: at this server's epoch, or at a later one that its own
-  // change wrote (a standby attached, a backup dropped: etcd moves first,
-  // config_ just after), which another server could not have.
-  if (config->holder() == instance_id_ && config->epoch() >= epoch()) return;
+  if (StillHolds(*config, instance_id_, epoch())) return;
   StepDown(absl::StrCat(
       "etcd ", key, " is at epoch ", config->epoch(), ", held by instance ", config->holder(),
       config->holder_address().empty() ? std::string()
@@ -1619,9 +1624,25 @@ absl::StatusOr<CheckpointInfo> Server::Save() {
   // Published only while /shards/<i> still holds this server's epoch.
   if (etcd_ != nullptr) {
     PS_ASSIGN_OR_RETURN(std::string json, ToJson(RecordOf(info, address_)));
-    absl::StatusOr<TxnResult> published =
-        etcd_->Txn({Compare::ValueEquals(etcd_keys::ShardKey(index_), config_.value())},
-                   {TxnOp::Put(CheckpointKey(index_), json)});
+    const std::string key = etcd_keys::ShardKey(index_);
+    auto publish = [&](const std::string& expected) {
+      return etcd_->Txn({Compare::ValueEquals(key, expected)},
+                        {TxnOp::Put(CheckpointKey(index_), json)});
+    };
+    absl::StatusOr<TxnResult> published = publish(config_.value());
+    // This server's own change of backups (a standby listed, a backup
+    // dropped) writes /shards/<i> a moment before config_ follows: a
+    // publish read between the two is refused though no other server
+    // claimed the shard. While etcd still names this server as holder
+    // (StillHolds), the publish is made against what etcd holds (a few
+    // times at most).
+    for (int attempt = 0; attempt < 3 && published.ok() && !published->succeeded; ++attempt) {
+      absl::StatusOr<KeyValue> current = etcd_->Get(key);
+      if (!current.ok()) break;
+      absl::StatusOr<v1::ShardConfig> config = ParseShardConfig(index_, current->value);
+      if (!config.ok() || !StillHolds(*config, instance_id_, epoch())) break;
+      published = publish(current->value);
+    }
     if (!published.ok()) {
       return absl::Status(
           published.status().code(),

@@ -161,10 +161,28 @@ class BulkReactor final : public grpc::ServerUnaryReactor {
  public:
   // Runs `method` and finishes, telling the client when the call was
   // received and processed (trailing metadata).
+  // A push that may wait for backups runs on `blocking`'s threads.
   BulkReactor(Dispatcher& dispatcher, const ServiceSecurity& security, absl::string_view name,
               BulkMethod method, grpc::CallbackServerContext* context,
-              const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
+              const grpc::ByteBuffer& request, grpc::ByteBuffer* response,
+              BlockingCalls& blocking) {
     const int64_t received = UnixNanos();
+    if (BlockingCalls::MayWait(dispatcher, name, /*writes=*/name != "GetParams")) {
+      // gRPC keeps the request, response and context until Finish.
+      blocking.Run([this, &dispatcher, &security, name, method, context, &request, response,
+                    received] {
+        Serve(dispatcher, security, name, method, context, request, response, received);
+      });
+      return;
+    }
+    Serve(dispatcher, security, name, method, context, request, response, received);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Serve(Dispatcher& dispatcher, const ServiceSecurity& security, absl::string_view name,
+             BulkMethod method, grpc::CallbackServerContext* context,
+             const grpc::ByteBuffer& request, grpc::ByteBuffer* response, int64_t received) {
     absl::Status status = AdmitCall(security, *context, name);
     if (status.ok()) status = method(dispatcher, request, response, &hold_);
     if (!status.ok()) {
@@ -177,9 +195,7 @@ class BulkReactor final : public grpc::ServerUnaryReactor {
     context->AddTrailingMetadata(kServerTraceMetadataKey, trace.SerializeAsString());
     Finish(ToGrpcStatus(status));
   }
-  void OnDone() override { delete this; }
 
- private:
   ReplyHold hold_;
 };
 
@@ -190,8 +206,8 @@ class BulkReactor final : public grpc::ServerUnaryReactor {
 class CallReactor final : public grpc::ServerGenericBidiReactor {
  public:
   CallReactor(Dispatcher* dispatcher, const ServiceSecurity* security,
-              grpc::GenericCallbackServerContext* context)
-      : dispatcher_(dispatcher), security_(security), context_(context) {
+              grpc::GenericCallbackServerContext* context, BlockingCalls* blocking)
+      : dispatcher_(dispatcher), security_(security), context_(context), blocking_(blocking) {
     StartRead(&request_);
   }
 
@@ -202,6 +218,13 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     }
     absl::string_view name = context_->method();
     if (!absl::ConsumePrefix(&name, Dispatcher::kMethodPrefix)) return Unknown();
+    const Dispatcher::Method* method = dispatcher_->FindMethod(name);
+    if (method != nullptr && BlockingCalls::MayWait(*dispatcher_, name, method->writes)) {
+      // Not on gRPC's callback thread (service.h); the reactor lives until
+      // it finishes.
+      blocking_->Run([this, name] { Control(name); });
+      return;
+    }
     Control(name);
   }
 
@@ -313,6 +336,7 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
   Dispatcher* const dispatcher_;
   const ServiceSecurity* const security_;
   grpc::GenericCallbackServerContext* const context_;
+  BlockingCalls* const blocking_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
   std::unique_ptr<protobuf::Message> request_message_;
@@ -404,25 +428,45 @@ BulkPushFn FindBulkPushMethod(absl::string_view method) {
   return nullptr;
 }
 
+bool BlockingCalls::MayWait(const Dispatcher& dispatcher, absl::string_view name, bool writes) {
+  if (name == "Replicate" || name == "AttachStandby" || name == "ReceiveBlocks" ||
+      name == "Save") {
+    return true;
+  }
+  return writes && dispatcher.Ships();
+}
+
+void BlockingCalls::Run(std::function<void()> call) {
+  Executor* executor = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (executor_ == nullptr) executor_ = std::make_unique<Executor>(kBlockingCallThreads);
+    executor = executor_.get();
+  }
+  executor->Schedule(std::move(call));
+}
+
 ParameterServerService::BulkService::BulkService(Dispatcher* dispatcher,
-                                                 const ServiceSecurity* security) {
+                                                 const ServiceSecurity* security,
+                                                 BlockingCalls* blocking) {
   for (int i = 0; i < 3; ++i) {
     AddMethod(new grpc::internal::RpcServiceMethod(
         kBulkMethods[i], grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
     MarkMethodRawCallback(
         i, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
-               [dispatcher, security, name = BulkMethodName(i), method = kBulkHandlers[i]](
-                   grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-                   grpc::ByteBuffer* response) {
+               [dispatcher, security, blocking, name = BulkMethodName(i),
+                method = kBulkHandlers[i]](grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) {
                  return new BulkReactor(*dispatcher, *security, name, method, context, *request,
-                                        response);
+                                        response, *blocking);
                }));
   }
 }
 
 grpc::ServerGenericBidiReactor* ParameterServerService::ControlService::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
-  return new CallReactor(dispatcher_, security_, context);
+  return new CallReactor(dispatcher_, security_, context, blocking_);
 }
 
 void ParameterServerService::RegisterWith(grpc::ServerBuilder* builder) {

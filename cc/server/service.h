@@ -16,15 +16,30 @@
 // times on the bulk calls (trailing metadata), reply bytes held against the
 // reply budget until the reply is sent, waits cancelled when the client
 // cancels, INVALID_ARGUMENT for a malformed request (counted), UNIMPLEMENTED
-// for an unknown method. No call holds a thread while it waits.
+// for an unknown method. No call holds a thread while it waits (a wait
+// completes the call later), and no call that may wait on another server
+// holds one of gRPC's callback threads: those are few and shared by every
+// server of the process (gRPC runs callback handlers on a process-wide pool
+// of 2-16 threads, half the cores), so a primary's replicated writes
+// waiting for their backups' answers there would keep a standby slot of
+// the same process (--replicas) from answering its own primary, which may
+// be waiting on this process in turn (docs/replication.md). Such calls
+// (BlockingCalls::MayWait) run on the service's own threads instead
+// (kBlockingCallThreads, started at the first such call; more wait in
+// order for one).
 //
 // Thread-safe, as the dispatcher is.
 #ifndef PSERVER_CC_SERVER_SERVICE_H_
 #define PSERVER_CC_SERVER_SERVICE_H_
 
+#include <functional>
+#include <memory>
 #include <string>
 
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "cc/auth/authorizer.h"
+#include "cc/client/executor.h"
 #include "cc/rpc/wire.h"
 #include "cc/server/dispatcher.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -77,12 +92,33 @@ struct ServiceSecurity {
 absl::Status AdmitCall(const ServiceSecurity& security, const grpc::ServerContextBase& context,
                        absl::string_view method);
 
+// The threads a service runs its calls that may wait on other servers on.
+inline constexpr int kBlockingCallThreads = 16;
+
+// Runs the calls that may wait on other servers off gRPC's callback threads.
+// Thread-safe.
+class BlockingCalls {
+ public:
+  // Whether control method `name` (a short name), or bulk push `name`, may
+  // wait on another server on `dispatcher`: a write while writes are shipped
+  // to backups (it waits for their answers), a backup's Replicate (it
+  // waits for the earlier writes), AttachStandby, ReceiveBlocks and Save.
+  static bool MayWait(const Dispatcher& dispatcher, absl::string_view name, bool writes);
+  // Runs `call` on one of kBlockingCallThreads threads (started at the
+  // first call), in order with the others waiting for one.
+  void Run(std::function<void()> call);
+
+ private:
+  absl::Mutex mu_;
+  std::unique_ptr<Executor> executor_ ABSL_GUARDED_BY(mu_);
+};
+
 class ParameterServerService {
  public:
   // `dispatcher` must outlive the service.
   explicit ParameterServerService(Dispatcher* dispatcher, ServiceSecurity security = {})
-      : security_(std::move(security)), bulk_(dispatcher, &security_),
-        control_(dispatcher, &security_) {}
+      : security_(std::move(security)), bulk_(dispatcher, &security_, &blocking_),
+        control_(dispatcher, &security_, &blocking_) {}
 
   // Registers both parts; the service must outlive the server built.
   void RegisterWith(grpc::ServerBuilder* builder);
@@ -90,21 +126,25 @@ class ParameterServerService {
  private:
   class BulkService final : public grpc::Service {
    public:
-    BulkService(Dispatcher* dispatcher, const ServiceSecurity* security);
+    BulkService(Dispatcher* dispatcher, const ServiceSecurity* security, BlockingCalls* blocking);
   };
   class ControlService final : public grpc::CallbackGenericService {
    public:
-    ControlService(Dispatcher* dispatcher, const ServiceSecurity* security)
-        : dispatcher_(dispatcher), security_(security) {}
+    ControlService(Dispatcher* dispatcher, const ServiceSecurity* security,
+                   BlockingCalls* blocking)
+        : dispatcher_(dispatcher), security_(security), blocking_(blocking) {}
     grpc::ServerGenericBidiReactor* CreateReactor(
         grpc::GenericCallbackServerContext* context) override;
 
    private:
     Dispatcher* const dispatcher_;
     const ServiceSecurity* const security_;
+    BlockingCalls* const blocking_;
   };
 
   const ServiceSecurity security_;
+  // Its calls use security_: declared after it, they finish before it goes.
+  BlockingCalls blocking_;
   BulkService bulk_;
   ControlService control_;
 };
