@@ -257,9 +257,7 @@ class Dispatcher {
   // channel, bulk_listener.cc): the reads are opened first, then
   // PushStreaming applies the push and the caller reads each opened block
   // as soon as the gradients to it are applied.
-  // Whether pushes go to backups first (SetShipper): then a reply waits
-  // for them, and is not streamed.
-  bool Ships() const { return shipper_.load(std::memory_order_acquire) != nullptr; }
+  // (A reply waits for backups when Ships(): then it is not streamed.)
   // Read's checks of `refs` (serving, placement, the store's), each block
   // opened; nothing read yet.
   absl::StatusOr<std::vector<ParameterStore::OpenedBlock>> OpenReads(
