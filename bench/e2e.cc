@@ -68,6 +68,9 @@ ABSL_FLAG(std::vector<std::string>, dense_kinds, {},
 ABSL_FLAG(int, failover_kills, 20,
           "Kills (kill -9 of a primary) the replication group times failover over (--quick: at "
           "most 5); 0: no failover run.");
+ABSL_FLAG(int, failover_pauses, 3,
+          "Primaries paused (SIGSTOP: a silent host, taken over at lease expiry) after the "
+          "kills, timed the same way (replication group, failover_silent).");
 ABSL_FLAG(std::vector<std::string>, replication_replicas, {},
           "Replication factors R of the replication group (e.g. 1,2); default: 1, 2, 3.");
 ABSL_FLAG(std::vector<std::string>, replication_servers, {},
@@ -688,6 +691,7 @@ absl::Status Run(int argc, char** argv) {
     ReplicationGroupOptions replication;
     replication.pserver_binary = PserverBinary();
     replication.failover_kills = absl::GetFlag(FLAGS_failover_kills);
+    replication.failover_pauses = absl::GetFlag(FLAGS_failover_pauses);
     replication.server_flags = absl::GetFlag(FLAGS_server_flags);
     auto numbers = [](const std::vector<std::string>& texts, const char* flag,
                       auto* out) -> absl::Status {

@@ -101,7 +101,22 @@ class Cluster {
 
   // kill -9 of shard `shard`'s primary; returns once it is reaped.
   absl::Status KillPrimary(uint32_t shard) {
+    PS_ASSIGN_OR_RETURN(std::string address, PausePrimary(shard));
+    return KillPaused(address);
+  }
+  // SIGSTOP of shard `shard`'s primary (a silent host: its kernel still
+  // accepts connections, so nothing is refused); returns its address.
+  absl::StatusOr<std::string> PausePrimary(uint32_t shard) {
     PS_ASSIGN_OR_RETURN(std::string address, AddressAt(etcd_keys::ServerKey(shard)));
+    auto it = processes_.find(address);
+    if (it == processes_.end()) {
+      return absl::NotFoundError(absl::StrCat("no process of this run serves ", address));
+    }
+    if (kill(it->second->pid(), SIGSTOP) != 0) return absl::InternalError("SIGSTOP failed");
+    return address;
+  }
+  // kill -9 of the (paused) process at `address`; returns once it is reaped.
+  absl::Status KillPaused(const std::string& address) {
     auto it = processes_.find(address);
     if (it == processes_.end()) {
       return absl::NotFoundError(absl::StrCat("no process of this run serves ", address));
@@ -309,17 +324,42 @@ absl::Status Failover(Harness& h, const ReplicationGroupOptions& options) {
   PS_RETURN_IF_ERROR(trainer.Init());
   std::mt19937 random(12345);
   std::vector<double> seconds;
-  for (int k = 0; k < kills; ++k) {
-    // A few steps between kills, at a seeded random count.
-    PS_RETURN_IF_ERROR(
-        trainer.AwaitStep(0, trainer.steps() + 2 + random() % 4).status());
-    const double killed = NowSeconds();
-    PS_RETURN_IF_ERROR(cluster->KillPrimary(k % kServers));
-    PS_ASSIGN_OR_RETURN(double next, trainer.AwaitStep(killed, 1));
-    seconds.push_back(next - killed);
-    PS_RETURN_IF_ERROR(cluster->AddStandby(k % kServers));
+  // kill -9 (evident: the dead primary's port refuses) or SIGSTOP (silent:
+  // taken over at lease expiry, --lease_ttl=2 here) of shard k's primary.
+  auto fail_over = [&](int k, bool silent, std::vector<double>* out) -> absl::Status {
+    // A few steps between failures, at a seeded random count.
+    PS_RETURN_IF_ERROR(trainer.AwaitStep(0, trainer.steps() + 2 + random() % 4).status());
+    const double failed = NowSeconds();
+    std::string paused;
+    if (silent) {
+      PS_ASSIGN_OR_RETURN(paused, cluster->PausePrimary(k % kServers));
+    } else {
+      PS_RETURN_IF_ERROR(cluster->KillPrimary(k % kServers));
+    }
+    PS_ASSIGN_OR_RETURN(double next, trainer.AwaitStep(failed, 1));
+    out->push_back(next - failed);
+    if (silent) PS_RETURN_IF_ERROR(cluster->KillPaused(paused));
+    return cluster->AddStandby(k % kServers);
+  };
+  for (int k = 0; k < kills; ++k) PS_RETURN_IF_ERROR(fail_over(k, /*silent=*/false, &seconds));
+  std::vector<double> silent_seconds;
+  const int pauses = std::max(0, h.quick() ? std::min(options.failover_pauses, 1)
+                                            : options.failover_pauses);
+  for (int k = 0; k < pauses; ++k) {
+    PS_RETURN_IF_ERROR(fail_over(kills + k, /*silent=*/true, &silent_seconds));
   }
   PS_RETURN_IF_ERROR(trainer.Stop());
+  if (!silent_seconds.empty()) {
+    Result& r = h.Add("replication", "failover_silent");
+    r.set_payload_bytes(Trainer::kParams * Trainer::kParamBytes);
+    r.set_servers(kServers);
+    r.set_workers(1);
+    r.set_unit("s");
+    r.set_repetitions(static_cast<uint32_t>(silent_seconds.size()));
+    *r.mutable_value() = Summarize(silent_seconds);
+    (*r.mutable_extra())["pauses"] = static_cast<double>(silent_seconds.size());
+    (*r.mutable_extra())["lease_ttl_s"] = 2;
+  }
   Result& r = h.Add("replication", "failover");
   r.set_payload_bytes(Trainer::kParams * Trainer::kParamBytes);
   r.set_servers(kServers);

@@ -13,6 +13,9 @@
 //                 --failover_kills kills (--quick: at most 5), 3 servers,
 //                 R=2, a model of 8 x 1M float32 pushed whole every step;
 //                 a new standby attaches after each takeover
+//   failover_silent  the same after SIGSTOP of a primary (a silent host: no
+//                 refused dial, taken over at lease expiry, --lease_ttl=2),
+//                 --failover_pauses times after the kills
 // --replication_replicas, --replication_servers, --replication_sizes_kib and
 // --failover_kills=0 narrow a run (e.g. R=1 and 2, 1 MiB, one server, to
 // profile a replicated push).
@@ -51,6 +54,9 @@ struct ReplicationGroupOptions {
   std::string pserver_binary;
   // 0: no failover measured (a narrower run, e.g. under perf).
   int failover_kills = 20;
+  // After the kills, primaries paused (SIGSTOP: a silent host, taken over
+  // at lease expiry) and timed the same way (failover_silent).
+  int failover_pauses = 3;
   // Empty: every default (R = 1, 2, 3; 1 and 3 servers; 1, 16, 64 MiB).
   std::vector<int> replicas;
   std::vector<int> servers;
