@@ -1,3 +1,8 @@
+// FrameWriter: writes one frame while it is still being produced, never
+// waiting for the peer until Finish. SpillWriter is the one on a plain
+// socket; AeadStream::StartFrame (cc/security/bulk_aead.h) the one that
+// seals for the bulk channel's AEAD layer.
+//
 // SpillWriter: writes a frame to a socket while the frame is still being
 // produced, never waiting for the peer until Finish.
 //
@@ -18,15 +23,37 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cc/rpc/byte_stream.h"
 
 namespace pserver {
 
-class SpillWriter {
+class FrameWriter {
+ public:
+  virtual ~FrameWriter() = default;
+  // Writes `bytes` after everything added before, as far as the stream
+  // takes them now, and keeps the rest (a copy: no pointer to `bytes` is
+  // kept); never waits for the peer. After a write error, does nothing
+  // (Finish returns the error).
+  virtual void Add(absl::string_view bytes) = 0;
+  // Writes what is left, waiting for the peer. The first write error.
+  virtual absl::Status Finish() = 0;
+  // Bytes added so far.
+  virtual uint64_t added() const = 0;
+};
+
+// Starts the writer of one frame of `frame_bytes` bytes whose first
+// `head_bytes` are its header (a record layer cuts its records there, as a
+// Write of {header, rest} would); null: the stream cannot write a frame so.
+using StartFrameFn =
+    absl::FunctionRef<std::unique_ptr<FrameWriter>(uint64_t head_bytes, uint64_t frame_bytes)>;
+
+class SpillWriter final : public FrameWriter {
  public:
   // `socket` must outlive the writer.
   explicit SpillWriter(SocketStream* socket) : socket_(socket) {}
@@ -36,11 +63,11 @@ class SpillWriter {
   // Sends `bytes` after everything added before, as far as the socket
   // takes them now; copies the rest. After a write error, does nothing
   // (Finish returns the error).
-  void Add(absl::string_view bytes);
+  void Add(absl::string_view bytes) override;
   // Writes what is left, waiting for the peer. The first write error.
-  absl::Status Finish();
+  absl::Status Finish() override;
 
-  uint64_t added() const { return added_; }
+  uint64_t added() const override { return added_; }
   // Bytes copied into the spill so far (not sent when added).
   uint64_t spilled() const { return spilled_; }
 

@@ -191,20 +191,24 @@ absl::Status AeadStream::SealParts(absl::Span<const absl::string_view> parts) {
 }
 
 absl::Status AeadStream::BeginRecord(size_t size) {
+  if (out_used_ + kAeadHeaderBytes > kSendBufferBytes) PS_RETURN_IF_ERROR(SendBuffered());
+  PS_RETURN_IF_ERROR(StartRecord(size, out_.get() + out_used_));
+  out_used_ += kAeadHeaderBytes;
+  return absl::OkStatus();
+}
+
+absl::Status AeadStream::StartRecord(size_t size, char* header) {
   uint8_t nonce[12];
   if (!send_->NextNonce(size, nonce)) {
     return absl::UnavailableError(
         "bulk channel AEAD: this connection sealed its limit of 256 GiB under one key; "
         "open a new connection");
   }
-  if (out_used_ + kAeadHeaderBytes > kSendBufferBytes) PS_RETURN_IF_ERROR(SendBuffered());
-  char* header = out_.get() + out_used_;
   PutLittle32(static_cast<uint32_t>(size), header);
   header[4] = static_cast<char>(kDataRecord);
   header[5] = header[6] = header[7] = 0;
   IMB_AES128_GCM_INIT(Manager(), &send_->key, &send_->context, nonce,
                       reinterpret_cast<const uint8_t*>(header), kAeadHeaderBytes);
-  out_used_ += kAeadHeaderBytes;
   return absl::OkStatus();
 }
 
@@ -413,6 +417,158 @@ absl::Status AeadStream::Receive(char* out, size_t size, absl::Time deadline, bo
 void AeadStream::Shutdown() {
   shut_down_.store(true);
   shutdown(fd_, SHUT_RDWR);  // wakes any poll
+}
+
+// A frame sealed as it is added (AeadStream::StartFrame). Its records are
+// sealed into the stream's send buffer, which grows (a buffer of its own,
+// doubled) only while the peer does not read; each is sent, as far as the
+// socket takes it without waiting, once sealed and at the end of each Add.
+class SealedFrameWriter final : public FrameWriter {
+ public:
+  // Takes the stream's writing side until the writer is gone.
+  SealedFrameWriter(AeadStream* stream, uint64_t head_bytes, uint64_t frame_bytes)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS : stream_(stream),
+                                       frame_(frame_bytes),
+                                       head_(std::min(head_bytes, frame_bytes)) {
+    stream_->write_mu_.Lock();
+    buffer_ = stream_->out_.get();  // empty between Writes
+    capacity_ = kSendBufferBytes;
+    if (stream_->shut_down_.load() || stream_->broken_.load()) {
+      status_ = absl::UnavailableError("bulk channel AEAD: stream closed");
+    }
+  }
+
+  ~SealedFrameWriter() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    // A frame begun and left short (or unsent) leaves the peer inside a
+    // record; one never begun leaves the stream as it was.
+    if (status_.ok() && ((sealed_ != 0 && sealed_ != frame_) || begin_ < end_)) {
+      stream_->Fail(absl::UnavailableError("bulk channel AEAD: a frame was left unfinished"))
+          .IgnoreError();
+    }
+    stream_->write_mu_.Unlock();
+  }
+
+  void Add(absl::string_view bytes) override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    added_ += bytes.size();
+    if (!status_.ok() || bytes.empty()) return;
+    if (added_ > frame_) {
+      status_ = stream_->Fail(absl::InternalError(absl::StrCat(
+          "bulk channel AEAD: ", added_, " bytes added to a frame of ", frame_)));
+      return;
+    }
+    IMB_MGR* m = Manager();
+    AeadStream::Direction& send = *stream_->send_;
+    while (!bytes.empty() && status_.ok()) {
+      if (record_left_ == 0) {
+        // As Write cuts them: the header in records of its own, then the
+        // rest in records of kSealRecordBytes.
+        const uint64_t end = sealed_ < head_ ? head_ : frame_;
+        record_left_ = std::min<uint64_t>(end - sealed_, kSealRecordBytes);
+        Reserve(kAeadHeaderBytes);
+        if (absl::Status started = stream_->StartRecord(record_left_, buffer_ + end_);
+            !started.ok()) {
+          status_ = stream_->Fail(started);
+          return;
+        }
+        end_ += kAeadHeaderBytes;
+      }
+      const size_t n = std::min<uint64_t>(record_left_, bytes.size());
+      Reserve(n);
+      IMB_AES128_GCM_ENC_UPDATE(m, &send.key, &send.context,
+                                reinterpret_cast<uint8_t*>(buffer_ + end_),
+                                reinterpret_cast<const uint8_t*>(bytes.data()), n);
+      end_ += n;
+      sealed_ += n;
+      record_left_ -= n;
+      bytes.remove_prefix(n);
+      if (record_left_ == 0) {
+        Reserve(kAeadTagBytes);
+        IMB_AES128_GCM_ENC_FINALIZE(m, &send.key, &send.context,
+                                    reinterpret_cast<uint8_t*>(buffer_ + end_), kAeadTagBytes);
+        end_ += kAeadTagBytes;
+        SendSome();
+      }
+    }
+    SendSome();
+  }
+
+  absl::Status Finish() override {
+    if (status_.ok() && sealed_ != frame_) {
+      status_ = stream_->Fail(absl::InternalError(absl::StrCat(
+          "bulk channel AEAD: a frame of ", frame_, " bytes ended after ", sealed_)));
+    }
+    while (status_.ok() && begin_ < end_) {
+      SendSome();
+      if (status_.ok() && begin_ < end_) {
+        WaitForSocket(stream_->fd_, POLLOUT, absl::InfiniteFuture());
+      }
+    }
+    own_.reset();
+    return status_;
+  }
+
+  uint64_t added() const override { return added_; }
+
+ private:
+  // Room for `n` more bytes at end_: the unsent bytes moved to the front
+  // when that frees as much as they take, else a buffer twice as large.
+  void Reserve(size_t n) {
+    if (capacity_ - end_ >= n) return;
+    const size_t pending = end_ - begin_;
+    if (begin_ >= pending && capacity_ - pending >= n) {
+      std::memmove(buffer_, buffer_ + begin_, pending);
+    } else {
+      const size_t capacity = std::max(2 * capacity_, pending + n);
+      std::unique_ptr<char[]> grown(new char[capacity]);
+      std::memcpy(grown.get(), buffer_ + begin_, pending);
+      own_ = std::move(grown);
+      buffer_ = own_.get();
+      capacity_ = capacity;
+    }
+    begin_ = 0;
+    end_ = pending;
+  }
+
+  // Sends what the socket takes now.
+  void SendSome() {
+    while (status_.ok() && begin_ < end_) {
+      if (stream_->shut_down_.load()) {
+        status_ = absl::UnavailableError("bulk channel AEAD: stream shut down");
+        return;
+      }
+      const ssize_t n =
+          send(stream_->fd_, buffer_ + begin_, end_ - begin_, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        begin_ += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && Transient(errno)) {
+        return;
+      } else {
+        status_ = stream_->Fail(absl::UnavailableError(
+            absl::StrCat("bulk channel AEAD: send failed: ", std::strerror(errno))));
+        return;
+      }
+    }
+    begin_ = end_ = 0;
+  }
+
+  AeadStream* const stream_;
+  const uint64_t frame_;
+  const uint64_t head_;
+  char* buffer_ = nullptr;  // the stream's send buffer, or own_
+  size_t capacity_ = 0;
+  std::unique_ptr<char[]> own_;
+  size_t begin_ = 0;  // unsent: [begin_, end_)
+  size_t end_ = 0;
+  uint64_t added_ = 0;
+  uint64_t sealed_ = 0;       // frame bytes sealed
+  uint64_t record_left_ = 0;  // bytes the open record still takes
+  absl::Status status_;
+};
+
+std::unique_ptr<FrameWriter> AeadStream::StartFrame(uint64_t head_bytes, uint64_t frame_bytes) {
+  return std::make_unique<SealedFrameWriter>(this, head_bytes, frame_bytes);
 }
 
 }  // namespace pserver

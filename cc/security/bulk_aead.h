@@ -43,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cc/rpc/byte_stream.h"
+#include "cc/rpc/spill_writer.h"
 
 namespace pserver {
 
@@ -81,6 +82,8 @@ bool WaitForSocket(int fd, short events, absl::Time deadline);
 // The deadline a blocking read on `fd` would have (SO_RCVTIMEO; none: InfiniteFuture).
 absl::Time SocketReceiveDeadline(int fd);
 
+class SealedFrameWriter;
+
 // The record layer on connected, non-blocking socket `fd` (not owned: the
 // caller closes it after this is gone). One thread may write while another
 // reads; Shutdown may be called from any thread.
@@ -95,11 +98,25 @@ class AeadStream final : public ByteStream {
   absl::Status Read(char* dest, size_t n) override;
   void Shutdown() override;
 
+  // A frame of `frame_bytes` written while it is produced (FrameWriter,
+  // cc/rpc/spill_writer.h; the streamed PushPull reply,
+  // cc/server/streamed_push_pull.h), cut into records exactly as
+  // Write({its first head_bytes, the rest}) cuts them. Each Add seals its
+  // bytes and sends what the socket takes now; the rest stays sealed (at
+  // most the frame with its records' headers and tags) until a later Add
+  // or Finish, so Add never waits for the peer. A record's ciphertext may
+  // go out before its tag: the reader returns none of it before the tag
+  // checks. The writing side is the writer's until it is gone (no Write
+  // meanwhile, on this thread or another); one gone before its whole frame
+  // was sent, or given more than `frame_bytes`, closes the stream.
+  std::unique_ptr<FrameWriter> StartFrame(uint64_t head_bytes, uint64_t frame_bytes);
+
   // Bytes of records larger than what the Read that met them still wanted:
   // those are decrypted in a buffer and copied out, not decrypted in place.
   uint64_t buffered_record_bytes() const { return buffered_record_bytes_.load(); }
 
  private:
+  friend class SealedFrameWriter;
   struct Direction;  // key schedule, counter, bytes sealed
 
   // Seals the bytes of `parts`, one after another, in records of at most
@@ -112,6 +129,9 @@ class AeadStream final : public ByteStream {
   absl::Status SealBytes(const char* data, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status EndRecord() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status SendBuffered() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Writes the header of a record of `size` bytes at `header` and starts
+  // sealing it (the next nonce). An error: the key sealed all it may.
+  absl::Status StartRecord(size_t size, char* header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Opens the next record: into `dest` when it fits in `wanted` (*placed:
   // its size), else into plain_. *started: some of its header was taken.
   absl::Status OpenRecord(char* dest, size_t wanted, absl::Time deadline, size_t* placed,

@@ -374,6 +374,9 @@ class TlsStream final : public ByteStream {
   }
 
   bool UsesAead() const { return aead_ != nullptr; }
+  std::unique_ptr<FrameWriter> StartSealedFrame(uint64_t head_bytes, uint64_t frame_bytes) {
+    return aead_ == nullptr ? nullptr : aead_->StartFrame(head_bytes, frame_bytes);
+  }
   // Short fingerprints of the send and receive keys (SHA-256 of key and
   // nonce prefix, 8 bytes in hex), for tests.
   std::pair<std::string, std::string> AeadKeyIds() const { return key_ids_; }
@@ -502,6 +505,12 @@ std::string TlsCipherSuite(ByteStream& stream) {
 bool TlsUsesBulkAead(ByteStream& stream) {
   auto* tls = dynamic_cast<TlsStream*>(&stream);
   return tls != nullptr && tls->UsesAead();
+}
+
+std::unique_ptr<FrameWriter> StartSealedFrame(ByteStream& stream, uint64_t head_bytes,
+                                              uint64_t frame_bytes) {
+  auto* tls = dynamic_cast<TlsStream*>(&stream);
+  return tls == nullptr ? nullptr : tls->StartSealedFrame(head_bytes, frame_bytes);
 }
 
 std::pair<std::string, std::string> BulkAeadKeyIds(ByteStream& stream) {

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "cc/auth/cert_rule.h"
 #include "cc/rpc/byte_stream.h"
+#include "cc/rpc/spill_writer.h"
 #include "cc/security/tls.h"
 
 namespace pserver {
@@ -66,6 +67,10 @@ std::string TlsCipherSuite(ByteStream& stream);
 
 // Whether `stream` switched to the bulk AEAD layer after its handshake.
 bool TlsUsesBulkAead(ByteStream& stream);
+// The writer of one frame written while it is produced, sealed by the AEAD
+// layer (AeadStream::StartFrame), when `stream` switched to it; else null.
+std::unique_ptr<FrameWriter> StartSealedFrame(ByteStream& stream, uint64_t head_bytes,
+                                              uint64_t frame_bytes);
 // Fingerprints of the AEAD layer's send and receive keys (8 bytes of
 // SHA-256 over key and nonce prefix, hex), for tests; empty without it.
 std::pair<std::string, std::string> BulkAeadKeyIds(ByteStream& stream);

@@ -18,6 +18,7 @@
 #include "cc/security/bulk_aead_choice.h"
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/replica_channel.h"
+#include "cc/rpc/spill_writer.h"
 #include "cc/rpc/table_frame.h"
 #include "cc/rpc/wire.h"
 #include "cc/server/service.h"
@@ -247,7 +248,8 @@ void BulkListener::Serve(SocketStream& socket) {
   std::optional<Principal> principal;
   if (!CheckHello(stream, socket.fd(), peer, &principal).ok()) return;
   SocketStream* const plain = tls != nullptr ? nullptr : &socket;
-  while (ServeFrame(stream, plain, principal).ok()) {
+  const bool sealed = tls != nullptr && TlsUsesBulkAead(*tls);
+  while (ServeFrame(stream, plain, sealed, principal).ok()) {
   }
 }
 
@@ -310,7 +312,7 @@ absl::Status BulkListener::Discard(ByteStream& stream, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain,
+absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain, bool sealed,
                                       const std::optional<Principal>& principal) {
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
@@ -378,10 +380,16 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain,
         absl::Now() > received + absl::Microseconds(header->timeout_micros)) {
       status = absl::DeadlineExceededError("the call's deadline passed before it was served");
     } else {
-      if (plain != nullptr && header->method == FrameMethod::kPushPull) {
-        // Its reply goes out while it is applied (streamed_push_pull.h).
+      if ((plain != nullptr || sealed) && header->method == FrameMethod::kPushPull) {
+        // Its reply goes out while it is applied (streamed_push_pull.h),
+        // sealed as it goes over the AEAD layer.
+        const auto start_frame = [&](uint64_t head_bytes,
+                                     uint64_t frame_bytes) -> std::unique_ptr<FrameWriter> {
+          if (plain != nullptr) return std::make_unique<SpillWriter>(plain);
+          return StartSealedFrame(stream, head_bytes, frame_bytes);
+        };
         streamed = StreamPushPull(*dispatcher_, request, scan.has_value() ? &*scan : nullptr,
-                                  reply, *plain, &hold);
+                                  reply, start_frame, &hold);
       }
       if (streamed.outcome == StreamedPushPull::Outcome::kAnswered) {
         status = streamed.status;

@@ -135,9 +135,10 @@ class BulkListener {
   absl::Status CheckHello(ByteStream& stream, int fd, const std::optional<CertNames>& peer,
                           std::optional<Principal>* principal);
   // Reads and answers one request frame; an error closes the connection.
-  // `plain`: the connection's socket when `stream` is that socket itself
-  // (no TLS), for a PushPull's reply streamed while it is applied.
-  absl::Status ServeFrame(ByteStream& stream, SocketStream* plain,
+  // A PushPull's reply is streamed while it is applied (streamed_push_pull.h)
+  // on `plain`, the connection's socket when `stream` is that socket itself
+  // (no TLS), or, `sealed`, through `stream`'s AEAD layer.
+  absl::Status ServeFrame(ByteStream& stream, SocketStream* plain, bool sealed,
                           const std::optional<Principal>& principal);
   // Reads the rest of a kReplicate frame (`header`) and applies it
   // (options_.replicate), its answer in `*answer`; a malformed one is

@@ -1,6 +1,7 @@
 #include "cc/server/streamed_push_pull.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,17 @@ std::vector<int64_t> LastGradients(absl::Span<const GradientView> grads,
 StreamedPushPull StreamPushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                                 const PushFiniteScan* scan, ReplyHeader reply,
                                 SocketStream& socket, ReplyHold* hold) {
+  return StreamPushPull(
+      dispatcher, request, scan, reply,
+      [&](uint64_t, uint64_t) -> std::unique_ptr<FrameWriter> {
+        return std::make_unique<SpillWriter>(&socket);
+      },
+      hold);
+}
+
+StreamedPushPull StreamPushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                                const PushFiniteScan* scan, ReplyHeader reply,
+                                StartFrameFn start_frame, ReplyHold* hold) {
   if (dispatcher.Ships()) return Result(Outcome::kNotStreamed);
   // As PushPullScanned: over the budget nothing is applied.
   if (absl::Status room = dispatcher.CheckReplyRoom(); !room.ok()) {
@@ -63,21 +75,22 @@ StreamedPushPull StreamPushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& 
     AppendParamsBlockPrefix(&prefixes[j], read.header(), read.content_bytes());
     payload += prefixes[j].size() + read.content_bytes();
   }
+  const uint64_t frame_bytes = kReplyHeaderBytes + payload;
+  const std::unique_ptr<FrameWriter> out = start_frame(kReplyHeaderBytes, frame_bytes);
+  if (out == nullptr) return Result(Outcome::kNotStreamed);
   if (!dispatcher.HoldReply(payload, hold).ok()) return Result(Outcome::kNotStreamed);
 
   const std::vector<int64_t> last = LastGradients(push.grads, *reads);
-  SpillWriter out(&socket);
   // The frame's last byte is held back until the push is acknowledged (it
   // may still fail past its checks: a fence, a device): the client cannot
   // take the reply for an answer before.
-  const uint64_t frame_bytes = kReplyHeaderBytes + payload;
   char last_byte = 0;
   const auto add = [&](absl::string_view bytes) {
-    if (!bytes.empty() && out.added() + bytes.size() == frame_bytes) {
+    if (!bytes.empty() && out->added() + bytes.size() == frame_bytes) {
       last_byte = bytes.back();
       bytes.remove_suffix(1);
     }
-    out.Add(bytes);
+    out->Add(bytes);
   };
   bool started = false;
   bool short_read = false;  // a block delivered other than announced
@@ -130,8 +143,8 @@ StreamedPushPull StreamPushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& 
   }
   if (!started) start();  // a duplicate: applied before, nothing applied now
   send_through(INT64_MAX);
-  if (!short_read) out.Add(absl::string_view(&last_byte, 1));
-  absl::Status written = out.Finish();
+  if (!short_read) out->Add(absl::string_view(&last_byte, 1));
+  absl::Status written = out->Finish();
   dispatcher.FinishRead(short_read ? absl::InternalError("read") : absl::OkStatus(), read_start,
                         sent);
   if (short_read) {

@@ -1,8 +1,12 @@
 // StreamPushPull on a socket pair, with no thread and no timing where the
 // order matters: a block storage that looks, as each gradient is applied,
-// at how many reply bytes its peer has been sent so far.
+// at how many reply bytes its peer has been sent so far. Every test runs on
+// a plain socket (SpillWriter) and through the bulk channel's AEAD layer
+// (AeadStream::StartFrame, both ends an AeadStream).
 #include "cc/server/streamed_push_pull.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,7 +25,9 @@
 #include "cc/core/parameter_store.h"
 #include "cc/core/status_macros.h"
 #include "cc/core/tables.h"
+#include "cc/security/bulk_aead.h"
 #include "cc/server/dispatcher.h"
+#include "cc/server/service.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -67,11 +73,31 @@ class ObservedStorage final : public BlockStorage {
   const std::function<void(uint32_t)>* on_apply_;
 };
 
+AeadKeys Keys(uint8_t seed) {
+  AeadKeys keys;
+  for (size_t i = 0; i < kAeadKeyBytes; ++i) keys.key[i] = static_cast<uint8_t>(seed + 5 * i);
+  for (size_t i = 0; i < kAeadNoncePrefixBytes; ++i) keys.nonce_prefix[i] = seed;
+  return keys;
+}
+
 // A shard holding "w": kBlocks float32 blocks of `floats` zeros, SGD with
-// learning rate 1, and a socket pair: the server writes to `server_end`.
-class StreamedPushPullTest : public ::testing::Test {
+// learning rate 1, and a socket pair: the server writes to its end, plain
+// or (the parameter) sealed by the AEAD layer, and the peer reads `peer_`.
+class StreamedPushPullTest : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override { Init(1024); }
+  void SetUp() override {
+    if (Sealed() && !BulkAeadAvailable()) GTEST_SKIP() << "no AES-NI: no AEAD layer here";
+    Init(1024);
+  }
+
+  static bool Sealed() { return GetParam(); }
+  // Bytes the AEAD layer adds to a frame of `payload` bytes (none on a plain
+  // socket): a record for the reply header, one per kSealRecordBytes after.
+  static size_t Overhead(size_t payload) {
+    if (!Sealed()) return 0;
+    const size_t records = 1 + (payload + kSealRecordBytes - 1) / kSealRecordBytes;
+    return records * (kAeadHeaderBytes + kAeadTagBytes);
+  }
 
   void Init(size_t floats) {
     floats_ = floats;
@@ -102,17 +128,46 @@ class StreamedPushPullTest : public ::testing::Test {
   }
 
   void Reconnect() {
-    if (peer_ >= 0) close(peer_);
+    CloseServer();
+    ClosePeer();
     int fds[2];
     ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
     SetSocketBuffers(fds[0]);
     SetSocketBuffers(fds[1]);
-    server_end_ = std::make_unique<SocketStream>(fds[0]);
     peer_ = fds[1];
+    if (Sealed()) {
+      // The AEAD layer runs on non-blocking sockets; it does not own them.
+      for (int fd : fds) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+      server_fd_ = fds[0];
+      server_aead_ = std::make_unique<AeadStream>(fds[0], Keys(1), Keys(2));
+      peer_aead_ = std::make_unique<AeadStream>(fds[1], Keys(2), Keys(1));
+    } else {
+      server_end_ = std::make_unique<SocketStream>(fds[0]);
+    }
+  }
+
+  void CloseServer() {
+    server_end_.reset();
+    server_aead_.reset();
+    if (server_fd_ >= 0) close(server_fd_);
+    server_fd_ = -1;
+  }
+
+  void ClosePeer() {
+    peer_aead_.reset();
+    if (peer_ >= 0) close(peer_);
+    peer_ = -1;
   }
 
   void TearDown() override {
-    if (peer_ >= 0) close(peer_);
+    CloseServer();
+    ClosePeer();
+  }
+
+  // The server's end of the connection.
+  ByteStream& ServerStream() {
+    if (Sealed()) return *server_aead_;
+    return *server_end_;
   }
 
   v1::ParamRef Ref(uint32_t i) const {
@@ -165,7 +220,37 @@ class StreamedPushPullTest : public ::testing::Test {
     ReplyHeader reply;
     reply.call_id = 5;
     ReplyHold hold;
-    return StreamPushPull(*dispatcher_, request, nullptr, reply, *server_end_, &hold);
+    if (!Sealed()) return StreamPushPull(*dispatcher_, request, nullptr, reply, *server_end_, &hold);
+    return StreamPushPull(
+        *dispatcher_, request, nullptr, reply,
+        [this](uint64_t head_bytes, uint64_t frame_bytes) {
+          return server_aead_->StartFrame(head_bytes, frame_bytes);
+        },
+        &hold);
+  }
+
+  // What the server sends while `write` runs, as it is on the wire (sealed
+  // or not): read by a thread of its own until the server's end is closed
+  // for writing after `write` (or nothing came for 30 s).
+  std::string Wire(const std::function<void()>& write) {
+    std::string out;
+    std::thread reader([&] {
+      std::vector<char> buffer(64 << 10);
+      while (true) {
+        pollfd ready{peer_, POLLIN, 0};
+        if (poll(&ready, 1, 30000) <= 0) break;
+        const ssize_t got = read(peer_, buffer.data(), buffer.size());
+        if (got > 0) {
+          out.append(buffer.data(), static_cast<size_t>(got));
+        } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+          break;
+        }
+      }
+    });
+    write();
+    shutdown(Sealed() ? server_fd_ : server_end_->fd(), SHUT_WR);
+    reader.join();
+    return out;
   }
 
   size_t Queued() const {
@@ -187,7 +272,9 @@ class StreamedPushPullTest : public ::testing::Test {
     ASSERT_OK(DecodeParamsResponse(grpc::ByteBuffer(&slice, 1), response));
   }
 
+  // Reads `n` bytes the server sent (opened, when sealed).
   bool ReadFully(char* dest, size_t n) {
+    if (Sealed()) return peer_aead_->Read(dest, n).ok();
     for (size_t done = 0; done < n;) {
       const ssize_t got = read(peer_, dest + done, n - done);
       if (got <= 0) return false;
@@ -217,7 +304,10 @@ class StreamedPushPullTest : public ::testing::Test {
   Tables tables_;
   std::unique_ptr<ParameterStore> store_;
   std::unique_ptr<Dispatcher> dispatcher_;
-  std::unique_ptr<SocketStream> server_end_;
+  std::unique_ptr<SocketStream> server_end_;  // plain
+  int server_fd_ = -1;                        // sealed: the socket and its two ends
+  std::unique_ptr<AeadStream> server_aead_;
+  std::unique_ptr<AeadStream> peer_aead_;
   int peer_ = -1;
 };
 
@@ -226,7 +316,7 @@ std::vector<float> Negated(std::vector<float> v) {
   return v;
 }
 
-TEST_F(StreamedPushPullTest, EachPulledBlockIsSentBeforeTheNextIsApplied) {
+TEST_P(StreamedPushPullTest, EachPulledBlockIsSentBeforeTheNextIsApplied) {
   std::vector<std::vector<float>> grads;
   for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(Gradient(i));
   std::vector<size_t> queued_at_apply(kBlocks, 0);
@@ -238,12 +328,14 @@ TEST_F(StreamedPushPullTest, EachPulledBlockIsSentBeforeTheNextIsApplied) {
   const size_t content = floats_ * sizeof(float);
   // Block 0 applied with only the reply header sent (its headers are small:
   // < 200 bytes a block); block i applied once blocks 0..i-1 were all sent,
-  // and nothing of block i itself.
+  // and nothing of block i itself (sealed: what the records add, too).
+  const size_t overhead = Overhead(kBlocks * (content + 200));
   EXPECT_GE(queued_at_apply[0], kReplyHeaderBytes);
-  EXPECT_LT(queued_at_apply[0], kReplyHeaderBytes + 200);
+  EXPECT_LT(queued_at_apply[0], kReplyHeaderBytes + 200 + overhead);
   for (uint32_t i = 1; i < kBlocks; ++i) {
     EXPECT_GE(queued_at_apply[i], kReplyHeaderBytes + i * content) << "block " << i;
-    EXPECT_LT(queued_at_apply[i], kReplyHeaderBytes + i * (content + 200) + 200) << "block " << i;
+    EXPECT_LT(queued_at_apply[i], kReplyHeaderBytes + i * (content + 200) + 200 + overhead)
+        << "block " << i;
   }
   ReplyHeader header;
   ParamsResponse response;
@@ -259,7 +351,7 @@ TEST_F(StreamedPushPullTest, EachPulledBlockIsSentBeforeTheNextIsApplied) {
   }
 }
 
-TEST_F(StreamedPushPullTest, BlocksThePushDoesNotTouchGoOutBeforeAnythingIsApplied) {
+TEST_P(StreamedPushPullTest, BlocksThePushDoesNotTouchGoOutBeforeAnythingIsApplied) {
   // Pushes blocks 0 and 1, reads 2, 3, 0, 1: blocks 2 and 3 go out once the
   // push passed its checks, before block 0 is applied.
   const std::vector<std::vector<float>> grads = {Gradient(0), Gradient(1)};
@@ -271,7 +363,8 @@ TEST_F(StreamedPushPullTest, BlocksThePushDoesNotTouchGoOutBeforeAnythingIsAppli
   ASSERT_OK(result.status);
   const size_t content = floats_ * sizeof(float);
   EXPECT_GE(queued_at_apply[0], kReplyHeaderBytes + 2 * content);
-  EXPECT_LT(queued_at_apply[0], kReplyHeaderBytes + 2 * (content + 200) + 200);
+  EXPECT_LT(queued_at_apply[0],
+            kReplyHeaderBytes + 2 * (content + 200) + 200 + Overhead(4 * (content + 200)));
   EXPECT_GE(queued_at_apply[1], kReplyHeaderBytes + 3 * content);
   ReplyHeader header;
   ParamsResponse response;
@@ -286,7 +379,7 @@ TEST_F(StreamedPushPullTest, BlocksThePushDoesNotTouchGoOutBeforeAnythingIsAppli
   }
 }
 
-TEST_F(StreamedPushPullTest, TheReplyKeepsTheOrderOfTheReads) {
+TEST_P(StreamedPushPullTest, TheReplyKeepsTheOrderOfTheReads) {
   // Read 3 first: it waits for the last gradient, and the reads after it
   // with it.
   std::vector<std::vector<float>> grads;
@@ -298,7 +391,8 @@ TEST_F(StreamedPushPullTest, TheReplyKeepsTheOrderOfTheReads) {
   ASSERT_EQ(result.outcome, Outcome::kWritten);
   ASSERT_OK(result.status);
   for (uint32_t i = 0; i < kBlocks; ++i) {
-    EXPECT_LT(queued_at_apply[i], kReplyHeaderBytes + 200) << "block " << i;
+    EXPECT_LT(queued_at_apply[i], kReplyHeaderBytes + 200 + Overhead(4 * (floats_ * 4 + 200)))
+        << "block " << i;
   }
   ReplyHeader header;
   ParamsResponse response;
@@ -311,7 +405,7 @@ TEST_F(StreamedPushPullTest, TheReplyKeepsTheOrderOfTheReads) {
   }
 }
 
-TEST_F(StreamedPushPullTest, ANaNInTheLastBlockWritesNoByteAndAppliesNothing) {
+TEST_P(StreamedPushPullTest, ANaNInTheLastBlockWritesNoByteAndAppliesNothing) {
   std::vector<std::vector<float>> grads;
   for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(Gradient(i));
   grads.back().back() = std::nanf("");
@@ -327,18 +421,82 @@ TEST_F(StreamedPushPullTest, ANaNInTheLastBlockWritesNoByteAndAppliesNothing) {
     const std::vector<float> values = Values(i);
     EXPECT_TRUE(std::all_of(values.begin(), values.end(), [](float v) { return v == 0; }));
   }
+  // The listener answers it on the same stream, which goes on (sealed: no
+  // record was begun): the answer, then a good push+pull's reply, arrive whole.
+  ReplyHeader answer;
+  answer.call_id = 5;
+  ASSERT_OK(WriteReplyFrame(ServerStream(), answer, result.status));
+  char encoded[kReplyHeaderBytes];
+  ASSERT_TRUE(ReadFully(encoded, sizeof(encoded)));
+  absl::StatusOr<ReplyHeader> refused = DecodeReplyHeader(encoded, uint64_t{1} << 30);
+  ASSERT_OK(refused.status());
+  EXPECT_EQ(refused->code, absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused->payload_bytes, 0u);
+  std::string message(refused->message_bytes, '\0');
+  ASSERT_TRUE(ReadFully(message.data(), message.size()));
+  EXPECT_THAT(message, HasSubstr("is NaN"));
+  grads.back().back() = 0;
+  const StreamedPushPull good = Serve(Request(grads, {0, 1, 2, 3}, /*sequence=*/2));
+  EXPECT_EQ(good.outcome, Outcome::kWritten);
+  EXPECT_OK(good.status);
+  ReplyHeader header;
+  ParamsResponse response;
+  ReadReply(&header, &response);
+  EXPECT_EQ(header.code, absl::StatusCode::kOk);
+  ASSERT_EQ(response.headers.size(), kBlocks);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    EXPECT_TRUE(Content(response, i) == Negated(grads[i])) << "block " << i;
+  }
 }
 
-TEST_F(StreamedPushPullTest, AReaderGoneMidReplyLeavesThePushAppliedOnceAndItsRetryAnswered) {
+TEST_P(StreamedPushPullTest, TheStreamedReplyIsOnTheWireByteForByteTheUnstreamedOne) {
+  // 512 KiB blocks: records of kSealRecordBytes that blocks and their
+  // headers straddle, and more than the socket holds unread.
+  Init(size_t{1} << 17);
+  std::vector<std::vector<float>> grads;
+  for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(Gradient(i));
+  const grpc::ByteBuffer request = Request(grads, {2, 0, 3, 1}, /*sequence=*/1);
+  StreamedPushPull result;
+  const std::string streamed = Wire([&] { result = Serve(request); });
+  ASSERT_EQ(result.outcome, Outcome::kWritten);
+  ASSERT_OK(result.status);
+  // The same push on the same values, served as the listener serves a frame
+  // it does not stream, on a new connection (sealed: the same keys and
+  // record counters, so the same records seal to the same bytes).
+  Init(floats_);
+  ReplyHeader reply;
+  reply.call_id = 5;
+  grpc::ByteBuffer response;
+  ReplyHold hold;
+  const std::string unstreamed = Wire([&] {
+    ASSERT_OK(FindBulkMethod("PushPull")(*dispatcher_, request, &response, &hold));
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(response.Dump(&slices).ok());
+    std::vector<absl::string_view> parts;
+    for (const grpc::Slice& slice : slices) {
+      parts.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    ASSERT_OK(WriteReplyFrame(ServerStream(), reply, absl::OkStatus(), parts));
+  });
+  // All but the reply header (it carries the time it was processed), and
+  // its record (sealed: the record's length is the same, its tag is not).
+  const size_t header_bytes =
+      Sealed() ? kAeadHeaderBytes + kReplyHeaderBytes + kAeadTagBytes : kReplyHeaderBytes;
+  ASSERT_EQ(streamed.size(), unstreamed.size());
+  ASSERT_GT(streamed.size(), kBlocks * floats_ * sizeof(float));
+  EXPECT_TRUE(streamed.substr(header_bytes) == unstreamed.substr(header_bytes));
+  if (Sealed()) {
+    EXPECT_EQ(streamed.substr(0, kAeadHeaderBytes), unstreamed.substr(0, kAeadHeaderBytes));
+  }
+}
+
+TEST_P(StreamedPushPullTest, AReaderGoneMidReplyLeavesThePushAppliedOnceAndItsRetryAnswered) {
   Init(size_t{1} << 18);  // 1 MiB blocks: more than the socket takes unread
   std::vector<std::vector<float>> grads;
   for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(Gradient(i));
   // The reader leaves after block 0 was applied and sent.
   on_apply_ = [&](uint32_t i) {
-    if (i == 1) {
-      close(peer_);
-      peer_ = -1;
-    }
+    if (i == 1) ClosePeer();
   };
   const StreamedPushPull gone = Serve(Request(grads, {0, 1, 2, 3}, /*sequence=*/1));
   on_apply_ = nullptr;
@@ -364,7 +522,7 @@ TEST_F(StreamedPushPullTest, AReaderGoneMidReplyLeavesThePushAppliedOnceAndItsRe
   }
 }
 
-TEST_F(StreamedPushPullTest, ASlowReaderGetsEveryBlockWhole) {
+TEST_P(StreamedPushPullTest, ASlowReaderGetsEveryBlockWhole) {
   Init(size_t{1} << 18);
   std::vector<std::vector<float>> grads;
   for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(Gradient(i));
@@ -391,7 +549,7 @@ TEST_F(StreamedPushPullTest, ASlowReaderGetsEveryBlockWhole) {
   }
 }
 
-TEST_F(StreamedPushPullTest, APushThatFailsPastItsChecksLeavesTheReplyShortOfItsLastByte) {
+TEST_P(StreamedPushPullTest, APushThatFailsPastItsChecksLeavesTheReplyShortOfItsLastByte) {
   // The push is applied, but its answer is lost (as when a fence closes
   // after the apply): the client must not get a whole reply.
   DispatcherHooks hooks;
@@ -402,13 +560,25 @@ TEST_F(StreamedPushPullTest, APushThatFailsPastItsChecksLeavesTheReplyShortOfIts
   const StreamedPushPull result = Serve(Request(grads, {0, 1, 2, 3}, /*sequence=*/1));
   EXPECT_EQ(result.outcome, Outcome::kWritten);
   EXPECT_THAT(result.status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fault injection")));
-  // Everything but the frame's last byte went out while the push was applied.
+  // Everything but the frame's last byte went out while the push was applied
+  // (sealed: and the tag of its record).
+  const size_t queued = Queued();
   char encoded[kReplyHeaderBytes];
   ASSERT_TRUE(ReadFully(encoded, sizeof(encoded)));
   absl::StatusOr<ReplyHeader> header = DecodeReplyHeader(encoded, uint64_t{1} << 30);
   ASSERT_OK(header.status());
   EXPECT_EQ(header->code, absl::StatusCode::kOk);
-  EXPECT_EQ(Queued(), header->payload_bytes - 1);
+  if (Sealed()) {
+    EXPECT_EQ(queued, Overhead(0) + kReplyHeaderBytes + kAeadHeaderBytes + header->payload_bytes - 1);
+    // The listener drops the connection: nothing of that record reaches the
+    // reader.
+    ServerStream().Shutdown();
+    std::string payload(header->payload_bytes, '\0');
+    EXPECT_FALSE(ReadFully(payload.data(), payload.size()));
+    EXPECT_TRUE(std::all_of(payload.begin(), payload.end(), [](char c) { return c == 0; }));
+  } else {
+    EXPECT_EQ(queued, kReplyHeaderBytes + header->payload_bytes - 1);
+  }
   for (uint32_t i = 0; i < kBlocks; ++i) EXPECT_TRUE(Values(i) == Negated(grads[i]));
 }
 
@@ -423,7 +593,7 @@ class PassThroughShipper : public WriteShipper {
   }
 };
 
-TEST_F(StreamedPushPullTest, AFailingReadOrAShippedPushIsLeftToTheOrdinaryPath) {
+TEST_P(StreamedPushPullTest, AFailingReadOrAShippedPushIsLeftToTheOrdinaryPath) {
   std::vector<std::vector<float>> grads = {Gradient(0)};
   grpc::ByteBuffer unknown = Request(grads, {0}, /*sequence=*/1);
   {
@@ -446,6 +616,11 @@ TEST_F(StreamedPushPullTest, AFailingReadOrAShippedPushIsLeftToTheOrdinaryPath) 
   const std::vector<float> values = Values(0);
   EXPECT_TRUE(std::all_of(values.begin(), values.end(), [](float v) { return v == 0; }));
 }
+
+INSTANTIATE_TEST_SUITE_P(PlainAndSealed, StreamedPushPullTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Sealed" : "Plain";
+                         });
 
 }  // namespace
 }  // namespace pserver
