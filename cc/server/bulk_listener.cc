@@ -387,6 +387,8 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain,
         status = streamed.status;
       } else if (streamed.outcome == StreamedPushPull::Outcome::kWritten) {
         status = absl::OkStatus();
+      } else if (streamed.decoded.has_value()) {  // not decoded again
+        status = PushPullDecoded(*dispatcher_, request, *streamed.decoded, &response, &hold);
       } else if (scan.has_value()) {
         status = push(*dispatcher_, request, &*scan, &response, &hold);
       } else {
