@@ -111,6 +111,9 @@ ABSL_FLAG(uint64_t, max_exactly_once_clients, pserver::AppliedSequences::kDefaul
 ABSL_FLAG(uint64_t, max_workers_per_table, pserver::WorkerClocks::kDefaultMaxWorkers,
           "Workers joined to one table's clocks (SSP/BSP) at once; past it a join is refused "
           "(RESOURCE_EXHAUSTED) until one leaves. Must be >= 1.");
+ABSL_FLAG(uint64_t, max_tables, pserver::TablesOptions::kDefaultMaxTables,
+          "Tables CreateTable may make on this server; past it CreateTable is refused "
+          "(RESOURCE_EXHAUSTED), nothing created. Must be >= 1.");
 ABSL_FLAG(uint64_t, max_held_add_bytes, uint64_t{1} << 30,
           "Bytes (keys and values) of BSP adds one table holds back for slower workers; past "
           "it a push gets UNAVAILABLE (clients retry), one add larger than it "
@@ -425,6 +428,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
   options.max_exactly_once_clients = absl::GetFlag(FLAGS_max_exactly_once_clients);
   options.max_workers_per_table = absl::GetFlag(FLAGS_max_workers_per_table);
+  options.max_tables = absl::GetFlag(FLAGS_max_tables);
   options.max_held_add_bytes = absl::GetFlag(FLAGS_max_held_add_bytes);
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
   options.standby = absl::GetFlag(FLAGS_standby);

@@ -223,6 +223,7 @@ TablesOptions Server::MakeTablesOptions(const ServerOptions& options) {
   tables_options.max_collective_bytes = options.max_collective_bytes;
   tables_options.max_workers_per_table = options.max_workers_per_table;
   tables_options.max_held_add_bytes = options.max_held_add_bytes;
+  tables_options.max_tables = static_cast<size_t>(options.max_tables);
   return tables_options;
 }
 
@@ -295,6 +296,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (options.max_held_add_bytes == 0) {
     return absl::InvalidArgumentError("max_held_add_bytes must be > 0");
+  }
+  if (options.max_tables == 0) {
+    return absl::InvalidArgumentError("max_tables (--max_tables) must be >= 1");
   }
   if (options.max_workers_per_table == 0) {
     return absl::InvalidArgumentError("max_workers_per_table must be >= 1");

@@ -240,6 +240,10 @@ struct ServerOptions {
   // Workers joined to one table's clocks at once (SSP/BSP); past it a Join is
   // RESOURCE_EXHAUSTED naming the flag. Must be >= 1.
   uint64_t max_workers_per_table = WorkerClocks::kDefaultMaxWorkers;
+  // Tables CreateTable may make on this server; past it CreateTable is
+  // RESOURCE_EXHAUSTED naming the flag, nothing created. Give a primary and
+  // its standbys the same value. Must be >= 1.
+  uint64_t max_tables = TablesOptions::kDefaultMaxTables;
   // Bytes of BSP adds one table holds back for slower workers; past it a
   // push is UNAVAILABLE ("retry"), one add larger than it
   // RESOURCE_EXHAUSTED. Must be > 0.
