@@ -106,7 +106,8 @@ BulkListener::BulkListener(Dispatcher* dispatcher, const BulkListenerOptions& op
                       BudgetNames{"bulk channel request", "bulk channel requests",
                                   "bytes of bulk channel requests being read or served",
                                   "--max_bulk_request_bytes_in_flight",
-                                  "send fewer parameters per call"}) {}
+                                  "send fewer parameters per call"}),
+      deadlines_(options.frame_receive_timeout, [dispatcher] { dispatcher->CountMalformed(); }) {}
 
 absl::StatusOr<std::unique_ptr<BulkListener>> BulkListener::Start(
     Dispatcher* dispatcher, const BulkListenerOptions& options) {
@@ -247,7 +248,7 @@ void BulkListener::Serve(SocketStream& socket) {
   std::optional<Principal> principal;
   if (!CheckHello(stream, socket.fd(), peer, &principal).ok()) return;
   SocketStream* const plain = tls != nullptr ? nullptr : &socket;
-  while (ServeFrame(stream, plain, principal).ok()) {
+  while (ServeFrame(stream, socket, plain, principal).ok()) {
   }
 }
 
@@ -310,7 +311,8 @@ absl::Status BulkListener::Discard(ByteStream& stream, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain,
+absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream& socket,
+                                      SocketStream* plain,
                                       const std::optional<Principal>& principal) {
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
@@ -329,15 +331,20 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain,
                      absl::InvalidArgumentError("bulk channel: a second hello frame"));
   }
   reply.call_id = header->call_id;
+  // The payload, whether kept or dropped, is all in by the deadline, or the
+  // connection goes (and with it any bytes held of the budget).
+  FrameDeadlines::Armed receiving = deadlines_.Arm(&socket);
   if (principal.has_value()) {
     if (absl::Status allowed = options_.auth->Authorize(*principal, AuthorizedAs(header->method));
         !allowed.ok()) {
       PS_RETURN_IF_ERROR(Discard(stream, header->payload_bytes));
+      receiving.Disarm();
       return WriteReplyFrame(stream, reply, allowed);
     }
   }
   if (absl::Status room = request_budget_.Acquire(header->payload_bytes); !room.ok()) {
     PS_RETURN_IF_ERROR(Discard(stream, header->payload_bytes));
+    receiving.Disarm();
     return WriteReplyFrame(stream, reply, room);
   }
   const uint64_t held = header->payload_bytes;
@@ -346,7 +353,8 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain,
     {
       const absl::Cleanup release = [this, held] { request_budget_.Release(held); };
       stage.reset();
-      PS_RETURN_IF_ERROR(ServeReplicate(stream, *header, &answer));
+      PS_RETURN_IF_ERROR(ServeReplicate(stream, *header, receiving, &answer));
+      receiving.Disarm();  // a refused frame's rest was read and dropped
     }
     reply.processed_unix_nanos = absl::ToUnixNanos(absl::Now());
     return WriteReplyFrame(stream, reply, answer);
@@ -372,6 +380,7 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain,
     } else {
       PS_RETURN_IF_ERROR(stream.Read(data, payload.size()));
     }
+    receiving.Disarm();
     grpc::ByteBuffer request(&payload, 1);
     stage.reset();
     if (header->timeout_micros > 0 &&
@@ -419,6 +428,7 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain,
 }
 
 absl::Status BulkListener::ServeReplicate(ByteStream& stream, const RequestHeader& header,
+                                          FrameDeadlines::Armed& receiving,
                                           absl::Status* answer) {
   uint64_t left = header.payload_bytes;
   // Refuses the frame: the rest of it is read and dropped, nothing applied.
@@ -464,6 +474,7 @@ absl::Status BulkListener::ServeReplicate(ByteStream& stream, const RequestHeade
   } else {
     PS_RETURN_IF_ERROR(stream.Read(data, left));
   }
+  receiving.Disarm();  // applying it may wait for the copy (not the client)
   *answer = options_.replicate(frame->shard, std::move(write));
   return absl::OkStatus();
 }

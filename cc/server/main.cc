@@ -229,6 +229,11 @@ ABSL_FLAG(int, max_bulk_connections, 256,
 ABSL_FLAG(uint64_t, max_bulk_request_bytes_in_flight, uint64_t{1} << 30,
           "Bulk channel request bytes read or being served at once, over all connections; a "
           "request that does not fit waits (UNAVAILABLE, retried by clients).");
+ABSL_FLAG(double, bulk_frame_receive_timeout_seconds, 60,
+          "A bulk channel frame's payload must be all in by this long after its header, else "
+          "the connection is closed and the frame's bytes of "
+          "--max_bulk_request_bytes_in_flight given back (clients retry on a new connection). "
+          "0: no deadline.");
 // --- TLS (cc/security/tls.h) ---
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) this server presents; with --tls_key and --tls_ca turns on "
@@ -450,6 +455,8 @@ pserver::ServerOptions OptionsFromFlags() {
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);
+  options.bulk_frame_receive_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_bulk_frame_receive_timeout_seconds));
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca = absl::GetFlag(FLAGS_tls_ca);

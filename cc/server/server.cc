@@ -136,6 +136,12 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_bulk_connections must be >= 1, got ", options.max_bulk_connections));
   }
+  if (options.bulk_frame_receive_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bulk_frame_receive_timeout (--bulk_frame_receive_timeout_seconds) must be "
+                     ">= 0 (0: none), got ",
+                     absl::FormatDuration(options.bulk_frame_receive_timeout)));
+  }
   if (options.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_concurrent_streams must be >= 1, got ", options.max_concurrent_streams));
@@ -454,6 +460,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     bulk.tls = options.tls;
     bulk.max_connections = options.max_bulk_connections;
     bulk.max_request_bytes_in_flight = options.max_bulk_request_bytes_in_flight;
+    bulk.frame_receive_timeout = options.bulk_frame_receive_timeout;
     bulk.max_frame_bytes = options.max_message_bytes;
     bulk.auth = server->auth_.get();
     if (options.standby) {  // its primary's writes come over the channel too
