@@ -784,14 +784,14 @@ TEST_F(TlsTest, AFrameStalledInsideARecordIsDroppedByItsDeadlineOnEitherLayer) {
       PS_RETURN_IF_ERROR(WriteFrame(*stream, FrameMethod::kHello, 1, bulk.Offer().token().size(),
                                     bulk.Offer().token()));
       PS_RETURN_IF_ERROR(ReadReplyStatus(*stream));
-      return stream;
+      return std::move(stream);
     };
     int fd = -1;
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<ByteStream> stalled, greeted(&fd));
     EXPECT_EQ(TlsUsesBulkAead(*stalled), aead && BulkAeadAvailable());
     // The header promises the whole budget; some payload comes in whole
     // records, then one byte of the next record, and nothing more.
-    ASSERT_OK(WriteFrame(*stalled, FrameMethod::kSendGrads, 2, kBudget, std::string(4096, '\xff')));
+    ASSERT_OK(WriteFrame(*stalled, FrameMethod::kGetParams, 2, kBudget, std::string(4096, '\xff')));
     ASSERT_EQ(send(fd, "\x17", 1, MSG_NOSIGNAL), 1);
     const absl::Time deadline = absl::Now() + absl::Seconds(120);
     for (int i = 0; i < 120000 && absl::Now() < deadline && bulk.frames_timed_out() < 1; ++i) {
@@ -810,7 +810,7 @@ TEST_F(TlsTest, AFrameStalledInsideARecordIsDroppedByItsDeadlineOnEitherLayer) {
     for (int attempt = 0; attempt < 20 && answer.code() != absl::StatusCode::kInvalidArgument;
          ++attempt) {
       ASSERT_OK_AND_ASSIGN(std::unique_ptr<ByteStream> stream, greeted(nullptr));
-      answer = WriteFrame(*stream, FrameMethod::kSendGrads, 3, kBudget,
+      answer = WriteFrame(*stream, FrameMethod::kGetParams, 3, kBudget,
                           std::string(kBudget, '\xff'));
       if (answer.ok()) answer = ReadReplyStatus(*stream);
     }
