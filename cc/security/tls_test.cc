@@ -7,6 +7,7 @@
 
 #include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <memory>
@@ -771,12 +772,14 @@ TEST_F(TlsTest, AFrameStalledInsideARecordIsDroppedByItsDeadlineOnEitherLayer) {
     ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
     BulkListener& bulk = *server_->bulk_listener();
     // A greeted connection over TLS (and the AEAD layer when both ends
-    // have it); `fd`: its socket, for bytes sent under the TLS layer.
+    // have it); `fd`: a descriptor of its socket (the caller closes it),
+    // for bytes sent under the TLS layer.
     const auto greeted = [&](int* fd) -> absl::StatusOr<std::unique_ptr<ByteStream>> {
       PS_ASSIGN_OR_RETURN(std::unique_ptr<ByteStream> tcp,
                           ConnectTcp("127.0.0.1", static_cast<int>(bulk.Offer().tcp_port()),
                                      kChannelTimeout));
-      if (fd != nullptr) *fd = static_cast<SocketStream*>(tcp.get())->fd();
+      // A second descriptor of the socket: the TLS stream takes the first over.
+      if (fd != nullptr) *fd = dup(static_cast<SocketStream*>(tcp.get())->fd());
       PS_ASSIGN_OR_RETURN(
           std::unique_ptr<ByteStream> stream,
           StartTlsClient(std::move(tcp), TlsOf(client_files_, *ca_), "127.0.0.1",
@@ -792,7 +795,9 @@ TEST_F(TlsTest, AFrameStalledInsideARecordIsDroppedByItsDeadlineOnEitherLayer) {
     // The header promises the whole budget; some payload comes in whole
     // records, then one byte of the next record, and nothing more.
     ASSERT_OK(WriteFrame(*stalled, FrameMethod::kGetParams, 2, kBudget, std::string(4096, '\xff')));
-    ASSERT_EQ(send(fd, "\x17", 1, MSG_NOSIGNAL), 1);
+    const ssize_t sent = send(fd, "\x17", 1, MSG_NOSIGNAL);
+    close(fd);
+    ASSERT_EQ(sent, 1);
     const absl::Time deadline = absl::Now() + absl::Seconds(120);
     for (int i = 0; i < 120000 && absl::Now() < deadline && bulk.frames_timed_out() < 1; ++i) {
       absl::SleepFor(absl::Milliseconds(1));
