@@ -617,6 +617,39 @@ TEST(TransportLimitsTest, WorkersJoiningATableAreBoundedByMaxWorkersPerTable) {
   ASSERT_NO_FATAL_FAILURE(server.Stop());
 }
 
+// A client creating tables in a loop: past --max_tables every create is
+// RESOURCE_EXHAUSTED naming the flag and nothing is created.
+TEST(TransportLimitsTest, TablesCreatedInALoopAreBoundedByMaxTables) {
+  constexpr int kMaxTables = 4;
+  PserverChild server;
+  ASSERT_NO_FATAL_FAILURE(server.Start({absl::StrCat("--max_tables=", kMaxTables)}));
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  const auto create = [&](int i, std::string* message) {
+    v1::CreateTableRequest create;
+    create.set_name(absl::StrCat("t", i));
+    create.mutable_config()->set_dim(1);
+    v1::CreateTableResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    const grpc::Status status = stub->CreateTable(&context, create, &response);
+    *message = status.error_message();
+    return status.error_code();
+  };
+  std::string message;
+  for (int i = 0; i < kMaxTables; ++i) ASSERT_EQ(create(i, &message), grpc::StatusCode::OK) << i;
+  for (int i = kMaxTables; i < 200; ++i) {
+    ASSERT_EQ(create(i, &message), grpc::StatusCode::RESOURCE_EXHAUSTED) << i;
+    ASSERT_THAT(message, HasSubstr("--max_tables=4")) << i;
+  }
+  v1::TableStatsResponse stats;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  ASSERT_TRUE(stub->TableStats(&context, v1::TableStatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.tables_size(), kMaxTables);
+  ASSERT_NO_FATAL_FAILURE(server.Stop());
+}
+
 // ---- idle and half-open connections ------------------------------------------------
 
 TEST(TransportLimitsTest, IdleConnectionsAreClosedSoNewClientsGetIn) {

@@ -101,14 +101,24 @@ absl::Status Tables::Create(const v1::CreateTableRequest& request) {
                        it->second->table->config().ShortDebugString(), "}, asked for {",
                        config.ShortDebugString(), "}"));
     }
+    PS_RETURN_IF_ERROR(CheckRoomForTable(request.name()));
   }
   // Built outside the lock; a racing create of the same name keeps the first.
   PS_ASSIGN_OR_RETURN(auto table, SparseTable::Create(request.name(), config, options_.table));
   auto entry = std::make_shared<Entry>(&timer_, options_.max_workers_per_table);
   entry->table = std::move(table);
   absl::MutexLock lock(&mu_);
+  if (tables_.contains(request.name())) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(CheckRoomForTable(request.name()));  // racing creates of other names
   tables_.emplace(request.name(), std::move(entry));
   return absl::OkStatus();
+}
+
+absl::Status Tables::CheckRoomForTable(absl::string_view name) const {
+  if (tables_.size() < options_.max_tables) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("table '", name, "' not created: this server holds ", tables_.size(),
+                   " tables, the most --max_tables=", options_.max_tables, " allows"));
 }
 
 absl::StatusOr<std::shared_ptr<Tables::Entry>> Tables::Find(absl::string_view name) const {

@@ -97,6 +97,11 @@ struct TablesOptions {
   // workers (--max_held_add_bytes); past it a push is UNAVAILABLE ("retry"),
   // one add larger than it RESOURCE_EXHAUSTED.
   uint64_t max_held_add_bytes = uint64_t{1} << 30;
+  // Tables Create may make (--max_tables); past it Create is
+  // RESOURCE_EXHAUSTED naming the flag and nothing is created. Tables a
+  // checkpoint or a live move brings in are taken whole.
+  size_t max_tables = kDefaultMaxTables;
+  static constexpr size_t kDefaultMaxTables = 4096;
 };
 
 class Tables {
@@ -108,7 +113,8 @@ class Tables {
 
   // Creates a table. Again with an equal config: OK, nothing changes; with
   // another config: ALREADY_EXISTS. INVALID_ARGUMENT for an empty name or a
-  // bad config (naming the field).
+  // bad config (naming the field); RESOURCE_EXHAUSTED naming --max_tables
+  // when this server holds max_tables tables already (nothing created).
   absl::Status Create(const v1::CreateTableRequest& request);
 
   // NOT_FOUND "no table 'x'" for an unknown table; INVALID_ARGUMENT for keys
@@ -246,6 +252,9 @@ class Tables {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.bsp_mu);
 
   absl::StatusOr<std::shared_ptr<Entry>> Find(absl::string_view name) const;
+  // OK when one more table fits under options_.max_tables; the refusal
+  // naming `name` and the flag otherwise.
+  absl::Status CheckRoomForTable(absl::string_view name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ExportRows of `entry` (table `name`).
   static Exported ExportEntry(const std::string& name, Entry& entry,
                               const SparseTable::KeyFilter& keep,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cc/core/status_macros.h"
 #include "cc/testing/status_matchers.h"
@@ -323,6 +324,33 @@ TEST_F(TablesTest, HeldBackAddsAreBoundedByMaxHeldAddBytes) {
   EXPECT_THAT(*Pull("bsp", {0, 199}), ::testing::ElementsAre(1.0, 1.0)) << "applied once";
   // Applied, the add's bytes are free again.
   ASSERT_OK(Push("bsp", keys, ones, "a", 1));
+}
+
+// Tables made by Create are bounded (--max_tables): past the bound a create
+// is RESOURCE_EXHAUSTED naming the flag and the table, and nothing is
+// created; a create of a table held already is still answered as before.
+TEST(TablesLimitTest, CreatesPastMaxTablesAreRefusedAndCreateNothing) {
+  TablesOptions options;
+  options.max_tables = 3;
+  Tables tables(options);
+  const auto create = [&](const std::string& name, int dim) {
+    v1::CreateTableRequest request;
+    request.set_name(name);
+    request.mutable_config()->set_dim(dim);
+    return tables.Create(request);
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_OK(create(absl::StrCat("t", i), 1));
+  for (int i = 3; i < 100; ++i) {
+    ASSERT_THAT(create(absl::StrCat("t", i), 1),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr("--max_tables=3"), HasSubstr(absl::StrCat("'t", i, "'")))));
+    ASSERT_THAT(tables.ConfigOf(absl::StrCat("t", i)), StatusCodeIs(absl::StatusCode::kNotFound));
+  }
+  EXPECT_OK(create("t0", 1));  // held already, the same config
+  EXPECT_THAT(create("t1", 2), StatusCodeIs(absl::StatusCode::kAlreadyExists));
+  v1::TableStatsResponse stats;
+  tables.Stats(&stats);
+  EXPECT_EQ(stats.tables_size(), 3);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include "cc/security/tls.h"
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <memory>
@@ -24,6 +26,7 @@
 #include "cc/client/grpc_transport.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/byte_stream.h"
+#include "cc/rpc/frame.h"
 #include "cc/security/bulk_aead.h"
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/bulk_listener.h"
@@ -724,6 +727,101 @@ TEST_F(TlsCertRoleChannelTest, SanRuleReadsTheUriOnTheChannel) {
               StatusIs(absl::StatusCode::kPermissionDenied,
                        HasSubstr("role reader of job job-a may not SendGrads")));
   EXPECT_EQ(channel->route(), "tcp");
+}
+
+}  // namespace
+}  // namespace pserver
+
+namespace pserver {
+namespace {
+
+// Writes a request frame: its header, then `payload`.
+absl::Status WriteFrame(ByteStream& stream, FrameMethod method, uint64_t id,
+                        uint64_t payload_bytes, absl::string_view payload) {
+  char header[kFrameHeaderBytes];
+  EncodeRequestHeader({method, id, 0, payload_bytes}, header);
+  return stream.Write({absl::string_view(header, sizeof(header)), payload});
+}
+
+// The next reply frame's status (its message and payload read and dropped).
+absl::Status ReadReplyStatus(ByteStream& stream) {
+  char encoded[kReplyHeaderBytes];
+  PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
+  PS_ASSIGN_OR_RETURN(ReplyHeader header, DecodeReplyHeader(encoded, kDefaultMaxMessageBytes));
+  std::string message(header.message_bytes, '\0');
+  std::string payload(header.payload_bytes, '\0');
+  PS_RETURN_IF_ERROR(stream.Read(message.data(), message.size()));
+  PS_RETURN_IF_ERROR(stream.Read(payload.data(), payload.size()));
+  return absl::Status(header.code, message);
+}
+
+// A frame stalled inside a record, on the AEAD layer and on TLS records: the
+// server's frame deadline (--bulk_frame_receive_timeout_seconds) closes the
+// connection whatever layer is blocked on the socket, and the request
+// budget the frame held is given back: a frame of the whole budget is then
+// read (and refused as malformed, not as "retry later").
+TEST_F(TlsTest, AFrameStalledInsideARecordIsDroppedByItsDeadlineOnEitherLayer) {
+  constexpr uint64_t kBudget = uint64_t{1} << 20;
+  for (const bool aead : {true, false}) {
+    SCOPED_TRACE(aead ? "AEAD layer" : "TLS records");
+    ServerOptions options;
+    options.tls = TlsOf(server_files_, *ca_);
+    options.tls.bulk_aead = aead;
+    options.max_bulk_request_bytes_in_flight = kBudget;
+    options.bulk_frame_receive_timeout = absl::Seconds(1);
+    ASSERT_OK_AND_ASSIGN(server_, Server::Start(options));
+    BulkListener& bulk = *server_->bulk_listener();
+    // A greeted connection over TLS (and the AEAD layer when both ends
+    // have it); `fd`: a descriptor of its socket (the caller closes it),
+    // for bytes sent under the TLS layer.
+    const auto greeted = [&](int* fd) -> absl::StatusOr<std::unique_ptr<ByteStream>> {
+      PS_ASSIGN_OR_RETURN(std::unique_ptr<ByteStream> tcp,
+                          ConnectTcp("127.0.0.1", static_cast<int>(bulk.Offer().tcp_port()),
+                                     kChannelTimeout));
+      // A second descriptor of the socket: the TLS stream takes the first over.
+      if (fd != nullptr) *fd = dup(static_cast<SocketStream*>(tcp.get())->fd());
+      PS_ASSIGN_OR_RETURN(
+          std::unique_ptr<ByteStream> stream,
+          StartTlsClient(std::move(tcp), TlsOf(client_files_, *ca_), "127.0.0.1",
+                         absl::Now() + kChannelTimeout, bulk.Offer().bulk_aead() == 1));
+      PS_RETURN_IF_ERROR(WriteFrame(*stream, FrameMethod::kHello, 1, bulk.Offer().token().size(),
+                                    bulk.Offer().token()));
+      PS_RETURN_IF_ERROR(ReadReplyStatus(*stream));
+      return std::move(stream);
+    };
+    int fd = -1;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<ByteStream> stalled, greeted(&fd));
+    EXPECT_EQ(TlsUsesBulkAead(*stalled), aead && BulkAeadAvailable());
+    // The header promises the whole budget; some payload comes in whole
+    // records, then one byte of the next record, and nothing more.
+    ASSERT_OK(WriteFrame(*stalled, FrameMethod::kGetParams, 2, kBudget, std::string(4096, '\xff')));
+    const ssize_t sent = send(fd, "\x17", 1, MSG_NOSIGNAL);
+    close(fd);
+    ASSERT_EQ(sent, 1);
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    for (int i = 0; i < 120000 && absl::Now() < deadline && bulk.frames_timed_out() < 1; ++i) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_EQ(bulk.frames_timed_out(), 1u);
+    for (int i = 0; i < 120000 && absl::Now() < deadline && bulk.request_bytes_held() > 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_EQ(bulk.request_bytes_held(), 0u);
+    EXPECT_THAT(ReadReplyStatus(*stalled), StatusCodeIs(absl::StatusCode::kUnavailable));
+    // The whole budget is free: a frame of that size is read to its end.
+    // (Retried on a new connection should this loaded machine not read it
+    // within its own deadline, as a client would.)
+    absl::Status answer = absl::UnknownError("not sent");
+    for (int attempt = 0; attempt < 20 && answer.code() != absl::StatusCode::kInvalidArgument;
+         ++attempt) {
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<ByteStream> stream, greeted(nullptr));
+      answer = WriteFrame(*stream, FrameMethod::kGetParams, 3, kBudget,
+                          std::string(kBudget, '\xff'));
+      if (answer.ok()) answer = ReadReplyStatus(*stream);
+    }
+    EXPECT_THAT(answer, StatusCodeIs(absl::StatusCode::kInvalidArgument));
+    server_.reset();
+  }
 }
 
 }  // namespace

@@ -36,6 +36,13 @@ void AppliedSequences::KeepWithinBounds(uint64_t keep) {
   }
 }
 
+void AppliedSequences::TrimPending(Client& c) const {
+  while (c.applied.size() > max_pending_) {
+    c.low_water = *c.applied.begin();
+    c.applied.erase(c.applied.begin());
+  }
+}
+
 void AppliedSequences::set_max_clients(size_t max_clients) {
   absl::MutexLock lock(&mu_);
   max_clients_ = std::max<size_t>(max_clients, 1);
@@ -68,11 +75,7 @@ void AppliedSequences::Finish(uint64_t client, uint64_t sequence) {
   c.in_progress.erase(sequence);
   if (sequence > c.low_water) {
     c.applied.insert(sequence);
-    // Past the bound, give up on the oldest gaps.
-    while (c.applied.size() > max_pending_) {
-      c.low_water = *c.applied.begin();
-      c.applied.erase(c.applied.begin());
-    }
+    TrimPending(c);
     while (!c.applied.empty() && *c.applied.begin() == c.low_water + 1) {
       c.low_water = *c.applied.begin();
       c.applied.erase(c.applied.begin());
@@ -122,10 +125,7 @@ absl::Status AppliedSequences::Restore(const std::string& bytes) {
     for (uint64_t s : entry.applied()) {
       if (s > c.low_water) c.applied.insert(s);
     }
-    while (c.applied.size() > max_pending_) {
-      c.low_water = *c.applied.begin();
-      c.applied.erase(c.applied.begin());
-    }
+    TrimPending(c);
     sequences_kept_ += c.applied.size();
     KeepWithinBounds(entry.client_id());
   }

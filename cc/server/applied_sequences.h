@@ -105,6 +105,9 @@ class AppliedSequences {
   // Forgets the longest-idle clients with nothing in progress (never
   // `keep`) until both bounds hold, or none is left to forget.
   void KeepWithinBounds(uint64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Past max_pending_ applied sequences above `c`'s mark, gives up on its
+  // oldest gaps: the mark rises to the oldest applied until they fit.
+  void TrimPending(Client& c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_pending_;
   const size_t max_sequences_kept_;

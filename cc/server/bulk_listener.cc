@@ -107,7 +107,8 @@ BulkListener::BulkListener(Dispatcher* dispatcher, const BulkListenerOptions& op
                       BudgetNames{"bulk channel request", "bulk channel requests",
                                   "bytes of bulk channel requests being read or served",
                                   "--max_bulk_request_bytes_in_flight",
-                                  "send fewer parameters per call"}) {}
+                                  "send fewer parameters per call"}),
+      deadlines_(options.frame_receive_timeout, [dispatcher] { dispatcher->CountMalformed(); }) {}
 
 absl::StatusOr<std::unique_ptr<BulkListener>> BulkListener::Start(
     Dispatcher* dispatcher, const BulkListenerOptions& options) {
@@ -249,7 +250,7 @@ void BulkListener::Serve(SocketStream& socket) {
   if (!CheckHello(stream, socket.fd(), peer, &principal).ok()) return;
   SocketStream* const plain = tls != nullptr ? nullptr : &socket;
   const bool sealed = tls != nullptr && TlsUsesBulkAead(*tls);
-  while (ServeFrame(stream, plain, sealed, principal).ok()) {
+  while (ServeFrame(stream, socket, plain, sealed, principal).ok()) {
   }
 }
 
@@ -312,7 +313,8 @@ absl::Status BulkListener::Discard(ByteStream& stream, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain, bool sealed,
+absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream& socket,
+                                      SocketStream* plain, bool sealed,
                                       const std::optional<Principal>& principal) {
   char encoded[kFrameHeaderBytes];
   PS_RETURN_IF_ERROR(stream.Read(encoded, sizeof(encoded)));
@@ -331,15 +333,20 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain, b
                      absl::InvalidArgumentError("bulk channel: a second hello frame"));
   }
   reply.call_id = header->call_id;
+  // The payload, whether kept or dropped, is all in by the deadline, or the
+  // connection goes (and with it any bytes held of the budget).
+  FrameDeadlines::Armed receiving = deadlines_.Arm(&socket);
   if (principal.has_value()) {
     if (absl::Status allowed = options_.auth->Authorize(*principal, AuthorizedAs(header->method));
         !allowed.ok()) {
       PS_RETURN_IF_ERROR(Discard(stream, header->payload_bytes));
+      receiving.Disarm();
       return WriteReplyFrame(stream, reply, allowed);
     }
   }
   if (absl::Status room = request_budget_.Acquire(header->payload_bytes); !room.ok()) {
     PS_RETURN_IF_ERROR(Discard(stream, header->payload_bytes));
+    receiving.Disarm();
     return WriteReplyFrame(stream, reply, room);
   }
   const uint64_t held = header->payload_bytes;
@@ -348,7 +355,8 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain, b
     {
       const absl::Cleanup release = [this, held] { request_budget_.Release(held); };
       stage.reset();
-      PS_RETURN_IF_ERROR(ServeReplicate(stream, *header, &answer));
+      PS_RETURN_IF_ERROR(ServeReplicate(stream, *header, receiving, &answer));
+      receiving.Disarm();  // a refused frame's rest was read and dropped
     }
     reply.processed_unix_nanos = absl::ToUnixNanos(absl::Now());
     return WriteReplyFrame(stream, reply, answer);
@@ -374,6 +382,7 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain, b
     } else {
       PS_RETURN_IF_ERROR(stream.Read(data, payload.size()));
     }
+    receiving.Disarm();
     grpc::ByteBuffer request(&payload, 1);
     stage.reset();
     if (header->timeout_micros > 0 &&
@@ -395,6 +404,8 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain, b
         status = streamed.status;
       } else if (streamed.outcome == StreamedPushPull::Outcome::kWritten) {
         status = absl::OkStatus();
+      } else if (streamed.decoded.has_value()) {  // not decoded again
+        status = PushPullDecoded(*dispatcher_, request, *streamed.decoded, &response, &hold);
       } else if (scan.has_value()) {
         status = push(*dispatcher_, request, &*scan, &response, &hold);
       } else {
@@ -425,6 +436,7 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream* plain, b
 }
 
 absl::Status BulkListener::ServeReplicate(ByteStream& stream, const RequestHeader& header,
+                                          FrameDeadlines::Armed& receiving,
                                           absl::Status* answer) {
   uint64_t left = header.payload_bytes;
   // Refuses the frame: the rest of it is read and dropped, nothing applied.
@@ -470,6 +482,7 @@ absl::Status BulkListener::ServeReplicate(ByteStream& stream, const RequestHeade
   } else {
     PS_RETURN_IF_ERROR(stream.Read(data, left));
   }
+  receiving.Disarm();  // applying it may wait for the copy (not the client)
   *answer = options_.replicate(frame->shard, std::move(write));
   return absl::OkStatus();
 }

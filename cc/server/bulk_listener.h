@@ -18,7 +18,10 @@
 // further one is answered RESOURCE_EXHAUSTED and closed. A malformed or
 // oversized frame, or a wrong token, is answered (when its id is known) and
 // closes that connection; it is counted (GetStats requests_rejected, and
-// malformed_frames() here).
+// malformed_frames() here). A frame whose payload is not all in within
+// `frame_receive_timeout` of its header (a client that stalls mid-frame)
+// ends its connection and gives its bytes back (frame_deadlines.h; counted
+// in requests_rejected and frames_timed_out()).
 //
 // Thread-safe.
 #ifndef PSERVER_CC_SERVER_BULK_LISTENER_H_
@@ -41,6 +44,7 @@
 #include "cc/rpc/frame.h"
 #include "cc/rpc/transport_limits.h"
 #include "cc/server/dispatcher.h"
+#include "cc/server/frame_deadlines.h"
 #include "cc/server/reply_budget.h"
 #include "cc/security/tls.h"
 #include "cc/server/backup_log.h"
@@ -66,6 +70,11 @@ struct BulkListenerOptions {
   uint64_t max_request_bytes_in_flight = uint64_t{1} << 30;
   // A connection that has not presented its token by then is closed.
   absl::Duration hello_timeout = absl::Seconds(10);
+  // A frame's payload must be all in by this long after its header
+  // (--bulk_frame_receive_timeout_seconds), else the connection is closed
+  // and the bytes it held of the request budget given back (the client
+  // retries on a new one). Zero or infinite: no deadline.
+  absl::Duration frame_receive_timeout = absl::Seconds(60);
   // Roles (docs/security.md); null or disabled: off. When on, the hello
   // frame carries a bearer token after the channel token; its principal
   // (or, without a token, that of the verified TLS client certificate under
@@ -112,6 +121,9 @@ class BulkListener {
   uint64_t refused_connections() const { return refused_.load(); }
   // Connections that switched to the AEAD layer after TLS (--tls_bulk_aead).
   uint64_t aead_connections() const { return aead_.load(); }
+  // Connections closed because a frame's payload was not in by
+  // frame_receive_timeout.
+  uint64_t frames_timed_out() const { return deadlines_.expired(); }
   int connections() const;
 
  private:
@@ -135,16 +147,19 @@ class BulkListener {
   absl::Status CheckHello(ByteStream& stream, int fd, const std::optional<CertNames>& peer,
                           std::optional<Principal>* principal);
   // Reads and answers one request frame; an error closes the connection.
+  // `socket`: the connection's (shut down when the frame's payload is late).
   // A PushPull's reply is streamed while it is applied (streamed_push_pull.h)
   // on `plain`, the connection's socket when `stream` is that socket itself
   // (no TLS), or, `sealed`, through `stream`'s AEAD layer.
-  absl::Status ServeFrame(ByteStream& stream, SocketStream* plain, bool sealed,
+  absl::Status ServeFrame(ByteStream& stream, SocketStream& socket, SocketStream* plain,
+                          bool sealed,
                           const std::optional<Principal>& principal);
   // Reads the rest of a kReplicate frame (`header`) and applies it
   // (options_.replicate), its answer in `*answer`; a malformed one is
   // refused (read and dropped) and changes nothing. An error: the stream's.
+  // `receiving` (the frame's deadline) is disarmed once it is read.
   absl::Status ServeReplicate(ByteStream& stream, const RequestHeader& header,
-                              absl::Status* answer);
+                              FrameDeadlines::Armed& receiving, absl::Status* answer);
   // Reads and drops `bytes` of payload, in small pieces.
   static absl::Status Discard(ByteStream& stream, uint64_t bytes);
   // Counts a malformed frame and tells the peer why (best effort).
@@ -159,6 +174,7 @@ class BulkListener {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> aead_{0};
   ReplyBudget request_budget_;
+  FrameDeadlines deadlines_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

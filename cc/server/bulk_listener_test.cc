@@ -445,8 +445,8 @@ constexpr size_t kBlockFloats = size_t{1} << 18;  // 1 MiB blocks
 constexpr uint32_t kBlocks = 4;
 
 // A server holding "w": kBlocks float32 blocks of zeros, SGD, learning rate 1.
-std::unique_ptr<Server> ServerWithBlocks() {
-  auto server = StartServer();
+std::unique_ptr<Server> ServerWithBlocks(ServerOptions options = {}) {
+  auto server = StartServer(options);
   if (server == nullptr) return nullptr;
   v1::ParameterConfig sgd;
   sgd.mutable_optimizer()->mutable_sgd();
@@ -739,6 +739,118 @@ TEST(BulkListenerTest, AClientGoneMidPushPullReplyLeavesItAppliedOnceAndFreesIts
   EXPECT_TRUE(PulledValues(reply) == values);
   EXPECT_TRUE(Values(*server) == values);
   EXPECT_EQ(server->dispatcher().duplicates_ignored(), 1u);
+}
+
+// --- frames that stall mid-payload (--bulk_frame_receive_timeout_seconds) ---
+
+// A greeted connection that sends a push frame's header (request id
+// `call_id`, the whole `payload` promised) and three quarters of the
+// payload, then stalls: the server holds payload.size() bytes of its
+// request budget while it waits for the rest.
+std::unique_ptr<ByteStream> StalledPush(Server& server, uint64_t call_id,
+                                        const std::string& payload) {
+  auto stream = Greeted(server);
+  if (stream == nullptr) return nullptr;
+  char header[kFrameHeaderBytes];
+  EncodeRequestHeader({FrameMethod::kSendGrads, call_id, 0, payload.size()}, header);
+  EXPECT_THAT(stream->Write({absl::string_view(header, sizeof(header)),
+                             absl::string_view(payload).substr(0, payload.size() * 3 / 4)}),
+              IsOk());
+  return stream;
+}
+
+// Waits (bounded in count and time, within the test's own timeout) until
+// `done` holds; whether it does.
+template <typename Done>
+bool Eventually(Done done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(40);
+  for (int i = 0; i < 40000 && absl::Now() < deadline; ++i) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return done();
+}
+
+TEST(BulkListenerTest, FramesStalledMidPayloadAreDroppedByTheirDeadlineAndTheirBytesGivenBack) {
+  std::vector<std::vector<float>> grads;
+  for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(BlockGradient(i));
+  const std::string stalled_payload = BlocksPushPayload(grads, /*sequence=*/7);
+  const std::string payload = BlocksPushPayload(grads, /*sequence=*/8);
+  ServerOptions options;
+  // Two stalled frames hold the whole budget.
+  options.max_bulk_request_bytes_in_flight = 2 * stalled_payload.size();
+  options.bulk_frame_receive_timeout = absl::Seconds(1);
+  auto server = ServerWithBlocks(options);
+  ASSERT_NE(server, nullptr);
+  const uint64_t rejected_before = Rejected(*server);
+  auto first = StalledPush(*server, 70, stalled_payload);
+  auto second = StalledPush(*server, 71, stalled_payload);
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  // Each stalled connection is closed by the server once its deadline
+  // passes, and what it held is given back.
+  ASSERT_TRUE(Eventually([&] { return server->bulk_listener()->frames_timed_out() == 2; }))
+      << server->bulk_listener()->frames_timed_out();
+  EXPECT_THAT(ReadToEnd(*first), StatusCodeIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(ReadToEnd(*second), StatusCodeIs(absl::StatusCode::kUnavailable));
+  ASSERT_TRUE(Eventually([&] { return server->bulk_listener()->request_bytes_held() == 0; }));
+  EXPECT_GE(Rejected(*server), rejected_before + 2);
+  // Nothing of the stalled pushes was applied.
+  const std::vector<float> before = Values(*server);
+  EXPECT_TRUE(std::all_of(before.begin(), before.end(), [](float v) { return v == 0; }));
+  // A whole push is served now. (Should this machine be so loaded that it
+  // is not read within its own deadline, the client retries on a new
+  // connection, as a real one does: same request id, applied once.)
+  absl::Status pushed = absl::UnknownError("not sent");
+  for (int attempt = 0; attempt < 20 && !pushed.ok(); ++attempt) {
+    auto stream = Greeted(*server);
+    ASSERT_NE(stream, nullptr);
+    pushed = WriteRequest(*stream, FrameMethod::kSendGrads, 80 + attempt, payload);
+    if (pushed.ok()) pushed = ReadReply(*stream);
+    ASSERT_NE(pushed.code(), absl::StatusCode::kInvalidArgument) << pushed;
+  }
+  EXPECT_THAT(pushed, IsOk());
+  const std::vector<float> values = Values(*server);
+  EXPECT_EQ(values[1], -grads[0][1]);  // applied once
+  EXPECT_EQ(values.back(), -grads.back().back());
+}
+
+TEST(BulkListenerTest, WithoutAFrameDeadlineStalledFramesKeepTheirBytes) {
+  std::vector<std::vector<float>> grads;
+  for (uint32_t i = 0; i < kBlocks; ++i) grads.push_back(BlockGradient(i));
+  const std::string payload = BlocksPushPayload(grads, /*sequence=*/9);
+  ServerOptions options;
+  options.max_bulk_request_bytes_in_flight = 2 * payload.size();
+  options.bulk_frame_receive_timeout = absl::ZeroDuration();  // off
+  auto server = ServerWithBlocks(options);
+  ASSERT_NE(server, nullptr);
+  auto first = StalledPush(*server, 90, payload);
+  auto second = StalledPush(*server, 91, payload);
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(Eventually(
+      [&] { return server->bulk_listener()->request_bytes_held() == 2 * payload.size(); }));
+  // The budget is spent: a whole push is refused, naming the flag.
+  auto stream = Greeted(*server);
+  ASSERT_NE(stream, nullptr);
+  ASSERT_THAT(WriteRequest(*stream, FrameMethod::kSendGrads, 92, payload), IsOk());
+  EXPECT_THAT(ReadReply(*stream), StatusIs(absl::StatusCode::kUnavailable,
+                                           HasSubstr("--max_bulk_request_bytes_in_flight")));
+  EXPECT_EQ(server->bulk_listener()->request_bytes_held(), 2 * payload.size());
+  EXPECT_EQ(server->bulk_listener()->frames_timed_out(), 0u);
+  // Only the clients' going frees it.
+  first->Shutdown();
+  second->Shutdown();
+  stream->Shutdown();
+  ExpectConnectionsEndAndBytesFreed(*server);
+}
+
+TEST(BulkListenerTest, ANegativeFrameDeadlineIsRefusedNamingTheFlag) {
+  ServerOptions options;
+  options.bulk_frame_receive_timeout = absl::Seconds(-1);
+  EXPECT_THAT(Server::Start(options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--bulk_frame_receive_timeout_seconds")));
 }
 
 }  // namespace

@@ -111,6 +111,9 @@ ABSL_FLAG(uint64_t, max_exactly_once_clients, pserver::AppliedSequences::kDefaul
 ABSL_FLAG(uint64_t, max_workers_per_table, pserver::WorkerClocks::kDefaultMaxWorkers,
           "Workers joined to one table's clocks (SSP/BSP) at once; past it a join is refused "
           "(RESOURCE_EXHAUSTED) until one leaves. Must be >= 1.");
+ABSL_FLAG(uint64_t, max_tables, pserver::TablesOptions::kDefaultMaxTables,
+          "Tables CreateTable may make on this server; past it CreateTable is refused "
+          "(RESOURCE_EXHAUSTED), nothing created. Must be >= 1.");
 ABSL_FLAG(uint64_t, max_held_add_bytes, uint64_t{1} << 30,
           "Bytes (keys and values) of BSP adds one table holds back for slower workers; past "
           "it a push gets UNAVAILABLE (clients retry), one add larger than it "
@@ -226,6 +229,11 @@ ABSL_FLAG(int, max_bulk_connections, 256,
 ABSL_FLAG(uint64_t, max_bulk_request_bytes_in_flight, uint64_t{1} << 30,
           "Bulk channel request bytes read or being served at once, over all connections; a "
           "request that does not fit waits (UNAVAILABLE, retried by clients).");
+ABSL_FLAG(double, bulk_frame_receive_timeout_seconds, 60,
+          "A bulk channel frame's payload must be all in by this long after its header, else "
+          "the connection is closed and the frame's bytes of "
+          "--max_bulk_request_bytes_in_flight given back (clients retry on a new connection). "
+          "0: no deadline.");
 // --- TLS (cc/security/tls.h) ---
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) this server presents; with --tls_key and --tls_ca turns on "
@@ -425,6 +433,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_collective_bytes = absl::GetFlag(FLAGS_max_collective_bytes);
   options.max_exactly_once_clients = absl::GetFlag(FLAGS_max_exactly_once_clients);
   options.max_workers_per_table = absl::GetFlag(FLAGS_max_workers_per_table);
+  options.max_tables = absl::GetFlag(FLAGS_max_tables);
   options.max_held_add_bytes = absl::GetFlag(FLAGS_max_held_add_bytes);
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
   options.standby = absl::GetFlag(FLAGS_standby);
@@ -446,6 +455,8 @@ pserver::ServerOptions OptionsFromFlags() {
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);
+  options.bulk_frame_receive_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_bulk_frame_receive_timeout_seconds));
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca = absl::GetFlag(FLAGS_tls_ca);

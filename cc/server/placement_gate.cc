@@ -32,6 +32,10 @@ void PlacementGate::SetLocked(const Placement& to, std::optional<Placement> from
   if (to.version() < placement_.version()) return;
   // A replayed value (same version) keeps the move's progress.
   if (to.version() > placement_.version()) {
+    // A list not taken before this newer placement is stale: what it names
+    // may have come back in a later move, and must not be dropped then.
+    // (The server takes it right after each change; kept, it costs memory.)
+    handed_over_.reset();
     if (from_.has_value() && !from.has_value() && to.num_servers() == placement_.num_servers()) {
       // The move ended: what was handed over in it stays handed over.
       HandedOver done{placement_.version(), to, {}, {}};

@@ -152,7 +152,8 @@ class PlacementGate {
   };
   // Taken once: set when this gate goes from a moving placement straight to
   // a stable one of a newer version and the same count (a placement written
-  // otherwise, e.g. by hand, sets nothing).
+  // otherwise, e.g. by hand, sets nothing); cleared, untaken, by any newer
+  // placement (its blocks may come back to this server in a later move).
   std::optional<HandedOver> TakeHandedOver() ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- the new owner's side ----

@@ -234,5 +234,36 @@ TEST(PlacementGateTest, TableKeysAreHeldHandedOverAndReceivedByBucket) {
               StatusCodeIs(absl::StatusCode::kInvalidArgument));
 }
 
+// What a move handed over is taken right after the placement that ended
+// it; a list left untaken when a newer placement comes is dropped, not
+// handed out later: here the block server 0 handed to server 2 came back to
+// server 0 in the next move, and dropping it then would lose it.
+TEST(PlacementGateTest, AHandedOverListNotTakenBeforeANewerPlacementIsNeverHandedOut) {
+  const Moved m = FirstMovingFrom0To2();
+  const v1::BlockRef ref = Block(m.index, 1u << 20);
+  for (const bool take_between : {true, false}) {
+    SCOPED_TRACE(take_between ? "taken after each move" : "not taken between the moves");
+    PlacementGate gate(0, Placement::Jump(2, 1));
+    ASSERT_OK(gate.SetSpec(Moving(2, 2, 3)));
+    gate.Hold({{m.name, m.index}});
+    gate.Release({{m.name, m.index}}, /*handed_over=*/true);
+    ASSERT_OK(gate.SetSpec(Placement::Jump(3, 3).spec()));  // the move 2 -> 3 ended
+    if (take_between) {
+      std::optional<PlacementGate::HandedOver> first = gate.TakeHandedOver();
+      ASSERT_TRUE(first.has_value());
+      EXPECT_EQ(first->version, 2u);
+      ASSERT_EQ(first->blocks.size(), 1u);
+      EXPECT_EQ(first->blocks[0], PlacementGate::BlockKey(m.name, m.index));
+    }
+    // 3 -> 2: the block comes back to server 0.
+    ASSERT_OK(gate.SetSpec(Moving(4, 3, 2)));
+    ASSERT_OK(gate.CheckReceive(4, m.name, m.index));
+    gate.Received({{m.name, m.index}});
+    ASSERT_OK(gate.SetSpec(Placement::Jump(2, 5).spec()));  // the move 3 -> 2 ended
+    EXPECT_OK(gate.CheckBlock(m.name, ref));  // served here again
+    EXPECT_FALSE(gate.TakeHandedOver().has_value()) << "server 0 handed nothing over in 3 -> 2";
+  }
+}
+
 }  // namespace
 }  // namespace pserver

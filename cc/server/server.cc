@@ -136,6 +136,12 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_bulk_connections must be >= 1, got ", options.max_bulk_connections));
   }
+  if (options.bulk_frame_receive_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bulk_frame_receive_timeout (--bulk_frame_receive_timeout_seconds) must be "
+                     ">= 0 (0: none), got ",
+                     absl::FormatDuration(options.bulk_frame_receive_timeout)));
+  }
   if (options.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_concurrent_streams must be >= 1, got ", options.max_concurrent_streams));
@@ -223,6 +229,7 @@ TablesOptions Server::MakeTablesOptions(const ServerOptions& options) {
   tables_options.max_collective_bytes = options.max_collective_bytes;
   tables_options.max_workers_per_table = options.max_workers_per_table;
   tables_options.max_held_add_bytes = options.max_held_add_bytes;
+  tables_options.max_tables = static_cast<size_t>(options.max_tables);
   return tables_options;
 }
 
@@ -295,6 +302,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (options.max_held_add_bytes == 0) {
     return absl::InvalidArgumentError("max_held_add_bytes must be > 0");
+  }
+  if (options.max_tables == 0) {
+    return absl::InvalidArgumentError("max_tables (--max_tables) must be >= 1");
   }
   if (options.max_workers_per_table == 0) {
     return absl::InvalidArgumentError("max_workers_per_table must be >= 1");
@@ -450,6 +460,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     bulk.tls = options.tls;
     bulk.max_connections = options.max_bulk_connections;
     bulk.max_request_bytes_in_flight = options.max_bulk_request_bytes_in_flight;
+    bulk.frame_receive_timeout = options.bulk_frame_receive_timeout;
     bulk.max_frame_bytes = options.max_message_bytes;
     bulk.auth = server->auth_.get();
     if (options.standby) {  // its primary's writes come over the channel too

@@ -240,6 +240,10 @@ struct ServerOptions {
   // Workers joined to one table's clocks at once (SSP/BSP); past it a Join is
   // RESOURCE_EXHAUSTED naming the flag. Must be >= 1.
   uint64_t max_workers_per_table = WorkerClocks::kDefaultMaxWorkers;
+  // Tables CreateTable may make on this server; past it CreateTable is
+  // RESOURCE_EXHAUSTED naming the flag, nothing created. Give a primary and
+  // its standbys the same value. Must be >= 1.
+  uint64_t max_tables = TablesOptions::kDefaultMaxTables;
   // Bytes of BSP adds one table holds back for slower workers; past it a
   // push is UNAVAILABLE ("retry"), one add larger than it
   // RESOURCE_EXHAUSTED. Must be > 0.
@@ -261,6 +265,12 @@ struct ServerOptions {
   // connections; a frame that does not fit is answered UNAVAILABLE (retried
   // by clients), one larger than all of it RESOURCE_EXHAUSTED.
   uint64_t max_bulk_request_bytes_in_flight = uint64_t{1} << 30;
+  // A bulk channel frame's payload must be all in by this long after its
+  // header, else its connection is closed and the bytes it held of
+  // max_bulk_request_bytes_in_flight given back (clients retry on a new
+  // one). Zero or infinite: no deadline (a stalled client then holds its
+  // frame's bytes until its connection ends).
+  absl::Duration bulk_frame_receive_timeout = absl::Seconds(60);
 
   // --- TLS (cc/security/tls.h): cert, key and ca, all three or none ---
   // With TLS every client must present a certificate that chains to tls.ca

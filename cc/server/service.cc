@@ -81,11 +81,10 @@ void MarkScanned(const PushFiniteScan* scan, std::vector<GradientView>* grads) {
   for (GradientView& grad : *grads) grad.checked_finite = scan->Finite(grad);
 }
 
-// Decodes a SendGrads/PushPull request and applies it (once); `scan` (may
-// be null) names the gradients already found finite.
-absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
-                            const PushFiniteScan* scan, PushRequest* push) {
-  PS_RETURN_IF_ERROR(DecodeBulkPush(dispatcher, request, scan, push));
+// Applies a decoded SendGrads/PushPull request, `push` of `request`'s
+// bytes (once).
+absl::Status ApplyDecoded(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                          const PushRequest* push) {
   const RequestId id{push->client_id, push->sequence};
   // With backups the request's bytes are shipped (docs/replication.md); a
   // PushPull's reads are ignored by the backup.
@@ -94,6 +93,14 @@ absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& requ
   return dispatcher.Ship(
       "SendGrads", [&] { return BufferBytes(request); },
       [&](absl::FunctionRef<void()> ship) { return dispatcher.Push(id, push->grads, ship); });
+}
+
+// Decodes a SendGrads/PushPull request and applies it (once); `scan` (may
+// be null) names the gradients already found finite.
+absl::Status DecodeAndApply(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                            const PushFiniteScan* scan, PushRequest* push) {
+  PS_RETURN_IF_ERROR(DecodeBulkPush(dispatcher, request, scan, push));
+  return ApplyDecoded(dispatcher, request, push);
 }
 
 absl::Status GetParams(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
@@ -132,19 +139,11 @@ absl::Status SendGrads(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
 absl::Status PushPullScanned(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                              const PushFiniteScan* scan, grpc::ByteBuffer* response,
                              ReplyHold* hold) {
-  // Over the budget nothing is applied; the read is refused.
+  // Over the budget nothing is applied (nor decoded); the read is refused.
   PS_RETURN_IF_ERROR(dispatcher.CheckReplyRoom());
   PushRequest push;
-  PS_RETURN_IF_ERROR(DecodeAndApply(dispatcher, request, scan, &push));
-  PS_RETURN_IF_ERROR(ReadParams(dispatcher, push.refs, response));
-  absl::Status held = dispatcher.HoldReply(response->Length(), hold);
-  if (held.ok()) return held;
-  // Applied, but the reply does not fit: UNAVAILABLE while others hold the
-  // room, which clients retry with the same sequence (not applied again);
-  // RESOURCE_EXHAUSTED if it never can.
-  return absl::Status(
-      held.code(),
-      absl::StrCat("the push was applied but its reply does not fit: ", held.message()));
+  PS_RETURN_IF_ERROR(DecodeBulkPush(dispatcher, request, scan, &push));
+  return PushPullDecoded(dispatcher, request, push, response, hold);
 }
 
 absl::Status PushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
@@ -366,6 +365,22 @@ absl::string_view BulkMethodName(int i) {
 }
 
 }  // namespace
+
+absl::Status PushPullDecoded(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                             const PushRequest& push, grpc::ByteBuffer* response,
+                             ReplyHold* hold) {
+  PS_RETURN_IF_ERROR(dispatcher.CheckReplyRoom());
+  PS_RETURN_IF_ERROR(ApplyDecoded(dispatcher, request, &push));
+  PS_RETURN_IF_ERROR(ReadParams(dispatcher, push.refs, response));
+  absl::Status held = dispatcher.HoldReply(response->Length(), hold);
+  if (held.ok()) return held;
+  // Applied, but the reply does not fit: UNAVAILABLE while others hold the
+  // room, which clients retry with the same sequence (not applied again);
+  // RESOURCE_EXHAUSTED if it never can.
+  return absl::Status(
+      held.code(),
+      absl::StrCat("the push was applied but its reply does not fit: ", held.message()));
+}
 
 absl::Status AdmitCall(const ServiceSecurity& security, const grpc::ServerContextBase& context,
                        absl::string_view method) {

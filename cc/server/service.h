@@ -69,6 +69,12 @@ BulkPushFn FindBulkPushMethod(absl::string_view method);
 // INVALID_ARGUMENT), marking the gradients `scan` (may be null) found finite.
 absl::Status DecodeBulkPush(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
                             const PushFiniteScan* scan, PushRequest* push);
+// PushPull as FindBulkPushMethod's, on `push`, `request` decoded already by
+// DecodeBulkPush (a bulk frame StreamPushPull did not stream): the reply
+// room checked, the push applied once, the blocks read.
+absl::Status PushPullDecoded(Dispatcher& dispatcher, const grpc::ByteBuffer& request,
+                             const PushRequest& push, grpc::ByteBuffer* response,
+                             ReplyHold* hold);
 
 // A bulk push a primary shipped (docs/replication.md): `request` is a
 // SendGradsRequest's bytes (or PushPullRequest's, whose reads are ignored),

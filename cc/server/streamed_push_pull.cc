@@ -62,23 +62,29 @@ StreamedPushPull StreamPushPull(Dispatcher& dispatcher, const grpc::ByteBuffer& 
   if (absl::Status decoded = DecodeBulkPush(dispatcher, request, scan, &push); !decoded.ok()) {
     return Result(Outcome::kAnswered, decoded);
   }
+  // Not streamed past here: served as before, from the request decoded.
+  const auto not_streamed = [&push] {
+    StreamedPushPull result = Result(Outcome::kNotStreamed);
+    result.decoded = std::move(push);
+    return result;
+  };
   const OpMetrics::Clock::time_point read_start = OpMetrics::Clock::now();
   absl::StatusOr<std::vector<ParameterStore::OpenedBlock>> reads =
       dispatcher.OpenReads(push.refs);
-  if (!reads.ok()) return Result(Outcome::kNotStreamed);  // answered as before
+  if (!reads.ok()) return not_streamed();  // answered as before
   // The reply's bytes before each block's content, and its whole length.
   std::vector<std::string> prefixes(reads->size());
   uint64_t payload = 0;
   for (size_t j = 0; j < reads->size(); ++j) {
     const ParameterStore::OpenedBlock& read = (*reads)[j];
-    if (!read.host()) return Result(Outcome::kNotStreamed);
+    if (!read.host()) return not_streamed();
     AppendParamsBlockPrefix(&prefixes[j], read.header(), read.content_bytes());
     payload += prefixes[j].size() + read.content_bytes();
   }
   const uint64_t frame_bytes = kReplyHeaderBytes + payload;
   const std::unique_ptr<FrameWriter> out = start_frame(kReplyHeaderBytes, frame_bytes);
-  if (out == nullptr) return Result(Outcome::kNotStreamed);
-  if (!dispatcher.HoldReply(payload, hold).ok()) return Result(Outcome::kNotStreamed);
+  if (out == nullptr) return not_streamed();
+  if (!dispatcher.HoldReply(payload, hold).ok()) return not_streamed();
 
   const std::vector<int64_t> last = LastGradients(push.grads, *reads);
   // The frame's last byte is held back until the push is acknowledged (it

@@ -31,6 +31,8 @@
 #ifndef PSERVER_CC_SERVER_STREAMED_PUSH_PULL_H_
 #define PSERVER_CC_SERVER_STREAMED_PUSH_PULL_H_
 
+#include <optional>
+
 #include "absl/status/status.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/rpc/frame.h"
@@ -51,6 +53,9 @@ struct StreamedPushPull {
   };
   Outcome outcome = Outcome::kNotStreamed;
   absl::Status status;
+  // kNotStreamed once the request was decoded: it, so that the frame is
+  // served without decoding it again (service.h PushPullDecoded).
+  std::optional<PushRequest> decoded;
 };
 
 // `request`: a PushPullRequest's bytes (`scan`, may be null, as for
