@@ -148,7 +148,7 @@ struct Kind {
 absl::Span<char> Bytes(std::vector<float>& v) {
   return absl::Span<char>(reinterpret_cast<char*>(v.data()), v.size() * sizeof(float));
 }
-absl::string_view Bytes(const std::vector<float>& v) {
+absl::string_view View(const std::vector<float>& v) {
   return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
@@ -254,7 +254,7 @@ absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& pref
               const std::vector<uint64_t>& batch_keys = keys_of(w);
               return windows[w].Next(k, ops, static_cast<size_t>(batch) * dim,
                                      [&](std::vector<float>& out) {
-                                       return push ? table.PushAsync(batch_keys, Bytes(grads[w]))
+                                       return push ? table.PushAsync(batch_keys, View(grads[w]))
                                                    : table.PullAsync(batch_keys, Bytes(out));
                                      });
             };
