@@ -33,7 +33,8 @@ NOT_QUICK = {"bindings"}
 OWN_SECTIONS = ["sparse", "hosts", "bindings"]
 # Extra values shown as columns of their own, not in the extra column.
 CPU_KEY = "cpu_s_per_GB"
-SPARSE_NAMES = ["ceiling_pull", "ceiling_push", "pull", "push", "embedded_pull", "embedded_push"]
+SPARSE_NAMES = ["ceiling_pull", "ceiling_push", "pull", "push", "embedded_pull", "embedded_push",
+                "pull_async", "push_async", "embedded_pull_async", "embedded_push_async"]
 
 
 def fmt_bytes(n):
@@ -103,7 +104,8 @@ def markdown_table(header, rows):
 
 
 def sparse_transport(name):
-    """(transport, op) of a sparse result: embedded_pull, ceiling_push, pull, ..."""
+    """(transport, op) of a sparse result: embedded_pull, ceiling_push, pull, pull_async, ..."""
+    name = name.removesuffix("_async")  # k calls in flight: extra["in_flight"] says k
     for prefix, transport in (("embedded_", "embedded"), ("ceiling_", "ceiling")):
         if name.startswith(prefix):
             return transport, name[len(prefix):]
@@ -116,12 +118,16 @@ def sparse_table(rows):
         v = r["value"]
         transport, op = sparse_transport(r["name"])
         ratio = f"{100 * r['ratio']:.0f}%" if r.get("ceiling") else ""
+        cpu = r["extra"].get("client_cpu_ns_per_key")
         return [op, transport, str(r.get("servers", 0)), str(r.get("workers", 0)),
                 f"{r['extra'].get('dim', 0):.0f}", f"{r['extra'].get('batch_keys', 0):.0f}",
+                f"{r['extra'].get('in_flight', 1):.0f}",
                 *(f"{v[k] / 1e6:.2f}" for k in ("min", "median", "max")),
-                f"{r['extra'].get('payload_GBps', 0):.3f} GB/s", ratio]
-    return markdown_table(["op", "transport", "servers", "workers", "dim", "keys per op", "min",
-                           "median", "max", "median payload", "vs ceiling"],
+                f"{r['extra'].get('payload_GBps', 0):.3f} GB/s", ratio,
+                f"{cpu:.0f}" if cpu is not None else ""]
+    return markdown_table(["op", "transport", "servers", "workers", "dim", "keys per op",
+                           "calls in flight", "min", "median", "max", "median payload",
+                           "vs ceiling", "client CPU ns/key"],
                           [cells(r) for r in rows])
 
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -22,6 +23,10 @@ ABSL_FLAG(std::vector<std::string>, sparse_batches, std::vector<std::string>({"1
           "Keys per operation in the sparse group (comma-separated).");
 ABSL_FLAG(std::vector<std::string>, sparse_dims, std::vector<std::string>({"8", "64"}),
           "Table dims in the sparse group (comma-separated; 8 and 64 have a ceiling).");
+ABSL_FLAG(std::vector<std::string>, sparse_in_flight, std::vector<std::string>({"1", "4"}),
+          "Calls each worker keeps in flight in the sparse group (comma-separated): 1 is the "
+          "blocking Pull/Push (results pull, push); k > 1 keeps k PullAsync/PushAsync tickets "
+          "in flight per worker (results pull_async, push_async, extra in_flight = k).");
 
 namespace pserver::bench {
 namespace {
@@ -33,6 +38,7 @@ constexpr uint64_t kSparseKeySpace = uint64_t{1} << 20;
 constexpr int kBatchesPerWorker = 8;  // cycled through, so no two ops in a row repeat
 constexpr float kLearningRate = 1e-6f;
 constexpr float kGradient = 1e-3f;
+constexpr int kMaxSparseInFlight = 64;  // --sparse_in_flight: each call holds a batch's rows
 
 std::vector<std::vector<uint64_t>> UniformKeyBatches(int count, int batch, uint32_t seed) {
   std::mt19937_64 rng(seed);
@@ -131,16 +137,79 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// A sparse op as the group measures it: `in_flight` calls per worker.
+struct Kind {
+  std::string name;  // pull | push
+  int in_flight;
+  bool push;
+  std::function<absl::Status(int worker)> op;
+};
+
+absl::Span<char> Bytes(std::vector<float>& v) {
+  return absl::Span<char>(reinterpret_cast<char*>(v.data()), v.size() * sizeof(float));
+}
+absl::string_view View(const std::vector<float>& v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// One worker's calls in flight: a ring of k tickets, each slot with its own
+// output (a pull's ticket borrows it until done).
+class InFlight {
+ public:
+  // Issues the next of `ops` calls (`start(slot's output)`), first waiting
+  // for the call k places back; the last one waits for all.
+  absl::Status Next(int k, int ops, size_t floats,
+                    const std::function<Ticket(std::vector<float>&)>& start) {
+    if (slots_.size() != static_cast<size_t>(k)) {
+      PS_RETURN_IF_ERROR(Drain());
+      slots_.assign(k, Slot());
+      issued_ = 0;
+    }
+    Slot& slot = slots_[issued_ % k];
+    if (slot.ticket.has_value()) {
+      absl::Status status = slot.ticket->Wait();
+      slot.ticket.reset();
+      PS_RETURN_IF_ERROR(status);
+    }
+    slot.out.resize(floats);
+    slot.ticket = start(slot.out);
+    if (++issued_ % ops == 0) return Drain();
+    return absl::OkStatus();
+  }
+
+  // Waits for every call in flight; the first failure.
+  absl::Status Drain() {
+    absl::Status first;
+    for (Slot& slot : slots_) {
+      if (!slot.ticket.has_value()) continue;
+      first.Update(slot.ticket->Wait());
+      slot.ticket.reset();
+    }
+    return first;
+  }
+
+ private:
+  struct Slot {
+    std::optional<Ticket> ticket;
+    std::vector<float> out;
+  };
+  std::vector<Slot> slots_;
+  int issued_ = 0;
+};
+
 // Pull and push of `batches` keys per operation on a table of each dim, by
-// every client (one worker each) on its own keys. Results are named
-// `prefix` + pull/push; the unit is keys per second over all workers. Each
+// every client (one worker each) on its own keys, with each of `in_flight`
+// calls in flight per worker. Results are named `prefix` + pull/push (one
+// call at a time, blocking) or + pull_async/push_async (k > 1 tickets in
+// flight, extra["in_flight"] = k); the unit is keys per second over all
+// workers. Each
 // repetition first times the ceiling on worker 0's keys, so that the ratio
 // (the median of the repetitions' ratios) compares moments of equal load.
 absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& prefix,
                        std::vector<std::unique_ptr<Client>>& clients,
                        const std::vector<pid_t>& server_pids, int servers,
                        const std::vector<uint32_t>& dims, const std::vector<int>& batches,
-                       const Ceilings& ceilings) {
+                       const std::vector<int>& in_flight, const Ceilings& ceilings) {
   const int workers = static_cast<int>(clients.size());
   for (uint32_t dim : dims) {
     const std::string name = absl::StrCat("sparse_d", dim);
@@ -163,25 +232,53 @@ absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& pref
       auto keys_of = [&](int w) -> const std::vector<uint64_t>& {
         return keys[w][next[w]++ % kBatchesPerWorker];
       };
-      const std::vector<std::pair<std::string, std::function<absl::Status(int)>>> kinds = {
-          {"pull",
-           [&](int w) { return tables[w].Pull<float>(keys_of(w), absl::MakeSpan(outs[w])); }},
-          {"push",
-           [&](int w) { return tables[w].Push<float>(keys_of(w), absl::MakeConstSpan(grads[w])); }},
-      };
+      // Calls in flight per worker: slot s of worker w holds its ticket and,
+      // for pulls, its own output (a ticket borrows it until done).
       const int ops = SparseOpsFor(h, static_cast<uint64_t>(batch) * workers);
-      for (const auto& [kind, op] : kinds) {
-        Result& r = h.Add("sparse", prefix + kind);
+      std::vector<InFlight> windows(workers);
+      std::vector<Kind> kinds;
+      for (int k : in_flight) {
+        for (bool push : {false, true}) {
+          Kind kind{push ? "push" : "pull", k, push, nullptr};
+          if (k == 1 && push) {
+            kind.op = [&](int w) {
+              return tables[w].Push<float>(keys_of(w), absl::MakeConstSpan(grads[w]));
+            };
+          } else if (k == 1) {
+            kind.op = [&](int w) {
+              return tables[w].Pull<float>(keys_of(w), absl::MakeSpan(outs[w]));
+            };
+          } else {
+            kind.op = [&, k, push](int w) {
+              const Table& table = tables[w];
+              const std::vector<uint64_t>& batch_keys = keys_of(w);
+              return windows[w].Next(k, ops, static_cast<size_t>(batch) * dim,
+                                     [&](std::vector<float>& out) {
+                                       return push ? table.PushAsync(batch_keys, View(grads[w]))
+                                                   : table.PullAsync(batch_keys, Bytes(out));
+                                     });
+            };
+          }
+          kinds.push_back(std::move(kind));
+        }
+      }
+      for (const Kind& kind : kinds) {
+        const std::string& op_name = kind.name;
+        const auto& op = kind.op;
+        Result& r = h.Add("sparse", prefix + op_name + (kind.in_flight > 1 ? "_async" : ""));
         r.set_servers(servers);
         r.set_workers(workers);
         std::vector<double> ratios;
         double client_cpu = 0, server_cpu = 0, moved = 0;
         PS_RETURN_IF_ERROR(h.Measure(&r, "keys/s", [&]() -> absl::StatusOr<double> {
           const double ceiling_rate =
-              CeilingRate(ceiling, kind == "push", keys[0], SparseOpsFor(h, batch));
+              CeilingRate(ceiling, kind.push, keys[0], SparseOpsFor(h, batch));
           const double client_before = SelfCpuSeconds();
           const double server_before = ServersCpuSeconds(server_pids);
-          PS_ASSIGN_OR_RETURN(double seconds, env.run_workers(workers, ops, op));
+          absl::StatusOr<double> run = env.run_workers(workers, ops, op);
+          // Tickets still in flight (after a failure) borrow this scope's buffers.
+          for (InFlight& window : windows) window.Drain().IgnoreError();
+          PS_ASSIGN_OR_RETURN(double seconds, run);
           client_cpu += SelfCpuSeconds() - client_before;
           server_cpu += ServersCpuSeconds(server_pids) - server_before;
           moved += static_cast<double>(batch) * workers * ops;
@@ -192,10 +289,11 @@ absl::Status SparseOps(Harness& h, const SparseEnv& env, const std::string& pref
         DescribeSparse(r, dim, batch);
         (*r.mutable_extra())["client_cpu_ns_per_key"] = client_cpu / moved * 1e9;
         (*r.mutable_extra())["server_cpu_ns_per_key"] = server_cpu / moved * 1e9;
+        (*r.mutable_extra())["in_flight"] = kind.in_flight;
         // Without the warm-up repetitions.
         ratios.erase(ratios.begin(),
                      ratios.begin() + std::min<size_t>(ratios.size(), h.options().warmup));
-        r.set_ceiling("ceiling_" + kind);
+        r.set_ceiling("ceiling_" + op_name);
         r.set_ratio(Median(ratios));
       }
     }
@@ -220,6 +318,16 @@ absl::Status SparseGroup(Harness& h, const SparseEnv& env) {
     }
     batches.push_back(batch);
   }
+  std::vector<int> in_flight;
+  for (const std::string& k : absl::GetFlag(FLAGS_sparse_in_flight)) {
+    int calls;
+    if (!absl::SimpleAtoi(k, &calls) || calls <= 0 || calls > kMaxSparseInFlight) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad --sparse_in_flight: ", k, " (calls in flight per worker, 1..", kMaxSparseInFlight,
+          ")"));
+    }
+    in_flight.push_back(calls);
+  }
   const std::vector<std::pair<int, int>> configs = {{1, 1}, {2, 2}};
   Ceilings ceilings;
   for (uint32_t dim : dims) {
@@ -232,7 +340,8 @@ absl::Status SparseGroup(Harness& h, const SparseEnv& env) {
       if (embedded && h.quick() && servers > 1) continue;
       PS_ASSIGN_OR_RETURN(SparseCluster cluster, env.start(servers, workers, embedded));
       PS_RETURN_IF_ERROR(SparseOps(h, env, embedded ? "embedded_" : "", cluster.clients,
-                                   cluster.server_pids, servers, dims, batches, ceilings));
+                                   cluster.server_pids, servers, dims, batches, in_flight,
+                                   ceilings));
     }
   }
   h.PrintGroup("sparse");

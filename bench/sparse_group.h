@@ -43,7 +43,10 @@ struct SparseEnv {
 
 // Results (group "sparse", unit keys/s): ceiling_pull, ceiling_push, then
 // pull, push (gRPC) and embedded_pull, embedded_push, each compared with the
-// ceiling of its op, dim and batch, with extra["client_cpu_ns_per_key"] (this
+// ceiling of its op, dim and batch; with --sparse_in_flight k > 1 also
+// pull_async, push_async (and embedded_*): k PullAsync/PushAsync tickets in
+// flight per worker, extra["in_flight"] = k. Each with
+// extra["client_cpu_ns_per_key"] (this
 // process, every thread) and extra["server_cpu_ns_per_key"] (the server
 // processes): CPU time per key moved, which a loaded machine changes far
 // less than keys/s.

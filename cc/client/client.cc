@@ -126,6 +126,10 @@ absl::Status CheckOptions(const ClientOptions& options, size_t num_servers) {
   if (options.channels_per_server < 1) {
     return absl::InvalidArgumentError("channels_per_server must be >= 1");
   }
+  if (options.max_async_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_async_in_flight must be >= 1, got ", options.max_async_in_flight));
+  }
   return absl::OkStatus();
 }
 
@@ -427,6 +431,13 @@ bool Client::WaitForPlacement(uint64_t version, absl::Time deadline, Cancellatio
 }
 
 Client::~Client() {
+  {
+    // Async calls in flight end by their deadlines; their transports'
+    // callbacks use this client until then.
+    absl::MutexLock lock(&async_mu_);
+    async_mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &async_in_flight_));
+  }
   executor_.reset();  // runs the async calls still queued, while all else is up
   watcher_.reset();   // no more address changes
   // The trainer leaves at once rather than when its lease runs out.
@@ -622,16 +633,13 @@ std::vector<std::string> Client::addresses() const {
 absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
                                     const StartCall& start, absl::Time deadline,
                                     TraceRecorder* trace, const DescribeRequest& describe,
-                                    std::vector<absl::Status>* moved) {
+                                    std::vector<absl::Status>* moved, const FirstAttempt* first) {
   Cancellation* const cancel = Cancellation::Current();
   if (cancel != nullptr) PS_RETURN_IF_ERROR(cancel->Check());
-  if (n > 0 && absl::Now() >= deadline) {
+  if (first == nullptr && n > 0 && absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the call's deadline passed before it was sent");
   }
-  absl::Duration attempt_timeout = options_.attempt_timeout;
-  if (attempt_timeout <= absl::ZeroDuration() && !options_.etcd_endpoints.empty()) {
-    attempt_timeout = absl::Seconds(10);
-  }
+  const absl::Duration attempt_timeout = AttemptTimeout();
   std::vector<size_t> pending(n);
   for (size_t i = 0; i < n; ++i) pending[i] = i;
   absl::Duration backoff = options_.initial_backoff;
@@ -653,7 +661,10 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
                                             : deadline;
     std::vector<std::shared_ptr<Transport>> used;  // alive until every call is done
     std::vector<absl::Status> results;
-    {
+    if (first != nullptr && attempts == 1) {  // made already (StartFirstAttempt)
+      used = first->used;
+      results = first->results;
+    } else {
       CallGroup group;
       for (size_t i : pending) {
         used.push_back(TransportFor(server_of(i)));
@@ -723,6 +734,84 @@ absl::Status Client::RunWithRetries(size_t n, const std::function<int(size_t)>& 
     retries_.fetch_add(retry.size());
     pending = std::move(retry);
   }
+}
+
+absl::Duration Client::AttemptTimeout() const {
+  if (options_.attempt_timeout <= absl::ZeroDuration() && !options_.etcd_endpoints.empty()) {
+    return absl::Seconds(10);
+  }
+  return options_.attempt_timeout;
+}
+
+bool Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& server_of,
+                               const StartCall& start, absl::Time deadline, TraceRecorder* trace,
+                               std::function<void(FirstAttempt)> then) {
+  const absl::Duration attempt_timeout = AttemptTimeout();
+  const absl::Time attempt_deadline = attempt_timeout > absl::ZeroDuration()
+                                          ? std::min(deadline, absl::Now() + attempt_timeout)
+                                          : deadline;
+  struct State {
+    FirstAttempt attempt;
+    std::atomic<size_t> left;
+    std::function<void(FirstAttempt)> then;
+  };
+  std::vector<std::shared_ptr<Transport>> used;
+  for (size_t i = 0; i < n; ++i) {
+    used.push_back(TransportFor(server_of(i)));
+    if (used.back()->completes_on_caller()) return false;
+  }
+  auto state = std::make_shared<State>();
+  state->attempt.used = std::move(used);
+  state->attempt.results.resize(n);
+  state->left.store(n + 1);  // + 1: this thread's, until every call started
+  state->then = std::move(then);
+  auto one_done = [state] {
+    if (state->left.fetch_sub(1) == 1) {
+      std::function<void(FirstAttempt)> then = std::move(state->then);
+      then(std::move(state->attempt));
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (trace != nullptr) trace->Sent();
+    start(i, *state->attempt.used[i], attempt_deadline,
+          [state, i, one_done](absl::Status status) {
+            state->attempt.results[i] = std::move(status);
+            one_done();
+          });
+  }
+  one_done();
+  return true;
+}
+
+absl::Status Client::AcquireAsync(absl::Time deadline) {
+  absl::MutexLock lock(&async_mu_);
+  const int limit = options_.max_async_in_flight;
+  auto free = [this, limit]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(async_mu_) {
+    return async_in_flight_ < limit;
+  };
+  if (!async_mu_.AwaitWithDeadline(absl::Condition(&free), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        limit, " async calls in flight, the most ClientOptions::max_async_in_flight allows; "
+               "none ended before the call's deadline"));
+  }
+  ++async_in_flight_;
+  return absl::OkStatus();
+}
+
+void Client::ReleaseAsync() {
+  absl::MutexLock lock(&async_mu_);
+  --async_in_flight_;
+}
+
+int Client::async_in_flight() const {
+  absl::MutexLock lock(&async_mu_);
+  return async_in_flight_;
+}
+
+void Client::Schedule(std::function<void()> closure) {
+  absl::call_once(executor_once_,
+                  [this] { executor_ = std::make_unique<Executor>(options_.async_threads); });
+  executor_->Schedule(std::move(closure));
 }
 
 bool Client::WaitToRetry(absl::Duration sleep, uint64_t changes, Cancellation* cancel) const {
@@ -1442,13 +1531,19 @@ Ticket Client::RunAsync(std::function<absl::Status(const CallOptions&)> call_fn,
   CallOptions options = call;
   options.deadline = Deadline(call);  // counted from now, not from when a thread is free
   options.trace = &ticket.recorder();
-  absl::call_once(executor_once_,
-                  [this] { executor_ = std::make_unique<Executor>(options_.async_threads); });
-  executor_->Schedule([this, ticket, options, call_fn = std::move(call_fn)] {
-    const ClientTrace::Call span(trace_.get(), nullptr, ticket.trace().queued);
-    const Cancellation::Scope cancel_scope(options.cancel);
-    absl::Status status = call_fn(options);
+  if (absl::Status slot = AcquireAsync(options.deadline); !slot.ok()) {
+    ticket.Finish(std::move(slot));
+    return ticket;
+  }
+  Schedule([this, ticket, options, call_fn = std::move(call_fn)] {
+    absl::Status status;
+    {
+      const ClientTrace::Call span(trace_.get(), nullptr, ticket.trace().queued);
+      const Cancellation::Scope cancel_scope(options.cancel);
+      status = call_fn(options);
+    }
     ticket.recorder().Replied();
+    ReleaseAsync();
     ticket.Finish(std::move(status));
   });
   return ticket;

@@ -124,8 +124,15 @@ struct ClientOptions {
   // stream beside gRPC, or a Unix socket on the same host;
   // cc/client/channel_transport.h) when a server offers one; gRPC otherwise.
   bool bulk_channel = true;
-  // Threads that run the *Async calls (started on the first one).
+  // Threads that run the *Async calls (started on the first one). Table
+  // pulls and pushes between processes need none while they wait: their
+  // requests go out from the calling thread and their tickets are finished
+  // by the transport (docs/tables.md "Asynchronous calls and tickets").
   int async_threads = 4;
+  // Async calls (tickets not done) this client holds at most. One more
+  // *Async call blocks its caller until one ends, or fails its ticket
+  // DEADLINE_EXCEEDED naming this option at the call's deadline. At least 1.
+  int max_async_in_flight = 1024;
 
   // --- recovery ---
   // Deadline of one attempt of one request to one server; one that runs out
@@ -402,11 +409,38 @@ class Client {
   // With `moved` (n statuses): a request a server refuses with
   // PlacementMoved is not a failure; its refusal (naming the server) is
   // stored at (*moved)[i] for the caller to re-route.
+  // With `first`: its attempt was made already (StartFirstAttempt): its
+  // results are taken as the first round's, and only what failed is sent
+  // again (the same requests: a push keeps its ids).
+  struct FirstAttempt {
+    std::vector<std::shared_ptr<Transport>> used;  // each call's transport
+    std::vector<absl::Status> results;             // each call's status
+  };
   absl::Status RunWithRetries(size_t n, const std::function<int(size_t)>& server_of,
                               const StartCall& start, absl::Time deadline,
                               TraceRecorder* trace = nullptr,
                               const DescribeRequest& describe = nullptr,
-                              std::vector<absl::Status>* moved = nullptr);
+                              std::vector<absl::Status>* moved = nullptr,
+                              const FirstAttempt* first = nullptr);
+  // The first attempt of RunWithRetries' calls, started now from this
+  // thread and not waited for: `then` runs once with its results, on the
+  // thread that completes the last call (a transport's; this one if they
+  // all complete at once). `server_of` and `start` are used only during
+  // this call. The client's own trace() records no request of it. False, and
+  // nothing started, when a transport it would use completes calls on the
+  // caller's thread (Transport::completes_on_caller).
+  bool StartFirstAttempt(size_t n, const std::function<int(size_t)>& server_of,
+                         const StartCall& start, absl::Time deadline, TraceRecorder* trace,
+                         std::function<void(FirstAttempt)> then);
+  // An async call's place among options.max_async_in_flight: waits until
+  // `deadline` for one (DEADLINE_EXCEEDED naming the option). The call gives
+  // it back with ReleaseAsync when it ends, before it finishes its ticket.
+  absl::Status AcquireAsync(absl::Time deadline);
+  void ReleaseAsync();
+  // Async calls not ended yet.
+  int async_in_flight() const;
+  // Runs `closure` on the executor (options.async_threads).
+  void Schedule(std::function<void()> closure);
   // Sleeps `sleep` before a retry, or less once address_changes() is no
   // longer `changes` (the etcd watch moved a server: retry there now). True
   // when `cancel` (may be null) was cancelled meanwhile.
@@ -538,6 +572,8 @@ class Client {
   Client(const ClientOptions& options, std::vector<std::unique_ptr<Transport>> transports);
 
   std::shared_ptr<Transport> TransportFor(int server) const;
+  // How long one attempt of a request may take (0: the whole call).
+  absl::Duration AttemptTimeout() const;
   // etcd: finds the servers, watches them, registers the trainer.
   absl::Status StartDiscovery(EtcdClient* etcd, int64_t revision);
   // etcd /placement at connect (nullopt: none there); FAILED_PRECONDITION
@@ -644,6 +680,8 @@ class Client {
 
   absl::once_flag executor_once_;
   std::unique_ptr<Executor> executor_;  // the async calls; stopped first
+  mutable absl::Mutex async_mu_;
+  int async_in_flight_ ABSL_GUARDED_BY(async_mu_) = 0;
 };
 
 }  // namespace pserver

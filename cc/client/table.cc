@@ -29,6 +29,7 @@ struct Table::Split {
   };
   Split() = default;
   Split(Split&&) = default;  // the parts' views stay valid: the buffers move
+  Split& operator=(Split&&) = default;
   Split(const Split&) = delete;
 
   std::vector<Part> parts;
@@ -90,15 +91,12 @@ absl::Status Table::CheckType(ElementType type) const {
 
 Ticket Table::PullAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
                         const CallOptions& call) const {
-  return client_->RunAsync(
-      [table = *this, keys, out](const CallOptions& c) { return table.Pull(keys, out, c); }, call);
+  return StartAsync(keys, out, absl::string_view(), /*push=*/false, call);
 }
 
 Ticket Table::PushAsync(absl::Span<const uint64_t> keys, absl::string_view grads,
                         const CallOptions& call) const {
-  return client_->RunAsync(
-      [table = *this, keys, grads](const CallOptions& c) { return table.Push(keys, grads, c); },
-      call);
+  return StartAsync(keys, absl::Span<char>(), grads, /*push=*/true, call);
 }
 
 absl::StatusOr<Table::Split> Table::SplitKeys(absl::Span<const uint64_t> keys,
@@ -199,15 +197,21 @@ absl::Status Table::PlaceRows(const Split& split, size_t i, ElementType content_
 }
 
 absl::Status Table::RunRouted(absl::Span<const uint64_t> keys, absl::Time deadline,
-                              const Round& round) const {
+                              const Round& round, const Client::Routing* first_routing,
+                              const Split* first) const {
   // One snapshot of the placement per round (it may change: live moves).
-  Client::Routing routing = client_->routing();
+  Client::Routing routing = first != nullptr ? *first_routing : client_->routing();
   // Keys an old owner refused go by the target placement from then on.
   std::vector<bool> by_target(keys.size(), false);
   std::vector<size_t> pending;
   for (int n = 1;; ++n) {
-    PS_ASSIGN_OR_RETURN(Split split,
-                        SplitKeys(keys, n == 1 ? nullptr : &pending, routing, by_target));
+    std::optional<Split> made;
+    if (n > 1 || first == nullptr) {
+      PS_ASSIGN_OR_RETURN(Split next_split,
+                          SplitKeys(keys, n == 1 ? nullptr : &pending, routing, by_target));
+      made.emplace(std::move(next_split));
+    }
+    const Split& split = made.has_value() ? *made : *first;
     std::vector<absl::Status> moved(split.parts.size());
     PS_RETURN_IF_ERROR(round(split, &moved));
     std::vector<const absl::Status*> refusals;
@@ -232,6 +236,214 @@ absl::Status Table::RunRouted(absl::Span<const uint64_t> keys, absl::Time deadli
   }
 }
 
+// The requests of one round, one per part of its split.
+class Table::Requests {
+ public:
+  virtual ~Requests() = default;
+  // Starts (or restarts: a retry) part i's request on `t`.
+  virtual void Start(size_t i, Transport& t, absl::Time deadline, Transport::Done done) = 0;
+  // What part i's request carries, for the client's trace.
+  virtual void Describe(size_t i, trace::Args& args) const = 0;
+  // Once every part was answered (`moved`: those refused with
+  // PlacementMoved, whose keys go again).
+  virtual absl::Status Finish(const std::vector<absl::Status>& moved) = 0;
+};
+
+// A pull's requests. A read without a worker goes as a table frame where
+// the transport carries one (the rows land in `out` as they arrive); else,
+// and for a consistent read, which may wait, as the TablePull control call,
+// whose request is built on first use.
+class Table::PullRequests final : public Table::Requests {
+ public:
+  PullRequests(const Table& table, const Split& split, absl::Span<char> out, std::string worker,
+               int64_t clock, TraceRecorder* trace)
+      : table_(table),
+        split_(split),
+        out_(out),
+        worker_(std::move(worker)),
+        clock_(clock),
+        trace_(trace),
+        wire_type_(table.compressor_ != nullptr ? table.compressor_->wire_type()
+                                                : v1::ELEMENT_TYPE_UNSPECIFIED),
+        requests_(split.parts.size()),
+        responses_(split.parts.size()),
+        framed_(split.parts.size(), 0) {}
+
+  void Start(size_t i, Transport& t, absl::Time deadline, Transport::Done done) override {
+    const Split::Part& part = split_.parts[i];
+    const size_t row = table_.row_bytes();
+    if (worker_.empty()) {
+      TableFrame frame;
+      frame.table = table_.name_;
+      frame.keys = part.keys;
+      frame.value_type = static_cast<uint8_t>(wire_type_);
+      // Rows as stored may land in `out` as they arrive, in order (a part
+      // in the caller's order) or each at its key's place (PlaceRows then
+      // copies nothing).
+      if (table_.compressor_ == nullptr && part.positions.empty()) {
+        frame.rows_into = out_.subspan(part.offset * row, part.keys.size() * row);
+      } else if (table_.compressor_ == nullptr) {
+        frame.rows_into = out_;
+        frame.rows_at = part.positions;
+        frame.row_bytes = row;
+      }
+      Transport::RowsSink rows = [this, i](uint32_t content_type, absl::string_view values) {
+        return table_.PlaceRows(split_, i, static_cast<ElementType>(content_type), values, out_);
+      };
+      framed_[i] = t.TableRows(FrameMethod::kTableRowsPull, frame, std::move(rows), deadline, done,
+                               trace_);
+      if (framed_[i]) return;
+    }
+    if (!requests_[i].has_value()) {
+      v1::TablePullRequest& request = requests_[i].emplace();
+      request.set_table(table_.name_);
+      request.set_keys(EncodeKeys(part.keys));
+      request.set_worker(worker_);
+      request.set_clock(clock_);
+      request.set_wire_type(wire_type_);
+    }
+    t.Call("TablePull", *requests_[i], &responses_[i], deadline, std::move(done));
+  }
+
+  void Describe(size_t i, trace::Args& args) const override {
+    args.Add("table", table_.name_).Add("keys", split_.parts[i].keys.size());
+  }
+
+  absl::Status Finish(const std::vector<absl::Status>& moved) override {
+    for (size_t i = 0; i < split_.parts.size(); ++i) {
+      if (!moved[i].ok()) continue;  // refused: its keys go again
+      if (framed_[i]) continue;      // its rows are in `out` and its times in the trace
+      if (trace_ != nullptr) trace_->Server(responses_[i].trace());
+      PS_RETURN_IF_ERROR(table_.PlaceRows(split_, i, responses_[i].content_type(),
+                                          responses_[i].values(), out_));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Table& table_;
+  const Split& split_;
+  const absl::Span<char> out_;
+  const std::string worker_;
+  const int64_t clock_;
+  TraceRecorder* const trace_;
+  const ElementType wire_type_;
+  std::vector<std::optional<v1::TablePullRequest>> requests_;
+  std::vector<v1::TablePullResponse> responses_;
+  std::vector<char> framed_;
+};
+
+// A push's requests (`grads` as they go on the wire: encoded already when
+// the table compresses). One id per request, the same on every retry:
+// applied once. Keys re-sent after a redirect are a new round with new ids.
+// A table frame where the transport carries one: keys and rows go out from
+// where they are; else the TablePush control call, whose request is built
+// on first use.
+class Table::PushRequests final : public Table::Requests {
+ public:
+  PushRequests(const Table& table, const Split& split, absl::string_view grads, size_t row,
+               std::string worker, int64_t clock, TraceRecorder* trace)
+      : table_(table),
+        split_(split),
+        worker_(std::move(worker)),
+        clock_(clock),
+        trace_(trace),
+        value_type_(table.compressor_ != nullptr ? table.compressor_->wire_type()
+                                                 : v1::ELEMENT_TYPE_UNSPECIFIED),
+        sequences_(split.parts.size()),
+        values_(split.parts.size()),
+        requests_(split.parts.size()),
+        responses_(split.parts.size()),
+        framed_(split.parts.size(), 0) {
+    for (size_t i = 0; i < split.parts.size(); ++i) {
+      sequences_[i] = table.client_->NextSequence(split.parts[i].server);
+      values_[i] = split.Rows(i, grads, row, &gathered_);
+    }
+  }
+
+  void Start(size_t i, Transport& t, absl::Time deadline, Transport::Done done) override {
+    TableFrame frame;
+    frame.table = table_.name_;
+    frame.keys = split_.parts[i].keys;
+    frame.values = values_[i];
+    frame.value_type = static_cast<uint8_t>(value_type_);
+    frame.client_id = table_.client_->client_id();
+    frame.sequence = sequences_[i];
+    frame.worker = worker_;
+    frame.clock = clock_;
+    framed_[i] = t.TableRows(FrameMethod::kTableRowsPush, frame, nullptr, deadline, done, trace_);
+    if (framed_[i]) return;
+    if (!requests_[i].has_value()) {
+      v1::TablePushRequest& request = requests_[i].emplace();
+      request.set_table(table_.name_);
+      request.set_keys(EncodeKeys(frame.keys));
+      request.set_values(frame.values.data(), frame.values.size());
+      request.set_worker(worker_);
+      request.set_clock(clock_);
+      request.set_value_type(value_type_);
+      request.set_client_id(frame.client_id);
+      request.set_sequence(frame.sequence);
+    }
+    t.Call("TablePush", *requests_[i], &responses_[i], deadline, std::move(done));
+  }
+
+  void Describe(size_t i, trace::Args& args) const override {
+    args.Add("table", table_.name_).Add("keys", split_.parts[i].keys.size());
+    args.AddHex("client_id", table_.client_->client_id()).Add("sequence", sequences_[i]);
+  }
+
+  absl::Status Finish(const std::vector<absl::Status>& moved) override {
+    for (size_t i = 0; i < split_.parts.size(); ++i) {
+      if (moved[i].ok() && !framed_[i] && trace_ != nullptr) trace_->Server(responses_[i].trace());
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Table& table_;
+  const Split& split_;
+  const std::string worker_;
+  const int64_t clock_;
+  TraceRecorder* const trace_;
+  const ElementType value_type_;
+  std::vector<uint64_t> sequences_;
+  std::string gathered_;  // the round's rows in server order (several servers only)
+  std::vector<absl::string_view> values_;
+  std::vector<std::optional<v1::TablePushRequest>> requests_;
+  std::vector<v1::TablePushResponse> responses_;
+  std::vector<char> framed_;
+};
+
+absl::Status Table::RunRound(Requests& requests, const Split& split, absl::Time deadline,
+                             TraceRecorder* trace, std::vector<absl::Status>* moved,
+                             const Client::FirstAttempt* first) const {
+  PS_RETURN_IF_ERROR(client_->RunWithRetries(
+      split.parts.size(), [&split](size_t i) { return split.parts[i].server; },
+      [&requests](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        requests.Start(i, t, deadline, std::move(done));
+      },
+      deadline, trace, [&requests](size_t i, trace::Args& args) { requests.Describe(i, args); },
+      moved, first));
+  return requests.Finish(*moved);
+}
+
+absl::Status Table::CheckPullBytes(absl::Span<const uint64_t> keys, absl::Span<char> out) const {
+  const size_t row = row_bytes();
+  if (out.size() == keys.size() * row) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("pull from table '", name_, "': ", keys.size(),
+                                                 " keys need ", keys.size() * row,
+                                                 " bytes of output, got ", out.size()));
+}
+
+absl::Status Table::CheckPushBytes(absl::Span<const uint64_t> keys,
+                                   absl::string_view grads) const {
+  const size_t row = row_bytes();
+  if (grads.size() == keys.size() * row) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("push to table '", name_, "': ", keys.size(),
+                                                 " keys need ", keys.size() * row,
+                                                 " bytes of values, got ", grads.size()));
+}
+
 absl::Status Table::Pull(absl::Span<const uint64_t> keys, absl::Span<char> out,
                          const CallOptions& call) const {
   return DoPull(keys, out, /*worker=*/"", /*clock=*/0, call);
@@ -242,74 +454,11 @@ absl::Status Table::DoPull(absl::Span<const uint64_t> keys, absl::Span<char> out
                            const CallOptions& call) const {
   const ClientTrace::Call span(client_->trace(), "TablePull");
   const Cancellation::Scope cancel_scope(call.cancel);
-  const size_t row = row_bytes();
-  if (out.size() != keys.size() * row) {
-    return absl::InvalidArgumentError(absl::StrCat("pull from table '", name_, "': ", keys.size(),
-                                                   " keys need ", keys.size() * row,
-                                                   " bytes of output, got ", out.size()));
-  }
-  const ElementType wire_type =
-      compressor_ != nullptr ? compressor_->wire_type() : v1::ELEMENT_TYPE_UNSPECIFIED;
+  PS_RETURN_IF_ERROR(CheckPullBytes(keys, out));
   const absl::Time deadline = client_->Deadline(call);
   return RunRouted(keys, deadline, [&](const Split& split, std::vector<absl::Status>* moved) {
-    const size_t n = split.parts.size();
-    // A read without a worker goes as a table frame where the transport
-    // carries one (the rows land in `out` as they arrive); else, and for a
-    // consistent read, which may wait, as the TablePull control call, whose
-    // request is built on first use.
-    std::vector<std::optional<v1::TablePullRequest>> requests(n);
-    std::vector<v1::TablePullResponse> responses(n);
-    std::vector<char> framed(n, 0);
-    PS_RETURN_IF_ERROR(client_->RunWithRetries(
-        n, [&](size_t i) { return split.parts[i].server; },
-        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-          if (worker.empty()) {
-            TableFrame frame;
-            frame.table = name_;
-            frame.keys = split.parts[i].keys;
-            frame.value_type = static_cast<uint8_t>(wire_type);
-            // Rows as stored may land in `out` as they arrive, in order
-            // (a part in the caller's order) or each at its key's place
-            // (PlaceRows then copies nothing).
-            const Split::Part& part = split.parts[i];
-            if (compressor_ == nullptr && part.positions.empty()) {
-              frame.rows_into = out.subspan(part.offset * row, part.keys.size() * row);
-            } else if (compressor_ == nullptr) {
-              frame.rows_into = out;
-              frame.rows_at = part.positions;
-              frame.row_bytes = row;
-            }
-            Transport::RowsSink rows = [this, &split, i, out](uint32_t content_type,
-                                                              absl::string_view values) {
-              return PlaceRows(split, i, static_cast<ElementType>(content_type), values, out);
-            };
-            framed[i] = t.TableRows(FrameMethod::kTableRowsPull, frame, std::move(rows),
-                                    deadline, done, call.trace);
-            if (framed[i]) return;
-          }
-          if (!requests[i].has_value()) {
-            v1::TablePullRequest& request = requests[i].emplace();
-            request.set_table(name_);
-            request.set_keys(EncodeKeys(split.parts[i].keys));
-            request.set_worker(worker);
-            request.set_clock(clock);
-            request.set_wire_type(wire_type);
-          }
-          t.Call("TablePull", *requests[i], &responses[i], deadline, std::move(done));
-        },
-        deadline, call.trace,
-        [&](size_t i, trace::Args& args) {
-          args.Add("table", name_).Add("keys", split.parts[i].keys.size());
-        },
-        moved));
-    for (size_t i = 0; i < n; ++i) {
-      if (!(*moved)[i].ok()) continue;  // refused: its keys go again
-      if (framed[i]) continue;          // its rows are in `out` and its times in the trace
-      if (call.trace != nullptr) call.trace->Server(responses[i].trace());
-      PS_RETURN_IF_ERROR(
-          PlaceRows(split, i, responses[i].content_type(), responses[i].values(), out));
-    }
-    return absl::OkStatus();
+    PullRequests requests(*this, split, out, worker, clock, call.trace);
+    return RunRound(requests, split, deadline, call.trace, moved);
   });
 }
 
@@ -323,12 +472,8 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
                            const CallOptions& call) const {
   const ClientTrace::Call span(client_->trace(), "TablePush");
   const Cancellation::Scope cancel_scope(call.cancel);
+  PS_RETURN_IF_ERROR(CheckPushBytes(keys, grads));
   size_t row = row_bytes();
-  if (grads.size() != keys.size() * row) {
-    return absl::InvalidArgumentError(absl::StrCat("push to table '", name_, "': ", keys.size(),
-                                                   " keys need ", keys.size() * row,
-                                                   " bytes of values, got ", grads.size()));
-  }
   // Compressed once per call: retries resend the same bytes.
   TableCompressor::Encoded encoded;
   if (compressor_ != nullptr) {
@@ -337,65 +482,133 @@ absl::Status Table::DoPush(absl::Span<const uint64_t> keys, absl::string_view gr
     grads = encoded.values;
     row = compressor_->wire_row_bytes();
   }
-  const ElementType value_type =
-      compressor_ != nullptr ? compressor_->wire_type() : v1::ELEMENT_TYPE_UNSPECIFIED;
   const absl::Time deadline = client_->Deadline(call);
   return RunRouted(keys, deadline, [&](const Split& split, std::vector<absl::Status>* moved) {
-    const size_t n = split.parts.size();
-    // One id per request, the same on every retry: applied once. Keys
-    // re-sent after a redirect are a new request with a new id.
-    std::vector<uint64_t> sequences(n);
-    for (size_t i = 0; i < n; ++i) sequences[i] = client_->NextSequence(split.parts[i].server);
-    std::string gathered;  // this round's rows in server order (several servers only)
-    std::vector<absl::string_view> values(n);
-    for (size_t i = 0; i < n; ++i) values[i] = split.Rows(i, grads, row, &gathered);
-    // A table frame where the transport carries one: keys and rows go out
-    // from where they are; else the TablePush control call, whose request
-    // is built on first use.
-    std::vector<std::optional<v1::TablePushRequest>> requests(n);
-    std::vector<v1::TablePushResponse> responses(n);
-    std::vector<char> framed(n, 0);
-    PS_RETURN_IF_ERROR(client_->RunWithRetries(
-        n, [&](size_t i) { return split.parts[i].server; },
-        [&](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
-          TableFrame frame;
-          frame.table = name_;
-          frame.keys = split.parts[i].keys;
-          frame.values = values[i];
-          frame.value_type = static_cast<uint8_t>(value_type);
-          frame.client_id = client_->client_id();
-          frame.sequence = sequences[i];
-          frame.worker = worker;
-          frame.clock = clock;
-          framed[i] = t.TableRows(FrameMethod::kTableRowsPush, frame, nullptr, deadline, done,
-                                  call.trace);
-          if (framed[i]) return;
-          if (!requests[i].has_value()) {
-            v1::TablePushRequest& request = requests[i].emplace();
-            request.set_table(name_);
-            request.set_keys(EncodeKeys(frame.keys));
-            request.set_values(frame.values.data(), frame.values.size());
-            request.set_worker(worker);
-            request.set_clock(clock);
-            request.set_value_type(value_type);
-            request.set_client_id(frame.client_id);
-            request.set_sequence(frame.sequence);
-          }
-          t.Call("TablePush", *requests[i], &responses[i], deadline, std::move(done));
-        },
-        deadline, call.trace,
-        [&](size_t i, trace::Args& args) {
-          args.Add("table", name_).Add("keys", split.parts[i].keys.size());
-          args.AddHex("client_id", client_->client_id()).Add("sequence", sequences[i]);
-        },
-        moved));
-    for (size_t i = 0; i < n; ++i) {
-      if ((*moved)[i].ok() && !framed[i] && call.trace != nullptr) {
-        call.trace->Server(responses[i].trace());
-      }
-    }
-    return absl::OkStatus();
+    PushRequests requests(*this, split, grads, row, worker, clock, call.trace);
+    return RunRound(requests, split, deadline, call.trace, moved);
   });
+}
+
+// An async pull or push made without a thread: its first round's first
+// attempt goes out from the caller's thread; the transports finish it.
+// Anything else (a failed request to retry, keys refused by an old owner)
+// goes on on the client's executor, from where the first attempt left it.
+struct Table::AsyncCall {
+  AsyncCall(const Table& t, absl::Span<const uint64_t> k, absl::Span<char> o,
+            absl::string_view g, bool p)
+      : table(t), keys(k), out(o), grads(g), push(p) {}
+
+  // Ends the call: gives back its async slot, then finishes the ticket.
+  void End(absl::Status status) {
+    ticket.recorder().Replied();
+    table.client_->ReleaseAsync();
+    ticket.Finish(std::move(status));
+  }
+
+  // The rest of the call after its first attempt (on the executor).
+  absl::Status Rest(const Client::FirstAttempt& first) {
+    bool first_round = true;
+    return table.RunRouted(
+        keys, deadline,
+        [&](const Split& s, std::vector<absl::Status>* moved) -> absl::Status {
+          if (first_round) {
+            first_round = false;
+            return table.RunRound(*requests, s, deadline, ticket_trace(), moved, &first);
+          }
+          std::unique_ptr<Requests> again = NewRequests(s);
+          return table.RunRound(*again, s, deadline, ticket_trace(), moved);
+        },
+        &*routing, &split);
+  }
+
+  std::unique_ptr<Requests> NewRequests(const Split& s) const {
+    if (push) {
+      return std::make_unique<PushRequests>(table, s, grads, table.row_bytes(), "", 0,
+                                            ticket_trace());
+    }
+    return std::make_unique<PullRequests>(table, s, out, "", 0, ticket_trace());
+  }
+  TraceRecorder* ticket_trace() const { return &ticket.recorder(); }
+
+  const Table table;
+  const absl::Span<const uint64_t> keys;
+  const absl::Span<char> out;
+  const absl::string_view grads;
+  const bool push;
+  Ticket ticket;
+  absl::Time deadline;
+  std::optional<Client::Routing> routing;  // the first round's
+  Split split;
+  std::unique_ptr<Requests> requests;  // the first round's
+};
+
+Ticket Table::StartAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
+                         absl::string_view grads, bool push, const CallOptions& call) const {
+  // The executor runs the call as a blocking one where it needs a thread or
+  // more than the transports give: the client's trace, a cancellation,
+  // compression on the wire, an in-process transport (Rest: otherwise).
+  auto on_executor = [&] {
+    if (push) {
+      return client_->RunAsync(
+          [table = *this, keys, grads](const CallOptions& c) { return table.Push(keys, grads, c); },
+          call);
+    }
+    return client_->RunAsync(
+        [table = *this, keys, out](const CallOptions& c) { return table.Pull(keys, out, c); },
+        call);
+  };
+  if (client_->trace() != nullptr || call.cancel != nullptr || Cancellation::Current() != nullptr ||
+      compressor_ != nullptr) {
+    return on_executor();
+  }
+  auto c = std::make_shared<AsyncCall>(*this, keys, out, grads, push);
+  Ticket ticket = c->ticket;
+  c->deadline = client_->Deadline(call);  // counted from now
+  if (absl::Status slot = client_->AcquireAsync(c->deadline); !slot.ok()) {
+    ticket.Finish(std::move(slot));
+    return ticket;
+  }
+  absl::Status checked = push ? CheckPushBytes(keys, grads) : CheckPullBytes(keys, out);
+  if (checked.ok()) {
+    c->routing.emplace(client_->routing());
+    absl::StatusOr<Split> split =
+        SplitKeys(keys, nullptr, *c->routing, std::vector<bool>(keys.size(), false));
+    if (split.ok()) {
+      c->split = *std::move(split);
+    } else {
+      checked = split.status();
+    }
+  }
+  if (checked.ok() && !c->split.parts.empty() && absl::Now() >= c->deadline) {
+    checked = absl::DeadlineExceededError("the call's deadline passed before it was sent");
+  }
+  if (!checked.ok() || c->split.parts.empty()) {
+    c->End(std::move(checked));
+    return ticket;
+  }
+  const bool started = client_->StartFirstAttempt(
+      c->split.parts.size(), [c](size_t i) { return c->split.parts[i].server; },
+      [c](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
+        // Made once it is sure to be sent (a push takes its ids here): the
+        // parts start one after the other on this thread, part 0 first.
+        if (c->requests == nullptr) c->requests = c->NewRequests(c->split);
+        c->requests->Start(i, t, deadline, std::move(done));
+      },
+      c->deadline, c->ticket_trace(), [c](Client::FirstAttempt first) {
+        bool all_ok = true;
+        for (const absl::Status& status : first.results) all_ok = all_ok && status.ok();
+        if (all_ok) {
+          c->End(c->requests->Finish(std::vector<absl::Status>(first.results.size())));
+          return;
+        }
+        c->table.client_->Schedule(
+            [c, first = std::move(first)] { c->End(c->Rest(first)); });
+      });
+  if (started) return ticket;
+  // Nothing was sent (an in-process transport): a blocking call on the
+  // executor instead, with its own slot.
+  client_->ReleaseAsync();
+  return on_executor();
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call) const {

@@ -78,7 +78,12 @@ class Table {
 
   // Asynchronous forms (cc/client/ticket.h): return a ticket at once. They
   // BORROW `keys`, `out` and `grads`: keep them alive and unchanged until
-  // the ticket is done; `out` holds the rows once it succeeded.
+  // the ticket is done; `out` holds the rows once it succeeded. Between
+  // processes their requests go out from the calling thread and hold no
+  // thread while in flight: k tickets are k requests outstanding at once
+  // (per server part), each with its own status; a failed attempt is
+  // retried on the client's executor (a push with the same ids: applied
+  // once). Tickets in flight together are not ordered with each other.
   Ticket PullAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
                    const CallOptions& call = {}) const;
   Ticket PushAsync(absl::Span<const uint64_t> keys, absl::string_view grads,
@@ -129,9 +134,28 @@ class Table {
   // owner refused with PlacementMoved in its `moved` slot (see
   // Client::RunWithRetries); the keys of refused parts go again, as new
   // requests, to their owners under the placement named.
+  // With `first`, round 1 sends that split, made under `*routing`.
   using Round = std::function<absl::Status(const Split& split, std::vector<absl::Status>* moved)>;
-  absl::Status RunRouted(absl::Span<const uint64_t> keys, absl::Time deadline,
-                         const Round& round) const;
+  absl::Status RunRouted(absl::Span<const uint64_t> keys, absl::Time deadline, const Round& round,
+                         const Client::Routing* routing = nullptr,
+                         const Split* first = nullptr) const;
+  // The requests of one round of a pull or a push (one per part of its
+  // split), and what to do once they are answered.
+  class Requests;
+  class PullRequests;
+  class PushRequests;
+  // Sends `requests` (the parts of `split`) with retries; with `first`,
+  // their first attempt was made already (Client::StartFirstAttempt).
+  absl::Status RunRound(Requests& requests, const Split& split, absl::Time deadline,
+                        TraceRecorder* trace, std::vector<absl::Status>* moved,
+                        const Client::FirstAttempt* first = nullptr) const;
+  // PullAsync and PushAsync without a thread per call (see there); an
+  // async call's state.
+  struct AsyncCall;
+  Ticket StartAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
+                    absl::string_view grads, bool push, const CallOptions& call) const;
+  absl::Status CheckPullBytes(absl::Span<const uint64_t> keys, absl::Span<char> out) const;
+  absl::Status CheckPushBytes(absl::Span<const uint64_t> keys, absl::string_view grads) const;
   // Writes the rows server returned for part `i` of `split` (`values`, in
   // `content_type`) where they go in `out`. DATA_LOSS naming the server
   // when they are not that part's rows.
