@@ -1280,8 +1280,11 @@ TEST_F(ReplicationTest, PushesSentToASilentPrimaryAreRetriedAtItsSuccessorOnceEt
       finished[i].store(true);
     });
   }
-  // Bounded: far longer than the lease, far shorter than the hour.
-  constexpr int kBoundSeconds = 120;
+  // Bounded: far longer than the lease, far shorter than the hour, and
+  // shorter than the client's gRPC keepalive (a ping after 1 min idle, 20 s
+  // to answer: kClientKeepaliveTime), which would end a gRPC call to a
+  // silent host too, after 80 s.
+  constexpr int kBoundSeconds = 60;
   bool all = false;
   for (int wait = 0; wait < kBoundSeconds * 100 && !all; ++wait) {
     all = true;
