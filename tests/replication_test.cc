@@ -208,8 +208,9 @@ class ReplicationTest : public ::testing::Test {
     return started;
   }
 
-  // A client following /ps/<i>, retrying with the same request ids.
-  std::unique_ptr<Client> Connect() {
+  // A client following /ps/<i>, retrying with the same request ids;
+  // `adjust` (if given) changes its options.
+  std::unique_ptr<Client> Connect(const std::function<void(ClientOptions&)>& adjust = nullptr) {
     ClientOptions options;
     options.etcd_endpoints = {etcd_->endpoint()};
     options.cluster = kCluster;
@@ -219,6 +220,7 @@ class ReplicationTest : public ::testing::Test {
     options.attempt_timeout = absl::Seconds(5);
     options.tls = client_tls_;
     options.token = client_token_;
+    if (adjust) adjust(options);
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
     EXPECT_OK(client);
     return client.ok() ? *std::move(client) : nullptr;
@@ -1173,6 +1175,179 @@ TEST_F(ReplicationTest, APrimaryPausedPastItsLeaseStepsDownAndRejoinsAsTheBackup
                                      "stepping down: [^\n]*epoch ", after.epoch())));
   EXPECT_THAT(holders[0]->err(), HasSubstr("no final checkpoint"));
   EXPECT_THAT(holders[0]->err(), HasSubstr("standby: copied shard 0 from its primary"));
+}
+
+// A primary that goes silent (SIGSTOP: its host answers nothing, so only
+// its lease tells) with pushes just sent to it, by clients whose attempt
+// timeout is an hour. Once the standby took the shard over (after the 2 s
+// lease) and etcd names it at /ps/0, each client abandons its attempt to the
+// paused primary and retries it at the standby with the same request id:
+// a dense push over the bulk channel and one over gRPC, a KV table push
+// over the bulk channel (table frames) and one over gRPC, all complete
+// within the test's bounded wait (a fraction of the attempt timeout), each
+// applied exactly once. Resumed, the old primary acknowledges nothing (raw
+// pushes to it are refused), steps down and rejoins as a backup; the values
+// stay exact. Without the abandon the pushes would wait out the hour: the
+// bounded wait fails, and the test then kills the paused primary so that
+// they end.
+TEST_F(ReplicationTest, PushesSentToASilentPrimaryAreRetriedAtItsSuccessorOnceEtcdNamesIt) {
+  std::vector<std::unique_ptr<ChildProcess>> holders = StartPrimaries();
+  ASSERT_EQ(holders.size(), static_cast<size_t>(kServers));
+  std::unique_ptr<Client> trainer = ConnectAndInit();
+  ASSERT_NE(trainer, nullptr);
+  std::unique_ptr<ChildProcess> standby = StartStandby(0);
+  ASSERT_NE(standby, nullptr);
+  std::atomic<int> steps_done{0};
+  ASSERT_OK(Train(*trainer, 0, 10, &steps_done));
+
+  // Clients that give an attempt an hour: one over the bulk channel, one
+  // over gRPC only.
+  constexpr absl::Duration kHour = absl::Hours(1);
+  auto patient = [&](bool bulk_channel) {
+    return Connect([&](ClientOptions& options) {
+      options.timeout = kHour;
+      options.attempt_timeout = kHour;
+      options.bulk_channel = bulk_channel;
+    });
+  };
+  std::unique_ptr<Client> bulk = patient(true);
+  std::unique_ptr<Client> grpc_only = patient(false);
+  ASSERT_NE(bulk, nullptr);
+  ASSERT_NE(grpc_only, nullptr);
+  v1::TableConfig adds;
+  adds.set_dim(kDim);
+  adds.mutable_optimizer()->mutable_add();
+  ASSERT_OK_AND_ASSIGN(Table bulk_table, Table::Create(*bulk, "adds", adds));
+  ASSERT_OK_AND_ASSIGN(Table grpc_table, Table::Create(*grpc_only, "adds", adds));
+  // Keys of shard 0, the one paused.
+  std::vector<uint64_t> keys;
+  for (uint64_t key = 0; keys.size() < kTableKeys && key < 10000; ++key) {
+    ASSERT_OK_AND_ASSIGN(int server, bulk_table.ServerOf(key));
+    if (server == 0) keys.push_back(key);
+  }
+  ASSERT_EQ(keys.size(), static_cast<size_t>(kTableKeys));
+  // Every connection open (pulls), and the rows before the pushes.
+  for (int p = 0; p < kParams; ++p) {
+    ASSERT_OK(bulk->GetParam(Param(p)).status());
+    ASSERT_OK(grpc_only->GetParam(Param(p)).status());
+  }
+  ASSERT_EQ(PullRows(grpc_table, keys), PullRows(bulk_table, keys));
+  const std::vector<float> rows_before = PullRows(bulk_table, keys);
+  auto table_add = [&](int k, int c, int client) {
+    return static_cast<float>((k * 3 + c + client * 5) % 7 + 1);
+  };
+  std::vector<float> table_grads[2];
+  for (int client = 0; client < 2; ++client) {
+    for (int k = 0; k < kTableKeys; ++k) {
+      for (int c = 0; c < kDim; ++c) table_grads[client].push_back(table_add(k, c, client));
+    }
+  }
+
+  const v1::ShardConfig before = Config(0);
+  ASSERT_EQ(before.replicas_size(), 1);
+  const std::string old_address = AddressAt(etcd_keys::ServerKey(0));
+  const std::vector<std::string> held = ParamsAt(old_address);
+  ASSERT_FALSE(held.empty());
+
+  // Paused, then the pushes (steps 10 and 11's gradients, and the adds).
+  ASSERT_EQ(kill(holders[0]->pid(), SIGSTOP), 0) << std::strerror(errno);
+  constexpr int kCalls = 4;
+  TraceRecorder sent[kCalls];
+  std::atomic<bool> finished[kCalls] = {};
+  absl::Status results[kCalls];
+  auto dense = [](int step) {
+    std::vector<NamedTensor> grads;
+    for (int p = 0; p < kParams; ++p) grads.push_back({Param(p), GradientTensor(step, p)});
+    return grads;
+  };
+  const std::vector<NamedTensor> step10 = dense(10), step11 = dense(11);
+  std::vector<std::function<absl::Status(const CallOptions&)>> calls = {
+      [&](const CallOptions& call) { return bulk->SendGrads(step10, call); },
+      [&](const CallOptions& call) { return grpc_only->SendGrads(step11, call); },
+      [&](const CallOptions& call) {
+        return bulk_table.Push<float>(keys, table_grads[0], call);
+      },
+      [&](const CallOptions& call) {
+        return grpc_table.Push<float>(keys, table_grads[1], call);
+      },
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kCalls; ++i) {
+    threads.emplace_back([&, i] {
+      CallOptions call;
+      call.trace = &sent[i];
+      results[i] = calls[i](call);
+      finished[i].store(true);
+    });
+  }
+  // Bounded: far longer than the lease, far shorter than the hour, and
+  // shorter than the client's gRPC keepalive (a ping after 1 min idle, 20 s
+  // to answer: kClientKeepaliveTime), which would end a gRPC call to a
+  // silent host too, after 80 s.
+  constexpr int kBoundSeconds = 60;
+  bool all = false;
+  for (int wait = 0; wait < kBoundSeconds * 100 && !all; ++wait) {
+    all = true;
+    for (int i = 0; i < kCalls; ++i) all = all && finished[i].load();
+    if (!all) absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::string stuck;
+  for (int i = 0; i < kCalls; ++i) {
+    if (!finished[i].load()) absl::StrAppend(&stuck, " ", i);
+  }
+  EXPECT_TRUE(all) << "pushes" << stuck << " still waited on the paused primary after "
+                   << kBoundSeconds << " s";
+  if (!all) KillNine(*holders[0]);  // their attempts end (reset), so that they can be joined
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(all);
+  for (int i = 0; i < kCalls; ++i) {
+    EXPECT_OK(results[i]) << "push " << i;
+    EXPECT_NE(sent[i].Get().sent, absl::InfinitePast()) << "push " << i;
+  }
+  const v1::ShardConfig after = Config(0);
+  EXPECT_EQ(after.holder(), before.replicas(0));
+  EXPECT_EQ(after.epoch(), before.epoch() + 1);
+  EXPECT_GE(bulk->servers_replaced(), 1u);
+  EXPECT_GE(grpc_only->servers_replaced(), 1u);
+  const std::string new_address = AddressAt(etcd_keys::ServerKey(0));
+  EXPECT_NE(new_address, old_address);
+
+  // Applied exactly once: steps 0-11, and the two adds.
+  auto expect_exact = [&] {
+    ExpectTrained(*trainer, 12);
+    std::vector<float> expected = rows_before;
+    for (size_t j = 0; j < expected.size(); ++j) {
+      expected[j] += table_grads[0][j] + table_grads[1][j];
+    }
+    EXPECT_EQ(PullRows(bulk_table, keys), expected);
+  };
+  expect_exact();
+
+  // Resumed: it acknowledges nothing sent straight to it (the fence, then
+  // stepped down, then a standby's), and steps down; the values stay exact.
+  ASSERT_EQ(kill(holders[0]->pid(), SIGCONT), 0) << std::strerror(errno);
+  bool rejoined = false;
+  for (int i = 0; i < 1800 && !rejoined; ++i) {
+    const grpc::Status refused = RawPush(old_address, held[0]);
+    ASSERT_FALSE(refused.ok()) << "the paused primary acknowledged a push after the takeover";
+    rejoined = Config(0).replicas_size() == 1;
+    if (!rejoined) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(rejoined) << holders[0]->output();
+  ASSERT_OK(holders[0]->WaitForLine("pserver 0: its server of shard 0 stepped down",
+                                    absl::Now() + kWait));
+  EXPECT_FALSE(RawPush(old_address, held[0]).ok());
+  expect_exact();
+  EXPECT_EQ(StateChecksum(new_address, admin_), StateChecksum(StandbyAddress(0), admin_));
+
+  bulk.reset();
+  grpc_only.reset();
+  trainer.reset();
+  KillNine(*holders[0]);  // now the backup: stopped first (its shutdown would not promote it)
+  std::vector<std::unique_ptr<ChildProcess>> serving;
+  serving.push_back(std::move(standby));
+  serving.push_back(std::move(holders[1]));
+  StopCleanly(serving);
 }
 
 // R=3: two primaries with two standbys each (--max_standbys=2, the

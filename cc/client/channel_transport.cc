@@ -634,7 +634,7 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
 
 std::shared_ptr<ChannelTransport::Connection> ChannelTransport::Pick(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  if (absl::Now() < grpc_until_) return nullptr;
+  if (abandoned_ || absl::Now() < grpc_until_) return nullptr;  // gRPC (which fails at once)
   std::shared_ptr<Connection>& slot = slots_[next_.fetch_add(1) % slots_.size()];
   if (slot != nullptr && !slot->broken()) return slot;
   if (slot != nullptr) {
@@ -720,6 +720,19 @@ bool ChannelTransport::TableRows(FrameMethod method, const TableFrame& frame, Ro
   connection->Send(method, parts, nullptr, deadline, std::move(done), trace, std::move(rows),
                    rows_into, frame.rows_at, frame.row_bytes);
   return true;
+}
+
+void ChannelTransport::Abandon(const absl::Status& why) {
+  grpc_->Abandon(why);  // first: an OpenChannel in flight, and gRPC calls, end now
+  std::vector<std::shared_ptr<Connection>> slots;
+  {
+    absl::MutexLock lock(&mu_);
+    abandoned_ = true;
+    slots = slots_;
+  }
+  for (const std::shared_ptr<Connection>& c : slots) {
+    if (c != nullptr) c->Break(why);
+  }
 }
 
 void ChannelTransport::Push(const RequestId& id, absl::Span<const GradientView> grads,

@@ -87,6 +87,10 @@ class ChannelTransport final : public Transport {
   // the channel off or unreachable: the caller sends the control call).
   bool TableRows(FrameMethod method, const TableFrame& frame, RowsSink rows, absl::Time deadline,
                  Done& done, TraceRecorder* trace) override;
+  // Fails every call in flight with `why` (dropping the connections: a
+  // caller blocked writing to a silent server, or a waiter reading its
+  // reply, returns at once), and every later call, over the channel or gRPC.
+  void Abandon(const absl::Status& why) override;
 
   // What the last bulk call went over: "unix", "tcp", or "grpc".
   std::string route() const;
@@ -126,6 +130,7 @@ class ChannelTransport final : public Transport {
   absl::Time grpc_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool logged_ ABSL_GUARDED_BY(mu_) = false;
   std::string route_ ABSL_GUARDED_BY(mu_) = "grpc";
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // Abandon: no connection opened
   std::vector<std::shared_ptr<Connection>> slots_ ABSL_GUARDED_BY(mu_);
 };
 

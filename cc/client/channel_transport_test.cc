@@ -6,7 +6,8 @@
 // and cancellation (also mid-reply), a malformed reply or one for a call not
 // made, table pulls whose rows go straight into the caller's memory (and
 // what happens to them on a deadline or a cancellation mid-rows), and the
-// fallback to gRPC. No test depends on timing.
+// fallback to gRPC; Abandon (a call in flight to a silent server ends with
+// the reason, over the channel and over gRPC). No test depends on timing.
 #include "cc/client/channel_transport.h"
 
 #include <sys/socket.h>
@@ -18,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cc/client/call_group.h"
 #include "cc/client/cancellation.h"
@@ -30,6 +32,8 @@
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 namespace pserver {
@@ -433,6 +437,75 @@ TEST(ChannelTransportFakeTest, CancellingFailsTheCallAndDropsTheConnection) {
   caller.join();
   EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kCancelled));
   fake.WaitForClose();
+}
+
+// Abandon (the client's etcd watch found another server at this index): a
+// push whose waiter reads its own reply from a server that never answers
+// ends at once with the reason, the connection dropped; a later call is not
+// sent over the channel (it goes to the gRPC transport, which fails it too).
+TEST(ChannelTransportFakeTest, AbandoningFailsACallInFlightWithTheReason) {
+  FakeChannelServer fake;  // reads requests, answers none
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()));
+  absl::Status status;
+  std::thread caller([&] {
+    // Far longer than an abandon takes: without one, DEADLINE_EXCEEDED.
+    status = PushInGroup(channel, {1, 1}, {1}, absl::Now() + absl::Seconds(20));
+  });
+  fake.WaitForReply();  // the request reached the server
+  channel.Abandon(absl::UnavailableError("server 0 was replaced"));
+  caller.join();
+  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(status.message(), HasSubstr("server 0 was replaced"));
+  fake.WaitForClose();
+  EXPECT_THAT(PushOver(channel, {1, 2}, {1}), StatusCodeIs(absl::StatusCode::kUnimplemented));
+}
+
+// The same on gRPC: a server that takes the call and never answers; the
+// call ends with the reason, not CANCELLED, and so does every later call,
+// at once.
+TEST(GrpcTransportAbandonTest, AbandoningFailsACallInFlightAndLaterCallsWithTheReason) {
+  grpc::AsyncGenericService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterAsyncGenericService(&service);
+  std::unique_ptr<grpc::ServerCompletionQueue> queue = builder.AddCompletionQueue();
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  grpc::GenericServerContext context;
+  grpc::GenericServerAsyncReaderWriter stream(&context);
+  int arrived_tag = 1;
+  service.RequestCall(&context, &stream, queue.get(), queue.get(), &arrived_tag);
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GrpcTransport> transport,
+                       GrpcTransport::Create(absl::StrCat("127.0.0.1:", port)));
+  v1::GetStatsRequest request;
+  v1::GetStatsResponse response;
+  absl::Notification done;
+  absl::Status status;
+  // Far longer than an abandon takes: without one, DEADLINE_EXCEEDED.
+  transport->Call("GetStats", request, &response, absl::Now() + absl::Seconds(20),
+                  [&](absl::Status s) {
+                    status = std::move(s);
+                    done.Notify();
+                  });
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(queue->Next(&tag, &ok));  // the call reached the server, which never answers
+  ASSERT_EQ(tag, &arrived_tag);
+  ASSERT_TRUE(ok);
+  transport->Abandon(absl::UnavailableError("server 0 was replaced"));
+  done.WaitForNotification();
+  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(status.message(), HasSubstr("server 0 was replaced"));
+  const absl::Status later = PushOver(*transport, {1, 1}, {1});
+  EXPECT_THAT(later, StatusCodeIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(later.message(), HasSubstr("server 0 was replaced"));
+
+  server->Shutdown(absl::ToChronoTime(absl::Now()));
+  queue->Shutdown();
+  while (queue->Next(&tag, &ok)) {
+  }
 }
 
 // A reply header for call `id` promising `payload_bytes`, then `sent` of them.

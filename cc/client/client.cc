@@ -399,17 +399,43 @@ absl::Status Client::UpdatePlacement(const v1::Placement& spec) {
 }
 
 absl::Status Client::SetTransport(int server, std::unique_ptr<Transport> transport) {
+  return ReplaceTransport(server, std::move(transport), nullptr);
+}
+
+absl::Status Client::ReplaceTransport(int server, std::unique_ptr<Transport> transport,
+                                      const etcd_keys::ServerEntry* entry) {
   if (server < 0 || server >= static_cast<int>(kMaxPlacementServers)) {
     return absl::InvalidArgumentError(absl::StrCat("server index ", server, " is outside [0, ",
                                                    kMaxPlacementServers, ")"));
   }
   if (transport == nullptr) return absl::InvalidArgumentError("a transport is null");
   std::shared_ptr<Transport> old;  // let go of outside the lock
-  absl::MutexLock lock(&transports_mu_);
-  CoverServersLocked(server + 1);
-  old = std::move(transports_[server]);
-  transports_[server] = std::move(transport);
-  address_changes_.fetch_add(1);  // under the lock: WaitToRetry waits on it
+  std::optional<etcd_keys::ServerEntry> was;
+  {
+    absl::MutexLock lock(&transports_mu_);
+    CoverServersLocked(server + 1);
+    old = std::move(transports_[server]);
+    transports_[server] = std::move(transport);
+    if (entry != nullptr) {
+      auto [it, fresh] = entries_.try_emplace(server, *entry);
+      if (!fresh) was = std::exchange(it->second, *entry);
+    }
+    address_changes_.fetch_add(1);  // under the lock: WaitToRetry waits on it
+  }
+  // Another server process holds the index now (a standby took the shard
+  // over, or the server restarted): an attempt still waiting on the old one
+  // (a silent host answers nothing until its attempt timeout) ends now and
+  // is retried there, with the same request id.
+  if (was.has_value() &&
+      (was->address != entry->address || was->instance_id != entry->instance_id)) {
+    servers_replaced_.fetch_add(1);
+    old->Abandon(absl::UnavailableError(absl::StrCat(
+        "server ", server, " at ", was->address,
+        was->instance_id.empty() ? "" : absl::StrCat(" (instance ", was->instance_id, ")"),
+        " was replaced: etcd names ", entry->address,
+        entry->instance_id.empty() ? "" : absl::StrCat(" (instance ", entry->instance_id, ")"),
+        "; retry there")));
+  }
   return absl::OkStatus();
 }
 
@@ -484,6 +510,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Create(options, std::move(transports)));
   if (placement.has_value()) PS_RETURN_IF_ERROR(client->UpdatePlacement(*placement));
   if (etcd != nullptr) {
+    {
+      absl::MutexLock lock(&client->transports_mu_);
+      for (size_t i = 0; i < servers.size(); ++i) {
+        if (!servers[i].address.empty()) client->entries_[static_cast<int>(i)] = servers[i];
+      }
+    }
     client->placement_followed_.store(true);
     PS_RETURN_IF_ERROR(client->WatchPlacement(etcd.get(), revision));
     client->etcd_ = std::move(etcd);
@@ -610,7 +642,8 @@ void Client::OnServerChanged(int server, const etcd_keys::ServerEntry& address) 
   // backoff ends.
   absl::StatusOr<std::unique_ptr<Transport>> transport = NewTransport(address, options_);
   if (!transport.ok()) return;
-  SetTransport(server, *std::move(transport)).IgnoreError();  // server < kMaxPlacementServers
+  // server < kMaxPlacementServers
+  ReplaceTransport(server, *std::move(transport), &address).IgnoreError();
 }
 
 std::shared_ptr<Transport> Client::TransportFor(int server) const {

@@ -61,6 +61,12 @@
 // the client finds the servers in etcd (waiting up to `discovery_timeout` for
 // the desired count), follows address changes of a restarted server, and
 // registers the trainer at /workers/<id> under a lease (its heartbeat).
+// When etcd names another server process at an index (its address or
+// instance id changed: a standby took the shard over from a primary that
+// went silent, or the server restarted), every request still waiting on
+// the old one ends at once and is retried at the new one with the same
+// request id, instead of waiting out `attempt_timeout` (servers_replaced()
+// counts these).
 //
 // Thread-safe: one Client may serve many trainer threads.
 #ifndef PSERVER_CC_CLIENT_CLIENT_H_
@@ -138,6 +144,9 @@ struct ClientOptions {
   // Deadline of one attempt of one request to one server; one that runs out
   // is retried (within `timeout`). 0: an attempt may take all of `timeout`
   // (with etcd_endpoints: 10 s, so that a server that hangs is given up on).
+  // With etcd_endpoints an attempt to a server that etcd replaces (a
+  // standby took its shard over) ends when the watch sees it, not at this
+  // timeout.
   absl::Duration attempt_timeout = absl::ZeroDuration();
   // Backoff between attempts: doubles from initial to max, with +-50% jitter.
   // With etcd_endpoints, a wait ends as soon as the watch moves a server to a
@@ -380,6 +389,11 @@ class Client {
   // registered again), so far.
   uint64_t retries() const { return retries_.load(); }
   uint64_t address_changes() const { return address_changes_.load(); }
+  // Times the etcd watch found another server process at an index (its
+  // address or instance changed: a standby took the shard over), so far.
+  // Each time the calls in flight to the old one ended at once (UNAVAILABLE,
+  // Transport::Abandon) and were retried at the new one.
+  uint64_t servers_replaced() const { return servers_replaced_.load(); }
   // Gradients this client sent marked to be skipped (a NaN or infinity for
   // a parameter configured with non_finite: SKIP), so far.
   uint64_t non_finite_skipped() const { return non_finite_skipped_.load(); }
@@ -589,6 +603,12 @@ class Client {
   // Routes by every newer /placement from `revision` on (UpdatePlacement).
   absl::Status WatchPlacement(EtcdClient* etcd, int64_t revision);
   void OnServerChanged(int server, const etcd_keys::ServerEntry& entry);
+  // SetTransport; with `entry` (what etcd names at /ps/<server>), when it
+  // names another server process than the entry before, the old transport
+  // is abandoned (its calls in flight end at once and are retried here).
+  absl::Status ReplaceTransport(int server, std::unique_ptr<Transport> transport,
+                                const etcd_keys::ServerEntry* entry)
+      ABSL_LOCKS_EXCLUDED(transports_mu_);
   // Puts /workers/<worker_id_> = `worker_json` under a lease kept alive,
   // and registered again whenever the lease is lost.
   absl::Status RegisterWorker(std::string worker_json);
@@ -657,6 +677,8 @@ class Client {
   // Grows (never shrinks) as servers join, up to kMaxPlacementServers;
   // never null (a server not registered yet has a placeholder).
   std::vector<std::shared_ptr<Transport>> transports_ ABSL_GUARDED_BY(transports_mu_);
+  // What etcd named at /ps/<i> for each index seen (with etcd only).
+  absl::flat_hash_map<int, etcd_keys::ServerEntry> entries_ ABSL_GUARDED_BY(transports_mu_);
   const uint64_t client_id_;
   // Last push sequence, per server index: kMaxPlacementServers of them
   // (32 KiB), so that servers joining never move them.
@@ -665,6 +687,7 @@ class Client {
   std::atomic<uint64_t> placement_waits_{0};
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> address_changes_{0};
+  std::atomic<uint64_t> servers_replaced_{0};
   std::atomic<uint64_t> non_finite_skipped_{0};
   WireCompressor compressor_;  // top-k residuals
 

@@ -151,6 +151,8 @@ absl::Status CallStatus(const grpc::Status& status, grpc::Channel& channel, bool
 struct RawCall {
   std::shared_ptr<grpc::ClientContext> context;
   std::shared_ptr<Cancellation::Registration> cancel;
+  std::shared_ptr<const void> abandonment;              // outlives `abandon` (after it)
+  std::shared_ptr<Cancellation::Registration> abandon;  // GrpcTransport::Abandon's
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
   std::string method;
@@ -218,6 +220,10 @@ GrpcTransport::Channel& GrpcTransport::Next() {
 void GrpcTransport::CallRaw(absl::string_view method,
                             const std::function<grpc::ByteBuffer(PayloadLease*)>& encode,
                             Receive receive, absl::Time deadline, Done done, TraceRecorder* trace) {
+  if (std::optional<absl::Status> why = abandonment_->Why()) {
+    done(*why);
+    return;
+  }
   auto call = std::make_shared<RawCall>();
   // A full path ("/grpc.health.v1.Health/Check") names another service.
   call->method =
@@ -225,6 +231,11 @@ void GrpcTransport::CallRaw(absl::string_view method,
   call->context = NewContext(deadline, wait_for_ready_);
   for (const auto& [key, value] : metadata_) call->context->AddMetadata(key, value);
   call->cancel = CancelWithCall(call->context);
+  // Abandoned after the check above: the context is cancelled now (gRPC
+  // cancels a call whose context was cancelled before it started).
+  call->abandonment = abandonment_;
+  call->abandon = std::make_shared<Cancellation::Registration>(
+      abandonment_->cancel.OnCancel([context = call->context] { context->TryCancel(); }));
   call->receive = std::move(receive);
   call->done = std::move(done);
   // Reports once the call is over (the owner's release) and every borrowed
@@ -234,19 +245,35 @@ void GrpcTransport::CallRaw(absl::string_view method,
   Channel& channel = Next();
   channel.generic->UnaryCall(
       call->context.get(), call->method, grpc::StubOptions(), &call->request, &call->response,
-      [call, lease, trace, channel = channel.channel.get(), tls = tls_](grpc::Status status) {
+      [call, lease, trace, channel = channel.channel.get(), tls = tls_,
+       abandonment = abandonment_.get()](grpc::Status status) {
         call->status = CallStatus(status, *channel, tls);
+        if (absl::IsCancelled(call->status)) {
+          // Cancelled by Abandon (or by the caller too: it checks its own).
+          if (std::optional<absl::Status> why = abandonment->Why()) call->status = *why;
+        }
         if (trace != nullptr) RecordServerTrace(*call->context, *trace);
         if (call->status.ok() && call->receive) call->status = call->receive(call->response);
         // Let go of what gRPC may still reference before reporting: if the
         // caller then destroys the client, the channel's last reference must
         // not die on this gRPC thread.
         call->cancel.reset();
+        call->abandon.reset();
+        call->abandonment.reset();
         call->context.reset();
         call->request.Clear();
         call->response.Clear();
         lease->Release();
       });
+}
+
+void GrpcTransport::Abandon(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&abandonment_->mu);
+    if (abandonment_->why.has_value()) return;
+    abandonment_->why = why;
+  }
+  abandonment_->cancel.Cancel();
 }
 
 namespace {

@@ -12,12 +12,16 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "cc/client/cancellation.h"
 #include "cc/client/transport.h"
 #include "cc/security/tls.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -66,6 +70,9 @@ class GrpcTransport final : public Transport {
   void PushPull(const RequestId& id, absl::Span<const GradientView> grads,
                 absl::Span<const v1::ParamRef> refs, BlockSink sink, absl::Time deadline, Done done,
                 TraceRecorder* trace = nullptr) override;
+  // Cancels every call in flight (they end with `why`, not CANCELLED) and
+  // fails every later one at once with it.
+  void Abandon(const absl::Status& why) override;
 
  private:
   struct Channel {
@@ -92,6 +99,19 @@ class GrpcTransport final : public Transport {
   const bool wait_for_ready_;
   bool tls_ = false;  // its channels speak TLS: failures are described as such
   CallMetadata metadata_;
+  // Abandon's: shared with the calls in flight, which may outlive the
+  // transport.
+  struct Abandonment {
+    Cancellation cancel;  // cancelled by Abandon; every call registers with it
+    mutable absl::Mutex mu;
+    std::optional<absl::Status> why ABSL_GUARDED_BY(mu);
+    // Why the transport was abandoned; none while it is not.
+    std::optional<absl::Status> Why() const {
+      absl::MutexLock lock(&mu);
+      return why;
+    }
+  };
+  const std::shared_ptr<Abandonment> abandonment_ = std::make_shared<Abandonment>();
 };
 
 }  // namespace pserver

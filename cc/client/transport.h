@@ -97,6 +97,15 @@ class Transport {
                          absl::Time deadline, Done& done, TraceRecorder* trace) {
     return false;
   }
+
+  // The client no longer routes to this transport's server: etcd names
+  // another server process for its index (a standby took the shard over
+  // from a primary that went silent). Every call in flight ends at once with
+  // `why` (UNAVAILABLE: the client retries it at the new server, with the
+  // same request id, so a push the old server applied is not applied
+  // twice), and so does every call started later. Idempotent; the first
+  // `why` stays. The default does nothing (calls run to their deadline).
+  virtual void Abandon(const absl::Status& why) {}
 };
 
 }  // namespace pserver
