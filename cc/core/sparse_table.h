@@ -212,16 +212,17 @@ class SparseTable {
   // Orders positions 0..keys.size()-1 by shard, so each shard is locked
   // once, hashing each key once.
   void GroupByShard(absl::Span<const uint64_t> keys, KeyBatch& batch) const;
-  // first[i] = the position of the first listing of keys[i] (i itself for a
-  // key not listed before). Returns whether any key is listed twice.
+  // first[i] (keys.size() entries) = the position of the first listing of
+  // keys[i] (i itself for a key not listed before). Returns whether any key
+  // is listed twice.
   bool FirstOccurrences(absl::Span<const uint64_t> keys, const KeyBatch& batch,
-                        std::vector<uint32_t>& first) const;
+                        uint32_t* first) const;
 
   // slots[j - begin] = the slot of the key at batch.order[j] in `shard`
   // (for j in [begin, end), one shard's run), kNil for none, prefetching
   // ahead; the caller holds shard.mu.
   void FindSlots(Shard& shard, absl::Span<const uint64_t> keys, const KeyBatch& batch,
-                 uint32_t begin, uint32_t end, std::vector<uint32_t>& slots) const;
+                 uint32_t begin, uint32_t end, uint32_t* slots) const;
 
   template <typename T>
   absl::Status PullImpl(absl::Span<const uint64_t> keys, absl::Span<char> out);
