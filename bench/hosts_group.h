@@ -5,7 +5,11 @@
 // --hosts_workers_per_server workers per server, 2 by default, each running
 // bench/hosts_worker on a 4 MiB parameter cut over all servers), reported as
 // "% of linear": the aggregate over `servers` times the 1-server aggregate
-// of the same run, next to how busy the machine's cores were meanwhile.
+// of the same run, next to how busy the machine's cores were meanwhile, and
+// "% of line": the payload against the servers' links' rate, and every
+// link's bytes each way over the measured rounds (NetnsCluster::Counters:
+// wire bytes, headers included, as tbf counts them) against its rate, with
+// the packets the links dropped.
 // Without the rights to create namespaces it records why (Harness::Skip).
 //
 //   PS_RETURN_IF_ERROR(Hosts(h, pserver_binary, argv0));

@@ -15,7 +15,8 @@ only when the report has results for it (a group whose markers are missing
 goes to the tables section).
 
 Dense results carry the CPU seconds (client plus servers) per GB moved, shown
-as a column; hosts results their share of linear scaling. A group the run
+as a column; hosts results their share of linear scaling and of the links'
+line rate. A group the run
 skipped (hosts without root) is listed with the reason and does not make the
 report incomplete.
 """
@@ -82,6 +83,11 @@ def check(report):
                     and not r["extra"].get(CPU_KEY, 0) > 0):
                 problems.append(f"dense/{r['name']} {fmt_bytes(r['payload_bytes'])}: no {CPU_KEY}")
     for r in report["results"]:
+        if r["group"] == "hosts":
+            for key in HOSTS_LINK_KEYS:
+                if not r["extra"].get(key, 0) > 0:
+                    problems.append(f"hosts/{r['name']} {r.get('servers', 0)} servers: no {key}")
+    for r in report["results"]:
         v = r["value"]
         if not (v.get("min", 0) > 0 and v["min"] <= v["median"] <= v["max"]):
             problems.append(f"{r['group']}/{r['name']} {fmt_bytes(r.get('payload_bytes', 0))}: bad stats {v}")
@@ -131,17 +137,36 @@ def sparse_table(rows):
                           [cells(r) for r in rows])
 
 
+HOSTS_LINK_KEYS = ["payload_of_line", "server_link_in", "server_link_out", "server_link_min",
+                   "worker_link_in", "worker_link_out"]
+
+
 def hosts_table(rows):
-    """The hosts group: aggregate push+pull per servers x workers, and % of linear."""
+    """The hosts group: aggregate push+pull per servers x workers, % of linear and % of line.
+
+    "% of line" is the payload (counted once) against what the servers' links carry each
+    way; the link columns are each link's wire bytes (headers included, as tbf counts
+    them) per second against its rate, over the measured rounds: servers' links in / out
+    (mean, and the least busy direction of any server), workers' links in / out (mean)."""
+    def pct(r, key):
+        return f"{100 * r['extra'][key]:.0f}%" if key in r["extra"] else "-"
+
     def cells(r):
         v = r["value"]
+        e = r["extra"]
         return [str(r.get("servers", 0)), str(r.get("workers", 0)), fmt_bytes(r["payload_bytes"]),
-                f"{r['extra'].get('link_mbit', 0):.0f} Mbit/s",
+                f"{e.get('link_mbit', 0):.0f} Mbit/s",
                 *(f"{v[k]:.3f}" for k in ("min", "median", "max")),
-                f"{100 * r.get('ratio', 0):.0f}%",
-                f"{100 * r['extra'].get('machine_cpu_busy', 0):.0f}%"]
+                f"{100 * r.get('ratio', 0):.0f}%", pct(r, "payload_of_line"),
+                f"{pct(r, 'server_link_in')} / {pct(r, 'server_link_out')} "
+                f"(min {pct(r, 'server_link_min')})",
+                f"{pct(r, 'worker_link_in')} / {pct(r, 'worker_link_out')}",
+                f"{e['dropped_packets']:.0f}" if "dropped_packets" in e else "-",
+                f"{100 * e.get('machine_cpu_busy', 0):.0f}%"]
     return markdown_table(["servers", "workers", "payload", "link (each host)", "min", "median",
-                           "max", "% of linear", "machine CPU busy"], [cells(r) for r in rows])
+                           "max", "% of linear", "payload % of line",
+                           "server links in / out, % of line", "worker links in / out",
+                           "drops", "machine CPU busy"], [cells(r) for r in rows])
 
 
 def tables(report, groups=None):

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -48,6 +49,20 @@ std::string NextPrefix() {
   const int n = next.fetch_add(1);
   return absl::StrCat("ps", absl::Hex(kProcessTag, absl::kZeroPad6),
                       std::string(1, static_cast<char>('a' + n % 26)));
+}
+
+// The decimal number right after the first `label` in `text`.
+std::optional<uint64_t> NumberAfter(const std::string& text, absl::string_view label) {
+  const size_t at = text.find(label.data(), 0, label.size());
+  if (at == std::string::npos) return std::nullopt;
+  const size_t begin = at + label.size();
+  size_t end = begin;
+  while (end < text.size() && absl::ascii_isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(absl::string_view(text).substr(begin, end - begin), &value)) {
+    return std::nullopt;
+  }
+  return value;
 }
 
 }  // namespace
@@ -167,6 +182,40 @@ absl::Status NetnsCluster::LimitRate(const std::vector<std::string>& netns_args,
                                           "burst", options_.burst, "latency", options_.latency};
   args.insert(args.end(), qdisc.begin(), qdisc.end());
   return Tc(args);
+}
+
+absl::Status NetnsCluster::ReadQdisc(const std::vector<std::string>& netns_args,
+                                     const std::string& dev, uint64_t* bytes,
+                                     uint64_t* dropped) const {
+  std::vector<std::string> args = netns_args;
+  for (const char* arg : {"-s", "qdisc", "show", "dev"}) args.push_back(arg);
+  args.push_back(dev);
+  PS_ASSIGN_OR_RETURN(std::string shown, RunProgram(tc_, args, Deadline()));
+  // " Sent 1514 bytes 1 pkt (dropped 0, overlimits 0 requeues 0)", first
+  // for the root qdisc (the tbf; nothing sits under it).
+  const std::optional<uint64_t> b = NumberAfter(shown, " Sent ");
+  const std::optional<uint64_t> d = NumberAfter(shown, "(dropped ");
+  if (!b.has_value() || !d.has_value()) {
+    return absl::InternalError(absl::StrCat("cannot read the counters of ", dev, " from `tc -s`: ",
+                                            shown.substr(0, 300)));
+  }
+  *bytes = *b;
+  *dropped = *d;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NetnsCluster::LinkCounters> NetnsCluster::Counters(int host) const {
+  PS_RETURN_IF_ERROR(CheckHost(host));
+  if (options_.rate.empty()) {
+    return absl::FailedPreconditionError(
+        "the links have no rate limit (NetnsOptions.rate), so no tbf counts their bytes");
+  }
+  LinkCounters counters;
+  uint64_t dropped_out = 0, dropped_in = 0;
+  PS_RETURN_IF_ERROR(ReadQdisc({"-n", name(host)}, device(host), &counters.sent_bytes, &dropped_out));
+  PS_RETURN_IF_ERROR(ReadQdisc({}, bridge_port(host), &counters.received_bytes, &dropped_in));
+  counters.dropped = dropped_out + dropped_in;
+  return counters;
 }
 
 absl::Status NetnsCluster::CheckHost(int host) const {

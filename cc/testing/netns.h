@@ -18,10 +18,11 @@
 // Names are unique per cluster ("ps" + 6 random hex digits + a letter), so runs
 // in parallel do not collide; every address lives only inside its
 // namespaces. Every command runs under a deadline. Not thread-safe, except
-// RunIn, which only reads.
+// RunIn and Counters, which only read.
 #ifndef PSERVER_CC_TESTING_NETNS_H_
 #define PSERVER_CC_TESTING_NETNS_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -95,6 +96,20 @@ class NetnsCluster {
   // survives a cut shorter than its timeouts.
   absl::Status SetLinkUp(int host, bool up);
 
+  // What host's link has carried so far, as its two tbf qdiscs counted it
+  // (frames with their Ethernet, IP and TCP headers, per segment: what the
+  // rate limits): `sent` left the host (its device's qdisc), `received`
+  // came to it (its bridge port's qdisc); `dropped` packets either qdisc
+  // dropped. The difference of two readings over a time, against the
+  // rate, is how busy the link was. FAILED_PRECONDITION without a rate
+  // (no tbf to count).
+  struct LinkCounters {
+    uint64_t sent_bytes = 0;
+    uint64_t received_bytes = 0;
+    uint64_t dropped = 0;
+  };
+  absl::StatusOr<LinkCounters> Counters(int host) const;
+
  private:
   struct Host {
     std::string netns, address, address6, device, port;
@@ -105,6 +120,9 @@ class NetnsCluster {
   absl::Status CheckHost(int host) const;
   absl::Status Ip(const std::vector<std::string>& args) const;
   absl::Status Tc(const std::vector<std::string>& args) const;
+  // The "Sent B bytes P pkt (dropped D, ...)" of the root qdisc of `dev`.
+  absl::Status ReadQdisc(const std::vector<std::string>& netns_args, const std::string& dev,
+                         uint64_t* bytes, uint64_t* dropped) const;
   absl::Status LimitRate(const std::vector<std::string>& netns_args, const std::string& dev) const;
   absl::Time Deadline() const { return absl::Now() + options_.command_timeout; }
 

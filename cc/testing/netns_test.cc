@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -181,6 +182,68 @@ TEST(NetnsClusterTest, LimitsEveryLinkBothWays) {
     EXPECT_THAT(port, HasSubstr("qdisc tbf"));
     EXPECT_THAT(port, HasSubstr("rate 1Gbit"));
   }
+}
+
+TEST(NetnsClusterTest, CountsTheBytesEachLinkCarriesEachWay) {
+  SKIP_WITHOUT_NETNS();
+  NetnsOptions options;
+  options.rate = "1gbit";
+  ASSERT_OK_AND_ASSIGN(auto cluster, NetnsCluster::Create(options));
+  ASSERT_OK_AND_ASSIGN(const NetnsCluster::LinkCounters before0, cluster->Counters(0));
+  ASSERT_OK_AND_ASSIGN(const NetnsCluster::LinkCounters before1, cluster->Counters(1));
+  uint16_t port = 0;
+  const int listener = ListenIn(*cluster, 0, cluster->address(0), &port);
+  ASSERT_GE(listener, 0);
+  ASSERT_NE(port, 0);
+  // Host 1 sends 1 MiB to host 0, which reads all of it meanwhile.
+  constexpr size_t kBytes = 1 << 20;
+  size_t got = 0;
+  std::thread reader([&] {
+    const int conn = accept(listener, nullptr, nullptr);  // bounded by BoundWaits
+    if (conn < 0) return;
+    BoundWaits(conn);
+    std::string buffer(kBytes, '\0');
+    for (int reads = 0; reads < 100000 && got < kBytes; ++reads) {
+      const ssize_t n = read(conn, buffer.data() + got, kBytes - got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    close(conn);
+  });
+  const std::string payload(kBytes, 'x');
+  size_t sent = 0;
+  const absl::Status in = cluster->RunIn(1, [&] {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    BoundWaits(fd);
+    const sockaddr_in addr = Address(cluster->address(0), port);
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+      for (int writes = 0; writes < 100000 && sent < kBytes; ++writes) {
+        const ssize_t n = write(fd, payload.data() + sent, kBytes - sent);
+        if (n <= 0) break;
+        sent += static_cast<size_t>(n);
+      }
+    }
+    close(fd);
+  });
+  reader.join();
+  close(listener);
+  ASSERT_OK(in);
+  ASSERT_EQ(sent, kBytes);
+  ASSERT_EQ(got, kBytes);
+  ASSERT_OK_AND_ASSIGN(const NetnsCluster::LinkCounters after0, cluster->Counters(0));
+  ASSERT_OK_AND_ASSIGN(const NetnsCluster::LinkCounters after1, cluster->Counters(1));
+  // The payload, with its headers, left host 1 and reached host 0; what
+  // went back was acknowledgements, far fewer bytes.
+  EXPECT_GE(after1.sent_bytes - before1.sent_bytes, kBytes);
+  EXPECT_GE(after0.received_bytes - before0.received_bytes, kBytes);
+  EXPECT_LT(after0.sent_bytes - before0.sent_bytes, kBytes / 4);
+  EXPECT_LT(after1.received_bytes - before1.received_bytes, kBytes / 4);
+  EXPECT_EQ(after0.dropped, 0u);
+  EXPECT_EQ(after1.dropped, 0u);
+  EXPECT_THAT(cluster->Counters(2), StatusCodeIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK_AND_ASSIGN(auto unlimited, NetnsCluster::Create(NetnsOptions()));
+  EXPECT_THAT(unlimited->Counters(0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no rate limit")));
 }
 
 TEST(NetnsClusterTest, RunsProgramsInsideItsNamespace) {
