@@ -66,6 +66,10 @@ struct BulkListenerOptions {
   uint64_t max_request_bytes_in_flight = uint64_t{1} << 30;
   // A connection that has not presented its token by then is closed.
   absl::Duration hello_timeout = absl::Seconds(10);
+  // A plain connection's thread polls for up to this long for the next
+  // request before it sleeps (cc/rpc/byte_stream.h ReadSpin: only while a
+  // core is free, backing off on an idle connection); 0: never.
+  absl::Duration read_spin = absl::Microseconds(50);
   // Roles (docs/security.md); null or disabled: off. When on, the hello
   // frame carries a bearer token after the channel token; its principal
   // (or, without a token, that of the verified TLS client certificate under

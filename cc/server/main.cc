@@ -47,6 +47,7 @@
 #include "cc/cuda/device.h"
 #include "cc/log/log.h"
 #include "cc/rpc/allocator.h"
+#include "cc/rpc/buffer_pool.h"
 #include "cc/server/advertised_address.h"
 #include "cc/server/applied_sequences.h"
 #include "cc/server/env_flags.h"
@@ -226,6 +227,14 @@ ABSL_FLAG(int, max_bulk_connections, 256,
 ABSL_FLAG(uint64_t, max_bulk_request_bytes_in_flight, uint64_t{1} << 30,
           "Bulk channel request bytes read or being served at once, over all connections; a "
           "request that does not fit waits (UNAVAILABLE, retried by clients).");
+ABSL_FLAG(int, bulk_read_spin_micros, 50,
+          "A plain bulk channel connection polls for its next request this many microseconds "
+          "before its thread sleeps, only while the machine has a core free, backing off on "
+          "idle connections (cc/rpc/byte_stream.h ReadSpin); 0: never. 0 .. 1000.");
+ABSL_FLAG(uint64_t, bulk_buffer_pool_bytes, uint64_t{256} << 20,
+          "Free large buffers (bulk request payloads and pulled blocks of 256 KiB or more) kept "
+          "for reuse, so that their pages stay faulted in (cc/rpc/buffer_pool.h); beyond it the "
+          "least recently freed go back to the kernel. 0: none kept.");
 // --- TLS (cc/security/tls.h) ---
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) this server presents; with --tls_key and --tls_ca turns on "
@@ -446,6 +455,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.bulk_unix_socket = absl::GetFlag(FLAGS_bulk_unix_socket);
   options.max_bulk_connections = absl::GetFlag(FLAGS_max_bulk_connections);
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);
+  options.bulk_read_spin = absl::Microseconds(absl::GetFlag(FLAGS_bulk_read_spin_micros));
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
@@ -514,6 +524,7 @@ int main(int argc, char** argv) {
   }
   absl::ParseCommandLine(argc, argv);
   pserver::KeepFreedMemoryForReuse();  // before any thread starts
+  pserver::ProcessBufferPool().SetMaxBytes(absl::GetFlag(FLAGS_bulk_buffer_pool_bytes));
   {
     absl::StatusOr<pserver::log::Format> format =
         pserver::log::ParseFormat(absl::GetFlag(FLAGS_log_format));

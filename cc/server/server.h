@@ -261,6 +261,9 @@ struct ServerOptions {
   // connections; a frame that does not fit is answered UNAVAILABLE (retried
   // by clients), one larger than all of it RESOURCE_EXHAUSTED.
   uint64_t max_bulk_request_bytes_in_flight = uint64_t{1} << 30;
+  // A bulk channel connection's thread polls this long for the next request
+  // before it sleeps (BulkListenerOptions::read_spin); 0: never.
+  absl::Duration bulk_read_spin = absl::Microseconds(50);
 
   // --- TLS (cc/security/tls.h): cert, key and ca, all three or none ---
   // With TLS every client must present a certificate that chains to tls.ca
