@@ -37,6 +37,7 @@
 #include "cc/core/parameter_store.h"
 #include "cc/core/status_macros.h"
 #include "cc/rpc/allocator.h"
+#include "cc/rpc/buffer_pool.h"
 #include "cc/server/in_process_transport.h"
 #include "cc/server/local_cluster.h"
 #include "cc/testing/child_process.h"
@@ -49,6 +50,17 @@
 #include "tls_group.h"
 
 ABSL_FLAG(bool, quick, false, "A short run (under 2 minutes): fewer sizes and repetitions.");
+ABSL_FLAG(int, repetitions, 0,
+          "Repetitions of each measurement after its warm-up (0: 5, or 3 with --quick); more "
+          "show how often a repetition falls off the median (the dense and latency groups "
+          "print those with their page faults, context switches and run-queue waits).");
+ABSL_FLAG(uint64_t, client_buffer_pool_bytes, uint64_t{256} << 20,
+          "Free large reply buffers the clients of this process keep for reuse (as pserver's "
+          "--bulk_buffer_pool_bytes; 0: none, every large reply in a fresh buffer).");
+ABSL_FLAG(int, client_read_spin_micros, 50,
+          "How long the clients of the dense and latency groups poll for a bulk channel reply "
+          "before sleeping (ClientOptions::bulk_read_spin; the servers' is "
+          "--server_flags=--bulk_read_spin_micros=N); 0: never.");
 ABSL_FLAG(std::string, json, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, only, "",
           "Comma-separated groups to run (ceiling, dense, latency, optimizer, embedded, "
@@ -219,6 +231,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Client>>> MakeClients(
     ClientOptions options;
     options.servers = addresses;
     options.timeout = absl::Seconds(120);
+    options.bulk_read_spin = absl::Microseconds(absl::GetFlag(FLAGS_client_read_spin_micros));
     if (dispatchers.empty()) {
       PS_ASSIGN_OR_RETURN(auto c, Client::Connect(options));
       clients.push_back(std::move(c));
@@ -272,14 +285,18 @@ absl::Status DenseOps(Harness& h, const std::string& group, std::vector<std::uni
       r.set_servers(servers);
       r.set_workers(workers);
       CpuPerGB cpu(server_pids);
+      const RepetitionProbe probe(server_pids);
       const double directions = kind == "pushpull" ? 2 : 1;
-      PS_RETURN_IF_ERROR(h.Measure(&r, "GB/s", [&]() -> absl::StatusOr<double> {
-        cpu.Start();
-        PS_ASSIGN_OR_RETURN(double seconds, RunWorkers(workers, ops, op));
-        cpu.Stop(directions * bytes * workers * ops);
-        // push+pull moves the payload both ways; count it once, as ps-lite does.
-        return static_cast<double>(bytes) * workers * ops / seconds / kGB;
-      }));
+      PS_RETURN_IF_ERROR(h.Measure(
+          &r, "GB/s",
+          [&]() -> absl::StatusOr<double> {
+            cpu.Start();
+            PS_ASSIGN_OR_RETURN(double seconds, RunWorkers(workers, ops, op));
+            cpu.Stop(directions * bytes * workers * ops);
+            // push+pull moves the payload both ways; count it once, as ps-lite does.
+            return static_cast<double>(bytes) * workers * ops / seconds / kGB;
+          },
+          &probe));
       (*r.mutable_extra())["cpu_s_per_GB"] = cpu.SecondsPerGB();
       h.Compare(&r, ceiling);
     }
@@ -335,10 +352,16 @@ absl::Status Latency(Harness& h) {
     r.set_servers(1);
     r.set_workers(1);
     std::vector<double> all;
-    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&] { return TimeOps(ops, op, &all); }));
+    const RepetitionProbe probe({procs->children[0]->pid()});
+    const double cpu_before = SelfCpuSeconds() + ProcessCpuSeconds(procs->children[0]->pid());
+    PS_RETURN_IF_ERROR(h.Measure(&r, "ops/s", [&] { return TimeOps(ops, op, &all); }, &probe));
+    const double cpu = SelfCpuSeconds() + ProcessCpuSeconds(procs->children[0]->pid()) - cpu_before;
     std::sort(all.begin(), all.end());
     (*r.mutable_extra())["p50_us"] = all[all.size() / 2];
     (*r.mutable_extra())["p99_us"] = all[all.size() * 99 / 100];
+    // Client and server CPU per operation (warm-up included): a spin that
+    // waits for replies shows here.
+    (*r.mutable_extra())["cpu_us_per_op"] = cpu / all.size() * 1e6;
   }
   h.PrintGroup("latency");
   return absl::OkStatus();
@@ -648,6 +671,13 @@ absl::Status Run(int argc, char** argv) {
   options.quick = absl::GetFlag(FLAGS_quick);
   options.warmup = 1;
   options.repetitions = options.quick ? 3 : 5;
+  if (const int n = absl::GetFlag(FLAGS_repetitions); n != 0) {
+    if (n < 1 || n > 1000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--repetitions: ", n, " is not between 1 and 1000"));
+    }
+    options.repetitions = n;
+  }
   std::vector<std::string> args(argv, argv + argc);
   const std::string only = absl::GetFlag(FLAGS_only);
   options.command = absl::StrCat("bazel run -c opt //bench:e2e --",
@@ -745,6 +775,8 @@ absl::Status Run(int argc, char** argv) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   pserver::KeepFreedMemoryForReuse();  // as pserver does; see cc/rpc/allocator.h
+  // As pserver does (--bulk_buffer_pool_bytes): the clients' pulled replies in warm buffers.
+  pserver::ProcessBufferPool().SetMaxBytes(absl::GetFlag(FLAGS_client_buffer_pool_bytes));
   // As pserver does: no absl::Mutex deadlock graph (see cc/server/main.cc).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   pserver::bench::g_argv0 = argv[0];

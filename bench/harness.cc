@@ -1,5 +1,6 @@
 #include "harness.h"
 
+#include <dirent.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -99,7 +101,8 @@ Result& Harness::Add(const std::string& group, const std::string& name) {
 }
 
 absl::Status Harness::Measure(Result* result, const std::string& unit,
-                              const std::function<absl::StatusOr<double>()>& one) {
+                              const std::function<absl::StatusOr<double>()>& one,
+                              const RepetitionProbe* probe) {
   result->set_unit(unit);
   for (int i = 0; i < options_.warmup; ++i) {
     absl::StatusOr<double> v = one();
@@ -107,13 +110,56 @@ absl::Status Harness::Measure(Result* result, const std::string& unit,
   }
   std::vector<double> values;
   for (int i = 0; i < options_.repetitions; ++i) {
+    std::map<std::string, double> before;
+    if (probe != nullptr) before = probe->Read();
     absl::StatusOr<double> v = one();
     if (!v.ok()) return v.status();
     values.push_back(*v);
+    if (probe != nullptr) {
+      Repetition* each = result->add_each();
+      each->set_value(*v);
+      for (const auto& [key, value] : probe->Read()) {
+        (*each->mutable_counters())[key] = value - before[key];
+      }
+    }
   }
   *result->mutable_value() = Summarize(values);
   result->set_repetitions(options_.repetitions);
+  if (probe != nullptr) PrintOffMedian(*result);
   return absl::OkStatus();
+}
+
+void Harness::PrintOffMedian(const Result& result) const {
+  const double median = result.value().median();
+  if (median <= 0) return;
+  // The repetition nearest the median, for comparison.
+  const Repetition* typical = nullptr;
+  for (const Repetition& each : result.each()) {
+    if (typical == nullptr ||
+        std::abs(each.value() - median) < std::abs(typical->value() - median)) {
+      typical = &each;
+    }
+  }
+  auto line = [&](const char* what, int index, const Repetition& each) {
+    const std::map<std::string, double> sorted(each.counters().begin(), each.counters().end());
+    std::string counters;
+    for (const auto& [key, value] : sorted) absl::StrAppend(&counters, " ", key, "=", value);
+    std::printf("  %s %s %s %s repetition %d: %.3f %s (%.0f%% of the median);%s\n",
+                result.group().c_str(), result.name().c_str(),
+                FormatBytes(result.payload_bytes()).c_str(), what, index, each.value(),
+                result.unit().c_str(), 100 * each.value() / median, counters.c_str());
+  };
+  bool printed = false;
+  for (int i = 0; i < result.each_size(); ++i) {
+    const Repetition& each = result.each(i);
+    if (std::abs(each.value() - median) <= 0.25 * median) continue;
+    if (!printed && typical != nullptr) {
+      line("typical", static_cast<int>(typical - &result.each(0)), *typical);
+      printed = true;
+    }
+    line("OFF-MEDIAN", i, each);
+  }
+  std::fflush(stdout);
 }
 
 const Result* Harness::FindCeiling(const std::string& name, uint64_t bytes) const {
@@ -159,20 +205,120 @@ double SelfCpuSeconds() {
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
-double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream file(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat;
-  std::getline(file, stat);
+namespace {
+
+std::string ReadFirstLine(const std::string& path) {
+  std::ifstream file(path);
+  std::string line;
+  std::getline(file, line);
+  return line;
+}
+
+// Context switches and run-queue seconds of every thread alive now in
+// /proc/<pid>/task (`pid` "self" for this process).
+void AddThreadCounters(const std::string& pid, ProcessCounters* counters) {
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  DIR* dir = opendir(tasks.c_str());
+  if (dir == nullptr) return;
+  while (const dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string task = absl::StrCat(tasks, "/", entry->d_name);
+    // schedstat: nanoseconds on a core, nanoseconds waiting for one, slices.
+    const std::vector<std::string> sched =
+        absl::StrSplit(ReadFirstLine(task + "/schedstat"), ' ', absl::SkipEmpty());
+    double waited = 0;
+    if (sched.size() >= 2 && absl::SimpleAtod(sched[1], &waited)) counters->runq_s += waited / 1e9;
+    if (pid == "self") continue;  // getrusage counts this process's switches
+    std::ifstream status(task + "/status");
+    for (std::string line; std::getline(status, line);) {
+      double n = 0;
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos ||
+          !absl::SimpleAtod(absl::StripAsciiWhitespace(line.substr(colon + 1)), &n)) {
+        continue;
+      }
+      if (line.rfind("voluntary_ctxt_switches", 0) == 0) counters->vcsw += n;
+      if (line.rfind("nonvoluntary_ctxt_switches", 0) == 0) counters->ivcsw += n;
+    }
+  }
+  closedir(dir);
+}
+
+// Page faults and CPU seconds of process `pid` (every thread, those gone
+// included) from /proc/<pid>/stat; zeros when it is gone.
+ProcessCounters StatOf(pid_t pid) {
+  ProcessCounters counters;
+  const std::string stat = ReadFirstLine(absl::StrCat("/proc/", pid, "/stat"));
   // The command name (field 2) may hold spaces: count fields after its ')'.
   const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
+  if (close == std::string::npos) return counters;
   const std::vector<std::string> fields =
       absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
-  // fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-  if (fields.size() < 13) return 0;
+  // fields[0] is field 3 (state); minflt and majflt are fields 10 and 12,
+  // utime and stime 14 and 15.
+  if (fields.size() < 13) return counters;
   double utime = 0, stime = 0;
-  if (!absl::SimpleAtod(fields[11], &utime) || !absl::SimpleAtod(fields[12], &stime)) return 0;
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  if (!absl::SimpleAtod(fields[7], &counters.minflt) ||
+      !absl::SimpleAtod(fields[9], &counters.majflt) || !absl::SimpleAtod(fields[11], &utime) ||
+      !absl::SimpleAtod(fields[12], &stime)) {
+    return ProcessCounters{};
+  }
+  counters.cpu_s = (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  return counters;
+}
+
+}  // namespace
+
+ProcessCounters SelfCounters() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  ProcessCounters counters;
+  counters.minflt = usage.ru_minflt;
+  counters.majflt = usage.ru_majflt;
+  counters.vcsw = usage.ru_nvcsw;
+  counters.ivcsw = usage.ru_nivcsw;
+  counters.cpu_s = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+  AddThreadCounters("self", &counters);
+  return counters;
+}
+
+ProcessCounters CountersOf(pid_t pid) {
+  ProcessCounters counters = StatOf(pid);
+  AddThreadCounters(absl::StrCat(pid), &counters);
+  return counters;
+}
+
+double ProcessCpuSeconds(pid_t pid) { return StatOf(pid).cpu_s; }
+
+double MachineBusySeconds() {
+  // "cpu  user nice system idle iowait irq softirq steal ...", in clock ticks.
+  const std::vector<std::string> fields =
+      absl::StrSplit(ReadFirstLine("/proc/stat"), ' ', absl::SkipEmpty());
+  double busy = 0;
+  for (size_t i = 1; i < fields.size() && i <= 8; ++i) {
+    double ticks = 0;
+    if (i == 4 || i == 5 || !absl::SimpleAtod(fields[i], &ticks)) continue;  // idle, iowait
+    busy += ticks;
+  }
+  return busy / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+std::map<std::string, double> RepetitionProbe::Read() const {
+  std::map<std::string, double> out;
+  auto add = [&](const std::string& prefix, const ProcessCounters& c) {
+    out[prefix + "minflt"] += c.minflt;
+    out[prefix + "majflt"] += c.majflt;
+    out[prefix + "vcsw"] += c.vcsw;
+    out[prefix + "ivcsw"] += c.ivcsw;
+    out[prefix + "cpu_s"] += c.cpu_s;
+    out[prefix + "runq_s"] += c.runq_s;
+  };
+  add("client_", SelfCounters());
+  for (pid_t pid : servers_) add("server_", CountersOf(pid));
+  // Everything else: what other processes (load) took from the cores.
+  out["others_cpu_s"] = MachineBusySeconds() - out["client_cpu_s"] - out["server_cpu_s"];
+  return out;
 }
 
 double CpuPerGB::Now() const {

@@ -53,9 +53,15 @@ class Harness {
   Result& Add(const std::string& group, const std::string& name);
 
   // Runs `one` warmup + repetitions times; each call returns the metric of
-  // one repetition (or an error, which aborts the measurement).
+  // one repetition (or an error, which aborts the measurement). With
+  // `probe`, each repetition is also recorded in result->each with the
+  // counters the probe read over it, and a repetition whose metric is more
+  // than 25% off the median is printed with its counters beside the
+  // median one's (a slow mode, or load: compare page faults, context
+  // switches, run-queue waits and other processes' CPU).
   absl::Status Measure(Result* result, const std::string& unit,
-                       const std::function<absl::StatusOr<double>()>& one);
+                       const std::function<absl::StatusOr<double>()>& one,
+                       const class RepetitionProbe* probe = nullptr);
 
   // Sets result->ratio to its median over the median of the ceiling result
   // named `ceiling` (group "ceiling") with the same payload size, or the
@@ -81,6 +87,8 @@ class Harness {
 
  private:
   const Result* FindCeiling(const std::string& name, uint64_t bytes) const;
+  // Prints the repetitions of `result` more than 25% off its median.
+  void PrintOffMedian(const Result& result) const;
 
   HarnessOptions options_;
   Report report_;
@@ -99,6 +107,38 @@ double SelfCpuSeconds();
 // CPU seconds (utime + stime in /proc/<pid>/stat) used so far by process
 // `pid`; 0 when it cannot be read (the process is gone).
 double ProcessCpuSeconds(pid_t pid);
+
+// What one process did so far: page faults (minor, major), context
+// switches (voluntary: it waited; involuntary: it was preempted), CPU
+// seconds, and seconds its threads waited runnable for a core (run queue;
+// threads alive now only).
+struct ProcessCounters {
+  double minflt = 0;
+  double majflt = 0;
+  double vcsw = 0;
+  double ivcsw = 0;
+  double cpu_s = 0;
+  double runq_s = 0;
+};
+
+// This process (getrusage; runq_s from /proc/self/task/*/schedstat).
+ProcessCounters SelfCounters();
+// Process `pid` from /proc (every thread alive now); zeros when it is gone.
+ProcessCounters CountersOf(pid_t pid);
+// CPU seconds every core of the machine spent busy so far (/proc/stat).
+double MachineBusySeconds();
+
+// Reads the counters of this process ("client_") and `servers` (summed,
+// "server_") and the CPU seconds of everything else on the machine
+// ("others_cpu_s"), for Harness::Measure to record per repetition.
+class RepetitionProbe {
+ public:
+  explicit RepetitionProbe(std::vector<pid_t> servers) : servers_(std::move(servers)) {}
+  std::map<std::string, double> Read() const;
+
+ private:
+  std::vector<pid_t> servers_;
+};
 
 // CPU seconds per GB moved, summed over this process and `others` (e.g. the
 // server processes), over the spans between Start and Stop:

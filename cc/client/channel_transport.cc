@@ -16,6 +16,7 @@
 #include "cc/client/call_group.h"
 #include "cc/client/cancellation.h"
 #include "cc/core/status_macros.h"
+#include "cc/rpc/buffer_pool.h"
 #include "cc/rpc/byte_stream.h"
 #include "cc/rpc/table_frame.h"
 #include "cc/rpc/transport_limits.h"
@@ -299,9 +300,8 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
 
   // A reply's payload, into payload_.
   absl::Status ReadPayload(uint64_t bytes) {
-    payload_ = grpc::Slice(bytes);
-    return stream_->Read(reinterpret_cast<char*>(const_cast<uint8_t*>(payload_.begin())),
-                         payload_.size());
+    payload_ = ProcessBufferPool().Take(bytes);  // a warm buffer when large (buffer_pool.h)
+    return stream_->Read(MutableData(payload_), payload_.size());
   }
 
   // Hands a reply's blocks (or, `whole`, its payload) to the call's sink.
@@ -601,6 +601,9 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
       PS_ASSIGN_OR_RETURN(stream, StartTlsClient(std::move(stream), options_.tls, host, deadline,
                                                  offer.bulk_aead() >= 1));
     }
+  }
+  if (auto* plain = dynamic_cast<SocketStream*>(stream.get()); plain != nullptr) {
+    plain->SpinBeforeBlocking({options_.read_spin});  // a small reply: poll before sleeping
   }
   auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &waiter_reads_);
   PS_RETURN_IF_ERROR(connection->Hello(offer.token() + options_.bearer_token));

@@ -62,6 +62,10 @@ struct ChannelTransportOptions {
   std::string bearer_token;
   // TLS on: connections are mutual TLS over TCP (no Unix socket).
   TlsOptions tls;
+  // A plain connection's reader polls for up to this long before it sleeps
+  // waiting for a reply header (cc/rpc/byte_stream.h ReadSpin: only while a
+  // core is free, backing off when replies take longer); 0: never.
+  absl::Duration read_spin = absl::Microseconds(50);
 };
 
 class ChannelTransport final : public Transport {

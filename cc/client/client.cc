@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const etcd_keys::ServerE
   channel.connections = options.channels_per_server;
   channel.bearer_token = options.token;
   channel.tls = options.tls;  // with TLS the channel is TLS too
+  channel.read_spin = options.bulk_read_spin;
   return std::unique_ptr<Transport>(std::make_unique<ChannelTransport>(std::move(grpc), channel));
 }
 

@@ -130,6 +130,9 @@ struct ClientOptions {
   // stream beside gRPC, or a Unix socket on the same host;
   // cc/client/channel_transport.h) when a server offers one; gRPC otherwise.
   bool bulk_channel = true;
+  // The bulk channel's reader polls this long for a reply before it sleeps
+  // (ChannelTransportOptions::read_spin); 0: never.
+  absl::Duration bulk_read_spin = absl::Microseconds(50);
   // Threads that run the *Async calls (started on the first one). Table
   // pulls and pushes between processes need none while they wait: their
   // requests go out from the calling thread and their tickets are finished

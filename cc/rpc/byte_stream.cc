@@ -1,6 +1,7 @@
 #include "cc/rpc/byte_stream.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,14 +11,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <ctime>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace pserver {
 namespace {
+
+int64_t MonotonicNanos() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
+}
 
 absl::Status Errno(absl::string_view what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -109,7 +120,7 @@ absl::Status SocketStream::Read(char* dest, size_t n) {
     // Large reads go straight to `dest`; small ones through the buffer.
     const bool direct = n >= kBufferBytes / 2;
     char* into = direct ? dest : buffer_.data();
-    const ssize_t got = recv(fd_, into, direct ? n : kBufferBytes, 0);
+    const ssize_t got = Receive(into, direct ? n : kBufferBytes, /*may_spin=*/!direct);
     if (got < 0) {
       if (errno == EINTR) continue;
       return Errno("bulk channel read");
@@ -131,6 +142,81 @@ absl::Status SocketStream::Read(char* dest, size_t n) {
 }
 
 void SocketStream::Shutdown() { shutdown(fd_, SHUT_RDWR); }
+
+void SocketStream::SpinBeforeBlocking(ReadSpin spin) {
+  if (!spin.cores_idle) spin.cores_idle = RunnableThreadsFitCores;
+  spin_ = std::move(spin);
+}
+
+bool SocketStream::ShouldSpin() {
+  if (spin_.most <= absl::ZeroDuration()) return false;
+  if (skip_left_ > 0) {
+    --skip_left_;
+    ++spin_stats_.backed_off;
+    return false;
+  }
+  if (!spin_.cores_idle()) {
+    ++spin_stats_.busy;
+    return false;
+  }
+  return true;
+}
+
+ssize_t SocketStream::Receive(char* into, size_t n, bool may_spin) {
+  if (may_spin && ShouldSpin()) {
+    const int64_t until = MonotonicNanos() + absl::ToInt64Nanoseconds(spin_.most);
+    do {
+      const ssize_t got = recv(fd_, into, n, MSG_DONTWAIT);
+      if (got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        ++spin_stats_.hits;
+        misses_in_row_ = 0;
+        back_off_ = 1;
+        return got;
+      }
+    } while (MonotonicNanos() < until);
+    ++spin_stats_.misses;
+    if (++misses_in_row_ >= 2) {  // a peer that does not answer at once: sleep for a while
+      misses_in_row_ = 0;
+      skip_left_ = back_off_;
+      back_off_ = std::min(back_off_ * 2, 256);
+    }
+  }
+  return recv(fd_, into, n, 0);
+}
+
+bool LoadavgFitsCores(absl::string_view text, long cores) {
+  // "0.50 0.40 0.30 R/T last": R threads runnable now (the caller among them).
+  const std::vector<absl::string_view> fields = absl::StrSplit(text, ' ', absl::SkipEmpty());
+  if (fields.size() < 4) return false;
+  const size_t slash = fields[3].find('/');
+  long runnable = 0;
+  if (slash == absl::string_view::npos || !absl::SimpleAtoi(fields[3].substr(0, slash), &runnable)) {
+    return false;
+  }
+  return runnable <= cores;
+}
+
+bool RunnableThreadsFitCores() {
+  static std::atomic<int64_t> checked_at{std::numeric_limits<int64_t>::min()};
+  static std::atomic<bool> fit{false};
+  static const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const int64_t now = MonotonicNanos();
+  int64_t last = checked_at.load(std::memory_order_relaxed);
+  if (now - last < 1'000'000 ||
+      !checked_at.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+    return fit.load(std::memory_order_relaxed);  // checked lately, or another thread checks
+  }
+  bool answer = false;
+  const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char text[128];
+    const ssize_t got = read(fd, text, sizeof(text));
+    close(fd);
+    if (got > 0) answer = LoadavgFitsCores(absl::string_view(text, got), cores);
+  }
+  fit.store(answer, std::memory_order_relaxed);
+  return answer;
+}
 
 namespace {
 

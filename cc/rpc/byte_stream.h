@@ -12,7 +12,11 @@
 #ifndef PSERVER_CC_RPC_BYTE_STREAM_H_
 #define PSERVER_CC_RPC_BYTE_STREAM_H_
 
+#include <sys/types.h>
+
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +41,29 @@ class ByteStream {
   virtual void Shutdown() = 0;
 };
 
+// Spinning before a small read blocks: a reader that expects its peer to
+// answer within microseconds (a 4 KiB round trip) polls the socket for up to
+// `most` before it sleeps, so that the answer does not also wait for the
+// wake-up of a sleeping thread (on these virtual machines often tens of
+// microseconds; the tail of a small round trip). Bounded three ways: at most
+// `most` per read; only while the machine's runnable threads do not exceed
+// its cores (`cores_idle`: /proc/loadavg, read at most once a millisecond
+// per process), so it never takes a core another thread wants; and after two
+// spins in a row that ended with nothing to read (an idle peer, a long
+// call), the next 1, 2, 4 ... 256 reads do not spin.
+struct ReadSpin {
+  absl::Duration most = absl::ZeroDuration();  // 0: never spin
+  // Whether a core is free for spinning now; null: RunnableThreadsFitCores.
+  std::function<bool()> cores_idle;
+};
+
+// Whether this machine's runnable threads (this one included) do not exceed
+// its cores, from /proc/loadavg read at most once a millisecond (a cached
+// answer in between). false when it cannot be read.
+bool RunnableThreadsFitCores();
+// Whether /proc/loadavg's `text` says at most `cores` threads are runnable.
+bool LoadavgFitsCores(absl::string_view text, long cores);
+
 // Owns a connected stream socket; reads go through a small buffer so that a
 // frame's header and a small payload cost one system call.
 class SocketStream final : public ByteStream {
@@ -56,12 +83,36 @@ class SocketStream final : public ByteStream {
 
   int fd() const { return fd_; }
 
+  // Spins as `spin` says before a read that would block (small reads only:
+  // a frame's header and small payloads; not while a large payload streams
+  // in). Call before the stream is shared.
+  void SpinBeforeBlocking(ReadSpin spin);
+
+  struct SpinStats {
+    uint64_t hits = 0;     // bytes came while spinning
+    uint64_t misses = 0;   // spun `most`, then slept
+    uint64_t backed_off = 0;  // reads that did not spin after misses
+    uint64_t busy = 0;     // reads that did not spin: no core free
+  };
+  // Read by the thread that reads (or once reads are over).
+  const SpinStats& spin_stats() const { return spin_stats_; }
+
  private:
   static constexpr size_t kBufferBytes = 64 << 10;
+  // recv(2) of up to `n` bytes; spins first when `may_spin` and the spin
+  // policy allow.
+  ssize_t Receive(char* into, size_t n, bool may_spin);
+  bool ShouldSpin();
+
   const int fd_;
   std::vector<char> buffer_;
   size_t begin_ = 0;
   size_t end_ = 0;
+  ReadSpin spin_;
+  int misses_in_row_ = 0;
+  int back_off_ = 1;    // reads to skip after the next misses
+  int skip_left_ = 0;   // reads still to skip
+  SpinStats spin_stats_;
 };
 
 // The send and receive buffers asked for on every bulk channel socket

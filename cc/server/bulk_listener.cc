@@ -19,6 +19,7 @@
 #include "cc/security/tls_byte_stream.h"
 #include "cc/server/replica_channel.h"
 #include "cc/rpc/spill_writer.h"
+#include "cc/rpc/buffer_pool.h"
 #include "cc/rpc/table_frame.h"
 #include "cc/rpc/wire.h"
 #include "cc/server/service.h"
@@ -193,6 +194,7 @@ void BulkListener::Admit(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // fails harmlessly on Unix
   SetSocketBuffers(fd);  // a Unix socket's are not inherited from its listener
+  if (!options_.tls.enabled()) stream->SpinBeforeBlocking({options_.read_spin});
   absl::MutexLock lock(&mu_);
   ReapFinished();
   if (stopping_) return;
@@ -370,8 +372,10 @@ absl::Status BulkListener::ServeFrame(ByteStream& stream, SocketStream& socket,
     // with them (a reply that shares a slice keeps its own reference), and are
     // given back before the reply is written.
     const absl::Cleanup release = [this, held] { request_budget_.Release(held); };
-    grpc::Slice payload(header->payload_bytes);
-    char* const data = reinterpret_cast<char*>(const_cast<uint8_t*>(payload.begin()));
+    // A large payload goes into a warm buffer (buffer_pool.h: a fresh one
+    // may cost its whole repetition in page faults).
+    grpc::Slice payload = ProcessBufferPool().Take(header->payload_bytes);
+    char* const data = MutableData(payload);
     // A large push is scanned for NaN and infinity as it arrives, each
     // gradient once its bytes are in, while the client is still sending.
     const BulkPushFn push = FindBulkPushMethod(MethodName(header->method));

@@ -75,6 +75,10 @@ struct BulkListenerOptions {
   // and the bytes it held of the request budget given back (the client
   // retries on a new one). Zero or infinite: no deadline.
   absl::Duration frame_receive_timeout = absl::Seconds(60);
+  // A plain connection's thread polls for up to this long for the next
+  // request before it sleeps (cc/rpc/byte_stream.h ReadSpin: only while a
+  // core is free, backing off on an idle connection); 0: never.
+  absl::Duration read_spin = absl::Microseconds(50);
   // Roles (docs/security.md); null or disabled: off. When on, the hello
   // frame carries a bearer token after the channel token; its principal
   // (or, without a token, that of the verified TLS client certificate under

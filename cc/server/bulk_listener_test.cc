@@ -233,6 +233,15 @@ TEST(BulkListenerTest, RejectsAZeroConnectionLimit) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_bulk_connections")));
 }
 
+TEST(BulkListenerTest, RejectsAReadSpinOutsideZeroToOneMillisecond) {
+  for (absl::Duration spin : {absl::Microseconds(-1), absl::Microseconds(1001)}) {
+    ServerOptions options;
+    options.bulk_read_spin = spin;
+    EXPECT_THAT(Server::Start(options).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bulk_read_spin_micros")));
+  }
+}
+
 TEST(BulkListenerTest, OpenChannelOffersTheListenerOrSaysItIsOff) {
   for (bool on : {true, false}) {
     ServerOptions options;

@@ -47,6 +47,7 @@
 #include "cc/cuda/device.h"
 #include "cc/log/log.h"
 #include "cc/rpc/allocator.h"
+#include "cc/rpc/buffer_pool.h"
 #include "cc/server/advertised_address.h"
 #include "cc/server/applied_sequences.h"
 #include "cc/server/env_flags.h"
@@ -234,6 +235,14 @@ ABSL_FLAG(double, bulk_frame_receive_timeout_seconds, 60,
           "the connection is closed and the frame's bytes of "
           "--max_bulk_request_bytes_in_flight given back (clients retry on a new connection). "
           "0: no deadline.");
+ABSL_FLAG(int, bulk_read_spin_micros, 50,
+          "A plain bulk channel connection polls for its next request this many microseconds "
+          "before its thread sleeps, only while the machine has a core free, backing off on "
+          "idle connections (cc/rpc/byte_stream.h ReadSpin); 0: never. 0 .. 1000.");
+ABSL_FLAG(uint64_t, bulk_buffer_pool_bytes, uint64_t{256} << 20,
+          "Free large buffers (bulk request payloads and pulled blocks of 256 KiB or more) kept "
+          "for reuse, so that their pages stay faulted in (cc/rpc/buffer_pool.h); beyond it the "
+          "least recently freed go back to the kernel. 0: none kept.");
 // --- TLS (cc/security/tls.h) ---
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) this server presents; with --tls_key and --tls_ca turns on "
@@ -457,6 +466,7 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_bulk_request_bytes_in_flight = absl::GetFlag(FLAGS_max_bulk_request_bytes_in_flight);
   options.bulk_frame_receive_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_bulk_frame_receive_timeout_seconds));
+  options.bulk_read_spin = absl::Microseconds(absl::GetFlag(FLAGS_bulk_read_spin_micros));
   options.tls.cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca = absl::GetFlag(FLAGS_tls_ca);
@@ -525,6 +535,7 @@ int main(int argc, char** argv) {
   }
   absl::ParseCommandLine(argc, argv);
   pserver::KeepFreedMemoryForReuse();  // before any thread starts
+  pserver::ProcessBufferPool().SetMaxBytes(absl::GetFlag(FLAGS_bulk_buffer_pool_bytes));
   {
     absl::StatusOr<pserver::log::Format> format =
         pserver::log::ParseFormat(absl::GetFlag(FLAGS_log_format));

@@ -142,6 +142,12 @@ absl::Status CheckTransportLimits(const ServerOptions& options) {
                      ">= 0 (0: none), got ",
                      absl::FormatDuration(options.bulk_frame_receive_timeout)));
   }
+  if (options.bulk_read_spin < absl::ZeroDuration() ||
+      options.bulk_read_spin > absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bulk_read_spin_micros must be between 0 and 1000, got ",
+                     absl::ToInt64Microseconds(options.bulk_read_spin)));
+  }
   if (options.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_concurrent_streams must be >= 1, got ", options.max_concurrent_streams));
@@ -461,6 +467,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     bulk.max_connections = options.max_bulk_connections;
     bulk.max_request_bytes_in_flight = options.max_bulk_request_bytes_in_flight;
     bulk.frame_receive_timeout = options.bulk_frame_receive_timeout;
+    bulk.read_spin = options.bulk_read_spin;
     bulk.max_frame_bytes = options.max_message_bytes;
     bulk.auth = server->auth_.get();
     if (options.standby) {  // its primary's writes come over the channel too

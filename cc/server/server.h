@@ -271,6 +271,9 @@ struct ServerOptions {
   // one). Zero or infinite: no deadline (a stalled client then holds its
   // frame's bytes until its connection ends).
   absl::Duration bulk_frame_receive_timeout = absl::Seconds(60);
+  // A bulk channel connection's thread polls this long for the next request
+  // before it sleeps (BulkListenerOptions::read_spin); 0: never.
+  absl::Duration bulk_read_spin = absl::Microseconds(50);
 
   // --- TLS (cc/security/tls.h): cert, key and ca, all three or none ---
   // With TLS every client must present a certificate that chains to tls.ca
