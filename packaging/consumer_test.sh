@@ -7,6 +7,9 @@ kind="$1"
 repo="$PWD"
 tmp="$TEST_TMPDIR"
 unset CGO_CFLAGS CGO_LDFLAGS PKG_CONFIG_PATH LD_LIBRARY_PATH
+# The install keeps its Go build cache under $XDG_CACHE_HOME (else ~/.cache,
+# read-only inside the test sandbox on a machine where it does not exist yet).
+export XDG_CACHE_HOME="$tmp/cache"
 packaging/install.sh --prefix "$tmp/stage" --quiet
 source go/go_env.sh
 version="$(pserver_abi_version cc/capi/pserver.h)"
