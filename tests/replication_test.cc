@@ -1017,6 +1017,25 @@ grpc::Status RawPush(const std::string& address, const std::string& param) {
   return StubAt(address)->SendGrad(&context, request, &response);
 }
 
+// SIGCONTs a paused primary of shard 0 (`holder`, once at `old_address`)
+// and waits, bounded, until `listed` says its fresh standby is the shard's
+// backup, every push sent straight to it meanwhile refused; then it has
+// said that it stepped down.
+void ResumeRefusingUntilRejoined(ChildProcess& holder, const std::string& old_address,
+                                 const std::string& param, const std::function<bool()>& listed) {
+  ASSERT_EQ(kill(holder.pid(), SIGCONT), 0) << std::strerror(errno);
+  bool rejoined = false;
+  for (int i = 0; i < 1800 && !rejoined; ++i) {
+    const grpc::Status refused = RawPush(old_address, param);
+    ASSERT_FALSE(refused.ok()) << "the paused primary acknowledged a push after the takeover";
+    rejoined = listed();
+    if (!rejoined) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(rejoined) << holder.output();
+  ASSERT_OK(holder.WaitForLine("pserver 0: its server of shard 0 stepped down",
+                               absl::Now() + kWait));
+}
+
 // One SendGrads of `value` everywhere to `param`, as push `sequence` of a
 // fixed client id, straight to `address` over gRPC, no retries.
 grpc::Status RawSendGrads(const std::string& address, const std::string& param,
@@ -1119,17 +1138,8 @@ TEST_F(ReplicationTest, APrimaryPausedPastItsLeaseStepsDownAndRejoinsAsTheBackup
   // (never OK: the fence, then stepped down, then the port closed or a
   // standby's) until the process's fresh standby is listed as the backup of
   // shard 0. Shard 1's primary is no standby: the backup is that process.
-  ASSERT_EQ(kill(holders[0]->pid(), SIGCONT), 0) << std::strerror(errno);
-  bool rejoined = false;
-  for (int i = 0; i < 1800 && !rejoined; ++i) {
-    const grpc::Status refused = RawPush(old_address, held[0]);
-    ASSERT_FALSE(refused.ok()) << "the paused primary acknowledged a push after the takeover";
-    rejoined = Config(0).replicas_size() == 1;
-    if (!rejoined) absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_TRUE(rejoined) << holders[0]->output();
-  ASSERT_OK(holders[0]->WaitForLine("pserver 0: its server of shard 0 stepped down",
-                                    absl::Now() + kWait));
+  ASSERT_NO_FATAL_FAILURE(ResumeRefusingUntilRejoined(
+      *holders[0], old_address, held[0], [&] { return Config(0).replicas_size() == 1; }));
   const v1::ShardConfig backed_up = Config(0);
   EXPECT_EQ(backed_up.holder(), after.holder());
   EXPECT_NE(backed_up.replicas(0), before.holder());  // a fresh instance
@@ -1325,17 +1335,8 @@ TEST_F(ReplicationTest, PushesSentToASilentPrimaryAreRetriedAtItsSuccessorOnceEt
 
   // Resumed: it acknowledges nothing sent straight to it (the fence, then
   // stepped down, then a standby's), and steps down; the values stay exact.
-  ASSERT_EQ(kill(holders[0]->pid(), SIGCONT), 0) << std::strerror(errno);
-  bool rejoined = false;
-  for (int i = 0; i < 1800 && !rejoined; ++i) {
-    const grpc::Status refused = RawPush(old_address, held[0]);
-    ASSERT_FALSE(refused.ok()) << "the paused primary acknowledged a push after the takeover";
-    rejoined = Config(0).replicas_size() == 1;
-    if (!rejoined) absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_TRUE(rejoined) << holders[0]->output();
-  ASSERT_OK(holders[0]->WaitForLine("pserver 0: its server of shard 0 stepped down",
-                                    absl::Now() + kWait));
+  ASSERT_NO_FATAL_FAILURE(ResumeRefusingUntilRejoined(
+      *holders[0], old_address, held[0], [&] { return Config(0).replicas_size() == 1; }));
   EXPECT_FALSE(RawPush(old_address, held[0]).ok());
   expect_exact();
   EXPECT_EQ(StateChecksum(new_address, admin_), StateChecksum(StandbyAddress(0), admin_));
