@@ -2,10 +2,12 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,6 +17,11 @@
 #include "cc/testing/child_process.h"
 #include "cc/testing/netns.h"
 #include "cc/testing/test_certs.h"
+
+ABSL_FLAG(int, tls_rounds, 3,
+          "Rounds of the tls group: each round runs every mode once (plain, plain_tcp, "
+          "plain_grpc, tls, tls_aead, one after another) with its share of the repetitions, so "
+          "that a slow spell of the machine falls on every mode alike (--quick: 1).");
 
 namespace pserver::bench {
 namespace {
@@ -110,10 +117,17 @@ double Median(std::vector<double> v) {
 absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
                          const std::string& pserver_binary, const std::string& driver,
                          const std::vector<uint64_t>& sizes) {
-  const int repetitions = h.options().warmup + h.options().repetitions;
-  std::vector<std::string> common = {
+  const int warmup = h.options().warmup;
+  const int repetitions = warmup + h.options().repetitions;
+  // The repetitions are split over rounds; in each round every mode runs
+  // once (its own server and client), its first `warmup` values dropped but
+  // in the first round, where the harness drops them.
+  const int rounds = std::max(1, std::min(h.quick() ? 1 : absl::GetFlag(FLAGS_tls_rounds),
+                                          h.options().repetitions));
+  const int per_round = (h.options().repetitions + rounds - 1) / rounds;
+  const std::vector<std::string> common = {
       absl::StrCat("--sizes=", absl::StrJoin(sizes, ",")),
-      absl::StrCat("--repetitions=", repetitions),
+      absl::StrCat("--repetitions=", warmup + per_round),
       absl::StrCat("--bytes_per_repetition=", h.quick() ? 16 * kMiB : 128 * kMiB)};
   std::map<std::string, DriverResults> by_mode;
   // Each mode: the server's flags and whether the client uses the bulk channel.
@@ -129,19 +143,27 @@ absl::Status MeasureLink(Harness& h, const Link& link, const Pki& pki,
       {"tls", TlsFlags(pki.server, pki.ca, false), true},
       {"tls_aead", TlsFlags(pki.server, pki.ca, true), true},
   };
-  for (const Mode& mode : modes) {
-    if (link.cluster != nullptr && std::string(mode.name) == "plain_tcp") continue;  // = plain
-    ServerChild server;
-    PS_ASSIGN_OR_RETURN(std::string address,
-                        StartServer(link, pserver_binary, mode.server_flags, &server));
-    std::vector<std::string> args = common;
-    args.push_back(absl::StrCat("--servers=", address));
-    args.push_back(absl::StrCat("--bulk_channel=", mode.bulk ? "true" : "false"));
-    if (absl::StartsWith(mode.name, "tls")) {
-      const bool aead = std::string(mode.name) == "tls_aead";
-      for (const std::string& flag : TlsFlags(pki.client, pki.ca, aead)) args.push_back(flag);
+  for (int round = 0; round < rounds; ++round) {
+    for (const Mode& mode : modes) {
+      if (link.cluster != nullptr && std::string(mode.name) == "plain_tcp") continue;  // = plain
+      ServerChild server;
+      PS_ASSIGN_OR_RETURN(std::string address,
+                          StartServer(link, pserver_binary, mode.server_flags, &server));
+      std::vector<std::string> args = common;
+      args.push_back(absl::StrCat("--servers=", address));
+      args.push_back(absl::StrCat("--bulk_channel=", mode.bulk ? "true" : "false"));
+      if (absl::StartsWith(mode.name, "tls")) {
+        const bool aead = std::string(mode.name) == "tls_aead";
+        for (const std::string& flag : TlsFlags(pki.client, pki.ca, aead)) args.push_back(flag);
+      }
+      PS_ASSIGN_OR_RETURN(DriverResults got, RunLink(link, driver, args));
+      for (auto& [key, values] : got) {
+        std::vector<double>& all = by_mode[mode.name][key];
+        const size_t skip = round == 0 ? 0 : std::min<size_t>(warmup, values.size());
+        all.insert(all.end(), values.begin() + skip, values.end());
+        if (all.size() > static_cast<size_t>(repetitions)) all.resize(repetitions);
+      }
     }
-    PS_ASSIGN_OR_RETURN(by_mode[mode.name], RunLink(link, driver, args));
   }
   // Between hosts the bulk channel is TCP already: plain_tcp is plain.
   if (link.cluster != nullptr) by_mode["plain_tcp"] = by_mode["plain"];
