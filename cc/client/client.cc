@@ -777,7 +777,7 @@ absl::Duration Client::AttemptTimeout() const {
   return options_.attempt_timeout;
 }
 
-bool Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& server_of,
+void Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& server_of,
                                const StartCall& start, absl::Time deadline, TraceRecorder* trace,
                                std::function<void(FirstAttempt)> then) {
   const absl::Duration attempt_timeout = AttemptTimeout();
@@ -790,10 +790,7 @@ bool Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& serve
     std::function<void(FirstAttempt)> then;
   };
   std::vector<std::shared_ptr<Transport>> used;
-  for (size_t i = 0; i < n; ++i) {
-    used.push_back(TransportFor(server_of(i)));
-    if (used.back()->completes_on_caller()) return false;
-  }
+  for (size_t i = 0; i < n; ++i) used.push_back(TransportFor(server_of(i)));
   auto state = std::make_shared<State>();
   state->attempt.used = std::move(used);
   state->attempt.results.resize(n);
@@ -814,7 +811,6 @@ bool Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& serve
           });
   }
   one_done();
-  return true;
 }
 
 absl::Status Client::AcquireAsync(absl::Time deadline) {

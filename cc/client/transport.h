@@ -58,11 +58,6 @@ class Transport {
   // Where this transport leads, for error messages ("127.0.0.1:7000").
   virtual const std::string& address() const = 0;
 
-  // True when calls run to completion on the calling thread (in-process):
-  // async calls through it then run on the client's executor, not on the
-  // thread that makes them. The default: false (calls complete elsewhere).
-  virtual bool completes_on_caller() const { return false; }
-
   // A control call: `method` is a method of pserver.v1.ParameterServer
   // ("GetStats"), or kHealthCheckMethod; `request` and `response` are its
   // message types. Waiting

@@ -31,8 +31,6 @@ class InProcessTransport final : public Transport {
   explicit InProcessTransport(Dispatcher* dispatcher);
 
   const std::string& address() const override { return address_; }
-  // Every call runs on the caller's thread.
-  bool completes_on_caller() const override { return true; }
 
   void Call(absl::string_view method, const google::protobuf::Message& request,
             google::protobuf::Message* response, absl::Time deadline, Done done) override;
