@@ -777,9 +777,10 @@ absl::Duration Client::AttemptTimeout() const {
   return options_.attempt_timeout;
 }
 
-void Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& server_of,
+bool Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& server_of,
                                const StartCall& start, absl::Time deadline, TraceRecorder* trace,
-                               std::function<void(FirstAttempt)> then) {
+                               std::function<void(FirstAttempt)> then,
+                               const std::function<bool(const Transport&)>& may_block) {
   const absl::Duration attempt_timeout = AttemptTimeout();
   const absl::Time attempt_deadline = attempt_timeout > absl::ZeroDuration()
                                           ? std::min(deadline, absl::Now() + attempt_timeout)
@@ -790,7 +791,10 @@ void Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& serve
     std::function<void(FirstAttempt)> then;
   };
   std::vector<std::shared_ptr<Transport>> used;
-  for (size_t i = 0; i < n; ++i) used.push_back(TransportFor(server_of(i)));
+  for (size_t i = 0; i < n; ++i) {
+    used.push_back(TransportFor(server_of(i)));
+    if (may_block && may_block(*used.back())) return false;
+  }
   auto state = std::make_shared<State>();
   state->attempt.used = std::move(used);
   state->attempt.results.resize(n);
@@ -811,6 +815,7 @@ void Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& serve
           });
   }
   one_done();
+  return true;
 }
 
 absl::Status Client::AcquireAsync(absl::Time deadline) {

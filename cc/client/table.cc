@@ -546,12 +546,12 @@ Ticket Table::StartAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
                          absl::string_view grads, bool push, const CallOptions& call) const {
   // The executor runs the call as a blocking one where it needs a thread or
   // more than the transports give: the client's trace, a cancellation,
-  // compression on the wire (Rest: otherwise). An in-process transport
-  // (the embedded cluster) needs none: its calls, which wait for nothing
-  // (no worker, so no clock to wait for), run on this thread and are done
-  // when StartFirstAttempt returns.
-  if (client_->trace() != nullptr || call.cancel != nullptr || Cancellation::Current() != nullptr ||
-      compressor_ != nullptr) {
+  // compression on the wire, an in-process table with a custom handler,
+  // which may block (Rest: otherwise). Other in-process calls (the embedded
+  // cluster) need none: they wait for nothing (no worker, so no clock to
+  // wait for), run on this thread and are done when StartFirstAttempt
+  // returns.
+  auto on_executor = [&] {
     if (push) {
       return client_->RunAsync(
           [table = *this, keys, grads](const CallOptions& c) { return table.Push(keys, grads, c); },
@@ -560,6 +560,10 @@ Ticket Table::StartAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
     return client_->RunAsync(
         [table = *this, keys, out](const CallOptions& c) { return table.Pull(keys, out, c); },
         call);
+  };
+  if (client_->trace() != nullptr || call.cancel != nullptr || Cancellation::Current() != nullptr ||
+      compressor_ != nullptr) {
+    return on_executor();
   }
   auto c = std::make_shared<AsyncCall>(*this, keys, out, grads, push);
   Ticket ticket = c->ticket;
@@ -586,7 +590,7 @@ Ticket Table::StartAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
     c->End(std::move(checked));
     return ticket;
   }
-  client_->StartFirstAttempt(
+  const bool started = client_->StartFirstAttempt(
       c->split.parts.size(), [c](size_t i) { return c->split.parts[i].server; },
       [c](size_t i, Transport& t, absl::Time deadline, Transport::Done done) {
         // Made once it is sure to be sent (a push takes its ids here): the
@@ -603,8 +607,13 @@ Ticket Table::StartAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
         }
         c->table.client_->Schedule(
             [c, first = std::move(first)] { c->End(c->Rest(first)); });
-      });
-  return ticket;
+      },
+      [this](const Transport& t) { return t.TableCallMayBlockCaller(name_); });
+  if (started) return ticket;
+  // Nothing was sent (a custom handler in process): a blocking call on the
+  // executor instead, with its own slot.
+  client_->ReleaseAsync();
+  return on_executor();
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Table::Stats(const CallOptions& call) const {

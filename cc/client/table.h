@@ -84,7 +84,8 @@ class Table {
   // (per server part), each with its own status; a failed attempt is
   // retried on the client's executor (a push with the same ids: applied
   // once). On the embedded cluster (in-process transports) the call runs
-  // on the calling thread, and the ticket is done when it returns.
+  // on the calling thread, and the ticket is done when it returns (but for
+  // a table with a custom handler, which may block: on the executor).
   // Tickets in flight together are not ordered with each other.
   Ticket PullAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
                    const CallOptions& call = {}) const;

@@ -322,6 +322,23 @@ TEST(TableAsyncOptionsTest, MaxAsyncInFlightBelowOneIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_async_in_flight")));
 }
 
+// Keys the servers of `table` counted as pushed, all together.
+uint64_t KeysPushed(const Table& table) {
+  auto stats = table.Stats();
+  EXPECT_THAT(stats.status(), IsOk());
+  uint64_t pushed = 0;
+  if (stats.ok()) {
+    for (const v1::TableStats& s : *stats) pushed += s.keys_pushed();
+  }
+  return pushed;
+}
+
+uint64_t KeysListed(const std::vector<std::vector<uint64_t>>& calls) {
+  uint64_t listed = 0;
+  for (const auto& keys : calls) listed += keys.size();
+  return listed;
+}
+
 // Against two real servers, over the bulk channel and over gRPC: pushes and
 // pulls made as tickets all in flight together give exactly the rows the
 // same calls made one at a time give (keys in any order, duplicates within
@@ -379,13 +396,7 @@ TEST_P(TableAsyncServerTest, TicketsInFlightGiveTheResultsOfTheSameCallsOneAtATi
   }
   // Every push was applied once: the rows moved (exactly the sum of their
   // gradients, checked above against the one-at-a-time table).
-  auto stats = in_flight->Stats();
-  ASSERT_THAT(stats.status(), IsOk());
-  uint64_t pushed = 0;
-  for (const v1::TableStats& s : *stats) pushed += s.keys_pushed();
-  uint64_t sent = 0;
-  for (const auto& k : keys) sent += k.size();
-  EXPECT_EQ(pushed, sent);
+  EXPECT_EQ(KeysPushed(*in_flight), KeysListed(keys));
   EXPECT_EQ((*client)->async_in_flight(), 0);
 }
 
@@ -460,13 +471,7 @@ TEST(TableAsyncInProcessTest, TicketsAreDoneOnTheCallingThreadWithoutTheExecutor
   ASSERT_THAT(busy.Wait(kTimeout), IsOk());
   for (size_t t = 0; t < tickets.size(); ++t) ASSERT_THAT(tickets[t].Wait(kTimeout), IsOk()) << t;
   for (int c = 0; c < kCalls; ++c) EXPECT_EQ(got[c], expected[c]) << "call " << c;
-  auto stats = in_flight->Stats();
-  ASSERT_THAT(stats.status(), IsOk());
-  uint64_t pushed = 0;
-  for (const v1::TableStats& s : *stats) pushed += s.keys_pushed();
-  uint64_t sent = 0;
-  for (const auto& k : keys) sent += k.size();
-  EXPECT_EQ(pushed, sent);  // each push applied once
+  EXPECT_EQ(KeysPushed(*in_flight), KeysListed(keys));  // each push applied once
   EXPECT_EQ((*client)->async_in_flight(), 0);
 }
 

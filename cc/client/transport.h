@@ -58,6 +58,13 @@ class Transport {
   // Where this transport leads, for error messages ("127.0.0.1:7000").
   virtual const std::string& address() const = 0;
 
+  // True when a table call of `table` through this transport (TableRows)
+  // runs on the calling thread and may wait there: in-process, on a table
+  // served by a custom handler (Tables::SetHandler), which may block. An
+  // async table call through it then runs on the client's executor instead
+  // of the calling thread. The default: false.
+  virtual bool TableCallMayBlockCaller(absl::string_view table) const { return false; }
+
   // A control call: `method` is a method of pserver.v1.ParameterServer
   // ("GetStats"), or kHealthCheckMethod; `request` and `response` are its
   // message types. Waiting
