@@ -779,7 +779,8 @@ absl::Duration Client::AttemptTimeout() const {
 
 bool Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& server_of,
                                const StartCall& start, absl::Time deadline, TraceRecorder* trace,
-                               std::function<void(FirstAttempt)> then) {
+                               std::function<void(FirstAttempt)> then,
+                               const std::function<bool(const Transport&)>& may_block) {
   const absl::Duration attempt_timeout = AttemptTimeout();
   const absl::Time attempt_deadline = attempt_timeout > absl::ZeroDuration()
                                           ? std::min(deadline, absl::Now() + attempt_timeout)
@@ -792,7 +793,7 @@ bool Client::StartFirstAttempt(size_t n, const std::function<int(size_t)>& serve
   std::vector<std::shared_ptr<Transport>> used;
   for (size_t i = 0; i < n; ++i) {
     used.push_back(TransportFor(server_of(i)));
-    if (used.back()->completes_on_caller()) return false;
+    if (may_block && may_block(*used.back())) return false;
   }
   auto state = std::make_shared<State>();
   state->attempt.used = std::move(used);

@@ -441,14 +441,16 @@ class Client {
                               const FirstAttempt* first = nullptr);
   // The first attempt of RunWithRetries' calls, started now from this
   // thread and not waited for: `then` runs once with its results, on the
-  // thread that completes the last call (a transport's; this one if they
-  // all complete at once). `server_of` and `start` are used only during
-  // this call. The client's own trace() records no request of it. False, and
-  // nothing started, when a transport it would use completes calls on the
-  // caller's thread (Transport::completes_on_caller).
+  // thread that completes the last call (a transport's; this one before
+  // StartFirstAttempt returns if they all complete at once, as in-process
+  // calls do). `server_of`, `start` and `may_block` are used only during
+  // this call. The client's own trace() records no request of it. False,
+  // and nothing started, when `may_block` (if given) says of a transport it
+  // would use that a call through it may block this thread.
   bool StartFirstAttempt(size_t n, const std::function<int(size_t)>& server_of,
                          const StartCall& start, absl::Time deadline, TraceRecorder* trace,
-                         std::function<void(FirstAttempt)> then);
+                         std::function<void(FirstAttempt)> then,
+                         const std::function<bool(const Transport&)>& may_block = nullptr);
   // An async call's place among options.max_async_in_flight: waits until
   // `deadline` for one (DEADLINE_EXCEEDED naming the option). The call gives
   // it back with ReleaseAsync when it ends, before it finishes its ticket.

@@ -546,7 +546,11 @@ Ticket Table::StartAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
                          absl::string_view grads, bool push, const CallOptions& call) const {
   // The executor runs the call as a blocking one where it needs a thread or
   // more than the transports give: the client's trace, a cancellation,
-  // compression on the wire, an in-process transport (Rest: otherwise).
+  // compression on the wire, an in-process table with a custom handler,
+  // which may block (Rest: otherwise). Other in-process calls (the embedded
+  // cluster) need none: they wait for nothing (no worker, so no clock to
+  // wait for), run on this thread and are done when StartFirstAttempt
+  // returns.
   auto on_executor = [&] {
     if (push) {
       return client_->RunAsync(
@@ -603,9 +607,10 @@ Ticket Table::StartAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
         }
         c->table.client_->Schedule(
             [c, first = std::move(first)] { c->End(c->Rest(first)); });
-      });
+      },
+      [this](const Transport& t) { return t.TableCallMayBlockCaller(name_); });
   if (started) return ticket;
-  // Nothing was sent (an in-process transport): a blocking call on the
+  // Nothing was sent (a custom handler in process): a blocking call on the
   // executor instead, with its own slot.
   client_->ReleaseAsync();
   return on_executor();

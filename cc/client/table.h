@@ -83,7 +83,10 @@ class Table {
   // thread while in flight: k tickets are k requests outstanding at once
   // (per server part), each with its own status; a failed attempt is
   // retried on the client's executor (a push with the same ids: applied
-  // once). Tickets in flight together are not ordered with each other.
+  // once). On the embedded cluster (in-process transports) the call runs
+  // on the calling thread, and the ticket is done when it returns (but for
+  // a table with a custom handler, which may block: on the executor).
+  // Tickets in flight together are not ordered with each other.
   Ticket PullAsync(absl::Span<const uint64_t> keys, absl::Span<char> out,
                    const CallOptions& call = {}) const;
   Ticket PushAsync(absl::Span<const uint64_t> keys, absl::string_view grads,

@@ -4,7 +4,8 @@
 // is retried with the same request id (applied once), the client holds at
 // most ClientOptions::max_async_in_flight of them, and against a real server
 // (over the bulk channel and over gRPC) tickets in flight give exactly the
-// results of the same calls made one at a time. No test depends on timing:
+// results of the same calls made one at a time; on the embedded cluster
+// the calls run on the calling thread. No test depends on timing:
 // held requests are answered by the test, in the order it chooses.
 #include <algorithm>
 #include <cstring>
@@ -16,9 +17,12 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "cc/client/cancellation.h"
 #include "cc/client/client.h"
 #include "cc/client/table.h"
+#include "cc/server/in_process_transport.h"
+#include "cc/server/local_cluster.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -318,6 +322,23 @@ TEST(TableAsyncOptionsTest, MaxAsyncInFlightBelowOneIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_async_in_flight")));
 }
 
+// Keys the servers of `table` counted as pushed, all together.
+uint64_t KeysPushed(const Table& table) {
+  auto stats = table.Stats();
+  EXPECT_THAT(stats.status(), IsOk());
+  uint64_t pushed = 0;
+  if (stats.ok()) {
+    for (const v1::TableStats& s : *stats) pushed += s.keys_pushed();
+  }
+  return pushed;
+}
+
+uint64_t KeysListed(const std::vector<std::vector<uint64_t>>& calls) {
+  uint64_t listed = 0;
+  for (const auto& keys : calls) listed += keys.size();
+  return listed;
+}
+
 // Against two real servers, over the bulk channel and over gRPC: pushes and
 // pulls made as tickets all in flight together give exactly the rows the
 // same calls made one at a time give (keys in any order, duplicates within
@@ -375,13 +396,7 @@ TEST_P(TableAsyncServerTest, TicketsInFlightGiveTheResultsOfTheSameCallsOneAtATi
   }
   // Every push was applied once: the rows moved (exactly the sum of their
   // gradients, checked above against the one-at-a-time table).
-  auto stats = in_flight->Stats();
-  ASSERT_THAT(stats.status(), IsOk());
-  uint64_t pushed = 0;
-  for (const v1::TableStats& s : *stats) pushed += s.keys_pushed();
-  uint64_t sent = 0;
-  for (const auto& k : keys) sent += k.size();
-  EXPECT_EQ(pushed, sent);
+  EXPECT_EQ(KeysPushed(*in_flight), KeysListed(keys));
   EXPECT_EQ((*client)->async_in_flight(), 0);
 }
 
@@ -389,6 +404,76 @@ INSTANTIATE_TEST_SUITE_P(ChannelAndGrpc, TableAsyncServerTest, ::testing::Bool()
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Channel" : "Grpc";
                          });
+
+// The embedded cluster (in-process transports): a table call's ticket is
+// done when PullAsync / PushAsync returns, run on the calling thread. The
+// client's only executor thread is held busy all along, so a call queued on
+// the executor (as they were: one executor thread per ticket, several
+// tickets' pushes convoying on the same shards) would not be done; the
+// many calls all complete, with exactly the rows and updates of the same
+// calls made one at a time, over two servers.
+TEST(TableAsyncInProcessTest, TicketsAreDoneOnTheCallingThreadWithoutTheExecutor) {
+  auto cluster = LocalCluster::Start(2);
+  ASSERT_THAT(cluster.status(), IsOk());
+  // Declared before the client: calls still queued on its executor when it
+  // is destroyed (a failure) run while they are alive.
+  constexpr int kCalls = 64;
+  constexpr uint32_t kRow = 4;
+  std::mt19937_64 rng(17);
+  std::vector<std::vector<uint64_t>> keys(kCalls);
+  std::vector<std::vector<float>> grads(kCalls), expected(kCalls), got(kCalls);
+  for (int c = 0; c < kCalls; ++c) {
+    const size_t n = 1 + 37 * c;
+    for (size_t k = 0; k < n; ++k) keys[c].push_back(rng() % 500);  // many duplicates
+    for (size_t i = 0; i < n * kRow; ++i) grads[c].push_back(static_cast<float>(rng() % 9) - 4);
+    expected[c].assign(n * kRow, 0);
+    got[c].assign(n * kRow, -1000);
+  }
+  ClientOptions options;
+  options.async_threads = 1;
+  auto client = Client::Create(options, InProcessTransports(**cluster));
+  ASSERT_THAT(client.status(), IsOk());
+  // The executor's only thread is held until the end of the checks (or of
+  // the test, should one fail first).
+  auto release = std::make_shared<absl::Notification>();
+  struct Releaser {
+    std::shared_ptr<absl::Notification> n;
+    ~Releaser() {
+      if (!n->HasBeenNotified()) n->Notify();
+    }
+  } releaser{release};
+  Ticket busy = (*client)->RunAsync([release](const CallOptions&) {
+    release->WaitForNotification();
+    return absl::OkStatus();
+  });
+  auto one_at_a_time = Table::Create(**client, "sync", SgdTable(kRow));
+  auto in_flight = Table::Create(**client, "async", SgdTable(kRow));
+  ASSERT_THAT(one_at_a_time.status(), IsOk());
+  ASSERT_THAT(in_flight.status(), IsOk());
+  auto bytes = [](const std::vector<float>& v) {
+    return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  };
+  std::vector<Ticket> tickets;
+  int done_at_once = 0;
+  for (int c = 0; c < kCalls; ++c) {
+    ASSERT_THAT(one_at_a_time->Push<float>(keys[c], grads[c]), IsOk());
+    tickets.push_back(in_flight->PushAsync(keys[c], bytes(grads[c])));
+    done_at_once += tickets.back().done();
+    ASSERT_THAT(one_at_a_time->Pull<float>(keys[c], absl::MakeSpan(expected[c])), IsOk());
+    tickets.push_back(in_flight->PullAsync(
+        keys[c], absl::Span<char>(reinterpret_cast<char*>(got[c].data()),
+                                  got[c].size() * sizeof(float))));
+    done_at_once += tickets.back().done();
+  }
+  EXPECT_EQ(done_at_once, 2 * kCalls) << "tickets waited for the executor";
+  EXPECT_FALSE(busy.done());
+  release->Notify();
+  ASSERT_THAT(busy.Wait(kTimeout), IsOk());
+  for (size_t t = 0; t < tickets.size(); ++t) ASSERT_THAT(tickets[t].Wait(kTimeout), IsOk()) << t;
+  for (int c = 0; c < kCalls; ++c) EXPECT_EQ(got[c], expected[c]) << "call " << c;
+  EXPECT_EQ(KeysPushed(*in_flight), KeysListed(keys));  // each push applied once
+  EXPECT_EQ((*client)->async_in_flight(), 0);
+}
 
 }  // namespace
 }  // namespace pserver

@@ -58,10 +58,12 @@ class Transport {
   // Where this transport leads, for error messages ("127.0.0.1:7000").
   virtual const std::string& address() const = 0;
 
-  // True when calls run to completion on the calling thread (in-process):
-  // async calls through it then run on the client's executor, not on the
-  // thread that makes them. The default: false (calls complete elsewhere).
-  virtual bool completes_on_caller() const { return false; }
+  // True when a table call of `table` through this transport (TableRows)
+  // runs on the calling thread and may wait there: in-process, on a table
+  // served by a custom handler (Tables::SetHandler), which may block. An
+  // async table call through it then runs on the client's executor instead
+  // of the calling thread. The default: false.
+  virtual bool TableCallMayBlockCaller(absl::string_view table) const { return false; }
 
   // A control call: `method` is a method of pserver.v1.ParameterServer
   // ("GetStats"), or kHealthCheckMethod; `request` and `response` are its

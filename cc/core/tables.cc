@@ -136,6 +136,11 @@ std::shared_ptr<TableHandler> Tables::HandlerOf(absl::string_view name) const {
   return std::shared_ptr<TableHandler>(std::shared_ptr<TableHandler>(), kDefault);
 }
 
+bool Tables::HasHandler(absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  return handlers_.contains(name);
+}
+
 void Tables::MaybeSweep(Entry& entry) {
   if (entry.table->config().eviction().ttl_seconds() <= 0) return;
   const absl::Time now = Now();

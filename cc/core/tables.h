@@ -163,6 +163,8 @@ class Tables {
   // Routes table `name`'s pulls and pushes through `handler` (null: back to
   // the default). The table need not exist yet.
   void SetHandler(const std::string& name, std::shared_ptr<TableHandler> handler);
+  // Whether table `name` has a handler of its own (SetHandler).
+  bool HasHandler(absl::string_view name) const;
 
   // Sweeps expired rows of every table now; returns how many were evicted.
   size_t EvictExpired();

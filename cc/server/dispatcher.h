@@ -193,6 +193,10 @@ class Dispatcher {
 
   // `store` and `tables` must outlive the dispatcher.
   Dispatcher(ParameterStore* store, Tables* tables, uint32_t index, DispatcherHooks hooks = {});
+
+  // Whether table `name`'s calls go through a custom handler
+  // (Tables::SetHandler).
+  bool HasTableHandler(absl::string_view name) const { return tables_->HasHandler(name); }
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
 

@@ -82,6 +82,10 @@ class ServerTimes {
 InProcessTransport::InProcessTransport(Dispatcher* dispatcher)
     : dispatcher_(dispatcher), address_(absl::StrCat("in-process:", dispatcher->index())) {}
 
+bool InProcessTransport::TableCallMayBlockCaller(absl::string_view table) const {
+  return dispatcher_->HasTableHandler(table);
+}
+
 void InProcessTransport::Call(absl::string_view method, const google::protobuf::Message& request,
                               google::protobuf::Message* response, absl::Time deadline, Done done) {
   if (method == kHealthCheckMethod) {

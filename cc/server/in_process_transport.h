@@ -31,8 +31,8 @@ class InProcessTransport final : public Transport {
   explicit InProcessTransport(Dispatcher* dispatcher);
 
   const std::string& address() const override { return address_; }
-  // Every call runs on the caller's thread.
-  bool completes_on_caller() const override { return true; }
+  // A table with a custom handler (which may block) is served on the caller.
+  bool TableCallMayBlockCaller(absl::string_view table) const override;
 
   void Call(absl::string_view method, const google::protobuf::Message& request,
             google::protobuf::Message* response, absl::Time deadline, Done done) override;
