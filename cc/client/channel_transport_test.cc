@@ -150,8 +150,8 @@ class ChannelTransportTest : public ::testing::TestWithParam<bool> {
     if (big_floats > 0) {
       std::vector<float> big(big_floats);
       for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 977);
-      ASSERT_THAT((*client)->InitParam("big", Tensor::FromValues<float>({static_cast<int64_t>(big_floats)}, big), sgd),
-                  IsOk());
+      const Tensor value = Tensor::FromValues<float>({static_cast<int64_t>(big_floats)}, big);
+      ASSERT_THAT((*client)->InitParam("big", value, sgd), IsOk());
     }
     ASSERT_THAT((*client)->FinishInitParams(), IsOk());
     grpc_ = MakeGrpc();
