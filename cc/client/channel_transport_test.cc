@@ -1080,6 +1080,19 @@ std::string StalledParamsReply(uint64_t id, uint32_t floats, size_t sent) {
   return PartialReply(id, payload_bytes, 0) + payload + std::string(sent, 'p');
 }
 
+// A pull of 4000 bytes into `out` from a server that stalled after 10 ended
+// with `code` before anything was placed, and `out` stays as it was at the
+// return once the server has seen the connection close.
+void ExpectEndedWithTheMemoryLetGo(const PulledInto& pulled, absl::StatusCode code,
+                                   const std::string& out, FakeChannelServer& fake) {
+  EXPECT_THAT(pulled.status, StatusCodeIs(code));
+  EXPECT_EQ(pulled.placed, 0);
+  const std::string at_return = out;
+  EXPECT_EQ(at_return.substr(10), std::string(3990, '-'));
+  fake.WaitForClose();
+  EXPECT_EQ(out, at_return);
+}
+
 TEST(ChannelTransportFakeTest, ADeadlineMidBlockFailsThePullOnceTheMemoryIsLetGo) {
   // The reply's header and 10 of the block's 4000 bytes have come when the
   // deadline passes: the call fails and the connection drops (ending the
@@ -1091,12 +1104,7 @@ TEST(ChannelTransportFakeTest, ADeadlineMidBlockFailsThePullOnceTheMemoryIsLetGo
     std::string out(4000, '-');
     const PulledInto pulled = PullInto(channel, Refs("w"), absl::MakeSpan(out),
                                        absl::Now() + absl::Milliseconds(200), in_group);
-    EXPECT_THAT(pulled.status, StatusCodeIs(absl::StatusCode::kDeadlineExceeded));
-    EXPECT_EQ(pulled.placed, 0);
-    const std::string at_return = out;
-    EXPECT_EQ(at_return.substr(10), std::string(3990, '-'));
-    fake.WaitForClose();
-    EXPECT_EQ(out, at_return);
+    ExpectEndedWithTheMemoryLetGo(pulled, absl::StatusCode::kDeadlineExceeded, out, fake);
   }
 }
 
@@ -1114,12 +1122,7 @@ TEST(ChannelTransportFakeTest, CancellingMidBlockFailsThePullOnceTheMemoryIsLetG
   fake.WaitForReply();
   cancel.Cancel();
   caller.join();
-  EXPECT_THAT(pulled.status, StatusCodeIs(absl::StatusCode::kCancelled));
-  EXPECT_EQ(pulled.placed, 0);
-  const std::string at_return = out;
-  EXPECT_EQ(at_return.substr(10), std::string(3990, '-'));
-  fake.WaitForClose();
-  EXPECT_EQ(out, at_return);
+  ExpectEndedWithTheMemoryLetGo(pulled, absl::StatusCode::kCancelled, out, fake);
 }
 
 TEST(ChannelTransportFakeTest, AMalformedReplyIsUnavailable) {
