@@ -44,10 +44,10 @@ namespace pserver {
 // answering a waiter's call it gives the turn back.
 class ChannelTransport::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  // `waiter_reads` counts the replies read by waiting callers.
-  Connection(std::unique_ptr<ByteStream> stream, DeadlineTimer* timer,
-             std::atomic<uint64_t>* waiter_reads)
-      : stream_(std::move(stream)), timer_(timer), waiter_reads_(waiter_reads) {}
+  // `counters` are the transport's (replies read by waiting callers,
+  // pulled bytes read in place or through a buffer).
+  Connection(std::unique_ptr<ByteStream> stream, DeadlineTimer* timer, Counters* counters)
+      : stream_(std::move(stream)), timer_(timer), counters_(counters) {}
   ~Connection() { Close(); }
 
   // Whether the server speaks the table frames (cc/rpc/table_frame.h).
@@ -188,7 +188,7 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     std::shared_ptr<Cancellation::Registration> cancel;
     bool whole_reply = false;  // the sink gets the reply's payload as it is
     bool writing = true;                // Send is still writing its request
-    bool receiving = false;             // its rows are being read into rows_into
+    bool receiving = false;             // its rows or blocks are being read into caller memory
     bool helped = false;                // its waiter reads replies (Help)
     std::optional<absl::Status> result; // ended while writing
   };
@@ -340,12 +340,14 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     mu_.Await(absl::Condition(&written));
   }
 
-  // Where the rows of `reply` go straight from the stream: the caller's
-  // memory (Pending::rows_into) when its call is a table pull that offered
-  // it and the reply's rows fit it exactly; the call is then marked
-  // receiving, so that a deadline, a cancellation or a lost connection
-  // leaves it (and the memory) to this reader until the rows are read. Empty:
-  // the payload goes into a buffer of its own. Null: not so.
+  // Whether `reply` is read straight from the stream into the caller's
+  // memory: a table pull's rows when it offered memory (Pending::rows_into)
+  // and they fit it exactly, or a pull's blocks when its sink says where
+  // they go (BlockSink::Where; each block that goes nowhere goes through a
+  // buffer); the call is then marked receiving, so that a deadline, a
+  // cancellation or a lost connection leaves it (and the memory) to this
+  // reader until the reply is read. Null: the payload goes into a buffer of
+  // its own.
   // A receiving call is not taken out nor changed but for its `result` by
   // others, so the reader may use it without the lock until it takes it.
   Pending* ReceiveInto(const ReplyHeader& reply) {
@@ -353,11 +355,12 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     absl::MutexLock lock(&mu_);
     AwaitWritten(reply.call_id);
     auto it = pending_.find(reply.call_id);
-    if (it == pending_.end() || it->second.result.has_value() ||
-        it->second.rows_into.empty() ||
-        reply.payload_bytes != kTablePullReplyHeaderBytes + RowsBytes(it->second)) {
-      return nullptr;
-    }
+    if (it == pending_.end() || it->second.result.has_value()) return nullptr;
+    const Pending& call = it->second;
+    const bool rows = !call.rows_into.empty() &&
+                      reply.payload_bytes == kTablePullReplyHeaderBytes + RowsBytes(call);
+    const bool blocks = !call.rows && !call.whole_reply && call.sink.has_where();
+    if (!rows && !blocks) return nullptr;
     it->second.receiving = true;
     return &it->second;
   }
@@ -383,6 +386,24 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
                   ? call.rows(*content_type, absl::string_view(call.rows_into.data(), RowsBytes(call)))
                   : content_type.status();
     return absl::OkStatus();
+  }
+
+  // Reads a GetParams or PushPull reply's blocks (wire.h
+  // ReadParamsResponse): each content straight into the caller's memory
+  // where `call`'s sink says it goes, else through a buffer, and hands each
+  // block to the sink (`*status`: what they say). An error: the stream failed.
+  absl::Status ReceiveBlocks(uint64_t payload_bytes, const Pending& call, absl::Status* status) {
+    ParamsReadStats stats;
+    const absl::Status read = ReadParamsResponse(
+        payload_bytes, [this](char* dest, size_t n) { return stream_->Read(dest, n); },
+        [&call](const v1::Parameter& header, uint64_t size) { return call.sink.Where(header, size); },
+        [&call](const v1::Parameter& header, const Segments& content) {
+          return call.sink(header, content);
+        },
+        status, &stats);
+    counters_->bytes_in_place.fetch_add(stats.bytes_in_place, std::memory_order_relaxed);
+    counters_->bytes_buffered.fetch_add(stats.bytes_buffered, std::memory_order_relaxed);
+    return read;
   }
 
   // Reads `call`'s rows a piece at a time into scratch_ (kept between
@@ -420,8 +441,10 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
     absl::Status status(reply->code, message_);
     std::optional<Pending> call;
     if (Pending* receiving = ReceiveInto(*reply); receiving != nullptr) {
-      // The call stays pending (receiving) while its rows are read.
-      const absl::Status read = ReceiveRows(reply->payload_bytes, *receiving, &status);
+      // The call stays pending (receiving) while its rows or blocks are read.
+      const absl::Status read = receiving->rows
+                                    ? ReceiveRows(reply->payload_bytes, *receiving, &status)
+                                    : ReceiveBlocks(reply->payload_bytes, *receiving, &status);
       {
         absl::MutexLock lock(&mu_);
         call = Take(pending_.find(reply->call_id));
@@ -511,13 +534,13 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
                       return pending_.find(id) == pending_.end();
                     },
                     &helped)) {
-      waiter_reads_->fetch_add(1, std::memory_order_relaxed);
+      counters_->waiter_reads.fetch_add(1, std::memory_order_relaxed);
     }
   }
 
   const std::unique_ptr<ByteStream> stream_;
   DeadlineTimer* const timer_;
-  std::atomic<uint64_t>* const waiter_reads_;
+  Counters* const counters_;
   std::thread reader_;
   absl::Mutex write_mu_;
   // The read turn's: the reply being read.
@@ -605,7 +628,7 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
   if (auto* plain = dynamic_cast<SocketStream*>(stream.get()); plain != nullptr) {
     plain->SpinBeforeBlocking({options_.read_spin});  // a small reply: poll before sleeping
   }
-  auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &waiter_reads_);
+  auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &counters_);
   PS_RETURN_IF_ERROR(connection->Hello(offer.token() + options_.bearer_token));
   connection->table_frames = offer.table_frames() >= kTableFrameVersion;
   over_unix_ = unix_socket;

@@ -102,11 +102,23 @@ class ChannelTransport final : public Transport {
   int connections_opened() const { return opened_.load(); }
   // Replies read by the caller waiting for them (in a CallGroup), not
   // handed over by a connection's reader thread.
-  uint64_t replies_read_by_waiters() const { return waiter_reads_.load(); }
+  uint64_t replies_read_by_waiters() const { return counters_.waiter_reads.load(); }
+  // Pulled blocks' content bytes (GetParams, PushPull) read from the stream
+  // straight into the caller's memory (the sink's BlockSink::Where), and
+  // those read into a buffer first (of pulls whose sink has a Where).
+  uint64_t pulled_bytes_in_place() const { return counters_.bytes_in_place.load(); }
+  uint64_t pulled_bytes_buffered() const { return counters_.bytes_buffered.load(); }
 
   class Connection;
 
  private:
+  // What the getters above report; the connections count into them.
+  struct Counters {
+    std::atomic<uint64_t> waiter_reads{0};
+    std::atomic<uint64_t> bytes_in_place{0};
+    std::atomic<uint64_t> bytes_buffered{0};
+  };
+
   // A connection for the next bulk call; null: use gRPC.
   std::shared_ptr<Connection> Pick(absl::Time deadline);
   // Asks the server for its channel (OpenChannel) and connects to it.
@@ -125,7 +137,7 @@ class ChannelTransport final : public Transport {
   DeadlineTimer timer_;
   std::atomic<size_t> next_{0};
   std::atomic<int> opened_{0};
-  std::atomic<uint64_t> waiter_reads_{0};
+  Counters counters_;
 
   mutable absl::Mutex mu_;
   bool have_offer_ ABSL_GUARDED_BY(mu_) = false;

@@ -5,7 +5,9 @@
 // of several calls leaving them to the reader), deadlines
 // and cancellation (also mid-reply), a malformed reply or one for a call not
 // made, table pulls whose rows go straight into the caller's memory (and
-// what happens to them on a deadline or a cancellation mid-rows), and the
+// what happens to them on a deadline or a cancellation mid-rows), pulled
+// blocks read straight into the caller's memory (a Client's tensors too;
+// rogue blocks refused, a deadline or a cancellation mid-block), and the
 // fallback to gRPC; Abandon (a call in flight to a silent server ends with
 // the reason, over the channel and over gRPC). No test depends on timing.
 #include "cc/client/channel_transport.h"
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -28,6 +31,7 @@
 #include "cc/rpc/byte_stream.h"
 #include "cc/rpc/frame.h"
 #include "cc/rpc/table_frame.h"
+#include "cc/rpc/wire.h"
 #include "cc/server/bulk_listener.h"
 #include "cc/server/server.h"
 #include "cc/testing/status_matchers.h"
@@ -125,7 +129,9 @@ class ChannelTransportTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override { Start(ServerOptions()); }
 
-  void Start(ServerOptions options) {
+  // `big_floats` > 0: also "big", that many floats i % 977, in 64 KiB
+  // blocks (kBigBlockBytes; a client reading it must use that block size).
+  void Start(ServerOptions options, size_t big_floats = 0) {
     options.bulk_unix_socket = GetParam();
     auto server = Server::Start(options);
     ASSERT_THAT(server.status(), IsOk());
@@ -133,6 +139,7 @@ class ChannelTransportTest : public ::testing::TestWithParam<bool> {
     ClientOptions client_options;
     client_options.servers = {server_->address()};
     client_options.bulk_channel = false;
+    if (big_floats > 0) client_options.block_bytes = kBigBlockBytes;
     auto client = Client::Connect(client_options);
     ASSERT_THAT(client.status(), IsOk());
     v1::ParameterConfig sgd;
@@ -140,6 +147,12 @@ class ChannelTransportTest : public ::testing::TestWithParam<bool> {
     sgd.mutable_learning_rate()->set_learning_rate(1.0);
     ASSERT_THAT((*client)->InitParam("w", Tensor::FromValues<float>({4}, {1, 2, 3, 4}), sgd),
                 IsOk());
+    if (big_floats > 0) {
+      std::vector<float> big(big_floats);
+      for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 977);
+      const Tensor value = Tensor::FromValues<float>({static_cast<int64_t>(big_floats)}, big);
+      ASSERT_THAT((*client)->InitParam("big", value, sgd), IsOk());
+    }
     ASSERT_THAT((*client)->FinishInitParams(), IsOk());
     grpc_ = MakeGrpc();
     channel_ = std::make_unique<ChannelTransport>(MakeGrpc());
@@ -150,6 +163,8 @@ class ChannelTransportTest : public ::testing::TestWithParam<bool> {
     EXPECT_THAT(grpc.status(), IsOk());
     return *std::move(grpc);
   }
+
+  static constexpr size_t kBigBlockBytes = 64 << 10;
 
   uint64_t Duplicates() {
     return server_->dispatcher().duplicates_ignored();
@@ -294,6 +309,143 @@ TEST_P(ChannelTransportTest, ClientRetriesLostRepliesOverTheChannelExactlyOnce) 
   EXPECT_EQ(Floats(std::string(value->bytes())), (std::vector<float>{-3, -2, -1, 0}));
   EXPECT_EQ(server_->dispatcher().replies_dropped(), Duplicates());
   EXPECT_GE(Duplicates(), 1u);
+}
+
+// Pulls `refs` (blocks of float parameter, `out` its whole content) over
+// `t`, each block's content offered where its offset puts it in `out` (read
+// there straight from the stream when the transport can); a block that did
+// not arrive there is copied there. `in_group`: waited for in a CallGroup.
+struct PulledInto {
+  absl::Status status;
+  int placed = 0;      // blocks handed to the sink
+  int in_place = 0;    // of which already in `out`
+  uint64_t bytes = 0;  // their content
+};
+PulledInto PullInto(Transport& t, const std::vector<v1::ParamRef>& refs, absl::Span<char> out,
+                    absl::Time deadline, bool in_group = true,
+                    const std::vector<GradientView>* grads = nullptr) {
+  PulledInto pulled;
+  auto dest = [out](const v1::Parameter& header, uint64_t size) -> char* {
+    const uint64_t at = header.block().offset() * sizeof(float);
+    return at <= out.size() && size <= out.size() - at ? out.data() + at : nullptr;
+  };
+  Transport::BlockSink sink(
+      [&pulled, dest](const v1::Parameter& header, const Segments& content) {
+        char* to = dest(header, SegmentsSize(content));
+        if (to == nullptr) return absl::DataLossError("the block does not fit");
+        ++pulled.placed;
+        pulled.bytes += SegmentsSize(content);
+        if (content.size() == 1 && content[0].data() == to) {
+          ++pulled.in_place;
+        } else {
+          CopySegments(content, to);
+        }
+        return absl::OkStatus();
+      },
+      dest);
+  CallGroup group;
+  absl::Notification done;
+  Transport::Done on_done = in_group ? group.Add("s") : Transport::Done([&](absl::Status s) {
+    pulled.status = std::move(s);
+    done.Notify();
+  });
+  if (grads == nullptr) {
+    t.Pull(refs, std::move(sink), deadline, std::move(on_done));
+  } else {
+    t.PushPull({5, 1}, *grads, refs, std::move(sink), deadline, std::move(on_done));
+  }
+  if (in_group) {
+    pulled.status = group.Wait();
+  } else {
+    done.WaitForNotification();
+  }
+  return pulled;
+}
+
+std::vector<v1::ParamRef> BlockRefs(const std::string& name, std::vector<uint32_t> blocks,
+                                    uint32_t count) {
+  std::vector<v1::ParamRef> refs;
+  for (uint32_t b : blocks) refs.push_back(Client::BlockRef(name, b, count));
+  return refs;
+}
+
+TEST_P(ChannelTransportTest, PulledBlocksGoStraightIntoTheCallersMemory) {
+  // "big": 300000 floats in 64 KiB blocks (19 of them).
+  constexpr size_t kFloats = 300000;
+  constexpr size_t kBlockBytes = kBigBlockBytes;
+  server_.reset();
+  Start(ServerOptions(), kFloats);
+  const uint32_t count = (kFloats * 4 + kBlockBytes - 1) / kBlockBytes;
+
+  // Every block, then some (a partial pull), over the channel into memory:
+  // the same bytes as gRPC's, each read in place.
+  for (const std::vector<uint32_t>& blocks :
+       {std::vector<uint32_t>{}, std::vector<uint32_t>{3, 5, count - 1}}) {
+    std::vector<uint32_t> which = blocks;
+    if (which.empty()) {
+      for (uint32_t b = 0; b < count; ++b) which.push_back(b);
+    }
+    SCOPED_TRACE(absl::StrCat(which.size(), " blocks"));
+    std::vector<float> out(kFloats, -1), want(kFloats, -1);
+    const uint64_t before = channel_->pulled_bytes_in_place();
+    const PulledInto pulled = PullInto(*channel_, BlockRefs("big", which, count),
+                                       absl::MakeSpan(reinterpret_cast<char*>(out.data()),
+                                                      out.size() * 4),
+                                       absl::Now() + kTimeout);
+    ASSERT_THAT(pulled.status, IsOk());
+    ASSERT_THAT(PullInto(*grpc_, BlockRefs("big", which, count),
+                         absl::MakeSpan(reinterpret_cast<char*>(want.data()), want.size() * 4),
+                         absl::Now() + kTimeout)
+                    .status,
+                IsOk());
+    EXPECT_TRUE(out == want);
+    EXPECT_EQ(pulled.placed, static_cast<int>(which.size()));
+    EXPECT_EQ(pulled.in_place, static_cast<int>(which.size()));
+    EXPECT_EQ(channel_->pulled_bytes_in_place() - before, pulled.bytes);
+    if (which.size() == count) {
+      EXPECT_EQ(pulled.bytes, kFloats * 4);
+    }
+  }
+  EXPECT_EQ(channel_->pulled_bytes_buffered(), 0u);
+}
+
+TEST_P(ChannelTransportTest, ClientPullsAndPushPullsReadStraightIntoTheTensors) {
+  // A Client over the channel (64 KiB blocks): its pulls and push+pulls
+  // answer as a gRPC client's do, their blocks read into the output tensors
+  // as they arrive once the layout is known.
+  constexpr size_t kFloats = 100000;
+  server_.reset();
+  Start(ServerOptions(), kFloats);
+  ClientOptions options;
+  options.servers = {server_->address()};
+  options.block_bytes = kBigBlockBytes;
+  options.bulk_channel = false;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> grpc_client, Client::Connect(options));
+  auto owned = std::make_unique<ChannelTransport>(MakeGrpc());
+  ChannelTransport* channel = owned.get();
+  std::vector<std::unique_ptr<Transport>> transports;
+  transports.push_back(std::move(owned));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client,
+                       Client::Create(options, std::move(transports)));
+
+  const std::vector<std::string> names = {"big", "w"};
+  std::vector<Tensor> outs(2), want(2);
+  ASSERT_THAT(client->GetParamsInto(names, absl::MakeSpan(outs)), IsOk());  // learns the layouts
+  const uint64_t before = channel->pulled_bytes_in_place();
+  ASSERT_THAT(client->GetParamsInto(names, absl::MakeSpan(outs)), IsOk());
+  EXPECT_EQ(channel->pulled_bytes_in_place() - before, (kFloats + 4) * sizeof(float));
+  ASSERT_THAT(grpc_client->GetParamsInto(names, absl::MakeSpan(want)), IsOk());
+  EXPECT_EQ(outs[0].bytes(), want[0].bytes());
+  EXPECT_EQ(outs[1].ToVector<float>(), (std::vector<float>{1, 2, 3, 4}));
+
+  const uint64_t before_push = channel->pulled_bytes_in_place();
+  Tensor out;
+  ASSERT_THAT(client->PushPull("big", Tensor::FromValues<float>({kFloats}, std::vector<float>(kFloats, 1)),
+                               &out),
+              IsOk());
+  EXPECT_EQ(channel->pulled_bytes_in_place() - before_push, kFloats * sizeof(float));
+  ASSERT_OK_AND_ASSIGN(Tensor after, grpc_client->GetParam("big"));
+  EXPECT_EQ(out.bytes(), after.bytes());
 }
 
 TEST_P(ChannelTransportTest, FallsBackToGrpcWhenTheServerHasItOff) {
@@ -807,6 +959,170 @@ TEST(ChannelTransportFakeTest, ScatteredRowsGoEachToItsPlaceAsTheyArrive) {
   EXPECT_TRUE(out == b + c + a);
   EXPECT_EQ(seen.at, out.data());  // placed: the sink is told so by the address
   EXPECT_EQ(channel.replies_read_by_waiters(), 1u);
+}
+
+// ---- pulled blocks read into the caller's memory, against a fake server ----
+
+// A reply to call `id` carrying `blocks` (header, content) as a
+// GetParamsResponse; `payload_bytes` (when set) is what its header claims.
+std::string ParamsReply(uint64_t id, const std::vector<std::pair<v1::Parameter, std::string>>& blocks,
+                        std::optional<uint64_t> payload_bytes = std::nullopt) {
+  std::string payload;
+  for (const auto& [header, content] : blocks) {
+    AppendParamsBlockPrefix(&payload, header, content.size());
+    payload += content;
+  }
+  return PartialReply(id, payload_bytes.value_or(payload.size()), 0) + payload;
+}
+
+v1::Parameter WHeader(uint32_t floats, const std::string& name = "w") {
+  v1::Parameter header;
+  header.set_name(name);
+  header.set_element_type(v1::FLOAT32);
+  header.add_shape(floats);
+  header.mutable_block()->set_count(1);
+  return header;
+}
+
+std::string FloatBytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+// A Client's push+pull of "w" (4 floats) over a fake server answering
+// `reply`, into a view of 4 floats between guard bytes: its status, the
+// memory (guards included) after, and the bytes read in place.
+struct ClientPushPull {
+  absl::Status status;
+  std::string memory;
+  uint64_t in_place = 0;
+};
+constexpr size_t kGuardBytes = 32;
+ClientPushPull PushPullThroughClient(const std::string& reply) {
+  ClientPushPull result;
+  FakeChannelServer fake(reply);
+  auto owned = std::make_unique<ChannelTransport>(std::make_unique<FakeGrpc>(fake.offer()),
+                                                  OneConnection());
+  ChannelTransport* channel = owned.get();
+  std::vector<std::unique_ptr<Transport>> transports;
+  transports.push_back(std::move(owned));
+  auto client = Client::Create(ClientOptions(), std::move(transports));
+  EXPECT_THAT(client.status(), IsOk());
+  if (!client.ok()) return result;
+  std::string memory(2 * kGuardBytes + 16, '#');
+  auto out = Tensor::MutableView(v1::FLOAT32, {4}, memory.data() + kGuardBytes, 16);
+  EXPECT_THAT(out.status(), IsOk());
+  CallOptions call;
+  call.deadline = absl::Now() + kTimeout;
+  result.status =
+      (*client)->PushPull("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1}), &*out, call);
+  result.memory = memory;
+  result.in_place = channel->pulled_bytes_in_place();
+  return result;
+}
+
+std::string Guarded(const std::string& inside) {
+  return std::string(kGuardBytes, '#') + inside + std::string(kGuardBytes, '#');
+}
+
+TEST(ChannelTransportFakeTest, AClientsPushPullReadsItsBlockStraightIntoTheTensor) {
+  const std::string values = FloatBytes({5, 6, 7, 8});
+  const ClientPushPull got = PushPullThroughClient(ParamsReply(1, {{WHeader(4), values}}));
+  ASSERT_THAT(got.status, IsOk());
+  EXPECT_EQ(got.memory, Guarded(values));
+  EXPECT_EQ(got.in_place, 16u);
+}
+
+TEST(ChannelTransportFakeTest, ARogueBlockFailsTheCallAndWritesNothingOutsideTheTensor) {
+  const std::string four = FloatBytes({5, 6, 7, 8});
+  const std::string five = FloatBytes({5, 6, 7, 8, 9});
+  v1::Parameter offset = WHeader(4);
+  offset.mutable_block()->set_offset(2);
+  const struct {
+    const char* what;
+    std::string reply;
+    const char* message;
+  } cases[] = {
+      {"a block of another parameter", ParamsReply(1, {{WHeader(4, "x"), four}}), "does not fit"},
+      {"more bytes than the tensor holds", ParamsReply(1, {{WHeader(4), five}}), "does not fit"},
+      {"a block past the tensor's end", ParamsReply(1, {{offset, four}}), "does not fit"},
+      {"a block of another type", ParamsReply(1, {{[] {
+                                                     v1::Parameter h = WHeader(4);
+                                                     h.set_element_type(v1::INT32);
+                                                     return h;
+                                                   }(),
+                                                   four}}),
+       "does not fit"},
+      {"a content length past the reply", [&] {
+         std::string payload;
+         AppendParamsBlockPrefix(&payload, WHeader(4), 1000);  // 1000 bytes claimed
+         payload += four;
+         return PartialReply(1, payload.size(), 0) + payload;
+       }(),
+       "malformed"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    const ClientPushPull got = PushPullThroughClient(c.reply);
+    EXPECT_THAT(got.status, StatusCodeIs(absl::StatusCode::kDataLoss));
+    EXPECT_THAT(std::string(got.status.message()), HasSubstr(c.message));
+    EXPECT_EQ(got.memory.substr(0, kGuardBytes), std::string(kGuardBytes, '#'));
+    EXPECT_EQ(got.memory.substr(kGuardBytes + 16), std::string(kGuardBytes, '#'));
+    EXPECT_EQ(got.in_place, 0u);
+  }
+}
+
+// A reply to pull `id` of "w" (`floats` floats) that sends its header, the
+// block's prefix and `sent` bytes of its content, then stalls.
+std::string StalledParamsReply(uint64_t id, uint32_t floats, size_t sent) {
+  std::string payload;
+  AppendParamsBlockPrefix(&payload, WHeader(floats), floats * sizeof(float));
+  const uint64_t payload_bytes = payload.size() + floats * sizeof(float);
+  return PartialReply(id, payload_bytes, 0) + payload + std::string(sent, 'p');
+}
+
+// A pull of 4000 bytes into `out` from a server that stalled after 10 ended
+// with `code` before anything was placed, and `out` stays as it was at the
+// return once the server has seen the connection close.
+void ExpectEndedWithTheMemoryLetGo(const PulledInto& pulled, absl::StatusCode code,
+                                   const std::string& out, FakeChannelServer& fake) {
+  EXPECT_THAT(pulled.status, StatusCodeIs(code));
+  EXPECT_EQ(pulled.placed, 0);
+  const std::string at_return = out;
+  EXPECT_EQ(at_return.substr(10), std::string(3990, '-'));
+  fake.WaitForClose();
+  EXPECT_EQ(out, at_return);
+}
+
+TEST(ChannelTransportFakeTest, ADeadlineMidBlockFailsThePullOnceTheMemoryIsLetGo) {
+  // The reply's header and 10 of the block's 4000 bytes have come when the
+  // deadline passes: the call fails and the connection drops (ending the
+  // read into `out`) before the caller is told; nothing is written after.
+  for (bool in_group : {true, false}) {
+    SCOPED_TRACE(in_group ? "a waiter reads" : "the reader thread reads");
+    FakeChannelServer fake(StalledParamsReply(1, 1000, 10));
+    ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
+    std::string out(4000, '-');
+    const PulledInto pulled = PullInto(channel, Refs("w"), absl::MakeSpan(out),
+                                       absl::Now() + absl::Milliseconds(200), in_group);
+    ExpectEndedWithTheMemoryLetGo(pulled, absl::StatusCode::kDeadlineExceeded, out, fake);
+  }
+}
+
+TEST(ChannelTransportFakeTest, CancellingMidBlockFailsThePullOnceTheMemoryIsLetGo) {
+  FakeChannelServer fake(StalledParamsReply(1, 1000, 10));
+  ChannelTransport channel(std::make_unique<FakeGrpc>(fake.offer()), OneConnection());
+  std::string out(4000, '-');
+  Cancellation cancel;
+  PulledInto pulled;
+  std::thread caller([&] {
+    Cancellation::Scope scope(&cancel);  // the reader thread reads the reply
+    pulled = PullInto(channel, Refs("w"), absl::MakeSpan(out), absl::InfiniteFuture(),
+                      /*in_group=*/false);
+  });
+  fake.WaitForReply();
+  cancel.Cancel();
+  caller.join();
+  ExpectEndedWithTheMemoryLetGo(pulled, absl::StatusCode::kCancelled, out, fake);
 }
 
 TEST(ChannelTransportFakeTest, AMalformedReplyIsUnavailable) {

@@ -1091,7 +1091,9 @@ absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header, const 
         absl::StrCat(what, ": block ", index, " does not fit the parameter's layout"));
   }
   char* dest = a.dest->mutable_data() + header.block().offset() * esize;
-  if (widen) {
+  if (content.size() == 1 && content[0].data() == dest && !widen) {
+    // Read there straight from the wire (PlaceFor).
+  } else if (widen) {
     PS_RETURN_IF_ERROR(WidenPulledBlock(header.content_type(), content,
                                         layout.elements - header.block().offset(),
                                         reinterpret_cast<float*>(dest),
@@ -1101,6 +1103,29 @@ absl::Status Client::PlaceBlock(Assembly& a, const v1::Parameter& header, const 
   }
   a.received[index] = 1;
   return absl::OkStatus();
+}
+
+char* Client::PlaceFor(const Assembly& a, const v1::ParamRef& ref, const v1::Parameter& header,
+                       uint64_t bytes) {
+  if (!a.layout.has_value() || a.dest == nullptr) return nullptr;
+  const Layout& layout = *a.layout;
+  const uint64_t esize = ElementSize(layout.type);
+  const uint32_t index = header.block().index();
+  const uint64_t offset = header.block().offset();
+  // PlaceBlock's checks, and that the block is the one asked for, whole
+  // elements, in the stored type (a FLOAT16/BFLOAT16 content is widened).
+  if (header.name() != a.name || ref.name() != a.name || index != ref.block().index() ||
+      header.element_type() != layout.type ||
+      (header.content_type() != v1::ELEMENT_TYPE_UNSPECIFIED &&
+       header.content_type() != layout.type) ||
+      std::max<uint32_t>(1, header.block().count()) != layout.blocks || index >= layout.blocks ||
+      esize == 0 || bytes == 0 || bytes % esize != 0 || offset > layout.elements ||
+      bytes / esize > layout.elements - offset ||
+      a.dest->type() != layout.type ||
+      static_cast<uint64_t>(a.dest->num_elements()) != layout.elements) {
+    return nullptr;
+  }
+  return a.dest->mutable_data() + offset * esize;
 }
 
 // A request's blocks in its trace span: its push request id, how many
@@ -1258,14 +1283,22 @@ absl::Status Client::RunRound(const std::vector<Item>& items, absl::Span<const s
         // Blocks come back in request order; the sink runs them one at a
         // time. A retry starts over (blocks are placed idempotently).
         auto next = std::make_shared<size_t>(0);
-        Transport::BlockSink sink = [this, &x, &assemblies, &t, next](const v1::Parameter& header,
-                                                                      const Segments& content) {
+        Transport::BlockPlace place = [this, &x, &assemblies, &t, next](
+                                          const v1::Parameter& header, const Segments& content) {
           if (*next >= x.slots.size()) {
             return absl::DataLossError(
                 absl::StrCat("server ", t.address(), " returned more blocks than asked"));
           }
           return PlaceBlock(assemblies[x.slots[(*next)++]], header, content, t.address());
         };
+        // Where the next block's content goes, for a transport that reads
+        // it there straight from the wire (the bulk channel).
+        Transport::BlockWhere where = [&x, &assemblies, next](const v1::Parameter& header,
+                                                              uint64_t bytes) -> char* {
+          if (*next >= x.slots.size()) return nullptr;
+          return PlaceFor(assemblies[x.slots[*next]], x.refs[*next], header, bytes);
+        };
+        Transport::BlockSink sink(std::move(place), std::move(where));
         if (x.grads.empty()) {
           t.Pull(x.refs, std::move(sink), deadline, std::move(done), trace);
         } else {

@@ -665,9 +665,18 @@ class Client {
   static void DescribeExchange(const Exchange& x, const RequestId& id, trace::Args& args);
   // DATA_LOSS naming the first parameter some of whose blocks never came.
   static absl::Status CheckComplete(const std::vector<Assembly>& assemblies);
-  // Copies one returned block into its parameter's output.
+  // Copies one returned block into its parameter's output (nothing to copy
+  // when `content` is already there: PlaceFor's address).
   absl::Status PlaceBlock(Assembly& a, const v1::Parameter& header, const Segments& content,
                           const std::string& from);
+  // Where in `a`'s output the content of a block answering `ref` goes, when
+  // `header` (complete but for the content, `bytes` long) is that block's,
+  // its content travels in the output's type and fits there: what
+  // PlaceBlock would copy it to, so a transport may read it there straight
+  // from the wire. Null otherwise (the layout not known yet, a compressed
+  // content, anything unexpected: PlaceBlock then decides, as before).
+  static char* PlaceFor(const Assembly& a, const v1::ParamRef& ref, const v1::Parameter& header,
+                        uint64_t bytes);
 
   const ClientOptions options_;
   // Destroyed last (written then), after every call and transport is done.

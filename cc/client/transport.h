@@ -22,8 +22,12 @@
 #ifndef PSERVER_CC_CLIENT_TRANSPORT_H_
 #define PSERVER_CC_CLIENT_TRANSPORT_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -50,8 +54,42 @@ class Transport {
   // Receives each block a pull returns, in request order, before `done`.
   // `header` holds all but the content; `content` is valid only during the
   // call. An error fails the whole call.
-  using BlockSink =
+  using BlockPlace =
       std::function<absl::Status(const v1::Parameter& header, const Segments& content)>;
+  // Where a block's content would end up: memory of exactly `content_bytes`
+  // the content may be read into straight from the wire (the BlockPlace
+  // then gets it there: content.data() is that address), or null (it goes
+  // the usual way). Asked before each block, with its complete header.
+  using BlockWhere =
+      std::function<char*(const v1::Parameter& header, uint64_t content_bytes)>;
+  // A pull's BlockPlace, and optionally its BlockWhere (only the bulk
+  // channel asks it; gRPC and in-process transports hand content over as
+  // they have it). Converts from any BlockPlace-like callable.
+  class BlockSink {
+   public:
+    BlockSink() = default;
+    BlockSink(std::nullptr_t) {}  // NOLINT: as std::function's
+    template <typename F,
+              typename = std::enable_if_t<
+                  !std::is_same_v<std::decay_t<F>, BlockSink> &&
+                  std::is_invocable_r_v<absl::Status, F&, const v1::Parameter&, const Segments&>>>
+    BlockSink(F place) : place_(std::move(place)) {}  // NOLINT: a callable is a sink
+    BlockSink(BlockPlace place, BlockWhere where)
+        : place_(std::move(place)), where_(std::move(where)) {}
+
+    absl::Status operator()(const v1::Parameter& header, const Segments& content) const {
+      return place_(header, content);
+    }
+    explicit operator bool() const { return static_cast<bool>(place_); }
+    bool has_where() const { return static_cast<bool>(place_) && static_cast<bool>(where_); }
+    char* Where(const v1::Parameter& header, uint64_t content_bytes) const {
+      return where_ ? where_(header, content_bytes) : nullptr;
+    }
+
+   private:
+    BlockPlace place_;
+    BlockWhere where_;
+  };
 
   virtual ~Transport() = default;
 

@@ -516,4 +516,222 @@ absl::Status DecodeParamsResponse(const grpc::ByteBuffer& buffer, ParamsResponse
   return CheckNamesAreUtf8(out->headers, "malformed response: ", absl::StatusCode::kDataLoss);
 }
 
+namespace {
+
+// A message arriving on a stream, read through a small look-ahead (a
+// block's fields come a few bytes at a time; each read of some streams
+// costs a system call), never past the message's end. Reads that fail
+// stop it: `io()` (the stream) or `malformed()` (the bytes) says why.
+class StreamedMessage {
+ public:
+  StreamedMessage(uint64_t bytes, absl::FunctionRef<absl::Status(char*, size_t)> read)
+      : left_(bytes), read_(read) {}
+
+  // Bytes of the message not yet taken.
+  uint64_t left() const { return left_ + (ahead_end_ - ahead_begin_); }
+  const absl::Status& io() const { return io_; }
+  bool malformed() const { return malformed_; }
+  bool Malformed() {
+    malformed_ = true;
+    return false;
+  }
+
+  // The next `n` bytes into `dest`: what the look-ahead holds, the rest
+  // straight from the stream.
+  bool Read(char* dest, uint64_t n) {
+    if (n > left()) return Malformed();
+    const size_t buffered = std::min<uint64_t>(n, ahead_end_ - ahead_begin_);
+    std::memcpy(dest, ahead_ + ahead_begin_, buffered);
+    ahead_begin_ += buffered;
+    return FromStream(dest + buffered, n - buffered);
+  }
+
+  bool Varint(uint64_t* value) {
+    uint64_t result = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (ahead_begin_ == ahead_end_ && !Refill()) return false;
+      const uint8_t byte = static_cast<uint8_t>(ahead_[ahead_begin_++]);
+      result |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) {
+        *value = result;
+        return true;
+      }
+    }
+    return Malformed();  // more than 10 bytes
+  }
+
+  // Reads and drops `n` bytes.
+  bool Skip(uint64_t n) {
+    char piece[4096];
+    while (n > 0) {
+      const size_t m = std::min<uint64_t>(n, sizeof(piece));
+      if (!Read(piece, m)) return false;
+      n -= m;
+    }
+    return true;
+  }
+
+ private:
+  static constexpr size_t kAheadBytes = 256;
+
+  bool FromStream(char* dest, uint64_t n) {
+    if (n == 0) return true;
+    io_ = read_(dest, n);
+    if (!io_.ok()) return false;
+    left_ -= n;
+    return true;
+  }
+
+  bool Refill() {
+    const size_t n = std::min<uint64_t>(left_, kAheadBytes);
+    if (n == 0) return Malformed();  // the message ends inside a field
+    ahead_begin_ = 0;
+    ahead_end_ = 0;
+    if (!FromStream(ahead_, n)) return false;
+    ahead_end_ = n;
+    return true;
+  }
+
+  uint64_t left_;  // not yet read from the stream
+  absl::FunctionRef<absl::Status(char*, size_t)> read_;
+  char ahead_[kAheadBytes];
+  size_t ahead_begin_ = 0;
+  size_t ahead_end_ = 0;
+  absl::Status io_;
+  bool malformed_ = false;
+};
+
+// Reads one Parameter of `length` bytes from `in` (see ReadParamsResponse);
+// false when `in` stopped. Once *blocks is an error, only reads.
+bool ReadParamsBlock(
+    StreamedMessage& in, uint64_t length,
+    absl::FunctionRef<char*(const v1::Parameter&, uint64_t)> where,
+    absl::FunctionRef<absl::Status(const v1::Parameter&, const Segments&)> place,
+    absl::Status* blocks, ParamsReadStats* stats) {
+  const uint64_t end = in.left() - length;  // in.left() once the block is read
+  std::string rest;                         // every field but the content, re-encoded
+  Segments content;
+  grpc::Slice buffer;  // the content when not in place
+  v1::Parameter header;
+  size_t parsed = std::string::npos;  // `header` is the first `parsed` bytes of `rest`
+  auto parse = [&] {
+    if (parsed == rest.size()) return true;
+    header.Clear();
+    if (!header.ParseFromString(rest)) return in.Malformed();
+    parsed = rest.size();
+    return true;
+  };
+  while (in.left() > end) {
+    uint64_t key;
+    if (!in.Varint(&key)) return false;
+    if (!ValidKey(key) || in.left() < end) return in.Malformed();
+    const int field = static_cast<int>(key >> 3);
+    const int wire_type = static_cast<int>(key & 7);
+    if (wire_type == kVarint) {
+      uint64_t v;
+      if (!in.Varint(&v)) return false;
+      PutVarint(&rest, key);
+      PutVarint(&rest, v);
+    } else if (wire_type == kFixed64 || wire_type == kFixed32) {
+      char bytes[8];
+      const size_t size = wire_type == kFixed64 ? 8 : 4;
+      if (!in.Read(bytes, size)) return false;
+      PutVarint(&rest, key);
+      rest.append(bytes, size);
+    } else if (wire_type == kLengthDelimited) {
+      uint64_t size;
+      if (!in.Varint(&size)) return false;
+      if (in.left() < end || size > in.left() - end) return in.Malformed();
+      if (field != kParameterContentField) {
+        PutVarint(&rest, key);
+        PutVarint(&rest, size);
+        const size_t at = rest.size();
+        rest.resize(at + size);
+        if (!in.Read(rest.data() + at, size)) return false;
+        continue;
+      }
+      // The content: in place when it is the block's last field (the
+      // header is then complete) and `where` names a place for it.
+      char* dest = nullptr;
+      if (blocks->ok() && size > 0 && in.left() - size == end) {
+        if (!parse()) return false;
+        if (FirstInvalidUtf8(header.name()) == header.name().size()) dest = where(header, size);
+      }
+      if (dest != nullptr) {
+        if (!in.Read(dest, size)) return false;
+        stats->bytes_in_place += size;
+        content = {absl::string_view(dest, size)};
+        buffer = grpc::Slice();
+      } else {
+        buffer = ProcessBufferPool().Take(size);  // the last occurrence wins, as in protobuf
+        if (!in.Read(MutableData(buffer), size)) return false;
+        stats->bytes_buffered += size;
+        content.clear();
+        if (size > 0) content = {View(buffer)};
+      }
+    } else {
+      return in.Malformed();
+    }
+  }
+  if (in.left() != end) return in.Malformed();  // a field ran past the block
+  if (!blocks->ok()) return true;
+  if (!parse()) return false;
+  if (FirstInvalidUtf8(header.name()) != header.name().size()) {
+    *blocks = absl::DataLossError(absl::StrCat(
+        "malformed response: ", ValidateName("parameter", header.name()).message()));
+    return true;
+  }
+  *blocks = place(header, content);
+  return true;
+}
+
+}  // namespace
+
+absl::Status ReadParamsResponse(
+    uint64_t bytes, absl::FunctionRef<absl::Status(char* dest, size_t n)> read,
+    absl::FunctionRef<char*(const v1::Parameter& header, uint64_t size)> where,
+    absl::FunctionRef<absl::Status(const v1::Parameter& header, const Segments& content)> place,
+    absl::Status* blocks, ParamsReadStats* stats) {
+  *blocks = absl::OkStatus();
+  StreamedMessage in(bytes, read);
+  while (in.left() > 0) {
+    uint64_t key;
+    if (!in.Varint(&key)) break;
+    if (!ValidKey(key)) {
+      in.Malformed();
+      break;
+    }
+    const int wire_type = static_cast<int>(key & 7);
+    uint64_t size = 0;
+    if (wire_type == kVarint) {
+      if (!in.Varint(&size)) break;
+      continue;  // an unknown field: skipped
+    }
+    if (wire_type == kFixed64 || wire_type == kFixed32) {
+      if (!in.Skip(wire_type == kFixed64 ? 8 : 4)) break;
+      continue;
+    }
+    if (wire_type != kLengthDelimited) {
+      in.Malformed();
+      break;
+    }
+    if (!in.Varint(&size)) break;
+    if (size > in.left()) {
+      in.Malformed();
+      break;
+    }
+    const bool read_on = (key >> 3) == kResponseParamsField
+                             ? ReadParamsBlock(in, size, where, place, blocks, stats)
+                             : in.Skip(size);
+    if (!read_on) break;
+  }
+  if (!in.io().ok()) return in.io();
+  if (in.malformed()) {
+    *blocks = absl::DataLossError("malformed response: not a valid GetParamsResponse");
+    // What is left of the message is read and dropped: the stream stays in step.
+    if (!in.Skip(in.left())) return in.io();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace pserver

@@ -149,6 +149,37 @@ struct ParamsResponse {
 // DATA_LOSS for bytes that are not a well-formed response.
 absl::Status DecodeParamsResponse(const grpc::ByteBuffer& buffer, ParamsResponse* out);
 
+// Reads a GetParamsResponse of `bytes` bytes (a bulk channel reply's
+// payload) from a stream as it arrives, one block at a time, never holding
+// the whole message: each block's small fields (its header), then its
+// content, which goes straight into the memory `where(header, size)` names
+// for it (exactly `size` bytes; asked only when the content is the block's
+// last field, as ParamsResponseBuilder and the streamed push+pull write it,
+// so the header is complete) or, where it names none, into a buffer; then
+// `place(header, content)` (for content read in place, content[0].data()
+// is the address `where` gave).
+//
+//   absl::Status blocks;
+//   PS_RETURN_IF_ERROR(ReadParamsResponse(n, read, where, place, &blocks, &stats));
+//
+// `read(dest, n)` reads exactly n bytes of the stream; ReadParamsResponse
+// reads exactly `bytes` (a few hundred ahead of a block's content at most,
+// within the message). Returns read's first error (the stream is then out
+// of step). Otherwise every byte was read and *blocks says how the blocks
+// went: DATA_LOSS for bytes that are not a well-formed response (as
+// DecodeParamsResponse says it), else the first error of `place`; after
+// either, nothing more is asked of `where` or `place` (the rest is read
+// and dropped), and no byte goes where `where` did not point.
+struct ParamsReadStats {
+  uint64_t bytes_in_place = 0;  // content read straight where `where` said
+  uint64_t bytes_buffered = 0;  // content read into a buffer first
+};
+absl::Status ReadParamsResponse(
+    uint64_t bytes, absl::FunctionRef<absl::Status(char* dest, size_t n)> read,
+    absl::FunctionRef<char*(const v1::Parameter& header, uint64_t size)> where,
+    absl::FunctionRef<absl::Status(const v1::Parameter& header, const Segments& content)> place,
+    absl::Status* blocks, ParamsReadStats* stats);
+
 }  // namespace pserver
 
 #endif  // PSERVER_CC_RPC_WIRE_H_

@@ -1041,12 +1041,174 @@ void ExpectPushRejected(absl::string_view bytes) {
   }
 }
 
+// ---- ReadParamsResponse --------------------------------------------------------------
+
+// What ReadParamsResponse made of `bytes`, read from a string.
+struct Streamed {
+  absl::Status io;      // what it returned
+  absl::Status blocks;  // what it said of the blocks
+  size_t consumed = 0;  // bytes it read
+  std::vector<v1::Parameter> headers;
+  std::vector<std::string> contents;
+  std::vector<bool> in_place;  // the content was where `where` said
+  int asked = 0;               // calls of `where`
+  bool outside = false;        // a byte around the memory `where` gave changed
+  ParamsReadStats stats;
+};
+
+// Every block `offer` accepts gets memory of its size (between guard
+// bytes); `fail_place_at`: the block whose placing fails (-1: none).
+Streamed StreamDecode(const std::string& bytes,
+                      const std::function<bool(const v1::Parameter&)>& offer = nullptr,
+                      int fail_place_at = -1) {
+  constexpr size_t kGuard = 64;
+  Streamed out;
+  std::vector<std::unique_ptr<std::string>> places;
+  auto read = [&](char* dest, size_t n) {
+    if (n > bytes.size() - out.consumed) return absl::UnavailableError("read past the message");
+    std::memcpy(dest, bytes.data() + out.consumed, n);
+    out.consumed += n;
+    return absl::OkStatus();
+  };
+  auto where = [&](const v1::Parameter& header, uint64_t size) -> char* {
+    ++out.asked;
+    if ((offer && !offer(header)) || size > bytes.size()) return nullptr;
+    places.push_back(std::make_unique<std::string>(size + 2 * kGuard, '#'));
+    return places.back()->data() + kGuard;
+  };
+  auto place = [&](const v1::Parameter& header, const Segments& content) {
+    if (static_cast<int>(out.headers.size()) == fail_place_at) {
+      return absl::DataLossError("the test refuses this block");
+    }
+    out.headers.push_back(header);
+    out.contents.push_back(SegmentsString(content));
+    out.in_place.push_back(content.size() == 1 && !places.empty() &&
+                           content[0].data() == places.back()->data() + kGuard);
+    return absl::OkStatus();
+  };
+  out.io = ReadParamsResponse(bytes.size(), read, where, place, &out.blocks, &out.stats);
+  for (const auto& p : places) {
+    const std::string guard(kGuard, '#');
+    if (p->compare(0, kGuard, guard) != 0 || p->compare(p->size() - kGuard, kGuard, guard) != 0) {
+      out.outside = true;
+    }
+  }
+  return out;
+}
+
+// ReadParamsResponse reads `bytes` whole, writes nothing outside the memory
+// it was given, and agrees with DecodeParamsResponse (`want`, `status`).
+void ExpectStreamedAgrees(const std::string& bytes, const absl::Status& status,
+                          const ParamsResponse& want) {
+  const Streamed streamed = StreamDecode(bytes);
+  ASSERT_OK(streamed.io);
+  EXPECT_EQ(streamed.consumed, bytes.size());
+  EXPECT_FALSE(streamed.outside);
+  EXPECT_EQ(streamed.blocks.code(), status.code()) << streamed.blocks;
+  if (!status.ok() || !streamed.blocks.ok()) return;
+  ASSERT_EQ(streamed.headers.size(), want.headers.size());
+  for (size_t i = 0; i < want.headers.size(); ++i) {
+    v1::Parameter wanted = want.headers[i], got = streamed.headers[i];
+    wanted.DiscardUnknownFields();
+    got.DiscardUnknownFields();
+    EXPECT_TRUE(ProtoEq(wanted, got));
+    EXPECT_TRUE(SameBytes(SegmentsString(want.contents[i]), streamed.contents[i]));
+  }
+}
+
 void ExpectParamsRejected(absl::string_view bytes) {
   for (const std::vector<size_t>& sizes : std::vector<std::vector<size_t>>{{kWhole}, {1}, {2, 0}}) {
     ParamsResponse decoded;
     EXPECT_THAT(DecodeParamsResponse(Pieces(bytes, sizes), &decoded),
                 StatusIs(absl::StatusCode::kDataLoss, HasSubstr("malformed")));
   }
+  const Streamed streamed = StreamDecode(std::string(bytes));
+  ASSERT_OK(streamed.io);
+  EXPECT_EQ(streamed.consumed, bytes.size());
+  EXPECT_FALSE(streamed.outside);
+  EXPECT_THAT(streamed.blocks, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("malformed")));
+}
+
+TEST(ReadParamsResponseTest, ContentGoesWhereItIsOfferedAndTheRestThroughABuffer) {
+  const std::vector<BuiltBlock> blocks = SampleBlocks();
+  const std::string bytes = Flatten(Build(blocks)) + LengthDelimited(9, "unknown field");
+  // Memory for every block but "large2" (its content goes to a buffer).
+  const Streamed streamed =
+      StreamDecode(bytes, [](const v1::Parameter& header) { return header.name() != "large2"; });
+  ASSERT_OK(streamed.io);
+  ASSERT_OK(streamed.blocks);
+  EXPECT_EQ(streamed.consumed, bytes.size());
+  EXPECT_FALSE(streamed.outside);
+  ASSERT_EQ(streamed.headers.size(), blocks.size());
+  uint64_t in_place = 0, buffered = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    SCOPED_TRACE(blocks[i].header.name());
+    EXPECT_TRUE(ProtoEq(blocks[i].header, streamed.headers[i]));
+    EXPECT_TRUE(SameBytes(blocks[i].content, streamed.contents[i]));
+    const bool offered = blocks[i].header.name() != "large2" && !blocks[i].content.empty();
+    EXPECT_EQ(streamed.in_place[i], offered);
+    (offered ? in_place : buffered) += blocks[i].content.size();
+  }
+  EXPECT_EQ(streamed.stats.bytes_in_place, in_place);
+  EXPECT_EQ(streamed.stats.bytes_buffered, buffered);
+  EXPECT_EQ(streamed.asked, static_cast<int>(blocks.size()) - 1);  // not for the empty block
+}
+
+TEST(ReadParamsResponseTest, AContentThatIsNotTheBlocksLastFieldIsNotOffered) {
+  // Content first, then the header's fields: the header is not complete
+  // when the content arrives, so it goes to a buffer; placed as protobuf reads it.
+  const v1::Parameter header = Param("w", v1::FLOAT32, {4}, Block(0, 1, 0));
+  const std::string content = Pattern(16, 1);
+  const std::string bytes =
+      LengthDelimited(1, LengthDelimited(4, content) + header.SerializeAsString());
+  const Streamed streamed = StreamDecode(bytes);
+  ASSERT_OK(streamed.blocks);
+  EXPECT_EQ(streamed.asked, 0);
+  ASSERT_EQ(streamed.headers.size(), 1u);
+  EXPECT_TRUE(ProtoEq(header, streamed.headers[0]));
+  EXPECT_EQ(streamed.contents[0], content);
+  EXPECT_EQ(streamed.stats.bytes_buffered, content.size());
+}
+
+TEST(ReadParamsResponseTest, APlaceErrorEndsTheBlocksAndTheRestIsReadAndDropped) {
+  const std::vector<BuiltBlock> blocks = SampleBlocks();
+  const std::string bytes = Flatten(Build(blocks));
+  const Streamed streamed = StreamDecode(bytes, nullptr, /*fail_place_at=*/2);
+  ASSERT_OK(streamed.io);
+  EXPECT_THAT(streamed.blocks, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("refuses")));
+  EXPECT_EQ(streamed.headers.size(), 2u);
+  EXPECT_EQ(streamed.asked, 2);  // nothing asked after the error (block 1 is empty)
+  EXPECT_EQ(streamed.consumed, bytes.size());
+}
+
+TEST(ReadParamsResponseTest, AContentLengthPastTheBlockIsMalformedAndWritesNothing) {
+  // A block claiming 1000 bytes of content in a message of 20: DATA_LOSS,
+  // no memory asked for, every byte read.
+  const std::string bytes =
+      LengthDelimited(1, LengthDelimited(1, "w") + Key(4, 2) + Varint(1000) + "abcd");
+  const Streamed streamed = StreamDecode(bytes);
+  ASSERT_OK(streamed.io);
+  EXPECT_THAT(streamed.blocks, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("malformed")));
+  EXPECT_EQ(streamed.asked, 0);
+  EXPECT_EQ(streamed.consumed, bytes.size());
+}
+
+TEST(ReadParamsResponseTest, AReadErrorIsReturned) {
+  const std::string bytes = Flatten(Build(SampleBlocks()));
+  absl::Status blocks;
+  ParamsReadStats stats;
+  size_t consumed = 0;
+  const absl::Status io = ReadParamsResponse(
+      bytes.size(),
+      [&](char* dest, size_t n) {
+        if (consumed + n > 1000) return absl::UnavailableError("connection lost");
+        std::memcpy(dest, bytes.data() + consumed, n);
+        consumed += n;
+        return absl::OkStatus();
+      },
+      [](const v1::Parameter&, uint64_t) -> char* { return nullptr; },
+      [](const v1::Parameter&, const Segments&) { return absl::OkStatus(); }, &blocks, &stats);
+  EXPECT_THAT(io, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connection lost")));
 }
 
 TEST(DecodePushRequestTest, RequestIdWithWrongWireTypeIsAnUnknownField) {
@@ -1206,6 +1368,7 @@ TEST(DecodeRobustnessTest, EveryTruncatedParamsResponseIsRejected) {
       } else {
         EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kDataLoss));
       }
+      ExpectStreamedAgrees(bytes.substr(0, n), status, decoded);
     }
   }
 }
@@ -1255,6 +1418,7 @@ void DecodeAndCheck(const std::string& bytes, const grpc::ByteBuffer& buffer) {
       EXPECT_TRUE(SameBytes(want.parameters(i).content(), SegmentsString(params.contents[i])));
     }
   }
+  ExpectStreamedAgrees(bytes, params_status, params);
 }
 
 TEST(DecodeRobustnessTest, RandomMutationsNeverCrash) {

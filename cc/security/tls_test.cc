@@ -391,6 +391,43 @@ TEST_F(TlsChannelTest, LargeTensorRoundTripsOverTheChannel) {
   EXPECT_GE(server_->bulk_listener()->connections(), 1);
 }
 
+// A Client over the channel with the AEAD layer and with TLS records: its
+// pulls and push+pulls read each block straight from the stream into the
+// output tensor (once the layout is known), with the values a pull over
+// the fixture's client gives.
+TEST_F(TlsChannelTest, PulledBlocksGoStraightIntoTheTensorOverAeadAndTlsRecords) {
+  for (bool aead : {true, false}) {
+    SCOPED_TRACE(aead ? "AEAD layer" : "TLS records");
+    TlsOptions tls = Good();
+    tls.bulk_aead = aead;
+    std::unique_ptr<ChannelTransport> owned = Channel(tls);
+    ChannelTransport* channel = owned.get();
+    std::vector<std::unique_ptr<Transport>> transports;
+    transports.push_back(std::move(owned));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client,
+                         Client::Create(ClientOptions(), std::move(transports)));
+    const std::vector<std::string> names = {"big", "w"};
+    std::vector<Tensor> outs(2);
+    ASSERT_OK(client->GetParamsInto(names, absl::MakeSpan(outs)));  // learns the layouts
+    const uint64_t before = channel->pulled_bytes_in_place();
+    const uint64_t buffered = channel->pulled_bytes_buffered();  // block 0 of each, above
+    ASSERT_OK(client->GetParamsInto(names, absl::MakeSpan(outs)));
+    EXPECT_EQ(channel->pulled_bytes_in_place() - before, (big_.size() + 4) * sizeof(float));
+    ASSERT_OK_AND_ASSIGN(Tensor want, client_->GetParam("big"));
+    EXPECT_EQ(outs[0].bytes(), want.bytes());
+    EXPECT_EQ(channel->route(), "tcp");
+
+    const uint64_t before_push = channel->pulled_bytes_in_place();
+    Tensor out;
+    ASSERT_OK(client->PushPull(
+        "big", Tensor::FromValues<float>({big_.size()}, std::vector<float>(big_.size(), 1)), &out));
+    EXPECT_EQ(channel->pulled_bytes_in_place() - before_push, big_.size() * sizeof(float));
+    ASSERT_OK_AND_ASSIGN(want, client_->GetParam("big"));
+    EXPECT_EQ(out.bytes(), want.bytes());
+    EXPECT_EQ(channel->pulled_bytes_buffered(), buffered);
+  }
+}
+
 // A parameter of `floats` values i % 1000, pushed and pulled through
 // `client` over its bulk channel: what comes back is exact both ways.
 void ExpectBulkRoundTrip(Client& client, size_t floats) {
