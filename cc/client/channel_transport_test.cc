@@ -11,6 +11,7 @@
 #include "cc/client/channel_transport.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cc/client/call_group.h"
 #include "cc/client/cancellation.h"
@@ -458,6 +460,116 @@ TEST(ChannelTransportFakeTest, AbandoningFailsACallInFlightWithTheReason) {
   EXPECT_THAT(status.message(), HasSubstr("server 0 was replaced"));
   fake.WaitForClose();
   EXPECT_THAT(PushOver(channel, {1, 2}, {1}), StatusCodeIs(absl::StatusCode::kUnimplemented));
+}
+
+// Accepts connections, reads their hello and never answers: a server paused
+// (SIGSTOP) mid-handshake, whose kernel still accepts connections.
+class MuteChannelServer {
+ public:
+  MuteChannelServer() {
+    int port = 0;
+    auto fd = ListenTcp("127.0.0.1", &port);
+    EXPECT_THAT(fd.status(), IsOk());
+    listen_fd_ = *fd;
+    offer_.set_tcp_port(port);
+    offer_.set_token(std::string(kChannelTokenBytes, 't'));
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~MuteChannelServer() {
+    shutdown(listen_fd_, SHUT_RDWR);
+    CloseAll();
+    thread_.join();
+    close(listen_fd_);
+    absl::MutexLock lock(&mu_);
+    for (int fd : fds_) close(fd);
+  }
+  const v1::OpenChannelResponse& offer() const { return offer_; }
+  // Waits until a client's hello (header and token) has arrived.
+  void WaitForHello() { hello_.WaitForNotification(); }
+  // Shuts every connection down: what ends a client stuck in its hello.
+  void CloseAll() {
+    absl::MutexLock lock(&mu_);
+    for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+  }
+
+ private:
+  void Serve() {
+    for (;;) {
+      const int fd = accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) return;
+      {
+        absl::MutexLock lock(&mu_);
+        fds_.push_back(fd);
+      }
+      std::string hello(kFrameHeaderBytes + kChannelTokenBytes, '\0');
+      if (recv(fd, hello.data(), hello.size(), MSG_WAITALL) == static_cast<ssize_t>(hello.size()) &&
+          !hello_.HasBeenNotified()) {
+        hello_.Notify();
+      }
+    }
+  }
+
+  int listen_fd_ = -1;
+  v1::OpenChannelResponse offer_;
+  std::thread thread_;
+  absl::Notification hello_;
+  absl::Mutex mu_;
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
+};
+
+// A server that accepts the bulk connection and never answers the hello:
+// opening the channel ends at connect_timeout (the call's deadline is an
+// hour away), and the call goes to gRPC.
+TEST(ChannelTransportFakeTest, AHelloNeverAnsweredEndsAtTheConnectTimeout) {
+  MuteChannelServer mute;
+  ChannelTransportOptions options;
+  options.connect_timeout = absl::Milliseconds(100);
+  ChannelTransport channel(std::make_unique<FakeGrpc>(mute.offer()), options);
+  absl::Status status;
+  absl::Notification done;
+  std::thread caller([&] {
+    status = PushOver(channel, {1, 1}, {1}, absl::Now() + absl::Hours(1));
+    done.Notify();
+  });
+  // Bounded only so that the test ends without the connect timeout.
+  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(60));
+  if (!ended) mute.CloseAll();
+  caller.join();
+  ASSERT_TRUE(ended) << "the hello to a silent server did not end at connect_timeout";
+  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kUnimplemented));  // the fake gRPC's
+  EXPECT_EQ(channel.route(), "grpc");
+  EXPECT_EQ(channel.connections_opened(), 0);
+}
+
+// Abandon (the client's etcd watch found another server at this index)
+// while a connection to a silent server is being opened: the hello ends at
+// once, Abandon does not wait for it, and the call is not sent over the
+// channel (it goes to gRPC).
+TEST(ChannelTransportFakeTest, AbandoningEndsAHelloInProgress) {
+  MuteChannelServer mute;
+  ChannelTransportOptions options;
+  options.connect_timeout = absl::Hours(1);
+  ChannelTransport channel(std::make_unique<FakeGrpc>(mute.offer()), options);
+  absl::Status status;
+  absl::Notification done, abandoned;
+  std::thread caller([&] {
+    status = PushOver(channel, {1, 1}, {1}, absl::Now() + absl::Hours(1));
+    done.Notify();
+  });
+  mute.WaitForHello();
+  std::thread watch([&] {
+    channel.Abandon(absl::UnavailableError("server 0 was replaced"));
+    abandoned.Notify();
+  });
+  // Bounded only so that the test ends without the fix.
+  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(60)) &&
+                     abandoned.WaitForNotificationWithTimeout(absl::Seconds(60));
+  if (!ended) mute.CloseAll();
+  caller.join();
+  watch.join();
+  ASSERT_TRUE(ended) << "Abandon did not end the hello to a silent server";
+  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kUnimplemented));  // the fake gRPC's
+  EXPECT_EQ(channel.connections_opened(), 0);
 }
 
 // The same on gRPC: a server that takes the call and never answers; the
