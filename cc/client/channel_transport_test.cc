@@ -531,8 +531,9 @@ TEST(ChannelTransportFakeTest, AHelloNeverAnsweredEndsAtTheConnectTimeout) {
     status = PushOver(channel, {1, 1}, {1}, absl::Now() + absl::Hours(1));
     done.Notify();
   });
-  // Bounded only so that the test ends without the connect timeout.
-  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(60));
+  // Bounded (far above 100 ms) only so that the test fails, rather than
+  // hangs, without the connect timeout.
+  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(15));
   if (!ended) mute.CloseAll();
   caller.join();
   ASSERT_TRUE(ended) << "the hello to a silent server did not end at connect_timeout";
@@ -561,9 +562,10 @@ TEST(ChannelTransportFakeTest, AbandoningEndsAHelloInProgress) {
     channel.Abandon(absl::UnavailableError("server 0 was replaced"));
     abandoned.Notify();
   });
-  // Bounded only so that the test ends without the fix.
-  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(60)) &&
-                     abandoned.WaitForNotificationWithTimeout(absl::Seconds(60));
+  // Bounded only so that the test fails, rather than hangs, without the fix.
+  const absl::Time until = absl::Now() + absl::Seconds(15);
+  const bool ended = done.WaitForNotificationWithDeadline(until) &&
+                     abandoned.WaitForNotificationWithDeadline(until);
   if (!ended) mute.CloseAll();
   caller.join();
   watch.join();
