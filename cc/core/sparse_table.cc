@@ -581,10 +581,10 @@ class ShardLock {
 
 }  // namespace
 
-template <typename T, typename OnRow, typename OnPending>
+template <typename T, SparseTable::RowCreation kCreate, typename OnRow, typename OnPending>
 uint64_t SparseTable::ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& batch,
-                                 const uint32_t* first, RowCreation create, bool locked,
-                                 OnRow on_row, OnPending on_pending) {
+                                 const uint32_t* first, bool locked, OnRow on_row,
+                                 OnPending on_pending) {
   const uint64_t call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
   const int64_t now = NowNanos();
   // Two passes per shard so that the memory of later keys is fetched while
@@ -616,7 +616,7 @@ uint64_t SparseTable::ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch
     ShardLock lock(&shard.mu, locked);
     // Room for every key first: a creation then never rehashes (moves) the
     // slots found.
-    if (create == RowCreation::kOnAdmission) ReserveSlots(shard, end - begin);
+    if constexpr (kCreate == RowCreation::kOnAdmission) ReserveSlots(shard, end - begin);
     if (ahead) FindSlots(shard, keys, batch, begin, end, slots.get());
     for (uint32_t j = begin; j < end; ++j) {
       const uint32_t i = batch.order[j];
@@ -635,11 +635,15 @@ uint64_t SparseTable::ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch
       }
       if (slot != kNil) {
         Touch(shard, slot, now);
-      } else if (create == RowCreation::kOnAdmission && Sight(shard, key, call)) {
+      } else if constexpr (kCreate == RowCreation::kOnAdmission) {
+        if (!Sight(shard, key, call)) {
+          on_pending(i);
+          continue;
+        }
         slot = CreateRow<T>(shard, key, now);
         ++created;
       } else {
-        if (create == RowCreation::kNever) SightForRead(shard, key, call);
+        SightForRead(shard, key, call);
         on_pending(i);
         continue;
       }
@@ -663,8 +667,8 @@ absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<c
   std::vector<uint32_t> initial;  // positions that read the initializer's value
   KeyBatch batch;
   GroupByShard(keys, batch);
-  ForEachRow<T>(
-      keys, batch, /*first=*/nullptr, RowCreation::kNever, /*locked=*/false,
+  ForEachRow<T, RowCreation::kNever>(
+      keys, batch, /*first=*/nullptr, /*locked=*/false,
       [&](uint32_t i, Shard& shard, uint32_t slot) {
         CopyRow(out.data() + static_cast<size_t>(i) * row_bytes_, SlotData(shard, slot),
                 row_bytes_);
@@ -760,8 +764,8 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
   // Last before anything changes: the room for the rows it may create.
   bool locked = false;
   PS_ASSIGN_OR_RETURN(const uint64_t reserved, ReserveRows(keys, batch, first.get(), &locked));
-  const uint64_t created = ForEachRow<T>(
-      keys, batch, duplicates ? first.get() : nullptr, RowCreation::kOnAdmission, locked,
+  const uint64_t created = ForEachRow<T, RowCreation::kOnAdmission>(
+      keys, batch, duplicates ? first.get() : nullptr, locked,
       [&](uint32_t i, Shard& shard, uint32_t slot) {
         T* row = reinterpret_cast<T*>(SlotData(shard, slot));
         const uint64_t step = ++StepOf(shard, slot);

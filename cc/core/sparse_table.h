@@ -256,10 +256,9 @@ class SparseTable {
   // each key's first listing.
   // Returns the rows created. With `locked`, the caller holds every
   // shard's lock (a push counting exactly what it creates).
-  template <typename T, typename OnRow, typename OnPending>
+  template <typename T, RowCreation kCreate, typename OnRow, typename OnPending>
   uint64_t ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& batch,
-                      const uint32_t* first, RowCreation create, bool locked, OnRow on_row,
-                      OnPending on_pending);
+                      const uint32_t* first, bool locked, OnRow on_row, OnPending on_pending);
   // A push's room in the row budget (`first`: FirstOccurrences of `keys`):
   // a reservation for every key when it fits, else, with every shard's lock
   // taken (`*locked` set), the rows it would create exactly.
