@@ -347,6 +347,17 @@ class FakeGrpc final : public Transport {
   const v1::OpenChannelResponse offer_;
 };
 
+// A listener on 127.0.0.1 and the offer (its port, a token) that names it;
+// returns the listening socket.
+int ListenAndOffer(v1::OpenChannelResponse* offer) {
+  int port = 0;
+  auto fd = ListenTcp("127.0.0.1", &port);
+  EXPECT_THAT(fd.status(), IsOk());
+  offer->set_tcp_port(port);
+  offer->set_token(std::string(kChannelTokenBytes, 't'));
+  return fd.ok() ? *fd : -1;
+}
+
 // Accepts one connection, greets it, then reads requests and answers each
 // with `reply` (nothing when empty) until the client closes it; given
 // several replies, the n-th request gets the n-th (the last: every later one).
@@ -355,12 +366,7 @@ class FakeChannelServer {
   explicit FakeChannelServer(std::string reply = "")
       : FakeChannelServer(std::vector<std::string>{std::move(reply)}) {}
   explicit FakeChannelServer(std::vector<std::string> replies) : replies_(std::move(replies)) {
-    int port = 0;
-    auto fd = ListenTcp("127.0.0.1", &port);
-    EXPECT_THAT(fd.status(), IsOk());
-    listen_fd_ = *fd;
-    offer_.set_tcp_port(port);
-    offer_.set_token(std::string(kChannelTokenBytes, 't'));
+    listen_fd_ = ListenAndOffer(&offer_);
     thread_ = std::thread([this] { Serve(); });
   }
   ~FakeChannelServer() {
@@ -467,12 +473,7 @@ TEST(ChannelTransportFakeTest, AbandoningFailsACallInFlightWithTheReason) {
 class MuteChannelServer {
  public:
   MuteChannelServer() {
-    int port = 0;
-    auto fd = ListenTcp("127.0.0.1", &port);
-    EXPECT_THAT(fd.status(), IsOk());
-    listen_fd_ = *fd;
-    offer_.set_tcp_port(port);
-    offer_.set_token(std::string(kChannelTokenBytes, 't'));
+    listen_fd_ = ListenAndOffer(&offer_);
     thread_ = std::thread([this] { Serve(); });
   }
   ~MuteChannelServer() {
@@ -517,6 +518,18 @@ class MuteChannelServer {
   std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
 };
 
+// A push (its deadline an hour away) on a thread of its own.
+struct PushInThread {
+  explicit PushInThread(Transport& channel)
+      : thread([this, &channel] {
+          status = PushOver(channel, {1, 1}, {1}, absl::Now() + absl::Hours(1));
+          done.Notify();
+        }) {}
+  absl::Status status;
+  absl::Notification done;
+  std::thread thread;  // last: starts once the others are made
+};
+
 // A server that accepts the bulk connection and never answers the hello:
 // opening the channel ends at connect_timeout (the call's deadline is an
 // hour away), and the call goes to gRPC.
@@ -525,19 +538,14 @@ TEST(ChannelTransportFakeTest, AHelloNeverAnsweredEndsAtTheConnectTimeout) {
   ChannelTransportOptions options;
   options.connect_timeout = absl::Milliseconds(100);
   ChannelTransport channel(std::make_unique<FakeGrpc>(mute.offer()), options);
-  absl::Status status;
-  absl::Notification done;
-  std::thread caller([&] {
-    status = PushOver(channel, {1, 1}, {1}, absl::Now() + absl::Hours(1));
-    done.Notify();
-  });
+  PushInThread push(channel);
   // Bounded (far above 100 ms) only so that the test fails, rather than
   // hangs, without the connect timeout.
-  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(15));
+  const bool ended = push.done.WaitForNotificationWithTimeout(absl::Seconds(15));
   if (!ended) mute.CloseAll();
-  caller.join();
+  push.thread.join();
   ASSERT_TRUE(ended) << "the hello to a silent server did not end at connect_timeout";
-  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kUnimplemented));  // the fake gRPC's
+  EXPECT_THAT(push.status, StatusCodeIs(absl::StatusCode::kUnimplemented));  // the fake gRPC's
   EXPECT_EQ(channel.route(), "grpc");
   EXPECT_EQ(channel.connections_opened(), 0);
 }
@@ -551,12 +559,8 @@ TEST(ChannelTransportFakeTest, AbandoningEndsAHelloInProgress) {
   ChannelTransportOptions options;
   options.connect_timeout = absl::Hours(1);
   ChannelTransport channel(std::make_unique<FakeGrpc>(mute.offer()), options);
-  absl::Status status;
-  absl::Notification done, abandoned;
-  std::thread caller([&] {
-    status = PushOver(channel, {1, 1}, {1}, absl::Now() + absl::Hours(1));
-    done.Notify();
-  });
+  PushInThread push(channel);
+  absl::Notification abandoned;
   mute.WaitForHello();
   std::thread watch([&] {
     channel.Abandon(absl::UnavailableError("server 0 was replaced"));
@@ -564,13 +568,13 @@ TEST(ChannelTransportFakeTest, AbandoningEndsAHelloInProgress) {
   });
   // Bounded only so that the test fails, rather than hangs, without the fix.
   const absl::Time until = absl::Now() + absl::Seconds(15);
-  const bool ended = done.WaitForNotificationWithDeadline(until) &&
+  const bool ended = push.done.WaitForNotificationWithDeadline(until) &&
                      abandoned.WaitForNotificationWithDeadline(until);
   if (!ended) mute.CloseAll();
-  caller.join();
+  push.thread.join();
   watch.join();
   ASSERT_TRUE(ended) << "Abandon did not end the hello to a silent server";
-  EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kUnimplemented));  // the fake gRPC's
+  EXPECT_THAT(push.status, StatusCodeIs(absl::StatusCode::kUnimplemented));  // the fake gRPC's
   EXPECT_EQ(channel.connections_opened(), 0);
 }
 
