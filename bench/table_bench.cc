@@ -15,6 +15,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -22,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/string_view.h"
 #include "bench/sparse_ceiling.h"
+#include "cc/core/memory_budget.h"
 #include "cc/core/sparse_table.h"
 
 ABSL_FLAG(std::vector<std::string>, dims, std::vector<std::string>({"8", "64"}), "Table dims.");
@@ -29,6 +31,9 @@ ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1024", "
           "Keys per call.");
 ABSL_FLAG(int, keys_per_run, 4 << 20, "Keys pulled (and pushed) per shape and round.");
 ABSL_FLAG(int, rounds, 3, "Rounds per shape, table and ceiling alternately.");
+ABSL_FLAG(uint64_t, row_budget_bytes, uint64_t{1} << 40,
+          "The table's row budget, as --max_table_row_bytes gives a server's tables (every "
+          "push reserves and settles its room); 0: none.");
 
 namespace {
 
@@ -47,7 +52,12 @@ int Run(uint32_t dim, int batch) {
   config.mutable_initializer()->mutable_uniform()->set_low(-0.01);
   config.mutable_initializer()->mutable_uniform()->set_high(0.01);
   config.mutable_optimizer()->mutable_sgd()->set_learning_rate(1e-6);
-  auto table = pserver::SparseTable::Create("bench", config);
+  pserver::SparseTableOptions options;
+  if (absl::GetFlag(FLAGS_row_budget_bytes) > 0) {
+    options.row_budget =
+        std::make_shared<pserver::MemoryBudget>(absl::GetFlag(FLAGS_row_budget_bytes));
+  }
+  auto table = pserver::SparseTable::Create("bench", config, std::move(options));
   if (!table.ok()) {
     std::fprintf(stderr, "%s\n", table.status().ToString().c_str());
     return 1;

@@ -47,7 +47,9 @@
 namespace pserver {
 namespace {
 
+using ::pserver::testing::StatusCodeIs;
 using ::pserver::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
@@ -570,6 +572,51 @@ TEST(TransportLimitsTest, ZeroOutsiderStateLimitsExitNamingThem) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << DescribeWaitStatus(status);
     EXPECT_THAT(child->output(), HasSubstr(flag));
   }
+}
+
+// ---- parameter memory: many InitParams ----------------------------------------------
+
+// A trainer initializing parameters in a loop cannot make the server
+// allocate past --max_param_bytes: every InitParam past it is
+// RESOURCE_EXHAUSTED naming the parameter and the flag, nothing is stored,
+// and the server serves what it holds. The budgets are said at start.
+TEST(TransportLimitsTest, ParametersInitializedInALoopAreBoundedByMaxParamBytes) {
+  constexpr int kFit = 16;  // float32 [64] with plain SGD: 256 bytes each
+  PserverChild server;
+  ASSERT_NO_FATAL_FAILURE(server.Start({absl::StrCat("--max_param_bytes=", kFit * 256)}));
+  EXPECT_THAT(server.output(), HasSubstr("memory budgets: parameters 4096 bytes (--max_param_bytes)"));
+  ClientOptions options;
+  options.servers = {server.address()};
+  options.timeout = absl::Seconds(60);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(options));
+  const std::vector<float> values(64, 0.5f);
+  for (int i = 0; i < kFit; ++i) {
+    ASSERT_OK(client->InitParam(absl::StrCat("p", i), Tensor::FromValues<float>({64}, values)));
+  }
+  for (int i = kFit; i < 200; ++i) {
+    const std::string name = absl::StrCat("p", i);
+    const absl::Status status = client->InitParam(name, Tensor::FromValues<float>({64}, values));
+    ASSERT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted,
+                                 AllOf(HasSubstr(absl::StrCat("'", name, "'")),
+                                       HasSubstr("--max_param_bytes=4096"))))
+        << i;
+  }
+  ASSERT_OK(client->FinishInitParams());
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  v1::GetStatsRequest request;
+  v1::GetStatsResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  ASSERT_TRUE(stub->GetStats(&context, request, &response).ok());
+  EXPECT_EQ(response.stats().parameters(), static_cast<uint64_t>(kFit));
+  EXPECT_EQ(response.stats().parameter_bytes(), static_cast<uint64_t>(kFit) * 256);
+  ASSERT_OK_AND_ASSIGN(Tensor first, client->GetParam("p0"));
+  EXPECT_EQ(first.ToVector<float>(), values);
+  EXPECT_THAT(client->GetParam(absl::StrCat("p", kFit)).status(),
+              StatusCodeIs(absl::StatusCode::kNotFound));
+  client.reset();
+  ASSERT_NO_FATAL_FAILURE(server.Stop());
 }
 
 // ---- table clocks: many worker ids ---------------------------------------------------

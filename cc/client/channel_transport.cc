@@ -1,6 +1,10 @@
 #include "cc/client/channel_transport.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -613,27 +617,76 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
       unix_socket = true;
     }
   }
+  std::string host;
   if (stream == nullptr) {
-    const std::string host = TargetHost(address());
+    host = TargetHost(address());
     if (host.empty() || offer.tcp_port() == 0) {
       return absl::UnavailableError("the bulk channel has no TCP port for this address");
     }
     PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
                                            deadline - absl::Now()));
-    if (options_.tls.enabled()) {
-      PS_ASSIGN_OR_RETURN(stream, StartTlsClient(std::move(stream), options_.tls, host, deadline,
-                                                 offer.bulk_aead() >= 1));
+  }
+  // From here to the hello's answer a silent server is cut off by the
+  // deadline or by Abandon.
+  auto* socket = dynamic_cast<SocketStream*>(stream.get());
+  if (socket == nullptr) return absl::InternalError("bulk channel: not a socket");
+  PS_RETURN_IF_ERROR(BeginConnecting(socket->fd(), deadline));
+  std::shared_ptr<Connection> connection;
+  absl::Status opened;
+  if (!unix_socket && options_.tls.enabled()) {
+    absl::StatusOr<std::unique_ptr<ByteStream>> tls = StartTlsClient(
+        std::move(stream), options_.tls, host, deadline, offer.bulk_aead() >= 1);
+    if (tls.ok()) {
+      stream = *std::move(tls);
+    } else {
+      opened = tls.status();
     }
   }
-  if (auto* plain = dynamic_cast<SocketStream*>(stream.get()); plain != nullptr) {
-    plain->SpinBeforeBlocking({options_.read_spin});  // a small reply: poll before sleeping
+  if (opened.ok()) {
+    if (auto* plain = dynamic_cast<SocketStream*>(stream.get()); plain != nullptr) {
+      plain->SpinBeforeBlocking({options_.read_spin});  // a small reply: poll before sleeping
+    }
+    connection = std::make_shared<Connection>(std::move(stream), &timer_, &counters_);
+    opened = connection->Hello(offer.token() + options_.bearer_token);
   }
-  auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &counters_);
-  PS_RETURN_IF_ERROR(connection->Hello(offer.token() + options_.bearer_token));
+  // Why the socket was cut says more than the failed read it caused.
+  const absl::Status cut = EndConnecting();
+  PS_RETURN_IF_ERROR(cut);
+  PS_RETURN_IF_ERROR(opened);
   connection->table_frames = offer.table_frames() >= kTableFrameVersion;
   over_unix_ = unix_socket;
   opened_.fetch_add(1);
   return connection;
+}
+
+absl::Status ChannelTransport::BeginConnecting(int fd, absl::Time deadline) {
+  absl::MutexLock lock(&connecting_mu_);
+  if (abandoned_why_.has_value()) return *abandoned_why_;
+  connect_cut_.reset();
+  connecting_fd_ = dup(fd);
+  if (connecting_fd_ < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("bulk channel: dup of a connecting socket failed: ", std::strerror(errno)));
+  }
+  const uint64_t id = ++connecting_id_;
+  const absl::Duration timeout = options_.connect_timeout;
+  connect_timer_ = timer_.Schedule(deadline, [this, id, timeout] {
+    absl::MutexLock lock(&connecting_mu_);
+    if (connecting_id_ != id || connecting_fd_ < 0) return;  // answered meanwhile
+    connect_cut_ = absl::DeadlineExceededError(absl::StrCat(
+        "bulk channel to ", address(), ": no answer to the hello within the call's deadline or ",
+        absl::FormatDuration(timeout), " (connect_timeout)"));
+    shutdown(connecting_fd_, SHUT_RDWR);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status ChannelTransport::EndConnecting() {
+  absl::MutexLock lock(&connecting_mu_);
+  timer_.Cancel(connect_timer_);  // a callback that runs anyway finds no socket
+  close(connecting_fd_);
+  connecting_fd_ = -1;
+  return connect_cut_.value_or(absl::OkStatus());
 }
 
 absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::Open(
@@ -750,6 +803,15 @@ bool ChannelTransport::TableRows(FrameMethod method, const TableFrame& frame, Ro
 
 void ChannelTransport::Abandon(const absl::Status& why) {
   grpc_->Abandon(why);  // first: an OpenChannel in flight, and gRPC calls, end now
+  {
+    // A connection being opened (Pick holds mu_ meanwhile) ends now.
+    absl::MutexLock lock(&connecting_mu_);
+    abandoned_why_ = why;
+    if (connecting_fd_ >= 0) {
+      connect_cut_ = why;
+      shutdown(connecting_fd_, SHUT_RDWR);
+    }
+  }
   std::vector<std::shared_ptr<Connection>> slots;
   {
     absl::MutexLock lock(&mu_);

@@ -33,6 +33,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,11 @@ namespace pserver {
 struct ChannelTransportOptions {
   // Connections to the server; calls are spread over them.
   int connections = 2;
-  // Opening the channel (OpenChannel, connect, token) takes at most this
-  // long (and never past the first call's deadline).
+  // Opening the channel (OpenChannel, connect, TLS handshake, the hello
+  // with the token and its answer) takes at most this long (and never past
+  // the first call's deadline): a server that accepts and never answers
+  // has its connection shut down then, and bulk calls use gRPC for
+  // `retry_after`. Abandon ends an opening in progress at once.
   absl::Duration connect_timeout = absl::Seconds(5);
   // Try the server's Unix socket before TCP.
   bool unix_socket = true;
@@ -94,6 +98,8 @@ class ChannelTransport final : public Transport {
   // Fails every call in flight with `why` (dropping the connections: a
   // caller blocked writing to a silent server, or a waiter reading its
   // reply, returns at once), and every later call, over the channel or gRPC.
+  // A connection being opened (TLS handshake, hello) is shut down first,
+  // so this never waits for a silent server.
   void Abandon(const absl::Status& why) override;
 
   // What the last bulk call went over: "unix", "tcp", or "grpc".
@@ -131,9 +137,23 @@ class ChannelTransport final : public Transport {
   bool Send(FrameMethod method, absl::Span<const absl::string_view> payload, BlockSink sink,
             absl::Time deadline, Done& done, TraceRecorder* trace);
   void FallBack(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // While a connection is opened (TLS handshake, hello), Abandon or
+  // `deadline` shut its socket `fd` down (through a duplicate of it, so
+  // that it stays ours whoever owns the socket meanwhile). Begin returns
+  // the reason if abandoned already; End the reason the socket was shut
+  // down, if it was (OK otherwise).
+  absl::Status BeginConnecting(int fd, absl::Time deadline);
+  absl::Status EndConnecting();
 
   const std::unique_ptr<Transport> grpc_;
   const ChannelTransportOptions options_;
+  // Declared before the timer, whose callbacks use them.
+  absl::Mutex connecting_mu_;
+  int connecting_fd_ ABSL_GUARDED_BY(connecting_mu_) = -1;  // a duplicate; -1: none
+  uint64_t connecting_id_ ABSL_GUARDED_BY(connecting_mu_) = 0;
+  uint64_t connect_timer_ ABSL_GUARDED_BY(connecting_mu_) = 0;
+  std::optional<absl::Status> connect_cut_ ABSL_GUARDED_BY(connecting_mu_);
+  std::optional<absl::Status> abandoned_why_ ABSL_GUARDED_BY(connecting_mu_);
   DeadlineTimer timer_;
   std::atomic<size_t> next_{0};
   std::atomic<int> opened_{0};

@@ -13,6 +13,7 @@
 #include "cc/client/channel_transport.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cc/client/call_group.h"
 #include "cc/client/cancellation.h"
@@ -497,6 +499,17 @@ class FakeGrpc final : public Transport {
   const v1::OpenChannelResponse offer_;
 };
 
+// A listener on 127.0.0.1 and the offer (its port, a token) that names it;
+// returns the listening socket.
+int ListenAndOffer(v1::OpenChannelResponse* offer) {
+  int port = 0;
+  auto fd = ListenTcp("127.0.0.1", &port);
+  EXPECT_THAT(fd.status(), IsOk());
+  offer->set_tcp_port(port);
+  offer->set_token(std::string(kChannelTokenBytes, 't'));
+  return fd.ok() ? *fd : -1;
+}
+
 // Accepts one connection, greets it, then reads requests and answers each
 // with `reply` (nothing when empty) until the client closes it; given
 // several replies, the n-th request gets the n-th (the last: every later one).
@@ -505,12 +518,7 @@ class FakeChannelServer {
   explicit FakeChannelServer(std::string reply = "")
       : FakeChannelServer(std::vector<std::string>{std::move(reply)}) {}
   explicit FakeChannelServer(std::vector<std::string> replies) : replies_(std::move(replies)) {
-    int port = 0;
-    auto fd = ListenTcp("127.0.0.1", &port);
-    EXPECT_THAT(fd.status(), IsOk());
-    listen_fd_ = *fd;
-    offer_.set_tcp_port(port);
-    offer_.set_token(std::string(kChannelTokenBytes, 't'));
+    listen_fd_ = ListenAndOffer(&offer_);
     thread_ = std::thread([this] { Serve(); });
   }
   ~FakeChannelServer() {
@@ -610,6 +618,116 @@ TEST(ChannelTransportFakeTest, AbandoningFailsACallInFlightWithTheReason) {
   EXPECT_THAT(status.message(), HasSubstr("server 0 was replaced"));
   fake.WaitForClose();
   EXPECT_THAT(PushOver(channel, {1, 2}, {1}), StatusCodeIs(absl::StatusCode::kUnimplemented));
+}
+
+// Accepts connections, reads their hello and never answers: a server paused
+// (SIGSTOP) mid-handshake, whose kernel still accepts connections.
+class MuteChannelServer {
+ public:
+  MuteChannelServer() {
+    listen_fd_ = ListenAndOffer(&offer_);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~MuteChannelServer() {
+    shutdown(listen_fd_, SHUT_RDWR);
+    CloseAll();
+    thread_.join();
+    close(listen_fd_);
+    absl::MutexLock lock(&mu_);
+    for (int fd : fds_) close(fd);
+  }
+  const v1::OpenChannelResponse& offer() const { return offer_; }
+  // Waits until a client's hello (header and token) has arrived.
+  void WaitForHello() { hello_.WaitForNotification(); }
+  // Shuts every connection down: what ends a client stuck in its hello.
+  void CloseAll() {
+    absl::MutexLock lock(&mu_);
+    for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+  }
+
+ private:
+  void Serve() {
+    for (;;) {
+      const int fd = accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) return;
+      {
+        absl::MutexLock lock(&mu_);
+        fds_.push_back(fd);
+      }
+      std::string hello(kFrameHeaderBytes + kChannelTokenBytes, '\0');
+      if (recv(fd, hello.data(), hello.size(), MSG_WAITALL) == static_cast<ssize_t>(hello.size()) &&
+          !hello_.HasBeenNotified()) {
+        hello_.Notify();
+      }
+    }
+  }
+
+  int listen_fd_ = -1;
+  v1::OpenChannelResponse offer_;
+  std::thread thread_;
+  absl::Notification hello_;
+  absl::Mutex mu_;
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
+};
+
+// A push (its deadline an hour away) on a thread of its own.
+struct PushInThread {
+  explicit PushInThread(Transport& channel)
+      : thread([this, &channel] {
+          status = PushOver(channel, {1, 1}, {1}, absl::Now() + absl::Hours(1));
+          done.Notify();
+        }) {}
+  absl::Status status;
+  absl::Notification done;
+  std::thread thread;  // last: starts once the others are made
+};
+
+// A server that accepts the bulk connection and never answers the hello:
+// opening the channel ends at connect_timeout (the call's deadline is an
+// hour away), and the call goes to gRPC.
+TEST(ChannelTransportFakeTest, AHelloNeverAnsweredEndsAtTheConnectTimeout) {
+  MuteChannelServer mute;
+  ChannelTransportOptions options;
+  options.connect_timeout = absl::Milliseconds(100);
+  ChannelTransport channel(std::make_unique<FakeGrpc>(mute.offer()), options);
+  PushInThread push(channel);
+  // Bounded (far above 100 ms) only so that the test fails, rather than
+  // hangs, without the connect timeout.
+  const bool ended = push.done.WaitForNotificationWithTimeout(absl::Seconds(15));
+  if (!ended) mute.CloseAll();
+  push.thread.join();
+  ASSERT_TRUE(ended) << "the hello to a silent server did not end at connect_timeout";
+  EXPECT_THAT(push.status, StatusCodeIs(absl::StatusCode::kUnimplemented));  // the fake gRPC's
+  EXPECT_EQ(channel.route(), "grpc");
+  EXPECT_EQ(channel.connections_opened(), 0);
+}
+
+// Abandon (the client's etcd watch found another server at this index)
+// while a connection to a silent server is being opened: the hello ends at
+// once, Abandon does not wait for it, and the call is not sent over the
+// channel (it goes to gRPC).
+TEST(ChannelTransportFakeTest, AbandoningEndsAHelloInProgress) {
+  MuteChannelServer mute;
+  ChannelTransportOptions options;
+  options.connect_timeout = absl::Hours(1);
+  ChannelTransport channel(std::make_unique<FakeGrpc>(mute.offer()), options);
+  PushInThread push(channel);
+  absl::Notification abandoned;
+  mute.WaitForHello();
+  std::thread watch([&] {
+    channel.Abandon(absl::UnavailableError("server 0 was replaced"));
+    abandoned.Notify();
+  });
+  // Bounded only so that the test fails, rather than hangs, without the fix.
+  const absl::Time until = absl::Now() + absl::Seconds(15);
+  const bool ended = push.done.WaitForNotificationWithDeadline(until) &&
+                     abandoned.WaitForNotificationWithDeadline(until);
+  if (!ended) mute.CloseAll();
+  push.thread.join();
+  watch.join();
+  ASSERT_TRUE(ended) << "Abandon did not end the hello to a silent server";
+  EXPECT_THAT(push.status, StatusCodeIs(absl::StatusCode::kUnimplemented));  // the fake gRPC's
+  EXPECT_EQ(channel.connections_opened(), 0);
 }
 
 // The same on gRPC: a server that takes the call and never answers; the

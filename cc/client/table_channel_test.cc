@@ -414,6 +414,59 @@ TEST(TableTwoServersTest, SplitPullsAndPushesOverTheChannelMatchGrpc) {
   }
 }
 
+// Pushes that would create rows past --max_table_row_bytes (all tables of a
+// server together) are refused over either path, naming the table and the
+// flag; nothing of a refused batch is applied (rows it names that exist
+// included), and the server serves the rest.
+TEST_P(TableChannelTest, RowsPastTheRowBudgetAreRefusedAndNothingOfTheBatchIsApplied) {
+  constexpr uint64_t kRowBytes = 41;  // dim 2 float32, SGD: SparseTable::row_budget_bytes
+  ServerOptions options;
+  options.max_table_row_bytes = 100 * kRowBytes;
+  server_.reset();
+  Start(options);
+  auto table = Table::Create(*client_, "emb", SgdTable(2));
+  ASSERT_THAT(table.status(), IsOk());
+  const std::vector<float> ones(32, 1);
+  int accepted = 0;
+  for (int batch = 0; batch < 100; ++batch) {  // 16 new keys a push
+    std::vector<uint64_t> keys(16);
+    for (int k = 0; k < 16; ++k) keys[k] = static_cast<uint64_t>(batch) * 16 + k;
+    absl::Status status = table->Push<float>(keys, ones);
+    if (status.ok()) {
+      ++accepted;
+      continue;
+    }
+    ASSERT_THAT(status, StatusCodeIs(absl::StatusCode::kResourceExhausted)) << batch;
+    ASSERT_THAT(status.message(), HasSubstr("table 'emb'"));
+    ASSERT_THAT(status.message(), HasSubstr("--max_table_row_bytes=4100"));
+  }
+  EXPECT_EQ(accepted, 6);  // 96 rows; a 7th push of 16 would pass 100
+  // Key 0 is held, 5000 is not: the push is refused whole, key 0 unchanged.
+  EXPECT_THAT(table->Push<float>(std::vector<uint64_t>{0, 5000, 5001, 5002, 5003, 5004},
+                                 std::vector<float>(12, 1)),
+              StatusCodeIs(absl::StatusCode::kResourceExhausted));
+  std::vector<float> rows(4);
+  ASSERT_THAT(table->Pull<float>(std::vector<uint64_t>{0, 5000}, absl::MakeSpan(rows)), IsOk());
+  EXPECT_THAT(rows, ElementsAre(-1, -1, 0, 0));
+  // The last room is taken by a push that fits, held keys included.
+  ASSERT_THAT(table->Push<float>(std::vector<uint64_t>{0, 5000, 5001, 5002, 5003},
+                                 std::vector<float>(10, 1)),
+              IsOk());
+  auto stats = table->Stats();
+  ASSERT_THAT(stats.status(), IsOk());
+  EXPECT_EQ((*stats)[0].rows(), 100u);
+  // Another table shares the budget.
+  auto other = Table::Create(*client_, "other", SgdTable(2));
+  ASSERT_THAT(other.status(), IsOk());
+  absl::Status refused = other->Push<float>(std::vector<uint64_t>{1}, std::vector<float>{1, 1});
+  EXPECT_THAT(refused, StatusCodeIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(refused.message(), HasSubstr("table 'other'"));
+  // Held rows are still updated and read.
+  ASSERT_THAT(table->Push<float>(std::vector<uint64_t>{0}, std::vector<float>{1, 1}), IsOk());
+  ASSERT_THAT(table->Pull<float>(std::vector<uint64_t>{0, 5000}, absl::MakeSpan(rows)), IsOk());
+  EXPECT_THAT(rows, ElementsAre(-3, -3, -1, -1));
+}
+
 INSTANTIATE_TEST_SUITE_P(ChannelAndGrpc, TableChannelTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Channel" : "Grpc";

@@ -126,13 +126,17 @@ struct ParameterStore::Block {
   v1::BlockRef ref;
   int64_t num_elements;
   v1::ParameterConfig config;  // as given to Init, for snapshots
+  // Values and optimizer state, as counted in the store's budget: set when
+  // the storage is made (Merge swaps it with the storage).
+  uint64_t budget_bytes = 0;
 
   mutable absl::Mutex mu;
   std::unique_ptr<BlockStorage> storage ABSL_GUARDED_BY(mu);
 };
 
-ParameterStore::ParameterStore() = default;
-ParameterStore::ParameterStore(StoreOptions options) : options_(std::move(options)) {}
+ParameterStore::ParameterStore() : budget_(options_.max_bytes) {}
+ParameterStore::ParameterStore(StoreOptions options)
+    : options_(std::move(options)), budget_(options_.max_bytes) {}
 ParameterStore::~ParameterStore() = default;
 
 absl::Status ParameterStore::Reject(absl::Status status) {
@@ -234,6 +238,10 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
     absl::ReaderMutexLock lock(&mu_);
     if (!blocks_.contains(key)) {
       PS_RETURN_IF_ERROR(Reject(CheckSameLayout(what, param.name(), layout)));
+      // Refused before the storage is made when the values alone do not fit.
+      if (source == Source::kCaller) {
+        PS_RETURN_IF_ERROR(Reject(CheckRoom(what, param.content().size())));
+      }
     }
   }
   if (source == Source::kCaller) {
@@ -272,6 +280,7 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
   {
     absl::MutexLock data_lock(&block->mu);
     block->storage = *std::move(storage);
+    block->budget_bytes = block->storage->value_bytes() + block->storage->state_bytes();
   }
 
   absl::MutexLock lock(&mu_);
@@ -286,9 +295,27 @@ absl::Status ParameterStore::InitBlock(v1::Parameter param, const v1::ParameterC
         kAlreadyInitialized, ": FinishInitParams was called before InitParam of ", what)));
   }
   PS_RETURN_IF_ERROR(Reject(CheckSameLayout(what, block->name, layout)));
+  if (source == Source::kSnapshot) {
+    budget_.Add(block->budget_bytes);
+  } else if (!budget_.TryReserve(block->budget_bytes)) {
+    return Reject(BudgetError(what, block->budget_bytes));
+  }
   layouts_.try_emplace(block->name, layout);
   blocks_.emplace(key, std::move(block));
   return absl::OkStatus();
+}
+
+absl::Status ParameterStore::CheckRoom(const std::string& what, uint64_t bytes) const {
+  const uint64_t used = budget_.used();
+  if (bytes <= budget_.limit() && used <= budget_.limit() - bytes) return absl::OkStatus();
+  return BudgetError(what, bytes);
+}
+
+absl::Status ParameterStore::BudgetError(const std::string& what, uint64_t bytes) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": ", bytes, " bytes (values and optimizer state) do not fit: this server holds ",
+      budget_.used(), " bytes of parameters, the most --max_param_bytes=", budget_.limit(),
+      " allows; nothing was stored"));
 }
 
 std::vector<v1::ParamListing> ParameterStore::List(absl::string_view after,
@@ -574,6 +601,8 @@ ParameterStore::Stats ParameterStore::GetStats() const {
   stats.requests_rejected = rejected_.load(std::memory_order_relaxed);
   stats.non_finite_skipped = non_finite_skipped_.load(std::memory_order_relaxed);
   stats.non_finite_refused = non_finite_refused_.load(std::memory_order_relaxed);
+  stats.budget_used = budget_.used();
+  stats.budget_limit = budget_.limit();
   absl::ReaderMutexLock lock(&mu_);
   stats.blocks = blocks_.size();
   for (const auto& [key, block] : blocks_) {
@@ -626,6 +655,7 @@ uint64_t ParameterStore::EraseBlocks(absl::Span<const std::pair<std::string, uin
       }
       if (!any) layouts_.erase(layout);
     }
+    for (const std::shared_ptr<Block>& block : erased) budget_.Release(block->budget_bytes);
   }
   uint64_t bytes = 0;
   for (const std::shared_ptr<Block>& block : erased) {
@@ -717,6 +747,9 @@ absl::Status ParameterStore::Restore(StoreSnapshot snapshot, bool replace) {
   absl::MutexLock lock(&mu_);
   if (!replace && (!blocks_.empty() || initialized())) return Reject(not_empty());
   absl::MutexLock staging_lock(&staging.mu_);
+  uint64_t replaced = 0;
+  for (const auto& [key, block] : blocks_) replaced += block->budget_bytes;
+  budget_.Settle(replaced, staging.budget_.used());  // taken whole
   blocks_ = std::move(staging.blocks_);
   layouts_ = std::move(staging.layouts_);
   initialized_.store(snapshot.initialized, std::memory_order_release);
@@ -754,6 +787,7 @@ absl::Status ParameterStore::Merge(StoreSnapshot snapshot) {
   for (auto& [key, block] : staging.blocks_) {
     auto held = blocks_.find(key);
     if (held == blocks_.end()) {
+      budget_.Add(block->budget_bytes);  // taken whole
       layouts_.try_emplace(key.first, staging.layouts_.at(key.first));
       blocks_.emplace(key, std::move(block));
       continue;
@@ -761,7 +795,9 @@ absl::Status ParameterStore::Merge(StoreSnapshot snapshot) {
     Block& h = *held->second;
     absl::MutexLock held_lock(&h.mu);
     absl::MutexLock block_lock(&block->mu);
+    budget_.Settle(h.budget_bytes, block->budget_bytes);
     std::swap(h.storage, block->storage);
+    std::swap(h.budget_bytes, block->budget_bytes);
   }
   if (open) initialized_.store(true, std::memory_order_release);
   return absl::OkStatus();

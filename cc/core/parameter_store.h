@@ -17,7 +17,10 @@
 // valid (names.h), a wrong element type, size or block layout, or a NaN or
 // infinity where a finite value is needed is INVALID_ARGUMENT naming the
 // parameter, what was expected and what came. A batch is checked whole
-// before anything of it is applied.
+// before anything of it is applied. An Init whose block (values and
+// optimizer state) would take the store past StoreOptions::max_bytes is
+// RESOURCE_EXHAUSTED naming the parameter and --max_param_bytes, and stores
+// nothing; blocks a snapshot brings in (Restore, Merge) are taken whole.
 //
 // Block layouts: a parameter of T elements cut into c blocks has blocks of n
 // elements (the last holds the rest), block i starting at element i * n, with
@@ -54,6 +57,7 @@
 #include "cc/core/block_storage.h"
 #include "cc/core/finite.h"
 #include "cc/core/gradient_view.h"
+#include "cc/core/memory_budget.h"
 #include "cc/core/optimizer.h"
 #include "cc/core/tensor.h"
 #include "pserver/v1/config.pb.h"
@@ -97,6 +101,10 @@ struct StoreOptions {
   // Makes each block's storage (Init, Restore). Null: host memory
   // (MakeHostBlockStorage).
   BlockStorageFactory storage_factory;
+  // Bytes of values and optimizer state that Init may bring the store to
+  // (--max_param_bytes); blocks a snapshot brings in are taken whole, and
+  // dropped blocks give theirs back.
+  uint64_t max_bytes = MemoryBudget::kUnlimited;
 };
 
 class ParameterStore {
@@ -117,6 +125,10 @@ class ParameterStore {
     // Gradients with a NaN or infinity refused (non_finite REJECT), each
     // failing its whole request.
     uint64_t non_finite_refused = 0;
+    // Bytes of values and optimizer state held, as counted against
+    // StoreOptions::max_bytes, and that limit.
+    uint64_t budget_used = 0;
+    uint64_t budget_limit = 0;
   };
 
   ParameterStore();
@@ -205,6 +217,8 @@ class ParameterStore {
   uint64_t EraseBlocks(absl::Span<const std::pair<std::string, uint32_t>> keys);
 
   Stats GetStats() const;
+  // The budget of values and optimizer state (StoreOptions::max_bytes).
+  const MemoryBudget& budget() const { return budget_; }
   // The stats as the protocol reports them (index and uptime left unset).
   void FillStats(v1::ServerStats* out) const;
 
@@ -282,8 +296,16 @@ class ParameterStore {
   // Shared: a caller's block stays valid if EraseBlocks drops it meanwhile.
   std::shared_ptr<Block> Find(absl::string_view name, uint32_t index) const;
   absl::Status Reject(absl::Status status);
+  // OK if `bytes` more fit in the budget now; BudgetError otherwise.
+  absl::Status CheckRoom(const std::string& what, uint64_t bytes) const;
+  // RESOURCE_EXHAUSTED: block `what` of `bytes` bytes does not fit, naming
+  // --max_param_bytes.
+  absl::Status BudgetError(const std::string& what, uint64_t bytes) const;
 
   const StoreOptions options_;
+  // Every held block's budget_bytes (Init reserves, a snapshot adds, a drop
+  // gives back).
+  MemoryBudget budget_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, std::shared_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);
   // Per parameter name, the layout its blocks share.

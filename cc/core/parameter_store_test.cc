@@ -1186,5 +1186,79 @@ TEST(ParameterStoreConcurrencyTest, ConcurrentInitOfOneNameHasOneWinner) {
   EXPECT_EQ(store.GetStats().blocks, 1u);
 }
 
+// ---- the memory budget (--max_param_bytes) ---------------------------------------
+
+// Parameters initialized in a loop: past StoreOptions::max_bytes every Init
+// is RESOURCE_EXHAUSTED naming the parameter and the flag and stores
+// nothing; optimizer state counts; dropping blocks gives their bytes back.
+TEST(ParameterStoreBudgetTest, InitsPastMaxBytesAreRefusedNamingTheFlagAndStoreNothing) {
+  StoreOptions options;
+  options.max_bytes = 3 * 16;  // three float32 [4] parameters with plain SGD
+  ParameterStore store(options);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(store.Init(Param<float>(absl::StrCat("p", i), {4}, {1, 2, 3, 4}), SgdLrOne()));
+  }
+  EXPECT_EQ(store.GetStats().budget_used, 48u);
+  EXPECT_EQ(store.GetStats().budget_limit, 48u);
+  for (int i = 3; i < 100; ++i) {
+    const std::string name = absl::StrCat("p", i);
+    EXPECT_THAT(store.Init(Param<float>(name, {4}, {1, 2, 3, 4}), SgdLrOne()),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr(absl::StrCat("'", name, "'")),
+                               HasSubstr("--max_param_bytes=48"), HasSubstr("nothing was stored"))));
+  }
+  // A parameter larger than the whole budget is refused before its storage is made.
+  EXPECT_THAT(store.Init(Param<float>("huge", {16}, std::vector<float>(16, 1)), SgdLrOne()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max_param_bytes")));
+  const ParameterStore::Stats stats = store.GetStats();
+  EXPECT_EQ(stats.blocks, 3u);
+  EXPECT_EQ(stats.parameter_bytes, 48u);
+  EXPECT_EQ(stats.budget_used, 48u);
+  EXPECT_EQ(store.List("", 1000).size(), 3u);
+
+  // Dropped blocks give their bytes back: Adam's state (two values per
+  // element) counts beside the values.
+  EXPECT_EQ(store.EraseBlocks({{"p0", 0}, {"p1", 0}}), 32u);
+  EXPECT_EQ(store.GetStats().budget_used, 16u);
+  EXPECT_THAT(store.Init(Param<float>("adam", {3}, {1, 2, 3}), Config("optimizer { adam {} }")),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("'adam'")));
+  ASSERT_OK(store.Init(Param<float>("adam", {2}, {1, 2}), Config("optimizer { adam {} }")));
+  EXPECT_EQ(store.GetStats().budget_used, 16u + 3 * 8);
+  store.FinishInit();
+  v1::Parameter kept;
+  EXPECT_OK(store.Get(Ref("p2"), &kept));
+  EXPECT_EQ(Decode<float>(kept.content()), (std::vector<float>{1, 2, 3, 4}));
+}
+
+// What a snapshot brings (a checkpoint, a standby's copy, a live move) is
+// taken whole, past the budget; Init is then refused until blocks go.
+TEST(ParameterStoreBudgetTest, SnapshotsAreTakenWholeAndReplacingGivesTheOldBytesBack) {
+  ParameterStore source;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK(source.Init(Param<float>(absl::StrCat("p", i), {4}, {1, 2, 3, 4}), SgdLrOne()));
+  }
+  StoreOptions options;
+  options.max_bytes = 2 * 16;
+  ParameterStore store(options);
+  ASSERT_OK(store.Restore(source.Snapshot()));
+  EXPECT_EQ(store.GetStats().blocks, 5u);
+  EXPECT_EQ(store.GetStats().budget_used, 80u);
+  EXPECT_THAT(store.Init(Param<float>("more", {1}, {1}), SgdLrOne()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max_param_bytes=32")));
+
+  // A fresh copy replaces the blocks and their bytes.
+  ParameterStore small;
+  ASSERT_OK(small.Init(Param<float>("q", {2}, {1, 2}), SgdLrOne()));
+  ASSERT_OK(store.Restore(small.Snapshot(), /*replace=*/true));
+  EXPECT_EQ(store.GetStats().budget_used, 8u);
+
+  // Blocks merged in (a live move) are taken whole too; a block replaced
+  // by the copy keeps one count.
+  ASSERT_OK(store.Merge(source.Snapshot()));
+  EXPECT_EQ(store.GetStats().budget_used, 88u);
+  ASSERT_OK(store.Merge(source.Snapshot()));
+  EXPECT_EQ(store.GetStats().budget_used, 88u);
+}
+
 }  // namespace
 }  // namespace pserver

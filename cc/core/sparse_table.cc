@@ -191,6 +191,7 @@ SparseTable::SparseTable(std::string name, v1::TableConfig config, SparseTableOp
       state_per_row_(optimizer_.state_per_row(dim_)),
       step_offset_(RoundUp8((static_cast<size_t>(dim_) + state_per_row_) * element_size_)),
       slot_bytes_(sizeof(uint64_t) + step_offset_ + sizeof(uint64_t)),
+      row_budget_bytes_(slot_bytes_ + sizeof(RowMeta) + sizeof(uint8_t)),
       capacity_(config_.eviction().capacity()),
       admission_count_(config_.eviction().admission_count()),
       ttl_(absl::Seconds(config_.eviction().ttl_seconds())),
@@ -201,7 +202,11 @@ SparseTable::SparseTable(std::string name, v1::TableConfig config, SparseTableOp
                  num_shards_)),
       shards_(new Shard[num_shards_]) {}
 
-SparseTable::~SparseTable() = default;
+SparseTable::~SparseTable() {
+  if (options_.row_budget != nullptr) {
+    options_.row_budget->Release(rows_.load(std::memory_order_relaxed) * row_budget_bytes_);
+  }
+}
 
 SparseTable::Shard& SparseTable::ShardOf(uint64_t key) const {
   return shards_[ShardIndexOf(KeyHash(key))];
@@ -369,6 +374,7 @@ void SparseTable::RemoveRow(Shard& shard, uint32_t slot) {
   --shard.used;
   ++shard.deleted;
   rows_.fetch_sub(1, std::memory_order_relaxed);
+  if (options_.row_budget != nullptr) options_.row_budget->Release(row_budget_bytes_);
 }
 
 uint32_t SparseTable::AllocSlot(Shard& shard, uint64_t key, int64_t now) {
@@ -555,10 +561,30 @@ absl::Status SparseTable::Pull(absl::Span<const uint64_t> keys, absl::Span<char>
   return PullImpl<float>(keys, out);
 }
 
-template <typename T, typename OnRow, typename OnPending>
-void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& batch,
-                             const uint32_t* first, RowCreation create, OnRow on_row,
-                             OnPending on_pending) {
+namespace {
+
+// A shard's lock, unless the caller holds it already.
+class ShardLock {
+ public:
+  ShardLock(absl::Mutex* mu, bool held) : mu_(held ? nullptr : mu) {
+    if (mu_ != nullptr) mu_->Lock();
+  }
+  ~ShardLock() {
+    if (mu_ != nullptr) mu_->Unlock();
+  }
+  ShardLock(const ShardLock&) = delete;
+  ShardLock& operator=(const ShardLock&) = delete;
+
+ private:
+  absl::Mutex* const mu_;
+};
+
+}  // namespace
+
+template <typename T, SparseTable::RowCreation kCreate, typename OnRow, typename OnPending>
+uint64_t SparseTable::ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& batch,
+                                 const uint32_t* first, bool locked, OnRow on_row,
+                                 OnPending on_pending) {
   const uint64_t call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
   const int64_t now = NowNanos();
   // Two passes per shard so that the memory of later keys is fetched while
@@ -582,14 +608,15 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& ba
     }
     slots = UninitializedArray<uint32_t>(largest);
   }
+  uint64_t created = 0;
   for (size_t s = 0; s < num_shards_; ++s) {
     const uint32_t begin = batch.starts[s], end = batch.starts[s + 1];
     if (begin == end) continue;
     Shard& shard = shards_[s];
-    absl::MutexLock lock(&shard.mu);
+    ShardLock lock(&shard.mu, locked);
     // Room for every key first: a creation then never rehashes (moves) the
     // slots found.
-    if (create == RowCreation::kOnAdmission) ReserveSlots(shard, end - begin);
+    if constexpr (kCreate == RowCreation::kOnAdmission) ReserveSlots(shard, end - begin);
     if (ahead) FindSlots(shard, keys, batch, begin, end, slots.get());
     for (uint32_t j = begin; j < end; ++j) {
       const uint32_t i = batch.order[j];
@@ -608,16 +635,22 @@ void SparseTable::ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& ba
       }
       if (slot != kNil) {
         Touch(shard, slot, now);
-      } else if (create == RowCreation::kOnAdmission && Sight(shard, key, call)) {
+      } else if constexpr (kCreate == RowCreation::kOnAdmission) {
+        if (!Sight(shard, key, call)) {
+          on_pending(i);
+          continue;
+        }
         slot = CreateRow<T>(shard, key, now);
+        ++created;
       } else {
-        if (create == RowCreation::kNever) SightForRead(shard, key, call);
+        SightForRead(shard, key, call);
         on_pending(i);
         continue;
       }
       on_row(i, shard, slot);
     }
   }
+  return created;
 }
 
 void SparseTable::FindSlots(Shard& shard, absl::Span<const uint64_t> keys, const KeyBatch& batch,
@@ -634,8 +667,8 @@ absl::Status SparseTable::PullImpl(absl::Span<const uint64_t> keys, absl::Span<c
   std::vector<uint32_t> initial;  // positions that read the initializer's value
   KeyBatch batch;
   GroupByShard(keys, batch);
-  ForEachRow<T>(
-      keys, batch, /*first=*/nullptr, RowCreation::kNever,
+  ForEachRow<T, RowCreation::kNever>(
+      keys, batch, /*first=*/nullptr, /*locked=*/false,
       [&](uint32_t i, Shard& shard, uint32_t slot) {
         CopyRow(out.data() + static_cast<size_t>(i) * row_bytes_, SlotData(shard, slot),
                 row_bytes_);
@@ -728,8 +761,11 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
   // for T (the optimizer computes in double either way), else copied here.
   const bool aligned = reinterpret_cast<uintptr_t>(grads.data()) % alignof(T) == 0;
   std::vector<T> one(aligned ? 0 : dim_);
-  ForEachRow<T>(
-      keys, batch, duplicates ? first.get() : nullptr, RowCreation::kOnAdmission,
+  // Last before anything changes: the room for the rows it may create.
+  bool locked = false;
+  PS_ASSIGN_OR_RETURN(const uint64_t reserved, ReserveRows(keys, batch, first.get(), &locked));
+  const uint64_t created = ForEachRow<T, RowCreation::kOnAdmission>(
+      keys, batch, duplicates ? first.get() : nullptr, locked,
       [&](uint32_t i, Shard& shard, uint32_t slot) {
         T* row = reinterpret_cast<T*>(SlotData(shard, slot));
         const uint64_t step = ++StepOf(shard, slot);
@@ -747,8 +783,66 @@ absl::Status SparseTable::PushImpl(absl::Span<const uint64_t> keys, absl::string
         optimizer_.Apply<T, T>(row, row + dim_, reinterpret_cast<const T*>(raw), dim_, step);
       },
       [](uint32_t) {});  // not admitted yet: the gradient is dropped
+  if (locked) UnlockAllShards();
+  if (options_.row_budget != nullptr) {
+    options_.row_budget->Settle(reserved, created * row_budget_bytes_);
+  }
   keys_pushed_.fetch_add(n, std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+void SparseTable::LockAllShards() {
+  for (size_t s = 0; s < num_shards_; ++s) shards_[s].mu.Lock();
+}
+
+void SparseTable::UnlockAllShards() {
+  for (size_t s = num_shards_; s > 0; --s) shards_[s - 1].mu.Unlock();
+}
+
+bool SparseTable::WouldAdmit(const Shard& shard, uint64_t key) const {
+  if (admission_count_ <= 1) return true;
+  auto it = shard.pending.find(key);
+  // A new call's sighting: admitted on the admission_count-th.
+  return it != shard.pending.end() && it->second.count + 1 >= admission_count_;
+}
+
+absl::StatusOr<uint64_t> SparseTable::ReserveRows(absl::Span<const uint64_t> keys,
+                                                  const KeyBatch& batch, const uint32_t* first,
+                                                  bool* locked) {
+  MemoryBudget* const budget = options_.row_budget.get();
+  if (budget == nullptr) return 0;
+  // At most one row per key: reserved at once, the rest given back after.
+  const uint64_t every_key = keys.size() * row_budget_bytes_;
+  if (budget->TryReserve(every_key)) return every_key;
+  // Near the limit: the rows it would create, counted with every shard
+  // locked (no row can come or go until the push is done).
+  LockAllShards();
+  uint64_t rows = 0;
+  for (size_t s = 0; s < num_shards_; ++s) {
+    const Shard& shard = shards_[s];
+    for (uint32_t j = batch.starts[s]; j < batch.starts[s + 1]; ++j) {
+      const uint32_t i = batch.order[j];
+      if (first[i] != i) continue;  // a repeat
+      if (FindSlot(shard, keys[i], batch.hashes[j]) == kNil && WouldAdmit(shard, keys[i])) ++rows;
+    }
+  }
+  if (capacity_ > 0) {
+    // Past the capacity each new row evicts one: only the growth counts.
+    const uint64_t held = rows_.load(std::memory_order_relaxed);
+    const uint64_t after = std::min<uint64_t>(capacity_, held + rows);
+    rows = after > held ? after - held : 0;
+  }
+  const uint64_t bytes = rows * row_budget_bytes_;
+  if (budget->TryReserve(bytes)) {
+    *locked = true;
+    return bytes;
+  }
+  UnlockAllShards();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table '", name_, "': a push of ", keys.size(), " keys would create ", rows, " rows of ",
+      row_budget_bytes_, " bytes: this server's tables hold ", budget->used(),
+      " bytes of rows, the most --max_table_row_bytes=", budget->limit(),
+      " allows; nothing was applied"));
 }
 
 // ---- eviction, initial values, stats ----------------------------------------
@@ -925,6 +1019,17 @@ absl::Status SparseTable::CheckSnapshot(const v1::SparseTableSnapshot& snap,
 }
 
 absl::Status SparseTable::InsertRows(const v1::SparseTableSnapshot& snap, const std::string& what) {
+  // Taken whole (past the budget too): counted as they are inserted.
+  uint64_t inserted = 0;
+  struct Count {
+    const SparseTable* table;
+    const uint64_t* rows;
+    ~Count() {
+      if (table->options_.row_budget != nullptr) {
+        table->options_.row_budget->Add(*rows * table->row_budget_bytes_);
+      }
+    }
+  } count{this, &inserted};
   const int64_t now = NowNanos();
   const size_t state_bytes = static_cast<size_t>(state_per_row_) * element_size_;
   for (uint64_t r = 0; r < snap.rows(); ++r) {
@@ -939,6 +1044,7 @@ absl::Status SparseTable::InsertRows(const v1::SparseTableSnapshot& snap, const 
     std::memcpy(row, snap.values().data() + r * row_bytes_, row_bytes_);
     std::memcpy(row + row_bytes_, snap.state().data() + r * state_bytes, state_bytes);
     StepOf(shard, slot) = LoadValue<uint64_t>(snap.steps().data() + r * sizeof(uint64_t));
+    ++inserted;
   }
   for (size_t p = 0; p < snap.pending_keys().size() / sizeof(uint64_t); ++p) {
     const uint64_t key = LoadValue<uint64_t>(snap.pending_keys().data() + p * sizeof(uint64_t));

@@ -31,6 +31,17 @@
 // (2^20 without a capacity), split evenly over the internal shards; past the
 // bound the key first seen longest ago is forgotten.
 //
+// Memory budget (SparseTableOptions::row_budget, shared by a server's
+// tables: --max_table_row_bytes): every row counts row_budget_bytes()
+// against it. A push that would create rows past it is RESOURCE_EXHAUSTED
+// naming the table and the flag, and changes nothing (no row created, no
+// gradient applied, no admission sighting counted). Only rows created are
+// counted: a push reserves room for all its keys at once (one atomic
+// operation per call) and gives back what it did not create; only when that
+// does not fit does it count exactly, holding every shard's lock. Rows
+// evicted or erased, and dropped tables, give their bytes back; rows a
+// snapshot brings in (Deserialize, MergeRows) are taken whole.
+//
 // Eviction: a row is touched by every pull and push of it (options.now is read
 // once per call). EvictExpired drops the rows untouched for longer than
 // ttl_seconds; nothing expires until it runs (the server calls it now and
@@ -72,6 +83,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cc/core/element_type.h"
+#include "cc/core/memory_budget.h"
 #include "cc/core/row_initializer.h"
 #include "cc/core/row_optimizer.h"
 #include "pserver/v1/table.pb.h"
@@ -81,6 +93,9 @@ namespace pserver {
 struct SparseTableOptions {
   // Time source for TTL eviction and last-touch stamps; tests inject a fake.
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // The bytes of rows this table may create, shared with the server's
+  // other tables (--max_table_row_bytes); null: no bound.
+  std::shared_ptr<MemoryBudget> row_budget;
 };
 
 // Thread-safe.
@@ -110,6 +125,11 @@ class SparseTable {
   size_t row_bytes() const { return row_bytes_; }  // dim * element size
   // Optimizer state values per row (see RowOptimizer::state_per_row).
   uint32_t state_per_row() const { return state_per_row_; }
+  // What one row counts against SparseTableOptions::row_budget: its slot
+  // (key, values, optimizer state, step count) and the slot's bookkeeping
+  // (LRU links and stamp, control byte). The slot arrays themselves hold
+  // 8/7 to 16/7 slots per row (they double when 7/8 full).
+  size_t row_budget_bytes() const { return row_budget_bytes_; }
 
   // Writes keys.size() rows to `out` (exactly keys.size() * row_bytes()
   // bytes, else INVALID_ARGUMENT naming both sizes, nothing changes) in the
@@ -234,9 +254,22 @@ class SparseTable {
   // shard's lock, touching it: on_row(i, shard, slot) for keys[i] with a
   // row, on_pending(i) otherwise. With `first` (FirstOccurrences), only
   // each key's first listing.
-  template <typename T, typename OnRow, typename OnPending>
-  void ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& batch, const uint32_t* first,
-                  RowCreation create, OnRow on_row, OnPending on_pending);
+  // Returns the rows created. With `locked`, the caller holds every
+  // shard's lock (a push counting exactly what it creates).
+  template <typename T, RowCreation kCreate, typename OnRow, typename OnPending>
+  uint64_t ForEachRow(absl::Span<const uint64_t> keys, const KeyBatch& batch,
+                      const uint32_t* first, bool locked, OnRow on_row, OnPending on_pending);
+  // A push's room in the row budget (`first`: FirstOccurrences of `keys`):
+  // a reservation for every key when it fits, else, with every shard's lock
+  // taken (`*locked` set), the rows it would create exactly.
+  // RESOURCE_EXHAUSTED naming the flag (no lock held) when they do not fit.
+  absl::StatusOr<uint64_t> ReserveRows(absl::Span<const uint64_t> keys, const KeyBatch& batch,
+                                       const uint32_t* first, bool* locked);
+  // Whether a push sighting `key` (no row) now would create its row; the
+  // caller holds shard.mu.
+  bool WouldAdmit(const Shard& shard, uint64_t key) const;
+  void LockAllShards();
+  void UnlockAllShards();
   // INVALID_ARGUMENT naming the key, position and column of the first
   // non-finite gradient value.
   template <typename T>
@@ -273,6 +306,7 @@ class SparseTable {
   const uint32_t state_per_row_;
   const size_t step_offset_;  // values then state, rounded up to 8 bytes
   const size_t slot_bytes_;   // the key (uint64), then values, state, the step count (uint64)
+  const size_t row_budget_bytes_;
   const uint64_t capacity_;   // 0: none
   const uint32_t admission_count_;
   const absl::Duration ttl_;  // zero: none

@@ -1,6 +1,7 @@
 #include "cc/core/sparse_table.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cc/core/memory_budget.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -860,6 +862,163 @@ TEST(SparseTableTest, RowsMoveWithTheirStateAndReplaceOnlyWhatTheyMayReplace) {
   EXPECT_EQ(empty->Stats().rows(), 0u);
   EXPECT_EQ(to->EraseRows([](uint64_t key) { return key == 1; }), 1u);
   EXPECT_EQ(to->Stats().rows(), 1u);
+}
+
+// ---- the row budget (--max_table_row_bytes) --------------------------------------
+
+// A table whose rows count against a budget of `rows` rows of its own size.
+struct BudgetedTable {
+  std::shared_ptr<MemoryBudget> budget;
+  std::unique_ptr<SparseTable> table;
+  uint64_t cost = 0;  // bytes a row counts
+};
+
+BudgetedTable MakeBudgetedTable(const std::string& text, uint64_t rows,
+                                SparseTableOptions options = {}) {
+  BudgetedTable t;
+  // The cost of a row does not depend on the budget: ask a table without one.
+  t.cost = MakeTable(text)->row_budget_bytes();
+  t.budget = std::make_shared<MemoryBudget>(rows * t.cost);
+  options.row_budget = t.budget;
+  t.table = MakeTable(text, std::move(options));
+  return t;
+}
+
+// A push that would create rows past the budget creates none and applies
+// nothing, rows already there included; a push of mostly held keys near the
+// limit is counted exactly and taken; duplicates count once; erased rows and
+// a dropped table give their bytes back.
+TEST(SparseTableTest, PushesPastTheRowBudgetCreateNoRowAndApplyNothing) {
+  BudgetedTable t = MakeBudgetedTable("dim: 2 optimizer { sgd { learning_rate: 1 } }", 10);
+  SparseTable& table = *t.table;
+  EXPECT_EQ(t.cost, 8 + 8 + 8 + 17u);  // key, 2 float32 values, step; LRU links, stamp, ctrl
+  ASSERT_OK(Push<float>(table, {0, 1, 2, 3, 4, 5, 6, 7}, std::vector<float>(16, 1)));
+  EXPECT_EQ(t.budget->used(), 8 * t.cost);
+
+  // Keys 0 and 1 are held, 100..102 would be 3 more rows: 11 > 10.
+  EXPECT_THAT(Push<float>(table, {0, 1, 100, 101, 102}, std::vector<float>(10, 1)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("table 'emb'"), HasSubstr("would create 3 rows"),
+                             HasSubstr(absl::StrCat("--max_table_row_bytes=", 10 * t.cost)),
+                             HasSubstr("nothing was applied"))));
+  EXPECT_EQ(table.Stats().rows(), 8u);
+  EXPECT_EQ(table.Stats().keys_pushed(), 8u);
+  EXPECT_EQ(t.budget->used(), 8 * t.cost);
+  EXPECT_THAT(Pull(table, {0, 1, 100}), ElementsAre(-1, -1, -1, -1, 0, 0));
+
+  // 8 held keys and 2 new ones: the reservation for all 10 keys does not
+  // fit, the exact count does.
+  ASSERT_OK(Push<float>(table, {0, 1, 2, 3, 4, 5, 6, 7, 100, 101}, std::vector<float>(20, 1)));
+  EXPECT_EQ(table.Stats().rows(), 10u);
+  EXPECT_EQ(t.budget->used(), 10 * t.cost);
+  EXPECT_THAT(Pull(table, {0, 100}), ElementsAre(-2, -2, -1, -1));
+  // Held keys alone need no room.
+  ASSERT_OK(Push<float>(table, {5, 5, 6}, std::vector<float>(6, 1)));
+  EXPECT_THAT(Push<float>(table, {200}, {1, 1}),
+              StatusCodeIs(absl::StatusCode::kResourceExhausted));
+
+  // Erased rows give their bytes back; a key listed three times is one row.
+  EXPECT_EQ(table.EraseRows([](uint64_t key) { return key < 5; }), 5u);
+  EXPECT_EQ(t.budget->used(), 5 * t.cost);
+  ASSERT_OK(Push<float>(table, {300, 300, 300, 301, 302, 303, 304}, std::vector<float>(14, 1)));
+  EXPECT_EQ(table.Stats().rows(), 10u);
+  EXPECT_EQ(t.budget->used(), 10 * t.cost);
+  t.table.reset();  // a dropped table gives back every row
+  EXPECT_EQ(t.budget->used(), 0u);
+}
+
+// Evictions give room back: a table at its capacity grows by nothing, so
+// its pushes need no room; TTL eviction frees rows for new ones. Keys not
+// admitted yet create no row, and a refused push counts no sighting.
+TEST(SparseTableTest, EvictionAndAdmissionCountOnlyTheRowsCreated) {
+  FakeClock clock;
+  BudgetedTable capped =
+      MakeBudgetedTable("dim: 1 optimizer { add {} } eviction { capacity: 4 }", 5, clock.Options());
+  ASSERT_OK(Push<float>(*capped.table, {0, 1, 2, 3}, {1, 1, 1, 1}));
+  ASSERT_OK(Push<float>(*capped.table, {4, 5, 6, 7, 8, 9}, std::vector<float>(6, 1)));
+  EXPECT_EQ(capped.table->Stats().rows(), 4u);
+  EXPECT_EQ(capped.table->Stats().evictions(), 6u);
+  EXPECT_EQ(capped.budget->used(), 4 * capped.cost);
+
+  BudgetedTable ttl =
+      MakeBudgetedTable("dim: 1 optimizer { add {} } eviction { ttl_seconds: 10 }", 2,
+                        clock.Options());
+  ASSERT_OK(Push<float>(*ttl.table, {1, 2}, {1, 1}));
+  EXPECT_THAT(Push<float>(*ttl.table, {3}, {1}),
+              StatusCodeIs(absl::StatusCode::kResourceExhausted));
+  clock.now += absl::Seconds(11);
+  EXPECT_EQ(ttl.table->EvictExpired(), 2u);
+  EXPECT_EQ(ttl.budget->used(), 0u);
+  ASSERT_OK(Push<float>(*ttl.table, {3}, {1}));
+  EXPECT_EQ(ttl.budget->used(), ttl.cost);
+
+  BudgetedTable admitted =
+      MakeBudgetedTable("dim: 1 optimizer { add {} } eviction { admission_count: 2 }", 2);
+  ASSERT_OK(Push<float>(*admitted.table, {1, 2, 3}, {1, 1, 1}));  // sighted once: no rows
+  EXPECT_EQ(admitted.budget->used(), 0u);
+  const v1::TableStats before = admitted.table->Stats();
+  EXPECT_THAT(Push<float>(*admitted.table, {1, 2, 3}, {1, 1, 1}),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("would create 3 rows")));
+  const v1::TableStats after = admitted.table->Stats();
+  EXPECT_EQ(after.rows(), 0u);
+  EXPECT_EQ(after.pending_keys(), before.pending_keys());
+  EXPECT_EQ(after.admissions(), before.admissions());
+  EXPECT_EQ(after.admission_refusals(), before.admission_refusals());
+  ASSERT_OK(Push<float>(*admitted.table, {1, 2}, {1, 1}));
+  EXPECT_EQ(admitted.table->Stats().rows(), 2u);
+  EXPECT_EQ(admitted.budget->used(), 2 * admitted.cost);
+}
+
+// Rows a snapshot brings in (a checkpoint, a live move) are taken whole,
+// past the budget; new rows are then refused until enough are freed.
+TEST(SparseTableTest, RowsASnapshotBringsAreTakenWholePastTheRowBudget) {
+  const std::string config = "dim: 2 optimizer { add {} }";
+  auto source = MakeTable(config);
+  ASSERT_OK(Push<float>(*source, {1, 2, 3, 4, 5}, std::vector<float>(10, 1)));
+  BudgetedTable t = MakeBudgetedTable(config, 2);
+  SparseTableOptions options;
+  options.row_budget = t.budget;
+  absl::StatusOr<std::unique_ptr<SparseTable>> restored =
+      SparseTable::Deserialize(source->Serialize(), options);
+  ASSERT_OK(restored.status());
+  EXPECT_EQ((*restored)->Stats().rows(), 5u);
+  EXPECT_EQ(t.budget->used(), 5 * t.cost);
+  EXPECT_THAT(Push<float>(**restored, {6}, {1, 1}),
+              StatusCodeIs(absl::StatusCode::kResourceExhausted));
+  v1::SparseTableSnapshot snap;
+  ASSERT_TRUE(snap.ParseFromString(source->Serialize()));
+  ASSERT_OK(t.table->MergeRows(snap).status());
+  EXPECT_EQ(t.budget->used(), 10 * t.cost);
+  restored->reset();
+  t.table.reset();
+  EXPECT_EQ(t.budget->used(), 0u);
+}
+
+// Pushes racing for the last room never take the tables past it, and the
+// budget counts exactly the rows held.
+TEST(SparseTableTest, ConcurrentPushesNeverPassTheRowBudget) {
+  BudgetedTable t = MakeBudgetedTable("dim: 4 optimizer { add {} }", 1000);
+  std::vector<std::thread> threads;
+  std::atomic<int> refused{0};
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937_64 rng(w);
+      for (int round = 0; round < 200; ++round) {
+        std::vector<uint64_t> keys(16);
+        for (uint64_t& key : keys) key = rng() % 3000;
+        absl::Status status = Push<float>(*t.table, keys, std::vector<float>(64, 1));
+        if (!status.ok()) {
+          EXPECT_THAT(status, StatusCodeIs(absl::StatusCode::kResourceExhausted));
+          refused.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const uint64_t rows = t.table->Stats().rows();
+  EXPECT_LE(rows, 1000u);
+  EXPECT_GT(refused.load(), 0);  // 3200 pushes of 16 keys over 3000 keys: it filled up
+  EXPECT_EQ(t.budget->used(), rows * t.cost);
 }
 
 }  // namespace

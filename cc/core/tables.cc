@@ -81,8 +81,19 @@ Collectives::Options CollectivesOptions(const TablesOptions& tables, DeadlineTim
 
 }  // namespace
 
+namespace {
+
+// `options` with its tables' shared row budget.
+TablesOptions WithRowBudget(TablesOptions options) {
+  options.table.row_budget = std::make_shared<MemoryBudget>(options.max_row_bytes);
+  return options;
+}
+
+}  // namespace
+
 Tables::Tables(TablesOptions options)
-    : options_(std::move(options)), collectives_(CollectivesOptions(options_, &timer_)) {}
+    : options_(WithRowBudget(std::move(options))),
+      collectives_(CollectivesOptions(options_, &timer_)) {}
 
 Tables::~Tables() { Shutdown(); }
 

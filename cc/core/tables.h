@@ -44,6 +44,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cc/core/collectives.h"
+#include "cc/core/memory_budget.h"
 #include "cc/core/sparse_table.h"
 #include "cc/core/table_keys.h"
 #include "cc/core/waiters.h"
@@ -102,6 +103,12 @@ struct TablesOptions {
   // checkpoint or a live move brings in are taken whole.
   size_t max_tables = kDefaultMaxTables;
   static constexpr size_t kDefaultMaxTables = 4096;
+  // Bytes of rows (SparseTable::row_budget_bytes each) all tables together
+  // may create (--max_table_row_bytes); past it a push is RESOURCE_EXHAUSTED
+  // naming the table and the flag, nothing of it applied. Rows a checkpoint
+  // or a live move brings in are taken whole; evicted, erased and dropped
+  // rows give theirs back.
+  uint64_t max_row_bytes = MemoryBudget::kUnlimited;
 };
 
 class Tables {
@@ -229,6 +236,9 @@ class Tables {
 
   // Wakes every waiting pull and collective with UNAVAILABLE.
   void Shutdown();
+
+  // The bytes of rows held, against TablesOptions::max_row_bytes.
+  const MemoryBudget& row_budget() const { return *options_.table.row_budget; }
 
   static constexpr absl::string_view kTablePrefix = "table/";
   static constexpr absl::string_view kClocksPrefix = "clocks/";

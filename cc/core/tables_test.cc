@@ -353,5 +353,50 @@ TEST(TablesLimitTest, CreatesPastMaxTablesAreRefusedAndCreateNothing) {
   EXPECT_EQ(stats.tables_size(), 3);
 }
 
+// The row budget (--max_table_row_bytes) is one for all tables of a server:
+// rows of one table leave no room for another's; a push past it is refused
+// naming the table and the flag, nothing applied; checkpoints restore whole.
+TEST(TablesLimitTest, RowsOfAllTablesShareMaxRowBytes) {
+  TablesOptions options;
+  options.max_row_bytes = 4 * 41;  // four rows of dim 1 (41 bytes each: SparseTable::row_budget_bytes)
+  Tables tables(options);
+  const auto push = [&](const std::string& table, std::vector<uint64_t> keys) {
+    v1::CreateTableRequest create;
+    create.set_name(table);
+    create.mutable_config()->set_dim(1);
+    EXPECT_OK(tables.Create(create));
+    TableRowsView view;
+    view.table = table;
+    view.keys = keys;
+    const std::vector<float> values(keys.size(), 1);
+    view.values = absl::string_view(reinterpret_cast<const char*>(values.data()),
+                                    values.size() * sizeof(float));
+    return tables.PushRows(view);
+  };
+  ASSERT_OK(push("a", {1, 2, 3}));
+  EXPECT_EQ(tables.row_budget().used(), 3 * 41u);
+  EXPECT_THAT(push("b", {1, 2}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("table 'b'"), HasSubstr("--max_table_row_bytes=164"))));
+  ASSERT_OK(push("b", {1}));
+  EXPECT_EQ(tables.row_budget().used(), 4 * 41u);
+  v1::TableStatsResponse stats;
+  tables.Stats(&stats);
+  ASSERT_EQ(stats.tables_size(), 2);
+  EXPECT_EQ(stats.tables(0).rows() + stats.tables(1).rows(), 4u);
+
+  // A checkpoint of more rows than the budget is restored whole.
+  std::map<std::string, std::string> extensions;
+  tables.SaveTo(&extensions);
+  TablesOptions smaller;
+  smaller.max_row_bytes = 41;
+  Tables restored(smaller);
+  ASSERT_OK(restored.RestoreFrom(extensions));
+  EXPECT_EQ(restored.row_budget().used(), 4 * 41u);
+  // Replaced whole (a standby's fresh copy): the old rows' bytes go back.
+  ASSERT_OK(restored.RestoreFrom({}, /*replace=*/true));
+  EXPECT_EQ(restored.row_budget().used(), 0u);
+}
+
 }  // namespace
 }  // namespace pserver

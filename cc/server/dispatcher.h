@@ -290,6 +290,8 @@ class Dispatcher {
   }
   // Counts a request too malformed to reach the store (GetStats).
   void CountMalformed() { store_->CountRejected(); }
+  // The store's budget of parameter bytes (--max_param_bytes), for metrics.
+  const MemoryBudget& param_budget() const { return store_->budget(); }
 
   // ---- sparse tables on views (the bulk channel's table frames) ----------
   // The TablePush control method on a view, no message: the serving check,

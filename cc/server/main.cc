@@ -119,6 +119,16 @@ ABSL_FLAG(uint64_t, max_held_add_bytes, uint64_t{1} << 30,
           "Bytes (keys and values) of BSP adds one table holds back for slower workers; past "
           "it a push gets UNAVAILABLE (clients retry), one add larger than it "
           "RESOURCE_EXHAUSTED. Must be > 0.");
+ABSL_FLAG(uint64_t, max_param_bytes, 0,
+          "Bytes of dense parameters (values and optimizer state, all together) InitParam may "
+          "bring this server to; past it InitParam is refused (RESOURCE_EXHAUSTED), nothing "
+          "stored. 0: half of this machine's physical memory (said at start). What a "
+          "checkpoint, a live move or a standby's copy brings in is taken whole.");
+ABSL_FLAG(uint64_t, max_table_row_bytes, 0,
+          "Bytes of table rows (all tables together) pushes may create; past it a push is "
+          "refused (RESOURCE_EXHAUSTED), nothing of it applied. 0: half of this machine's "
+          "physical memory (said at start). Evicted rows give their bytes back; rows a "
+          "checkpoint, a live move or a standby's copy brings in are taken whole.");
 ABSL_FLAG(uint64_t, max_message_bytes, pserver::kDefaultMaxMessageBytes,
           "Largest request accepted, in bytes after decompression; a bigger one is refused "
           "(RESOURCE_EXHAUSTED) before it is read. The default fits every request a client "
@@ -444,6 +454,8 @@ pserver::ServerOptions OptionsFromFlags() {
   options.max_workers_per_table = absl::GetFlag(FLAGS_max_workers_per_table);
   options.max_tables = absl::GetFlag(FLAGS_max_tables);
   options.max_held_add_bytes = absl::GetFlag(FLAGS_max_held_add_bytes);
+  options.max_param_bytes = absl::GetFlag(FLAGS_max_param_bytes);
+  options.max_table_row_bytes = absl::GetFlag(FLAGS_max_table_row_bytes);
   options.bulk_channel = absl::GetFlag(FLAGS_bulk_channel).on;
   options.standby = absl::GetFlag(FLAGS_standby);
   options.max_standby_copy_bytes = absl::GetFlag(FLAGS_max_standby_copy_bytes);

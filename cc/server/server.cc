@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "cc/auth/authorizer.h"
+#include "cc/core/memory_budget.h"
 #include "cc/core/placement.h"
 #include "cc/core/reshard.h"
 #include "cc/core/status_macros.h"
@@ -236,11 +237,13 @@ TablesOptions Server::MakeTablesOptions(const ServerOptions& options) {
   tables_options.max_workers_per_table = options.max_workers_per_table;
   tables_options.max_held_add_bytes = options.max_held_add_bytes;
   tables_options.max_tables = static_cast<size_t>(options.max_tables);
+  tables_options.max_row_bytes = options.max_table_row_bytes;
   return tables_options;
 }
 
 StoreOptions Server::MakeStoreOptions(std::optional<int> device) {
   StoreOptions store_options;
+  store_options.max_bytes = options_.max_param_bytes;
   if (device.has_value()) {
     cuda::DeviceStorageOptions device_options;
     device_options.device = *device;
@@ -249,6 +252,28 @@ StoreOptions Server::MakeStoreOptions(std::optional<int> device) {
     store_options.storage_factory = cuda::DeviceStorageFactory(std::move(device_options));
   }
   return store_options;
+}
+
+ServerOptions Server::WithMemoryBudgets(ServerOptions options) {
+  // Half of the physical memory each: together they stay within it.
+  const uint64_t physical = PhysicalMemoryBytes();
+  const uint64_t half = physical == 0 ? MemoryBudget::kUnlimited : physical / 2;
+  if (options.max_param_bytes == 0) options.max_param_bytes = half;
+  if (options.max_table_row_bytes == 0) options.max_table_row_bytes = half;
+  return options;
+}
+
+void Server::LogMemoryBudgets() const {
+  const MemoryBudget& params = store_.budget();
+  const MemoryBudget& rows = tables_.row_budget();
+  Log(absl::StrCat("memory budgets: parameters ", params.limit(), " bytes (--max_param_bytes), ",
+                   params.used(), " held; table rows ", rows.limit(),
+                   " bytes (--max_table_row_bytes), ", rows.used(), " held"));
+  if (params.used() > params.limit() || rows.used() > rows.limit()) {
+    Log("the state loaded is past a memory budget: it is kept whole, and InitParam or pushes "
+        "that create rows are refused until enough is freed",
+        log::Level::kWarning);
+  }
 }
 
 void Server::Log(const std::string& message, log::Level level) const {
@@ -352,7 +377,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                           ? options.num_threads
                           : std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
 
-  std::unique_ptr<Server> server(new Server(options, device));
+  std::unique_ptr<Server> server(new Server(WithMemoryBudgets(options), device));
   Server* const raw = server.get();
   server->peer_ = std::move(peer);
   DispatcherHooks hooks;
@@ -524,6 +549,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                              "; blocks the device cannot update, sparse and KV tables in host "
                              "memory"));
   }
+  server->LogMemoryBudgets();
   server->loaded_ok_ = true;
   if (server->loaded_.has_value()) {
     server->checkpoint_metrics_.last_success_unix_nanos = absl::ToUnixNanos(server->loaded_->time);

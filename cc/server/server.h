@@ -248,6 +248,19 @@ struct ServerOptions {
   // push is UNAVAILABLE ("retry"), one add larger than it
   // RESOURCE_EXHAUSTED. Must be > 0.
   uint64_t max_held_add_bytes = uint64_t{1} << 30;
+  // Bytes of dense parameters (values and optimizer state, all together)
+  // InitParam may bring this server to; past it InitParam is
+  // RESOURCE_EXHAUSTED naming the parameter and the flag, nothing stored.
+  // 0: half of this machine's physical memory (said at start). What a
+  // checkpoint, a live move or a standby's copy brings in is taken whole.
+  // Give a primary and its standbys the same value.
+  uint64_t max_param_bytes = 0;
+  // Bytes of table rows (all tables together, SparseTable::row_budget_bytes
+  // a row) pushes may create; past it a push is RESOURCE_EXHAUSTED naming
+  // the table and the flag, nothing of it applied. 0: half of this
+  // machine's physical memory (said at start). Taken whole and given back as
+  // max_param_bytes. Give a primary and its standbys the same value.
+  uint64_t max_table_row_bytes = 0;
 
   // Fault injection for tests: every n-th applied push is answered
   // UNAVAILABLE as if its reply were lost. 0: off.
@@ -397,6 +410,11 @@ class Server {
   // `device`: the CUDA ordinal dense shards live on; none: host memory.
   Server(const ServerOptions& options, std::optional<int> device);
   StoreOptions MakeStoreOptions(std::optional<int> device);
+  // `options` with max_param_bytes and max_table_row_bytes of 0 resolved
+  // (half of the physical memory each).
+  static ServerOptions WithMemoryBudgets(ServerOptions options);
+  // Says the memory budgets and what the loaded state holds of them.
+  void LogMemoryBudgets() const;
   static TablesOptions MakeTablesOptions(const ServerOptions& options);
 
   // etcd: reads /ps_desired and claims the lowest free index. CANCELLED

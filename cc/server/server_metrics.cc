@@ -54,6 +54,12 @@ void CollectStats(const Dispatcher& dispatcher, TextWriter& out) {
         static_cast<double>(s.parameter_bytes()));
   Gauge(out, "pserver_optimizer_state_bytes", "Bytes of optimizer state held.",
         static_cast<double>(s.optimizer_state_bytes()));
+  const MemoryBudget& params = dispatcher.param_budget();
+  Gauge(out, "pserver_param_budget_used_bytes",
+        "Bytes of parameter values and optimizer state counted against --max_param_bytes.",
+        static_cast<double>(params.used()));
+  Gauge(out, "pserver_param_budget_limit_bytes", "--max_param_bytes as resolved at start.",
+        static_cast<double>(params.limit()));
   Count(out, "pserver_gradients_applied_total", "Gradients applied to parameters.",
         s.gradients_applied());
   Count(out, "pserver_gets_served_total", "Parameter blocks read.", s.gets_served());
@@ -157,6 +163,11 @@ void CollectTables(const Tables& tables, TextWriter& out) {
     }
   }
   CollectWorkerClocks(tables, out);
+  Gauge(out, "pserver_table_row_budget_used_bytes",
+        "Bytes of table rows, all tables, counted against --max_table_row_bytes.",
+        static_cast<double>(tables.row_budget().used()));
+  Gauge(out, "pserver_table_row_budget_limit_bytes", "--max_table_row_bytes as resolved at start.",
+        static_cast<double>(tables.row_budget().limit()));
   Gauge(out, "pserver_collective_rounds", "Collective rounds open.",
         static_cast<double>(response.collective_rounds()));
   Gauge(out, "pserver_collective_bytes",

@@ -107,6 +107,7 @@ TEST(ServerMetricsTest, AMetricsHostNoClientCouldDialIsRefusedAtStart) {
 
 TEST(ServerMetricsTest, CountsRequestsAndCheckpointsAsTheyHappen) {
   ServerOptions options = WithMetrics();
+  options.max_param_bytes = 1 << 20;
   options.checkpoint_dir = absl::StrCat(getenv("TEST_TMPDIR"), "/metrics_checkpoints");
   ASSERT_OK_AND_ASSIGN(auto server, Server::Start(options));
   ASSERT_GT(server->metrics_port(), 0);
@@ -141,6 +142,16 @@ TEST(ServerMetricsTest, CountsRequestsAndCheckpointsAsTheyHappen) {
   EXPECT_EQ(SampleValue(page, "pserver_gradients_applied_total"), 5);
   EXPECT_EQ(SampleValue(page, "pserver_initialized"), 1);
   EXPECT_EQ(SampleValue(page, "pserver_parameter_bytes"), 16);
+  // The memory budgets: what is counted, and the limits (the rows' the
+  // default, half the physical memory).
+  const std::optional<double> state = SampleValue(page, "pserver_optimizer_state_bytes");
+  ASSERT_TRUE(state.has_value()) << page;
+  EXPECT_EQ(SampleValue(page, "pserver_param_budget_used_bytes"), 16 + *state);
+  EXPECT_EQ(SampleValue(page, "pserver_param_budget_limit_bytes"), 1 << 20);
+  const std::optional<double> row_limit =
+      SampleValue(page, "pserver_table_row_budget_limit_bytes");
+  ASSERT_TRUE(row_limit.has_value()) << page;
+  EXPECT_GT(*row_limit, 1 << 20);
   EXPECT_EQ(SampleValue(page, "pserver_checkpoint_saves_total"), 1);
   EXPECT_EQ(SampleValue(page, "pserver_checkpoint_failures_total"), 0);
   EXPECT_EQ(SampleValue(page, "pserver_checkpoint_duration_seconds_count"), 1);
@@ -219,6 +230,7 @@ TEST(ServerMetricsTest, TablesShowRowsKeysAndEachWorkersClockLag) {
 
   ASSERT_OK_AND_ASSIGN(std::string page, Scrape(*server));
   EXPECT_EQ(SampleValue(page, "pserver_table_rows{table=\"emb\"}"), 0) << page;
+  EXPECT_EQ(SampleValue(page, "pserver_table_row_budget_used_bytes"), 0);
   EXPECT_EQ(SampleValue(page, "pserver_table_keys_pushed_total{table=\"emb\"}"), 0);
   EXPECT_EQ(SampleValue(page, "pserver_table_workers{table=\"emb\"}"), 3);
   EXPECT_EQ(SampleValue(page, "pserver_table_min_clock{table=\"emb\"}"), 0);
