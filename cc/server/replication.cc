@@ -529,7 +529,7 @@ void PrimaryReplication::CatchUp(std::shared_ptr<Joiner> joiner) {
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(joiner->mu) {
       return !joiner->failed.empty() || joiner->queue.count(next) > 0 || stopping_.load();
     };
-    joiner->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
+    joiner->mu.AwaitWithTimeout(absl::Condition(&ready), options_.join_first_write_wait);
   }
   if (stopping_.load()) return;
   if (std::shared_ptr<const BackupLog::Write> first = take(next); first != nullptr) {

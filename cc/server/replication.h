@@ -115,6 +115,11 @@ struct PrimaryReplicationOptions {
   // How long a joining standby may take to load its copy and apply the
   // first queued write (--join_timeout); then it is let go the same way.
   absl::Duration join_timeout = absl::Minutes(2);
+  // How long a joiner's catch-up waits for the first write made since its
+  // copy before it holds writes and sends the queue (a write that comes in
+  // time is delivered while writes go on, within join_timeout). Tests that
+  // need that first write delivered while writes go on set it long.
+  absl::Duration join_first_write_wait = absl::Milliseconds(20);
   // Bytes of the last numbered writes kept (RecentWrites) for standbys that
   // rejoin holding the shard up to an earlier LSN of this primary's lineage
   // (--catch_up_bytes): such a standby is sent only the writes after its
