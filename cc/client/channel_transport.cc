@@ -1,5 +1,9 @@
 #include "cc/client/channel_transport.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -52,6 +56,8 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
 
   // Whether the server speaks the table frames (cc/rpc/table_frame.h).
   bool table_frames = false;
+  // The socket beneath the stream (beneath TLS too); for tests.
+  int socket_fd = -1;
 
   // Presents `token` and waits for the server's answer, then starts reading.
   absl::Status Hello(const std::string& token) {
@@ -564,6 +570,15 @@ ChannelTransport::~ChannelTransport() {
   }
 }
 
+std::vector<int> ChannelTransport::SocketsForTesting() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> fds;
+  for (const std::shared_ptr<Connection>& c : slots_) {
+    fds.push_back(c == nullptr || c->broken() ? -1 : c->socket_fd);
+  }
+  return fds;
+}
+
 std::string ChannelTransport::route() const {
   absl::MutexLock lock(&mu_);
   return route_;
@@ -583,6 +598,7 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     const v1::OpenChannelResponse& offer, absl::Time deadline) {
   std::unique_ptr<ByteStream> stream;
   bool unix_socket = false;
+  int socket_fd = -1;
   if (options_.unix_socket && !options_.tls.enabled() && !offer.unix_socket().empty()) {
     absl::StatusOr<std::unique_ptr<ByteStream>> local = ConnectAbstractUnix(offer.unix_socket());
     if (local.ok()) {
@@ -597,6 +613,12 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     }
     PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
                                            deadline - absl::Now()));
+    if (auto* tcp = dynamic_cast<SocketStream*>(stream.get()); tcp != nullptr) {
+      socket_fd = tcp->fd();
+      // Best effort, as the socket buffers: a kernel without it writes as before.
+      const int bytes = options_.unsent_bytes;
+      if (bytes > 0) setsockopt(socket_fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes));
+    }
     if (options_.tls.enabled()) {
       PS_ASSIGN_OR_RETURN(stream, StartTlsClient(std::move(stream), options_.tls, host, deadline,
                                                  offer.bulk_aead() >= 1));
@@ -604,10 +626,12 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
   }
   if (auto* plain = dynamic_cast<SocketStream*>(stream.get()); plain != nullptr) {
     plain->SpinBeforeBlocking({options_.read_spin});  // a small reply: poll before sleeping
+    socket_fd = plain->fd();
   }
   auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &waiter_reads_);
   PS_RETURN_IF_ERROR(connection->Hello(offer.token() + options_.bearer_token));
   connection->table_frames = offer.table_frames() >= kTableFrameVersion;
+  connection->socket_fd = socket_fd;
   over_unix_ = unix_socket;
   opened_.fetch_add(1);
   return connection;

@@ -5,6 +5,8 @@
 // is mutual TLS too, and refuses a certificate from another CA or plaintext.
 #include "cc/security/tls.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -378,6 +380,23 @@ TEST_F(TlsChannelTest, TlsClientUsesTheChannelOverTcp) {
   ASSERT_OK(client_->PushPull("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1}), &out));
   EXPECT_EQ(out.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
   EXPECT_GE(server_->bulk_listener()->connections(), 1);
+}
+
+// The TCP socket beneath each TLS connection of the channel limits its
+// unsent bytes (ChannelTransportOptions::unsent_bytes, 128 KiB by default).
+TEST_F(TlsChannelTest, TheSocketBeneathTlsLimitsItsUnsentBytes) {
+  std::unique_ptr<ChannelTransport> channel = Channel(Good());
+  for (int i = 0; i < 4; ++i) ASSERT_OK(PullW(*channel));  // round both connections
+  ASSERT_EQ(channel->route(), "tcp");
+  const std::vector<int> fds = channel->SocketsForTesting();
+  ASSERT_EQ(fds.size(), 2u);
+  for (const int fd : fds) {
+    ASSERT_GE(fd, 0) << "a connection is not open";
+    int bytes = 0;
+    socklen_t size = sizeof(bytes);
+    ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, &size), 0);
+    EXPECT_EQ(bytes, 128 << 10);
+  }
 }
 
 TEST_F(TlsChannelTest, LargeTensorRoundTripsOverTheChannel) {
