@@ -56,8 +56,6 @@ class ChannelTransport::Connection : public std::enable_shared_from_this<Connect
 
   // Whether the server speaks the table frames (cc/rpc/table_frame.h).
   bool table_frames = false;
-  // The socket beneath the stream (beneath TLS too); for tests.
-  int socket_fd = -1;
 
   // Presents `token` and waits for the server's answer, then starts reading.
   absl::Status Hello(const std::string& token) {
@@ -570,15 +568,6 @@ ChannelTransport::~ChannelTransport() {
   }
 }
 
-std::vector<int> ChannelTransport::SocketsForTesting() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<int> fds;
-  for (const std::shared_ptr<Connection>& c : slots_) {
-    fds.push_back(c == nullptr || c->broken() ? -1 : c->socket_fd);
-  }
-  return fds;
-}
-
 std::string ChannelTransport::route() const {
   absl::MutexLock lock(&mu_);
   return route_;
@@ -598,7 +587,6 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     const v1::OpenChannelResponse& offer, absl::Time deadline) {
   std::unique_ptr<ByteStream> stream;
   bool unix_socket = false;
-  int socket_fd = -1;
   if (options_.unix_socket && !options_.tls.enabled() && !offer.unix_socket().empty()) {
     absl::StatusOr<std::unique_ptr<ByteStream>> local = ConnectAbstractUnix(offer.unix_socket());
     if (local.ok()) {
@@ -613,11 +601,12 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     }
     PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
                                            deadline - absl::Now()));
-    if (auto* tcp = dynamic_cast<SocketStream*>(stream.get()); tcp != nullptr) {
-      socket_fd = tcp->fd();
-      // Best effort, as the socket buffers: a kernel without it writes as before.
+    if (auto* tcp = dynamic_cast<SocketStream*>(stream.get());
+        tcp != nullptr && options_.unsent_bytes > 0) {
+      // Best effort, as the socket buffers: a kernel without it writes as
+      // before. TLS keeps the socket (StartTlsClient takes a dup of it).
       const int bytes = options_.unsent_bytes;
-      if (bytes > 0) setsockopt(socket_fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes));
+      setsockopt(tcp->fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes));
     }
     if (options_.tls.enabled()) {
       PS_ASSIGN_OR_RETURN(stream, StartTlsClient(std::move(stream), options_.tls, host, deadline,
@@ -626,12 +615,10 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
   }
   if (auto* plain = dynamic_cast<SocketStream*>(stream.get()); plain != nullptr) {
     plain->SpinBeforeBlocking({options_.read_spin});  // a small reply: poll before sleeping
-    socket_fd = plain->fd();
   }
   auto connection = std::make_shared<Connection>(std::move(stream), &timer_, &waiter_reads_);
   PS_RETURN_IF_ERROR(connection->Hello(offer.token() + options_.bearer_token));
   connection->table_frames = offer.table_frames() >= kTableFrameVersion;
-  connection->socket_fd = socket_fd;
   over_unix_ = unix_socket;
   opened_.fetch_add(1);
   return connection;

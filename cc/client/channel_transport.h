@@ -115,9 +115,6 @@ class ChannelTransport final : public Transport {
   // Replies read by the caller waiting for them (in a CallGroup), not
   // handed over by a connection's reader thread.
   uint64_t replies_read_by_waiters() const { return waiter_reads_.load(); }
-  // Testing only: the socket beneath each open connection (beneath TLS
-  // too), for getsockopt; -1 for a slot not open.
-  std::vector<int> SocketsForTesting() const;
 
   class Connection;
 

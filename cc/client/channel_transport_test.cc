@@ -11,20 +11,15 @@
 // sockets (getsockopt). No test depends on timing.
 #include "cc/client/channel_transport.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cc/client/call_group.h"
@@ -36,6 +31,7 @@
 #include "cc/rpc/table_frame.h"
 #include "cc/server/bulk_listener.h"
 #include "cc/server/server.h"
+#include "cc/testing/sockets.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -213,56 +209,13 @@ TEST_P(ChannelTransportTest, BulkMethodsAnswerAsGrpcDoes) {
   EXPECT_EQ(channel_->connections_opened(), 2);  // one per slot, kept
 }
 
-// A socket's TCP_NOTSENT_LOWAT (0: unset, the kernel's default applies);
-// -1 when the socket has no such option (a Unix socket).
-int UnsentLimitOf(int fd) {
-  int bytes = 0;
-  socklen_t size = sizeof(bytes);
-  if (getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, &size) != 0) return -1;
-  return bytes;
-}
-
-// A new TCP socket's TCP_NOTSENT_LOWAT: what "the kernel's default" reads as.
-int UnsentLimitOfANewSocket() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  const int bytes = fd < 0 ? -2 : UnsentLimitOf(fd);
-  if (fd >= 0) close(fd);
-  return bytes;
-}
-
-int FamilyOf(int fd) {
-  sockaddr_storage address{};
-  socklen_t size = sizeof(address);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) != 0) return -1;
-  return address.ss_family;
-}
-
-// This process's TCP sockets connected to `port` on this host (a client's
-// connections to a listener there), from /proc/self/fd.
-std::vector<int> TcpSocketsConnectedTo(int port) {
-  std::vector<int> fds;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    int fd = -1;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &fd)) continue;
-    sockaddr_storage peer{};
-    socklen_t size = sizeof(peer);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &size) != 0) continue;
-    int peer_port = -1;
-    if (peer.ss_family == AF_INET) {
-      peer_port = ntohs(reinterpret_cast<const sockaddr_in&>(peer).sin_port);
-    } else if (peer.ss_family == AF_INET6) {
-      peer_port = ntohs(reinterpret_cast<const sockaddr_in6&>(peer).sin6_port);
-    }
-    if (peer_port == port) fds.push_back(fd);
-  }
-  return fds;
-}
-
 // Every TCP connection of the channel limits its unsent bytes
 // (ChannelTransportOptions::unsent_bytes, 128 KiB unless set); 0 leaves the
-// kernel's default; a Unix socket has no such option and gets none.
+// kernel's default (unset reads as 0); over a Unix socket no TCP socket is
+// made.
 TEST_P(ChannelTransportTest, TcpConnectionsLimitTheirUnsentBytes) {
-  ASSERT_EQ(UnsentLimitOfANewSocket(), 0);  // unset reads as 0
+  const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
+  ASSERT_GT(port, 0);
   uint64_t client = 11;
   for (const int limit : {-1, 64 << 10, 0}) {  // -1: the default options
     ChannelTransportOptions options;
@@ -272,16 +225,16 @@ TEST_P(ChannelTransportTest, TcpConnectionsLimitTheirUnsentBytes) {
     for (uint64_t i = 1; i <= 4; ++i) {  // calls go round both connections
       ASSERT_THAT(PushOver(channel, {client, i}, {1, 1, 1, 1}), IsOk());
     }
-    const std::vector<int> fds = channel.SocketsForTesting();
-    ASSERT_EQ(fds.size(), 2u);
-    for (const int fd : fds) {
-      ASSERT_GE(fd, 0) << "a connection is not open";
-      if (GetParam()) {
-        EXPECT_EQ(FamilyOf(fd), AF_UNIX);
-        EXPECT_EQ(UnsentLimitOf(fd), -1);
-      } else {
-        EXPECT_EQ(FamilyOf(fd), AF_INET);
-        EXPECT_EQ(UnsentLimitOf(fd), limit < 0 ? 128 << 10 : limit) << "limit " << limit;
+    // This process's only bulk connections are this channel's (the
+    // fixture's client stays on gRPC; the channels before are gone).
+    const std::vector<int> fds = TcpSocketsConnectedTo(port);
+    if (GetParam()) {
+      EXPECT_EQ(channel.route(), "unix");
+      EXPECT_THAT(fds, ::testing::IsEmpty());
+    } else {
+      ASSERT_EQ(fds.size(), 2u);  // ChannelTransportOptions::connections
+      for (const int fd : fds) {
+        EXPECT_EQ(UnsentBytesLimitOf(fd), limit < 0 ? 128 << 10 : limit) << "limit " << limit;
       }
     }
   }
@@ -300,14 +253,12 @@ TEST_P(ChannelTransportTest, ClientOptionsSetTheUnsentBytesOfTheBulkTcpSockets) 
   for (int i = 0; i < 4; ++i) {  // calls go round both connections
     ASSERT_THAT((*client)->SendGrad("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1})), IsOk());
   }
-  // This process's only bulk connections are the client's (the fixture's
-  // other client stays on gRPC).
   const std::vector<int> fds = TcpSocketsConnectedTo(port);
   if (GetParam()) {
     EXPECT_THAT(fds, ::testing::IsEmpty());  // the Unix socket carries them
   } else {
     ASSERT_EQ(fds.size(), 2u);  // channels_per_server
-    for (const int fd : fds) EXPECT_EQ(UnsentLimitOf(fd), 96 << 10);
+    for (const int fd : fds) EXPECT_EQ(UnsentBytesLimitOf(fd), 96 << 10);
   }
   ClientOptions negative;
   negative.servers = {server_->address()};

@@ -5,8 +5,6 @@
 // is mutual TLS too, and refuses a certificate from another CA or plaintext.
 #include "cc/security/tls.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -34,6 +32,7 @@
 #include "cc/server/bulk_listener.h"
 #include "cc/server/server.h"
 #include "cc/testing/child_process.h"
+#include "cc/testing/sockets.h"
 #include "cc/testing/status_matchers.h"
 #include "cc/testing/test_certs.h"
 #include "grpcpp/create_channel.h"
@@ -388,15 +387,12 @@ TEST_F(TlsChannelTest, TheSocketBeneathTlsLimitsItsUnsentBytes) {
   std::unique_ptr<ChannelTransport> channel = Channel(Good());
   for (int i = 0; i < 4; ++i) ASSERT_OK(PullW(*channel));  // round both connections
   ASSERT_EQ(channel->route(), "tcp");
-  const std::vector<int> fds = channel->SocketsForTesting();
-  ASSERT_EQ(fds.size(), 2u);
-  for (const int fd : fds) {
-    ASSERT_GE(fd, 0) << "a connection is not open";
-    int bytes = 0;
-    socklen_t size = sizeof(bytes);
-    ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, &size), 0);
-    EXPECT_EQ(bytes, 128 << 10);
-  }
+  // The channel's connections, and any of the fixture's client (default
+  // options too).
+  const std::vector<int> fds =
+      TcpSocketsConnectedTo(static_cast<int>(server_->bulk_listener()->Offer().tcp_port()));
+  EXPECT_GE(fds.size(), 2u);
+  for (const int fd : fds) EXPECT_EQ(UnsentBytesLimitOf(fd), 128 << 10);
 }
 
 TEST_F(TlsChannelTest, LargeTensorRoundTripsOverTheChannel) {
