@@ -23,6 +23,9 @@ ABSL_FLAG(int, hosts_rate_mbit, 1000, "hosts group: tc tbf rate of every host's 
 ABSL_FLAG(int, hosts_workers_per_server, 2,
           "hosts group: workers (hosts) per server; 2 keep every server's link busy.");
 ABSL_FLAG(uint64_t, hosts_bytes, 4 << 20, "hosts group: bytes of each worker's parameter.");
+ABSL_FLAG(int, hosts_unsent_bytes, -1,
+          "hosts group: the workers' ClientOptions::bulk_unsent_bytes (0: the kernel's "
+          "default); -1: the option's default.");
 
 namespace pserver::bench {
 namespace {
@@ -149,6 +152,8 @@ absl::StatusOr<Rounds> RunRounds(Harness& h, NetnsCluster& cluster,
   std::vector<std::string> params;
   for (int w = 0; w < workers; ++w) params.push_back(absl::StrCat("hosts_w", w));
   const std::string bytes_flag = absl::StrCat("--bytes=", bytes);
+  const std::string unsent_flag =
+      absl::StrCat("--bulk_unsent_bytes=", absl::GetFlag(FLAGS_hosts_unsent_bytes));
   PS_RETURN_IF_ERROR(cluster
                          .Run(first_worker, worker_binary,
                               {server_list, "--init",
@@ -162,7 +167,8 @@ absl::StatusOr<Rounds> RunRounds(Harness& h, NetnsCluster& cluster,
     PS_ASSIGN_OR_RETURN(ChildProcess * child,
                         cluster.Spawn(first_worker + w, worker_binary,
                                       {server_list, absl::StrCat("--params=", params[w]),
-                                       bytes_flag, absl::StrFormat("--start_at=%.6f", start_at),
+                                       bytes_flag, unsent_flag,
+                                       absl::StrFormat("--start_at=%.6f", start_at),
                                        absl::StrCat("--round_seconds=", round_seconds),
                                        absl::StrCat("--rounds=", rounds)}));
     children.push_back(child);
@@ -217,10 +223,12 @@ absl::Status Hosts(Harness& h, const std::string& pserver_binary, const std::str
   const int per_server = absl::GetFlag(FLAGS_hosts_workers_per_server);
   const int rate_mbit = absl::GetFlag(FLAGS_hosts_rate_mbit);
   const uint64_t bytes = absl::GetFlag(FLAGS_hosts_bytes);
-  if (per_server < 1 || per_server > kMaxWorkersPerServer || rate_mbit < 1 || bytes < 4) {
+  if (per_server < 1 || per_server > kMaxWorkersPerServer || rate_mbit < 1 || bytes < 4 ||
+      absl::GetFlag(FLAGS_hosts_unsent_bytes) < -1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--hosts_workers_per_server must be 1 to ", kMaxWorkersPerServer,
-        ", --hosts_rate_mbit at least 1 and --hosts_bytes at least 4"));
+        ", --hosts_rate_mbit at least 1, --hosts_bytes at least 4 and --hosts_unsent_bytes at "
+        "least -1"));
   }
   NetnsOptions options;
   options.hosts = kMaxServers * (1 + per_server);

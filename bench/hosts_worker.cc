@@ -34,6 +34,8 @@ ABSL_FLAG(bool, init, false, "Create the parameters and finish initialization, t
 ABSL_FLAG(double, start_at, 0, "Steady-clock second at which round 0 begins.");
 ABSL_FLAG(double, round_seconds, 2, "Length of each round.");
 ABSL_FLAG(int, rounds, 4, "Rounds (the caller treats the first as warm-up).");
+ABSL_FLAG(int, bulk_unsent_bytes, -1,
+          "ClientOptions::bulk_unsent_bytes (0: the kernel's default); -1: the option's default.");
 
 namespace pserver::bench {
 namespace {
@@ -109,6 +111,9 @@ absl::Status Run() {
   ClientOptions options;
   options.servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   options.timeout = absl::Seconds(60);
+  if (const int unsent = absl::GetFlag(FLAGS_bulk_unsent_bytes); unsent >= 0) {
+    options.bulk_unsent_bytes = unsent;
+  }
   if (params.empty() || options.servers.empty()) {
     return absl::InvalidArgumentError("--servers and --params are required");
   }

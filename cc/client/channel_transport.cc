@@ -1,5 +1,7 @@
 #include "cc/client/channel_transport.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -625,6 +627,13 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     }
     PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
                                            deadline - absl::Now()));
+    if (auto* tcp = dynamic_cast<SocketStream*>(stream.get());
+        tcp != nullptr && options_.unsent_bytes > 0) {
+      // Best effort, as the socket buffers: a kernel without it writes as
+      // before. TLS keeps the socket (StartTlsClient takes a dup of it).
+      const int bytes = options_.unsent_bytes;
+      setsockopt(tcp->fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes));
+    }
   }
   // From here to the hello's answer a silent server is cut off by the
   // deadline or by Abandon.

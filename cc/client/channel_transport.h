@@ -18,7 +18,8 @@
 //
 // Calls: each is a frame with an id on one of `connections` connections;
 // replies are matched by id. A call blocks its caller while its request is
-// written. A caller that then waits in a CallGroup (as Client's calls do)
+// written (over TCP: until all but `unsent_bytes` of it has left). A caller
+// that then waits in a CallGroup (as Client's calls do)
 // for its one call, when that is its connection's only call in flight,
 // reads the reply itself; so does one waiting for a group of table calls
 // (small replies: one per server, read one after the other); other replies
@@ -70,6 +71,17 @@ struct ChannelTransportOptions {
   // waiting for a reply header (cc/rpc/byte_stream.h ReadSpin: only while a
   // core is free, backing off when replies take longer); 0: never.
   absl::Duration read_spin = absl::Microseconds(50);
+  // A TCP connection's unsent bytes at which a blocking write returns
+  // (TCP_NOTSENT_LOWAT, set on TCP connections, plain and TLS; not on the
+  // Unix socket; best effort). With the kernel's default a request is
+  // "written" once it is copied into the socket's 4 MiB send buffer, so the
+  // requests of one call to several servers share the link at once and
+  // their replies all come at the end; with this, a write returns once all
+  // but this much has left for the network: the requests leave one after
+  // another and the first replies come back while later requests go out
+  // (docs/architecture.md "Bulk channel"). 0: the kernel's default
+  // (net.ipv4.tcp_notsent_lowat). At least 0.
+  int unsent_bytes = 128 << 10;
 };
 
 class ChannelTransport final : public Transport {

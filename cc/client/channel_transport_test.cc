@@ -9,7 +9,8 @@
 // blocks read straight into the caller's memory (a Client's tensors too;
 // rogue blocks refused, a deadline or a cancellation mid-block), and the
 // fallback to gRPC; Abandon (a call in flight to a silent server ends with
-// the reason, over the channel and over gRPC). No test depends on timing.
+// the reason, over the channel and over gRPC); the unsent-byte limit on TCP
+// sockets (getsockopt). No test depends on timing.
 #include "cc/client/channel_transport.h"
 
 #include <sys/socket.h>
@@ -36,6 +37,7 @@
 #include "cc/rpc/wire.h"
 #include "cc/server/bulk_listener.h"
 #include "cc/server/server.h"
+#include "cc/testing/sockets.h"
 #include "cc/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -47,6 +49,7 @@ namespace {
 
 using ::pserver::testing::IsOk;
 using ::pserver::testing::StatusCodeIs;
+using ::pserver::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
@@ -221,6 +224,64 @@ TEST_P(ChannelTransportTest, BulkMethodsAnswerAsGrpcDoes) {
   EXPECT_THAT(missing_channel.status, StatusCodeIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(missing_channel.status, missing_grpc.status);
   EXPECT_EQ(channel_->connections_opened(), 2);  // one per slot, kept
+}
+
+// Every TCP connection of the channel limits its unsent bytes
+// (ChannelTransportOptions::unsent_bytes, 128 KiB unless set); 0 leaves the
+// kernel's default (unset reads as 0); over a Unix socket no TCP socket is
+// made.
+TEST_P(ChannelTransportTest, TcpConnectionsLimitTheirUnsentBytes) {
+  const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
+  ASSERT_GT(port, 0);
+  uint64_t client = 11;
+  for (const int limit : {-1, 64 << 10, 0}) {  // -1: the default options
+    ChannelTransportOptions options;
+    if (limit >= 0) options.unsent_bytes = limit;
+    ChannelTransport channel(MakeGrpc(), options);
+    ++client;
+    for (uint64_t i = 1; i <= 4; ++i) {  // calls go round both connections
+      ASSERT_THAT(PushOver(channel, {client, i}, {1, 1, 1, 1}), IsOk());
+    }
+    // This process's only bulk connections are this channel's (the
+    // fixture's client stays on gRPC; the channels before are gone).
+    const std::vector<int> fds = TcpSocketsConnectedTo(port);
+    if (GetParam()) {
+      EXPECT_EQ(channel.route(), "unix");
+      EXPECT_THAT(fds, ::testing::IsEmpty());
+    } else {
+      ASSERT_EQ(fds.size(), 2u);  // ChannelTransportOptions::connections
+      for (const int fd : fds) {
+        EXPECT_EQ(UnsentBytesLimitOf(fd), limit < 0 ? 128 << 10 : limit) << "limit " << limit;
+      }
+    }
+  }
+}
+
+// ClientOptions::bulk_unsent_bytes reaches the Client's bulk TCP sockets
+// (none over a Unix socket), and a negative one is refused naming it.
+TEST_P(ChannelTransportTest, ClientOptionsSetTheUnsentBytesOfTheBulkTcpSockets) {
+  const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
+  ASSERT_GT(port, 0);
+  ClientOptions options;
+  options.servers = {server_->address()};
+  options.bulk_unsent_bytes = 96 << 10;  // not the default
+  auto client = Client::Connect(options);
+  ASSERT_THAT(client.status(), IsOk());
+  for (int i = 0; i < 4; ++i) {  // calls go round both connections
+    ASSERT_THAT((*client)->SendGrad("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1})), IsOk());
+  }
+  const std::vector<int> fds = TcpSocketsConnectedTo(port);
+  if (GetParam()) {
+    EXPECT_THAT(fds, ::testing::IsEmpty());  // the Unix socket carries them
+  } else {
+    ASSERT_EQ(fds.size(), 2u);  // channels_per_server
+    for (const int fd : fds) EXPECT_EQ(UnsentBytesLimitOf(fd), 96 << 10);
+  }
+  ClientOptions negative;
+  negative.servers = {server_->address()};
+  negative.bulk_unsent_bytes = -1;
+  EXPECT_THAT(Client::Connect(negative).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bulk_unsent_bytes")));
 }
 
 TEST_P(ChannelTransportTest, ARetriedPushIsAppliedOnceAcrossADroppedConnection) {

@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<Transport>> NewTransport(const etcd_keys::ServerE
   channel.bearer_token = options.token;
   channel.tls = options.tls;  // with TLS the channel is TLS too
   channel.read_spin = options.bulk_read_spin;
+  channel.unsent_bytes = options.bulk_unsent_bytes;
   return std::unique_ptr<Transport>(std::make_unique<ChannelTransport>(std::move(grpc), channel));
 }
 
@@ -126,6 +127,10 @@ absl::Status CheckOptions(const ClientOptions& options, size_t num_servers) {
   }
   if (options.channels_per_server < 1) {
     return absl::InvalidArgumentError("channels_per_server must be >= 1");
+  }
+  if (options.bulk_unsent_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bulk_unsent_bytes must be >= 0, got ", options.bulk_unsent_bytes));
   }
   if (options.max_async_in_flight < 1) {
     return absl::InvalidArgumentError(

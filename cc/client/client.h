@@ -133,6 +133,13 @@ struct ClientOptions {
   // The bulk channel's reader polls this long for a reply before it sleeps
   // (ChannelTransportOptions::read_spin); 0: never.
   absl::Duration bulk_read_spin = absl::Microseconds(50);
+  // A bulk TCP connection's unsent bytes at which a blocking write returns
+  // (TCP_NOTSENT_LOWAT; ChannelTransportOptions::unsent_bytes): a push+pull
+  // to several servers sends its requests one after another instead of all
+  // at once, so that the first replies overlap the later requests. Plain
+  // and TLS connections; not the Unix socket. 0: the kernel's default
+  // (net.ipv4.tcp_notsent_lowat, unlimited unless set). At least 0.
+  int bulk_unsent_bytes = 128 << 10;
   // Threads that run the *Async calls (started on the first one). Table
   // pulls and pushes between processes need none while they wait: their
   // requests go out from the calling thread and their tickets are finished

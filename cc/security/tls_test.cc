@@ -32,6 +32,7 @@
 #include "cc/server/bulk_listener.h"
 #include "cc/server/server.h"
 #include "cc/testing/child_process.h"
+#include "cc/testing/sockets.h"
 #include "cc/testing/status_matchers.h"
 #include "cc/testing/test_certs.h"
 #include "grpcpp/create_channel.h"
@@ -378,6 +379,20 @@ TEST_F(TlsChannelTest, TlsClientUsesTheChannelOverTcp) {
   ASSERT_OK(client_->PushPull("w", Tensor::FromValues<float>({4}, {1, 1, 1, 1}), &out));
   EXPECT_EQ(out.ToVector<float>(), (std::vector<float>{0, 1, 2, 3}));
   EXPECT_GE(server_->bulk_listener()->connections(), 1);
+}
+
+// The TCP socket beneath each TLS connection of the channel limits its
+// unsent bytes (ChannelTransportOptions::unsent_bytes, 128 KiB by default).
+TEST_F(TlsChannelTest, TheSocketBeneathTlsLimitsItsUnsentBytes) {
+  std::unique_ptr<ChannelTransport> channel = Channel(Good());
+  for (int i = 0; i < 4; ++i) ASSERT_OK(PullW(*channel));  // round both connections
+  ASSERT_EQ(channel->route(), "tcp");
+  // The channel's connections, and any of the fixture's client (default
+  // options too).
+  const std::vector<int> fds =
+      TcpSocketsConnectedTo(static_cast<int>(server_->bulk_listener()->Offer().tcp_port()));
+  EXPECT_GE(fds.size(), 2u);
+  for (const int fd : fds) EXPECT_EQ(UnsentBytesLimitOf(fd), 128 << 10);
 }
 
 TEST_F(TlsChannelTest, LargeTensorRoundTripsOverTheChannel) {
