@@ -608,6 +608,28 @@ void ChannelTransport::FallBack(const absl::Status& why) {
                std::string(why.message()).c_str());
 }
 
+namespace {
+
+// Whether the socket's peer is a loopback address (127.0.0.0/8, ::1, or
+// 127.x mapped into IPv6).
+bool PeerIsLoopback(int fd) {
+  sockaddr_storage peer{};
+  socklen_t size = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &size) != 0) return false;
+  if (peer.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&peer);
+    return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (peer.ss_family == AF_INET6) {
+    const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&a)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::Connect(
     const v1::OpenChannelResponse& offer, absl::Time deadline) {
   std::unique_ptr<ByteStream> stream;
@@ -628,7 +650,8 @@ absl::StatusOr<std::shared_ptr<ChannelTransport::Connection>> ChannelTransport::
     PS_ASSIGN_OR_RETURN(stream, ConnectTcp(host, static_cast<int>(offer.tcp_port()),
                                            deadline - absl::Now()));
     if (auto* tcp = dynamic_cast<SocketStream*>(stream.get());
-        tcp != nullptr && options_.unsent_bytes > 0) {
+        tcp != nullptr && options_.unsent_bytes > 0 &&
+        (options_.unsent_bytes_on_loopback || !PeerIsLoopback(tcp->fd()))) {
       // Best effort, as the socket buffers: a kernel without it writes as
       // before. TLS keeps the socket (StartTlsClient takes a dup of it).
       const int bytes = options_.unsent_bytes;

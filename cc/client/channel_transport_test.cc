@@ -229,13 +229,15 @@ TEST_P(ChannelTransportTest, BulkMethodsAnswerAsGrpcDoes) {
 // Every TCP connection of the channel limits its unsent bytes
 // (ChannelTransportOptions::unsent_bytes, 128 KiB unless set); 0 leaves the
 // kernel's default (unset reads as 0); over a Unix socket no TCP socket is
-// made.
+// made. The server here is on loopback, where the limit is set only with
+// unsent_bytes_on_loopback (LoopbackConnectionsLeaveTheKernelsDefault).
 TEST_P(ChannelTransportTest, TcpConnectionsLimitTheirUnsentBytes) {
   const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
   ASSERT_GT(port, 0);
   uint64_t client = 11;
   for (const int limit : {-1, 64 << 10, 0}) {  // -1: the default options
     ChannelTransportOptions options;
+    options.unsent_bytes_on_loopback = true;
     if (limit >= 0) options.unsent_bytes = limit;
     ChannelTransport channel(MakeGrpc(), options);
     ++client;
@@ -257,8 +259,25 @@ TEST_P(ChannelTransportTest, TcpConnectionsLimitTheirUnsentBytes) {
   }
 }
 
-// ClientOptions::bulk_unsent_bytes reaches the Client's bulk TCP sockets
-// (none over a Unix socket), and a negative one is refused naming it.
+// On a loopback connection the limit is left to the kernel unless asked
+// for: nothing to pace, only more wake-ups.
+TEST_P(ChannelTransportTest, LoopbackConnectionsLeaveTheKernelsDefault) {
+  const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
+  ASSERT_GT(port, 0);
+  ChannelTransport channel(MakeGrpc(), ChannelTransportOptions{});
+  for (uint64_t i = 1; i <= 4; ++i) ASSERT_THAT(PushOver(channel, {31, i}, {1, 1, 1, 1}), IsOk());
+  const std::vector<int> fds = TcpSocketsConnectedTo(port);
+  if (GetParam()) {
+    EXPECT_THAT(fds, ::testing::IsEmpty());
+  } else {
+    ASSERT_EQ(fds.size(), 2u);
+    for (const int fd : fds) EXPECT_EQ(UnsentBytesLimitOf(fd), 0);
+  }
+}
+
+// ClientOptions::bulk_unsent_bytes: a negative one is refused naming it; on
+// loopback (this test's server) the Client's bulk TCP sockets keep the
+// kernel's default whatever it says (none over a Unix socket).
 TEST_P(ChannelTransportTest, ClientOptionsSetTheUnsentBytesOfTheBulkTcpSockets) {
   const int port = static_cast<int>(server_->bulk_listener()->Offer().tcp_port());
   ASSERT_GT(port, 0);
@@ -275,7 +294,7 @@ TEST_P(ChannelTransportTest, ClientOptionsSetTheUnsentBytesOfTheBulkTcpSockets) 
     EXPECT_THAT(fds, ::testing::IsEmpty());  // the Unix socket carries them
   } else {
     ASSERT_EQ(fds.size(), 2u);  // channels_per_server
-    for (const int fd : fds) EXPECT_EQ(UnsentBytesLimitOf(fd), 96 << 10);
+    for (const int fd : fds) EXPECT_EQ(UnsentBytesLimitOf(fd), 0);
   }
   ClientOptions negative;
   negative.servers = {server_->address()};

@@ -137,7 +137,8 @@ struct ClientOptions {
   // (TCP_NOTSENT_LOWAT; ChannelTransportOptions::unsent_bytes): a push+pull
   // to several servers sends its requests one after another instead of all
   // at once, so that the first replies overlap the later requests. Plain
-  // and TLS connections; not the Unix socket. 0: the kernel's default
+  // and TLS connections to other hosts; not the Unix socket, not a loopback
+  // peer (nothing to pace there). 0: the kernel's default
   // (net.ipv4.tcp_notsent_lowat, unlimited unless set). At least 0.
   int bulk_unsent_bytes = 128 << 10;
   // Threads that run the *Async calls (started on the first one). Table
