@@ -116,6 +116,12 @@ PrimaryReplication::PrimaryReplication(PrimaryReplicationOptions options, uint64
 
 PrimaryReplication::~PrimaryReplication() {
   stopping_.store(true);
+  {
+    // A catch-up waiting for its first write (join_first_write_wait) sees
+    // stopping_ once its joiner's mutex is let go.
+    absl::MutexLock lock(&mu_);
+    for (const std::shared_ptr<Joiner>& joiner : joiners_) absl::MutexLock wake(&joiner->mu);
+  }
   std::vector<std::thread> threads;
   {
     absl::MutexLock lock(&threads_mu_);
